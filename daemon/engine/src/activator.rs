@@ -1,0 +1,158 @@
+//! The Activator's output: the commands a backend (the shim, the emulated GPU) executes, paper
+//! section 5.5.
+//!
+//! A wake-up is always the same sequence: fill the faulting run (data or error marker), unmap its
+//! companion run so the slot's next request faults again, map the run, and finally one replay per
+//! GPU for the whole engine step, because a replay is global to the GPU anyway.
+
+use crate::GpuId;
+
+/// Where the producer's bytes for a slot live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataSource {
+    /// In the host buffer the client shares with the daemon, at this byte offset.
+    Host { offset: u64 },
+    /// In a producer GPU's memory at this virtual address.
+    Gpu { gpu: GpuId, va: u64 },
+}
+
+/// What a warp finds in its page instead of data when its request cannot be served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum ErrorMarker {
+    /// The producer did not publish within the channel's timeout.
+    Timeout = 1,
+    /// The channel was closed (client exit, explicit destroy) while the warp waited.
+    ChannelClosed = 2,
+    /// The daemon is shutting down.
+    DaemonStopping = 3,
+}
+
+impl ErrorMarker {
+    /// The 64-bit word written at the start of every page of the run: a magic in the high half
+    /// (unlikely in real data) and the code in the low half. The device library checks it.
+    pub const MAGIC: u64 = 0x5749_4345_0000_0000; // "WICE"
+
+    /// The marker word for this error.
+    pub fn word(self) -> u64 {
+        Self::MAGIC | self as u64
+    }
+
+    /// Decodes a marker word, if it is one.
+    pub fn from_word(word: u64) -> Option<Self> {
+        match word {
+            w if w == Self::Timeout.word() => Some(Self::Timeout),
+            w if w == Self::ChannelClosed.word() => Some(Self::ChannelClosed),
+            w if w == Self::DaemonStopping.word() => Some(Self::DaemonStopping),
+            _ => None,
+        }
+    }
+}
+
+/// One action for the backend, in the order emitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command {
+    /// Copy `len` bytes from `source` into the pages starting at `va` (host-resident, unmapped
+    /// on the consumer GPU).
+    WriteData { gpu: GpuId, va: u64, len: u64, source: DataSource },
+    /// Write `marker` at the start of each of `pages` pages at `va`.
+    WriteErrorMarker { gpu: GpuId, va: u64, pages: u32, marker: ErrorMarker },
+    /// Unmap `pages` pages at `va` from `gpu` and wait for the TLB invalidate.
+    Unmap { gpu: GpuId, va: u64, pages: u32 },
+    /// Make `pages` pages at `va` resident and mapped (read-only) on `gpu`.
+    Map { gpu: GpuId, va: u64, pages: u32 },
+    /// Map the PAT page at `va` writable on the producer `gpu`, so its write completes.
+    ServicePat { gpu: GpuId, va: u64 },
+    /// Revoke `gpu`'s write access to the PAT page at `va`, so its next publish faults again.
+    RearmPat { gpu: GpuId, va: u64 },
+    /// Replay `gpu`'s faults: stalled warps whose pages are now mapped resume.
+    Replay { gpu: GpuId },
+}
+
+/// The pages a wake-up touches: the run that faulted and its companion.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Wake {
+    pub gpu: GpuId,
+    pub run_va: u64,
+    pub companion_va: u64,
+    pub pages: u32,
+}
+
+/// Emits the command sequence that completes a held request, and keeps the set of GPUs owed a
+/// replay until [`Activator::flush_replays`].
+#[derive(Default)]
+pub(crate) struct Activator {
+    replay_owed: Vec<GpuId>,
+}
+
+impl Activator {
+    /// Completes `wake` with `len` bytes of producer data from `source`.
+    pub fn deliver(&mut self, wake: Wake, len: u64, source: DataSource, out: &mut Vec<Command>) {
+        out.push(Command::WriteData { gpu: wake.gpu, va: wake.run_va, len, source });
+        self.finish(wake, out);
+    }
+
+    /// Completes `wake` with `marker` instead of data.
+    pub fn fail(&mut self, wake: Wake, marker: ErrorMarker, out: &mut Vec<Command>) {
+        out.push(Command::WriteErrorMarker { gpu: wake.gpu, va: wake.run_va, pages: wake.pages, marker });
+        self.finish(wake, out);
+    }
+
+    /// Lets a producer's PAT write complete.
+    pub fn release_pat(&mut self, gpu: GpuId, va: u64, out: &mut Vec<Command>) {
+        out.push(Command::ServicePat { gpu, va });
+        self.owe_replay(gpu);
+    }
+
+    fn finish(&mut self, wake: Wake, out: &mut Vec<Command>) {
+        out.push(Command::Unmap { gpu: wake.gpu, va: wake.companion_va, pages: wake.pages });
+        out.push(Command::Map { gpu: wake.gpu, va: wake.run_va, pages: wake.pages });
+        self.owe_replay(wake.gpu);
+    }
+
+    fn owe_replay(&mut self, gpu: GpuId) {
+        if !self.replay_owed.contains(&gpu) {
+            self.replay_owed.push(gpu);
+        }
+    }
+
+    /// Emits one replay per GPU that needs one, in the order they first needed it.
+    pub fn flush_replays(&mut self, out: &mut Vec<Command>) {
+        out.extend(self.replay_owed.drain(..).map(|gpu| Command::Replay { gpu }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn marker_words_round_trip_and_reject_data() {
+        for m in [ErrorMarker::Timeout, ErrorMarker::ChannelClosed, ErrorMarker::DaemonStopping] {
+            assert_eq!(ErrorMarker::from_word(m.word()), Some(m));
+        }
+        assert_eq!(ErrorMarker::from_word(0), None);
+        assert_eq!(ErrorMarker::from_word(ErrorMarker::MAGIC), None);
+    }
+
+    #[test]
+    fn wake_sequence_fills_then_unmaps_companion_then_maps_and_replays_once_per_gpu() {
+        let mut act = Activator::default();
+        let mut out = Vec::new();
+        let wake = |gpu, run_va| Wake { gpu, run_va, companion_va: run_va + 0x10000, pages: 2 };
+        act.deliver(wake(0, 0x1000), 100, DataSource::Host { offset: 0 }, &mut out);
+        act.fail(wake(0, 0x4000), ErrorMarker::Timeout, &mut out);
+        act.deliver(wake(1, 0x8000), 100, DataSource::Gpu { gpu: 2, va: 0 }, &mut out);
+        act.flush_replays(&mut out);
+        assert!(matches!(out[0], Command::WriteData { va: 0x1000, .. }));
+        assert_eq!(out[1], Command::Unmap { gpu: 0, va: 0x11000, pages: 2 });
+        assert_eq!(out[2], Command::Map { gpu: 0, va: 0x1000, pages: 2 });
+        assert!(matches!(out[3], Command::WriteErrorMarker { marker: ErrorMarker::Timeout, .. }));
+        let replays: Vec<_> = out.iter().filter(|c| matches!(c, Command::Replay { .. })).collect();
+        assert_eq!(replays, vec![&Command::Replay { gpu: 0 }, &Command::Replay { gpu: 1 }]);
+        assert!(matches!(out.last(), Some(Command::Replay { gpu: 1 })));
+        out.clear();
+        act.flush_replays(&mut out);
+        assert!(out.is_empty(), "replays are owed once");
+    }
+}

@@ -1,0 +1,819 @@
+//! The engine: the registry of channels and slots tying the Interrupter, the Monitor and the
+//! Activator together, paper section 5.6.
+//!
+//! A channel has `slots` request slots; a slot serves one batch of warps (16 by default) and owns
+//! two PCM runs, P and P', used in alternate generations, one tag (its DAB bit) and, for a GPU
+//! producer, two PAT pages likewise alternating. Generation `g` of a slot faults on run `g % 2`;
+//! waking it unmaps run `(g + 1) % 2`, so generation `g + 1` faults again. Any fault on the run
+//! of the other parity is a stale packet from before the last wake-up and is dropped.
+//!
+//! Every page of the pool is classified by a flat table, so classifying a fault costs the same
+//! whether 1K or 1M pages are registered.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use crate::activator::{Activator, Command, DataSource, ErrorMarker, Wake};
+use crate::fault::{FaultEntry, RawFaultEntry, VaWidth};
+use crate::interrupter::{pages_for_batch, PagePool, PageRun, PoolError, TagAllocator, TagError, TagId};
+use crate::monitor::{Dab, Enqueued, Pfq, PfqError};
+use crate::{GpuId, Nanos, PAGE_SIZE};
+
+/// Engine-wide settings.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Virtual address of page 0 of the PCM/PAT pool (page aligned).
+    pub pool_base: u64,
+    /// Pages in the pool (paper: 16K pages, 64 MiB of 4 KiB pages).
+    pub pool_pages: u32,
+    /// Virtual-address width of the GPUs' fault entries.
+    pub va_width: VaWidth,
+    /// Warps served by one slot (paper: 16).
+    pub warps_per_batch: u32,
+    /// Slots over all channels; also the number of tags in the DAB.
+    pub max_slots: u32,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            pool_base: 0x7f00_0000_0000,
+            pool_pages: 16 * 1024,
+            va_width: VaWidth::Bits57,
+            warps_per_batch: 16,
+            max_slots: 4096,
+        }
+    }
+}
+
+/// Who produces a channel's data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Producer {
+    /// A host thread; slot `s` reads `batch_bytes` at offset `s * batch_bytes` of the channel's
+    /// host buffer, and availability comes from [`Engine::publish`].
+    Host,
+    /// A kernel on `gpu`; slot `s` reads at `base_va + s * batch_bytes` there, and availability
+    /// comes from that GPU's faults on the slot's PAT page.
+    Gpu { gpu: GpuId, base_va: u64 },
+}
+
+/// What a client asks for when it opens a channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChannelSpec {
+    pub consumer_gpu: GpuId,
+    pub producer: Producer,
+    /// Bytes each warp receives per request.
+    pub message_bytes: u32,
+    pub slots: u32,
+    /// How long a fault may be held before it is completed with [`ErrorMarker::Timeout`].
+    pub timeout: Nanos,
+}
+
+/// Identifies an open channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ChannelId(pub u32);
+
+/// Where one slot's pages are, as the device side needs them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotLayout {
+    /// Runs P and P': generation `g` reads run `g % 2`.
+    pub runs: [u64; 2],
+    /// The slot's availability tag.
+    pub tag: TagId,
+    /// PAT pages for a GPU producer: generation `g` writes page `g % 2`.
+    pub pat: Option<[u64; 2]>,
+}
+
+/// The device handle of a channel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChannelLayout {
+    pub id: ChannelId,
+    pub pages_per_run: u32,
+    /// Bytes of producer data per slot: warps per batch x message bytes.
+    pub batch_bytes: u64,
+    pub slots: Vec<SlotLayout>,
+}
+
+/// Why an engine call was refused. Nothing changed when one is returned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EngineError {
+    /// The configuration or a channel spec is unusable.
+    Invalid(&'static str),
+    Pool(PoolError),
+    Tags(TagError),
+    /// Every slot of the engine is in use.
+    SlotsExhausted { requested: u32, free: u32 },
+    UnknownChannel(ChannelId),
+    SlotOutOfRange { channel: ChannelId, slot: u32, slots: u32 },
+    /// [`Engine::publish`] on a channel whose producer is a GPU.
+    NotHostProducer(ChannelId),
+    /// The slot's data is already available and not consumed yet.
+    AlreadyPublished { channel: ChannelId, slot: u32 },
+}
+
+impl std::fmt::Display for EngineError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Invalid(why) => write!(f, "invalid request: {why}"),
+            Self::Pool(e) => e.fmt(f),
+            Self::Tags(e) => e.fmt(f),
+            Self::SlotsExhausted { requested, free } => {
+                write!(f, "{requested} slots requested but only {free} are free")
+            }
+            Self::UnknownChannel(id) => write!(f, "no channel {}", id.0),
+            Self::SlotOutOfRange { channel, slot, slots } => {
+                write!(f, "slot {slot} out of range for channel {} ({slots} slots)", channel.0)
+            }
+            Self::NotHostProducer(id) => write!(f, "channel {} has a GPU producer: it publishes through PAT faults", id.0),
+            Self::AlreadyPublished { channel, slot } => {
+                write!(f, "channel {} slot {slot} is already published and not consumed yet", channel.0)
+            }
+        }
+    }
+}
+
+impl std::error::Error for EngineError {}
+
+impl From<PoolError> for EngineError {
+    fn from(e: PoolError) -> Self {
+        Self::Pool(e)
+    }
+}
+
+impl From<TagError> for EngineError {
+    fn from(e: TagError) -> Self {
+        Self::Tags(e)
+    }
+}
+
+/// Counters, all monotonic except the gauges noted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    pub batches: u64,
+    pub largest_batch: u32,
+    /// Every entry handed to the engine.
+    pub entries: u64,
+    /// Entries without VALID or with a fatal fault type: never WIC's to hold.
+    pub malformed: u64,
+    /// Entries outside the pool or on a free page of it.
+    pub foreign: u64,
+    /// PCM or PAT entries raised by a GPU that is not the slot's consumer or producer.
+    pub wrong_gpu: u64,
+    /// New requests: first fault of a slot generation.
+    pub requests: u64,
+    /// Refaults of a request already held.
+    pub duplicates: u64,
+    /// Faults on the run of the other parity (raised before the last wake-up).
+    pub stale: u64,
+    /// PAT faults that published a tag.
+    pub pat_publishes: u64,
+    /// PAT faults on a tag already available.
+    pub pat_duplicates: u64,
+    /// Host publishes.
+    pub host_publishes: u64,
+    /// DAB bits set.
+    pub dab_updates: u64,
+    pub delivered: u64,
+    pub timed_out: u64,
+    /// Held faults completed because their channel closed.
+    pub closed_while_held: u64,
+    /// Sum and maximum of request-to-wake time, for requests that were held.
+    pub wait_ns_total: u64,
+    pub wait_ns_max: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PageUse {
+    Free,
+    Pcm { slot: u32, side: u8 },
+    Pat { slot: u32, side: u8 },
+}
+
+struct Slot {
+    consumer_gpu: GpuId,
+    producer_gpu: Option<GpuId>,
+    runs: [PageRun; 2],
+    pat: Option<[u32; 2]>,
+    tag: TagId,
+    source: DataSource,
+    /// Bytes delivered per generation.
+    len: u64,
+    generation: u64,
+    /// When the current generation's request arrived, while it waits in the PFQ.
+    held_since: Option<Nanos>,
+    timeout: Nanos,
+}
+
+struct Channel {
+    spec: ChannelSpec,
+    slot_ids: Vec<u32>,
+    runs: Vec<PageRun>,
+}
+
+/// The sans-IO WIC engine.
+pub struct Engine {
+    config: EngineConfig,
+    pool: PagePool,
+    tags: TagAllocator,
+    dab: Dab,
+    pfq: Pfq,
+    pages: Vec<PageUse>,
+    slots: Vec<Option<Slot>>,
+    free_slots: Vec<u32>,
+    channels: Vec<Option<Channel>>,
+    deadlines: BinaryHeap<Reverse<(Nanos, u32, u64)>>,
+    activator: Activator,
+    woken: Vec<u32>,
+    stats: EngineStats,
+}
+
+impl Engine {
+    /// An engine with an empty pool.
+    pub fn new(config: EngineConfig) -> Result<Self, EngineError> {
+        if config.pool_base % PAGE_SIZE != 0 {
+            return Err(EngineError::Invalid("pool base is not page aligned"));
+        }
+        if config.warps_per_batch == 0 || config.max_slots == 0 {
+            return Err(EngineError::Invalid("warps per batch and max slots must be positive"));
+        }
+        let pool_end = u64::from(config.pool_pages) * PAGE_SIZE;
+        if config.pool_base.checked_add(pool_end).is_none() {
+            return Err(EngineError::Invalid("pool does not fit in the address space"));
+        }
+        Ok(Self {
+            pool: PagePool::new(config.pool_pages)?,
+            tags: TagAllocator::new(config.max_slots),
+            dab: Dab::new(config.max_slots),
+            pfq: Pfq::new(config.max_slots, config.max_slots),
+            pages: vec![PageUse::Free; config.pool_pages as usize],
+            slots: (0..config.max_slots).map(|_| None).collect(),
+            free_slots: (0..config.max_slots).rev().collect(),
+            channels: Vec::new(),
+            deadlines: BinaryHeap::new(),
+            activator: Activator::default(),
+            woken: Vec::new(),
+            stats: EngineStats::default(),
+            config,
+        })
+    }
+
+    /// The configuration the engine runs with.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> &EngineStats {
+        &self.stats
+    }
+
+    /// The PCM/PAT page pool (free pages, longest free run).
+    pub fn pool(&self) -> &PagePool {
+        &self.pool
+    }
+
+    /// Requests waiting for data (PFQ depth).
+    pub fn held(&self) -> u32 {
+        self.pfq.depth()
+    }
+
+    /// Open channels.
+    pub fn channel_count(&self) -> usize {
+        self.channels.iter().flatten().count()
+    }
+
+    /// Tags whose data is available and not consumed.
+    pub fn available_tags(&self) -> usize {
+        self.dab.count_set()
+    }
+
+    fn va_of(&self, page: u32) -> u64 {
+        self.config.pool_base + u64::from(page) * PAGE_SIZE
+    }
+
+    fn page_of(&self, va: u64) -> Option<usize> {
+        let page = va.checked_sub(self.config.pool_base)? / PAGE_SIZE;
+        (page < u64::from(self.config.pool_pages)).then_some(page as usize)
+    }
+
+    /// Opens a channel: allocates its runs, PAT pages and tags. On any error nothing is kept.
+    pub fn open_channel(&mut self, spec: ChannelSpec) -> Result<ChannelLayout, EngineError> {
+        if spec.slots == 0 || spec.message_bytes == 0 {
+            return Err(EngineError::Invalid("a channel needs at least one slot and one byte per message"));
+        }
+        if let Producer::Gpu { gpu, .. } = spec.producer {
+            if gpu == spec.consumer_gpu {
+                // A held fault blocks timeslicing of the consumer's channel: a producer in
+                // another context on the same GPU could never run (driver notes, section 1).
+                return Err(EngineError::Invalid("producer and consumer on the same GPU can deadlock under a hold"));
+            }
+        }
+        let free = self.free_slots.len() as u32;
+        if spec.slots > free {
+            return Err(EngineError::SlotsExhausted { requested: spec.slots, free });
+        }
+        let pages_per_run = pages_for_batch(self.config.warps_per_batch, spec.message_bytes, PAGE_SIZE as u32);
+        let batch_bytes = u64::from(self.config.warps_per_batch) * u64::from(spec.message_bytes);
+        let mut runs = Vec::new();
+        let mut tags = Vec::new();
+        let allocated = self.allocate_channel(&spec, pages_per_run, &mut runs, &mut tags);
+        if let Err(e) = allocated {
+            for run in runs {
+                self.pool.free(run).expect("run allocated just now");
+            }
+            for tag in tags {
+                self.tags.free(tag).expect("tag allocated just now");
+            }
+            return Err(e);
+        }
+        let id = self.insert_channel(spec, runs.clone());
+        let mut layout = ChannelLayout { id, pages_per_run, batch_bytes, slots: Vec::new() };
+        for (index, tag) in tags.into_iter().enumerate() {
+            let slot_id = self.free_slots.pop().expect("slot count checked above");
+            let pcm = [runs[2 * index], runs[2 * index + 1]];
+            let pat = match spec.producer {
+                Producer::Host => None,
+                Producer::Gpu { .. } => {
+                    let pat_run = runs[2 * spec.slots as usize];
+                    Some([pat_run.start + 2 * index as u32, pat_run.start + 2 * index as u32 + 1])
+                }
+            };
+            let offset = index as u64 * batch_bytes;
+            let (source, producer_gpu) = match spec.producer {
+                Producer::Host => (DataSource::Host { offset }, None),
+                Producer::Gpu { gpu, base_va } => (DataSource::Gpu { gpu, va: base_va + offset }, Some(gpu)),
+            };
+            for (side, run) in pcm.iter().enumerate() {
+                for page in run.start..run.end() {
+                    self.pages[page as usize] = PageUse::Pcm { slot: slot_id, side: side as u8 };
+                }
+            }
+            if let Some(pat) = pat {
+                for (side, page) in pat.iter().enumerate() {
+                    self.pages[*page as usize] = PageUse::Pat { slot: slot_id, side: side as u8 };
+                }
+            }
+            layout.slots.push(SlotLayout {
+                runs: [self.va_of(pcm[0].start), self.va_of(pcm[1].start)],
+                tag,
+                pat: pat.map(|p| [self.va_of(p[0]), self.va_of(p[1])]),
+            });
+            self.slots[slot_id as usize] = Some(Slot {
+                consumer_gpu: spec.consumer_gpu,
+                producer_gpu,
+                runs: pcm,
+                pat,
+                tag,
+                source,
+                len: batch_bytes,
+                generation: 0,
+                held_since: None,
+                timeout: spec.timeout,
+            });
+            self.channel_mut(id).expect("inserted above").slot_ids.push(slot_id);
+        }
+        Ok(layout)
+    }
+
+    /// Allocates P and P' for every slot, then one run holding two PAT pages per slot, then
+    /// the tags; pushes what it got so the caller can roll back.
+    fn allocate_channel(
+        &mut self,
+        spec: &ChannelSpec,
+        pages_per_run: u32,
+        runs: &mut Vec<PageRun>,
+        tags: &mut Vec<TagId>,
+    ) -> Result<(), EngineError> {
+        for _ in 0..2 * spec.slots {
+            runs.push(self.pool.alloc(pages_per_run)?);
+        }
+        if matches!(spec.producer, Producer::Gpu { .. }) {
+            runs.push(self.pool.alloc(2 * spec.slots)?);
+        }
+        for _ in 0..spec.slots {
+            tags.push(self.tags.alloc()?);
+        }
+        Ok(())
+    }
+
+    fn insert_channel(&mut self, spec: ChannelSpec, runs: Vec<PageRun>) -> ChannelId {
+        let channel = Channel { spec, slot_ids: Vec::with_capacity(spec.slots as usize), runs };
+        match self.channels.iter().position(Option::is_none) {
+            Some(free) => {
+                self.channels[free] = Some(channel);
+                ChannelId(free as u32)
+            }
+            None => {
+                self.channels.push(Some(channel));
+                ChannelId(self.channels.len() as u32 - 1)
+            }
+        }
+    }
+
+    fn channel(&self, id: ChannelId) -> Result<&Channel, EngineError> {
+        self.channels.get(id.0 as usize).and_then(Option::as_ref).ok_or(EngineError::UnknownChannel(id))
+    }
+
+    fn channel_mut(&mut self, id: ChannelId) -> Result<&mut Channel, EngineError> {
+        self.channels.get_mut(id.0 as usize).and_then(Option::as_mut).ok_or(EngineError::UnknownChannel(id))
+    }
+
+    /// The spec a channel was opened with.
+    pub fn channel_spec(&self, id: ChannelId) -> Result<ChannelSpec, EngineError> {
+        Ok(self.channel(id)?.spec)
+    }
+
+    /// Closes a channel: held requests are completed with [`ErrorMarker::ChannelClosed`], its
+    /// pages and tags go back to the pool.
+    pub fn close_channel(&mut self, id: ChannelId, out: &mut Vec<Command>) -> Result<(), EngineError> {
+        self.close_with(id, ErrorMarker::ChannelClosed, out)
+    }
+
+    /// Closes every channel, completing held requests with [`ErrorMarker::DaemonStopping`].
+    pub fn shutdown(&mut self, out: &mut Vec<Command>) {
+        for id in 0..self.channels.len() as u32 {
+            // Ids of closed channels are simply skipped.
+            let _ = self.close_with(ChannelId(id), ErrorMarker::DaemonStopping, out);
+        }
+    }
+
+    fn close_with(&mut self, id: ChannelId, marker: ErrorMarker, out: &mut Vec<Command>) -> Result<(), EngineError> {
+        let channel = self.channels.get_mut(id.0 as usize).and_then(Option::take).ok_or(EngineError::UnknownChannel(id))?;
+        for slot_id in channel.slot_ids {
+            let slot = self.slots[slot_id as usize].take().expect("channel slots are live");
+            if self.pfq.remove(slot_id) {
+                self.stats.closed_while_held += 1;
+                self.activator.fail(wake_of(&slot, &self.config), marker, out);
+            }
+            self.dab.clear(slot.tag);
+            self.tags.free(slot.tag).expect("slot tags are allocated");
+            self.free_slots.push(slot_id);
+        }
+        for run in channel.runs {
+            self.pages[run.start as usize..run.end() as usize].fill(PageUse::Free);
+            self.pool.free(run).expect("channel runs are allocated");
+        }
+        self.activator.flush_replays(out);
+        Ok(())
+    }
+
+    /// Feeds one batch of raw fault-buffer entries fetched from `gpu`.
+    pub fn handle_faults(&mut self, now: Nanos, gpu: GpuId, entries: &[RawFaultEntry], out: &mut Vec<Command>) {
+        self.stats.batches += 1;
+        self.stats.largest_batch = self.stats.largest_batch.max(entries.len() as u32);
+        for raw in entries {
+            self.handle_fault(now, gpu, raw, out);
+        }
+        self.activator.flush_replays(out);
+    }
+
+    fn handle_fault(&mut self, now: Nanos, gpu: GpuId, raw: &RawFaultEntry, out: &mut Vec<Command>) {
+        self.stats.entries += 1;
+        let entry = FaultEntry::decode(raw, self.config.va_width);
+        if !entry.valid || entry.fault_type.is_fatal() {
+            self.stats.malformed += 1;
+            return;
+        }
+        let Some(page) = self.page_of(entry.page()) else {
+            self.stats.foreign += 1;
+            return;
+        };
+        match self.pages[page] {
+            PageUse::Free => self.stats.foreign += 1,
+            PageUse::Pcm { slot, side } => self.on_pcm_fault(now, gpu, slot, side, out),
+            PageUse::Pat { slot, side } => self.on_pat_fault(now, gpu, slot, side, entry.page(), out),
+        }
+    }
+
+    fn on_pcm_fault(&mut self, now: Nanos, gpu: GpuId, slot_id: u32, side: u8, out: &mut Vec<Command>) {
+        let slot = self.slots[slot_id as usize].as_mut().expect("mapped pages belong to live slots");
+        if gpu != slot.consumer_gpu {
+            self.stats.wrong_gpu += 1;
+            return;
+        }
+        if u64::from(side) != slot.generation % 2 {
+            self.stats.stale += 1;
+            return;
+        }
+        if slot.held_since.is_some() {
+            self.stats.duplicates += 1;
+            return;
+        }
+        self.stats.requests += 1;
+        let tag = slot.tag;
+        match self.pfq.enqueue(slot_id, &[tag], &self.dab) {
+            Ok(Enqueued::Ready) => self.deliver(now, slot_id, out),
+            Ok(Enqueued::Pending(_)) => {
+                slot.held_since = Some(now);
+                let deadline = now.saturating_add(slot.timeout);
+                self.deadlines.push(Reverse((deadline, slot_id, slot.generation)));
+            }
+            Err(PfqError::AlreadyQueued(_)) => self.stats.duplicates += 1,
+            Err(e) => unreachable!("slot ids and tags are in range: {e}"),
+        }
+    }
+
+    fn on_pat_fault(&mut self, now: Nanos, gpu: GpuId, slot_id: u32, side: u8, va: u64, out: &mut Vec<Command>) {
+        let slot = self.slots[slot_id as usize].as_ref().expect("mapped pages belong to live slots");
+        if slot.producer_gpu != Some(gpu) {
+            self.stats.wrong_gpu += 1;
+            return;
+        }
+        // The producer's write must complete whatever we make of it, or its warp hangs.
+        self.activator.release_pat(gpu, va, out);
+        if u64::from(side) != slot.generation % 2 {
+            self.stats.stale += 1;
+            return;
+        }
+        if self.make_available(now, slot_id, out) {
+            self.stats.pat_publishes += 1;
+        } else {
+            self.stats.pat_duplicates += 1;
+        }
+    }
+
+    /// A host producer's data for `slot` of `channel` is in the shared buffer.
+    pub fn publish(&mut self, now: Nanos, channel: ChannelId, slot: u32, out: &mut Vec<Command>) -> Result<(), EngineError> {
+        let ch = self.channel(channel)?;
+        if !matches!(ch.spec.producer, Producer::Host) {
+            return Err(EngineError::NotHostProducer(channel));
+        }
+        let slot_id = *ch.slot_ids.get(slot as usize).ok_or(EngineError::SlotOutOfRange {
+            channel,
+            slot,
+            slots: ch.spec.slots,
+        })?;
+        if !self.make_available(now, slot_id, out) {
+            return Err(EngineError::AlreadyPublished { channel, slot });
+        }
+        self.stats.host_publishes += 1;
+        self.activator.flush_replays(out);
+        Ok(())
+    }
+
+    /// Sets the slot's DAB bit and wakes its waiters; false if the bit was already set.
+    fn make_available(&mut self, now: Nanos, slot_id: u32, out: &mut Vec<Command>) -> bool {
+        let tag = self.slots[slot_id as usize].as_ref().expect("live slot").tag;
+        if !self.dab.set(tag) {
+            return false;
+        }
+        self.stats.dab_updates += 1;
+        let mut woken = std::mem::take(&mut self.woken);
+        self.pfq.on_available(tag, &mut woken);
+        for waiter in woken.drain(..) {
+            self.deliver(now, waiter, out);
+        }
+        self.woken = woken;
+        true
+    }
+
+    /// Consumes the slot's tag and completes its current generation with the producer's data.
+    fn deliver(&mut self, now: Nanos, slot_id: u32, out: &mut Vec<Command>) {
+        let slot = self.slots[slot_id as usize].as_mut().expect("live slot");
+        self.dab.clear(slot.tag);
+        if let Some(since) = slot.held_since.take() {
+            let waited = now.saturating_sub(since);
+            self.stats.wait_ns_total += waited;
+            self.stats.wait_ns_max = self.stats.wait_ns_max.max(waited);
+        }
+        let side = (slot.generation % 2) as usize;
+        self.activator.deliver(wake_of(slot, &self.config), slot.len, slot.source, out);
+        if let (Some(pat), Some(gpu)) = (slot.pat, slot.producer_gpu) {
+            out.push(Command::RearmPat { gpu, va: self.config.pool_base + u64::from(pat[side]) * PAGE_SIZE });
+        }
+        slot.generation += 1;
+        self.stats.delivered += 1;
+    }
+
+    /// The earliest time at which [`Engine::expire`] may have work; `None` if nothing is held.
+    pub fn next_deadline(&self) -> Option<Nanos> {
+        self.deadlines.peek().map(|Reverse((at, _, _))| *at)
+    }
+
+    /// Completes every request held past its channel's timeout with [`ErrorMarker::Timeout`].
+    pub fn expire(&mut self, now: Nanos, out: &mut Vec<Command>) {
+        while let Some(&Reverse((deadline, slot_id, generation))) = self.deadlines.peek() {
+            if deadline > now {
+                break;
+            }
+            self.deadlines.pop();
+            let Some(slot) = self.slots[slot_id as usize].as_mut() else { continue };
+            if slot.generation != generation || slot.held_since.is_none() {
+                continue; // delivered, or the slot now belongs to another channel
+            }
+            slot.held_since = None;
+            slot.generation += 1;
+            let wake = wake_of_generation(slot, generation, &self.config);
+            self.pfq.remove(slot_id);
+            self.stats.timed_out += 1;
+            self.activator.fail(wake, ErrorMarker::Timeout, out);
+        }
+        self.activator.flush_replays(out);
+    }
+}
+
+fn wake_of(slot: &Slot, config: &EngineConfig) -> Wake {
+    wake_of_generation(slot, slot.generation, config)
+}
+
+fn wake_of_generation(slot: &Slot, generation: u64, config: &EngineConfig) -> Wake {
+    let side = (generation % 2) as usize;
+    let va = |run: PageRun| config.pool_base + u64::from(run.start) * PAGE_SIZE;
+    Wake {
+        gpu: slot.consumer_gpu,
+        run_va: va(slot.runs[side]),
+        companion_va: va(slot.runs[1 - side]),
+        pages: slot.runs[side].len,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fault::{AccessType, Aperture, FaultType, MmuClientType};
+
+    fn fault(va: u64, access: AccessType) -> RawFaultEntry {
+        FaultEntry {
+            instance_aperture: Aperture::Video,
+            instance_ptr: 0x1000,
+            address_aperture: 0,
+            va,
+            timestamp: 0,
+            engine_id: 384,
+            fault_type: FaultType::InvalidPte,
+            replayable: true,
+            client_id: 3,
+            access_type: access,
+            client_type: MmuClientType::Gpc,
+            gpc_id: 1,
+            protected_mode: false,
+            replayable_fault_enabled: true,
+            valid: true,
+        }
+        .encode()
+    }
+
+    fn engine() -> Engine {
+        Engine::new(EngineConfig { pool_pages: 64, max_slots: 8, ..EngineConfig::default() }).unwrap()
+    }
+
+    fn host_spec(slots: u32) -> ChannelSpec {
+        ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 256, slots, timeout: 1_000 }
+    }
+
+    fn kinds(out: &[Command]) -> Vec<&'static str> {
+        out.iter()
+            .map(|c| match c {
+                Command::WriteData { .. } => "write",
+                Command::WriteErrorMarker { .. } => "error",
+                Command::Unmap { .. } => "unmap",
+                Command::Map { .. } => "map",
+                Command::ServicePat { .. } => "service-pat",
+                Command::RearmPat { .. } => "rearm-pat",
+                Command::Replay { .. } => "replay",
+            })
+            .collect()
+    }
+
+    #[test]
+    fn held_fault_is_woken_by_publish_with_its_data_then_next_generation_uses_companion() {
+        let mut e = engine();
+        let layout = e.open_channel(host_spec(2)).unwrap();
+        assert_eq!(layout.pages_per_run, 1, "16 warps x 256 B is one page");
+        let slot = &layout.slots[1];
+        let mut out = Vec::new();
+        e.handle_faults(10, 0, &[fault(slot.runs[0], AccessType::Read)], &mut out);
+        assert!(out.is_empty(), "data not yet available: the fault is held");
+        assert_eq!(e.held(), 1);
+        e.publish(30, layout.id, 1, &mut out).unwrap();
+        assert_eq!(kinds(&out), ["write", "unmap", "map", "replay"]);
+        assert_eq!(out[0], Command::WriteData { gpu: 0, va: slot.runs[0], len: 4096, source: DataSource::Host { offset: 4096 } });
+        assert_eq!(out[1], Command::Unmap { gpu: 0, va: slot.runs[1], pages: 1 });
+        assert_eq!(e.held(), 0);
+        assert_eq!(e.stats().wait_ns_max, 20);
+        // Generation 1: a refault on P is stale, the request comes on P'.
+        out.clear();
+        e.handle_faults(40, 0, &[fault(slot.runs[0], AccessType::Read), fault(slot.runs[1], AccessType::Read)], &mut out);
+        assert_eq!(e.stats().stale, 1);
+        assert_eq!(e.held(), 1);
+    }
+
+    #[test]
+    fn published_before_the_fault_is_delivered_at_once_and_duplicates_are_dropped() {
+        let mut e = engine();
+        let layout = e.open_channel(host_spec(1)).unwrap();
+        let mut out = Vec::new();
+        e.publish(0, layout.id, 0, &mut out).unwrap();
+        assert!(out.is_empty());
+        assert_eq!(e.publish(1, layout.id, 0, &mut out), Err(EngineError::AlreadyPublished { channel: layout.id, slot: 0 }));
+        let p = layout.slots[0].runs[0];
+        e.handle_faults(5, 0, &[fault(p, AccessType::Read), fault(p, AccessType::Read)], &mut out);
+        assert_eq!(kinds(&out), ["write", "unmap", "map", "replay"]);
+        assert_eq!(e.stats().delivered, 1);
+        assert_eq!(e.stats().stale, 1, "the second packet of the same batch is already stale");
+    }
+
+    #[test]
+    fn held_duplicates_and_foreign_and_malformed_entries_are_counted_not_acted_on() {
+        let mut e = engine();
+        let layout = e.open_channel(host_spec(1)).unwrap();
+        let p = layout.slots[0].runs[0];
+        let mut fatal = FaultEntry::decode(&fault(p, AccessType::Read), VaWidth::Bits57);
+        fatal.fault_type = FaultType::from_raw(1);
+        let mut invalid = FaultEntry::decode(&fault(p, AccessType::Read), VaWidth::Bits57);
+        invalid.valid = false;
+        let mut out = Vec::new();
+        let batch = [
+            fault(p, AccessType::Read),
+            fault(p, AccessType::Read),
+            fault(0x1000, AccessType::Read),
+            fault(e.config().pool_base + 63 * PAGE_SIZE, AccessType::Read),
+            fatal.encode(),
+            invalid.encode(),
+        ];
+        e.handle_faults(0, 0, &batch, &mut out);
+        e.handle_faults(0, 1, &[fault(p, AccessType::Read)], &mut out);
+        assert!(out.is_empty());
+        let s = e.stats();
+        assert_eq!((s.requests, s.duplicates, s.foreign, s.malformed, s.wrong_gpu), (1, 1, 2, 2, 1));
+        assert_eq!((s.entries, s.batches, s.largest_batch), (7, 2, 6));
+    }
+
+    #[test]
+    fn timeout_completes_with_error_marker_and_advances_the_generation() {
+        let mut e = engine();
+        let layout = e.open_channel(host_spec(1)).unwrap();
+        let p = layout.slots[0].runs;
+        let mut out = Vec::new();
+        e.handle_faults(100, 0, &[fault(p[0], AccessType::Read)], &mut out);
+        assert_eq!(e.next_deadline(), Some(1_100));
+        e.expire(1_099, &mut out);
+        assert!(out.is_empty());
+        e.expire(1_100, &mut out);
+        assert_eq!(kinds(&out), ["error", "unmap", "map", "replay"]);
+        assert_eq!(out[0], Command::WriteErrorMarker { gpu: 0, va: p[0], pages: 1, marker: ErrorMarker::Timeout });
+        assert_eq!((e.held(), e.stats().timed_out), (0, 1));
+        out.clear();
+        e.handle_faults(2_000, 0, &[fault(p[1], AccessType::Read)], &mut out);
+        e.publish(2_001, layout.id, 0, &mut out).unwrap();
+        assert_eq!(out[0], Command::WriteData { gpu: 0, va: p[1], len: 4096, source: DataSource::Host { offset: 0 } });
+        out.clear();
+        e.expire(10_000, &mut out);
+        assert!(out.is_empty(), "a delivered request never times out");
+    }
+
+    #[test]
+    fn gpu_producer_publishes_through_its_pat_page_and_pat_is_rearmed_on_delivery() {
+        let mut e = engine();
+        let spec = ChannelSpec { producer: Producer::Gpu { gpu: 1, base_va: 0x9000_0000 }, ..host_spec(2) };
+        let layout = e.open_channel(spec).unwrap();
+        let slot = &layout.slots[1];
+        let pat = slot.pat.unwrap();
+        let mut out = Vec::new();
+        e.handle_faults(0, 0, &[fault(slot.runs[0], AccessType::Read)], &mut out);
+        assert_eq!(e.publish(0, layout.id, 1, &mut out), Err(EngineError::NotHostProducer(layout.id)));
+        e.handle_faults(0, 0, &[fault(pat[0], AccessType::Write)], &mut out);
+        assert_eq!(e.stats().wrong_gpu, 1, "only the producer GPU may write the PAT page");
+        e.handle_faults(7, 1, &[fault(pat[0], AccessType::Write)], &mut out);
+        assert_eq!(kinds(&out), ["service-pat", "write", "unmap", "map", "rearm-pat", "replay", "replay"]);
+        assert_eq!(out[1], Command::WriteData { gpu: 0, va: slot.runs[0], len: 4096, source: DataSource::Gpu { gpu: 1, va: 0x9000_1000 } });
+        assert_eq!(out[4], Command::RearmPat { gpu: 1, va: pat[0] });
+        assert_eq!(e.stats().pat_publishes, 1);
+    }
+
+    #[test]
+    fn close_completes_held_faults_and_returns_every_page_and_tag() {
+        let mut e = engine();
+        let a = e.open_channel(host_spec(3)).unwrap();
+        let b = e.open_channel(ChannelSpec { producer: Producer::Gpu { gpu: 1, base_va: 0 }, ..host_spec(2) }).unwrap();
+        assert_eq!(e.pool().free_pages(), 64 - 6 - 4 - 4);
+        let mut out = Vec::new();
+        e.handle_faults(0, 0, &[fault(a.slots[2].runs[0], AccessType::Read)], &mut out);
+        e.close_channel(a.id, &mut out).unwrap();
+        assert_eq!(kinds(&out), ["error", "unmap", "map", "replay"]);
+        assert!(matches!(out[0], Command::WriteErrorMarker { marker: ErrorMarker::ChannelClosed, .. }));
+        assert_eq!(e.close_channel(a.id, &mut out), Err(EngineError::UnknownChannel(a.id)));
+        out.clear();
+        e.handle_faults(0, 0, &[fault(a.slots[0].runs[0], AccessType::Read)], &mut out);
+        assert_eq!(e.stats().foreign, 1, "closed pages are no longer WIC's");
+        e.shutdown(&mut out);
+        assert_eq!((e.pool().free_pages(), e.pool().allocated_runs(), e.channel_count(), e.held()), (64, 0, 0, 0));
+        e.expire(u64::MAX, &mut out);
+        assert!(out.is_empty(), "no deadline survives its channel");
+    }
+
+    #[test]
+    fn refused_channels_leave_nothing_allocated() {
+        let mut e = engine();
+        let too_big = ChannelSpec { message_bytes: 4096 * 3, ..host_spec(8) };
+        assert!(matches!(e.open_channel(too_big), Err(EngineError::Pool(PoolError::Exhausted { .. }))));
+        assert!(matches!(e.open_channel(host_spec(9)), Err(EngineError::SlotsExhausted { requested: 9, free: 8 })));
+        let same_gpu = ChannelSpec { producer: Producer::Gpu { gpu: 0, base_va: 0 }, ..host_spec(1) };
+        assert!(matches!(e.open_channel(same_gpu), Err(EngineError::Invalid(_))));
+        assert!(matches!(e.open_channel(host_spec(0)), Err(EngineError::Invalid(_))));
+        assert_eq!((e.pool().free_pages(), e.pool().allocated_runs(), e.channel_count()), (64, 0, 0));
+        let all = e.open_channel(host_spec(8)).unwrap();
+        assert_eq!(all.slots.len(), 8);
+        assert!(EngineError::SlotsExhausted { requested: 9, free: 8 }.to_string().contains('9'));
+    }
+}

@@ -1,0 +1,28 @@
+//! The WIC engine: the Interrupter (PCM page pool), the Monitor (fault decoding, classification,
+//! DAB and PFQ) and the Activator (commands), driven purely by inputs.
+//!
+//! The engine is sans-IO: it never reads a clock, spawns a thread or makes a syscall. Time is an
+//! argument ([`Nanos`]) and every effect is a [`Command`] returned to the caller, so the same code
+//! runs unchanged under the daemon, the emulated GPU and the deterministic tests.
+
+pub mod activator;
+pub mod engine;
+pub mod fault;
+pub mod interrupter;
+pub mod monitor;
+
+pub use activator::{Command, DataSource, ErrorMarker};
+pub use engine::{
+    ChannelId, ChannelLayout, ChannelSpec, Engine, EngineConfig, EngineError, EngineStats, Producer, SlotLayout,
+};
+pub use fault::{FaultEntry, RawFaultEntry, VaWidth};
+pub use interrupter::{PagePool, PageRun, PoolError, TagAllocator, TagError, TagId};
+
+/// Nanoseconds on the caller's clock. The engine only compares and adds them.
+pub type Nanos = u64;
+
+/// Index of a GPU as the backend numbers them.
+pub type GpuId = u16;
+
+/// Size of a UVM page as the engine manages it.
+pub const PAGE_SIZE: u64 = 4096;
