@@ -1,1 +1,12 @@
-//! placeholder
+//! The emulated GPU: a deterministic discrete-event model of GPUs, the UVM replayable-fault path
+//! and wicd, driving the real WIC engine with raw fault-buffer entries, and the paper's ten
+//! applications as workloads.
+
+pub mod calibration;
+pub mod payload;
+pub mod sim;
+pub mod workload;
+
+pub use calibration::Calibration;
+pub use sim::{run, Mode, RunReport};
+pub use workload::Workload;

@@ -287,6 +287,11 @@ impl Engine {
         self.dab.count_set()
     }
 
+    /// Whether `va` is on a PCM or PAT page of an open channel.
+    pub fn owns(&self, va: u64) -> bool {
+        self.page_of(va).is_some_and(|page| self.pages[page] != PageUse::Free)
+    }
+
     fn va_of(&self, page: u32) -> u64 {
         self.config.pool_base + u64::from(page) * PAGE_SIZE
     }
@@ -579,7 +584,10 @@ impl Engine {
         let side = (slot.generation % 2) as usize;
         self.activator.deliver(wake_of(slot, &self.config), slot.len, slot.source, out);
         if let (Some(pat), Some(gpu)) = (slot.pat, slot.producer_gpu) {
-            out.push(Command::RearmPat { gpu, va: self.config.pool_base + u64::from(pat[side]) * PAGE_SIZE });
+            // Re-arm the PAT page of the previous generation, not this one: this generation's
+            // page stays mapped until the next delivery, so a late duplicate of the producer's
+            // fault can never map a page that must fault for generation g + 2.
+            out.push(Command::RearmPat { gpu, va: self.config.pool_base + u64::from(pat[1 - side]) * PAGE_SIZE });
         }
         slot.generation += 1;
         self.stats.delivered += 1;
@@ -763,7 +771,7 @@ mod tests {
     }
 
     #[test]
-    fn gpu_producer_publishes_through_its_pat_page_and_pat_is_rearmed_on_delivery() {
+    fn gpu_producer_publishes_through_its_pat_page_and_the_previous_pat_is_rearmed_on_delivery() {
         let mut e = engine();
         let spec = ChannelSpec { producer: Producer::Gpu { gpu: 1, base_va: 0x9000_0000 }, ..host_spec(2) };
         let layout = e.open_channel(spec).unwrap();
@@ -777,7 +785,7 @@ mod tests {
         e.handle_faults(7, 1, &[fault(pat[0], AccessType::Write)], &mut out);
         assert_eq!(kinds(&out), ["service-pat", "write", "unmap", "map", "rearm-pat", "replay", "replay"]);
         assert_eq!(out[1], Command::WriteData { gpu: 0, va: slot.runs[0], len: 4096, source: DataSource::Gpu { gpu: 1, va: 0x9000_1000 } });
-        assert_eq!(out[4], Command::RearmPat { gpu: 1, va: pat[0] });
+        assert_eq!(out[4], Command::RearmPat { gpu: 1, va: pat[1] });
         assert_eq!(e.stats().pat_publishes, 1);
     }
 

@@ -135,9 +135,10 @@ impl RawFaultEntry {
             if ch.is_ascii_whitespace() || ch == '_' || ch == ':' {
                 continue;
             }
-            let nibble = ch
-                .to_digit(16)
-                .ok_or(HexError::BadDigit { ch, position: skipped + i })?;
+            let nibble = ch.to_digit(16).ok_or(HexError::BadDigit {
+                ch,
+                position: skipped + i,
+            })?;
             if let Some(b) = bytes.get_mut(digits / 2) {
                 // Each byte starts at 0 and takes its high nibble, then its low one.
                 // `to_digit(16)` is < 16, so the cast is lossless.
@@ -178,7 +179,10 @@ impl fmt::Display for HexError {
                 "a fault entry is {ENTRY_HEX_DIGITS} hex digits ({ENTRY_BYTES} bytes), got {digits}"
             ),
             Self::BadDigit { ch, position } => {
-                write!(f, "invalid hex digit {ch:?} at character {position} (0-based)")
+                write!(
+                    f,
+                    "invalid hex digit {ch:?} at character {position} (0-based)"
+                )
             }
         }
     }
@@ -404,7 +408,11 @@ impl AccessType {
     pub const fn is_write(self) -> bool {
         matches!(
             self,
-            Self::Write | Self::AtomicStrong | Self::AtomicWeak | Self::PhysWrite | Self::PhysAtomic
+            Self::Write
+                | Self::AtomicStrong
+                | Self::AtomicWeak
+                | Self::PhysWrite
+                | Self::PhysAtomic
         )
     }
 }
@@ -500,9 +508,11 @@ impl FaultEntry {
         };
         // Every `as u8`/`as u16` below narrows a value already masked to its field width.
         Self {
-            instance_aperture: Aperture::from_raw(
-                get(dw0, DW0_INST_APERTURE_MASK, DW0_INST_APERTURE_SHIFT) as u8,
-            ),
+            instance_aperture: Aperture::from_raw(get(
+                dw0,
+                DW0_INST_APERTURE_MASK,
+                DW0_INST_APERTURE_SHIFT,
+            ) as u8),
             instance_ptr,
             address_aperture: (dw2 & DW2_ADDR_PHYS_APERTURE_MASK) as u8,
             va: canonical_va(va, width),
@@ -543,8 +553,15 @@ impl FaultEntry {
         let dw7 = (u32::from(self.fault_type.raw()) & DW7_FAULT_TYPE_MASK)
             | bit(self.replayable, DW7_REPLAYABLE_FAULT)
             | put(u32::from(self.client_id), DW7_CLIENT_MASK, DW7_CLIENT_SHIFT)
-            | put(u32::from(self.access_type.raw()), DW7_ACCESS_TYPE_MASK, DW7_ACCESS_TYPE_SHIFT)
-            | bit(self.client_type == MmuClientType::Hub, DW7_MMU_CLIENT_TYPE_HUB)
+            | put(
+                u32::from(self.access_type.raw()),
+                DW7_ACCESS_TYPE_MASK,
+                DW7_ACCESS_TYPE_SHIFT,
+            )
+            | bit(
+                self.client_type == MmuClientType::Hub,
+                DW7_MMU_CLIENT_TYPE_HUB,
+            )
             | put(u32::from(self.gpc_id), DW7_GPC_ID_MASK, DW7_GPC_ID_SHIFT)
             | bit(self.protected_mode, DW7_PROTECTED_MODE)
             | bit(self.replayable_fault_enabled, DW7_REPLAYABLE_FAULT_EN)
@@ -574,8 +591,16 @@ impl fmt::Display for FaultEntry {
     /// A human multi-line description of every field, one per line (for `wicctl decode-fault`).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let yes_no = |b: bool| if b { "yes" } else { "no" };
-        let fatal = if self.fault_type.is_fatal() { "fatal" } else { "serviceable" };
-        let direction = if self.access_type.is_write() { "write" } else { "read" };
+        let fatal = if self.fault_type.is_fatal() {
+            "fatal"
+        } else {
+            "serviceable"
+        };
+        let direction = if self.access_type.is_write() {
+            "write"
+        } else {
+            "read"
+        };
         writeln!(f, "valid:               {}", yes_no(self.valid))?;
         writeln!(f, "va:                  {:#018x}", self.va)?;
         writeln!(
@@ -591,7 +616,11 @@ impl fmt::Display for FaultEntry {
             self.access_type.raw()
         )?;
         writeln!(f, "replayable:          {}", yes_no(self.replayable))?;
-        writeln!(f, "replayable fault en: {}", yes_no(self.replayable_fault_enabled))?;
+        writeln!(
+            f,
+            "replayable fault en: {}",
+            yes_no(self.replayable_fault_enabled)
+        )?;
         writeln!(f, "instance ptr:        {:#018x}", self.instance_ptr)?;
         writeln!(
             f,
@@ -724,7 +753,11 @@ mod tests {
                 11 => AccessType::PhysPrefetch,
                 x => AccessType::Reserved(x),
             },
-            client_type: if f.hub { MmuClientType::Hub } else { MmuClientType::Gpc },
+            client_type: if f.hub {
+                MmuClientType::Hub
+            } else {
+                MmuClientType::Gpc
+            },
             gpc_id: f.gpc,
             protected_mode: f.protected,
             replayable_fault_enabled: f.replayable_en,
@@ -874,7 +907,10 @@ mod tests {
         assert!(e.access_type.is_write());
         assert!(e.replayable && e.replayable_fault_enabled && e.valid);
         // Bit 48 is an ordinary address bit of a 57-bit VA.
-        assert_eq!(FaultEntry::decode(&raw, VaWidth::Bits57).va, 0x0001_0000_0000_2000);
+        assert_eq!(
+            FaultEntry::decode(&raw, VaWidth::Bits57).va,
+            0x0001_0000_0000_2000
+        );
     }
 
     #[test]
@@ -917,8 +953,16 @@ mod tests {
         for raw in 0u8..16 {
             let a = AccessType::from_raw(raw);
             assert_eq!(a.raw(), raw);
-            assert_eq!(a.is_write(), matches!(raw, 1 | 2 | 4 | 9 | 10), "access {raw}");
-            assert_eq!(matches!(a, AccessType::Reserved(_)), matches!(raw, 5..=7 | 12..), "{raw}");
+            assert_eq!(
+                a.is_write(),
+                matches!(raw, 1 | 2 | 4 | 9 | 10),
+                "access {raw}"
+            );
+            assert_eq!(
+                matches!(a, AccessType::Reserved(_)),
+                matches!(raw, 5..=7 | 12..),
+                "{raw}"
+            );
         }
     }
 
@@ -950,28 +994,49 @@ mod tests {
     #[test]
     fn from_hex_errors() {
         let digits63 = "0".repeat(63);
-        assert_eq!(RawFaultEntry::from_hex(&digits63), Err(HexError::WrongLength { digits: 63 }));
+        assert_eq!(
+            RawFaultEntry::from_hex(&digits63),
+            Err(HexError::WrongLength { digits: 63 })
+        );
         let msg = HexError::WrongLength { digits: 63 }.to_string();
         assert!(msg.contains("63") && msg.contains("64"), "{msg}");
         assert_eq!(
             RawFaultEntry::from_hex(&"0".repeat(65)),
             Err(HexError::WrongLength { digits: 65 })
         );
-        assert_eq!(RawFaultEntry::from_hex(""), Err(HexError::WrongLength { digits: 0 }));
+        assert_eq!(
+            RawFaultEntry::from_hex(""),
+            Err(HexError::WrongLength { digits: 0 })
+        );
 
         let mut bad = "0".repeat(64);
         bad.replace_range(10..11, "g");
         let err = RawFaultEntry::from_hex(&bad).unwrap_err();
-        assert_eq!(err, HexError::BadDigit { ch: 'g', position: 10 });
+        assert_eq!(
+            err,
+            HexError::BadDigit {
+                ch: 'g',
+                position: 10
+            }
+        );
         let msg = err.to_string();
         assert!(msg.contains("'g'") && msg.contains("10"), "{msg}");
         // Positions count from the start of the input, prefix included.
         let err = RawFaultEntry::from_hex(&format!(" 0x{}z", "0".repeat(64))).unwrap_err();
-        assert_eq!(err, HexError::BadDigit { ch: 'z', position: 67 });
+        assert_eq!(
+            err,
+            HexError::BadDigit {
+                ch: 'z',
+                position: 67
+            }
+        );
         // "0x" is only a prefix, not a separator.
         assert!(matches!(
             RawFaultEntry::from_hex(&format!("00x{}", "0".repeat(62))),
-            Err(HexError::BadDigit { ch: 'x', position: 2 })
+            Err(HexError::BadDigit {
+                ch: 'x',
+                position: 2
+            })
         ));
     }
 

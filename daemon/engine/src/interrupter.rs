@@ -208,20 +208,32 @@ impl SegmentTree {
         if len == 0 {
             return;
         }
-        // Iterative lazy segment tree: push uniform state down both boundary paths, overwrite
-        // the O(log n) nodes that tile the range, then recompute the boundary paths bottom-up.
+        // Iterative lazy segment tree. The nodes that straddle an edge of the range lie on the
+        // paths from its first and last leaf to the root; below level `merged_from` those are
+        // two paths, from there up one. Push uniform state down the paths, overwrite the
+        // O(log n) nodes that tile the range, then recompute the paths bottom-up.
         let first = self.leaves as usize + start as usize;
-        let last = self.leaves as usize + end as usize; // exclusive
-        let is_partial = |edge: usize, level: u32| (edge >> level) << level != edge;
-        for level in (1..=self.height).rev() {
-            if is_partial(first, level) {
-                self.push_down(first >> level, level);
-            }
-            if is_partial(last, level) {
-                self.push_down((last - 1) >> level, level);
-            }
+        let last = self.leaves as usize + end as usize - 1;
+        let merged_from = usize::BITS - (first ^ last).leading_zeros();
+        // Lowest level at which the node over `first` (`last`) sticks out past the range.
+        let left_from = first.trailing_zeros() + 1;
+        let right_from = last.trailing_ones() + 1;
+        let shared_from = merged_from.max(left_from.min(right_from));
+
+        let mut inherited = None;
+        for level in (shared_from..=self.height).rev() {
+            inherited = self.push_down(first >> level, level, inherited);
         }
-        let (mut left, mut right, mut size) = (first, last, 1);
+        let mut left_inherited = inherited;
+        for level in (left_from..merged_from).rev() {
+            left_inherited = self.push_down(first >> level, level, left_inherited);
+        }
+        let mut right_inherited = inherited;
+        for level in (right_from..merged_from).rev() {
+            right_inherited = self.push_down(last >> level, level, right_inherited);
+        }
+
+        let (mut left, mut right, mut size) = (first, last + 1, 1);
         while left < right {
             if left & 1 == 1 {
                 self.nodes[left] = Node::uniform(size, free);
@@ -235,13 +247,20 @@ impl SegmentTree {
             right >>= 1;
             size *= 2;
         }
-        for level in 1..=self.height {
-            if is_partial(first, level) {
-                self.pull_up(first >> level, level);
-            }
-            if is_partial(last, level) {
-                self.pull_up((last - 1) >> level, level);
-            }
+
+        let (mut node, shared_rest) = if shared_from == merged_from {
+            let below = merged_from - 1;
+            let left_half = self.pull_up_edge(first, true, left_from.min(merged_from), merged_from, free);
+            let right_half = self.pull_up_edge(last, false, right_from.min(merged_from), merged_from, free);
+            let merged = Node::combine(left_half, right_half, 1 << below);
+            self.nodes[first >> merged_from] = merged;
+            (merged, merged_from + 1)
+        } else {
+            // Both edges are aligned below `shared_from`: the node there is the whole range.
+            (Node::uniform(1 << (shared_from - 1), free), shared_from)
+        };
+        for level in shared_rest..=self.height {
+            node = self.pull_up_with(first >> level, level, (first >> (level - 1)) & 1 == 0, node, None);
         }
     }
 
@@ -267,17 +286,59 @@ impl SegmentTree {
         }
     }
 
-    /// Hands a uniform node's state to its children before they are updated individually.
-    fn push_down(&mut self, index: usize, level: u32) {
+    /// Hands a uniform node's state (`true` for free) to its children before they are updated
+    /// individually. `inherited` is the state of a uniform ancestor, if any: the node then has
+    /// that state too, which saves re-reading the value just written. Returns the node's state.
+    fn push_down(&mut self, index: usize, level: u32, inherited: Option<bool>) -> Option<bool> {
         let size = 1 << level;
-        let state = match self.nodes[index].longest {
-            0 => false,
-            longest if longest == size => true,
-            _ => return,
+        let state = inherited.or(match self.nodes[index].longest {
+            0 => Some(false),
+            longest if longest == size => Some(true),
+            _ => None,
+        });
+        if let Some(state) = state {
+            let child = Node::uniform(size / 2, state);
+            self.nodes[2 * index] = child;
+            self.nodes[2 * index + 1] = child;
+        }
+        state
+    }
+
+    /// Recomputes the path above `edge`, the first (`is_first`) or last leaf of an assigned
+    /// range, over levels `from..to`, and returns the node at level `to - 1`. The node at
+    /// `from - 1` and every sibling on the range's side are wholly inside the range, so they
+    /// are known to be `uniform(free)` without reading them.
+    fn pull_up_edge(&mut self, edge: usize, is_first: bool, from: u32, to: u32, free: bool) -> Node {
+        let mut node = Node::uniform(1 << (from - 1), free);
+        for level in from..to {
+            let on_left = (edge >> (level - 1)) & 1 == 0;
+            let sibling_inside = on_left == is_first;
+            let sibling = sibling_inside.then(|| Node::uniform(1 << (level - 1), free));
+            node = self.pull_up_with(edge >> level, level, on_left, node, sibling);
+        }
+        node
+    }
+
+    /// Recomputes node `index` from `child`, its freshly computed left (`child_on_left`) or
+    /// right child, and the other child: `sibling` if known, else read from the tree.
+    fn pull_up_with(
+        &mut self,
+        index: usize,
+        level: u32,
+        child_on_left: bool,
+        child: Node,
+        sibling: Option<Node>,
+    ) -> Node {
+        let sibling_index = if child_on_left { 2 * index + 1 } else { 2 * index };
+        let sibling = sibling.unwrap_or_else(|| self.nodes[sibling_index]);
+        let half = 1 << (level - 1);
+        let node = if child_on_left {
+            Node::combine(child, sibling, half)
+        } else {
+            Node::combine(sibling, child, half)
         };
-        let child = Node::uniform(size / 2, state);
-        self.nodes[2 * index] = child;
-        self.nodes[2 * index + 1] = child;
+        self.nodes[index] = node;
+        node
     }
 
     /// Recomputes a node from its children.

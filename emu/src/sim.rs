@@ -1,0 +1,1137 @@
+//! The discrete-event model: GPUs made of SMs sharing issue slots among resident warps, the UVM
+//! replayable-fault path (fault buffer, bottom half in batches, global replay), managed pages
+//! that migrate on faults, producers, and, in `fault` mode, wicd running the real engine.
+//!
+//! SM issue is processor sharing: every computing warp progresses at
+//! `min(warp_ipc, schedulers / (computing + issue_weight x polling))` instructions per cycle, so a
+//! polling warp costs co-resident compute and a fault-stalled warp costs nothing. Time is integer
+//! nanoseconds; the run is deterministic for a seed.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
+
+use wic_engine::fault::{AccessType, Aperture, FaultType, MmuClientType};
+use wic_engine::{
+    ChannelLayout, ChannelSpec, Command, DataSource, Engine, EngineConfig, EngineStats, ErrorMarker, FaultEntry,
+    Nanos, Producer, RawFaultEntry, PAGE_SIZE,
+};
+
+use crate::calibration::Calibration;
+use crate::payload::{MessageKey, Rng};
+use crate::workload::{Endpoint, Phase, ProduceOrder, Workload};
+
+/// How consumer warps wait for producer data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// The paper's Algorithm 1: thread 0 of each CTA spins on a managed flag.
+    Poll,
+    /// WIC: each warp touches its PCM page and stalls until wicd serves the fault.
+    Fault,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Poll => "poll",
+            Self::Fault => "fault",
+        }
+    }
+}
+
+/// What one run measured.
+#[derive(Debug, Clone)]
+pub struct RunReport {
+    pub workload: &'static str,
+    pub mode: Mode,
+    pub runtime_ns: Nanos,
+    /// Share of consumer SM time lost to waiting (no useful issue while warps wait for data).
+    pub consumer_overhead: f64,
+    /// Share of the time warps waited for data during which their SM did useful work (Fig. 14).
+    pub overlap_efficiency: f64,
+    /// wicd's busy time as a share of the runtime (Fig. 15, host side).
+    pub daemon_share: f64,
+    /// Fault packets the GPUs wrote, duplicates included.
+    pub gpu_faults: u64,
+    pub fault_batches: u64,
+    pub replays: u64,
+    pub fault_buffer_overflows: u64,
+    /// Entries discarded by replay flushes (they refault if still unserved).
+    pub flushed_entries: u64,
+    /// Messages (one per warp and request) received and checked byte for byte.
+    pub messages_checked: u64,
+    pub bytes_checked: u64,
+    /// Messages whose bytes differed from what the producer wrote.
+    pub corrupt_messages: u64,
+    /// Messages that carried an error marker instead of data.
+    pub error_markers: u64,
+    /// Engine counters (fault mode).
+    pub engine: Option<EngineStats>,
+    /// After the run: every PCM page back in the pool, no held request left.
+    pub pool_restored: bool,
+    pub pfq_empty: bool,
+    pub events: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    PhaseStart,
+    SmDone { gpu: u16, sm: u32, version: u64 },
+    SlotProduced { slot: u32 },
+    FlagVisible { slot: u32 },
+    PublishArrives { slot: u32 },
+    BhRun { gpu: u16 },
+    BatchDone { gpu: u16 },
+    /// A replay; `resume_bh` when the bottom half waits for it before its next batch.
+    Replay { gpu: u16, resume_bh: bool },
+    Map { gpu: u16, va: u64, pages: u32 },
+    Unmap { gpu: u16, va: u64, pages: u32 },
+    DaemonRun,
+    DaemonIdle,
+    HostPhaseDone,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Agent {
+    Warp(u32),
+    Producer(u32),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WarpState {
+    Computing,
+    Waiting,
+    Polling,
+    Done,
+}
+
+struct Warp {
+    cta: u32,
+    lane: u32,
+    scale: f64,
+    /// Requests made so far.
+    requests: u32,
+    state: WarpState,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PollStage {
+    Flag,
+    Spinning,
+    Data,
+}
+
+struct Cta {
+    gpu: u16,
+    sm: u32,
+    first_warp: u32,
+    communicates: bool,
+    arrived: u32,
+    finished: u32,
+    poll: PollStage,
+}
+
+#[derive(Default)]
+struct Sm {
+    vtime: f64,
+    last: Nanos,
+    version: u64,
+    heap: BinaryHeap<Reverse<(u64, u32)>>,
+    computing: u32,
+    polling: u32,
+    waiting: u32,
+    resident_ctas: u32,
+    occupied_ns: f64,
+    wait_ns: f64,
+    overlap_ns: f64,
+}
+
+#[derive(Default)]
+struct FaultPath {
+    buffer: VecDeque<(RawFaultEntry, u64)>,
+    bh_active: bool,
+    batch: Vec<(RawFaultEntry, u64)>,
+    outstanding: HashSet<(u32, u64)>,
+    stalled: HashMap<u64, Vec<(Agent, u32)>>,
+}
+
+struct Gpu {
+    sms: Vec<Sm>,
+    faults: FaultPath,
+    cta_queue: VecDeque<u32>,
+}
+
+/// Where a managed (non-WIC) page lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Loc {
+    Host,
+    Gpu(u16),
+}
+
+impl From<Endpoint> for Loc {
+    fn from(e: Endpoint) -> Self {
+        match e {
+            Endpoint::Host => Loc::Host,
+            Endpoint::Gpu(g) => Loc::Gpu(g),
+        }
+    }
+}
+
+enum DaemonInput {
+    Faults(u16, Vec<RawFaultEntry>),
+    Publish(u32),
+}
+
+struct Daemon {
+    engine: Engine,
+    inbox: VecDeque<DaemonInput>,
+    awake: bool,
+    busy_ns: Nanos,
+    commands: Vec<Command>,
+    /// Runs whose bytes are in host memory and must cross PCIe when mapped.
+    host_resident_runs: HashSet<u64>,
+    pcm: HashMap<u64, Vec<u8>>,
+    mapped: HashSet<(u16, u64)>,
+}
+
+/// Per-phase communication state, kept across iterations.
+struct PhaseState {
+    phase: Phase,
+    channel: Option<ChannelLayout>,
+    /// The producer's buffer: `slots x batch_bytes`.
+    buffer: Vec<u8>,
+    produced: Vec<u64>,
+    consumed: Vec<u64>,
+    /// Warps of the current generation that have read each slot.
+    readers: Vec<u32>,
+    flag_visible: Vec<u64>,
+    flag_loc: Vec<Loc>,
+    data_loc: Vec<Loc>,
+    spinning_cta: Vec<Option<u32>>,
+}
+
+const FLAG_BASE: u64 = 0x5000_0000_0000;
+const DATA_BASE: u64 = 0x6000_0000_0000;
+const PHASE_SPAN: u64 = 1 << 36;
+/// Pages reserved for one slot's data region in poll mode.
+const DATA_PAGES: u64 = 16;
+const CHANNEL_TIMEOUT_NS: Nanos = 1_000_000_000;
+
+/// The slot of a managed page of a phase, and whether it is the data region (else the flag).
+fn managed_page(va: u64) -> (usize, bool) {
+    let page = (va % PHASE_SPAN) / PAGE_SIZE;
+    if va >= DATA_BASE {
+        ((page / DATA_PAGES) as usize, true)
+    } else {
+        (page as usize, false)
+    }
+}
+
+/// Runs `workload` in `mode` on the model and reports what it measured.
+pub fn run(workload: &Workload, mode: Mode, cal: &Calibration, seed: u64) -> RunReport {
+    let mut sim = Sim::new(workload, mode, cal, seed);
+    sim.execute();
+    sim.report()
+}
+
+struct Sim<'a> {
+    cal: &'a Calibration,
+    workload: &'a Workload,
+    mode: Mode,
+    seed: u64,
+    rng: Rng,
+    now: Nanos,
+    seq: u64,
+    queue: BinaryHeap<Reverse<(Nanos, u64, Event)>>,
+    gpus: Vec<Gpu>,
+    phases: Vec<PhaseState>,
+    iteration: u32,
+    phase: usize,
+    warps: Vec<Warp>,
+    ctas: Vec<Cta>,
+    ctas_left: u32,
+    slots_left: u32,
+    daemon: Option<Daemon>,
+    /// Set when the last phase ends.
+    runtime: Option<Nanos>,
+    stats: Counters,
+}
+
+#[derive(Default)]
+struct Counters {
+    gpu_faults: u64,
+    batches: u64,
+    replays: u64,
+    overflows: u64,
+    flushed: u64,
+    messages: u64,
+    bytes: u64,
+    corrupt: u64,
+    markers: u64,
+    events: u64,
+}
+
+impl<'a> Sim<'a> {
+    fn new(workload: &'a Workload, mode: Mode, cal: &'a Calibration, seed: u64) -> Self {
+        let gpus = (0..workload.gpus())
+            .map(|_| Gpu {
+                sms: (0..cal.gpu.sms.value).map(|_| Sm::default()).collect(),
+                faults: FaultPath::default(),
+                cta_queue: VecDeque::new(),
+            })
+            .collect();
+        let daemon = (mode == Mode::Fault).then(|| {
+            let warps_per_batch = workload.phases.iter().map(|p| p.warps_per_cta).max().unwrap_or(16);
+            let config = EngineConfig { max_slots: 16 * 1024, warps_per_batch, ..EngineConfig::default() };
+            Daemon {
+                engine: Engine::new(config).expect("default engine config is valid"),
+                inbox: VecDeque::new(),
+                awake: false,
+                busy_ns: 0,
+                commands: Vec::new(),
+                host_resident_runs: HashSet::new(),
+                pcm: HashMap::new(),
+                mapped: HashSet::new(),
+            }
+        });
+        let mut sim = Self {
+            cal,
+            workload,
+            mode,
+            seed,
+            rng: Rng::new(seed),
+            now: 0,
+            seq: 0,
+            queue: BinaryHeap::new(),
+            gpus,
+            phases: Vec::new(),
+            iteration: 0,
+            phase: 0,
+            warps: Vec::new(),
+            ctas: Vec::new(),
+            ctas_left: 0,
+            slots_left: 0,
+            daemon,
+            runtime: None,
+            stats: Counters::default(),
+        };
+        for (index, phase) in workload.phases.iter().enumerate() {
+            let state = sim.phase_state(index, phase.clone());
+            sim.phases.push(state);
+        }
+        sim
+    }
+
+    fn phase_state(&mut self, index: usize, phase: Phase) -> PhaseState {
+        let slots = (phase.ctas * phase.requests_per_warp) as usize;
+        let batch_bytes = u64::from(phase.warps_per_cta) * u64::from(phase.message_bytes);
+        let channel = match (self.daemon.as_mut(), phase.consumer) {
+            (Some(daemon), Endpoint::Gpu(consumer)) => {
+                let producer = match phase.producer {
+                    Endpoint::Host => Producer::Host,
+                    Endpoint::Gpu(gpu) => Producer::Gpu { gpu, base_va: DATA_BASE + index as u64 * PHASE_SPAN },
+                };
+                let spec = ChannelSpec {
+                    consumer_gpu: consumer,
+                    producer,
+                    message_bytes: phase.message_bytes,
+                    slots: slots as u32,
+                    timeout: CHANNEL_TIMEOUT_NS,
+                };
+                Some(daemon.engine.open_channel(spec).unwrap_or_else(|e| panic!("{}: open channel: {e}", self.workload.name)))
+            }
+            _ => None,
+        };
+        PhaseState {
+            buffer: vec![0; slots * batch_bytes as usize],
+            produced: vec![0; slots],
+            consumed: vec![0; slots],
+            readers: vec![0; slots],
+            flag_visible: vec![0; slots],
+            flag_loc: vec![Loc::Host; slots],
+            data_loc: vec![Loc::Host; slots],
+            spinning_cta: vec![None; slots],
+            channel,
+            phase,
+        }
+    }
+
+    fn schedule(&mut self, at: Nanos, event: Event) {
+        self.seq += 1;
+        self.queue.push(Reverse((at, self.seq, event)));
+    }
+
+    fn execute(&mut self) {
+        self.schedule(0, Event::PhaseStart);
+        while let Some(Reverse((at, _, event))) = self.queue.pop() {
+            self.now = at;
+            self.stats.events += 1;
+            self.dispatch(event);
+        }
+        assert!(self.runtime.is_some(), "{} ({}): the model stopped before the workload finished", self.workload.name, self.mode.name());
+    }
+
+    fn dispatch(&mut self, event: Event) {
+        match event {
+            Event::PhaseStart => self.start_phase(),
+            Event::SmDone { gpu, sm, version } => self.sm_done(gpu, sm, version),
+            Event::SlotProduced { slot } => self.slot_produced(slot),
+            Event::FlagVisible { slot } => self.flag_visible(slot),
+            Event::PublishArrives { slot } => self.daemon_input(DaemonInput::Publish(slot)),
+            Event::BhRun { gpu } => self.bh_run(gpu),
+            Event::BatchDone { gpu } => self.batch_done(gpu),
+            Event::Replay { gpu, resume_bh } => self.replay(gpu, resume_bh),
+            Event::Map { gpu, va, pages } | Event::Unmap { gpu, va, pages } => {
+                let daemon = self.daemon.as_mut().expect("mappings change on the daemon's commands");
+                for page in 0..u64::from(pages) {
+                    let key = (gpu, va + page * PAGE_SIZE);
+                    if matches!(event, Event::Map { .. }) {
+                        daemon.mapped.insert(key);
+                    } else {
+                        daemon.mapped.remove(&key);
+                    }
+                }
+            }
+            Event::DaemonRun => self.daemon_run(),
+            Event::DaemonIdle => self.daemon_idle(),
+            Event::HostPhaseDone => self.phase_done(),
+        }
+    }
+
+    fn current(&self) -> &PhaseState {
+        &self.phases[self.phase]
+    }
+
+    // ---- phases -------------------------------------------------------------------------------
+
+    fn start_phase(&mut self) {
+        let phase = self.current().phase.clone();
+        if phase.consumer == Endpoint::Host {
+            let bytes = u64::from(phase.ctas) * u64::from(phase.message_bytes);
+            let at = self.now + self.cal.pcie_ns(bytes) + phase.host_compute_ns;
+            self.schedule(at, Event::HostPhaseDone);
+            return;
+        }
+        let Endpoint::Gpu(gpu) = phase.consumer else { unreachable!() };
+        self.warps.clear();
+        self.ctas.clear();
+        let mut requested = Vec::new();
+        for cta in 0..phase.ctas {
+            let independent = (f64::from(cta) + 0.5) / f64::from(phase.ctas) <= phase.independent_ctas;
+            let communicates = !independent && self.rng.unit() < phase.request_probability;
+            if communicates {
+                requested.extend((0..phase.requests_per_warp).map(|r| cta * phase.requests_per_warp + r));
+            }
+            let first_warp = self.warps.len() as u32;
+            for lane in 0..phase.warps_per_cta {
+                let scale = 1.0 + phase.jitter * (2.0 * self.rng.unit() - 1.0);
+                self.warps.push(Warp { cta, lane, scale, requests: 0, state: WarpState::Computing });
+            }
+            self.ctas.push(Cta { gpu, sm: 0, first_warp, communicates, arrived: 0, finished: 0, poll: PollStage::Flag });
+            self.gpus[gpu as usize].cta_queue.push_back(cta);
+        }
+        self.ctas_left = phase.ctas;
+        self.slots_left = requested.len() as u32;
+        if phase.order == ProduceOrder::Shuffled {
+            self.rng.shuffle(&mut requested);
+        }
+        for (position, slot) in requested.into_iter().enumerate() {
+            let round = position as u64 / u64::from(phase.producer_lanes) + 1;
+            let spread = 0.8 + 0.4 * self.rng.unit();
+            let at = self.now + phase.producer_start_ns + (round as f64 * phase.produce_ns as f64 * spread) as u64;
+            self.schedule(at, Event::SlotProduced { slot });
+        }
+        let per_sm = (self.cal.gpu.warp_slots_per_sm.value / phase.warps_per_cta).max(1);
+        for sm in 0..self.cal.gpu.sms.value {
+            for _ in 0..per_sm {
+                self.dispatch_cta(gpu, sm);
+            }
+        }
+    }
+
+    fn dispatch_cta(&mut self, gpu: u16, sm: u32) {
+        let Some(cta) = self.gpus[gpu as usize].cta_queue.pop_front() else { return };
+        self.advance(gpu, sm);
+        self.gpus[gpu as usize].sms[sm as usize].resident_ctas += 1;
+        let (c1, warps) = (self.current().phase.c1_instr, self.current().phase.warps_per_cta);
+        self.ctas[cta as usize].sm = sm;
+        let first = self.ctas[cta as usize].first_warp;
+        for w in first..first + warps {
+            self.start_compute(w, c1);
+        }
+        self.reschedule(gpu, sm);
+    }
+
+    fn maybe_finish_phase(&mut self) {
+        if self.ctas_left == 0 && self.slots_left == 0 {
+            self.phase_done();
+        }
+    }
+
+    fn phase_done(&mut self) {
+        self.phase += 1;
+        if self.phase == self.phases.len() {
+            self.phase = 0;
+            self.iteration += 1;
+        }
+        if self.iteration < self.workload.iterations {
+            self.schedule(self.now, Event::PhaseStart);
+            return;
+        }
+        self.runtime = Some(self.now);
+        if let Some(daemon) = self.daemon.as_mut() {
+            let mut out = Vec::new();
+            for state in &self.phases {
+                if let Some(layout) = &state.channel {
+                    daemon.engine.close_channel(layout.id, &mut out).expect("channel is open");
+                }
+            }
+            assert!(out.is_empty(), "{}: requests still held at the end: {out:?}", self.workload.name);
+        }
+    }
+
+    // ---- SMs ----------------------------------------------------------------------------------
+
+    fn rate(&self, sm: &Sm) -> f64 {
+        let g = &self.cal.gpu;
+        let demand = f64::from(sm.computing) + self.cal.poll.issue_weight.value * f64::from(sm.polling);
+        let ipc = if demand > 0.0 { g.warp_ipc.value.min(f64::from(g.schedulers_per_sm.value) / demand) } else { 0.0 };
+        ipc * g.clock_ghz.value
+    }
+
+    fn advance(&mut self, gpu: u16, sm: u32) {
+        let rate = self.rate(&self.gpus[gpu as usize].sms[sm as usize]);
+        let weight = self.cal.poll.issue_weight.value;
+        let now = self.now;
+        let s = &mut self.gpus[gpu as usize].sms[sm as usize];
+        let dt = (now - s.last) as f64;
+        s.last = now;
+        if s.computing > 0 {
+            s.vtime += rate * dt;
+        }
+        if s.resident_ctas > 0 {
+            s.occupied_ns += dt;
+        }
+        if s.waiting + s.polling > 0 {
+            s.wait_ns += dt;
+            if s.computing > 0 {
+                let c = f64::from(s.computing);
+                s.overlap_ns += dt * c / (c + weight * f64::from(s.polling));
+            }
+        }
+    }
+
+    fn reschedule(&mut self, gpu: u16, sm: u32) {
+        let rate = self.rate(&self.gpus[gpu as usize].sms[sm as usize]);
+        let now = self.now;
+        let s = &mut self.gpus[gpu as usize].sms[sm as usize];
+        s.version += 1;
+        let version = s.version;
+        if let Some(Reverse((finish, _))) = s.heap.peek() {
+            let left = (f64::from_bits(*finish) - s.vtime).max(0.0);
+            let at = now + (left / rate).ceil() as u64;
+            self.schedule(at, Event::SmDone { gpu, sm, version });
+        }
+    }
+
+    fn start_compute(&mut self, warp: u32, instr: u64) {
+        let cta = &self.ctas[self.warps[warp as usize].cta as usize];
+        let (gpu, sm) = (cta.gpu, cta.sm);
+        let w = &mut self.warps[warp as usize];
+        w.state = WarpState::Computing;
+        let s = &mut self.gpus[gpu as usize].sms[sm as usize];
+        let finish = s.vtime + instr as f64 * w.scale;
+        s.heap.push(Reverse((finish.to_bits(), warp)));
+        s.computing += 1;
+    }
+
+    fn sm_done(&mut self, gpu: u16, sm: u32, version: u64) {
+        if self.gpus[gpu as usize].sms[sm as usize].version != version {
+            return;
+        }
+        self.advance(gpu, sm);
+        let mut done = Vec::new();
+        let s = &mut self.gpus[gpu as usize].sms[sm as usize];
+        while let Some(Reverse((finish, warp))) = s.heap.peek().copied() {
+            if f64::from_bits(finish) > s.vtime + 1e-3 {
+                break;
+            }
+            s.heap.pop();
+            s.computing -= 1;
+            done.push(warp);
+        }
+        for warp in done {
+            self.segment_done(warp);
+        }
+        self.reschedule(gpu, sm);
+    }
+
+    fn set_waiting(&mut self, warp: u32, state: WarpState) {
+        let cta = &self.ctas[self.warps[warp as usize].cta as usize];
+        let s = &mut self.gpus[cta.gpu as usize].sms[cta.sm as usize];
+        match self.warps[warp as usize].state {
+            WarpState::Waiting => s.waiting -= 1,
+            WarpState::Polling => s.polling -= 1,
+            WarpState::Computing | WarpState::Done => {}
+        }
+        match state {
+            WarpState::Waiting => s.waiting += 1,
+            WarpState::Polling => s.polling += 1,
+            WarpState::Computing | WarpState::Done => {}
+        }
+        self.warps[warp as usize].state = state;
+    }
+
+    /// A warp finished a compute segment: request, or exit.
+    fn segment_done(&mut self, warp: u32) {
+        let (cta, requests) = (self.warps[warp as usize].cta, self.warps[warp as usize].requests);
+        let phase = &self.current().phase;
+        let (per_warp, c2, warps_per_cta) = (phase.requests_per_warp, phase.c2_instr, phase.warps_per_cta);
+        if requests < per_warp {
+            if !self.ctas[cta as usize].communicates {
+                // Warps of a CTA that does not communicate run their dependent work unblocked.
+                self.warps[warp as usize].requests = per_warp;
+                self.start_compute(warp, c2 * u64::from(per_warp));
+                return;
+            }
+            match self.mode {
+                Mode::Fault => self.wic_request(warp),
+                Mode::Poll => self.arrive_at_barrier(warp),
+            }
+            return;
+        }
+        self.set_waiting(warp, WarpState::Done);
+        let c = &mut self.ctas[cta as usize];
+        c.finished += 1;
+        if c.finished == warps_per_cta {
+            let (gpu, sm) = (c.gpu, c.sm);
+            self.ctas_left -= 1;
+            self.gpus[gpu as usize].sms[sm as usize].resident_ctas -= 1;
+            self.dispatch_cta(gpu, sm);
+            self.maybe_finish_phase();
+        }
+    }
+
+    fn slot_of(&self, warp: u32) -> u32 {
+        let w = &self.warps[warp as usize];
+        w.cta * self.current().phase.requests_per_warp + w.requests
+    }
+
+    fn message_key(&self, slot: u32, generation: u64) -> MessageKey {
+        MessageKey { seed: self.seed, phase: self.phase as u32, slot, generation }
+    }
+
+    /// The warp has its data (or an error marker) at hand: check it and run C2.
+    fn receive(&mut self, warp: u32, bytes: &[u8]) {
+        let slot = self.slot_of(warp);
+        let state = &self.phases[self.phase];
+        let generation = state.consumed[slot as usize];
+        let key = self.message_key(slot, generation);
+        let msg = state.phase.message_bytes as usize;
+        let offset = self.warps[warp as usize].lane as usize * msg;
+        let marker = bytes.get(..8).map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")));
+        if marker.and_then(ErrorMarker::from_word).is_some() {
+            self.stats.markers += 1;
+        } else if !bytes.get(offset..offset + msg).is_some_and(|got| key.matches(offset as u64, got)) {
+            self.stats.corrupt += 1;
+        }
+        self.stats.messages += 1;
+        self.stats.bytes += msg as u64;
+        let c2 = self.current().phase.c2_instr;
+        self.warps[warp as usize].requests += 1;
+        self.start_compute(warp, c2);
+    }
+
+    // ---- fault mode (WIC) ---------------------------------------------------------------------
+
+    fn wic_request(&mut self, warp: u32) {
+        let slot = self.slot_of(warp);
+        let state = &self.phases[self.phase];
+        let generation = state.consumed[slot as usize];
+        let layout = state.channel.as_ref().expect("fault mode has channels");
+        let va = layout.slots[slot as usize].runs[(generation % 2) as usize];
+        let cta = &self.ctas[self.warps[warp as usize].cta as usize];
+        let (gpu, sm) = (cta.gpu, cta.sm);
+        if self.access(Agent::Warp(warp), gpu, sm, va, AccessType::Read) {
+            self.wic_read(warp, va);
+        } else if self.warps[warp as usize].state != WarpState::Waiting {
+            self.set_waiting(warp, WarpState::Waiting);
+        }
+    }
+
+    fn wic_read(&mut self, warp: u32, va: u64) {
+        let slot = self.slot_of(warp);
+        let bytes = self.daemon.as_mut().expect("fault mode").pcm.remove(&va).unwrap_or_default();
+        self.receive(warp, &bytes);
+        self.daemon.as_mut().expect("fault mode").pcm.insert(va, bytes);
+        self.count_reader(slot);
+    }
+
+    fn count_reader(&mut self, slot: u32) {
+        let warps = self.current().phase.warps_per_cta;
+        let state = &mut self.phases[self.phase];
+        state.readers[slot as usize] += 1;
+        if state.readers[slot as usize] == warps {
+            state.readers[slot as usize] = 0;
+            state.consumed[slot as usize] += 1;
+        }
+    }
+
+    // ---- poll mode (Algorithm 1) ----------------------------------------------------------------
+
+    fn arrive_at_barrier(&mut self, warp: u32) {
+        self.set_waiting(warp, WarpState::Waiting);
+        let cta = self.warps[warp as usize].cta;
+        let warps = self.current().phase.warps_per_cta;
+        let c = &mut self.ctas[cta as usize];
+        c.arrived += 1;
+        if c.arrived == warps {
+            c.arrived = 0;
+            c.poll = PollStage::Flag;
+            self.poll_step(cta);
+        }
+    }
+
+    fn flag_va(&self, slot: u32) -> u64 {
+        FLAG_BASE + self.phase as u64 * PHASE_SPAN + u64::from(slot) * PAGE_SIZE
+    }
+
+    fn data_va(&self, slot: u32) -> u64 {
+        DATA_BASE + self.phase as u64 * PHASE_SPAN + u64::from(slot) * DATA_PAGES * PAGE_SIZE
+    }
+
+    /// Thread 0 of the CTA: read the flag until it is set, then read the data.
+    fn poll_step(&mut self, cta: u32) {
+        let c = &self.ctas[cta as usize];
+        let (gpu, sm, poller) = (c.gpu, c.sm, c.first_warp);
+        let slot = self.slot_of(poller);
+        if c.poll == PollStage::Flag {
+            if !self.access(Agent::Warp(poller), gpu, sm, self.flag_va(slot), AccessType::AtomicStrong) {
+                return;
+            }
+            let state = &self.phases[self.phase];
+            if state.flag_visible[slot as usize] <= state.consumed[slot as usize] {
+                self.ctas[cta as usize].poll = PollStage::Spinning;
+                self.phases[self.phase].spinning_cta[slot as usize] = Some(cta);
+                self.advance(gpu, sm);
+                self.set_waiting(poller, WarpState::Polling);
+                self.reschedule(gpu, sm);
+                return;
+            }
+            self.ctas[cta as usize].poll = PollStage::Data;
+        }
+        if !self.access(Agent::Warp(poller), gpu, sm, self.data_va(slot), AccessType::Read) {
+            return;
+        }
+        let state = &self.phases[self.phase];
+        let batch = state.phase.warps_per_cta as usize * state.phase.message_bytes as usize;
+        let bytes = state.buffer[slot as usize * batch..(slot as usize + 1) * batch].to_vec();
+        self.advance(gpu, sm);
+        let first = self.ctas[cta as usize].first_warp;
+        for warp in first..first + self.current().phase.warps_per_cta {
+            self.set_waiting(warp, WarpState::Computing);
+            self.receive(warp, &bytes);
+        }
+        let state = &mut self.phases[self.phase];
+        state.consumed[slot as usize] += 1;
+        self.reschedule(gpu, sm);
+    }
+
+    fn flag_visible(&mut self, slot: u32) {
+        let producer = self.current().phase.producer;
+        let state = &mut self.phases[self.phase];
+        state.flag_visible[slot as usize] = state.produced[slot as usize];
+        state.flag_loc[slot as usize] = producer.into();
+        state.data_loc[slot as usize] = producer.into();
+        if let Some(cta) = state.spinning_cta[slot as usize].take() {
+            let c = &self.ctas[cta as usize];
+            let (gpu, sm, poller) = (c.gpu, c.sm, c.first_warp);
+            self.advance(gpu, sm);
+            self.set_waiting(poller, WarpState::Waiting);
+            self.reschedule(gpu, sm);
+            self.ctas[cta as usize].poll = PollStage::Flag;
+            self.poll_step(cta);
+        }
+    }
+
+    // ---- producers ----------------------------------------------------------------------------
+
+    fn slot_produced(&mut self, slot: u32) {
+        let state = &mut self.phases[self.phase];
+        let batch = state.phase.warps_per_cta as usize * state.phase.message_bytes as usize;
+        let generation = state.produced[slot as usize];
+        let key = MessageKey { seed: self.seed, phase: self.phase as u32, slot, generation };
+        key.fill(0, &mut state.buffer[slot as usize * batch..(slot as usize + 1) * batch]);
+        state.produced[slot as usize] += 1;
+        self.slots_left -= 1;
+        match (self.mode, state.phase.producer) {
+            (Mode::Fault, Endpoint::Host) => {
+                self.schedule(self.now + self.cal.daemon.publish_ns.value, Event::PublishArrives { slot });
+            }
+            (Mode::Fault, Endpoint::Gpu(gpu)) => {
+                let layout = state.channel.as_ref().expect("fault mode has channels");
+                let pat = layout.slots[slot as usize].pat.expect("GPU producer has PAT pages")[(generation % 2) as usize];
+                let sm = slot % self.cal.gpu.sms.value;
+                if self.access(Agent::Producer(slot), gpu, sm, pat, AccessType::Write) {
+                    unreachable!("a PAT page is write-protected until its fault is served");
+                }
+            }
+            (Mode::Poll, Endpoint::Host) => {
+                // The CPU's flag write faults if the page sits on the GPU (it does after a poll).
+                let on_gpu = state.flag_loc[slot as usize] != Loc::Host;
+                let cost = if on_gpu { self.cal.fault.cpu_fault_ns.value + self.cal.pcie_ns(batch as u64) } else { 0 };
+                self.schedule(self.now + cost, Event::FlagVisible { slot });
+            }
+            (Mode::Poll, Endpoint::Gpu(gpu)) => {
+                let sm = slot % self.cal.gpu.sms.value;
+                let flag = self.flag_va(slot);
+                if self.access(Agent::Producer(slot), gpu, sm, flag, AccessType::AtomicStrong) {
+                    self.flag_visible(slot);
+                }
+            }
+        }
+        self.maybe_finish_phase();
+    }
+
+    // ---- the UVM fault path -------------------------------------------------------------------
+
+    /// Whether `gpu` can access `va` now; if not, the agent stalls and a fault packet is raised
+    /// unless its SM already has one outstanding for that page.
+    fn access(&mut self, agent: Agent, gpu: u16, sm: u32, va: u64, access: AccessType) -> bool {
+        if self.accessible(gpu, va) {
+            return true;
+        }
+        self.gpus[gpu as usize].faults.stalled.entry(va).or_default().push((agent, sm));
+        self.raise(gpu, sm, va, access);
+        false
+    }
+
+    fn accessible(&self, gpu: u16, va: u64) -> bool {
+        if let Some(daemon) = &self.daemon {
+            if daemon.engine.owns(va) {
+                return daemon.mapped.contains(&(gpu, va));
+            }
+        }
+        *self.managed_loc(va) == Loc::Gpu(gpu)
+    }
+
+    fn managed_loc(&self, va: u64) -> &Loc {
+        let state = &self.phases[self.phase];
+        match managed_page(va) {
+            (slot, true) => &state.data_loc[slot],
+            (slot, false) => &state.flag_loc[slot],
+        }
+    }
+
+    fn set_managed_loc(&mut self, va: u64, loc: Loc) {
+        let state = &mut self.phases[self.phase];
+        match managed_page(va) {
+            (slot, true) => state.data_loc[slot] = loc,
+            (slot, false) => state.flag_loc[slot] = loc,
+        }
+    }
+
+    fn raise(&mut self, gpu: u16, sm: u32, va: u64, access: AccessType) {
+        let path = &mut self.gpus[gpu as usize].faults;
+        if !path.outstanding.insert((sm, va)) {
+            return;
+        }
+        if path.buffer.len() >= self.cal.fault.buffer_entries.value as usize {
+            // The uTLB keeps the request; it is raised again at the next replay.
+            path.outstanding.remove(&(sm, va));
+            self.stats.overflows += 1;
+            return;
+        }
+        let sms = self.cal.gpu.sms.value;
+        let entry = FaultEntry {
+            instance_aperture: Aperture::Video,
+            instance_ptr: 0x10_0000 * (u64::from(gpu) + 1),
+            address_aperture: 0,
+            va,
+            timestamp: self.now,
+            engine_id: 384,
+            fault_type: FaultType::InvalidPte,
+            replayable: true,
+            client_id: (sm % 19) as u8,
+            access_type: access,
+            client_type: MmuClientType::Gpc,
+            gpc_id: (sm * 8 / sms) as u8,
+            protected_mode: false,
+            replayable_fault_enabled: true,
+            valid: true,
+        };
+        path.buffer.push_back((entry.encode(), va));
+        self.stats.gpu_faults += 1;
+        if !path.bh_active {
+            path.bh_active = true;
+            self.schedule(self.now + self.cal.fault.interrupt_to_bh_ns.value, Event::BhRun { gpu });
+        }
+    }
+
+    fn bh_run(&mut self, gpu: u16) {
+        let max = self.cal.fault.batch_max.value as usize;
+        let path = &mut self.gpus[gpu as usize].faults;
+        let n = path.buffer.len().min(max);
+        path.batch = path.buffer.drain(..n).collect();
+        let f = &self.cal.fault;
+        let mut cost = f.batch_fixed_ns.value + f.per_fault_ns.value * n as u64;
+        let mut migrated = HashSet::new();
+        for (_, va) in &self.gpus[gpu as usize].faults.batch {
+            if !self.wic_owned(*va) && migrated.insert(*va) {
+                cost += self.migration_ns(gpu, *va);
+            }
+        }
+        self.stats.batches += 1;
+        self.schedule(self.now + cost, Event::BatchDone { gpu });
+    }
+
+    fn wic_owned(&self, va: u64) -> bool {
+        self.daemon.as_ref().is_some_and(|d| d.engine.owns(va))
+    }
+
+    /// Time to migrate a managed page (a flag page, or a whole data region) to `gpu`.
+    fn migration_ns(&self, gpu: u16, va: u64) -> u64 {
+        let phase = &self.current().phase;
+        let bytes = match managed_page(va) {
+            (_, true) => u64::from(phase.warps_per_cta) * u64::from(phase.message_bytes),
+            (_, false) => PAGE_SIZE,
+        };
+        match *self.managed_loc(va) {
+            Loc::Host => self.cal.pcie_ns(bytes),
+            Loc::Gpu(g) if g == gpu => 0,
+            Loc::Gpu(_) => self.cal.nvlink_ns(bytes),
+        }
+    }
+
+    fn batch_done(&mut self, gpu: u16) {
+        let batch = std::mem::take(&mut self.gpus[gpu as usize].faults.batch);
+        let mut held = Vec::new();
+        let mut serviced = false;
+        for (raw, va) in &batch {
+            if self.wic_owned(*va) {
+                held.push(*raw);
+            } else {
+                serviced = true;
+                self.set_managed_loc(*va, Loc::Gpu(gpu));
+            }
+        }
+        if !held.is_empty() {
+            self.daemon_input(DaemonInput::Faults(gpu, held));
+        }
+        // The hook skips the replay of a batch that holds only WIC faults (no refault storm).
+        if serviced {
+            self.schedule(self.now + self.cal.fault.replay_ns.value, Event::Replay { gpu, resume_bh: true });
+        } else {
+            self.continue_bh(gpu);
+        }
+    }
+
+    fn continue_bh(&mut self, gpu: u16) {
+        let path = &mut self.gpus[gpu as usize].faults;
+        if path.buffer.is_empty() {
+            path.bh_active = false;
+        } else {
+            self.schedule(self.now, Event::BhRun { gpu });
+        }
+    }
+
+    /// A replay is global: every stalled request retries; those still unmapped fault again.
+    /// The driver's default policy (BATCH_FLUSH) first discards what the buffer holds, since
+    /// every unserved request raises a fresh entry after the replay anyway.
+    fn replay(&mut self, gpu: u16, resume_bh: bool) {
+        self.stats.replays += 1;
+        let path = &mut self.gpus[gpu as usize].faults;
+        self.stats.flushed += path.buffer.len() as u64;
+        path.buffer.clear();
+        path.outstanding.clear();
+        let stalled = std::mem::take(&mut path.stalled);
+        let mut pages: Vec<_> = stalled.into_iter().collect();
+        pages.sort_unstable_by_key(|(va, _)| *va);
+        for (va, agents) in pages {
+            if !self.accessible(gpu, va) {
+                for (_, sm) in &agents {
+                    self.raise(gpu, *sm, va, AccessType::Read);
+                }
+                self.gpus[gpu as usize].faults.stalled.insert(va, agents);
+                continue;
+            }
+            for (agent, _) in agents {
+                self.resume(agent, va);
+            }
+        }
+        if resume_bh {
+            self.continue_bh(gpu);
+        }
+    }
+
+    fn resume(&mut self, agent: Agent, va: u64) {
+        match agent {
+            Agent::Producer(slot) => {
+                if self.mode == Mode::Poll {
+                    self.flag_visible(slot);
+                }
+            }
+            Agent::Warp(warp) => {
+                let cta = &self.ctas[self.warps[warp as usize].cta as usize];
+                let (gpu, sm, id) = (cta.gpu, cta.sm, self.warps[warp as usize].cta);
+                self.advance(gpu, sm);
+                match self.mode {
+                    Mode::Fault => {
+                        self.set_waiting(warp, WarpState::Computing);
+                        self.wic_read(warp, va);
+                    }
+                    Mode::Poll => self.poll_step(id),
+                }
+                self.reschedule(gpu, sm);
+            }
+        }
+    }
+
+    // ---- wicd ---------------------------------------------------------------------------------
+
+    fn daemon_input(&mut self, input: DaemonInput) {
+        let daemon = self.daemon.as_mut().expect("fault mode");
+        daemon.inbox.push_back(input);
+        if !daemon.awake {
+            daemon.awake = true;
+            self.schedule(self.now + self.cal.daemon.wakeup_ns.value, Event::DaemonRun);
+        }
+    }
+
+    /// wicd drains its inbox through the engine and executes the commands one after another.
+    fn daemon_run(&mut self) {
+        let cal = self.cal;
+        let mut t = self.now;
+        let phase = self.phase;
+        let daemon = self.daemon.as_mut().expect("fault mode");
+        let mut out = std::mem::take(&mut daemon.commands);
+        while let Some(input) = daemon.inbox.pop_front() {
+            match input {
+                DaemonInput::Faults(gpu, entries) => {
+                    t += cal.daemon.engine_per_entry_ns.value * entries.len() as u64;
+                    daemon.engine.handle_faults(t, gpu, &entries, &mut out);
+                }
+                DaemonInput::Publish(slot) => {
+                    t += cal.daemon.engine_per_entry_ns.value;
+                    let id = self.phases[phase].channel.as_ref().expect("fault mode").id;
+                    daemon.engine.publish(t, id, slot, &mut out).expect("each slot generation is published once");
+                }
+            }
+        }
+        daemon.engine.expire(t, &mut out);
+        if !out.is_empty() {
+            t = self.submit(&mut out, t);
+        }
+        let daemon = self.daemon.as_mut().expect("fault mode");
+        daemon.commands = out;
+        daemon.busy_ns += t - self.now;
+        self.schedule(t, Event::DaemonIdle);
+    }
+
+    fn daemon_idle(&mut self) {
+        let daemon = self.daemon.as_mut().expect("fault mode");
+        if daemon.inbox.is_empty() {
+            daemon.awake = false;
+        } else {
+            self.schedule(self.now, Event::DaemonRun);
+        }
+    }
+
+    /// Executes one engine step's commands as one batched submission starting at `at`; returns
+    /// when it completes. Copies over one link pipeline (one latency per link per submission);
+    /// mapping changes land in order when the submission completes, replays after that.
+    fn submit(&mut self, commands: &mut Vec<Command>, at: Nanos) -> Nanos {
+        let cal = self.cal;
+        let state = &self.phases[self.phase];
+        let daemon = self.daemon.as_mut().expect("fault mode");
+        let (mut host_copy, mut pcie, mut nvlink, mut pages) = (0u64, 0u64, 0u64, 0u64);
+        let mut landing = Vec::new();
+        for command in commands.drain(..) {
+            match command {
+                Command::WriteData { va, len, source, .. } => {
+                    let (from, on_host) = match source {
+                        DataSource::Host { offset } => (offset, true),
+                        DataSource::Gpu { va: src, .. } => (src % PHASE_SPAN, false),
+                    };
+                    let run = daemon.pcm.entry(va).or_default();
+                    run.clear();
+                    run.extend_from_slice(&state.buffer[from as usize..(from + len) as usize]);
+                    if on_host {
+                        host_copy += len;
+                        daemon.host_resident_runs.insert(va);
+                    } else {
+                        nvlink += len;
+                        daemon.host_resident_runs.remove(&va);
+                    }
+                }
+                Command::WriteErrorMarker { va, pages: n, marker, .. } => {
+                    let run = daemon.pcm.entry(va).or_default();
+                    run.clear();
+                    run.resize((u64::from(n) * PAGE_SIZE) as usize, 0);
+                    run[..8].copy_from_slice(&marker.word().to_le_bytes());
+                    daemon.host_resident_runs.insert(va);
+                }
+                Command::Unmap { gpu, va, pages: n } => {
+                    pages += u64::from(n);
+                    landing.push(Event::Unmap { gpu, va, pages: n });
+                }
+                Command::Map { gpu, va, pages: n } => {
+                    pages += u64::from(n);
+                    if daemon.host_resident_runs.contains(&va) {
+                        pcie += u64::from(n) * PAGE_SIZE;
+                    }
+                    landing.push(Event::Map { gpu, va, pages: n });
+                }
+                Command::ServicePat { gpu, va } => {
+                    pages += 1;
+                    landing.push(Event::Map { gpu, va, pages: 1 });
+                }
+                Command::RearmPat { gpu, va } => {
+                    pages += 1;
+                    landing.push(Event::Unmap { gpu, va, pages: 1 });
+                }
+                Command::Replay { gpu } => landing.push(Event::Replay { gpu, resume_bh: false }),
+            }
+        }
+        let link = |bytes: u64, f: fn(&Calibration, u64) -> u64| if bytes > 0 { f(cal, bytes) } else { 0 };
+        let done = at
+            + cal.daemon.submission_ns.value
+            + cal.daemon.per_page_ns.value * pages
+            + cal.memcpy_ns(host_copy)
+            + link(pcie, Calibration::pcie_ns)
+            + link(nvlink, Calibration::nvlink_ns);
+        for event in landing {
+            let when = if matches!(event, Event::Replay { .. }) { done + cal.fault.replay_ns.value } else { done };
+            self.schedule(when, event);
+        }
+        done
+    }
+
+    fn report(&self) -> RunReport {
+        let sms = self.gpus.iter().flat_map(|g| &g.sms);
+        let (occupied, wait, overlap) =
+            sms.fold((0.0, 0.0, 0.0), |(o, w, v), s| (o + s.occupied_ns, w + s.wait_ns, v + s.overlap_ns));
+        let daemon = self.daemon.as_ref();
+        let runtime = self.runtime.unwrap_or(self.now);
+        RunReport {
+            workload: self.workload.name,
+            mode: self.mode,
+            runtime_ns: runtime,
+            consumer_overhead: if occupied > 0.0 { (wait - overlap) / occupied } else { 0.0 },
+            overlap_efficiency: if wait > 0.0 { overlap / wait } else { 1.0 },
+            daemon_share: daemon.map_or(0.0, |d| d.busy_ns as f64 / runtime.max(1) as f64),
+            gpu_faults: self.stats.gpu_faults,
+            fault_batches: self.stats.batches,
+            replays: self.stats.replays,
+            fault_buffer_overflows: self.stats.overflows,
+            flushed_entries: self.stats.flushed,
+            messages_checked: self.stats.messages,
+            bytes_checked: self.stats.bytes,
+            corrupt_messages: self.stats.corrupt,
+            error_markers: self.stats.markers,
+            engine: daemon.map(|d| d.engine.stats().clone()),
+            pool_restored: daemon.map_or(true, |d| d.engine.pool().free_pages() == d.engine.pool().capacity()),
+            pfq_empty: daemon.map_or(true, |d| d.engine.held() == 0),
+            events: self.stats.events,
+        }
+    }
+}
