@@ -77,6 +77,10 @@ impl fmt::Display for PoolError {
 
 impl std::error::Error for PoolError {}
 
+/// Pages under one leaf of the segment tree: each leaf is one word of the free bitmap, which
+/// takes six levels off the tree (8 instead of 14 at 16K pages).
+const LEAF_PAGES: u32 = u64::BITS;
+
 /// Summary of a node's page range; field names follow the paper's sum/maxLen/leftLen/rightLen.
 #[derive(Debug, Clone, Copy)]
 struct Node {
@@ -97,6 +101,16 @@ impl Node {
         Self { free: run, longest: run, prefix: run, suffix: run }
     }
 
+    /// The summary of a leaf's bitmap word (bit `i` set: page `i` of the word is free).
+    fn of_word(word: u64) -> Self {
+        Self {
+            free: word.count_ones(),
+            longest: longest_ones(word),
+            prefix: word.trailing_ones(),
+            suffix: word.leading_ones(),
+        }
+    }
+
     /// The summary of two adjacent ranges of `half` pages each.
     fn combine(left: Self, right: Self, half: u32) -> Self {
         Self {
@@ -108,20 +122,63 @@ impl Node {
     }
 }
 
+/// Bits of `word` at which a run of at least `k` set bits (`1 <= k <= 64`) starts.
+fn run_starts(word: u64, k: u32) -> u64 {
+    // Invariant: `starts` marks runs of at least `covered` bits. Shifting by `step <= covered`
+    // and intersecting extends each run by `step`, so this takes O(log k) steps.
+    let (mut starts, mut covered) = (word, 1);
+    while covered < k {
+        let step = covered.min(k - covered);
+        starts &= starts >> step;
+        covered += step;
+    }
+    starts
+}
+
+/// Length of the longest run of set bits in `word`, in O(log 64) steps.
+fn longest_ones(word: u64) -> u32 {
+    if word == u64::MAX {
+        return u64::BITS;
+    }
+    // `runs[j]` marks the starts of runs of at least 2^j bits; then build the answer greedily
+    // from the largest power of two down, `starts` marking runs of at least `longest` bits.
+    let mut runs = [word; 6];
+    for j in 1..runs.len() {
+        runs[j] = runs[j - 1] & (runs[j - 1] >> (1 << (j - 1)));
+    }
+    let (mut starts, mut longest) = (u64::MAX, 0);
+    for (j, &run) in runs.iter().enumerate().rev() {
+        let longer = starts & (run >> longest);
+        if longer != 0 {
+            starts = longer;
+            longest += 1 << j;
+        }
+    }
+    longest
+}
+
+/// Mask of bits `low..=high` of a word.
+fn bit_range(low: u32, high: u32) -> u64 {
+    (u64::MAX >> (u64::BITS - 1 - high)) & (u64::MAX << low)
+}
+
 /// The segment tree over a boolean free/allocated array (paper §5.3), with O(log n) range assign.
 ///
-/// The tree is a perfect binary tree over a power-of-two number of leaves; leaves past the last
-/// page are padding that stays allocated, so no query can ever return them.
+/// A perfect binary tree over a power-of-two number of leaves, each leaf summarising one 64-page
+/// word of a free bitmap. Pages past the last one (tail bits, padding leaves) stay allocated,
+/// so no query can ever return them.
 #[derive(Debug, Clone)]
 pub struct SegmentTree {
     pages: u32,
-    /// Number of leaves: the smallest power of two holding `pages`.
-    leaves: u32,
+    /// Free bitmap, bit `p % 64` of word `p / 64` set while page `p` is free.
+    words: Vec<u64>,
+    /// Number of leaves: the smallest power of two holding all words.
+    leaves: usize,
     /// `log2(leaves)`: the level of the root, leaves being level 0.
     height: u32,
-    /// Heap layout: root at 1, children of `i` at `2i` and `2i + 1`, page `p` at `leaves + p`.
-    /// Invariant: a node that is not uniform (neither all free nor all allocated) has accurate
-    /// children; below a uniform node the children may be stale and are never read.
+    /// Heap layout: root at 1, children of `i` at `2i` and `2i + 1`, word `w`'s leaf at
+    /// `leaves + w`. Invariant: below a uniform node (all free or all allocated) nodes and words
+    /// may be stale and are never read; everywhere else they are accurate.
     nodes: Vec<Node>,
 }
 
@@ -132,18 +189,24 @@ impl SegmentTree {
     /// A tree of `pages` pages, all free. A tree of 0 pages is valid and never fits anything.
     ///
     /// # Panics
-    /// If `pages` exceeds 2^30 (32 GiB of nodes; the paper's pool is 16K pages).
+    /// If `pages` exceeds 2^30.
     pub fn new(pages: u32) -> Self {
         assert!(pages <= Self::MAX_PAGES, "segment tree of {pages} pages exceeds 2^30");
-        let leaves = pages.next_power_of_two();
-        let mut nodes = vec![Node::uniform(0, false); 2 * leaves as usize];
-        for page in 0..pages {
-            nodes[(leaves + page) as usize] = Node::uniform(1, true);
+        let full_words = (pages / LEAF_PAGES) as usize;
+        let tail_pages = pages % LEAF_PAGES;
+        let mut words = vec![u64::MAX; full_words];
+        if tail_pages > 0 || words.is_empty() {
+            words.push(!(u64::MAX << tail_pages));
         }
-        let mut tree = Self { pages, leaves, height: leaves.trailing_zeros(), nodes };
+        let leaves = words.len().next_power_of_two();
+        let mut nodes = vec![Node::uniform(0, false); 2 * leaves];
+        for (leaf, &word) in nodes[leaves..].iter_mut().zip(&words) {
+            *leaf = Node::of_word(word);
+        }
+        let mut tree = Self { pages, words, leaves, height: leaves.trailing_zeros(), nodes };
         for level in 1..=tree.height {
             for index in (leaves >> level)..(leaves >> (level - 1)) {
-                tree.pull_up(index as usize, level);
+                tree.pull_up(index, level);
             }
         }
         tree
@@ -173,12 +236,16 @@ impl SegmentTree {
         if self.nodes[1].longest < k {
             return None;
         }
-        let (mut index, mut start, mut size) = (1, 0, self.leaves);
+        let (mut index, mut start, mut size) = (1, 0, LEAF_PAGES << self.height);
         loop {
             // Uniform nodes may have stale children, so stop at one; a fully free node fits at
             // its left edge. Since `longest >= k >= 1` here, the node is never fully allocated.
             if self.nodes[index].longest == size {
                 return Some(start);
+            }
+            if index >= self.leaves {
+                let word = self.words[index - self.leaves];
+                return Some(start + run_starts(word, k).trailing_zeros());
             }
             size /= 2;
             let (left, right) = (self.nodes[2 * index], self.nodes[2 * index + 1]);
@@ -197,7 +264,7 @@ impl SegmentTree {
     ///
     /// # Panics
     /// If the range extends past the last page: that is a caller bug, and letting it through
-    /// would free the padding leaves.
+    /// would free the padding pages.
     pub fn assign(&mut self, start: u32, len: u32, free: bool) {
         let end = u64::from(start) + u64::from(len);
         assert!(
@@ -208,32 +275,31 @@ impl SegmentTree {
         if len == 0 {
             return;
         }
-        // Iterative lazy segment tree. The nodes that straddle an edge of the range lie on the
-        // paths from its first and last leaf to the root; below level `merged_from` those are
-        // two paths, from there up one. Push uniform state down the paths, overwrite the
-        // O(log n) nodes that tile the range, then recompute the paths bottom-up.
-        let first = self.leaves as usize + start as usize;
-        let last = self.leaves as usize + end as usize - 1;
-        let merged_from = usize::BITS - (first ^ last).leading_zeros();
-        // Lowest level at which the node over `first` (`last`) sticks out past the range.
-        let left_from = first.trailing_zeros() + 1;
-        let right_from = last.trailing_ones() + 1;
-        let shared_from = merged_from.max(left_from.min(right_from));
-
-        let mut inherited = None;
-        for level in (shared_from..=self.height).rev() {
-            inherited = self.push_down(first >> level, level, inherited);
+        // Iterative lazy segment tree. The words holding the range's first and last page are
+        // updated bit by bit; the whole words between them are covered by O(log n) tiling
+        // nodes. Only the ancestors of the two edge leaves straddle the range: they form two
+        // paths up to level `merged_from` and one path above it. Push uniform state down those
+        // paths, update the edges and the tiling, then recompute the paths bottom-up.
+        let last_page = start + len - 1;
+        let first = self.leaves + (start / LEAF_PAGES) as usize;
+        let last = self.leaves + (last_page / LEAF_PAGES) as usize;
+        let merged_from = (usize::BITS - (first ^ last).leading_zeros()).max(1);
+        for level in (merged_from..=self.height).rev() {
+            self.push_down(first >> level, level);
         }
-        let mut left_inherited = inherited;
-        for level in (left_from..merged_from).rev() {
-            left_inherited = self.push_down(first >> level, level, left_inherited);
-        }
-        let mut right_inherited = inherited;
-        for level in (right_from..merged_from).rev() {
-            right_inherited = self.push_down(last >> level, level, right_inherited);
+        for level in (1..merged_from).rev() {
+            self.push_down(first >> level, level);
+            self.push_down(last >> level, level);
         }
 
-        let (mut left, mut right, mut size) = (first, last + 1, 1);
+        let (first_bit, last_bit) = (start % LEAF_PAGES, last_page % LEAF_PAGES);
+        if first == last {
+            self.assign_bits(first, bit_range(first_bit, last_bit), free);
+        } else {
+            self.assign_bits(first, bit_range(first_bit, LEAF_PAGES - 1), free);
+            self.assign_bits(last, bit_range(0, last_bit), free);
+        }
+        let (mut left, mut right, mut size) = (first + 1, last, LEAF_PAGES);
         while left < right {
             if left & 1 == 1 {
                 self.nodes[left] = Node::uniform(size, free);
@@ -248,19 +314,12 @@ impl SegmentTree {
             size *= 2;
         }
 
-        let (mut node, shared_rest) = if shared_from == merged_from {
-            let below = merged_from - 1;
-            let left_half = self.pull_up_edge(first, true, left_from.min(merged_from), merged_from, free);
-            let right_half = self.pull_up_edge(last, false, right_from.min(merged_from), merged_from, free);
-            let merged = Node::combine(left_half, right_half, 1 << below);
-            self.nodes[first >> merged_from] = merged;
-            (merged, merged_from + 1)
-        } else {
-            // Both edges are aligned below `shared_from`: the node there is the whole range.
-            (Node::uniform(1 << (shared_from - 1), free), shared_from)
-        };
-        for level in shared_rest..=self.height {
-            node = self.pull_up_with(first >> level, level, (first >> (level - 1)) & 1 == 0, node, None);
+        for level in 1..merged_from {
+            self.pull_up(first >> level, level);
+            self.pull_up(last >> level, level);
+        }
+        for level in merged_from..=self.height {
+            self.pull_up(first >> level, level);
         }
     }
 
@@ -269,13 +328,16 @@ impl SegmentTree {
         if page >= self.pages {
             return false;
         }
-        let (mut index, mut offset, mut size) = (1, page, self.leaves);
+        let (mut index, mut offset, mut size) = (1, page, LEAF_PAGES << self.height);
         loop {
-            // Leaves are always uniform, so the walk ends at a leaf at the latest.
+            // Stop at the first uniform node: what lies below it may be stale.
             match self.nodes[index].longest {
                 0 => return false,
                 longest if longest == size => return true,
                 _ => {}
+            }
+            if index >= self.leaves {
+                return self.words[index - self.leaves] >> offset & 1 == 1;
             }
             size /= 2;
             index *= 2;
@@ -286,65 +348,37 @@ impl SegmentTree {
         }
     }
 
-    /// Hands a uniform node's state (`true` for free) to its children before they are updated
-    /// individually. `inherited` is the state of a uniform ancestor, if any: the node then has
-    /// that state too, which saves re-reading the value just written. Returns the node's state.
-    fn push_down(&mut self, index: usize, level: u32, inherited: Option<bool>) -> Option<bool> {
-        let size = 1 << level;
-        let state = inherited.or(match self.nodes[index].longest {
-            0 => Some(false),
-            longest if longest == size => Some(true),
-            _ => None,
-        });
-        if let Some(state) = state {
-            let child = Node::uniform(size / 2, state);
-            self.nodes[2 * index] = child;
-            self.nodes[2 * index + 1] = child;
-        }
-        state
-    }
-
-    /// Recomputes the path above `edge`, the first (`is_first`) or last leaf of an assigned
-    /// range, over levels `from..to`, and returns the node at level `to - 1`. The node at
-    /// `from - 1` and every sibling on the range's side are wholly inside the range, so they
-    /// are known to be `uniform(free)` without reading them.
-    fn pull_up_edge(&mut self, edge: usize, is_first: bool, from: u32, to: u32, free: bool) -> Node {
-        let mut node = Node::uniform(1 << (from - 1), free);
-        for level in from..to {
-            let on_left = (edge >> (level - 1)) & 1 == 0;
-            let sibling_inside = on_left == is_first;
-            let sibling = sibling_inside.then(|| Node::uniform(1 << (level - 1), free));
-            node = self.pull_up_with(edge >> level, level, on_left, node, sibling);
-        }
-        node
-    }
-
-    /// Recomputes node `index` from `child`, its freshly computed left (`child_on_left`) or
-    /// right child, and the other child: `sibling` if known, else read from the tree.
-    fn pull_up_with(
-        &mut self,
-        index: usize,
-        level: u32,
-        child_on_left: bool,
-        child: Node,
-        sibling: Option<Node>,
-    ) -> Node {
-        let sibling_index = if child_on_left { 2 * index + 1 } else { 2 * index };
-        let sibling = sibling.unwrap_or_else(|| self.nodes[sibling_index]);
-        let half = 1 << (level - 1);
-        let node = if child_on_left {
-            Node::combine(child, sibling, half)
-        } else {
-            Node::combine(sibling, child, half)
+    /// Hands a uniform node's state to its children before they are updated individually.
+    fn push_down(&mut self, index: usize, level: u32) {
+        let size = LEAF_PAGES << level;
+        let free = match self.nodes[index].longest {
+            0 => false,
+            longest if longest == size => true,
+            _ => return,
         };
-        self.nodes[index] = node;
-        node
+        let child = Node::uniform(size / 2, free);
+        self.nodes[2 * index] = child;
+        self.nodes[2 * index + 1] = child;
+    }
+
+    /// Sets the `mask` bits of leaf `leaf`'s word free or allocated and re-summarises the leaf.
+    fn assign_bits(&mut self, leaf: usize, mask: u64, free: bool) {
+        let word_index = leaf - self.leaves;
+        // A uniform leaf's word may be stale: its summary is what holds.
+        let current = match self.nodes[leaf].longest {
+            0 => 0,
+            LEAF_PAGES => u64::MAX,
+            _ => self.words[word_index],
+        };
+        let word = if free { current | mask } else { current & !mask };
+        self.words[word_index] = word;
+        self.nodes[leaf] = Node::of_word(word);
     }
 
     /// Recomputes a node from its children.
     fn pull_up(&mut self, index: usize, level: u32) {
-        self.nodes[index] =
-            Node::combine(self.nodes[2 * index], self.nodes[2 * index + 1], 1 << (level - 1));
+        let half = LEAF_PAGES << (level - 1);
+        self.nodes[index] = Node::combine(self.nodes[2 * index], self.nodes[2 * index + 1], half);
     }
 }
 
