@@ -280,7 +280,9 @@ impl<'a> Sim<'a> {
             })
             .collect();
         let daemon = (mode == Mode::Fault).then(|| {
-            let warps_per_batch = workload.phases.iter().map(|p| p.warps_per_cta).max().unwrap_or(16);
+            // One slot serves one CTA; every GPU-consumer phase of a workload has the same CTA size.
+            let gpu_phases = workload.phases.iter().filter(|p| p.consumer != Endpoint::Host);
+            let warps_per_batch = gpu_phases.map(|p| p.warps_per_cta).max().unwrap_or(16);
             let config = EngineConfig { max_slots: 16 * 1024, warps_per_batch, ..EngineConfig::default() };
             Daemon {
                 engine: Engine::new(config).expect("default engine config is valid"),

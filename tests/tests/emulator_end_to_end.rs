@@ -109,3 +109,15 @@ fn a_slower_fault_path_slows_wic() {
     let w = workload::by_name("C_SRS").unwrap();
     assert!(run(&w, Mode::Fault, &slow, 1).runtime_ns > run(&w, Mode::Fault, &cal, 1).runtime_ns);
 }
+
+#[test]
+fn thread_sweep_extremes_deliver_everything() {
+    let cal = Calibration::built_in();
+    for threads in [64, 1 << 20] {
+        let w = workload::by_name("C_CG").unwrap().with_threads(threads);
+        let (poll, fault) = (run(&w, Mode::Poll, &cal, 2), run(&w, Mode::Fault, &cal, 2));
+        assert_eq!(poll.messages_checked, fault.messages_checked, "{threads} threads");
+        assert_eq!((poll.corrupt_messages, fault.corrupt_messages), (0, 0), "{threads} threads");
+        assert!(fault.pool_restored && fault.pfq_empty, "{threads} threads");
+    }
+}

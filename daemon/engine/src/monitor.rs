@@ -118,7 +118,11 @@ impl Pfq {
             return Err(PfqError::AlreadyQueued(waiter));
         }
         entry.tags.clear();
-        entry.tags.extend(tags.iter().copied().filter(|t| !dab.is_set(*t)));
+        for &tag in tags {
+            if !dab.is_set(tag) && !entry.tags.contains(&tag) {
+                entry.tags.push(tag);
+            }
+        }
         entry.missing = entry.tags.len() as u32;
         if entry.missing == 0 {
             return Ok(Enqueued::Ready);
