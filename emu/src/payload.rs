@@ -25,22 +25,23 @@ impl MessageKey {
         mix(self.seed ^ mix(u64::from(self.phase) << 40 ^ u64::from(self.slot) << 8 ^ mix(self.generation)))
     }
 
+    /// Byte `at` of the message whose stream is `stream`.
+    fn byte_at(stream: u64, at: u64) -> u8 {
+        (mix(stream ^ (at / 8)) >> (8 * (at % 8))) as u8
+    }
+
     /// Fills `out` with bytes `offset..offset + out.len()` of the message.
     pub fn fill(&self, offset: u64, out: &mut [u8]) {
         let stream = self.stream();
         for (i, byte) in out.iter_mut().enumerate() {
-            let at = offset + i as u64;
-            *byte = (mix(stream ^ (at / 8)) >> (8 * (at % 8))) as u8;
+            *byte = Self::byte_at(stream, offset + i as u64);
         }
     }
 
     /// Whether `got` equals bytes `offset..offset + got.len()` of the message.
     pub fn matches(&self, offset: u64, got: &[u8]) -> bool {
         let stream = self.stream();
-        got.iter().enumerate().all(|(i, byte)| {
-            let at = offset + i as u64;
-            *byte == (mix(stream ^ (at / 8)) >> (8 * (at % 8))) as u8
-        })
+        got.iter().enumerate().all(|(i, byte)| *byte == Self::byte_at(stream, offset + i as u64))
     }
 }
 
