@@ -10,7 +10,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 
-use wic_engine::fault::{AccessType, Aperture, FaultType, MmuClientType};
+use wic_engine::fault::AccessType;
 use wic_engine::{
     ChannelLayout, ChannelSpec, Command, DataSource, Engine, EngineConfig, EngineStats, ErrorMarker, FaultEntry,
     Nanos, Producer, RawFaultEntry, PAGE_SIZE,
@@ -844,23 +844,14 @@ impl<'a> Sim<'a> {
             return;
         }
         let sms = self.cal.gpu.sms.value;
-        let entry = FaultEntry {
-            instance_aperture: Aperture::Video,
-            instance_ptr: 0x10_0000 * (u64::from(gpu) + 1),
-            address_aperture: 0,
+        let entry = FaultEntry::replayable_gpc(
             va,
-            timestamp: self.now,
-            engine_id: 384,
-            fault_type: FaultType::InvalidPte,
-            replayable: true,
-            client_id: (sm % 19) as u8,
-            access_type: access,
-            client_type: MmuClientType::Gpc,
-            gpc_id: (sm * 8 / sms) as u8,
-            protected_mode: false,
-            replayable_fault_enabled: true,
-            valid: true,
-        };
+            access,
+            self.now,
+            0x10_0000 * (u64::from(gpu) + 1),
+            (sm * 8 / sms) as u8,
+            (sm % 19) as u8,
+        );
         path.buffer.push_back((entry.encode(), va));
         self.stats.gpu_faults += 1;
         if !path.bh_active {

@@ -454,6 +454,9 @@ impl fmt::Display for MmuClientType {
     }
 }
 
+/// MMU engine id that graphics-engine (GPC) faults carry on Hopper (driver notes, section 2).
+pub const GPC_ENGINE_ID: u16 = 384;
+
 /// A decoded entry, every field.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct FaultEntry {
@@ -490,6 +493,28 @@ pub struct FaultEntry {
 }
 
 impl FaultEntry {
+    /// The entry a GPC client writes for a replayable fault on `va`: what the emulated GPUs
+    /// produce, with the instance block and SM placement the caller chose.
+    pub fn replayable_gpc(va: u64, access_type: AccessType, timestamp: u64, instance_ptr: u64, gpc_id: u8, client_id: u8) -> Self {
+        Self {
+            instance_aperture: Aperture::Video,
+            instance_ptr,
+            address_aperture: 0,
+            va,
+            timestamp,
+            engine_id: GPC_ENGINE_ID,
+            fault_type: FaultType::InvalidPte,
+            replayable: true,
+            client_id,
+            access_type,
+            client_type: MmuClientType::Gpc,
+            gpc_id,
+            protected_mode: false,
+            replayable_fault_enabled: true,
+            valid: true,
+        }
+    }
+
     /// Decode; total (never fails): reserved values are kept in the enums.
     ///
     /// ADDR bits above `width` are ignored; the VA is sign-extended from bit `width - 1`.

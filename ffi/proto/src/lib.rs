@@ -1,0 +1,30 @@
+//! The contracts between `wicd` and its clients, in one place:
+//!
+//! - [`frame`]: how messages travel on the Unix socket (length-prefixed JSON);
+//! - [`message`]: the requests, replies and error codes of protocol version [`PROTOCOL_VERSION`];
+//! - [`shm`]: the shared-memory regions behind the publish and fault fast paths;
+//! - [`client`]: a blocking client used by `wicctl`, libwic and the tests.
+//!
+//! `docs/protocol.md` is the reference for all of it; tests keep the two in step.
+
+pub mod client;
+pub mod frame;
+pub mod message;
+pub mod shm;
+
+/// Version of the protocol spoken on the socket; a `hello` with another version is refused.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Where `wicd` listens unless configured otherwise.
+pub const DEFAULT_SOCKET: &str = "/run/wic/wicd.sock";
+
+/// Environment variable that overrides [`DEFAULT_SOCKET`] for clients.
+pub const SOCKET_ENV: &str = "WIC_SOCKET";
+
+/// The socket a client should use: `explicit`, else `$WIC_SOCKET`, else [`DEFAULT_SOCKET`].
+pub fn socket_path(explicit: Option<&str>) -> std::path::PathBuf {
+    match explicit {
+        Some(path) => path.into(),
+        None => std::env::var_os(SOCKET_ENV).map_or_else(|| DEFAULT_SOCKET.into(), Into::into),
+    }
+}

@@ -1,0 +1,378 @@
+//! Requests, replies and error codes of protocol version [`crate::PROTOCOL_VERSION`].
+//!
+//! A connection starts with [`Request::Hello`]; every request gets exactly one [`Response`].
+//! Replies that hand out shared memory carry file descriptors as `SCM_RIGHTS` on the reply's
+//! first byte, in the order listed in [`ChannelInfo::fds`].
+
+use serde::{Deserialize, Serialize};
+
+/// Everything a client may ask.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    /// Opens the session; must be first. `client` names the program in logs.
+    Hello { version: u32, client: String },
+    /// Creates a channel owned by this connection.
+    CreateChannel { spec: ChannelSpec },
+    /// Destroys a channel this connection owns.
+    DestroyChannel { channel: u32 },
+    /// Issues a token that lets another process attach to a channel this connection owns.
+    Grant { channel: u32, role: Role, uid: Option<u32> },
+    /// Attaches to a channel with a token from [`Request::Grant`].
+    Attach { token: String },
+    /// Publishes a host producer's slot through the socket (the slow path; libwic uses shared
+    /// memory and a doorbell instead).
+    Publish { channel: u32, slot: u32 },
+    /// Daemon identity, backend and load.
+    Status,
+    /// Every channel with its owner and counters.
+    Channels,
+    /// Engine and backend statistics.
+    Stats,
+}
+
+/// Who produces a channel's data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Producer {
+    /// A host thread publishes through libwic.
+    Host,
+    /// A kernel on another GPU publishes by writing the slot's PAT page; its message bytes are
+    /// at `base_va` on that GPU.
+    Gpu { gpu: u16, base_va: u64 },
+}
+
+/// What a channel is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChannelSpec {
+    pub consumer_gpu: u16,
+    pub producer: Producer,
+    pub message_bytes: u32,
+    pub slots: u32,
+    /// How long a consumer may be held waiting for data; 0 means the daemon's default.
+    pub timeout_ns: u64,
+}
+
+/// The part of a channel a process holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Created the channel: may publish, consume, grant and destroy.
+    Owner,
+    /// May publish.
+    Producer,
+    /// May consume.
+    Consumer,
+}
+
+impl Role {
+    /// Whether this role may publish data.
+    pub fn may_publish(self) -> bool {
+        matches!(self, Self::Owner | Self::Producer)
+    }
+
+    /// Whether this role may consume data.
+    pub fn may_consume(self) -> bool {
+        matches!(self, Self::Owner | Self::Consumer)
+    }
+}
+
+/// A file descriptor passed with a channel reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FdKind {
+    /// memfd of the consumer region ([`crate::shm::ConsumerLayout`]).
+    ConsumerRegion,
+    /// eventfd the consumer rings after posting faults.
+    FaultDoorbell,
+    /// memfd of the producer region ([`crate::shm::ProducerLayout`]).
+    ProducerRegion,
+    /// eventfd the producer rings after publishing.
+    PublishDoorbell,
+}
+
+/// One slot as the device library addresses it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlotInfo {
+    /// First VA of run P (even generations) and P' (odd generations).
+    pub runs: [u64; 2],
+    /// The slot's PAT pages, for a GPU producer.
+    pub pat: Option<[u64; 2]>,
+    pub tag: u32,
+}
+
+/// A channel as handed to the process that created or attached to it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChannelInfo {
+    pub channel: u32,
+    pub role: Role,
+    pub spec: ChannelSpec,
+    pub pages_per_run: u32,
+    pub warps_per_batch: u32,
+    /// Bytes one slot carries per generation: `warps_per_batch * message_bytes`.
+    pub batch_bytes: u64,
+    pub slots: Vec<SlotInfo>,
+    /// The descriptors passed with this reply, in order.
+    pub fds: Vec<FdKind>,
+}
+
+/// Daemon identity and load.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Status {
+    pub version: String,
+    pub protocol: u32,
+    pub pid: u32,
+    /// `emulated` or `shim`.
+    pub backend: String,
+    pub gpus: u16,
+    pub uptime_ns: u64,
+    pub clients: u32,
+    pub channels: u32,
+    pub held: u32,
+    pub pool_pages: u32,
+    pub pool_pages_used: u32,
+}
+
+/// One channel in [`Reply::Channels`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChannelSummary {
+    pub channel: u32,
+    pub owner_pid: u32,
+    pub owner_uid: u32,
+    pub spec: ChannelSpec,
+    pub pages: u32,
+    /// Processes attached through grants.
+    pub attached: u32,
+    pub publishes: u64,
+    pub deliveries: u64,
+    pub timeouts: u64,
+}
+
+/// A log2-bucketed histogram: `buckets` lists `[upper_bound_inclusive, count]` for non-empty
+/// buckets in ascending order.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Histogram {
+    pub count: u64,
+    pub sum: u64,
+    pub max: u64,
+    pub buckets: Vec<[u64; 2]>,
+}
+
+/// Engine and backend counters, cumulative since the daemon started unless said otherwise.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stats {
+    /// Fault-buffer entries fetched.
+    pub faults_captured: u64,
+    /// Requests that had to wait for their data.
+    pub faults_held: u64,
+    /// Requests completed with data.
+    pub faults_completed: u64,
+    /// Requests completed with the timeout marker.
+    pub faults_timed_out: u64,
+    /// Requests completed with the channel-closed or stopping marker.
+    pub faults_cancelled: u64,
+    /// Entries that were duplicates, stale or not ours.
+    pub faults_ignored: u64,
+    /// Requests waiting now.
+    pub pfq_depth: u32,
+    pub dab_updates: u64,
+    /// Producer publishes seen as faults on PAT pages.
+    pub pat_faults: u64,
+    /// Host publishes (doorbell and socket).
+    pub host_publishes: u64,
+    pub pool_pages: u32,
+    pub pool_pages_used: u32,
+    pub pool_longest_free_run: u32,
+    /// Fault to replay, nanoseconds.
+    pub wake_latency_ns: Histogram,
+    /// Entries per fetched batch.
+    pub batch_sizes: Histogram,
+    /// Faults that found the fault buffer full (more than its capacity outstanding).
+    pub fault_buffer_overflows: u64,
+    /// Replays issued.
+    pub replays: u64,
+    pub channels: u32,
+    pub clients: u32,
+}
+
+/// A successful answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Reply {
+    Hello { version: u32, daemon: String, backend: String },
+    Channel(ChannelInfo),
+    Token { token: String },
+    Done,
+    Status(Status),
+    Channels { channels: Vec<ChannelSummary> },
+    Stats(Stats),
+}
+
+/// Every answer: `{"ok": …}` or `{"error": …}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Response {
+    Ok(Reply),
+    Error(WireError),
+}
+
+/// A refused request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WireError {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl WireError {
+    /// An error with its explanation.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self { code, message: message.into() }
+    }
+}
+
+impl std::fmt::Display for WireError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.code.name(), self.message)
+    }
+}
+
+impl std::error::Error for WireError {}
+
+/// Error codes, identical on the wire (by name) and in `wic.h` (as `-value`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+#[repr(i32)]
+pub enum ErrorCode {
+    /// A malformed request or an argument out of range.
+    Invalid = 1,
+    /// Not allowed for this peer.
+    Permission = 2,
+    /// No such channel, slot or token.
+    NotFound = 3,
+    /// The page pool, slot table or a per-client limit is exhausted.
+    Exhausted = 4,
+    /// The slot's previous data has not been delivered yet.
+    Busy = 5,
+    /// The wait exceeded the channel's timeout.
+    TimedOut = 6,
+    /// The channel was destroyed.
+    Closed = 7,
+    /// The daemon is stopping.
+    Stopping = 8,
+    /// The peer broke the protocol (bad frame, wrong version, missing hello).
+    Protocol = 9,
+    /// The daemon cannot be reached.
+    Connect = 10,
+    /// The backend cannot do this.
+    Unsupported = 11,
+    /// A system call failed.
+    Io = 12,
+}
+
+impl ErrorCode {
+    /// Every code, in value order.
+    pub const ALL: [Self; 12] = [
+        Self::Invalid,
+        Self::Permission,
+        Self::NotFound,
+        Self::Exhausted,
+        Self::Busy,
+        Self::TimedOut,
+        Self::Closed,
+        Self::Stopping,
+        Self::Protocol,
+        Self::Connect,
+        Self::Unsupported,
+        Self::Io,
+    ];
+
+    /// The name used on the wire and, prefixed with `WIC_E`, in `wic.h`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Invalid => "INVALID",
+            Self::Permission => "PERMISSION",
+            Self::NotFound => "NOT_FOUND",
+            Self::Exhausted => "EXHAUSTED",
+            Self::Busy => "BUSY",
+            Self::TimedOut => "TIMED_OUT",
+            Self::Closed => "CLOSED",
+            Self::Stopping => "STOPPING",
+            Self::Protocol => "PROTOCOL",
+            Self::Connect => "CONNECT",
+            Self::Unsupported => "UNSUPPORTED",
+            Self::Io => "IO",
+        }
+    }
+
+    /// A one-line explanation, what `wic_strerror` returns.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::Invalid => "invalid argument",
+            Self::Permission => "permission denied",
+            Self::NotFound => "no such channel, slot or token",
+            Self::Exhausted => "resources exhausted",
+            Self::Busy => "slot busy: previous data not yet delivered",
+            Self::TimedOut => "timed out waiting for the producer",
+            Self::Closed => "channel closed",
+            Self::Stopping => "daemon stopping",
+            Self::Protocol => "protocol error",
+            Self::Connect => "cannot reach wicd",
+            Self::Unsupported => "not supported by this backend",
+            Self::Io => "I/O error",
+        }
+    }
+
+    /// The code for a C return value (`-value`).
+    pub fn from_c(value: i32) -> Option<Self> {
+        Self::ALL.into_iter().find(|code| -(*code as i32) == value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_have_the_documented_json_shape() {
+        let create = Request::CreateChannel {
+            spec: ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 64, slots: 2, timeout_ns: 0 },
+        };
+        let json = serde_json::to_string(&create).unwrap();
+        assert_eq!(
+            json,
+            r#"{"op":"create_channel","spec":{"consumer_gpu":0,"producer":"host","message_bytes":64,"slots":2,"timeout_ns":0}}"#
+        );
+        assert_eq!(serde_json::from_str::<Request>(&json).unwrap(), create);
+        let gpu: Producer = serde_json::from_str(r#"{"gpu":{"gpu":1,"base_va":4096}}"#).unwrap();
+        assert_eq!(gpu, Producer::Gpu { gpu: 1, base_va: 4096 });
+        assert_eq!(serde_json::to_string(&Request::Stats).unwrap(), r#"{"op":"stats"}"#);
+    }
+
+    #[test]
+    fn unknown_ops_and_fields_are_rejected() {
+        assert!(serde_json::from_str::<Request>(r#"{"op":"format_disk"}"#).is_err());
+        assert!(serde_json::from_str::<Request>(r#"{"op":"destroy_channel","channel":1,"force":true}"#).is_err());
+        assert!(serde_json::from_str::<Request>(r#"{"op":"destroy_channel","channel":-1}"#).is_err());
+    }
+
+    #[test]
+    fn responses_are_ok_or_error() {
+        let ok = serde_json::to_string(&Response::Ok(Reply::Done)).unwrap();
+        assert_eq!(ok, r#"{"ok":{"kind":"done"}}"#);
+        let err = Response::Error(WireError::new(ErrorCode::NotFound, "no channel 3"));
+        assert_eq!(serde_json::to_string(&err).unwrap(), r#"{"error":{"code":"NOT_FOUND","message":"no channel 3"}}"#);
+    }
+
+    #[test]
+    fn error_codes_are_distinct_and_round_trip_through_c_values() {
+        for (i, code) in ErrorCode::ALL.iter().enumerate() {
+            assert_eq!(*code as i32, i as i32 + 1);
+            assert_eq!(ErrorCode::from_c(-(*code as i32)), Some(*code));
+            let json = serde_json::to_string(code).unwrap();
+            assert_eq!(json, format!("\"{}\"", code.name()));
+        }
+        assert_eq!(ErrorCode::from_c(0), None);
+        assert_eq!(ErrorCode::from_c(-13), None);
+    }
+}
