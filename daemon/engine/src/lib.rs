@@ -8,6 +8,7 @@
 pub mod activator;
 pub mod engine;
 pub mod fault;
+pub mod histogram;
 pub mod interrupter;
 pub mod monitor;
 
@@ -16,6 +17,7 @@ pub use engine::{
     ChannelId, ChannelLayout, ChannelSpec, Engine, EngineConfig, EngineError, EngineStats, Producer, SlotLayout,
 };
 pub use fault::{FaultEntry, RawFaultEntry, VaWidth};
+pub use histogram::Histogram;
 pub use interrupter::{PagePool, PageRun, PoolError, TagAllocator, TagError, TagId};
 
 /// Nanoseconds on the caller's clock. The engine only compares and adds them.

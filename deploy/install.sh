@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# Install wic: wicd, wicctl, libwic and the systemd/udev integration files.
+#
+# Usage: deploy/install.sh [BUILD_DIR]
+#   BUILD_DIR  directory holding wicd, wicctl, libwic.so, libwic.a
+#              (default: target/release, relative to the repository root)
+#
+# Environment:
+#   DESTDIR       staging root prepended to every path (default: empty).
+#                 When set, no system tools (sysusers, tmpfiles, udevadm,
+#                 systemctl) are run.
+#   PREFIX        installation prefix for binaries, library, header and
+#                 pkg-config file (default: /usr)
+#   BINDIR LIBDIR INCLUDEDIR PKGCONFIGDIR   override the derived directories
+#   UNITDIR       systemd units        (default: /usr/lib/systemd/system)
+#   SYSUSERSDIR   sysusers.d fragments (default: /usr/lib/sysusers.d)
+#   TMPFILESDIR   tmpfiles.d fragments (default: /usr/lib/tmpfiles.d)
+#   UDEVRULESDIR  udev rules           (default: /usr/lib/udev/rules.d)
+#   SYSCONFDIR    configuration root   (default: /etc)
+#   VERSION       version written to wic.pc (default: from daemon/Cargo.toml)
+set -euo pipefail
+
+script_dir=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
+repo_root=$(cd -- "$script_dir/.." && pwd)
+
+build_dir=${1:-target/release}
+case $build_dir in
+    /*) ;;
+    *) build_dir=$repo_root/$build_dir ;;
+esac
+
+DESTDIR=${DESTDIR:-}
+PREFIX=${PREFIX:-/usr}
+BINDIR=${BINDIR:-$PREFIX/bin}
+LIBDIR=${LIBDIR:-$PREFIX/lib}
+INCLUDEDIR=${INCLUDEDIR:-$PREFIX/include}
+PKGCONFIGDIR=${PKGCONFIGDIR:-$LIBDIR/pkgconfig}
+UNITDIR=${UNITDIR:-/usr/lib/systemd/system}
+SYSUSERSDIR=${SYSUSERSDIR:-/usr/lib/sysusers.d}
+TMPFILESDIR=${TMPFILESDIR:-/usr/lib/tmpfiles.d}
+UDEVRULESDIR=${UDEVRULESDIR:-/usr/lib/udev/rules.d}
+SYSCONFDIR=${SYSCONFDIR:-/etc}
+
+if [[ -z ${VERSION:-} ]]; then
+    VERSION=$(sed -n 's/^version *= *"\([^"]*\)".*/\1/p' "$repo_root/daemon/Cargo.toml" 2>/dev/null | head -n1)
+    VERSION=${VERSION:-0.0.0}
+fi
+
+say() { printf '==> %s\n' "$*"; }
+warn() { printf 'warning: %s\n' "$*" >&2; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+run() { printf '    %s\n' "$*"; "$@"; }
+
+# install_file MODE SRC DEST: install SRC as DEST (DEST without DESTDIR).
+install_file() {
+    run install -D -m "$1" "$2" "$DESTDIR$3"
+}
+
+have() { command -v "$1" >/dev/null 2>&1; }
+
+[[ -d $build_dir ]] || die "build directory $build_dir does not exist (build with: cargo build --release)"
+
+say "installing binaries from $build_dir"
+for bin in wicd wicctl; do
+    [[ -x $build_dir/$bin ]] || die "$build_dir/$bin not found or not executable"
+    install_file 0755 "$build_dir/$bin" "$BINDIR/$bin"
+done
+
+say "installing libwic"
+for lib in libwic.so libwic.a; do
+    if [[ -f $build_dir/$lib ]]; then
+        mode=0644
+        [[ $lib == *.so ]] && mode=0755
+        install_file "$mode" "$build_dir/$lib" "$LIBDIR/$lib"
+    else
+        warn "$build_dir/$lib not found, skipping"
+    fi
+done
+if [[ -f $repo_root/ffi/include/wic.h ]]; then
+    install_file 0644 "$repo_root/ffi/include/wic.h" "$INCLUDEDIR/wic.h"
+else
+    warn "ffi/include/wic.h not found, skipping"
+fi
+if [[ -f $repo_root/ffi/wic.pc.in ]]; then
+    printf '    generate %s from ffi/wic.pc.in (version %s)\n' "$DESTDIR$PKGCONFIGDIR/wic.pc" "$VERSION"
+    mkdir -p "$DESTDIR$PKGCONFIGDIR"
+    sed -e "s|@PREFIX@|$PREFIX|g" \
+        -e "s|@LIBDIR@|$LIBDIR|g" \
+        -e "s|@INCLUDEDIR@|$INCLUDEDIR|g" \
+        -e "s|@VERSION@|$VERSION|g" \
+        "$repo_root/ffi/wic.pc.in" > "$DESTDIR$PKGCONFIGDIR/wic.pc"
+    chmod 0644 "$DESTDIR$PKGCONFIGDIR/wic.pc"
+else
+    warn "ffi/wic.pc.in not found, skipping wic.pc"
+fi
+
+say "installing systemd units into $UNITDIR"
+install_file 0644 "$script_dir/wicd.socket" "$UNITDIR/wicd.socket"
+install_file 0644 "$script_dir/wicd.service" "$UNITDIR/wicd.service"
+if [[ $BINDIR != /usr/bin || $SYSCONFDIR != /etc ]]; then
+    printf '    rewrite ExecStart= to %s/wicd serve --config %s/wic/wicd.toml\n' "$BINDIR" "$SYSCONFDIR"
+    sed -i -e "s|^ExecStart=/usr/bin/wicd serve --config /etc/wic/wicd.toml|ExecStart=$BINDIR/wicd serve --config $SYSCONFDIR/wic/wicd.toml|" \
+        "$DESTDIR$UNITDIR/wicd.service"
+fi
+
+say "installing sysusers.d, tmpfiles.d and udev files"
+install_file 0644 "$script_dir/sysusers.d/wic.conf" "$SYSUSERSDIR/wic.conf"
+install_file 0644 "$script_dir/tmpfiles.d/wic.conf" "$TMPFILESDIR/wic.conf"
+install_file 0644 "$script_dir/udev/70-wic.rules" "$UDEVRULESDIR/70-wic.rules"
+
+config=$SYSCONFDIR/wic/wicd.toml
+if [[ -e $DESTDIR$config ]]; then
+    say "keeping existing $DESTDIR$config"
+else
+    say "installing example configuration"
+    install_file 0644 "$script_dir/wicd.toml" "$config"
+fi
+
+if [[ -n $DESTDIR ]]; then
+    say "DESTDIR is set: not running systemd-sysusers, systemd-tmpfiles, udevadm or systemctl"
+    exit 0
+fi
+
+say "applying system configuration"
+if have systemd-sysusers; then
+    run systemd-sysusers "$SYSUSERSDIR/wic.conf"
+else
+    warn "systemd-sysusers not found: create group 'wic' and system user 'wicd' (primary group wic) by hand"
+fi
+if have systemd-tmpfiles; then
+    run systemd-tmpfiles --create "$TMPFILESDIR/wic.conf"
+else
+    warn "systemd-tmpfiles not found: create /run/wic (0750 root:wic) by hand"
+fi
+if have udevadm; then
+    run udevadm control --reload-rules || warn "udevadm control --reload-rules failed"
+    if [[ -e /dev/wic ]]; then
+        run udevadm trigger --action=add --subsystem-match=misc --sysname-match=wic || warn "udevadm trigger failed"
+    fi
+fi
+if have systemctl && [[ -d /run/systemd/system ]]; then
+    run systemctl daemon-reload
+fi
+
+say "done; enable the daemon with: systemctl enable --now wicd.socket"
