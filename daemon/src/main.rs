@@ -1,6 +1,11 @@
 //! wicd: the WIC daemon.
 
+mod config;
 mod demo;
+mod logging;
+mod serve;
+mod service;
+mod systemd;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -20,6 +25,8 @@ struct Cli {
 enum Command {
     /// Run the paper's ten applications, naive polling vs WIC, on the emulated GPU.
     Demo(DemoArgs),
+    /// Run the daemon: serve applications on the Unix socket.
+    Serve(serve::ServeArgs),
 }
 
 #[derive(clap::Args)]
@@ -56,6 +63,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Demo(args) => run_demo(args),
+        Command::Serve(args) => serve::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -162,6 +162,8 @@ pub struct EngineStats {
     pub wrong_gpu: u64,
     /// New requests: first fault of a slot generation.
     pub requests: u64,
+    /// Requests whose data was not there yet, so the fault was held.
+    pub held: u64,
     /// Refaults of a request already held.
     pub duplicates: u64,
     /// Faults on the run of the other parity (raised before the last wake-up).
@@ -514,6 +516,7 @@ impl Engine {
         match self.pfq.enqueue(slot_id, &[tag], &self.dab) {
             Ok(Enqueued::Ready) => self.deliver(now, slot_id, out),
             Ok(Enqueued::Pending(_)) => {
+                self.stats.held += 1;
                 slot.held_since = Some(now);
                 let deadline = now.saturating_add(slot.timeout);
                 self.deadlines.push(Reverse((deadline, slot_id, slot.generation)));

@@ -1,0 +1,215 @@
+//! `/etc/wic/wicd.toml`: every key has a default, unknown keys are errors (a typo must not
+//! silently fall back to a default).
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use wic_engine::{EngineConfig, Nanos};
+
+/// The whole file.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub service: ServiceConfig,
+    pub engine: EngineSection,
+    pub emulated: EmulatedConfig,
+    pub limits: Limits,
+}
+
+/// Which GPU backend runs the engine's commands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum BackendChoice {
+    /// The shim if its device node exists, else the emulated GPU.
+    Auto,
+    Emulated,
+    Shim,
+}
+
+/// `[service]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServiceConfig {
+    pub socket: PathBuf,
+    pub socket_mode: String,
+    pub socket_group: String,
+    pub backend: BackendChoice,
+    pub device: PathBuf,
+    pub log_level: String,
+}
+
+impl Default for ServiceConfig {
+    fn default() -> Self {
+        Self {
+            socket: wic_proto::DEFAULT_SOCKET.into(),
+            socket_mode: "0660".into(),
+            socket_group: "wic".into(),
+            backend: BackendChoice::Auto,
+            device: "/dev/wic".into(),
+            log_level: "info".into(),
+        }
+    }
+}
+
+/// `[engine]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EngineSection {
+    pub pool_pages: u32,
+    pub warps_per_batch: u32,
+    pub max_slots: u32,
+}
+
+impl Default for EngineSection {
+    fn default() -> Self {
+        let engine = EngineConfig::default();
+        Self { pool_pages: engine.pool_pages, warps_per_batch: engine.warps_per_batch, max_slots: engine.max_slots }
+    }
+}
+
+/// `[emulated]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EmulatedConfig {
+    pub gpus: u16,
+}
+
+impl Default for EmulatedConfig {
+    fn default() -> Self {
+        Self { gpus: 4 }
+    }
+}
+
+/// `[limits]`: all of them apply live on reload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    pub max_frame_bytes: usize,
+    pub max_clients: u32,
+    pub max_channels_per_client: u32,
+    pub max_message_bytes: u32,
+    pub default_timeout_ms: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_frame_bytes: 64 << 10,
+            max_clients: 256,
+            max_channels_per_client: 64,
+            max_message_bytes: 1 << 20,
+            default_timeout_ms: 1000,
+        }
+    }
+}
+
+impl Limits {
+    /// The hold timeout of a channel created without one.
+    pub fn default_timeout_ns(&self) -> Nanos {
+        self.default_timeout_ms.saturating_mul(1_000_000)
+    }
+}
+
+impl Config {
+    /// Reads and checks `path`.
+    pub fn load(path: &Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        Self::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// Parses and checks a configuration text.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let config: Self = toml::from_str(text).map_err(|e| e.to_string())?;
+        config.check()?;
+        Ok(config)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        self.socket_mode()?;
+        crate::logging::parse_level(&self.service.log_level)?;
+        let limits = &self.limits;
+        if limits.max_frame_bytes < 256 {
+            return Err("limits.max_frame_bytes must be at least 256".into());
+        }
+        if limits.max_clients == 0 || limits.max_channels_per_client == 0 || limits.max_message_bytes == 0 {
+            return Err("limits.max_clients, max_channels_per_client and max_message_bytes must be positive".into());
+        }
+        if self.emulated.gpus == 0 {
+            return Err("emulated.gpus must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    /// The socket's permission bits.
+    pub fn socket_mode(&self) -> Result<u32, String> {
+        let text = self.service.socket_mode.trim_start_matches("0o");
+        u32::from_str_radix(text, 8)
+            .ok()
+            .filter(|mode| *mode <= 0o777)
+            .ok_or_else(|| format!("service.socket_mode `{}` is not an octal mode like \"0660\"", self.service.socket_mode))
+    }
+
+    /// The engine configuration these settings describe.
+    pub fn engine(&self) -> EngineConfig {
+        EngineConfig {
+            pool_pages: self.engine.pool_pages,
+            warps_per_batch: self.engine.warps_per_batch,
+            max_slots: self.engine.max_slots,
+            ..EngineConfig::default()
+        }
+    }
+
+    /// What a reload cannot change, described for the log.
+    pub fn needs_restart(&self, new: &Self) -> Vec<&'static str> {
+        let mut changed = Vec::new();
+        if self.engine != new.engine {
+            changed.push("[engine]");
+        }
+        if self.emulated != new.emulated {
+            changed.push("[emulated]");
+        }
+        let (old, next) = (&self.service, &new.service);
+        if (&old.socket, &old.socket_mode, &old.socket_group) != (&next.socket, &next.socket_mode, &next.socket_group) {
+            changed.push("service.socket*");
+        }
+        if (old.backend, &old.device) != (next.backend, &next.device) {
+            changed.push("service.backend/device");
+        }
+        changed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shipped_example_is_the_defaults() {
+        let example = include_str!("../../deploy/wicd.toml");
+        assert_eq!(Config::parse(example).unwrap(), Config::default());
+    }
+
+    #[test]
+    fn typos_and_bad_values_are_errors_that_name_the_key() {
+        let err = Config::parse("[limits]\nmax_clients_typo = 3\n").unwrap_err();
+        assert!(err.contains("max_clients_typo"), "{err}");
+        let err = Config::parse("[service]\nsocket_mode = \"0999\"\n").unwrap_err();
+        assert!(err.contains("socket_mode"), "{err}");
+        let err = Config::parse("[service]\nlog_level = \"loud\"\n").unwrap_err();
+        assert!(err.contains("loud"), "{err}");
+        assert!(Config::parse("[limits]\nmax_frame_bytes = 10\n").is_err());
+        assert_eq!(Config::parse("[service]\nsocket_mode = \"0600\"\n").unwrap().socket_mode(), Ok(0o600));
+    }
+
+    #[test]
+    fn restart_is_required_only_for_structural_changes() {
+        let old = Config::default();
+        let mut new = old.clone();
+        new.limits.max_clients = 3;
+        new.service.log_level = "debug".into();
+        assert!(old.needs_restart(&new).is_empty());
+        new.engine.pool_pages = 1024;
+        new.service.socket = "/tmp/x".into();
+        assert_eq!(old.needs_restart(&new), vec!["[engine]", "service.socket*"]);
+    }
+}

@@ -1,0 +1,210 @@
+//! `wicd serve`: the daemon proper. Loads the configuration, starts the fast path, listens on
+//! the socket (bound here or passed by systemd), tells systemd it is ready, feeds the
+//! watchdog while the fast path answers, reloads on SIGHUP and stops cleanly on SIGTERM.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::config::{BackendChoice, Config};
+use crate::logging::{self, LevelHandle};
+use crate::service::dataplane::{self, Control};
+use crate::service::server::{self, Shared};
+use crate::systemd;
+
+/// Where the configuration is read from when `--config` is not given (if it exists).
+const DEFAULT_CONFIG: &str = "/etc/wic/wicd.toml";
+
+/// `wicd serve` options; they override the configuration file.
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// Configuration file (default: /etc/wic/wicd.toml if present, else built-in defaults).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Socket path (overrides service.socket).
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+    /// Backend (overrides service.backend).
+    #[arg(long, value_enum)]
+    pub backend: Option<BackendChoice>,
+    /// Emulated GPUs (overrides emulated.gpus).
+    #[arg(long)]
+    pub gpus: Option<u16>,
+}
+
+impl ServeArgs {
+    fn config_path(&self) -> Option<PathBuf> {
+        self.config.clone().or_else(|| Path::new(DEFAULT_CONFIG).exists().then(|| DEFAULT_CONFIG.into()))
+    }
+
+    fn load(&self) -> Result<Config, String> {
+        let mut config = match self.config_path() {
+            Some(path) => Config::load(&path)?,
+            None => Config::default(),
+        };
+        if let Some(socket) = &self.socket {
+            config.service.socket = socket.clone();
+        }
+        if let Some(backend) = self.backend {
+            config.service.backend = backend;
+        }
+        if let Some(gpus) = self.gpus {
+            config.emulated.gpus = gpus;
+        }
+        Ok(config)
+    }
+}
+
+/// Runs the daemon until SIGTERM or SIGINT.
+pub fn run(args: ServeArgs) -> Result<(), String> {
+    let config = args.load()?;
+    let level = logging::init(logging::parse_level(&config.service.log_level)?);
+    let backend = match config.service.backend {
+        BackendChoice::Emulated => "emulated",
+        BackendChoice::Auto if !config.service.device.exists() => "emulated",
+        BackendChoice::Auto | BackendChoice::Shim => {
+            return Err(format!(
+                "{} is present but this wicd has no shim backend yet; set service.backend = \"emulated\"",
+                config.service.device.display()
+            ))
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("tokio runtime: {e}"))?;
+    let (handle, fast_path) = dataplane::spawn(config.engine(), config.emulated.gpus)?;
+    let result = runtime.block_on(serve(args, config, level, handle, backend));
+    fast_path.join().map_err(|_| "the fast path panicked".to_string())?;
+    result
+}
+
+/// A socket path this process bound, removed again on exit.
+struct BoundSocket(PathBuf);
+
+impl Drop for BoundSocket {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn bind(config: &Config) -> Result<(tokio::net::UnixListener, Option<BoundSocket>), String> {
+    if let Some(listener) = systemd::activated_listener()? {
+        listener.set_nonblocking(true).map_err(|e| format!("activated socket: {e}"))?;
+        let listener = tokio::net::UnixListener::from_std(listener).map_err(|e| format!("activated socket: {e}"))?;
+        tracing::info!("using the socket passed by systemd");
+        return Ok((listener, None));
+    }
+    let path = &config.service.socket;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty() && !d.exists()) {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    if path.exists() {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(format!("{}: another wicd is already listening", path.display()));
+        }
+        std::fs::remove_file(path).map_err(|e| format!("stale socket {}: {e}", path.display()))?;
+    }
+    let listener = tokio::net::UnixListener::bind(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let bound = BoundSocket(path.clone());
+    let mode = config.socket_mode()?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(|e| format!("{}: {e}", path.display()))?;
+    match nix::unistd::Group::from_name(&config.service.socket_group) {
+        Ok(Some(group)) => {
+            if let Err(e) = nix::unistd::chown(path, None, Some(group.gid)) {
+                tracing::warn!("cannot give {} to group {}: {e}", path.display(), config.service.socket_group);
+            }
+        }
+        _ => tracing::warn!(
+            "group {} does not exist: {} stays in the daemon's group",
+            config.service.socket_group,
+            path.display()
+        ),
+    }
+    tracing::info!("listening on {} (mode {mode:04o})", path.display());
+    Ok((listener, Some(bound)))
+}
+
+async fn serve(
+    args: ServeArgs,
+    config: Config,
+    level: LevelHandle,
+    handle: dataplane::DataplaneHandle,
+    backend: &'static str,
+) -> Result<(), String> {
+    let stop_fast_path = |handle: dataplane::DataplaneHandle| async move {
+        let _ = handle.ask(|reply| Control::Shutdown { reply }).await;
+    };
+    let (listener, bound) = match bind(&config) {
+        Ok(bound) => bound,
+        Err(e) => {
+            stop_fast_path(handle).await;
+            return Err(e);
+        }
+    };
+    let shared = Shared::new(config.limits, handle.clone(), backend, config.emulated.gpus);
+    let accept = tokio::spawn(server::accept_loop(listener, shared.clone()));
+    let mut terminate = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
+    let mut interrupt = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
+    let mut hangup = signal(SignalKind::hangup()).map_err(|e| e.to_string())?;
+    let watchdog = systemd::watchdog_interval().map(|every| tokio::spawn(feed_watchdog(handle.clone(), every)));
+    tracing::info!(backend, gpus = config.emulated.gpus, "wicd {} ready", env!("CARGO_PKG_VERSION"));
+    systemd::notify(&format!("READY=1\nSTATUS=serving, {backend} backend"));
+    let mut config = config;
+    loop {
+        tokio::select! {
+            _ = terminate.recv() => break,
+            _ = interrupt.recv() => break,
+            _ = hangup.recv() => reload(&args, &mut config, &level, &shared),
+        }
+    }
+    tracing::info!("stopping: completing held faults");
+    systemd::notify("STOPPING=1");
+    accept.abort();
+    if let Some(task) = watchdog {
+        task.abort();
+    }
+    stop_fast_path(handle).await;
+    drop(bound);
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Re-reads the configuration: the log level and limits apply now, the rest at restart.
+fn reload(args: &ServeArgs, config: &mut Config, level: &LevelHandle, shared: &Arc<Shared>) {
+    systemd::notify("RELOADING=1");
+    match args.load() {
+        Ok(new) => {
+            let restart = config.needs_restart(&new);
+            if !restart.is_empty() {
+                tracing::warn!("reload: {} changed; that takes effect at the next restart", restart.join(", "));
+            }
+            if let Ok(new_level) = logging::parse_level(&new.service.log_level) {
+                level.set(new_level);
+            }
+            *shared.limits.write().expect("limits lock") = new.limits;
+            config.service.log_level = new.service.log_level;
+            config.limits = new.limits;
+            tracing::info!("configuration reloaded");
+        }
+        Err(e) => tracing::error!("reload failed, keeping the running configuration: {e}"),
+    }
+    systemd::notify("READY=1");
+}
+
+/// Sends `WATCHDOG=1` only while the fast path answers, so a wedged engine gets restarted.
+async fn feed_watchdog(handle: dataplane::DataplaneHandle, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tick.tick().await;
+        let alive = tokio::time::timeout(every, handle.ask(|reply| Control::Snapshot { reply })).await;
+        if matches!(alive, Ok(Ok(_))) {
+            systemd::notify("WATCHDOG=1");
+        } else {
+            tracing::error!("fast path did not answer within {every:?}; withholding the watchdog");
+        }
+    }
+}

@@ -1,0 +1,517 @@
+//! The fast path: one thread that owns the engine and the backend and waits on io_uring for
+//! doorbells (faults posted, data published), control requests and the engine's next deadline.
+//!
+//! The control side (the tokio server) talks to it through a crossbeam queue plus an eventfd
+//! that wakes the ring; replies come back on tokio oneshot channels. Nothing here blocks on a
+//! client: every read is of the daemon's own eventfds and shared regions.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam::channel::{Receiver, Sender, TryRecvError};
+use io_uring::{opcode, types, IoUring};
+use nix::sys::eventfd::{EfdFlags, EventFd};
+use tokio::sync::oneshot;
+use wic_engine::{
+    ChannelId, ChannelLayout, ChannelSpec, Command, Engine, EngineConfig, EngineError, ErrorMarker, FaultEntry, Nanos,
+    PoolError, RawFaultEntry,
+};
+use wic_proto::message::{ErrorCode, Histogram, Stats, WireError};
+use wic_proto::shm::{ChannelState, ConsumerLayout, ConsumerRegion, ProducerLayout, ProducerRegion};
+
+use super::emulated::{EmulatedChannel, EmulatedGpus, ExecutionLog};
+
+/// io_uring user data of the control doorbell's read.
+const WAKE_TOKEN: u64 = 0;
+/// io_uring user data of cancel requests (their completions carry no work).
+const CANCEL_TOKEN: u64 = u64::MAX;
+const RING_ENTRIES: u32 = 256;
+
+/// What the control side asks of the fast path.
+pub enum Control {
+    Create { spec: ChannelSpec, reply: oneshot::Sender<Result<Created, WireError>> },
+    Destroy { channel: u32, reply: oneshot::Sender<Result<(), WireError>> },
+    Publish { channel: u32, slot: u32, reply: oneshot::Sender<Result<(), WireError>> },
+    Snapshot { reply: oneshot::Sender<Snapshot> },
+    /// Completes every held fault with the stopping marker and ends the thread.
+    Shutdown { reply: oneshot::Sender<()> },
+}
+
+/// A new channel: its layout and the descriptors to hand to clients (duplicates; the fast
+/// path keeps its own).
+pub struct Created {
+    pub layout: ChannelLayout,
+    pub consumer_region: OwnedFd,
+    pub fault_doorbell: OwnedFd,
+    pub producer_region: Option<OwnedFd>,
+    pub publish_doorbell: Option<OwnedFd>,
+}
+
+/// Per-channel counters.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ChannelCounters {
+    pub publishes: u64,
+    pub deliveries: u64,
+    pub timeouts: u64,
+}
+
+/// The fast path's view for stats and status.
+pub struct Snapshot {
+    pub stats: Stats,
+    pub channels: HashMap<u32, ChannelCounters>,
+    pub held: u32,
+}
+
+/// The control side's handle.
+#[derive(Clone)]
+pub struct DataplaneHandle {
+    tx: Sender<Control>,
+    wake: Arc<EventFd>,
+}
+
+impl DataplaneHandle {
+    /// Sends a request built around a reply channel and waits for the answer.
+    pub async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Control) -> Result<T, WireError> {
+        let (reply, answer) = oneshot::channel();
+        let gone = || WireError::new(ErrorCode::Stopping, "the fast path has stopped");
+        self.tx.send(make(reply)).map_err(|_| gone())?;
+        // A failed write means the counter is saturated: the thread is awake anyway.
+        let _ = self.wake.write(1);
+        answer.await.map_err(|_| gone())
+    }
+}
+
+fn engine_error(e: EngineError) -> WireError {
+    let code = match e {
+        EngineError::Invalid(_) | EngineError::SlotOutOfRange { .. } | EngineError::NotHostProducer(_) => {
+            ErrorCode::Invalid
+        }
+        EngineError::Pool(PoolError::ZeroLength) => ErrorCode::Invalid,
+        EngineError::Pool(_) | EngineError::Tags(_) | EngineError::SlotsExhausted { .. } => ErrorCode::Exhausted,
+        EngineError::UnknownChannel(_) => ErrorCode::NotFound,
+        EngineError::AlreadyPublished { .. } => ErrorCode::Busy,
+    };
+    WireError::new(code, e.to_string())
+}
+
+/// Which doorbell a registration reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Bell {
+    Faults,
+    Published,
+}
+
+/// A pending read of an eventfd; the buffer must stay put until its completion arrives.
+struct Registration {
+    fd: OwnedFd,
+    buf: Box<[u8; 8]>,
+    channel: u32,
+    bell: Bell,
+}
+
+/// Counters the engine does not keep.
+#[derive(Default)]
+struct Counters {
+    replays: u64,
+    /// Ring entries whose VA is not a run of the ring's channel: dropped before the engine.
+    misdirected: u64,
+    /// Overflows of channels already closed.
+    closed_overflows: u64,
+    channels: HashMap<u32, ChannelCounters>,
+}
+
+impl ExecutionLog for Counters {
+    fn delivered(&mut self, channel: u32) {
+        self.channels.entry(channel).or_default().deliveries += 1;
+    }
+
+    fn failed(&mut self, channel: u32, marker: ErrorMarker) {
+        if marker == ErrorMarker::Timeout {
+            self.channels.entry(channel).or_default().timeouts += 1;
+        }
+    }
+}
+
+struct Dataplane {
+    engine: Engine,
+    gpus: u16,
+    backend: EmulatedGpus,
+    ring: IoUring,
+    control: Receiver<Control>,
+    wake: Arc<EventFd>,
+    wake_buf: Box<[u8; 8]>,
+    registrations: HashMap<u64, Registration>,
+    next_token: u64,
+    /// The daemon's own read index of every channel's fault ring.
+    ring_get: HashMap<u32, u64>,
+    counters: Counters,
+    start: Instant,
+    commands: Vec<Command>,
+    faults: Vec<RawFaultEntry>,
+}
+
+/// Starts the fast path for `gpus` emulated GPUs.
+pub fn spawn(config: EngineConfig, gpus: u16) -> Result<(DataplaneHandle, std::thread::JoinHandle<()>), String> {
+    let engine = Engine::new(config).map_err(|e| format!("engine configuration: {e}"))?;
+    let ring = IoUring::new(RING_ENTRIES).map_err(|e| format!("io_uring setup: {e}"))?;
+    // Blocking on purpose: io_uring reads of a non-blocking eventfd fail with EAGAIN instead of
+    // waiting.
+    let wake = Arc::new(EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC).map_err(|e| format!("eventfd: {e}"))?);
+    let (tx, control) = crossbeam::channel::unbounded();
+    let mut dataplane = Dataplane {
+        engine,
+        gpus,
+        backend: EmulatedGpus::default(),
+        ring,
+        control,
+        wake: wake.clone(),
+        wake_buf: Box::new([0; 8]),
+        registrations: HashMap::new(),
+        next_token: 1,
+        ring_get: HashMap::new(),
+        counters: Counters::default(),
+        start: Instant::now(),
+        commands: Vec::new(),
+        faults: Vec::new(),
+    };
+    dataplane.arm_wake().map_err(|e| format!("io_uring: {e}"))?;
+    let thread = std::thread::Builder::new()
+        .name("wicd-fastpath".into())
+        .spawn(move || dataplane.run())
+        .map_err(|e| format!("cannot start the fast path: {e}"))?;
+    Ok((DataplaneHandle { tx, wake }, thread))
+}
+
+fn eventfd() -> io::Result<OwnedFd> {
+    let fd = EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC)?;
+    Ok(OwnedFd::from(fd))
+}
+
+impl Dataplane {
+    fn now(&self) -> Nanos {
+        self.start.elapsed().as_nanos() as Nanos
+    }
+
+    fn push(&mut self, entry: io_uring::squeue::Entry) -> io::Result<()> {
+        // SAFETY: every entry pushed reads into a buffer owned by `self` (the wake buffer or a
+        // registration's box) that is dropped only after its completion has been reaped.
+        while unsafe { self.ring.submission().push(&entry) }.is_err() {
+            self.ring.submit()?;
+        }
+        Ok(())
+    }
+
+    fn arm_wake(&mut self) -> io::Result<()> {
+        let read = opcode::Read::new(types::Fd(self.wake.as_fd().as_raw_fd()), self.wake_buf.as_mut_ptr(), 8)
+            .build()
+            .user_data(WAKE_TOKEN);
+        self.push(read)
+    }
+
+    fn arm(&mut self, token: u64) -> io::Result<()> {
+        let Some(reg) = self.registrations.get_mut(&token) else { return Ok(()) };
+        let read = opcode::Read::new(types::Fd(reg.fd.as_raw_fd()), reg.buf.as_mut_ptr(), 8).build().user_data(token);
+        self.push(read)
+    }
+
+    fn register(&mut self, fd: OwnedFd, channel: u32, bell: Bell) -> io::Result<()> {
+        let token = self.next_token;
+        self.next_token += 1;
+        self.registrations.insert(token, Registration { fd, buf: Box::new([0; 8]), channel, bell });
+        self.arm(token)
+    }
+
+    fn run(mut self) {
+        tracing::debug!("fast path running");
+        loop {
+            if self.drain_control() {
+                break;
+            }
+            if let Err(e) = self.wait() {
+                tracing::error!("fast path: io_uring wait failed: {e}");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            self.reap();
+            let now = self.now();
+            self.engine.expire(now, &mut self.commands);
+            self.execute();
+        }
+        tracing::debug!("fast path stopped");
+    }
+
+    /// Waits for a completion or the engine's next deadline.
+    fn wait(&mut self) -> io::Result<()> {
+        let result = match self.engine.next_deadline() {
+            Some(deadline) => {
+                let left = deadline.saturating_sub(self.now());
+                let ts = types::Timespec::from(Duration::from_nanos(left.max(1)));
+                let args = types::SubmitArgs::new().timespec(&ts);
+                self.ring.submitter().submit_with_args(1, &args)
+            }
+            None => self.ring.submit_and_wait(1),
+        };
+        match result {
+            Ok(_) => Ok(()),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ETIME) | Some(libc::EINTR) | Some(libc::EBUSY)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn reap(&mut self) {
+        let completions: Vec<(u64, i32)> = self.ring.completion().map(|c| (c.user_data(), c.result())).collect();
+        for (token, result) in completions {
+            match token {
+                CANCEL_TOKEN => {}
+                WAKE_TOKEN => {
+                    if let Err(e) = self.arm_wake() {
+                        tracing::error!("fast path: cannot re-arm the control doorbell: {e}");
+                    }
+                }
+                token => self.on_bell(token, result),
+            }
+        }
+    }
+
+    fn on_bell(&mut self, token: u64, result: i32) {
+        let Some(reg) = self.registrations.get(&token) else { return };
+        let (channel, bell) = (reg.channel, reg.bell);
+        if result < 0 || self.backend.channel(channel).is_none() {
+            // Cancelled because the channel closed (or a read error): the buffer is free now.
+            if result < 0 && result != -libc::ECANCELED {
+                tracing::warn!("channel {channel}: doorbell read failed: {}", io::Error::from_raw_os_error(-result));
+            }
+            self.registrations.remove(&token);
+            return;
+        }
+        match bell {
+            Bell::Faults => self.take_faults(channel),
+            Bell::Published => self.take_published(channel),
+        }
+        if let Err(e) = self.arm(token) {
+            tracing::error!("channel {channel}: cannot re-arm its doorbell: {e}");
+        }
+    }
+
+    fn take_faults(&mut self, channel: u32) {
+        let Some(regions) = self.backend.channel(channel) else { return };
+        let gpu = regions.consumer_gpu;
+        let get = self.ring_get.entry(channel).or_default();
+        let va_width = self.engine.config().va_width;
+        loop {
+            self.faults.clear();
+            regions.consumer.take_faults(get, &mut self.faults);
+            if self.faults.is_empty() {
+                break;
+            }
+            // A client writes only its own channel's ring: entries naming another channel's
+            // pages are dropped, so no process can complete or steal another's requests.
+            let before = self.faults.len();
+            let backend = &self.backend;
+            self.faults.retain(|raw| {
+                let va = FaultEntry::decode(raw, va_width).page();
+                backend.place(va).is_some_and(|place| place.channel == channel)
+            });
+            self.counters.misdirected += (before - self.faults.len()) as u64;
+            let now = self.start.elapsed().as_nanos() as Nanos;
+            self.engine.handle_faults(now, gpu, &self.faults, &mut self.commands);
+        }
+        self.execute();
+    }
+
+    fn take_published(&mut self, channel: u32) {
+        let Some(producer) = self.backend.channel(channel).and_then(|c| c.producer.as_ref()) else { return };
+        let now = self.now();
+        let mut published = 0;
+        let (engine, commands) = (&mut self.engine, &mut self.commands);
+        producer.take_published(|slot| match engine.publish(now, ChannelId(channel), slot, commands) {
+            Ok(()) => published += 1,
+            Err(e) => tracing::debug!("channel {channel}: publish of slot {slot} ignored: {e}"),
+        });
+        self.counters.channels.entry(channel).or_default().publishes += published;
+        self.execute();
+    }
+
+    fn execute(&mut self) {
+        if self.commands.is_empty() {
+            return;
+        }
+        let done = self.backend.execute(&self.commands, &mut self.counters);
+        self.counters.replays += done.replays;
+        self.commands.clear();
+    }
+
+    /// Handles queued control requests; true when the thread must stop.
+    fn drain_control(&mut self) -> bool {
+        loop {
+            match self.control.try_recv() {
+                Ok(Control::Create { spec, reply }) => {
+                    let _ = reply.send(self.create(spec));
+                }
+                Ok(Control::Destroy { channel, reply }) => {
+                    let _ = reply.send(self.destroy(channel));
+                }
+                Ok(Control::Publish { channel, slot, reply }) => {
+                    let _ = reply.send(self.publish(channel, slot));
+                }
+                Ok(Control::Snapshot { reply }) => {
+                    let _ = reply.send(self.snapshot());
+                }
+                Ok(Control::Shutdown { reply }) => {
+                    self.shutdown();
+                    let _ = reply.send(());
+                    return true;
+                }
+                Err(TryRecvError::Empty) => return false,
+                Err(TryRecvError::Disconnected) => {
+                    self.shutdown();
+                    return true;
+                }
+            }
+        }
+    }
+
+    fn create(&mut self, spec: ChannelSpec) -> Result<Created, WireError> {
+        if spec.consumer_gpu >= self.gpus {
+            return Err(WireError::new(
+                ErrorCode::Invalid,
+                format!("consumer GPU {} does not exist: the emulated backend has {} GPUs", spec.consumer_gpu, self.gpus),
+            ));
+        }
+        if !matches!(spec.producer, wic_engine::Producer::Host) {
+            return Err(WireError::new(
+                ErrorCode::Unsupported,
+                "the emulated backend serves host producers; GPU producers need the shim backend",
+            ));
+        }
+        let layout = self.engine.open_channel(spec).map_err(engine_error)?;
+        match self.attach_regions(&spec, &layout) {
+            Ok(created) => Ok(created),
+            Err(e) => {
+                let mut discard = Vec::new();
+                self.engine.close_channel(layout.id, &mut discard).expect("opened just now");
+                self.backend.remove(layout.id.0);
+                Err(WireError::new(ErrorCode::Io, format!("cannot set up the channel's shared memory: {e}")))
+            }
+        }
+    }
+
+    fn attach_regions(&mut self, spec: &ChannelSpec, layout: &ChannelLayout) -> io::Result<Created> {
+        let id = layout.id.0;
+        let consumer_layout = ConsumerLayout { slots: spec.slots, pages_per_run: layout.pages_per_run };
+        let (consumer, consumer_fd) = ConsumerRegion::create(consumer_layout)?;
+        let (producer, producer_fd) = match spec.producer {
+            wic_engine::Producer::Host => {
+                let (region, fd) = ProducerRegion::create(ProducerLayout { slots: spec.slots, batch_bytes: layout.batch_bytes })?;
+                (Some(region), Some(fd))
+            }
+            wic_engine::Producer::Gpu { .. } => (None, None),
+        };
+        let fault_bell = eventfd()?;
+        let publish_bell = producer.as_ref().map(|_| eventfd()).transpose()?;
+        let created = Created {
+            layout: layout.clone(),
+            consumer_region: consumer_fd,
+            fault_doorbell: fault_bell.try_clone()?,
+            producer_region: producer_fd,
+            publish_doorbell: publish_bell.as_ref().map(OwnedFd::try_clone).transpose()?,
+        };
+        let runs: Vec<[u64; 2]> = layout.slots.iter().map(|s| s.runs).collect();
+        self.backend.add(id, EmulatedChannel { consumer_gpu: spec.consumer_gpu, consumer, producer }, &runs);
+        self.ring_get.insert(id, 0);
+        self.counters.channels.insert(id, ChannelCounters::default());
+        self.register(fault_bell, id, Bell::Faults)?;
+        if let Some(bell) = publish_bell {
+            self.register(bell, id, Bell::Published)?;
+        }
+        Ok(created)
+    }
+
+    fn destroy(&mut self, channel: u32) -> Result<(), WireError> {
+        self.engine.close_channel(ChannelId(channel), &mut self.commands).map_err(engine_error)?;
+        // Held faults were completed with the closed marker: run that before the pages go.
+        self.execute();
+        self.forget(channel, ChannelState::Closed);
+        Ok(())
+    }
+
+    /// Drops a closed channel's backend state and cancels its doorbell reads.
+    fn forget(&mut self, channel: u32, state: ChannelState) {
+        if let Some(regions) = self.backend.remove(channel) {
+            self.counters.closed_overflows += regions.consumer.overflows();
+            regions.consumer.set_state(state);
+            if let Some(producer) = &regions.producer {
+                producer.set_state(state);
+            }
+        }
+        self.ring_get.remove(&channel);
+        self.counters.channels.remove(&channel);
+        let tokens: Vec<u64> = self.registrations.iter().filter(|(_, r)| r.channel == channel).map(|(t, _)| *t).collect();
+        for token in tokens {
+            let cancel = opcode::AsyncCancel::new(token).build().user_data(CANCEL_TOKEN);
+            if let Err(e) = self.push(cancel) {
+                tracing::error!("channel {channel}: cannot cancel its doorbell read: {e}");
+            }
+        }
+    }
+
+    fn publish(&mut self, channel: u32, slot: u32) -> Result<(), WireError> {
+        let spec = self.engine.channel_spec(ChannelId(channel)).map_err(engine_error)?;
+        if slot >= spec.slots {
+            return Err(WireError::new(ErrorCode::NotFound, format!("channel {channel} has {} slots, no slot {slot}", spec.slots)));
+        }
+        let producer = self.backend.channel(channel).and_then(|c| c.producer.as_ref());
+        let producer = producer.ok_or_else(|| WireError::new(ErrorCode::Invalid, format!("channel {channel} has no host producer")))?;
+        // The same step as libwic's fast path, then the same scan a doorbell triggers.
+        if !producer.publish(slot) {
+            return Err(WireError::new(ErrorCode::Busy, format!("channel {channel} slot {slot}: previous data not yet delivered")));
+        }
+        self.take_published(channel);
+        Ok(())
+    }
+
+    fn shutdown(&mut self) {
+        let channels: Vec<u32> = self.backend.channels().map(|(id, _)| *id).collect();
+        self.engine.shutdown(&mut self.commands);
+        self.execute();
+        for channel in channels {
+            self.forget(channel, ChannelState::Stopping);
+        }
+        let _ = self.ring.submit();
+    }
+
+    fn snapshot(&self) -> Snapshot {
+        let s = self.engine.stats();
+        let pool = self.engine.pool();
+        let overflows: u64 =
+            self.counters.closed_overflows + self.backend.channels().map(|(_, c)| c.consumer.overflows()).sum::<u64>();
+        let stats = Stats {
+            faults_captured: s.entries,
+            faults_held: s.held,
+            faults_completed: s.delivered,
+            faults_timed_out: s.timed_out,
+            faults_cancelled: s.closed_while_held,
+            faults_ignored: s.malformed + s.foreign + s.wrong_gpu + s.duplicates + s.stale + self.counters.misdirected,
+            pfq_depth: self.engine.held(),
+            dab_updates: s.dab_updates,
+            pat_faults: s.pat_publishes + s.pat_duplicates,
+            host_publishes: s.host_publishes,
+            pool_pages: pool.capacity(),
+            pool_pages_used: pool.capacity() - pool.free_pages(),
+            pool_longest_free_run: pool.longest_free_run(),
+            wake_latency_ns: histogram(&s.wake_latency_ns),
+            batch_sizes: histogram(&s.batch_sizes),
+            fault_buffer_overflows: overflows,
+            replays: self.counters.replays,
+            channels: self.engine.channel_count() as u32,
+            clients: 0,
+        };
+        Snapshot { stats, channels: self.counters.channels.clone(), held: self.engine.held() }
+    }
+}
+
+fn histogram(h: &wic_engine::Histogram) -> Histogram {
+    Histogram { count: h.count(), sum: h.sum(), max: h.max(), buckets: h.buckets().map(|(le, n)| [le, n]).collect() }
+}

@@ -1,0 +1,139 @@
+//! The emulated GPU backend: executes the Activator's commands on the channels' shared regions.
+//!
+//! Each channel's consumer region stands for the channel's pages in consumer-GPU memory and for
+//! the GPU's page table (one state word per page); a replay bumps the replay counter of every
+//! channel consuming on that GPU, which is what wakes the warps stalled on it.
+
+use std::collections::HashMap;
+
+use wic_engine::{Command, DataSource, ErrorMarker, GpuId, PAGE_SIZE};
+use wic_proto::shm::{ConsumerRegion, ProducerRegion, PAGE_MAPPED, PAGE_UNMAPPED};
+
+/// A channel's regions as the backend sees them.
+pub struct EmulatedChannel {
+    pub consumer_gpu: GpuId,
+    pub consumer: ConsumerRegion,
+    pub producer: Option<ProducerRegion>,
+}
+
+/// Where a run lives: its channel, slot and generation parity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunPlace {
+    pub channel: u32,
+    pub slot: u32,
+    pub side: usize,
+}
+
+/// What executing a batch of commands did, for the per-channel and global counters.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Executed {
+    pub replays: u64,
+}
+
+/// Per-channel events of one execution.
+pub trait ExecutionLog {
+    /// Producer data was copied into `channel`'s run.
+    fn delivered(&mut self, channel: u32);
+    /// `channel`'s run was completed with `marker`.
+    fn failed(&mut self, channel: u32, marker: ErrorMarker);
+}
+
+/// The emulated GPUs: the channels' regions and an index from run VA to channel slot.
+#[derive(Default)]
+pub struct EmulatedGpus {
+    channels: HashMap<u32, EmulatedChannel>,
+    runs: HashMap<u64, RunPlace>,
+    scratch: Vec<u8>,
+}
+
+impl EmulatedGpus {
+    /// Adds a channel whose runs start at `runs[slot][side]`.
+    pub fn add(&mut self, channel: u32, regions: EmulatedChannel, runs: &[[u64; 2]]) {
+        for (slot, pair) in runs.iter().enumerate() {
+            for (side, va) in pair.iter().enumerate() {
+                self.runs.insert(*va, RunPlace { channel, slot: slot as u32, side });
+            }
+        }
+        self.channels.insert(channel, regions);
+    }
+
+    /// Removes a channel after its final commands ran, returning its regions.
+    pub fn remove(&mut self, channel: u32) -> Option<EmulatedChannel> {
+        self.runs.retain(|_, place| place.channel != channel);
+        self.channels.remove(&channel)
+    }
+
+    /// A channel's regions.
+    pub fn channel(&self, channel: u32) -> Option<&EmulatedChannel> {
+        self.channels.get(&channel)
+    }
+
+    /// Every channel.
+    pub fn channels(&self) -> impl Iterator<Item = (&u32, &EmulatedChannel)> {
+        self.channels.iter()
+    }
+
+    /// The run that starts at `va`.
+    pub fn place(&self, va: u64) -> Option<RunPlace> {
+        self.runs.get(&va).copied()
+    }
+
+    /// Runs `commands` in order.
+    pub fn execute(&mut self, commands: &[Command], log: &mut impl ExecutionLog) -> Executed {
+        let mut done = Executed::default();
+        for command in commands {
+            match *command {
+                Command::WriteData { va, len, source, .. } => self.write_data(va, len, source, log),
+                Command::WriteErrorMarker { va, pages, marker, .. } => {
+                    if let Some((place, region)) = self.run(va) {
+                        let first = region.layout().run_page(place.slot, place.side);
+                        for page in first..first + pages as usize {
+                            region.write_pages(page, &marker.word().to_le_bytes());
+                        }
+                        log.failed(place.channel, marker);
+                    }
+                }
+                Command::Unmap { va, pages, .. } => self.set_pages(va, pages, PAGE_UNMAPPED),
+                Command::Map { va, pages, .. } => self.set_pages(va, pages, PAGE_MAPPED),
+                Command::ServicePat { .. } | Command::RearmPat { .. } => {
+                    // Channels with GPU producers are refused at creation by this backend.
+                    tracing::error!("emulated backend got {command:?} without a GPU producer");
+                }
+                Command::Replay { gpu } => {
+                    for channel in self.channels.values().filter(|c| c.consumer_gpu == gpu) {
+                        channel.consumer.replay();
+                    }
+                    done.replays += 1;
+                }
+            }
+        }
+        done
+    }
+
+    fn run(&self, va: u64) -> Option<(RunPlace, &ConsumerRegion)> {
+        let place = self.place(va)?;
+        Some((place, &self.channels.get(&place.channel)?.consumer))
+    }
+
+    fn set_pages(&self, va: u64, pages: u32, state: u32) {
+        if let Some((place, region)) = self.run(va) {
+            region.set_pages(region.layout().run_page(place.slot, place.side), pages as usize, state);
+        }
+    }
+
+    fn write_data(&mut self, va: u64, len: u64, source: DataSource, log: &mut impl ExecutionLog) {
+        let DataSource::Host { offset } = source else {
+            tracing::error!("emulated backend cannot copy from a GPU producer");
+            return;
+        };
+        let Some(place) = self.place(va) else { return };
+        let Some(channel) = self.channels.get(&place.channel) else { return };
+        let Some(producer) = &channel.producer else { return };
+        let capacity = channel.consumer.layout().pages_per_run as u64 * PAGE_SIZE;
+        self.scratch.resize(len.min(capacity) as usize, 0);
+        producer.read_data(offset, &mut self.scratch);
+        channel.consumer.write_pages(channel.consumer.layout().run_page(place.slot, place.side), &self.scratch);
+        producer.mark_delivered(place.slot);
+        log.delivered(place.channel);
+    }
+}

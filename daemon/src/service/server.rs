@@ -1,0 +1,461 @@
+//! The control plane: a tokio server on the Unix socket. It authenticates every connection by
+//! its peer credentials, keeps who owns and who may use each channel, and forwards the work to
+//! the fast path.
+//!
+//! A connection owns the channels it creates; when it goes away, for whatever reason, they are
+//! destroyed and their pages return to the pool. Others reach a channel only through a
+//! single-use token from `grant`, optionally bound to a uid.
+
+use std::collections::HashMap;
+use std::io::{self, IoSlice};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
+
+use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
+use tokio::net::{UnixListener, UnixStream};
+use wic_proto::frame::{self, FrameError};
+use wic_proto::message::{
+    ChannelInfo, ChannelSpec, ChannelSummary, ErrorCode, FdKind, Producer, Reply, Request, Response, Role, SlotInfo,
+    Status, WireError,
+};
+use wic_proto::PROTOCOL_VERSION;
+
+use super::dataplane::{Control, Created, DataplaneHandle};
+use crate::config::Limits;
+
+type ConnId = u64;
+
+/// Who is on the other end of a connection (SO_PEERCRED).
+#[derive(Debug, Clone, Copy)]
+struct Peer {
+    pid: u32,
+    uid: u32,
+}
+
+/// A channel as the control plane tracks it.
+struct Record {
+    owner: ConnId,
+    owner_peer: Peer,
+    info: ChannelInfo,
+    consumer_region: OwnedFd,
+    fault_doorbell: OwnedFd,
+    producer_region: Option<OwnedFd>,
+    publish_doorbell: Option<OwnedFd>,
+    /// Connections attached through grants, with their role.
+    attached: HashMap<ConnId, Role>,
+}
+
+impl Record {
+    fn role_of(&self, conn: ConnId) -> Option<Role> {
+        if conn == self.owner {
+            Some(Role::Owner)
+        } else {
+            self.attached.get(&conn).copied()
+        }
+    }
+
+    /// The descriptors a role gets, with their kinds.
+    fn fds_for(&self, role: Role) -> (Vec<FdKind>, Vec<RawFd>) {
+        let mut kinds = Vec::new();
+        let mut fds = Vec::new();
+        if role.may_consume() {
+            kinds.extend([FdKind::ConsumerRegion, FdKind::FaultDoorbell]);
+            fds.extend([self.consumer_region.as_raw_fd(), self.fault_doorbell.as_raw_fd()]);
+        }
+        if let (true, Some(region), Some(bell)) = (role.may_publish(), &self.producer_region, &self.publish_doorbell) {
+            kinds.extend([FdKind::ProducerRegion, FdKind::PublishDoorbell]);
+            fds.extend([region.as_raw_fd(), bell.as_raw_fd()]);
+        }
+        (kinds, fds)
+    }
+}
+
+/// A token from `grant`, not yet used.
+struct Grant {
+    channel: u32,
+    role: Role,
+    uid: Option<u32>,
+}
+
+#[derive(Default)]
+struct Registry {
+    next_conn: ConnId,
+    clients: HashMap<ConnId, Peer>,
+    channels: HashMap<u32, Record>,
+    tokens: HashMap<String, Grant>,
+}
+
+/// What every connection task shares.
+pub struct Shared {
+    pub limits: RwLock<Limits>,
+    pub dataplane: DataplaneHandle,
+    pub backend: &'static str,
+    pub gpus: u16,
+    pub started: Instant,
+    registry: Mutex<Registry>,
+}
+
+impl Shared {
+    /// Control-plane state around a running fast path.
+    pub fn new(limits: Limits, dataplane: DataplaneHandle, backend: &'static str, gpus: u16) -> Arc<Self> {
+        Arc::new(Self {
+            limits: RwLock::new(limits),
+            dataplane,
+            backend,
+            gpus,
+            started: Instant::now(),
+            registry: Mutex::new(Registry::default()),
+        })
+    }
+
+    fn limits(&self) -> Limits {
+        *self.limits.read().expect("limits lock")
+    }
+
+    fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {
+        self.registry.lock().expect("registry lock")
+    }
+}
+
+/// Accepts connections until the task is dropped.
+pub async fn accept_loop(listener: UnixListener, shared: Arc<Shared>) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                tokio::spawn(serve_connection(shared.clone(), stream));
+            }
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning.
+                tracing::warn!("accept: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+fn error(code: ErrorCode, message: impl Into<String>) -> WireError {
+    WireError::new(code, message)
+}
+
+async fn send(stream: &mut UnixStream, response: &Response, fds: &[RawFd]) -> io::Result<()> {
+    let body = serde_json::to_vec(response).expect("responses always serialize");
+    let bytes = frame::encode(&body);
+    if fds.is_empty() {
+        return stream.write_all(&bytes).await;
+    }
+    let raw = stream.as_raw_fd();
+    let sent = stream
+        .async_io(Interest::WRITABLE, || {
+            let rights = [ControlMessage::ScmRights(fds)];
+            sendmsg::<()>(raw, &[IoSlice::new(&bytes)], &rights, MsgFlags::MSG_NOSIGNAL, None).map_err(io::Error::from)
+        })
+        .await?;
+    stream.write_all(&bytes[sent..]).await
+}
+
+async fn send_error(stream: &mut UnixStream, e: WireError) -> io::Result<()> {
+    send(stream, &Response::Error(e), &[]).await
+}
+
+async fn serve_connection(shared: Arc<Shared>, mut stream: UnixStream) {
+    let peer = match stream.peer_cred() {
+        Ok(cred) => Peer { pid: cred.pid().unwrap_or(0) as u32, uid: cred.uid() },
+        Err(e) => {
+            tracing::warn!("connection without peer credentials refused: {e}");
+            return;
+        }
+    };
+    let Some(conn) = register(&shared, peer) else {
+        tracing::warn!(pid = peer.pid, uid = peer.uid, "client refused: max_clients reached");
+        let _ = send_error(&mut stream, error(ErrorCode::Exhausted, "too many clients")).await;
+        return;
+    };
+    tracing::debug!(conn, pid = peer.pid, uid = peer.uid, "client connected");
+    if let Err(e) = session(&shared, &mut stream, conn, peer).await {
+        tracing::debug!(conn, "connection ended: {e}");
+    }
+    disconnect(&shared, conn).await;
+}
+
+/// Records a new client, unless `max_clients` are connected already.
+fn register(shared: &Shared, peer: Peer) -> Option<ConnId> {
+    let mut registry = shared.registry();
+    if registry.clients.len() >= shared.limits().max_clients as usize {
+        return None;
+    }
+    registry.next_conn += 1;
+    let conn = registry.next_conn;
+    registry.clients.insert(conn, peer);
+    Some(conn)
+}
+
+/// Serves requests until the peer hangs up or breaks the framing.
+async fn session(shared: &Shared, stream: &mut UnixStream, conn: ConnId, peer: Peer) -> io::Result<()> {
+    let mut greeted = false;
+    loop {
+        let mut header = [0u8; frame::HEADER_BYTES];
+        match stream.read_exact(&mut header).await {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(e),
+        }
+        let len = match frame::body_len(header, shared.limits().max_frame_bytes) {
+            Ok(len) => len,
+            Err(FrameError::Empty) => {
+                send_error(stream, error(ErrorCode::Protocol, "empty frame")).await?;
+                continue;
+            }
+            Err(e @ FrameError::TooLarge { .. }) => {
+                // The body cannot be skipped safely (it may never come): answer and hang up.
+                tracing::warn!(conn, pid = peer.pid, "{e}; closing the connection");
+                send_error(stream, error(ErrorCode::Protocol, e.to_string())).await?;
+                return Ok(());
+            }
+        };
+        let mut body = vec![0u8; len];
+        stream.read_exact(&mut body).await?;
+        let request = match serde_json::from_slice::<Request>(&body) {
+            Ok(request) => request,
+            Err(e) => {
+                send_error(stream, error(ErrorCode::Invalid, format!("malformed request: {e}"))).await?;
+                continue;
+            }
+        };
+        if !greeted && !matches!(request, Request::Hello { .. }) {
+            send_error(stream, error(ErrorCode::Protocol, "the first request must be hello")).await?;
+            continue;
+        }
+        let hello = matches!(request, Request::Hello { .. });
+        let (response, fds) = match handle(shared, conn, peer, request).await {
+            Ok((reply, fds)) => (Response::Ok(reply), fds),
+            Err(e) => (Response::Error(e), Vec::new()),
+        };
+        send(stream, &response, &fds).await?;
+        match response {
+            Response::Ok(_) => greeted |= hello,
+            // A peer speaking another protocol version cannot be served further.
+            Response::Error(_) if hello && !greeted => return Ok(()),
+            Response::Error(_) => {}
+        }
+    }
+}
+
+type Handled = Result<(Reply, Vec<RawFd>), WireError>;
+
+async fn handle(shared: &Shared, conn: ConnId, peer: Peer, request: Request) -> Handled {
+    match request {
+        Request::Hello { version, client } => {
+            if version != PROTOCOL_VERSION {
+                return Err(error(
+                    ErrorCode::Protocol,
+                    format!("protocol version {version} is not supported; this daemon speaks {PROTOCOL_VERSION}"),
+                ));
+            }
+            tracing::debug!(conn, pid = peer.pid, "hello from {client}");
+            let reply = Reply::Hello {
+                version: PROTOCOL_VERSION,
+                daemon: env!("CARGO_PKG_VERSION").into(),
+                backend: shared.backend.into(),
+            };
+            Ok((reply, Vec::new()))
+        }
+        Request::CreateChannel { spec } => create(shared, conn, peer, spec).await,
+        Request::DestroyChannel { channel } => {
+            owned(shared, conn, channel)?;
+            shared.dataplane.ask(|reply| Control::Destroy { channel, reply }).await??;
+            let mut registry = shared.registry();
+            registry.channels.remove(&channel);
+            registry.tokens.retain(|_, grant| grant.channel != channel);
+            tracing::info!(channel, pid = peer.pid, "channel destroyed");
+            Ok((Reply::Done, Vec::new()))
+        }
+        Request::Grant { channel, role, uid } => {
+            owned(shared, conn, channel)?;
+            if role == Role::Owner {
+                return Err(error(ErrorCode::Invalid, "ownership cannot be granted; grant producer or consumer"));
+            }
+            let token = new_token()?;
+            shared.registry().tokens.insert(token.clone(), Grant { channel, role, uid });
+            tracing::info!(channel, ?role, ?uid, "grant issued");
+            Ok((Reply::Token { token }, Vec::new()))
+        }
+        Request::Attach { token } => attach(shared, conn, peer, &token),
+        Request::Publish { channel, slot } => {
+            let role = shared.registry().channels.get(&channel).map(|r| r.role_of(conn));
+            match role {
+                None => return Err(error(ErrorCode::NotFound, format!("no channel {channel}"))),
+                Some(Some(role)) if role.may_publish() => {}
+                Some(_) => return Err(error(ErrorCode::Permission, format!("not a producer of channel {channel}"))),
+            }
+            shared.dataplane.ask(|reply| Control::Publish { channel, slot, reply }).await??;
+            Ok((Reply::Done, Vec::new()))
+        }
+        Request::Status => {
+            let snapshot = shared.dataplane.ask(|reply| Control::Snapshot { reply }).await?;
+            let registry = shared.registry();
+            let status = Status {
+                version: env!("CARGO_PKG_VERSION").into(),
+                protocol: PROTOCOL_VERSION,
+                pid: std::process::id(),
+                backend: shared.backend.into(),
+                gpus: shared.gpus,
+                uptime_ns: shared.started.elapsed().as_nanos() as u64,
+                clients: registry.clients.len() as u32,
+                channels: registry.channels.len() as u32,
+                held: snapshot.held,
+                pool_pages: snapshot.stats.pool_pages,
+                pool_pages_used: snapshot.stats.pool_pages_used,
+            };
+            Ok((Reply::Status(status), Vec::new()))
+        }
+        Request::Channels => {
+            let snapshot = shared.dataplane.ask(|reply| Control::Snapshot { reply }).await?;
+            let registry = shared.registry();
+            let mut channels: Vec<ChannelSummary> = registry
+                .channels
+                .values()
+                .map(|record| {
+                    let counters = snapshot.channels.get(&record.info.channel).copied().unwrap_or_default();
+                    ChannelSummary {
+                        channel: record.info.channel,
+                        owner_pid: record.owner_peer.pid,
+                        owner_uid: record.owner_peer.uid,
+                        spec: record.info.spec,
+                        pages: 2 * record.info.spec.slots * record.info.pages_per_run,
+                        attached: record.attached.len() as u32,
+                        publishes: counters.publishes,
+                        deliveries: counters.deliveries,
+                        timeouts: counters.timeouts,
+                    }
+                })
+                .collect();
+            channels.sort_by_key(|c| c.channel);
+            Ok((Reply::Channels { channels }, Vec::new()))
+        }
+        Request::Stats => {
+            let mut stats = shared.dataplane.ask(|reply| Control::Snapshot { reply }).await?.stats;
+            stats.clients = shared.registry().clients.len() as u32;
+            Ok((Reply::Stats(stats), Vec::new()))
+        }
+    }
+}
+
+/// Checks that `conn` owns `channel`.
+fn owned(shared: &Shared, conn: ConnId, channel: u32) -> Result<(), WireError> {
+    match shared.registry().channels.get(&channel) {
+        None => Err(error(ErrorCode::NotFound, format!("no channel {channel}"))),
+        Some(record) if record.owner == conn => Ok(()),
+        Some(_) => Err(error(ErrorCode::Permission, format!("channel {channel} belongs to another client"))),
+    }
+}
+
+async fn create(shared: &Shared, conn: ConnId, peer: Peer, mut spec: ChannelSpec) -> Handled {
+    let limits = shared.limits();
+    if spec.slots == 0 || spec.message_bytes == 0 {
+        return Err(error(ErrorCode::Invalid, "a channel needs at least one slot and one byte per message"));
+    }
+    if spec.message_bytes > limits.max_message_bytes {
+        return Err(error(
+            ErrorCode::Invalid,
+            format!("message_bytes {} exceeds the limit of {}", spec.message_bytes, limits.max_message_bytes),
+        ));
+    }
+    let owned = shared.registry().channels.values().filter(|r| r.owner == conn).count();
+    if owned >= limits.max_channels_per_client as usize {
+        return Err(error(ErrorCode::Exhausted, format!("a client may own at most {owned} channels")));
+    }
+    if spec.timeout_ns == 0 {
+        spec.timeout_ns = limits.default_timeout_ns();
+    }
+    let engine_spec = wic_engine::ChannelSpec {
+        consumer_gpu: spec.consumer_gpu,
+        producer: match spec.producer {
+            Producer::Host => wic_engine::Producer::Host,
+            Producer::Gpu { gpu, base_va } => wic_engine::Producer::Gpu { gpu, base_va },
+        },
+        message_bytes: spec.message_bytes,
+        slots: spec.slots,
+        timeout: spec.timeout_ns,
+    };
+    let created: Created = shared.dataplane.ask(|reply| Control::Create { spec: engine_spec, reply }).await??;
+    let layout = &created.layout;
+    let info = ChannelInfo {
+        channel: layout.id.0,
+        role: Role::Owner,
+        spec,
+        pages_per_run: layout.pages_per_run,
+        warps_per_batch: (layout.batch_bytes / u64::from(spec.message_bytes)) as u32,
+        batch_bytes: layout.batch_bytes,
+        slots: layout.slots.iter().map(|s| SlotInfo { runs: s.runs, pat: s.pat, tag: s.tag.0 }).collect(),
+        fds: Vec::new(),
+    };
+    let record = Record {
+        owner: conn,
+        owner_peer: peer,
+        info,
+        consumer_region: created.consumer_region,
+        fault_doorbell: created.fault_doorbell,
+        producer_region: created.producer_region,
+        publish_doorbell: created.publish_doorbell,
+        attached: HashMap::new(),
+    };
+    let (kinds, fds) = record.fds_for(Role::Owner);
+    let mut info = record.info.clone();
+    info.fds = kinds;
+    tracing::info!(channel = info.channel, pid = peer.pid, uid = peer.uid, slots = spec.slots, "channel created");
+    shared.registry().channels.insert(info.channel, record);
+    Ok((Reply::Channel(info), fds))
+}
+
+fn attach(shared: &Shared, conn: ConnId, peer: Peer, token: &str) -> Handled {
+    let mut registry = shared.registry();
+    let Some(grant) = registry.tokens.get(token) else {
+        return Err(error(ErrorCode::NotFound, "unknown or already used token"));
+    };
+    if grant.uid.is_some_and(|uid| uid != peer.uid) {
+        // The token stays valid for the user it was issued to.
+        return Err(error(ErrorCode::Permission, "this token was granted to another user"));
+    }
+    let grant = registry.tokens.remove(token).expect("looked up above");
+    let record = registry.channels.get_mut(&grant.channel).expect("tokens of destroyed channels are dropped");
+    if record.owner == conn {
+        return Err(error(ErrorCode::Invalid, "the owner already holds every role of its channel"));
+    }
+    record.attached.insert(conn, grant.role);
+    let (kinds, fds) = record.fds_for(grant.role);
+    let mut info = record.info.clone();
+    info.role = grant.role;
+    info.fds = kinds;
+    tracing::info!(channel = info.channel, pid = peer.pid, uid = peer.uid, role = ?grant.role, "attached");
+    Ok((Reply::Channel(info), fds))
+}
+
+fn new_token() -> Result<String, WireError> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).map_err(|e| error(ErrorCode::Io, format!("no randomness for a token: {e}")))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Releases everything a connection held: its channels are destroyed, its attachments dropped.
+async fn disconnect(shared: &Shared, conn: ConnId) {
+    let owned: Vec<u32> = {
+        let mut registry = shared.registry();
+        registry.clients.remove(&conn);
+        for record in registry.channels.values_mut() {
+            record.attached.remove(&conn);
+        }
+        registry.channels.values().filter(|r| r.owner == conn).map(|r| r.info.channel).collect()
+    };
+    for channel in owned {
+        match shared.dataplane.ask(|reply| Control::Destroy { channel, reply }).await {
+            Ok(Ok(())) | Err(_) => {}
+            Ok(Err(e)) => tracing::warn!(channel, "reclaiming channel of a departed client: {e}"),
+        }
+        let mut registry = shared.registry();
+        registry.channels.remove(&channel);
+        registry.tokens.retain(|_, grant| grant.channel != channel);
+        tracing::info!(channel, conn, "channel reclaimed: its owner disconnected");
+    }
+}
