@@ -1,1 +1,135 @@
-//! Shared helpers for the end-to-end tests.
+//! Shared helpers for the end-to-end tests: the workspace's binaries, built once per test
+//! process, and a real `wicd` on a private socket.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// The workspace root.
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ is inside the workspace").to_path_buf()
+}
+
+/// The target directory the test binary runs from (`target/<profile>`).
+pub fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    // target/<profile>/deps/<test binary>
+    exe.parent().and_then(Path::parent).expect("test binaries live in target/<profile>/deps").to_path_buf()
+}
+
+/// Builds wicd, wicctl and libwic with the profile of this test run (once), so the tests never
+/// run stale binaries, and returns the target directory holding them.
+pub fn built() -> &'static Path {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let dir = target_dir();
+        let profile = dir.file_name().and_then(|n| n.to_str()).unwrap_or("debug").to_string();
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut build = Command::new(cargo);
+        build.current_dir(workspace()).args(["build", "--quiet", "-p", "wicd", "-p", "wicctl", "-p", "wic"]);
+        // The test profile's settings are what built this binary; `test` maps to `dev`-style
+        // output in target/debug.
+        if profile == "release" {
+            build.arg("--release");
+        }
+        build.env("CARGO_TARGET_DIR", dir.parent().expect("target/<profile>"));
+        let status = build.status().expect("run cargo build");
+        assert!(status.success(), "building wicd, wicctl and libwic failed");
+        dir
+    })
+}
+
+/// A binary of the workspace.
+pub fn binary(name: &str) -> PathBuf {
+    let path = built().join(name);
+    assert!(path.exists(), "{} was not built", path.display());
+    path
+}
+
+/// A scratch directory unique to this test process and `name`, emptied first.
+pub fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("wic-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+/// A running `wicd serve` on a private socket; killed (SIGKILL) when dropped unless stopped.
+pub struct Daemon {
+    pub child: Child,
+    pub socket: PathBuf,
+    pub dir: PathBuf,
+}
+
+impl Daemon {
+    /// Starts wicd with `config` (TOML text) and waits until its socket accepts connections.
+    pub fn start(name: &str, config: &str) -> Self {
+        let dir = scratch(name);
+        let socket = dir.join("wicd.sock");
+        let config_path = dir.join("wicd.toml");
+        std::fs::write(&config_path, config).expect("write config");
+        let log = std::fs::File::create(dir.join("wicd.log")).expect("log file");
+        let child = Command::new(binary("wicd"))
+            .arg("serve")
+            .arg("--config")
+            .arg(&config_path)
+            .arg("--socket")
+            .arg(&socket)
+            .arg("--backend")
+            .arg("emulated")
+            .env("RUST_BACKTRACE", "1")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn wicd");
+        let mut daemon = Self { child, socket, dir };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::os::unix::net::UnixStream::connect(&daemon.socket).is_err() {
+            if let Some(status) = daemon.child.try_wait().expect("wait wicd") {
+                panic!("wicd exited during start-up ({status}):\n{}", daemon.log());
+            }
+            assert!(Instant::now() < deadline, "wicd did not listen within 10 s:\n{}", daemon.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        daemon
+    }
+
+    /// The daemon's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("wicd.log")).unwrap_or_default()
+    }
+
+    /// Sends `signal` to the daemon.
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), signal).expect("signal wicd");
+    }
+
+    /// SIGTERM, then waits for a clean exit.
+    pub fn stop(mut self) -> String {
+        self.signal(nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait wicd") {
+                assert!(status.success(), "wicd exited with {status}:\n{}", self.log());
+                break;
+            }
+            assert!(Instant::now() < deadline, "wicd did not stop within 10 s:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(!self.socket.exists(), "wicd left its socket behind");
+        self.log()
+    }
+
+    /// Whether the daemon process is still running.
+    pub fn alive(&mut self) -> bool {
+        self.child.try_wait().expect("wait wicd").is_none()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

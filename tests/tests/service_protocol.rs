@@ -1,0 +1,229 @@
+//! A real wicd on a private socket, driven at the protocol level: framing errors, version and
+//! hello checks, ownership and grants, reclaiming after an abrupt disconnect, reload.
+
+use std::time::{Duration, Instant};
+
+use wic_proto::client::{Client, ClientError};
+use wic_proto::frame;
+use wic_proto::message::{ChannelSpec, ErrorCode, FdKind, Producer, Reply, Request, Response, Role, Stats};
+use wic_tests::Daemon;
+
+fn spec(slots: u32, message_bytes: u32) -> ChannelSpec {
+    ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes, slots, timeout_ns: 0 }
+}
+
+fn connect(daemon: &Daemon) -> Client {
+    Client::connect(&daemon.socket, "test").expect("connect to wicd")
+}
+
+fn refused(result: Result<Reply, ClientError>) -> ErrorCode {
+    match result {
+        Err(ClientError::Refused(e)) => e.code,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+fn create(client: &mut Client, slots: u32) -> (u32, Vec<FdKind>) {
+    match client.call_with_fds(&Request::CreateChannel { spec: spec(slots, 64) }).expect("create") {
+        (Reply::Channel(info), fds) => {
+            assert_eq!(fds.len(), info.fds.len(), "one descriptor per listed kind");
+            (info.channel, info.fds)
+        }
+        (other, _) => panic!("unexpected {other:?}"),
+    }
+}
+
+fn stats(client: &mut Client) -> Stats {
+    match client.call(&Request::Stats).expect("stats") {
+        Reply::Stats(stats) => stats,
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+fn raw_reply(client: &mut Client, bytes: &[u8]) -> Response {
+    client.send_raw(bytes).expect("send");
+    let (body, _) = client.receive().expect("a reply");
+    serde_json::from_slice(&body).expect("replies are JSON responses")
+}
+
+fn error_code(response: Response) -> ErrorCode {
+    match response {
+        Response::Error(e) => e.code,
+        Response::Ok(reply) => panic!("expected an error, got {reply:?}"),
+    }
+}
+
+#[test]
+fn broken_requests_get_errors_and_the_daemon_keeps_serving() {
+    let mut daemon = Daemon::start("broken", "");
+    let mut client = connect(&daemon);
+    let garbage = frame::encode(b"\x00\xffnot json");
+    assert_eq!(error_code(raw_reply(&mut client, &garbage)), ErrorCode::Invalid);
+    let unknown = frame::encode(br#"{"op":"format_disk"}"#);
+    assert_eq!(error_code(raw_reply(&mut client, &unknown)), ErrorCode::Invalid);
+    let extra = frame::encode(br#"{"op":"destroy_channel","channel":0,"force":true}"#);
+    assert_eq!(error_code(raw_reply(&mut client, &extra)), ErrorCode::Invalid);
+    assert_eq!(error_code(raw_reply(&mut client, &0u32.to_le_bytes())), ErrorCode::Protocol);
+    // Still in sync after all that.
+    assert!(matches!(client.call(&Request::Status), Ok(Reply::Status(_))));
+
+    // An oversized frame is answered, then the connection is closed.
+    let mut big = connect(&daemon);
+    let response = raw_reply(&mut big, &(1u32 << 30).to_le_bytes());
+    assert_eq!(error_code(response), ErrorCode::Protocol);
+    assert!(big.call(&Request::Status).is_err(), "the connection is closed after an oversized frame");
+
+    // A truncated frame followed by a hang-up costs nothing.
+    let mut truncated = std::os::unix::net::UnixStream::connect(&daemon.socket).unwrap();
+    std::io::Write::write_all(&mut truncated, &[100, 0, 0, 0, b'{', b'"']).unwrap();
+    drop(truncated);
+
+    // Requests before hello are refused; a wrong version ends the session.
+    let mut raw = std::os::unix::net::UnixStream::connect(&daemon.socket).unwrap();
+    let status = frame::encode(br#"{"op":"status"}"#);
+    std::io::Write::write_all(&mut raw, &status).unwrap();
+    let mut header = [0u8; 4];
+    std::io::Read::read_exact(&mut raw, &mut header).unwrap();
+    let mut body = vec![0u8; u32::from_le_bytes(header) as usize];
+    std::io::Read::read_exact(&mut raw, &mut body).unwrap();
+    assert!(String::from_utf8_lossy(&body).contains("the first request must be hello"));
+    let hello = frame::encode(br#"{"op":"hello","version":99,"client":"future"}"#);
+    std::io::Write::write_all(&mut raw, &hello).unwrap();
+    std::io::Read::read_exact(&mut raw, &mut header).unwrap();
+    let mut body = vec![0u8; u32::from_le_bytes(header) as usize];
+    std::io::Read::read_exact(&mut raw, &mut body).unwrap();
+    assert!(String::from_utf8_lossy(&body).contains("version 99 is not supported"));
+    assert_eq!(std::io::Read::read(&mut raw, &mut header).unwrap(), 0, "closed after a version mismatch");
+
+    assert!(daemon.alive());
+    let mut fresh = connect(&daemon);
+    assert!(matches!(fresh.call(&Request::Status), Ok(Reply::Status(_))));
+    daemon.stop();
+}
+
+#[test]
+fn clients_act_only_on_their_own_channels_and_granted_roles() {
+    let daemon = Daemon::start("peers", "");
+    let mut owner = connect(&daemon);
+    let mut other = connect(&daemon);
+    let (channel, fds) = create(&mut owner, 2);
+    assert_eq!(fds, vec![FdKind::ConsumerRegion, FdKind::FaultDoorbell, FdKind::ProducerRegion, FdKind::PublishDoorbell]);
+
+    assert_eq!(refused(other.call(&Request::DestroyChannel { channel })), ErrorCode::Permission);
+    assert_eq!(refused(other.call(&Request::Grant { channel, role: Role::Producer, uid: None })), ErrorCode::Permission);
+    assert_eq!(refused(other.call(&Request::Publish { channel, slot: 0 })), ErrorCode::Permission);
+    assert_eq!(refused(other.call(&Request::Attach { token: "00".repeat(16) })), ErrorCode::NotFound);
+    assert_eq!(refused(other.call(&Request::DestroyChannel { channel: 999 })), ErrorCode::NotFound);
+    assert_eq!(refused(owner.call(&Request::Grant { channel, role: Role::Owner, uid: None })), ErrorCode::Invalid);
+
+    // A token bound to another uid is refused, and stays valid for that uid.
+    let Reply::Token { token: bound } =
+        owner.call(&Request::Grant { channel, role: Role::Producer, uid: Some(4_000_000) }).unwrap()
+    else {
+        panic!("grant returns a token")
+    };
+    assert_eq!(refused(other.call(&Request::Attach { token: bound.clone() })), ErrorCode::Permission);
+
+    let Reply::Token { token } = owner.call(&Request::Grant { channel, role: Role::Producer, uid: None }).unwrap() else {
+        panic!("grant returns a token")
+    };
+    let (reply, passed) = other.call_with_fds(&Request::Attach { token: token.clone() }).unwrap();
+    let Reply::Channel(info) = reply else { panic!("attach returns the channel") };
+    assert_eq!(info.role, Role::Producer);
+    assert_eq!(info.fds, vec![FdKind::ProducerRegion, FdKind::PublishDoorbell], "a producer gets no consumer region");
+    assert_eq!(passed.len(), 2);
+    assert_eq!(refused(other.call(&Request::Attach { token })), ErrorCode::NotFound, "tokens are single-use");
+
+    // The producer may publish but not destroy or grant.
+    assert!(matches!(other.call(&Request::Publish { channel, slot: 1 }), Ok(Reply::Done)));
+    assert_eq!(refused(other.call(&Request::Publish { channel, slot: 1 })), ErrorCode::Busy, "not delivered yet");
+    assert_eq!(refused(other.call(&Request::Publish { channel, slot: 2 })), ErrorCode::NotFound);
+    assert_eq!(refused(other.call(&Request::DestroyChannel { channel })), ErrorCode::Permission);
+    assert_eq!(stats(&mut owner).host_publishes, 1);
+
+    // Destroying the channel drops its outstanding tokens.
+    assert!(matches!(owner.call(&Request::DestroyChannel { channel }), Ok(Reply::Done)));
+    assert_eq!(refused(owner.call(&Request::Attach { token: bound })), ErrorCode::NotFound);
+    assert_eq!(refused(other.call(&Request::Publish { channel, slot: 0 })), ErrorCode::NotFound);
+    daemon.stop();
+}
+
+#[test]
+fn an_abrupt_disconnect_reclaims_channels_and_pages() {
+    let daemon = Daemon::start("reclaim", "");
+    let mut watcher = connect(&daemon);
+    let before = stats(&mut watcher);
+    assert_eq!((before.channels, before.pool_pages_used), (0, 0));
+    let mut doomed = connect(&daemon);
+    for slots in [1, 4, 16] {
+        create(&mut doomed, slots);
+    }
+    let during = stats(&mut watcher);
+    assert_eq!(during.channels, 3);
+    assert_eq!(during.pool_pages_used, 2 * (1 + 4 + 16), "64-byte messages: one page per run, two runs per slot");
+    assert_eq!(during.clients, 2);
+    drop(doomed);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let now = stats(&mut watcher);
+        if now.channels == 0 && now.pool_pages_used == 0 && now.clients == 1 {
+            assert_eq!(now.pool_longest_free_run, now.pool_pages, "the pool is whole again");
+            break;
+        }
+        assert!(Instant::now() < deadline, "not reclaimed: {now:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    daemon.stop();
+}
+
+#[test]
+fn limits_apply_and_reload_on_sighup() {
+    let config = "[limits]\nmax_channels_per_client = 2\nmax_message_bytes = 4096\n";
+    let daemon = Daemon::start("limits", config);
+    let mut client = connect(&daemon);
+    create(&mut client, 1);
+    create(&mut client, 1);
+    let third = client.call(&Request::CreateChannel { spec: spec(1, 64) });
+    assert_eq!(refused(third), ErrorCode::Exhausted);
+    let big = client.call(&Request::CreateChannel { spec: spec(1, 8192) });
+    assert_eq!(refused(big), ErrorCode::Invalid);
+
+    std::fs::write(daemon.dir.join("wicd.toml"), "[limits]\nmax_channels_per_client = 3\nmax_message_bytes = 16384\n").unwrap();
+    daemon.signal(nix::sys::signal::Signal::SIGHUP);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !daemon.log().contains("configuration reloaded") {
+        assert!(Instant::now() < deadline, "no reload:\n{}", daemon.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(matches!(client.call(&Request::CreateChannel { spec: spec(1, 8192) }), Ok(Reply::Channel(_))));
+
+    // A broken file is reported and the running configuration kept.
+    std::fs::write(daemon.dir.join("wicd.toml"), "[limits]\nmax_clients = \"many\"\n").unwrap();
+    daemon.signal(nix::sys::signal::Signal::SIGHUP);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !daemon.log().contains("reload failed") {
+        assert!(Instant::now() < deadline, "no reload error:\n{}", daemon.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(refused(client.call(&Request::CreateChannel { spec: spec(1, 64) })), ErrorCode::Exhausted);
+    daemon.stop();
+}
+
+#[test]
+fn channels_on_missing_gpus_or_with_gpu_producers_are_refused_clearly() {
+    let daemon = Daemon::start("refusals", "[emulated]\ngpus = 2\n");
+    let mut client = connect(&daemon);
+    let mut bad = spec(1, 64);
+    bad.consumer_gpu = 2;
+    let Err(ClientError::Refused(e)) = client.call(&Request::CreateChannel { spec: bad }) else { panic!("refused") };
+    assert_eq!(e.code, ErrorCode::Invalid);
+    assert!(e.message.contains("2 GPUs"), "{e}");
+    let mut gpu = spec(1, 64);
+    gpu.producer = Producer::Gpu { gpu: 1, base_va: 0x1000 };
+    assert_eq!(refused(client.call(&Request::CreateChannel { spec: gpu })), ErrorCode::Unsupported);
+    assert_eq!(refused(client.call(&Request::CreateChannel { spec: spec(0, 64) })), ErrorCode::Invalid);
+    let huge = spec(5000, 64);
+    assert_eq!(refused(client.call(&Request::CreateChannel { spec: huge })), ErrorCode::Exhausted);
+    assert_eq!(stats(&mut client).pool_pages_used, 0, "failed creations keep nothing");
+    daemon.stop();
+}

@@ -1,0 +1,465 @@
+//! wicctl: query a running wicd and decode GPU fault-buffer entries.
+
+mod render;
+mod watch;
+
+use std::fmt;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant, SystemTime};
+
+use clap::{Args, Parser, Subcommand};
+use wic_engine::fault::{RawFaultEntry, VaWidth};
+use wic_proto::client::{Client, ClientError};
+use wic_proto::message::{ErrorCode, Reply, Request, Stats, Status};
+
+/// Longest `--watch` interval: a day. Longer ones are surely typos.
+const MAX_WATCH_SECS: f64 = 86_400.0;
+
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Cli {
+    /// The socket wicd listens on ($WIC_SOCKET overrides the built-in default).
+    #[arg(long, global = true, value_name = "PATH", default_value_os_t = wic_proto::socket_path(None))]
+    socket: PathBuf,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Show the daemon's version, backend and load.
+    Status(JsonArg),
+    /// List every channel with its owner and counters.
+    Channels(JsonArg),
+    /// Show the engine and backend statistics.
+    Stats(StatsArgs),
+    /// Print the statistics in the Prometheus text exposition format.
+    Metrics,
+    /// Decode a raw 32-byte fault-buffer entry given as 64 hex digits (no daemon needed).
+    DecodeFault(DecodeFaultArgs),
+}
+
+/// The `--json` switch of the commands that have nothing else.
+#[derive(Args, Debug)]
+struct JsonArg {
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct StatsArgs {
+    /// Print JSON instead of text; with --watch, one compact object per line.
+    #[arg(long)]
+    json: bool,
+    /// Repeat every SECS seconds until interrupted.
+    #[arg(long, value_name = "SECS", value_parser = parse_interval)]
+    watch: Option<Duration>,
+    /// Stop after N samples.
+    #[arg(long, value_name = "N", requires = "watch", value_parser = clap::value_parser!(u64).range(1..))]
+    count: Option<u64>,
+}
+
+#[derive(Args, Debug)]
+struct DecodeFaultArgs {
+    /// The entry, byte 0 first; `0x`, blanks, `_` and `:` are ignored, so it may span arguments.
+    #[arg(value_name = "HEX", required = true, num_args = 1..)]
+    hex: Vec<String>,
+    /// Width of the GPU's virtual addresses: 49 (Volta to Ada) or 57 (Hopper).
+    #[arg(long, value_name = "BITS", default_value = "57", value_parser = parse_va_bits)]
+    va_bits: VaWidth,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Parses a `--watch` interval: seconds, fractions allowed.
+fn parse_interval(text: &str) -> Result<Duration, String> {
+    let secs: f64 = text.parse().map_err(|_| format!("`{text}` is not a number of seconds"))?;
+    if !(secs > 0.0 && secs <= MAX_WATCH_SECS) {
+        return Err(format!("the interval must be more than 0 and at most {MAX_WATCH_SECS} seconds"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// Parses `--va-bits`.
+fn parse_va_bits(text: &str) -> Result<VaWidth, String> {
+    match text {
+        "49" => Ok(VaWidth::Bits49),
+        "57" => Ok(VaWidth::Bits57),
+        _ => Err(format!("`{text}` is not a VA width: use 49 or 57")),
+    }
+}
+
+/// Why a command failed; decides the exit status.
+#[derive(Debug)]
+enum Failure {
+    /// wicd could not be reached, refused, or answered nonsense: status 1.
+    Daemon(String),
+    /// The arguments are wrong: status 2, as for clap's own errors.
+    Usage(String),
+    /// Writing the output failed.
+    Output(io::Error),
+}
+
+impl Failure {
+    fn exit_code(&self) -> ExitCode {
+        match self {
+            Self::Daemon(_) | Self::Output(_) => ExitCode::from(1),
+            Self::Usage(_) => ExitCode::from(2),
+        }
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Daemon(message) | Self::Usage(message) => f.write_str(message),
+            Self::Output(e) => write!(f, "cannot write the output: {e}"),
+        }
+    }
+}
+
+impl From<io::Error> for Failure {
+    fn from(e: io::Error) -> Self {
+        Self::Output(e)
+    }
+}
+
+/// A session with wicd that remembers its socket, for error messages.
+struct Session {
+    client: Client,
+    path: PathBuf,
+}
+
+impl Session {
+    /// Connects to the daemon at `path`.
+    fn connect(path: &Path) -> Result<Self, Failure> {
+        match Client::connect(path, "wicctl") {
+            Ok(client) => Ok(Self { client, path: path.to_owned() }),
+            Err(e) => Err(daemon_failure(path, e)),
+        }
+    }
+
+    /// Sends `request` and returns the reply.
+    fn call(&mut self, request: &Request) -> Result<Reply, Failure> {
+        self.client.call(request).map_err(|e| daemon_failure(&self.path, e))
+    }
+
+    fn status(&mut self) -> Result<Status, Failure> {
+        match self.call(&Request::Status)? {
+            Reply::Status(status) => Ok(status),
+            other => Err(self.unexpected("status", &other)),
+        }
+    }
+
+    fn stats(&mut self) -> Result<Stats, Failure> {
+        match self.call(&Request::Stats)? {
+            Reply::Stats(stats) => Ok(stats),
+            other => Err(self.unexpected("stats", &other)),
+        }
+    }
+
+    /// The failure for a reply of the wrong kind.
+    fn unexpected(&self, request: &str, reply: &Reply) -> Failure {
+        Failure::Daemon(format!("wicd at {} answered {request} with {reply:?}", self.path.display()))
+    }
+}
+
+/// Explains a client error, naming the socket and what usually causes it.
+fn daemon_failure(path: &Path, error: ClientError) -> Failure {
+    let at = path.display();
+    Failure::Daemon(match error {
+        ClientError::Connect(e) => {
+            let why = match e.kind() {
+                io::ErrorKind::NotFound => {
+                    "no such socket; is wicd running? (--socket or $WIC_SOCKET choose another)".to_owned()
+                }
+                io::ErrorKind::ConnectionRefused => "connection refused; is wicd running?".to_owned(),
+                io::ErrorKind::PermissionDenied => "permission denied; are you in the `wic` group?".to_owned(),
+                _ => {
+                    // The client puts the path in front of the system's message; it is said already.
+                    let text = e.to_string();
+                    let reason = text.strip_prefix(&format!("{at}: ")).unwrap_or(&text).to_owned();
+                    format!("{reason}; is wicd running?")
+                }
+            };
+            format!("cannot connect to wicd at {at}: {why}")
+        }
+        ClientError::Refused(e) if e.code == ErrorCode::Permission => {
+            format!("wicd at {at} refused: {e}; are you in the `wic` group?")
+        }
+        other => format!("{other} (socket {at})"),
+    })
+}
+
+/// Runs the command line, writing what it prints to `out`.
+fn run(cli: Cli, out: &mut dyn Write) -> Result<(), Failure> {
+    match cli.command {
+        Command::Status(JsonArg { json }) => {
+            let status = Session::connect(&cli.socket)?.status()?;
+            if json {
+                writeln!(out, "{}", to_json_pretty(&status))?;
+            } else {
+                out.write_all(render::status(&status).as_bytes())?;
+            }
+        }
+        Command::Channels(JsonArg { json }) => {
+            let mut session = Session::connect(&cli.socket)?;
+            let channels = match session.call(&Request::Channels)? {
+                Reply::Channels { channels } => channels,
+                other => return Err(session.unexpected("channels", &other)),
+            };
+            if json {
+                writeln!(out, "{}", to_json_pretty(&channels))?;
+            } else {
+                out.write_all(render::channels(&channels).as_bytes())?;
+            }
+        }
+        Command::Stats(args) => stats(&mut Session::connect(&cli.socket)?, &args, out)?,
+        Command::Metrics => {
+            let mut session = Session::connect(&cli.socket)?;
+            let stats = session.stats()?;
+            let status = session.status()?;
+            out.write_all(render::metrics(&stats, &status).as_bytes())?;
+        }
+        Command::DecodeFault(args) => {
+            let raw = RawFaultEntry::from_hex(&args.hex.join(" "))
+                .map_err(|e| Failure::Usage(format!("bad fault entry: {e}")))?;
+            if args.json {
+                writeln!(out, "{}", to_json_pretty(&render::fault_json(&raw, args.va_bits)))?;
+            } else {
+                out.write_all(render::fault_text(&raw, args.va_bits).as_bytes())?;
+            }
+        }
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// `value` as indented JSON.
+fn to_json_pretty(value: &impl serde::Serialize) -> String {
+    serde_json::to_string_pretty(value).expect("protocol types always serialize")
+}
+
+/// `wicctl stats`, once or, with `--watch`, repeatedly.
+fn stats(session: &mut Session, args: &StatsArgs, out: &mut dyn Write) -> Result<(), Failure> {
+    let count = match args.watch {
+        Some(_) => args.count,
+        None => Some(1),
+    };
+    let mut ticker = watch::Ticker::new(args.watch.unwrap_or_default(), count);
+    // The previous sample's time and faults_completed, for the rate.
+    let mut previous: Option<(Instant, u64)> = None;
+    while ticker.wait() {
+        let stats = session.stats()?;
+        let now = Instant::now();
+        match (args.json, args.watch.is_some()) {
+            (true, true) => writeln!(out, "{}", serde_json::to_string(&stats).expect("Stats always serialize"))?,
+            (true, false) => writeln!(out, "{}", to_json_pretty(&stats))?,
+            (false, watching) => {
+                if watching {
+                    let separator = if previous.is_some() { "\n" } else { "" };
+                    write!(out, "{separator}{}", render::watch_header(&watch::utc_timestamp(SystemTime::now())))?;
+                }
+                let rate = previous.and_then(|(then, completed)| {
+                    let secs = now.duration_since(then).as_secs_f64();
+                    // A smaller count means the daemon restarted: no rate for that interval.
+                    let delta = stats.faults_completed.checked_sub(completed)?;
+                    (secs > 0.0).then(|| delta as f64 / secs)
+                });
+                out.write_all(render::stats(&stats, rate).as_bytes())?;
+            }
+        }
+        // Pipes are block-buffered: each sample must reach the reader when it is taken.
+        out.flush()?;
+        previous = Some((now, stats.faults_completed));
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let mut out = io::stdout().lock();
+    match run(cli, &mut out) {
+        Ok(()) => ExitCode::SUCCESS,
+        // The reader went away (`wicctl stats --watch | head`): nothing left to do.
+        Err(Failure::Output(e)) if e.kind() == io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(failure) => {
+            eprintln!("wicctl: {failure}");
+            failure.exit_code()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+    use std::io::Read;
+    use std::os::unix::net::UnixListener;
+    use wic_engine::fault::{AccessType, FaultEntry};
+    use wic_proto::frame;
+    use wic_proto::message::{Response, WireError};
+
+    #[test]
+    fn command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn command_line_checks_its_values() {
+        let parse = |args: &[&str]| Cli::try_parse_from(std::iter::once("wicctl").chain(args.iter().copied()));
+        let ok = parse(&["--socket", "/tmp/x.sock", "stats", "--watch", "0.5", "--count", "3"]).unwrap();
+        assert_eq!(ok.socket, Path::new("/tmp/x.sock"));
+        let Command::Stats(args) = ok.command else { panic!("stats") };
+        assert_eq!((args.watch, args.count), (Some(Duration::from_millis(500)), Some(3)));
+        for bad in [
+            &["stats", "--watch", "0"][..],
+            &["stats", "--watch", "-1"],
+            &["stats", "--watch", "NaN"],
+            &["stats", "--watch", "1e9"],
+            &["stats", "--count", "2"],
+            &["stats", "--watch", "1", "--count", "0"],
+            &["decode-fault", "00", "--va-bits", "48"],
+            &["decode-fault"],
+        ] {
+            let err = parse(bad).unwrap_err();
+            assert_eq!(err.exit_code(), 2, "{bad:?}: {err}");
+        }
+        // The socket option also works after the subcommand.
+        let late = parse(&["status", "--socket", "/tmp/y.sock"]).unwrap();
+        assert_eq!(late.socket, Path::new("/tmp/y.sock"));
+    }
+
+    /// Runs `args` and returns its output or failure.
+    fn run_args(args: &[&str]) -> Result<String, Failure> {
+        let cli = Cli::try_parse_from(std::iter::once("wicctl").chain(args.iter().copied())).unwrap();
+        let mut out = Vec::new();
+        run(cli, &mut out)?;
+        Ok(String::from_utf8(out).unwrap())
+    }
+
+    #[test]
+    fn decode_fault_accepts_split_hex_and_rejects_bad_hex() {
+        let entry = FaultEntry::replayable_gpc(0x7f12_3456_7000, AccessType::Read, 99, 0x1000, 2, 7);
+        let hex = entry.encode().to_hex();
+        let (first, second) = hex.split_at(32);
+        let text = run_args(&["decode-fault", &format!("0x{first}"), second]).unwrap();
+        assert!(text.contains("0x00007f1234567000") && text.contains("VIRT_READ"), "{text}");
+        let json = run_args(&["decode-fault", "--json", &hex]).unwrap();
+        let json: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(json["access_type"], "VIRT_READ");
+
+        for bad in [&hex[..60], "zz"] {
+            let failure = run_args(&["decode-fault", bad]).unwrap_err();
+            assert!(matches!(failure, Failure::Usage(_)), "{failure:?}");
+            assert_eq!(failure.exit_code(), ExitCode::from(2));
+            assert!(failure.to_string().starts_with("bad fault entry: "), "{failure}");
+        }
+    }
+
+    #[test]
+    fn a_missing_daemon_is_explained() {
+        let path = std::env::temp_dir().join(format!("wicctl-test-{}-absent.sock", std::process::id()));
+        let failure = run_args(&["--socket", path.to_str().unwrap(), "status"]).unwrap_err();
+        assert_eq!(failure.exit_code(), ExitCode::from(1));
+        let message = failure.to_string();
+        assert!(message.contains(path.to_str().unwrap()) && message.contains("is wicd running"), "{message}");
+    }
+
+    /// A daemon on a fresh socket that answers `hello`, then each request with `answer`; it
+    /// serves one connection after the other.
+    fn fake_daemon(name: &str, answer: impl Fn(&Request) -> Response + Send + 'static) -> PathBuf {
+        let path = std::env::temp_dir().join(format!("wicctl-test-{}-{name}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path).unwrap();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let mut stream = stream.unwrap();
+                let mut header = [0u8; frame::HEADER_BYTES];
+                // A failed read is the client hanging up.
+                while stream.read_exact(&mut header).is_ok() {
+                    let mut body = vec![0u8; frame::body_len(header, 1 << 20).unwrap()];
+                    stream.read_exact(&mut body).unwrap();
+                    let response = match serde_json::from_slice::<Request>(&body).unwrap() {
+                        Request::Hello { .. } => Response::Ok(Reply::Hello {
+                            version: wic_proto::PROTOCOL_VERSION,
+                            daemon: "test".into(),
+                            backend: "emulated".into(),
+                        }),
+                        request => answer(&request),
+                    };
+                    stream.write_all(&frame::encode(&serde_json::to_vec(&response).unwrap())).unwrap();
+                }
+            }
+        });
+        path
+    }
+
+    /// A fake daemon whose `faults_completed` grows by 10 with each stats request.
+    fn counting_daemon(name: &str) -> PathBuf {
+        let served = std::sync::atomic::AtomicU64::new(0);
+        fake_daemon(name, move |request| {
+            assert_eq!(request, &Request::Stats);
+            let n = served.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            Response::Ok(Reply::Stats(Stats { faults_completed: 10 * n, ..Stats::default() }))
+        })
+    }
+
+    #[test]
+    fn stats_watch_prints_json_lines() {
+        let path = counting_daemon("json-lines");
+        let socket = path.to_str().unwrap();
+        let text = run_args(&["--socket", socket, "stats", "--json", "--watch", "0.01", "--count", "3"]);
+        let _ = std::fs::remove_file(&path);
+        let completed: Vec<u64> = text
+            .unwrap()
+            .lines()
+            .map(|line| serde_json::from_str::<Stats>(line).unwrap().faults_completed)
+            .collect();
+        assert_eq!(completed, [10, 20, 30]);
+    }
+
+    #[test]
+    fn stats_watch_prints_headers_and_rates() {
+        let path = counting_daemon("human");
+        let text = run_args(&["--socket", path.to_str().unwrap(), "stats", "--watch", "0.01", "--count", "2"]).unwrap();
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(text.lines().filter(|l| l.starts_with("--- ") && l.ends_with("Z ---")).count(), 2, "{text}");
+        // Only the second sample has a previous one to take a rate from.
+        assert_eq!(text.matches("faults_completed_per_sec").count(), 1, "{text}");
+    }
+
+    #[test]
+    fn metrics_and_refusals_through_a_daemon() {
+        let path = fake_daemon("metrics", |request| match request {
+            Request::Stats => Response::Ok(Reply::Stats(Stats { replays: 77, ..Stats::default() })),
+            Request::Status => Response::Ok(Reply::Status(Status {
+                version: "9.9.9".into(),
+                protocol: 1,
+                pid: 1,
+                backend: "shim".into(),
+                gpus: 1,
+                uptime_ns: 5_000_000_000,
+                clients: 1,
+                channels: 0,
+                held: 0,
+                pool_pages: 0,
+                pool_pages_used: 0,
+            })),
+            _ => Response::Error(WireError::new(ErrorCode::Permission, "not for you")),
+        });
+        let socket = path.to_str().unwrap();
+        let text = run_args(&["--socket", socket, "metrics"]).unwrap();
+        assert!(text.lines().any(|l| l == "wic_replays_total 77"), "{text}");
+        assert!(text.lines().any(|l| l == "wic_uptime_seconds 5"), "{text}");
+        assert!(text.contains(r#"wic_info{version="9.9.9",backend="shim"} 1"#), "{text}");
+        let failure = run_args(&["--socket", socket, "channels"]).unwrap_err();
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(failure.exit_code(), ExitCode::from(1));
+        assert!(failure.to_string().contains("`wic` group"), "{failure}");
+    }
+}
