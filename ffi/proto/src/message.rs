@@ -376,3 +376,50 @@ mod tests {
         assert_eq!(ErrorCode::from_c(-13), None);
     }
 }
+
+#[cfg(test)]
+mod reference {
+    use super::*;
+
+    const REFERENCE: &str = include_str!("../../../docs/protocol.md");
+
+    /// The op names the reference lists in its request table (rows starting with a backticked op).
+    fn documented_ops() -> Vec<String> {
+        REFERENCE
+            .lines()
+            .filter_map(|line| line.strip_prefix("| `"))
+            .filter_map(|rest| rest.split('`').next())
+            .filter(|name| name.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[test]
+    fn every_request_and_error_code_is_documented_and_nothing_else() {
+        let requests = [
+            Request::Hello { version: 1, client: String::new() },
+            Request::CreateChannel {
+                spec: ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 1, slots: 1, timeout_ns: 0 },
+            },
+            Request::DestroyChannel { channel: 0 },
+            Request::Grant { channel: 0, role: Role::Producer, uid: None },
+            Request::Attach { token: String::new() },
+            Request::Publish { channel: 0, slot: 0 },
+            Request::Status,
+            Request::Channels,
+            Request::Stats,
+        ];
+        let mut ops: Vec<String> = requests
+            .iter()
+            .map(|r| serde_json::to_value(r).unwrap()["op"].as_str().unwrap().to_owned())
+            .collect();
+        ops.sort();
+        let mut documented = documented_ops();
+        documented.sort();
+        assert_eq!(documented, ops);
+        for code in ErrorCode::ALL {
+            let row = format!("| {} | `{}` |", code as i32, code.name());
+            assert!(REFERENCE.contains(&row), "docs/protocol.md lacks the row {row}");
+        }
+    }
+}
