@@ -486,11 +486,17 @@ impl ProducerRegion {
     /// Publishes `slot` (producer side): the buffer must already hold the data. Fails with
     /// `false` if the previous generation has not been delivered yet.
     pub fn publish(&self, slot: u32) -> bool {
-        let published = self.published(slot).load(Ordering::Acquire);
-        if published != self.delivered(slot).load(Ordering::Acquire) {
+        let delivered = self.delivered(slot).load(Ordering::Acquire);
+        // A compare-exchange, so two threads publishing one slot cannot both succeed.
+        let claimed = self.published(slot).compare_exchange(
+            delivered,
+            delivered.wrapping_add(1),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+        if claimed.is_err() {
             return false;
         }
-        self.published(slot).store(published.wrapping_add(1), Ordering::Release);
         self.dirty_word(slot as usize / 64).fetch_or(1 << (slot % 64), Ordering::AcqRel);
         true
     }

@@ -1,0 +1,364 @@
+/* SPDX-License-Identifier: MIT OR Apache-2.0 */
+/*
+ * wic.h - libwic, the application interface of wicd (warp-level interrupts for GPUs).
+ *
+ * A channel carries batches of messages from a producer (a host thread or a kernel on another
+ * GPU) to the consumer warps of one GPU. Each channel has a number of slots; each slot carries
+ * one batch per generation. The process that creates a channel owns it and may grant tokens
+ * that let other processes attach to it as producer or consumer.
+ *
+ * Every function returning int returns WIC_OK (0) or a negative WIC_E* code; wic_strerror()
+ * describes it. Client and channel handles may be used from several threads, with one rule per
+ * channel: at most one thread at a time publishes or waits on a given slot, and at most one
+ * thread at a time consumes a given slot.
+ */
+#ifndef WIC_H
+#define WIC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define WIC_VERSION_MAJOR 0
+#define WIC_VERSION_MINOR 1
+#define WIC_VERSION_PATCH 0
+
+#define WIC_OK 0
+
+/* Error codes: -(the protocol's error code); wic_strerror() describes them. */
+#define WIC_EINVALID (-1)      /* a malformed request or an argument out of range */
+#define WIC_EPERMISSION (-2)   /* not allowed for this caller or handle */
+#define WIC_ENOT_FOUND (-3)    /* no such channel, slot or token */
+#define WIC_EEXHAUSTED (-4)    /* page pool, slot table or a per-client limit exhausted */
+#define WIC_EBUSY (-5)         /* the slot's previous data has not been delivered yet */
+#define WIC_ETIMED_OUT (-6)    /* the wait exceeded its timeout */
+#define WIC_ECLOSED (-7)       /* the channel was destroyed */
+#define WIC_ESTOPPING (-8)     /* the daemon is stopping */
+#define WIC_EPROTOCOL (-9)     /* the daemon and the library do not understand each other */
+#define WIC_ECONNECT (-10)     /* the daemon cannot be reached, or hung up */
+#define WIC_EUNSUPPORTED (-11) /* the backend or channel cannot do this */
+#define WIC_EIO (-12)          /* a system call failed */
+
+/* Bytes of a grant token buffer: 32 hex digits and a NUL. */
+#define WIC_TOKEN_LEN 33
+
+/*
+ * A consumer whose request cannot be served finds, at the start of each page of its run, the
+ * 64-bit word WIC_ERROR_MARKER_MAGIC | code (1: timeout, 2: channel closed, 3: daemon stopping)
+ * instead of data.
+ */
+#define WIC_ERROR_MARKER_MAGIC 0x5749434500000000ULL
+
+/**
+ * enum wic_producer_kind - who produces a channel's data
+ * @WIC_PRODUCER_HOST: a host thread publishes through wic_publish()
+ * @WIC_PRODUCER_GPU: a kernel on another GPU publishes by writing the slot's PAT page
+ */
+enum wic_producer_kind {
+	WIC_PRODUCER_HOST = 0,
+	WIC_PRODUCER_GPU = 1,
+};
+
+/**
+ * enum wic_role - the part of a channel a handle holds
+ * @WIC_ROLE_OWNER: created the channel: may publish, consume, grant and destroy
+ * @WIC_ROLE_PRODUCER: may publish
+ * @WIC_ROLE_CONSUMER: may consume
+ */
+enum wic_role {
+	WIC_ROLE_OWNER = 0,
+	WIC_ROLE_PRODUCER = 1,
+	WIC_ROLE_CONSUMER = 2,
+};
+
+/**
+ * typedef wic_client - a session with wicd (opaque); thread-safe
+ */
+typedef struct wic_client wic_client;
+
+/**
+ * typedef wic_channel - a channel created or attached to by this process (opaque)
+ */
+typedef struct wic_channel wic_channel;
+
+/**
+ * struct wic_channel_spec - what wic_channel_create() creates
+ * @consumer_gpu: GPU whose warps consume the channel
+ * @producer_kind: an enum wic_producer_kind value
+ * @producer_gpu: the producer's GPU (WIC_PRODUCER_GPU only)
+ * @reserved: must be 0
+ * @message_bytes: bytes of one warp's message
+ * @slots: number of slots
+ * @producer_base_va: where the producer GPU's message bytes are (WIC_PRODUCER_GPU only)
+ * @timeout_ns: how long a consumer may wait for data; 0 for the daemon's default
+ */
+struct wic_channel_spec {
+	uint16_t consumer_gpu;
+	uint16_t producer_kind;
+	uint16_t producer_gpu;
+	uint16_t reserved;
+	uint32_t message_bytes;
+	uint32_t slots;
+	uint64_t producer_base_va;
+	uint64_t timeout_ns;
+};
+
+/**
+ * struct wic_slot_info - one slot as device code addresses it
+ * @run_va: first VA of the run read by even (0) and odd (1) generations
+ * @pat_va: the slot's PAT pages for a GPU producer; 0 for host producers
+ * @tag: the slot's tag
+ * @reserved: 0
+ */
+struct wic_slot_info {
+	uint64_t run_va[2];
+	uint64_t pat_va[2];
+	uint32_t tag;
+	uint32_t reserved;
+};
+
+/**
+ * struct wic_channel_info - a channel as the daemon laid it out
+ * @channel_id: the channel's id in the daemon
+ * @role: an enum wic_role value: the part of the channel this handle holds
+ * @slots: number of slots
+ * @message_bytes: bytes of one warp's message
+ * @pages_per_run: pages of each of a slot's two runs
+ * @warps_per_batch: consumer warps that read one batch
+ * @batch_bytes: bytes one slot carries per generation (warps_per_batch * message_bytes)
+ */
+struct wic_channel_info {
+	uint32_t channel_id;
+	uint32_t role;
+	uint32_t slots;
+	uint32_t message_bytes;
+	uint32_t pages_per_run;
+	uint32_t warps_per_batch;
+	uint64_t batch_bytes;
+};
+
+/**
+ * struct wic_stats - daemon statistics, cumulative since it started unless noted
+ * @faults_captured: fault-buffer entries fetched
+ * @faults_held: requests that had to wait for their data
+ * @faults_completed: requests completed with data
+ * @faults_timed_out: requests completed with the timeout marker
+ * @faults_cancelled: requests completed with the channel-closed or stopping marker
+ * @faults_ignored: entries that were duplicates, stale or not the daemon's
+ * @dab_updates: data-availability updates
+ * @pat_faults: GPU producer publishes seen as faults on PAT pages
+ * @host_publishes: host publishes (doorbell and socket)
+ * @fault_buffer_overflows: faults that found the fault buffer full
+ * @replays: replays issued
+ * @wake_latency_count: wake-ups measured (fault to replay)
+ * @wake_latency_sum_ns: sum of the measured wake latencies, nanoseconds
+ * @wake_latency_max_ns: longest measured wake latency, nanoseconds
+ * @pfq_depth: requests waiting now
+ * @pool_pages: pages in the page pool
+ * @pool_pages_used: pool pages in use now
+ * @pool_longest_free_run: longest run of free pool pages now
+ * @channels: channels now
+ * @clients: connected clients now
+ */
+struct wic_stats {
+	uint64_t faults_captured;
+	uint64_t faults_held;
+	uint64_t faults_completed;
+	uint64_t faults_timed_out;
+	uint64_t faults_cancelled;
+	uint64_t faults_ignored;
+	uint64_t dab_updates;
+	uint64_t pat_faults;
+	uint64_t host_publishes;
+	uint64_t fault_buffer_overflows;
+	uint64_t replays;
+	uint64_t wake_latency_count;
+	uint64_t wake_latency_sum_ns;
+	uint64_t wake_latency_max_ns;
+	uint32_t pfq_depth;
+	uint32_t pool_pages;
+	uint32_t pool_pages_used;
+	uint32_t pool_longest_free_run;
+	uint32_t channels;
+	uint32_t clients;
+};
+
+/**
+ * wic_version() - the library's version
+ *
+ * Return: a static string "MAJOR.MINOR.PATCH".
+ */
+const char *wic_version(void);
+
+/**
+ * wic_strerror() - describe a return value
+ * @err: WIC_OK or a WIC_E* code
+ *
+ * Return: a static string: "success" for WIC_OK, "unknown error" for values that are not
+ * error codes.
+ */
+const char *wic_strerror(int err);
+
+/**
+ * wic_connect() - open a session with wicd
+ * @socket_path: the daemon's socket; NULL for $WIC_SOCKET, else /run/wic/wicd.sock
+ * @out: receives the client handle (NULL on failure)
+ *
+ * Return: WIC_OK, WIC_ECONNECT if the daemon cannot be reached, WIC_EPROTOCOL if it speaks
+ * another protocol version, WIC_EINVALID if @out is NULL.
+ */
+int wic_connect(const char *socket_path, wic_client **out);
+
+/**
+ * wic_disconnect() - release a client handle
+ * @client: the handle, or NULL
+ *
+ * Channels opened through @client stay usable until they are closed: they share the
+ * connection, which ends when the last of them is closed.
+ */
+void wic_disconnect(wic_client *client);
+
+/**
+ * wic_channel_create() - create a channel owned by this session
+ * @client: the session
+ * @spec: what to create; @spec->reserved must be 0
+ * @out: receives the channel handle, role WIC_ROLE_OWNER (NULL on failure)
+ *
+ * Return: WIC_OK; WIC_EINVALID for a bad spec; WIC_EEXHAUSTED if the daemon has no room.
+ */
+int wic_channel_create(wic_client *client, const struct wic_channel_spec *spec, wic_channel **out);
+
+/**
+ * wic_channel_grant() - issue a token that lets another process attach
+ * @ch: a channel this process owns
+ * @role: WIC_ROLE_PRODUCER or WIC_ROLE_CONSUMER
+ * @uid: the only user that may attach with the token, or -1 for any user
+ * @token: receives the token, NUL-terminated
+ *
+ * Return: WIC_OK; WIC_EINVALID for another role or an out-of-range uid; WIC_EPERMISSION if
+ * @ch is not the owner's handle.
+ */
+int wic_channel_grant(wic_channel *ch, enum wic_role role, int64_t uid, char token[WIC_TOKEN_LEN]);
+
+/**
+ * wic_channel_attach() - attach to a channel with a token
+ * @client: the session
+ * @token: a token from wic_channel_grant()
+ * @out: receives the channel handle, with the token's role (NULL on failure)
+ *
+ * Return: WIC_OK; WIC_ENOT_FOUND for an unknown token; WIC_EPERMISSION if the token is for
+ * another user.
+ */
+int wic_channel_attach(wic_client *client, const char *token, wic_channel **out);
+
+/**
+ * wic_channel_close() - release a channel handle
+ * @ch: the handle, or NULL
+ *
+ * The owner's handle also destroys the channel in the daemon: waiting producers and consumers
+ * get WIC_ECLOSED. The handle is freed whatever the result.
+ *
+ * Return: WIC_OK, or the daemon's error for the destroy request.
+ */
+int wic_channel_close(wic_channel *ch);
+
+/**
+ * wic_channel_info() - describe a channel
+ * @ch: the handle
+ * @out: receives the description
+ *
+ * Return: WIC_OK, or WIC_EINVALID for NULL arguments.
+ */
+int wic_channel_info(const wic_channel *ch, struct wic_channel_info *out);
+
+/**
+ * wic_channel_slot() - describe a slot
+ * @ch: the handle
+ * @slot: the slot
+ * @out: receives the description
+ *
+ * Return: WIC_OK, or WIC_ENOT_FOUND for a slot beyond the channel.
+ */
+int wic_channel_slot(const wic_channel *ch, uint32_t slot, struct wic_slot_info *out);
+
+/**
+ * wic_slot_buffer() - a host producer's buffer for a slot
+ * @ch: a handle that may publish to a host-producer channel
+ * @slot: the slot
+ *
+ * The buffer holds batch_bytes bytes. Fill it, then wic_publish(); write it only while the slot
+ * is writable (see wic_wait_writable()), since the daemon reads it until delivery.
+ *
+ * Return: the buffer, or NULL if @ch cannot publish or @slot is out of range.
+ */
+void *wic_slot_buffer(wic_channel *ch, uint32_t slot);
+
+/**
+ * wic_publish() - publish the next generation of a slot from its buffer
+ * @ch: a handle that may publish to a host-producer channel
+ * @slot: the slot
+ *
+ * Return: WIC_OK; WIC_EBUSY if the previous generation has not been delivered yet;
+ * WIC_ENOT_FOUND for a slot beyond the channel; WIC_EPERMISSION for a consumer handle;
+ * WIC_EUNSUPPORTED for a GPU-producer channel; WIC_ECLOSED or WIC_ESTOPPING.
+ */
+int wic_publish(wic_channel *ch, uint32_t slot);
+
+/**
+ * wic_publish_copy() - copy data into a slot's buffer and publish it
+ * @ch: a handle that may publish to a host-producer channel
+ * @slot: the slot
+ * @data: the bytes
+ * @len: how many; at most batch_bytes
+ *
+ * Nothing is written while the slot is busy.
+ *
+ * Return: as wic_publish(), and WIC_EINVALID if @len exceeds batch_bytes.
+ */
+int wic_publish_copy(wic_channel *ch, uint32_t slot, const void *data, size_t len);
+
+/**
+ * wic_wait_writable() - wait until a slot may be published again
+ * @ch: a handle that may publish to a host-producer channel
+ * @slot: the slot
+ * @timeout_ns: longest wait; 0 checks once
+ *
+ * Return: WIC_OK once the slot's last generation has been delivered; WIC_ETIMED_OUT;
+ * WIC_ECLOSED or WIC_ESTOPPING; WIC_ECONNECT if the daemon hung up.
+ */
+int wic_wait_writable(wic_channel *ch, uint32_t slot, uint64_t timeout_ns);
+
+/**
+ * wic_consume() - read a slot's next generation as the consumer warps would
+ * @ch: a handle that may consume
+ * @slot: the slot
+ * @dst: receives up to @len bytes of the batch
+ * @len: size of @dst; bytes beyond batch_bytes are left untouched
+ *
+ * Emulated backend only: the calling thread plays the consumer warps of one batch, faulting
+ * on the slot's run and sleeping until the daemon maps it. Blocks until the data arrives or
+ * the daemon completes the request with an error; an error still uses up the generation. Only
+ * one thread at a time may consume a given slot.
+ *
+ * Return: WIC_OK; WIC_ETIMED_OUT if the producer missed the channel's timeout; WIC_ECLOSED;
+ * WIC_ESTOPPING; WIC_ECONNECT if the daemon hung up; WIC_EPERMISSION for a producer handle.
+ */
+int wic_consume(wic_channel *ch, uint32_t slot, void *dst, size_t len);
+
+/**
+ * wic_stats() - fetch the daemon's statistics
+ * @client: the session
+ * @out: receives the statistics
+ *
+ * Return: WIC_OK or an error code.
+ */
+int wic_stats(wic_client *client, struct wic_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* WIC_H */

@@ -1,0 +1,506 @@
+//! The `extern "C"` functions of `wic.h`: null checks, argument conversion and error codes
+//! around [`crate::client`] and [`crate::channel`]. Every function catches panics, which are
+//! reported as `WIC_EIO` (or `NULL`) and never unwind into C.
+//!
+//! The opaque `wic_client` is a boxed [`Client`] and `wic_channel` a boxed [`Channel`].
+
+use std::ffi::{c_char, c_int, c_void, CStr, CString, OsStr};
+use std::os::unix::ffi::OsStrExt;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::Path;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use wic_proto::message::ErrorCode;
+
+use crate::abi::{
+    err, role_from_c, WicChannelInfo, WicChannelSpec, WicSlotInfo, WicStats, WIC_EINVALID, WIC_EIO, WIC_EPROTOCOL,
+    WIC_OK, WIC_TOKEN_LEN,
+};
+use crate::channel::{self, Channel};
+use crate::client::{self, spec_from_abi, stats_to_abi, Client};
+
+/// `wic_version`'s answer: the package version, NUL-terminated.
+const VERSION: &CStr = match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
+    Ok(version) => version,
+    Err(_) => panic!("the package version contains a NUL"),
+};
+
+/// Errors that have a `wic.h` code.
+trait Coded {
+    fn code(&self) -> ErrorCode;
+}
+
+impl Coded for client::Error {
+    fn code(&self) -> ErrorCode {
+        client::Error::code(self)
+    }
+}
+
+impl Coded for channel::Error {
+    fn code(&self) -> ErrorCode {
+        channel::Error::code(self)
+    }
+}
+
+/// Runs `body`, turning a panic into `WIC_EIO`.
+fn guard(body: impl FnOnce() -> c_int) -> c_int {
+    catch_unwind(AssertUnwindSafe(body)).unwrap_or(WIC_EIO)
+}
+
+/// `WIC_OK` or the error's code.
+fn status<E: Coded>(result: Result<(), E>) -> c_int {
+    match result {
+        Ok(()) => WIC_OK,
+        Err(e) => err(e.code()),
+    }
+}
+
+/// Stores a new handle in `*out`.
+///
+/// # Safety
+/// `out` must be valid for a pointer write.
+unsafe fn hand_out<T, E: Coded>(out: *mut *mut T, result: Result<T, E>) -> c_int {
+    match result {
+        Ok(value) => {
+            // SAFETY: the caller guarantees `out` is writable.
+            unsafe { out.write(Box::into_raw(Box::new(value))) };
+            WIC_OK
+        }
+        Err(e) => err(e.code()),
+    }
+}
+
+/// Returns the library version, `"MAJOR.MINOR.PATCH"`.
+#[no_mangle]
+pub extern "C" fn wic_version() -> *const c_char {
+    VERSION.as_ptr()
+}
+
+/// Returns a static description of a `wic_*` return value.
+#[no_mangle]
+pub extern "C" fn wic_strerror(error: c_int) -> *const c_char {
+    static MESSAGES: OnceLock<Vec<CString>> = OnceLock::new();
+    let describe = || {
+        if error == WIC_OK {
+            return c"success".as_ptr();
+        }
+        let Some(code) = ErrorCode::from_c(error) else {
+            return c"unknown error".as_ptr();
+        };
+        let messages = MESSAGES.get_or_init(|| {
+            ErrorCode::ALL.iter().map(|c| CString::new(c.describe()).expect("descriptions have no NUL")).collect()
+        });
+        let index = ErrorCode::ALL.iter().position(|c| *c == code).expect("from_c returns listed codes");
+        messages[index].as_ptr()
+    };
+    catch_unwind(describe).unwrap_or(c"unknown error".as_ptr())
+}
+
+/// Connects to wicd at `socket_path` (NULL: `$WIC_SOCKET` or the default socket).
+///
+/// # Safety
+/// `socket_path` is NULL or a NUL-terminated string; `out` is valid for a pointer write.
+#[no_mangle]
+pub unsafe extern "C" fn wic_connect(socket_path: *const c_char, out: *mut *mut Client) -> c_int {
+    guard(|| {
+        if out.is_null() {
+            return WIC_EINVALID;
+        }
+        // SAFETY: checked non-null above; the caller guarantees it is writable.
+        unsafe { out.write(std::ptr::null_mut()) };
+        let path = if socket_path.is_null() {
+            None
+        } else {
+            // SAFETY: non-null, and the caller guarantees a NUL-terminated string.
+            let bytes = unsafe { CStr::from_ptr(socket_path) }.to_bytes();
+            Some(Path::new(OsStr::from_bytes(bytes)))
+        };
+        // SAFETY: `out` is writable, as above.
+        unsafe { hand_out(out, Client::connect(path)) }
+    })
+}
+
+/// Releases a client; its channels keep the connection open until they are closed.
+///
+/// # Safety
+/// `client` is NULL or a handle from `wic_connect` not yet disconnected.
+#[no_mangle]
+pub unsafe extern "C" fn wic_disconnect(client: *mut Client) {
+    if client.is_null() {
+        return;
+    }
+    // SAFETY: the caller hands back a pointer made by `Box::into_raw` in `wic_connect`, once.
+    let client = unsafe { Box::from_raw(client) };
+    let _ = catch_unwind(AssertUnwindSafe(move || drop(client)));
+}
+
+/// Creates a channel owned by `client`.
+///
+/// # Safety
+/// `client` is a live handle, `spec` points to a `struct wic_channel_spec`, `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn wic_channel_create(
+    client: *mut Client,
+    spec: *const WicChannelSpec,
+    out: *mut *mut Channel,
+) -> c_int {
+    guard(|| {
+        if out.is_null() {
+            return WIC_EINVALID;
+        }
+        // SAFETY: checked non-null; the caller guarantees it is writable.
+        unsafe { out.write(std::ptr::null_mut()) };
+        // SAFETY: the caller guarantees both are NULL or valid.
+        let (Some(client), Some(spec)) = (unsafe { client.as_ref() }, unsafe { spec.as_ref() }) else {
+            return WIC_EINVALID;
+        };
+        let channel = spec_from_abi(spec).and_then(|spec| client.create_channel(&spec));
+        // SAFETY: `out` is writable, as above.
+        unsafe { hand_out(out, channel) }
+    })
+}
+
+/// Issues a token for `role` (producer or consumer), for user `uid` or any user (-1).
+///
+/// # Safety
+/// `ch` is a live channel handle and `token` is writable for `WIC_TOKEN_LEN` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn wic_channel_grant(ch: *mut Channel, role: c_int, uid: i64, token: *mut c_char) -> c_int {
+    guard(|| {
+        // SAFETY: the caller guarantees `ch` is NULL or a live handle.
+        let Some(ch) = (unsafe { ch.as_ref() }) else { return WIC_EINVALID };
+        if token.is_null() {
+            return WIC_EINVALID;
+        }
+        let Some(role) = role_from_c(i64::from(role)) else { return WIC_EINVALID };
+        let uid = match uid {
+            -1 => None,
+            uid => match u32::try_from(uid) {
+                Ok(uid) => Some(uid),
+                Err(_) => return WIC_EINVALID,
+            },
+        };
+        let issued = match ch.grant(role, uid) {
+            Ok(issued) => issued,
+            Err(e) => return err(e.code()),
+        };
+        if issued.len() >= WIC_TOKEN_LEN || issued.bytes().any(|b| b == 0) {
+            return WIC_EPROTOCOL;
+        }
+        // SAFETY: the caller guarantees WIC_TOKEN_LEN writable bytes; the token and its NUL fit.
+        unsafe {
+            std::ptr::copy_nonoverlapping(issued.as_ptr().cast::<c_char>(), token, issued.len());
+            token.add(issued.len()).write(0);
+        }
+        WIC_OK
+    })
+}
+
+/// Attaches to a channel with a token from `wic_channel_grant`.
+///
+/// # Safety
+/// `client` is a live handle, `token` a NUL-terminated string and `out` writable.
+#[no_mangle]
+pub unsafe extern "C" fn wic_channel_attach(client: *mut Client, token: *const c_char, out: *mut *mut Channel) -> c_int {
+    guard(|| {
+        if out.is_null() || token.is_null() {
+            return WIC_EINVALID;
+        }
+        // SAFETY: checked non-null; the caller guarantees it is writable.
+        unsafe { out.write(std::ptr::null_mut()) };
+        // SAFETY: the caller guarantees `client` is NULL or live.
+        let Some(client) = (unsafe { client.as_ref() }) else { return WIC_EINVALID };
+        // SAFETY: non-null, and the caller guarantees a NUL-terminated string.
+        let Ok(token) = unsafe { CStr::from_ptr(token) }.to_str() else { return WIC_EINVALID };
+        // SAFETY: `out` is writable, as above.
+        unsafe { hand_out(out, client.attach(token)) }
+    })
+}
+
+/// Closes a channel handle (the owner's also destroys the channel) and frees it.
+///
+/// # Safety
+/// `ch` is NULL or a live handle no other thread is using; it is invalid afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn wic_channel_close(ch: *mut Channel) -> c_int {
+    if ch.is_null() {
+        return WIC_OK;
+    }
+    // SAFETY: the caller hands back a pointer made by `Box::into_raw` in create or attach, once.
+    let ch = unsafe { Box::from_raw(ch) };
+    guard(move || status(ch.close()))
+}
+
+/// Describes the channel.
+///
+/// # Safety
+/// `ch` is a live handle and `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn wic_channel_info(ch: *const Channel, out: *mut WicChannelInfo) -> c_int {
+    guard(|| {
+        // SAFETY: the caller guarantees `ch` is NULL or live.
+        let Some(ch) = (unsafe { ch.as_ref() }) else { return WIC_EINVALID };
+        if out.is_null() {
+            return WIC_EINVALID;
+        }
+        // SAFETY: checked non-null; the caller guarantees it is writable.
+        unsafe { out.write(ch.abi_info()) };
+        WIC_OK
+    })
+}
+
+/// Describes one slot.
+///
+/// # Safety
+/// `ch` is a live handle and `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn wic_channel_slot(ch: *const Channel, slot: u32, out: *mut WicSlotInfo) -> c_int {
+    guard(|| {
+        // SAFETY: the caller guarantees `ch` is NULL or live.
+        let Some(ch) = (unsafe { ch.as_ref() }) else { return WIC_EINVALID };
+        if out.is_null() {
+            return WIC_EINVALID;
+        }
+        match ch.abi_slot(slot) {
+            Ok(info) => {
+                // SAFETY: checked non-null; the caller guarantees it is writable.
+                unsafe { out.write(info) };
+                WIC_OK
+            }
+            Err(e) => err(e.code()),
+        }
+    })
+}
+
+/// The buffer of `slot` a host producer fills before `wic_publish`; NULL if there is none.
+///
+/// # Safety
+/// `ch` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn wic_slot_buffer(ch: *mut Channel, slot: u32) -> *mut c_void {
+    let body = || {
+        // SAFETY: the caller guarantees `ch` is NULL or live.
+        let ch = unsafe { ch.as_ref() }?;
+        ch.slot_buffer(slot).ok().map(|ptr| ptr.cast::<c_void>())
+    };
+    catch_unwind(AssertUnwindSafe(body)).ok().flatten().unwrap_or(std::ptr::null_mut())
+}
+
+/// Publishes `slot`, whose buffer holds the next generation.
+///
+/// # Safety
+/// `ch` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn wic_publish(ch: *mut Channel, slot: u32) -> c_int {
+    guard(|| {
+        // SAFETY: the caller guarantees `ch` is NULL or live.
+        let Some(ch) = (unsafe { ch.as_ref() }) else { return WIC_EINVALID };
+        status(ch.publish(slot))
+    })
+}
+
+/// Copies `len` bytes into `slot`'s buffer and publishes them.
+///
+/// # Safety
+/// `ch` is NULL or a live handle; `data` is readable for `len` bytes (or `len` is 0).
+#[no_mangle]
+pub unsafe extern "C" fn wic_publish_copy(ch: *mut Channel, slot: u32, data: *const c_void, len: usize) -> c_int {
+    guard(|| {
+        // SAFETY: the caller guarantees `ch` is NULL or live.
+        let Some(ch) = (unsafe { ch.as_ref() }) else { return WIC_EINVALID };
+        let data: &[u8] = match (data.is_null(), len) {
+            (_, 0) => &[],
+            (true, _) => return WIC_EINVALID,
+            // SAFETY: non-null, and the caller guarantees `len` readable bytes that the call
+            // does not outlive.
+            (false, len) => unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) },
+        };
+        status(ch.publish_copy(slot, data))
+    })
+}
+
+/// Waits until `slot` may be published again, at most `timeout_ns`.
+///
+/// # Safety
+/// `ch` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn wic_wait_writable(ch: *mut Channel, slot: u32, timeout_ns: u64) -> c_int {
+    guard(|| {
+        // SAFETY: the caller guarantees `ch` is NULL or live.
+        let Some(ch) = (unsafe { ch.as_ref() }) else { return WIC_EINVALID };
+        status(ch.wait_writable(slot, Duration::from_nanos(timeout_ns)))
+    })
+}
+
+/// Consumes `slot`'s next generation into `dst` (at most `len` bytes).
+///
+/// # Safety
+/// `ch` is NULL or a live handle; `dst` is writable for `len` bytes (or `len` is 0).
+#[no_mangle]
+pub unsafe extern "C" fn wic_consume(ch: *mut Channel, slot: u32, dst: *mut c_void, len: usize) -> c_int {
+    guard(|| {
+        // SAFETY: the caller guarantees `ch` is NULL or live.
+        let Some(ch) = (unsafe { ch.as_ref() }) else { return WIC_EINVALID };
+        let dst: &mut [u8] = match (dst.is_null(), len) {
+            (_, 0) => &mut [],
+            (true, _) => return WIC_EINVALID,
+            // SAFETY: non-null, and the caller guarantees `len` writable bytes, not aliased by
+            // anything Rust holds, for the duration of the call.
+            (false, len) => unsafe { std::slice::from_raw_parts_mut(dst.cast::<u8>(), len) },
+        };
+        status(ch.consume(slot, dst).map(|_| ()))
+    })
+}
+
+/// Fetches the daemon's statistics.
+///
+/// # Safety
+/// `client` is NULL or a live handle; `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn wic_stats(client: *mut Client, out: *mut WicStats) -> c_int {
+    guard(|| {
+        // SAFETY: the caller guarantees `client` is NULL or live.
+        let Some(client) = (unsafe { client.as_ref() }) else { return WIC_EINVALID };
+        if out.is_null() {
+            return WIC_EINVALID;
+        }
+        match client.stats() {
+            Ok(stats) => {
+                // SAFETY: checked non-null; the caller guarantees it is writable.
+                unsafe { out.write(stats_to_abi(&stats)) };
+                WIC_OK
+            }
+            Err(e) => err(e.code()),
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::abi::*;
+    use crate::testing::{pattern, FakeDaemon};
+    use std::ffi::CString;
+    use std::ptr::{null, null_mut};
+
+    fn text(ptr: *const c_char) -> &'static str {
+        // SAFETY: the library returns static NUL-terminated strings.
+        unsafe { CStr::from_ptr(ptr) }.to_str().unwrap()
+    }
+
+    #[test]
+    fn version_and_error_strings() {
+        assert_eq!(text(wic_version()), env!("CARGO_PKG_VERSION"));
+        assert_eq!(text(wic_strerror(WIC_OK)), "success");
+        for code in ErrorCode::ALL {
+            assert_eq!(text(wic_strerror(err(code))), code.describe());
+        }
+        assert_eq!(text(wic_strerror(1)), "unknown error");
+        assert_eq!(text(wic_strerror(-13)), "unknown error");
+        assert_eq!(text(wic_strerror(c_int::MIN)), "unknown error");
+    }
+
+    #[test]
+    fn null_arguments_are_refused_and_null_handles_released() {
+        // SAFETY: every pointer is NULL or points to a live local.
+        unsafe {
+            assert_eq!(wic_connect(null(), null_mut()), WIC_EINVALID);
+            let mut out = null_mut();
+            assert_eq!(wic_channel_create(null_mut(), null(), &mut out), WIC_EINVALID);
+            assert!(out.is_null());
+            assert_eq!(wic_channel_attach(null_mut(), c"x".as_ptr(), &mut out), WIC_EINVALID);
+            assert_eq!(wic_channel_grant(null_mut(), 1, -1, null_mut()), WIC_EINVALID);
+            assert_eq!(wic_channel_info(null(), null_mut()), WIC_EINVALID);
+            assert_eq!(wic_channel_slot(null(), 0, null_mut()), WIC_EINVALID);
+            assert!(wic_slot_buffer(null_mut(), 0).is_null());
+            assert_eq!(wic_publish(null_mut(), 0), WIC_EINVALID);
+            assert_eq!(wic_publish_copy(null_mut(), 0, null(), 0), WIC_EINVALID);
+            assert_eq!(wic_wait_writable(null_mut(), 0, 0), WIC_EINVALID);
+            assert_eq!(wic_consume(null_mut(), 0, null_mut(), 0), WIC_EINVALID);
+            assert_eq!(wic_stats(null_mut(), null_mut()), WIC_EINVALID);
+            assert_eq!(wic_channel_close(null_mut()), WIC_OK);
+            wic_disconnect(null_mut());
+        }
+    }
+
+    #[test]
+    fn connect_failure_is_econnect() {
+        let mut client = std::ptr::NonNull::<Client>::dangling().as_ptr();
+        // SAFETY: a valid C string and a live out pointer.
+        assert_eq!(unsafe { wic_connect(c"/nonexistent/wicd.sock".as_ptr(), &mut client) }, WIC_ECONNECT);
+        assert!(client.is_null());
+    }
+
+    #[test]
+    fn the_whole_api_round_trips_through_the_daemon() {
+        let daemon = FakeDaemon::start();
+        let path = CString::new(daemon.path().as_os_str().as_bytes()).unwrap();
+        // SAFETY: every pointer passed is a live local or a handle the library returned.
+        unsafe {
+            let mut client = null_mut();
+            assert_eq!(wic_connect(path.as_ptr(), &mut client), WIC_OK);
+            let bad = WicChannelSpec { message_bytes: 64, slots: 2, reserved: 1, ..WicChannelSpec::default() };
+            let mut ch = null_mut();
+            assert_eq!(wic_channel_create(client, &bad, &mut ch), WIC_EINVALID);
+            let bad = WicChannelSpec { producer_kind: 7, ..bad };
+            assert_eq!(wic_channel_create(client, &bad, &mut ch), WIC_EINVALID);
+            let spec = WicChannelSpec { message_bytes: 64, slots: 2, ..WicChannelSpec::default() };
+            assert_eq!(wic_channel_create(client, &spec, &mut ch), WIC_OK);
+
+            let mut info = WicChannelInfo::default();
+            assert_eq!(wic_channel_info(ch, &mut info), WIC_OK);
+            assert_eq!((info.role, info.slots, info.message_bytes), (WIC_ROLE_OWNER, 2, 64));
+            assert_eq!(info.batch_bytes, u64::from(info.warps_per_batch) * 64);
+            let mut slot = WicSlotInfo::default();
+            assert_eq!(wic_channel_slot(ch, 1, &mut slot), WIC_OK);
+            assert_ne!(slot.run_va[0], slot.run_va[1]);
+            assert_eq!(slot.pat_va, [0, 0]);
+            assert_eq!(wic_channel_slot(ch, 2, &mut slot), WIC_ENOT_FOUND);
+
+            let mut token = [0 as c_char; WIC_TOKEN_LEN];
+            assert_eq!(wic_channel_grant(ch, WIC_ROLE_OWNER as c_int, -1, token.as_mut_ptr()), WIC_EINVALID);
+            assert_eq!(wic_channel_grant(ch, 9, -1, token.as_mut_ptr()), WIC_EINVALID);
+            assert_eq!(wic_channel_grant(ch, WIC_ROLE_PRODUCER as c_int, -2, token.as_mut_ptr()), WIC_EINVALID);
+            assert_eq!(wic_channel_grant(ch, WIC_ROLE_PRODUCER as c_int, -1, token.as_mut_ptr()), WIC_OK);
+            assert_eq!(CStr::from_ptr(token.as_ptr()).to_bytes().len(), 32);
+
+            let mut producer = null_mut();
+            assert_eq!(wic_channel_attach(client, token.as_ptr(), &mut producer), WIC_OK);
+            let mut none = null_mut();
+            assert_eq!(wic_channel_attach(client, c"nope".as_ptr(), &mut none), WIC_ENOT_FOUND);
+            assert!(none.is_null());
+            let batch = info.batch_bytes as usize;
+            for generation in 0..3 {
+                for s in 0..2 {
+                    assert_eq!(wic_wait_writable(producer, s, 5_000_000_000), WIC_OK);
+                    let buf = wic_slot_buffer(producer, s).cast::<u8>();
+                    assert!(!buf.is_null());
+                    let data = pattern(s, generation, batch);
+                    std::ptr::copy_nonoverlapping(data.as_ptr(), buf, batch);
+                    assert_eq!(wic_publish(producer, s), WIC_OK);
+                    assert_eq!(wic_publish(producer, s), WIC_EBUSY);
+                }
+                for s in 0..2 {
+                    let mut got = vec![0u8; batch + 10];
+                    assert_eq!(wic_consume(ch, s, got.as_mut_ptr().cast(), got.len()), WIC_OK);
+                    assert_eq!(got[..batch], pattern(s, generation, batch)[..]);
+                    assert!(got[batch..].iter().all(|b| *b == 0));
+                }
+            }
+            assert_eq!(wic_consume(producer, 0, null_mut(), 0), WIC_EPERMISSION);
+            assert_eq!(wic_consume(ch, 0, null_mut(), 1), WIC_EINVALID);
+            assert_eq!(wic_publish_copy(producer, 0, null(), 1), WIC_EINVALID);
+            let big = vec![0u8; batch + 1];
+            assert_eq!(wic_publish_copy(producer, 0, big.as_ptr().cast(), big.len()), WIC_EINVALID);
+            assert_eq!(wic_publish_copy(producer, 0, big.as_ptr().cast(), batch), WIC_OK);
+
+            let mut stats = WicStats::default();
+            assert_eq!(wic_stats(client, &mut stats), WIC_OK);
+            assert_eq!(stats.channels, 1);
+            wic_disconnect(client);
+            assert_eq!(wic_channel_close(producer), WIC_OK);
+            assert_eq!(wic_channel_close(ch), WIC_OK);
+        }
+    }
+}

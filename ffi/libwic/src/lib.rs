@@ -1,0 +1,37 @@
+//! libwic: the library applications use to talk to `wicd`, with a C ABI (`ffi/include/wic.h`)
+//! and the same functionality as a Rust API.
+//!
+//! - [`Client`] is a session with the daemon; it is thread-safe and shared by the channels
+//!   opened through it, which keep the connection open after the client is dropped.
+//! - [`Channel`] is a channel this process created ([`Client::create_channel`], as its owner) or
+//!   attached to with a token ([`Client::attach`]). Host producers publish through the shared
+//!   producer region and a doorbell; consumers on the emulated backend read their slots as the
+//!   consumer warps would, faulting through the channel's fault ring.
+//! - [`abi`] mirrors every struct and constant of `wic.h`; the `extern "C"` functions live in
+//!   `capi` and are thin wrappers that never let a panic cross into C.
+//!
+//! Errors carry a [`wic_proto::message::ErrorCode`]; in C it is returned as `-(code)`.
+
+#![warn(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+pub mod abi;
+pub mod capi;
+pub mod channel;
+pub mod client;
+#[cfg(test)]
+mod testing;
+
+pub use channel::Channel;
+pub use client::Client;
+pub use wic_proto::message::{ChannelInfo, ChannelSpec, ErrorCode, Producer, Role, SlotInfo, Stats};
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn handles_may_be_shared_by_threads() {
+        fn shareable<T: Send + Sync>() {}
+        shareable::<super::Client>();
+        shareable::<super::Channel>();
+    }
+}
