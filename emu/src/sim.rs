@@ -1122,8 +1122,8 @@ impl<'a> Sim<'a> {
             corrupt_messages: self.stats.corrupt,
             error_markers: self.stats.markers,
             engine: daemon.map(|d| d.engine.stats().clone()),
-            pool_restored: daemon.map_or(true, |d| d.engine.pool().free_pages() == d.engine.pool().capacity()),
-            pfq_empty: daemon.map_or(true, |d| d.engine.held() == 0),
+            pool_restored: daemon.is_none_or(|d| d.engine.pool().free_pages() == d.engine.pool().capacity()),
+            pfq_empty: daemon.is_none_or(|d| d.engine.held() == 0),
             events: self.stats.events,
         }
     }
