@@ -45,11 +45,6 @@ pub fn activated_listener() -> Result<Option<UnixListener>, String> {
     if count != 1 {
         return Err(format!("socket activation passed {count} sockets; wicd takes exactly one"));
     }
-    for var in ["LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"] {
-        // SAFETY: called at start-up before any other thread exists, so nothing reads the
-        // environment concurrently.
-        unsafe { std::env::remove_var(var) };
-    }
     // SAFETY: systemd passed descriptor 3 to this process (LISTEN_PID matched) and nothing
     // else in the process owns it.
     let listener = unsafe { UnixListener::from_raw_fd(LISTEN_FDS_START) };
