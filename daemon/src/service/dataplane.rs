@@ -151,6 +151,7 @@ struct Dataplane {
     start: Instant,
     commands: Vec<Command>,
     faults: Vec<RawFaultEntry>,
+    completions: Vec<(u64, i32)>,
 }
 
 /// Starts the fast path for `gpus` emulated GPUs.
@@ -176,6 +177,7 @@ pub fn spawn(config: EngineConfig, gpus: u16) -> Result<(DataplaneHandle, std::t
         start: Instant::now(),
         commands: Vec::new(),
         faults: Vec::new(),
+        completions: Vec::new(),
     };
     dataplane.arm_wake().map_err(|e| format!("io_uring: {e}"))?;
     let thread = std::thread::Builder::new()
@@ -261,8 +263,10 @@ impl Dataplane {
     }
 
     fn reap(&mut self) {
-        let completions: Vec<(u64, i32)> = self.ring.completion().map(|c| (c.user_data(), c.result())).collect();
-        for (token, result) in completions {
+        // Reaped into a reused buffer first: handling a completion pushes new submissions.
+        let mut completions = std::mem::take(&mut self.completions);
+        completions.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
+        for (token, result) in completions.drain(..) {
             match token {
                 CANCEL_TOKEN => {}
                 WAKE_TOKEN => {
@@ -273,6 +277,7 @@ impl Dataplane {
                 token => self.on_bell(token, result),
             }
         }
+        self.completions = completions;
     }
 
     fn on_bell(&mut self, token: u64, result: i32) {

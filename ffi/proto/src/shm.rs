@@ -241,7 +241,7 @@ mod word {
     pub const STATE: usize = 12;
     /// Consumer: pages per run. Producer: low half of batch bytes.
     pub const PARAM_LO: usize = 16;
-    /// Producer: high half of batch bytes.
+    /// Consumer: 0. Producer: high half of batch bytes.
     pub const PARAM_HI: usize = 20;
     /// Consumer: replay counter (futex). Producer: unused.
     pub const REPLAY_SEQ: usize = 24;
@@ -253,14 +253,45 @@ mod word {
     pub const OVERFLOWS: usize = 48;
 }
 
-fn check_header(map: &Mapping, magic: u32) -> Result<(), ShmError> {
-    if map.len < HEADER_BYTES || map.u32_at(word::MAGIC).load(Ordering::Acquire) != magic {
-        return Err(ShmError::BadHeader("wrong magic"));
+/// The identifying words of a region header: written by the daemon, checked by clients.
+struct Header {
+    magic: u32,
+    slots: u32,
+    /// `PARAM_LO` and `PARAM_HI`.
+    params: [u32; 2],
+}
+
+impl Header {
+    /// Creates a sealed memfd of `bytes`, maps it and writes the header, magic last.
+    fn create(&self, name: &CStr, bytes: usize) -> io::Result<(Mapping, OwnedFd)> {
+        let fd = sealed_memfd(name, bytes)?;
+        let map = Mapping::new(&fd, bytes)?;
+        map.u32_at(word::SLOTS).store(self.slots, Ordering::Relaxed);
+        map.u32_at(word::PARAM_LO).store(self.params[0], Ordering::Relaxed);
+        map.u32_at(word::PARAM_HI).store(self.params[1], Ordering::Relaxed);
+        map.u32_at(word::VERSION).store(LAYOUT_VERSION, Ordering::Relaxed);
+        map.u32_at(word::MAGIC).store(self.magic, Ordering::Release);
+        Ok((map, fd))
     }
-    if map.u32_at(word::VERSION).load(Ordering::Acquire) != LAYOUT_VERSION {
-        return Err(ShmError::BadHeader("unsupported layout version"));
+
+    /// Maps `bytes` of a received region and checks its header is this one.
+    fn open(&self, fd: &OwnedFd, bytes: usize) -> Result<Mapping, ShmError> {
+        if mapped_len(fd)? < bytes {
+            return Err(ShmError::BadHeader("region smaller than its layout"));
+        }
+        let map = Mapping::new(fd, bytes)?;
+        if map.u32_at(word::MAGIC).load(Ordering::Acquire) != self.magic {
+            return Err(ShmError::BadHeader("wrong magic"));
+        }
+        if map.u32_at(word::VERSION).load(Ordering::Acquire) != LAYOUT_VERSION {
+            return Err(ShmError::BadHeader("unsupported layout version"));
+        }
+        let params = [map.u32_at(word::PARAM_LO).load(Ordering::Relaxed), map.u32_at(word::PARAM_HI).load(Ordering::Relaxed)];
+        if map.u32_at(word::SLOTS).load(Ordering::Relaxed) != self.slots || params != self.params {
+            return Err(ShmError::BadHeader("layout differs from the channel reply"));
+        }
+        Ok(map)
     }
-    Ok(())
 }
 
 /// A channel's consumer region.
@@ -276,28 +307,15 @@ pub struct RingFull;
 impl ConsumerRegion {
     /// Creates the region (daemon side): every page unmapped, the ring empty.
     pub fn create(layout: ConsumerLayout) -> io::Result<(Self, OwnedFd)> {
-        let fd = sealed_memfd(c"wic-consumer", layout.bytes())?;
-        let map = Mapping::new(&fd, layout.bytes())?;
-        map.u32_at(word::SLOTS).store(layout.slots, Ordering::Relaxed);
-        map.u32_at(word::PARAM_LO).store(layout.pages_per_run, Ordering::Relaxed);
-        map.u32_at(word::VERSION).store(LAYOUT_VERSION, Ordering::Relaxed);
-        map.u32_at(word::MAGIC).store(CONSUMER_MAGIC, Ordering::Release);
+        let header = Header { magic: CONSUMER_MAGIC, slots: layout.slots, params: [layout.pages_per_run, 0] };
+        let (map, fd) = header.create(c"wic-consumer", layout.bytes())?;
         Ok((Self { map, layout }, fd))
     }
 
     /// Maps a region received from the daemon and checks it matches `layout`.
     pub fn open(fd: &OwnedFd, layout: ConsumerLayout) -> Result<Self, ShmError> {
-        if mapped_len(fd)? < layout.bytes() {
-            return Err(ShmError::BadHeader("region smaller than its layout"));
-        }
-        let map = Mapping::new(fd, layout.bytes())?;
-        check_header(&map, CONSUMER_MAGIC)?;
-        if map.u32_at(word::SLOTS).load(Ordering::Relaxed) != layout.slots
-            || map.u32_at(word::PARAM_LO).load(Ordering::Relaxed) != layout.pages_per_run
-        {
-            return Err(ShmError::BadHeader("layout differs from the channel reply"));
-        }
-        Ok(Self { map, layout })
+        let header = Header { magic: CONSUMER_MAGIC, slots: layout.slots, params: [layout.pages_per_run, 0] };
+        Ok(Self { map: header.open(fd, layout.bytes())?, layout })
     }
 
     /// The region's layout.
@@ -413,29 +431,18 @@ pub struct ProducerRegion {
 impl ProducerRegion {
     /// Creates the region (daemon side): nothing published.
     pub fn create(layout: ProducerLayout) -> io::Result<(Self, OwnedFd)> {
-        let fd = sealed_memfd(c"wic-producer", layout.bytes())?;
-        let map = Mapping::new(&fd, layout.bytes())?;
-        map.u32_at(word::SLOTS).store(layout.slots, Ordering::Relaxed);
-        map.u32_at(word::PARAM_LO).store(layout.batch_bytes as u32, Ordering::Relaxed);
-        map.u32_at(word::PARAM_HI).store((layout.batch_bytes >> 32) as u32, Ordering::Relaxed);
-        map.u32_at(word::VERSION).store(LAYOUT_VERSION, Ordering::Relaxed);
-        map.u32_at(word::MAGIC).store(PRODUCER_MAGIC, Ordering::Release);
+        let (map, fd) = Self::header(layout).create(c"wic-producer", layout.bytes())?;
         Ok((Self { map, layout }, fd))
     }
 
     /// Maps a region received from the daemon and checks it matches `layout`.
     pub fn open(fd: &OwnedFd, layout: ProducerLayout) -> Result<Self, ShmError> {
-        if mapped_len(fd)? < layout.bytes() {
-            return Err(ShmError::BadHeader("region smaller than its layout"));
-        }
-        let map = Mapping::new(fd, layout.bytes())?;
-        check_header(&map, PRODUCER_MAGIC)?;
-        let batch = u64::from(map.u32_at(word::PARAM_LO).load(Ordering::Relaxed))
-            | u64::from(map.u32_at(word::PARAM_HI).load(Ordering::Relaxed)) << 32;
-        if map.u32_at(word::SLOTS).load(Ordering::Relaxed) != layout.slots || batch != layout.batch_bytes {
-            return Err(ShmError::BadHeader("layout differs from the channel reply"));
-        }
-        Ok(Self { map, layout })
+        Ok(Self { map: Self::header(layout).open(fd, layout.bytes())?, layout })
+    }
+
+    fn header(layout: ProducerLayout) -> Header {
+        let batch = layout.batch_bytes;
+        Header { magic: PRODUCER_MAGIC, slots: layout.slots, params: [batch as u32, (batch >> 32) as u32] }
     }
 
     /// The region's layout.
