@@ -418,7 +418,7 @@ impl Channel {
                 None => LIVENESS_PERIOD,
             };
             futex_wait(region.delivered(slot), delivered, wait);
-            if self.conn.daemon_gone() {
+            if region.delivered(slot).load(Ordering::Acquire) == delivered && self.conn.daemon_gone() {
                 return Err(Error::DaemonGone);
             }
         }
@@ -470,7 +470,9 @@ impl Channel {
             ring(&side.doorbell)?;
             while region.replay_seq().load(Ordering::Acquire) == seq {
                 futex_wait(region.replay_seq(), seq, LIVENESS_PERIOD);
-                if self.conn.daemon_gone() {
+                // A daemon that stops replays its held faults and then hangs up: the replay
+                // must win over the hang-up, so the hang-up only counts while none came.
+                if region.replay_seq().load(Ordering::Acquire) == seq && self.conn.daemon_gone() {
                     return Err(Error::DaemonGone);
                 }
             }
