@@ -1,0 +1,215 @@
+/* SPDX-License-Identifier: GPL-2.0 WITH Linux-syscall-note OR MIT */
+/*
+ * wic_abi.h - the interface between wicd and wic_shim.ko (/dev/wic).
+ *
+ * The one definition of the kernel <-> daemon ABI: the module includes it, the daemon's Rust
+ * view (crate wic-proto, module kabi) is checked against it by a test.
+ *
+ * Session: wicd opens /dev/wic (one open session at a time), negotiates the version with
+ * WIC_IOC_VERSION, maps the fault ring (mmap offset 0, WIC_RING_BYTES(entries) bytes), attaches
+ * application VA spaces (WIC_IOC_ATTACH with the application's UVM file descriptor, received
+ * over the daemon's socket) and registers their PCM and PAT ranges. Faults on registered pages
+ * are held and appear in the ring; poll() reports POLLIN while records are unread. Commands go
+ * in batches, through WIC_IOC_SUBMIT or an io_uring IORING_OP_URING_CMD whose cmd_op is
+ * WIC_IOC_SUBMIT and whose 16-byte command area holds a struct wic_submit.
+ *
+ * When the session's file is released (wicd exits or is killed), every held fault is
+ * completed with the WIC_MARKER_DAEMON_GONE error marker, mapped and replayed.
+ */
+#ifndef _WIC_ABI_H
+#define _WIC_ABI_H
+
+#include <linux/ioctl.h>
+#include <linux/types.h>
+
+#define WIC_ABI_VERSION 1
+
+#define WIC_PAGE_SIZE 4096
+
+/* Module limits, also reported by WIC_IOC_VERSION. */
+#define WIC_MAX_SPACES 64
+#define WIC_MAX_RANGES 1024
+#define WIC_MAX_HELD 4096
+#define WIC_MAX_COMMANDS 1024
+#define WIC_MAX_RANGE_BYTES (1ULL << 36)
+#define WIC_MAX_WRITE_BYTES (1U << 20)
+
+/* Error markers: the first 8 bytes of a page completed without data. */
+#define WIC_MARKER_MAGIC 0x5749434500000000ULL
+#define WIC_MARKER_TIMEOUT (WIC_MARKER_MAGIC | 1)
+#define WIC_MARKER_CHANNEL_CLOSED (WIC_MARKER_MAGIC | 2)
+#define WIC_MARKER_DAEMON_STOPPING (WIC_MARKER_MAGIC | 3)
+#define WIC_MARKER_DAEMON_GONE (WIC_MARKER_MAGIC | 4)
+
+/**
+ * struct wic_version - version negotiation, the first call of a session
+ * @abi_version: in: the daemon's WIC_ABI_VERSION; out: the module's
+ * @ring_entries: out: records in the fault ring (a power of two)
+ * @max_spaces: out: VA spaces one session may attach
+ * @max_ranges: out: ranges one session may register
+ * @max_held: out: faults the module holds at once; more stay stalled unrecorded and fault
+ *	again after the next replay
+ * @max_commands: out: commands in one submission
+ *
+ * The call fails with EPROTONOSUPPORT, after filling in the module's values, when the versions
+ * differ. Every other call fails with EPROTO until the versions agreed.
+ */
+struct wic_version {
+	__u32 abi_version;
+	__u32 ring_entries;
+	__u32 max_spaces;
+	__u32 max_ranges;
+	__u32 max_held;
+	__u32 max_commands;
+};
+
+/**
+ * struct wic_attach - attach an application's UVM VA space to the session
+ * @uvm_fd: in: the daemon's descriptor of the application's /dev/nvidia-uvm file
+ * @space_id: out: the id commands and records use for this space (never 0)
+ */
+struct wic_attach {
+	__s32 uvm_fd;
+	__u32 space_id;
+};
+
+/* Range kinds. */
+#define WIC_RANGE_PCM 1	/* consumer pages: read faults are held until data arrives */
+#define WIC_RANGE_PAT 2	/* producer pages: write faults signal availability */
+
+/**
+ * struct wic_range - register a range of an attached space
+ * @space_id: in: from WIC_IOC_ATTACH
+ * @kind: in: WIC_RANGE_PCM or WIC_RANGE_PAT
+ * @start: in: page-aligned start, inside a mapping of the space's process
+ * @length: in: page-aligned length, at most WIC_MAX_RANGE_BYTES
+ * @range_id: out: the id records carry and WIC_IOC_UNREGISTER takes (never 0)
+ * @reserved: must be 0
+ *
+ * Ranges of one space never overlap.
+ */
+struct wic_range {
+	__u32 space_id;
+	__u32 kind;
+	__u64 start;
+	__u64 length;
+	__u32 range_id;
+	__u32 reserved;
+};
+
+/* Command opcodes. */
+#define WIC_CMD_WRITE_DATA 1	/* copy @length bytes from daemon address @arg to @va */
+#define WIC_CMD_WRITE_MARKER 2	/* write marker @arg at the start of each of @pages pages */
+#define WIC_CMD_UNMAP 3		/* unmap @pages pages from the GPU, wait for the invalidate */
+#define WIC_CMD_MAP 4		/* map @pages pages read-only and release their held faults */
+#define WIC_CMD_SERVICE_PAT 5	/* map a PAT page writable and release its held fault */
+#define WIC_CMD_REARM_PAT 6	/* revoke write access to a PAT page */
+#define WIC_CMD_REPLAY 7	/* replay the GPU's faults; @space_id, @va, @pages unused */
+
+/**
+ * struct wic_command - one command of a submission
+ * @opcode: WIC_CMD_*
+ * @space_id: the space the pages belong to
+ * @gpu_id: the GPU the command concerns
+ * @pages: pages from @va (1 for the PAT commands)
+ * @va: page-aligned, inside one registered range of @space_id (a PAT range for PAT commands)
+ * @length: WIC_CMD_WRITE_DATA: bytes to copy, at most @pages pages and WIC_MAX_WRITE_BYTES;
+ *	otherwise 0
+ * @arg: WIC_CMD_WRITE_DATA: the daemon's address of the bytes; WIC_CMD_WRITE_MARKER: the
+ *	marker (WIC_MARKER_*); otherwise 0
+ * @result: out: 0 or a negative errno
+ * @reserved: must be 0
+ */
+struct wic_command {
+	__u32 opcode;
+	__u32 space_id;
+	__u32 gpu_id;
+	__u32 pages;
+	__u64 va;
+	__u64 length;
+	__u64 arg;
+	__s32 result;
+	__u32 reserved;
+};
+
+/**
+ * struct wic_submit - a batch of commands
+ * @commands: the daemon's address of @count struct wic_command
+ * @count: 1 to WIC_MAX_COMMANDS
+ * @flags: must be 0
+ *
+ * Commands run in order; each gets its own result. The call returns the number of commands
+ * that succeeded, or a negative errno when the batch itself is refused (none ran).
+ */
+struct wic_submit {
+	__u64 commands;
+	__u32 count;
+	__u32 flags;
+};
+
+/**
+ * struct wic_ring_header - the first page of the mapped fault ring
+ * @magic: WIC_RING_MAGIC
+ * @abi_version: WIC_ABI_VERSION
+ * @entries: records in the ring, a power of two
+ * @record_size: sizeof(struct wic_fault_record)
+ * @head: written by the module: sequence number of the next record it will write; record
+ *	@seq lives at index @seq & (@entries - 1)
+ * @dropped: written by the module: faults held but not recorded because the ring or the
+ *	held table was full (they fault again after the next replay)
+ * @tail: written by the daemon: sequence number of the next record it will read; the module
+ *	never overwrites an unread record
+ *
+ * @head and @tail live on different cache lines; records start at WIC_RING_RECORDS_OFFSET.
+ */
+struct wic_ring_header {
+	__u32 magic;
+	__u32 abi_version;
+	__u32 entries;
+	__u32 record_size;
+	__u8 pad0[48];
+	__u64 head;
+	__u64 dropped;
+	__u8 pad1[48];
+	__u64 tail;
+	__u8 pad2[56];
+};
+
+#define WIC_RING_MAGIC 0x57494352U /* "WICR" */
+#define WIC_RING_RECORDS_OFFSET WIC_PAGE_SIZE
+#define WIC_RING_BYTES(entries) \
+	(WIC_RING_RECORDS_OFFSET + (__u64)(entries) * sizeof(struct wic_fault_record))
+
+/* Record flags. */
+#define WIC_RECORD_PAT 1	/* the fault hit a PAT range */
+
+/**
+ * struct wic_fault_record - one held fault
+ * @seq: the record's sequence number; written last, so a record whose @seq is not the one
+ *	expected is torn or stale
+ * @space_id: the space the fault belongs to
+ * @gpu_id: the faulting GPU
+ * @range_id: the registered range the page is in
+ * @flags: WIC_RECORD_*
+ * @held_ns: CLOCK_MONOTONIC time the module held the fault
+ * @entry: the raw 32-byte hardware fault-buffer entry
+ */
+struct wic_fault_record {
+	__u64 seq;
+	__u32 space_id;
+	__u32 gpu_id;
+	__u32 range_id;
+	__u32 flags;
+	__u64 held_ns;
+	__u8 entry[32];
+};
+
+#define WIC_IOC_MAGIC 'W'
+#define WIC_IOC_VERSION _IOWR(WIC_IOC_MAGIC, 0x00, struct wic_version)
+#define WIC_IOC_ATTACH _IOWR(WIC_IOC_MAGIC, 0x01, struct wic_attach)
+#define WIC_IOC_DETACH _IOW(WIC_IOC_MAGIC, 0x02, __u32)
+#define WIC_IOC_REGISTER _IOWR(WIC_IOC_MAGIC, 0x03, struct wic_range)
+#define WIC_IOC_UNREGISTER _IOW(WIC_IOC_MAGIC, 0x04, __u32)
+#define WIC_IOC_SUBMIT _IOWR(WIC_IOC_MAGIC, 0x05, struct wic_submit)
+
+#endif /* _WIC_ABI_H */

@@ -1,0 +1,169 @@
+/* SPDX-License-Identifier: GPL-2.0 OR MIT */
+/*
+ * uvm_wic.h - the in-kernel interface between nvidia-uvm and wic_shim.
+ *
+ * nvidia-uvm (with the wic hook patch) implements and exports these symbols; wic_shim calls
+ * them. The test module wic_fakegpu exports the same symbols so that wic_shim loads and runs
+ * unchanged without a GPU. nvidia-uvm never depends on wic_shim: the shim registers its
+ * callbacks and nvidia-uvm calls them through an RCU-protected pointer.
+ *
+ * Lock order (nvidia-uvm): GLOBAL < ISR < mmap_lock < va_space < va_block. The classify
+ * callback runs in the replayable-fault bottom half with the ISR lock held; every other entry
+ * point is called from process context with no UVM lock held.
+ */
+#ifndef _UVM_WIC_H
+#define _UVM_WIC_H
+
+#include <linux/types.h>
+
+#define UVM_WIC_HOOK_VERSION 1
+
+/* Size of one hardware replayable fault-buffer entry (clc369.h). */
+#define UVM_WIC_FAULT_ENTRY_SIZE 32
+
+struct file;
+struct mm_struct;
+struct module;
+
+/* A UVM VA space, as nvidia-uvm sees one process's use of the GPUs. Opaque to the shim. */
+struct uvm_wic_space;
+
+/**
+ * struct uvm_wic_fault - one coalesced replayable fault, shown to the classify callback
+ * @space: the VA space the fault's instance pointer translated to
+ * @gpu_id: nvidia-uvm's id of the faulting GPU (uvm_id_value(gpu->id))
+ * @va: the page-aligned faulting virtual address
+ * @raw: the fault as the 32-byte hardware fault-buffer entry (clc369.h layout)
+ */
+struct uvm_wic_fault {
+	struct uvm_wic_space *space;
+	u32 gpu_id;
+	u64 va;
+	u8 raw[UVM_WIC_FAULT_ENTRY_SIZE];
+};
+
+/**
+ * enum uvm_wic_verdict - what nvidia-uvm does with a classified fault
+ * @UVM_WIC_PASS: not a wic page: service it as usual
+ * @UVM_WIC_HOLD: a wic page: neither service it nor replay for it; the warp stays stalled
+ *	until wic_shim maps the page and replays
+ */
+enum uvm_wic_verdict {
+	UVM_WIC_PASS = 0,
+	UVM_WIC_HOLD = 1,
+};
+
+/**
+ * struct uvm_wic_ops - the callbacks wic_shim registers with nvidia-uvm
+ * @owner: the module implementing the callbacks
+ * @classify: called for each coalesced fault of a batch, right after preprocessing, in the
+ *	bottom half with the ISR lock held and inside an RCU read-side section: it must not
+ *	sleep nor call back into nvidia-uvm
+ */
+struct uvm_wic_ops {
+	struct module *owner;
+	enum uvm_wic_verdict (*classify)(const struct uvm_wic_fault *fault);
+};
+
+/**
+ * uvm_wic_register() - install the shim's callbacks
+ * @ops: the callbacks; must stay valid until uvm_wic_unregister() returns
+ *
+ * Return: 0, or -EBUSY when callbacks are installed already.
+ */
+int uvm_wic_register(const struct uvm_wic_ops *ops);
+
+/**
+ * uvm_wic_unregister() - remove the shim's callbacks
+ * @ops: the callbacks passed to uvm_wic_register()
+ *
+ * Waits until no bottom half is still inside @ops->classify.
+ */
+void uvm_wic_unregister(const struct uvm_wic_ops *ops);
+
+/**
+ * uvm_wic_space_get() - the VA space behind an open UVM file
+ * @uvm_file: a file of the application's, received by the daemon over a Unix socket
+ *
+ * Takes a reference that keeps the space alive until uvm_wic_space_put().
+ *
+ * Return: the space, or an ERR_PTR: -EBADF when @uvm_file is not a UVM VA-space file,
+ * -ENODEV when the space has no mm (it was not initialised by a process).
+ */
+struct uvm_wic_space *uvm_wic_space_get(struct file *uvm_file);
+
+/**
+ * uvm_wic_space_put() - drop a reference taken by uvm_wic_space_get()
+ * @space: the space
+ */
+void uvm_wic_space_put(struct uvm_wic_space *space);
+
+/**
+ * uvm_wic_space_mm() - the address space whose memory @space manages
+ * @space: a space held by the caller
+ *
+ * Return: the mm, valid while the caller holds @space; no reference is taken.
+ */
+struct mm_struct *uvm_wic_space_mm(struct uvm_wic_space *space);
+
+/**
+ * uvm_wic_write() - write bytes into managed pages that are resident on the CPU
+ * @space: the space
+ * @va: the first byte
+ * @src: kernel memory holding the bytes
+ * @len: how many bytes
+ *
+ * Process context only. The pages must not be mapped on any GPU while they are written.
+ *
+ * Return: 0 or a negative errno.
+ */
+int uvm_wic_write(struct uvm_wic_space *space, u64 va, const void *src, size_t len);
+
+/**
+ * uvm_wic_map() - map managed pages on a GPU, so that faults on them can be replayed
+ * @space: the space
+ * @gpu_id: the GPU
+ * @va: page-aligned start
+ * @len: page-aligned length
+ * @writable: map read-write (a producer's PAT page) rather than read-only
+ *
+ * Process context only; returns once the mapping is in place.
+ *
+ * Return: 0 or a negative errno.
+ */
+int uvm_wic_map(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len, bool writable);
+
+/**
+ * uvm_wic_unmap() - unmap managed pages from a GPU and wait for the TLB invalidate
+ * @space: the space
+ * @gpu_id: the GPU
+ * @va: page-aligned start
+ * @len: page-aligned length
+ *
+ * Return: 0 or a negative errno.
+ */
+int uvm_wic_unmap(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len);
+
+/**
+ * uvm_wic_revoke_write() - make a GPU's next write to managed pages fault again
+ * @space: the space
+ * @gpu_id: the GPU
+ * @va: page-aligned start
+ * @len: page-aligned length
+ *
+ * Return: 0 or a negative errno.
+ */
+int uvm_wic_revoke_write(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len);
+
+/**
+ * uvm_wic_replay() - replay a GPU's stalled faults
+ * @gpu_id: the GPU
+ *
+ * Flushes the GPU's fault buffer and issues a replay: every stalled access retries; those
+ * whose pages are now mapped resume, the others fault again.
+ *
+ * Return: 0 or a negative errno (-ENODEV for an unknown GPU).
+ */
+int uvm_wic_replay(u32 gpu_id);
+
+#endif /* _UVM_WIC_H */
