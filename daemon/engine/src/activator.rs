@@ -26,6 +26,9 @@ pub enum ErrorMarker {
     ChannelClosed = 2,
     /// The daemon is shutting down.
     DaemonStopping = 3,
+    /// The daemon died with the fault held: the kernel module completed it (never written by
+    /// the engine, read by the device side).
+    DaemonGone = 4,
 }
 
 impl ErrorMarker {
@@ -34,7 +37,7 @@ impl ErrorMarker {
     pub const MAGIC: u64 = 0x5749_4345_0000_0000; // "WICE"
 
     /// The marker word for this error.
-    pub fn word(self) -> u64 {
+    pub const fn word(self) -> u64 {
         Self::MAGIC | self as u64
     }
 
@@ -44,6 +47,7 @@ impl ErrorMarker {
             w if w == Self::Timeout.word() => Some(Self::Timeout),
             w if w == Self::ChannelClosed.word() => Some(Self::ChannelClosed),
             w if w == Self::DaemonStopping.word() => Some(Self::DaemonStopping),
+            w if w == Self::DaemonGone.word() => Some(Self::DaemonGone),
             _ => None,
         }
     }

@@ -87,31 +87,7 @@ pub fn role_from_c(value: i64) -> Option<Role> {
     }
 }
 
-/// Declares a `#[repr(C)]` struct together with its C name and the offset of every field, so
-/// the ABI test sees exactly the fields the struct has.
-macro_rules! c_struct {
-    (
-        $(#[$meta:meta])*
-        pub struct $name:ident = $c_name:literal {
-            $( $(#[$field_meta:meta])* pub $field:ident: $ty:ty, )*
-        }
-    ) => {
-        $(#[$meta])*
-        #[repr(C)]
-        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-        pub struct $name {
-            $( $(#[$field_meta])* pub $field: $ty, )*
-        }
-
-        impl $name {
-            /// The struct's name in `wic.h` (without `struct`).
-            pub const C_NAME: &'static str = $c_name;
-            /// Every field, in declaration order, with its byte offset.
-            pub const FIELDS: &'static [(&'static str, usize)] =
-                &[$( (stringify!($field), std::mem::offset_of!($name, $field)), )*];
-        }
-    };
-}
+use wic_proto::c_struct;
 
 c_struct! {
     /// `struct wic_channel_spec`: what `wic_channel_create` creates.

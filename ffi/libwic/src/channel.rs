@@ -485,6 +485,7 @@ impl Channel {
                 ErrorMarker::Timeout => Error::TimedOut,
                 ErrorMarker::ChannelClosed => Error::Closed,
                 ErrorMarker::DaemonStopping => Error::Stopping,
+                ErrorMarker::DaemonGone => Error::DaemonGone,
             });
         }
         let len = dst.len().min(usize::try_from(self.info.batch_bytes).unwrap_or(usize::MAX));

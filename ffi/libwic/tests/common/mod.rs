@@ -3,6 +3,8 @@
 // Each test binary uses only some of these.
 #![allow(dead_code)]
 
+pub mod header;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};

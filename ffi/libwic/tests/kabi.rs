@@ -1,0 +1,66 @@
+//! `wic_abi.h` (the kernel ABI of `/dev/wic`) and its Rust view `wic_proto::kabi` describe the
+//! same structs and constants: the header is compiled as user-space C and every size, field
+//! offset and constant it prints is compared with the Rust side, in both directions.
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use common::header::{c_program, parse_header};
+use common::{arg, c_compiler, compile, include_dir, run, scratch_dir};
+use wic_proto::kabi;
+
+fn rust_lines() -> BTreeSet<String> {
+    let mut lines = BTreeSet::new();
+    for (name, size, align, fields) in kabi::structs() {
+        lines.insert(format!("sizeof {name} {size}"));
+        lines.insert(format!("alignof {name} {align}"));
+        for (field, offset) in fields {
+            lines.insert(format!("offsetof {name}.{field} {offset}"));
+        }
+    }
+    for (name, value) in kabi::constants() {
+        lines.insert(format!("const {name} {value}"));
+    }
+    lines
+}
+
+#[test]
+fn rust_view_matches_the_kernel_abi_header() {
+    let text = std::fs::read_to_string(include_dir().join("wic_abi.h")).expect("ffi/include/wic_abi.h");
+    let header = parse_header(&text);
+    assert_eq!(header.structs.len(), kabi::structs().len(), "{header:#?}");
+
+    let dir = scratch_dir("kabi");
+    let source = dir.join("kabi.c");
+    let program = dir.join("kabi");
+    std::fs::write(&source, c_program(&header, "wic_abi.h")).unwrap();
+    let include = format!("-I{}", arg(&include_dir()));
+    compile(&c_compiler(), &["-std=gnu11", "-Wall", "-Wextra", "-Werror", &include, "-o", arg(&program), arg(&source)]);
+
+    let c_lines: BTreeSet<String> = run(&program).lines().map(str::to_owned).collect();
+    let rust_lines = rust_lines();
+    let only_c: Vec<_> = c_lines.difference(&rust_lines).collect();
+    let only_rust: Vec<_> = rust_lines.difference(&c_lines).collect();
+    assert!(
+        only_c.is_empty() && only_rust.is_empty(),
+        "wic_abi.h and wic_proto::kabi disagree\n  in C only:    {only_c:#?}\n  in Rust only: {only_rust:#?}"
+    );
+}
+
+#[test]
+fn the_ring_size_macro_agrees() {
+    let dir = scratch_dir("kabi-ring");
+    let source = dir.join("ring.c");
+    let program = dir.join("ring");
+    std::fs::write(
+        &source,
+        "#include <stdio.h>\n#include \"wic_abi.h\"\n\
+         int main(void) { printf(\"%llu %llu\\n\", (unsigned long long)WIC_RING_BYTES(256), \
+         (unsigned long long)WIC_RING_BYTES(65536)); return 0; }\n",
+    )
+    .unwrap();
+    let include = format!("-I{}", arg(&include_dir()));
+    compile(&c_compiler(), &["-Wall", "-Werror", &include, "-o", arg(&program), arg(&source)]);
+    assert_eq!(run(&program).trim(), format!("{} {}", kabi::ring_bytes(256), kabi::ring_bytes(65536)));
+}

@@ -1,0 +1,849 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * wic_shim - holds GPU faults on wic pages and executes wicd's commands.
+ *
+ * nvidia-uvm (with the wic hook) asks wic_shim about every coalesced replayable fault. A fault
+ * on a page of a range that wicd registered is held: nvidia-uvm neither services it nor
+ * replays for it, and wic_shim copies it into a ring that wicd maps. wicd answers with command
+ * batches (write data or an error marker, map, unmap, replay) through ioctl() or io_uring,
+ * which wic_shim runs with the helpers nvidia-uvm exports. The interface to wicd is
+ * ffi/include/wic_abi.h; the one to nvidia-uvm is shim/include/uvm_wic.h.
+ *
+ * Locking: @wic_active is RCU-protected; classify runs inside the hook's RCU read-side
+ * section. Per session, @mutex serialises every call that changes state or runs commands and
+ * @lock (a spinlock, taken by classify in atomic context) guards spaces, ranges, held faults
+ * and the ring's head. No nvidia-uvm helper is called under @lock.
+ */
+#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
+
+#include <linux/file.h>
+#include <linux/fs.h>
+#include <linux/hash.h>
+#include <linux/hashtable.h>
+#include <linux/io_uring.h>
+#include <linux/log2.h>
+#include <linux/miscdevice.h>
+#include <linux/mm.h>
+#include <linux/module.h>
+#include <linux/mutex.h>
+#include <linux/overflow.h>
+#include <linux/poll.h>
+#include <linux/rcupdate.h>
+#include <linux/sched/mm.h>
+#include <linux/slab.h>
+#include <linux/spinlock.h>
+#include <linux/uaccess.h>
+#include <linux/version.h>
+#include <linux/vmalloc.h>
+#include <linux/wait.h>
+
+#include <uvm_wic.h>
+#include <wic_abi.h>
+
+static unsigned int ring_entries = 1024;
+module_param(ring_entries, uint, 0444);
+MODULE_PARM_DESC(ring_entries, "Fault-ring records, a power of two from 256 to 65536");
+
+#define WIC_HELD_HASH_BITS 12
+#define WIC_MAX_GPUS 64
+
+/**
+ * struct wic_range_entry - a registered range
+ * @start: first byte
+ * @end: one past the last byte
+ * @id: the id given to wicd
+ * @kind: WIC_RANGE_PCM or WIC_RANGE_PAT
+ */
+struct wic_range_entry {
+	u64 start;
+	u64 end;
+	u32 id;
+	u32 kind;
+};
+
+/**
+ * struct wic_space_entry - an attached VA space
+ * @uvm: the reference taken with uvm_wic_space_get()
+ * @ranges: its ranges, sorted by start, never overlapping
+ * @nr_ranges: entries in @ranges
+ */
+struct wic_space_entry {
+	struct uvm_wic_space *uvm;
+	struct wic_range_entry *ranges;
+	u32 nr_ranges;
+};
+
+/**
+ * struct wic_held - a held fault, one per (space, GPU, page)
+ * @node: in &wic_session.held_hash, or on &wic_session.held_free
+ * @va: the page
+ * @space_id: its space
+ * @gpu_id: the faulting GPU
+ * @kind: the kind of range the page is in
+ */
+struct wic_held {
+	struct hlist_node node;
+	u64 va;
+	u32 space_id;
+	u32 gpu_id;
+	u32 kind;
+};
+
+/**
+ * struct wic_session - one open /dev/wic: the daemon's view of the module
+ * @mutex: serialises calls that change state or run commands
+ * @lock: guards the fields classify reads; taken with interrupts off
+ * @negotiated: WIC_IOC_VERSION succeeded
+ * @spaces: attached spaces; id = index + 1
+ * @nr_ranges: ranges registered over all spaces
+ * @next_range_id: the id the next range gets
+ * @held_hash: held faults by page
+ * @held_free: unused entries of @held_pool
+ * @held_pool: WIC_MAX_HELD preallocated entries, so that classify never allocates
+ * @nr_held: entries in @held_hash
+ * @ring: the mapped fault ring
+ * @ring_bytes: its size
+ * @poll_wait: woken when a record is published
+ * @bounce: WIC_MAX_WRITE_BYTES of kernel memory for WIC_CMD_WRITE_DATA
+ */
+struct wic_session {
+	struct mutex mutex;
+	spinlock_t lock;
+	bool negotiated;
+	struct wic_space_entry spaces[WIC_MAX_SPACES];
+	u32 nr_ranges;
+	u32 next_range_id;
+	DECLARE_HASHTABLE(held_hash, WIC_HELD_HASH_BITS);
+	struct hlist_head held_free;
+	struct wic_held *held_pool;
+	u32 nr_held;
+	struct wic_ring_header *ring;
+	size_t ring_bytes;
+	wait_queue_head_t poll_wait;
+	void *bounce;
+};
+
+static struct wic_session __rcu *wic_active;
+static DEFINE_MUTEX(wic_active_lock);
+
+static struct wic_fault_record *wic_record(struct wic_session *s, u64 seq)
+{
+	struct wic_fault_record *records = (void *)s->ring + WIC_RING_RECORDS_OFFSET;
+
+	return &records[seq & (ring_entries - 1)];
+}
+
+static u32 wic_held_key(u64 va, u32 space_id, u32 gpu_id)
+{
+	return hash_64(va ^ ((u64)space_id << 52) ^ ((u64)gpu_id << 58), WIC_HELD_HASH_BITS);
+}
+
+static struct wic_held *wic_held_find(struct wic_session *s, u64 va, u32 space_id, u32 gpu_id)
+{
+	struct wic_held *held;
+
+	hash_for_each_possible(s->held_hash, held, node, wic_held_key(va, space_id, gpu_id))
+		if (held->va == va && held->space_id == space_id && held->gpu_id == gpu_id)
+			return held;
+	return NULL;
+}
+
+static void wic_held_release(struct wic_session *s, struct wic_held *held)
+{
+	hash_del(&held->node);
+	hlist_add_head(&held->node, &s->held_free);
+	s->nr_held--;
+}
+
+static struct wic_range_entry *wic_range_find(struct wic_space_entry *space, u64 va)
+{
+	u32 lo = 0, hi = space->nr_ranges;
+
+	while (lo < hi) {
+		u32 mid = lo + (hi - lo) / 2;
+		struct wic_range_entry *range = &space->ranges[mid];
+
+		if (va < range->start)
+			hi = mid;
+		else if (va >= range->end)
+			lo = mid + 1;
+		else
+			return range;
+	}
+	return NULL;
+}
+
+static u32 wic_space_id(struct wic_session *s, struct uvm_wic_space *uvm)
+{
+	u32 i;
+
+	for (i = 0; i < WIC_MAX_SPACES; i++)
+		if (s->spaces[i].uvm == uvm)
+			return i + 1;
+	return 0;
+}
+
+/* Records a held fault; false when the ring or the held table is full. */
+static bool wic_record_fault(struct wic_session *s, const struct uvm_wic_fault *fault,
+			     u32 space_id, const struct wic_range_entry *range)
+{
+	u64 head = s->ring->head;
+	struct wic_fault_record *rec;
+	struct wic_held *held;
+
+	if (head - READ_ONCE(s->ring->tail) >= ring_entries || hlist_empty(&s->held_free))
+		return false;
+	held = hlist_entry(s->held_free.first, struct wic_held, node);
+	hlist_del(&held->node);
+	held->va = fault->va;
+	held->space_id = space_id;
+	held->gpu_id = fault->gpu_id;
+	held->kind = range->kind;
+	hash_add(s->held_hash, &held->node, wic_held_key(fault->va, space_id, fault->gpu_id));
+	s->nr_held++;
+
+	rec = wic_record(s, head);
+	rec->space_id = space_id;
+	rec->gpu_id = fault->gpu_id;
+	rec->range_id = range->id;
+	rec->flags = range->kind == WIC_RANGE_PAT ? WIC_RECORD_PAT : 0;
+	rec->held_ns = ktime_get_ns();
+	memcpy(rec->entry, fault->raw, sizeof(rec->entry));
+	/* The sequence number is written last: a reader that sees it sees the record. */
+	smp_store_release(&rec->seq, head);
+	smp_store_release(&s->ring->head, head + 1);
+	return true;
+}
+
+/**
+ * wic_classify() - nvidia-uvm's question: hold this fault?
+ * @fault: the fault
+ *
+ * Runs in the fault bottom half inside an RCU read-side section; never sleeps.
+ *
+ * Return: UVM_WIC_HOLD for a page of a registered range, else UVM_WIC_PASS.
+ */
+static enum uvm_wic_verdict wic_classify(const struct uvm_wic_fault *fault)
+{
+	struct wic_session *s = rcu_dereference(wic_active);
+	struct wic_range_entry *range;
+	enum uvm_wic_verdict verdict = UVM_WIC_PASS;
+	bool recorded = false;
+	unsigned long flags;
+	u32 space_id;
+
+	if (!s || fault->gpu_id >= WIC_MAX_GPUS)
+		return UVM_WIC_PASS;
+	spin_lock_irqsave(&s->lock, flags);
+	space_id = wic_space_id(s, fault->space);
+	if (!space_id)
+		goto out;
+	range = wic_range_find(&s->spaces[space_id - 1], fault->va);
+	if (!range)
+		goto out;
+	/*
+	 * A wic page is held even when it cannot be recorded: serviced, the warp would read a
+	 * page without its data. Unrecorded, it faults again after the next replay.
+	 */
+	verdict = UVM_WIC_HOLD;
+	if (wic_held_find(s, fault->va, space_id, fault->gpu_id))
+		goto out;
+	recorded = wic_record_fault(s, fault, space_id, range);
+	if (!recorded)
+		s->ring->dropped++;
+out:
+	spin_unlock_irqrestore(&s->lock, flags);
+	if (recorded)
+		wake_up_interruptible(&s->poll_wait);
+	return verdict;
+}
+
+static const struct uvm_wic_ops wic_ops = {
+	.owner = THIS_MODULE,
+	.classify = wic_classify,
+};
+
+#define WIC_COMPLETE_BATCH 16
+
+/* Takes up to WIC_COMPLETE_BATCH held faults matching the filter out of the held set. */
+static u32 wic_take_held(struct wic_session *s, u32 space_id, u64 start, u64 end,
+			 struct wic_held *taken)
+{
+	struct wic_held *held;
+	struct hlist_node *tmp;
+	unsigned long flags;
+	unsigned int bkt;
+	u32 n = 0;
+
+	spin_lock_irqsave(&s->lock, flags);
+	hash_for_each_safe(s->held_hash, bkt, tmp, held, node) {
+		if ((space_id && held->space_id != space_id) || held->va < start || held->va >= end)
+			continue;
+		taken[n] = *held;
+		wic_held_release(s, held);
+		if (++n == WIC_COMPLETE_BATCH)
+			break;
+	}
+	spin_unlock_irqrestore(&s->lock, flags);
+	return n;
+}
+
+/*
+ * Completes the held faults of @space_id (0: every space) in [start, end) without data:
+ * writes @marker into each PCM page and maps it, maps each PAT page writable, then replays
+ * every GPU concerned. A held fault must end this way, never be cancelled: cancelling kills
+ * the application's CUDA context.
+ */
+static void wic_complete_held(struct wic_session *s, u32 space_id, u64 start, u64 end, u64 marker)
+{
+	struct wic_held taken[WIC_COMPLETE_BATCH];
+	DECLARE_BITMAP(replay, WIC_MAX_GPUS);
+	u32 gpu, i, n;
+
+	bitmap_zero(replay, WIC_MAX_GPUS);
+	while ((n = wic_take_held(s, space_id, start, end, taken))) {
+		for (i = 0; i < n; i++) {
+			struct uvm_wic_space *uvm = s->spaces[taken[i].space_id - 1].uvm;
+			u64 va = taken[i].va;
+			int err;
+
+			if (taken[i].kind == WIC_RANGE_PCM)
+				err = uvm_wic_write(uvm, va, &marker, sizeof(marker)) ?:
+				      uvm_wic_map(uvm, taken[i].gpu_id, va, PAGE_SIZE, false);
+			else
+				err = uvm_wic_map(uvm, taken[i].gpu_id, va, PAGE_SIZE, true);
+			if (err)
+				pr_warn_ratelimited("cannot complete held page %#llx: %d\n", va, err);
+			__set_bit(taken[i].gpu_id, replay);
+		}
+	}
+	for_each_set_bit(gpu, replay, WIC_MAX_GPUS)
+		uvm_wic_replay(gpu);
+}
+
+static int wic_open(struct inode *inode, struct file *file)
+{
+	struct wic_session *s;
+	u32 i;
+
+	s = kvzalloc(sizeof(*s), GFP_KERNEL);
+	if (!s)
+		return -ENOMEM;
+	mutex_init(&s->mutex);
+	spin_lock_init(&s->lock);
+	hash_init(s->held_hash);
+	init_waitqueue_head(&s->poll_wait);
+	s->next_range_id = 1;
+	s->held_pool = kvcalloc(WIC_MAX_HELD, sizeof(*s->held_pool), GFP_KERNEL);
+	s->ring_bytes = PAGE_ALIGN(WIC_RING_BYTES(ring_entries));
+	s->ring = vmalloc_user(s->ring_bytes);
+	s->bounce = kvmalloc(WIC_MAX_WRITE_BYTES, GFP_KERNEL);
+	if (!s->held_pool || !s->ring || !s->bounce)
+		goto nomem;
+	for (i = 0; i < WIC_MAX_HELD; i++)
+		hlist_add_head(&s->held_pool[i].node, &s->held_free);
+	s->ring->magic = WIC_RING_MAGIC;
+	s->ring->abi_version = WIC_ABI_VERSION;
+	s->ring->entries = ring_entries;
+	s->ring->record_size = sizeof(struct wic_fault_record);
+
+	mutex_lock(&wic_active_lock);
+	if (rcu_access_pointer(wic_active)) {
+		mutex_unlock(&wic_active_lock);
+		vfree(s->ring);
+		kvfree(s->bounce);
+		kvfree(s->held_pool);
+		kvfree(s);
+		return -EBUSY;
+	}
+	rcu_assign_pointer(wic_active, s);
+	mutex_unlock(&wic_active_lock);
+	file->private_data = s;
+	return nonseekable_open(inode, file);
+
+nomem:
+	vfree(s->ring);
+	kvfree(s->bounce);
+	kvfree(s->held_pool);
+	kvfree(s);
+	return -ENOMEM;
+}
+
+static int wic_release(struct inode *inode, struct file *file)
+{
+	struct wic_session *s = file->private_data;
+	u32 i;
+
+	mutex_lock(&wic_active_lock);
+	RCU_INIT_POINTER(wic_active, NULL);
+	mutex_unlock(&wic_active_lock);
+	/* No classify sees @s after this: the held set is final. */
+	synchronize_rcu();
+	wic_complete_held(s, 0, 0, U64_MAX, WIC_MARKER_DAEMON_GONE);
+	for (i = 0; i < WIC_MAX_SPACES; i++) {
+		if (s->spaces[i].uvm)
+			uvm_wic_space_put(s->spaces[i].uvm);
+		kvfree(s->spaces[i].ranges);
+	}
+	vfree(s->ring);
+	kvfree(s->bounce);
+	kvfree(s->held_pool);
+	kvfree(s);
+	return 0;
+}
+
+static long wic_version(struct wic_session *s, struct wic_version __user *uarg)
+{
+	struct wic_version v;
+	u32 theirs;
+
+	if (copy_from_user(&v, uarg, sizeof(v)))
+		return -EFAULT;
+	theirs = v.abi_version;
+	v.abi_version = WIC_ABI_VERSION;
+	v.ring_entries = ring_entries;
+	v.max_spaces = WIC_MAX_SPACES;
+	v.max_ranges = WIC_MAX_RANGES;
+	v.max_held = WIC_MAX_HELD;
+	v.max_commands = WIC_MAX_COMMANDS;
+	if (copy_to_user(uarg, &v, sizeof(v)))
+		return -EFAULT;
+	if (theirs != WIC_ABI_VERSION)
+		return -EPROTONOSUPPORT;
+	s->negotiated = true;
+	return 0;
+}
+
+static long wic_attach(struct wic_session *s, struct wic_attach __user *uarg)
+{
+	struct uvm_wic_space *uvm;
+	struct wic_attach a;
+	unsigned long flags;
+	struct file *file;
+	u32 i, id = 0;
+
+	if (copy_from_user(&a, uarg, sizeof(a)))
+		return -EFAULT;
+	if (a.space_id)
+		return -EINVAL;
+	file = fget(a.uvm_fd);
+	if (!file)
+		return -EBADF;
+	uvm = uvm_wic_space_get(file);
+	fput(file);
+	if (IS_ERR(uvm))
+		return PTR_ERR(uvm);
+	if (wic_space_id(s, uvm)) {
+		uvm_wic_space_put(uvm);
+		return -EEXIST;
+	}
+	for (i = 0; i < WIC_MAX_SPACES && !id; i++)
+		if (!s->spaces[i].uvm)
+			id = i + 1;
+	if (!id) {
+		uvm_wic_space_put(uvm);
+		return -ENOSPC;
+	}
+	spin_lock_irqsave(&s->lock, flags);
+	s->spaces[id - 1].uvm = uvm;
+	spin_unlock_irqrestore(&s->lock, flags);
+	a.space_id = id;
+	return copy_to_user(uarg, &a, sizeof(a)) ? -EFAULT : 0;
+}
+
+static struct wic_space_entry *wic_space(struct wic_session *s, u32 space_id)
+{
+	if (!space_id || space_id > WIC_MAX_SPACES || !s->spaces[space_id - 1].uvm)
+		return NULL;
+	return &s->spaces[space_id - 1];
+}
+
+/* Replaces @space's ranges with @ranges (@nr of them) and frees the old array. */
+static void wic_swap_ranges(struct wic_session *s, struct wic_space_entry *space,
+			    struct wic_range_entry *ranges, u32 nr)
+{
+	struct wic_range_entry *old;
+	unsigned long flags;
+
+	spin_lock_irqsave(&s->lock, flags);
+	old = space->ranges;
+	s->nr_ranges = s->nr_ranges - space->nr_ranges + nr;
+	space->ranges = ranges;
+	space->nr_ranges = nr;
+	spin_unlock_irqrestore(&s->lock, flags);
+	kvfree(old);
+}
+
+static long wic_detach(struct wic_session *s, u32 __user *uarg)
+{
+	struct wic_space_entry *space;
+	struct uvm_wic_space *uvm;
+	unsigned long flags;
+	u32 space_id;
+
+	if (get_user(space_id, uarg))
+		return -EFAULT;
+	space = wic_space(s, space_id);
+	if (!space)
+		return -ENOENT;
+	wic_swap_ranges(s, space, NULL, 0);
+	wic_complete_held(s, space_id, 0, U64_MAX, WIC_MARKER_CHANNEL_CLOSED);
+	spin_lock_irqsave(&s->lock, flags);
+	uvm = space->uvm;
+	space->uvm = NULL;
+	spin_unlock_irqrestore(&s->lock, flags);
+	uvm_wic_space_put(uvm);
+	return 0;
+}
+
+/* Whether [start, end) lies entirely inside mappings of @mm. */
+static bool wic_inside_mm(struct mm_struct *mm, u64 start, u64 end)
+{
+	struct vm_area_struct *vma;
+	bool inside = false;
+	u64 at = start;
+
+	if (!mmget_not_zero(mm))
+		return false;
+	mmap_read_lock(mm);
+	while (at < end) {
+		vma = vma_lookup(mm, at);
+		if (!vma)
+			goto out;
+		at = vma->vm_end;
+	}
+	inside = true;
+out:
+	mmap_read_unlock(mm);
+	mmput(mm);
+	return inside;
+}
+
+static long wic_register(struct wic_session *s, struct wic_range __user *uarg)
+{
+	struct wic_range_entry *ranges;
+	struct wic_space_entry *space;
+	struct wic_range r;
+	u32 at, nr;
+	u64 end;
+
+	if (copy_from_user(&r, uarg, sizeof(r)))
+		return -EFAULT;
+	if (r.reserved || r.range_id || (r.kind != WIC_RANGE_PCM && r.kind != WIC_RANGE_PAT))
+		return -EINVAL;
+	if (!PAGE_ALIGNED(r.start) || !PAGE_ALIGNED(r.length) || !r.length ||
+	    r.length > WIC_MAX_RANGE_BYTES || check_add_overflow(r.start, r.length, &end))
+		return -EINVAL;
+	space = wic_space(s, r.space_id);
+	if (!space)
+		return -ENOENT;
+	if (s->nr_ranges >= WIC_MAX_RANGES)
+		return -ENOSPC;
+	if (!wic_inside_mm(uvm_wic_space_mm(space->uvm), r.start, end))
+		return -EFAULT;
+	nr = space->nr_ranges;
+	for (at = 0; at < nr && space->ranges[at].start < r.start; at++)
+		;
+	if ((at > 0 && space->ranges[at - 1].end > r.start) ||
+	    (at < nr && space->ranges[at].start < end))
+		return -EEXIST;
+	ranges = kvmalloc_array(nr + 1, sizeof(*ranges), GFP_KERNEL);
+	if (!ranges)
+		return -ENOMEM;
+	memcpy(ranges, space->ranges, at * sizeof(*ranges));
+	memcpy(ranges + at + 1, space->ranges + at, (nr - at) * sizeof(*ranges));
+	r.range_id = s->next_range_id++;
+	ranges[at] = (struct wic_range_entry){
+		.start = r.start, .end = end, .id = r.range_id, .kind = r.kind,
+	};
+	wic_swap_ranges(s, space, ranges, nr + 1);
+	return copy_to_user(uarg, &r, sizeof(r)) ? -EFAULT : 0;
+}
+
+static long wic_unregister(struct wic_session *s, u32 __user *uarg)
+{
+	struct wic_range_entry *ranges, gone;
+	struct wic_space_entry *space;
+	u32 range_id, i, at, nr;
+
+	if (get_user(range_id, uarg))
+		return -EFAULT;
+	for (i = 0; i < WIC_MAX_SPACES; i++) {
+		space = &s->spaces[i];
+		for (at = 0; at < space->nr_ranges; at++)
+			if (space->ranges[at].id == range_id)
+				goto found;
+	}
+	return -ENOENT;
+found:
+	nr = space->nr_ranges - 1;
+	gone = space->ranges[at];
+	ranges = NULL;
+	if (nr) {
+		ranges = kvmalloc_array(nr, sizeof(*ranges), GFP_KERNEL);
+		if (!ranges)
+			return -ENOMEM;
+		memcpy(ranges, space->ranges, at * sizeof(*ranges));
+		memcpy(ranges + at, space->ranges + at + 1, (nr - at) * sizeof(*ranges));
+	}
+	wic_swap_ranges(s, space, ranges, nr);
+	wic_complete_held(s, i + 1, gone.start, gone.end, WIC_MARKER_CHANNEL_CLOSED);
+	return 0;
+}
+
+/* Releases the held faults of [va, va + pages) on @gpu_id; their pages are now mapped. */
+static void wic_release_held(struct wic_session *s, u32 space_id, u32 gpu_id, u64 va, u32 pages)
+{
+	struct wic_held *held;
+	unsigned long flags;
+	u32 i;
+
+	spin_lock_irqsave(&s->lock, flags);
+	for (i = 0; i < pages && s->nr_held; i++) {
+		held = wic_held_find(s, va + (u64)i * PAGE_SIZE, space_id, gpu_id);
+		if (held)
+			wic_held_release(s, held);
+	}
+	spin_unlock_irqrestore(&s->lock, flags);
+}
+
+/* Checks @cmd's pages against the registered ranges; returns its space or an ERR_PTR. */
+static struct uvm_wic_space *wic_command_target(struct wic_session *s, const struct wic_command *cmd,
+						u32 kind)
+{
+	struct wic_range_entry *range;
+	struct wic_space_entry *space;
+	u64 bytes, end;
+
+	if (!cmd->pages || cmd->pages > WIC_MAX_RANGE_BYTES / PAGE_SIZE || !PAGE_ALIGNED(cmd->va))
+		return ERR_PTR(-EINVAL);
+	if (kind == WIC_RANGE_PAT && cmd->pages != 1)
+		return ERR_PTR(-EINVAL);
+	bytes = (u64)cmd->pages * PAGE_SIZE;
+	if (check_add_overflow(cmd->va, bytes, &end))
+		return ERR_PTR(-EINVAL);
+	space = wic_space(s, cmd->space_id);
+	if (!space)
+		return ERR_PTR(-ENOENT);
+	range = wic_range_find(space, cmd->va);
+	if (!range || end > range->end || range->kind != kind)
+		return ERR_PTR(-ERANGE);
+	return space->uvm;
+}
+
+static int wic_write_markers(struct uvm_wic_space *uvm, const struct wic_command *cmd)
+{
+	u64 marker = cmd->arg;
+	u32 i;
+	int err;
+
+	if ((marker & 0xffffffff00000000ULL) != WIC_MARKER_MAGIC)
+		return -EINVAL;
+	for (i = 0; i < cmd->pages; i++) {
+		err = uvm_wic_write(uvm, cmd->va + (u64)i * PAGE_SIZE, &marker, sizeof(marker));
+		if (err)
+			return err;
+	}
+	return 0;
+}
+
+static int wic_run_command(struct wic_session *s, const struct wic_command *cmd)
+{
+	bool pat = cmd->opcode == WIC_CMD_SERVICE_PAT || cmd->opcode == WIC_CMD_REARM_PAT;
+	u64 bytes = (u64)cmd->pages * PAGE_SIZE;
+	struct uvm_wic_space *uvm;
+	int err;
+
+	if (cmd->reserved || cmd->result)
+		return -EINVAL;
+	if (cmd->opcode == WIC_CMD_REPLAY)
+		return cmd->gpu_id < WIC_MAX_GPUS ? uvm_wic_replay(cmd->gpu_id) : -ENODEV;
+	if (cmd->opcode < WIC_CMD_WRITE_DATA || cmd->opcode > WIC_CMD_REPLAY)
+		return -EINVAL;
+	if (cmd->gpu_id >= WIC_MAX_GPUS)
+		return -ENODEV;
+	if (cmd->opcode != WIC_CMD_WRITE_DATA && cmd->length)
+		return -EINVAL;
+	uvm = wic_command_target(s, cmd, pat ? WIC_RANGE_PAT : WIC_RANGE_PCM);
+	if (IS_ERR(uvm))
+		return PTR_ERR(uvm);
+
+	switch (cmd->opcode) {
+	case WIC_CMD_WRITE_DATA:
+		if (!cmd->length || cmd->length > bytes || cmd->length > WIC_MAX_WRITE_BYTES)
+			return -EINVAL;
+		if (copy_from_user(s->bounce, u64_to_user_ptr(cmd->arg), cmd->length))
+			return -EFAULT;
+		return uvm_wic_write(uvm, cmd->va, s->bounce, cmd->length);
+	case WIC_CMD_WRITE_MARKER:
+		return wic_write_markers(uvm, cmd);
+	case WIC_CMD_UNMAP:
+		return uvm_wic_unmap(uvm, cmd->gpu_id, cmd->va, bytes);
+	case WIC_CMD_REARM_PAT:
+		return uvm_wic_revoke_write(uvm, cmd->gpu_id, cmd->va, bytes);
+	default: /* WIC_CMD_MAP, WIC_CMD_SERVICE_PAT */
+		err = uvm_wic_map(uvm, cmd->gpu_id, cmd->va, bytes, pat);
+		if (!err)
+			wic_release_held(s, cmd->space_id, cmd->gpu_id, cmd->va, cmd->pages);
+		return err;
+	}
+}
+
+/*
+ * Runs a batch; the one path behind WIC_IOC_SUBMIT and io_uring. Returns how many commands
+ * succeeded, or a negative errno when the batch was refused before any ran.
+ */
+static long wic_submit(struct wic_session *s, const struct wic_submit *sub)
+{
+	struct wic_command __user *ucmds = u64_to_user_ptr(sub->commands);
+	struct wic_command cmd;
+	long done = 0;
+	u32 i;
+
+	if (!sub->count || sub->count > WIC_MAX_COMMANDS || sub->flags)
+		return -EINVAL;
+	for (i = 0; i < sub->count; i++) {
+		if (copy_from_user(&cmd, &ucmds[i], sizeof(cmd)))
+			return i ? done : -EFAULT;
+		cmd.result = wic_run_command(s, &cmd);
+		if (put_user(cmd.result, &ucmds[i].result))
+			return i ? done : -EFAULT;
+		if (!cmd.result)
+			done++;
+	}
+	return done;
+}
+
+static long wic_ioctl(struct file *file, unsigned int op, unsigned long arg)
+{
+	struct wic_session *s = file->private_data;
+	void __user *uarg = (void __user *)arg;
+	struct wic_submit sub;
+	long ret;
+
+	mutex_lock(&s->mutex);
+	if (op == WIC_IOC_VERSION) {
+		ret = wic_version(s, uarg);
+		goto out;
+	}
+	ret = -EPROTO;
+	if (!s->negotiated)
+		goto out;
+	switch (op) {
+	case WIC_IOC_ATTACH:
+		ret = wic_attach(s, uarg);
+		break;
+	case WIC_IOC_DETACH:
+		ret = wic_detach(s, uarg);
+		break;
+	case WIC_IOC_REGISTER:
+		ret = wic_register(s, uarg);
+		break;
+	case WIC_IOC_UNREGISTER:
+		ret = wic_unregister(s, uarg);
+		break;
+	case WIC_IOC_SUBMIT:
+		ret = copy_from_user(&sub, uarg, sizeof(sub)) ? -EFAULT : wic_submit(s, &sub);
+		break;
+	default:
+		ret = -ENOTTY;
+	}
+out:
+	mutex_unlock(&s->mutex);
+	return ret;
+}
+
+#if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 6, 0)
+#define wic_uring_payload(ioucmd) io_uring_sqe_cmd((ioucmd)->sqe)
+#else
+#define wic_uring_payload(ioucmd) ((ioucmd)->cmd)
+#endif
+
+/* IORING_OP_URING_CMD: cmd_op WIC_IOC_SUBMIT, a struct wic_submit in the command area. */
+static int wic_uring_cmd(struct io_uring_cmd *ioucmd, unsigned int issue_flags)
+{
+	struct wic_session *s = ioucmd->file->private_data;
+	struct wic_submit sub;
+	long ret;
+
+	if (ioucmd->cmd_op != WIC_IOC_SUBMIT)
+		return -ENOTTY;
+	/* The command area is shared with user space: read it once. */
+	memcpy(&sub, wic_uring_payload(ioucmd), sizeof(sub));
+	mutex_lock(&s->mutex);
+	ret = s->negotiated ? wic_submit(s, &sub) : -EPROTO;
+	mutex_unlock(&s->mutex);
+	return ret;
+}
+
+static __poll_t wic_poll(struct file *file, struct poll_table_struct *wait)
+{
+	struct wic_session *s = file->private_data;
+
+	poll_wait(file, &s->poll_wait, wait);
+	return smp_load_acquire(&s->ring->head) != READ_ONCE(s->ring->tail) ? EPOLLIN | EPOLLRDNORM : 0;
+}
+
+static int wic_mmap(struct file *file, struct vm_area_struct *vma)
+{
+	struct wic_session *s = file->private_data;
+
+	if (!s->negotiated)
+		return -EPROTO;
+	if (vma->vm_pgoff || vma->vm_end - vma->vm_start != s->ring_bytes)
+		return -EINVAL;
+	return remap_vmalloc_range(vma, s->ring, 0);
+}
+
+static const struct file_operations wic_fops = {
+	.owner = THIS_MODULE,
+	.open = wic_open,
+	.release = wic_release,
+	.unlocked_ioctl = wic_ioctl,
+	.compat_ioctl = compat_ptr_ioctl,
+	.uring_cmd = wic_uring_cmd,
+	.poll = wic_poll,
+	.mmap = wic_mmap,
+	.llseek = no_llseek,
+};
+
+static struct miscdevice wic_misc = {
+	.minor = MISC_DYNAMIC_MINOR,
+	.name = "wic",
+	.fops = &wic_fops,
+	.mode = 0600,
+};
+
+static int __init wic_init(void)
+{
+	int err;
+
+	if (!is_power_of_2(ring_entries) || ring_entries < 256 || ring_entries > 65536) {
+		pr_err("ring_entries=%u is not a power of two from 256 to 65536\n", ring_entries);
+		return -EINVAL;
+	}
+	err = misc_register(&wic_misc);
+	if (err)
+		return err;
+	err = uvm_wic_register(&wic_ops);
+	if (err) {
+		pr_err("cannot register with nvidia-uvm: %d\n", err);
+		misc_deregister(&wic_misc);
+		return err;
+	}
+	pr_info("ready: abi %u, %u ring entries, %u held faults at most\n",
+		WIC_ABI_VERSION, ring_entries, WIC_MAX_HELD);
+	return 0;
+}
+
+static void __exit wic_exit(void)
+{
+	misc_deregister(&wic_misc);
+	uvm_wic_unregister(&wic_ops);
+}
+
+module_init(wic_init);
+module_exit(wic_exit);
+
+MODULE_DESCRIPTION("Warp-level interrupts: holds GPU faults on wic pages for wicd");
+MODULE_LICENSE("GPL");
