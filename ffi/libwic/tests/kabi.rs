@@ -12,11 +12,11 @@ use wic_proto::kabi;
 
 fn rust_lines() -> BTreeSet<String> {
     let mut lines = BTreeSet::new();
-    for (name, size, align, fields) in kabi::structs() {
-        lines.insert(format!("sizeof {name} {size}"));
-        lines.insert(format!("alignof {name} {align}"));
-        for (field, offset) in fields {
-            lines.insert(format!("offsetof {name}.{field} {offset}"));
+    for s in kabi::structs() {
+        lines.insert(format!("sizeof {} {}", s.name, s.size));
+        lines.insert(format!("alignof {} {}", s.name, s.align));
+        for (field, offset) in s.fields {
+            lines.insert(format!("offsetof {}.{field} {offset}", s.name));
         }
     }
     for (name, value) in kabi::constants() {

@@ -256,10 +256,23 @@ pub fn constants() -> Vec<(&'static str, i128)> {
     ]
 }
 
-/// Every struct of the header: its C name, size, alignment and field offsets.
-pub fn structs() -> Vec<(&'static str, usize, usize, &'static [(&'static str, usize)])> {
-    fn entry<T>(name: &'static str, fields: &'static [(&'static str, usize)]) -> (&'static str, usize, usize, &'static [(&'static str, usize)]) {
-        (name, std::mem::size_of::<T>(), std::mem::align_of::<T>(), fields)
+/// One struct of the header as Rust lays it out.
+#[derive(Debug, Clone, Copy)]
+pub struct StructLayout {
+    /// Its C name, without `struct`.
+    pub name: &'static str,
+    /// `size_of`.
+    pub size: usize,
+    /// `align_of`.
+    pub align: usize,
+    /// Every field with its offset.
+    pub fields: &'static [(&'static str, usize)],
+}
+
+/// Every struct of the header.
+pub fn structs() -> Vec<StructLayout> {
+    fn entry<T>(name: &'static str, fields: &'static [(&'static str, usize)]) -> StructLayout {
+        StructLayout { name, size: std::mem::size_of::<T>(), align: std::mem::align_of::<T>(), fields }
     }
     vec![
         entry::<WicVersion>(WicVersion::C_NAME, WicVersion::FIELDS),
