@@ -1,0 +1,236 @@
+//! Between the engine's page pool and applications' address spaces.
+//!
+//! The engine allocates a channel's pages in its own pool; on a real GPU they are pages of the
+//! application's managed memory. A channel is placed at a base address the application chose:
+//! its runs, slot by slot (P then P'), then its PAT pages, each run contiguous. The
+//! [`Translator`] turns ring records into engine fault entries and engine commands into
+//! kernel commands, refusing anything that does not belong to a placed channel.
+
+use std::collections::BTreeMap;
+
+use wic_engine::{ChannelLayout, Command, DataSource, FaultEntry, RawFaultEntry, VaWidth, PAGE_SIZE};
+use wic_proto::kabi::{self, WicCommand};
+
+use crate::ring::Record;
+
+/// Why a command or record could not be translated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CommandError {
+    /// An engine address no placed channel covers.
+    Unplaced { va: u64 },
+    /// Producer data that is not in a host buffer the daemon can read.
+    NoHostData { va: u64 },
+}
+
+impl std::fmt::Display for CommandError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Unplaced { va } => write!(f, "engine page {va:#x} belongs to no placed channel"),
+            Self::NoHostData { va } => write!(f, "no host data for the run at {va:#x}"),
+        }
+    }
+}
+
+impl std::error::Error for CommandError {}
+
+/// Where a channel's pages are in its application: the PCM range, then the PAT range.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    pub space_id: u32,
+    pub base: u64,
+    pub pcm_bytes: u64,
+    pub pat_bytes: u64,
+    /// (engine VA, process VA, pages) of every run and PAT page.
+    pub runs: Vec<(u64, u64, u32)>,
+}
+
+impl Placement {
+    /// Places `layout` at `base` in space `space_id`.
+    pub fn new(layout: &ChannelLayout, space_id: u32, base: u64) -> Self {
+        let run_bytes = u64::from(layout.pages_per_run) * PAGE_SIZE;
+        let mut runs = Vec::new();
+        let mut at = base;
+        for slot in &layout.slots {
+            for va in slot.runs {
+                runs.push((va, at, layout.pages_per_run));
+                at += run_bytes;
+            }
+        }
+        let pcm_bytes = at - base;
+        for pat in layout.slots.iter().filter_map(|s| s.pat) {
+            for va in pat {
+                runs.push((va, at, 1));
+                at += PAGE_SIZE;
+            }
+        }
+        Self { space_id, base, pcm_bytes, pat_bytes: at - base - pcm_bytes, runs }
+    }
+
+    /// The process address of an engine run start, if this placement has it.
+    pub fn process_va(&self, engine_va: u64) -> Option<u64> {
+        self.runs.iter().find(|(va, ..)| *va == engine_va).map(|(_, process, _)| *process)
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    pages: u32,
+    space_id: u32,
+    other_start: u64,
+}
+
+/// Translates between engine addresses and (space, process address).
+#[derive(Debug, Default)]
+pub struct Translator {
+    /// Engine run start -> where it is placed.
+    by_engine: BTreeMap<u64, Run>,
+    /// (space, process run start) -> the engine run.
+    by_process: BTreeMap<(u32, u64), Run>,
+}
+
+fn lookup<K: Ord + Copy>(map: &BTreeMap<K, Run>, key: K, start_of: impl Fn(K) -> u64, va: u64) -> Option<(Run, u64)> {
+    let (start, run) = map.range(..=key).next_back()?;
+    let offset = va.checked_sub(start_of(*start))?;
+    (offset < u64::from(run.pages) * PAGE_SIZE).then_some((*run, offset))
+}
+
+impl Translator {
+    /// Adds a placed channel.
+    pub fn add(&mut self, placement: &Placement) {
+        for &(engine, process, pages) in &placement.runs {
+            let space_id = placement.space_id;
+            self.by_engine.insert(engine, Run { pages, space_id, other_start: process });
+            self.by_process.insert((space_id, process), Run { pages, space_id, other_start: engine });
+        }
+    }
+
+    /// Removes a placed channel.
+    pub fn remove(&mut self, placement: &Placement) {
+        for &(engine, process, _) in &placement.runs {
+            self.by_engine.remove(&engine);
+            self.by_process.remove(&(placement.space_id, process));
+        }
+    }
+
+    fn to_process(&self, engine_va: u64, pages: u32) -> Result<(u32, u64), CommandError> {
+        let (run, offset) = lookup(&self.by_engine, engine_va, |k| k, engine_va).ok_or(CommandError::Unplaced { va: engine_va })?;
+        if offset + u64::from(pages) * PAGE_SIZE > u64::from(run.pages) * PAGE_SIZE {
+            return Err(CommandError::Unplaced { va: engine_va });
+        }
+        Ok((run.space_id, run.other_start + offset))
+    }
+
+    /// The engine's view of a record: its entry with the engine address of its page, or
+    /// `None` for a page no placed channel has (a stale record of a closed channel).
+    pub fn to_engine(&self, record: &Record, width: VaWidth) -> Option<RawFaultEntry> {
+        let mut entry = FaultEntry::decode(&record.entry, width);
+        let page = entry.page();
+        let (run, offset) = lookup(&self.by_process, (record.space_id, page), |(_, start)| start, page)?;
+        if run.space_id != record.space_id {
+            return None;
+        }
+        entry.va = run.other_start + offset;
+        Some(entry.encode())
+    }
+
+    /// Appends the kernel commands for `command`. `host_data` gives the daemon's address of
+    /// a host producer's bytes.
+    pub fn to_kernel(
+        &self,
+        command: &Command,
+        host_data: impl Fn(DataSource, u64) -> Option<u64>,
+        out: &mut Vec<WicCommand>,
+    ) -> Result<(), CommandError> {
+        let mut push = |opcode, gpu: u16, va: u64, pages: u32, length: u64, arg: u64| -> Result<(), CommandError> {
+            let (space_id, va) = if opcode == kabi::WIC_CMD_REPLAY { (0, 0) } else { self.to_process(va, pages)? };
+            out.push(WicCommand { opcode, space_id, gpu_id: gpu.into(), pages, va, length, arg, result: 0, reserved: 0 });
+            Ok(())
+        };
+        match *command {
+            Command::WriteData { gpu, va, len, source } => {
+                let data = host_data(source, len).ok_or(CommandError::NoHostData { va })?;
+                let pages = len.div_ceil(PAGE_SIZE).max(1) as u32;
+                push(kabi::WIC_CMD_WRITE_DATA, gpu, va, pages, len, data)
+            }
+            Command::WriteErrorMarker { gpu, va, pages, marker } => {
+                push(kabi::WIC_CMD_WRITE_MARKER, gpu, va, pages, 0, marker.word())
+            }
+            Command::Unmap { gpu, va, pages } => push(kabi::WIC_CMD_UNMAP, gpu, va, pages, 0, 0),
+            Command::Map { gpu, va, pages } => push(kabi::WIC_CMD_MAP, gpu, va, pages, 0, 0),
+            Command::ServicePat { gpu, va } => push(kabi::WIC_CMD_SERVICE_PAT, gpu, va, 1, 0, 0),
+            Command::RearmPat { gpu, va } => push(kabi::WIC_CMD_REARM_PAT, gpu, va, 1, 0, 0),
+            Command::Replay { gpu } => push(kabi::WIC_CMD_REPLAY, gpu, 0, 0, 0, 0),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wic_engine::fault::AccessType;
+    use wic_engine::{ChannelId, ErrorMarker, SlotLayout, TagId};
+
+    fn layout() -> ChannelLayout {
+        let slot = |runs: [u64; 2], pat| SlotLayout { runs, tag: TagId(0), pat };
+        ChannelLayout {
+            id: ChannelId(1),
+            pages_per_run: 2,
+            batch_bytes: 8192,
+            slots: vec![slot([0x10_0000, 0x10_2000], Some([0x20_0000, 0x20_1000])), slot([0x30_0000, 0x30_2000], Some([0x20_2000, 0x20_3000]))],
+        }
+    }
+
+    #[test]
+    fn a_placement_lays_runs_then_pat_pages_from_the_base() {
+        let p = Placement::new(&layout(), 7, 0x7000_0000);
+        assert_eq!((p.pcm_bytes, p.pat_bytes), (4 * 2 * 4096, 4 * 4096));
+        assert_eq!(p.process_va(0x10_2000), Some(0x7000_2000));
+        assert_eq!(p.process_va(0x30_0000), Some(0x7000_4000));
+        assert_eq!(p.process_va(0x20_3000), Some(0x7000_8000 + 3 * 4096));
+        assert_eq!(p.process_va(0x10_1000), None, "only run starts are listed");
+    }
+
+    #[test]
+    fn commands_translate_page_by_page_and_stay_inside_their_run() {
+        let mut t = Translator::default();
+        t.add(&Placement::new(&layout(), 7, 0x7000_0000));
+        let mut out = Vec::new();
+        let host = |_: DataSource, _: u64| Some(0xdead_0000);
+        t.to_kernel(&Command::Map { gpu: 1, va: 0x30_2000, pages: 2 }, host, &mut out).unwrap();
+        t.to_kernel(&Command::WriteData { gpu: 1, va: 0x10_0000, len: 5000, source: DataSource::Host { offset: 0 } }, host, &mut out).unwrap();
+        t.to_kernel(&Command::WriteErrorMarker { gpu: 1, va: 0x10_3000, pages: 1, marker: ErrorMarker::Timeout }, host, &mut out).unwrap();
+        t.to_kernel(&Command::Replay { gpu: 1 }, host, &mut out).unwrap();
+        assert_eq!((out[0].opcode, out[0].space_id, out[0].va, out[0].pages), (kabi::WIC_CMD_MAP, 7, 0x7000_6000, 2));
+        assert_eq!((out[1].va, out[1].pages, out[1].length, out[1].arg), (0x7000_0000, 2, 5000, 0xdead_0000));
+        assert_eq!((out[2].va, out[2].arg), (0x7000_3000, ErrorMarker::Timeout.word()));
+        assert_eq!((out[3].opcode, out[3].gpu_id, out[3].space_id), (kabi::WIC_CMD_REPLAY, 1, 0));
+        // Past the end of a run, or nowhere: refused.
+        assert_eq!(t.to_kernel(&Command::Map { gpu: 1, va: 0x10_2000, pages: 3 }, host, &mut out), Err(CommandError::Unplaced { va: 0x10_2000 }));
+        assert_eq!(t.to_kernel(&Command::Unmap { gpu: 1, va: 0x50_0000, pages: 1 }, host, &mut out), Err(CommandError::Unplaced { va: 0x50_0000 }));
+        assert_eq!(t.to_kernel(&Command::WriteData { gpu: 1, va: 0x10_0000, len: 1, source: DataSource::Host { offset: 0 } }, |_, _| None, &mut out), Err(CommandError::NoHostData { va: 0x10_0000 }));
+    }
+
+    #[test]
+    fn records_come_back_with_engine_addresses_and_strangers_are_dropped() {
+        let mut t = Translator::default();
+        let placement = Placement::new(&layout(), 7, 0x7000_0000);
+        t.add(&placement);
+        let record = |space_id, va| Record {
+            seq: 0,
+            space_id,
+            gpu_id: 1,
+            range_id: 1,
+            pat: false,
+            held_ns: 0,
+            entry: FaultEntry::replayable_gpc(va, AccessType::Read, 5, 0x1000, 0, 0).encode(),
+        };
+        let width = VaWidth::Bits57;
+        let back = t.to_engine(&record(7, 0x7000_5123), width).unwrap();
+        assert_eq!(FaultEntry::decode(&back, width).va, 0x30_1000);
+        assert_eq!(FaultEntry::decode(&back, width).timestamp, 5);
+        assert_eq!(t.to_engine(&record(8, 0x7000_5000), width), None, "another space");
+        assert_eq!(t.to_engine(&record(7, 0x6fff_f000), width), None, "below the placement");
+        t.remove(&placement);
+        assert_eq!(t.to_engine(&record(7, 0x7000_0000), width), None, "removed");
+    }
+}

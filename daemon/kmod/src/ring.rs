@@ -1,0 +1,314 @@
+//! The fault ring: records the module writes and the daemon reads.
+//!
+//! The module publishes a record by writing its sequence number last and then advancing the
+//! header's `head`; the daemon advances `tail`. Nothing in the mapping is trusted: the daemon
+//! keeps its own read index, a `head` that runs ahead by more than the ring's size or goes
+//! backwards is reported, and a record whose sequence number is not the expected one (torn or
+//! stale) is skipped and counted.
+
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use wic_engine::RawFaultEntry;
+use wic_proto::kabi::{WicFaultRecord, WicRingHeader, WIC_RECORD_PAT, WIC_RING_MAGIC, WIC_RING_RECORDS_OFFSET};
+
+/// A record, copied out of the ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Record {
+    pub seq: u64,
+    pub space_id: u32,
+    pub gpu_id: u32,
+    pub range_id: u32,
+    pub pat: bool,
+    pub held_ns: u64,
+    pub entry: RawFaultEntry,
+}
+
+/// What can be wrong with a ring.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RingError {
+    /// The mapping is too small for the header, or for the records it announces.
+    TooSmall { len: usize, needed: u64 },
+    /// The header's magic, record size or entry count is not what this daemon speaks.
+    BadHeader(&'static str),
+}
+
+impl std::fmt::Display for RingError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::TooSmall { len, needed } => write!(f, "fault ring mapping of {len} bytes, {needed} needed"),
+            Self::BadHeader(what) => write!(f, "fault ring header: {what}"),
+        }
+    }
+}
+
+impl std::error::Error for RingError {}
+
+/// Counts of what a read found wrong.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RingAnomalies {
+    /// Records whose sequence number was not the expected one.
+    pub torn: u64,
+    /// Times `head` was more than a ring ahead, or behind the daemon's index.
+    pub bad_head: u64,
+}
+
+/// A reader of a mapped fault ring.
+pub struct FaultRing {
+    base: NonNull<u8>,
+    entries: u64,
+    /// The next sequence number to read; the daemon's own, never read back from the mapping.
+    next: u64,
+    anomalies: RingAnomalies,
+}
+
+// SAFETY: the ring is plain shared memory accessed through atomics and volatile copies; the
+// reader owns its index and may move to another thread.
+unsafe impl Send for FaultRing {}
+
+impl FaultRing {
+    /// A reader of the ring mapped at `base` for `len` bytes.
+    ///
+    /// # Safety
+    /// `base` must point to `len` bytes that stay mapped, readable and writable, and 8-byte
+    /// aligned, for the reader's lifetime.
+    pub unsafe fn new(base: NonNull<u8>, len: usize) -> Result<Self, RingError> {
+        let header_len = std::mem::size_of::<WicRingHeader>();
+        if len < header_len {
+            return Err(RingError::TooSmall { len, needed: header_len as u64 });
+        }
+        // SAFETY: the caller guarantees `len` readable bytes, checked above to hold a header.
+        let header = unsafe { std::ptr::read_volatile(base.as_ptr().cast::<WicRingHeader>()) };
+        if header.magic != WIC_RING_MAGIC {
+            return Err(RingError::BadHeader("wrong magic"));
+        }
+        if header.record_size as usize != std::mem::size_of::<WicFaultRecord>() {
+            return Err(RingError::BadHeader("wrong record size"));
+        }
+        if !header.entries.is_power_of_two() {
+            return Err(RingError::BadHeader("entry count is not a power of two"));
+        }
+        let needed = wic_proto::kabi::ring_bytes(header.entries);
+        if (len as u64) < needed {
+            return Err(RingError::TooSmall { len, needed });
+        }
+        let ring = Self { base, entries: header.entries.into(), next: 0, anomalies: RingAnomalies::default() };
+        let head = ring.head().load(Ordering::Acquire);
+        Ok(Self { next: head, ..ring })
+    }
+
+    fn word(&self, offset: usize) -> &AtomicU64 {
+        // SAFETY: offsets come from the header struct, inside the mapping checked in `new`,
+        // 8-byte aligned within an 8-byte aligned base.
+        unsafe { &*self.base.as_ptr().add(offset).cast::<AtomicU64>() }
+    }
+
+    fn head(&self) -> &AtomicU64 {
+        self.word(std::mem::offset_of!(WicRingHeader, head))
+    }
+
+    fn tail(&self) -> &AtomicU64 {
+        self.word(std::mem::offset_of!(WicRingHeader, tail))
+    }
+
+    /// Faults the module held but could not record (they fault again after a replay).
+    pub fn dropped(&self) -> u64 {
+        self.word(std::mem::offset_of!(WicRingHeader, dropped)).load(Ordering::Relaxed)
+    }
+
+    /// What reads have found wrong so far.
+    pub fn anomalies(&self) -> RingAnomalies {
+        self.anomalies
+    }
+
+    /// Records in the ring.
+    pub fn entries(&self) -> u64 {
+        self.entries
+    }
+
+    /// Whether records are waiting.
+    pub fn pending(&self) -> bool {
+        self.head().load(Ordering::Acquire) != self.next
+    }
+
+    /// Appends every published record to `out`, up to `limit`, and hands their slots back to
+    /// the module. Returns how many were appended.
+    pub fn read(&mut self, out: &mut Vec<Record>, limit: usize) -> usize {
+        let head = self.head().load(Ordering::Acquire);
+        let ahead = head.wrapping_sub(self.next);
+        if ahead > self.entries {
+            // A head more than a ring ahead: only the last ring's worth can still be there.
+            // A head behind us: nothing new to read.
+            self.anomalies.bad_head += 1;
+            self.next = if ahead > u64::MAX / 2 { head } else { head - self.entries };
+        }
+        let mut appended = 0;
+        while self.next != head && appended < limit {
+            let seq = self.next;
+            self.next = self.next.wrapping_add(1);
+            let offset = WIC_RING_RECORDS_OFFSET as usize
+                + (seq & (self.entries - 1)) as usize * std::mem::size_of::<WicFaultRecord>();
+            if self.word(offset).load(Ordering::Acquire) != seq {
+                self.anomalies.torn += 1;
+                continue;
+            }
+            // SAFETY: the record lies inside the mapping (index masked by the entry count that
+            // `new` checked against the length); a concurrent writer can only make the copy
+            // stale, which the second sequence check below catches.
+            let rec = unsafe { std::ptr::read_volatile(self.base.as_ptr().add(offset).cast::<WicFaultRecord>()) };
+            if self.word(offset).load(Ordering::Acquire) != seq {
+                self.anomalies.torn += 1;
+                continue;
+            }
+            out.push(Record {
+                seq,
+                space_id: rec.space_id,
+                gpu_id: rec.gpu_id,
+                range_id: rec.range_id,
+                pat: rec.flags & WIC_RECORD_PAT != 0,
+                held_ns: rec.held_ns,
+                entry: RawFaultEntry(rec.entry),
+            });
+            appended += 1;
+        }
+        self.tail().store(self.next, Ordering::Release);
+        appended
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wic_proto::kabi::{ring_bytes, WIC_ABI_VERSION};
+
+    /// A ring in ordinary memory, written the way the module writes it.
+    struct FakeRing {
+        mem: Vec<u64>,
+        entries: u32,
+    }
+
+    impl FakeRing {
+        fn new(entries: u32) -> Self {
+            let mut ring = Self { mem: vec![0; ring_bytes(entries) as usize / 8], entries };
+            let header = WicRingHeader {
+                magic: WIC_RING_MAGIC,
+                abi_version: WIC_ABI_VERSION,
+                entries,
+                record_size: std::mem::size_of::<WicFaultRecord>() as u32,
+                ..Default::default()
+            };
+            // SAFETY: the buffer is larger than the header and 8-byte aligned.
+            unsafe { std::ptr::write(ring.mem.as_mut_ptr().cast(), header) };
+            ring
+        }
+
+        fn base(&mut self) -> NonNull<u8> {
+            NonNull::new(self.mem.as_mut_ptr().cast()).unwrap()
+        }
+
+        fn set(&mut self, offset: usize, value: u64) {
+            self.mem[offset / 8] = value;
+        }
+
+        fn write(&mut self, seq: u64, stored_seq: u64, va_byte: u8) {
+            let offset = WIC_RING_RECORDS_OFFSET as usize + (seq % u64::from(self.entries)) as usize * 64;
+            let rec = WicFaultRecord { seq: stored_seq, space_id: 1, gpu_id: 2, range_id: 3, flags: 0, held_ns: 9, entry: [va_byte; 32] };
+            // SAFETY: inside the buffer, aligned.
+            unsafe { std::ptr::write(self.mem.as_mut_ptr().cast::<u8>().add(offset).cast(), rec) };
+        }
+
+        fn publish(&mut self, head: u64) {
+            self.set(std::mem::offset_of!(WicRingHeader, head), head);
+        }
+
+        fn tail(&self) -> u64 {
+            self.mem[std::mem::offset_of!(WicRingHeader, tail) / 8]
+        }
+    }
+
+    fn reader(fake: &mut FakeRing) -> FaultRing {
+        let len = fake.mem.len() * 8;
+        // SAFETY: the fake outlives the reader in every test.
+        unsafe { FaultRing::new(fake.base(), len) }.unwrap()
+    }
+
+    #[test]
+    fn reads_published_records_in_order_and_moves_the_tail() {
+        let mut fake = FakeRing::new(256);
+        let mut ring = reader(&mut fake);
+        for seq in 0..5 {
+            fake.write(seq, seq, seq as u8);
+        }
+        fake.publish(5);
+        let mut out = Vec::new();
+        assert_eq!(ring.read(&mut out, usize::MAX), 5);
+        assert_eq!(out.iter().map(|r| r.seq).collect::<Vec<_>>(), [0, 1, 2, 3, 4]);
+        assert_eq!(out[3].entry.0, [3; 32]);
+        assert_eq!((out[0].space_id, out[0].gpu_id, out[0].range_id), (1, 2, 3));
+        assert_eq!(fake.tail(), 5);
+        assert!(!ring.pending());
+    }
+
+    #[test]
+    fn wraps_around_and_honours_the_limit() {
+        let mut fake = FakeRing::new(256);
+        let mut ring = reader(&mut fake);
+        let mut out = Vec::new();
+        for round in 0..3u64 {
+            for seq in round * 200..(round + 1) * 200 {
+                fake.write(seq, seq, 0);
+            }
+            fake.publish((round + 1) * 200);
+            assert_eq!(ring.read(&mut out, 150), 150);
+            assert_eq!(ring.read(&mut out, 150), 50);
+        }
+        assert_eq!(out.len(), 600);
+        assert!(out.windows(2).all(|w| w[1].seq == w[0].seq + 1));
+        assert_eq!(ring.anomalies(), RingAnomalies::default());
+    }
+
+    #[test]
+    fn torn_records_are_skipped_and_counted() {
+        let mut fake = FakeRing::new(256);
+        let mut ring = reader(&mut fake);
+        fake.write(0, 0, 0);
+        fake.write(1, 77, 0); // stale sequence number
+        fake.write(2, 2, 0);
+        fake.publish(3);
+        let mut out = Vec::new();
+        ring.read(&mut out, usize::MAX);
+        assert_eq!(out.iter().map(|r| r.seq).collect::<Vec<_>>(), [0, 2]);
+        assert_eq!(ring.anomalies().torn, 1);
+    }
+
+    #[test]
+    fn a_head_out_of_range_is_survived() {
+        let mut fake = FakeRing::new(256);
+        let mut ring = reader(&mut fake);
+        fake.publish(u64::MAX - 3); // far ahead (or, equally, behind)
+        let mut out = Vec::new();
+        ring.read(&mut out, usize::MAX);
+        assert!(out.len() <= 256);
+        assert_eq!(ring.anomalies().bad_head, 1);
+        // Whatever the head said, the reader never indexes outside the ring.
+        fake.publish(3);
+        ring.read(&mut out, usize::MAX);
+        assert!(ring.anomalies().bad_head >= 1);
+    }
+
+    #[test]
+    fn bad_headers_are_refused() {
+        let mut fake = FakeRing::new(256);
+        let len = fake.mem.len() * 8;
+        // SAFETY: as in `reader`.
+        assert!(matches!(unsafe { FaultRing::new(fake.base(), 64) }, Err(RingError::TooSmall { .. })));
+        // SAFETY: as in `reader`.
+        assert!(matches!(unsafe { FaultRing::new(fake.base(), len - 8) }, Err(RingError::TooSmall { .. })));
+        fake.mem[1] = 300 | (64 << 32); // entries 300, record_size 64
+        // SAFETY: as in `reader`.
+        assert_eq!(unsafe { FaultRing::new(fake.base(), len) }.err(), Some(RingError::BadHeader("entry count is not a power of two")));
+        fake.mem[0] = 0;
+        // SAFETY: as in `reader`.
+        assert_eq!(unsafe { FaultRing::new(fake.base(), len) }.err(), Some(RingError::BadHeader("wrong magic")));
+    }
+}

@@ -1,0 +1,62 @@
+//! Command batches through io_uring: one `IORING_OP_URING_CMD` per chunk of commands, all
+//! chunks of a batch submitted with one system call.
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
+
+use io_uring::{opcode, types, IoUring};
+use wic_proto::kabi::{WicCommand, WicSubmit, WIC_IOC_SUBMIT};
+
+/// A ring used only to submit command batches to `/dev/wic`.
+pub struct UringSubmitter {
+    ring: IoUring,
+    max_commands: usize,
+    payloads: Vec<WicSubmit>,
+}
+
+impl UringSubmitter {
+    /// A submitter for batches of up to `max_commands` commands per chunk (the module's limit).
+    pub fn new(max_commands: u32) -> io::Result<Self> {
+        Ok(Self { ring: IoUring::new(64)?, max_commands: max_commands.max(1) as usize, payloads: Vec::new() })
+    }
+
+    /// Runs `commands` on the session `fd`; each command gets its result. Returns how many
+    /// succeeded, or the first chunk's refusal.
+    pub fn submit(&mut self, fd: BorrowedFd<'_>, commands: &mut [WicCommand]) -> io::Result<usize> {
+        self.payloads.clear();
+        self.payloads.extend(commands.chunks_mut(self.max_commands).map(|chunk| WicSubmit {
+            commands: chunk.as_mut_ptr() as u64,
+            count: chunk.len() as u32,
+            flags: 0,
+        }));
+        let mut succeeded = 0;
+        let mut refused = None;
+        for group in self.payloads.chunks(self.ring.params().sq_entries() as usize) {
+            for payload in group {
+                let mut cmd = [0u8; 16];
+                cmd[..8].copy_from_slice(&payload.commands.to_ne_bytes());
+                cmd[8..12].copy_from_slice(&payload.count.to_ne_bytes());
+                let entry = opcode::UringCmd16::new(types::Fd(fd.as_raw_fd()), WIC_IOC_SUBMIT).cmd(cmd).build();
+                // SAFETY: the entry carries its payload by value; the commands it points to
+                // are borrowed mutably until every completion is reaped below.
+                unsafe { self.ring.submission().push(&entry) }.map_err(|_| io::Error::other("submission queue full"))?;
+            }
+            // Every completion is reaped, refusals included, so none is left for the next batch.
+            let mut reaped = 0;
+            while reaped < group.len() {
+                self.ring.submit_and_wait(group.len() - reaped)?;
+                for cqe in self.ring.completion() {
+                    reaped += 1;
+                    match cqe.result() {
+                        n if n >= 0 => succeeded += n as usize,
+                        errno => refused = refused.or(Some(-errno)),
+                    }
+                }
+            }
+        }
+        if let Some(errno) = refused {
+            return Err(io::Error::from_raw_os_error(errno));
+        }
+        Ok(succeeded)
+    }
+}
