@@ -3,15 +3,18 @@
 //! - [`device`]: a session: version negotiation, VA spaces, ranges, commands by ioctl;
 //! - [`ring`]: the reader of the mapped fault ring, which trusts nothing the ring says;
 //! - [`uring`]: command batches through io_uring `IORING_OP_URING_CMD`;
-//! - [`commands`]: the engine's commands turned into [`wic_proto::kabi::WicCommand`]s.
+//! - [`commands`]: the engine's commands turned into [`wic_proto::kabi::WicCommand`]s;
+//! - [`backend`]: all of it behind the engine: ring records in, command batches out.
 //!
 //! The ABI itself is `ffi/include/wic_abi.h`, seen from Rust as [`wic_proto::kabi`].
 
+pub mod backend;
 pub mod commands;
 pub mod device;
 pub mod ring;
 pub mod uring;
 
+pub use backend::{Executed, PlacedChannel, ShimBackend, Submission};
 pub use commands::{CommandError, Placement, Translator};
 pub use device::{Device, DeviceError};
 pub use ring::{FaultRing, Record, RingError};

@@ -1,0 +1,163 @@
+//! The shim backend: the engine's port to `/dev/wic`. Held faults come out of the fault ring,
+//! are translated to engine addresses and fed to the engine; the engine's commands are
+//! translated back and submitted in one batch, through io_uring or ioctl.
+
+use std::path::Path;
+use std::time::Duration;
+
+use wic_engine::{ChannelLayout, Command, DataSource, Engine, GpuId, Nanos, RawFaultEntry};
+use wic_proto::kabi::{self, WicCommand};
+
+use crate::commands::{CommandError, Placement, Translator};
+use crate::device::{Device, DeviceError};
+use crate::ring::Record;
+use crate::uring::UringSubmitter;
+
+/// How command batches reach the module.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Submission {
+    /// One `IORING_OP_URING_CMD` per chunk, one system call per batch.
+    Uring,
+    /// One `WIC_IOC_SUBMIT` ioctl per chunk.
+    Ioctl,
+}
+
+/// A placed channel: where its pages are and the ranges registered for them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlacedChannel {
+    pub placement: Placement,
+    pub ranges: Vec<u32>,
+}
+
+/// What one execution did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Executed {
+    /// Kernel commands that succeeded.
+    pub succeeded: usize,
+    /// Kernel commands the module refused (each logged by the caller from `failures`).
+    pub failed: usize,
+    /// Engine commands that could not be translated.
+    pub untranslatable: usize,
+}
+
+/// The backend.
+pub struct ShimBackend {
+    device: Device,
+    uring: Option<UringSubmitter>,
+    translator: Translator,
+    width: wic_engine::VaWidth,
+    records: Vec<Record>,
+    entries: Vec<RawFaultEntry>,
+    batch: Vec<WicCommand>,
+    /// Records of pages no placed channel has (stale, or a closed channel's).
+    pub stray_records: u64,
+}
+
+impl ShimBackend {
+    /// Opens a session on `path`.
+    pub fn open(path: &Path, busy_wait: Duration, submission: Submission, width: wic_engine::VaWidth) -> Result<Self, DeviceError> {
+        let device = Device::open(path, busy_wait)?;
+        let uring = match submission {
+            Submission::Uring => Some(UringSubmitter::new(device.limits().max_commands).map_err(|e| DeviceError::Ring(format!("io_uring: {e}")))?),
+            Submission::Ioctl => None,
+        };
+        Ok(Self {
+            device,
+            uring,
+            translator: Translator::default(),
+            width,
+            records: Vec::new(),
+            entries: Vec::new(),
+            batch: Vec::new(),
+            stray_records: 0,
+        })
+    }
+
+    /// The session.
+    pub fn device(&mut self) -> &mut Device {
+        &mut self.device
+    }
+
+    /// Places a channel at `base` in an attached space and registers its ranges.
+    pub fn place(&mut self, layout: &ChannelLayout, space_id: u32, base: u64) -> Result<PlacedChannel, DeviceError> {
+        let placement = Placement::new(layout, space_id, base);
+        let mut ranges = vec![self.device.register(space_id, kabi::WIC_RANGE_PCM, base, placement.pcm_bytes)?];
+        if placement.pat_bytes > 0 {
+            match self.device.register(space_id, kabi::WIC_RANGE_PAT, base + placement.pcm_bytes, placement.pat_bytes) {
+                Ok(id) => ranges.push(id),
+                Err(e) => {
+                    let _ = self.device.unregister(ranges[0]);
+                    return Err(e);
+                }
+            }
+        }
+        self.translator.add(&placement);
+        Ok(PlacedChannel { placement, ranges })
+    }
+
+    /// Removes a channel: its ranges are unregistered (the module completes any fault still
+    /// held on them with the channel-closed marker).
+    pub fn unplace(&mut self, channel: &PlacedChannel) -> Result<(), DeviceError> {
+        self.translator.remove(&channel.placement);
+        channel.ranges.iter().try_for_each(|id| self.device.unregister(*id))
+    }
+
+    /// Reads the ring and feeds every held fault to the engine, GPU by GPU. Returns how many
+    /// records were read.
+    pub fn take_faults(&mut self, engine: &mut Engine, now: Nanos, out: &mut Vec<Command>) -> usize {
+        self.records.clear();
+        let read = self.device.ring().read(&mut self.records, usize::MAX);
+        self.records.sort_by_key(|r| r.gpu_id);
+        for group in self.records.chunk_by(|a, b| a.gpu_id == b.gpu_id) {
+            let Ok(gpu) = GpuId::try_from(group[0].gpu_id) else {
+                self.stray_records += group.len() as u64;
+                continue;
+            };
+            self.entries.clear();
+            for record in group {
+                match self.translator.to_engine(record, self.width) {
+                    Some(entry) => self.entries.push(entry),
+                    None => self.stray_records += 1,
+                }
+            }
+            engine.handle_faults(now, gpu, &self.entries, out);
+        }
+        read
+    }
+
+    /// Runs the engine's `commands` as one batch. `host_data` gives the daemon's address of
+    /// host producer bytes; `failures` receives each refused or untranslatable command.
+    pub fn execute(
+        &mut self,
+        commands: &[Command],
+        host_data: impl Fn(DataSource, u64) -> Option<u64>,
+        mut failures: impl FnMut(&Command, Result<i32, CommandError>),
+    ) -> Result<Executed, DeviceError> {
+        let mut done = Executed::default();
+        self.batch.clear();
+        let mut origin = Vec::with_capacity(commands.len());
+        for command in commands {
+            match self.translator.to_kernel(command, &host_data, &mut self.batch) {
+                Ok(()) => origin.push(command),
+                Err(e) => {
+                    done.untranslatable += 1;
+                    failures(command, Err(e));
+                }
+            }
+        }
+        if self.batch.is_empty() {
+            return Ok(done);
+        }
+        done.succeeded = match &mut self.uring {
+            Some(uring) => uring.submit(self.device.fd(), &mut self.batch).map_err(|e| DeviceError::Ring(format!("io_uring submission: {e}")))?,
+            None => self.device.submit(&mut self.batch)?,
+        };
+        for (command, kernel) in origin.iter().zip(&self.batch) {
+            if kernel.result != 0 {
+                done.failed += 1;
+                failures(command, Ok(kernel.result));
+            }
+        }
+        Ok(done)
+    }
+}
