@@ -4,13 +4,15 @@
 //! - [`ring`]: the reader of the mapped fault ring, which trusts nothing the ring says;
 //! - [`uring`]: command batches through io_uring `IORING_OP_URING_CMD`;
 //! - [`commands`]: the engine's commands turned into [`wic_proto::kabi::WicCommand`]s;
-//! - [`backend`]: all of it behind the engine: ring records in, command batches out.
+//! - [`backend`]: all of it behind the engine: ring records in, command batches out;
+//! - [`fakegpu`]: the test module that stands in for nvidia-uvm.
 //!
 //! The ABI itself is `ffi/include/wic_abi.h`, seen from Rust as [`wic_proto::kabi`].
 
 pub mod backend;
 pub mod commands;
 pub mod device;
+pub mod fakegpu;
 pub mod ring;
 pub mod uring;
 

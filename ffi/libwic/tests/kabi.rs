@@ -8,18 +8,19 @@ use std::collections::BTreeSet;
 
 use common::header::{c_program, parse_header};
 use common::{arg, c_compiler, compile, include_dir, run, scratch_dir};
+use wic_kmod::fakegpu;
 use wic_proto::kabi;
 
-fn rust_lines() -> BTreeSet<String> {
+fn lines(structs: Vec<kabi::StructLayout>, constants: Vec<(&str, i128)>) -> BTreeSet<String> {
     let mut lines = BTreeSet::new();
-    for s in kabi::structs() {
+    for s in structs {
         lines.insert(format!("sizeof {} {}", s.name, s.size));
         lines.insert(format!("alignof {} {}", s.name, s.align));
         for (field, offset) in s.fields {
             lines.insert(format!("offsetof {}.{field} {offset}", s.name));
         }
     }
-    for (name, value) in kabi::constants() {
+    for (name, value) in constants {
         lines.insert(format!("const {name} {value}"));
     }
     lines
@@ -39,7 +40,7 @@ fn rust_view_matches_the_kernel_abi_header() {
     compile(&c_compiler(), &["-std=gnu11", "-Wall", "-Wextra", "-Werror", &include, "-o", arg(&program), arg(&source)]);
 
     let c_lines: BTreeSet<String> = run(&program).lines().map(str::to_owned).collect();
-    let rust_lines = rust_lines();
+    let rust_lines = lines(kabi::structs(), kabi::constants());
     let only_c: Vec<_> = c_lines.difference(&rust_lines).collect();
     let only_rust: Vec<_> = rust_lines.difference(&c_lines).collect();
     assert!(
@@ -63,4 +64,26 @@ fn the_ring_size_macro_agrees() {
     let include = format!("-I{}", arg(&include_dir()));
     compile(&c_compiler(), &["-Wall", "-Werror", &include, "-o", arg(&program), arg(&source)]);
     assert_eq!(run(&program).trim(), format!("{} {}", kabi::ring_bytes(256), kabi::ring_bytes(65536)));
+}
+
+#[test]
+fn rust_view_matches_the_fake_gpu_header() {
+    let shim_test = include_dir().join("../../shim/test");
+    let text = std::fs::read_to_string(shim_test.join("wic_fakegpu.h")).expect("shim/test/wic_fakegpu.h");
+    let header = parse_header(&text);
+    assert!(text.contains(&format!("#define WIC_FAKEGPU_DEVICE \"{}\"", fakegpu::DEVICE)));
+    let dir = scratch_dir("fakegpu-abi");
+    let source = dir.join("fakegpu.c");
+    let program = dir.join("fakegpu");
+    std::fs::write(&source, c_program(&header, "wic_fakegpu.h")).unwrap();
+    let include = format!("-I{}", arg(&shim_test));
+    compile(&c_compiler(), &["-std=gnu11", &include, "-o", arg(&program), arg(&source)]);
+    let c_lines: BTreeSet<String> = run(&program).lines().map(str::to_owned).collect();
+    let rust_lines = lines(fakegpu::structs(), fakegpu::constants());
+    let only_c: Vec<_> = c_lines.difference(&rust_lines).collect();
+    let only_rust: Vec<_> = rust_lines.difference(&c_lines).collect();
+    assert!(
+        only_c.is_empty() && only_rust.is_empty(),
+        "wic_fakegpu.h and wic_kmod::fakegpu disagree\n  in C only:    {only_c:#?}\n  in Rust only: {only_rust:#?}"
+    );
 }

@@ -1,0 +1,222 @@
+//! The test module `wic_fakegpu.ko` (shim/test/wic_fakegpu.h): it stands in for nvidia-uvm,
+//! plays an application's UVM file, injects raw faults and logs what the shim asked of the
+//! GPU. Used by the kernel tests; checked against its header like the real ABI.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::unix::fs::OpenOptionsExt;
+
+use wic_engine::RawFaultEntry;
+
+use wic_proto::c_struct;
+
+/// `WIC_FAKEGPU_DEVICE`.
+pub const DEVICE: &str = "/dev/wic_fakegpu";
+/// `WIC_FAKEGPU_NR_GPUS`.
+pub const NR_GPUS: u32 = 8;
+/// `WIC_FAKEGPU_GPU_NONE`.
+pub const GPU_NONE: u32 = u32::MAX;
+/// `WIC_FAKEGPU_PAGE_SHIFT`.
+pub const PAGE_SHIFT: u32 = 12;
+/// `WIC_FAKEGPU_PAGE_SIZE`.
+pub const PAGE_SIZE: u32 = 1 << PAGE_SHIFT;
+/// `WIC_FAKEGPU_FAULT_ENTRY_SIZE`.
+pub const FAULT_ENTRY_SIZE: u32 = 32;
+/// `WIC_FAKEGPU_VA_BITS`.
+pub const VA_BITS: u32 = 57;
+/// `WIC_FAKEGPU_MAX_INJECT`.
+pub const MAX_INJECT: u32 = 4096;
+/// `WIC_FAKEGPU_LOG_EVENTS`.
+pub const LOG_EVENTS: u32 = 65536;
+/// `WIC_FAKEGPU_MAX_PAGES`.
+pub const MAX_PAGES: u32 = 1 << 22;
+/// `WIC_FAKEGPU_EVENT_WRITE`.
+pub const EVENT_WRITE: u32 = 1;
+/// `WIC_FAKEGPU_EVENT_MAP`.
+pub const EVENT_MAP: u32 = 2;
+/// `WIC_FAKEGPU_EVENT_MAP_WRITABLE`.
+pub const EVENT_MAP_WRITABLE: u32 = 3;
+/// `WIC_FAKEGPU_EVENT_UNMAP`.
+pub const EVENT_UNMAP: u32 = 4;
+/// `WIC_FAKEGPU_EVENT_REVOKE_WRITE`.
+pub const EVENT_REVOKE_WRITE: u32 = 5;
+/// `WIC_FAKEGPU_EVENT_REPLAY`.
+pub const EVENT_REPLAY: u32 = 6;
+/// `WIC_FAKEGPU_EVENT_SERVICED`.
+pub const EVENT_SERVICED: u32 = 7;
+/// `WIC_FAKEGPU_VERDICT_PASS`.
+pub const VERDICT_PASS: u8 = 0;
+/// `WIC_FAKEGPU_VERDICT_HOLD`.
+pub const VERDICT_HOLD: u8 = 1;
+/// `WIC_FAKEGPU_PAGE_MAPPED`.
+pub const PAGE_MAPPED: u32 = 1;
+/// `WIC_FAKEGPU_PAGE_WRITABLE`.
+pub const PAGE_WRITABLE: u32 = 2;
+/// `WIC_FAKEGPU_IOC_MAGIC`.
+pub const IOC_MAGIC: u8 = b'F';
+
+c_struct! {
+    /// `struct wic_fakegpu_event`: one thing the shim asked of the fake GPU.
+    pub struct Event = "wic_fakegpu_event" {
+        pub kind: u32,
+        pub gpu_id: u32,
+        pub va: u64,
+        pub length: u64,
+        pub data0: u64,
+        pub ns: u64,
+    }
+}
+
+c_struct! {
+    /// `struct wic_fakegpu_inject`.
+    pub struct Inject = "wic_fakegpu_inject" {
+        pub gpu_id: u32,
+        pub count: u32,
+        pub entries: u64,
+        pub verdicts: u64,
+        pub injected_ns: u64,
+    }
+}
+
+c_struct! {
+    /// `struct wic_fakegpu_events`.
+    pub struct Events = "wic_fakegpu_events" {
+        pub buffer: u64,
+        pub capacity: u32,
+        pub count: u32,
+        pub overflow: u64,
+        pub timeout_ms: u32,
+        pub reserved: u32,
+    }
+}
+
+c_struct! {
+    /// `struct wic_fakegpu_page_state`.
+    pub struct PageState = "wic_fakegpu_page_state" {
+        pub gpu_id: u32,
+        pub flags: u32,
+        pub va: u64,
+    }
+}
+
+/// `WIC_FAKEGPU_IOC_INJECT`.
+pub const IOC_INJECT: u32 = nix::request_code_readwrite!(IOC_MAGIC, 1, std::mem::size_of::<Inject>()) as u32;
+/// `WIC_FAKEGPU_IOC_EVENTS`.
+pub const IOC_EVENTS: u32 = nix::request_code_readwrite!(IOC_MAGIC, 2, std::mem::size_of::<Events>()) as u32;
+/// `WIC_FAKEGPU_IOC_PAGE_STATE`.
+pub const IOC_PAGE_STATE: u32 = nix::request_code_readwrite!(IOC_MAGIC, 3, std::mem::size_of::<PageState>()) as u32;
+/// `WIC_FAKEGPU_IOC_RESET`.
+pub const IOC_RESET: u32 = nix::request_code_none!(IOC_MAGIC, 4) as u32;
+
+nix::ioctl_readwrite_bad!(ioc_inject, IOC_INJECT, Inject);
+nix::ioctl_readwrite_bad!(ioc_events, IOC_EVENTS, Events);
+nix::ioctl_readwrite_bad!(ioc_page_state, IOC_PAGE_STATE, PageState);
+nix::ioctl_none_bad!(ioc_reset, IOC_RESET);
+
+/// Every constant of the header with its value, for the ABI test.
+pub fn constants() -> Vec<(&'static str, i128)> {
+    vec![
+        ("WIC_FAKEGPU_NR_GPUS", NR_GPUS.into()),
+        ("WIC_FAKEGPU_GPU_NONE", GPU_NONE.into()),
+        ("WIC_FAKEGPU_PAGE_SHIFT", PAGE_SHIFT.into()),
+        ("WIC_FAKEGPU_PAGE_SIZE", PAGE_SIZE.into()),
+        ("WIC_FAKEGPU_FAULT_ENTRY_SIZE", FAULT_ENTRY_SIZE.into()),
+        ("WIC_FAKEGPU_VA_BITS", VA_BITS.into()),
+        ("WIC_FAKEGPU_MAX_INJECT", MAX_INJECT.into()),
+        ("WIC_FAKEGPU_LOG_EVENTS", LOG_EVENTS.into()),
+        ("WIC_FAKEGPU_MAX_PAGES", MAX_PAGES.into()),
+        ("WIC_FAKEGPU_EVENT_WRITE", EVENT_WRITE.into()),
+        ("WIC_FAKEGPU_EVENT_MAP", EVENT_MAP.into()),
+        ("WIC_FAKEGPU_EVENT_MAP_WRITABLE", EVENT_MAP_WRITABLE.into()),
+        ("WIC_FAKEGPU_EVENT_UNMAP", EVENT_UNMAP.into()),
+        ("WIC_FAKEGPU_EVENT_REVOKE_WRITE", EVENT_REVOKE_WRITE.into()),
+        ("WIC_FAKEGPU_EVENT_REPLAY", EVENT_REPLAY.into()),
+        ("WIC_FAKEGPU_EVENT_SERVICED", EVENT_SERVICED.into()),
+        ("WIC_FAKEGPU_VERDICT_PASS", VERDICT_PASS.into()),
+        ("WIC_FAKEGPU_VERDICT_HOLD", VERDICT_HOLD.into()),
+        ("WIC_FAKEGPU_PAGE_MAPPED", PAGE_MAPPED.into()),
+        ("WIC_FAKEGPU_PAGE_WRITABLE", PAGE_WRITABLE.into()),
+        ("WIC_FAKEGPU_IOC_MAGIC", IOC_MAGIC.into()),
+        ("WIC_FAKEGPU_IOC_INJECT", IOC_INJECT.into()),
+        ("WIC_FAKEGPU_IOC_EVENTS", IOC_EVENTS.into()),
+        ("WIC_FAKEGPU_IOC_PAGE_STATE", IOC_PAGE_STATE.into()),
+        ("WIC_FAKEGPU_IOC_RESET", IOC_RESET.into()),
+    ]
+}
+
+/// Every struct of the header.
+pub fn structs() -> Vec<wic_proto::kabi::StructLayout> {
+    use wic_proto::kabi::StructLayout;
+    fn entry<T>(name: &'static str, fields: &'static [(&'static str, usize)]) -> StructLayout {
+        StructLayout { name, size: std::mem::size_of::<T>(), align: std::mem::align_of::<T>(), fields }
+    }
+    vec![
+        entry::<Event>(Event::C_NAME, Event::FIELDS),
+        entry::<Inject>(Inject::C_NAME, Inject::FIELDS),
+        entry::<Events>(Events::C_NAME, Events::FIELDS),
+        entry::<PageState>(PageState::C_NAME, PageState::FIELDS),
+    ]
+}
+
+fn check(result: nix::Result<libc::c_int>) -> io::Result<libc::c_int> {
+    result.map_err(io::Error::from)
+}
+
+/// An open fake VA space: the application's "UVM file".
+pub struct FakeGpu {
+    file: File,
+}
+
+impl FakeGpu {
+    /// Opens [`DEVICE`]; the space belongs to the calling process's address space.
+    pub fn open() -> io::Result<Self> {
+        let file = OpenOptions::new().read(true).write(true).custom_flags(libc::O_CLOEXEC).open(DEVICE)?;
+        Ok(Self { file })
+    }
+
+    /// The file, to hand to the shim's `WIC_IOC_ATTACH`.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+
+    /// Injects `entries` as faults of `gpu`; returns each verdict and the time just before
+    /// the first was classified (CLOCK_MONOTONIC ns).
+    pub fn inject(&self, gpu: u32, entries: &[RawFaultEntry]) -> io::Result<(Vec<u8>, u64)> {
+        let mut verdicts = vec![0u8; entries.len()];
+        let mut arg = Inject {
+            gpu_id: gpu,
+            count: entries.len() as u32,
+            entries: entries.as_ptr() as u64,
+            verdicts: verdicts.as_mut_ptr() as u64,
+            injected_ns: 0,
+        };
+        // SAFETY: checked ABI; `entries` and `verdicts` hold `count` elements each for the call.
+        check(unsafe { ioc_inject(self.file.as_raw_fd(), &mut arg) })?;
+        Ok((verdicts, arg.injected_ns))
+    }
+
+    /// Moves up to `capacity` logged events out, waiting up to `timeout_ms` for the first.
+    pub fn events(&self, capacity: usize, timeout_ms: u32) -> io::Result<(Vec<Event>, u64)> {
+        let mut events = vec![Event::default(); capacity];
+        let mut arg = Events { buffer: events.as_mut_ptr() as u64, capacity: capacity as u32, timeout_ms, ..Default::default() };
+        // SAFETY: checked ABI; `events` holds `capacity` elements for the call.
+        check(unsafe { ioc_events(self.file.as_raw_fd(), &mut arg) })?;
+        events.truncate(arg.count as usize);
+        Ok((events, arg.overflow))
+    }
+
+    /// The fake page table's flags for `va` on `gpu`.
+    pub fn page_state(&self, gpu: u32, va: u64) -> io::Result<u32> {
+        let mut arg = PageState { gpu_id: gpu, flags: 0, va };
+        // SAFETY: checked ABI; `arg` is valid for reads and writes.
+        check(unsafe { ioc_page_state(self.file.as_raw_fd(), &mut arg) })?;
+        Ok(arg.flags)
+    }
+
+    /// Empties the event log and unmaps this space's pages.
+    pub fn reset(&self) -> io::Result<()> {
+        // SAFETY: checked ABI; no argument.
+        check(unsafe { ioc_reset(self.file.as_raw_fd()) }).map(drop)
+    }
+}
