@@ -112,7 +112,8 @@ pub const IOC_RESET: u32 = nix::request_code_none!(IOC_MAGIC, 4) as u32;
 nix::ioctl_readwrite_bad!(ioc_inject, IOC_INJECT, Inject);
 nix::ioctl_readwrite_bad!(ioc_events, IOC_EVENTS, Events);
 nix::ioctl_readwrite_bad!(ioc_page_state, IOC_PAGE_STATE, PageState);
-nix::ioctl_none_bad!(ioc_reset, IOC_RESET);
+// With an explicit zero argument: the module refuses a non-zero one.
+nix::ioctl_write_int_bad!(ioc_reset, IOC_RESET);
 
 /// Every constant of the header with its value, for the ABI test.
 pub fn constants() -> Vec<(&'static str, i128)> {
@@ -217,6 +218,6 @@ impl FakeGpu {
     /// Empties the event log and unmaps this space's pages.
     pub fn reset(&self) -> io::Result<()> {
         // SAFETY: checked ABI; no argument.
-        check(unsafe { ioc_reset(self.file.as_raw_fd()) }).map(drop)
+        check(unsafe { ioc_reset(self.file.as_raw_fd(), 0) }).map(drop)
     }
 }

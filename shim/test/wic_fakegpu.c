@@ -1,0 +1,840 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * wic_fakegpu.c - a stand-in for nvidia-uvm with the wic hook, for tests without a GPU.
+ *
+ * The module exports every symbol of uvm_wic.h, so that wic_shim.ko loads and runs unchanged,
+ * and creates /dev/wic_fakegpu (see wic_fakegpu.h). Each open file of the device is one fake
+ * UVM VA space bound to the opener's mm; uvm_wic_space_get() accepts exactly these files. The
+ * fake GPUs keep, per space and per GPU, the state of each 4 KiB page (mapped, writable) in an
+ * xarray; uvm_wic_write() writes into the application's real memory. Every call and every
+ * fault serviced without wic_shim is appended to a global event log that test drivers read.
+ *
+ * Contexts: the uvm_wic_* entry points other than the classify callback are process context
+ * only, as in nvidia-uvm; they say so with might_sleep(). The classify callback is called with
+ * a per-GPU spinlock held (bottom halves disabled) and inside an RCU read-side section, like
+ * the fault bottom half of nvidia-uvm with its ISR lock, so that a callback that sleeps is
+ * reported by the scheduler.
+ */
+
+#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
+
+#include <linux/build_bug.h>
+#include <linux/err.h>
+#include <linux/file.h>
+#include <linux/fs.h>
+#include <linux/highmem.h>
+#include <linux/kernel.h>
+#include <linux/ktime.h>
+#include <linux/miscdevice.h>
+#include <linux/mm.h>
+#include <linux/mmap_lock.h>
+#include <linux/module.h>
+#include <linux/mutex.h>
+#include <linux/rcupdate.h>
+#include <linux/sched/mm.h>
+#include <linux/sched/signal.h>
+#include <linux/slab.h>
+#include <linux/spinlock.h>
+#include <linux/string.h>
+#include <linux/uaccess.h>
+#include <linux/vmalloc.h>
+#include <linux/wait.h>
+#include <linux/xarray.h>
+#include <asm/unaligned.h>
+
+#include "uvm_wic.h"
+#include "wic_fakegpu.h"
+
+#define WIC_LOG_MASK (WIC_FAKEGPU_LOG_EVENTS - 1)
+/* Events copied to user space per step of WIC_FAKEGPU_IOC_EVENTS. */
+#define WIC_LOG_CHUNK 256
+/* Bits [31:12] of DWORD 2 of a fault entry: ADDR_LO, in place. */
+#define WIC_FAULT_ADDR_LO_MASK 0xfffff000U
+
+static bool strict_write = true;
+module_param(strict_write, bool, 0644);
+MODULE_PARM_DESC(strict_write,
+		 "uvm_wic_write() fails with -EBUSY on pages mapped on a fake GPU (default: on)");
+
+/**
+ * struct uvm_wic_space - one fake UVM VA space: the state of one open /dev/wic_fakegpu file
+ * @file: the file; the references that uvm_wic_space_get() hands out are references to it
+ * @mm: the opener's address space (mmgrab()bed), or NULL when a kernel thread opened the file
+ * @lock: serialises changes to @pages and @nr_pages (process context only)
+ * @pages: per fake GPU, page index (va >> 12) to xa_mk_value(WIC_FAKEGPU_PAGE_* flags); only
+ *	mapped pages have an entry
+ * @nr_pages: entries in all of @pages
+ */
+struct uvm_wic_space {
+	struct file *file;
+	struct mm_struct *mm;
+	struct mutex lock;	/* protects pages' contents and nr_pages */
+	struct xarray pages[WIC_FAKEGPU_NR_GPUS];
+	unsigned long nr_pages;
+};
+
+/* The callbacks wic_shim registered, if any. */
+static const struct uvm_wic_ops __rcu *wic_ops;
+static DEFINE_MUTEX(wic_ops_lock);
+
+/* The fake ISR locks, one per GPU, held around classify. */
+static spinlock_t wic_isr_lock[WIC_FAKEGPU_NR_GPUS];
+
+/*
+ * The event log: a ring of WIC_FAKEGPU_LOG_EVENTS events. wic_log_head and wic_log_tail count
+ * events logged and taken out; both only grow (until a reset). wic_log_lock protects them, the
+ * ring and wic_log_overflow. wic_log_read_lock serialises readers (and resets) so that a reader
+ * can copy events out before it removes them.
+ */
+static struct wic_fakegpu_event *wic_log;
+static u64 wic_log_head;
+static u64 wic_log_tail;
+static u64 wic_log_overflow;
+static DEFINE_SPINLOCK(wic_log_lock);
+static DEFINE_MUTEX(wic_log_read_lock);
+static DECLARE_WAIT_QUEUE_HEAD(wic_log_wait);
+
+static void wic_log_event(u32 kind, u32 gpu_id, u64 va, u64 length, u64 data0)
+{
+	struct wic_fakegpu_event *ev;
+	unsigned long flags;
+
+	spin_lock_irqsave(&wic_log_lock, flags);
+	if (wic_log_head - wic_log_tail >= WIC_FAKEGPU_LOG_EVENTS) {
+		wic_log_overflow++;
+	} else {
+		ev = &wic_log[wic_log_head & WIC_LOG_MASK];
+		ev->kind = kind;
+		ev->gpu_id = gpu_id;
+		ev->va = va;
+		ev->length = length;
+		ev->data0 = data0;
+		ev->ns = ktime_get_ns();
+		wic_log_head++;
+	}
+	spin_unlock_irqrestore(&wic_log_lock, flags);
+	wake_up_interruptible(&wic_log_wait);
+}
+
+static bool wic_log_pending(void)
+{
+	bool pending;
+
+	spin_lock_irq(&wic_log_lock);
+	pending = wic_log_head != wic_log_tail;
+	spin_unlock_irq(&wic_log_lock);
+	return pending;
+}
+
+static void wic_log_reset(void)
+{
+	mutex_lock(&wic_log_read_lock);
+	spin_lock_irq(&wic_log_lock);
+	wic_log_head = 0;
+	wic_log_tail = 0;
+	wic_log_overflow = 0;
+	spin_unlock_irq(&wic_log_lock);
+	mutex_unlock(&wic_log_read_lock);
+}
+
+/* Check a range of whole pages on a GPU. */
+static int wic_check_range(u32 gpu_id, u64 va, u64 len)
+{
+	if (gpu_id >= WIC_FAKEGPU_NR_GPUS)
+		return -ENODEV;
+	if (!len || ((va | len) & (WIC_FAKEGPU_PAGE_SIZE - 1)))
+		return -EINVAL;
+	if (va + (len - 1) < va)
+		return -EINVAL;
+	return 0;
+}
+
+/*
+ * Set the flags of pages first..last (page indices, inclusive) on a GPU: they become
+ * (old & ~clear) | set, where a page with no entry has old 0. @set must include
+ * WIC_FAKEGPU_PAGE_MAPPED. On an error the pages before the failing one keep their new flags.
+ */
+static int wic_pages_set(struct uvm_wic_space *space, u32 gpu_id, unsigned long first,
+			 unsigned long last, unsigned long set, unsigned long clear)
+{
+	struct xarray *xa = &space->pages[gpu_id];
+	unsigned long index = first;
+	int ret = 0;
+	void *old;
+
+	mutex_lock(&space->lock);
+	for (;;) {
+		unsigned long flags = set;
+
+		old = xa_load(xa, index);
+		if (old)
+			flags |= xa_to_value(old) & ~clear;
+		else if (space->nr_pages >= WIC_FAKEGPU_MAX_PAGES)
+			ret = -ENOSPC;
+		if (ret)
+			break;
+		old = xa_store(xa, index, xa_mk_value(flags), GFP_KERNEL);
+		if (xa_is_err(old)) {
+			ret = xa_err(old);
+			break;
+		}
+		if (!old)
+			space->nr_pages++;
+		if (index == last)
+			break;
+		index++;
+		cond_resched();
+	}
+	mutex_unlock(&space->lock);
+	return ret;
+}
+
+/*
+ * Clear flags of the mapped pages among first..last (inclusive) on a GPU; a page that is left
+ * without WIC_FAKEGPU_PAGE_MAPPED loses its entry.
+ */
+static void wic_pages_clear(struct uvm_wic_space *space, u32 gpu_id, unsigned long first,
+			    unsigned long last, unsigned long clear)
+{
+	struct xarray *xa = &space->pages[gpu_id];
+	unsigned long index;
+	void *entry;
+
+	mutex_lock(&space->lock);
+	xa_for_each_range(xa, index, entry, first, last) {
+		unsigned long flags = xa_to_value(entry) & ~clear;
+
+		if (flags & WIC_FAKEGPU_PAGE_MAPPED) {
+			/* Replacing an entry in place allocates nothing. */
+			xa_store(xa, index, xa_mk_value(flags), GFP_KERNEL);
+		} else {
+			xa_erase(xa, index);
+			space->nr_pages--;
+		}
+		cond_resched();
+	}
+	mutex_unlock(&space->lock);
+}
+
+/* Whether any page among first..last (inclusive) is mapped on any GPU. */
+static bool wic_pages_mapped(struct uvm_wic_space *space, unsigned long first,
+			     unsigned long last)
+{
+	u32 gpu_id;
+
+	for (gpu_id = 0; gpu_id < WIC_FAKEGPU_NR_GPUS; gpu_id++) {
+		unsigned long index = first;
+
+		if (xa_find(&space->pages[gpu_id], &index, last, XA_PRESENT))
+			return true;
+	}
+	return false;
+}
+
+static void wic_pages_reset(struct uvm_wic_space *space)
+{
+	u32 gpu_id;
+
+	mutex_lock(&space->lock);
+	for (gpu_id = 0; gpu_id < WIC_FAKEGPU_NR_GPUS; gpu_id++)
+		xa_destroy(&space->pages[gpu_id]);
+	space->nr_pages = 0;
+	mutex_unlock(&space->lock);
+}
+
+/*
+ * Write @len bytes at @va of @mm, page by page, as access_remote_vm() would (which 6.1 does
+ * not export); like a debugger's write, it breaks copy-on-write and ignores protections.
+ */
+static int wic_write_remote(struct mm_struct *mm, u64 va, const u8 *src, size_t len)
+{
+	int ret = 0;
+
+	if (mmap_read_lock_killable(mm))
+		return -EINTR;
+	while (len) {
+		unsigned long addr = va;
+		size_t offset = offset_in_page(addr);
+		size_t bytes = min_t(size_t, len, PAGE_SIZE - offset);
+		struct vm_area_struct *vma;
+		struct page *page;
+		void *kaddr;
+
+		if (get_user_pages_remote(mm, addr, 1, FOLL_WRITE | FOLL_FORCE, &page, &vma,
+					  NULL) <= 0) {
+			ret = -EFAULT;
+			break;
+		}
+		kaddr = kmap_local_page(page);
+		copy_to_user_page(vma, page, addr, kaddr + offset, src, bytes);
+		kunmap_local(kaddr);
+		set_page_dirty_lock(page);
+		put_page(page);
+
+		va += bytes;
+		src += bytes;
+		len -= bytes;
+		if (len && fatal_signal_pending(current)) {
+			ret = -EINTR;
+			break;
+		}
+		cond_resched();
+	}
+	mmap_read_unlock(mm);
+	return ret;
+}
+
+/* The VA of a raw fault entry: ADDR_HI:ADDR_LO, sign-extended from WIC_FAKEGPU_VA_BITS. */
+static u64 wic_fault_va(const u8 *raw)
+{
+	u64 lo = get_unaligned_le32(raw + 8) & WIC_FAULT_ADDR_LO_MASK;
+	u64 hi = get_unaligned_le32(raw + 12);
+
+	return (u64)sign_extend64((hi << 32) | lo, WIC_FAKEGPU_VA_BITS - 1);
+}
+
+static long wic_ioctl_inject(struct uvm_wic_space *space, struct wic_fakegpu_inject __user *uarg)
+{
+	struct wic_fakegpu_inject args;
+	const struct uvm_wic_ops *ops;
+	struct uvm_wic_fault *faults = NULL;
+	u8 *verdicts = NULL;
+	unsigned int invalid = 0;
+	u8 *raw;
+	long ret = 0;
+	u32 i;
+
+	if (copy_from_user(&args, uarg, sizeof(args)))
+		return -EFAULT;
+	if (args.gpu_id >= WIC_FAKEGPU_NR_GPUS)
+		return -ENODEV;
+	if (!args.count || args.count > WIC_FAKEGPU_MAX_INJECT)
+		return -EINVAL;
+
+	/* Everything is copied in first: no user access in the atomic section. */
+	raw = vmemdup_user(u64_to_user_ptr(args.entries),
+			   (size_t)args.count * WIC_FAKEGPU_FAULT_ENTRY_SIZE);
+	if (IS_ERR(raw))
+		return PTR_ERR(raw);
+	faults = kvcalloc(args.count, sizeof(*faults), GFP_KERNEL);
+	verdicts = kzalloc(args.count, GFP_KERNEL);
+	if (!faults || !verdicts) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	for (i = 0; i < args.count; i++) {
+		const u8 *entry = raw + (size_t)i * WIC_FAKEGPU_FAULT_ENTRY_SIZE;
+
+		faults[i].space = space;
+		faults[i].gpu_id = args.gpu_id;
+		faults[i].va = wic_fault_va(entry);
+		memcpy(faults[i].raw, entry, UVM_WIC_FAULT_ENTRY_SIZE);
+	}
+
+	spin_lock_bh(&wic_isr_lock[args.gpu_id]);
+	rcu_read_lock();
+	ops = rcu_dereference(wic_ops);
+	args.injected_ns = ktime_get_ns();
+	for (i = 0; i < args.count; i++) {
+		enum uvm_wic_verdict verdict = UVM_WIC_PASS;
+
+		if (ops)
+			verdict = ops->classify(&faults[i]);
+		if (verdict == UVM_WIC_HOLD) {
+			verdicts[i] = WIC_FAKEGPU_VERDICT_HOLD;
+		} else {
+			verdicts[i] = WIC_FAKEGPU_VERDICT_PASS;
+			if (verdict != UVM_WIC_PASS)
+				invalid++;
+		}
+	}
+	rcu_read_unlock();
+	spin_unlock_bh(&wic_isr_lock[args.gpu_id]);
+
+	if (invalid)
+		pr_warn_ratelimited("classify returned %u invalid verdicts, taken as pass\n",
+				    invalid);
+
+	/* Service the passed faults; running out of page-state room changes no verdict. */
+	for (i = 0; i < args.count; i++) {
+		unsigned long index = faults[i].va >> WIC_FAKEGPU_PAGE_SHIFT;
+
+		if (verdicts[i] != WIC_FAKEGPU_VERDICT_PASS)
+			continue;
+		wic_pages_set(space, args.gpu_id, index, index, WIC_FAKEGPU_PAGE_MAPPED, 0);
+		wic_log_event(WIC_FAKEGPU_EVENT_SERVICED, args.gpu_id, faults[i].va,
+			      WIC_FAKEGPU_PAGE_SIZE, 0);
+	}
+
+	if (copy_to_user(u64_to_user_ptr(args.verdicts), verdicts, args.count) ||
+	    put_user(args.injected_ns, &uarg->injected_ns))
+		ret = -EFAULT;
+out:
+	kfree(verdicts);
+	kvfree(faults);
+	kvfree(raw);
+	return ret;
+}
+
+static long wic_ioctl_events(struct wic_fakegpu_events __user *uarg)
+{
+	struct wic_fakegpu_event __user *ubuf;
+	struct wic_fakegpu_events args;
+	struct wic_fakegpu_event *kbuf;
+	u32 done = 0;
+	long ret = 0;
+
+	if (copy_from_user(&args, uarg, sizeof(args)))
+		return -EFAULT;
+	if (args.reserved || !args.capacity)
+		return -EINVAL;
+	ubuf = u64_to_user_ptr(args.buffer);
+
+	if (args.timeout_ms) {
+		long left;
+
+		left = wait_event_interruptible_timeout(wic_log_wait, wic_log_pending(),
+							msecs_to_jiffies(args.timeout_ms));
+		if (left < 0)
+			return left;
+	}
+
+	kbuf = kmalloc_array(WIC_LOG_CHUNK, sizeof(*kbuf), GFP_KERNEL);
+	if (!kbuf)
+		return -ENOMEM;
+	if (mutex_lock_interruptible(&wic_log_read_lock)) {
+		kfree(kbuf);
+		return -ERESTARTSYS;
+	}
+	while (done < args.capacity) {
+		u32 n, i;
+
+		spin_lock_irq(&wic_log_lock);
+		n = min_t(u64, wic_log_head - wic_log_tail,
+			  min_t(u32, args.capacity - done, WIC_LOG_CHUNK));
+		for (i = 0; i < n; i++)
+			kbuf[i] = wic_log[(wic_log_tail + i) & WIC_LOG_MASK];
+		spin_unlock_irq(&wic_log_lock);
+		if (!n)
+			break;
+		/* Only readers remove events, and they hold wic_log_read_lock. */
+		if (copy_to_user(ubuf + done, kbuf, n * sizeof(*kbuf))) {
+			if (!done)
+				ret = -EFAULT;
+			break;
+		}
+		spin_lock_irq(&wic_log_lock);
+		wic_log_tail += n;
+		spin_unlock_irq(&wic_log_lock);
+		done += n;
+	}
+	if (!ret) {
+		spin_lock_irq(&wic_log_lock);
+		args.overflow = wic_log_overflow;
+		wic_log_overflow = 0;
+		spin_unlock_irq(&wic_log_lock);
+	}
+	mutex_unlock(&wic_log_read_lock);
+	kfree(kbuf);
+	if (ret)
+		return ret;
+
+	args.count = done;
+	if (copy_to_user(uarg, &args, sizeof(args)))
+		return -EFAULT;
+	return 0;
+}
+
+static long wic_ioctl_page_state(struct uvm_wic_space *space,
+				 struct wic_fakegpu_page_state __user *uarg)
+{
+	struct wic_fakegpu_page_state args;
+	void *entry;
+
+	if (copy_from_user(&args, uarg, sizeof(args)))
+		return -EFAULT;
+	if (args.gpu_id >= WIC_FAKEGPU_NR_GPUS)
+		return -ENODEV;
+	if (args.va & (WIC_FAKEGPU_PAGE_SIZE - 1))
+		return -EINVAL;
+	entry = xa_load(&space->pages[args.gpu_id], args.va >> WIC_FAKEGPU_PAGE_SHIFT);
+	args.flags = entry ? xa_to_value(entry) : 0;
+	if (copy_to_user(uarg, &args, sizeof(args)))
+		return -EFAULT;
+	return 0;
+}
+
+static long wic_fakegpu_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
+{
+	struct uvm_wic_space *space = file->private_data;
+	void __user *uarg = (void __user *)arg;
+
+	switch (cmd) {
+	case WIC_FAKEGPU_IOC_INJECT:
+		return wic_ioctl_inject(space, uarg);
+	case WIC_FAKEGPU_IOC_EVENTS:
+		return wic_ioctl_events(uarg);
+	case WIC_FAKEGPU_IOC_PAGE_STATE:
+		return wic_ioctl_page_state(space, uarg);
+	case WIC_FAKEGPU_IOC_RESET:
+		if (arg)
+			return -EINVAL;
+		wic_log_reset();
+		wic_pages_reset(space);
+		return 0;
+	default:
+		return -ENOTTY;
+	}
+}
+
+static int wic_fakegpu_open(struct inode *inode, struct file *file)
+{
+	struct uvm_wic_space *space;
+	u32 gpu_id;
+
+	space = kzalloc(sizeof(*space), GFP_KERNEL);
+	if (!space)
+		return -ENOMEM;
+	space->file = file;
+	space->mm = current->mm;
+	if (space->mm)
+		mmgrab(space->mm);
+	mutex_init(&space->lock);
+	for (gpu_id = 0; gpu_id < WIC_FAKEGPU_NR_GPUS; gpu_id++)
+		xa_init(&space->pages[gpu_id]);
+	file->private_data = space;
+	return nonseekable_open(inode, file);
+}
+
+/* Called once the last reference is gone, including those of uvm_wic_space_get(). */
+static int wic_fakegpu_release(struct inode *inode, struct file *file)
+{
+	struct uvm_wic_space *space = file->private_data;
+	u32 gpu_id;
+
+	for (gpu_id = 0; gpu_id < WIC_FAKEGPU_NR_GPUS; gpu_id++)
+		xa_destroy(&space->pages[gpu_id]);
+	if (space->mm)
+		mmdrop(space->mm);
+	mutex_destroy(&space->lock);
+	kfree(space);
+	return 0;
+}
+
+static const struct file_operations wic_fakegpu_fops = {
+	.owner = THIS_MODULE,
+	.open = wic_fakegpu_open,
+	.release = wic_fakegpu_release,
+	.unlocked_ioctl = wic_fakegpu_ioctl,
+	.compat_ioctl = compat_ptr_ioctl,
+	.llseek = no_llseek,
+};
+
+static struct miscdevice wic_fakegpu_dev = {
+	.minor = MISC_DYNAMIC_MINOR,
+	.name = "wic_fakegpu",
+	.fops = &wic_fakegpu_fops,
+	.mode = 0600,
+};
+
+/**
+ * uvm_wic_register() - install the shim's callbacks
+ * @ops: the callbacks; must stay valid until uvm_wic_unregister() returns
+ *
+ * Return: 0, -EBUSY when callbacks are installed already, -EINVAL without a classify callback.
+ */
+int uvm_wic_register(const struct uvm_wic_ops *ops)
+{
+	int ret = 0;
+
+	might_sleep();
+	if (!ops || !ops->classify)
+		return -EINVAL;
+	mutex_lock(&wic_ops_lock);
+	if (rcu_access_pointer(wic_ops))
+		ret = -EBUSY;
+	else
+		rcu_assign_pointer(wic_ops, ops);
+	mutex_unlock(&wic_ops_lock);
+	return ret;
+}
+EXPORT_SYMBOL_GPL(uvm_wic_register);
+
+/**
+ * uvm_wic_unregister() - remove the shim's callbacks
+ * @ops: the callbacks passed to uvm_wic_register()
+ *
+ * Waits until no injection is still inside @ops->classify. Other @ops than the installed ones
+ * are left alone (with a warning in the kernel log).
+ */
+void uvm_wic_unregister(const struct uvm_wic_ops *ops)
+{
+	bool removed = false;
+
+	might_sleep();
+	mutex_lock(&wic_ops_lock);
+	if (ops && rcu_access_pointer(wic_ops) == ops) {
+		RCU_INIT_POINTER(wic_ops, NULL);
+		removed = true;
+	}
+	mutex_unlock(&wic_ops_lock);
+	if (removed)
+		synchronize_rcu();
+	else
+		pr_warn("%s() of callbacks that are not installed\n", __func__);
+}
+EXPORT_SYMBOL_GPL(uvm_wic_unregister);
+
+/**
+ * uvm_wic_space_get() - the VA space behind an open /dev/wic_fakegpu file
+ * @uvm_file: a file, received by the daemon over a Unix socket
+ *
+ * Takes a reference to @uvm_file, which keeps the space (and this module) alive until
+ * uvm_wic_space_put().
+ *
+ * Return: the space, or an ERR_PTR: -EBADF when @uvm_file is not a /dev/wic_fakegpu file,
+ * -ENODEV when it was opened by a kernel thread (no mm).
+ */
+struct uvm_wic_space *uvm_wic_space_get(struct file *uvm_file)
+{
+	struct uvm_wic_space *space;
+
+	might_sleep();
+	if (IS_ERR_OR_NULL(uvm_file) || uvm_file->f_op != &wic_fakegpu_fops)
+		return ERR_PTR(-EBADF);
+	space = uvm_file->private_data;
+	if (!space->mm)
+		return ERR_PTR(-ENODEV);
+	get_file(uvm_file);
+	return space;
+}
+EXPORT_SYMBOL_GPL(uvm_wic_space_get);
+
+/**
+ * uvm_wic_space_put() - drop a reference taken by uvm_wic_space_get()
+ * @space: the space; NULL and error pointers are ignored
+ */
+void uvm_wic_space_put(struct uvm_wic_space *space)
+{
+	if (IS_ERR_OR_NULL(space))
+		return;
+	fput(space->file);
+}
+EXPORT_SYMBOL_GPL(uvm_wic_space_put);
+
+/**
+ * uvm_wic_space_mm() - the address space of the process that opened the space's file
+ * @space: a space held by the caller
+ *
+ * Return: the mm, valid while the caller holds @space; no reference is taken.
+ */
+struct mm_struct *uvm_wic_space_mm(struct uvm_wic_space *space)
+{
+	if (IS_ERR_OR_NULL(space))
+		return NULL;
+	return space->mm;
+}
+EXPORT_SYMBOL_GPL(uvm_wic_space_mm);
+
+/**
+ * uvm_wic_write() - write bytes into the application's memory
+ * @space: the space
+ * @va: the first byte
+ * @src: kernel memory holding the bytes
+ * @len: how many bytes, at least 1
+ *
+ * Process context only. Writes through the page tables of the space's mm, like a debugger,
+ * and logs %WIC_FAKEGPU_EVENT_WRITE with the first 8 bytes.
+ *
+ * Return: 0; -EINVAL for bad arguments; -ENODEV for a space without mm; -EBUSY when a page
+ * of the range is mapped on a fake GPU (unless the module parameter strict_write is off);
+ * -ESRCH when the mm has exited; -EFAULT when part of the range could not be written (the
+ * part before may have been); -EINTR on a fatal signal.
+ */
+int uvm_wic_write(struct uvm_wic_space *space, u64 va, const void *src, size_t len)
+{
+	struct mm_struct *mm;
+	u8 first[8] = {};
+	int ret;
+
+	might_sleep();
+	if (IS_ERR_OR_NULL(space) || !src || !len || va + (len - 1) < va)
+		return -EINVAL;
+	mm = space->mm;
+	if (!mm)
+		return -ENODEV;
+	if (strict_write && wic_pages_mapped(space, va >> WIC_FAKEGPU_PAGE_SHIFT,
+					     (va + (len - 1)) >> WIC_FAKEGPU_PAGE_SHIFT)) {
+		pr_warn_ratelimited("%s() of %#llx+%zu, mapped on a GPU\n", __func__, va, len);
+		return -EBUSY;
+	}
+	if (!mmget_not_zero(mm))
+		return -ESRCH;
+	ret = wic_write_remote(mm, va, src, len);
+	mmput(mm);
+	if (ret)
+		return ret;
+
+	memcpy(first, src, min_t(size_t, len, sizeof(first)));
+	wic_log_event(WIC_FAKEGPU_EVENT_WRITE, WIC_FAKEGPU_GPU_NONE, va, len,
+		      get_unaligned_le64(first));
+	return 0;
+}
+EXPORT_SYMBOL_GPL(uvm_wic_write);
+
+/**
+ * uvm_wic_map() - map pages on a fake GPU
+ * @space: the space
+ * @gpu_id: the GPU
+ * @va: page-aligned start
+ * @len: page-aligned length
+ * @writable: map read-write rather than read-only
+ *
+ * Process context only. Sets the pages' flags to mapped (and writable when @writable), whatever
+ * they were, and logs %WIC_FAKEGPU_EVENT_MAP or %WIC_FAKEGPU_EVENT_MAP_WRITABLE.
+ *
+ * Return: 0; -ENODEV for a bad @gpu_id; -EINVAL for a bad range; -E2BIG for a range of more
+ * than %WIC_FAKEGPU_MAX_PAGES pages; -ENOSPC when the space would have more mapped pages than
+ * that, or -ENOMEM (then part of the range may be mapped).
+ */
+int uvm_wic_map(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len, bool writable)
+{
+	unsigned long set = WIC_FAKEGPU_PAGE_MAPPED;
+	int ret;
+
+	might_sleep();
+	if (IS_ERR_OR_NULL(space))
+		return -EINVAL;
+	ret = wic_check_range(gpu_id, va, len);
+	if (ret)
+		return ret;
+	if (len >> WIC_FAKEGPU_PAGE_SHIFT > WIC_FAKEGPU_MAX_PAGES)
+		return -E2BIG;
+	if (writable)
+		set |= WIC_FAKEGPU_PAGE_WRITABLE;
+	ret = wic_pages_set(space, gpu_id, va >> WIC_FAKEGPU_PAGE_SHIFT,
+			    (va + (len - 1)) >> WIC_FAKEGPU_PAGE_SHIFT, set, ~0UL);
+	if (ret)
+		return ret;
+	wic_log_event(writable ? WIC_FAKEGPU_EVENT_MAP_WRITABLE : WIC_FAKEGPU_EVENT_MAP,
+		      gpu_id, va, len, 0);
+	return 0;
+}
+EXPORT_SYMBOL_GPL(uvm_wic_map);
+
+/**
+ * uvm_wic_unmap() - unmap pages from a fake GPU
+ * @space: the space
+ * @gpu_id: the GPU
+ * @va: page-aligned start
+ * @len: page-aligned length
+ *
+ * Process context only. Pages that are not mapped are skipped. Logs %WIC_FAKEGPU_EVENT_UNMAP.
+ *
+ * Return: 0, -ENODEV for a bad @gpu_id or -EINVAL for a bad range.
+ */
+int uvm_wic_unmap(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len)
+{
+	int ret;
+
+	might_sleep();
+	if (IS_ERR_OR_NULL(space))
+		return -EINVAL;
+	ret = wic_check_range(gpu_id, va, len);
+	if (ret)
+		return ret;
+	wic_pages_clear(space, gpu_id, va >> WIC_FAKEGPU_PAGE_SHIFT,
+			(va + (len - 1)) >> WIC_FAKEGPU_PAGE_SHIFT, ~0UL);
+	wic_log_event(WIC_FAKEGPU_EVENT_UNMAP, gpu_id, va, len, 0);
+	return 0;
+}
+EXPORT_SYMBOL_GPL(uvm_wic_unmap);
+
+/**
+ * uvm_wic_revoke_write() - make pages read-only on a fake GPU
+ * @space: the space
+ * @gpu_id: the GPU
+ * @va: page-aligned start
+ * @len: page-aligned length
+ *
+ * Process context only. Mapped pages stay mapped. Logs %WIC_FAKEGPU_EVENT_REVOKE_WRITE.
+ *
+ * Return: 0, -ENODEV for a bad @gpu_id or -EINVAL for a bad range.
+ */
+int uvm_wic_revoke_write(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len)
+{
+	int ret;
+
+	might_sleep();
+	if (IS_ERR_OR_NULL(space))
+		return -EINVAL;
+	ret = wic_check_range(gpu_id, va, len);
+	if (ret)
+		return ret;
+	wic_pages_clear(space, gpu_id, va >> WIC_FAKEGPU_PAGE_SHIFT,
+			(va + (len - 1)) >> WIC_FAKEGPU_PAGE_SHIFT, WIC_FAKEGPU_PAGE_WRITABLE);
+	wic_log_event(WIC_FAKEGPU_EVENT_REVOKE_WRITE, gpu_id, va, len, 0);
+	return 0;
+}
+EXPORT_SYMBOL_GPL(uvm_wic_revoke_write);
+
+/**
+ * uvm_wic_replay() - replay a fake GPU's stalled faults
+ * @gpu_id: the GPU
+ *
+ * Process context only. Logs %WIC_FAKEGPU_EVENT_REPLAY; faults are not re-injected.
+ *
+ * Return: 0 or -ENODEV for a bad @gpu_id.
+ */
+int uvm_wic_replay(u32 gpu_id)
+{
+	might_sleep();
+	if (gpu_id >= WIC_FAKEGPU_NR_GPUS)
+		return -ENODEV;
+	wic_log_event(WIC_FAKEGPU_EVENT_REPLAY, gpu_id, 0, 0, 0);
+	return 0;
+}
+EXPORT_SYMBOL_GPL(uvm_wic_replay);
+
+static int __init wic_fakegpu_init(void)
+{
+	u32 gpu_id;
+	int ret;
+
+	BUILD_BUG_ON(sizeof(struct wic_fakegpu_event) != 40);
+	BUILD_BUG_ON(sizeof(struct wic_fakegpu_inject) != 32);
+	BUILD_BUG_ON(sizeof(struct wic_fakegpu_events) != 32);
+	BUILD_BUG_ON(sizeof(struct wic_fakegpu_page_state) != 16);
+	BUILD_BUG_ON(WIC_FAKEGPU_FAULT_ENTRY_SIZE != UVM_WIC_FAULT_ENTRY_SIZE);
+	BUILD_BUG_ON(WIC_FAKEGPU_VERDICT_PASS != UVM_WIC_PASS);
+	BUILD_BUG_ON(WIC_FAKEGPU_VERDICT_HOLD != UVM_WIC_HOLD);
+	BUILD_BUG_ON(!is_power_of_2(WIC_FAKEGPU_LOG_EVENTS));
+	/* Page indices of 64-bit VAs are xarray indices. */
+	BUILD_BUG_ON(sizeof(unsigned long) < sizeof(u64));
+
+	for (gpu_id = 0; gpu_id < WIC_FAKEGPU_NR_GPUS; gpu_id++)
+		spin_lock_init(&wic_isr_lock[gpu_id]);
+	wic_log = vzalloc(array_size(WIC_FAKEGPU_LOG_EVENTS, sizeof(*wic_log)));
+	if (!wic_log)
+		return -ENOMEM;
+	ret = misc_register(&wic_fakegpu_dev);
+	if (ret) {
+		vfree(wic_log);
+		return ret;
+	}
+	return 0;
+}
+
+static void __exit wic_fakegpu_exit(void)
+{
+	misc_deregister(&wic_fakegpu_dev);
+	if (rcu_access_pointer(wic_ops))
+		pr_warn("unloaded with callbacks still installed\n");
+	vfree(wic_log);
+}
+
+module_init(wic_fakegpu_init);
+module_exit(wic_fakegpu_exit);
+
+MODULE_DESCRIPTION("Fake GPU exporting the nvidia-uvm wic hook interface, for tests");
+MODULE_LICENSE("GPL");

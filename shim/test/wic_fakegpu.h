@@ -1,0 +1,160 @@
+/* SPDX-License-Identifier: GPL-2.0 WITH Linux-syscall-note OR MIT */
+/*
+ * wic_fakegpu.h - the interface of /dev/wic_fakegpu, the test stand-in for nvidia-uvm.
+ *
+ * wic_fakegpu.ko exports the symbols of uvm_wic.h, so that wic_shim.ko loads and runs without
+ * a GPU, and offers this device to test drivers. Each open file of /dev/wic_fakegpu is one fake
+ * UVM VA space, bound to the address space of the process that opened it: it plays that
+ * process's /dev/nvidia-uvm file (the one the application passes to wicd). Through the file a
+ * test driver injects raw hardware faults, which the fake shows to wic_shim's classify callback
+ * exactly as the patched nvidia-uvm would, reads the log of what wic_shim then asked the fake
+ * GPU to do, and inspects the fake GPU's page tables.
+ *
+ * The event log is global (one for all files) and bounded: when it is full, new events are
+ * dropped and counted; WIC_FAKEGPU_IOC_EVENTS reports the count. Page state is per file and per
+ * GPU. All structures have the same layout for 32-bit and 64-bit callers.
+ *
+ * The fake checks one rule of uvm_wic.h: uvm_wic_write() to a page that is mapped on any fake
+ * GPU fails with EBUSY, unless the module parameter strict_write is 0.
+ */
+#ifndef _WIC_FAKEGPU_H
+#define _WIC_FAKEGPU_H
+
+#include <linux/ioctl.h>
+#include <linux/types.h>
+
+#define WIC_FAKEGPU_DEVICE "/dev/wic_fakegpu"
+
+/* Fake GPU ids are 0 .. WIC_FAKEGPU_NR_GPUS - 1; other ids fail with ENODEV. */
+#define WIC_FAKEGPU_NR_GPUS 8
+/* The gpu_id of events that concern no GPU (WIC_FAKEGPU_EVENT_WRITE). */
+#define WIC_FAKEGPU_GPU_NONE 0xffffffffU
+
+/* The fake GPU's page size; page state and mappings have this granularity. */
+#define WIC_FAKEGPU_PAGE_SHIFT 12
+#define WIC_FAKEGPU_PAGE_SIZE (1U << WIC_FAKEGPU_PAGE_SHIFT)
+
+/* One raw replayable fault-buffer entry (the 32-byte clc369.h layout). */
+#define WIC_FAKEGPU_FAULT_ENTRY_SIZE 32
+/* Faulting VAs are sign-extended from this width (GH100). */
+#define WIC_FAKEGPU_VA_BITS 57
+
+/* Limits. */
+#define WIC_FAKEGPU_MAX_INJECT 4096		/* entries in one WIC_FAKEGPU_IOC_INJECT */
+#define WIC_FAKEGPU_LOG_EVENTS 65536		/* events the log holds */
+#define WIC_FAKEGPU_MAX_PAGES (1U << 22)	/* mapped (page, GPU) pairs per file */
+
+/* Event kinds (struct wic_fakegpu_event.kind). */
+#define WIC_FAKEGPU_EVENT_WRITE 1		/* uvm_wic_write() */
+#define WIC_FAKEGPU_EVENT_MAP 2			/* uvm_wic_map(), read-only */
+#define WIC_FAKEGPU_EVENT_MAP_WRITABLE 3	/* uvm_wic_map(), read-write */
+#define WIC_FAKEGPU_EVENT_UNMAP 4		/* uvm_wic_unmap() */
+#define WIC_FAKEGPU_EVENT_REVOKE_WRITE 5	/* uvm_wic_revoke_write() */
+#define WIC_FAKEGPU_EVENT_REPLAY 6		/* uvm_wic_replay() */
+#define WIC_FAKEGPU_EVENT_SERVICED 7		/* an injected fault passed and serviced */
+
+/* Verdicts (WIC_FAKEGPU_IOC_INJECT), the values of enum uvm_wic_verdict. */
+#define WIC_FAKEGPU_VERDICT_PASS 0
+#define WIC_FAKEGPU_VERDICT_HOLD 1
+
+/* Page flags (struct wic_fakegpu_page_state.flags). */
+#define WIC_FAKEGPU_PAGE_MAPPED (1U << 0)
+#define WIC_FAKEGPU_PAGE_WRITABLE (1U << 1)
+
+/**
+ * struct wic_fakegpu_event - one call wic_shim made into the fake, or one serviced fault
+ * @kind: a WIC_FAKEGPU_EVENT_* value
+ * @gpu_id: the GPU; WIC_FAKEGPU_GPU_NONE for WIC_FAKEGPU_EVENT_WRITE
+ * @va: the first byte (page-aligned except for writes); 0 for WIC_FAKEGPU_EVENT_REPLAY
+ * @length: bytes; WIC_FAKEGPU_PAGE_SIZE for WIC_FAKEGPU_EVENT_SERVICED, 0 for
+ *	WIC_FAKEGPU_EVENT_REPLAY
+ * @data0: WIC_FAKEGPU_EVENT_WRITE: the first 8 bytes written, as a little-endian number
+ *	(bytes beyond @length are 0); 0 for the other kinds
+ * @ns: when the call completed, CLOCK_MONOTONIC nanoseconds
+ *
+ * Only calls that succeeded are logged. Events appear in the order they were logged, which is
+ * the order of @ns.
+ */
+struct wic_fakegpu_event {
+	__u32 kind;
+	__u32 gpu_id;
+	__u64 va;
+	__u64 length;
+	__u64 data0;
+	__u64 ns;
+};
+
+/**
+ * struct wic_fakegpu_inject - show raw hardware faults of this file's space to wic_shim
+ * @gpu_id: in: the faulting GPU
+ * @count: in: entries, 1 .. WIC_FAKEGPU_MAX_INJECT
+ * @entries: in: user pointer to @count raw fault-buffer entries of
+ *	WIC_FAKEGPU_FAULT_ENTRY_SIZE bytes each (the VA comes from ADDR_LO/ADDR_HI, DWORDs 2
+ *	and 3, sign-extended from WIC_FAKEGPU_VA_BITS)
+ * @verdicts: in: user pointer to @count bytes; out: each entry's WIC_FAKEGPU_VERDICT_*
+ * @injected_ns: out: CLOCK_MONOTONIC nanoseconds just before the first entry was classified
+ *
+ * The entries form one batch: each is passed, in order and without coalescing, to the
+ * registered classify callback, with a spinlock held, bottom halves disabled and inside an RCU
+ * read-side section, as in nvidia-uvm's fault bottom half. With no callback registered every
+ * verdict is WIC_FAKEGPU_VERDICT_PASS. A passed fault is serviced as nvidia-uvm would service
+ * it: its page becomes WIC_FAKEGPU_PAGE_MAPPED on @gpu_id and a WIC_FAKEGPU_EVENT_SERVICED
+ * event is logged. A held fault changes nothing; wic_shim later maps the page and replays.
+ *
+ * Errors: ENODEV for a bad @gpu_id, EINVAL for a bad @count, EFAULT for bad pointers (then
+ * nothing was classified when @entries is bad; when @verdicts is bad, the batch was classified).
+ */
+struct wic_fakegpu_inject {
+	__u32 gpu_id;
+	__u32 count;
+	__u64 entries;
+	__u64 verdicts;
+	__u64 injected_ns;
+};
+
+/**
+ * struct wic_fakegpu_events - take the oldest events out of the log
+ * @buffer: in: user pointer to an array of @capacity struct wic_fakegpu_event
+ * @capacity: in: room in @buffer, at least 1
+ * @count: out: events stored in @buffer (and removed from the log); in: ignored
+ * @overflow: out: events dropped because the log was full since the last successful call;
+ *	in: ignored
+ * @timeout_ms: in: when the log is empty, wait up to this long for an event (0: do not wait)
+ * @reserved: in: must be 0
+ *
+ * A wait ends early with EINTR (or a restart) on a signal. When the log stays empty the call
+ * succeeds with @count 0. Errors: EINVAL for a bad @capacity or @reserved, EFAULT when not even
+ * the first event could be stored in @buffer (then the log is unchanged).
+ */
+struct wic_fakegpu_events {
+	__u64 buffer;
+	__u32 capacity;
+	__u32 count;
+	__u64 overflow;
+	__u32 timeout_ms;
+	__u32 reserved;
+};
+
+/**
+ * struct wic_fakegpu_page_state - how a page is mapped on a fake GPU, in this file's space
+ * @gpu_id: in: the GPU
+ * @flags: out: WIC_FAKEGPU_PAGE_* bits; in: ignored
+ * @va: in: the page, WIC_FAKEGPU_PAGE_SIZE-aligned
+ *
+ * Errors: ENODEV for a bad @gpu_id, EINVAL for an unaligned @va.
+ */
+struct wic_fakegpu_page_state {
+	__u32 gpu_id;
+	__u32 flags;
+	__u64 va;
+};
+
+#define WIC_FAKEGPU_IOC_MAGIC 'F'
+
+#define WIC_FAKEGPU_IOC_INJECT _IOWR(WIC_FAKEGPU_IOC_MAGIC, 1, struct wic_fakegpu_inject)
+#define WIC_FAKEGPU_IOC_EVENTS _IOWR(WIC_FAKEGPU_IOC_MAGIC, 2, struct wic_fakegpu_events)
+#define WIC_FAKEGPU_IOC_PAGE_STATE _IOWR(WIC_FAKEGPU_IOC_MAGIC, 3, struct wic_fakegpu_page_state)
+/* Empty the event log (and its overflow count) and unmap every page of this file's space. */
+#define WIC_FAKEGPU_IOC_RESET _IO(WIC_FAKEGPU_IOC_MAGIC, 4)
+
+#endif /* _WIC_FAKEGPU_H */

@@ -1,0 +1,114 @@
+//! A daemon killed with faults held: the module completes every one with the daemon-gone
+//! marker, maps it and replays, within [`BOUND`]; a new daemon then opens the device and
+//! delivers.
+//!
+//! The killed daemon is a second process (this binary with [`HOLDER_ARG`]) running the same
+//! shim backend and engine; the application's fake UVM file is inherited by it, as wicd would
+//! receive it over its socket.
+
+use std::io::{BufRead, BufReader};
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+use wic_engine::fault::AccessType;
+use wic_kmod::fakegpu::{self, FakeGpu};
+use wic_kmod::Submission;
+use wic_proto::kabi::WIC_MARKER_DAEMON_GONE;
+
+use crate::deliver::deliver_one;
+use crate::rig::{ensure, fault, host_spec, placement_bytes, wait_events, Daemon, Memory};
+
+/// The argument that makes this binary the daemon to be killed.
+pub const HOLDER_ARG: &str = "--hold-as-daemon";
+
+/// Longest time from the daemon's death to the last held fault completed.
+pub const BOUND: Duration = Duration::from_secs(1);
+
+const SLOTS: u32 = 4;
+const MESSAGE_BYTES: u32 = 4096; // 16 warps x 4 KiB: 16 pages per run
+
+pub fn run() -> Result<(), String> {
+    let fake = FakeGpu::open().map_err(|e| format!("open {}: {e}", fakegpu::DEVICE))?;
+    let mut memory = Memory::new(16 << 20)?;
+    let config = wic_engine::EngineConfig::default();
+    let region = memory.take(placement_bytes(&host_spec(SLOTS, MESSAGE_BYTES), &config))?;
+    fcntl(fake.fd(), FcntlArg::F_SETFD(FdFlag::empty())).map_err(|e| format!("fcntl: {e}"))?;
+    let exe = std::env::current_exe().map_err(|e| format!("own executable: {e}"))?;
+    let mut holder = Command::new(exe)
+        .args([HOLDER_ARG, &fake.fd().as_raw_fd().to_string(), &region.to_string()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start the holding daemon: {e}"))?;
+    let mut lines = BufReader::new(holder.stdout.take().unwrap()).lines();
+    let ready = lines.next().and_then(Result::ok).unwrap_or_default();
+    let runs: Vec<u64> = ready.strip_prefix("ready ").ok_or(format!("holder said {ready:?}"))?.split(' ').filter_map(|v| v.parse().ok()).collect();
+    ensure(runs.len() == SLOTS as usize, || format!("holder said {ready:?}"))?;
+
+    // Every warp of every slot's batch faults: 16 pages x 4 slots held.
+    fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
+    let pages: Vec<u64> = runs.iter().flat_map(|run| (0..16).map(move |p| run + p * 4096)).collect();
+    let entries: Vec<_> = pages.iter().map(|va| fault(*va, AccessType::Read)).collect();
+    let (verdicts, _) = fake.inject(0, &entries).map_err(|e| format!("inject: {e}"))?;
+    ensure(verdicts.iter().all(|v| *v == fakegpu::VERDICT_HOLD), || format!("not all held: {verdicts:?}"))?;
+    let confirmed = lines.next().and_then(Result::ok).unwrap_or_default();
+    ensure(confirmed == format!("held {}", pages.len()), || format!("holder said {confirmed:?}"))?;
+
+    holder.kill().map_err(|e| format!("kill: {e}"))?;
+    let killed = Instant::now();
+    let _ = holder.wait();
+    let events = wait_events(&fake, BOUND * 5, |seen| {
+        let maps = seen.iter().filter(|e| e.kind == fakegpu::EVENT_MAP).count();
+        maps == pages.len() && seen.last().is_some_and(|e| e.kind == fakegpu::EVENT_REPLAY)
+    })?;
+    let took = killed.elapsed();
+    ensure(took <= BOUND, || format!("held faults completed {took:?} after the kill, bound {BOUND:?}"))?;
+    for va in &pages {
+        ensure(events.iter().any(|e| e.kind == fakegpu::EVENT_MAP && e.va == *va), || format!("page {va:#x} never mapped"))?;
+        let word = u64::from_le_bytes(memory.read(*va, 8).try_into().unwrap());
+        ensure(word == WIC_MARKER_DAEMON_GONE, || format!("page {va:#x} holds {word:#x}, not the daemon-gone marker"))?;
+    }
+    println!("daemon-death: {} held faults completed {took:?} after kill -9 (bound {BOUND:?})", pages.len());
+
+    // A new daemon takes the device over and works.
+    let mut daemon = Daemon::open(Submission::Uring)?;
+    let space = daemon.backend.device().attach(fake.fd()).map_err(|e| format!("attach: {e}"))?;
+    let (layout, placed) = daemon.channel(host_spec(1, 512), space, &mut memory)?;
+    deliver_one(&fake, &mut daemon, &memory, &layout, &placed, 0)
+}
+
+/// The daemon to be killed: attaches the inherited space, places the channel at the given
+/// address, says where its runs are, and holds every fault it reads until it dies.
+pub fn holder(args: &[String]) -> ExitCode {
+    match hold(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            println!("error {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn hold(args: &[String]) -> Result<(), String> {
+    let [fd, base] = args else { return Err(format!("usage: {HOLDER_ARG} FD BASE")) };
+    let fd: i32 = fd.parse().map_err(|_| "bad fd")?;
+    let base: u64 = base.parse().map_err(|_| "bad base")?;
+    // SAFETY: the parent passed this descriptor open and does not close it while we live.
+    let uvm = unsafe { BorrowedFd::borrow_raw(fd) };
+    let mut daemon = Daemon::open(Submission::Ioctl)?;
+    let space = daemon.backend.device().attach(uvm).map_err(|e| e.to_string())?;
+    let (layout, placed) = daemon.channel_at(host_spec(SLOTS, MESSAGE_BYTES), space, base)?;
+    let runs: Vec<String> = layout.slots.iter().filter_map(|s| placed.placement.process_va(s.runs[0])).map(|va| va.to_string()).collect();
+    println!("ready {}", runs.join(" "));
+    let mut held = 0;
+    let mut told = false;
+    loop {
+        held += daemon.take_faults();
+        if held == (SLOTS * 16) as usize && !told {
+            println!("held {held}");
+            told = true;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}

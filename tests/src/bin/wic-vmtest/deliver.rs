@@ -1,0 +1,102 @@
+//! A held fault receives exactly the producer's bytes: the shim holds a warp's read of a PCM
+//! page, the host publishes, and the page gets the data, its companion is unmapped, the run is
+//! mapped and the GPU replayed, in that order. A producer GPU's write of its PAT page marks the
+//! slot's tag available and is released writable.
+
+use std::time::Duration;
+
+use wic_engine::fault::AccessType;
+use wic_engine::{ChannelLayout, ChannelSpec, Command, Producer};
+use wic_kmod::fakegpu::{self, FakeGpu};
+use wic_kmod::{PlacedChannel, Submission};
+
+use crate::rig::{ensure, fault, host_spec, wait_events, Daemon, Memory};
+
+pub fn run() -> Result<(), String> {
+    let fake = FakeGpu::open().map_err(|e| format!("open {}: {e}", fakegpu::DEVICE))?;
+    let mut memory = Memory::new(16 << 20)?;
+    let mut daemon = Daemon::open(Submission::Uring)?;
+    let space = daemon.backend.device().attach(fake.fd()).map_err(|e| format!("attach: {e}"))?;
+    let (layout, placed) = daemon.channel(host_spec(2, 512), space, &mut memory)?;
+    deliver_one(&fake, &mut daemon, &memory, &layout, &placed, 0)?;
+
+    // A page nobody registered is not held: nvidia-uvm services it as usual.
+    let stranger = memory.take(4096)?;
+    let (verdicts, _) = fake.inject(0, &[fault(stranger, AccessType::Read)]).map_err(|e| e.to_string())?;
+    ensure(verdicts == [fakegpu::VERDICT_PASS], || format!("an unregistered page was {verdicts:?}"))?;
+
+    pat_marks_the_tag_available(&fake, &mut daemon, space, &mut memory)?;
+    daemon.backend.unplace(&placed).map_err(|e| e.to_string())?;
+    daemon.backend.device().detach(space).map_err(|e| e.to_string())
+}
+
+/// One warp of `slot`'s next batch faults, the host publishes, the data arrives.
+pub fn deliver_one(
+    fake: &FakeGpu,
+    daemon: &mut Daemon,
+    memory: &Memory,
+    layout: &ChannelLayout,
+    placed: &PlacedChannel,
+    slot: usize,
+) -> Result<(), String> {
+    let run = placed.placement.process_va(layout.slots[slot].runs[0]).ok_or("run not placed")?;
+    let companion = placed.placement.process_va(layout.slots[slot].runs[1]).ok_or("companion not placed")?;
+    let run_bytes = u64::from(layout.pages_per_run) * 4096;
+    fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
+
+    // The last warp of the batch reads the run's last page: held, recorded, not serviced.
+    let (verdicts, _) = fake.inject(0, &[fault(run + run_bytes - 4096, AccessType::Read)]).map_err(|e| format!("inject: {e}"))?;
+    ensure(verdicts == [fakegpu::VERDICT_HOLD], || format!("the PCM fault was {verdicts:?}, not held"))?;
+    let held_before = daemon.engine.held();
+    ensure(daemon.take_faults() == 1, || "no record in the fault ring".into())?;
+    ensure(daemon.engine.held() == held_before + 1, || "the engine does not hold the request".into())?;
+    ensure(fake.page_state(0, run).map_err(|e| format!("page state: {e}"))? & fakegpu::PAGE_MAPPED == 0, || "held page is mapped".into())?;
+
+    // The host publishes: the engine asks for the data, the companion unmap, the map, a replay.
+    let now = daemon.now();
+    daemon.engine.publish(now, layout.id, slot as u32, &mut daemon.commands).map_err(|e| e.to_string())?;
+    let Some(&Command::WriteData { source: wic_engine::DataSource::Host { offset }, len, .. }) =
+        daemon.commands.iter().find(|c| matches!(c, Command::WriteData { .. }))
+    else {
+        return Err(format!("publish gave no host write: {:?}", daemon.commands));
+    };
+    let bytes: Vec<u8> = (0..len).map(|i| (i * 7 + 3 + slot as u64) as u8).collect();
+    daemon.host_data[offset as usize..(offset + len) as usize].copy_from_slice(&bytes);
+    daemon.execute()?;
+
+    let events = wait_events(fake, Duration::from_secs(5), |seen| seen.iter().any(|e| e.kind == fakegpu::EVENT_REPLAY))?;
+    let kinds: Vec<u32> = events.iter().map(|e| e.kind).collect();
+    let expected = [fakegpu::EVENT_WRITE, fakegpu::EVENT_UNMAP, fakegpu::EVENT_MAP, fakegpu::EVENT_REPLAY];
+    ensure(kinds == expected, || format!("fake GPU saw {events:?}, expected kinds {expected:?}"))?;
+    let first_word = u64::from_le_bytes(bytes[..8].try_into().unwrap());
+    ensure(events[0].va == run && events[0].length == len && events[0].data0 == first_word, || format!("write {:?}", events[0]))?;
+    ensure(events[1].va == companion && events[1].length == run_bytes && events[1].gpu_id == 0, || format!("unmap {:?}", events[1]))?;
+    ensure(events[2].va == run && events[2].length == run_bytes && events[2].gpu_id == 0, || format!("map {:?}", events[2]))?;
+    ensure(events[3].gpu_id == 0, || format!("replay {:?}", events[3]))?;
+    ensure(memory.read(run, len as usize) == bytes, || "the page does not hold exactly the producer's bytes".into())?;
+    let state = |va| fake.page_state(0, va).map_err(|e| format!("page state: {e}"));
+    ensure(state(run)? & fakegpu::PAGE_MAPPED != 0, || "the run is not mapped".into())?;
+    ensure(state(companion)? & fakegpu::PAGE_MAPPED == 0, || "the companion is still mapped".into())?;
+    ensure(daemon.engine.held() == held_before, || "the engine still holds the request".into())
+}
+
+fn pat_marks_the_tag_available(fake: &FakeGpu, daemon: &mut Daemon, space: u32, memory: &mut Memory) -> Result<(), String> {
+    let spec = ChannelSpec { producer: Producer::Gpu { gpu: 1, base_va: 0x9000_0000 }, ..host_spec(1, 512) };
+    let (layout, placed) = daemon.channel(spec, space, memory)?;
+    let pat = placed.placement.process_va(layout.slots[0].pat.ok_or("no PAT pages")?[0]).ok_or("PAT page not placed")?;
+    fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
+    let (before, tags_before) = (daemon.engine.stats().pat_publishes, daemon.engine.available_tags());
+    let (verdicts, _) = fake.inject(1, &[fault(pat, AccessType::Write)]).map_err(|e| e.to_string())?;
+    ensure(verdicts == [fakegpu::VERDICT_HOLD], || format!("the PAT fault was {verdicts:?}, not held"))?;
+    ensure(daemon.take_faults() == 1, || "no record for the PAT fault".into())?;
+    ensure(daemon.engine.stats().pat_publishes == before + 1, || "the PAT fault published nothing".into())?;
+    ensure(daemon.engine.available_tags() == tags_before + 1, || "the slot's tag is not available".into())?;
+    daemon.execute()?;
+    let events = wait_events(fake, Duration::from_secs(5), |seen| seen.iter().any(|e| e.kind == fakegpu::EVENT_REPLAY))?;
+    ensure(
+        events.iter().any(|e| e.kind == fakegpu::EVENT_MAP_WRITABLE && e.va == pat && e.gpu_id == 1),
+        || format!("the PAT page was not released writable: {events:?}"),
+    )?;
+    ensure(fake.page_state(1, pat).map_err(|e| e.to_string())? & fakegpu::PAGE_WRITABLE != 0, || "PAT page not writable".into())?;
+    daemon.backend.unplace(&placed).map_err(|e| e.to_string())
+}

@@ -1,0 +1,47 @@
+//! The test driver that runs inside the kernel VM (tests/vm): real `wic_shim.ko` with
+//! `wic_fakegpu.ko` standing in for nvidia-uvm, driven by the daemon's own shim backend
+//! (crate wic-kmod) and engine.
+//!
+//! Usage: `wic-vmtest SCENARIO...` with scenarios `deliver`, `daemon-death`, `hostile`,
+//! `bench` or `all` (the first three). Prints `PASS name` or `FAIL name: why` per scenario
+//! and exits non-zero if any failed. `bench` prints its results as a file block for the
+//! harness (`WIC-VM-FILE-BEGIN kernel-bench.json`).
+
+mod bench;
+mod death;
+mod deliver;
+mod rig;
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some(death::HOLDER_ARG) {
+        return death::holder(&args[1..]);
+    }
+    let mut scenarios: Vec<&str> = args.iter().map(String::as_str).collect();
+    if scenarios.is_empty() || scenarios == ["all"] {
+        scenarios = vec!["deliver", "daemon-death"];
+    }
+    let mut failed = 0;
+    for name in scenarios {
+        let result = match name {
+            "deliver" => deliver::run(),
+            "daemon-death" => death::run(),
+            "bench" => bench::run(),
+            other => Err(format!("unknown scenario {other:?} (deliver, daemon-death, hostile, bench, all)")),
+        };
+        match result {
+            Ok(()) => println!("PASS {name}"),
+            Err(why) => {
+                failed += 1;
+                println!("FAIL {name}: {why}");
+            }
+        }
+    }
+    if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}

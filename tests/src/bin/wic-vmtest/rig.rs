@@ -1,0 +1,175 @@
+//! What every scenario sets up: an application (a fake UVM space and its memory) and a daemon
+//! (the shim backend and the engine), in one process or two.
+
+use std::num::NonZeroUsize;
+use std::path::Path;
+use std::ptr::NonNull;
+use std::time::{Duration, Instant};
+
+use nix::sys::mman::{mmap_anonymous, munmap, MapFlags, ProtFlags};
+use wic_engine::fault::AccessType;
+use wic_engine::{ChannelLayout, ChannelSpec, Command, DataSource, Engine, EngineConfig, FaultEntry, Producer, RawFaultEntry, VaWidth};
+use wic_kmod::fakegpu::{Event, FakeGpu};
+use wic_kmod::{PlacedChannel, ShimBackend, Submission};
+
+pub const DEVICE: &str = "/dev/wic";
+
+/// The application's memory: where channels are placed, readable to check what arrived.
+pub struct Memory {
+    base: NonNull<libc::c_void>,
+    len: usize,
+    used: usize,
+}
+
+impl Memory {
+    pub fn new(len: usize) -> Result<Self, String> {
+        let size = NonZeroUsize::new(len).ok_or("empty memory")?;
+        // SAFETY: a fresh private anonymous mapping owned by this value, unmapped in Drop.
+        let base = unsafe {
+            mmap_anonymous(None, size, ProtFlags::PROT_READ | ProtFlags::PROT_WRITE, MapFlags::MAP_PRIVATE | MapFlags::MAP_POPULATE)
+        }
+        .map_err(|e| format!("mmap: {e}"))?;
+        Ok(Self { base, len, used: 0 })
+    }
+
+    pub fn base(&self) -> u64 {
+        self.base.as_ptr() as u64
+    }
+
+    /// Reserves `bytes` (page multiple) and returns their address.
+    pub fn take(&mut self, bytes: u64) -> Result<u64, String> {
+        let at = self.used;
+        let end = at + bytes as usize;
+        if end > self.len {
+            return Err(format!("application memory exhausted: {end} of {} bytes", self.len));
+        }
+        self.used = end;
+        Ok(self.base() + at as u64)
+    }
+
+    /// A copy of `len` bytes at address `va`.
+    pub fn read(&self, va: u64, len: usize) -> Vec<u8> {
+        let offset = (va - self.base()) as usize;
+        assert!(offset + len <= self.len, "read outside the application memory");
+        let mut out = vec![0u8; len];
+        // SAFETY: inside the mapping (checked above); the kernel wrote it through the mm, so
+        // volatile reads see its bytes.
+        for (i, byte) in out.iter_mut().enumerate() {
+            *byte = unsafe { std::ptr::read_volatile(self.base.as_ptr().cast::<u8>().add(offset + i)) };
+        }
+        out
+    }
+}
+
+impl Drop for Memory {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, not used after this.
+        let _ = unsafe { munmap(self.base, self.len) };
+    }
+}
+
+/// A daemon: the shim backend and the engine, with the host producers' data.
+pub struct Daemon {
+    pub backend: ShimBackend,
+    pub engine: Engine,
+    pub commands: Vec<Command>,
+    pub host_data: Vec<u8>,
+    start: Instant,
+}
+
+impl Daemon {
+    pub fn open(submission: Submission) -> Result<Self, String> {
+        let backend = ShimBackend::open(Path::new(DEVICE), Duration::from_secs(5), submission, VaWidth::Bits57)
+            .map_err(|e| format!("open {DEVICE}: {e}"))?;
+        let config = EngineConfig { pool_pages: 4096, max_slots: 1024, ..EngineConfig::default() };
+        let engine = Engine::new(config).map_err(|e| format!("engine: {e}"))?;
+        Ok(Self { backend, engine, commands: Vec::new(), host_data: vec![0; 1 << 22], start: Instant::now() })
+    }
+
+    pub fn now(&self) -> u64 {
+        self.start.elapsed().as_nanos() as u64
+    }
+
+    /// Opens a channel and places it in `memory` of the attached `space`.
+    pub fn channel(&mut self, spec: ChannelSpec, space: u32, memory: &mut Memory) -> Result<(ChannelLayout, PlacedChannel), String> {
+        let bytes = placement_bytes(&spec, self.engine.config());
+        self.channel_at(spec, space, memory.take(bytes)?)
+    }
+
+    /// Opens a channel and places it at `base` of the attached `space`.
+    pub fn channel_at(&mut self, spec: ChannelSpec, space: u32, base: u64) -> Result<(ChannelLayout, PlacedChannel), String> {
+        let layout = self.engine.open_channel(spec).map_err(|e| format!("open channel: {e}"))?;
+        let placed = self.backend.place(&layout, space, base).map_err(|e| format!("place channel: {e}"))?;
+        Ok((layout, placed))
+    }
+
+    /// Reads the ring into the engine; returns the records read.
+    pub fn take_faults(&mut self) -> usize {
+        let now = self.now();
+        self.backend.take_faults(&mut self.engine, now, &mut self.commands)
+    }
+
+    /// Runs the queued commands; an error names the first one refused.
+    pub fn execute(&mut self) -> Result<(), String> {
+        let base = self.host_data.as_ptr() as u64;
+        let len = self.host_data.len() as u64;
+        let host = |source: DataSource, bytes: u64| match source {
+            DataSource::Host { offset } if offset + bytes <= len => Some(base + offset),
+            _ => None,
+        };
+        let mut refused = Vec::new();
+        let commands = std::mem::take(&mut self.commands);
+        let result = self.backend.execute(&commands, host, |command, why| refused.push(format!("{command:?}: {why:?}")));
+        result.map_err(|e| format!("submission: {e}"))?;
+        match refused.first() {
+            Some(first) => Err(format!("{} commands refused, first {first}", refused.len())),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Bytes a channel of `spec` takes in its application's memory.
+pub fn placement_bytes(spec: &ChannelSpec, config: &EngineConfig) -> u64 {
+    let batch = u64::from(spec.message_bytes) * u64::from(config.warps_per_batch);
+    let run_pages = batch.div_ceil(4096).max(1);
+    let pat_pages = if matches!(spec.producer, Producer::Gpu { .. }) { 2 } else { 0 };
+    u64::from(spec.slots) * (2 * run_pages + pat_pages) * 4096
+}
+
+/// A host-producer channel spec.
+pub fn host_spec(slots: u32, message_bytes: u32) -> ChannelSpec {
+    ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes, slots, timeout: 10_000_000_000 }
+}
+
+/// The raw entry a warp of `gpu` writes when it reads (or writes) `va`.
+pub fn fault(va: u64, access: AccessType) -> RawFaultEntry {
+    FaultEntry::replayable_gpc(va, access, 0, 0x1000, 0, 0).encode()
+}
+
+/// Waits until `want` events satisfying `pred` were logged (others are kept too); returns
+/// every event seen.
+pub fn wait_events(fake: &FakeGpu, timeout: Duration, mut done: impl FnMut(&[Event]) -> bool) -> Result<Vec<Event>, String> {
+    let deadline = Instant::now() + timeout;
+    let mut seen = Vec::new();
+    while !done(&seen) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(format!("timed out waiting for fake-GPU events; saw {seen:?}"));
+        }
+        let (events, overflow) = fake.events(4096, left.as_millis().max(1) as u32).map_err(|e| format!("events: {e}"))?;
+        if overflow != 0 {
+            return Err(format!("{overflow} fake-GPU events lost"));
+        }
+        seen.extend(events);
+    }
+    Ok(seen)
+}
+
+/// Fails with `what` unless `cond`.
+pub fn ensure(cond: bool, what: impl FnOnce() -> String) -> Result<(), String> {
+    if cond {
+        Ok(())
+    } else {
+        Err(what())
+    }
+}
