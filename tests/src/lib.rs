@@ -133,3 +133,88 @@ impl Drop for Daemon {
         let _ = self.child.wait();
     }
 }
+
+/// Booting a Debian kernel under qemu with wic's kernel modules loaded, through
+/// `tests/vm/run.sh` (see tests/vm/README.md).
+pub mod vm {
+    use std::path::{Path, PathBuf};
+    use std::process::{Command, Stdio};
+
+    /// The harness script.
+    pub fn script() -> PathBuf {
+        super::workspace().join("tests/vm/run.sh")
+    }
+
+    /// The outcome of one boot.
+    #[derive(Debug)]
+    pub struct VmRun {
+        /// The harness's verdict: the command exited 0, the modules loaded and the kernel
+        /// logged no warning, oops or panic.
+        pub ok: bool,
+        /// The guest's serial console (`<out>/console.log`).
+        pub console: String,
+        /// The harness's own messages: what it built and booted, its verdict and the reasons.
+        pub log: String,
+        /// Where the files the command sent back (`WIC-VM-FILE-BEGIN NAME`) were written.
+        pub files: PathBuf,
+    }
+
+    impl VmRun {
+        /// A file the command sent back, if it did.
+        pub fn file(&self, name: &str) -> Option<String> {
+            std::fs::read_to_string(self.files.join(name)).ok()
+        }
+
+        /// The last `lines` lines of the console.
+        pub fn console_tail(&self, lines: usize) -> String {
+            let all: Vec<&str> = self.console.lines().collect();
+            all[all.len().saturating_sub(lines)..].join("\n")
+        }
+
+        /// The harness's messages and the end of the console, for assertion messages.
+        pub fn report(&self) -> String {
+            format!("{}\n--- console (tail) ---\n{}", self.log.trim_end(), self.console_tail(80))
+        }
+    }
+
+    /// Why the VM tests cannot run here, or `None`. Only a user who is not root and lacks a
+    /// prerequisite is excused: as root the harness installs what is missing.
+    pub fn unavailable() -> Option<String> {
+        if nix::unistd::geteuid().is_root() {
+            return None;
+        }
+        let check = Command::new("bash").arg(script()).arg("--check").output().expect("run tests/vm/run.sh --check");
+        if check.status.success() {
+            None
+        } else {
+            let why = String::from_utf8_lossy(&check.stdout).trim().replace('\n', "; ");
+            Some(format!("not root and {why}"))
+        }
+    }
+
+    /// Builds the kernel modules, boots the kernel with them loaded, `bins` in `/bin` and
+    /// `files` (host path, guest path) in place, and runs `command` inside; `out_dir` receives
+    /// the console, the files sent back and the initramfs.
+    pub fn run(out_dir: &Path, bins: &[&Path], files: &[(PathBuf, String)], command: &[&str], timeout_s: u64) -> VmRun {
+        let mut harness = Command::new("bash");
+        harness.arg(script()).arg("--out").arg(out_dir).arg("--timeout").arg(timeout_s.to_string());
+        for bin in bins {
+            harness.arg("--bin").arg(bin);
+        }
+        for (src, dest) in files {
+            let mut spec = src.clone().into_os_string();
+            spec.push(":");
+            spec.push(dest);
+            harness.arg("--file").arg(spec);
+        }
+        harness.arg("--").args(command);
+        // The console goes to <out>/console.log as well; stdout would only repeat it.
+        let output = harness.stdout(Stdio::null()).output().expect("run tests/vm/run.sh");
+        VmRun {
+            ok: output.status.success(),
+            console: std::fs::read_to_string(out_dir.join("console.log")).unwrap_or_default(),
+            log: String::from_utf8_lossy(&output.stderr).into_owned(),
+            files: out_dir.to_path_buf(),
+        }
+    }
+}

@@ -104,7 +104,7 @@ missing() {
 if ((check_only)); then
     gaps=$(missing)
     if [[ -n $gaps ]]; then
-        printf 'missing: %s\n' "$gaps"
+        while read -r gap; do echo "missing: $gap"; done <<<"$gaps"
         exit 1
     fi
     echo "all prerequisites present (kernel ${WIC_VM_KVER:-$(find_kver)})"
@@ -273,16 +273,23 @@ initrd=$work/initramfs.cpio.gz
 
 # --- Boot -------------------------------------------------------------------------------------
 
+# KVM needs /dev/kvm and hardware virtualization behind it (kvm_intel or kvm_amd): some nested
+# setups offer a /dev/kvm that only runs specially built guest kernels (kvm_pvm, for one).
 accel=${WIC_VM_ACCEL:-}
 if [[ -z $accel ]]; then
-    if [[ -r /dev/kvm && -w /dev/kvm ]]; then accel=kvm; else accel=tcg; fi
+    if [[ ! -r /dev/kvm || ! -w /dev/kvm ]]; then
+        note "no usable /dev/kvm: emulating the CPU (tcg), which is much slower"
+        accel=tcg
+    elif [[ ! -d /sys/module/kvm_intel && ! -d /sys/module/kvm_amd ]]; then
+        note "/dev/kvm is not backed by kvm_intel or kvm_amd: emulating the CPU (tcg), which is much slower (WIC_VM_ACCEL=kvm forces KVM)"
+        accel=tcg
+    else
+        accel=kvm
+    fi
 fi
 case $accel in
 kvm) accel_args=(-enable-kvm -cpu host) ;;
-tcg)
-    note "no usable /dev/kvm: emulating the CPU (tcg), which is much slower"
-    accel_args=(-accel tcg)
-    ;;
+tcg) accel_args=(-accel tcg) ;;
 *) die "WIC_VM_ACCEL must be kvm or tcg" ;;
 esac
 
@@ -346,6 +353,9 @@ elif [[ ${exit_line#WIC-VM-EXIT: } != 0 ]]; then
     failures+=("the command exited with status ${exit_line#WIC-VM-EXIT: }")
 fi
 
+load_failures=$(grep -a '^WIC-VM: insmod ' "$log" || true)
+[[ -z $load_failures ]] || failures+=("a module did not load:"$'\n'"$load_failures")
+
 # Taint flags that mean trouble: B (bad page), D (oops), W (warning), L (soft lockup).
 taint=$(sed -n 's/^WIC-VM-TAINT: \([0-9]*\)$/\1/p' "$log" | head -n 1)
 if [[ -n $taint ]] && ((taint & (32 | 128 | 512 | 16384))); then
@@ -357,7 +367,9 @@ fi
 problems='WARNING:|BUG:|Oops|general protection fault|Kernel panic|Call Trace:|UBSAN:|KASAN:|KFENCE:|RCU stall|rcu: INFO:|detected stall|hung_task|INFO: task|soft lockup|hard LOCKUP|kernel BUG at'
 expected='module verification failed|loading out-of-tree module taints kernel'
 [[ -n ${WIC_VM_IGNORE:-} ]] && expected+="|$WIC_VM_IGNORE"
-kernel_problems=$(grep -a -n -E '\[ *[0-9]+\.[0-9]{6}\] ' "$log" | grep -a -E "$problems" | grep -a -v -E "$expected" || true)
+# The dmesg dump repeats what the console showed live: each message is listed once.
+kernel_problems=$(grep -a -n -E '\[ *[0-9]+\.[0-9]{6}\] ' "$log" | grep -a -E "$problems" | grep -a -v -E "$expected" |
+    awk '!seen[substr($0, index($0, ":") + 1)]++' || true)
 if [[ -n $kernel_problems ]]; then
     failures+=("the kernel log reports problems:"$'\n'"$kernel_problems")
 fi
