@@ -553,6 +553,8 @@ static long wic_register(struct wic_session *s, struct wic_range __user *uarg)
 	memcpy(ranges, space->ranges, at * sizeof(*ranges));
 	memcpy(ranges + at + 1, space->ranges + at, (nr - at) * sizeof(*ranges));
 	r.range_id = s->next_range_id++;
+	if (!s->next_range_id)
+		s->next_range_id = 1;
 	ranges[at] = (struct wic_range_entry){
 		.start = r.start, .end = end, .id = r.range_id, .kind = r.kind,
 	};
@@ -591,18 +593,32 @@ found:
 	return 0;
 }
 
-/* Releases the held faults of [va, va + pages) on @gpu_id; their pages are now mapped. */
+/*
+ * Releases the held faults of [va, va + pages) on @gpu_id; their pages are now mapped. The
+ * cheaper of a lookup per page and a walk of the held table is taken, so that the time spent
+ * with interrupts off is bounded by WIC_MAX_HELD whatever the command's size.
+ */
 static void wic_release_held(struct wic_session *s, u32 space_id, u32 gpu_id, u64 va, u32 pages)
 {
+	u64 end = va + (u64)pages * PAGE_SIZE;
 	struct wic_held *held;
+	struct hlist_node *tmp;
 	unsigned long flags;
+	unsigned int bkt;
 	u32 i;
 
 	spin_lock_irqsave(&s->lock, flags);
-	for (i = 0; i < pages && s->nr_held; i++) {
-		held = wic_held_find(s, va + (u64)i * PAGE_SIZE, space_id, gpu_id);
-		if (held)
-			wic_held_release(s, held);
+	if (pages > s->nr_held) {
+		hash_for_each_safe(s->held_hash, bkt, tmp, held, node)
+			if (held->space_id == space_id && held->gpu_id == gpu_id &&
+			    held->va >= va && held->va < end)
+				wic_held_release(s, held);
+	} else {
+		for (i = 0; i < pages; i++) {
+			held = wic_held_find(s, va + (u64)i * PAGE_SIZE, space_id, gpu_id);
+			if (held)
+				wic_held_release(s, held);
+		}
 	}
 	spin_unlock_irqrestore(&s->lock, flags);
 }
@@ -773,7 +789,11 @@ static int wic_uring_cmd(struct io_uring_cmd *ioucmd, unsigned int issue_flags)
 	mutex_lock(&s->mutex);
 	ret = s->negotiated ? wic_submit(s, &sub) : -EPROTO;
 	mutex_unlock(&s->mutex);
-	return ret;
+	if (ret < 0)
+		return ret;
+	/* A count is a success: completed here, so that io_uring does not mark it failed. */
+	io_uring_cmd_done(ioucmd, ret, 0, issue_flags);
+	return -EIOCBQUEUED;
 }
 
 static __poll_t wic_poll(struct file *file, struct poll_table_struct *wait)
@@ -804,7 +824,9 @@ static const struct file_operations wic_fops = {
 	.uring_cmd = wic_uring_cmd,
 	.poll = wic_poll,
 	.mmap = wic_mmap,
+#if LINUX_VERSION_CODE < KERNEL_VERSION(6, 12, 0)
 	.llseek = no_llseek,
+#endif
 };
 
 static struct miscdevice wic_misc = {

@@ -139,7 +139,10 @@ struct wic_command {
  * @flags: must be 0
  *
  * Commands run in order; each gets its own result. The call returns the number of commands
- * that succeeded, or a negative errno when the batch itself is refused (none ran).
+ * that succeeded, or a negative errno when the batch itself is refused or its first command
+ * cannot be read or answered. A command that cannot be read ends the batch: it and the ones
+ * after it do not run and keep their result fields, so a count below the number of zero
+ * results says where the batch stopped.
  */
 struct wic_submit {
 	__u64 commands;

@@ -10,6 +10,7 @@
 mod bench;
 mod death;
 mod deliver;
+mod hostile;
 mod rig;
 
 use std::process::ExitCode;
@@ -21,13 +22,14 @@ fn main() -> ExitCode {
     }
     let mut scenarios: Vec<&str> = args.iter().map(String::as_str).collect();
     if scenarios.is_empty() || scenarios == ["all"] {
-        scenarios = vec!["deliver", "daemon-death"];
+        scenarios = vec!["deliver", "daemon-death", "hostile"];
     }
     let mut failed = 0;
     for name in scenarios {
         let result = match name {
             "deliver" => deliver::run(),
             "daemon-death" => death::run(),
+            "hostile" => hostile::run(),
             "bench" => bench::run(),
             other => Err(format!("unknown scenario {other:?} (deliver, daemon-death, hostile, bench, all)")),
         };
