@@ -211,6 +211,7 @@ static bool wic_record_fault(struct wic_session *s, const struct uvm_wic_fault *
 	memcpy(rec->entry, fault->raw, sizeof(rec->entry));
 	/* The sequence number is written last: a reader that sees it sees the record. */
 	smp_store_release(&rec->seq, head);
+	/* Pairs with the daemon's acquire of head: the record is complete before head moves. */
 	smp_store_release(&s->ring->head, head + 1);
 	return true;
 }
@@ -801,6 +802,7 @@ static __poll_t wic_poll(struct file *file, struct poll_table_struct *wait)
 	struct wic_session *s = file->private_data;
 
 	poll_wait(file, &s->poll_wait, wait);
+	/* Pairs with the release in wic_record_fault(). */
 	return smp_load_acquire(&s->ring->head) != READ_ONCE(s->ring->tail) ? EPOLLIN | EPOLLRDNORM : 0;
 }
 
