@@ -1,0 +1,922 @@
+// SPDX-License-Identifier: GPL-2.0 OR MIT
+/*
+ * uvm_wic.c - the nvidia-uvm side of wic (warp-level interrupts).
+ *
+ * The replayable-fault bottom half shows every coalesced fault of a batch to the callbacks that
+ * wic_shim registered (uvm_wic_classify_batch(), called right after preprocess_fault_batch()).
+ * Faults the shim holds are marked is_wic_held: the fault path neither services nor cancels
+ * them and issues no replay for a batch made only of held faults, so the faulting warps stay
+ * stalled. Later the daemon, through wic_shim, writes the data (uvm_wic_write()), maps the pages
+ * on the GPU (uvm_wic_map()) and replays (uvm_wic_replay()); the warps resume.
+ *
+ * Lock order (uvm_lock.h): GLOBAL_PM < GLOBAL < ISR < mmap_lock < va_space < va_block. The
+ * classify callback runs under the ISR lock inside an RCU read-side section. Every exported
+ * helper is an entry point into nvidia-uvm, like an ioctl: it is called in process context with
+ * no UVM lock held, runs inside a UVM thread context and holds the power-management lock for
+ * read so that it cannot race with suspend.
+ *
+ * A space handed to wic_shim is the uvm_va_space_t itself, so that the space in a classified
+ * fault compares equal to the one uvm_wic_space_get() returned. The reference behind it (the
+ * VA-space file and a grab on the mm) lives in a small registry.
+ */
+
+#include <linux/err.h>
+#include <linux/file.h>
+#include <linux/fs.h>
+#include <linux/list.h>
+#include <linux/module.h>
+#include <linux/mutex.h>
+#include <linux/rcupdate.h>
+#include <linux/sched/mm.h>
+
+#include "uvm_api.h"
+#include "uvm_common.h"
+#include "uvm_global.h"
+#include "uvm_gpu.h"
+#include "uvm_gpu_replayable_faults.h"
+#include "uvm_hal_types.h"
+#include "uvm_kvmalloc.h"
+#include "uvm_linux.h"
+#include "uvm_lock.h"
+#include "uvm_mem.h"
+#include "uvm_processors.h"
+#include "uvm_tracker.h"
+#include "uvm_va_block.h"
+#include "uvm_va_space.h"
+#include "uvm_va_space_mm.h"
+#include "uvm_wic.h"
+#include "uvm_wic_hook.h"
+
+/* Protects wic_ops updates and the space registry. Never taken in the fault path. */
+static DEFINE_MUTEX(wic_lock);
+
+static const struct uvm_wic_ops __rcu *wic_ops;
+
+/* One VA space held by wic_shim: the references behind the uvm_wic_space pointer. */
+struct wic_space_ref {
+	struct list_head node;
+	uvm_va_space_t *va_space;
+	struct file *file;	/* keeps va_space alive */
+	struct mm_struct *mm;	/* grabbed: stays valid after the process exits */
+	unsigned int count;
+};
+
+static LIST_HEAD(wic_spaces);
+
+static uvm_va_space_t *wic_va_space(struct uvm_wic_space *space)
+{
+	return (uvm_va_space_t *)space;
+}
+
+/*
+ * Fault classification
+ */
+
+/* Hardware fault-buffer encodings (clc369.h, dev_fault.h). */
+#define WIC_HW_INST_APERTURE_VID	0x0
+#define WIC_HW_INST_APERTURE_SYS_COH	0x2
+#define WIC_HW_ACCESS_VIRT_READ		0x0
+#define WIC_HW_ACCESS_VIRT_WRITE	0x1
+#define WIC_HW_ACCESS_VIRT_ATOMIC_STRONG 0x2
+#define WIC_HW_ACCESS_VIRT_PREFETCH	0x3
+#define WIC_HW_ACCESS_VIRT_ATOMIC_WEAK	0x4
+#define WIC_HW_ACCESS_PHYS_READ		0x8
+#define WIC_HW_ACCESS_PHYS_WRITE	0x9
+#define WIC_HW_ACCESS_PHYS_ATOMIC	0xa
+#define WIC_HW_ACCESS_PHYS_PREFETCH	0xb
+
+static const u8 wic_hw_fault_type[UVM_FAULT_TYPE_COUNT] = {
+	[UVM_FAULT_TYPE_INVALID_PDE]		= 0x0,
+	[UVM_FAULT_TYPE_INVALID_PTE]		= 0x2,
+	[UVM_FAULT_TYPE_ATOMIC]			= 0xf,
+	[UVM_FAULT_TYPE_WRITE]			= 0x6,	/* RO violation */
+	[UVM_FAULT_TYPE_READ]			= 0x7,	/* WO violation */
+	[UVM_FAULT_TYPE_PDE_SIZE]		= 0x1,
+	[UVM_FAULT_TYPE_VA_LIMIT_VIOLATION]	= 0x3,
+	[UVM_FAULT_TYPE_UNBOUND_INST_BLOCK]	= 0x4,
+	[UVM_FAULT_TYPE_PRIV_VIOLATION]		= 0x5,
+	[UVM_FAULT_TYPE_PITCH_MASK_VIOLATION]	= 0x8,
+	[UVM_FAULT_TYPE_WORK_CREATION]		= 0x9,
+	[UVM_FAULT_TYPE_UNSUPPORTED_APERTURE]	= 0xa,
+	[UVM_FAULT_TYPE_COMPRESSION_FAILURE]	= 0xb,
+	[UVM_FAULT_TYPE_UNSUPPORTED_KIND]	= 0xc,
+	[UVM_FAULT_TYPE_REGION_VIOLATION]	= 0xd,
+	[UVM_FAULT_TYPE_POISONED]		= 0xe,
+	[UVM_FAULT_TYPE_CC_VIOLATION]		= 0xb,	/* Blackwell */
+};
+
+static u32 wic_hw_access_type(const uvm_fault_buffer_entry_t *entry)
+{
+	bool virt = entry->is_virtual;
+
+	switch (entry->fault_access_type) {
+	case UVM_FAULT_ACCESS_TYPE_PREFETCH:
+		return virt ? WIC_HW_ACCESS_VIRT_PREFETCH : WIC_HW_ACCESS_PHYS_PREFETCH;
+	case UVM_FAULT_ACCESS_TYPE_READ:
+		return virt ? WIC_HW_ACCESS_VIRT_READ : WIC_HW_ACCESS_PHYS_READ;
+	case UVM_FAULT_ACCESS_TYPE_WRITE:
+		return virt ? WIC_HW_ACCESS_VIRT_WRITE : WIC_HW_ACCESS_PHYS_WRITE;
+	case UVM_FAULT_ACCESS_TYPE_ATOMIC_WEAK:
+		return virt ? WIC_HW_ACCESS_VIRT_ATOMIC_WEAK : WIC_HW_ACCESS_PHYS_ATOMIC;
+	case UVM_FAULT_ACCESS_TYPE_ATOMIC_STRONG:
+	default:
+		return virt ? WIC_HW_ACCESS_VIRT_ATOMIC_STRONG : WIC_HW_ACCESS_PHYS_ATOMIC;
+	}
+}
+
+/*
+ * Re-encode a parsed, coalesced entry as the 32-byte hardware packet (eight little-endian
+ * dwords, clc369.h). Lost in parsing and therefore not reproduced: ADDR_PHYS_APERTURE (0),
+ * the coherent/non-coherent distinction of a sysmem instance block (written as coherent) and
+ * the address bits below PAGE_SHIFT. The access type is the most intrusive of the coalesced
+ * instances.
+ */
+static void wic_encode_entry(const uvm_fault_buffer_entry_t *entry, u8 raw[UVM_WIC_FAULT_ENTRY_SIZE])
+{
+	u64 inst = entry->instance_ptr.address >> 12;
+	u64 addr = entry->fault_address >> 12;
+	u32 dw[UVM_WIC_FAULT_ENTRY_SIZE / 4];
+	u32 aperture;
+	u32 fault_type = 0;
+	int i;
+
+	aperture = entry->instance_ptr.aperture == UVM_APERTURE_VID ?
+		   WIC_HW_INST_APERTURE_VID : WIC_HW_INST_APERTURE_SYS_COH;
+	if (entry->fault_type < UVM_FAULT_TYPE_COUNT)
+		fault_type = wic_hw_fault_type[entry->fault_type];
+
+	dw[0] = (aperture << 8) | ((u32)(inst & 0xfffff) << 12);
+	dw[1] = (u32)(inst >> 20);
+	dw[2] = (u32)(addr & 0xfffff) << 12;
+	dw[3] = (u32)(addr >> 20);
+	dw[4] = (u32)entry->timestamp;
+	dw[5] = (u32)(entry->timestamp >> 32);
+	dw[6] = entry->fault_source.mmu_engine_id & 0x1ff;
+	dw[7] = (fault_type & 0x1f) |
+		((u32)entry->is_replayable << 7) |
+		((u32)(entry->fault_source.client_id & 0x7f) << 8) |
+		(wic_hw_access_type(entry) << 16) |
+		((u32)(entry->fault_source.client_type == UVM_FAULT_CLIENT_TYPE_HUB) << 20) |
+		((u32)(entry->fault_source.gpc_id & 0x1f) << 24) |
+		((u32)entry->in_protected_mode << 29) |
+		(1u << 30) |	/* REPLAYABLE_FAULT_EN */
+		(1u << 31);	/* VALID */
+
+	for (i = 0; i < ARRAY_SIZE(dw); i++) {
+		raw[4 * i + 0] = dw[i];
+		raw[4 * i + 1] = dw[i] >> 8;
+		raw[4 * i + 2] = dw[i] >> 16;
+		raw[4 * i + 3] = dw[i] >> 24;
+	}
+}
+
+static bool wic_same_page(const uvm_fault_buffer_entry_t *a, const uvm_fault_buffer_entry_t *b)
+{
+	return a->va_space == b->va_space && a->gpu == b->gpu && a->fault_address == b->fault_address;
+}
+
+bool uvm_wic_classify_batch(uvm_fault_service_batch_context_t *batch_context)
+{
+	uvm_fault_buffer_entry_t **cache = batch_context->ordered_fault_cache;
+	NvU32 count = batch_context->num_coalesced_faults;
+	const struct uvm_wic_ops *ops;
+	struct uvm_wic_fault fault;
+	NvU32 num_held = 0;
+	NvU32 i, j, k;
+
+	if (!rcu_access_pointer(wic_ops) || count == 0)
+		return false;
+
+	rcu_read_lock();
+	ops = rcu_dereference(wic_ops);
+	if (!ops)
+		goto out;
+
+	/* The batch is sorted by VA space, GPU and address: one page's faults are adjacent. */
+	for (i = 0; i < count; i = j) {
+		bool held = false;
+
+		for (j = i; j < count && wic_same_page(cache[j], cache[i]); j++) {
+			uvm_fault_buffer_entry_t *entry = cache[j];
+
+			if (entry->is_fatal || !entry->va_space || !entry->gpu)
+				continue;
+
+			fault.space = (struct uvm_wic_space *)entry->va_space;
+			fault.gpu_id = uvm_id_value(entry->gpu->id);
+			fault.va = entry->fault_address;
+			wic_encode_entry(entry, fault.raw);
+			if (ops->classify(&fault) == UVM_WIC_HOLD)
+				held = true;
+		}
+
+		if (!held)
+			continue;
+
+		for (k = i; k < j; k++) {
+			if (cache[k]->is_fatal)
+				continue;
+			cache[k]->is_wic_held = true;
+			num_held++;
+		}
+	}
+
+out:
+	rcu_read_unlock();
+	return num_held == count;
+}
+
+/**
+ * uvm_wic_register() - install the shim's callbacks
+ * @ops: the callbacks; must stay valid until uvm_wic_unregister() returns
+ *
+ * No reference is taken on @ops->owner: wic_shim depends on nvidia-uvm and unregisters in its
+ * module exit.
+ *
+ * Return: 0, -EINVAL when @ops has no classify callback, or -EBUSY when callbacks are
+ * installed already.
+ */
+int uvm_wic_register(const struct uvm_wic_ops *ops)
+{
+	int ret = 0;
+
+	if (!ops || !ops->classify)
+		return -EINVAL;
+
+	mutex_lock(&wic_lock);
+	if (rcu_dereference_protected(wic_ops, lockdep_is_held(&wic_lock)))
+		ret = -EBUSY;
+	else
+		rcu_assign_pointer(wic_ops, ops);
+	mutex_unlock(&wic_lock);
+
+	return ret;
+}
+EXPORT_SYMBOL_GPL(uvm_wic_register);
+
+/**
+ * uvm_wic_unregister() - remove the shim's callbacks
+ * @ops: the callbacks passed to uvm_wic_register()
+ *
+ * Waits until no bottom half is still inside @ops->classify. Faults already marked held stay
+ * held: they are replayed by the next replay on their GPU, or by uvm_wic_replay().
+ */
+void uvm_wic_unregister(const struct uvm_wic_ops *ops)
+{
+	bool removed = false;
+
+	mutex_lock(&wic_lock);
+	if (rcu_dereference_protected(wic_ops, lockdep_is_held(&wic_lock)) == ops) {
+		RCU_INIT_POINTER(wic_ops, NULL);
+		removed = true;
+	}
+	mutex_unlock(&wic_lock);
+
+	WARN_ON_ONCE(!removed);
+	synchronize_rcu();
+}
+EXPORT_SYMBOL_GPL(uvm_wic_unregister);
+
+/*
+ * VA spaces
+ */
+
+static struct wic_space_ref *wic_space_find(uvm_va_space_t *va_space)
+{
+	struct wic_space_ref *ref;
+
+	lockdep_assert_held(&wic_lock);
+
+	list_for_each_entry(ref, &wic_spaces, node) {
+		if (ref->va_space == va_space)
+			return ref;
+	}
+
+	return NULL;
+}
+
+static void wic_space_ref_free(struct wic_space_ref *ref)
+{
+	fput(ref->file);
+	mmdrop(ref->mm);
+	uvm_kvfree(ref);
+}
+
+static struct uvm_wic_space *wic_space_get(struct file *uvm_file)
+{
+	uvm_va_space_t *va_space;
+	struct wic_space_ref *ref, *new;
+	struct mm_struct *mm;
+
+	if (!uvm_file || !uvm_file_is_nvidia_uvm_va_space(uvm_file))
+		return ERR_PTR(-EBADF);
+
+	/* The caller's reference on uvm_file keeps the VA space alive meanwhile. */
+	va_space = uvm_fd_va_space(uvm_file);
+	if (!va_space)
+		return ERR_PTR(-EBADF);
+
+	mutex_lock(&wic_lock);
+	ref = wic_space_find(va_space);
+	if (ref)
+		ref->count++;
+	mutex_unlock(&wic_lock);
+	if (ref)
+		return (struct uvm_wic_space *)va_space;
+
+	/* Only a space whose mm was registered (UVM_MM_INITIALIZE) and is still alive. */
+	mm = uvm_va_space_mm_retain(va_space);
+	if (!mm)
+		return ERR_PTR(-ENODEV);
+
+	new = uvm_kvmalloc_zero(sizeof(*new));
+	if (!new) {
+		uvm_va_space_mm_release(va_space);
+		return ERR_PTR(-ENOMEM);
+	}
+
+	mmgrab(mm);
+	uvm_va_space_mm_release(va_space);
+
+	new->va_space = va_space;
+	new->file = get_file(uvm_file);
+	new->mm = mm;
+	new->count = 1;
+
+	mutex_lock(&wic_lock);
+	ref = wic_space_find(va_space);
+	if (ref)
+		ref->count++;
+	else
+		list_add(&new->node, &wic_spaces);
+	mutex_unlock(&wic_lock);
+
+	if (ref)
+		wic_space_ref_free(new);
+
+	return (struct uvm_wic_space *)va_space;
+}
+
+/**
+ * uvm_wic_space_get() - the VA space behind an open UVM file
+ * @uvm_file: a file of the application's, received by the daemon over a Unix socket
+ *
+ * Takes a reference that keeps the space alive until uvm_wic_space_put(): a reference on
+ * @uvm_file (so the VA space is not destroyed) and a grab on its mm (so uvm_wic_space_mm()
+ * stays valid). Getting the same space twice returns the same pointer, which is also the
+ * &struct uvm_wic_fault.space of its faults. Process context.
+ *
+ * Return: the space, or an ERR_PTR: -EBADF when @uvm_file is not a UVM VA-space file,
+ * -ENODEV when the space has no mm (it was not initialised by a process, or the process
+ * is exiting), -ENOMEM.
+ */
+struct uvm_wic_space *uvm_wic_space_get(struct file *uvm_file)
+{
+	UVM_ENTRY_RET(wic_space_get(uvm_file));
+}
+EXPORT_SYMBOL_GPL(uvm_wic_space_get);
+
+/**
+ * uvm_wic_space_put() - drop a reference taken by uvm_wic_space_get()
+ * @space: the space
+ *
+ * Process context. Dropping the last reference releases the VA-space file, which destroys the
+ * VA space when the application has closed it too.
+ */
+void uvm_wic_space_put(struct uvm_wic_space *space)
+{
+	struct wic_space_ref *ref;
+
+	if (IS_ERR_OR_NULL(space))
+		return;
+
+	mutex_lock(&wic_lock);
+	ref = wic_space_find(wic_va_space(space));
+	if (ref && --ref->count == 0)
+		list_del(&ref->node);
+	else
+		ref = NULL;
+	mutex_unlock(&wic_lock);
+
+	if (ref)
+		wic_space_ref_free(ref);
+}
+EXPORT_SYMBOL_GPL(uvm_wic_space_put);
+
+/**
+ * uvm_wic_space_mm() - the address space whose memory @space manages
+ * @space: a space held by the caller
+ *
+ * Return: the mm, valid while the caller holds @space (it is grabbed, not necessarily alive:
+ * use mmget_not_zero() before touching its pages); no reference is taken. NULL for a space
+ * that is not held.
+ */
+struct mm_struct *uvm_wic_space_mm(struct uvm_wic_space *space)
+{
+	struct wic_space_ref *ref;
+	struct mm_struct *mm = NULL;
+
+	mutex_lock(&wic_lock);
+	ref = wic_space_find(wic_va_space(space));
+	if (ref)
+		mm = ref->mm;
+	mutex_unlock(&wic_lock);
+
+	return mm;
+}
+EXPORT_SYMBOL_GPL(uvm_wic_space_mm);
+
+/*
+ * Entry-point helpers
+ */
+
+static int wic_errno(NV_STATUS status)
+{
+	return status == NV_OK ? 0 : -nv_status_to_errno(status);
+}
+
+/* Like an ioctl: refuse while nvidia-uvm is suspended or after a global fatal error. */
+static int wic_enter(void)
+{
+	NV_STATUS status;
+
+	if (!uvm_down_read_trylock(&g_uvm_global.pm.lock))
+		return -EAGAIN;
+
+	status = uvm_global_get_status();
+	if (status != NV_OK) {
+		uvm_up_read(&g_uvm_global.pm.lock);
+		return wic_errno(status);
+	}
+
+	return 0;
+}
+
+static void wic_exit(void)
+{
+	uvm_up_read(&g_uvm_global.pm.lock);
+}
+
+static bool wic_range_valid(u64 va, u64 len)
+{
+	return len != 0 && PAGE_ALIGNED(va) && PAGE_ALIGNED(len) && va + len > va;
+}
+
+static bool wic_gpu_id_valid(u32 gpu_id)
+{
+	return gpu_id >= UVM_ID_GPU0_VALUE && gpu_id < UVM_ID_MAX_PROCESSORS;
+}
+
+/*
+ * Writes
+ */
+
+static NV_STATUS wic_write_block_locked(uvm_va_block_t *va_block,
+					uvm_va_block_context_t *block_context,
+					u64 dst, const u8 *src, u64 size, uvm_mem_t *stage)
+{
+	void *stage_addr = uvm_mem_get_cpu_addr_kernel(stage);
+	NV_STATUS status;
+
+	/* On allocation-retry the whole range is written again: the result is the same. */
+	while (size) {
+		u64 chunk = min(size, (u64)PAGE_SIZE - (dst & (PAGE_SIZE - 1)));
+
+		memcpy(stage_addr, src, chunk);
+		status = uvm_va_block_write_from_cpu(va_block, block_context, dst, stage, chunk);
+		if (status != NV_OK)
+			return status;
+
+		dst += chunk;
+		src += chunk;
+		size -= chunk;
+	}
+
+	return NV_OK;
+}
+
+/*
+ * uvm_va_block_write_from_cpu() is the path of the UVM tools WRITE_PROCESS_MEMORY ioctl, made
+ * for writing another process's managed memory: under the va_block lock it makes the page
+ * resident (on the CPU when it is resident nowhere yet, zero-filled first), waits for pending
+ * copies and memcpy()s into the CPU page through kmap(), or copies with a CE through the
+ * staging buffer when the page lives in GPU memory. access_remote_vm() was not used: it would
+ * go through get_user_pages() and the UVM CPU fault handler of the application's VMA from the
+ * daemon's context, creating CPU mappings in the application and possibly migrating or
+ * unmapping the page on GPUs as a side effect.
+ */
+static int wic_write(struct uvm_wic_space *space, u64 va, const void *src, size_t len)
+{
+	uvm_va_space_t *va_space = wic_va_space(space);
+	uvm_processor_mask_t *retained_gpus;
+	uvm_va_block_context_t *block_context = NULL;
+	uvm_mem_t *stage = NULL;
+	struct mm_struct *mm;
+	uvm_gpu_t *gpu;
+	NV_STATUS status;
+	u64 done = 0;
+
+	if (len == 0)
+		return 0;
+	if (!src || va + len < va)
+		return -EINVAL;
+
+	retained_gpus = uvm_processor_mask_cache_alloc();
+	if (!retained_gpus)
+		return -ENOMEM;
+	uvm_processor_mask_zero(retained_gpus);
+
+	mm = uvm_va_space_mm_retain(va_space);
+	if (!mm) {
+		uvm_processor_mask_cache_free(retained_gpus);
+		return -ESRCH;
+	}
+
+	status = uvm_mem_alloc_sysmem_and_map_cpu_kernel(PAGE_SIZE, mm, &stage);
+	if (status != NV_OK)
+		goto out;
+
+	block_context = uvm_va_block_context_alloc(mm);
+	if (!block_context) {
+		status = NV_ERR_NO_MEMORY;
+		goto out;
+	}
+
+	uvm_down_read_mmap_lock(mm);
+	uvm_va_space_down_read(va_space);
+
+	/* The staging page is used by a GPU only when the target page is in its memory. */
+	for_each_gpu_in_mask(gpu, &va_space->registered_gpus) {
+		if (uvm_processor_mask_test_and_set(retained_gpus, gpu->id))
+			continue;
+
+		/* Keeps the staging page's GPU mappings valid until it is freed. */
+		uvm_gpu_retain(gpu);
+
+		/* Confidential computing: the staging page cannot be mapped on the GPU. */
+		if (g_uvm_global.conf_computing_enabled)
+			continue;
+
+		status = uvm_mem_map_gpu_kernel(stage, gpu);
+		if (status != NV_OK)
+			break;
+	}
+
+	while (status == NV_OK && done < len) {
+		u64 addr = va + done;
+		uvm_va_block_t *va_block;
+		u64 size;
+
+		status = uvm_va_block_find_create_managed(va_space, addr, &va_block);
+		if (status != NV_OK)
+			break;
+
+		size = min((u64)len - done, va_block->end - addr + 1);
+		status = UVM_VA_BLOCK_LOCK_RETRY(va_block, NULL,
+						 wic_write_block_locked(va_block, block_context, addr,
+									(const u8 *)src + done,
+									size, stage));
+		done += size;
+	}
+
+	uvm_va_space_up_read(va_space);
+	uvm_up_read_mmap_lock(mm);
+
+	if (status == NV_OK)
+		status = uvm_global_gpu_check_ecc_error(retained_gpus);
+
+out:
+	uvm_va_block_context_free(block_context);
+	uvm_mem_free(stage);
+	uvm_global_gpu_release(retained_gpus);
+	uvm_va_space_mm_release(va_space);
+	uvm_processor_mask_cache_free(retained_gpus);
+
+	return wic_errno(status);
+}
+
+static int wic_write_entry(struct uvm_wic_space *space, u64 va, const void *src, size_t len)
+{
+	int ret = wic_enter();
+
+	if (ret)
+		return ret;
+
+	ret = wic_write(space, va, src, len);
+	wic_exit();
+
+	return ret;
+}
+
+/**
+ * uvm_wic_write() - write bytes into managed pages that are resident on the CPU
+ * @space: the space
+ * @va: the first byte
+ * @src: kernel memory holding the bytes
+ * @len: how many bytes
+ *
+ * Process context only, no UVM lock held. The pages must not be mapped on any GPU while they
+ * are written. A page resident nowhere yet is populated on the CPU first. The range may span
+ * VA blocks but must lie in managed allocations (cudaMallocManaged).
+ *
+ * Return: 0 or a negative errno: -EFAULT for an address outside managed memory, -ESRCH when
+ * the process is gone, -EAGAIN while the driver is suspended.
+ */
+int uvm_wic_write(struct uvm_wic_space *space, u64 va, const void *src, size_t len)
+{
+	UVM_ENTRY_RET(wic_write_entry(space, va, src, len));
+}
+EXPORT_SYMBOL_GPL(uvm_wic_write);
+
+/*
+ * GPU page-table operations
+ */
+
+enum wic_pte_op {
+	WIC_MAP_READ_ONLY,
+	WIC_MAP_READ_WRITE,
+	WIC_UNMAP,
+	WIC_REVOKE_WRITE,
+};
+
+static NV_STATUS wic_pte_op_locked(uvm_va_block_t *va_block,
+				   uvm_va_block_context_t *block_context,
+				   uvm_gpu_t *gpu, uvm_va_block_region_t region,
+				   enum wic_pte_op op, uvm_tracker_t *out_tracker)
+{
+	uvm_tracker_t local_tracker = UVM_TRACKER_INIT();
+	uvm_page_index_t page_index;
+	NV_STATUS tracker_status;
+	NV_STATUS status;
+
+	switch (op) {
+	case WIC_MAP_READ_ONLY:
+	case WIC_MAP_READ_WRITE:
+		/*
+		 * A writable mapping of a read-duplicated page would write one copy only, and
+		 * uvm_va_block_map() silently skips pages resident nowhere, which would leave the
+		 * warp faulting (and held) forever: refuse both.
+		 */
+		if (op == WIC_MAP_READ_WRITE &&
+		    !uvm_page_mask_region_empty(&va_block->read_duplicated_pages, region))
+			return NV_ERR_INVALID_OPERATION;
+
+		for_each_va_block_page_in_region(page_index, region) {
+			uvm_processor_id_t id = uvm_va_block_page_get_closest_resident(va_block,
+										       block_context,
+										       page_index,
+										       gpu->id);
+			if (UVM_ID_IS_INVALID(id))
+				return NV_ERR_INVALID_STATE;
+		}
+
+		status = uvm_va_block_map(va_block, block_context, gpu->id, region, NULL,
+					  op == WIC_MAP_READ_WRITE ? UVM_PROT_READ_WRITE :
+								      UVM_PROT_READ_ONLY,
+					  UvmEventMapRemoteCausePolicy, &local_tracker);
+		break;
+	case WIC_UNMAP:
+		status = uvm_va_block_unmap(va_block, block_context, gpu->id, region, NULL,
+					    &local_tracker);
+		break;
+	case WIC_REVOKE_WRITE:
+	default:
+		status = uvm_va_block_revoke_prot(va_block, block_context, gpu->id, region, NULL,
+						  UVM_PROT_READ_WRITE, &local_tracker);
+		break;
+	}
+
+	/* Later operations on the block must wait for these PTE writes. */
+	tracker_status = uvm_tracker_add_tracker_safe(&va_block->tracker, &local_tracker);
+	if (status == NV_OK)
+		status = tracker_status;
+
+	tracker_status = uvm_tracker_add_tracker_safe(out_tracker, &local_tracker);
+	if (status == NV_OK)
+		status = tracker_status;
+
+	uvm_tracker_deinit(&local_tracker);
+
+	return status;
+}
+
+static int wic_pte_op(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len, enum wic_pte_op op)
+{
+	uvm_va_space_t *va_space = wic_va_space(space);
+	uvm_tracker_t tracker = UVM_TRACKER_INIT();
+	uvm_va_block_context_t *block_context;
+	uvm_gpu_id_t id;
+	uvm_gpu_t *gpu;
+	struct mm_struct *mm;
+	NV_STATUS status = NV_OK;
+	NV_STATUS tracker_status;
+	u64 end, addr;
+
+	if (!wic_range_valid(va, len))
+		return -EINVAL;
+	if (!wic_gpu_id_valid(gpu_id))
+		return -ENODEV;
+
+	id = uvm_gpu_id_from_value(gpu_id);
+	end = va + len - 1;
+
+	/* mmap_lock before the VA space lock, as in the fault path. */
+	mm = uvm_va_space_mm_retain_lock(va_space);
+	if (!mm)
+		return -ESRCH;
+
+	block_context = uvm_va_block_context_alloc(mm);
+	if (!block_context) {
+		uvm_va_space_mm_release_unlock(va_space, mm);
+		return -ENOMEM;
+	}
+
+	uvm_va_space_down_read(va_space);
+
+	/* A GPU registered in the VA space stays retained while its lock is held. */
+	if (!uvm_processor_mask_test(&va_space->registered_gpus, id)) {
+		status = NV_ERR_INVALID_DEVICE;
+		goto unlock;
+	}
+	gpu = uvm_gpu_get(id);
+	if (!gpu || !uvm_gpu_va_space_get(va_space, gpu)) {
+		status = NV_ERR_INVALID_DEVICE;
+		goto unlock;
+	}
+
+	for (addr = va; addr <= end; ) {
+		uvm_va_block_region_t region;
+		uvm_va_block_t *va_block;
+		u64 last;
+
+		status = uvm_va_block_find_create_managed(va_space, addr, &va_block);
+		if (status != NV_OK)
+			break;
+
+		last = min(end, va_block->end);
+		region = uvm_va_block_region_from_start_end(va_block, addr, last);
+		status = UVM_VA_BLOCK_LOCK_RETRY(va_block, NULL,
+						 wic_pte_op_locked(va_block, block_context, gpu,
+								   region, op, &tracker));
+		if (status != NV_OK || last == end)
+			break;
+
+		addr = last + 1;
+	}
+
+	/* Wait for the PTE writes and TLB invalidates while the GPU is surely registered. */
+	tracker_status = uvm_tracker_wait(&tracker);
+	if (status == NV_OK)
+		status = tracker_status;
+
+unlock:
+	uvm_va_space_up_read(va_space);
+	uvm_va_block_context_free(block_context);
+	uvm_va_space_mm_release_unlock(va_space, mm);
+	uvm_tracker_deinit(&tracker);
+
+	if (status == NV_ERR_INVALID_DEVICE)
+		return -ENODEV;
+	if (status == NV_ERR_INVALID_STATE)
+		return -ENODATA;
+
+	return wic_errno(status);
+}
+
+static int wic_pte_op_entry(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len,
+			    enum wic_pte_op op)
+{
+	int ret = wic_enter();
+
+	if (ret)
+		return ret;
+
+	ret = wic_pte_op(space, gpu_id, va, len, op);
+	wic_exit();
+
+	return ret;
+}
+
+/**
+ * uvm_wic_map() - map managed pages on a GPU, so that faults on them can be replayed
+ * @space: the space
+ * @gpu_id: the GPU
+ * @va: page-aligned start
+ * @len: page-aligned length
+ * @writable: map read-write (a producer's PAT page) rather than read-only
+ *
+ * Process context only, no UVM lock held; returns once the mapping is in place (PTE writes
+ * complete). The pages must be resident somewhere (write them first with uvm_wic_write());
+ * they are mapped where they are resident, remotely when that is CPU memory. The range may
+ * span VA blocks.
+ *
+ * Return: 0 or a negative errno: -EINVAL for an unaligned or empty range, -ENODEV for a GPU
+ * not registered in the space, -ENODATA when a page is resident nowhere, -EFAULT for an address
+ * outside managed memory, -ESRCH when the process is gone, -EAGAIN while the driver is
+ * suspended.
+ */
+int uvm_wic_map(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len, bool writable)
+{
+	UVM_ENTRY_RET(wic_pte_op_entry(space, gpu_id, va, len,
+				       writable ? WIC_MAP_READ_WRITE : WIC_MAP_READ_ONLY));
+}
+EXPORT_SYMBOL_GPL(uvm_wic_map);
+
+/**
+ * uvm_wic_unmap() - unmap managed pages from a GPU and wait for the TLB invalidate
+ * @space: the space
+ * @gpu_id: the GPU
+ * @va: page-aligned start
+ * @len: page-aligned length
+ *
+ * Process context only, no UVM lock held. On return the GPU can no longer reach the pages
+ * through stale TLB entries: its next access faults. Residency is unchanged.
+ *
+ * Return: 0 or a negative errno, as for uvm_wic_map().
+ */
+int uvm_wic_unmap(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len)
+{
+	UVM_ENTRY_RET(wic_pte_op_entry(space, gpu_id, va, len, WIC_UNMAP));
+}
+EXPORT_SYMBOL_GPL(uvm_wic_unmap);
+
+/**
+ * uvm_wic_revoke_write() - make a GPU's next write to managed pages fault again
+ * @space: the space
+ * @gpu_id: the GPU
+ * @va: page-aligned start
+ * @len: page-aligned length
+ *
+ * Process context only, no UVM lock held. Write and atomic permissions are revoked and the
+ * TLB invalidate is waited for; reads keep working. The next write faults with fault type
+ * WRITE (RO violation).
+ *
+ * Return: 0 or a negative errno, as for uvm_wic_map().
+ */
+int uvm_wic_revoke_write(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len)
+{
+	UVM_ENTRY_RET(wic_pte_op_entry(space, gpu_id, va, len, WIC_REVOKE_WRITE));
+}
+EXPORT_SYMBOL_GPL(uvm_wic_revoke_write);
+
+/*
+ * Replay
+ */
+
+static int wic_replay(u32 gpu_id)
+{
+	uvm_gpu_t *gpu;
+	NV_STATUS status;
+	int ret;
+
+	if (!wic_gpu_id_valid(gpu_id))
+		return -ENODEV;
+
+	ret = wic_enter();
+	if (ret)
+		return ret;
+
+	/* A GPU in the global table is retained by someone; the global lock keeps it there. */
+	uvm_mutex_lock(&g_uvm_global.global_lock);
+	gpu = uvm_gpu_get(uvm_gpu_id_from_value(gpu_id));
+	if (gpu)
+		uvm_gpu_retain(gpu);
+	uvm_mutex_unlock(&g_uvm_global.global_lock);
+
+	if (!gpu) {
+		wic_exit();
+		return -ENODEV;
+	}
+
+	/*
+	 * Takes the ISR lock (waits for a running bottom half), discards the entries still in
+	 * the hardware buffer (their accesses are replayed too) and pushes a REPLAY_START
+	 * without waiting for it: callers wait for their PTE writes first (uvm_wic_map()).
+	 */
+	if (gpu->parent->replayable_faults_supported)
+		status = uvm_gpu_fault_buffer_flush(gpu);
+	else
+		status = NV_ERR_NOT_SUPPORTED;
+
+	uvm_gpu_release(gpu);
+	wic_exit();
+
+	return wic_errno(status);
+}
+
+/**
+ * uvm_wic_replay() - replay a GPU's stalled faults
+ * @gpu_id: the GPU
+ *
+ * Flushes the GPU's fault buffer and issues a replay: every stalled access retries; those
+ * whose pages are now mapped resume, the others fault again. Process context only, no UVM
+ * lock held.
+ *
+ * Return: 0 or a negative errno (-ENODEV for an unknown GPU, -ENOSYS for a GPU without
+ * replayable faults, -EAGAIN while the driver is suspended).
+ */
+int uvm_wic_replay(u32 gpu_id)
+{
+	UVM_ENTRY_RET(wic_replay(gpu_id));
+}
+EXPORT_SYMBOL_GPL(uvm_wic_replay);
