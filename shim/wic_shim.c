@@ -325,6 +325,7 @@ static void wic_complete_held(struct wic_session *s, u32 space_id, u64 start, u6
 static int wic_open(struct inode *inode, struct file *file)
 {
 	struct wic_session *s;
+	int err = -ENOMEM;
 	u32 i;
 
 	s = kvzalloc(sizeof(*s), GFP_KERNEL);
@@ -340,7 +341,7 @@ static int wic_open(struct inode *inode, struct file *file)
 	s->ring = vmalloc_user(s->ring_bytes);
 	s->bounce = kvmalloc(WIC_MAX_WRITE_BYTES, GFP_KERNEL);
 	if (!s->held_pool || !s->ring || !s->bounce)
-		goto nomem;
+		goto free;
 	for (i = 0; i < WIC_MAX_HELD; i++)
 		hlist_add_head(&s->held_pool[i].node, &s->held_free);
 	s->ring->magic = WIC_RING_MAGIC;
@@ -351,23 +352,20 @@ static int wic_open(struct inode *inode, struct file *file)
 	mutex_lock(&wic_active_lock);
 	if (rcu_access_pointer(wic_active)) {
 		mutex_unlock(&wic_active_lock);
-		vfree(s->ring);
-		kvfree(s->bounce);
-		kvfree(s->held_pool);
-		kvfree(s);
-		return -EBUSY;
+		err = -EBUSY;
+		goto free;
 	}
 	rcu_assign_pointer(wic_active, s);
 	mutex_unlock(&wic_active_lock);
 	file->private_data = s;
 	return nonseekable_open(inode, file);
 
-nomem:
+free:
 	vfree(s->ring);
 	kvfree(s->bounce);
 	kvfree(s->held_pool);
 	kvfree(s);
-	return -ENOMEM;
+	return err;
 }
 
 static int wic_release(struct inode *inode, struct file *file)

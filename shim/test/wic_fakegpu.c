@@ -722,6 +722,24 @@ int uvm_wic_map(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len, bool w
 }
 EXPORT_SYMBOL_GPL(uvm_wic_map);
 
+/* Clears @flags of the pages of [va, va + len) on @gpu_id and logs @event. */
+static int wic_clear_range(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len,
+			   unsigned long flags, u32 event)
+{
+	int ret;
+
+	might_sleep();
+	if (IS_ERR_OR_NULL(space))
+		return -EINVAL;
+	ret = wic_check_range(gpu_id, va, len);
+	if (ret)
+		return ret;
+	wic_pages_clear(space, gpu_id, va >> WIC_FAKEGPU_PAGE_SHIFT,
+			(va + (len - 1)) >> WIC_FAKEGPU_PAGE_SHIFT, flags);
+	wic_log_event(event, gpu_id, va, len, 0);
+	return 0;
+}
+
 /**
  * uvm_wic_unmap() - unmap pages from a fake GPU
  * @space: the space
@@ -735,18 +753,7 @@ EXPORT_SYMBOL_GPL(uvm_wic_map);
  */
 int uvm_wic_unmap(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len)
 {
-	int ret;
-
-	might_sleep();
-	if (IS_ERR_OR_NULL(space))
-		return -EINVAL;
-	ret = wic_check_range(gpu_id, va, len);
-	if (ret)
-		return ret;
-	wic_pages_clear(space, gpu_id, va >> WIC_FAKEGPU_PAGE_SHIFT,
-			(va + (len - 1)) >> WIC_FAKEGPU_PAGE_SHIFT, ~0UL);
-	wic_log_event(WIC_FAKEGPU_EVENT_UNMAP, gpu_id, va, len, 0);
-	return 0;
+	return wic_clear_range(space, gpu_id, va, len, ~0UL, WIC_FAKEGPU_EVENT_UNMAP);
 }
 EXPORT_SYMBOL_GPL(uvm_wic_unmap);
 
@@ -763,18 +770,8 @@ EXPORT_SYMBOL_GPL(uvm_wic_unmap);
  */
 int uvm_wic_revoke_write(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len)
 {
-	int ret;
-
-	might_sleep();
-	if (IS_ERR_OR_NULL(space))
-		return -EINVAL;
-	ret = wic_check_range(gpu_id, va, len);
-	if (ret)
-		return ret;
-	wic_pages_clear(space, gpu_id, va >> WIC_FAKEGPU_PAGE_SHIFT,
-			(va + (len - 1)) >> WIC_FAKEGPU_PAGE_SHIFT, WIC_FAKEGPU_PAGE_WRITABLE);
-	wic_log_event(WIC_FAKEGPU_EVENT_REVOKE_WRITE, gpu_id, va, len, 0);
-	return 0;
+	return wic_clear_range(space, gpu_id, va, len, WIC_FAKEGPU_PAGE_WRITABLE,
+			       WIC_FAKEGPU_EVENT_REVOKE_WRITE);
 }
 EXPORT_SYMBOL_GPL(uvm_wic_revoke_write);
 

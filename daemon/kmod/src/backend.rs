@@ -49,6 +49,8 @@ pub struct ShimBackend {
     records: Vec<Record>,
     entries: Vec<RawFaultEntry>,
     batch: Vec<WicCommand>,
+    /// For each kernel command of `batch`, the index of the engine command it came from.
+    origin: Vec<usize>,
     /// Records of pages no placed channel has (stale, or a closed channel's).
     pub stray_records: u64,
 }
@@ -69,6 +71,7 @@ impl ShimBackend {
             records: Vec::new(),
             entries: Vec::new(),
             batch: Vec::new(),
+            origin: Vec::new(),
             stray_records: 0,
         })
     }
@@ -135,10 +138,10 @@ impl ShimBackend {
     ) -> Result<Executed, DeviceError> {
         let mut done = Executed::default();
         self.batch.clear();
-        let mut origin = Vec::with_capacity(commands.len());
-        for command in commands {
+        self.origin.clear();
+        for (index, command) in commands.iter().enumerate() {
             match self.translator.to_kernel(command, &host_data, &mut self.batch) {
-                Ok(()) => origin.push(command),
+                Ok(()) => self.origin.push(index),
                 Err(e) => {
                     done.untranslatable += 1;
                     failures(command, Err(e));
@@ -152,10 +155,10 @@ impl ShimBackend {
             Some(uring) => uring.submit(self.device.fd(), &mut self.batch).map_err(|e| DeviceError::Ring(format!("io_uring submission: {e}")))?,
             None => self.device.submit(&mut self.batch)?,
         };
-        for (command, kernel) in origin.iter().zip(&self.batch) {
+        for (&index, kernel) in self.origin.iter().zip(&self.batch) {
             if kernel.result != 0 {
                 done.failed += 1;
-                failures(command, Ok(kernel.result));
+                failures(&commands[index], Ok(kernel.result));
             }
         }
         Ok(done)

@@ -15,12 +15,50 @@ use wic_proto::kabi::{self, WicAttach, WicCommand, WicRange, WicSubmit, WicVersi
 
 use crate::ring::{FaultRing, RingError};
 
-nix::ioctl_readwrite_bad!(ioc_version, kabi::WIC_IOC_VERSION, WicVersion);
-nix::ioctl_readwrite_bad!(ioc_attach, kabi::WIC_IOC_ATTACH, WicAttach);
-nix::ioctl_write_ptr_bad!(ioc_detach, kabi::WIC_IOC_DETACH, u32);
-nix::ioctl_readwrite_bad!(ioc_register, kabi::WIC_IOC_REGISTER, WicRange);
-nix::ioctl_write_ptr_bad!(ioc_unregister, kabi::WIC_IOC_UNREGISTER, u32);
-nix::ioctl_readwrite_bad!(ioc_submit, kabi::WIC_IOC_SUBMIT, WicSubmit);
+/// The raw ioctls of `/dev/wic`, for callers that must send what [`Device`] would not (the
+/// hostile-input tests).
+pub mod raw {
+    use wic_proto::kabi::{self, WicAttach, WicRange, WicSubmit, WicVersion};
+
+    nix::ioctl_readwrite_bad!(
+        /// `WIC_IOC_VERSION`.
+        ioc_version,
+        kabi::WIC_IOC_VERSION,
+        WicVersion
+    );
+    nix::ioctl_readwrite_bad!(
+        /// `WIC_IOC_ATTACH`.
+        ioc_attach,
+        kabi::WIC_IOC_ATTACH,
+        WicAttach
+    );
+    nix::ioctl_write_ptr_bad!(
+        /// `WIC_IOC_DETACH`.
+        ioc_detach,
+        kabi::WIC_IOC_DETACH,
+        u32
+    );
+    nix::ioctl_readwrite_bad!(
+        /// `WIC_IOC_REGISTER`.
+        ioc_register,
+        kabi::WIC_IOC_REGISTER,
+        WicRange
+    );
+    nix::ioctl_write_ptr_bad!(
+        /// `WIC_IOC_UNREGISTER`.
+        ioc_unregister,
+        kabi::WIC_IOC_UNREGISTER,
+        u32
+    );
+    nix::ioctl_readwrite_bad!(
+        /// `WIC_IOC_SUBMIT`.
+        ioc_submit,
+        kabi::WIC_IOC_SUBMIT,
+        WicSubmit
+    );
+}
+
+use raw::{ioc_attach, ioc_detach, ioc_register, ioc_submit, ioc_unregister, ioc_version};
 
 /// What can go wrong with `/dev/wic`.
 #[derive(Debug)]

@@ -10,6 +10,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use wic_engine::RawFaultEntry;
 
 use wic_proto::c_struct;
+use wic_proto::kabi::StructLayout;
 
 /// `WIC_FAKEGPU_DEVICE`.
 pub const DEVICE: &str = "/dev/wic_fakegpu";
@@ -147,16 +148,12 @@ pub fn constants() -> Vec<(&'static str, i128)> {
 }
 
 /// Every struct of the header.
-pub fn structs() -> Vec<wic_proto::kabi::StructLayout> {
-    use wic_proto::kabi::StructLayout;
-    fn entry<T>(name: &'static str, fields: &'static [(&'static str, usize)]) -> StructLayout {
-        StructLayout { name, size: std::mem::size_of::<T>(), align: std::mem::align_of::<T>(), fields }
-    }
+pub fn structs() -> Vec<StructLayout> {
     vec![
-        entry::<Event>(Event::C_NAME, Event::FIELDS),
-        entry::<Inject>(Inject::C_NAME, Inject::FIELDS),
-        entry::<Events>(Events::C_NAME, Events::FIELDS),
-        entry::<PageState>(PageState::C_NAME, PageState::FIELDS),
+        StructLayout::of::<Event>(Event::C_NAME, Event::FIELDS),
+        StructLayout::of::<Inject>(Inject::C_NAME, Inject::FIELDS),
+        StructLayout::of::<Events>(Events::C_NAME, Events::FIELDS),
+        StructLayout::of::<PageState>(PageState::C_NAME, PageState::FIELDS),
     ]
 }
 

@@ -269,18 +269,22 @@ pub struct StructLayout {
     pub fields: &'static [(&'static str, usize)],
 }
 
+impl StructLayout {
+    /// `T`'s layout, under its C name and with its fields' offsets.
+    pub fn of<T>(name: &'static str, fields: &'static [(&'static str, usize)]) -> Self {
+        Self { name, size: std::mem::size_of::<T>(), align: std::mem::align_of::<T>(), fields }
+    }
+}
+
 /// Every struct of the header.
 pub fn structs() -> Vec<StructLayout> {
-    fn entry<T>(name: &'static str, fields: &'static [(&'static str, usize)]) -> StructLayout {
-        StructLayout { name, size: std::mem::size_of::<T>(), align: std::mem::align_of::<T>(), fields }
-    }
     vec![
-        entry::<WicVersion>(WicVersion::C_NAME, WicVersion::FIELDS),
-        entry::<WicAttach>(WicAttach::C_NAME, WicAttach::FIELDS),
-        entry::<WicRange>(WicRange::C_NAME, WicRange::FIELDS),
-        entry::<WicCommand>(WicCommand::C_NAME, WicCommand::FIELDS),
-        entry::<WicSubmit>(WicSubmit::C_NAME, WicSubmit::FIELDS),
-        entry::<WicRingHeader>(WicRingHeader::C_NAME, WicRingHeader::FIELDS),
-        entry::<WicFaultRecord>(WicFaultRecord::C_NAME, WicFaultRecord::FIELDS),
+        StructLayout::of::<WicVersion>(WicVersion::C_NAME, WicVersion::FIELDS),
+        StructLayout::of::<WicAttach>(WicAttach::C_NAME, WicAttach::FIELDS),
+        StructLayout::of::<WicRange>(WicRange::C_NAME, WicRange::FIELDS),
+        StructLayout::of::<WicCommand>(WicCommand::C_NAME, WicCommand::FIELDS),
+        StructLayout::of::<WicSubmit>(WicSubmit::C_NAME, WicSubmit::FIELDS),
+        StructLayout::of::<WicRingHeader>(WicRingHeader::C_NAME, WicRingHeader::FIELDS),
+        StructLayout::of::<WicFaultRecord>(WicFaultRecord::C_NAME, WicFaultRecord::FIELDS),
     ]
 }

@@ -34,12 +34,7 @@ const REGION_PAGES: usize = 64;
 /// Pages of the range long enough for a `WIC_CMD_WRITE_DATA` above `WIC_MAX_WRITE_BYTES`.
 const LONG_PAGES: usize = 264;
 
-nix::ioctl_readwrite_bad!(ioc_version, kabi::WIC_IOC_VERSION, WicVersion);
-nix::ioctl_readwrite_bad!(ioc_attach, kabi::WIC_IOC_ATTACH, WicAttach);
-nix::ioctl_write_ptr_bad!(ioc_detach, kabi::WIC_IOC_DETACH, u32);
-nix::ioctl_readwrite_bad!(ioc_register, kabi::WIC_IOC_REGISTER, WicRange);
-nix::ioctl_write_ptr_bad!(ioc_unregister, kabi::WIC_IOC_UNREGISTER, u32);
-nix::ioctl_readwrite_bad!(ioc_submit, kabi::WIC_IOC_SUBMIT, WicSubmit);
+use wic_kmod::device::raw::{ioc_attach, ioc_detach, ioc_register, ioc_submit, ioc_unregister, ioc_version};
 
 /// `_IO('W', 0x7f)`: a number the module does not know.
 const IOC_UNKNOWN: u32 = nix::request_code_none!(kabi::WIC_IOC_MAGIC, 0x7f) as u32;
