@@ -13,6 +13,7 @@ pub struct Config {
     pub service: ServiceConfig,
     pub engine: EngineSection,
     pub emulated: EmulatedConfig,
+    pub shim: ShimConfig,
     pub limits: Limits,
 }
 
@@ -77,6 +78,42 @@ pub struct EmulatedConfig {
 impl Default for EmulatedConfig {
     fn default() -> Self {
         Self { gpus: 4 }
+    }
+}
+
+/// How the shim backend hands command batches to the module.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SubmissionChoice {
+    /// One io_uring command per batch chunk.
+    IoUring,
+    /// One ioctl per batch chunk.
+    Ioctl,
+}
+
+/// `[shim]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ShimConfig {
+    pub submission: SubmissionChoice,
+    /// How long to retry while the device is still held by a previous session (a restart:
+    /// the module completes the old session's held faults before it lets a new one in).
+    pub open_wait_ms: u64,
+}
+
+impl Default for ShimConfig {
+    fn default() -> Self {
+        Self { submission: SubmissionChoice::IoUring, open_wait_ms: 2000 }
+    }
+}
+
+impl ShimConfig {
+    /// The backend's submission path.
+    pub fn submission(&self) -> wic_kmod::Submission {
+        match self.submission {
+            SubmissionChoice::IoUring => wic_kmod::Submission::Uring,
+            SubmissionChoice::Ioctl => wic_kmod::Submission::Ioctl,
+        }
     }
 }
 
@@ -167,6 +204,9 @@ impl Config {
         }
         if self.emulated != new.emulated {
             changed.push("[emulated]");
+        }
+        if self.shim != new.shim {
+            changed.push("[shim]");
         }
         let (old, next) = (&self.service, &new.service);
         if (&old.socket, &old.socket_mode, &old.socket_group) != (&next.socket, &next.socket_mode, &next.socket_group) {

@@ -8,10 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::signal::unix::{signal, SignalKind};
+use wic_kmod::ShimBackend;
 
 use crate::config::{BackendChoice, Config};
 use crate::logging::{self, LevelHandle};
-use crate::service::dataplane::{self, Control};
+use crate::service::dataplane::{self, Backend, Control};
 use crate::service::server::{self, Shared};
 use crate::systemd;
 
@@ -62,24 +63,34 @@ impl ServeArgs {
 pub fn run(args: ServeArgs) -> Result<(), String> {
     let config = args.load()?;
     let level = logging::init(logging::parse_level(&config.service.log_level)?);
-    let backend = match config.service.backend {
-        BackendChoice::Emulated => "emulated",
-        BackendChoice::Auto if !config.service.device.exists() => "emulated",
-        BackendChoice::Auto | BackendChoice::Shim => {
-            return Err(format!(
-                "{} is present but this wicd has no shim backend yet; set service.backend = \"emulated\"",
-                config.service.device.display()
-            ))
-        }
-    };
+    let (backend, name, gpus) = open_backend(&config)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("tokio runtime: {e}"))?;
-    let (handle, fast_path) = dataplane::spawn(config.engine(), config.emulated.gpus)?;
-    let result = runtime.block_on(serve(args, config, level, handle, backend));
+    let (handle, fast_path) = dataplane::spawn(config.engine(), backend)?;
+    let result = runtime.block_on(serve(args, config, level, handle, name, gpus));
     fast_path.join().map_err(|_| "the fast path panicked".to_string())?;
     result
+}
+
+/// The configured backend, its name and how many GPUs the daemon knows of (0: the shim
+/// learns GPU ids from the faults themselves).
+fn open_backend(config: &Config) -> Result<(Backend, &'static str, u16), String> {
+    let device = &config.service.device;
+    let shim = match config.service.backend {
+        BackendChoice::Emulated => false,
+        BackendChoice::Auto => device.exists(),
+        BackendChoice::Shim => true,
+    };
+    if !shim {
+        return Ok((Backend::Emulated { gpus: config.emulated.gpus }, "emulated", config.emulated.gpus));
+    }
+    let wait = Duration::from_millis(config.shim.open_wait_ms);
+    let backend = ShimBackend::open(device, wait, config.shim.submission(), config.engine().va_width)
+        .map_err(|e| format!("{}: {e} (is wic_shim loaded? service.backend = \"emulated\" runs without it)", device.display()))?;
+    tracing::info!("{}: session opened", device.display());
+    Ok((Backend::Shim(Box::new(backend)), "shim", 0))
 }
 
 /// A socket path this process bound, removed again on exit.
@@ -134,6 +145,7 @@ async fn serve(
     level: LevelHandle,
     handle: dataplane::DataplaneHandle,
     backend: &'static str,
+    gpus: u16,
 ) -> Result<(), String> {
     let stop_fast_path = |handle: dataplane::DataplaneHandle| async move {
         let _ = handle.ask(|reply| Control::Shutdown { reply }).await;
@@ -145,13 +157,13 @@ async fn serve(
             return Err(e);
         }
     };
-    let shared = Shared::new(config.limits, handle.clone(), backend, config.emulated.gpus);
+    let shared = Shared::new(config.limits, handle.clone(), backend, gpus, config.engine().warps_per_batch);
     let accept = tokio::spawn(server::accept_loop(listener, shared.clone()));
     let mut terminate = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
     let mut interrupt = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
     let mut hangup = signal(SignalKind::hangup()).map_err(|e| e.to_string())?;
     let watchdog = systemd::watchdog_interval().map(|every| tokio::spawn(feed_watchdog(handle.clone(), every)));
-    tracing::info!(backend, gpus = config.emulated.gpus, "wicd {} ready", env!("CARGO_PKG_VERSION"));
+    tracing::info!(backend, gpus, "wicd {} ready", env!("CARGO_PKG_VERSION"));
     systemd::notify(&format!("READY=1\nSTATUS=serving, {backend} backend"));
     let mut config = config;
     loop {

@@ -164,7 +164,7 @@ fn another_uid_is_refused_a_token_bound_to_someone_else() {
     let producer = compile("producer", &daemon.dir);
     let mut owner = Client::connect(&daemon.socket, "test").unwrap();
     let spec = ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 64, slots: 1, timeout_ns: 0 };
-    let Ok(Reply::Channel(info)) = owner.call(&Request::CreateChannel { spec }) else { panic!("create") };
+    let Ok(Reply::Channel(info)) = owner.call(&Request::CreateChannel { spec, base_va: None }) else { panic!("create") };
     let grant = |owner: &mut Client, uid| match owner.call(&Request::Grant { channel: info.channel, role: Role::Producer, uid }) {
         Ok(Reply::Token { token }) => token,
         other => panic!("grant: {other:?}"),

@@ -1,12 +1,12 @@
 //! wic's kernel modules in a real kernel: Debian's kernel booted under qemu (tests/vm/run.sh)
 //! with wic_fakegpu.ko and wic_shim.ko loaded, and the scenarios of `wic-vmtest` run against
 //! them (a held fault delivered byte for byte, a PAT fault, a daemon killed with faults held,
-//! hostile ioctls). A warning, oops or panic logged by the kernel fails the test as surely as a
+//! hostile ioctls, and the real wicd serving a libwic application on the shim backend). A warning, oops or panic logged by the kernel fails the test as surely as a
 //! failed scenario.
 
 use std::path::Path;
 
-use wic_tests::{scratch, vm};
+use wic_tests::{binary, built, scratch, vm};
 
 #[test]
 fn the_modules_hold_and_complete_faults_in_a_real_kernel() {
@@ -16,7 +16,9 @@ fn the_modules_hold_and_complete_faults_in_a_real_kernel() {
     }
     let out = scratch("vm-scenarios");
     let driver = Path::new(env!("CARGO_BIN_EXE_wic-vmtest"));
-    let run = vm::run(&out, &[driver], &[], &["sh", "-c", "lsmod && wic-vmtest all"], 600);
+    built();
+    let wicd = binary("wicd");
+    let run = vm::run(&out, &[driver, &wicd], &[], &["sh", "-c", "lsmod && wic-vmtest all"], 600);
     assert!(run.ok, "the VM run failed:\n{}", run.report());
     for module in ["wic_shim", "wic_fakegpu"] {
         assert!(
@@ -25,7 +27,7 @@ fn the_modules_hold_and_complete_faults_in_a_real_kernel() {
             run.report()
         );
     }
-    for scenario in ["deliver", "daemon-death", "hostile"] {
+    for scenario in ["deliver", "daemon-death", "hostile", "service"] {
         assert!(run.console.contains(&format!("PASS {scenario}")), "scenario {scenario} did not pass:\n{}", run.report());
     }
 }

@@ -24,7 +24,7 @@ fn refused(result: Result<Reply, ClientError>) -> ErrorCode {
 }
 
 fn create(client: &mut Client, slots: u32) -> (u32, Vec<FdKind>) {
-    match client.call_with_fds(&Request::CreateChannel { spec: spec(slots, 64) }).expect("create") {
+    match client.call_with_fds(&Request::CreateChannel { spec: spec(slots, 64), base_va: None }).expect("create") {
         (Reply::Channel(info), fds) => {
             assert_eq!(fds.len(), info.fds.len(), "one descriptor per listed kind");
             (info.channel, info.fds)
@@ -183,9 +183,9 @@ fn limits_apply_and_reload_on_sighup() {
     let mut client = connect(&daemon);
     create(&mut client, 1);
     create(&mut client, 1);
-    let third = client.call(&Request::CreateChannel { spec: spec(1, 64) });
+    let third = client.call(&Request::CreateChannel { spec: spec(1, 64), base_va: None });
     assert_eq!(refused(third), ErrorCode::Exhausted);
-    let big = client.call(&Request::CreateChannel { spec: spec(1, 8192) });
+    let big = client.call(&Request::CreateChannel { spec: spec(1, 8192), base_va: None });
     assert_eq!(refused(big), ErrorCode::Invalid);
 
     std::fs::write(daemon.dir.join("wicd.toml"), "[limits]\nmax_channels_per_client = 3\nmax_message_bytes = 16384\n").unwrap();
@@ -195,7 +195,7 @@ fn limits_apply_and_reload_on_sighup() {
         assert!(Instant::now() < deadline, "no reload:\n{}", daemon.log());
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert!(matches!(client.call(&Request::CreateChannel { spec: spec(1, 8192) }), Ok(Reply::Channel(_))));
+    assert!(matches!(client.call(&Request::CreateChannel { spec: spec(1, 8192), base_va: None }), Ok(Reply::Channel(_))));
 
     // A broken file is reported and the running configuration kept.
     std::fs::write(daemon.dir.join("wicd.toml"), "[limits]\nmax_clients = \"many\"\n").unwrap();
@@ -205,7 +205,7 @@ fn limits_apply_and_reload_on_sighup() {
         assert!(Instant::now() < deadline, "no reload error:\n{}", daemon.log());
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert_eq!(refused(client.call(&Request::CreateChannel { spec: spec(1, 64) })), ErrorCode::Exhausted);
+    assert_eq!(refused(client.call(&Request::CreateChannel { spec: spec(1, 64), base_va: None })), ErrorCode::Exhausted);
     daemon.stop();
 }
 
@@ -215,15 +215,15 @@ fn channels_on_missing_gpus_or_with_gpu_producers_are_refused_clearly() {
     let mut client = connect(&daemon);
     let mut bad = spec(1, 64);
     bad.consumer_gpu = 2;
-    let Err(ClientError::Refused(e)) = client.call(&Request::CreateChannel { spec: bad }) else { panic!("refused") };
+    let Err(ClientError::Refused(e)) = client.call(&Request::CreateChannel { spec: bad, base_va: None }) else { panic!("refused") };
     assert_eq!(e.code, ErrorCode::Invalid);
     assert!(e.message.contains("2 GPUs"), "{e}");
     let mut gpu = spec(1, 64);
     gpu.producer = Producer::Gpu { gpu: 1, base_va: 0x1000 };
-    assert_eq!(refused(client.call(&Request::CreateChannel { spec: gpu })), ErrorCode::Unsupported);
-    assert_eq!(refused(client.call(&Request::CreateChannel { spec: spec(0, 64) })), ErrorCode::Invalid);
+    assert_eq!(refused(client.call(&Request::CreateChannel { spec: gpu, base_va: None })), ErrorCode::Unsupported);
+    assert_eq!(refused(client.call(&Request::CreateChannel { spec: spec(0, 64), base_va: None })), ErrorCode::Invalid);
     let huge = spec(5000, 64);
-    assert_eq!(refused(client.call(&Request::CreateChannel { spec: huge })), ErrorCode::Exhausted);
+    assert_eq!(refused(client.call(&Request::CreateChannel { spec: huge, base_va: None })), ErrorCode::Exhausted);
     assert_eq!(stats(&mut client).pool_pages_used, 0, "failed creations keep nothing");
     daemon.stop();
 }

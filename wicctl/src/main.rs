@@ -389,6 +389,7 @@ mod tests {
                             version: wic_proto::PROTOCOL_VERSION,
                             daemon: "test".into(),
                             backend: "emulated".into(),
+                            warps_per_batch: 16,
                         }),
                         request => answer(&request),
                     };

@@ -70,6 +70,16 @@ pub struct ChannelSpec {
     pub timeout: Nanos,
 }
 
+impl ChannelSpec {
+    /// Bytes of application memory a channel of this spec occupies when placed on a real GPU:
+    /// two runs per slot, then two PAT pages per slot for a GPU producer.
+    pub fn placement_bytes(&self, warps_per_batch: u32) -> u64 {
+        let run_pages = u64::from(pages_for_batch(warps_per_batch, self.message_bytes, PAGE_SIZE as u32));
+        let pat_pages = if matches!(self.producer, Producer::Gpu { .. }) { 2 } else { 0 };
+        u64::from(self.slots) * (2 * run_pages + pat_pages) * PAGE_SIZE
+    }
+}
+
 /// Identifies an open channel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ChannelId(pub u32);

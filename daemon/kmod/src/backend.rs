@@ -129,12 +129,13 @@ impl ShimBackend {
     }
 
     /// Runs the engine's `commands` as one batch. `host_data` gives the daemon's address of
-    /// host producer bytes; `failures` receives each refused or untranslatable command.
+    /// host producer bytes (see [`Translator::to_kernel`]); `outcome` receives every command
+    /// with the module's result (0 or a negative errno) or why it was not translated.
     pub fn execute(
         &mut self,
         commands: &[Command],
-        host_data: impl Fn(DataSource, u64) -> Option<u64>,
-        mut failures: impl FnMut(&Command, Result<i32, CommandError>),
+        host_data: impl Fn(u64, DataSource, u64) -> Option<u64>,
+        mut outcome: impl FnMut(&Command, Result<i32, CommandError>),
     ) -> Result<Executed, DeviceError> {
         let mut done = Executed::default();
         self.batch.clear();
@@ -144,7 +145,7 @@ impl ShimBackend {
                 Ok(()) => self.origin.push(index),
                 Err(e) => {
                     done.untranslatable += 1;
-                    failures(command, Err(e));
+                    outcome(command, Err(e));
                 }
             }
         }
@@ -158,8 +159,8 @@ impl ShimBackend {
         for (&index, kernel) in self.origin.iter().zip(&self.batch) {
             if kernel.result != 0 {
                 done.failed += 1;
-                failures(&commands[index], Ok(kernel.result));
             }
+            outcome(&commands[index], Ok(kernel.result));
         }
         Ok(done)
     }

@@ -133,12 +133,13 @@ impl Translator {
         Some(entry.encode())
     }
 
-    /// Appends the kernel commands for `command`. `host_data` gives the daemon's address of
-    /// a host producer's bytes.
+    /// Appends the kernel commands for `command`. `host_data(run, source, len)` gives the
+    /// daemon's address of the `len` host-producer bytes `source` names for the engine run at
+    /// `run`.
     pub fn to_kernel(
         &self,
         command: &Command,
-        host_data: impl Fn(DataSource, u64) -> Option<u64>,
+        host_data: impl Fn(u64, DataSource, u64) -> Option<u64>,
         out: &mut Vec<WicCommand>,
     ) -> Result<(), CommandError> {
         let mut push = |opcode, gpu: u16, va: u64, pages: u32, length: u64, arg: u64| -> Result<(), CommandError> {
@@ -148,7 +149,7 @@ impl Translator {
         };
         match *command {
             Command::WriteData { gpu, va, len, source } => {
-                let data = host_data(source, len).ok_or(CommandError::NoHostData { va })?;
+                let data = host_data(va, source, len).ok_or(CommandError::NoHostData { va })?;
                 let pages = len.div_ceil(PAGE_SIZE).max(1) as u32;
                 push(kabi::WIC_CMD_WRITE_DATA, gpu, va, pages, len, data)
             }
@@ -168,7 +169,7 @@ impl Translator {
 mod tests {
     use super::*;
     use wic_engine::fault::AccessType;
-    use wic_engine::{ChannelId, ErrorMarker, SlotLayout, TagId};
+    use wic_engine::{ChannelId, ChannelSpec, Engine, EngineConfig, ErrorMarker, Producer, SlotLayout, TagId};
 
     fn layout() -> ChannelLayout {
         let slot = |runs: [u64; 2], pat| SlotLayout { runs, tag: TagId(0), pat };
@@ -191,11 +192,22 @@ mod tests {
     }
 
     #[test]
+    fn a_placement_takes_what_the_spec_says_it_needs() {
+        for (producer, message_bytes, slots) in [(Producer::Host, 100, 3), (Producer::Gpu { gpu: 1, base_va: 0 }, 5000, 2)] {
+            let spec = ChannelSpec { consumer_gpu: 0, producer, message_bytes, slots, timeout: 1 };
+            let mut engine = Engine::new(EngineConfig::default()).unwrap();
+            let layout = engine.open_channel(spec).unwrap();
+            let p = Placement::new(&layout, 1, 0x1000_0000);
+            assert_eq!(p.pcm_bytes + p.pat_bytes, spec.placement_bytes(engine.config().warps_per_batch));
+        }
+    }
+
+    #[test]
     fn commands_translate_page_by_page_and_stay_inside_their_run() {
         let mut t = Translator::default();
         t.add(&Placement::new(&layout(), 7, 0x7000_0000));
         let mut out = Vec::new();
-        let host = |_: DataSource, _: u64| Some(0xdead_0000);
+        let host = |_: u64, _: DataSource, _: u64| Some(0xdead_0000);
         t.to_kernel(&Command::Map { gpu: 1, va: 0x30_2000, pages: 2 }, host, &mut out).unwrap();
         t.to_kernel(&Command::WriteData { gpu: 1, va: 0x10_0000, len: 5000, source: DataSource::Host { offset: 0 } }, host, &mut out).unwrap();
         t.to_kernel(&Command::WriteErrorMarker { gpu: 1, va: 0x10_3000, pages: 1, marker: ErrorMarker::Timeout }, host, &mut out).unwrap();
@@ -207,7 +219,7 @@ mod tests {
         // Past the end of a run, or nowhere: refused.
         assert_eq!(t.to_kernel(&Command::Map { gpu: 1, va: 0x10_2000, pages: 3 }, host, &mut out), Err(CommandError::Unplaced { va: 0x10_2000 }));
         assert_eq!(t.to_kernel(&Command::Unmap { gpu: 1, va: 0x50_0000, pages: 1 }, host, &mut out), Err(CommandError::Unplaced { va: 0x50_0000 }));
-        assert_eq!(t.to_kernel(&Command::WriteData { gpu: 1, va: 0x10_0000, len: 1, source: DataSource::Host { offset: 0 } }, |_, _| None, &mut out), Err(CommandError::NoHostData { va: 0x10_0000 }));
+        assert_eq!(t.to_kernel(&Command::WriteData { gpu: 1, va: 0x10_0000, len: 1, source: DataSource::Host { offset: 0 } }, |_, _, _| None, &mut out), Err(CommandError::NoHostData { va: 0x10_0000 }));
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The fast path: one thread that owns the engine and the backend and waits on io_uring for
-//! doorbells (faults posted, data published), control requests and the engine's next deadline.
+//! doorbells (faults posted, data published), the shim's fault ring, control requests and the
+//! engine's next deadline.
 //!
 //! The control side (the tokio server) talks to it through a crossbeam queue plus an eventfd
 //! that wakes the ring; replies come back on tokio oneshot channels. Nothing here blocks on a
@@ -19,20 +20,44 @@ use wic_engine::{
     ChannelId, ChannelLayout, ChannelSpec, Command, Engine, EngineConfig, EngineError, ErrorMarker, FaultEntry, Nanos,
     PoolError, RawFaultEntry,
 };
+use wic_kmod::ShimBackend;
 use wic_proto::message::{ErrorCode, Histogram, Stats, WireError};
 use wic_proto::shm::{ChannelState, ConsumerLayout, ConsumerRegion, ProducerLayout, ProducerRegion};
 
-use super::emulated::{EmulatedChannel, EmulatedGpus, ExecutionLog};
+use super::emulated::{EmulatedChannel, EmulatedGpus};
+use super::gpus::{Executed, ExecutionLog};
+use super::shim::ShimGpus;
 
 /// io_uring user data of the control doorbell's read.
 const WAKE_TOKEN: u64 = 0;
 /// io_uring user data of cancel requests (their completions carry no work).
 const CANCEL_TOKEN: u64 = u64::MAX;
+/// io_uring user data of the poll of the shim's fault ring.
+const RING_TOKEN: u64 = u64::MAX - 1;
 const RING_ENTRIES: u32 = 256;
+
+/// The GPU backend the fast path drives.
+pub enum Backend {
+    /// `gpus` emulated GPUs.
+    Emulated { gpus: u16 },
+    /// The wic_shim module, through an open session.
+    Shim(Box<ShimBackend>),
+}
+
+/// Where a channel goes in an application's address space (shim backend).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placement {
+    pub space: u32,
+    pub base_va: u64,
+}
 
 /// What the control side asks of the fast path.
 pub enum Control {
-    Create { spec: ChannelSpec, reply: oneshot::Sender<Result<Created, WireError>> },
+    Create { spec: ChannelSpec, placement: Option<Placement>, reply: oneshot::Sender<Result<Created, WireError>> },
+    /// Attaches the address space of an application's UVM file (shim backend).
+    AttachSpace { uvm: OwnedFd, reply: oneshot::Sender<Result<u32, WireError>> },
+    /// Detaches a space once its connection's channels are destroyed.
+    DetachSpace { space: u32, reply: oneshot::Sender<()> },
     Destroy { channel: u32, reply: oneshot::Sender<Result<(), WireError>> },
     Publish { channel: u32, slot: u32, reply: oneshot::Sender<Result<(), WireError>> },
     Snapshot { reply: oneshot::Sender<Snapshot> },
@@ -40,12 +65,13 @@ pub enum Control {
     Shutdown { reply: oneshot::Sender<()> },
 }
 
-/// A new channel: its layout and the descriptors to hand to clients (duplicates; the fast
-/// path keeps its own).
+/// A new channel: its layout with the addresses its consumers use, and the descriptors to
+/// hand to clients (duplicates; the fast path keeps its own). Shim channels have no consumer
+/// region: their consumers are GPU kernels.
 pub struct Created {
     pub layout: ChannelLayout,
-    pub consumer_region: OwnedFd,
-    pub fault_doorbell: OwnedFd,
+    pub consumer_region: Option<OwnedFd>,
+    pub fault_doorbell: Option<OwnedFd>,
     pub producer_region: Option<OwnedFd>,
     pub publish_doorbell: Option<OwnedFd>,
 }
@@ -135,10 +161,52 @@ impl ExecutionLog for Counters {
     }
 }
 
+/// The backend's channels and the means to run commands on them.
+enum Gpus {
+    Emulated { gpus: EmulatedGpus, count: u16 },
+    Shim(Box<ShimGpus>),
+}
+
+impl Gpus {
+    fn has(&self, channel: u32) -> bool {
+        match self {
+            Self::Emulated { gpus, .. } => gpus.channel(channel).is_some(),
+            Self::Shim(shim) => shim.channel(channel).is_some(),
+        }
+    }
+
+    fn producer(&self, channel: u32) -> Option<&ProducerRegion> {
+        match self {
+            Self::Emulated { gpus, .. } => gpus.channel(channel)?.producer.as_ref(),
+            Self::Shim(shim) => shim.channel(channel)?.producer.as_ref(),
+        }
+    }
+
+    fn channel_ids(&self) -> Vec<u32> {
+        match self {
+            Self::Emulated { gpus, .. } => gpus.channels().map(|(id, _)| *id).collect(),
+            Self::Shim(shim) => shim.channel_ids().collect(),
+        }
+    }
+
+    fn execute(&mut self, commands: &[Command], log: &mut impl ExecutionLog) -> Executed {
+        match self {
+            Self::Emulated { gpus, .. } => gpus.execute(commands, log),
+            Self::Shim(shim) => shim.execute(commands, log),
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Self::Emulated { .. } => "emulated",
+            Self::Shim(_) => "shim",
+        }
+    }
+}
+
 struct Dataplane {
     engine: Engine,
-    gpus: u16,
-    backend: EmulatedGpus,
+    backend: Gpus,
     ring: IoUring,
     control: Receiver<Control>,
     wake: Arc<EventFd>,
@@ -154,9 +222,13 @@ struct Dataplane {
     completions: Vec<(u64, i32)>,
 }
 
-/// Starts the fast path for `gpus` emulated GPUs.
-pub fn spawn(config: EngineConfig, gpus: u16) -> Result<(DataplaneHandle, std::thread::JoinHandle<()>), String> {
+/// Starts the fast path on `backend`.
+pub fn spawn(config: EngineConfig, backend: Backend) -> Result<(DataplaneHandle, std::thread::JoinHandle<()>), String> {
     let engine = Engine::new(config).map_err(|e| format!("engine configuration: {e}"))?;
+    let backend = match backend {
+        Backend::Emulated { gpus } => Gpus::Emulated { gpus: EmulatedGpus::default(), count: gpus },
+        Backend::Shim(shim) => Gpus::Shim(Box::new(ShimGpus::new(*shim))),
+    };
     let ring = IoUring::new(RING_ENTRIES).map_err(|e| format!("io_uring setup: {e}"))?;
     // Blocking on purpose: io_uring reads of a non-blocking eventfd fail with EAGAIN instead of
     // waiting.
@@ -164,8 +236,7 @@ pub fn spawn(config: EngineConfig, gpus: u16) -> Result<(DataplaneHandle, std::t
     let (tx, control) = crossbeam::channel::unbounded();
     let mut dataplane = Dataplane {
         engine,
-        gpus,
-        backend: EmulatedGpus::default(),
+        backend,
         ring,
         control,
         wake: wake.clone(),
@@ -180,6 +251,7 @@ pub fn spawn(config: EngineConfig, gpus: u16) -> Result<(DataplaneHandle, std::t
         completions: Vec::new(),
     };
     dataplane.arm_wake().map_err(|e| format!("io_uring: {e}"))?;
+    dataplane.arm_ring().map_err(|e| format!("io_uring: {e}"))?;
     let thread = std::thread::Builder::new()
         .name("wicd-fastpath".into())
         .spawn(move || dataplane.run())
@@ -211,6 +283,14 @@ impl Dataplane {
             .build()
             .user_data(WAKE_TOKEN);
         self.push(read)
+    }
+
+    /// Polls the shim's fault ring (one-shot: re-armed after every completion, when the poll
+    /// sees records that arrived meanwhile at once).
+    fn arm_ring(&mut self) -> io::Result<()> {
+        let Gpus::Shim(shim) = &mut self.backend else { return Ok(()) };
+        let poll = opcode::PollAdd::new(types::Fd(shim.ring_fd()), libc::POLLIN as u32).build().user_data(RING_TOKEN);
+        self.push(poll)
     }
 
     fn arm(&mut self, token: u64) -> io::Result<()> {
@@ -274,6 +354,15 @@ impl Dataplane {
                         tracing::error!("fast path: cannot re-arm the control doorbell: {e}");
                     }
                 }
+                RING_TOKEN => {
+                    if result < 0 {
+                        tracing::error!("fast path: polling the fault ring failed: {}", io::Error::from_raw_os_error(-result));
+                    }
+                    self.take_ring();
+                    if let Err(e) = self.arm_ring() {
+                        tracing::error!("fast path: cannot re-arm the fault ring poll: {e}");
+                    }
+                }
                 token => self.on_bell(token, result),
             }
         }
@@ -283,7 +372,7 @@ impl Dataplane {
     fn on_bell(&mut self, token: u64, result: i32) {
         let Some(reg) = self.registrations.get(&token) else { return };
         let (channel, bell) = (reg.channel, reg.bell);
-        if result < 0 || self.backend.channel(channel).is_none() {
+        if result < 0 || !self.backend.has(channel) {
             // Cancelled because the channel closed (or a read error): the buffer is free now.
             if result < 0 && result != -libc::ECANCELED {
                 tracing::warn!("channel {channel}: doorbell read failed: {}", io::Error::from_raw_os_error(-result));
@@ -300,8 +389,18 @@ impl Dataplane {
         }
     }
 
+    /// Feeds the shim's fault records to the engine.
+    fn take_ring(&mut self) {
+        let Gpus::Shim(shim) = &mut self.backend else { return };
+        let now = self.start.elapsed().as_nanos() as Nanos;
+        shim.take_faults(&mut self.engine, now, &mut self.commands);
+        self.execute();
+    }
+
+    /// Feeds the faults an emulated channel's consumers posted to the engine.
     fn take_faults(&mut self, channel: u32) {
-        let Some(regions) = self.backend.channel(channel) else { return };
+        let Gpus::Emulated { gpus: backend, .. } = &self.backend else { return };
+        let Some(regions) = backend.channel(channel) else { return };
         let gpu = regions.consumer_gpu;
         let get = self.ring_get.entry(channel).or_default();
         let va_width = self.engine.config().va_width;
@@ -314,7 +413,6 @@ impl Dataplane {
             // A client writes only its own channel's ring: entries naming another channel's
             // pages are dropped, so no process can complete or steal another's requests.
             let before = self.faults.len();
-            let backend = &self.backend;
             self.faults.retain(|raw| {
                 let va = FaultEntry::decode(raw, va_width).page();
                 backend.place(va).is_some_and(|place| place.channel == channel)
@@ -327,7 +425,7 @@ impl Dataplane {
     }
 
     fn take_published(&mut self, channel: u32) {
-        let Some(producer) = self.backend.channel(channel).and_then(|c| c.producer.as_ref()) else { return };
+        let Some(producer) = self.backend.producer(channel) else { return };
         let now = self.now();
         let mut published = 0;
         let (engine, commands) = (&mut self.engine, &mut self.commands);
@@ -352,8 +450,24 @@ impl Dataplane {
     fn drain_control(&mut self) -> bool {
         loop {
             match self.control.try_recv() {
-                Ok(Control::Create { spec, reply }) => {
-                    let _ = reply.send(self.create(spec));
+                Ok(Control::Create { spec, placement, reply }) => {
+                    let _ = reply.send(self.create(spec, placement));
+                }
+                Ok(Control::AttachSpace { uvm, reply }) => {
+                    let attached = match &mut self.backend {
+                        Gpus::Shim(shim) => shim.attach(uvm),
+                        Gpus::Emulated { .. } => Err(WireError::new(
+                            ErrorCode::Unsupported,
+                            "the emulated backend has no GPU address spaces to attach",
+                        )),
+                    };
+                    let _ = reply.send(attached);
+                }
+                Ok(Control::DetachSpace { space, reply }) => {
+                    if let Gpus::Shim(shim) = &mut self.backend {
+                        shim.detach(space);
+                    }
+                    let _ = reply.send(());
                 }
                 Ok(Control::Destroy { channel, reply }) => {
                     let _ = reply.send(self.destroy(channel));
@@ -378,58 +492,81 @@ impl Dataplane {
         }
     }
 
-    fn create(&mut self, spec: ChannelSpec) -> Result<Created, WireError> {
-        if spec.consumer_gpu >= self.gpus {
-            return Err(WireError::new(
-                ErrorCode::Invalid,
-                format!("consumer GPU {} does not exist: the emulated backend has {} GPUs", spec.consumer_gpu, self.gpus),
-            ));
+    fn create(&mut self, spec: ChannelSpec, placement: Option<Placement>) -> Result<Created, WireError> {
+        let backend = self.backend.name();
+        match (&self.backend, placement) {
+            (Gpus::Emulated { count, .. }, _) if spec.consumer_gpu >= *count => {
+                return Err(WireError::new(
+                    ErrorCode::Invalid,
+                    format!("consumer GPU {} does not exist: the emulated backend has {count} GPUs", spec.consumer_gpu),
+                ))
+            }
+            (Gpus::Emulated { .. }, Some(_)) => {
+                return Err(WireError::new(ErrorCode::Unsupported, "the emulated backend places channels itself: drop base_va"))
+            }
+            (Gpus::Shim(_), None) => {
+                return Err(WireError::new(
+                    ErrorCode::Invalid,
+                    "the shim backend places channels in the application's managed memory: attach_space, then give base_va",
+                ))
+            }
+            _ => {}
         }
         if !matches!(spec.producer, wic_engine::Producer::Host) {
-            return Err(WireError::new(
-                ErrorCode::Unsupported,
-                "the emulated backend serves host producers; GPU producers need the shim backend",
-            ));
+            // The emulator models GPU producers; the service has no GPU-to-GPU copy to run.
+            return Err(WireError::new(ErrorCode::Unsupported, format!("the {backend} backend serves host producers only")));
         }
         let layout = self.engine.open_channel(spec).map_err(engine_error)?;
-        match self.attach_regions(&spec, &layout) {
+        match self.attach_regions(&spec, &layout, placement) {
             Ok(created) => Ok(created),
             Err(e) => {
                 let mut discard = Vec::new();
                 self.engine.close_channel(layout.id, &mut discard).expect("opened just now");
-                self.backend.remove(layout.id.0);
-                Err(WireError::new(ErrorCode::Io, format!("cannot set up the channel's shared memory: {e}")))
+                self.forget(layout.id.0, ChannelState::Closed);
+                Err(e)
             }
         }
     }
 
-    fn attach_regions(&mut self, spec: &ChannelSpec, layout: &ChannelLayout) -> io::Result<Created> {
+    fn attach_regions(&mut self, spec: &ChannelSpec, layout: &ChannelLayout, placement: Option<Placement>) -> Result<Created, WireError> {
         let id = layout.id.0;
-        let consumer_layout = ConsumerLayout { slots: spec.slots, pages_per_run: layout.pages_per_run };
-        let (consumer, consumer_fd) = ConsumerRegion::create(consumer_layout)?;
+        let io = |e: io::Error| WireError::new(ErrorCode::Io, format!("cannot set up the channel's shared memory: {e}"));
         let (producer, producer_fd) = match spec.producer {
             wic_engine::Producer::Host => {
-                let (region, fd) = ProducerRegion::create(ProducerLayout { slots: spec.slots, batch_bytes: layout.batch_bytes })?;
+                let layout = ProducerLayout { slots: spec.slots, batch_bytes: layout.batch_bytes };
+                let (region, fd) = ProducerRegion::create(layout).map_err(io)?;
                 (Some(region), Some(fd))
             }
             wic_engine::Producer::Gpu { .. } => (None, None),
         };
-        let fault_bell = eventfd()?;
-        let publish_bell = producer.as_ref().map(|_| eventfd()).transpose()?;
-        let created = Created {
+        let publish_bell = producer.as_ref().map(|_| eventfd()).transpose().map_err(io)?;
+        let mut created = Created {
             layout: layout.clone(),
-            consumer_region: consumer_fd,
-            fault_doorbell: fault_bell.try_clone()?,
+            consumer_region: None,
+            fault_doorbell: None,
             producer_region: producer_fd,
-            publish_doorbell: publish_bell.as_ref().map(OwnedFd::try_clone).transpose()?,
+            publish_doorbell: publish_bell.as_ref().map(OwnedFd::try_clone).transpose().map_err(io)?,
         };
-        let runs: Vec<[u64; 2]> = layout.slots.iter().map(|s| s.runs).collect();
-        self.backend.add(id, EmulatedChannel { consumer_gpu: spec.consumer_gpu, consumer, producer }, &runs);
-        self.ring_get.insert(id, 0);
+        match (&mut self.backend, placement) {
+            (Gpus::Shim(shim), Some(at)) => {
+                created.layout = shim.add(layout, at.space, at.base_va, producer)?;
+            }
+            (Gpus::Emulated { gpus, .. }, None) => {
+                let consumer_layout = ConsumerLayout { slots: spec.slots, pages_per_run: layout.pages_per_run };
+                let (consumer, consumer_fd) = ConsumerRegion::create(consumer_layout).map_err(io)?;
+                let fault_bell = eventfd().map_err(io)?;
+                created.consumer_region = Some(consumer_fd);
+                created.fault_doorbell = Some(fault_bell.try_clone().map_err(io)?);
+                let channel = EmulatedChannel { consumer_gpu: spec.consumer_gpu, consumer, producer };
+                gpus.add(id, channel, layout.slots.iter().map(|s| s.runs));
+                self.ring_get.insert(id, 0);
+                self.register(fault_bell, id, Bell::Faults).map_err(io)?;
+            }
+            _ => unreachable!("create checked the placement against the backend"),
+        }
         self.counters.channels.insert(id, ChannelCounters::default());
-        self.register(fault_bell, id, Bell::Faults)?;
         if let Some(bell) = publish_bell {
-            self.register(bell, id, Bell::Published)?;
+            self.register(bell, id, Bell::Published).map_err(io)?;
         }
         Ok(created)
     }
@@ -444,12 +581,16 @@ impl Dataplane {
 
     /// Drops a closed channel's backend state and cancels its doorbell reads.
     fn forget(&mut self, channel: u32, state: ChannelState) {
-        if let Some(regions) = self.backend.remove(channel) {
-            self.counters.closed_overflows += regions.consumer.overflows();
-            regions.consumer.set_state(state);
-            if let Some(producer) = &regions.producer {
-                producer.set_state(state);
-            }
+        let producer = match &mut self.backend {
+            Gpus::Emulated { gpus, .. } => gpus.remove(channel).map(|regions| {
+                self.counters.closed_overflows += regions.consumer.overflows();
+                regions.consumer.set_state(state);
+                regions.producer
+            }),
+            Gpus::Shim(shim) => shim.remove(channel).map(|placed| placed.producer),
+        };
+        if let Some(producer) = producer.flatten() {
+            producer.set_state(state);
         }
         self.ring_get.remove(&channel);
         self.counters.channels.remove(&channel);
@@ -467,8 +608,7 @@ impl Dataplane {
         if slot >= spec.slots {
             return Err(WireError::new(ErrorCode::NotFound, format!("channel {channel} has {} slots, no slot {slot}", spec.slots)));
         }
-        let producer = self.backend.channel(channel).and_then(|c| c.producer.as_ref());
-        let producer = producer.ok_or_else(|| WireError::new(ErrorCode::Invalid, format!("channel {channel} has no host producer")))?;
+        let producer = self.backend.producer(channel).ok_or_else(|| WireError::new(ErrorCode::Invalid, format!("channel {channel} has no host producer")))?;
         // The same step as libwic's fast path, then the same scan a doorbell triggers.
         if !producer.publish(slot) {
             return Err(WireError::new(ErrorCode::Busy, format!("channel {channel} slot {slot}: previous data not yet delivered")));
@@ -478,7 +618,7 @@ impl Dataplane {
     }
 
     fn shutdown(&mut self) {
-        let channels: Vec<u32> = self.backend.channels().map(|(id, _)| *id).collect();
+        let channels = self.backend.channel_ids();
         self.engine.shutdown(&mut self.commands);
         self.execute();
         for channel in channels {
@@ -487,18 +627,21 @@ impl Dataplane {
         let _ = self.ring.submit();
     }
 
-    fn snapshot(&self) -> Snapshot {
+    fn snapshot(&mut self) -> Snapshot {
+        let (overflows, backend_ignored) = match &mut self.backend {
+            Gpus::Emulated { gpus, .. } => (gpus.channels().map(|(_, c)| c.consumer.overflows()).sum::<u64>(), 0),
+            Gpus::Shim(shim) => (shim.overflows(), shim.ignored() + shim.refused),
+        };
+        let overflows = overflows + self.counters.closed_overflows;
         let s = self.engine.stats();
         let pool = self.engine.pool();
-        let overflows: u64 =
-            self.counters.closed_overflows + self.backend.channels().map(|(_, c)| c.consumer.overflows()).sum::<u64>();
         let stats = Stats {
             faults_captured: s.entries,
             faults_held: s.held,
             faults_completed: s.delivered,
             faults_timed_out: s.timed_out,
             faults_cancelled: s.closed_while_held,
-            faults_ignored: s.malformed + s.foreign + s.wrong_gpu + s.duplicates + s.stale + self.counters.misdirected,
+            faults_ignored: s.malformed + s.foreign + s.wrong_gpu + s.duplicates + s.stale + self.counters.misdirected + backend_ignored,
             pfq_depth: self.engine.held(),
             dab_updates: s.dab_updates,
             pat_faults: s.pat_publishes + s.pat_duplicates,

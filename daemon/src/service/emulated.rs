@@ -6,8 +6,10 @@
 
 use std::collections::HashMap;
 
-use wic_engine::{Command, DataSource, ErrorMarker, GpuId, PAGE_SIZE};
+use wic_engine::{Command, DataSource, GpuId, PAGE_SIZE};
 use wic_proto::shm::{ConsumerRegion, ProducerRegion, PAGE_MAPPED, PAGE_UNMAPPED};
+
+use super::gpus::{Executed, ExecutionLog, RunIndex, RunPlace};
 
 /// A channel's regions as the backend sees them.
 pub struct EmulatedChannel {
@@ -16,50 +18,24 @@ pub struct EmulatedChannel {
     pub producer: Option<ProducerRegion>,
 }
 
-/// Where a run lives: its channel, slot and generation parity.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RunPlace {
-    pub channel: u32,
-    pub slot: u32,
-    pub side: usize,
-}
-
-/// What executing a batch of commands did, for the per-channel and global counters.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Executed {
-    pub replays: u64,
-}
-
-/// Per-channel events of one execution.
-pub trait ExecutionLog {
-    /// Producer data was copied into `channel`'s run.
-    fn delivered(&mut self, channel: u32);
-    /// `channel`'s run was completed with `marker`.
-    fn failed(&mut self, channel: u32, marker: ErrorMarker);
-}
-
 /// The emulated GPUs: the channels' regions and an index from run VA to channel slot.
 #[derive(Default)]
 pub struct EmulatedGpus {
     channels: HashMap<u32, EmulatedChannel>,
-    runs: HashMap<u64, RunPlace>,
+    runs: RunIndex,
     scratch: Vec<u8>,
 }
 
 impl EmulatedGpus {
     /// Adds a channel whose runs start at `runs[slot][side]`.
-    pub fn add(&mut self, channel: u32, regions: EmulatedChannel, runs: &[[u64; 2]]) {
-        for (slot, pair) in runs.iter().enumerate() {
-            for (side, va) in pair.iter().enumerate() {
-                self.runs.insert(*va, RunPlace { channel, slot: slot as u32, side });
-            }
-        }
+    pub fn add(&mut self, channel: u32, regions: EmulatedChannel, runs: impl IntoIterator<Item = [u64; 2]>) {
+        self.runs.add(channel, runs);
         self.channels.insert(channel, regions);
     }
 
     /// Removes a channel after its final commands ran, returning its regions.
     pub fn remove(&mut self, channel: u32) -> Option<EmulatedChannel> {
-        self.runs.retain(|_, place| place.channel != channel);
+        self.runs.remove(channel);
         self.channels.remove(&channel)
     }
 
@@ -75,7 +51,7 @@ impl EmulatedGpus {
 
     /// The run that starts at `va`.
     pub fn place(&self, va: u64) -> Option<RunPlace> {
-        self.runs.get(&va).copied()
+        self.runs.place(va)
     }
 
     /// Runs `commands` in order.

@@ -2,30 +2,34 @@
 //! its peer credentials, keeps who owns and who may use each channel, and forwards the work to
 //! the fast path.
 //!
-//! A connection owns the channels it creates; when it goes away, for whatever reason, they are
-//! destroyed and their pages return to the pool. Others reach a channel only through a
-//! single-use token from `grant`, optionally bound to a uid.
+//! A connection owns the channels it creates, and on the shim backend the address space it
+//! attached; when it goes away, for whatever reason, they are destroyed, their pages return to
+//! the pool and the space is detached. Others reach a channel only through a single-use token
+//! from `grant`, optionally bound to a uid.
 
 use std::collections::HashMap;
-use std::io::{self, IoSlice};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::io::{self, IoSlice, IoSliceMut};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
-use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
+use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
+use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::{UnixListener, UnixStream};
 use wic_proto::frame::{self, FrameError};
 use wic_proto::message::{
-    ChannelInfo, ChannelSpec, ChannelSummary, ErrorCode, FdKind, Producer, Reply, Request, Response, Role, SlotInfo,
+    ChannelInfo, ChannelSpec, ChannelSummary, ErrorCode, FdKind, Reply, Request, Response, Role, SlotInfo,
     Status, WireError,
 };
 use wic_proto::PROTOCOL_VERSION;
 
-use super::dataplane::{Control, Created, DataplaneHandle};
+use super::dataplane::{Control, Created, DataplaneHandle, Placement};
 use crate::config::Limits;
 
 type ConnId = u64;
+
+/// Most descriptors accepted with one request (attach_space needs one).
+const MAX_FDS_IN: usize = 4;
 
 /// Who is on the other end of a connection (SO_PEERCRED).
 #[derive(Debug, Clone, Copy)]
@@ -39,8 +43,8 @@ struct Record {
     owner: ConnId,
     owner_peer: Peer,
     info: ChannelInfo,
-    consumer_region: OwnedFd,
-    fault_doorbell: OwnedFd,
+    consumer_region: Option<OwnedFd>,
+    fault_doorbell: Option<OwnedFd>,
     producer_region: Option<OwnedFd>,
     publish_doorbell: Option<OwnedFd>,
     /// Connections attached through grants, with their role.
@@ -60,9 +64,9 @@ impl Record {
     fn fds_for(&self, role: Role) -> (Vec<FdKind>, Vec<RawFd>) {
         let mut kinds = Vec::new();
         let mut fds = Vec::new();
-        if role.may_consume() {
+        if let (true, Some(region), Some(bell)) = (role.may_consume(), &self.consumer_region, &self.fault_doorbell) {
             kinds.extend([FdKind::ConsumerRegion, FdKind::FaultDoorbell]);
-            fds.extend([self.consumer_region.as_raw_fd(), self.fault_doorbell.as_raw_fd()]);
+            fds.extend([region.as_raw_fd(), bell.as_raw_fd()]);
         }
         if let (true, Some(region), Some(bell)) = (role.may_publish(), &self.producer_region, &self.publish_doorbell) {
             kinds.extend([FdKind::ProducerRegion, FdKind::PublishDoorbell]);
@@ -85,6 +89,8 @@ struct Registry {
     clients: HashMap<ConnId, Peer>,
     channels: HashMap<u32, Record>,
     tokens: HashMap<String, Grant>,
+    /// The address space each connection attached (shim backend).
+    spaces: HashMap<ConnId, u32>,
 }
 
 /// What every connection task shares.
@@ -93,18 +99,21 @@ pub struct Shared {
     pub dataplane: DataplaneHandle,
     pub backend: &'static str,
     pub gpus: u16,
+    /// The engine's warps per slot generation: what a channel's placement size follows from.
+    pub warps_per_batch: u32,
     pub started: Instant,
     registry: Mutex<Registry>,
 }
 
 impl Shared {
     /// Control-plane state around a running fast path.
-    pub fn new(limits: Limits, dataplane: DataplaneHandle, backend: &'static str, gpus: u16) -> Arc<Self> {
+    pub fn new(limits: Limits, dataplane: DataplaneHandle, backend: &'static str, gpus: u16, warps_per_batch: u32) -> Arc<Self> {
         Arc::new(Self {
             limits: RwLock::new(limits),
             dataplane,
             backend,
             gpus,
+            warps_per_batch,
             started: Instant::now(),
             registry: Mutex::new(Registry::default()),
         })
@@ -191,19 +200,59 @@ fn register(shared: &Shared, peer: Peer) -> Option<ConnId> {
     Some(conn)
 }
 
+/// A connection's incoming bytes, with the descriptors passed along with them.
+#[derive(Default)]
+struct Inbound {
+    fds: Vec<OwnedFd>,
+    /// The kernel dropped descriptors: more came with one message than [`MAX_FDS_IN`].
+    truncated: bool,
+}
+
+impl Inbound {
+    /// Fills `buf`; `false` when the peer hung up before its first byte.
+    async fn read_exact(&mut self, stream: &UnixStream, buf: &mut [u8]) -> io::Result<bool> {
+        let mut filled = 0;
+        while filled < buf.len() {
+            let got = stream.async_io(Interest::READABLE, || self.recv(stream.as_raw_fd(), &mut buf[filled..])).await?;
+            match got {
+                0 if filled == 0 => return Ok(false),
+                0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+                got => filled += got,
+            }
+        }
+        Ok(true)
+    }
+
+    fn recv(&mut self, socket: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+        let mut space = nix::cmsg_space!([RawFd; MAX_FDS_IN]);
+        let mut iov = [IoSliceMut::new(buf)];
+        let flags = MsgFlags::MSG_CMSG_CLOEXEC | MsgFlags::MSG_DONTWAIT;
+        let msg = recvmsg::<()>(socket, &mut iov, Some(&mut space), flags).map_err(io::Error::from)?;
+        self.truncated |= msg.flags.contains(MsgFlags::MSG_CTRUNC);
+        for cmsg in msg.cmsgs().map_err(io::Error::from)? {
+            if let ControlMessageOwned::ScmRights(received) = cmsg {
+                // SAFETY: SCM_RIGHTS installed these descriptors in this process just now;
+                // nothing else owns them.
+                self.fds.extend(received.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
+            }
+        }
+        Ok(msg.bytes)
+    }
+}
+
 /// Serves requests until the peer hangs up or breaks the framing.
 async fn session(shared: &Shared, stream: &mut UnixStream, conn: ConnId, peer: Peer) -> io::Result<()> {
     let mut greeted = false;
+    let mut inbound = Inbound::default();
     loop {
         let mut header = [0u8; frame::HEADER_BYTES];
-        match stream.read_exact(&mut header).await {
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
-            Err(e) => return Err(e),
+        if !inbound.read_exact(stream, &mut header).await? {
+            return Ok(());
         }
         let len = match frame::body_len(header, shared.limits().max_frame_bytes) {
             Ok(len) => len,
             Err(FrameError::Empty) => {
+                inbound.fds.clear();
                 send_error(stream, error(ErrorCode::Protocol, "empty frame")).await?;
                 continue;
             }
@@ -215,7 +264,14 @@ async fn session(shared: &Shared, stream: &mut UnixStream, conn: ConnId, peer: P
             }
         };
         let mut body = vec![0u8; len];
-        stream.read_exact(&mut body).await?;
+        if !inbound.read_exact(stream, &mut body).await? {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        let fds = std::mem::take(&mut inbound.fds);
+        if std::mem::take(&mut inbound.truncated) {
+            send_error(stream, error(ErrorCode::Invalid, format!("at most {MAX_FDS_IN} descriptors come with a request"))).await?;
+            continue;
+        }
         let request = match serde_json::from_slice::<Request>(&body) {
             Ok(request) => request,
             Err(e) => {
@@ -227,8 +283,12 @@ async fn session(shared: &Shared, stream: &mut UnixStream, conn: ConnId, peer: P
             send_error(stream, error(ErrorCode::Protocol, "the first request must be hello")).await?;
             continue;
         }
+        if !fds.is_empty() && !matches!(request, Request::AttachSpace) {
+            send_error(stream, error(ErrorCode::Invalid, "descriptors are accepted only with attach_space")).await?;
+            continue;
+        }
         let hello = matches!(request, Request::Hello { .. });
-        let (response, fds) = match handle(shared, conn, peer, request).await {
+        let (response, fds) = match handle(shared, conn, peer, request, fds).await {
             Ok((reply, fds)) => (Response::Ok(reply), fds),
             Err(e) => (Response::Error(e), Vec::new()),
         };
@@ -244,7 +304,7 @@ async fn session(shared: &Shared, stream: &mut UnixStream, conn: ConnId, peer: P
 
 type Handled = Result<(Reply, Vec<RawFd>), WireError>;
 
-async fn handle(shared: &Shared, conn: ConnId, peer: Peer, request: Request) -> Handled {
+async fn handle(shared: &Shared, conn: ConnId, peer: Peer, request: Request, fds: Vec<OwnedFd>) -> Handled {
     match request {
         Request::Hello { version, client } => {
             if version != PROTOCOL_VERSION {
@@ -258,10 +318,12 @@ async fn handle(shared: &Shared, conn: ConnId, peer: Peer, request: Request) -> 
                 version: PROTOCOL_VERSION,
                 daemon: env!("CARGO_PKG_VERSION").into(),
                 backend: shared.backend.into(),
+                warps_per_batch: shared.warps_per_batch,
             };
             Ok((reply, Vec::new()))
         }
-        Request::CreateChannel { spec } => create(shared, conn, peer, spec).await,
+        Request::CreateChannel { spec, base_va } => create(shared, conn, peer, spec, base_va).await,
+        Request::AttachSpace => attach_space(shared, conn, peer, fds).await,
         Request::DestroyChannel { channel } => {
             owned(shared, conn, channel)?;
             shared.dataplane.ask(|reply| Control::Destroy { channel, reply }).await??;
@@ -351,7 +413,21 @@ fn owned(shared: &Shared, conn: ConnId, channel: u32) -> Result<(), WireError> {
     }
 }
 
-async fn create(shared: &Shared, conn: ConnId, peer: Peer, mut spec: ChannelSpec) -> Handled {
+/// Attaches the address space of the UVM file passed with the request.
+async fn attach_space(shared: &Shared, conn: ConnId, peer: Peer, fds: Vec<OwnedFd>) -> Handled {
+    let [uvm]: [OwnedFd; 1] = fds
+        .try_into()
+        .map_err(|fds: Vec<OwnedFd>| error(ErrorCode::Invalid, format!("attach_space takes one descriptor (the UVM file), got {}", fds.len())))?;
+    if shared.registry().spaces.contains_key(&conn) {
+        return Err(error(ErrorCode::Busy, "this connection has attached its address space already"));
+    }
+    let space = shared.dataplane.ask(|reply| Control::AttachSpace { uvm, reply }).await??;
+    shared.registry().spaces.insert(conn, space);
+    tracing::info!(space, pid = peer.pid, uid = peer.uid, "address space attached");
+    Ok((Reply::Space { space }, Vec::new()))
+}
+
+async fn create(shared: &Shared, conn: ConnId, peer: Peer, mut spec: ChannelSpec, base_va: Option<u64>) -> Handled {
     let limits = shared.limits();
     if spec.slots == 0 || spec.message_bytes == 0 {
         return Err(error(ErrorCode::Invalid, "a channel needs at least one slot and one byte per message"));
@@ -369,17 +445,15 @@ async fn create(shared: &Shared, conn: ConnId, peer: Peer, mut spec: ChannelSpec
     if spec.timeout_ns == 0 {
         spec.timeout_ns = limits.default_timeout_ns();
     }
-    let engine_spec = wic_engine::ChannelSpec {
-        consumer_gpu: spec.consumer_gpu,
-        producer: match spec.producer {
-            Producer::Host => wic_engine::Producer::Host,
-            Producer::Gpu { gpu, base_va } => wic_engine::Producer::Gpu { gpu, base_va },
+    let engine_spec = spec.into();
+    let placement = match base_va {
+        None => None,
+        Some(base_va) => match shared.registry().spaces.get(&conn) {
+            Some(&space) => Some(Placement { space, base_va }),
+            None => return Err(error(ErrorCode::Invalid, "base_va names a place in an attached address space: attach_space first")),
         },
-        message_bytes: spec.message_bytes,
-        slots: spec.slots,
-        timeout: spec.timeout_ns,
     };
-    let created: Created = shared.dataplane.ask(|reply| Control::Create { spec: engine_spec, reply }).await??;
+    let created: Created = shared.dataplane.ask(|reply| Control::Create { spec: engine_spec, placement, reply }).await??;
     let layout = &created.layout;
     let info = ChannelInfo {
         channel: layout.id.0,
@@ -440,13 +514,14 @@ fn new_token() -> Result<String, WireError> {
 
 /// Releases everything a connection held: its channels are destroyed, its attachments dropped.
 async fn disconnect(shared: &Shared, conn: ConnId) {
-    let owned: Vec<u32> = {
+    let (owned, space) = {
         let mut registry = shared.registry();
         registry.clients.remove(&conn);
         for record in registry.channels.values_mut() {
             record.attached.remove(&conn);
         }
-        registry.channels.values().filter(|r| r.owner == conn).map(|r| r.info.channel).collect()
+        let owned: Vec<u32> = registry.channels.values().filter(|r| r.owner == conn).map(|r| r.info.channel).collect();
+        (owned, registry.spaces.remove(&conn))
     };
     for channel in owned {
         match shared.dataplane.ask(|reply| Control::Destroy { channel, reply }).await {
@@ -457,5 +532,10 @@ async fn disconnect(shared: &Shared, conn: ConnId) {
         registry.channels.remove(&channel);
         registry.tokens.retain(|_, grant| grant.channel != channel);
         tracing::info!(channel, conn, "channel reclaimed: its owner disconnected");
+    }
+    if let Some(space) = space {
+        // After the channels: their ranges are unregistered before the space goes.
+        let _ = shared.dataplane.ask(|reply| Control::DetachSpace { space, reply }).await;
+        tracing::info!(space, conn, "address space detached: its connection ended");
     }
 }

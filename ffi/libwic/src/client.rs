@@ -7,7 +7,7 @@
 
 use std::fmt;
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
@@ -99,6 +99,11 @@ impl Connection {
         self.lock()?.call_with_fds(request)
     }
 
+    /// Sends `request` with `pass` attached and returns the reply.
+    pub(crate) fn call_passing(&self, request: &Request, pass: &[BorrowedFd<'_>]) -> Result<Reply, ClientError> {
+        self.lock()?.call_passing(request, pass).map(|(reply, _)| reply)
+    }
+
     /// Whether the daemon has hung up. Never blocks: while another thread is in the middle of
     /// a request, that request will notice a dead daemon itself, so this answers `false`.
     pub(crate) fn daemon_gone(&self) -> bool {
@@ -132,9 +137,33 @@ impl Client {
         &self.daemon
     }
 
-    /// Creates a channel owned by this session.
+    /// Creates a channel owned by this session (emulated backend: the daemon places it).
     pub fn create_channel(&self, spec: &ChannelSpec) -> Result<Channel, Error> {
-        let (reply, fds) = self.conn.call_with_fds(&Request::CreateChannel { spec: *spec })?;
+        self.create(spec, None)
+    }
+
+    /// Attaches this process's GPU address space, given its UVM file (shim backend): the
+    /// daemon can then place channels in the process's managed memory. Returns the space id.
+    pub fn attach_space(&self, uvm: BorrowedFd<'_>) -> Result<u32, Error> {
+        match self.conn.call_passing(&Request::AttachSpace, &[uvm])? {
+            Reply::Space { space } => Ok(space),
+            other => Err(Error::Protocol(format!("expected a space, got {other:?}"))),
+        }
+    }
+
+    /// Bytes of managed memory a channel of `spec` is placed in (shim backend).
+    pub fn placement_bytes(&self, spec: &ChannelSpec) -> u64 {
+        wic_engine::ChannelSpec::from(*spec).placement_bytes(self.daemon.warps_per_batch)
+    }
+
+    /// Creates a channel placed at `base_va` of the attached address space (shim backend):
+    /// page-aligned managed memory of [`Client::placement_bytes`].
+    pub fn create_channel_at(&self, spec: &ChannelSpec, base_va: u64) -> Result<Channel, Error> {
+        self.create(spec, Some(base_va))
+    }
+
+    fn create(&self, spec: &ChannelSpec, base_va: Option<u64>) -> Result<Channel, Error> {
+        let (reply, fds) = self.conn.call_with_fds(&Request::CreateChannel { spec: *spec, base_va })?;
         let Reply::Channel(info) = reply else {
             return Err(Error::Protocol(format!("expected a channel, got {reply:?}")));
         };

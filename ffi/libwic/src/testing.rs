@@ -262,9 +262,9 @@ fn handle(state: &mut State, conn: u64, request: Request, fds: &mut Vec<RawFd>) 
     let not_found = || WireError::new(ErrorCode::NotFound, "no such channel");
     match request {
         Request::Hello { .. } => {
-            Ok(Reply::Hello { version: wic_proto::PROTOCOL_VERSION, daemon: "fake".into(), backend: "emulated".into() })
+            Ok(Reply::Hello { version: wic_proto::PROTOCOL_VERSION, daemon: "fake".into(), backend: "emulated".into(), warps_per_batch: 16 })
         }
-        Request::CreateChannel { spec } => {
+        Request::CreateChannel { spec, .. } => {
             let channel = create(state, conn, spec);
             let reply = channel_reply(&channel, Role::Owner, fds);
             state.channels.insert(channel.id, channel);

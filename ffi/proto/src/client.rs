@@ -1,12 +1,12 @@
 //! A blocking client: connect, say hello, send requests and collect replies with the file
 //! descriptors passed along with them.
 
-use std::io::{self, IoSliceMut, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::io::{self, IoSlice, IoSliceMut, Write};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 
-use nix::sys::socket::{recv, recvmsg, ControlMessageOwned, MsgFlags};
+use nix::sys::socket::{recv, recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
 
 use crate::frame::{self, FrameError, MAX_REPLY_BYTES};
 use crate::message::{ErrorCode, Reply, Request, Response, WireError};
@@ -67,6 +67,8 @@ impl From<io::Error> for ClientError {
 pub struct Daemon {
     pub version: String,
     pub backend: String,
+    /// What a channel's placement size follows from (shim backend).
+    pub warps_per_batch: u32,
 }
 
 /// A connected, greeted session with wicd.
@@ -81,9 +83,9 @@ impl Client {
     pub fn connect(path: &Path, name: &str) -> Result<Self, ClientError> {
         let stream = UnixStream::connect(path)
             .map_err(|e| ClientError::Connect(io::Error::new(e.kind(), format!("{}: {e}", path.display()))))?;
-        let mut client = Self { stream, daemon: Daemon { version: String::new(), backend: String::new() } };
+        let mut client = Self { stream, daemon: Daemon { version: String::new(), backend: String::new(), warps_per_batch: 0 } };
         match client.call(&Request::Hello { version: PROTOCOL_VERSION, client: name.to_owned() })? {
-            Reply::Hello { daemon, backend, .. } => client.daemon = Daemon { version: daemon, backend },
+            Reply::Hello { daemon, backend, warps_per_batch, .. } => client.daemon = Daemon { version: daemon, backend, warps_per_batch },
             other => return Err(ClientError::Decode(format!("expected hello, got {other:?}"))),
         }
         Ok(client)
@@ -101,8 +103,23 @@ impl Client {
 
     /// Sends `request` and returns the reply with the descriptors passed along.
     pub fn call_with_fds(&mut self, request: &Request) -> Result<(Reply, Vec<OwnedFd>), ClientError> {
+        self.call_passing(request, &[])
+    }
+
+    /// Sends `request` with `pass` as `SCM_RIGHTS` on its first byte, and returns the reply
+    /// with the descriptors passed back.
+    pub fn call_passing(&mut self, request: &Request, pass: &[BorrowedFd<'_>]) -> Result<(Reply, Vec<OwnedFd>), ClientError> {
         let body = serde_json::to_vec(request).expect("requests always serialize");
-        self.send_raw(&frame::encode(&body))?;
+        let bytes = frame::encode(&body);
+        if pass.is_empty() {
+            self.send_raw(&bytes)?;
+        } else {
+            let raw: Vec<RawFd> = pass.iter().map(AsRawFd::as_raw_fd).collect();
+            let rights = [ControlMessage::ScmRights(&raw)];
+            let sent = sendmsg::<()>(self.stream.as_raw_fd(), &[IoSlice::new(&bytes)], &rights, MsgFlags::MSG_NOSIGNAL, None)
+                .map_err(|e| ClientError::Io(e.into()))?;
+            self.send_raw(&bytes[sent..])?;
+        }
         let (body, fds) = self.receive()?;
         match serde_json::from_slice::<Response>(&body) {
             Ok(Response::Ok(reply)) => Ok((reply, fds)),

@@ -12,8 +12,19 @@ use serde::{Deserialize, Serialize};
 pub enum Request {
     /// Opens the session; must be first. `client` names the program in logs.
     Hello { version: u32, client: String },
-    /// Creates a channel owned by this connection.
-    CreateChannel { spec: ChannelSpec },
+    /// Creates a channel owned by this connection. On the shim backend `base_va` is required:
+    /// where the channel's pages start in the GPU address space this connection attached
+    /// (page-aligned managed memory of [`ChannelInfo::placement_bytes`]); the emulated backend
+    /// refuses it.
+    CreateChannel {
+        spec: ChannelSpec,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        base_va: Option<u64>,
+    },
+    /// Attaches this process's GPU address space (its UVM file, passed as `SCM_RIGHTS` with
+    /// the request's first byte) so its channels can be placed in it. Shim backend only; one
+    /// per connection, detached when the connection ends.
+    AttachSpace,
     /// Destroys a channel this connection owns.
     DestroyChannel { channel: u32 },
     /// Issues a token that lets another process attach to a channel this connection owns.
@@ -54,6 +65,21 @@ pub struct ChannelSpec {
     pub timeout_ns: u64,
 }
 
+impl From<ChannelSpec> for wic_engine::ChannelSpec {
+    fn from(spec: ChannelSpec) -> Self {
+        Self {
+            consumer_gpu: spec.consumer_gpu,
+            producer: match spec.producer {
+                Producer::Host => wic_engine::Producer::Host,
+                Producer::Gpu { gpu, base_va } => wic_engine::Producer::Gpu { gpu, base_va },
+            },
+            message_bytes: spec.message_bytes,
+            slots: spec.slots,
+            timeout: spec.timeout_ns,
+        }
+    }
+}
+
 /// The part of a channel a process holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -92,7 +118,8 @@ pub enum FdKind {
     PublishDoorbell,
 }
 
-/// One slot as the device library addresses it.
+/// One slot as the device library addresses it. On the shim backend every address is in the
+/// application's placement; on the emulated backend they are the daemon's pool addresses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SlotInfo {
     /// First VA of run P (even generations) and P' (odd generations).
@@ -125,6 +152,8 @@ pub struct Status {
     pub pid: u32,
     /// `emulated` or `shim`.
     pub backend: String,
+    /// GPUs the emulated backend presents; 0 on the shim backend, which learns GPU ids from
+    /// the faults.
     pub gpus: u16,
     pub uptime_ns: u64,
     pub clients: u32,
@@ -200,8 +229,12 @@ pub struct Stats {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Reply {
-    Hello { version: u32, daemon: String, backend: String },
+    /// `warps_per_batch` sizes a channel's placement: see
+    /// `wic_engine::ChannelSpec::placement_bytes`.
+    Hello { version: u32, daemon: String, backend: String, warps_per_batch: u32 },
     Channel(ChannelInfo),
+    /// The space attached by [`Request::AttachSpace`].
+    Space { space: u32 },
     Token { token: String },
     Done,
     Status(Status),
@@ -337,6 +370,7 @@ mod tests {
     fn requests_have_the_documented_json_shape() {
         let create = Request::CreateChannel {
             spec: ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 64, slots: 2, timeout_ns: 0 },
+            base_va: None,
         };
         let json = serde_json::to_string(&create).unwrap();
         assert_eq!(
@@ -347,6 +381,12 @@ mod tests {
         let gpu: Producer = serde_json::from_str(r#"{"gpu":{"gpu":1,"base_va":4096}}"#).unwrap();
         assert_eq!(gpu, Producer::Gpu { gpu: 1, base_va: 4096 });
         assert_eq!(serde_json::to_string(&Request::Stats).unwrap(), r#"{"op":"stats"}"#);
+        let placed: Request = serde_json::from_str(
+            r#"{"op":"create_channel","spec":{"consumer_gpu":0,"producer":"host","message_bytes":64,"slots":2,"timeout_ns":0},"base_va":65536}"#,
+        )
+        .unwrap();
+        assert!(matches!(placed, Request::CreateChannel { base_va: Some(65536), .. }));
+        assert_eq!(serde_json::to_string(&Request::AttachSpace).unwrap(), r#"{"op":"attach_space"}"#);
     }
 
     #[test]
@@ -400,7 +440,9 @@ mod reference {
             Request::Hello { version: 1, client: String::new() },
             Request::CreateChannel {
                 spec: ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 1, slots: 1, timeout_ns: 0 },
+                base_va: None,
             },
+            Request::AttachSpace,
             Request::DestroyChannel { channel: 0 },
             Request::Grant { channel: 0, role: Role::Producer, uid: None },
             Request::Attach { token: String::new() },

@@ -484,6 +484,16 @@ impl ProducerRegion {
         self.map.read(self.layout.data_offset() + offset as usize, dst);
     }
 
+    /// The address in this mapping of `len` bytes at `offset` of the data area, or `None` past
+    /// its end: what the shim backend hands the kernel module to copy from.
+    pub fn data_address(&self, offset: u64, len: u64) -> Option<u64> {
+        let end = offset.checked_add(len)?;
+        if end > u64::from(self.layout.slots) * self.layout.batch_bytes {
+            return None;
+        }
+        Some(self.map.ptr(self.layout.data_offset() + offset as usize, len as usize) as u64)
+    }
+
     /// A raw pointer to `slot`'s buffer, for libwic's zero-copy `wic_slot_buffer`.
     pub fn slot_ptr(&self, slot: u32) -> *mut u8 {
         assert!(slot < self.layout.slots);

@@ -18,7 +18,7 @@ use wic_kmod::Submission;
 use wic_proto::kabi::WIC_MARKER_DAEMON_GONE;
 
 use crate::deliver::deliver_one;
-use crate::rig::{ensure, fault, host_spec, placement_bytes, wait_events, Daemon, Memory};
+use crate::rig::{ensure, fault, host_spec, wait_events, Daemon, Memory};
 
 /// The argument that makes this binary the daemon to be killed.
 pub const HOLDER_ARG: &str = "--hold-as-daemon";
@@ -33,7 +33,7 @@ pub fn run() -> Result<(), String> {
     let fake = FakeGpu::open().map_err(|e| format!("open {}: {e}", fakegpu::DEVICE))?;
     let mut memory = Memory::new(16 << 20)?;
     let config = wic_engine::EngineConfig::default();
-    let region = memory.take(placement_bytes(&host_spec(SLOTS, MESSAGE_BYTES), &config))?;
+    let region = memory.take(host_spec(SLOTS, MESSAGE_BYTES).placement_bytes(config.warps_per_batch))?;
     fcntl(fake.fd(), FcntlArg::F_SETFD(FdFlag::empty())).map_err(|e| format!("fcntl: {e}"))?;
     let exe = std::env::current_exe().map_err(|e| format!("own executable: {e}"))?;
     let mut holder = Command::new(exe)

@@ -3,7 +3,7 @@
 //! (crate wic-kmod) and engine.
 //!
 //! Usage: `wic-vmtest SCENARIO...` with scenarios `deliver`, `daemon-death`, `hostile`,
-//! `bench` or `all` (the first three). Prints `PASS name` or `FAIL name: why` per scenario
+//! `service` (needs `wicd` on the PATH), `bench` or `all` (all but `bench`). Prints `PASS name` or `FAIL name: why` per scenario
 //! and exits non-zero if any failed. `bench` prints its results as a file block for the
 //! harness (`WIC-VM-FILE-BEGIN kernel-bench.json`).
 
@@ -12,6 +12,7 @@ mod death;
 mod deliver;
 mod hostile;
 mod rig;
+mod service;
 
 use std::process::ExitCode;
 
@@ -22,7 +23,7 @@ fn main() -> ExitCode {
     }
     let mut scenarios: Vec<&str> = args.iter().map(String::as_str).collect();
     if scenarios.is_empty() || scenarios == ["all"] {
-        scenarios = vec!["deliver", "daemon-death", "hostile"];
+        scenarios = vec!["deliver", "daemon-death", "hostile", "service"];
     }
     let mut failed = 0;
     for name in scenarios {
@@ -30,8 +31,9 @@ fn main() -> ExitCode {
             "deliver" => deliver::run(),
             "daemon-death" => death::run(),
             "hostile" => hostile::run(),
+            "service" => service::run(),
             "bench" => bench::run(),
-            other => Err(format!("unknown scenario {other:?} (deliver, daemon-death, hostile, bench, all)")),
+            other => Err(format!("unknown scenario {other:?} (deliver, daemon-death, hostile, service, bench, all)")),
         };
         match result {
             Ok(()) => println!("PASS {name}"),

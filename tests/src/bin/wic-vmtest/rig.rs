@@ -92,7 +92,7 @@ impl Daemon {
 
     /// Opens a channel and places it in `memory` of the attached `space`.
     pub fn channel(&mut self, spec: ChannelSpec, space: u32, memory: &mut Memory) -> Result<(ChannelLayout, PlacedChannel), String> {
-        let bytes = placement_bytes(&spec, self.engine.config());
+        let bytes = spec.placement_bytes(self.engine.config().warps_per_batch);
         self.channel_at(spec, space, memory.take(bytes)?)
     }
 
@@ -113,27 +113,23 @@ impl Daemon {
     pub fn execute(&mut self) -> Result<(), String> {
         let base = self.host_data.as_ptr() as u64;
         let len = self.host_data.len() as u64;
-        let host = |source: DataSource, bytes: u64| match source {
+        let host = |_run: u64, source: DataSource, bytes: u64| match source {
             DataSource::Host { offset } if offset + bytes <= len => Some(base + offset),
             _ => None,
         };
         let mut refused = Vec::new();
         let commands = std::mem::take(&mut self.commands);
-        let result = self.backend.execute(&commands, host, |command, why| refused.push(format!("{command:?}: {why:?}")));
+        let result = self.backend.execute(&commands, host, |command, result| {
+            if result != Ok(0) {
+                refused.push(format!("{command:?}: {result:?}"));
+            }
+        });
         result.map_err(|e| format!("submission: {e}"))?;
         match refused.first() {
             Some(first) => Err(format!("{} commands refused, first {first}", refused.len())),
             None => Ok(()),
         }
     }
-}
-
-/// Bytes a channel of `spec` takes in its application's memory.
-pub fn placement_bytes(spec: &ChannelSpec, config: &EngineConfig) -> u64 {
-    let batch = u64::from(spec.message_bytes) * u64::from(config.warps_per_batch);
-    let run_pages = batch.div_ceil(4096).max(1);
-    let pat_pages = if matches!(spec.producer, Producer::Gpu { .. }) { 2 } else { 0 };
-    u64::from(spec.slots) * (2 * run_pages + pat_pages) * 4096
 }
 
 /// A host-producer channel spec.

@@ -1,0 +1,178 @@
+//! The shim backend as the fast path drives it: channels placed in applications' managed
+//! memory through `/dev/wic`, host producers' bytes handed to the module from the daemon's
+//! mapping of their regions.
+
+use std::collections::{HashMap, HashSet};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+
+use nix::errno::Errno;
+use wic_engine::{ChannelLayout, Command, DataSource, Engine, Nanos};
+use wic_kmod::{DeviceError, PlacedChannel, ShimBackend};
+use wic_proto::message::{ErrorCode, WireError};
+use wic_proto::shm::ProducerRegion;
+
+use super::gpus::{Executed, ExecutionLog, RunIndex};
+
+/// A channel placed in an application's address space.
+pub struct ShimChannel {
+    pub producer: Option<ProducerRegion>,
+    placed: PlacedChannel,
+}
+
+/// The session on `/dev/wic` and the channels placed through it.
+pub struct ShimGpus {
+    backend: ShimBackend,
+    channels: HashMap<u32, ShimChannel>,
+    runs: RunIndex,
+    spaces: HashSet<u32>,
+    /// Commands the module refused or that could not be translated.
+    pub refused: u64,
+}
+
+/// The control plane's view of a module error: what the client did wrong, or an I/O error.
+pub fn wire_error(what: &str, e: DeviceError) -> WireError {
+    let code = match &e {
+        DeviceError::Call { errno: Errno::EEXIST, .. } => ErrorCode::Busy,
+        DeviceError::Call { errno: Errno::ENOSPC, .. } => ErrorCode::Exhausted,
+        DeviceError::Call { errno: Errno::EINVAL | Errno::EBADF | Errno::ENOTTY | Errno::EFAULT, .. } => ErrorCode::Invalid,
+        _ => ErrorCode::Io,
+    };
+    WireError::new(code, format!("{what}: {e}"))
+}
+
+impl ShimGpus {
+    /// Drives `backend`.
+    pub fn new(backend: ShimBackend) -> Self {
+        Self { backend, channels: HashMap::new(), runs: RunIndex::default(), spaces: HashSet::new(), refused: 0 }
+    }
+
+    /// The descriptor to poll for fault records.
+    pub fn ring_fd(&mut self) -> RawFd {
+        self.backend.device().fd().as_raw_fd()
+    }
+
+    /// Attaches an application's address space given its UVM file; the module keeps its own
+    /// reference, so `uvm` may be closed afterwards.
+    pub fn attach(&mut self, uvm: OwnedFd) -> Result<u32, WireError> {
+        let space = self.backend.device().attach(uvm.as_fd()).map_err(|e| wire_error("attaching the address space", e))?;
+        self.spaces.insert(space);
+        Ok(space)
+    }
+
+    /// Detaches a space whose channels are gone.
+    pub fn detach(&mut self, space: u32) {
+        if self.spaces.remove(&space) {
+            if let Err(e) = self.backend.device().detach(space) {
+                tracing::warn!(space, "detaching the address space: {e}");
+            }
+        }
+    }
+
+    /// Places `layout` at `base` in `space` and returns the layout with the application's
+    /// addresses, as its kernels use them.
+    pub fn add(
+        &mut self,
+        layout: &ChannelLayout,
+        space: u32,
+        base: u64,
+        producer: Option<ProducerRegion>,
+    ) -> Result<ChannelLayout, WireError> {
+        if !self.spaces.contains(&space) {
+            return Err(WireError::new(ErrorCode::Invalid, "the address space is not attached"));
+        }
+        let placed = self.backend.place(layout, space, base).map_err(|e| wire_error("placing the channel", e))?;
+        let mut seen = layout.clone();
+        let process = |va: u64| placed.placement.process_va(va).expect("every run and PAT page is placed");
+        for slot in &mut seen.slots {
+            slot.runs = slot.runs.map(process);
+            slot.pat = slot.pat.map(|pat| pat.map(process));
+        }
+        self.runs.add(layout.id.0, layout.slots.iter().map(|s| s.runs));
+        self.channels.insert(layout.id.0, ShimChannel { producer, placed });
+        Ok(seen)
+    }
+
+    /// Removes a channel after its final commands ran: its ranges are unregistered.
+    pub fn remove(&mut self, channel: u32) -> Option<ShimChannel> {
+        let removed = self.channels.remove(&channel)?;
+        self.runs.remove(channel);
+        if let Err(e) = self.backend.unplace(&removed.placed) {
+            tracing::warn!(channel, "unregistering the channel's pages: {e}");
+        }
+        Some(removed)
+    }
+
+    /// A channel.
+    pub fn channel(&self, channel: u32) -> Option<&ShimChannel> {
+        self.channels.get(&channel)
+    }
+
+    /// Every channel id.
+    pub fn channel_ids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.channels.keys().copied()
+    }
+
+    /// Reads the fault ring into the engine.
+    pub fn take_faults(&mut self, engine: &mut Engine, now: Nanos, out: &mut Vec<Command>) -> usize {
+        self.backend.take_faults(engine, now, out)
+    }
+
+    /// Faults the module could not record (ring or held table full): held unrecorded until the
+    /// session ends.
+    pub fn overflows(&mut self) -> u64 {
+        self.backend.device().ring().dropped()
+    }
+
+    /// Records no placed channel has, plus torn or out-of-range ring state.
+    pub fn ignored(&mut self) -> u64 {
+        let anomalies = self.backend.device().ring().anomalies();
+        self.backend.stray_records + anomalies.torn + anomalies.bad_head
+    }
+
+    /// Runs `commands` as one batch.
+    pub fn execute(&mut self, commands: &[Command], log: &mut impl ExecutionLog) -> Executed {
+        let (channels, runs) = (&self.channels, &self.runs);
+        let host_data = |run: u64, source: DataSource, len: u64| {
+            let DataSource::Host { offset } = source else { return None };
+            channels.get(&runs.place(run)?.channel)?.producer.as_ref()?.data_address(offset, len)
+        };
+        let mut done = Executed::default();
+        let mut refused = 0;
+        let outcome = |command: &Command, result: Result<i32, wic_kmod::CommandError>| {
+            if result != Ok(0) {
+                refused += 1;
+                tracing::warn!("{command:?} failed: {}", describe(result));
+                return;
+            }
+            match *command {
+                Command::WriteData { va, .. } => {
+                    let Some(place) = runs.place(va) else { return };
+                    if let Some(producer) = channels.get(&place.channel).and_then(|c| c.producer.as_ref()) {
+                        producer.mark_delivered(place.slot);
+                    }
+                    log.delivered(place.channel);
+                }
+                Command::WriteErrorMarker { va, marker, .. } => {
+                    if let Some(place) = runs.place(va) {
+                        log.failed(place.channel, marker);
+                    }
+                }
+                Command::Replay { .. } => done.replays += 1,
+                _ => {}
+            }
+        };
+        if let Err(e) = self.backend.execute(commands, host_data, outcome) {
+            tracing::error!("submitting {} commands to the module: {e}", commands.len());
+            refused += commands.len() as u64;
+        }
+        self.refused += refused;
+        done
+    }
+}
+
+fn describe(result: Result<i32, wic_kmod::CommandError>) -> String {
+    match result {
+        Ok(errno) => Errno::from_raw(-errno).desc().to_string(),
+        Err(e) => e.to_string(),
+    }
+}

@@ -1,0 +1,238 @@
+//! The real `wicd` on the shim backend, driven through libwic as an application drives it:
+//! the application hands its (fake) UVM file over the socket, places a channel in its own
+//! memory, and a held warp gets the bytes a host producer publishes. Then the service's
+//! lifecycle: a timed-out wait, a destroyed channel and a departed client give their pages
+//! back, `kill -9` completes every held fault with the daemon-gone marker, a restarted wicd
+//! takes over, and SIGTERM completes held faults with the stopping marker.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use wic::{Channel, Client};
+use wic_engine::fault::AccessType;
+use wic_kmod::fakegpu::{self, FakeGpu};
+use wic_proto::kabi::{WIC_MARKER_DAEMON_GONE, WIC_MARKER_DAEMON_STOPPING, WIC_MARKER_TIMEOUT};
+use wic_proto::message::{ChannelSpec, Producer, Stats};
+
+use crate::death::BOUND;
+use crate::rig::{ensure, fault, wait_events, Memory};
+
+const SOCKET: &str = "/run/wic/wicd.sock";
+const LOG: &str = "/tmp/wicd.log";
+/// Start-up and shutdown allowance: the kernel runs under emulation.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+/// A `wicd serve --backend shim` child.
+struct Wicd(Child);
+
+impl Wicd {
+    fn start() -> Result<Self, String> {
+        let log = File::options().create(true).append(true).open(LOG).map_err(|e| format!("{LOG}: {e}"))?;
+        let child = Command::new("wicd")
+            .args(["serve", "--backend", "shim", "--socket", SOCKET])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().map_err(|e| e.to_string())?)
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("cannot start wicd: {e}"))?;
+        let mut wicd = Self(child);
+        let deadline = Instant::now() + PATIENCE;
+        while std::os::unix::net::UnixStream::connect(SOCKET).is_err() {
+            if let Some(status) = wicd.0.try_wait().map_err(|e| e.to_string())? {
+                return Err(format!("wicd exited at start-up ({status}):\n{}", log_tail()));
+            }
+            if Instant::now() > deadline {
+                return Err(format!("wicd did not listen within {PATIENCE:?}:\n{}", log_tail()));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(wicd)
+    }
+
+    fn signal(&self, signal: Signal) -> Result<(), String> {
+        kill(Pid::from_raw(self.0.id() as i32), signal).map_err(|e| format!("{signal}: {e}"))
+    }
+
+    /// Waits for the process to end; its exit status.
+    fn wait(&mut self) -> Result<std::process::ExitStatus, String> {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let Some(status) = self.0.try_wait().map_err(|e| e.to_string())? {
+                return Ok(status);
+            }
+            if Instant::now() > deadline {
+                return Err(format!("wicd did not exit within {PATIENCE:?}:\n{}", log_tail()));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Wicd {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn log_tail() -> String {
+    let log = std::fs::read_to_string(LOG).unwrap_or_default();
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(30)..].join("\n")
+}
+
+fn spec(slots: u32, timeout_ns: u64) -> ChannelSpec {
+    ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 512, slots, timeout_ns }
+}
+
+/// An application: a libwic session with its space attached.
+fn connect(fake: &FakeGpu) -> Result<Client, String> {
+    let client = Client::connect(Some(Path::new(SOCKET))).map_err(|e| format!("connect: {e}"))?;
+    ensure(client.daemon().backend == "shim", || format!("wicd runs the {} backend", client.daemon().backend))?;
+    client.attach_space(fake.fd()).map_err(|e| format!("attach_space: {e}"))?;
+    Ok(client)
+}
+
+/// A channel placed in `memory`; the first VA of each slot's even run.
+fn placed(client: &Client, memory: &mut Memory, spec: &ChannelSpec) -> Result<(Channel, Vec<u64>), String> {
+    let bytes = client.placement_bytes(spec);
+    let base = memory.take(bytes)?;
+    let channel = client.create_channel_at(spec, base).map_err(|e| format!("create_channel_at: {e}"))?;
+    let runs: Vec<u64> = channel.info().slots.iter().map(|s| s.runs[0]).collect();
+    ensure(runs.iter().all(|va| (base..base + bytes).contains(va)), || format!("runs {runs:x?} are not in the placement at {base:#x}"))?;
+    Ok((channel, runs))
+}
+
+/// Injects read faults on `pages`; all must be held.
+fn hold(fake: &FakeGpu, pages: &[u64]) -> Result<(), String> {
+    let entries: Vec<_> = pages.iter().map(|va| fault(*va, AccessType::Read)).collect();
+    let (verdicts, _) = fake.inject(0, &entries).map_err(|e| format!("inject: {e}"))?;
+    ensure(verdicts.iter().all(|v| *v == fakegpu::VERDICT_HOLD), || format!("not all held: {verdicts:?}"))
+}
+
+/// Waits until wicd's engine holds `depth` requests.
+fn held_by_wicd(client: &Client, depth: u32) -> Result<Stats, String> {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let stats = client.stats().map_err(|e| format!("stats: {e}"))?;
+        if stats.pfq_depth == depth {
+            return Ok(stats);
+        }
+        if Instant::now() > deadline {
+            return Err(format!("wicd holds {} requests, expected {depth}; {stats:?}", stats.pfq_depth));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Waits until every page of `pages` was mapped and a replay followed.
+fn completed(fake: &FakeGpu, pages: &[u64], timeout: Duration) -> Result<(), String> {
+    wait_events(fake, timeout, |seen| {
+        let mapped = pages.iter().all(|va| seen.iter().any(|e| e.kind == fakegpu::EVENT_MAP && e.va <= *va && *va < e.va + e.length));
+        mapped && seen.last().is_some_and(|e| e.kind == fakegpu::EVENT_REPLAY)
+    })
+    .map(|_| ())
+}
+
+fn word_at(memory: &Memory, va: u64) -> u64 {
+    u64::from_le_bytes(memory.read(va, 8).try_into().expect("8 bytes"))
+}
+
+pub fn run() -> Result<(), String> {
+    let _ = std::fs::remove_file(LOG);
+    let result = scenario();
+    if result.is_err() {
+        println!("wicd log:\n{}", log_tail());
+    }
+    result
+}
+
+fn scenario() -> Result<(), String> {
+    let fake = FakeGpu::open().map_err(|e| format!("open {}: {e}", fakegpu::DEVICE))?;
+    let mut memory = Memory::new(32 << 20)?;
+    let mut wicd = Wicd::start()?;
+    let client = connect(&fake)?;
+
+    // A warp's read is held until the host publishes; then it gets exactly the bytes.
+    let (channel, runs) = placed(&client, &mut memory, &spec(2, 10_000_000_000))?;
+    let batch = channel.info().batch_bytes as usize;
+    fake.reset().map_err(|e| e.to_string())?;
+    hold(&fake, &[runs[0]])?;
+    held_by_wicd(&client, 1)?;
+    let data: Vec<u8> = (0..batch).map(|i| (i * 7 + 3) as u8).collect();
+    channel.publish_copy(0, &data).map_err(|e| format!("publish: {e}"))?;
+    completed(&fake, &[runs[0]], PATIENCE)?;
+    ensure(memory.read(runs[0], batch) == data, || "the consumer's run does not hold the published bytes".into())?;
+    let stats = held_by_wicd(&client, 0)?;
+    ensure(stats.faults_held == 1 && stats.faults_completed == 1 && stats.host_publishes == 1, || format!("stats: {stats:?}"))?;
+    println!("service: a held warp got the {batch} published bytes through wicd");
+
+    // Nobody publishes: the wait ends with the timeout marker.
+    let (short, short_runs) = placed(&client, &mut memory, &spec(1, 100_000_000))?;
+    fake.reset().map_err(|e| e.to_string())?;
+    hold(&fake, &[short_runs[0]])?;
+    completed(&fake, &[short_runs[0]], PATIENCE)?;
+    ensure(word_at(&memory, short_runs[0]) == WIC_MARKER_TIMEOUT, || "no timeout marker".into())?;
+
+    // A destroyed channel's pages are no longer held.
+    short.close().map_err(|e| format!("destroy: {e}"))?;
+    let (verdicts, _) = fake.inject(0, &[fault(short_runs[0], AccessType::Read)]).map_err(|e| e.to_string())?;
+    ensure(verdicts == [fakegpu::VERDICT_PASS], || format!("a destroyed channel's page was {verdicts:?}"))?;
+
+    // A client that goes away takes its channels and space with it.
+    let other_fake = FakeGpu::open().map_err(|e| e.to_string())?;
+    let other = connect(&other_fake)?;
+    let (orphan, orphan_runs) = placed(&other, &mut memory, &spec(1, 10_000_000_000))?;
+    drop(orphan);
+    drop(other);
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let (verdicts, _) = other_fake.inject(0, &[fault(orphan_runs[0], AccessType::Read)]).map_err(|e| e.to_string())?;
+        if verdicts == [fakegpu::VERDICT_PASS] {
+            break;
+        }
+        // Held meanwhile: the reclaim completes it with the closed marker; try again.
+        ensure(Instant::now() < deadline, || "a departed client's page is still registered".into())?;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // kill -9 with faults held: the module completes every one.
+    let pages: Vec<u64> = (0..channel.info().pages_per_run as u64).map(|p| runs[1] + p * 4096).collect();
+    fake.reset().map_err(|e| e.to_string())?;
+    hold(&fake, &pages)?;
+    // One request per slot: the engine counts the run's other warps as duplicates, while the
+    // module holds every page.
+    held_by_wicd(&client, 1)?;
+    wicd.signal(Signal::SIGKILL)?;
+    let killed = Instant::now();
+    wicd.wait()?;
+    completed(&fake, &pages, BOUND * 5)?;
+    let took = killed.elapsed();
+    ensure(took <= BOUND, || format!("held faults completed {took:?} after kill -9, bound {BOUND:?}"))?;
+    for va in &pages {
+        ensure(word_at(&memory, *va) == WIC_MARKER_DAEMON_GONE, || format!("page {va:#x} lacks the daemon-gone marker"))?;
+    }
+    println!("service: kill -9 wicd: {} held faults completed {took:?} later (bound {BOUND:?})", pages.len());
+    drop(channel);
+    drop(client);
+
+    // A restarted wicd takes the device over; SIGTERM completes held faults and exits 0.
+    let mut wicd = Wicd::start()?;
+    let client = connect(&fake)?;
+    let (channel, runs) = placed(&client, &mut memory, &spec(1, 10_000_000_000))?;
+    fake.reset().map_err(|e| e.to_string())?;
+    hold(&fake, &[runs[0]])?;
+    held_by_wicd(&client, 1)?;
+    wicd.signal(Signal::SIGTERM)?;
+    completed(&fake, &[runs[0]], PATIENCE)?;
+    ensure(word_at(&memory, runs[0]) == WIC_MARKER_DAEMON_STOPPING, || "no stopping marker after SIGTERM".into())?;
+    let status = wicd.wait()?;
+    ensure(status.success(), || format!("wicd exited with {status} after SIGTERM:\n{}", log_tail()))?;
+    ensure(!PathBuf::from(SOCKET).exists(), || "wicd left its socket behind".into())?;
+    drop(channel);
+    Ok(())
+}
