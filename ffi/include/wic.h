@@ -232,6 +232,46 @@ void wic_disconnect(wic_client *client);
 int wic_channel_create(wic_client *client, const struct wic_channel_spec *spec, wic_channel **out);
 
 /**
+ * wic_attach_space() - let wicd place channels in this process's managed memory
+ * @client: the session
+ * @uvm_fd: the process's open /dev/nvidia-uvm descriptor (the CUDA runtime's)
+ * @space: receives the space id; may be NULL
+ *
+ * Needed on the shim backend before wic_channel_create_at(). One space per session; it is
+ * detached when the session ends.
+ *
+ * Return: WIC_OK; WIC_EUNSUPPORTED on the emulated backend; WIC_EBUSY if this session or
+ * another attached the space already; WIC_EINVALID if @uvm_fd is not a UVM file.
+ */
+int wic_attach_space(wic_client *client, int uvm_fd, uint32_t *space);
+
+/**
+ * wic_placement_bytes() - managed memory a channel of @spec is placed in
+ * @client: the session (the size follows from the daemon's configuration)
+ * @spec: the channel to be created
+ * @bytes: receives the size, a multiple of 4096
+ *
+ * Return: WIC_OK, or WIC_EINVALID for a bad argument.
+ */
+int wic_placement_bytes(wic_client *client, const struct wic_channel_spec *spec, uint64_t *bytes);
+
+/**
+ * wic_channel_create_at() - create a channel in this process's managed memory
+ * @client: the session, with its space attached by wic_attach_space()
+ * @spec: what to create; @spec->reserved must be 0
+ * @base_va: page-aligned start of wic_placement_bytes() bytes of managed memory
+ * @out: receives the channel handle, role WIC_ROLE_OWNER (NULL on failure)
+ *
+ * The slots' run and PAT addresses (wic_channel_slot()) are then inside the placement: they
+ * are what the consumer's kernels read.
+ *
+ * Return: WIC_OK; WIC_EINVALID for a bad spec, no attached space or a placement the module
+ * refuses (unaligned, overlapping, not mapped); WIC_EUNSUPPORTED on the emulated backend.
+ */
+int wic_channel_create_at(wic_client *client, const struct wic_channel_spec *spec, uint64_t base_va,
+			  wic_channel **out);
+
+/**
  * wic_channel_grant() - issue a token that lets another process attach
  * @ch: a channel this process owns
  * @role: WIC_ROLE_PRODUCER or WIC_ROLE_CONSUMER

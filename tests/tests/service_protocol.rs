@@ -227,3 +227,30 @@ fn channels_on_missing_gpus_or_with_gpu_producers_are_refused_clearly() {
     assert_eq!(stats(&mut client).pool_pages_used, 0, "failed creations keep nothing");
     daemon.stop();
 }
+
+#[test]
+fn descriptors_come_only_with_attach_space_and_the_emulated_backend_has_no_spaces() {
+    let mut daemon = Daemon::start("spaces", "");
+    let mut client = connect(&daemon);
+    let file = std::fs::File::open("/dev/null").expect("/dev/null");
+    let fd = std::os::fd::AsFd::as_fd(&file);
+    fn refused_passing(client: &mut Client, request: &Request, fds: &[std::os::fd::BorrowedFd<'_>]) -> ErrorCode {
+        match client.call_passing(request, fds) {
+            Err(ClientError::Refused(e)) => e.code,
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+    assert_eq!(refused_passing(&mut client, &Request::Stats, &[fd]), ErrorCode::Invalid, "a descriptor with stats");
+    assert_eq!(refused_passing(&mut client, &Request::AttachSpace, &[]), ErrorCode::Invalid, "attach_space without one");
+    assert_eq!(refused_passing(&mut client, &Request::AttachSpace, &[fd, fd]), ErrorCode::Invalid, "two");
+    let many = [fd; 200];
+    assert_eq!(refused_passing(&mut client, &Request::AttachSpace, &many), ErrorCode::Invalid, "200");
+    assert_eq!(refused_passing(&mut client, &Request::AttachSpace, &[fd]), ErrorCode::Unsupported);
+    let placed = Request::CreateChannel { spec: spec(1, 64), base_va: Some(1 << 30) };
+    assert_eq!(refused(client.call(&placed)), ErrorCode::Invalid, "base_va without an attached space");
+    // Nothing leaked into the next request, no descriptor stayed open, and the daemon serves.
+    assert_eq!(create(&mut client, 1).1.len(), 4);
+    assert!(daemon.alive());
+    let open_fds = std::fs::read_dir(format!("/proc/{}/fd", daemon.child.id())).expect("the daemon's fds").count();
+    assert!(open_fds < 64, "wicd holds {open_fds} descriptors after refusing 200");
+}

@@ -28,8 +28,9 @@ use crate::config::Limits;
 
 type ConnId = u64;
 
-/// Most descriptors accepted with one request (attach_space needs one).
-const MAX_FDS_IN: usize = 4;
+/// Room for the most descriptors one message can carry (the kernel's SCM_MAX_FD), so the
+/// kernel never truncates: every descriptor sent arrives, and is closed if unwanted.
+const SCM_MAX_FD: usize = 253;
 
 /// Who is on the other end of a connection (SO_PEERCRED).
 #[derive(Debug, Clone, Copy)]
@@ -201,14 +202,16 @@ fn register(shared: &Shared, peer: Peer) -> Option<ConnId> {
 }
 
 /// A connection's incoming bytes, with the descriptors passed along with them.
-#[derive(Default)]
 struct Inbound {
     fds: Vec<OwnedFd>,
-    /// The kernel dropped descriptors: more came with one message than [`MAX_FDS_IN`].
-    truncated: bool,
+    control: Vec<u8>,
 }
 
 impl Inbound {
+    fn new() -> Self {
+        Self { fds: Vec::new(), control: nix::cmsg_space!([RawFd; SCM_MAX_FD]) }
+    }
+
     /// Fills `buf`; `false` when the peer hung up before its first byte.
     async fn read_exact(&mut self, stream: &UnixStream, buf: &mut [u8]) -> io::Result<bool> {
         let mut filled = 0;
@@ -224,11 +227,11 @@ impl Inbound {
     }
 
     fn recv(&mut self, socket: RawFd, buf: &mut [u8]) -> io::Result<usize> {
-        let mut space = nix::cmsg_space!([RawFd; MAX_FDS_IN]);
         let mut iov = [IoSliceMut::new(buf)];
         let flags = MsgFlags::MSG_CMSG_CLOEXEC | MsgFlags::MSG_DONTWAIT;
-        let msg = recvmsg::<()>(socket, &mut iov, Some(&mut space), flags).map_err(io::Error::from)?;
-        self.truncated |= msg.flags.contains(MsgFlags::MSG_CTRUNC);
+        let msg = recvmsg::<()>(socket, &mut iov, Some(&mut self.control), flags).map_err(io::Error::from)?;
+        // Truncation (ENOBUFS here) cannot come from SCM_RIGHTS with this much room; whatever
+        // caused it, the connection is dropped.
         for cmsg in msg.cmsgs().map_err(io::Error::from)? {
             if let ControlMessageOwned::ScmRights(received) = cmsg {
                 // SAFETY: SCM_RIGHTS installed these descriptors in this process just now;
@@ -243,7 +246,7 @@ impl Inbound {
 /// Serves requests until the peer hangs up or breaks the framing.
 async fn session(shared: &Shared, stream: &mut UnixStream, conn: ConnId, peer: Peer) -> io::Result<()> {
     let mut greeted = false;
-    let mut inbound = Inbound::default();
+    let mut inbound = Inbound::new();
     loop {
         let mut header = [0u8; frame::HEADER_BYTES];
         if !inbound.read_exact(stream, &mut header).await? {
@@ -268,10 +271,6 @@ async fn session(shared: &Shared, stream: &mut UnixStream, conn: ConnId, peer: P
             return Err(io::ErrorKind::UnexpectedEof.into());
         }
         let fds = std::mem::take(&mut inbound.fds);
-        if std::mem::take(&mut inbound.truncated) {
-            send_error(stream, error(ErrorCode::Invalid, format!("at most {MAX_FDS_IN} descriptors come with a request"))).await?;
-            continue;
-        }
         let request = match serde_json::from_slice::<Request>(&body) {
             Ok(request) => request,
             Err(e) => {

@@ -5,6 +5,7 @@
 //! The opaque `wic_client` is a boxed [`Client`] and `wic_channel` a boxed [`Channel`].
 
 use std::ffi::{c_char, c_int, c_void, CStr, CString, OsStr};
+use std::os::fd::BorrowedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
@@ -145,6 +146,15 @@ pub unsafe extern "C" fn wic_channel_create(
     spec: *const WicChannelSpec,
     out: *mut *mut Channel,
 ) -> c_int {
+    // SAFETY: the caller's guarantees are those of `create`.
+    unsafe { create(client, spec, None, out) }
+}
+
+/// `wic_channel_create` and `wic_channel_create_at`.
+///
+/// # Safety
+/// `client` is a live handle, `spec` points to a `struct wic_channel_spec`, `out` is writable.
+unsafe fn create(client: *mut Client, spec: *const WicChannelSpec, base_va: Option<u64>, out: *mut *mut Channel) -> c_int {
     guard(|| {
         if out.is_null() {
             return WIC_EINVALID;
@@ -155,10 +165,79 @@ pub unsafe extern "C" fn wic_channel_create(
         let (Some(client), Some(spec)) = (unsafe { client.as_ref() }, unsafe { spec.as_ref() }) else {
             return WIC_EINVALID;
         };
-        let channel = spec_from_abi(spec).and_then(|spec| client.create_channel(&spec));
+        let channel = spec_from_abi(spec).and_then(|spec| match base_va {
+            None => client.create_channel(&spec),
+            Some(base_va) => client.create_channel_at(&spec, base_va),
+        });
         // SAFETY: `out` is writable, as above.
         unsafe { hand_out(out, channel) }
     })
+}
+
+/// Attaches this process's GPU address space, given its UVM file descriptor (the one the CUDA
+/// runtime opened on `/dev/nvidia-uvm`), so channels can be placed in its managed memory
+/// (shim backend). Stores the space id in `*space` when `space` is not NULL.
+///
+/// # Safety
+/// `client` is a live handle; `space` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn wic_attach_space(client: *mut Client, uvm_fd: c_int, space: *mut u32) -> c_int {
+    guard(|| {
+        // SAFETY: the caller guarantees `client` is NULL or live.
+        let Some(client) = (unsafe { client.as_ref() }) else { return WIC_EINVALID };
+        if uvm_fd < 0 {
+            return WIC_EINVALID;
+        }
+        // SAFETY: a descriptor the caller owns and keeps open for this call; it is only sent.
+        let uvm = unsafe { BorrowedFd::borrow_raw(uvm_fd) };
+        match client.attach_space(uvm) {
+            Ok(id) => {
+                if !space.is_null() {
+                    // SAFETY: non-null, and the caller guarantees it is writable.
+                    unsafe { space.write(id) };
+                }
+                WIC_OK
+            }
+            Err(e) => err(e.code()),
+        }
+    })
+}
+
+/// Bytes of managed memory `wic_channel_create_at` places a channel of `spec` in.
+///
+/// # Safety
+/// `client` is a live handle, `spec` points to a `struct wic_channel_spec`, `bytes` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn wic_placement_bytes(client: *mut Client, spec: *const WicChannelSpec, bytes: *mut u64) -> c_int {
+    guard(|| {
+        // SAFETY: the caller guarantees all three are NULL or valid.
+        let (Some(client), Some(spec), false) = (unsafe { client.as_ref() }, unsafe { spec.as_ref() }, bytes.is_null()) else {
+            return WIC_EINVALID;
+        };
+        match spec_from_abi(spec) {
+            Ok(spec) => {
+                // SAFETY: non-null, and the caller guarantees it is writable.
+                unsafe { bytes.write(client.placement_bytes(&spec)) };
+                WIC_OK
+            }
+            Err(e) => err(e.code()),
+        }
+    })
+}
+
+/// Creates a channel placed at `base_va` of the attached address space (shim backend).
+///
+/// # Safety
+/// As `wic_channel_create`.
+#[no_mangle]
+pub unsafe extern "C" fn wic_channel_create_at(
+    client: *mut Client,
+    spec: *const WicChannelSpec,
+    base_va: u64,
+    out: *mut *mut Channel,
+) -> c_int {
+    // SAFETY: the caller's guarantees are those of `create`.
+    unsafe { create(client, spec, Some(base_va), out) }
 }
 
 /// Issues a token for `role` (producer or consumer), for user `uid` or any user (-1).

@@ -6,13 +6,14 @@
 //! takes over, and SIGTERM completes held faults with the stopping marker.
 
 use std::fs::File;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use wic::{Channel, Client};
+use wic::{abi, capi, Channel, Client};
 use wic_engine::fault::AccessType;
 use wic_kmod::fakegpu::{self, FakeGpu};
 use wic_proto::kabi::{WIC_MARKER_DAEMON_GONE, WIC_MARKER_DAEMON_STOPPING, WIC_MARKER_TIMEOUT};
@@ -220,19 +221,54 @@ fn scenario() -> Result<(), String> {
     drop(channel);
     drop(client);
 
-    // A restarted wicd takes the device over; SIGTERM completes held faults and exits 0.
+    // A restarted wicd takes the device over, here through the C API; SIGTERM completes held
+    // faults and exits 0.
     let mut wicd = Wicd::start()?;
-    let client = connect(&fake)?;
-    let (channel, runs) = placed(&client, &mut memory, &spec(1, 10_000_000_000))?;
+    let (client, channel, run) = c_placed(&fake, &mut memory)?;
     fake.reset().map_err(|e| e.to_string())?;
-    hold(&fake, &[runs[0]])?;
-    held_by_wicd(&client, 1)?;
+    hold(&fake, &[run])?;
+    // SAFETY: a live handle from `c_placed`.
+    held_by_wicd(unsafe { &*client }, 1)?;
     wicd.signal(Signal::SIGTERM)?;
-    completed(&fake, &[runs[0]], PATIENCE)?;
-    ensure(word_at(&memory, runs[0]) == WIC_MARKER_DAEMON_STOPPING, || "no stopping marker after SIGTERM".into())?;
+    completed(&fake, &[run], PATIENCE)?;
+    ensure(word_at(&memory, run) == WIC_MARKER_DAEMON_STOPPING, || "no stopping marker after SIGTERM".into())?;
     let status = wicd.wait()?;
     ensure(status.success(), || format!("wicd exited with {status} after SIGTERM:\n{}", log_tail()))?;
     ensure(!PathBuf::from(SOCKET).exists(), || "wicd left its socket behind".into())?;
-    drop(channel);
+    // SAFETY: handles from `c_placed`, released once.
+    unsafe {
+        capi::wic_channel_close(channel);
+        capi::wic_disconnect(client);
+    }
     Ok(())
+}
+
+/// `connect` and `placed` through `wic.h`: a one-slot channel placed in `memory`; the
+/// handles and the address of the slot's even run.
+fn c_placed(fake: &FakeGpu, memory: &mut Memory) -> Result<(*mut Client, *mut Channel, u64), String> {
+    let check = |what: &str, rc: i32| ensure(rc == abi::WIC_OK, || format!("{what}: {rc}"));
+    let socket = std::ffi::CString::new(SOCKET).expect("no NUL");
+    let spec = abi::WicChannelSpec {
+        consumer_gpu: 0,
+        producer_kind: abi::WIC_PRODUCER_HOST,
+        producer_gpu: 0,
+        reserved: 0,
+        message_bytes: 512,
+        slots: 1,
+        producer_base_va: 0,
+        timeout_ns: 10_000_000_000,
+    };
+    let (mut client, mut channel, mut space, mut bytes) = (std::ptr::null_mut(), std::ptr::null_mut(), 0u32, 0u64);
+    let mut slot = abi::WicSlotInfo { run_va: [0; 2], pat_va: [0; 2], tag: 0, reserved: 0 };
+    // SAFETY: every pointer is to a live local; handles come from the calls before their use.
+    unsafe {
+        check("wic_connect", capi::wic_connect(socket.as_ptr(), &mut client))?;
+        check("wic_attach_space", capi::wic_attach_space(client, fake.fd().as_raw_fd(), &mut space))?;
+        check("wic_placement_bytes", capi::wic_placement_bytes(client, &spec, &mut bytes))?;
+        let base = memory.take(bytes)?;
+        check("wic_channel_create_at", capi::wic_channel_create_at(client, &spec, base, &mut channel))?;
+        check("wic_channel_slot", capi::wic_channel_slot(channel, 0, &mut slot))?;
+        ensure(space != 0 && (base..base + bytes).contains(&slot.run_va[0]), || format!("space {space}, run {:#x}", slot.run_va[0]))?;
+    }
+    Ok((client, channel, slot.run_va[0]))
 }
