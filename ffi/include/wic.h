@@ -47,8 +47,8 @@ extern "C" {
 
 /*
  * A consumer whose request cannot be served finds, at the start of each page of its run, the
- * 64-bit word WIC_ERROR_MARKER_MAGIC | code (1: timeout, 2: channel closed, 3: daemon stopping)
- * instead of data.
+ * 64-bit word WIC_ERROR_MARKER_MAGIC | code (1: timeout, 2: channel closed, 3: daemon stopping,
+ * 4: daemon gone, written by the kernel module) instead of data.
  */
 #define WIC_ERROR_MARKER_MAGIC 0x5749434500000000ULL
 

@@ -1,0 +1,137 @@
+/* SPDX-License-Identifier: MIT OR Apache-2.0 */
+/*
+ * C_SRS - streaming: a host producer streams sensor batches; each consumer block processes its
+ * slot's batches as they arrive (per warp: energy and peak of 1024 samples). Checked against a
+ * CPU reference computed in double precision.
+ *
+ * Usage: c_srs MODE [REPS] [BLOCKS] [GENERATIONS]   (MODE: push, poll, nowait; BLOCKS defaults to
+ * the number of SMs, GENERATIONS to 64, REPS to 7)
+ * Prints the median wall time of REPS runs and whether every result matched.
+ */
+#include <cmath>
+#include <random>
+
+#include "stream.cuh"
+
+namespace {
+
+constexpr uint32_t warps = 16;
+constexpr uint32_t samples = 1024; /* floats per warp message */
+constexpr uint32_t message_bytes = samples * sizeof(float);
+
+__global__ void consume(wic::channel ch, app::placement place, unsigned int *consumed, float2 *results,
+			int *errors)
+{
+	const uint32_t b = blockIdx.x;
+	const uint32_t w = threadIdx.x / 32;
+	const uint32_t lane = threadIdx.x % 32;
+
+	for (uint32_t g = 0; g < place.generations; g++) {
+		const uint8_t *message;
+		int status = wic::recv(ch, place.slot(b, g), place.generation(g), w, &message);
+		if (status != WIC_OK) {
+			if (lane == 0)
+				atomicAdd(errors, 1);
+			return;
+		}
+		const float *x = reinterpret_cast<const float *>(message);
+		float energy = 0.0f, peak = 0.0f;
+		for (uint32_t i = lane; i < samples; i += 32) {
+			energy = fmaf(x[i], x[i], energy);
+			peak = fmaxf(peak, fabsf(x[i]));
+		}
+		for (int d = 16; d; d /= 2) {
+			energy += __shfl_down_sync(0xffffffff, energy, d);
+			peak = fmaxf(peak, __shfl_down_sync(0xffffffff, peak, d));
+		}
+		if (lane == 0)
+			results[((size_t)b * place.generations + g) * warps + w] = make_float2(energy, peak);
+		__syncwarp();
+		app::mark_consumed(consumed, b);
+	}
+}
+
+float sample(uint64_t seed, uint32_t b, uint32_t g, uint32_t i)
+{
+	uint64_t x = seed ^ ((uint64_t)b << 40) ^ ((uint64_t)g << 20) ^ i;
+	x ^= x >> 33;
+	x *= 0xff51afd7ed558ccdULL;
+	x ^= x >> 33;
+	return (float)((x >> 40) % 2001) / 1000.0f - 1.0f;
+}
+
+} /* namespace */
+
+int main(int argc, char **argv)
+{
+	app::mode mode;
+	if (argc < 2 || !app::parse_mode(argv[1], &mode)) {
+		fprintf(stderr, "usage: %s push|poll|nowait [REPS] [BLOCKS] [GENERATIONS]\n", argv[0]);
+		return 2;
+	}
+	int sms;
+	CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+	const int reps = argc > 2 ? atoi(argv[2]) : 7;
+	const uint32_t blocks = argc > 3 ? atoi(argv[3]) : sms;
+	const uint32_t generations = argc > 4 ? atoi(argv[4]) : 64;
+	if (reps < 1 || !blocks || !generations) {
+		fprintf(stderr, "REPS, BLOCKS and GENERATIONS must be positive\n");
+		return 2;
+	}
+	const size_t items = (size_t)blocks * generations * warps;
+	float2 *results;
+	int *errors;
+	CHECK(cudaMalloc(&results, items * sizeof(float2)));
+	CHECK(cudaMalloc(&errors, sizeof(int)));
+	std::vector<float2> got(items);
+	std::vector<double> times;
+	bool correct = true;
+	std::random_device entropy;
+
+	for (int rep = 0; rep <= reps; rep++) { /* rep 0 warms up */
+		const uint64_t seed = ((uint64_t)entropy() << 32) | entropy();
+		CHECK(cudaMemset(results, 0xff, items * sizeof(float2))); /* poison: NaN */
+		CHECK(cudaMemset(errors, 0, sizeof(int)));
+		auto fill = [&](uint32_t b, uint32_t g, uint8_t *buf) {
+			float *x = reinterpret_cast<float *>(buf);
+			for (uint32_t i = 0; i < warps * samples; i++)
+				x[i] = sample(seed, b, g, i);
+		};
+		auto launch = [&](const wic::channel &ch, app::placement place, unsigned int *consumed, cudaStream_t s) {
+			consume<<<blocks, warps * 32, 0, s>>>(ch, place, consumed, results, errors);
+		};
+		app::timing t = app::run(mode, blocks, generations, message_bytes, warps, fill, launch);
+		int failed;
+		CHECK(cudaMemcpy(&failed, errors, sizeof(int), cudaMemcpyDeviceToHost));
+		CHECK(cudaMemcpy(got.data(), results, items * sizeof(float2), cudaMemcpyDeviceToHost));
+		double err2 = 0, ref2 = 0;
+		for (uint32_t b = 0; b < blocks; b++)
+			for (uint32_t g = 0; g < generations; g++)
+				for (uint32_t w = 0; w < warps; w++) {
+					double energy = 0, peak = 0;
+					for (uint32_t i = 0; i < samples; i++) {
+						double x = sample(seed, b, g, w * samples + i);
+						energy += x * x;
+						peak = std::max(peak, std::fabs(x));
+					}
+					float2 r = got[((size_t)b * generations + g) * warps + w];
+					err2 += (r.x - energy) * (r.x - energy) + (r.y - peak) * (r.y - peak);
+					ref2 += energy * energy + peak * peak;
+				}
+		const double rel = std::sqrt(err2 / ref2);
+		if (failed || !(rel < 1e-5)) {
+			correct = false;
+			fprintf(stderr, "C_SRS %s rep %d: %d warps failed, relative error %g\n", app::mode_name(mode), rep,
+				failed, rel);
+		}
+		if (rep)
+			times.push_back(t.total_ms);
+	}
+	printf("C_SRS %s blocks=%u generations=%u median_ms=%.3f min_ms=%.3f max_ms=%.3f correct=%s\n",
+	       app::mode_name(mode), blocks, generations, app::median(times),
+	       *std::min_element(times.begin(), times.end()), *std::max_element(times.begin(), times.end()),
+	       correct ? "yes" : "no");
+	CHECK(cudaFree(results));
+	CHECK(cudaFree(errors));
+	return correct ? 0 : 1;
+}

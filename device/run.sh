@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Builds and runs everything of device/ on a machine with an NVIDIA GPU (stock driver):
+# the CMake build and install, a project that finds the installed package, the transport test,
+# the applications in every mode (median of REPS runs each) and the calibration benchmarks.
+# Usage: device/run.sh [OUT_DIR] [REPS]    Results and logs go to OUT_DIR (default target/device).
+# Reads the GPU's state; never changes its settings.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+out=${1:-${OUT:-target/device}}
+reps=${2:-7}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
+nvcc --version | tail -1 | tee -a "$out/device.txt"
+
+echo "== build, install, find_package"
+cmake -S "$here" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release >"$out/build.log" 2>&1
+cmake --build "$work/build" >>"$out/build.log" 2>&1
+cmake --install "$work/build" --prefix "$work/prefix" >>"$out/build.log" 2>&1
+cmake -S "$here/tests/find_package" -B "$work/consumer" -G Ninja -DCMAKE_PREFIX_PATH="$work/prefix" >>"$out/build.log" 2>&1
+cmake --build "$work/consumer" >>"$out/build.log" 2>&1
+"$work/consumer/uses_wic" && echo "find_package(wic) project builds and runs"
+
+echo "== transport test"
+"$work/build/transport_test" | tee "$out/transport_test.txt"
+
+echo "== applications (median of $reps runs)"
+: >"$out/apps.txt"
+for app in c_srs; do
+	for mode in nowait push poll; do
+		"$work/build/$app" "$mode" "$reps" | tee -a "$out/apps.txt"
+	done
+done

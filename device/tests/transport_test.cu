@@ -1,0 +1,165 @@
+/* SPDX-License-Identifier: MIT OR Apache-2.0 */
+/*
+ * transport_test - wic.cuh on a GPU with the stock driver: push and poll deliver every byte of
+ * every generation to the right warp; a wait past its timeout returns WIC_ETIMED_OUT; the fault
+ * transport addresses each warp's message in the run of its generation and turns each error
+ * marker into its code (its pages are ordinary device memory here, so nothing stalls).
+ * Exits 0 when every check passed; prints one line per check.
+ */
+#include <cstring>
+
+#include "../apps/stream.cuh"
+
+namespace {
+
+constexpr uint32_t warps = 16;
+constexpr uint32_t message_bytes = 256;
+int failures;
+
+void check(bool ok, const char *what)
+{
+	printf("%s %s\n", ok ? "ok" : "FAIL", what);
+	failures += !ok;
+}
+
+/* Each warp copies its message of every generation to out[(b * G + g) * warps + w]. */
+__global__ void copy_out(wic::channel ch, app::placement place, unsigned int *consumed, uint8_t *out, int *status)
+{
+	const uint32_t b = blockIdx.x, w = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+	for (uint32_t g = 0; g < place.generations; g++) {
+		const uint8_t *message;
+		int rc = wic::recv(ch, place.slot(b, g), place.generation(g), w, &message);
+		if (rc != WIC_OK && lane == 0)
+			atomicExch(status, rc);
+		uint8_t *dst = out + (((size_t)b * place.generations + g) * warps + w) * message_bytes;
+		for (uint32_t i = lane; i < message_bytes; i += 32)
+			dst[i] = message[i];
+		__syncwarp();
+		app::mark_consumed(consumed, b);
+	}
+}
+
+__global__ void wait_once(wic::channel ch, uint64_t timeout_ns, int *status)
+{
+	const uint8_t *message;
+	int rc = wic::recv(ch, 0, 0, threadIdx.x / 32, &message, timeout_ns);
+	if (threadIdx.x == 0)
+		*status = rc;
+}
+
+/* Warp w of generation g reports its message's first byte, or the error code. */
+__global__ void fault_probe(wic::channel ch, uint32_t generation, int *out)
+{
+	const uint8_t *message;
+	int rc = wic::recv(ch, 0, generation, threadIdx.x / 32, &message);
+	if (threadIdx.x % 32 == 0)
+		out[threadIdx.x / 32] = rc == WIC_OK ? message[0] : rc;
+}
+
+void delivery(app::mode mode)
+{
+	const uint32_t blocks = 8, generations = 32;
+	const size_t bytes = (size_t)blocks * generations * warps * message_bytes;
+	uint8_t *out;
+	int *status;
+	CHECK(cudaMalloc(&out, bytes));
+	CHECK(cudaMalloc(&status, sizeof(int)));
+	CHECK(cudaMemset(out, 0xa5, bytes));
+	CHECK(cudaMemset(status, 0, sizeof(int)));
+	auto pattern = [](uint32_t b, uint32_t g, uint32_t i) { return (uint8_t)(b * 131 + g * 7 + i * 13 + 1); };
+	auto fill = [&](uint32_t b, uint32_t g, uint8_t *buf) {
+		for (uint32_t i = 0; i < warps * message_bytes; i++)
+			buf[i] = pattern(b, g, i);
+	};
+	auto launch = [&](const wic::channel &ch, app::placement place, unsigned int *consumed, cudaStream_t s) {
+		copy_out<<<blocks, warps * 32, 0, s>>>(ch, place, consumed, out, status);
+	};
+	app::run(mode, blocks, generations, message_bytes, warps, fill, launch);
+	std::vector<uint8_t> got(bytes);
+	int rc;
+	CHECK(cudaMemcpy(got.data(), out, bytes, cudaMemcpyDeviceToHost));
+	CHECK(cudaMemcpy(&rc, status, sizeof(int), cudaMemcpyDeviceToHost));
+	size_t wrong = 0;
+	for (uint32_t b = 0; b < blocks; b++)
+		for (uint32_t g = 0; g < generations; g++)
+			for (uint32_t i = 0; i < warps * message_bytes; i++)
+				wrong += got[((size_t)b * generations + g) * warps * message_bytes + i] != pattern(b, g, i);
+	char what[96];
+	snprintf(what, sizeof(what), "%s: %u x %u batches byte for byte (%zu wrong, status %d)", app::mode_name(mode),
+		 blocks, generations, wrong, rc);
+	check(wrong == 0 && rc == WIC_OK, what);
+	CHECK(cudaFree(out));
+	CHECK(cudaFree(status));
+}
+
+void timeout(wic::transport kind)
+{
+	wic::host_channel ch;
+	int *status, rc;
+	CHECK(ch.create(kind, 1, message_bytes, warps));
+	CHECK(cudaMalloc(&status, sizeof(int)));
+	wait_once<<<1, warps * 32>>>(ch.device(), 1000000, status);
+	CHECK(cudaGetLastError());
+	CHECK(cudaMemcpy(&rc, status, sizeof(int), cudaMemcpyDeviceToHost));
+	check(rc == WIC_ETIMED_OUT, kind == wic::transport::push ? "push: unpublished slot times out after 1 ms"
+								  : "poll: unpublished slot times out after 1 ms");
+	CHECK(cudaFree(status));
+}
+
+void fault_addressing()
+{
+	/* One slot, 2 runs of 1 page (16 warps x 256 B): run 0 holds data, run 1 markers. */
+	uint8_t *pages;
+	uint64_t *runs;
+	int *out;
+	CHECK(cudaMalloc(&pages, 2 * 4096));
+	CHECK(cudaMalloc(&runs, 2 * sizeof(uint64_t)));
+	CHECK(cudaMalloc(&out, warps * sizeof(int)));
+	std::vector<uint8_t> host(2 * 4096);
+	for (uint32_t w = 0; w < warps; w++)
+		host[w * message_bytes] = (uint8_t)(w + 1);
+	const uint64_t marker = WIC_ERROR_MARKER_MAGIC | 4;
+	memcpy(&host[4096], &marker, sizeof(marker));
+	CHECK(cudaMemcpy(pages, host.data(), host.size(), cudaMemcpyHostToDevice));
+	struct wic_channel_info info = {};
+	info.slots = 1;
+	info.message_bytes = message_bytes;
+	info.warps_per_batch = warps;
+	info.batch_bytes = warps * message_bytes;
+	struct wic_slot_info slot = {};
+	slot.run_va[0] = (uint64_t)pages;
+	slot.run_va[1] = (uint64_t)pages + 4096;
+	wic::channel ch = wic::fault_channel(&info, &slot, runs);
+	std::vector<int> got(warps);
+	bool data_ok = ch.slots == 1, marker_ok = ch.slots == 1;
+	fault_probe<<<1, warps * 32>>>(ch, 0, out);
+	CHECK(cudaGetLastError());
+	CHECK(cudaMemcpy(got.data(), out, warps * sizeof(int), cudaMemcpyDeviceToHost));
+	for (uint32_t w = 0; w < warps; w++)
+		data_ok &= got[w] == (int)(w + 1);
+	fault_probe<<<1, warps * 32>>>(ch, 1, out);
+	CHECK(cudaGetLastError());
+	CHECK(cudaMemcpy(got.data(), out, warps * sizeof(int), cudaMemcpyDeviceToHost));
+	for (uint32_t w = 0; w < warps; w++)
+		marker_ok &= got[w] == WIC_ECONNECT;
+	check(data_ok, "fault: generation 0 reads each warp's message in run P");
+	check(marker_ok, "fault: generation 1 reads run P' and turns the daemon-gone marker into WIC_ECONNECT");
+	CHECK(cudaFree(pages));
+	CHECK(cudaFree(runs));
+	CHECK(cudaFree(out));
+}
+
+} /* namespace */
+
+int main()
+{
+	delivery(app::mode::push);
+	delivery(app::mode::poll);
+	delivery(app::mode::nowait);
+	timeout(wic::transport::push);
+	timeout(wic::transport::poll);
+	fault_addressing();
+	printf("%s: %d failed\n", failures ? "FAIL" : "PASS", failures);
+	return failures ? 1 : 0;
+}
