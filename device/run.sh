@@ -34,3 +34,6 @@ for app in c_srs; do
 		"$work/build/$app" "$mode" "$reps" | tee -a "$out/apps.txt"
 	done
 done
+
+echo "== calibration benchmarks"
+bash "$here/bench/run.sh" "$out/bench"

@@ -201,6 +201,8 @@ mod tests {
         let cal = Calibration::built_in();
         assert_eq!(cal.pcie_ns(0), cal.link.pcie_latency_ns.value);
         assert!(cal.pcie_ns(1 << 20) > cal.nvlink_ns(1 << 20));
-        assert_eq!(cal.memcpy_ns(10_000), 1_000);
+        let gbps = cal.host.memcpy_gbps.value;
+        assert_eq!(cal.memcpy_ns(10_000), (10_000.0 / gbps).ceil() as u64, "10 kB at {gbps} GB/s");
+        assert!(cal.memcpy_ns(20_000) >= 2 * cal.memcpy_ns(10_000) - 1);
     }
 }
