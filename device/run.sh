@@ -29,11 +29,18 @@ echo "== transport test"
 
 echo "== applications (median of $reps runs)"
 : >"$out/apps.txt"
-for app in c_srs; do
+failed=()
+for app in c_srs c_cg c_fe c_h3d; do
 	for mode in nowait push poll; do
-		"$work/build/$app" "$mode" "$reps" | tee -a "$out/apps.txt"
+		# An incorrect result is reported and the rest still run; the script fails at the end.
+		"$work/build/$app" "$mode" "$reps" | tee -a "$out/apps.txt" || failed+=("$app $mode")
 	done
 done
 
 echo "== calibration benchmarks"
 bash "$here/bench/run.sh" "$out/bench"
+
+if ((${#failed[@]})); then
+	echo "FAILED: ${failed[*]}" >&2
+	exit 1
+fi

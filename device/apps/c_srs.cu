@@ -92,6 +92,8 @@ int main(int argc, char **argv)
 		const uint64_t seed = ((uint64_t)entropy() << 32) | entropy();
 		CHECK(cudaMemset(results, 0xff, items * sizeof(float2))); /* poison: NaN */
 		CHECK(cudaMemset(errors, 0, sizeof(int)));
+		/* The kernel runs on a non-blocking stream, which does not wait for these. */
+		CHECK(cudaDeviceSynchronize());
 		auto fill = [&](uint32_t b, uint32_t g, uint8_t *buf) {
 			float *x = reinterpret_cast<float *>(buf);
 			for (uint32_t i = 0; i < warps * samples; i++)

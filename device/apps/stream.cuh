@@ -1,18 +1,22 @@
 /* SPDX-License-Identifier: MIT OR Apache-2.0 */
 /*
- * stream.cuh - the host side shared by the streaming applications: a producer thread that
- * publishes G generations into each of a channel's slots, with flow control, and the three
- * ways to run a consumer kernel (push, poll, and the no-wait lower bound).
+ * stream.cuh - the host side shared by the applications: a producer that publishes generations
+ * into a channel's slots, with flow control; the three ways to run a consumer kernel (push,
+ * poll, and the no-wait lower bound); the results direction (the kernel writes pinned host
+ * memory and sets a ready word); and the driver of applications whose host side must see the
+ * kernel's results before it can send its next messages.
  */
 #ifndef WIC_APPS_STREAM_CUH
 #define WIC_APPS_STREAM_CUH
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -75,6 +79,83 @@ struct timing {
 	double total_ms;
 };
 
+inline double ms_between(std::chrono::steady_clock::time_point from, std::chrono::steady_clock::time_point to)
+{
+	return std::chrono::duration<double, std::milli>(to - from).count();
+}
+
+/* A forward channel as kernels take it. */
+struct forward {
+	wic::channel ch;
+	placement place;
+	unsigned int *consumed;
+};
+
+/*
+ * producer - the host end of one run's channel: @blocks streams of @generations items, each
+ * item a batch of @warps messages of @message_bytes. Streaming runs give stream b slot b for
+ * every generation; the no-wait run gives every item its own slot (placement). Owns the
+ * channel, a pinned staging batch per slot, the consumed counters and the copy stream.
+ */
+class producer {
+public:
+	producer(mode m, uint32_t blocks, uint32_t generations, uint32_t message_bytes, uint32_t warps)
+		: place_{generations, m == mode::nowait}, warps_(warps)
+	{
+		const uint32_t slots = place_.nowait ? blocks * generations : blocks;
+		CHECK(ch_.create(m == mode::poll ? wic::transport::poll : wic::transport::push, slots, message_bytes,
+				 warps));
+		batch_ = ch_.device().batch_bytes;
+		CHECK(cudaHostAlloc(&consumed_, blocks * sizeof(unsigned), cudaHostAllocMapped));
+		memset(consumed_, 0, blocks * sizeof(unsigned));
+		CHECK(cudaHostGetDevicePointer((void **)&consumed_dev_, consumed_, 0));
+		CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+		/* One pinned staging buffer per slot, so an async copy's source is not overwritten early. */
+		CHECK(cudaHostAlloc(&staging_, batch_ * slots, cudaHostAllocDefault));
+	}
+	producer(const producer &) = delete;
+	producer &operator=(const producer &) = delete;
+	~producer()
+	{
+		CHECK(cudaFreeHost(staging_));
+		CHECK(cudaFreeHost(consumed_));
+		CHECK(cudaStreamDestroy(stream_));
+	}
+
+	wic::channel channel() const { return ch_.device(); }
+	placement place() const { return place_; }
+	unsigned int *consumed() const { return consumed_dev_; }
+	forward view() const { return forward{channel(), place_, consumed_dev_}; }
+
+	/*
+	 * publish() - publishes item (b, g); @fill writes its batch into pinned staging. A streaming
+	 * run first waits until every warp finished generation g - 1 of slot b.
+	 */
+	void publish(uint32_t b, uint32_t g, const std::function<void(uint8_t *)> &fill)
+	{
+		const uint32_t slot = place_.slot(b, g);
+		if (!place_.nowait)
+			while (__atomic_load_n(&consumed_[b], __ATOMIC_ACQUIRE) < g * warps_)
+				std::this_thread::yield();
+		uint8_t *buf = staging_ + (size_t)slot * batch_;
+		fill(buf);
+		CHECK(ch_.publish(slot, buf, batch_, stream_));
+	}
+
+	/* Waits for every copy queued so far. */
+	void flush() { CHECK(cudaStreamSynchronize(stream_)); }
+
+private:
+	wic::host_channel ch_;
+	placement place_;
+	uint32_t warps_;
+	size_t batch_ = 0;
+	unsigned int *consumed_ = nullptr;
+	unsigned int *consumed_dev_ = nullptr;
+	cudaStream_t stream_ = nullptr;
+	uint8_t *staging_ = nullptr;
+};
+
 /*
  * Runs one streaming execution: @fill(b, g, buf) writes item (b, g)'s batch_bytes into buf;
  * @launch(channel, placement, consumed, stream) starts the consumer kernel.
@@ -83,63 +164,409 @@ inline timing run(mode m, uint32_t blocks, uint32_t generations, uint32_t messag
 		  const std::function<void(uint32_t, uint32_t, uint8_t *)> &fill,
 		  const std::function<void(const wic::channel &, placement, unsigned int *, cudaStream_t)> &launch)
 {
-	const placement place{generations, m == mode::nowait};
-	const uint32_t slots = place.nowait ? blocks * generations : blocks;
-	wic::host_channel ch;
-	CHECK(ch.create(m == mode::poll ? wic::transport::poll : wic::transport::push, slots, message_bytes, warps));
-	const size_t batch = ch.device().batch_bytes;
-	unsigned int *consumed;
-	CHECK(cudaHostAlloc(&consumed, blocks * sizeof(unsigned), cudaHostAllocMapped));
-	memset(consumed, 0, blocks * sizeof(unsigned));
-	unsigned int *consumed_dev;
-	CHECK(cudaHostGetDevicePointer((void **)&consumed_dev, consumed, 0));
-	cudaStream_t kernel_stream, copy_stream;
+	producer prod(m, blocks, generations, message_bytes, warps);
+	cudaStream_t kernel_stream;
 	CHECK(cudaStreamCreateWithFlags(&kernel_stream, cudaStreamNonBlocking));
-	CHECK(cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking));
-	/* One pinned staging buffer per slot, so an async copy's source is not overwritten early. */
-	uint8_t *staging;
-	CHECK(cudaHostAlloc(&staging, batch * slots, cudaHostAllocDefault));
-
-	auto publish = [&](uint32_t b, uint32_t g) {
-		const uint32_t slot = place.slot(b, g);
-		uint8_t *buf = staging + (size_t)slot * batch;
-		fill(b, g, buf);
-		CHECK(ch.publish(slot, buf, batch, copy_stream));
-	};
-	const auto start = std::chrono::steady_clock::now();
-	if (place.nowait) {
+	auto publish_all = [&] {
 		for (uint32_t g = 0; g < generations; g++)
 			for (uint32_t b = 0; b < blocks; b++)
-				publish(b, g);
-		CHECK(cudaStreamSynchronize(copy_stream));
+				prod.publish(b, g, [&](uint8_t *buf) { fill(b, g, buf); });
+	};
+	const auto start = std::chrono::steady_clock::now();
+	if (m == mode::nowait) {
+		publish_all();
+		prod.flush();
 	}
 	const auto launched = std::chrono::steady_clock::now();
-	launch(ch.device(), place, consumed_dev, kernel_stream);
+	launch(prod.channel(), prod.place(), prod.consumed(), kernel_stream);
 	CHECK(cudaGetLastError());
-	if (!place.nowait) {
-		for (uint32_t g = 0; g < generations; g++)
-			for (uint32_t b = 0; b < blocks; b++) {
-				/* Wait until every warp finished generation g - 1 of this slot. */
-				while (__atomic_load_n(&consumed[b], __ATOMIC_ACQUIRE) < g * warps)
-					std::this_thread::yield();
-				publish(b, g);
-			}
-	}
+	if (m != mode::nowait)
+		publish_all();
 	CHECK(cudaStreamSynchronize(kernel_stream));
-	CHECK(cudaStreamSynchronize(copy_stream));
+	prod.flush();
 	const auto end = std::chrono::steady_clock::now();
-	CHECK(cudaFreeHost(staging));
-	CHECK(cudaFreeHost(consumed));
 	CHECK(cudaStreamDestroy(kernel_stream));
-	CHECK(cudaStreamDestroy(copy_stream));
 	/* No-wait: the consumer alone, its data all there before it started. */
-	return timing{std::chrono::duration<double, std::milli>(end - (place.nowait ? launched : start)).count()};
+	return timing{ms_between(m == mode::nowait ? launched : start, end)};
+}
+
+/*
+ * back_view - the results direction (GPU to host) as kernels see it: @slots slots of
+ * @slot_bytes in pinned, mapped host memory, and per slot @parts ready words. Result
+ * generation g lives in slot g % slots; a part's word holds g + 1 once the part is written.
+ * Streaming runs keep few slots: the kernel writes generation g only after the host's next
+ * messages, which the host sends after reading what generation g overwrites. No-wait runs keep
+ * one slot per generation.
+ */
+struct back_view {
+	uint8_t *data;
+	unsigned int *ready;
+	uint64_t slot_bytes;
+	uint32_t slots;
+	uint32_t parts;
+
+	__host__ __device__ uint8_t *slot(uint32_t g) const { return data + (uint64_t)(g % slots) * slot_bytes; }
+	__host__ __device__ unsigned int *word(uint32_t g, uint32_t part) const
+	{
+		return ready + (uint64_t)(g % slots) * parts + part;
+	}
+};
+
+/*
+ * back_publish() - marks @part of result generation @g written. Every thread of the block calls
+ * it after its own writes to the part: each makes them visible system-wide first
+ * (__threadfence_system()), the barrier gathers the block, and one thread then stores the ready
+ * word, with release semantics, so the host that reads it reads the part.
+ */
+__device__ inline void back_publish(const back_view &back, uint32_t g, uint32_t part)
+{
+	__threadfence_system();
+	__syncthreads();
+	if (threadIdx.x == 0)
+		asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(back.word(g, part)), "r"(g + 1) : "memory");
+}
+
+/* back_channel - the host end of the results direction: poisoned (NaN) slots, zeroed words. */
+class back_channel {
+public:
+	back_channel(uint32_t slots, uint64_t slot_bytes, uint32_t parts)
+	{
+		const size_t words = (size_t)slots * parts * sizeof(unsigned int);
+		CHECK(cudaHostAlloc(&data_, slots * slot_bytes, cudaHostAllocMapped));
+		CHECK(cudaHostAlloc(&ready_, words, cudaHostAllocMapped));
+		memset(data_, 0xff, slots * slot_bytes);
+		memset(ready_, 0, words);
+		host_ = back_view{data_, ready_, slot_bytes, slots, parts};
+		dev_ = host_;
+		CHECK(cudaHostGetDevicePointer((void **)&dev_.data, data_, 0));
+		CHECK(cudaHostGetDevicePointer((void **)&dev_.ready, ready_, 0));
+	}
+	back_channel(const back_channel &) = delete;
+	back_channel &operator=(const back_channel &) = delete;
+	~back_channel()
+	{
+		CHECK(cudaFreeHost(data_));
+		CHECK(cudaFreeHost(ready_));
+	}
+
+	back_view view() const { return dev_; }
+	const uint8_t *slot(uint32_t g) const { return host_.slot(g); }
+
+	/* Whether @part of generation @g is written (wrapping difference, as wic's generations). */
+	bool ready(uint32_t g, uint32_t part) const
+	{
+		return (int)(__atomic_load_n(host_.word(g, part), __ATOMIC_ACQUIRE) - g) > 0;
+	}
+
+	/* Waits until @part of generation @g is written; returns its slot. */
+	const uint8_t *wait(uint32_t g, uint32_t part) const
+	{
+		while (!ready(g, part))
+			std::this_thread::yield();
+		return slot(g);
+	}
+
+private:
+	uint8_t *data_ = nullptr;
+	unsigned int *ready_ = nullptr;
+	back_view host_{}, dev_{};
+};
+
+template <typename T>
+struct same {
+	using type = T;
+};
+
+/*
+ * launch_cooperative() - launches @kernel with all its blocks resident at once, which grid-wide
+ * synchronization needs: the launch fails rather than leave a block unscheduled while the
+ * others wait for it. @args are converted to the kernel's parameter types.
+ */
+template <typename... Params>
+void launch_cooperative(void (*kernel)(Params...), uint32_t blocks, uint32_t threads, cudaStream_t stream,
+			typename same<Params>::type... args)
+{
+	void *list[] = {(void *)&args...};
+	CHECK(cudaLaunchCooperativeKernel((const void *)kernel, dim3(blocks), dim3(threads), list, 0, stream));
+}
+
+/*
+ * grid_barrier - waits until every block of a cooperative launch arrived. @count is a device
+ * word zeroed before the launch (grid_counter); @passed counts the barriers this block passed,
+ * the same in every block, so round k completes when the count reaches k * gridDim.x. Each
+ * block fences before it arrives and after it leaves, so what any block wrote before the
+ * barrier is seen by every block after it.
+ */
+struct grid_barrier {
+	unsigned int *count;
+	uint32_t passed;
+
+	__device__ void sync()
+	{
+		passed++;
+		__syncthreads();
+		if (threadIdx.x == 0) {
+			const unsigned int target = passed * gridDim.x;
+			unsigned sleep_ns = 32;
+			__threadfence();
+			atomicAdd(count, 1u);
+			/* Short backoff: waiting blocks leave L2 to the blocks still working. */
+			while ((int)(*(volatile unsigned int *)count - target) < 0) {
+				__nanosleep(sleep_ns);
+				sleep_ns = sleep_ns < 256 ? 2 * sleep_ns : 256;
+			}
+			__threadfence();
+		}
+		__syncthreads();
+	}
+};
+
+/* The device word of a kernel's grid_barrier. */
+class grid_counter {
+public:
+	grid_counter() { CHECK(cudaMalloc(&count_, sizeof(unsigned int))); }
+	grid_counter(const grid_counter &) = delete;
+	grid_counter &operator=(const grid_counter &) = delete;
+	~grid_counter() { CHECK(cudaFree(count_)); }
+
+	/* Before each launch. */
+	void reset() { CHECK(cudaMemset(count_, 0, sizeof(unsigned int))); }
+	grid_barrier barrier() const { return grid_barrier{count_, 0}; }
+
+private:
+	unsigned int *count_ = nullptr;
+};
+
+/* sqrt(sum (got - want)^2 / sum want^2) in double; NaN in @got never compares as small. */
+template <typename G, typename W>
+double relative_error(const G *got, const W *want, size_t n)
+{
+	double err = 0, ref = 0;
+	for (size_t i = 0; i < n; i++) {
+		const double d = (double)got[i] - (double)want[i];
+		err += d * d;
+		ref += (double)want[i] * (double)want[i];
+	}
+	return ref > 0 ? std::sqrt(err / ref) : std::sqrt(err);
+}
+
+/* One forward channel of an alternating application: @streams streams, as producer's blocks. */
+struct forward_spec {
+	uint32_t streams;
+	uint32_t generations;
+	uint32_t message_bytes;
+	uint32_t warps;
+};
+
+/* Its results: @generations of @slot_bytes in @parts; streaming runs keep @ring slots. */
+struct back_spec {
+	uint32_t generations;
+	uint64_t slot_bytes;
+	uint32_t parts;
+	uint32_t ring;
+};
+
+/* Every batch a run sent: channel c's item (b, g) at items[c][b * generations + g]. */
+struct recording {
+	std::vector<forward_spec> specs;
+	std::vector<std::vector<std::vector<uint8_t>>> items;
+
+	explicit recording(const std::vector<forward_spec> &s) : specs(s), items(s.size())
+	{
+		for (size_t c = 0; c < s.size(); c++)
+			items[c].resize((size_t)s[c].streams * s[c].generations);
+	}
+	size_t batch_bytes(uint32_t c) const { return (size_t)specs[c].warps * specs[c].message_bytes; }
+	std::vector<uint8_t> &item(uint32_t c, uint32_t b, uint32_t g)
+	{
+		return items[c][(size_t)b * specs[c].generations + g];
+	}
+};
+
+/*
+ * host_io - what an application's host side sends and receives through. In a run it publishes
+ * (keeping a copy of every batch when recording) and waits for results; in the replay after a
+ * no-wait run it compares what the host would send with what the kernel was given, and reads
+ * the results the kernel left.
+ */
+class host_io {
+public:
+	host_io(std::vector<std::unique_ptr<producer>> *fwd, const back_channel *back, recording *rec)
+		: fwd_(fwd), back_(back), rec_(rec), replay_(false)
+	{
+	}
+	host_io(recording *rec, const back_channel *back) : back_(back), rec_(rec), replay_(true) {}
+
+	/* Sends item (b, g) of forward channel @c; @fill writes its batch. */
+	void send(uint32_t c, uint32_t b, uint32_t g, const std::function<void(uint8_t *)> &fill)
+	{
+		if (replay_) {
+			compare(c, b, g, fill);
+			return;
+		}
+		(*fwd_)[c]->publish(b, g, [&](uint8_t *buf) {
+			fill(buf);
+			if (rec_)
+				rec_->item(c, b, g).assign(buf, buf + rec_->batch_bytes(c));
+		});
+	}
+
+	/* Part @part of result generation @g, once the kernel wrote it: the generation's slot. */
+	const uint8_t *result(uint32_t g, uint32_t part)
+	{
+		if (!replay_)
+			return back_->wait(g, part);
+		missing_ |= !back_->ready(g, part);
+		return back_->slot(g);
+	}
+
+	/* Replay: the largest relative difference of a batch from its recording; NaN if a result was missing. */
+	double replay_error() const { return missing_ ? NAN : worst_; }
+
+private:
+	void compare(uint32_t c, uint32_t b, uint32_t g, const std::function<void(uint8_t *)> &fill)
+	{
+		const std::vector<uint8_t> &want = rec_->item(c, b, g);
+		scratch_.assign(rec_->batch_bytes(c), 0);
+		fill(scratch_.data());
+		const float *got = reinterpret_cast<const float *>(scratch_.data());
+		double d = NAN;
+		if (want.size() == scratch_.size() && !memcmp(want.data(), scratch_.data(), want.size()))
+			d = 0.0;
+		else if (want.size() == scratch_.size())
+			d = relative_error(got, reinterpret_cast<const float *>(want.data()), want.size() / sizeof(float));
+		if (!std::isnan(worst_) && !(d <= worst_))
+			worst_ = d;
+	}
+
+	std::vector<std::unique_ptr<producer>> *fwd_ = nullptr;
+	const back_channel *back_;
+	recording *rec_;
+	bool replay_;
+	bool missing_ = false;
+	double worst_ = 0;
+	std::vector<uint8_t> scratch_;
+};
+
+/*
+ * alternating - an application whose host side needs the kernel's results before it can send
+ * its next messages (the WIC paper's alternating and multiple communication models).
+ */
+struct alternating {
+	std::vector<forward_spec> forward;
+	back_spec back;
+	/*
+	 * Before each run, untimed: the kernel's device state as at the start. The kernel's stream
+	 * does not wait for the default stream, so exchange() waits for the device after it.
+	 */
+	std::function<void()> reset;
+	/* Starts the kernel on @stream; @fwd holds one channel per forward spec. */
+	std::function<void(const std::vector<app::forward> &fwd, const back_view &back, cudaStream_t stream)> launch;
+	/* The host's side of a run, from its first message to its last result. */
+	std::function<void(host_io &io)> host;
+};
+
+struct exchange_timing {
+	double total_ms;
+	/* no-wait: host_io::replay_error() of the replay; 0 otherwise */
+	double replay_error;
+};
+
+namespace detail {
+
+inline void reset(const alternating &a)
+{
+	a.reset();
+	CHECK(cudaDeviceSynchronize());
+}
+
+/* One push or poll run of @a, timed from the launch to the end of the host side and kernel. */
+inline double exchange_run(mode m, const alternating &a, recording *rec)
+{
+	reset(a);
+	std::vector<std::unique_ptr<producer>> fwd;
+	std::vector<forward> views;
+	for (const forward_spec &f : a.forward) {
+		fwd.emplace_back(new producer(m, f.streams, f.generations, f.message_bytes, f.warps));
+		views.push_back(fwd.back()->view());
+	}
+	back_channel back(a.back.ring, a.back.slot_bytes, a.back.parts);
+	host_io io(&fwd, &back, rec);
+	cudaStream_t kernel_stream;
+	CHECK(cudaStreamCreateWithFlags(&kernel_stream, cudaStreamNonBlocking));
+	const auto start = std::chrono::steady_clock::now();
+	a.launch(views, back.view(), kernel_stream);
+	CHECK(cudaGetLastError());
+	a.host(io);
+	CHECK(cudaStreamSynchronize(kernel_stream));
+	for (auto &p : fwd)
+		p->flush();
+	const auto end = std::chrono::steady_clock::now();
+	CHECK(cudaStreamDestroy(kernel_stream));
+	return ms_between(start, end);
+}
+
+} /* namespace detail */
+
+/*
+ * exchange() - runs @a once in mode @m.
+ * push, poll: the kernel starts and the host side runs against it.
+ * nowait: the host's messages depend on the kernel's earlier results, so a first, untimed push
+ * run records them; then all of them are published before the kernel starts and the kernel
+ * alone is timed (a lower bound: no waiting, no host work). The host side is then replayed
+ * against the results the kernel left, and must send what was recorded.
+ */
+inline exchange_timing exchange(mode m, const alternating &a)
+{
+	if (m != mode::nowait)
+		return exchange_timing{detail::exchange_run(m, a, nullptr), 0.0};
+	recording rec(a.forward);
+	detail::exchange_run(mode::push, a, &rec);
+	detail::reset(a);
+	std::vector<std::unique_ptr<producer>> fwd;
+	std::vector<forward> views;
+	for (uint32_t c = 0; c < a.forward.size(); c++) {
+		const forward_spec &f = a.forward[c];
+		fwd.emplace_back(new producer(mode::nowait, f.streams, f.generations, f.message_bytes, f.warps));
+		views.push_back(fwd.back()->view());
+		for (uint32_t g = 0; g < f.generations; g++)
+			for (uint32_t b = 0; b < f.streams; b++)
+				fwd.back()->publish(b, g, [&](uint8_t *buf) {
+					const std::vector<uint8_t> &item = rec.item(c, b, g);
+					if (item.empty()) /* never sent, so never needed */
+						memset(buf, 0, rec.batch_bytes(c));
+					else
+						memcpy(buf, item.data(), item.size());
+				});
+		fwd.back()->flush();
+	}
+	back_channel back(a.back.generations, a.back.slot_bytes, a.back.parts);
+	cudaStream_t kernel_stream;
+	CHECK(cudaStreamCreateWithFlags(&kernel_stream, cudaStreamNonBlocking));
+	const auto launched = std::chrono::steady_clock::now();
+	a.launch(views, back.view(), kernel_stream);
+	CHECK(cudaGetLastError());
+	CHECK(cudaStreamSynchronize(kernel_stream));
+	const auto end = std::chrono::steady_clock::now();
+	CHECK(cudaStreamDestroy(kernel_stream));
+	host_io io(&rec, &back);
+	a.host(io);
+	return exchange_timing{ms_between(launched, end), io.replay_error()};
 }
 
 inline double median(std::vector<double> v)
 {
 	std::sort(v.begin(), v.end());
 	return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+/* Prints an application's line: NAME MODE PARAMS median_ms=... min_ms=... max_ms=... correct=... */
+inline void report(const char *name, mode m, const std::string &params, const std::vector<double> &times,
+		   bool correct)
+{
+	printf("%s %s %s median_ms=%.3f min_ms=%.3f max_ms=%.3f correct=%s\n", name, mode_name(m), params.c_str(),
+	       median(times), *std::min_element(times.begin(), times.end()),
+	       *std::max_element(times.begin(), times.end()), correct ? "yes" : "no");
 }
 
 } /* namespace app */

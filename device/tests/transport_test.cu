@@ -67,6 +67,8 @@ void delivery(app::mode mode)
 	CHECK(cudaMalloc(&status, sizeof(int)));
 	CHECK(cudaMemset(out, 0xa5, bytes));
 	CHECK(cudaMemset(status, 0, sizeof(int)));
+	/* The kernel runs on a non-blocking stream, which does not wait for these. */
+	CHECK(cudaDeviceSynchronize());
 	auto pattern = [](uint32_t b, uint32_t g, uint32_t i) { return (uint8_t)(b * 131 + g * 7 + i * 13 + 1); };
 	auto fill = [&](uint32_t b, uint32_t g, uint8_t *buf) {
 		for (uint32_t i = 0; i < warps * message_bytes; i++)
