@@ -36,6 +36,8 @@ pub struct ServiceConfig {
     pub socket_group: String,
     pub backend: BackendChoice,
     pub device: PathBuf,
+    /// nvidia-uvm's tools node, through which the emulated backend observes real GPU faults.
+    pub uvm_tools: PathBuf,
     pub log_level: String,
 }
 
@@ -47,6 +49,7 @@ impl Default for ServiceConfig {
             socket_group: "wic".into(),
             backend: BackendChoice::Auto,
             device: "/dev/wic".into(),
+            uvm_tools: "/dev/nvidia-uvm-tools".into(),
             log_level: "info".into(),
         }
     }
@@ -212,8 +215,8 @@ impl Config {
         if (&old.socket, &old.socket_mode, &old.socket_group) != (&next.socket, &next.socket_mode, &next.socket_group) {
             changed.push("service.socket*");
         }
-        if (old.backend, &old.device) != (next.backend, &next.device) {
-            changed.push("service.backend/device");
+        if (old.backend, &old.device, &old.uvm_tools) != (next.backend, &next.device, &next.uvm_tools) {
+            changed.push("service.backend/device/uvm_tools");
         }
         changed
     }

@@ -68,7 +68,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|e| format!("tokio runtime: {e}"))?;
-    let (handle, fast_path) = dataplane::spawn(config.engine(), backend)?;
+    let (handle, fast_path) = dataplane::spawn(config.engine(), backend, &config.service.uvm_tools)?;
     let result = runtime.block_on(serve(args, config, level, handle, name, gpus));
     fast_path.join().map_err(|_| "the fast path panicked".to_string())?;
     result

@@ -237,13 +237,31 @@ int wic_channel_create(wic_client *client, const struct wic_channel_spec *spec, 
  * @uvm_fd: the process's open /dev/nvidia-uvm descriptor (the CUDA runtime's)
  * @space: receives the space id; may be NULL
  *
- * Needed on the shim backend before wic_channel_create_at(). One space per session; it is
- * detached when the session ends.
+ * Needed on the shim backend before wic_channel_create_at(). On the emulated backend, on a
+ * machine with an NVIDIA GPU (the stock driver's /dev/nvidia-uvm-tools), wicd observes the
+ * space's GPU faults instead: see wic_watch_range(). One space per session; it is detached
+ * when the session ends. CUDA opens /dev/nvidia-uvm more than once: only the file of the
+ * address space is accepted, so try each until one is.
  *
- * Return: WIC_OK; WIC_EUNSUPPORTED on the emulated backend; WIC_EBUSY if this session or
- * another attached the space already; WIC_EINVALID if @uvm_fd is not a UVM file.
+ * Return: WIC_OK; WIC_EUNSUPPORTED on the emulated backend without a GPU; WIC_EBUSY if this
+ * session or another attached the space already; WIC_EINVALID if @uvm_fd is not the
+ * initialized UVM file of an address space.
  */
 int wic_attach_space(wic_client *client, int uvm_fd, uint32_t *space);
+
+/**
+ * wic_watch_range() - have wicd count and time the GPU faults on some pages
+ * @client: the session, with its space attached by wic_attach_space()
+ * @base_va: start of the pages
+ * @length: bytes
+ *
+ * For the emulated backend on a GPU with the stock driver: the faults the driver services on
+ * these pages, and the time from each to the replay of its batch, show in `wicctl stats`.
+ *
+ * Return: WIC_OK; WIC_EINVALID without an attached space or for an empty range;
+ * WIC_EUNSUPPORTED on the shim backend (it holds its channels' faults itself).
+ */
+int wic_watch_range(wic_client *client, uint64_t base_va, uint64_t length);
 
 /**
  * wic_placement_bytes() - managed memory a channel of @spec is placed in

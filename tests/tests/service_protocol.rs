@@ -35,7 +35,7 @@ fn create(client: &mut Client, slots: u32) -> (u32, Vec<FdKind>) {
 
 fn stats(client: &mut Client) -> Stats {
     match client.call(&Request::Stats).expect("stats") {
-        Reply::Stats(stats) => stats,
+        Reply::Stats(stats) => *stats,
         other => panic!("unexpected {other:?}"),
     }
 }
@@ -230,7 +230,7 @@ fn channels_on_missing_gpus_or_with_gpu_producers_are_refused_clearly() {
 
 #[test]
 fn descriptors_come_only_with_attach_space_and_the_emulated_backend_has_no_spaces() {
-    let mut daemon = Daemon::start("spaces", "");
+    let mut daemon = Daemon::start("spaces", "[service]\nuvm_tools = \"/nonexistent/nvidia-uvm-tools\"\n");
     let mut client = connect(&daemon);
     let file = std::fs::File::open("/dev/null").expect("/dev/null");
     let fd = std::os::fd::AsFd::as_fd(&file);
@@ -245,9 +245,12 @@ fn descriptors_come_only_with_attach_space_and_the_emulated_backend_has_no_space
     assert_eq!(refused_passing(&mut client, &Request::AttachSpace, &[fd, fd]), ErrorCode::Invalid, "two");
     let many = [fd; 200];
     assert_eq!(refused_passing(&mut client, &Request::AttachSpace, &many), ErrorCode::Invalid, "200");
+    // No /dev/wic and no nvidia-uvm-tools: nothing to place channels in, no faults to observe.
     assert_eq!(refused_passing(&mut client, &Request::AttachSpace, &[fd]), ErrorCode::Unsupported);
     let placed = Request::CreateChannel { spec: spec(1, 64), base_va: Some(1 << 30) };
     assert_eq!(refused(client.call(&placed)), ErrorCode::Invalid, "base_va without an attached space");
+    let watch = Request::Watch { base_va: 1 << 30, length: 4096 };
+    assert_eq!(refused(client.call(&watch)), ErrorCode::Invalid, "watch without an attached space");
     // Nothing leaked into the next request, no descriptor stayed open, and the daemon serves.
     assert_eq!(create(&mut client, 1).1.len(), 4);
     assert!(daemon.alive());

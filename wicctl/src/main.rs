@@ -157,7 +157,7 @@ impl Session {
 
     fn stats(&mut self) -> Result<Stats, Failure> {
         match self.call(&Request::Stats)? {
-            Reply::Stats(stats) => Ok(stats),
+            Reply::Stats(stats) => Ok(*stats),
             other => Err(self.unexpected("stats", &other)),
         }
     }
@@ -406,7 +406,7 @@ mod tests {
         fake_daemon(name, move |request| {
             assert_eq!(request, &Request::Stats);
             let n = served.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-            Response::Ok(Reply::Stats(Stats { faults_completed: 10 * n, ..Stats::default() }))
+            Response::Ok(Reply::Stats(Box::new(Stats { faults_completed: 10 * n, ..Stats::default() })))
         })
     }
 
@@ -437,7 +437,7 @@ mod tests {
     #[test]
     fn metrics_and_refusals_through_a_daemon() {
         let path = fake_daemon("metrics", |request| match request {
-            Request::Stats => Response::Ok(Reply::Stats(Stats { replays: 77, ..Stats::default() })),
+            Request::Stats => Response::Ok(Reply::Stats(Box::new(Stats { replays: 77, ..Stats::default() }))),
             Request::Status => Response::Ok(Reply::Status(Status {
                 version: "9.9.9".into(),
                 protocol: 1,

@@ -42,7 +42,7 @@ struct Scalar {
 
 /// Every scalar field of `s`, in the order of the human form. Listing them once keeps the human
 /// and Prometheus forms from drifting apart.
-fn scalars(s: &Stats) -> [Scalar; 17] {
+fn scalars(s: &Stats) -> [Scalar; 23] {
     use Kind::{Counter, Gauge};
     let row = |group, name, kind, help, value: u64| Scalar { group, name, kind, help, value };
     [
@@ -79,6 +79,12 @@ fn scalars(s: &Stats) -> [Scalar; 17] {
             "Longest run of contiguous free pool pages.",
             u64::from(s.pool_longest_free_run),
         ),
+        row("uvm", "uvm_spaces", Gauge, "Address spaces observed through nvidia-uvm-tools.", u64::from(s.uvm_spaces)),
+        row("uvm", "uvm_faults_watched", Counter, "Observed GPU faults on watched pages.", s.uvm_faults_watched),
+        row("uvm", "uvm_faults_other", Counter, "Observed GPU faults on other pages.", s.uvm_faults_other),
+        row("uvm", "uvm_replays", Counter, "Fault replays the driver reported.", s.uvm_replays),
+        row("uvm", "uvm_faults_unpaired", Counter, "Watched faults whose replay was not seen.", s.uvm_faults_unpaired),
+        row("uvm", "uvm_events_dropped", Counter, "Fault events the driver dropped (queue full).", s.uvm_events_dropped),
         row("service", "channels", Gauge, "Channels open.", u64::from(s.channels)),
         row("service", "clients", Gauge, "Clients connected.", u64::from(s.clients)),
     ]
@@ -270,10 +276,16 @@ pub fn stats(s: &Stats, completed_per_sec: Option<f64>) -> String {
     let mut sections: Vec<(&str, Vec<(String, String)>)> = Vec::new();
     for scalar in scalars(s) {
         if sections.last().map(|(group, _)| *group) != Some(scalar.group) {
-            // Latency and batches come between the pool and the service sections.
-            if scalar.group == "service" {
+            // Latency and batches come between the pool and the uvm sections, the observed
+            // latencies at the end of the uvm section.
+            if scalar.group == "uvm" {
                 sections.push(("latency", histogram_rows("wake_latency", &s.wake_latency_ns, human_ns)));
                 sections.push(("batches", histogram_rows("batch_sizes", &s.batch_sizes, human_count)));
+            }
+            if scalar.group == "service" {
+                let rows = &mut sections.last_mut().expect("the uvm section").1;
+                rows.extend(histogram_rows("uvm_fault_latency", &s.uvm_fault_latency_ns, human_ns));
+                rows.extend(histogram_rows("uvm_fault_gpu_latency", &s.uvm_fault_gpu_latency_ns, human_ns));
             }
             sections.push((scalar.group, Vec::new()));
         }
@@ -392,6 +404,22 @@ pub fn metrics(s: &Stats, status: &Status) -> String {
     );
     histogram(
         &mut out,
+        "wic_uvm_fault_latency_seconds",
+        "Observed GPU fault: fetched by the driver to the replay of its batch (CPU clock).",
+        &s.uvm_fault_latency_ns,
+        Unit::Seconds,
+        LATENCY_EXPORTED_BUCKETS,
+    );
+    histogram(
+        &mut out,
+        "wic_uvm_fault_gpu_latency_seconds",
+        "Observed GPU fault: written by the GPU to its replay done (GPU clock).",
+        &s.uvm_fault_gpu_latency_ns,
+        Unit::Seconds,
+        LATENCY_EXPORTED_BUCKETS,
+    );
+    histogram(
+        &mut out,
         "wic_batch_size",
         "Entries per fetched fault batch.",
         &s.batch_sizes,
@@ -478,6 +506,15 @@ mod tests {
             replays: 1012,
             channels: 2,
             clients: 3,
+            uvm_spaces: 1,
+            uvm_faults_watched: 1013,
+            uvm_faults_other: 1014,
+            uvm_replays: 1015,
+            uvm_faults_unpaired: 1016,
+            uvm_events_dropped: 1017,
+            // Values 40_000 and 50_000 ns.
+            uvm_fault_latency_ns: Histogram { count: 2, sum: 90_000, max: 50_000, buckets: vec![[65535, 2]] },
+            uvm_fault_gpu_latency_ns: Histogram { count: 1, sum: 30_000, max: 30_000, buckets: vec![[32767, 1]] },
         }
     }
 
@@ -703,7 +740,7 @@ mod tests {
         let sample = sample_stats();
         let text = stats(&sample, Some(12.5));
         let sections: Vec<&str> = text.lines().filter(|l| !l.starts_with(' ')).collect();
-        assert_eq!(sections, ["faults", "monitor", "pool", "latency", "batches", "service"]);
+        assert_eq!(sections, ["faults", "monitor", "pool", "latency", "batches", "uvm", "service"]);
         let rows: BTreeMap<&str, &str> = text
             .lines()
             .filter(|l| l.starts_with(' '))
@@ -724,6 +761,10 @@ mod tests {
         assert_eq!(rows["batch_sizes_mean"], "1.7");
         assert_eq!(rows["batch_sizes_p50"], "1");
         assert_eq!(rows["batch_sizes_max"], "3");
+        assert_eq!(rows["uvm_fault_latency_count"], "2");
+        assert_eq!(rows["uvm_fault_latency_mean"], "45.00 µs");
+        assert_eq!(rows["uvm_fault_latency_max"], "50.00 µs");
+        assert_eq!(rows["uvm_fault_gpu_latency_p50"], "30.00 µs");
         // Values line up on the right.
         let ends: HashSet<usize> = text.lines().filter(|l| l.starts_with(' ')).map(|l| l.chars().count()).collect();
         assert_eq!(ends.len(), 1, "{text}");

@@ -5,7 +5,9 @@
 //! - [`uring`]: command batches through io_uring `IORING_OP_URING_CMD`;
 //! - [`commands`]: the engine's commands turned into [`wic_proto::kabi::WicCommand`]s;
 //! - [`backend`]: all of it behind the engine: ring records in, command batches out;
-//! - [`fakegpu`]: the test module that stands in for nvidia-uvm.
+//! - [`fakegpu`]: the test module that stands in for nvidia-uvm;
+//! - [`uvmtools`]: an application's GPU faults seen through the stock driver's UVM tools
+//!   interface (`/dev/nvidia-uvm-tools`), with no patched driver.
 //!
 //! The ABI itself is `ffi/include/wic_abi.h`, seen from Rust as [`wic_proto::kabi`].
 
@@ -15,9 +17,11 @@ pub mod device;
 pub mod fakegpu;
 pub mod ring;
 pub mod uring;
+pub mod uvmtools;
 
 pub use backend::{Executed, PlacedChannel, ShimBackend, Submission};
 pub use commands::{CommandError, Placement, Translator};
 pub use device::{Device, DeviceError};
 pub use ring::{FaultRing, Record, RingError};
 pub use uring::UringSubmitter;
+pub use uvmtools::{Event, EventTracker, FaultStats, UvmToolsError};

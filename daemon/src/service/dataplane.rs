@@ -26,6 +26,7 @@ use wic_proto::shm::{ChannelState, ConsumerLayout, ConsumerRegion, ProducerLayou
 
 use super::emulated::{EmulatedChannel, EmulatedGpus};
 use super::gpus::{Executed, ExecutionLog};
+use super::observe::Observer;
 use super::shim::ShimGpus;
 
 /// io_uring user data of the control doorbell's read.
@@ -34,6 +35,9 @@ const WAKE_TOKEN: u64 = 0;
 const CANCEL_TOKEN: u64 = u64::MAX;
 /// io_uring user data of the poll of the shim's fault ring.
 const RING_TOKEN: u64 = u64::MAX - 1;
+/// io_uring user data of the polls of observed spaces' event queues: this bit, ORed with the
+/// space id (doorbell tokens count up from 1 and never reach it).
+const OBSERVER_TOKEN: u64 = 1 << 62;
 const RING_ENTRIES: u32 = 256;
 
 /// The GPU backend the fast path drives.
@@ -58,6 +62,8 @@ pub enum Control {
     AttachSpace { uvm: OwnedFd, reply: oneshot::Sender<Result<u32, WireError>> },
     /// Detaches a space once its connection's channels are destroyed.
     DetachSpace { space: u32, reply: oneshot::Sender<()> },
+    /// Watches `start..end` of an observed space (emulated backend).
+    Watch { space: u32, start: u64, end: u64, reply: oneshot::Sender<Result<(), WireError>> },
     Destroy { channel: u32, reply: oneshot::Sender<Result<(), WireError>> },
     Publish { channel: u32, slot: u32, reply: oneshot::Sender<Result<(), WireError>> },
     Snapshot { reply: oneshot::Sender<Snapshot> },
@@ -207,6 +213,7 @@ impl Gpus {
 struct Dataplane {
     engine: Engine,
     backend: Gpus,
+    observer: Observer,
     ring: IoUring,
     control: Receiver<Control>,
     wake: Arc<EventFd>,
@@ -222,8 +229,13 @@ struct Dataplane {
     completions: Vec<(u64, i32)>,
 }
 
-/// Starts the fast path on `backend`.
-pub fn spawn(config: EngineConfig, backend: Backend) -> Result<(DataplaneHandle, std::thread::JoinHandle<()>), String> {
+/// Starts the fast path on `backend`; `uvm_tools` is nvidia-uvm's tools node, through which
+/// the emulated backend observes real GPU faults where there is a GPU.
+pub fn spawn(
+    config: EngineConfig,
+    backend: Backend,
+    uvm_tools: &std::path::Path,
+) -> Result<(DataplaneHandle, std::thread::JoinHandle<()>), String> {
     let engine = Engine::new(config).map_err(|e| format!("engine configuration: {e}"))?;
     let backend = match backend {
         Backend::Emulated { gpus } => Gpus::Emulated { gpus: EmulatedGpus::default(), count: gpus },
@@ -237,6 +249,7 @@ pub fn spawn(config: EngineConfig, backend: Backend) -> Result<(DataplaneHandle,
     let mut dataplane = Dataplane {
         engine,
         backend,
+        observer: Observer::new(uvm_tools),
         ring,
         control,
         wake: wake.clone(),
@@ -290,6 +303,13 @@ impl Dataplane {
     fn arm_ring(&mut self) -> io::Result<()> {
         let Gpus::Shim(shim) = &mut self.backend else { return Ok(()) };
         let poll = opcode::PollAdd::new(types::Fd(shim.ring_fd()), libc::POLLIN as u32).build().user_data(RING_TOKEN);
+        self.push(poll)
+    }
+
+    /// Polls an observed space's event queue (one-shot, re-armed after each completion).
+    fn arm_observer(&mut self, space: u32) -> io::Result<()> {
+        let Some(fd) = self.observer.fd(space) else { return Ok(()) };
+        let poll = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32).build().user_data(OBSERVER_TOKEN | u64::from(space));
         self.push(poll)
     }
 
@@ -352,6 +372,18 @@ impl Dataplane {
                 WAKE_TOKEN => {
                     if let Err(e) = self.arm_wake() {
                         tracing::error!("fast path: cannot re-arm the control doorbell: {e}");
+                    }
+                }
+                token if token & OBSERVER_TOKEN != 0 && token != RING_TOKEN => {
+                    let space = token as u32;
+                    if result < 0 && result != -libc::ECANCELED {
+                        tracing::warn!(space, "polling the observed space failed: {}", io::Error::from_raw_os_error(-result));
+                    }
+                    if result != -libc::ECANCELED {
+                        self.observer.drain(space);
+                        if let Err(e) = self.arm_observer(space) {
+                            tracing::error!(space, "cannot re-arm the observed space's poll: {e}");
+                        }
                     }
                 }
                 RING_TOKEN => {
@@ -456,18 +488,33 @@ impl Dataplane {
                 Ok(Control::AttachSpace { uvm, reply }) => {
                     let attached = match &mut self.backend {
                         Gpus::Shim(shim) => shim.attach(uvm),
-                        Gpus::Emulated { .. } => Err(WireError::new(
-                            ErrorCode::Unsupported,
-                            "the emulated backend has no GPU address spaces to attach",
-                        )),
+                        Gpus::Emulated { .. } => self.observe(uvm),
                     };
                     let _ = reply.send(attached);
                 }
                 Ok(Control::DetachSpace { space, reply }) => {
-                    if let Gpus::Shim(shim) = &mut self.backend {
-                        shim.detach(space);
+                    match &mut self.backend {
+                        Gpus::Shim(shim) => shim.detach(space),
+                        Gpus::Emulated { .. } => {
+                            if self.observer.detach(space) {
+                                let cancel = opcode::AsyncCancel::new(OBSERVER_TOKEN | u64::from(space)).build().user_data(CANCEL_TOKEN);
+                                if let Err(e) = self.push(cancel) {
+                                    tracing::error!(space, "cannot cancel the observed space's poll: {e}");
+                                }
+                            }
+                        }
                     }
                     let _ = reply.send(());
+                }
+                Ok(Control::Watch { space, start, end, reply }) => {
+                    let watched = match &self.backend {
+                        Gpus::Emulated { .. } => self.observer.watch(space, start, end),
+                        Gpus::Shim(_) => Err(WireError::new(
+                            ErrorCode::Unsupported,
+                            "the shim backend holds the faults of its channels itself: nothing to watch",
+                        )),
+                    };
+                    let _ = reply.send(watched);
                 }
                 Ok(Control::Destroy { channel, reply }) => {
                     let _ = reply.send(self.destroy(channel));
@@ -490,6 +537,16 @@ impl Dataplane {
                 }
             }
         }
+    }
+
+    /// Observes an application's address space (emulated backend on a GPU machine).
+    fn observe(&mut self, uvm: OwnedFd) -> Result<u32, WireError> {
+        let space = self.observer.attach(uvm)?;
+        if let Err(e) = self.arm_observer(space) {
+            self.observer.detach(space);
+            return Err(WireError::new(ErrorCode::Io, format!("cannot poll the observed space: {e}")));
+        }
+        Ok(space)
     }
 
     fn create(&mut self, spec: ChannelSpec, placement: Option<Placement>) -> Result<Created, WireError> {
@@ -635,7 +692,7 @@ impl Dataplane {
         let overflows = overflows + self.counters.closed_overflows;
         let s = self.engine.stats();
         let pool = self.engine.pool();
-        let stats = Stats {
+        let mut stats = Stats {
             faults_captured: s.entries,
             faults_held: s.held,
             faults_completed: s.delivered,
@@ -655,11 +712,14 @@ impl Dataplane {
             replays: self.counters.replays,
             channels: self.engine.channel_count() as u32,
             clients: 0,
+            ..Stats::default()
         };
+        self.observer.report(&mut stats);
         Snapshot { stats, channels: self.counters.channels.clone(), held: self.engine.held() }
     }
 }
 
-fn histogram(h: &wic_engine::Histogram) -> Histogram {
+/// The wire form of an engine histogram.
+pub fn histogram(h: &wic_engine::Histogram) -> Histogram {
     Histogram { count: h.count(), sum: h.sum(), max: h.max(), buckets: h.buckets().map(|(le, n)| [le, n]).collect() }
 }

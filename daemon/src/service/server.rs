@@ -323,6 +323,14 @@ async fn handle(shared: &Shared, conn: ConnId, peer: Peer, request: Request, fds
         }
         Request::CreateChannel { spec, base_va } => create(shared, conn, peer, spec, base_va).await,
         Request::AttachSpace => attach_space(shared, conn, peer, fds).await,
+        Request::Watch { base_va, length } => {
+            let space = shared.registry().spaces.get(&conn).copied();
+            let space = space.ok_or_else(|| error(ErrorCode::Invalid, "watch names pages of an attached address space: attach_space first"))?;
+            let end = base_va.checked_add(length).ok_or_else(|| error(ErrorCode::Invalid, "the range wraps around"))?;
+            shared.dataplane.ask(|reply| Control::Watch { space, start: base_va, end, reply }).await??;
+            tracing::info!(space, pid = peer.pid, "watching {length} bytes at {base_va:#x}");
+            Ok((Reply::Done, Vec::new()))
+        }
         Request::DestroyChannel { channel } => {
             owned(shared, conn, channel)?;
             shared.dataplane.ask(|reply| Control::Destroy { channel, reply }).await??;
@@ -398,7 +406,7 @@ async fn handle(shared: &Shared, conn: ConnId, peer: Peer, request: Request, fds
         Request::Stats => {
             let mut stats = shared.dataplane.ask(|reply| Control::Snapshot { reply }).await?.stats;
             stats.clients = shared.registry().clients.len() as u32;
-            Ok((Reply::Stats(stats), Vec::new()))
+            Ok((Reply::Stats(Box::new(stats)), Vec::new()))
         }
     }
 }

@@ -175,8 +175,9 @@ unsafe fn create(client: *mut Client, spec: *const WicChannelSpec, base_va: Opti
 }
 
 /// Attaches this process's GPU address space, given its UVM file descriptor (the one the CUDA
-/// runtime opened on `/dev/nvidia-uvm`), so channels can be placed in its managed memory
-/// (shim backend). Stores the space id in `*space` when `space` is not NULL.
+/// runtime opened on `/dev/nvidia-uvm`): channels can then be placed in its managed memory
+/// (shim backend), or its GPU faults are observed (emulated backend on a GPU machine). Stores
+/// the space id in `*space` when `space` is not NULL.
 ///
 /// # Safety
 /// `client` is a live handle; `space` is NULL or writable.
@@ -200,6 +201,19 @@ pub unsafe extern "C" fn wic_attach_space(client: *mut Client, uvm_fd: c_int, sp
             }
             Err(e) => err(e.code()),
         }
+    })
+}
+
+/// Has wicd count and time the GPU faults on `length` bytes at `base_va` of the attached space.
+///
+/// # Safety
+/// `client` is a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn wic_watch_range(client: *mut Client, base_va: u64, length: u64) -> c_int {
+    guard(|| {
+        // SAFETY: the caller guarantees `client` is NULL or live.
+        let Some(client) = (unsafe { client.as_ref() }) else { return WIC_EINVALID };
+        status(client.watch(base_va, length))
     })
 }
 

@@ -142,12 +142,22 @@ impl Client {
         self.create(spec, None)
     }
 
-    /// Attaches this process's GPU address space, given its UVM file (shim backend): the
-    /// daemon can then place channels in the process's managed memory. Returns the space id.
+    /// Attaches this process's GPU address space, given its UVM file: on the shim backend the
+    /// daemon can then place channels in the process's managed memory; on the emulated backend
+    /// with an NVIDIA GPU present it observes the space's GPU faults. Returns the space id.
     pub fn attach_space(&self, uvm: BorrowedFd<'_>) -> Result<u32, Error> {
         match self.conn.call_passing(&Request::AttachSpace, &[uvm])? {
             Reply::Space { space } => Ok(space),
             other => Err(Error::Protocol(format!("expected a space, got {other:?}"))),
+        }
+    }
+
+    /// Has wicd count and time the GPU faults on `[base_va, base_va + length)` of the attached
+    /// space (emulated backend on a GPU with the stock driver: the faults the driver services).
+    pub fn watch(&self, base_va: u64, length: u64) -> Result<(), Error> {
+        match self.conn.call(&Request::Watch { base_va, length })? {
+            Reply::Done => Ok(()),
+            other => Err(Error::Protocol(format!("expected done, got {other:?}"))),
         }
     }
 
@@ -188,7 +198,7 @@ impl Client {
     /// The daemon's statistics.
     pub fn stats(&self) -> Result<Stats, Error> {
         match self.conn.call(&Request::Stats)? {
-            Reply::Stats(stats) => Ok(stats),
+            Reply::Stats(stats) => Ok(*stats),
             other => Err(Error::Protocol(format!("expected stats, got {other:?}"))),
         }
     }
@@ -292,6 +302,8 @@ mod tests {
             replays: 18,
             channels: 19,
             clients: 20,
+            // Observed faults are wicctl's, not in struct wic_stats.
+            ..Stats::default()
         };
         let c = stats_to_abi(&stats);
         let words = [

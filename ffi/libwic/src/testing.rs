@@ -283,11 +283,11 @@ fn handle(state: &mut State, conn: u64, request: Request, fds: &mut Vec<RawFd>) 
             let (id, role) = *state.tokens.get(&token).ok_or_else(not_found)?;
             Ok(channel_reply(&state.channels[&id], role, fds))
         }
-        Request::Stats => Ok(Reply::Stats(Stats {
+        Request::Stats => Ok(Reply::Stats(Box::new(Stats {
             channels: state.channels.len() as u32,
             clients: state.conns.len() as u32,
             ..Stats::default()
-        })),
+        }))),
         other => Err(WireError::new(ErrorCode::Unsupported, format!("the fake daemon does not do {other:?}"))),
     }
 }

@@ -22,9 +22,14 @@ pub enum Request {
         base_va: Option<u64>,
     },
     /// Attaches this process's GPU address space (its UVM file, passed as `SCM_RIGHTS` with
-    /// the request's first byte) so its channels can be placed in it. Shim backend only; one
-    /// per connection, detached when the connection ends.
+    /// the request's first byte): on the shim backend its channels are placed in it; on the
+    /// emulated backend, where nvidia-uvm-tools exists (a GPU on the stock driver), wicd
+    /// observes its GPU faults instead. One per connection, detached when the connection ends.
     AttachSpace,
+    /// Counts and times the GPU faults on `[base_va, base_va + length)` of the observed space
+    /// (see [`Request::AttachSpace`]): pages an application's kernels fault on through the
+    /// stock driver.
+    Watch { base_va: u64, length: u64 },
     /// Destroys a channel this connection owns.
     DestroyChannel { channel: u32 },
     /// Issues a token that lets another process attach to a channel this connection owns.
@@ -223,6 +228,30 @@ pub struct Stats {
     pub replays: u64,
     pub channels: u32,
     pub clients: u32,
+    /// Address spaces whose GPU faults are observed through nvidia-uvm-tools now.
+    #[serde(default)]
+    pub uvm_spaces: u32,
+    /// Observed GPU faults on watched pages.
+    #[serde(default)]
+    pub uvm_faults_watched: u64,
+    /// Observed GPU faults elsewhere in the observed spaces.
+    #[serde(default)]
+    pub uvm_faults_other: u64,
+    /// Fault replays the driver reported.
+    #[serde(default)]
+    pub uvm_replays: u64,
+    /// Watched faults whose replay was never seen.
+    #[serde(default)]
+    pub uvm_faults_unpaired: u64,
+    /// Events the driver dropped because wicd's queue was full.
+    #[serde(default)]
+    pub uvm_events_dropped: u64,
+    /// Watched fault fetched by the driver to the replay of its batch, nanoseconds (CPU clock).
+    #[serde(default)]
+    pub uvm_fault_latency_ns: Histogram,
+    /// Watched fault written by the GPU to its replay done, nanoseconds (GPU clock).
+    #[serde(default)]
+    pub uvm_fault_gpu_latency_ns: Histogram,
 }
 
 /// A successful answer.
@@ -239,7 +268,7 @@ pub enum Reply {
     Done,
     Status(Status),
     Channels { channels: Vec<ChannelSummary> },
-    Stats(Stats),
+    Stats(Box<Stats>),
 }
 
 /// Every answer: `{"ok": …}` or `{"error": …}`.
@@ -443,6 +472,7 @@ mod reference {
                 base_va: None,
             },
             Request::AttachSpace,
+            Request::Watch { base_va: 0, length: 0 },
             Request::DestroyChannel { channel: 0 },
             Request::Grant { channel: 0, role: Role::Producer, uid: None },
             Request::Attach { token: String::new() },
