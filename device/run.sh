@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds and runs everything of device/ on a machine with an NVIDIA GPU (stock driver):
 # the CMake build and install, a project that finds the installed package, the transport test,
-# the applications in every mode (median of REPS runs each) and the calibration benchmarks.
+# the applications in every mode (median of REPS runs each), the inter-GPU applications where
+# there are two GPUs, and the calibration benchmarks.
 # Usage: device/run.sh [OUT_DIR] [REPS]    Results and logs go to OUT_DIR (default target/device).
 # Reads the GPU's state; never changes its settings.
 set -euo pipefail
@@ -36,6 +37,24 @@ for app in c_srs c_cg c_fe c_h3d; do
 		"$work/build/$app" "$mode" "$reps" | tee -a "$out/apps.txt" || failed+=("$app $mode")
 	done
 done
+
+echo "== inter-GPU applications (median of $reps runs)"
+gpus=$(nvidia-smi -L | grep -c '^GPU ' || true)
+if ((gpus >= 2)); then
+	: >"$out/apps-2gpu.txt"
+	for app in g_stn g_kmn; do
+		for mode in nowait push poll; do
+			# 77: the application found no two GPUs with peer access, and says so.
+			rc=0
+			"$work/build/$app" "$mode" "$reps" | tee -a "$out/apps-2gpu.txt" || rc=$?
+			if ((rc != 0 && rc != 77)); then
+				failed+=("$app $mode")
+			fi
+		done
+	done
+else
+	echo "skipped: nvidia-smi lists $gpus GPU(s), they need 2" | tee "$out/apps-2gpu.txt"
+fi
 
 echo "== calibration benchmarks"
 bash "$here/bench/run.sh" "$out/bench"

@@ -3,7 +3,10 @@
  * transport_test - wic.cuh on a GPU with the stock driver: push and poll deliver every byte of
  * every generation to the right warp; a wait past its timeout returns WIC_ETIMED_OUT; the fault
  * transport addresses each warp's message in the run of its generation and turns each error
- * marker into its code (its pages are ordinary device memory here, so nothing stalls).
+ * marker into its code (its pages are ordinary device memory here, so nothing stalls); a
+ * producer kernel delivers through push and poll peer channels, reusing each slot only after
+ * its consumers reported it consumed: on one GPU (producer and consumer kernels side by side),
+ * and from GPU 1 to GPU 0 where there are two with peer access.
  * Exits 0 when every check passed; prints one line per check.
  */
 #include <cstring>
@@ -55,6 +58,113 @@ __global__ void fault_probe(wic::channel ch, uint32_t generation, int *out)
 	int rc = wic::recv(ch, 0, generation, threadIdx.x / 32, &message);
 	if (threadIdx.x % 32 == 0)
 		out[threadIdx.x / 32] = rc == WIC_OK ? message[0] : rc;
+}
+
+__host__ __device__ inline uint8_t peer_pattern(uint32_t b, uint32_t g, uint32_t i)
+{
+	return (uint8_t)(b * 29 + g * 11 + i * 7 + 3);
+}
+
+/*
+ * The producer: block b writes generation g of slot b once its consumers are done with g - 1.
+ * After a failure (status set) nothing waits any more, so both kernels end.
+ */
+__global__ void peer_produce(wic::channel ch, uint32_t generations, uint64_t timeout_ns, int *status)
+{
+	const uint32_t b = blockIdx.x;
+
+	for (uint32_t g = 0; g < generations; g++) {
+		if (threadIdx.x == 0 && g > 0 && !*(volatile int *)status) {
+			const int rc = wic::wait_consumed(ch, b, g - 1, timeout_ns);
+			if (rc != WIC_OK)
+				*(volatile int *)status = rc;
+		}
+		__syncthreads();
+		uint8_t *batch = wic::slot_buffer(ch, b);
+		for (uint32_t i = threadIdx.x; i < ch.batch_bytes; i += blockDim.x)
+			batch[i] = peer_pattern(b, g, i);
+		__threadfence_system();
+		__syncthreads();
+		if (threadIdx.x == 0)
+			wic::publish(ch, b, g);
+	}
+}
+
+/* The consumers: warp w of block b copies its message of every generation of slot b to out. */
+__global__ void peer_consume(wic::channel ch, uint32_t generations, uint64_t timeout_ns, uint8_t *out, int *status)
+{
+	const uint32_t b = blockIdx.x, w = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+	for (uint32_t g = 0; g < generations; g++) {
+		const uint8_t *message;
+		const int gave_up = __shfl_sync(0xffffffff, lane == 0 && *(volatile int *)status, 0);
+		const int rc = wic::recv(ch, b, g, w, &message, gave_up ? 1 : timeout_ns);
+		if (rc != WIC_OK && lane == 0 && !gave_up)
+			*(volatile int *)status = rc;
+		uint8_t *dst = out + (((size_t)b * generations + g) * ch.warps_per_batch + w) * ch.message_bytes;
+		for (uint32_t i = lane; i < ch.message_bytes; i += 32)
+			dst[i] = message[i];
+		__syncthreads();
+		if (threadIdx.x == 0)
+			wic::consumed(ch, b, g);
+	}
+}
+
+/* A producer kernel on GPU @producer, consumers on GPU @consumer (possibly the same GPU). */
+void gpu_producer(wic::transport kind, int consumer, int producer)
+{
+	const uint32_t blocks = 8, generations = 32, peer_warps = 4;
+	const size_t batch = (size_t)peer_warps * message_bytes, bytes = blocks * generations * batch;
+	wic::peer_channel ch;
+	uint8_t *out;
+	int *status, rc;
+	cudaStream_t stream[2];
+	CHECK(ch.create(kind, consumer, producer, blocks, message_bytes, peer_warps));
+	for (int side = 0; side < 2; side++) {
+		/* Loaded before either starts: with lazy loading a launch may wait for the running kernel. */
+		cudaFuncAttributes attr;
+		CHECK(cudaSetDevice(side ? producer : consumer));
+		CHECK(cudaStreamCreateWithFlags(&stream[side], cudaStreamNonBlocking));
+		CHECK(cudaFuncGetAttributes(&attr, side ? (const void *)peer_produce : (const void *)peer_consume));
+	}
+	CHECK(cudaSetDevice(consumer));
+	CHECK(cudaMalloc(&out, bytes));
+	CHECK(cudaMalloc(&status, sizeof(int)));
+	CHECK(cudaMemset(out, 0xa5, bytes));
+	CHECK(cudaMemset(status, 0, sizeof(int)));
+	CHECK(cudaDeviceSynchronize());
+	const uint64_t timeout_ns = 2000000000;
+	peer_consume<<<blocks, peer_warps * 32, 0, stream[0]>>>(ch.device(), generations, timeout_ns, out, status);
+	CHECK(cudaGetLastError());
+	CHECK(cudaSetDevice(producer));
+	peer_produce<<<blocks, 128, 0, stream[1]>>>(ch.device(), generations, timeout_ns, status);
+	CHECK(cudaGetLastError());
+	for (int side = 0; side < 2; side++)
+		CHECK(cudaStreamSynchronize(stream[side]));
+	CHECK(cudaSetDevice(consumer));
+	std::vector<uint8_t> got(bytes);
+	CHECK(cudaMemcpy(got.data(), out, bytes, cudaMemcpyDeviceToHost));
+	CHECK(cudaMemcpy(&rc, status, sizeof(int), cudaMemcpyDeviceToHost));
+	size_t wrong = 0;
+	for (uint32_t b = 0; b < blocks; b++)
+		for (uint32_t g = 0; g < generations; g++)
+			for (uint32_t i = 0; i < batch; i++)
+				wrong += got[((size_t)b * generations + g) * batch + i] != peer_pattern(b, g, i);
+	char what[160];
+	snprintf(what, sizeof(what),
+		 "peer %s: a kernel on GPU %d delivers %u x %u batches to GPU %d byte for byte, slots reused after "
+		 "consumed() (%zu wrong, status %d)",
+		 kind == wic::transport::push ? "push" : "poll", producer, blocks, generations, consumer, wrong, rc);
+	check(wrong == 0 && rc == WIC_OK, what);
+	for (int side = 0; side < 2; side++) {
+		CHECK(cudaSetDevice(side ? producer : consumer));
+		CHECK(cudaStreamDestroy(stream[side]));
+	}
+	CHECK(cudaSetDevice(consumer));
+	CHECK(cudaFree(out));
+	CHECK(cudaFree(status));
+	ch.destroy();
+	CHECK(cudaSetDevice(0));
 }
 
 void delivery(app::mode mode)
@@ -162,6 +272,18 @@ int main()
 	timeout(wic::transport::push);
 	timeout(wic::transport::poll);
 	fault_addressing();
+	gpu_producer(wic::transport::push, 0, 0);
+	gpu_producer(wic::transport::poll, 0, 0);
+	int gpus = 0;
+	CHECK(cudaGetDeviceCount(&gpus));
+	const cudaError_t peer = gpus >= 2 ? wic::enable_peer_access(0, 1) : cudaErrorInvalidDevice;
+	if (peer == cudaSuccess) {
+		gpu_producer(wic::transport::push, 0, 1);
+		gpu_producer(wic::transport::poll, 0, 1);
+	} else {
+		printf("-- peer channels between two GPUs not checked: %d GPU(s)%s%s\n", gpus, gpus >= 2 ? ", " : "",
+		       gpus >= 2 ? cudaGetErrorString(peer) : "");
+	}
 	printf("%s: %d failed\n", failures ? "FAIL" : "PASS", failures);
 	return failures ? 1 : 0;
 }

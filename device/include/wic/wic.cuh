@@ -9,15 +9,26 @@
  * Three transports, chosen per channel:
  *  - fault: the batch's run is an unmapped managed page; reading it stalls the warp in hardware
  *    until wicd (shim backend, patched nvidia-uvm) writes the data, maps the run and replays.
- *    Needs the patched driver. The channel comes from libwic (wic_channel_create_at).
- *  - push: the producer's helper copies the data into device memory, then sets a device-local
- *    ready word in stream order; warps wait on that word with __nanosleep backoff, never across
- *    PCIe. Runs on the stock driver.
- *  - poll: the naive baseline (the WIC paper's Algorithm 1): warps spin without backoff on a
- *    ready word in pinned host memory, across PCIe; the data is in device memory.
+ *    Needs the patched driver. The channel comes from libwic (wic_channel_create_at). A GPU
+ *    producer of such a channel (WIC_PRODUCER_GPU) publishes by writing the slot's PAT page
+ *    (wic_slot_info::pat_va[generation % 2]), which wicd also sees as a fault: the patched
+ *    driver again. wic::publish() is not for fault channels.
+ *  - push: the producer's data goes into the consumer GPU's memory, then a ready word there
+ *    tells the slot's generation; warps wait on that word with __nanosleep backoff, never
+ *    across a link. A host producer copies and sets the word in stream order (host_channel); a
+ *    kernel on another GPU writes both over the peer link (peer_channel, wic::publish()). Runs
+ *    on the stock driver.
+ *  - poll: the naive baseline (the WIC paper's Algorithm 1): the data is in the consumer GPU's
+ *    memory, the ready word in the producer's (pinned host memory, or the producer GPU's
+ *    memory), and warps spin on it without backoff across PCIe or the peer link.
+ *
+ * A GPU producer learns that the consumers are done with a generation, so that it may write
+ * the slot again, through words in its own memory that the consumers set across the link
+ * (wic::consumed(), wic::wait_consumed()).
  *
  * Device code includes this header; host code uses wic::host_channel to create push and poll
- * channels and to publish, and wic::fault_channel() to wrap a libwic channel.
+ * channels with a host producer and to publish, wic::peer_channel for ones whose producer is a
+ * kernel on another GPU, and wic::fault_channel() to wrap a libwic channel.
  */
 #ifndef WIC_WIC_CUH
 #define WIC_WIC_CUH
@@ -44,8 +55,11 @@ constexpr unsigned push_max_sleep_ns = 2048;
  * @warps_per_batch: warps served by one generation of a slot
  * @batch_bytes: warps_per_batch * message_bytes
  * @runs: fault: device array of 2 * slots run addresses, runs[2 * s + g % 2]
- * @data: push, poll: device memory, slot s at data + s * batch_bytes
- * @ready: push (device memory), poll (pinned host memory): generations published per slot
+ * @data: push, poll: the consumer GPU's memory, slot s at data + s * batch_bytes
+ * @ready: generations published per slot: push (the consumer GPU's memory), poll (pinned host
+ *	memory for a host producer, the producer GPU's memory for a GPU producer)
+ * @consumed: GPU producers only (peer_channel; null otherwise): per slot, generations its
+ *	consumers are done with, in the producer GPU's memory
  */
 struct channel {
 	transport kind;
@@ -56,6 +70,7 @@ struct channel {
 	const uint64_t *runs;
 	const uint8_t *data;
 	const unsigned int *ready;
+	unsigned int *consumed;
 };
 
 #ifdef __CUDACC__
@@ -68,6 +83,11 @@ __device__ inline unsigned load_acquire(const unsigned int *word)
 
 	asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(value) : "l"(word) : "memory");
 	return value;
+}
+
+__device__ inline void store_release(unsigned int *word, unsigned value)
+{
+	asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(word), "r"(value) : "memory");
 }
 
 __device__ inline uint64_t load_volatile(const void *address)
@@ -102,22 +122,31 @@ __device__ inline int marker_status(uint64_t word)
 	}
 }
 
-/* Lane 0 waits until @slot has published @generation; WIC_ETIMED_OUT after @timeout_ns. */
-__device__ inline int wait_ready(const channel &ch, uint32_t slot, uint32_t generation, uint64_t timeout_ns)
+/*
+ * Waits until @word, which counts generations, passed @generation (with push's backoff if
+ * @backoff); WIC_ETIMED_OUT after @timeout_ns (0: never).
+ */
+__device__ inline int wait_past(const unsigned int *word, uint32_t generation, bool backoff, uint64_t timeout_ns)
 {
 	const uint64_t start = timeout_ns ? globaltimer() : 0;
 	unsigned sleep_ns = 32;
 
 	/* Wrapping difference: generations count modulo 2^32. */
-	while ((int)(load_acquire(&ch.ready[slot]) - generation) <= 0) {
+	while ((int)(load_acquire(word) - generation) <= 0) {
 		if (timeout_ns && globaltimer() - start > timeout_ns)
 			return WIC_ETIMED_OUT;
-		if (ch.kind == transport::push) {
+		if (backoff) {
 			__nanosleep(sleep_ns);
 			sleep_ns = sleep_ns < push_max_sleep_ns ? 2 * sleep_ns : push_max_sleep_ns;
 		}
 	}
 	return WIC_OK;
+}
+
+/* Lane 0 waits until @slot has published @generation; WIC_ETIMED_OUT after @timeout_ns. */
+__device__ inline int wait_ready(const channel &ch, uint32_t slot, uint32_t generation, uint64_t timeout_ns)
+{
+	return wait_past(&ch.ready[slot], generation, ch.kind == transport::push, timeout_ns);
 }
 
 } /* namespace detail */
@@ -163,14 +192,93 @@ __device__ inline int recv(const channel &ch, uint32_t slot, uint32_t generation
 	return status;
 }
 
+/*
+ * slot_buffer() - where a GPU producer writes the batch of @slot (push and poll channels)
+ * @ch: the channel
+ * @slot: the slot
+ *
+ * The slot's batch_bytes in the consumer GPU's memory; a producer on another GPU reaches them
+ * over the peer link. Warp w's message is at offset w * message_bytes.
+ */
+__device__ inline uint8_t *slot_buffer(const channel &ch, uint32_t slot)
+{
+	return const_cast<uint8_t *>(ch.data) + (uint64_t)slot * ch.batch_bytes;
+}
+
+/*
+ * publish() - a GPU producer marks generation @generation of @slot ready
+ * @ch: the channel (push or poll)
+ * @slot: the slot
+ * @generation: the generation, counted from 0 per slot; the one after the slot's last
+ *
+ * One thread calls it once the whole batch is written. Before it, every thread that wrote part
+ * of the batch executes __threadfence_system(), so its stores across the link are performed
+ * system-wide, and then meets the calling thread at a barrier (__syncthreads(), or
+ * __syncwarp() when one warp wrote the batch). publish() fences again and stores
+ * @generation + 1 to the slot's ready word with release semantics at system scope: a consumer
+ * whose acquire load sees it reads the batch. Before writing generation g > 0 of a slot, the
+ * producer waits for wait_consumed(ch, slot, g - 1).
+ *
+ * Return: WIC_OK; WIC_EUNSUPPORTED for a fault channel, whose GPU producer publishes by writing
+ * the slot's PAT page (needs the patched driver).
+ */
+__device__ inline int publish(const channel &ch, uint32_t slot, uint32_t generation)
+{
+	if (ch.kind == transport::fault)
+		return WIC_EUNSUPPORTED;
+	__threadfence_system();
+	detail::store_release(const_cast<unsigned int *>(&ch.ready[slot]), generation + 1);
+	return WIC_OK;
+}
+
+/*
+ * consumed() - the consumers are done with generation @generation of @slot
+ * @ch: the channel
+ * @slot: the slot
+ * @generation: the generation they read
+ *
+ * One thread calls it after every warp of the batch read its message for the last time (a
+ * __syncthreads() between those reads and this call when they are one block's warps). A
+ * release store at system scope of @generation + 1 to the slot's word in the producer GPU's
+ * memory: the producer that sees it (wait_consumed()) overwrites the slot only after those
+ * reads. Nothing to do for channels without a GPU producer (consumed is null).
+ */
+__device__ inline void consumed(const channel &ch, uint32_t slot, uint32_t generation)
+{
+	if (ch.consumed)
+		detail::store_release(&ch.consumed[slot], generation + 1);
+}
+
+/*
+ * wait_consumed() - a GPU producer waits until generation @generation of @slot is consumed
+ * @ch: the channel
+ * @slot: the slot
+ * @generation: the generation the producer is about to overwrite
+ * @timeout_ns: give up after this long (0: wait forever)
+ *
+ * One thread calls it; the others of its block write the slot after a __syncthreads() that
+ * follows it. The word is in this GPU's memory: the thread waits with push's backoff, an
+ * acquire load at system scope each time, so the block's stores come after the consumers' reads.
+ *
+ * Return: WIC_OK (at once for channels without consumed words); WIC_ETIMED_OUT.
+ */
+__device__ inline int wait_consumed(const channel &ch, uint32_t slot, uint32_t generation, uint64_t timeout_ns = 0)
+{
+	if (!ch.consumed)
+		return WIC_OK;
+	return detail::wait_past(&ch.consumed[slot], generation, true, timeout_ns);
+}
+
 #endif /* __CUDACC__ */
 
 /*
- * host_channel - a push or poll channel's memory and its producer side (host code).
+ * host_channel - a push or poll channel with a host producer: its memory and its producer side
+ * (host code).
  *
- * create() allocates the slots' data in device memory and the ready words (device memory for
- * push, pinned host memory for poll). publish() copies a batch into a slot and marks its next
- * generation ready in stream order, so a kernel that sees the ready word sees the data.
+ * create() allocates the slots' data in the current device's memory and the ready words
+ * (device memory for push, pinned host memory for poll). publish() copies a batch into a slot
+ * and marks its next generation ready in stream order, so a kernel that sees the ready word sees
+ * the data.
  */
 class host_channel {
 public:
@@ -185,7 +293,7 @@ public:
 			return cudaErrorInvalidValue;
 		destroy();
 		ch_ = channel{kind, slots, message_bytes, warps_per_batch,
-			      (uint64_t)warps_per_batch * message_bytes, nullptr, nullptr, nullptr};
+			      (uint64_t)warps_per_batch * message_bytes, nullptr, nullptr, nullptr, nullptr};
 		published_ = new unsigned int[slots]();
 		cudaError_t err = cudaMalloc(&data_, ch_.batch_bytes * slots);
 		if (err == cudaSuccess && kind == transport::push) {
@@ -260,6 +368,160 @@ private:
 	unsigned int *published_ = nullptr;
 };
 
+namespace detail {
+
+/* Runs @call with @device current; the caller's current device is kept. */
+template <typename F>
+inline cudaError_t on_device(int device, F call)
+{
+	int current;
+	cudaError_t err = cudaGetDevice(&current);
+	if (err != cudaSuccess)
+		return err;
+	err = cudaSetDevice(device);
+	if (err == cudaSuccess)
+		err = call();
+	const cudaError_t restored = cudaSetDevice(current);
+	return err != cudaSuccess ? err : restored;
+}
+
+/* Zeroes @bytes at @ptr in @device's memory, done when this returns. */
+inline cudaError_t zero_on(int device, void *ptr, size_t bytes)
+{
+	return on_device(device, [&] {
+		cudaError_t err = cudaMemset(ptr, 0, bytes);
+		return err != cudaSuccess ? err : cudaStreamSynchronize(0);
+	});
+}
+
+/* @bytes of @device's memory at *@out, zeroed when @zero. */
+inline cudaError_t alloc_on(int device, size_t bytes, bool zero, void **out)
+{
+	cudaError_t err = on_device(device, [&] { return cudaMalloc(out, bytes); });
+	return err != cudaSuccess || !zero ? err : zero_on(device, *out, bytes);
+}
+
+inline void free_on(int device, void *ptr)
+{
+	if (ptr)
+		on_device(device, [&] { return cudaFree(ptr); });
+}
+
+} /* namespace detail */
+
+/*
+ * enable_peer_access() - lets kernels on GPU @a reach GPU @b's memory, and the other way round
+ * @a: a device
+ * @b: a device; nothing to do when it is @a
+ *
+ * The current device is kept. Return: cudaSuccess, also where access was already enabled;
+ * cudaErrorPeerAccessUnsupported where either direction is impossible; else the failed call's
+ * error.
+ */
+inline cudaError_t enable_peer_access(int a, int b)
+{
+	cudaError_t err = cudaSuccess;
+
+	for (int i = 0; i < 2 && a != b && err == cudaSuccess; i++) {
+		const int from = i ? b : a, to = i ? a : b;
+		int can = 0;
+		err = cudaDeviceCanAccessPeer(&can, from, to);
+		if (err == cudaSuccess && !can)
+			err = cudaErrorPeerAccessUnsupported;
+		if (err == cudaSuccess)
+			err = detail::on_device(from, [&] {
+				cudaError_t e = cudaDeviceEnablePeerAccess(to, 0);
+				if (e == cudaErrorPeerAccessAlreadyEnabled) {
+					(void)cudaGetLastError(); /* not an error here: clear it for later checks */
+					e = cudaSuccess;
+				}
+				return e;
+			});
+	}
+	return err;
+}
+
+/*
+ * peer_channel - a push or poll channel whose producer is a kernel on GPU @producer and whose
+ * consumers run on GPU @consumer (host code; the GPUs may be the same one).
+ *
+ * create() enables peer access both ways and allocates the slots' data and (push) the ready
+ * words in the consumer's memory, (poll) the ready words in the producer's memory, where the
+ * consumers spin on them across the link, and the consumed words in the producer's memory.
+ * The producer kernel writes a batch into slot_buffer(), publish()es it, and waits for
+ * wait_consumed() before it writes the slot again; consumers recv() and report consumed().
+ * No generation is published or consumed after create() or reset().
+ */
+class peer_channel {
+public:
+	peer_channel() = default;
+	peer_channel(const peer_channel &) = delete;
+	peer_channel &operator=(const peer_channel &) = delete;
+	~peer_channel() { destroy(); }
+
+	cudaError_t create(transport kind, int consumer, int producer, uint32_t slots, uint32_t message_bytes,
+			   uint32_t warps_per_batch)
+	{
+		if (kind == transport::fault || !slots || !message_bytes || !warps_per_batch)
+			return cudaErrorInvalidValue;
+		destroy();
+		cudaError_t err = enable_peer_access(consumer, producer);
+		if (err != cudaSuccess)
+			return err;
+		ch_ = channel{kind, slots, message_bytes, warps_per_batch,
+			      (uint64_t)warps_per_batch * message_bytes, nullptr, nullptr, nullptr, nullptr};
+		consumer_ = consumer;
+		producer_ = producer;
+		err = detail::alloc_on(consumer, ch_.batch_bytes * slots, false, &data_);
+		if (err == cudaSuccess)
+			err = detail::alloc_on(ready_device(), slots * sizeof(unsigned int), true, (void **)&ready_);
+		if (err == cudaSuccess)
+			err = detail::alloc_on(producer, slots * sizeof(unsigned int), true, (void **)&consumed_);
+		if (err != cudaSuccess) {
+			destroy();
+			return err;
+		}
+		ch_.data = static_cast<const uint8_t *>(data_);
+		ch_.ready = ready_;
+		ch_.consumed = consumed_;
+		return cudaSuccess;
+	}
+
+	/* What the producer and the consumer kernels take. */
+	channel device() const { return ch_; }
+
+	/* Back to no generation published or consumed, for another run; no kernel may use it now. */
+	cudaError_t reset()
+	{
+		if (!ready_)
+			return cudaErrorInvalidValue;
+		const size_t bytes = ch_.slots * sizeof(unsigned int);
+		const cudaError_t err = detail::zero_on(ready_device(), ready_, bytes);
+		return err != cudaSuccess ? err : detail::zero_on(producer_, consumed_, bytes);
+	}
+
+	void destroy()
+	{
+		detail::free_on(consumer_, data_);
+		detail::free_on(ready_device(), ready_);
+		detail::free_on(producer_, consumed_);
+		data_ = nullptr;
+		ready_ = nullptr;
+		consumed_ = nullptr;
+		ch_ = channel{};
+	}
+
+private:
+	int ready_device() const { return ch_.kind == transport::poll ? producer_ : consumer_; }
+
+	channel ch_{};
+	int consumer_ = 0;
+	int producer_ = 0;
+	void *data_ = nullptr;
+	unsigned int *ready_ = nullptr;
+	unsigned int *consumed_ = nullptr;
+};
+
 /*
  * fault_channel() - the device view of a libwic channel placed in managed memory
  * @info: wic_channel_info() of the channel
@@ -271,7 +533,7 @@ private:
 inline channel fault_channel(const struct wic_channel_info *info, const struct wic_slot_info *slots, uint64_t *runs)
 {
 	channel ch{transport::fault, info->slots, info->message_bytes, info->warps_per_batch, info->batch_bytes,
-		   runs, nullptr, nullptr};
+		   runs, nullptr, nullptr, nullptr};
 	for (uint32_t s = 0; s < info->slots; s++)
 		if (cudaMemcpy(runs + 2 * s, slots[s].run_va, sizeof(slots[s].run_va), cudaMemcpyHostToDevice) !=
 		    cudaSuccess)

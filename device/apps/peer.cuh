@@ -1,0 +1,320 @@
+/* SPDX-License-Identifier: MIT OR Apache-2.0 */
+/*
+ * peer.cuh - what the inter-GPU applications share: the two GPUs (peer access, or exit 77);
+ * where item g of stream b lives in a channel a kernel produces (ring); the block-level steps
+ * of a GPU producer (claim a slot, publish it) and of a consumer (receive, report consumed);
+ * the watchdog that ends both kernels when a wait times out instead of leaving them waiting
+ * for each other; cooperative launches on a given GPU; a parallel loop for CPU references.
+ */
+#ifndef WIC_APPS_PEER_CUH
+#define WIC_APPS_PEER_CUH
+
+#include "stream.cuh"
+
+namespace app {
+
+/* Exit status of an application that cannot run here (fewer than two GPUs, no peer access). */
+constexpr int skipped = 77;
+
+/* How long a wait of the inter-GPU applications may take before the run counts as failed. */
+constexpr uint64_t peer_timeout_ns = 10ULL * 1000 * 1000 * 1000;
+
+/* Makes @device current for the object's lifetime, then the previous device again. */
+class on_gpu {
+public:
+	explicit on_gpu(int device)
+	{
+		CHECK(cudaGetDevice(&previous_));
+		CHECK(cudaSetDevice(device));
+	}
+	on_gpu(const on_gpu &) = delete;
+	on_gpu &operator=(const on_gpu &) = delete;
+	~on_gpu() { CHECK(cudaSetDevice(previous_)); }
+
+private:
+	int previous_ = 0;
+};
+
+/* @count Ts of @device's memory. */
+template <typename T>
+T *alloc_on(int device, size_t count)
+{
+	on_gpu g(device);
+	T *p;
+	CHECK(cudaMalloc(&p, count * sizeof(T)));
+	return p;
+}
+
+inline void free_on(int device, void *p)
+{
+	on_gpu g(device);
+	CHECK(cudaFree(p));
+}
+
+/*
+ * two_gpus() - GPUs 0 and 1 with peer access enabled both ways, or the exit status `skipped`
+ * after saying why. Prints the devices: "@name: GPU 0 (NAME, BUS) and GPU 1 (NAME, BUS), peer
+ * access both ways".
+ */
+inline void two_gpus(const char *name)
+{
+	int count = 0;
+	if (cudaGetDeviceCount(&count) != cudaSuccess) {
+		(void)cudaGetLastError();
+		count = 0;
+	}
+	if (count < 2) {
+		printf("%s: skipped: needs 2 GPUs with peer access, found %d\n", name, count);
+		exit(skipped);
+	}
+	const cudaError_t err = wic::enable_peer_access(0, 1);
+	if (err != cudaSuccess) {
+		printf("%s: skipped: no peer access between GPUs 0 and 1 (%s)\n", name, cudaGetErrorString(err));
+		exit(skipped);
+	}
+	char what[2][320];
+	for (int d = 0; d < 2; d++) {
+		cudaDeviceProp prop;
+		char bus[32];
+		CHECK(cudaGetDeviceProperties(&prop, d));
+		CHECK(cudaDeviceGetPCIBusId(bus, sizeof(bus), d));
+		snprintf(what[d], sizeof(what[d]), "GPU %d (%s, %s)", d, prop.name, bus);
+	}
+	printf("%s: %s and %s, peer access both ways\n", name, what[0], what[1]);
+}
+
+/* The smaller SM count of GPUs 0 and 1: one block per SM on either. */
+inline uint32_t common_sms()
+{
+	int sms[2];
+	for (int d = 0; d < 2; d++)
+		CHECK(cudaDeviceGetAttribute(&sms[d], cudaDevAttrMultiProcessorCount, d));
+	return (uint32_t)std::min(sms[0], sms[1]);
+}
+
+/*
+ * ring - where item g of stream b lives in a channel that a kernel produces. Streaming runs
+ * give each stream @depth slots: item g goes to slot b * depth + g % depth as generation
+ * g / depth, so the producer runs at most @depth items ahead of the consumer. No-wait runs
+ * give each of a stream's @items items its own slot, generation 0 (as placement does), all
+ * written before the consumer starts.
+ */
+struct ring {
+	uint32_t depth;
+	uint32_t items;
+	bool nowait;
+
+	__host__ __device__ uint32_t slot(uint32_t b, uint32_t g) const
+	{
+		return nowait ? b * items + g : b * depth + g % depth;
+	}
+	__host__ __device__ uint32_t generation(uint32_t g) const { return nowait ? 0 : g / depth; }
+	/* Slots of a channel with @streams streams. */
+	uint32_t slots(uint32_t streams) const { return streams * (nowait ? items : depth); }
+};
+
+/* One end of a channel as a kernel takes it. */
+struct endpoint {
+	wic::channel ch;
+	ring place;
+};
+
+/*
+ * watchdog - a run's failure flags: one word in each GPU's memory, zeroed before the run. A
+ * wait that times out raises both; after that no wait blocks, so both kernels end (their
+ * results wrong, which the check reports) rather than each waiting for the other forever.
+ */
+struct watchdog {
+	int *mine;
+	int *theirs;
+	uint64_t timeout_ns;
+
+	__device__ bool raised() const { return *(volatile int *)mine != 0; }
+	__device__ void raise() const
+	{
+		*(volatile int *)mine = 1;
+		*(volatile int *)theirs = 1;
+	}
+};
+
+/* The watchdog words of GPUs 0 and 1. */
+class watch_words {
+public:
+	watch_words()
+	{
+		for (int d = 0; d < 2; d++)
+			word_[d] = alloc_on<int>(d, 1);
+	}
+	watch_words(const watch_words &) = delete;
+	watch_words &operator=(const watch_words &) = delete;
+	~watch_words()
+	{
+		for (int d = 0; d < 2; d++)
+			free_on(d, word_[d]);
+	}
+
+	/* Before each run. */
+	void reset()
+	{
+		const int zero = 0;
+		for (int d = 0; d < 2; d++)
+			CHECK(cudaMemcpy(word_[d], &zero, sizeof(int), cudaMemcpyHostToDevice));
+	}
+	/* What the kernel on @gpu takes. */
+	watchdog on(int gpu) const { return watchdog{word_[gpu], word_[1 - gpu], peer_timeout_ns}; }
+	/* After the run: whether a wait timed out. */
+	bool raised() const
+	{
+		int flag[2];
+		for (int d = 0; d < 2; d++)
+			CHECK(cudaMemcpy(&flag[d], word_[d], sizeof(int), cudaMemcpyDeviceToHost));
+		return flag[0] || flag[1];
+	}
+
+private:
+	int *word_[2] = {nullptr, nullptr};
+};
+
+/*
+ * block_recv() - the block's message of generation @generation of @slot (one message per
+ * batch): warp 0 waits for it, every thread gets its address. The next block_recv() must come
+ * after block_consumed() or another __syncthreads().
+ */
+__device__ inline const uint8_t *block_recv(const wic::channel &ch, uint32_t slot, uint32_t generation,
+					    const watchdog &wd)
+{
+	__shared__ const uint8_t *message;
+
+	if (threadIdx.x < 32) {
+		/* After a failure nothing waits: the run is wrong already and only has to end. */
+		const int gave_up = __shfl_sync(0xffffffff, threadIdx.x == 0 && wd.raised(), 0);
+		const uint8_t *m;
+		const int rc = wic::recv(ch, slot, generation, 0, &m, gave_up ? 1 : wd.timeout_ns);
+		if (threadIdx.x == 0) {
+			if (rc != WIC_OK && !gave_up)
+				wd.raise();
+			message = m;
+		}
+	}
+	__syncthreads();
+	return message;
+}
+
+/* The block read its message of @slot for the last time: the producer may write the slot again. */
+__device__ inline void block_consumed(const wic::channel &ch, uint32_t slot, uint32_t generation)
+{
+	__syncthreads();
+	if (threadIdx.x == 0)
+		wic::consumed(ch, slot, generation);
+}
+
+/*
+ * block_claim() - the buffer the block writes generation @generation of @slot into, once the
+ * consumers are done with the generation before it (thread 0 waits, then the barrier).
+ */
+__device__ inline uint8_t *block_claim(const wic::channel &ch, uint32_t slot, uint32_t generation,
+				       const watchdog &wd)
+{
+	if (threadIdx.x == 0 && generation > 0 && !wd.raised() &&
+	    wic::wait_consumed(ch, slot, generation - 1, wd.timeout_ns) != WIC_OK)
+		wd.raise();
+	__syncthreads();
+	return wic::slot_buffer(ch, slot);
+}
+
+/*
+ * block_publish() - every thread calls it after its writes to the claimed buffer: each makes
+ * them visible system-wide (they crossed the link), the barrier gathers the block, and thread 0
+ * publishes the generation (wic::publish()).
+ */
+__device__ inline void block_publish(const wic::channel &ch, uint32_t slot, uint32_t generation)
+{
+	__threadfence_system();
+	__syncthreads();
+	if (threadIdx.x == 0)
+		wic::publish(ch, slot, generation);
+}
+
+/*
+ * load() - loads @kernel on the current device now. With lazy loading the first launch loads
+ * it, and the load may wait for the device's running kernels, one of which may be waiting
+ * for this one.
+ */
+template <typename... Params>
+void load(void (*kernel)(Params...))
+{
+	cudaFuncAttributes attr;
+	CHECK(cudaFuncGetAttributes(&attr, (const void *)kernel));
+}
+
+/* launch_cooperative() on @device: every block resident on it at once, or the launch fails. */
+template <typename... Params>
+void launch_on(int device, void (*kernel)(Params...), uint32_t blocks, uint32_t threads, cudaStream_t stream,
+	       typename same<Params>::type... args)
+{
+	on_gpu g(device);
+	launch_cooperative(kernel, blocks, threads, stream, args...);
+}
+
+/* A non-blocking stream on each of GPUs 0 and 1. */
+class stream_pair {
+public:
+	stream_pair()
+	{
+		for (int d = 0; d < 2; d++) {
+			on_gpu g(d);
+			CHECK(cudaStreamCreateWithFlags(&s_[d], cudaStreamNonBlocking));
+		}
+	}
+	stream_pair(const stream_pair &) = delete;
+	stream_pair &operator=(const stream_pair &) = delete;
+	~stream_pair()
+	{
+		for (int d = 0; d < 2; d++) {
+			on_gpu g(d);
+			CHECK(cudaStreamDestroy(s_[d]));
+		}
+	}
+
+	cudaStream_t operator[](int d) const { return s_[d]; }
+	void sync() const
+	{
+		for (int d = 0; d < 2; d++)
+			CHECK(cudaStreamSynchronize(s_[d]));
+	}
+
+private:
+	cudaStream_t s_[2] = {nullptr, nullptr};
+};
+
+/* Waits for everything queued on GPUs 0 and 1 (kernel streams do not wait for set-up copies). */
+inline void sync_both()
+{
+	for (int d = 0; d < 2; d++) {
+		on_gpu g(d);
+		CHECK(cudaDeviceSynchronize());
+	}
+}
+
+/* The chunks parallel_for() splits work into: one per CPU core. */
+inline uint32_t cpu_chunks()
+{
+	return std::max(1u, std::thread::hardware_concurrency());
+}
+
+/* Runs @body(chunk, begin, end) on every CPU core, chunk c covering [c n / chunks, (c + 1) n / chunks). */
+template <typename F>
+void parallel_for(size_t n, F body)
+{
+	const uint32_t chunks = cpu_chunks();
+	std::vector<std::thread> pool;
+	for (uint32_t c = 1; c < chunks; c++)
+		pool.emplace_back([&, c] { body(c, c * n / chunks, (c + 1) * n / chunks); });
+	body(0, 0, n / chunks);
+	for (std::thread &t : pool)
+		t.join();
+}
+
+} /* namespace app */
+
+#endif /* WIC_APPS_PEER_CUH */
