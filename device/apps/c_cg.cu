@@ -94,16 +94,14 @@ cg::csr make_matrix(uint32_t n, std::mt19937_64 &rng)
 
 int main(int argc, char **argv)
 {
-	app::mode mode;
-	if (argc < 2 || !app::parse_mode(argv[1], &mode)) {
-		fprintf(stderr, "usage: %s push|poll|nowait [REPS] [N] [ITERATIONS]\n", argv[0]);
+	app::command_line cli;
+	if (!app::parse_command_line(argc, argv, "[N] [ITERATIONS]", &cli))
 		return 2;
-	}
-	int sms;
-	CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-	const int reps = argc > 2 ? atoi(argv[2]) : 7;
-	const uint32_t n = argc > 3 ? atoi(argv[3]) : 64;
-	const uint32_t iterations = argc > 4 ? atoi(argv[4]) : 50;
+	const uint32_t sms = app::sm_count();
+	const int reps = cli.reps;
+	const app::mode mode = cli.m;
+	const uint32_t n = cli.size(0, 64);
+	const uint32_t iterations = cli.size(1, 50);
 	if (reps < 1 || n < 2 || n > 512 || !iterations) {
 		fprintf(stderr, "REPS and ITERATIONS must be positive, N between 2 and 512\n");
 		return 2;

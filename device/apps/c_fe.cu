@@ -279,16 +279,14 @@ element element_for(const mesh &m, const std::vector<uint32_t> &order, uint32_t 
 
 int main(int argc, char **argv)
 {
-	app::mode mode;
-	if (argc < 2 || !app::parse_mode(argv[1], &mode)) {
-		fprintf(stderr, "usage: %s push|poll|nowait [REPS] [E] [ITERATIONS]\n", argv[0]);
+	app::command_line cli;
+	if (!app::parse_command_line(argc, argv, "[E] [ITERATIONS]", &cli))
 		return 2;
-	}
-	int sms;
-	CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-	const int reps = argc > 2 ? atoi(argv[2]) : 7;
-	const uint32_t e = argc > 3 ? atoi(argv[3]) : 48;
-	const uint32_t iterations = argc > 4 ? atoi(argv[4]) : 20;
+	const uint32_t sms = app::sm_count();
+	const int reps = cli.reps;
+	const app::mode mode = cli.m;
+	const uint32_t e = cli.size(0, 48);
+	const uint32_t iterations = cli.size(1, 20);
 	if (reps < 1 || e < 3 || e > 256 || !iterations) {
 		fprintf(stderr, "REPS and ITERATIONS must be positive, E between 3 and 256\n");
 		return 2;

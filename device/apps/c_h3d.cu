@@ -189,17 +189,15 @@ std::vector<double> reference(const std::vector<float> &u0, uint32_t n, uint32_t
 
 int main(int argc, char **argv)
 {
-	app::mode mode;
-	if (argc < 2 || !app::parse_mode(argv[1], &mode)) {
-		fprintf(stderr, "usage: %s push|poll|nowait [REPS] [N] [ITERATIONS] [TILES]\n", argv[0]);
+	app::command_line cli;
+	if (!app::parse_command_line(argc, argv, "[N] [ITERATIONS] [TILES]", &cli))
 		return 2;
-	}
-	int sms;
-	CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-	const int reps = argc > 2 ? atoi(argv[2]) : 7;
-	const uint32_t n = argc > 3 ? atoi(argv[3]) : 64;
-	const uint32_t iterations = argc > 4 ? atoi(argv[4]) : 100;
-	const uint32_t tiles = argc > 5 ? atoi(argv[5]) : 8;
+	const uint32_t sms = app::sm_count();
+	const int reps = cli.reps;
+	const app::mode mode = cli.m;
+	const uint32_t n = cli.size(0, 64);
+	const uint32_t iterations = cli.size(1, 100);
+	const uint32_t tiles = cli.size(2, 8);
 	const uint32_t blocks = sms;
 	if (reps < 1 || n < 4 || n > 512 || n % 2 || !iterations || tiles < 2 || tiles > n || tiles > blocks) {
 		fprintf(stderr, "REPS and ITERATIONS must be positive, N even between 4 and 512, TILES between 2 "

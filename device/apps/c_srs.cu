@@ -64,16 +64,14 @@ float sample(uint64_t seed, uint32_t b, uint32_t g, uint32_t i)
 
 int main(int argc, char **argv)
 {
-	app::mode mode;
-	if (argc < 2 || !app::parse_mode(argv[1], &mode)) {
-		fprintf(stderr, "usage: %s push|poll|nowait [REPS] [BLOCKS] [GENERATIONS]\n", argv[0]);
+	app::command_line cli;
+	if (!app::parse_command_line(argc, argv, "[BLOCKS] [GENERATIONS]", &cli))
 		return 2;
-	}
-	int sms;
-	CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-	const int reps = argc > 2 ? atoi(argv[2]) : 7;
-	const uint32_t blocks = argc > 3 ? atoi(argv[3]) : sms;
-	const uint32_t generations = argc > 4 ? atoi(argv[4]) : 64;
+	const uint32_t sms = app::sm_count();
+	const int reps = cli.reps;
+	const app::mode mode = cli.m;
+	const uint32_t blocks = cli.size(0, sms);
+	const uint32_t generations = cli.size(1, 64);
 	if (reps < 1 || !blocks || !generations) {
 		fprintf(stderr, "REPS, BLOCKS and GENERATIONS must be positive\n");
 		return 2;

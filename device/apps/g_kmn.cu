@@ -382,15 +382,14 @@ void make_input(std::mt19937_64 &rng, uint32_t points, uint32_t rounds, std::vec
 
 int main(int argc, char **argv)
 {
-	app::mode mode;
-	if (argc < 2 || !app::parse_mode(argv[1], &mode)) {
-		fprintf(stderr, "usage: %s push|poll|nowait [REPS] [POINTS] [ROUNDS] [BATCH]\n", argv[0]);
+	app::command_line cli;
+	if (!app::parse_command_line(argc, argv, "[POINTS] [ROUNDS] [BATCH]", &cli))
 		return 2;
-	}
-	const int reps = argc > 2 ? atoi(argv[2]) : 7;
-	const uint32_t points = argc > 3 ? atoi(argv[3]) : 1u << 20;
-	const uint32_t rounds = argc > 4 ? atoi(argv[4]) : 16;
-	const uint32_t batch = argc > 5 ? atoi(argv[5]) : 512;
+	const int reps = cli.reps;
+	const app::mode mode = cli.m;
+	const uint32_t points = cli.size(0, 1u << 20);
+	const uint32_t rounds = cli.size(1, 16);
+	const uint32_t batch = cli.size(2, 512);
 	app::two_gpus("G_KMN");
 	const uint32_t blocks = app::common_sms();
 	if (reps < 1 || points < 2 * clusters || points > (1u << 26) || !rounds || rounds > 1024 || batch < 32 ||

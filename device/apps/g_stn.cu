@@ -201,15 +201,14 @@ std::unique_ptr<app::producer> publish_all(int d, const std::vector<float> &reco
 
 int main(int argc, char **argv)
 {
-	app::mode mode;
-	if (argc < 2 || !app::parse_mode(argv[1], &mode)) {
-		fprintf(stderr, "usage: %s push|poll|nowait [REPS] [N] [ITERATIONS] [TILES]\n", argv[0]);
+	app::command_line cli;
+	if (!app::parse_command_line(argc, argv, "[N] [ITERATIONS] [TILES]", &cli))
 		return 2;
-	}
-	const int reps = argc > 2 ? atoi(argv[2]) : 7;
-	const uint32_t n = argc > 3 ? atoi(argv[3]) : 1024;
-	const uint32_t iterations = argc > 4 ? atoi(argv[4]) : 500;
-	const uint32_t tiles = argc > 5 ? atoi(argv[5]) : 8;
+	const int reps = cli.reps;
+	const app::mode mode = cli.m;
+	const uint32_t n = cli.size(0, 1024);
+	const uint32_t iterations = cli.size(1, 500);
+	const uint32_t tiles = cli.size(2, 8);
 	app::two_gpus("G_STN");
 	const uint32_t blocks = app::common_sms();
 	if (reps < 1 || n < 4 || n > 16384 || n % 2 || !iterations || !tiles || tiles > n || tiles > blocks) {

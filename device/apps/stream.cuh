@@ -53,6 +53,44 @@ inline bool parse_mode(const char *text, mode *out)
 }
 
 /*
+ * command_line - what every application's command line starts with: MODE, then REPS (default
+ * 7), then the application's own sizes, read with size().
+ */
+struct command_line {
+	mode m;
+	int reps;
+	int argc;
+	char **argv;
+
+	/* Size argument @i (0 for the first after REPS), or @fallback when it is absent. */
+	uint32_t size(int i, uint32_t fallback) const
+	{
+		return argc > 3 + i ? (uint32_t)atoi(argv[3 + i]) : fallback;
+	}
+};
+
+/* Parses MODE and REPS; prints the usage, naming @sizes, and returns false on a bad MODE. */
+inline bool parse_command_line(int argc, char **argv, const char *sizes, command_line *out)
+{
+	if (argc < 2 || !parse_mode(argv[1], &out->m)) {
+		fprintf(stderr, "usage: %s push|poll|nowait [REPS] %s\n", argv[0], sizes);
+		return false;
+	}
+	out->reps = argc > 2 ? atoi(argv[2]) : 7;
+	out->argc = argc;
+	out->argv = argv;
+	return true;
+}
+
+/* Multiprocessors of the current device: what grids are sized by. */
+inline uint32_t sm_count()
+{
+	int sms;
+	CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+	return sms;
+}
+
+/*
  * Where item (block b, generation g) lives: streaming runs reuse slot b, generation g; the
  * no-wait run gives every item its own slot, all published before the kernel starts.
  */
