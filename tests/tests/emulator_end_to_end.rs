@@ -84,13 +84,19 @@ fn runs_are_deterministic_for_a_seed_and_differ_across_seeds() {
 fn polling_costs_compute_and_stalls_do_not() {
     // The mechanism, not a figure: when polling is free of issue cost, co-resident compute keeps
     // the SM busy while CTAs poll (the runtime here is bound by the slow producer).
-    let cal = Calibration::built_in();
+    // Naive consumers spin only between faults on their flag pages: with the fault path as slow
+    // as measured they are stalled nearly all the time and their issue cost barely shows. A fast
+    // fault path keeps them spinning, which is the mechanism under test.
+    let mut cal = Calibration::built_in();
+    cal.poll.issue_weight.value = 1.0;
+    (cal.fault.interrupt_to_bh_ns.value, cal.fault.batch_fixed_ns.value) = (500, 1_000);
+    (cal.fault.per_fault_ns.value, cal.fault.replay_ns.value) = (100, 500);
     let mut free_polling = cal.clone();
     free_polling.poll.issue_weight.value = 0.0;
     let mut w = workload::by_name("C_SRS").unwrap();
     w.iterations = 2;
     let phase = &mut w.phases[0];
-    (phase.c1_instr, phase.jitter, phase.request_probability, phase.produce_ns) = (200_000, 0.9, 0.05, 400_000);
+    (phase.c1_instr, phase.jitter, phase.request_probability, phase.produce_ns) = (50_000, 0.9, 0.05, 400_000);
     let costly = run(&w, Mode::Poll, &cal, 1);
     let free = run(&w, Mode::Poll, &free_polling, 1);
     assert!(free.runtime_ns <= costly.runtime_ns, "{} vs {}", free.runtime_ns, costly.runtime_ns);
