@@ -298,8 +298,8 @@ impl Dataplane {
         self.push(read)
     }
 
-    /// Polls the shim's fault ring (one-shot: re-armed after every completion, when the poll
-    /// sees records that arrived meanwhile at once).
+    /// Polls the shim's fault ring. One-shot, re-armed after each completion: records that
+    /// arrived in between make the new poll complete at once.
     fn arm_ring(&mut self) -> io::Result<()> {
         let Gpus::Shim(shim) = &mut self.backend else { return Ok(()) };
         let poll = opcode::PollAdd::new(types::Fd(shim.ring_fd()), libc::POLLIN as u32).build().user_data(RING_TOKEN);

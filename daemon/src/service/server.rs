@@ -2,10 +2,11 @@
 //! its peer credentials, keeps who owns and who may use each channel, and forwards the work to
 //! the fast path.
 //!
-//! A connection owns the channels it creates, and on the shim backend the address space it
-//! attached; when it goes away, for whatever reason, they are destroyed, their pages return to
-//! the pool and the space is detached. Others reach a channel only through a single-use token
-//! from `grant`, optionally bound to a uid.
+//! A connection owns the channels it creates and the address space it attached (the shim
+//! backend places channels in it; the emulated one observes its GPU faults). When it goes away,
+//! for whatever reason, its channels are destroyed, their pages return to the pool and the
+//! space is detached. Others reach a channel only through a single-use token from `grant`,
+//! optionally bound to a uid.
 
 use std::collections::HashMap;
 use std::io::{self, IoSlice, IoSliceMut};
@@ -90,7 +91,7 @@ struct Registry {
     clients: HashMap<ConnId, Peer>,
     channels: HashMap<u32, Record>,
     tokens: HashMap<String, Grant>,
-    /// The address space each connection attached (shim backend).
+    /// The address space each connection attached.
     spaces: HashMap<ConnId, u32>,
 }
 

@@ -30,7 +30,7 @@ pub struct ShimGpus {
 }
 
 /// The control plane's view of a module error: what the client did wrong, or an I/O error.
-pub fn wire_error(what: &str, e: DeviceError) -> WireError {
+fn wire_error(what: &str, e: DeviceError) -> WireError {
     let code = match &e {
         DeviceError::Call { errno: Errno::EEXIST, .. } => ErrorCode::Busy,
         DeviceError::Call { errno: Errno::ENOSPC, .. } => ErrorCode::Exhausted,
