@@ -113,3 +113,37 @@ pub fn table(rows: &[Comparison]) -> String {
     out.push_str(&format!("geometric-mean speedup of WIC over naive polling: {geomean:.3}x\n"));
     out
 }
+
+/// The calibration line of the demo's report: which constants were measured on a GPU, by name,
+/// and how many are datasheet, published or estimated values.
+pub fn calibration_summary(cal: &Calibration) -> String {
+    let table = cal.table();
+    let measured: Vec<&str> = table.iter().filter(|row| row.3).map(|row| row.0).collect();
+    let list = if measured.is_empty() { String::new() } else { format!(" ({})", measured.join(", ")) };
+    format!(
+        "Calibration: {} of {} constants measured on a GPU{list}; the other {} are datasheet, published or estimated values (sources in emu/calibration.toml).",
+        measured.len(),
+        table.len(),
+        table.len() - measured.len()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_calibration_line_names_exactly_the_measured_constants() {
+        let mut cal = Calibration::built_in();
+        cal.gpu.sms.measured = false;
+        cal.link.pcie_gbps.measured = true;
+        cal.gpu.warp_ipc.measured = true;
+        let line = calibration_summary(&cal);
+        let measured: Vec<&str> = cal.table().into_iter().filter(|row| row.3).map(|row| row.0).collect();
+        assert!(measured.contains(&"gpu.warp_ipc") && !measured.contains(&"gpu.sms"));
+        for (name, _, _, was_measured) in cal.table() {
+            assert_eq!(line.contains(name), was_measured, "{name} in {line}");
+        }
+        assert!(line.starts_with(&format!("Calibration: {} of {} constants", measured.len(), cal.table().len())), "{line}");
+    }
+}

@@ -110,13 +110,12 @@ fn run_demo(args: DemoArgs) -> Result<(), String> {
             return Err("some messages arrived corrupted".into());
         }
     }
-    let measured = cal.table().iter().filter(|row| row.3).count();
     println!(
         "\nColumns: runtimes of the emulated run; consumer overhead = share of consumer SM time lost waiting for data;\n\
          overlap = share of waiting time its SM still computed (paper Fig. 14); WIC ovh = wicd busy time / runtime (Fig. 15);\n\
          faults = fault-buffer entries wicd handled; checked = every message compared byte for byte with what its producer wrote."
     );
-    println!("Calibration: {measured} of {} constants measured on hardware; the rest are datasheet, published or estimated values (emu/calibration.toml).", cal.table().len());
+    println!("{}", demo::calibration_summary(&cal));
     println!("Elapsed: {:.1}s", started.elapsed().as_secs_f64());
     Ok(())
 }
