@@ -42,7 +42,7 @@ echo "== inter-GPU applications (median of $reps runs)"
 gpus=$(nvidia-smi -L | grep -c '^GPU ' || true)
 if ((gpus >= 2)); then
 	: >"$out/apps-2gpu.txt"
-	for app in g_stn g_kmn; do
+	for app in g_stn g_kmn g_c2d g_gem g_bs g_bfs; do
 		for mode in nowait push poll; do
 			# 77: the application found no two GPUs with peer access, and says so.
 			rc=0

@@ -329,17 +329,6 @@ std::vector<round_ref> reference(const std::vector<uint8_t> &x, uint32_t points,
 	return out;
 }
 
-/* A well-mixed 64-bit hash, for fast reproducible noise. */
-inline uint64_t mix(uint64_t x)
-{
-	x ^= x >> 33;
-	x *= 0xff51afd7ed558ccdULL;
-	x ^= x >> 33;
-	x *= 0xc4ceb9fe1a85ec53ULL;
-	x ^= x >> 33;
-	return x;
-}
-
 /*
  * make_input() - @points points around 16 random centres (triangular noise of +-63, clamped to
  * 0 .. 255) into @x, and into @initial every round's initial centroids: 16 distinct points.
@@ -354,10 +343,10 @@ void make_input(std::mt19937_64 &rng, uint32_t points, uint32_t rounds, std::vec
 	const uint64_t seed = rng();
 	app::parallel_for(points, [&](uint32_t, size_t begin, size_t end) {
 		for (size_t i = begin; i < end; i++) {
-			const uint64_t h = mix(seed ^ i);
+			const uint64_t h = app::mix(seed ^ i);
 			const int *at = &centre[(h % clusters) * features];
 			for (uint32_t f = 0; f < features; f++) {
-				const uint64_t n = mix(h + f);
+				const uint64_t n = app::mix(h + f);
 				const int v = at[f] + (int)(n & 63) + (int)(n >> 6 & 63) - 63;
 				x[i * features + f] = (uint8_t)std::min(255, std::max(0, v));
 			}

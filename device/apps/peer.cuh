@@ -13,6 +13,17 @@
 
 namespace app {
 
+/* A well-mixed 64-bit hash (splitmix64's finaliser): fast, reproducible inputs from a seed. */
+inline uint64_t mix(uint64_t x)
+{
+	x ^= x >> 33;
+	x *= 0xff51afd7ed558ccdULL;
+	x ^= x >> 33;
+	x *= 0xc4ceb9fe1a85ec53ULL;
+	x ^= x >> 33;
+	return x;
+}
+
 /* Exit status of an application that cannot run here (fewer than two GPUs, no peer access). */
 constexpr int skipped = 77;
 
