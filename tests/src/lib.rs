@@ -1,5 +1,5 @@
 //! Shared helpers for the end-to-end tests: the workspace's binaries, built once per test
-//! process, and a real `wicd` on a private socket.
+//! process, a real `wicd` on a private socket, and the invariants every emulated run must keep.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -218,3 +218,42 @@ pub mod vm {
         }
     }
 }
+
+/// The invariants of one workload run both ways on the emulator (`poll`, then `fault` through
+/// the real engine): every message delivered with intact bytes, every request woken exactly
+/// once, nothing left held, every page back in the pool. (A run may request nothing at all;
+/// callers that expect traffic check `messages_checked` themselves.) `warps_per_batch` is the warps one
+/// wake-up serves.
+pub fn check_runs(poll: &wic_emu::RunReport, fault: &wic_emu::RunReport, warps_per_batch: u64) -> Result<(), String> {
+    let name = fault.workload;
+    let fail = |what: String| Err(format!("{name}: {what}"));
+    let Some(engine) = fault.engine.as_ref() else { return fail("fault mode ran without the engine".into()) };
+    for r in [poll, fault] {
+        if r.corrupt_messages != 0 || r.error_markers != 0 {
+            return fail(format!("{:?}: {} corrupted messages, {} failed requests", r.mode, r.corrupt_messages, r.error_markers));
+        }
+    }
+    if poll.messages_checked != fault.messages_checked {
+        return fail(format!("the modes delivered {} and {} messages", poll.messages_checked, fault.messages_checked));
+    }
+    if engine.requests != engine.delivered {
+        return fail(format!("{} requests, {} delivered: a request was lost", engine.requests, engine.delivered));
+    }
+    if engine.delivered * warps_per_batch != fault.messages_checked {
+        return fail(format!("{} wake-ups for {} messages: a wake-up was lost or duplicated", engine.delivered, fault.messages_checked));
+    }
+    if engine.dab_updates != engine.delivered {
+        return fail(format!("{} publishes consumed {} times", engine.dab_updates, engine.delivered));
+    }
+    if (engine.timed_out, engine.malformed, engine.foreign, engine.wrong_gpu) != (0, 0, 0, 0) {
+        return fail(format!("timed out / malformed / foreign / wrong GPU: {engine:?}"));
+    }
+    if !fault.pfq_empty || !fault.pool_restored {
+        return fail(format!("PFQ empty: {}, pool restored: {}", fault.pfq_empty, fault.pool_restored));
+    }
+    if poll.engine.is_some() || poll.daemon_share != 0.0 {
+        return fail("naive polling ran a daemon".into());
+    }
+    Ok(())
+}
+
