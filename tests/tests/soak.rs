@@ -25,6 +25,9 @@ fn bad_options_are_refused() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a number"));
 }
 
+/// A way to break one invariant of a good report.
+type Spoil = Box<dyn Fn(&mut wic_emu::RunReport)>;
+
 #[test]
 fn the_invariant_check_catches_each_broken_invariant() {
     let cal = Calibration::built_in();
@@ -32,7 +35,7 @@ fn the_invariant_check_catches_each_broken_invariant() {
     let warps = u64::from(w.phases[0].warps_per_cta);
     let (poll, fault) = (run(&w, Mode::Poll, &cal, 3), run(&w, Mode::Fault, &cal, 3));
     assert_eq!(wic_tests::check_runs(&poll, &fault, warps), Ok(()));
-    let broken: [(&str, Box<dyn Fn(&mut wic_emu::RunReport)>); 5] = [
+    let broken: [(&str, Spoil); 5] = [
         ("corrupted", Box::new(|r| r.corrupt_messages = 1)),
         ("lost", Box::new(|r| r.engine.as_mut().unwrap().delivered -= 1)),
         ("duplicated", Box::new(|r| r.messages_checked += warps)),
