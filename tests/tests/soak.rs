@@ -38,7 +38,7 @@ fn the_invariant_check_catches_each_broken_invariant() {
     let broken: [(&str, Spoil); 5] = [
         ("corrupted", Box::new(|r| r.corrupt_messages = 1)),
         ("lost", Box::new(|r| r.engine.as_mut().unwrap().delivered -= 1)),
-        ("duplicated", Box::new(|r| r.messages_checked += warps)),
+        ("duplicated", Box::new(move |r| r.messages_checked += warps)),
         ("PFQ", Box::new(|r| r.pfq_empty = false)),
         ("pool", Box::new(|r| r.pool_restored = false)),
     ];
