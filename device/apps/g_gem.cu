@@ -297,20 +297,7 @@ int main(int argc, char **argv)
 			app::launch_on(1, produce, blocks, threads, streams[1], link, a[1], b[1], n, kc, iterations,
 				       watch.on(1));
 		};
-		std::chrono::steady_clock::time_point start;
-		if (mode != app::mode::nowait) {
-			start = std::chrono::steady_clock::now();
-			launch_consumer();
-			launch_producer();
-		} else {
-			/* Every message in GPU 0's memory before its kernel starts. */
-			launch_producer();
-			CHECK(cudaStreamSynchronize(streams[1]));
-			start = std::chrono::steady_clock::now();
-			launch_consumer();
-		}
-		streams.sync();
-		const double ms = app::ms_between(start, std::chrono::steady_clock::now());
+		const double ms = app::one_way_run(mode, streams, launch_consumer, launch_producer);
 		const bool failed = watch.raised();
 
 		CHECK(cudaMemcpy(got.data(), c, cells * sizeof(float), cudaMemcpyDeviceToHost));

@@ -237,7 +237,7 @@ int main(int argc, char **argv)
 	for (int d = 0; d < 2; d++)
 		CHECK(to[d].create(mode == app::mode::poll ? wic::transport::poll : wic::transport::push, 1 - d, d,
 				   streaming.slots(tiles), most * sizeof(float), 1));
-	std::vector<float> u0((size_t)n * n), got(u0.size()), recorded;
+	std::vector<float> u0((size_t)n * n), got(u0.size());
 	std::vector<double> times;
 	bool correct = true;
 	std::random_device entropy;
@@ -273,32 +273,14 @@ int main(int argc, char **argv)
 		};
 		const app::endpoint exchange_in[2] = {{to[1].device(), streaming}, {to[0].device(), streaming}};
 		const app::endpoint exchange_out[2] = {{to[0].device(), streaming}, {to[1].device(), streaming}};
-		double ms;
 		bool failed;
-		if (mode != app::mode::nowait) {
-			ms = run(exchange_in, exchange_out, true, false);
-			failed = watch.raised();
-		} else {
-			run(exchange_in, exchange_out, true, true);
-			failed = watch.raised();
-			/* Every band GPU d received, published into its memory before its kernel starts. */
-			std::unique_ptr<app::producer> halo[2];
-			app::endpoint given[2];
-			for (int d = 0; d < 2; d++) {
-				recorded.resize(logged);
-				CHECK(cudaMemcpy(recorded.data(), log[d], logged * sizeof(float),
-						 cudaMemcpyDeviceToHost));
-				halo[d] = publish_all(d, recorded, tiles, iterations, most);
-				given[d] = app::endpoint{halo[d]->channel(), nowait};
-			}
-			const app::endpoint none[2] = {};
-			ms = run(given, none, false, false);
-			failed |= watch.raised();
-			for (int d = 0; d < 2; d++) {
-				app::on_gpu g(d);
-				halo[d].reset();
-			}
-		}
+		/* nowait: every band GPU d received, published into its memory before its kernel starts. */
+		const double ms = app::halo_exchange_run(
+			mode, watch, run, exchange_in, exchange_out, log, logged, nowait,
+			[&](int d, const std::vector<float> &recorded) {
+				return publish_all(d, recorded, tiles, iterations, most);
+			},
+			&failed);
 
 		for (int d = 0; d < 2; d++)
 			CHECK(cudaMemcpy(&got[(size_t)halves[d].row0 * n], u[d] + (iterations % 2) * halves[d].cells(),

@@ -326,6 +326,69 @@ void parallel_for(size_t n, F body)
 		t.join();
 }
 
+/*
+ * one_way_run() - times a consumer kernel on GPU 0 fed by a producer kernel on GPU 1, the
+ * launches given as callables: both at once (push, poll), or for nowait the producer run to its
+ * end first and the consumer timed alone. Returns the milliseconds until both streams ended.
+ */
+template <typename Consumer, typename Producer>
+double one_way_run(mode m, const stream_pair &streams, Consumer launch_consumer, Producer launch_producer)
+{
+	std::chrono::steady_clock::time_point start;
+	if (m != mode::nowait) {
+		start = std::chrono::steady_clock::now();
+		launch_consumer();
+		launch_producer();
+	} else {
+		/* Every message in GPU 0's memory before its kernel starts. */
+		launch_producer();
+		CHECK(cudaStreamSynchronize(streams[1]));
+		start = std::chrono::steady_clock::now();
+		launch_consumer();
+	}
+	streams.sync();
+	return ms_between(start, std::chrono::steady_clock::now());
+}
+
+/*
+ * halo_exchange_run() - the timed run of a halo exchange between GPUs 0 and 1 whose kernels take
+ * one incoming and one outgoing endpoint each. @run(in, out, send, record) runs both kernels once
+ * and returns its milliseconds. push, poll: one run through the @exchange_in/@exchange_out
+ * channels. nowait: an untimed recording run first; then every message GPU d received
+ * (@logged Ts at @log[d]) is published into its memory by @publish_recorded(d, recorded) and
+ * both kernels are timed with nothing to wait for and nothing to send. Sets *@failed when a wait
+ * of either run timed out.
+ */
+template <typename T, typename Run, typename Publish>
+double halo_exchange_run(mode m, const watch_words &watch, Run run, const endpoint (&exchange_in)[2],
+			 const endpoint (&exchange_out)[2], T *const (&log)[2], size_t logged, const ring &replayed,
+			 Publish publish_recorded, bool *failed)
+{
+	if (m != mode::nowait) {
+		const double ms = run(exchange_in, exchange_out, true, false);
+		*failed = watch.raised();
+		return ms;
+	}
+	run(exchange_in, exchange_out, true, true);
+	*failed = watch.raised();
+	std::unique_ptr<producer> recorded_by[2];
+	endpoint given[2];
+	std::vector<T> recorded(logged);
+	for (int d = 0; d < 2; d++) {
+		CHECK(cudaMemcpy(recorded.data(), log[d], logged * sizeof(T), cudaMemcpyDeviceToHost));
+		recorded_by[d] = publish_recorded(d, recorded);
+		given[d] = endpoint{recorded_by[d]->channel(), replayed};
+	}
+	const endpoint none[2] = {};
+	const double ms = run(given, none, false, false);
+	*failed |= watch.raised();
+	for (int d = 0; d < 2; d++) {
+		on_gpu g(d);
+		recorded_by[d].reset();
+	}
+	return ms;
+}
+
 } /* namespace app */
 
 #endif /* WIC_APPS_PEER_CUH */
