@@ -97,10 +97,8 @@ impl Observer {
 
     /// Stops observing `space`, keeping what it counted.
     pub fn detach(&mut self, space: u32) -> bool {
-        let Some(mut observed) = self.spaces.remove(&space) else { return false };
-        self.events.clear();
-        observed.tracker.poll_events(&mut self.events);
-        observed.stats.record_all(&self.events);
+        self.drain(space);
+        let Some(observed) = self.spaces.remove(&space) else { return false };
         self.retire(&observed);
         true
     }

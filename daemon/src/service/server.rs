@@ -10,11 +10,11 @@
 
 use std::collections::HashMap;
 use std::io::{self, IoSlice, IoSliceMut};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
-use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
+use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, MsgFlags};
 use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::{UnixListener, UnixStream};
 use wic_proto::frame::{self, FrameError};
@@ -233,13 +233,7 @@ impl Inbound {
         let msg = recvmsg::<()>(socket, &mut iov, Some(&mut self.control), flags).map_err(io::Error::from)?;
         // Truncation (ENOBUFS here) cannot come from SCM_RIGHTS with this much room; whatever
         // caused it, the connection is dropped.
-        for cmsg in msg.cmsgs().map_err(io::Error::from)? {
-            if let ControlMessageOwned::ScmRights(received) = cmsg {
-                // SAFETY: SCM_RIGHTS installed these descriptors in this process just now;
-                // nothing else owns them.
-                self.fds.extend(received.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
-            }
-        }
+        frame::take_passed_fds(&msg, &mut self.fds).map_err(io::Error::from)?;
         Ok(msg.bytes)
     }
 }

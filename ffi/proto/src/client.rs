@@ -2,11 +2,11 @@
 //! descriptors passed along with them.
 
 use std::io::{self, IoSlice, IoSliceMut, Write};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 
-use nix::sys::socket::{recv, recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
+use nix::sys::socket::{recv, recvmsg, sendmsg, ControlMessage, MsgFlags};
 
 use crate::frame::{self, FrameError, MAX_REPLY_BYTES};
 use crate::message::{ErrorCode, Reply, Request, Response, WireError};
@@ -152,13 +152,7 @@ impl Client {
             let mut iov = [IoSliceMut::new(&mut buf[filled..])];
             let msg = recvmsg::<()>(self.stream.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)
                 .map_err(|e| ClientError::Io(e.into()))?;
-            for cmsg in msg.cmsgs().map_err(|e| ClientError::Io(e.into()))? {
-                if let ControlMessageOwned::ScmRights(received) = cmsg {
-                    // SAFETY: SCM_RIGHTS installed these descriptors in this process just now;
-                    // nothing else owns them.
-                    fds.extend(received.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
-                }
-            }
+            frame::take_passed_fds(&msg, fds).map_err(|e| ClientError::Io(e.into()))?;
             if msg.bytes == 0 {
                 return Err(ClientError::Io(io::Error::new(io::ErrorKind::UnexpectedEof, "wicd closed the connection")));
             }

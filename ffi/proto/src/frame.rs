@@ -1,6 +1,7 @@
 //! Framing: every message is a 4-byte little-endian length followed by that many bytes of UTF-8
 //! JSON. Lengths are checked before anything is allocated, so an oversized or garbage header
-//! costs the daemon nothing but an error reply.
+//! costs the daemon nothing but an error reply. Descriptors passed with a frame arrive as
+//! `SCM_RIGHTS` ([`take_passed_fds`]).
 
 use std::fmt;
 
@@ -49,6 +50,20 @@ pub fn body_len(header: [u8; HEADER_BYTES], max: usize) -> Result<usize, FrameEr
         return Err(FrameError::TooLarge { len, max });
     }
     Ok(len)
+}
+
+/// Takes ownership of the descriptors passed as `SCM_RIGHTS` with `msg`, appending them to `out`.
+/// Fails with `ENOBUFS` if the control data was truncated.
+pub fn take_passed_fds<S>(msg: &nix::sys::socket::RecvMsg<'_, '_, S>, out: &mut Vec<std::os::fd::OwnedFd>) -> nix::Result<()> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    for cmsg in msg.cmsgs()? {
+        if let nix::sys::socket::ControlMessageOwned::ScmRights(received) = cmsg {
+            // SAFETY: SCM_RIGHTS installed these descriptors in this process just now; nothing
+            // else owns them.
+            out.extend(received.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
