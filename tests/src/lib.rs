@@ -66,33 +66,48 @@ impl Daemon {
     /// Starts wicd with `config` (TOML text) and waits until its socket accepts connections.
     pub fn start(name: &str, config: &str) -> Self {
         let dir = scratch(name);
+        std::fs::write(dir.join("wicd.toml"), config).expect("write config");
         let socket = dir.join("wicd.sock");
-        let config_path = dir.join("wicd.toml");
-        std::fs::write(&config_path, config).expect("write config");
-        let log = std::fs::File::create(dir.join("wicd.log")).expect("log file");
-        let child = Command::new(binary("wicd"))
+        let child = Self::spawn(&dir, &socket);
+        let mut daemon = Self { child, socket, dir };
+        daemon.wait_listening();
+        daemon
+    }
+
+    /// Starts a new wicd on the same socket and configuration once this one has died (as a
+    /// service manager restarts it); its log goes on in the same file.
+    pub fn respawn(&mut self) {
+        assert!(!self.alive(), "respawn while wicd is still running");
+        self.child = Self::spawn(&self.dir, &self.socket);
+        self.wait_listening();
+    }
+
+    fn spawn(dir: &Path, socket: &Path) -> Child {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("wicd.log")).expect("log file");
+        Command::new(binary("wicd"))
             .arg("serve")
             .arg("--config")
-            .arg(&config_path)
+            .arg(dir.join("wicd.toml"))
             .arg("--socket")
-            .arg(&socket)
+            .arg(socket)
             .arg("--backend")
             .arg("emulated")
             .env("RUST_BACKTRACE", "1")
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
-            .expect("spawn wicd");
-        let mut daemon = Self { child, socket, dir };
+            .expect("spawn wicd")
+    }
+
+    fn wait_listening(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(10);
-        while std::os::unix::net::UnixStream::connect(&daemon.socket).is_err() {
-            if let Some(status) = daemon.child.try_wait().expect("wait wicd") {
-                panic!("wicd exited during start-up ({status}):\n{}", daemon.log());
+        while std::os::unix::net::UnixStream::connect(&self.socket).is_err() {
+            if let Some(status) = self.child.try_wait().expect("wait wicd") {
+                panic!("wicd exited during start-up ({status}):\n{}", self.log());
             }
-            assert!(Instant::now() < deadline, "wicd did not listen within 10 s:\n{}", daemon.log());
+            assert!(Instant::now() < deadline, "wicd did not listen within 10 s:\n{}", self.log());
             std::thread::sleep(Duration::from_millis(20));
         }
-        daemon
     }
 
     /// The daemon's log so far.

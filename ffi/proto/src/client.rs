@@ -31,15 +31,21 @@ pub enum ClientError {
 }
 
 impl ClientError {
-    /// The error code this maps to in libwic.
+    /// The error code this maps to in libwic. A daemon that hung up is "cannot reach wicd",
+    /// however the hang-up showed (a broken pipe on write, a reset or end of file on read).
     pub fn code(&self) -> ErrorCode {
         match self {
             Self::Connect(_) => ErrorCode::Connect,
+            Self::Io(e) if is_hang_up(e) => ErrorCode::Connect,
             Self::Io(_) => ErrorCode::Io,
             Self::Frame(_) | Self::Decode(_) => ErrorCode::Protocol,
             Self::Refused(e) => e.code,
         }
     }
+}
+
+fn is_hang_up(e: &io::Error) -> bool {
+    matches!(e.kind(), io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset | io::ErrorKind::UnexpectedEof | io::ErrorKind::NotConnected)
 }
 
 impl std::fmt::Display for ClientError {
