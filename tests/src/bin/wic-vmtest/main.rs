@@ -3,7 +3,7 @@
 //! (crate wic-kmod) and engine.
 //!
 //! Usage: `wic-vmtest SCENARIO...` with scenarios `deliver`, `daemon-death`, `hostile`,
-//! `service` (needs `wicd` on the PATH), `bench` or `all` (all but `bench`). Prints `PASS name` or `FAIL name: why` per scenario
+//! `storms`, `service` (needs `wicd` on the PATH), `bench` or `all` (all but `bench`). Prints `PASS name` or `FAIL name: why` per scenario
 //! and exits non-zero if any failed. `bench` prints its results as a file block for the
 //! harness (`WIC-VM-FILE-BEGIN kernel-bench.json`).
 
@@ -13,6 +13,7 @@ mod deliver;
 mod hostile;
 mod rig;
 mod service;
+mod storms;
 
 use std::process::ExitCode;
 
@@ -23,7 +24,7 @@ fn main() -> ExitCode {
     }
     let mut scenarios: Vec<&str> = args.iter().map(String::as_str).collect();
     if scenarios.is_empty() || scenarios == ["all"] {
-        scenarios = vec!["deliver", "daemon-death", "hostile", "service"];
+        scenarios = vec!["deliver", "daemon-death", "hostile", "storms", "service"];
     }
     let mut failed = 0;
     for name in scenarios {
@@ -31,9 +32,10 @@ fn main() -> ExitCode {
             "deliver" => deliver::run(),
             "daemon-death" => death::run(),
             "hostile" => hostile::run(),
+            "storms" => storms::run(),
             "service" => service::run(),
             "bench" => bench::run(),
-            other => Err(format!("unknown scenario {other:?} (deliver, daemon-death, hostile, service, bench, all)")),
+            other => Err(format!("unknown scenario {other:?} (deliver, daemon-death, hostile, storms, service, bench, all)")),
         };
         match result {
             Ok(()) => println!("PASS {name}"),

@@ -81,9 +81,9 @@ impl Daemon {
     pub fn open(submission: Submission) -> Result<Self, String> {
         let backend = ShimBackend::open(Path::new(DEVICE), Duration::from_secs(5), submission, VaWidth::Bits57)
             .map_err(|e| format!("open {DEVICE}: {e}"))?;
-        let config = EngineConfig { pool_pages: 4096, max_slots: 1024, ..EngineConfig::default() };
+        let config = EngineConfig { pool_pages: 16 * 1024, max_slots: 1024, ..EngineConfig::default() };
         let engine = Engine::new(config).map_err(|e| format!("engine: {e}"))?;
-        Ok(Self { backend, engine, commands: Vec::new(), host_data: vec![0; 1 << 22], start: Instant::now() })
+        Ok(Self { backend, engine, commands: Vec::new(), host_data: vec![0; 1 << 25], start: Instant::now() })
     }
 
     pub fn now(&self) -> u64 {
