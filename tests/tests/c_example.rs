@@ -3,6 +3,7 @@
 //! what they did.
 
 use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -185,4 +186,32 @@ fn another_uid_is_refused_a_token_bound_to_someone_else() {
     let allowed = run_as_nobody(&grant(&mut owner, Some(NOBODY)));
     assert!(allowed.status.success(), "{}", String::from_utf8_lossy(&allowed.stderr));
     daemon.stop();
+}
+
+#[test]
+fn other_users_see_only_their_own_channels_and_the_socket_mode_keeps_strangers_out() {
+    const NOBODY: u32 = 65534;
+    let wicctl_as_nobody = |daemon: &Daemon, args: &[&str]| {
+        Command::new(binary("wicctl")).arg("--socket").arg(&daemon.socket).args(args).uid(NOBODY).gid(NOBODY).output().expect("run wicctl as nobody")
+    };
+    let open = Daemon::start("c-visibility", "[service]\nsocket_mode = \"0666\"\n");
+    let mut owner = Client::connect(&open.socket, "test").unwrap();
+    let spec = ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 64, slots: 1, timeout_ns: 0 };
+    let Ok(Reply::Channel(_)) = owner.call(&Request::CreateChannel { spec, base_va: None }) else { panic!("create") };
+    let listed = |json: &str| serde_json::from_str::<serde_json::Value>(json).expect("JSON").as_array().expect("a list").len();
+    assert_eq!(listed(&wicctl(&open, &["channels", "--json"])), 1, "root, an operator, sees every channel");
+    let stranger = wicctl_as_nobody(&open, &["channels", "--json"]);
+    assert!(stranger.status.success(), "{}", String::from_utf8_lossy(&stranger.stderr));
+    assert_eq!(listed(&String::from_utf8_lossy(&stranger.stdout)), 0, "another uid sees none of root's channels");
+    let mode = |daemon: &Daemon| std::fs::metadata(&daemon.socket).expect("socket").permissions().mode() & 0o777;
+    assert_eq!(mode(&open), 0o666);
+    open.stop();
+
+    // The default mode, 0660 for the wic group, shuts everyone else out.
+    let strict = Daemon::start("c-socket-mode", "");
+    assert_eq!(mode(&strict), 0o660);
+    let refused = wicctl_as_nobody(&strict, &["status"]);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("ermission denied"), "{}", String::from_utf8_lossy(&refused.stderr));
+    strict.stop();
 }

@@ -54,6 +54,12 @@ struct Record {
 }
 
 impl Record {
+    /// Whether `peer` on `conn` may see this channel in `channels`: operators see all, a user
+    /// the channels of its own uid and those it attached to through a grant.
+    fn visible_to(&self, conn: ConnId, peer: Peer, operator_uid: u32) -> bool {
+        peer.uid == 0 || peer.uid == operator_uid || self.owner_peer.uid == peer.uid || self.attached.contains_key(&conn)
+    }
+
     fn role_of(&self, conn: ConnId) -> Option<Role> {
         if conn == self.owner {
             Some(Role::Owner)
@@ -104,6 +110,8 @@ pub struct Shared {
     /// The engine's warps per slot generation: what a channel's placement size follows from.
     pub warps_per_batch: u32,
     pub started: Instant,
+    /// The daemon's own uid: with root, the operators who see every client's channels.
+    operator_uid: u32,
     registry: Mutex<Registry>,
 }
 
@@ -117,6 +125,7 @@ impl Shared {
             gpus,
             warps_per_batch,
             started: Instant::now(),
+            operator_uid: nix::unistd::geteuid().as_raw(),
             registry: Mutex::new(Registry::default()),
         })
     }
@@ -380,6 +389,7 @@ async fn handle(shared: &Shared, conn: ConnId, peer: Peer, request: Request, fds
             let mut channels: Vec<ChannelSummary> = registry
                 .channels
                 .values()
+                .filter(|record| record.visible_to(conn, peer, shared.operator_uid))
                 .map(|record| {
                     let counters = snapshot.channels.get(&record.info.channel).copied().unwrap_or_default();
                     ChannelSummary {
