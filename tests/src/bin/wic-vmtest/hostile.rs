@@ -9,7 +9,8 @@
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::ptr;
 use std::time::{Duration, Instant};
@@ -50,6 +51,7 @@ pub fn run() -> Result<(), String> {
     let fake = FakeGpu::open().map_err(|e| format!("open {}: {e}", fakegpu::DEVICE))?;
     let mut ring = IoUring::new(8).map_err(|e| format!("io_uring setup: {e}"))?;
 
+    device_mode(&mut c)?;
     let session = exclusive_open(&mut c)?;
     let fd = session.as_raw_fd();
     let limits = negotiate(&mut c, fd, &fake, &mut ring)?;
@@ -348,6 +350,30 @@ impl Drop for Mapping {
 // --- Scenarios -------------------------------------------------------------------------------
 
 /// One session at a time: a second open is refused until the first closes.
+/// `/dev/wic` is root's alone (the udev rule adds group wic on a real system): another user
+/// cannot even open it.
+fn device_mode(c: &mut Checker) -> Result<(), String> {
+    let meta = std::fs::metadata(DEVICE).map_err(|e| format!("stat {DEVICE}: {e}"))?;
+    let mode = meta.mode() & 0o7777;
+    if !meta.file_type().is_char_device() || mode != 0o600 || meta.uid() != 0 {
+        return Err(format!("{DEVICE} is mode {mode:o}, uid {}, char device {}: expected 600 root", meta.uid(), meta.file_type().is_char_device()));
+    }
+    c.pass();
+    const NOBODY: u32 = 65534;
+    let out = std::process::Command::new("/bin/busybox")
+        .args(["sh", "-c", &format!("exec 3<>{DEVICE}")])
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .output()
+        .map_err(|e| format!("run a shell as nobody: {e}"))?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.success() || !stderr.contains("Permission denied") {
+        return Err(format!("nobody opening {DEVICE}: {}, {stderr:?}", out.status));
+    }
+    c.pass();
+    Ok(())
+}
+
 fn exclusive_open(c: &mut Checker) -> Result<File, String> {
     // A previous scenario's session may still be closing: wait for it as wicd does.
     let deadline = Instant::now() + Duration::from_secs(5);
