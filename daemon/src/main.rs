@@ -1,5 +1,8 @@
 //! wicd: the WIC daemon.
 
+// Input reaches this crate from clients, devices and files: failures are errors, never panics.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 mod config;
 mod demo;
 mod logging;

@@ -1,5 +1,8 @@
 //! wicctl: query a running wicd and decode GPU fault-buffer entries.
 
+// Input reaches this crate from clients, devices and files: failures are errors, never panics.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 mod render;
 mod watch;
 

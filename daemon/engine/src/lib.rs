@@ -5,6 +5,9 @@
 //! argument ([`Nanos`]) and every effect is a [`Command`] returned to the caller, so the same code
 //! runs unchanged under the daemon, the emulated GPU and the deterministic tests.
 
+// Input reaches this crate from clients, devices and files: failures are errors, never panics.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 pub mod activator;
 pub mod engine;
 pub mod fault;

@@ -11,6 +11,9 @@
 //!
 //! The ABI itself is `ffi/include/wic_abi.h`, seen from Rust as [`wic_proto::kabi`].
 
+// Input reaches this crate from clients, devices and files: failures are errors, never panics.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 pub mod backend;
 pub mod commands;
 pub mod device;

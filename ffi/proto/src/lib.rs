@@ -8,6 +8,9 @@
 //!
 //! `docs/protocol.md` is the reference for all of it; tests keep the two in step.
 
+// Input reaches this crate from clients, devices and files: failures are errors, never panics.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 pub mod client;
 pub mod frame;
 pub mod kabi;

@@ -1,0 +1,19 @@
+//! The whole workspace passes clippy with warnings as errors, which includes the crates' own
+//! `deny(clippy::unwrap_used)` outside tests: input reaching the daemon, the libraries and the
+//! tools is answered with errors, not panics. The build goes to its own target directory so it
+//! never waits on the test build's lock.
+
+use std::process::Command;
+
+use wic_tests::{target_dir, workspace};
+
+#[test]
+fn the_workspace_is_clippy_clean_with_warnings_denied() {
+    let output = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+        .current_dir(workspace())
+        .args(["clippy", "--workspace", "--all-targets", "--quiet", "--", "-D", "warnings"])
+        .env("CARGO_TARGET_DIR", target_dir().parent().expect("target/<profile> has a parent").join("clippy"))
+        .output()
+        .expect("run cargo clippy");
+    assert!(output.status.success(), "cargo clippy found problems:\n{}", String::from_utf8_lossy(&output.stderr));
+}
