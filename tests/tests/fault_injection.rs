@@ -126,3 +126,41 @@ fn a_killed_daemon_wakes_every_held_warp_and_a_restarted_one_serves_fresh_channe
     drop(fresh);
     daemon.stop();
 }
+
+#[test]
+fn a_full_fault_ring_drops_faults_that_come_again_after_a_replay_and_none_is_lost() {
+    let daemon = Daemon::start("inject-ring-full", "[limits]\ndefault_timeout_ms = 60000\n");
+    let client = connect(&daemon);
+    // More slots than the channel's fault ring has entries, one consumer warp batch each.
+    let slots = wic_proto::shm::FAULT_RING_ENTRIES + 44;
+    let channel = Arc::new(client.create_channel(&spec(slots, 64)).expect("channel"));
+    let batch = channel.info().batch_bytes as usize;
+
+    // With wicd stopped nothing drains the ring: the first 256 faults fill it, the rest find
+    // it full and are dropped, as a GPU's fault buffer drops them, until a replay.
+    daemon.signal(nix::sys::signal::Signal::SIGSTOP);
+    let consumers: Vec<_> = (0..slots)
+        .map(|slot| {
+            let channel = Arc::clone(&channel);
+            thread::spawn(move || {
+                let mut got = vec![0u8; batch];
+                channel.consume(slot, &mut got).map(|_| got)
+            })
+        })
+        .collect();
+    thread::sleep(Duration::from_millis(300));
+    daemon.signal(nix::sys::signal::Signal::SIGCONT);
+    for slot in 0..slots {
+        channel.publish_copy(slot, &pattern(slot, 0, batch)).expect("publish");
+    }
+    for (slot, consumer) in consumers.into_iter().enumerate() {
+        let got = consumer.join().expect("consumer thread").expect("consume");
+        assert_eq!(got, pattern(slot as u32, 0, batch), "slot {slot}");
+    }
+    let stats = client.stats().unwrap();
+    assert!(stats.fault_buffer_overflows >= 44, "at least the faults past the ring were dropped: {stats:?}");
+    assert_eq!(stats.faults_completed, u64::from(slots), "each slot delivered once");
+    assert_eq!((stats.pfq_depth, stats.faults_timed_out), (0, 0));
+    drop(channel);
+    daemon.stop();
+}

@@ -323,3 +323,35 @@ fn a_thousand_outstanding_requests_survive_storms_and_deliver_once_each() {
     assert!(h.engine.stats().duplicates > 1024 * 100, "the storms reached the engine: {:?}", h.engine.stats());
     h.close_all().unwrap();
 }
+
+/// A slot's tag has one producer. On a GPU producer's channel the host cannot publish (refused,
+/// nothing set); the producer's PAT write publishes once, and its duplicates after replays
+/// neither publish again nor deliver twice.
+#[test]
+fn a_gpu_producers_tag_is_published_once_whoever_else_tries() {
+    let config = EngineConfig { pool_pages: 256, max_slots: 8, warps_per_batch: WARPS, ..EngineConfig::default() };
+    let mut engine = Engine::new(config).unwrap();
+    let spec = ChannelSpec {
+        consumer_gpu: 0,
+        producer: Producer::Gpu { gpu: 1, base_va: 0x9000_0000 },
+        message_bytes: 256,
+        slots: 1,
+        timeout: u64::MAX / 4,
+    };
+    let layout = engine.open_channel(spec).unwrap();
+    let slot = &layout.slots[0];
+    let pat = slot.pat.unwrap();
+    let write = |va| FaultEntry::replayable_gpc(va, AccessType::Write, 0, 0x2000, 0, 0).encode();
+    let mut out = Vec::new();
+    engine.handle_faults(0, 0, &[fault(slot.runs[0])], &mut out);
+    assert_eq!(engine.publish(1, layout.id, 0, &mut out), Err(EngineError::NotHostProducer(layout.id)));
+    assert_eq!((engine.available_tags(), engine.stats().host_publishes, engine.held()), (0, 0, 1), "the host's attempt set nothing");
+    for round in 0..4 {
+        engine.handle_faults(2 + round, 1, &[write(pat[0]), write(pat[0])], &mut out);
+    }
+    let data = out.iter().filter(|c| matches!(c, Command::WriteData { .. })).count();
+    let s = engine.stats();
+    assert_eq!((data, s.delivered, s.pat_publishes), (1, 1, 1));
+    assert_eq!(s.pat_duplicates + s.stale, 7, "every later PAT write is a duplicate or stale");
+    assert_eq!((engine.available_tags(), engine.held()), (0, 0));
+}
