@@ -337,10 +337,8 @@ async fn handle(shared: &Shared, conn: ConnId, peer: Peer, request: Request, fds
         }
         Request::DestroyChannel { channel } => {
             owned(shared, conn, channel)?;
+            unregister(shared, &[channel]);
             shared.dataplane.ask(|reply| Control::Destroy { channel, reply }).await??;
-            let mut registry = shared.registry();
-            registry.channels.remove(&channel);
-            registry.tokens.retain(|_, grant| grant.channel != channel);
             tracing::info!(channel, pid = peer.pid, "channel destroyed");
             Ok((Reply::Done, Vec::new()))
         }
@@ -524,6 +522,15 @@ fn new_token() -> Result<String, WireError> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
+/// Drops the records of channels about to be destroyed, and their unused tokens. This comes
+/// before the fast path destroys them: from then on their ids may be handed out again, and
+/// the records of the new channels that get them must stay.
+fn unregister(shared: &Shared, channels: &[u32]) {
+    let mut registry = shared.registry();
+    registry.channels.retain(|id, _| !channels.contains(id));
+    registry.tokens.retain(|_, grant| !channels.contains(&grant.channel));
+}
+
 /// Releases everything a connection held: its channels are destroyed, its attachments dropped.
 async fn disconnect(shared: &Shared, conn: ConnId) {
     let (owned, space) = {
@@ -535,14 +542,12 @@ async fn disconnect(shared: &Shared, conn: ConnId) {
         let owned: Vec<u32> = registry.channels.values().filter(|r| r.owner == conn).map(|r| r.info.channel).collect();
         (owned, registry.spaces.remove(&conn))
     };
+    unregister(shared, &owned);
     for channel in owned {
         match shared.dataplane.ask(|reply| Control::Destroy { channel, reply }).await {
             Ok(Ok(())) | Err(_) => {}
             Ok(Err(e)) => tracing::warn!(channel, "reclaiming channel of a departed client: {e}"),
         }
-        let mut registry = shared.registry();
-        registry.channels.remove(&channel);
-        registry.tokens.retain(|_, grant| grant.channel != channel);
         tracing::info!(channel, conn, "channel reclaimed: its owner disconnected");
     }
     if let Some(space) = space {

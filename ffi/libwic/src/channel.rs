@@ -453,8 +453,11 @@ impl Channel {
             if mapped() {
                 break;
             }
-            check_open(region.state())?;
             let seq = region.replay_seq().load(Ordering::Acquire);
+            // The state after the replay counter: the daemon closes a channel by setting its
+            // state, then replaying, so a close either shows here or wakes the sleep below.
+            // The other way round, a close between the two reads would be slept through.
+            check_open(region.state())?;
             // Checked again after reading the replay counter: a replay between the first check
             // and here would otherwise be slept through.
             if mapped() {
