@@ -40,37 +40,22 @@
 #include <uvm_wic.h>
 #include <wic_abi.h>
 
+#include "wic_validate.h"
+
 static unsigned int ring_entries = 1024;
 module_param(ring_entries, uint, 0444);
 MODULE_PARM_DESC(ring_entries, "Fault-ring records, a power of two from 256 to 65536");
 
 #define WIC_HELD_HASH_BITS 12
-#define WIC_MAX_GPUS 64
-
-/**
- * struct wic_range_entry - a registered range
- * @start: first byte
- * @end: one past the last byte
- * @id: the id given to wicd
- * @kind: WIC_RANGE_PCM or WIC_RANGE_PAT
- */
-struct wic_range_entry {
-	u64 start;
-	u64 end;
-	u32 id;
-	u32 kind;
-};
 
 /**
  * struct wic_space_entry - an attached VA space
  * @uvm: the reference taken with uvm_wic_space_get()
- * @ranges: its ranges, sorted by start, never overlapping
- * @nr_ranges: entries in @ranges
+ * @ranges: its registered ranges
  */
 struct wic_space_entry {
 	struct uvm_wic_space *uvm;
-	struct wic_range_entry *ranges;
-	u32 nr_ranges;
+	struct wic_range_list ranges;
 };
 
 /**
@@ -155,24 +140,6 @@ static void wic_held_release(struct wic_session *s, struct wic_held *held)
 	s->nr_held--;
 }
 
-static struct wic_range_entry *wic_range_find(struct wic_space_entry *space, u64 va)
-{
-	u32 lo = 0, hi = space->nr_ranges;
-
-	while (lo < hi) {
-		u32 mid = lo + (hi - lo) / 2;
-		struct wic_range_entry *range = &space->ranges[mid];
-
-		if (va < range->start)
-			hi = mid;
-		else if (va >= range->end)
-			lo = mid + 1;
-		else
-			return range;
-	}
-	return NULL;
-}
-
 static u32 wic_space_id(struct wic_session *s, struct uvm_wic_space *uvm)
 {
 	u32 i;
@@ -227,7 +194,7 @@ static bool wic_record_fault(struct wic_session *s, const struct uvm_wic_fault *
 static enum uvm_wic_verdict wic_classify(const struct uvm_wic_fault *fault)
 {
 	struct wic_session *s = rcu_dereference(wic_active);
-	struct wic_range_entry *range;
+	const struct wic_range_entry *range;
 	enum uvm_wic_verdict verdict = UVM_WIC_PASS;
 	bool recorded = false;
 	unsigned long flags;
@@ -239,7 +206,7 @@ static enum uvm_wic_verdict wic_classify(const struct uvm_wic_fault *fault)
 	space_id = wic_space_id(s, fault->space);
 	if (!space_id)
 		goto out;
-	range = wic_range_find(&s->spaces[space_id - 1], fault->va);
+	range = wic_range_find(&s->spaces[space_id - 1].ranges, fault->va);
 	if (!range)
 		goto out;
 	/*
@@ -382,7 +349,7 @@ static int wic_release(struct inode *inode, struct file *file)
 	for (i = 0; i < WIC_MAX_SPACES; i++) {
 		if (s->spaces[i].uvm)
 			uvm_wic_space_put(s->spaces[i].uvm);
-		kvfree(s->spaces[i].ranges);
+		kvfree(s->spaces[i].ranges.entries);
 	}
 	vfree(s->ring);
 	kvfree(s->bounce);
@@ -452,7 +419,7 @@ static long wic_attach(struct wic_session *s, struct wic_attach __user *uarg)
 
 static struct wic_space_entry *wic_space(struct wic_session *s, u32 space_id)
 {
-	if (!space_id || space_id > WIC_MAX_SPACES || !s->spaces[space_id - 1].uvm)
+	if (!wic_space_id_valid(space_id) || !s->spaces[space_id - 1].uvm)
 		return NULL;
 	return &s->spaces[space_id - 1];
 }
@@ -465,10 +432,10 @@ static void wic_swap_ranges(struct wic_session *s, struct wic_space_entry *space
 	unsigned long flags;
 
 	spin_lock_irqsave(&s->lock, flags);
-	old = space->ranges;
-	s->nr_ranges = s->nr_ranges - space->nr_ranges + nr;
-	space->ranges = ranges;
-	space->nr_ranges = nr;
+	old = space->ranges.entries;
+	s->nr_ranges = s->nr_ranges - space->ranges.nr + nr;
+	space->ranges.entries = ranges;
+	space->ranges.nr = nr;
 	spin_unlock_irqrestore(&s->lock, flags);
 	kvfree(old);
 }
@@ -495,24 +462,24 @@ static long wic_detach(struct wic_session *s, u32 __user *uarg)
 	return 0;
 }
 
-/* Whether [start, end) lies entirely inside mappings of @mm. */
-static bool wic_inside_mm(struct mm_struct *mm, u64 start, u64 end)
+/* The end of the VMA of @mm holding @addr, or 0; under the mmap lock. */
+static u64 wic_vma_end(void *mm, u64 addr)
 {
-	struct vm_area_struct *vma;
-	bool inside = false;
-	u64 at = start;
+	struct vm_area_struct *vma = vma_lookup(mm, addr);
+
+	return vma ? vma->vm_end : 0;
+}
+
+/* Whether [start, end) lies entirely inside mappings of the process @uvm belongs to. */
+static bool wic_inside_mm(void *uvm, u64 start, u64 end)
+{
+	struct mm_struct *mm = uvm_wic_space_mm(uvm);
+	bool inside;
 
 	if (!mmget_not_zero(mm))
 		return false;
 	mmap_read_lock(mm);
-	while (at < end) {
-		vma = vma_lookup(mm, at);
-		if (!vma)
-			goto out;
-		at = vma->vm_end;
-	}
-	inside = true;
-out:
+	inside = wic_range_covered(start, end, wic_vma_end, mm);
 	mmap_read_unlock(mm);
 	mmput(mm);
 	return inside;
@@ -520,44 +487,31 @@ out:
 
 static long wic_register(struct wic_session *s, struct wic_range __user *uarg)
 {
-	struct wic_range_entry *ranges;
+	struct wic_range_entry *ranges, entry;
 	struct wic_space_entry *space;
 	struct wic_range r;
-	u32 at, nr;
 	u64 end;
+	u32 at;
+	int err;
 
 	if (copy_from_user(&r, uarg, sizeof(r)))
 		return -EFAULT;
-	if (r.reserved || r.range_id || (r.kind != WIC_RANGE_PCM && r.kind != WIC_RANGE_PAT))
-		return -EINVAL;
-	if (!PAGE_ALIGNED(r.start) || !PAGE_ALIGNED(r.length) || !r.length ||
-	    r.length > WIC_MAX_RANGE_BYTES || check_add_overflow(r.start, r.length, &end))
-		return -EINVAL;
 	space = wic_space(s, r.space_id);
-	if (!space)
-		return -ENOENT;
-	if (s->nr_ranges >= WIC_MAX_RANGES)
-		return -ENOSPC;
-	if (!wic_inside_mm(uvm_wic_space_mm(space->uvm), r.start, end))
-		return -EFAULT;
-	nr = space->nr_ranges;
-	for (at = 0; at < nr && space->ranges[at].start < r.start; at++)
-		;
-	if ((at > 0 && space->ranges[at - 1].end > r.start) ||
-	    (at < nr && space->ranges[at].start < end))
-		return -EEXIST;
-	ranges = kvmalloc_array(nr + 1, sizeof(*ranges), GFP_KERNEL);
+	err = wic_check_register(&r, space ? &space->ranges : NULL, s->nr_ranges, wic_inside_mm,
+				 space ? space->uvm : NULL, &end, &at);
+	if (err)
+		return err;
+	ranges = kvmalloc_array(space->ranges.nr + 1, sizeof(*ranges), GFP_KERNEL);
 	if (!ranges)
 		return -ENOMEM;
-	memcpy(ranges, space->ranges, at * sizeof(*ranges));
-	memcpy(ranges + at + 1, space->ranges + at, (nr - at) * sizeof(*ranges));
 	r.range_id = s->next_range_id++;
 	if (!s->next_range_id)
 		s->next_range_id = 1;
-	ranges[at] = (struct wic_range_entry){
+	entry = (struct wic_range_entry){
 		.start = r.start, .end = end, .id = r.range_id, .kind = r.kind,
 	};
-	wic_swap_ranges(s, space, ranges, nr + 1);
+	wic_ranges_insert(ranges, &space->ranges, at, &entry);
+	wic_swap_ranges(s, space, ranges, space->ranges.nr + 1);
 	return copy_to_user(uarg, &r, sizeof(r)) ? -EFAULT : 0;
 }
 
@@ -565,27 +519,27 @@ static long wic_unregister(struct wic_session *s, u32 __user *uarg)
 {
 	struct wic_range_entry *ranges, gone;
 	struct wic_space_entry *space;
-	u32 range_id, i, at, nr;
+	u32 range_id, i, nr;
+	int at;
 
 	if (get_user(range_id, uarg))
 		return -EFAULT;
 	for (i = 0; i < WIC_MAX_SPACES; i++) {
 		space = &s->spaces[i];
-		for (at = 0; at < space->nr_ranges; at++)
-			if (space->ranges[at].id == range_id)
-				goto found;
+		at = wic_range_index(&space->ranges, range_id);
+		if (at >= 0)
+			goto found;
 	}
 	return -ENOENT;
 found:
-	nr = space->nr_ranges - 1;
-	gone = space->ranges[at];
+	nr = space->ranges.nr - 1;
+	gone = space->ranges.entries[at];
 	ranges = NULL;
 	if (nr) {
 		ranges = kvmalloc_array(nr, sizeof(*ranges), GFP_KERNEL);
 		if (!ranges)
 			return -ENOMEM;
-		memcpy(ranges, space->ranges, at * sizeof(*ranges));
-		memcpy(ranges + at, space->ranges + at + 1, (nr - at) * sizeof(*ranges));
+		wic_ranges_remove(ranges, &space->ranges, at);
 	}
 	wic_swap_ranges(s, space, ranges, nr);
 	wic_complete_held(s, i + 1, gone.start, gone.end, WIC_MARKER_CHANNEL_CLOSED);
@@ -622,38 +576,12 @@ static void wic_release_held(struct wic_session *s, u32 space_id, u32 gpu_id, u6
 	spin_unlock_irqrestore(&s->lock, flags);
 }
 
-/* Checks @cmd's pages against the registered ranges; returns its space or an ERR_PTR. */
-static struct uvm_wic_space *wic_command_target(struct wic_session *s, const struct wic_command *cmd,
-						u32 kind)
-{
-	struct wic_range_entry *range;
-	struct wic_space_entry *space;
-	u64 bytes, end;
-
-	if (!cmd->pages || cmd->pages > WIC_MAX_RANGE_BYTES / PAGE_SIZE || !PAGE_ALIGNED(cmd->va))
-		return ERR_PTR(-EINVAL);
-	if (kind == WIC_RANGE_PAT && cmd->pages != 1)
-		return ERR_PTR(-EINVAL);
-	bytes = (u64)cmd->pages * PAGE_SIZE;
-	if (check_add_overflow(cmd->va, bytes, &end))
-		return ERR_PTR(-EINVAL);
-	space = wic_space(s, cmd->space_id);
-	if (!space)
-		return ERR_PTR(-ENOENT);
-	range = wic_range_find(space, cmd->va);
-	if (!range || end > range->end || range->kind != kind)
-		return ERR_PTR(-ERANGE);
-	return space->uvm;
-}
-
 static int wic_write_markers(struct uvm_wic_space *uvm, const struct wic_command *cmd)
 {
 	u64 marker = cmd->arg;
 	u32 i;
 	int err;
 
-	if ((marker & 0xffffffff00000000ULL) != WIC_MARKER_MAGIC)
-		return -EINVAL;
 	for (i = 0; i < cmd->pages; i++) {
 		err = uvm_wic_write(uvm, cmd->va + (u64)i * PAGE_SIZE, &marker, sizeof(marker));
 		if (err)
@@ -664,40 +592,30 @@ static int wic_write_markers(struct uvm_wic_space *uvm, const struct wic_command
 
 static int wic_run_command(struct wic_session *s, const struct wic_command *cmd)
 {
-	bool pat = cmd->opcode == WIC_CMD_SERVICE_PAT || cmd->opcode == WIC_CMD_REARM_PAT;
+	struct wic_space_entry *space = wic_space(s, cmd->space_id);
 	u64 bytes = (u64)cmd->pages * PAGE_SIZE;
-	struct uvm_wic_space *uvm;
 	int err;
 
-	if (cmd->reserved || cmd->result)
-		return -EINVAL;
-	if (cmd->opcode == WIC_CMD_REPLAY)
-		return cmd->gpu_id < WIC_MAX_GPUS ? uvm_wic_replay(cmd->gpu_id) : -ENODEV;
-	if (cmd->opcode < WIC_CMD_WRITE_DATA || cmd->opcode > WIC_CMD_REPLAY)
-		return -EINVAL;
-	if (cmd->gpu_id >= WIC_MAX_GPUS)
-		return -ENODEV;
-	if (cmd->opcode != WIC_CMD_WRITE_DATA && cmd->length)
-		return -EINVAL;
-	uvm = wic_command_target(s, cmd, pat ? WIC_RANGE_PAT : WIC_RANGE_PCM);
-	if (IS_ERR(uvm))
-		return PTR_ERR(uvm);
+	err = wic_check_command(cmd, space ? &space->ranges : NULL);
+	if (err)
+		return err;
 
 	switch (cmd->opcode) {
+	case WIC_CMD_REPLAY:
+		return uvm_wic_replay(cmd->gpu_id);
 	case WIC_CMD_WRITE_DATA:
-		if (!cmd->length || cmd->length > bytes || cmd->length > WIC_MAX_WRITE_BYTES)
-			return -EINVAL;
 		if (copy_from_user(s->bounce, u64_to_user_ptr(cmd->arg), cmd->length))
 			return -EFAULT;
-		return uvm_wic_write(uvm, cmd->va, s->bounce, cmd->length);
+		return uvm_wic_write(space->uvm, cmd->va, s->bounce, cmd->length);
 	case WIC_CMD_WRITE_MARKER:
-		return wic_write_markers(uvm, cmd);
+		return wic_write_markers(space->uvm, cmd);
 	case WIC_CMD_UNMAP:
-		return uvm_wic_unmap(uvm, cmd->gpu_id, cmd->va, bytes);
+		return uvm_wic_unmap(space->uvm, cmd->gpu_id, cmd->va, bytes);
 	case WIC_CMD_REARM_PAT:
-		return uvm_wic_revoke_write(uvm, cmd->gpu_id, cmd->va, bytes);
+		return uvm_wic_revoke_write(space->uvm, cmd->gpu_id, cmd->va, bytes);
 	default: /* WIC_CMD_MAP, WIC_CMD_SERVICE_PAT */
-		err = uvm_wic_map(uvm, cmd->gpu_id, cmd->va, bytes, pat);
+		err = uvm_wic_map(space->uvm, cmd->gpu_id, cmd->va, bytes,
+				  cmd->opcode == WIC_CMD_SERVICE_PAT);
 		if (!err)
 			wic_release_held(s, cmd->space_id, cmd->gpu_id, cmd->va, cmd->pages);
 		return err;
@@ -713,10 +631,12 @@ static long wic_submit(struct wic_session *s, const struct wic_submit *sub)
 	struct wic_command __user *ucmds = u64_to_user_ptr(sub->commands);
 	struct wic_command cmd;
 	long done = 0;
+	int err;
 	u32 i;
 
-	if (!sub->count || sub->count > WIC_MAX_COMMANDS || sub->flags)
-		return -EINVAL;
+	err = wic_check_submit(sub);
+	if (err)
+		return err;
 	for (i = 0; i < sub->count; i++) {
 		if (copy_from_user(&cmd, &ucmds[i], sizeof(cmd)))
 			return i ? done : -EFAULT;

@@ -81,12 +81,16 @@ struct wic_attach {
  * struct wic_range - register a range of an attached space
  * @space_id: in: from WIC_IOC_ATTACH
  * @kind: in: WIC_RANGE_PCM or WIC_RANGE_PAT
- * @start: in: page-aligned start, inside a mapping of the space's process
- * @length: in: page-aligned length, at most WIC_MAX_RANGE_BYTES
- * @range_id: out: the id records carry and WIC_IOC_UNREGISTER takes (never 0)
+ * @start: in: page-aligned start
+ * @length: in: page-aligned length, 1 page to WIC_MAX_RANGE_BYTES
+ * @range_id: out: the id records carry and WIC_IOC_UNREGISTER takes (never 0); 0 on input
  * @reserved: must be 0
  *
- * Ranges of one space never overlap.
+ * Ranges of one space never overlap. Errors, in the order checked: EINVAL for a field above
+ * broken, or a range that would end past 2^64 - 1; ENOENT when @space_id names no attached
+ * space; ENOSPC when the session holds WIC_MAX_RANGES ranges; EFAULT when the range is not
+ * inside mappings of the space's process (touching mappings may share it); EEXIST when it
+ * overlaps a range of the space. WIC_IOC_UNREGISTER fails with ENOENT for an id no range has.
  */
 struct wic_range {
 	__u32 space_id;
@@ -110,15 +114,23 @@ struct wic_range {
  * struct wic_command - one command of a submission
  * @opcode: WIC_CMD_*
  * @space_id: the space the pages belong to
- * @gpu_id: the GPU the command concerns
- * @pages: pages from @va (1 for the PAT commands)
+ * @gpu_id: the GPU the command concerns, 0 to 63
+ * @pages: pages from @va, 1 to WIC_MAX_RANGE_BYTES / WIC_PAGE_SIZE (1 for the PAT commands)
  * @va: page-aligned, inside one registered range of @space_id (a PAT range for PAT commands)
- * @length: WIC_CMD_WRITE_DATA: bytes to copy, at most @pages pages and WIC_MAX_WRITE_BYTES;
- *	otherwise 0
- * @arg: WIC_CMD_WRITE_DATA: the daemon's address of the bytes; WIC_CMD_WRITE_MARKER: the
- *	marker (WIC_MARKER_*); otherwise 0
- * @result: out: 0 or a negative errno
+ * @length: WIC_CMD_WRITE_DATA: bytes to copy, 1 to @pages pages and at most
+ *	WIC_MAX_WRITE_BYTES; otherwise 0
+ * @arg: WIC_CMD_WRITE_DATA: the daemon's address of the bytes; WIC_CMD_WRITE_MARKER: one of
+ *	the four WIC_MARKER_* values; otherwise 0
+ * @result: in: 0; out: 0 or a negative errno
  * @reserved: must be 0
+ *
+ * Errors in @result, in the order checked: EINVAL for @reserved or @result set or an unknown
+ * opcode; ENODEV for @gpu_id; EINVAL for @length or @arg set where the opcode does not use
+ * them (WIC_CMD_REPLAY needs nothing more), for @pages or @va broken, or pages that would end
+ * past 2^64 - 1; ENOENT when @space_id names no attached space; ERANGE when the pages are not
+ * inside one range of the kind the opcode needs; EINVAL for WIC_CMD_WRITE_DATA's @length or
+ * WIC_CMD_WRITE_MARKER's @arg. Running the command may fail too (EFAULT for @arg bytes that
+ * cannot be read, or what nvidia-uvm returns).
  */
 struct wic_command {
 	__u32 opcode;
@@ -139,10 +151,10 @@ struct wic_command {
  * @flags: must be 0
  *
  * Commands run in order; each gets its own result. The call returns the number of commands
- * that succeeded, or a negative errno when the batch itself is refused or its first command
- * cannot be read or answered. A command that cannot be read ends the batch: it and the ones
- * after it do not run and keep their result fields, so a count below the number of zero
- * results says where the batch stopped.
+ * that succeeded, or a negative errno when the batch itself is refused (EINVAL for @count or
+ * @flags) or its first command cannot be read or answered (EFAULT). A command that cannot
+ * be read ends the batch: it and the ones after it do not run and keep their result fields,
+ * so a count below the number of zero results says where the batch stopped.
  */
 struct wic_submit {
 	__u64 commands;

@@ -140,7 +140,8 @@ impl FaultRing {
             // A head more than a ring ahead: only the last ring's worth can still be there.
             // A head behind us: nothing new to read.
             self.anomalies.bad_head += 1;
-            self.next = if ahead > u64::MAX / 2 { head } else { head - self.entries };
+            // Sequence numbers wrap around, so a head below `entries` is a head like any other.
+            self.next = if ahead > u64::MAX / 2 { head } else { head.wrapping_sub(self.entries) };
         }
         let mut appended = 0;
         while self.next != head && appended < limit {
@@ -294,6 +295,23 @@ mod tests {
         fake.publish(3);
         ring.read(&mut out, usize::MAX);
         assert!(ring.anomalies().bad_head >= 1);
+    }
+
+    #[test]
+    fn a_head_far_ahead_across_the_sequence_wrap_is_survived() {
+        let mut fake = FakeRing::new(256);
+        fake.publish(u64::MAX - 300);
+        let mut ring = reader(&mut fake);
+        // 401 ahead of the reader, past the wrap, and below the ring's size.
+        fake.publish(100);
+        for seq in (1..=256).map(|back| 100u64.wrapping_sub(back)) {
+            fake.write(seq, seq, 0);
+        }
+        let mut out = Vec::new();
+        assert_eq!(ring.read(&mut out, usize::MAX), 256);
+        assert_eq!(out.first().map(|r| r.seq), Some(100u64.wrapping_sub(256)));
+        assert_eq!(ring.anomalies(), RingAnomalies { torn: 0, bad_head: 1 });
+        assert_eq!(fake.tail(), 100);
     }
 
     #[test]

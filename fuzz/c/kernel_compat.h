@@ -1,0 +1,23 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * kernel_compat.h - the kernel definitions shim/wic_validate.h uses, for a user-space build.
+ *
+ * Same meaning as in the kernel, for a 64-bit target with 4 KiB pages (the module's).
+ */
+#ifndef _WIC_KERNEL_COMPAT_H
+#define _WIC_KERNEL_COMPAT_H
+
+#include <errno.h>
+#include <stdbool.h>
+#include <string.h>
+#include <linux/types.h>
+
+typedef __u32 u32;
+typedef __u64 u64;
+
+#define PAGE_SIZE 4096UL
+#define IS_ALIGNED(x, a) (((x) & ((typeof(x))(a) - 1)) == 0)
+#define PAGE_ALIGNED(addr) IS_ALIGNED((unsigned long)(addr), PAGE_SIZE)
+#define check_add_overflow(a, b, d) __builtin_add_overflow(a, b, d)
+
+#endif /* _WIC_KERNEL_COMPAT_H */
