@@ -8,7 +8,7 @@ use wic_engine::{PagePool, PageRun};
 
 use crate::bitmap::BitmapFirstFit;
 use crate::measure::ns_per_op;
-use crate::rng::Rng;
+use wic_emu::payload::Rng;
 use crate::Settings;
 
 /// Run lengths requested in turn: the runs of channels with 256 B to 4 KiB messages.
@@ -56,12 +56,12 @@ fn fragment(allocator: &mut impl Allocator, pages: u32, seed: u64) {
     let mut runs = Vec::new();
     let mut used = 0u64;
     while used * 10 < u64::from(pages) * 7 {
-        let len = 1 + rng.below(8) as u32;
+        let len = 1 + (rng.next_u64() % 8) as u32;
         runs.push((allocator.alloc(len), len));
         used += u64::from(len);
     }
     for (start, len) in runs {
-        if rng.below(2) == 0 {
+        if rng.next_u64() & 1 == 0 {
             allocator.free(start, len);
         }
     }

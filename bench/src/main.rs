@@ -13,7 +13,6 @@ mod bitmap;
 mod interrupter;
 mod measure;
 mod monitor;
-mod rng;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

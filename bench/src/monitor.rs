@@ -11,7 +11,7 @@ use wic_engine::fault::AccessType;
 use wic_engine::{ChannelSpec, Command, Engine, EngineConfig, FaultEntry, Producer, RawFaultEntry, VaWidth};
 
 use crate::measure::median;
-use crate::rng::Rng;
+use wic_emu::payload::Rng;
 use crate::Settings;
 
 const BATCH: usize = 256;
@@ -51,7 +51,7 @@ fn measure(pages: u32, settings: &Settings) -> Row {
             entries.clear();
             picked.clear();
             for _ in 0..BATCH {
-                let slot = rng.below(runs.len() as u64) as usize;
+                let slot = (rng.next_u64() % runs.len() as u64) as usize;
                 entries.push(FaultEntry::replayable_gpc(runs[slot][usize::from(generation[slot] & 1)], AccessType::Read, now, 0x1000, 0, 0).encode());
                 picked.push(slot as u32);
             }
