@@ -621,8 +621,11 @@ impl Engine {
             }
             self.deadlines.pop();
             let Some(slot) = self.slots[slot_id as usize].as_mut() else { continue };
-            if slot.generation != generation || slot.held_since.is_none() {
-                continue; // delivered, or the slot now belongs to another channel
+            // Slot ids and generations restart when a closed channel's slot is reused, so
+            // only a deadline equal to the current hold's own one may end it.
+            let current = slot.held_since.map(|since| since.saturating_add(slot.timeout));
+            if slot.generation != generation || current != Some(deadline) {
+                continue; // delivered, or a stale deadline of an earlier channel on this slot
             }
             slot.held_since = None;
             slot.generation += 1;
@@ -810,6 +813,26 @@ mod tests {
         out.clear();
         e.expire(10_000, &mut out);
         assert!(out.is_empty(), "a delivered request never times out");
+    }
+
+    #[test]
+    fn a_closed_channels_deadline_does_not_time_out_the_next_channel_on_its_slot() {
+        let mut e = engine();
+        let a = e.open_channel(host_spec(1)).unwrap();
+        let mut out = Vec::new();
+        e.handle_faults(0, 0, &[fault(a.slots[0].runs[0], AccessType::Read)], &mut out);
+        e.publish(10, a.id, 0, &mut out).unwrap();
+        e.close_channel(a.id, &mut out).unwrap();
+        let b = e.open_channel(host_spec(1)).unwrap();
+        assert_eq!(b.slots[0].runs, a.slots[0].runs, "B reuses A's slot and pages");
+        out.clear();
+        e.handle_faults(900, 0, &[fault(b.slots[0].runs[0], AccessType::Read)], &mut out);
+        e.expire(1_000, &mut out);
+        assert!(out.is_empty(), "A's deadline at 1_000 must not end B's hold");
+        assert_eq!((e.held(), e.stats().timed_out), (1, 0));
+        e.expire(1_900, &mut out);
+        assert_eq!(kinds(&out), ["error", "unmap", "map", "replay"]);
+        assert_eq!(e.stats().timed_out, 1);
     }
 
     #[test]
