@@ -1,22 +1,34 @@
 //! The fault hot path allocates nothing once warm: decoding and classifying a batch, holding
 //! requests, publishing, delivering, dropping duplicates and expiring timeouts all run on
-//! memory the engine and its caller already have. A counting global allocator proves it; this
-//! file holds a single test so that no other test thread allocates while it counts.
+//! memory the engine and its caller already have. A counting global allocator proves it. It
+//! counts per thread, so the test harness's own threads cannot disturb the count.
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::cell::Cell;
 
 use wic_engine::fault::AccessType;
 use wic_engine::{ChannelSpec, Command, Engine, EngineConfig, FaultEntry, Producer, RawFaultEntry};
 
 struct Counting;
 
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+thread_local! {
+    // Const-initialised and without a destructor, so counting never allocates itself.
+    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+}
+
+fn count_allocation() {
+    // `try_with` because the allocator also runs while a thread's locals are torn down.
+    let _ = ALLOCATIONS.try_with(|count| count.set(count.get() + 1));
+}
+
+fn allocations_on_this_thread() -> u64 {
+    ALLOCATIONS.with(Cell::get)
+}
 
 // SAFETY: every call is forwarded unchanged to the system allocator; only a counter is added.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        count_allocation();
         // SAFETY: the caller's contract for `alloc` is passed on as is.
         unsafe { System.alloc(layout) }
     }
@@ -27,7 +39,7 @@ unsafe impl GlobalAlloc for Counting {
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        count_allocation();
         // SAFETY: as for `dealloc`, and `new_size` is the caller's.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -90,12 +102,12 @@ fn a_warm_engine_handles_faults_publishes_and_timeouts_without_allocating() {
     for _ in 0..4 {
         round(&mut engine, &runs, &mut generation, &mut now, &mut faults, &mut out);
     }
-    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    let before = allocations_on_this_thread();
     let delivered = engine.stats().delivered;
     for _ in 0..100 {
         round(&mut engine, &runs, &mut generation, &mut now, &mut faults, &mut out);
     }
-    let allocations = ALLOCATIONS.load(Ordering::Relaxed) - before;
+    let allocations = allocations_on_this_thread() - before;
     let stats = engine.stats();
     assert_eq!(stats.delivered - delivered, 100 * 2 * u64::from(SLOTS), "the rounds did their work");
     assert!(stats.timed_out >= 100 * u64::from(SLOTS));
