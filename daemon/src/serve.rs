@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use nix::sys::resource::{getrlimit, setrlimit, Resource};
 use tokio::signal::unix::{signal, SignalKind};
 use wic_kmod::ShimBackend;
 
@@ -63,6 +64,7 @@ impl ServeArgs {
 pub fn run(args: ServeArgs) -> Result<(), String> {
     let config = args.load()?;
     let level = logging::init(logging::parse_level(&config.service.log_level)?);
+    raise_descriptor_limit()?;
     let (backend, name, gpus) = open_backend(&config)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -72,6 +74,19 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     let result = runtime.block_on(serve(args, config, level, handle, name, gpus));
     fast_path.join().map_err(|_| "the fast path panicked".to_string())?;
     result
+}
+
+/// Raises the soft descriptor limit to the hard one. wicd holds several descriptors per
+/// channel (shared regions and doorbells) and one per connection, so the usual soft limit of
+/// 1024 would refuse channels after a few hundred; the hard limit is the administrator's
+/// choice (`LimitNOFILE=` in the unit).
+fn raise_descriptor_limit() -> Result<(), String> {
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).map_err(|e| format!("getrlimit(RLIMIT_NOFILE): {e}"))?;
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard).map_err(|e| format!("setrlimit(RLIMIT_NOFILE, {hard}): {e}"))?;
+        tracing::info!("descriptor limit raised from {soft} to {hard}");
+    }
+    Ok(())
 }
 
 /// The configured backend, its name and how many GPUs the daemon knows of (0: the shim

@@ -65,10 +65,17 @@ pub struct Daemon {
 impl Daemon {
     /// Starts wicd with `config` (TOML text) and waits until its socket accepts connections.
     pub fn start(name: &str, config: &str) -> Self {
+        Self::start_with(name, config, |_| {})
+    }
+
+    /// As [`Daemon::start`], with `adjust` applied to the command first (limits, environment).
+    pub fn start_with(name: &str, config: &str, adjust: impl FnOnce(&mut Command)) -> Self {
         let dir = scratch(name);
         std::fs::write(dir.join("wicd.toml"), config).expect("write config");
         let socket = dir.join("wicd.sock");
-        let child = Self::spawn(&dir, &socket);
+        let mut command = Self::command(&dir, &socket);
+        adjust(&mut command);
+        let child = command.spawn().expect("spawn wicd");
         let mut daemon = Self { child, socket, dir };
         daemon.wait_listening();
         daemon
@@ -78,13 +85,14 @@ impl Daemon {
     /// service manager restarts it); its log goes on in the same file.
     pub fn respawn(&mut self) {
         assert!(!self.alive(), "respawn while wicd is still running");
-        self.child = Self::spawn(&self.dir, &self.socket);
+        self.child = Self::command(&self.dir, &self.socket).spawn().expect("spawn wicd");
         self.wait_listening();
     }
 
-    fn spawn(dir: &Path, socket: &Path) -> Child {
+    fn command(dir: &Path, socket: &Path) -> Command {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("wicd.log")).expect("log file");
-        Command::new(binary("wicd"))
+        let mut command = Command::new(binary("wicd"));
+        command
             .arg("serve")
             .arg("--config")
             .arg(dir.join("wicd.toml"))
@@ -94,9 +102,8 @@ impl Daemon {
             .arg("emulated")
             .env("RUST_BACKTRACE", "1")
             .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn wicd")
+            .stderr(log);
+        command
     }
 
     fn wait_listening(&mut self) {
