@@ -10,7 +10,7 @@ use wic_proto::kabi::{self, WicCommand};
 
 use crate::commands::{CommandError, Placement, Translator};
 use crate::device::{Device, DeviceError};
-use crate::ring::Record;
+use crate::ring::{FaultRing, Record};
 use crate::uring::UringSubmitter;
 
 /// How command batches reach the module.
@@ -40,10 +40,12 @@ pub struct Executed {
     pub untranslatable: usize,
 }
 
-/// The backend.
-pub struct ShimBackend {
-    device: Device,
-    uring: Option<UringSubmitter>,
+/// The user-space path of a fault batch, without the device: ring records are translated to
+/// engine addresses and fed to the engine, and the engine's commands are translated into one
+/// batch of kernel commands. The backend wraps it around `/dev/wic`; benchmarks run it on a
+/// ring in ordinary memory.
+#[derive(Debug)]
+pub struct BatchPath {
     translator: Translator,
     width: wic_engine::VaWidth,
     records: Vec<Record>,
@@ -55,6 +57,94 @@ pub struct ShimBackend {
     pub stray_records: u64,
 }
 
+impl BatchPath {
+    /// An empty path for faults of `width`-bit addresses.
+    pub fn new(width: wic_engine::VaWidth) -> Self {
+        Self {
+            translator: Translator::default(),
+            width,
+            records: Vec::new(),
+            entries: Vec::new(),
+            batch: Vec::new(),
+            origin: Vec::new(),
+            stray_records: 0,
+        }
+    }
+
+    /// Makes a placed channel's pages known in both directions.
+    pub fn add(&mut self, placement: &Placement) {
+        self.translator.add(placement);
+    }
+
+    /// Forgets a channel's pages.
+    pub fn remove(&mut self, placement: &Placement) {
+        self.translator.remove(placement);
+    }
+
+    /// Reads `ring` and feeds every held fault to the engine, GPU by GPU. Returns how many
+    /// records were read.
+    pub fn take_faults(&mut self, ring: &mut FaultRing, engine: &mut Engine, now: Nanos, out: &mut Vec<Command>) -> usize {
+        self.records.clear();
+        let read = ring.read(&mut self.records, usize::MAX);
+        self.records.sort_by_key(|r| r.gpu_id);
+        for group in self.records.chunk_by(|a, b| a.gpu_id == b.gpu_id) {
+            let Ok(gpu) = GpuId::try_from(group[0].gpu_id) else {
+                self.stray_records += group.len() as u64;
+                continue;
+            };
+            self.entries.clear();
+            for record in group {
+                match self.translator.to_engine(record, self.width) {
+                    Some(entry) => self.entries.push(entry),
+                    None => self.stray_records += 1,
+                }
+            }
+            engine.handle_faults(now, gpu, &self.entries, out);
+        }
+        read
+    }
+
+    /// Translates `commands` into the kernel batch it returns; each command that cannot be
+    /// translated goes to `outcome` with why, and is counted in `untranslatable`.
+    pub fn translate(
+        &mut self,
+        commands: &[Command],
+        host_data: impl Fn(u64, DataSource, u64) -> Option<u64>,
+        outcome: &mut impl FnMut(&Command, Result<i32, CommandError>),
+        untranslatable: &mut usize,
+    ) -> &mut Vec<WicCommand> {
+        self.batch.clear();
+        self.origin.clear();
+        for (index, command) in commands.iter().enumerate() {
+            match self.translator.to_kernel(command, &host_data, &mut self.batch) {
+                Ok(()) => self.origin.push(index),
+                Err(e) => {
+                    *untranslatable += 1;
+                    outcome(command, Err(e));
+                }
+            }
+        }
+        &mut self.batch
+    }
+
+    /// After the batch ran: every translated command with the module's result.
+    fn report(&self, commands: &[Command], done: &mut Executed, outcome: &mut impl FnMut(&Command, Result<i32, CommandError>)) {
+        for (&index, kernel) in self.origin.iter().zip(&self.batch) {
+            if kernel.result != 0 {
+                done.failed += 1;
+            }
+            outcome(&commands[index], Ok(kernel.result));
+        }
+    }
+}
+
+/// The backend.
+pub struct ShimBackend {
+    device: Device,
+    uring: Option<UringSubmitter>,
+    path: BatchPath,
+}
+
 impl ShimBackend {
     /// Opens a session on `path`.
     pub fn open(path: &Path, busy_wait: Duration, submission: Submission, width: wic_engine::VaWidth) -> Result<Self, DeviceError> {
@@ -63,17 +153,7 @@ impl ShimBackend {
             Submission::Uring => Some(UringSubmitter::new(device.limits().max_commands).map_err(|e| DeviceError::Ring(format!("io_uring: {e}")))?),
             Submission::Ioctl => None,
         };
-        Ok(Self {
-            device,
-            uring,
-            translator: Translator::default(),
-            width,
-            records: Vec::new(),
-            entries: Vec::new(),
-            batch: Vec::new(),
-            origin: Vec::new(),
-            stray_records: 0,
-        })
+        Ok(Self { device, uring, path: BatchPath::new(width) })
     }
 
     /// The session.
@@ -94,38 +174,26 @@ impl ShimBackend {
                 }
             }
         }
-        self.translator.add(&placement);
+        self.path.add(&placement);
         Ok(PlacedChannel { placement, ranges })
     }
 
     /// Removes a channel: its ranges are unregistered (the module completes any fault still
     /// held on them with the channel-closed marker).
     pub fn unplace(&mut self, channel: &PlacedChannel) -> Result<(), DeviceError> {
-        self.translator.remove(&channel.placement);
+        self.path.remove(&channel.placement);
         channel.ranges.iter().try_for_each(|id| self.device.unregister(*id))
     }
 
     /// Reads the ring and feeds every held fault to the engine, GPU by GPU. Returns how many
     /// records were read.
     pub fn take_faults(&mut self, engine: &mut Engine, now: Nanos, out: &mut Vec<Command>) -> usize {
-        self.records.clear();
-        let read = self.device.ring().read(&mut self.records, usize::MAX);
-        self.records.sort_by_key(|r| r.gpu_id);
-        for group in self.records.chunk_by(|a, b| a.gpu_id == b.gpu_id) {
-            let Ok(gpu) = GpuId::try_from(group[0].gpu_id) else {
-                self.stray_records += group.len() as u64;
-                continue;
-            };
-            self.entries.clear();
-            for record in group {
-                match self.translator.to_engine(record, self.width) {
-                    Some(entry) => self.entries.push(entry),
-                    None => self.stray_records += 1,
-                }
-            }
-            engine.handle_faults(now, gpu, &self.entries, out);
-        }
-        read
+        self.path.take_faults(self.device.ring(), engine, now, out)
+    }
+
+    /// Records of pages no placed channel has (stale, or a closed channel's).
+    pub fn stray_records(&self) -> u64 {
+        self.path.stray_records
     }
 
     /// Runs the engine's `commands` as one batch. `host_data` gives the daemon's address of
@@ -138,30 +206,15 @@ impl ShimBackend {
         mut outcome: impl FnMut(&Command, Result<i32, CommandError>),
     ) -> Result<Executed, DeviceError> {
         let mut done = Executed::default();
-        self.batch.clear();
-        self.origin.clear();
-        for (index, command) in commands.iter().enumerate() {
-            match self.translator.to_kernel(command, &host_data, &mut self.batch) {
-                Ok(()) => self.origin.push(index),
-                Err(e) => {
-                    done.untranslatable += 1;
-                    outcome(command, Err(e));
-                }
-            }
-        }
-        if self.batch.is_empty() {
+        let batch = self.path.translate(commands, host_data, &mut outcome, &mut done.untranslatable);
+        if batch.is_empty() {
             return Ok(done);
         }
         done.succeeded = match &mut self.uring {
-            Some(uring) => uring.submit(self.device.fd(), &mut self.batch).map_err(|e| DeviceError::Ring(format!("io_uring submission: {e}")))?,
-            None => self.device.submit(&mut self.batch)?,
+            Some(uring) => uring.submit(self.device.fd(), batch).map_err(|e| DeviceError::Ring(format!("io_uring submission: {e}")))?,
+            None => self.device.submit(batch)?,
         };
-        for (&index, kernel) in self.origin.iter().zip(&self.batch) {
-            if kernel.result != 0 {
-                done.failed += 1;
-            }
-            outcome(&commands[index], Ok(kernel.result));
-        }
+        self.path.report(commands, &mut done, &mut outcome);
         Ok(done)
     }
 }

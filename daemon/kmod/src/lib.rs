@@ -22,9 +22,9 @@ pub mod ring;
 pub mod uring;
 pub mod uvmtools;
 
-pub use backend::{Executed, PlacedChannel, ShimBackend, Submission};
+pub use backend::{BatchPath, Executed, PlacedChannel, ShimBackend, Submission};
 pub use commands::{CommandError, Placement, Translator};
 pub use device::{Device, DeviceError};
-pub use ring::{FaultRing, Record, RingError};
+pub use ring::{FaultRing, MemoryRing, Record, RingError};
 pub use uring::UringSubmitter;
 pub use uvmtools::{Event, EventTracker, FaultStats, UvmToolsError};

@@ -177,68 +177,95 @@ impl FaultRing {
     }
 }
 
+/// A fault ring in ordinary memory, laid out and written the way the module writes it: for
+/// benchmarks of the reader and the path behind it, and for the reader's tests.
+pub struct MemoryRing {
+    mem: Vec<u64>,
+    entries: u32,
+}
+
+impl MemoryRing {
+    /// An empty ring of `entries` records, a power of two.
+    pub fn new(entries: u32) -> Self {
+        let mut ring = Self { mem: vec![0; wic_proto::kabi::ring_bytes(entries) as usize / 8], entries };
+        let header = WicRingHeader {
+            magic: WIC_RING_MAGIC,
+            abi_version: wic_proto::kabi::WIC_ABI_VERSION,
+            entries,
+            record_size: std::mem::size_of::<WicFaultRecord>() as u32,
+            ..Default::default()
+        };
+        // SAFETY: the buffer holds at least the header and is 8-byte aligned.
+        unsafe { std::ptr::write(ring.mem.as_mut_ptr().cast(), header) };
+        ring
+    }
+
+    /// Where the ring starts, for [`FaultRing::new`].
+    pub fn base(&mut self) -> NonNull<u8> {
+        NonNull::from(&mut self.mem[..]).cast()
+    }
+
+    /// The ring's size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.mem.len() * 8
+    }
+
+    /// Writes `record` into the slot of sequence number `seq`; a `record.seq` other than
+    /// `seq` makes a torn or stale record.
+    pub fn write(&mut self, seq: u64, record: &Record) {
+        let offset = WIC_RING_RECORDS_OFFSET as usize
+            + (seq % u64::from(self.entries)) as usize * std::mem::size_of::<WicFaultRecord>();
+        let raw = WicFaultRecord {
+            seq: record.seq,
+            space_id: record.space_id,
+            gpu_id: record.gpu_id,
+            range_id: record.range_id,
+            flags: if record.pat { WIC_RECORD_PAT } else { 0 },
+            held_ns: record.held_ns,
+            entry: record.entry.0,
+        };
+        // SAFETY: the slot lies inside the buffer (index masked by the entry count) and is
+        // 8-byte aligned.
+        unsafe { std::ptr::write(self.mem.as_mut_ptr().cast::<u8>().add(offset).cast(), raw) };
+    }
+
+    /// Publishes every record before `head`.
+    pub fn publish(&mut self, head: u64) {
+        self.set(std::mem::offset_of!(WicRingHeader, head), head);
+    }
+
+    /// How far the reader has handed records back.
+    pub fn tail(&self) -> u64 {
+        self.mem[std::mem::offset_of!(WicRingHeader, tail) / 8]
+    }
+
+    fn set(&mut self, offset: usize, value: u64) {
+        self.mem[offset / 8] = value;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use wic_proto::kabi::{ring_bytes, WIC_ABI_VERSION};
 
-    /// A ring in ordinary memory, written the way the module writes it.
-    struct FakeRing {
-        mem: Vec<u64>,
-        entries: u32,
+    fn write(fake: &mut MemoryRing, seq: u64, stored_seq: u64, va_byte: u8) {
+        let record =
+            Record { seq: stored_seq, space_id: 1, gpu_id: 2, range_id: 3, pat: false, held_ns: 9, entry: RawFaultEntry([va_byte; 32]) };
+        fake.write(seq, &record);
     }
 
-    impl FakeRing {
-        fn new(entries: u32) -> Self {
-            let mut ring = Self { mem: vec![0; ring_bytes(entries) as usize / 8], entries };
-            let header = WicRingHeader {
-                magic: WIC_RING_MAGIC,
-                abi_version: WIC_ABI_VERSION,
-                entries,
-                record_size: std::mem::size_of::<WicFaultRecord>() as u32,
-                ..Default::default()
-            };
-            // SAFETY: the buffer is larger than the header and 8-byte aligned.
-            unsafe { std::ptr::write(ring.mem.as_mut_ptr().cast(), header) };
-            ring
-        }
-
-        fn base(&mut self) -> NonNull<u8> {
-            NonNull::new(self.mem.as_mut_ptr().cast()).unwrap()
-        }
-
-        fn set(&mut self, offset: usize, value: u64) {
-            self.mem[offset / 8] = value;
-        }
-
-        fn write(&mut self, seq: u64, stored_seq: u64, va_byte: u8) {
-            let offset = WIC_RING_RECORDS_OFFSET as usize + (seq % u64::from(self.entries)) as usize * 64;
-            let rec = WicFaultRecord { seq: stored_seq, space_id: 1, gpu_id: 2, range_id: 3, flags: 0, held_ns: 9, entry: [va_byte; 32] };
-            // SAFETY: inside the buffer, aligned.
-            unsafe { std::ptr::write(self.mem.as_mut_ptr().cast::<u8>().add(offset).cast(), rec) };
-        }
-
-        fn publish(&mut self, head: u64) {
-            self.set(std::mem::offset_of!(WicRingHeader, head), head);
-        }
-
-        fn tail(&self) -> u64 {
-            self.mem[std::mem::offset_of!(WicRingHeader, tail) / 8]
-        }
-    }
-
-    fn reader(fake: &mut FakeRing) -> FaultRing {
-        let len = fake.mem.len() * 8;
+    fn reader(fake: &mut MemoryRing) -> FaultRing {
+        let len = fake.bytes();
         // SAFETY: the fake outlives the reader in every test.
         unsafe { FaultRing::new(fake.base(), len) }.unwrap()
     }
 
     #[test]
     fn reads_published_records_in_order_and_moves_the_tail() {
-        let mut fake = FakeRing::new(256);
+        let mut fake = MemoryRing::new(256);
         let mut ring = reader(&mut fake);
         for seq in 0..5 {
-            fake.write(seq, seq, seq as u8);
+            write(&mut fake, seq, seq, seq as u8);
         }
         fake.publish(5);
         let mut out = Vec::new();
@@ -252,12 +279,12 @@ mod tests {
 
     #[test]
     fn wraps_around_and_honours_the_limit() {
-        let mut fake = FakeRing::new(256);
+        let mut fake = MemoryRing::new(256);
         let mut ring = reader(&mut fake);
         let mut out = Vec::new();
         for round in 0..3u64 {
             for seq in round * 200..(round + 1) * 200 {
-                fake.write(seq, seq, 0);
+                write(&mut fake, seq, seq, 0);
             }
             fake.publish((round + 1) * 200);
             assert_eq!(ring.read(&mut out, 150), 150);
@@ -270,11 +297,11 @@ mod tests {
 
     #[test]
     fn torn_records_are_skipped_and_counted() {
-        let mut fake = FakeRing::new(256);
+        let mut fake = MemoryRing::new(256);
         let mut ring = reader(&mut fake);
-        fake.write(0, 0, 0);
-        fake.write(1, 77, 0); // stale sequence number
-        fake.write(2, 2, 0);
+        write(&mut fake, 0, 0, 0);
+        write(&mut fake, 1, 77, 0); // stale sequence number
+        write(&mut fake, 2, 2, 0);
         fake.publish(3);
         let mut out = Vec::new();
         ring.read(&mut out, usize::MAX);
@@ -284,7 +311,7 @@ mod tests {
 
     #[test]
     fn a_head_out_of_range_is_survived() {
-        let mut fake = FakeRing::new(256);
+        let mut fake = MemoryRing::new(256);
         let mut ring = reader(&mut fake);
         fake.publish(u64::MAX - 3); // far ahead (or, equally, behind)
         let mut out = Vec::new();
@@ -299,13 +326,13 @@ mod tests {
 
     #[test]
     fn a_head_far_ahead_across_the_sequence_wrap_is_survived() {
-        let mut fake = FakeRing::new(256);
+        let mut fake = MemoryRing::new(256);
         fake.publish(u64::MAX - 300);
         let mut ring = reader(&mut fake);
         // 401 ahead of the reader, past the wrap, and below the ring's size.
         fake.publish(100);
         for seq in (1..=256).map(|back| 100u64.wrapping_sub(back)) {
-            fake.write(seq, seq, 0);
+            write(&mut fake, seq, seq, 0);
         }
         let mut out = Vec::new();
         assert_eq!(ring.read(&mut out, usize::MAX), 256);
@@ -316,8 +343,8 @@ mod tests {
 
     #[test]
     fn bad_headers_are_refused() {
-        let mut fake = FakeRing::new(256);
-        let len = fake.mem.len() * 8;
+        let mut fake = MemoryRing::new(256);
+        let len = fake.bytes();
         // SAFETY: as in `reader`.
         assert!(matches!(unsafe { FaultRing::new(fake.base(), 64) }, Err(RingError::TooSmall { .. })));
         // SAFETY: as in `reader`.
