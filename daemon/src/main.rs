@@ -107,7 +107,7 @@ fn run_demo(args: DemoArgs) -> Result<(), String> {
         if let Some(threads) = scale {
             println!("\n== {threads} consumer threads per kernel ==");
         }
-        let rows = demo::compare(&set, &cal, args.seed, threads, demo::stderr_progress(started));
+        let rows = wic_emu::compare::compare(&set, &cal, args.seed, threads, demo::stderr_progress(started));
         print!("{}", demo::table(&rows));
         if rows.iter().any(|r| r.poll.corrupt_messages + r.fault.corrupt_messages > 0) {
             return Err("some messages arrived corrupted".into());
@@ -118,7 +118,7 @@ fn run_demo(args: DemoArgs) -> Result<(), String> {
          overlap = share of waiting time its SM still computed (paper Fig. 14); WIC ovh = wicd busy time / runtime (Fig. 15);\n\
          faults = fault-buffer entries wicd handled; checked = every message compared byte for byte with what its producer wrote."
     );
-    println!("{}", demo::calibration_summary(&cal));
+    println!("{}", wic_emu::compare::calibration_summary(&cal));
     println!("Elapsed: {:.1}s", started.elapsed().as_secs_f64());
     Ok(())
 }

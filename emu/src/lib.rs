@@ -3,6 +3,7 @@
 //! applications as workloads.
 
 pub mod calibration;
+pub mod compare;
 pub mod payload;
 pub mod sim;
 pub mod workload;
