@@ -57,6 +57,11 @@ impl BitmapFirstFit {
         None
     }
 
+    /// Marks `len` pages from `start` used.
+    pub fn occupy(&mut self, start: u32, len: u32) {
+        self.set(start, len, true);
+    }
+
     pub fn free(&mut self, start: u32, len: u32) {
         self.set(start, len, false);
     }

@@ -1,5 +1,6 @@
 //! The Interrupter's page pool (a segment tree) against a linear-scan first-fit bitmap, on an
-//! empty pool and on a fragmented one, from 1K to 1M pages: allocate a run and free it again.
+//! empty pool and on one aged by channel churn, from 1K to 1M pages: allocate a run and free it
+//! again.
 
 use std::hint::black_box;
 
@@ -49,29 +50,41 @@ impl Allocator for BitmapFirstFit {
     }
 }
 
-/// Fragments like long-lived channels do: runs of 1 to 8 pages until 70% of the pool is used,
-/// then a random half of them freed, leaving small holes and a free tail.
-fn fragment(allocator: &mut impl Allocator, pages: u32, seed: u64) {
+/// Occupancy the aged pool is held at.
+const AGED_OCCUPANCY: f64 = 0.85;
+
+/// The runs live in a pool aged the way channel churn ages it: filled to 85% with runs of the
+/// request mix, then each step frees a random live run and allocates one of a random length,
+/// first fit, four times over the number of runs the pool holds. First fit is deterministic,
+/// so the segment tree's placements are what the bitmap's would be; the tree does the aging
+/// (the bitmap would take hours at 1M pages), and the bitmap gets its live runs.
+fn aged(pages: u32, seed: u64) -> (PagePool, BitmapFirstFit) {
+    let mut pool = PagePool::new(pages).expect("pool");
     let mut rng = Rng::new(seed);
-    let mut runs = Vec::new();
-    let mut used = 0u64;
-    while used * 10 < u64::from(pages) * 7 {
-        let len = 1 + (rng.next_u64() % 8) as u32;
-        runs.push((allocator.alloc(len), len));
-        used += u64::from(len);
+    let mut length = || RUN_LENGTHS[(rng.next_u64() % RUN_LENGTHS.len() as u64) as usize];
+    let mut live = Vec::new();
+    let target = (f64::from(pages) * AGED_OCCUPANCY) as u32;
+    while pages - pool.free_pages() < target {
+        let Ok(run) = pool.alloc(length()) else { break };
+        live.push(run);
     }
-    for (start, len) in runs {
-        if rng.next_u64() & 1 == 0 {
-            allocator.free(start, len);
+    let mut pick = Rng::new(seed ^ 0x5eed);
+    for _ in 0..4 * live.len() {
+        let index = (pick.next_u64() % live.len() as u64) as usize;
+        pool.free(live.swap_remove(index)).expect("a live run");
+        if let Ok(run) = pool.alloc(length()) {
+            live.push(run);
         }
     }
+    let mut bitmap = BitmapFirstFit::new(pages);
+    for run in live {
+        bitmap.occupy(run.start, run.len);
+    }
+    (pool, bitmap)
 }
 
 /// ns per allocate + free, run lengths in turn.
-fn alloc_free_ns(allocator: &mut impl Allocator, pages: u32, fragmented: bool, settings: &Settings) -> f64 {
-    if fragmented {
-        fragment(allocator, pages, settings.seed);
-    }
+fn alloc_free_ns(allocator: &mut impl Allocator, settings: &Settings) -> f64 {
     let mut turn = 0;
     ns_per_op(settings.reps, settings.budget, 16, || {
         let len = RUN_LENGTHS[turn % RUN_LENGTHS.len()];
@@ -82,8 +95,10 @@ fn alloc_free_ns(allocator: &mut impl Allocator, pages: u32, fragmented: bool, s
 }
 
 fn measure(pages: u32, fragmented: bool, settings: &Settings) -> Row {
-    let segment_tree_ns = alloc_free_ns(&mut PagePool::new(pages).expect("pool"), pages, fragmented, settings);
-    let bitmap_ns = alloc_free_ns(&mut BitmapFirstFit::new(pages), pages, fragmented, settings);
+    let (mut tree, mut bitmap) =
+        if fragmented { aged(pages, settings.seed) } else { (PagePool::new(pages).expect("pool"), BitmapFirstFit::new(pages)) };
+    let segment_tree_ns = alloc_free_ns(&mut tree, settings);
+    let bitmap_ns = alloc_free_ns(&mut bitmap, settings);
     Row { pages, fragmented, segment_tree_ns, bitmap_ns, speedup: bitmap_ns / segment_tree_ns }
 }
 

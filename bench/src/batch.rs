@@ -1,0 +1,112 @@
+//! One 256-entry fault batch through wicd's whole user-space path on the shim backend: the
+//! fault ring read, records translated to engine addresses, the engine (decode, classify,
+//! deliver: every slot's data is already published), and its commands translated into the
+//! kernel batch that one io_uring submission or ioctl would carry. The ring lies in ordinary
+//! memory, written the way the module writes it; the system call itself is not included (the
+//! kernel VM figure in docs/evaluation.md is). The baseline, measured on the same records in
+//! the same run, is reading the ring alone.
+
+use std::time::Instant;
+
+use serde::Serialize;
+use wic_engine::fault::AccessType;
+use wic_engine::{ChannelSpec, Command, DataSource, Engine, EngineConfig, FaultEntry, Producer};
+use wic_kmod::{BatchPath, FaultRing, MemoryRing, Placement, Record};
+
+use crate::Settings;
+
+const BATCH: u32 = 256;
+/// A fault ring as large as the module's default, so a batch never wraps onto itself.
+const RING_ENTRIES: u32 = 1024;
+/// Where the channel sits in the (pretend) application's address space.
+const PROCESS_BASE: u64 = 0x7000_0000_0000;
+
+#[derive(Debug, Serialize)]
+pub struct Row {
+    pub entries: u32,
+    pub batches: usize,
+    /// Kernel commands per batch (write, unmap and map per delivery, and the replay).
+    pub kernel_commands: usize,
+    pub path_p50_us: f64,
+    pub path_p99_us: f64,
+    pub ring_read_p50_us: f64,
+    pub ring_read_p99_us: f64,
+    /// p99 of the whole path over p99 of the ring read.
+    pub path_over_ring_read: f64,
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+pub fn run(settings: &Settings) -> Row {
+    let mut engine = Engine::new(EngineConfig::default()).expect("engine");
+    let spec = ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 256, slots: BATCH, timeout: u64::MAX / 4 };
+    let layout = engine.open_channel(spec).expect("channel");
+    let placement = Placement::new(&layout, 1, PROCESS_BASE);
+    let mut path = BatchPath::new(engine.config().va_width);
+    path.add(&placement);
+    let mut memory = MemoryRing::new(RING_ENTRIES);
+    // SAFETY: `memory` owns the ring's bytes, is not moved, and outlives both readers.
+    let mut ring = unsafe { FaultRing::new(memory.base(), memory.bytes()) }.expect("a well-formed ring");
+    // SAFETY: as above.
+    let mut baseline_ring = unsafe { FaultRing::new(memory.base(), memory.bytes()) }.expect("a well-formed ring");
+    let host_data = |_: u64, source: DataSource, _: u64| match source {
+        DataSource::Host { offset } => Some(0x5000_0000_0000 + offset),
+        DataSource::Gpu { .. } => None,
+    };
+
+    let batches = if settings.quick { 200 } else { 20_000 };
+    let (mut path_us, mut read_us) = (Vec::with_capacity(batches), Vec::with_capacity(batches));
+    let (mut out, mut records): (Vec<Command>, Vec<Record>) = (Vec::new(), Vec::new());
+    let (mut seq, mut kernel_commands) = (0u64, 0);
+    for generation in 0..batches {
+        // The producer has published every slot; each warp's fault then finds its data.
+        out.clear();
+        for slot in 0..BATCH {
+            engine.publish(generation as u64, layout.id, slot, &mut out).expect("publish");
+        }
+        let side = generation % 2;
+        let first = seq;
+        for slot in &layout.slots {
+            let va = placement.process_va(slot.runs[side]).expect("a placed run");
+            let entry = FaultEntry::replayable_gpc(va, AccessType::Read, seq, 0x1000, 0, 0).encode();
+            memory.write(seq, &Record { seq, space_id: 1, gpu_id: 0, range_id: 1, pat: false, held_ns: 0, entry });
+            seq += 1;
+        }
+        memory.publish(seq);
+
+        let start = Instant::now();
+        baseline_ring.read(&mut records, usize::MAX);
+        read_us.push(start.elapsed().as_secs_f64() * 1e6);
+        assert_eq!(records.len(), BATCH as usize, "the baseline read the whole batch");
+        records.clear();
+
+        out.clear();
+        let start = Instant::now();
+        let read = path.take_faults(&mut ring, &mut engine, generation as u64, &mut out);
+        let batch = path.translate(&out, host_data, &mut |command, _| panic!("{command:?} did not translate"), &mut 0);
+        path_us.push(start.elapsed().as_secs_f64() * 1e6);
+        assert_eq!(read as u64, seq - first, "the path read the whole batch");
+        kernel_commands = batch.len();
+    }
+    assert_eq!(engine.stats().delivered, batches as u64 * u64::from(BATCH), "every fault was delivered");
+    assert_eq!(kernel_commands, 3 * BATCH as usize + 1, "write, unmap and map per fault, and one replay");
+    path_us.sort_by(f64::total_cmp);
+    read_us.sort_by(f64::total_cmp);
+    let row = Row {
+        entries: BATCH,
+        batches,
+        kernel_commands,
+        path_p50_us: percentile(&path_us, 0.5),
+        path_p99_us: percentile(&path_us, 0.99),
+        ring_read_p50_us: percentile(&read_us, 0.5),
+        ring_read_p99_us: percentile(&read_us, 0.99),
+        path_over_ring_read: percentile(&path_us, 0.99) / percentile(&read_us, 0.99),
+    };
+    eprintln!(
+        "batch: {BATCH} entries, {batches} batches: path p50 {:.2} us p99 {:.2} us; ring read alone p50 {:.2} us p99 {:.2} us",
+        row.path_p50_us, row.path_p99_us, row.ring_read_p50_us, row.ring_read_p99_us
+    );
+    row
+}

@@ -1,0 +1,341 @@
+//! wic-report: regenerates `docs/evaluation.md` and its figures. It runs the ten applications
+//! both ways on the emulator (paper Fig. 12, 14, 15), the thread-count sweep (Fig. 16) and the
+//! fast-path benchmarks, draws the figures as SVG next to the paper's stated values, and fills
+//! the template's `{{name}}` fields; the template holds the prose and the figures measured
+//! elsewhere (the real GPU, the kernel VM), each labelled with where it ran.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::Parser;
+use wic_bench::paper::{self, PaperApp};
+use wic_bench::svg::{self, Series};
+use wic_bench::{summary, Results, Settings};
+use wic_emu::compare::{calibration_summary, compare, geomean_speedup, Comparison};
+use wic_emu::{workload, Calibration, Workload};
+
+/// The sweep's thread counts and applications (the paper's Fig. 16).
+const SWEEP_THREADS: [u32; 4] = [64, 1 << 10, 1 << 14, 1 << 20];
+const SWEEP_APPS: [&str; 4] = ["C_CG", "C_H3D", "G_BFS", "G_STN"];
+
+#[derive(Debug, Parser)]
+#[command(about = "Regenerates docs/evaluation.md and its figures from the emulator and the benchmarks")]
+struct Args {
+    /// The template, with `{{name}}` fields.
+    #[arg(long, default_value = "docs/evaluation.template.md")]
+    template: PathBuf,
+    /// Where evaluation.md and figures/ are written.
+    #[arg(long, default_value = "docs")]
+    out: PathBuf,
+    /// Two applications, two sweep sizes, short benchmark loops: checks the report, measures
+    /// nothing worth publishing.
+    #[arg(long)]
+    quick: bool,
+    /// Emulator and benchmark seed.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Worker threads for the emulator (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("wic-report: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: &Args) -> Result<(), String> {
+    let template = std::fs::read_to_string(&args.template).map_err(|e| format!("{}: {e}", args.template.display()))?;
+    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let cal = Calibration::built_in();
+    let started = Instant::now();
+    let mut fields = Fields::default();
+
+    let apps = if args.quick { pick(&["C_CG", "G_STN"])?.into_iter().map(|w| w.with_threads(1 << 10)).collect() } else { workload::all() };
+    eprintln!("wic-report: {} applications, naive and WIC, on the emulator", apps.len());
+    let rows = compare(&apps, &cal, args.seed, threads, progress("applications"));
+    check_messages(&rows)?;
+    let apps_seconds = started.elapsed().as_secs_f64();
+
+    let sweep_started = Instant::now();
+    let sweep_threads: &[u32] = if args.quick { &SWEEP_THREADS[..2] } else { &SWEEP_THREADS };
+    let sweep_apps = pick(if args.quick { &SWEEP_APPS[..2] } else { &SWEEP_APPS })?;
+    let mut sweep = Vec::new();
+    for &count in sweep_threads {
+        eprintln!("wic-report: sweep, {count} consumer threads per kernel");
+        let set: Vec<Workload> = sweep_apps.iter().cloned().map(|w| w.with_threads(count)).collect();
+        let rows = compare(&set, &cal, args.seed, threads, progress("sweep"));
+        check_messages(&rows)?;
+        sweep.push((count, rows));
+    }
+    let sweep_seconds = sweep_started.elapsed().as_secs_f64();
+
+    eprintln!("wic-report: fast-path benchmarks");
+    let bench_settings = Settings::new(args.quick, if args.quick { 1 } else { 5 }, args.seed);
+    let results = wic_bench::run(&bench_settings, &[]);
+
+    let figures = args.out.join("figures");
+    std::fs::create_dir_all(&figures).map_err(|e| format!("{}: {e}", figures.display()))?;
+    write_figures(&figures, &rows, &sweep)?;
+
+    fields.set("machine", machine());
+    fields.set("calibration", calibration_summary(&cal));
+    fields.set("seed", args.seed.to_string());
+    fields.set("apps_table", apps_table(&rows));
+    fields.set("apps_seconds", format!("{apps_seconds:.0}"));
+    fields.set("apps_runs", (2 * rows.len()).to_string());
+    fields.set("geomean", format!("{:.2}x", geomean_speedup(&rows)));
+    fields.set("paper_geomean", format!("{:.2}x", paper::MEAN_SPEEDUP));
+    fields.set("sweep_table", sweep_table(&sweep));
+    fields.set("sweep_seconds", format!("{sweep_seconds:.0}"));
+    fields.set("sweep_runs", (2 * sweep.iter().map(|(_, rows)| rows.len()).sum::<usize>()).to_string());
+    fields.set("bench_summary", summary(&results).iter().map(|l| format!("- {l}\n")).collect());
+    fields.set("bench_interrupter", interrupter_table(&results));
+    fields.set("bench_monitor", monitor_table(&results));
+    fields.set("bench_batch", batch_table(&results));
+    let text = fields.fill(&template)?;
+    let out = args.out.join("evaluation.md");
+    std::fs::write(&out, text).map_err(|e| format!("{}: {e}", out.display()))?;
+    eprintln!("wic-report: wrote {} and {} in {:.0} s", out.display(), figures.display(), started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+fn pick(names: &[&str]) -> Result<Vec<Workload>, String> {
+    names.iter().map(|n| workload::by_name(n).ok_or_else(|| format!("no workload {n}"))).collect()
+}
+
+fn progress(what: &'static str) -> impl FnMut(usize, usize, &wic_emu::RunReport) {
+    move |done, total, report| eprintln!("  {what} [{done}/{total}] {} {}", report.workload, report.mode.name())
+}
+
+/// A report built on corrupted deliveries would be worthless: refuse it.
+fn check_messages(rows: &[Comparison]) -> Result<(), String> {
+    match rows.iter().find(|r| r.poll.corrupt_messages + r.fault.corrupt_messages > 0 || !r.fault.pool_restored || !r.fault.pfq_empty) {
+        Some(bad) => Err(format!("{}: corrupted messages or state left behind in the emulator", bad.poll.workload)),
+        None => Ok(()),
+    }
+}
+
+/// The CPU the figures were measured on and how many cores it has.
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| info.lines().find_map(|l| l.strip_prefix("model name").map(|m| m.trim_start_matches([' ', '\t', ':']).to_string())))
+        .unwrap_or_else(|| "an unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    format!("{cores} cores of {cpu}")
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.1}%", 100.0 * x)
+}
+
+fn or_dash(x: Option<f64>, show: impl Fn(f64) -> String) -> String {
+    x.map_or_else(|| "–".into(), show)
+}
+
+fn paper_of(row: &Comparison) -> Option<&'static PaperApp> {
+    paper::app_named(row.poll.workload)
+}
+
+fn apps_table(rows: &[Comparison]) -> String {
+    let mut t = String::from(
+        "| app | naive ms | WIC ms | speedup | paper speedup | consumer overhead naive / WIC | overlap naive / WIC | paper overlap WIC | wicd busy | paper host overhead | faults handled |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for row in rows {
+        let paper = paper_of(row);
+        let faults = row.fault.engine.as_ref().map_or(0, |e| e.entries);
+        t.push_str(&format!(
+            "| {} | {:.3} | {:.3} | {:.2}x | {} | {} / {} | {} / {} | {} | {} | {} | {} |\n",
+            row.poll.workload,
+            row.poll.runtime_ns as f64 / 1e6,
+            row.fault.runtime_ns as f64 / 1e6,
+            row.speedup(),
+            or_dash(paper.and_then(|p| p.speedup), |s| format!("≈{s:.2}x")),
+            pct(row.poll.consumer_overhead),
+            pct(row.fault.consumer_overhead),
+            pct(row.poll.overlap_efficiency),
+            pct(row.fault.overlap_efficiency),
+            or_dash(paper.and_then(|p| p.overlap_wic), |o| format!("≈{}", pct(o))),
+            pct(row.fault.daemon_share),
+            or_dash(paper.and_then(|p| p.host_overhead), pct),
+            faults,
+        ));
+    }
+    t
+}
+
+fn thread_label(threads: u32) -> String {
+    match threads {
+        t if t >= 1 << 20 && t % (1 << 20) == 0 => format!("{}M", t >> 20),
+        t if t >= 1 << 10 && t % (1 << 10) == 0 => format!("{}K", t >> 10),
+        t => t.to_string(),
+    }
+}
+
+fn sweep_table(sweep: &[(u32, Vec<Comparison>)]) -> String {
+    let Some((_, first)) = sweep.first() else { return String::new() };
+    let names: Vec<&str> = first.iter().map(|r| r.poll.workload).collect();
+    let mut t = format!("| threads | {} |\n|---|{}\n", names.join(" | "), "---|".repeat(names.len()));
+    for (threads, rows) in sweep {
+        let cells: Vec<String> = rows.iter().map(|r| format!("{:.2}x", r.speedup())).collect();
+        t.push_str(&format!("| {} | {} |\n", thread_label(*threads), cells.join(" | ")));
+    }
+    t
+}
+
+fn write_figures(dir: &Path, rows: &[Comparison], sweep: &[(u32, Vec<Comparison>)]) -> Result<(), String> {
+    let apps: Vec<String> = rows.iter().map(|r| r.poll.workload.to_string()).collect();
+    let of = |f: &dyn Fn(&Comparison) -> Option<f64>| rows.iter().map(f).collect::<Vec<_>>();
+    let series = |name: &str, values: Vec<Option<f64>>| Series { name: name.into(), values };
+    let paper_series = |name: &str, f: &dyn Fn(&PaperApp) -> Option<f64>| series(name, of(&|r| paper_of(r).and_then(f)));
+    let figures = [
+        (
+            "fig12-speedup.svg",
+            svg::grouped_bars(
+                "Speedup of WIC over naive polling (paper Fig. 12a)",
+                "speedup",
+                &apps,
+                &[series("emulator", of(&|r| Some(r.speedup()))), paper_series("paper (its text, approximate)", &|p| p.speedup)],
+                Some(1.0),
+            ),
+        ),
+        (
+            "fig12-consumer-overhead.svg",
+            svg::grouped_bars(
+                "Consumer SM time lost waiting for data (paper Fig. 12b), emulator",
+                "share of consumer time",
+                &apps,
+                &[series("naive", of(&|r| Some(r.poll.consumer_overhead))), series("WIC", of(&|r| Some(r.fault.consumer_overhead)))],
+                None,
+            ),
+        ),
+        (
+            "fig14-overlap.svg",
+            svg::grouped_bars(
+                "Waiting time overlapped with computation (paper Fig. 14)",
+                "overlap efficiency",
+                &apps,
+                &[
+                    series("emulator naive", of(&|r| Some(r.poll.overlap_efficiency))),
+                    series("emulator WIC", of(&|r| Some(r.fault.overlap_efficiency))),
+                    paper_series("paper WIC (its text)", &|p| p.overlap_wic),
+                ],
+                Some(paper::WIC_OVERLAP),
+            ),
+        ),
+        (
+            "fig15-overhead.svg",
+            svg::grouped_bars(
+                "Host-side cost of WIC: wicd busy share of the runtime (paper Fig. 15)",
+                "share of runtime",
+                &apps,
+                &[series("emulator: wicd busy", of(&|r| Some(r.fault.daemon_share))), paper_series("paper host-side overhead", &|p| p.host_overhead)],
+                Some(paper::HOST_OVERHEAD),
+            ),
+        ),
+        ("fig16-sweep.svg", sweep_figure(sweep)),
+    ];
+    for (name, text) in figures {
+        let path = dir.join(name);
+        std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn sweep_figure(sweep: &[(u32, Vec<Comparison>)]) -> String {
+    let labels: Vec<String> = sweep.iter().map(|(t, _)| thread_label(*t)).collect();
+    let names: Vec<&str> = sweep.first().map(|(_, rows)| rows.iter().map(|r| r.poll.workload).collect()).unwrap_or_default();
+    let series: Vec<Series> = names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| Series { name: (*name).into(), values: sweep.iter().map(|(_, rows)| Some(rows[i].speedup())).collect() })
+        .collect();
+    svg::lines("Speedup of WIC over naive polling by consumer threads (paper Fig. 16), emulator", "consumer threads per kernel", "speedup", &labels, &series, Some(1.0))
+}
+
+fn interrupter_table(results: &Results) -> String {
+    let mut t = String::from("| pages | pool | segment tree ns | bitmap first fit ns | bitmap / segment tree |\n|---|---|---|---|---|\n");
+    for r in &results.interrupter {
+        t.push_str(&format!(
+            "| {} | {} | {:.1} | {:.1} | {:.1}x |\n",
+            thread_label(r.pages),
+            if r.fragmented { "fragmented" } else { "empty" },
+            r.segment_tree_ns,
+            r.bitmap_ns,
+            r.speedup
+        ));
+    }
+    t
+}
+
+fn monitor_table(results: &Results) -> String {
+    let mut t = String::from(
+        "| registered pages | ns / entry (active set) | M entries/s | ns / entry (uniform over all pages) | with delivery ns / entry | decode alone ns / entry | monitor / decode |\n\
+         |---|---|---|---|---|---|---|\n",
+    );
+    for r in &results.monitor {
+        t.push_str(&format!(
+            "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1}x |\n",
+            thread_label(r.registered_pages),
+            r.monitor_ns,
+            r.monitor_entries_per_s / 1e6,
+            r.uniform_ns,
+            r.round_ns,
+            r.decode_ns,
+            r.monitor_over_decode
+        ));
+    }
+    t
+}
+
+fn batch_table(results: &Results) -> String {
+    let Some(b) = &results.batch else { return String::new() };
+    format!(
+        "| entries | batches | kernel commands | path p50 / p99 | ring read alone p50 / p99 | path / ring read (p99) |\n|---|---|---|---|---|---|\n\
+         | {} | {} | {} | {:.2} / {:.2} us | {:.2} / {:.2} us | {:.1}x |\n",
+        b.entries, b.batches, b.kernel_commands, b.path_p50_us, b.path_p99_us, b.ring_read_p50_us, b.ring_read_p99_us, b.path_over_ring_read
+    )
+}
+
+/// The template's fields and their text.
+#[derive(Default)]
+struct Fields(BTreeMap<&'static str, String>);
+
+impl Fields {
+    fn set(&mut self, name: &'static str, text: String) {
+        self.0.insert(name, text.trim_end().to_string());
+    }
+
+    /// The template with every `{{name}}` replaced; a field the template names but nobody set,
+    /// or one set but never named, is an error, so template and program cannot drift apart.
+    fn fill(&self, template: &str) -> Result<String, String> {
+        let mut out = String::with_capacity(template.len() * 2);
+        let mut used = std::collections::BTreeSet::new();
+        let mut rest = template;
+        while let Some(open) = rest.find("{{") {
+            out.push_str(&rest[..open]);
+            let after = &rest[open + 2..];
+            let close = after.find("}}").ok_or_else(|| format!("unclosed {{{{ in the template near `{}`", &after[..after.len().min(30)]))?;
+            let name = &after[..close];
+            let text = self.0.get(name).ok_or_else(|| format!("the template names an unknown field {{{{{name}}}}}"))?;
+            out.push_str(text);
+            used.insert(name.to_string());
+            rest = &after[close + 2..];
+        }
+        out.push_str(rest);
+        match self.0.keys().find(|k| !used.contains(**k)) {
+            Some(unused) => Err(format!("the template does not use the field {{{{{unused}}}}}")),
+            None => Ok(out),
+        }
+    }
+}

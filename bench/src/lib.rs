@@ -1,0 +1,93 @@
+//! wicd's fast-path benchmarks, each figure next to a baseline measured in the same run, and
+//! the evaluation report built from them and from the emulator (`wic-bench`, `wic-report`).
+
+pub mod batch;
+pub mod bitmap;
+pub mod interrupter;
+pub mod measure;
+pub mod monitor;
+pub mod paper;
+pub mod svg;
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// How long and how often the benchmarks measure.
+pub struct Settings {
+    pub quick: bool,
+    pub reps: usize,
+    pub seed: u64,
+    /// How long one repetition of a per-operation loop runs.
+    pub budget: Duration,
+}
+
+impl Settings {
+    /// `reps` repetitions of full-length loops, or short ones with `quick` (a smoke run).
+    pub fn new(quick: bool, reps: usize, seed: u64) -> Self {
+        Self { quick, reps, seed, budget: Duration::from_millis(if quick { 5 } else { 100 }) }
+    }
+}
+
+/// A benchmark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Bench {
+    Interrupter,
+    Monitor,
+    Batch,
+}
+
+/// Runs `benches` (all when empty).
+pub fn run(settings: &Settings, benches: &[Bench]) -> Results {
+    let wanted = |bench| benches.is_empty() || benches.contains(&bench);
+    Results {
+        interrupter: if wanted(Bench::Interrupter) { interrupter::run(settings) } else { Vec::new() },
+        monitor: if wanted(Bench::Monitor) { monitor::run(settings) } else { Vec::new() },
+        batch: wanted(Bench::Batch).then(|| batch::run(settings)),
+    }
+}
+
+/// Every benchmark's rows.
+#[derive(Default, Serialize)]
+pub struct Results {
+    pub interrupter: Vec<interrupter::Row>,
+    pub monitor: Vec<monitor::Row>,
+    pub batch: Option<batch::Row>,
+}
+
+/// The results against their targets, one line each.
+pub fn summary(results: &Results) -> Vec<String> {
+    let mut lines = Vec::new();
+    let find = |pages: u32, fragmented: bool| results.interrupter.iter().find(|r| r.pages == pages && r.fragmented == fragmented);
+    if let (Some(small), Some(target)) = (find(1 << 10, true), find(1 << 14, true)) {
+        lines.push(format!(
+            "interrupter at 16K pages, fragmented: {:.1} ns per alloc + free (target <= 100), {:.1}x the bitmap (target >= 10)",
+            target.segment_tree_ns, target.speedup
+        ));
+        if let Some(large) = find(1 << 20, true) {
+            lines.push(format!(
+                "interrupter growth 1K -> 1M pages: segment tree x{:.2} (log2 ratio 2.0), bitmap x{:.0}",
+                large.segment_tree_ns / small.segment_tree_ns,
+                large.bitmap_ns / small.bitmap_ns
+            ));
+        }
+    }
+    if let (Some(first), Some(last)) = (results.monitor.first(), results.monitor.last()) {
+        let slowest = results.monitor.iter().map(|r| r.monitor_ns).fold(0.0, f64::max);
+        lines.push(format!(
+            "monitor: {:.1} M entries/s at the slowest size (target >= 20), {:.2}x decoding alone; {} -> {} pages x{:.2} (target flat)",
+            1e3 / slowest,
+            first.monitor_over_decode,
+            first.registered_pages,
+            last.registered_pages,
+            last.monitor_ns / first.monitor_ns
+        ));
+    }
+    if let Some(batch) = &results.batch {
+        lines.push(format!(
+            "batch of {} entries, ring -> engine -> kernel commands: p99 {:.2} us (target <= 10), {:.1}x reading the ring alone",
+            batch.entries, batch.path_p99_us, batch.path_over_ring_read
+        ));
+    }
+    lines
+}

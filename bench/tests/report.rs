@@ -1,0 +1,61 @@
+//! `wic-report --quick` fills the whole template and writes every figure; a template naming a
+//! field the program does not know is refused, so template and program cannot drift apart.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("wic-report-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+fn report(template: &Path, out: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_wic-report"))
+        .arg("--quick")
+        .arg("--template")
+        .arg(template)
+        .arg("--out")
+        .arg(out)
+        .output()
+        .expect("run wic-report")
+}
+
+#[test]
+fn the_quick_report_fills_every_field_and_writes_every_figure() {
+    let out = scratch("full");
+    let run = report(&workspace().join("docs/evaluation.template.md"), &out);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let text = std::fs::read_to_string(out.join("evaluation.md")).expect("evaluation.md");
+    assert!(!text.contains("{{") && !text.contains("}}"), "a field was left unfilled");
+    for app in ["C_CG", "G_STN"] {
+        assert!(text.lines().any(|l| l.starts_with(&format!("| {app} |"))), "no row for {app}");
+    }
+    for needed in ["Geometric-mean speedup", "interrupter at 16K pages", "monitor:", "batch of 256 entries"] {
+        assert!(text.contains(needed), "the report lacks `{needed}`");
+    }
+    let linked: Vec<&str> = text.match_indices("](figures/").map(|(i, _)| &text[i + 2..i + 2 + text[i + 2..].find(')').expect("a closed link")]).collect();
+    assert_eq!(linked.len(), 5, "{linked:?}");
+    for figure in linked {
+        let svg = std::fs::read_to_string(out.join(figure)).unwrap_or_else(|e| panic!("{figure}: {e}"));
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"), "{figure} is not an SVG document");
+        assert!(svg.contains("<rect class=\"bar\"") || svg.contains("<polyline"), "{figure} draws nothing");
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn a_template_with_an_unknown_field_is_refused() {
+    let out = scratch("unknown");
+    let template = out.join("template.md");
+    std::fs::write(&template, "{{no_such_field}}\n").expect("template");
+    let run = report(&template, &out);
+    assert!(!run.status.success());
+    assert!(String::from_utf8_lossy(&run.stderr).contains("unknown field {{no_such_field}}"), "{}", String::from_utf8_lossy(&run.stderr));
+    let _ = std::fs::remove_dir_all(&out);
+}
