@@ -6,8 +6,6 @@
 //! [`Translator`] turns ring records into engine fault entries and engine commands into
 //! kernel commands, refusing anything that does not belong to a placed channel.
 
-use std::collections::BTreeMap;
-
 use wic_engine::{ChannelLayout, Command, DataSource, FaultEntry, RawFaultEntry, VaWidth, PAGE_SIZE};
 use wic_proto::kabi::{self, WicCommand};
 
@@ -83,15 +81,46 @@ struct Run {
 #[derive(Debug, Default)]
 pub struct Translator {
     /// Engine run start -> where it is placed.
-    by_engine: BTreeMap<u64, Run>,
+    by_engine: RunIndex<u64>,
     /// (space, process run start) -> the engine run.
-    by_process: BTreeMap<(u32, u64), Run>,
+    by_process: RunIndex<(u32, u64)>,
 }
 
-fn lookup<K: Ord + Copy>(map: &BTreeMap<K, Run>, key: K, start_of: impl Fn(K) -> u64, va: u64) -> Option<(Run, u64)> {
-    let (start, run) = map.range(..=key).next_back()?;
-    let offset = va.checked_sub(start_of(*start))?;
-    (offset < u64::from(run.pages) * PAGE_SIZE).then_some((*run, offset))
+/// Runs sorted by their key: a binary search per lookup, which on the fault path costs less
+/// than a B-tree's range query (about 10% of a 256-entry batch's user-space path, wic-bench
+/// batch); inserts and removals move memory, but happen only when channels are placed and
+/// removed.
+#[derive(Debug, Clone)]
+struct RunIndex<K>(Vec<(K, Run)>);
+
+impl<K> Default for RunIndex<K> {
+    fn default() -> Self {
+        Self(Vec::new())
+    }
+}
+
+impl<K: Ord + Copy> RunIndex<K> {
+    fn insert(&mut self, key: K, run: Run) {
+        match self.0.binary_search_by(|(k, _)| k.cmp(&key)) {
+            Ok(at) => self.0[at].1 = run,
+            Err(at) => self.0.insert(at, (key, run)),
+        }
+    }
+
+    fn remove(&mut self, key: K) {
+        if let Ok(at) = self.0.binary_search_by(|(k, _)| k.cmp(&key)) {
+            self.0.remove(at);
+        }
+    }
+
+    /// The run with the greatest key at or below `key`, and `va`'s offset in it, if `va`
+    /// (the address `start_of` reads from such a key) lies inside it.
+    fn lookup(&self, key: K, start_of: impl Fn(K) -> u64, va: u64) -> Option<(Run, u64)> {
+        let below = self.0.partition_point(|(k, _)| *k <= key);
+        let &(start, run) = self.0.get(below.checked_sub(1)?)?;
+        let offset = va.checked_sub(start_of(start))?;
+        (offset < u64::from(run.pages) * PAGE_SIZE).then_some((run, offset))
+    }
 }
 
 impl Translator {
@@ -107,13 +136,13 @@ impl Translator {
     /// Removes a placed channel.
     pub fn remove(&mut self, placement: &Placement) {
         for &(engine, process, _) in &placement.runs {
-            self.by_engine.remove(&engine);
-            self.by_process.remove(&(placement.space_id, process));
+            self.by_engine.remove(engine);
+            self.by_process.remove((placement.space_id, process));
         }
     }
 
     fn to_process(&self, engine_va: u64, pages: u32) -> Result<(u32, u64), CommandError> {
-        let (run, offset) = lookup(&self.by_engine, engine_va, |k| k, engine_va).ok_or(CommandError::Unplaced { va: engine_va })?;
+        let (run, offset) = self.by_engine.lookup(engine_va, |k| k, engine_va).ok_or(CommandError::Unplaced { va: engine_va })?;
         if offset + u64::from(pages) * PAGE_SIZE > u64::from(run.pages) * PAGE_SIZE {
             return Err(CommandError::Unplaced { va: engine_va });
         }
@@ -125,7 +154,7 @@ impl Translator {
     pub fn to_engine(&self, record: &Record, width: VaWidth) -> Option<RawFaultEntry> {
         let mut entry = FaultEntry::decode(&record.entry, width);
         let page = entry.page();
-        let (run, offset) = lookup(&self.by_process, (record.space_id, page), |(_, start)| start, page)?;
+        let (run, offset) = self.by_process.lookup((record.space_id, page), |(_, start)| start, page)?;
         if run.space_id != record.space_id {
             return None;
         }
