@@ -55,19 +55,32 @@ pub struct Results {
     pub batch: Option<batch::Row>,
 }
 
-/// The results against their targets, one line each.
+fn verdict(met: bool) -> &'static str {
+    if met {
+        "met"
+    } else {
+        "NOT MET"
+    }
+}
+
+/// The results against their targets, one line each, with whether each target is met.
 pub fn summary(results: &Results) -> Vec<String> {
     let mut lines = Vec::new();
     let find = |pages: u32, fragmented: bool| results.interrupter.iter().find(|r| r.pages == pages && r.fragmented == fragmented);
     if let (Some(small), Some(target)) = (find(1 << 10, true), find(1 << 14, true)) {
         lines.push(format!(
-            "interrupter at 16K pages, fragmented: {:.1} ns per alloc + free (target <= 100), {:.1}x the bitmap (target >= 10)",
-            target.segment_tree_ns, target.speedup
+            "interrupter at 16K pages, fragmented: {:.1} ns per alloc + free (target <= 100: {}), {:.1}x the bitmap (target >= 10: {})",
+            target.segment_tree_ns,
+            verdict(target.segment_tree_ns <= 100.0),
+            target.speedup,
+            verdict(target.speedup >= 10.0)
         ));
         if let Some(large) = find(1 << 20, true) {
             lines.push(format!(
-                "interrupter growth 1K -> 1M pages: segment tree x{:.2} (log2 ratio 2.0), bitmap x{:.0}",
+                "interrupter growth 1K -> 1M pages: segment tree x{:.2} (log2 ratio 2.0; O(log n): {}), bitmap x{:.0}",
                 large.segment_tree_ns / small.segment_tree_ns,
+                // Logarithmic: no more than the ratio of the logarithms, with 25% for noise.
+                verdict(large.segment_tree_ns / small.segment_tree_ns <= 2.0 * 1.25),
                 large.bitmap_ns / small.bitmap_ns
             ));
         }
@@ -75,18 +88,24 @@ pub fn summary(results: &Results) -> Vec<String> {
     if let (Some(first), Some(last)) = (results.monitor.first(), results.monitor.last()) {
         let slowest = results.monitor.iter().map(|r| r.monitor_ns).fold(0.0, f64::max);
         lines.push(format!(
-            "monitor: {:.1} M entries/s at the slowest size (target >= 20), {:.2}x decoding alone; {} -> {} pages x{:.2} (target flat)",
+            "monitor: {:.1} M entries/s at the slowest size (target >= 20: {}), {:.2}x decoding alone; {} -> {} pages x{:.2} (target flat: {})",
             1e3 / slowest,
+            verdict(1e3 / slowest >= 20.0),
             first.monitor_over_decode,
             first.registered_pages,
             last.registered_pages,
-            last.monitor_ns / first.monitor_ns
+            last.monitor_ns / first.monitor_ns,
+            // Flat: within 25% from the smallest to the largest size.
+            verdict(last.monitor_ns / first.monitor_ns <= 1.25)
         ));
     }
     if let Some(batch) = &results.batch {
         lines.push(format!(
-            "batch of {} entries, ring -> engine -> kernel commands: p99 {:.2} us (target <= 10), {:.1}x reading the ring alone",
-            batch.entries, batch.path_p99_us, batch.path_over_ring_read
+            "batch of {} entries, ring -> engine -> kernel commands: p99 {:.2} us (target <= 10: {}), {:.1}x reading the ring alone",
+            batch.entries,
+            batch.path_p99_us,
+            verdict(batch.path_p99_us <= 10.0),
+            batch.path_over_ring_read
         ));
     }
     lines

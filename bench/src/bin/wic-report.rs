@@ -101,6 +101,7 @@ fn run(args: &Args) -> Result<(), String> {
     fields.set("bench_interrupter", interrupter_table(&results));
     fields.set("bench_monitor", monitor_table(&results));
     fields.set("bench_batch", batch_table(&results));
+    fields.set("total_seconds", format!("{:.0}", started.elapsed().as_secs_f64()));
     let text = fields.fill(&template)?;
     let out = args.out.join("evaluation.md");
     std::fs::write(&out, text).map_err(|e| format!("{}: {e}", out.display()))?;
