@@ -126,7 +126,7 @@ impl ShimGpus {
     /// Records no placed channel has, plus torn or out-of-range ring state.
     pub fn ignored(&mut self) -> u64 {
         let anomalies = self.backend.device().ring().anomalies();
-        self.backend.stray_records + anomalies.torn + anomalies.bad_head
+        self.backend.stray_records() + anomalies.torn + anomalies.bad_head
     }
 
     /// Runs `commands` as one batch.
