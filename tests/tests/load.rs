@@ -2,7 +2,7 @@
 //! exactly once, get everything reclaimed and stay within the memory, descriptor and latency
 //! bounds; a broken bound fails the run and is named. And channels churned on many connections
 //! at once, whose ids wicd hands out again as soon as they are free, each keep their record
-//! until their owner destroys them.
+//! until their owner destroys them. And wicd lifts a low inherited descriptor limit.
 
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Output};
