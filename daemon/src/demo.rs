@@ -4,7 +4,7 @@
 use std::io::Write;
 use std::time::Instant;
 
-use wic_emu::compare::Comparison;
+use wic_emu::compare::{percent, Comparison};
 use wic_emu::RunReport;
 
 /// Progress line on stderr: `[3/20] C_CG fault 1.2s`.
@@ -23,10 +23,6 @@ pub fn stderr_progress(started: Instant) -> impl FnMut(usize, usize, &RunReport)
     }
 }
 
-fn pct(x: f64) -> String {
-    format!("{:.1}%", 100.0 * x)
-}
-
 /// The comparison table, one workload a row, plus the geometric-mean speedup.
 pub fn table(rows: &[Comparison]) -> String {
     let mut out = String::new();
@@ -42,11 +38,11 @@ pub fn table(rows: &[Comparison]) -> String {
             row.poll.runtime_ns as f64 / 1e6,
             row.fault.runtime_ns as f64 / 1e6,
             row.speedup(),
-            pct(row.poll.consumer_overhead),
-            pct(row.fault.consumer_overhead),
-            pct(row.poll.overlap_efficiency),
-            pct(row.fault.overlap_efficiency),
-            pct(row.fault.daemon_share),
+            percent(row.poll.consumer_overhead),
+            percent(row.fault.consumer_overhead),
+            percent(row.poll.overlap_efficiency),
+            percent(row.fault.overlap_efficiency),
+            percent(row.fault.daemon_share),
             engine.entries,
             if row.poll.corrupt_messages + row.fault.corrupt_messages == 0 { "ok" } else { "FAILED" },
         ));

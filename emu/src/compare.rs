@@ -17,6 +17,11 @@ impl Comparison {
     }
 }
 
+/// A share as a percentage with one decimal, as the comparison tables print it.
+pub fn percent(share: f64) -> String {
+    format!("{:.1}%", 100.0 * share)
+}
+
 /// The geometric mean of the rows' speedups (1 for no rows).
 pub fn geomean_speedup(rows: &[Comparison]) -> f64 {
     (rows.iter().map(|r| r.speedup().ln()).sum::<f64>() / rows.len().max(1) as f64).exp()

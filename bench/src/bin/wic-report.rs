@@ -13,7 +13,7 @@ use clap::Parser;
 use wic_bench::paper::{self, PaperApp};
 use wic_bench::svg::{self, Series};
 use wic_bench::{summary, Results, Settings};
-use wic_emu::compare::{calibration_summary, compare, geomean_speedup, Comparison};
+use wic_emu::compare::{calibration_summary, compare, geomean_speedup, percent, Comparison};
 use wic_emu::{workload, Calibration, Workload};
 
 /// The sweep's thread counts and applications (the paper's Fig. 16).
@@ -135,10 +135,6 @@ fn machine() -> String {
     format!("{cores} cores of {cpu}")
 }
 
-fn pct(x: f64) -> String {
-    format!("{:.1}%", 100.0 * x)
-}
-
 fn or_dash(x: Option<f64>, show: impl Fn(f64) -> String) -> String {
     x.map_or_else(|| "–".into(), show)
 }
@@ -162,13 +158,13 @@ fn apps_table(rows: &[Comparison]) -> String {
             row.fault.runtime_ns as f64 / 1e6,
             row.speedup(),
             or_dash(paper.and_then(|p| p.speedup), |s| format!("≈{s:.2}x")),
-            pct(row.poll.consumer_overhead),
-            pct(row.fault.consumer_overhead),
-            pct(row.poll.overlap_efficiency),
-            pct(row.fault.overlap_efficiency),
-            or_dash(paper.and_then(|p| p.overlap_wic), |o| format!("≈{}", pct(o))),
-            pct(row.fault.daemon_share),
-            or_dash(paper.and_then(|p| p.host_overhead), pct),
+            percent(row.poll.consumer_overhead),
+            percent(row.fault.consumer_overhead),
+            percent(row.poll.overlap_efficiency),
+            percent(row.fault.overlap_efficiency),
+            or_dash(paper.and_then(|p| p.overlap_wic), |o| format!("≈{}", percent(o))),
+            percent(row.fault.daemon_share),
+            or_dash(paper.and_then(|p| p.host_overhead), percent),
             faults,
         ));
     }
