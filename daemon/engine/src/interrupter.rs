@@ -121,6 +121,11 @@ impl Node {
         }
     }
 
+    /// Whether both summaries describe the same runs; a parent's runs depend on nothing else.
+    fn same_runs(&self, other: &Self) -> bool {
+        (self.longest, self.prefix, self.suffix) == (other.longest, other.prefix, other.suffix)
+    }
+
     /// The summary of two adjacent ranges of `half` pages each.
     fn combine(left: Self, right: Self, half: u32) -> Self {
         Self {
@@ -181,6 +186,13 @@ fn longest_ones(word: u64) -> u32 {
 /// Mask of bits `low..=high` of a word.
 fn bit_range(low: u32, high: u32) -> u64 {
     (u64::MAX >> (u64::BITS - 1 - high)) & (u64::MAX << low)
+}
+
+/// Where [`SegmentTree::locate`] found a run.
+struct Fit {
+    start: u32,
+    /// The leaf whose word holds the whole run, when the descent ended at a (non-uniform) leaf.
+    within_leaf: Option<usize>,
 }
 
 /// The segment tree over a boolean free/allocated array (paper §5.3), with O(log n) range assign.
@@ -263,6 +275,28 @@ impl SegmentTree {
         if k == 0 {
             return Some(0);
         }
+        self.locate(k).map(|fit| fit.start)
+    }
+
+    /// Allocates the leftmost run of `k >= 1` contiguous free pages and returns its start.
+    pub fn take_first_fit(&mut self, k: u32) -> Option<u32> {
+        debug_assert!(k >= 1, "a run of zero pages is not taken");
+        let fit = self.locate(k)?;
+        match fit.within_leaf {
+            // The descent passed through non-uniform nodes only, so there is nothing to push
+            // down: update the word and settle its ancestors.
+            Some(leaf) => {
+                let bit = fit.start % LEAF_PAGES;
+                self.assign_bits(leaf, bit_range(bit, bit + k - 1), false);
+                self.pull_up_to_root(leaf >> 1, 1);
+            }
+            None => self.assign(fit.start, k, false),
+        }
+        Some(fit.start)
+    }
+
+    /// The leftmost run of `k >= 1` free pages, found in one root-to-leaf descent.
+    fn locate(&self, k: u32) -> Option<Fit> {
         if self.nodes[1].longest < k {
             return None;
         }
@@ -271,18 +305,28 @@ impl SegmentTree {
             // Uniform nodes may have stale children, so stop at one; a fully free node fits at
             // its left edge. Since `longest >= k >= 1` here, the node is never fully allocated.
             if self.nodes[index].longest == size {
-                return Some(start);
+                return Some(Fit {
+                    start,
+                    within_leaf: None,
+                });
             }
             if index >= self.leaves {
                 let word = self.words[index - self.leaves];
-                return Some(start + run_starts(word, k).trailing_zeros());
+                // The descent only enters a leaf whose own word holds a run of `k`.
+                return Some(Fit {
+                    start: start + run_starts(word, k).trailing_zeros(),
+                    within_leaf: Some(index),
+                });
             }
             size /= 2;
             let (left, right) = (self.nodes[2 * index], self.nodes[2 * index + 1]);
             if left.longest >= k {
                 index *= 2;
             } else if left.suffix + right.prefix >= k {
-                return Some(start + size - left.suffix);
+                return Some(Fit {
+                    start: start + size - left.suffix,
+                    within_leaf: None,
+                });
             } else {
                 index = 2 * index + 1;
                 start += size;
@@ -348,9 +392,7 @@ impl SegmentTree {
             self.pull_up(first >> level, level);
             self.pull_up(last >> level, level);
         }
-        for level in merged_from..=self.height {
-            self.pull_up(first >> level, level);
-        }
+        self.pull_up_to_root(first >> merged_from, merged_from);
     }
 
     /// Whether `page` is free. Pages past the end do not exist and so are never free.
@@ -407,6 +449,41 @@ impl SegmentTree {
         };
         self.words[word_index] = word;
         self.nodes[leaf] = Node::of_word(word);
+    }
+
+    /// Recomputes node `index` at `level` and its ancestors, carrying each new summary up in
+    /// registers. Once a node's runs come out unchanged, no ancestor's runs can change either, so
+    /// only their free counts are adjusted: after a small alloc or free in a fragmented pool that
+    /// is a few levels, not all.
+    fn pull_up_to_root(&mut self, index: usize, level: u32) {
+        if level > self.height {
+            return;
+        }
+        self.pull_up(index, level);
+        let (mut child, mut node, mut half) = (index, self.nodes[index], LEAF_PAGES << level);
+        while child > 1 {
+            let sibling = self.nodes[child ^ 1];
+            let (left, right) = if child & 1 == 0 {
+                (node, sibling)
+            } else {
+                (sibling, node)
+            };
+            let parent = child >> 1;
+            let old = self.nodes[parent];
+            node = Node::combine(left, right, half);
+            self.nodes[parent] = node;
+            if node.same_runs(&old) {
+                let delta = node.free.wrapping_sub(old.free);
+                let mut ancestor = parent >> 1;
+                while ancestor >= 1 {
+                    self.nodes[ancestor].free = self.nodes[ancestor].free.wrapping_add(delta);
+                    ancestor >>= 1;
+                }
+                return;
+            }
+            child = parent;
+            half *= 2;
+        }
     }
 
     /// Recomputes a node from its children.
@@ -470,14 +547,13 @@ impl PagePool {
         if len == 0 {
             return Err(PoolError::ZeroLength);
         }
-        let Some(start) = self.tree.first_fit(len) else {
+        let Some(start) = self.tree.take_first_fit(len) else {
             return Err(PoolError::Exhausted {
                 requested: len,
                 longest_free: self.tree.longest_free_run(),
                 free: self.tree.free_pages(),
             });
         };
-        self.tree.assign(start, len, false);
         self.run_len_at[start as usize] = len;
         self.allocated_runs += 1;
         Ok(PageRun { start, len })
