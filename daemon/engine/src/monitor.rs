@@ -5,6 +5,8 @@
 //! availability update visits only its own waiters, never the whole queue. A waiter is an opaque
 //! `u32` chosen by the caller (the engine uses the slot index) and may wait on several tags.
 
+use std::collections::HashMap;
+
 use bitvec::vec::BitVec;
 
 use crate::interrupter::TagId;
@@ -41,12 +43,16 @@ impl Dab {
     }
 }
 
-/// A waiter's bookkeeping: which tags it waits on and how many of them are still missing.
-#[derive(Clone, Default)]
+/// Marks a tag no waiter waits on.
+const NO_WAITER: u32 = u32::MAX;
+
+/// A waiter's bookkeeping, kept to 8 bytes so that a million of them stay cache friendly: its
+/// first missing tag inline (the engine's waiters wait on exactly one), and how many of its
+/// tags are still missing; it is queued while that is nonzero.
+#[derive(Clone, Copy)]
 struct Waiting {
-    tags: Vec<TagId>,
+    first_tag: TagId,
     missing: u32,
-    queued: bool,
 }
 
 /// Why the PFQ refused an operation.
@@ -82,9 +88,18 @@ pub enum Enqueued {
 }
 
 /// The Pending Faults Queue, indexed by tag.
+///
+/// The common case, one waiter per tag and one tag per waiter, lives in two flat arrays and
+/// never touches the heap; further tags of a waiter and further waiters of a tag go to side
+/// tables, in the order they came.
 pub struct Pfq {
     waiters: Vec<Waiting>,
-    waiters_by_tag: Vec<Vec<u32>>,
+    /// A waiter's tags after its first.
+    more_tags: HashMap<u32, Vec<TagId>>,
+    /// The earliest queued waiter of each tag, [`NO_WAITER`] if none.
+    first_waiter: Vec<u32>,
+    /// A tag's waiters after its first, in the order they were queued.
+    more_waiters: HashMap<TagId, Vec<u32>>,
     depth: u32,
 }
 
@@ -92,8 +107,10 @@ impl Pfq {
     /// A queue for waiter ids `0..max_waiters` and tags `0..tags`.
     pub fn new(max_waiters: u32, tags: u32) -> Self {
         Self {
-            waiters: vec![Waiting::default(); max_waiters as usize],
-            waiters_by_tag: vec![Vec::new(); tags as usize],
+            waiters: vec![Waiting { first_tag: TagId(0), missing: 0 }; max_waiters as usize],
+            more_tags: HashMap::new(),
+            first_waiter: vec![NO_WAITER; tags as usize],
+            more_waiters: HashMap::new(),
             depth: 0,
         }
     }
@@ -105,47 +122,71 @@ impl Pfq {
 
     /// Whether `waiter` is queued.
     pub fn is_queued(&self, waiter: u32) -> bool {
-        self.waiters.get(waiter as usize).is_some_and(|w| w.queued)
+        self.waiters.get(waiter as usize).is_some_and(|w| w.missing > 0)
     }
 
     /// Queues `waiter` on the tags of `tags` that `dab` does not show available.
     pub fn enqueue(&mut self, waiter: u32, tags: &[TagId], dab: &Dab) -> Result<Enqueued, PfqError> {
-        if let Some(&bad) = tags.iter().find(|t| t.0 as usize >= self.waiters_by_tag.len()) {
+        if let Some(&bad) = tags.iter().find(|t| t.0 as usize >= self.first_waiter.len()) {
             return Err(PfqError::UnknownTag(bad));
         }
-        let entry = self.waiters.get_mut(waiter as usize).ok_or(PfqError::UnknownWaiter(waiter))?;
-        if entry.queued {
+        let entry = self.waiters.get(waiter as usize).ok_or(PfqError::UnknownWaiter(waiter))?;
+        if entry.missing > 0 {
             return Err(PfqError::AlreadyQueued(waiter));
         }
-        entry.tags.clear();
-        for &tag in tags {
-            if !dab.is_set(tag) && !entry.tags.contains(&tag) {
-                entry.tags.push(tag);
+        let mut missing = tags.iter().copied().filter(|&tag| !dab.is_set(tag));
+        let Some(first_tag) = missing.next() else {
+            return Ok(Enqueued::Ready);
+        };
+        let mut count = 1;
+        self.add_to_tag(first_tag, waiter);
+        for tag in missing.filter(|&tag| tag != first_tag) {
+            let more = self.more_tags.entry(waiter).or_default();
+            if !more.contains(&tag) {
+                more.push(tag);
+                count += 1;
+                self.add_to_tag(tag, waiter);
             }
         }
-        entry.missing = entry.tags.len() as u32;
-        if entry.missing == 0 {
-            return Ok(Enqueued::Ready);
-        }
-        entry.queued = true;
-        for tag in &entry.tags {
-            self.waiters_by_tag[tag.0 as usize].push(waiter);
-        }
+        self.waiters[waiter as usize] = Waiting { first_tag, missing: count };
         self.depth += 1;
-        Ok(Enqueued::Pending(entry.missing))
+        Ok(Enqueued::Pending(count))
+    }
+
+    fn add_to_tag(&mut self, tag: TagId, waiter: u32) {
+        let first = &mut self.first_waiter[tag.0 as usize];
+        if *first == NO_WAITER {
+            *first = waiter;
+        } else {
+            self.more_waiters.entry(tag).or_default().push(waiter);
+        }
     }
 
     /// `tag` became available: every waiter whose last missing tag it was leaves the queue and is
     /// appended to `ready`.
     pub fn on_available(&mut self, tag: TagId, ready: &mut Vec<u32>) {
-        let Some(list) = self.waiters_by_tag.get_mut(tag.0 as usize) else { return };
-        for waiter in list.drain(..) {
-            let entry = &mut self.waiters[waiter as usize];
-            entry.missing -= 1;
-            if entry.missing == 0 {
-                entry.queued = false;
-                self.depth -= 1;
-                ready.push(waiter);
+        let Some(first) = self.first_waiter.get_mut(tag.0 as usize) else { return };
+        let first = std::mem::replace(first, NO_WAITER);
+        if first == NO_WAITER {
+            return;
+        }
+        self.tag_arrived(first, ready);
+        if !self.more_waiters.is_empty() {
+            for waiter in self.more_waiters.remove(&tag).unwrap_or_default() {
+                self.tag_arrived(waiter, ready);
+            }
+        }
+    }
+
+    /// One of `waiter`'s missing tags arrived.
+    fn tag_arrived(&mut self, waiter: u32, ready: &mut Vec<u32>) {
+        let entry = &mut self.waiters[waiter as usize];
+        entry.missing -= 1;
+        if entry.missing == 0 {
+            self.depth -= 1;
+            ready.push(waiter);
+            if !self.more_tags.is_empty() {
+                self.more_tags.remove(&waiter);
             }
         }
     }
@@ -153,15 +194,34 @@ impl Pfq {
     /// Removes `waiter` (timeout, channel close); returns whether it was queued.
     pub fn remove(&mut self, waiter: u32) -> bool {
         let Some(entry) = self.waiters.get_mut(waiter as usize) else { return false };
-        if !entry.queued {
+        if entry.missing == 0 {
             return false;
         }
-        entry.queued = false;
+        entry.missing = 0;
         self.depth -= 1;
-        for tag in &entry.tags {
-            self.waiters_by_tag[tag.0 as usize].retain(|w| *w != waiter);
+        let first_tag = entry.first_tag;
+        self.remove_from_tag(first_tag, waiter);
+        for tag in self.more_tags.remove(&waiter).unwrap_or_default() {
+            self.remove_from_tag(tag, waiter);
         }
         true
+    }
+
+    /// Takes `waiter` off `tag`'s waiters, if it is still among them; the next one moves up.
+    fn remove_from_tag(&mut self, tag: TagId, waiter: u32) {
+        let more = self.more_waiters.get_mut(&tag);
+        let first = &mut self.first_waiter[tag.0 as usize];
+        if *first == waiter {
+            *first = match more {
+                Some(more) => more.remove(0),
+                None => NO_WAITER,
+            };
+        } else if let Some(more) = more {
+            more.retain(|w| *w != waiter);
+        }
+        if self.more_waiters.get(&tag).is_some_and(Vec::is_empty) {
+            self.more_waiters.remove(&tag);
+        }
     }
 }
 
@@ -292,8 +352,8 @@ mod tests {
         let mut ready = Vec::new();
         pfq.on_available(TagId(0), &mut ready);
         assert_eq!(ready, vec![0]);
-        assert_eq!(pfq.waiters_by_tag[1], vec![1], "tag 1's waiters untouched");
-        assert_eq!(pfq.waiters_by_tag[2], vec![2]);
+        assert_eq!(pfq.first_waiter[1], 1, "tag 1's waiters untouched");
+        assert_eq!(pfq.first_waiter[2], 2);
         assert_eq!(pfq.depth(), 2);
     }
 }
