@@ -515,6 +515,14 @@ impl FaultEntry {
         }
     }
 
+    /// The faulting address alone, as [`decode`](Self::decode) gives it: what the fault path
+    /// needs to look ahead at the entries it is about to handle.
+    #[inline]
+    pub fn decode_va(raw: &RawFaultEntry, width: VaWidth) -> u64 {
+        let va = (u64::from(raw.dword(3)) << HI_DWORD_SHIFT) | u64::from(raw.dword(2) & DW2_ADDR_LO_MASK);
+        canonical_va(va, width)
+    }
+
     /// Decode; total (never fails): reserved values are kept in the enums.
     ///
     /// ADDR bits above `width` are ignored; the VA is sign-extended from bit `width - 1`.
@@ -525,7 +533,6 @@ impl FaultEntry {
         let dw7 = raw.dword(7);
         let instance_ptr =
             (u64::from(raw.dword(1)) << HI_DWORD_SHIFT) | u64::from(dw0 & DW0_INST_LO_MASK);
-        let va = (u64::from(raw.dword(3)) << HI_DWORD_SHIFT) | u64::from(dw2 & DW2_ADDR_LO_MASK);
         let client_type = if dw7 & DW7_MMU_CLIENT_TYPE_HUB != 0 {
             MmuClientType::Hub
         } else {
@@ -540,7 +547,7 @@ impl FaultEntry {
             ) as u8),
             instance_ptr,
             address_aperture: (dw2 & DW2_ADDR_PHYS_APERTURE_MASK) as u8,
-            va: canonical_va(va, width),
+            va: Self::decode_va(raw, width),
             timestamp: (u64::from(raw.dword(5)) << HI_DWORD_SHIFT) | u64::from(raw.dword(4)),
             engine_id: (raw.dword(6) & DW6_ENGINE_ID_MASK) as u16,
             fault_type: FaultType::from_raw((dw7 & DW7_FAULT_TYPE_MASK) as u8),

@@ -14,6 +14,7 @@ pub mod fault;
 pub mod histogram;
 pub mod interrupter;
 pub mod monitor;
+mod prefetch;
 
 pub use activator::{Command, DataSource, ErrorMarker};
 pub use engine::{

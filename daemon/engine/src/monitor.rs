@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use bitvec::vec::BitVec;
 
 use crate::interrupter::TagId;
+use crate::prefetch::prefetch;
 
 /// One bit per tag: set while the producer's data for that tag is available and unconsumed.
 pub struct Dab {
@@ -30,6 +31,13 @@ impl Dab {
     /// Marks `tag` available; returns false if it already was.
     pub fn set(&mut self, tag: TagId) -> bool {
         !self.bits.replace(tag.0 as usize, true)
+    }
+
+    /// Starts loading `tag`'s bit into the cache.
+    pub(crate) fn prefetch(&self, tag: TagId) {
+        if let Some(word) = self.bits.as_raw_slice().get(tag.0 as usize / usize::BITS as usize) {
+            prefetch(word);
+        }
     }
 
     /// Marks `tag` consumed.
@@ -123,6 +131,14 @@ impl Pfq {
     /// Whether `waiter` is queued.
     pub fn is_queued(&self, waiter: u32) -> bool {
         self.waiters.get(waiter as usize).is_some_and(|w| w.missing > 0)
+    }
+
+    /// Starts loading what queueing `waiter` on `tag` touches into the cache.
+    pub(crate) fn prefetch(&self, waiter: u32, tag: TagId) {
+        if let (Some(entry), Some(first)) = (self.waiters.get(waiter as usize), self.first_waiter.get(tag.0 as usize)) {
+            prefetch(entry);
+            prefetch(first);
+        }
     }
 
     /// Queues `waiter` on the tags of `tags` that `dab` does not show available.
