@@ -44,7 +44,7 @@ pub fn run(settings: &Settings) -> Row {
     let spec = ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 256, slots: BATCH, timeout: u64::MAX / 4 };
     let layout = engine.open_channel(spec).expect("channel");
     let placement = Placement::new(&layout, 1, PROCESS_BASE);
-    let mut path = BatchPath::new(engine.config().va_width);
+    let mut path = BatchPath::new(engine.config());
     path.add(&placement);
     let mut memory = MemoryRing::new(RING_ENTRIES);
     // SAFETY: `memory` owns the ring's bytes, is not moved, and outlives both readers.

@@ -102,7 +102,7 @@ fn open_backend(config: &Config) -> Result<(Backend, &'static str, u16), String>
         return Ok((Backend::Emulated { gpus: config.emulated.gpus }, "emulated", config.emulated.gpus));
     }
     let wait = Duration::from_millis(config.shim.open_wait_ms);
-    let backend = ShimBackend::open(device, wait, config.shim.submission(), config.engine().va_width)
+    let backend = ShimBackend::open(device, wait, config.shim.submission(), &config.engine())
         .map_err(|e| format!("{}: {e} (is wic_shim loaded? service.backend = \"emulated\" runs without it)", device.display()))?;
     tracing::info!("{}: session opened", device.display());
     Ok((Backend::Shim(Box::new(backend)), "shim", 0))

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use wic_engine::{ChannelLayout, Command, DataSource, Engine, GpuId, Nanos, RawFaultEntry};
+use wic_engine::{ChannelLayout, Command, DataSource, Engine, EngineConfig, GpuId, Nanos, RawFaultEntry};
 use wic_proto::kabi::{self, WicCommand};
 
 use crate::commands::{CommandError, Placement, Translator};
@@ -58,11 +58,11 @@ pub struct BatchPath {
 }
 
 impl BatchPath {
-    /// An empty path for faults of `width`-bit addresses.
-    pub fn new(width: wic_engine::VaWidth) -> Self {
+    /// An empty path for an engine configured as `config`.
+    pub fn new(config: &EngineConfig) -> Self {
         Self {
-            translator: Translator::default(),
-            width,
+            translator: Translator::new(config.pool_base, config.pool_pages),
+            width: config.va_width,
             records: Vec::new(),
             entries: Vec::new(),
             batch: Vec::new(),
@@ -146,14 +146,14 @@ pub struct ShimBackend {
 }
 
 impl ShimBackend {
-    /// Opens a session on `path`.
-    pub fn open(path: &Path, busy_wait: Duration, submission: Submission, width: wic_engine::VaWidth) -> Result<Self, DeviceError> {
+    /// Opens a session on `path` for an engine configured as `config`.
+    pub fn open(path: &Path, busy_wait: Duration, submission: Submission, config: &EngineConfig) -> Result<Self, DeviceError> {
         let device = Device::open(path, busy_wait)?;
         let uring = match submission {
             Submission::Uring => Some(UringSubmitter::new(device.limits().max_commands).map_err(|e| DeviceError::Ring(format!("io_uring: {e}")))?),
             Submission::Ioctl => None,
         };
-        Ok(Self { device, uring, path: BatchPath::new(width) })
+        Ok(Self { device, uring, path: BatchPath::new(config) })
     }
 
     /// The session.

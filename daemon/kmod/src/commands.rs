@@ -70,96 +70,129 @@ impl Placement {
     }
 }
 
+/// A placed run: where it is in the engine's pool and in its application.
 #[derive(Debug, Clone, Copy)]
-struct Run {
+struct PlacedRun {
+    engine_start: u64,
+    process_start: u64,
     pages: u32,
     space_id: u32,
-    other_start: u64,
 }
 
-/// Translates between engine addresses and (space, process address).
-#[derive(Debug, Default)]
+impl PlacedRun {
+    /// `va`'s offset from `start` if `pages` pages from `va` lie inside the run.
+    fn offset(&self, start: u64, va: u64, pages: u32) -> Option<u64> {
+        let offset = va.checked_sub(start)?;
+        let end = offset.checked_add(u64::from(pages) * PAGE_SIZE)?;
+        (end <= u64::from(self.pages) * PAGE_SIZE).then_some(offset)
+    }
+}
+
+/// Marks a page no placed run covers.
+const NO_RUN: u32 = u32::MAX;
+
+/// A placement's process range, with the run of each of its pages.
+#[derive(Debug)]
+struct PlacedRange {
+    space_id: u32,
+    base: u64,
+    run_at_page: Vec<u32>,
+}
+
+/// Translates between engine addresses and (space, process address), in O(1) per engine
+/// address and O(log placements) per process address: both directions index runs by page.
+#[derive(Debug)]
 pub struct Translator {
-    /// Engine run start -> where it is placed.
-    by_engine: RunIndex<u64>,
-    /// (space, process run start) -> the engine run.
-    by_process: RunIndex<(u32, u64)>,
-}
-
-/// Runs sorted by their key: a binary search per lookup, which on the fault path costs less
-/// than a B-tree's range query (about 10% of a 256-entry batch's user-space path, wic-bench
-/// batch); inserts and removals move memory, but happen only when channels are placed and
-/// removed.
-#[derive(Debug, Clone)]
-struct RunIndex<K>(Vec<(K, Run)>);
-
-impl<K> Default for RunIndex<K> {
-    fn default() -> Self {
-        Self(Vec::new())
-    }
-}
-
-impl<K: Ord + Copy> RunIndex<K> {
-    fn insert(&mut self, key: K, run: Run) {
-        match self.0.binary_search_by(|(k, _)| k.cmp(&key)) {
-            Ok(at) => self.0[at].1 = run,
-            Err(at) => self.0.insert(at, (key, run)),
-        }
-    }
-
-    fn remove(&mut self, key: K) {
-        if let Ok(at) = self.0.binary_search_by(|(k, _)| k.cmp(&key)) {
-            self.0.remove(at);
-        }
-    }
-
-    /// The run with the greatest key at or below `key`, and `va`'s offset in it, if `va`
-    /// (the address `start_of` reads from such a key) lies inside it.
-    fn lookup(&self, key: K, start_of: impl Fn(K) -> u64, va: u64) -> Option<(Run, u64)> {
-        let below = self.0.partition_point(|(k, _)| *k <= key);
-        let &(start, run) = self.0.get(below.checked_sub(1)?)?;
-        let offset = va.checked_sub(start_of(start))?;
-        (offset < u64::from(run.pages) * PAGE_SIZE).then_some((run, offset))
-    }
+    /// Address of the engine pool's page 0.
+    pool_base: u64,
+    /// The placed run each page of the engine's pool belongs to, [`NO_RUN`] where none.
+    run_at_pool_page: Vec<u32>,
+    /// Placed runs by id; a removed run's id is reused.
+    runs: Vec<PlacedRun>,
+    free_ids: Vec<u32>,
+    /// Placements sorted by (space, base).
+    ranges: Vec<PlacedRange>,
 }
 
 impl Translator {
-    /// Adds a placed channel.
+    /// A translator for an engine whose pool is `pool_pages` pages from `pool_base`.
+    pub fn new(pool_base: u64, pool_pages: u32) -> Self {
+        Self { pool_base, run_at_pool_page: vec![NO_RUN; pool_pages as usize], runs: Vec::new(), free_ids: Vec::new(), ranges: Vec::new() }
+    }
+
+    /// The pool pages `[start, start + pages)`, if they are all inside the pool.
+    fn pool_pages(&self, start: u64, pages: u32) -> Option<std::ops::Range<usize>> {
+        let first = usize::try_from(start.checked_sub(self.pool_base)? / PAGE_SIZE).ok()?;
+        let end = first.checked_add(pages as usize)?;
+        (end <= self.run_at_pool_page.len()).then_some(first..end)
+    }
+
+    /// Adds a placed channel. Runs outside the engine's pool are not the engine's and are
+    /// ignored.
     pub fn add(&mut self, placement: &Placement) {
-        for &(engine, process, pages) in &placement.runs {
-            let space_id = placement.space_id;
-            self.by_engine.insert(engine, Run { pages, space_id, other_start: process });
-            self.by_process.insert((space_id, process), Run { pages, space_id, other_start: engine });
+        let total_pages = (placement.pcm_bytes + placement.pat_bytes) / PAGE_SIZE;
+        let mut range = PlacedRange { space_id: placement.space_id, base: placement.base, run_at_page: vec![NO_RUN; total_pages as usize] };
+        for &(engine_start, process_start, pages) in &placement.runs {
+            let (Some(pool_pages), Some(first)) = (self.pool_pages(engine_start, pages), process_start.checked_sub(placement.base)) else {
+                continue;
+            };
+            let first = (first / PAGE_SIZE) as usize;
+            let Some(process_pages) = range.run_at_page.get_mut(first..first + pages as usize) else { continue };
+            let run = PlacedRun { engine_start, process_start, pages, space_id: placement.space_id };
+            let id = match self.free_ids.pop() {
+                Some(id) => {
+                    self.runs[id as usize] = run;
+                    id
+                }
+                None => {
+                    self.runs.push(run);
+                    (self.runs.len() - 1) as u32
+                }
+            };
+            process_pages.fill(id);
+            self.run_at_pool_page[pool_pages].fill(id);
         }
+        let at = self.ranges.partition_point(|r| (r.space_id, r.base) < (range.space_id, range.base));
+        self.ranges.insert(at, range);
     }
 
     /// Removes a placed channel.
     pub fn remove(&mut self, placement: &Placement) {
-        for &(engine, process, _) in &placement.runs {
-            self.by_engine.remove(engine);
-            self.by_process.remove((placement.space_id, process));
+        let key = (placement.space_id, placement.base);
+        let Ok(at) = self.ranges.binary_search_by(|r| (r.space_id, r.base).cmp(&key)) else { return };
+        self.ranges.remove(at);
+        for &(engine_start, _, pages) in &placement.runs {
+            if let Some(pool_pages) = self.pool_pages(engine_start, pages) {
+                let id = self.run_at_pool_page[pool_pages.start];
+                if id != NO_RUN {
+                    self.free_ids.push(id);
+                }
+                self.run_at_pool_page[pool_pages].fill(NO_RUN);
+            }
         }
     }
 
     fn to_process(&self, engine_va: u64, pages: u32) -> Result<(u32, u64), CommandError> {
-        let (run, offset) = self.by_engine.lookup(engine_va, |k| k, engine_va).ok_or(CommandError::Unplaced { va: engine_va })?;
-        if offset + u64::from(pages) * PAGE_SIZE > u64::from(run.pages) * PAGE_SIZE {
-            return Err(CommandError::Unplaced { va: engine_va });
-        }
-        Ok((run.space_id, run.other_start + offset))
+        let unplaced = CommandError::Unplaced { va: engine_va };
+        let page = self.pool_pages(engine_va, 1).ok_or(unplaced.clone())?.start;
+        let run = self.runs.get(self.run_at_pool_page[page] as usize).ok_or(unplaced.clone())?;
+        let offset = run.offset(run.engine_start, engine_va, pages).ok_or(unplaced)?;
+        Ok((run.space_id, run.process_start + offset))
     }
 
     /// The engine's view of a record: its entry with the engine address of its page, or
     /// `None` for a page no placed channel has (a stale record of a closed channel).
     pub fn to_engine(&self, record: &Record, width: VaWidth) -> Option<RawFaultEntry> {
-        let mut entry = FaultEntry::decode(&record.entry, width);
-        let page = entry.page();
-        let (run, offset) = self.by_process.lookup((record.space_id, page), |(_, start)| start, page)?;
-        if run.space_id != record.space_id {
+        let page = FaultEntry::decode_va(&record.entry, width) & !(PAGE_SIZE - 1);
+        let key = (record.space_id, page);
+        let range = &self.ranges[self.ranges.partition_point(|r| (r.space_id, r.base) <= key).checked_sub(1)?];
+        if range.space_id != record.space_id {
             return None;
         }
-        entry.va = run.other_start + offset;
-        Some(entry.encode())
+        let index = usize::try_from((page - range.base) / PAGE_SIZE).ok()?;
+        let run = self.runs.get(*range.run_at_page.get(index)? as usize)?;
+        let offset = run.offset(run.process_start, page, 1)?;
+        Some(record.entry.with_va(run.engine_start + offset))
     }
 
     /// Appends the kernel commands for `command`. `host_data(run, source, len)` gives the
@@ -210,6 +243,12 @@ mod tests {
         }
     }
 
+    /// A ring record of a read fault at `va` in space `space_id`.
+    fn record(space_id: u32, va: u64) -> Record {
+        let entry = FaultEntry::replayable_gpc(va, AccessType::Read, 5, 0x1000, 0, 0).encode();
+        Record { seq: 0, space_id, gpu_id: 1, range_id: 1, pat: false, held_ns: 0, entry }
+    }
+
     #[test]
     fn a_placement_lays_runs_then_pat_pages_from_the_base() {
         let p = Placement::new(&layout(), 7, 0x7000_0000);
@@ -233,7 +272,7 @@ mod tests {
 
     #[test]
     fn commands_translate_page_by_page_and_stay_inside_their_run() {
-        let mut t = Translator::default();
+        let mut t = Translator::new(0x10_0000, 0x30_0000 / 4096);
         t.add(&Placement::new(&layout(), 7, 0x7000_0000));
         let mut out = Vec::new();
         let host = |_: u64, _: DataSource, _: u64| Some(0xdead_0000);
@@ -253,18 +292,9 @@ mod tests {
 
     #[test]
     fn records_come_back_with_engine_addresses_and_strangers_are_dropped() {
-        let mut t = Translator::default();
+        let mut t = Translator::new(0x10_0000, 0x30_0000 / 4096);
         let placement = Placement::new(&layout(), 7, 0x7000_0000);
         t.add(&placement);
-        let record = |space_id, va| Record {
-            seq: 0,
-            space_id,
-            gpu_id: 1,
-            range_id: 1,
-            pat: false,
-            held_ns: 0,
-            entry: FaultEntry::replayable_gpc(va, AccessType::Read, 5, 0x1000, 0, 0).encode(),
-        };
         let width = VaWidth::Bits57;
         let back = t.to_engine(&record(7, 0x7000_5123), width).unwrap();
         assert_eq!(FaultEntry::decode(&back, width).va, 0x30_1000);
@@ -273,5 +303,22 @@ mod tests {
         assert_eq!(t.to_engine(&record(7, 0x6fff_f000), width), None, "below the placement");
         t.remove(&placement);
         assert_eq!(t.to_engine(&record(7, 0x7000_0000), width), None, "removed");
+    }
+
+    #[test]
+    fn a_removed_channels_runs_make_room_for_the_next_without_crossing_over() {
+        let mut t = Translator::new(0x10_0000, 0x30_0000 / 4096);
+        let (first, second) = (Placement::new(&layout(), 7, 0x7000_0000), Placement::new(&layout(), 8, 0x9000_0000));
+        t.add(&first);
+        t.remove(&first);
+        t.add(&second);
+        let mut out = Vec::new();
+        let host = |_: u64, _: DataSource, _: u64| None;
+        t.to_kernel(&Command::Unmap { gpu: 1, va: 0x30_2000, pages: 2 }, host, &mut out).unwrap();
+        assert_eq!((out[0].space_id, out[0].va), (8, 0x9000_6000), "the engine run now belongs to the second channel");
+        assert_eq!(t.to_engine(&record(7, 0x7000_6000), VaWidth::Bits57), None, "the first channel is gone");
+        let back = t.to_engine(&record(8, 0x9000_8000), VaWidth::Bits57).expect("a PAT page of the second channel");
+        assert_eq!(FaultEntry::decode(&back, VaWidth::Bits57).va, 0x20_0000);
+        assert_eq!(t.runs.len(), first.runs.len(), "run ids were reused");
     }
 }

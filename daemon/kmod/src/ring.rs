@@ -7,10 +7,13 @@
 //! stale) is skipped and counted.
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 
 use wic_engine::RawFaultEntry;
 use wic_proto::kabi::{WicFaultRecord, WicRingHeader, WIC_RECORD_PAT, WIC_RING_MAGIC, WIC_RING_RECORDS_OFFSET};
+
+/// A record as the 8-byte words the reader copies it in.
+const RECORD_WORDS: usize = std::mem::size_of::<WicFaultRecord>() / 8;
 
 /// A record, copied out of the ring.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,7 +65,7 @@ pub struct FaultRing {
     anomalies: RingAnomalies,
 }
 
-// SAFETY: the ring is plain shared memory accessed through atomics and volatile copies; the
+// SAFETY: the ring is plain shared memory accessed through atomics and volatile reads; the
 // reader owns its index and may move to another thread.
 unsafe impl Send for FaultRing {}
 
@@ -149,18 +152,24 @@ impl FaultRing {
             self.next = self.next.wrapping_add(1);
             let offset = WIC_RING_RECORDS_OFFSET as usize
                 + (seq & (self.entries - 1)) as usize * std::mem::size_of::<WicFaultRecord>();
+            // A seqlock read: the record is copied word by word between two checks of its
+            // sequence number, so a copy the module overwrote meanwhile is caught and dropped.
             if self.word(offset).load(Ordering::Acquire) != seq {
                 self.anomalies.torn += 1;
                 continue;
             }
-            // SAFETY: the record lies inside the mapping (index masked by the entry count that
-            // `new` checked against the length); a concurrent writer can only make the copy
-            // stale, which the second sequence check below catches.
-            let rec = unsafe { std::ptr::read_volatile(self.base.as_ptr().add(offset).cast::<WicFaultRecord>()) };
-            if self.word(offset).load(Ordering::Acquire) != seq {
+            let mut words = [0u64; RECORD_WORDS];
+            for (i, word) in words.iter_mut().enumerate() {
+                *word = self.word(offset + 8 * i).load(Ordering::Relaxed);
+            }
+            fence(Ordering::Acquire);
+            if self.word(offset).load(Ordering::Relaxed) != seq {
                 self.anomalies.torn += 1;
                 continue;
             }
+            // SAFETY: `WicFaultRecord` is `repr(C)` plain data, integers and bytes only, so
+            // every bit pattern is a valid value; `transmute` itself checks the sizes match.
+            let rec: WicFaultRecord = unsafe { std::mem::transmute(words) };
             out.push(Record {
                 seq,
                 space_id: rec.space_id,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::mman::{mmap_anonymous, munmap, MapFlags, ProtFlags};
 use wic_engine::fault::AccessType;
-use wic_engine::{ChannelLayout, ChannelSpec, Command, DataSource, Engine, EngineConfig, FaultEntry, Producer, RawFaultEntry, VaWidth};
+use wic_engine::{ChannelLayout, ChannelSpec, Command, DataSource, Engine, EngineConfig, FaultEntry, Producer, RawFaultEntry};
 use wic_kmod::fakegpu::{Event, FakeGpu};
 use wic_kmod::{PlacedChannel, ShimBackend, Submission};
 
@@ -79,9 +79,9 @@ pub struct Daemon {
 
 impl Daemon {
     pub fn open(submission: Submission) -> Result<Self, String> {
-        let backend = ShimBackend::open(Path::new(DEVICE), Duration::from_secs(5), submission, VaWidth::Bits57)
-            .map_err(|e| format!("open {DEVICE}: {e}"))?;
         let config = EngineConfig { pool_pages: 16 * 1024, max_slots: 1024, ..EngineConfig::default() };
+        let backend = ShimBackend::open(Path::new(DEVICE), Duration::from_secs(5), submission, &config)
+            .map_err(|e| format!("open {DEVICE}: {e}"))?;
         let engine = Engine::new(config).map_err(|e| format!("engine: {e}"))?;
         Ok(Self { backend, engine, commands: Vec::new(), host_data: vec![0; 1 << 25], start: Instant::now() })
     }
