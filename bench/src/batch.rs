@@ -44,6 +44,8 @@ pub fn run(settings: &Settings) -> Row {
     let spec = ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 256, slots: BATCH, timeout: u64::MAX / 4 };
     let layout = engine.open_channel(spec).expect("channel");
     let placement = Placement::new(&layout, 1, PROCESS_BASE);
+    let process_runs: Vec<[u64; 2]> =
+        layout.slots.iter().map(|slot| slot.runs.map(|run| placement.process_va(run).expect("a placed run"))).collect();
     let mut path = BatchPath::new(engine.config());
     path.add(&placement);
     let mut memory = MemoryRing::new(RING_ENTRIES);
@@ -68,8 +70,8 @@ pub fn run(settings: &Settings) -> Row {
         }
         let side = generation % 2;
         let first = seq;
-        for slot in &layout.slots {
-            let va = placement.process_va(slot.runs[side]).expect("a placed run");
+        for runs in &process_runs {
+            let va = runs[side];
             let entry = FaultEntry::replayable_gpc(va, AccessType::Read, seq, 0x1000, 0, 0).encode();
             memory.write(seq, &Record { seq, space_id: 1, gpu_id: 0, range_id: 1, pat: false, held_ns: 0, entry });
             seq += 1;

@@ -114,8 +114,10 @@ impl Activator {
         self.owe_replay(wake.gpu);
     }
 
+    #[inline]
     fn owe_replay(&mut self, gpu: GpuId) {
-        if !self.replay_owed.contains(&gpu) {
+        // A batch's faults come from one GPU: the last entry is almost always the one.
+        if self.replay_owed.last() != Some(&gpu) && !self.replay_owed.contains(&gpu) {
             self.replay_owed.push(gpu);
         }
     }

@@ -92,15 +92,14 @@ impl RawFaultEntry {
         u32::from_le_bytes([self.0[o], self.0[o + 1], self.0[o + 2], self.0[o + 3]])
     }
 
-    /// The entry with its faulting page's address replaced by `va`'s, every other bit kept:
+    /// Replaces the faulting page's address with `va`'s, every other bit kept: the result is
     /// what [`FaultEntry::encode`] would give for the decoded entry with that address.
     #[inline]
-    pub fn with_va(mut self, va: u64) -> Self {
+    pub fn set_va(&mut self, va: u64) {
         let dw2 = (self.dword(2) & !DW2_ADDR_LO_MASK) | (va as u32 & DW2_ADDR_LO_MASK);
         // The `as u32` casts take the low DWORD of the address on purpose.
         self.0[8..12].copy_from_slice(&dw2.to_le_bytes());
         self.0[12..16].copy_from_slice(&((va >> HI_DWORD_SHIFT) as u32).to_le_bytes());
-        self
     }
 
     /// Builds an entry from its eight DWORDs, each stored little-endian.
@@ -884,10 +883,12 @@ mod tests {
         }
 
         #[test]
-        fn with_va_is_encode_with_the_new_address((w, f) in width_and_fields(), va in any::<u64>()) {
+        fn set_va_is_encode_with_the_new_address((w, f) in width_and_fields(), va in any::<u64>()) {
             let va = canonical_va(va, w) & PAGE_MASK;
             let e = expected(&f);
-            prop_assert_eq!(e.encode().with_va(va), FaultEntry { va, ..e }.encode());
+            let mut raw = e.encode();
+            raw.set_va(va);
+            prop_assert_eq!(raw, FaultEntry { va, ..e }.encode());
         }
 
         #[test]

@@ -142,6 +142,7 @@ impl Pfq {
     }
 
     /// Queues `waiter` on the tags of `tags` that `dab` does not show available.
+    #[inline]
     pub fn enqueue(&mut self, waiter: u32, tags: &[TagId], dab: &Dab) -> Result<Enqueued, PfqError> {
         if let Some(&bad) = tags.iter().find(|t| t.0 as usize >= self.first_waiter.len()) {
             return Err(PfqError::UnknownTag(bad));
@@ -150,9 +151,17 @@ impl Pfq {
         if entry.missing > 0 {
             return Err(PfqError::AlreadyQueued(waiter));
         }
+        if tags.iter().all(|&tag| dab.is_set(tag)) {
+            return Ok(Enqueued::Ready);
+        }
+        Ok(self.queue(waiter, tags, dab))
+    }
+
+    /// Queues `waiter`, which is not queued yet, on the tags of `tags` that are missing.
+    fn queue(&mut self, waiter: u32, tags: &[TagId], dab: &Dab) -> Enqueued {
         let mut missing = tags.iter().copied().filter(|&tag| !dab.is_set(tag));
         let Some(first_tag) = missing.next() else {
-            return Ok(Enqueued::Ready);
+            return Enqueued::Ready;
         };
         let mut count = 1;
         self.add_to_tag(first_tag, waiter);
@@ -166,7 +175,7 @@ impl Pfq {
         }
         self.waiters[waiter as usize] = Waiting { first_tag, missing: count };
         self.depth += 1;
-        Ok(Enqueued::Pending(count))
+        Enqueued::Pending(count)
     }
 
     fn add_to_tag(&mut self, tag: TagId, waiter: u32) {

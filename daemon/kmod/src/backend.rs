@@ -94,9 +94,15 @@ impl BatchPath {
             };
             self.entries.clear();
             for record in group {
-                match self.translator.to_engine(record, self.width) {
-                    Some(entry) => self.entries.push(entry),
-                    None => self.stray_records += 1,
+                let Some(va) = self.translator.engine_va(record, self.width) else {
+                    self.stray_records += 1;
+                    continue;
+                };
+                // Patched where it lies: a patched copy passed by value would be reread with
+                // wide loads right after its narrow stores, which the CPU cannot forward.
+                self.entries.push(record.entry);
+                if let Some(entry) = self.entries.last_mut() {
+                    entry.set_va(va);
                 }
             }
             engine.handle_faults(now, gpu, &self.entries, out);

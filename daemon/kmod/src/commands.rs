@@ -6,7 +6,7 @@
 //! [`Translator`] turns ring records into engine fault entries and engine commands into
 //! kernel commands, refusing anything that does not belong to a placed channel.
 
-use wic_engine::{ChannelLayout, Command, DataSource, FaultEntry, RawFaultEntry, VaWidth, PAGE_SIZE};
+use wic_engine::{ChannelLayout, Command, DataSource, FaultEntry, VaWidth, PAGE_SIZE};
 use wic_proto::kabi::{self, WicCommand};
 
 use crate::ring::Record;
@@ -172,17 +172,18 @@ impl Translator {
         }
     }
 
+    #[inline]
     fn to_process(&self, engine_va: u64, pages: u32) -> Result<(u32, u64), CommandError> {
-        let unplaced = CommandError::Unplaced { va: engine_va };
-        let page = self.pool_pages(engine_va, 1).ok_or(unplaced.clone())?.start;
-        let run = self.runs.get(self.run_at_pool_page[page] as usize).ok_or(unplaced.clone())?;
-        let offset = run.offset(run.engine_start, engine_va, pages).ok_or(unplaced)?;
+        let unplaced = || CommandError::Unplaced { va: engine_va };
+        let page = self.pool_pages(engine_va, 1).ok_or_else(unplaced)?.start;
+        let run = self.runs.get(self.run_at_pool_page[page] as usize).ok_or_else(unplaced)?;
+        let offset = run.offset(run.engine_start, engine_va, pages).ok_or_else(unplaced)?;
         Ok((run.space_id, run.process_start + offset))
     }
 
-    /// The engine's view of a record: its entry with the engine address of its page, or
-    /// `None` for a page no placed channel has (a stale record of a closed channel).
-    pub fn to_engine(&self, record: &Record, width: VaWidth) -> Option<RawFaultEntry> {
+    /// The engine's address of a record's page, or `None` for a page no placed channel has (a
+    /// stale record of a closed channel).
+    pub fn engine_va(&self, record: &Record, width: VaWidth) -> Option<u64> {
         let page = FaultEntry::decode_va(&record.entry, width) & !(PAGE_SIZE - 1);
         let key = (record.space_id, page);
         let range = &self.ranges[self.ranges.partition_point(|r| (r.space_id, r.base) <= key).checked_sub(1)?];
@@ -192,7 +193,7 @@ impl Translator {
         let index = usize::try_from((page - range.base) / PAGE_SIZE).ok()?;
         let run = self.runs.get(*range.run_at_page.get(index)? as usize)?;
         let offset = run.offset(run.process_start, page, 1)?;
-        Some(record.entry.with_va(run.engine_start + offset))
+        Some(run.engine_start + offset)
     }
 
     /// Appends the kernel commands for `command`. `host_data(run, source, len)` gives the
@@ -204,26 +205,21 @@ impl Translator {
         host_data: impl Fn(u64, DataSource, u64) -> Option<u64>,
         out: &mut Vec<WicCommand>,
     ) -> Result<(), CommandError> {
-        let mut push = |opcode, gpu: u16, va: u64, pages: u32, length: u64, arg: u64| -> Result<(), CommandError> {
-            let (space_id, va) = if opcode == kabi::WIC_CMD_REPLAY { (0, 0) } else { self.to_process(va, pages)? };
-            out.push(WicCommand { opcode, space_id, gpu_id: gpu.into(), pages, va, length, arg, result: 0, reserved: 0 });
-            Ok(())
-        };
-        match *command {
+        let (opcode, gpu, va, pages, length, arg) = match *command {
             Command::WriteData { gpu, va, len, source } => {
                 let data = host_data(va, source, len).ok_or(CommandError::NoHostData { va })?;
-                let pages = len.div_ceil(PAGE_SIZE).max(1) as u32;
-                push(kabi::WIC_CMD_WRITE_DATA, gpu, va, pages, len, data)
+                (kabi::WIC_CMD_WRITE_DATA, gpu, va, len.div_ceil(PAGE_SIZE).max(1) as u32, len, data)
             }
-            Command::WriteErrorMarker { gpu, va, pages, marker } => {
-                push(kabi::WIC_CMD_WRITE_MARKER, gpu, va, pages, 0, marker.word())
-            }
-            Command::Unmap { gpu, va, pages } => push(kabi::WIC_CMD_UNMAP, gpu, va, pages, 0, 0),
-            Command::Map { gpu, va, pages } => push(kabi::WIC_CMD_MAP, gpu, va, pages, 0, 0),
-            Command::ServicePat { gpu, va } => push(kabi::WIC_CMD_SERVICE_PAT, gpu, va, 1, 0, 0),
-            Command::RearmPat { gpu, va } => push(kabi::WIC_CMD_REARM_PAT, gpu, va, 1, 0, 0),
-            Command::Replay { gpu } => push(kabi::WIC_CMD_REPLAY, gpu, 0, 0, 0, 0),
-        }
+            Command::WriteErrorMarker { gpu, va, pages, marker } => (kabi::WIC_CMD_WRITE_MARKER, gpu, va, pages, 0, marker.word()),
+            Command::Unmap { gpu, va, pages } => (kabi::WIC_CMD_UNMAP, gpu, va, pages, 0, 0),
+            Command::Map { gpu, va, pages } => (kabi::WIC_CMD_MAP, gpu, va, pages, 0, 0),
+            Command::ServicePat { gpu, va } => (kabi::WIC_CMD_SERVICE_PAT, gpu, va, 1, 0, 0),
+            Command::RearmPat { gpu, va } => (kabi::WIC_CMD_REARM_PAT, gpu, va, 1, 0, 0),
+            Command::Replay { gpu } => (kabi::WIC_CMD_REPLAY, gpu, 0, 0, 0, 0),
+        };
+        let (space_id, va) = if opcode == kabi::WIC_CMD_REPLAY { (0, 0) } else { self.to_process(va, pages)? };
+        out.push(WicCommand { opcode, space_id, gpu_id: gpu.into(), pages, va, length, arg, result: 0, reserved: 0 });
+        Ok(())
     }
 }
 
@@ -291,18 +287,16 @@ mod tests {
     }
 
     #[test]
-    fn records_come_back_with_engine_addresses_and_strangers_are_dropped() {
+    fn records_map_to_engine_addresses_and_strangers_are_dropped() {
         let mut t = Translator::new(0x10_0000, 0x30_0000 / 4096);
         let placement = Placement::new(&layout(), 7, 0x7000_0000);
         t.add(&placement);
         let width = VaWidth::Bits57;
-        let back = t.to_engine(&record(7, 0x7000_5123), width).unwrap();
-        assert_eq!(FaultEntry::decode(&back, width).va, 0x30_1000);
-        assert_eq!(FaultEntry::decode(&back, width).timestamp, 5);
-        assert_eq!(t.to_engine(&record(8, 0x7000_5000), width), None, "another space");
-        assert_eq!(t.to_engine(&record(7, 0x6fff_f000), width), None, "below the placement");
+        assert_eq!(t.engine_va(&record(7, 0x7000_5123), width), Some(0x30_1000));
+        assert_eq!(t.engine_va(&record(8, 0x7000_5000), width), None, "another space");
+        assert_eq!(t.engine_va(&record(7, 0x6fff_f000), width), None, "below the placement");
         t.remove(&placement);
-        assert_eq!(t.to_engine(&record(7, 0x7000_0000), width), None, "removed");
+        assert_eq!(t.engine_va(&record(7, 0x7000_0000), width), None, "removed");
     }
 
     #[test]
@@ -316,9 +310,8 @@ mod tests {
         let host = |_: u64, _: DataSource, _: u64| None;
         t.to_kernel(&Command::Unmap { gpu: 1, va: 0x30_2000, pages: 2 }, host, &mut out).unwrap();
         assert_eq!((out[0].space_id, out[0].va), (8, 0x9000_6000), "the engine run now belongs to the second channel");
-        assert_eq!(t.to_engine(&record(7, 0x7000_6000), VaWidth::Bits57), None, "the first channel is gone");
-        let back = t.to_engine(&record(8, 0x9000_8000), VaWidth::Bits57).expect("a PAT page of the second channel");
-        assert_eq!(FaultEntry::decode(&back, VaWidth::Bits57).va, 0x20_0000);
+        assert_eq!(t.engine_va(&record(7, 0x7000_6000), VaWidth::Bits57), None, "the first channel is gone");
+        assert_eq!(t.engine_va(&record(8, 0x9000_8000), VaWidth::Bits57), Some(0x20_0000), "a PAT page of the second channel");
         assert_eq!(t.runs.len(), first.runs.len(), "run ids were reused");
     }
 }
