@@ -70,46 +70,38 @@ impl Placement {
     }
 }
 
-/// A placed run: where it is in the engine's pool and in its application.
-#[derive(Debug, Clone, Copy)]
-struct PlacedRun {
-    engine_start: u64,
-    process_start: u64,
-    pages: u32,
-    space_id: u32,
+/// Where a placed page is on the other side, and how many pages of its run start there; 0
+/// pages marks a page no placed run covers.
+#[derive(Debug, Clone, Copy, Default)]
+struct PageMapping {
+    other_va: u64,
+    pages_left: u32,
 }
 
-impl PlacedRun {
-    /// `va`'s offset from `start` if `pages` pages from `va` lie inside the run.
-    fn offset(&self, start: u64, va: u64, pages: u32) -> Option<u64> {
-        let offset = va.checked_sub(start)?;
-        let end = offset.checked_add(u64::from(pages) * PAGE_SIZE)?;
-        (end <= u64::from(self.pages) * PAGE_SIZE).then_some(offset)
+impl PageMapping {
+    /// The other side's address of `va`, if `va` and the `pages - 1` pages after it are placed.
+    fn translate(&self, va: u64, pages: u32) -> Option<u64> {
+        (self.pages_left > 0 && pages <= self.pages_left).then_some(self.other_va + va % PAGE_SIZE)
     }
 }
 
-/// Marks a page no placed run covers.
-const NO_RUN: u32 = u32::MAX;
-
-/// A placement's process range, with the run of each of its pages.
+/// A placement's process range, page by page.
 #[derive(Debug)]
 struct PlacedRange {
     space_id: u32,
     base: u64,
-    run_at_page: Vec<u32>,
+    /// Engine side of each page of the range.
+    pages: Vec<PageMapping>,
 }
 
-/// Translates between engine addresses and (space, process address), in O(1) per engine
-/// address and O(log placements) per process address: both directions index runs by page.
+/// Translates between engine addresses and (space, process address): one table lookup per
+/// engine address, and a binary search over placements then one lookup per process address.
 #[derive(Debug)]
 pub struct Translator {
     /// Address of the engine pool's page 0.
     pool_base: u64,
-    /// The placed run each page of the engine's pool belongs to, [`NO_RUN`] where none.
-    run_at_pool_page: Vec<u32>,
-    /// Placed runs by id; a removed run's id is reused.
-    runs: Vec<PlacedRun>,
-    free_ids: Vec<u32>,
+    /// Process side of each page of the engine's pool.
+    pool: Vec<(PageMapping, u32)>,
     /// Placements sorted by (space, base).
     ranges: Vec<PlacedRange>,
 }
@@ -117,40 +109,30 @@ pub struct Translator {
 impl Translator {
     /// A translator for an engine whose pool is `pool_pages` pages from `pool_base`.
     pub fn new(pool_base: u64, pool_pages: u32) -> Self {
-        Self { pool_base, run_at_pool_page: vec![NO_RUN; pool_pages as usize], runs: Vec::new(), free_ids: Vec::new(), ranges: Vec::new() }
+        Self { pool_base, pool: vec![(PageMapping::default(), 0); pool_pages as usize], ranges: Vec::new() }
     }
 
-    /// The pool pages `[start, start + pages)`, if they are all inside the pool.
-    fn pool_pages(&self, start: u64, pages: u32) -> Option<std::ops::Range<usize>> {
-        let first = usize::try_from(start.checked_sub(self.pool_base)? / PAGE_SIZE).ok()?;
-        let end = first.checked_add(pages as usize)?;
-        (end <= self.run_at_pool_page.len()).then_some(first..end)
+    /// Index of the pool page at `va`, if it is inside the pool.
+    fn pool_index(&self, va: u64) -> Option<usize> {
+        let index = usize::try_from(va.checked_sub(self.pool_base)? / PAGE_SIZE).ok()?;
+        (index < self.pool.len()).then_some(index)
     }
 
-    /// Adds a placed channel. Runs outside the engine's pool are not the engine's and are
-    /// ignored.
+    /// Adds a placed channel. Runs outside the engine's pool or outside the placement's own
+    /// range are not the placement's and are ignored.
     pub fn add(&mut self, placement: &Placement) {
         let total_pages = (placement.pcm_bytes + placement.pat_bytes) / PAGE_SIZE;
-        let mut range = PlacedRange { space_id: placement.space_id, base: placement.base, run_at_page: vec![NO_RUN; total_pages as usize] };
+        let mut range = PlacedRange { space_id: placement.space_id, base: placement.base, pages: vec![PageMapping::default(); total_pages as usize] };
         for &(engine_start, process_start, pages) in &placement.runs {
-            let (Some(pool_pages), Some(first)) = (self.pool_pages(engine_start, pages), process_start.checked_sub(placement.base)) else {
-                continue;
-            };
-            let first = (first / PAGE_SIZE) as usize;
-            let Some(process_pages) = range.run_at_page.get_mut(first..first + pages as usize) else { continue };
-            let run = PlacedRun { engine_start, process_start, pages, space_id: placement.space_id };
-            let id = match self.free_ids.pop() {
-                Some(id) => {
-                    self.runs[id as usize] = run;
-                    id
-                }
-                None => {
-                    self.runs.push(run);
-                    (self.runs.len() - 1) as u32
-                }
-            };
-            process_pages.fill(id);
-            self.run_at_pool_page[pool_pages].fill(id);
+            let last = u64::from(pages.max(1) - 1) * PAGE_SIZE;
+            let (Some(first_pool), Some(_)) = (self.pool_index(engine_start), self.pool_index(engine_start + last)) else { continue };
+            let Some(first) = process_start.checked_sub(placement.base).map(|offset| (offset / PAGE_SIZE) as usize) else { continue };
+            let Some(process_pages) = range.pages.get_mut(first..first + pages as usize) else { continue };
+            for (i, page) in process_pages.iter_mut().enumerate() {
+                let (step, pages_left) = (i as u64 * PAGE_SIZE, pages - i as u32);
+                *page = PageMapping { other_va: engine_start + step, pages_left };
+                self.pool[first_pool + i] = (PageMapping { other_va: process_start + step, pages_left }, placement.space_id);
+            }
         }
         let at = self.ranges.partition_point(|r| (r.space_id, r.base) < (range.space_id, range.base));
         self.ranges.insert(at, range);
@@ -160,25 +142,18 @@ impl Translator {
     pub fn remove(&mut self, placement: &Placement) {
         let key = (placement.space_id, placement.base);
         let Ok(at) = self.ranges.binary_search_by(|r| (r.space_id, r.base).cmp(&key)) else { return };
-        self.ranges.remove(at);
-        for &(engine_start, _, pages) in &placement.runs {
-            if let Some(pool_pages) = self.pool_pages(engine_start, pages) {
-                let id = self.run_at_pool_page[pool_pages.start];
-                if id != NO_RUN {
-                    self.free_ids.push(id);
-                }
-                self.run_at_pool_page[pool_pages].fill(NO_RUN);
+        for mapping in self.ranges.remove(at).pages.iter().filter(|m| m.pages_left > 0) {
+            if let Some(index) = self.pool_index(mapping.other_va) {
+                self.pool[index] = (PageMapping::default(), 0);
             }
         }
     }
 
     #[inline]
     fn to_process(&self, engine_va: u64, pages: u32) -> Result<(u32, u64), CommandError> {
-        let unplaced = || CommandError::Unplaced { va: engine_va };
-        let page = self.pool_pages(engine_va, 1).ok_or_else(unplaced)?.start;
-        let run = self.runs.get(self.run_at_pool_page[page] as usize).ok_or_else(unplaced)?;
-        let offset = run.offset(run.engine_start, engine_va, pages).ok_or_else(unplaced)?;
-        Ok((run.space_id, run.process_start + offset))
+        let (mapping, space_id) = self.pool_index(engine_va).map(|index| self.pool[index]).unwrap_or_default();
+        let process_va = mapping.translate(engine_va, pages).ok_or(CommandError::Unplaced { va: engine_va })?;
+        Ok((space_id, process_va))
     }
 
     /// The engine's address of a record's page, or `None` for a page no placed channel has (a
@@ -191,9 +166,7 @@ impl Translator {
             return None;
         }
         let index = usize::try_from((page - range.base) / PAGE_SIZE).ok()?;
-        let run = self.runs.get(*range.run_at_page.get(index)? as usize)?;
-        let offset = run.offset(run.process_start, page, 1)?;
-        Some(run.engine_start + offset)
+        range.pages.get(index)?.translate(page, 1)
     }
 
     /// Appends the kernel commands for `command`. `host_data(run, source, len)` gives the
@@ -312,6 +285,5 @@ mod tests {
         assert_eq!((out[0].space_id, out[0].va), (8, 0x9000_6000), "the engine run now belongs to the second channel");
         assert_eq!(t.engine_va(&record(7, 0x7000_6000), VaWidth::Bits57), None, "the first channel is gone");
         assert_eq!(t.engine_va(&record(8, 0x9000_8000), VaWidth::Bits57), Some(0x20_0000), "a PAT page of the second channel");
-        assert_eq!(t.runs.len(), first.runs.len(), "run ids were reused");
     }
 }
