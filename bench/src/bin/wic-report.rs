@@ -39,6 +39,10 @@ struct Args {
     /// Worker threads for the emulator (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
+    /// Leaves out the kernel path in the VM (which builds `wic-vmtest` and boots a kernel with
+    /// tests/vm/run.sh); the report then says it was not run. `--quick` implies it.
+    #[arg(long)]
+    no_vm: bool,
 }
 
 fn main() -> ExitCode {
@@ -82,6 +86,13 @@ fn run(args: &Args) -> Result<(), String> {
     let bench_settings = Settings::new(args.quick, if args.quick { 1 } else { 5 }, args.seed);
     let results = wic_bench::run(&bench_settings, &[]);
 
+    let vm = if args.quick || args.no_vm {
+        None
+    } else {
+        eprintln!("wic-report: kernel path in the VM");
+        Some(vm_bench()?)
+    };
+
     let figures = args.out.join("figures");
     std::fs::create_dir_all(&figures).map_err(|e| format!("{}: {e}", figures.display()))?;
     write_figures(&figures, &rows, &sweep)?;
@@ -101,12 +112,87 @@ fn run(args: &Args) -> Result<(), String> {
     fields.set("bench_interrupter", interrupter_table(&results));
     fields.set("bench_monitor", monitor_table(&results));
     fields.set("bench_batch", batch_table(&results));
+    fields.set("vm_where", vm.as_ref().map_or("not run in this regeneration (`--no-vm` or `--quick`)".into(), |vm| vm.place.clone()));
+    fields.set("vm_table", vm.as_ref().map_or(String::new(), vm_table));
     fields.set("total_seconds", format!("{:.0}", started.elapsed().as_secs_f64()));
     let text = fields.fill(&template)?;
     let out = args.out.join("evaluation.md");
     std::fs::write(&out, text).map_err(|e| format!("{}: {e}", out.display()))?;
     eprintln!("wic-report: wrote {} and {} in {:.0} s", out.display(), figures.display(), started.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// What `wic-vmtest bench` measured in the VM, and where.
+struct VmBench {
+    /// Kernel and accelerator, as the harness reported them.
+    place: String,
+    results: serde_json::Value,
+}
+
+/// Builds `wic-vmtest` and runs its bench in a VM booted by tests/vm/run.sh; the harness's
+/// own output is passed through, and its verdict decides.
+fn vm_bench() -> Result<VmBench, String> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let built = std::process::Command::new(cargo)
+        .args(["build", "--release", "-q", "-p", "wic-tests", "--bin", "wic-vmtest"])
+        .status()
+        .map_err(|e| format!("cargo build of wic-vmtest: {e}"))?;
+    if !built.success() {
+        return Err("cargo build of wic-vmtest failed".into());
+    }
+    let out_dir = Path::new("target/vm-bench");
+    let run = std::process::Command::new("tests/vm/run.sh")
+        .args(["--out", "target/vm-bench", "--bin", "target/release/wic-vmtest", "--", "wic-vmtest", "bench"])
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .map_err(|e| format!("tests/vm/run.sh (run wic-report from the workspace root, or pass --no-vm): {e}"))?;
+    let log = String::from_utf8_lossy(&run.stderr);
+    eprint!("{log}");
+    // The harness's last word is `WIC-VM: PASS (<accelerator>, <seconds> s)`.
+    let accel = log.lines().find_map(|l| l.strip_prefix("WIC-VM: PASS (")).and_then(|rest| rest.split(',').next());
+    let (true, Some(accel)) = (run.status.success(), accel) else {
+        return Err(format!("the VM bench failed (console: {}/console.log); --no-vm leaves it out", out_dir.display()));
+    };
+    let path = out_dir.join("kernel-bench.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let results: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let kernel = results["kernel"].as_str().unwrap_or("an unknown kernel");
+    let how = if accel == "kvm" { "KVM" } else { "software CPU emulation (TCG)" };
+    Ok(VmBench { place: format!("Linux {kernel} under qemu with {how}"), results })
+}
+
+/// Per submission path, p50 / p99 per fault at each batch size.
+fn vm_table(vm: &VmBench) -> String {
+    let rows = vm.results["results"].as_array().cloned().unwrap_or_default();
+    let mut batches: Vec<u64> = rows.iter().filter_map(|r| r["batch"].as_u64()).collect();
+    batches.sort_unstable();
+    batches.dedup();
+    let mut text = String::from("| submission |");
+    for batch in &batches {
+        text += &format!(" batch {batch} p50 / p99 |");
+    }
+    text += &format!("\n|---|{}\n", "---|".repeat(batches.len()));
+    for (submission, name) in [("io_uring", "io_uring (`IORING_OP_URING_CMD`)"), ("ioctl", "ioctl (`WIC_IOC_SUBMIT`)")] {
+        text += &format!("| {name} |");
+        for batch in &batches {
+            let cell = rows.iter().find(|r| r["submission"] == submission && r["batch"].as_u64() == Some(*batch));
+            text += &match cell {
+                Some(r) => format!(" {} / {} |", micros(&r["p50_us"]), micros(&r["p99_us"])),
+                None => " - |".into(),
+            };
+        }
+        text += "\n";
+    }
+    text
+}
+
+/// A latency in microseconds, in ms from 10 ms up.
+fn micros(value: &serde_json::Value) -> String {
+    match value.as_f64() {
+        Some(us) if us >= 10_000.0 => format!("{:.1} ms", us / 1000.0),
+        Some(us) => format!("{us:.0} us"),
+        None => "-".into(),
+    }
 }
 
 fn pick(names: &[&str]) -> Result<Vec<Workload>, String> {
