@@ -3,8 +3,8 @@
 //! The engine allocates a channel's pages in its own pool; on a real GPU they are pages of the
 //! application's managed memory. A channel is placed at a base address the application chose:
 //! its runs, slot by slot (P then P'), then its PAT pages, each run contiguous. The
-//! [`Translator`] turns ring records into engine fault entries and engine commands into
-//! kernel commands, refusing anything that does not belong to a placed channel.
+//! [`Translator`] gives ring records' pages their engine addresses and turns engine commands
+//! into kernel commands, refusing anything that does not belong to a placed channel.
 
 use wic_engine::{ChannelLayout, Command, DataSource, FaultEntry, VaWidth, PAGE_SIZE};
 use wic_proto::kabi::{self, WicCommand};
