@@ -165,18 +165,21 @@ async fn serve(
     let stop_fast_path = |handle: dataplane::DataplaneHandle| async move {
         let _ = handle.ask(|reply| Control::Shutdown { reply }).await;
     };
-    let (listener, bound) = match bind(&config) {
-        Ok(bound) => bound,
-        Err(e) => {
-            stop_fast_path(handle).await;
-            return Err(e);
-        }
+    // Signals before the socket: once it accepts connections, a SIGTERM must stop wicd
+    // cleanly, not kill it by the default action.
+    let signals = || -> std::io::Result<_> {
+        Ok((signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?, signal(SignalKind::hangup())?))
     };
+    let ((mut terminate, mut interrupt, mut hangup), (listener, bound)) =
+        match signals().map_err(|e| format!("signal handlers: {e}")).and_then(|signals| Ok((signals, bind(&config)?))) {
+            Ok(ready) => ready,
+            Err(e) => {
+                stop_fast_path(handle).await;
+                return Err(e);
+            }
+        };
     let shared = Shared::new(config.limits, handle.clone(), backend, gpus, config.engine().warps_per_batch);
     let accept = tokio::spawn(server::accept_loop(listener, shared.clone()));
-    let mut terminate = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
-    let mut interrupt = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
-    let mut hangup = signal(SignalKind::hangup()).map_err(|e| e.to_string())?;
     let watchdog = systemd::watchdog_interval().map(|every| tokio::spawn(feed_watchdog(handle.clone(), every)));
     tracing::info!(backend, gpus, "wicd {} ready", env!("CARGO_PKG_VERSION"));
     systemd::notify(&format!("READY=1\nSTATUS=serving, {backend} backend"));
