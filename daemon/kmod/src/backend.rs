@@ -52,7 +52,7 @@ pub struct BatchPath {
     entries: Vec<RawFaultEntry>,
     batch: Vec<WicCommand>,
     /// For each kernel command of `batch`, the index of the engine command it came from.
-    origin: Vec<usize>,
+    origin: Vec<u32>,
     /// Records of pages no placed channel has (stale, or a closed channel's).
     pub stray_records: u64,
 }
@@ -123,7 +123,7 @@ impl BatchPath {
         self.origin.clear();
         for (index, command) in commands.iter().enumerate() {
             match self.translator.to_kernel(command, &host_data, &mut self.batch) {
-                Ok(()) => self.origin.push(index),
+                Ok(()) => self.origin.push(index as u32),
                 Err(e) => {
                     *untranslatable += 1;
                     outcome(command, Err(e));
@@ -139,7 +139,7 @@ impl BatchPath {
             if kernel.result != 0 {
                 done.failed += 1;
             }
-            outcome(&commands[index], Ok(kernel.result));
+            outcome(&commands[index as usize], Ok(kernel.result));
         }
     }
 }

@@ -70,12 +70,13 @@ impl Placement {
     }
 }
 
-/// Where a placed page is on the other side, and how many pages of its run start there; 0
-/// pages marks a page no placed run covers.
+/// Where a placed page is on the other side (the space matters on the process side), and how
+/// many pages of its run start there; 0 pages marks a page no placed run covers. 16 bytes.
 #[derive(Debug, Clone, Copy, Default)]
 struct PageMapping {
     other_va: u64,
     pages_left: u32,
+    space_id: u32,
 }
 
 impl PageMapping {
@@ -101,7 +102,7 @@ pub struct Translator {
     /// Address of the engine pool's page 0.
     pool_base: u64,
     /// Process side of each page of the engine's pool.
-    pool: Vec<(PageMapping, u32)>,
+    pool: Vec<PageMapping>,
     /// Placements sorted by (space, base).
     ranges: Vec<PlacedRange>,
 }
@@ -109,7 +110,7 @@ pub struct Translator {
 impl Translator {
     /// A translator for an engine whose pool is `pool_pages` pages from `pool_base`.
     pub fn new(pool_base: u64, pool_pages: u32) -> Self {
-        Self { pool_base, pool: vec![(PageMapping::default(), 0); pool_pages as usize], ranges: Vec::new() }
+        Self { pool_base, pool: vec![PageMapping::default(); pool_pages as usize], ranges: Vec::new() }
     }
 
     /// Index of the pool page at `va`, if it is inside the pool.
@@ -130,8 +131,8 @@ impl Translator {
             let Some(process_pages) = range.pages.get_mut(first..first + pages as usize) else { continue };
             for (i, page) in process_pages.iter_mut().enumerate() {
                 let (step, pages_left) = (i as u64 * PAGE_SIZE, pages - i as u32);
-                *page = PageMapping { other_va: engine_start + step, pages_left };
-                self.pool[first_pool + i] = (PageMapping { other_va: process_start + step, pages_left }, placement.space_id);
+                *page = PageMapping { other_va: engine_start + step, pages_left, space_id: 0 };
+                self.pool[first_pool + i] = PageMapping { other_va: process_start + step, pages_left, space_id: placement.space_id };
             }
         }
         let at = self.ranges.partition_point(|r| (r.space_id, r.base) < (range.space_id, range.base));
@@ -144,16 +145,16 @@ impl Translator {
         let Ok(at) = self.ranges.binary_search_by(|r| (r.space_id, r.base).cmp(&key)) else { return };
         for mapping in self.ranges.remove(at).pages.iter().filter(|m| m.pages_left > 0) {
             if let Some(index) = self.pool_index(mapping.other_va) {
-                self.pool[index] = (PageMapping::default(), 0);
+                self.pool[index] = PageMapping::default();
             }
         }
     }
 
     #[inline]
     fn to_process(&self, engine_va: u64, pages: u32) -> Result<(u32, u64), CommandError> {
-        let (mapping, space_id) = self.pool_index(engine_va).map(|index| self.pool[index]).unwrap_or_default();
+        let mapping = self.pool_index(engine_va).map(|index| self.pool[index]).unwrap_or_default();
         let process_va = mapping.translate(engine_va, pages).ok_or(CommandError::Unplaced { va: engine_va })?;
-        Ok((space_id, process_va))
+        Ok((mapping.space_id, process_va))
     }
 
     /// The engine's address of a record's page, or `None` for a page no placed channel has (a
