@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use wic_engine::fault::AccessType;
 use wic_engine::{ChannelSpec, Command, DataSource, Engine, EngineConfig, FaultEntry, Producer};
 use wic_kmod::{BatchPath, FaultRing, MemoryRing, Placement, Record};
@@ -21,7 +21,7 @@ const RING_ENTRIES: u32 = 1024;
 /// Where the channel sits in the (pretend) application's address space.
 const PROCESS_BASE: u64 = 0x7000_0000_0000;
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Row {
     pub entries: u32,
     pub batches: usize,

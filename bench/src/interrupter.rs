@@ -4,7 +4,7 @@
 
 use std::hint::black_box;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use wic_engine::{PagePool, PageRun};
 
 use crate::bitmap::BitmapFirstFit;
@@ -15,7 +15,7 @@ use crate::Settings;
 /// Run lengths requested in turn: the runs of channels with 256 B to 4 KiB messages.
 const RUN_LENGTHS: [u32; 5] = [1, 2, 4, 8, 16];
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Row {
     pub pages: u32,
     pub fragmented: bool,

@@ -11,7 +11,7 @@ pub mod svg;
 
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// How long and how often the benchmarks measure.
 pub struct Settings {
@@ -41,18 +41,32 @@ pub enum Bench {
 pub fn run(settings: &Settings, benches: &[Bench]) -> Results {
     let wanted = |bench| benches.is_empty() || benches.contains(&bench);
     Results {
+        machine: machine(),
         interrupter: if wanted(Bench::Interrupter) { interrupter::run(settings) } else { Vec::new() },
         monitor: if wanted(Bench::Monitor) { monitor::run(settings) } else { Vec::new() },
         batch: wanted(Bench::Batch).then(|| batch::run(settings)),
     }
 }
 
-/// Every benchmark's rows.
-#[derive(Default, Serialize)]
+/// Every benchmark's rows, and the machine they were measured on.
+#[derive(Default, Serialize, Deserialize)]
 pub struct Results {
+    pub machine: String,
     pub interrupter: Vec<interrupter::Row>,
     pub monitor: Vec<monitor::Row>,
     pub batch: Option<batch::Row>,
+}
+
+/// The machine's CPU and how many cores it has (all of them, not only those this process may
+/// run on: the benchmarks are single-threaded and may be pinned to one).
+pub fn machine() -> String {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let cpu = info
+        .lines()
+        .find_map(|l| l.strip_prefix("model name").map(|m| m.trim_start_matches([' ', '\t', ':']).to_string()))
+        .unwrap_or_else(|| "an unknown CPU".into());
+    let cores = info.lines().filter(|l| l.starts_with("processor")).count().max(1);
+    format!("{cores} cores of {cpu}")
 }
 
 fn verdict(met: bool) -> &'static str {

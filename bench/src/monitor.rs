@@ -10,7 +10,7 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use wic_engine::fault::AccessType;
 use wic_engine::{ChannelSpec, Command, Engine, EngineConfig, FaultEntry, Producer, RawFaultEntry, VaWidth};
 
@@ -24,7 +24,7 @@ const ACTIVE_SLOTS: u64 = 4096;
 /// 16 warps x 256 B: one page per run, so N registered pages are N / 2 slots.
 const MESSAGE_BYTES: u32 = 256;
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Row {
     pub registered_pages: u32,
     /// `handle_faults` per entry: decode, classify, PFQ and deadlines, slots of the active set.

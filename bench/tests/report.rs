@@ -22,6 +22,8 @@ fn report(template: &Path, out: &Path) -> Output {
         .arg(template)
         .arg("--out")
         .arg(out)
+        .arg("--recorded")
+        .arg(workspace().join("bench/results"))
         .output()
         .expect("run wic-report")
 }
@@ -36,7 +38,7 @@ fn the_quick_report_fills_every_field_and_writes_every_figure() {
     for app in ["C_CG", "G_STN"] {
         assert!(text.lines().any(|l| l.starts_with(&format!("| {app} |"))), "no row for {app}");
     }
-    for needed in ["Geometric-mean speedup", "interrupter at 16K pages", "monitor:", "batch of 256 entries", "not run in this regeneration"] {
+    for needed in ["Geometric-mean speedup", "interrupter at 16K pages", "monitor:", "batch of 256 entries", "not run in this regeneration", "bench/results/"] {
         assert!(text.contains(needed), "the report lacks `{needed}`");
     }
     let linked: Vec<&str> = text.match_indices("](figures/").map(|(i, _)| &text[i + 2..i + 2 + text[i + 2..].find(')').expect("a closed link")]).collect();

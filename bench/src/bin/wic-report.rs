@@ -39,6 +39,9 @@ struct Args {
     /// Worker threads for the emulator (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
+    /// Runs of `wic-bench --json` recorded on other machines, shown next to this one's.
+    #[arg(long, default_value = "bench/results")]
+    recorded: PathBuf,
     /// Leaves out the kernel path in the VM (which builds `wic-vmtest` and boots a kernel with
     /// tests/vm/run.sh); the report then says it was not run. `--quick` implies it.
     #[arg(long)]
@@ -97,7 +100,7 @@ fn run(args: &Args) -> Result<(), String> {
     std::fs::create_dir_all(&figures).map_err(|e| format!("{}: {e}", figures.display()))?;
     write_figures(&figures, &rows, &sweep)?;
 
-    fields.set("machine", machine());
+    fields.set("machine", results.machine.clone());
     fields.set("calibration", calibration_summary(&cal));
     fields.set("seed", args.seed.to_string());
     fields.set("apps_table", apps_table(&rows));
@@ -109,6 +112,7 @@ fn run(args: &Args) -> Result<(), String> {
     fields.set("sweep_seconds", format!("{sweep_seconds:.0}"));
     fields.set("sweep_runs", (2 * sweep.iter().map(|(_, rows)| rows.len()).sum::<usize>()).to_string());
     fields.set("bench_summary", summary(&results).iter().map(|l| format!("- {l}\n")).collect());
+    fields.set("bench_recorded", recorded(&args.recorded)?);
     fields.set("bench_interrupter", interrupter_table(&results));
     fields.set("bench_monitor", monitor_table(&results));
     fields.set("bench_batch", batch_table(&results));
@@ -120,6 +124,32 @@ fn run(args: &Args) -> Result<(), String> {
     std::fs::write(&out, text).map_err(|e| format!("{}: {e}", out.display()))?;
     eprintln!("wic-report: wrote {} and {} in {:.0} s", out.display(), figures.display(), started.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// The verdicts of every run recorded in `dir` (`wic-bench --json`), file by file.
+fn recorded(dir: &Path) -> Result<String, String> {
+    let mut files: Vec<PathBuf> = match std::fs::read_dir(dir) {
+        Ok(entries) => entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "json")).collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(format!("{}: {e}", dir.display())),
+    };
+    files.sort();
+    if files.is_empty() {
+        return Ok(format!("(no recorded runs in {})", dir.display()));
+    }
+    let mut text = String::new();
+    for path in files {
+        let json = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let results: Results = serde_json::from_str(&json).map_err(|e| format!("{}: {e}", path.display()))?;
+        let name = path.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        text += &format!("- {} (`{}/{name}`):
+", results.machine, dir.display());
+        for line in summary(&results) {
+            text += &format!("  - {line}
+");
+        }
+    }
+    Ok(text)
 }
 
 /// What `wic-vmtest bench` measured in the VM, and where.
@@ -211,15 +241,6 @@ fn check_messages(rows: &[Comparison]) -> Result<(), String> {
     }
 }
 
-/// The CPU the figures were measured on and how many cores it has.
-fn machine() -> String {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|info| info.lines().find_map(|l| l.strip_prefix("model name").map(|m| m.trim_start_matches([' ', '\t', ':']).to_string())))
-        .unwrap_or_else(|| "an unknown CPU".into());
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    format!("{cores} cores of {cpu}")
-}
 
 fn or_dash(x: Option<f64>, show: impl Fn(f64) -> String) -> String {
     x.map_or_else(|| "–".into(), show)
