@@ -6,7 +6,7 @@ const WIDTH: f64 = 720.0;
 const HEIGHT: f64 = 360.0;
 const LEFT: f64 = 64.0;
 const RIGHT: f64 = 16.0;
-const TOP: f64 = 40.0;
+const TOP: f64 = 56.0;
 const BOTTOM: f64 = 56.0;
 /// Extra room under the plot when category labels are rotated.
 const BOTTOM_ROTATED: f64 = 80.0;
@@ -189,8 +189,9 @@ impl Frame {
             escape(y_label),
         ));
         out.push_str("<g class=\"grid\">\n");
-        for i in 0..=4 {
-            let v = self.y_max * f64::from(i) / 4.0;
+        let divisions = divisions(self.y_max);
+        for i in 0..=divisions {
+            let v = self.y_max * f64::from(i) / f64::from(divisions);
             let y = self.y_of(v);
             out.push_str(&format!(
                 "<line x1=\"{:.1}\" y1=\"{y:.1}\" x2=\"{:.1}\" y2=\"{y:.1}\" stroke=\"#dddddd\"/>\n",
@@ -249,26 +250,19 @@ impl Frame {
             ));
         }
         if !series.is_empty() {
-            // No text metrics in SVG 1.1: size the box from a rough 7 px per character.
-            let chars = series.iter().map(|s| s.name.chars().count()).max().unwrap_or(0);
-            let box_w = 28.0 + chars as f64 * 7.0;
-            let box_x = self.right - box_w - 4.0;
+            // One row between the title and the plot area, so it never covers the data. No
+            // text metrics in SVG 1.1: each entry is spaced by a rough 7 px per character.
             out.push_str("<g class=\"legend\">\n");
-            out.push_str(&format!(
-                "<rect x=\"{box_x:.1}\" y=\"{:.1}\" width=\"{box_w:.1}\" height=\"{:.1}\" fill=\"white\" fill-opacity=\"0.85\" stroke=\"#cccccc\"/>\n",
-                self.top + 4.0,
-                8.0 + series.len() as f64 * 16.0,
-            ));
+            let (mut x, y) = (self.left, self.top - 22.0);
             for (j, s) in series.iter().enumerate() {
-                let y = self.top + 12.0 + j as f64 * 16.0;
                 out.push_str(&format!(
-                    "<rect x=\"{:.1}\" y=\"{y:.1}\" width=\"10.0\" height=\"10.0\" fill=\"{}\"/>\n<text x=\"{:.1}\" y=\"{:.1}\">{}</text>\n",
-                    box_x + 6.0,
+                    "<rect x=\"{x:.1}\" y=\"{y:.1}\" width=\"10.0\" height=\"10.0\" fill=\"{}\"/>\n<text x=\"{:.1}\" y=\"{:.1}\">{}</text>\n",
                     color(j),
-                    box_x + 22.0,
+                    x + 16.0,
                     y + 9.0,
                     escape(&s.name),
                 ));
+                x += 32.0 + s.name.chars().count() as f64 * 7.0;
             }
             out.push_str("</g>\n");
         }
@@ -310,6 +304,17 @@ fn nice_max(v: f64) -> f64 {
         }
     }
     10f64.powi(k + 2)
+}
+
+/// Gridline intervals for an axis up to `y_max` (a [`nice_max`]): 5 when its leading digits are
+/// 2.5 or 5, so that the steps are 0.5 or 1 of that decade, otherwise 4.
+fn divisions(y_max: f64) -> u32 {
+    let leading = y_max / 10f64.powi(y_max.log10().floor() as i32);
+    if (leading - 2.5).abs() < 1e-9 || (leading - 5.0).abs() < 1e-9 {
+        5
+    } else {
+        4
+    }
 }
 
 /// Compact number: up to 3 decimals (more for small values, keeping 3 significant digits),
@@ -376,6 +381,13 @@ mod tests {
         let opened = svg.matches("<g ").count() + svg.matches("<g>").count();
         assert!(opened > 0);
         assert_eq!(opened, svg.matches("</g>").count());
+    }
+
+    #[test]
+    fn gridlines_fall_on_round_steps() {
+        for (y_max, divisions_wanted) in [(1.0, 4), (2.0, 4), (2.5, 5), (5.0, 5), (0.25, 5), (500.0, 5), (10.0, 4)] {
+            assert_eq!(divisions(y_max), divisions_wanted, "{y_max}");
+        }
     }
 
     #[test]
