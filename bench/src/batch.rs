@@ -1,16 +1,18 @@
 //! One 256-entry fault batch through wicd's whole user-space path on the shim backend: the
 //! fault ring read, records translated to engine addresses, the engine (decode, classify,
 //! deliver: every slot's data is already published), and its commands translated into the
-//! kernel batch that one io_uring submission or ioctl would carry. The ring lies in ordinary
-//! memory, written the way the module writes it; the system call itself is not included (the
-//! kernel VM figure in docs/evaluation.md is). The baseline, measured on the same records in
-//! the same run, is reading the ring alone.
+//! kernel batch that one io_uring submission or ioctl would carry, with wicd's bookkeeping
+//! around it: each delivery's run resolved to its channel slot ([`RunIndex`]) to find the
+//! producer's bytes, and again after the batch ran to count the delivery. The ring lies in
+//! ordinary memory, written the way the module writes it; the system call itself is not
+//! included (the kernel VM figure in docs/evaluation.md is). The baseline, measured on the same
+//! records in the same run, is reading the ring alone.
 
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 use wic_engine::fault::AccessType;
-use wic_engine::{ChannelSpec, Command, DataSource, Engine, EngineConfig, FaultEntry, Producer};
+use wic_engine::{ChannelSpec, Command, DataSource, Engine, EngineConfig, FaultEntry, Producer, RunIndex};
 use wic_kmod::{BatchPath, FaultRing, MemoryRing, Placement, Record};
 
 use crate::Settings;
@@ -57,8 +59,14 @@ pub fn run(settings: &Settings) -> Row {
     let mut ring = unsafe { FaultRing::new(memory.base(), memory.bytes()) }.expect("a well-formed ring");
     // SAFETY: as above.
     let mut baseline_ring = unsafe { FaultRing::new(memory.base(), memory.bytes()) }.expect("a well-formed ring");
-    let host_data = |_: u64, source: DataSource, _: u64| match source {
-        DataSource::Host { offset } => Some(0x5000_0000_0000 + offset),
+    let mut runs = RunIndex::new(engine.config());
+    runs.add(layout.id.0, layout.slots.iter().map(|slot| slot.runs));
+    // Per channel id, where its producer's bytes are mapped in the daemon, and its deliveries.
+    let mut data_base = vec![None; layout.id.0 as usize + 1];
+    data_base[layout.id.0 as usize] = Some(0x5000_0000_0000u64);
+    let mut deliveries = vec![0u64; data_base.len()];
+    let host_data = |run: u64, source: DataSource, _: u64| match source {
+        DataSource::Host { offset } => Some(data_base[runs.place(run)?.channel as usize]? + offset),
         DataSource::Gpu { .. } => None,
     };
 
@@ -94,13 +102,19 @@ pub fn run(settings: &Settings) -> Row {
         let read = path.take_faults(&mut ring, &mut engine, generation as u64, &mut out);
         let taken = Instant::now();
         let batch = path.translate(&out, host_data, &mut |command, _| panic!("{command:?} did not translate"), &mut 0);
+        kernel_commands = batch.len();
+        for command in &out {
+            if let Command::WriteData { va, .. } = *command {
+                deliveries[runs.place(va).expect("a placed run").channel as usize] += 1;
+            }
+        }
         let end = Instant::now();
         path_us.push((end - start).as_secs_f64() * 1e6);
         take_us.push((taken - start).as_secs_f64() * 1e6);
         translate_us.push((end - taken).as_secs_f64() * 1e6);
         assert_eq!(read as u64, seq - first, "the path read the whole batch");
-        kernel_commands = batch.len();
     }
+    assert_eq!(deliveries[layout.id.0 as usize], batches as u64 * u64::from(BATCH), "every delivery was counted");
     assert_eq!(engine.stats().delivered, batches as u64 * u64::from(BATCH), "every fault was delivered");
     assert_eq!(kernel_commands, 3 * BATCH as usize + 1, "write, unmap and map per fault, and one replay");
     for samples in [&mut path_us, &mut read_us, &mut take_us, &mut translate_us] {

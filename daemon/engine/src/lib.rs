@@ -15,6 +15,7 @@ pub mod histogram;
 pub mod interrupter;
 pub mod monitor;
 mod prefetch;
+pub mod runs;
 
 pub use activator::{Command, DataSource, ErrorMarker};
 pub use engine::{
@@ -23,6 +24,7 @@ pub use engine::{
 pub use fault::{FaultEntry, RawFaultEntry, VaWidth};
 pub use histogram::Histogram;
 pub use interrupter::{PagePool, PageRun, PoolError, TagAllocator, TagError, TagId};
+pub use runs::{RunIndex, RunPlace};
 
 /// Nanoseconds on the caller's clock. The engine only compares and adds them.
 pub type Nanos = u64;

@@ -25,7 +25,7 @@ use wic_proto::message::{ErrorCode, Histogram, Stats, WireError};
 use wic_proto::shm::{ChannelState, ConsumerLayout, ConsumerRegion, ProducerLayout, ProducerRegion};
 
 use super::emulated::{EmulatedChannel, EmulatedGpus};
-use super::gpus::{Executed, ExecutionLog};
+use super::gpus::{ChannelMap, Executed, ExecutionLog};
 use super::observe::Observer;
 use super::shim::ShimGpus;
 
@@ -152,7 +152,7 @@ struct Counters {
     misdirected: u64,
     /// Overflows of channels already closed.
     closed_overflows: u64,
-    channels: HashMap<u32, ChannelCounters>,
+    channels: ChannelMap<ChannelCounters>,
 }
 
 impl ExecutionLog for Counters {
@@ -236,11 +236,11 @@ pub fn spawn(
     backend: Backend,
     uvm_tools: &std::path::Path,
 ) -> Result<(DataplaneHandle, std::thread::JoinHandle<()>), String> {
-    let engine = Engine::new(config).map_err(|e| format!("engine configuration: {e}"))?;
     let backend = match backend {
-        Backend::Emulated { gpus } => Gpus::Emulated { gpus: EmulatedGpus::default(), count: gpus },
-        Backend::Shim(shim) => Gpus::Shim(Box::new(ShimGpus::new(*shim))),
+        Backend::Emulated { gpus } => Gpus::Emulated { gpus: EmulatedGpus::new(&config), count: gpus },
+        Backend::Shim(shim) => Gpus::Shim(Box::new(ShimGpus::new(*shim, &config))),
     };
+    let engine = Engine::new(config).map_err(|e| format!("engine configuration: {e}"))?;
     let ring = IoUring::new(RING_ENTRIES).map_err(|e| format!("io_uring setup: {e}"))?;
     // Blocking on purpose: io_uring reads of a non-blocking eventfd fail with EAGAIN instead of
     // waiting.
@@ -715,7 +715,7 @@ impl Dataplane {
             ..Stats::default()
         };
         self.observer.report(&mut stats);
-        Snapshot { stats, channels: self.counters.channels.clone(), held: self.engine.held() }
+        Snapshot { stats, channels: self.counters.channels.iter().map(|(id, counters)| (*id, *counters)).collect(), held: self.engine.held() }
     }
 }
 

@@ -4,12 +4,10 @@
 //! the GPU's page table (one state word per page); a replay bumps the replay counter of every
 //! channel consuming on that GPU, which is what wakes the warps stalled on it.
 
-use std::collections::HashMap;
-
-use wic_engine::{Command, DataSource, GpuId, PAGE_SIZE};
+use wic_engine::{Command, DataSource, EngineConfig, GpuId, RunIndex, RunPlace, PAGE_SIZE};
 use wic_proto::shm::{ConsumerRegion, ProducerRegion, PAGE_MAPPED, PAGE_UNMAPPED};
 
-use super::gpus::{Executed, ExecutionLog, RunIndex, RunPlace};
+use super::gpus::{ChannelMap, Executed, ExecutionLog};
 
 /// A channel's regions as the backend sees them.
 pub struct EmulatedChannel {
@@ -19,14 +17,18 @@ pub struct EmulatedChannel {
 }
 
 /// The emulated GPUs: the channels' regions and an index from run VA to channel slot.
-#[derive(Default)]
 pub struct EmulatedGpus {
-    channels: HashMap<u32, EmulatedChannel>,
+    channels: ChannelMap<EmulatedChannel>,
     runs: RunIndex,
     scratch: Vec<u8>,
 }
 
 impl EmulatedGpus {
+    /// No channels yet, for an engine configured as `config`.
+    pub fn new(config: &EngineConfig) -> Self {
+        Self { channels: ChannelMap::default(), runs: RunIndex::new(config), scratch: Vec::new() }
+    }
+
     /// Adds a channel whose runs start at `runs[slot][side]`.
     pub fn add(&mut self, channel: u32, regions: EmulatedChannel, runs: impl IntoIterator<Item = [u64; 2]>) {
         self.runs.add(channel, runs);

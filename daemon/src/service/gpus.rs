@@ -1,40 +1,37 @@
-//! What the two GPU backends share: the index from an engine run to its channel slot, and the
-//! per-channel log of what a batch of commands did.
+//! What the two GPU backends share: their map of channels, and the per-channel log of what a
+//! batch of commands did.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 
 use wic_engine::ErrorMarker;
 
-/// Where a run lives: its channel, slot and generation parity.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RunPlace {
-    pub channel: u32,
-    pub slot: u32,
-    pub side: usize,
-}
+/// Channel id -> a backend's state for it. Channel ids are the engine's small integers, never
+/// chosen by clients, so a multiplicative hash serves: a lookup per delivered command costs a
+/// few instructions instead of SipHash's tens of nanoseconds.
+pub type ChannelMap<V> = HashMap<u32, V, BuildHasherDefault<ChannelIdHasher>>;
 
-/// Engine run start -> the channel slot it belongs to.
-#[derive(Debug, Default)]
-pub struct RunIndex(HashMap<u64, RunPlace>);
+/// Fibonacci hashing of a channel id (the std maps take the hash's high bits).
+#[derive(Default)]
+pub struct ChannelIdHasher(u64);
 
-impl RunIndex {
-    /// Adds a channel whose runs start at `runs[slot][side]`.
-    pub fn add(&mut self, channel: u32, runs: impl IntoIterator<Item = [u64; 2]>) {
-        for (slot, pair) in runs.into_iter().enumerate() {
-            for (side, va) in pair.into_iter().enumerate() {
-                self.0.insert(va, RunPlace { channel, slot: slot as u32, side });
-            }
+impl Hasher for ChannelIdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.write_u64(u64::from(byte) ^ self.0.rotate_left(8));
         }
     }
 
-    /// Forgets a channel's runs.
-    pub fn remove(&mut self, channel: u32) {
-        self.0.retain(|_, place| place.channel != channel);
+    fn write_u32(&mut self, id: u32) {
+        self.write_u64(u64::from(id));
     }
 
-    /// The run that starts at `va`.
-    pub fn place(&self, va: u64) -> Option<RunPlace> {
-        self.0.get(&va).copied()
+    fn write_u64(&mut self, value: u64) {
+        self.0 = value.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     }
 }
 

@@ -2,16 +2,16 @@
 //! memory through `/dev/wic`, host producers' bytes handed to the module from the daemon's
 //! mapping of their regions.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 
 use nix::errno::Errno;
-use wic_engine::{ChannelLayout, Command, DataSource, Engine, Nanos};
+use wic_engine::{ChannelLayout, Command, DataSource, Engine, EngineConfig, Nanos, RunIndex};
 use wic_kmod::{DeviceError, PlacedChannel, ShimBackend};
 use wic_proto::message::{ErrorCode, WireError};
 use wic_proto::shm::ProducerRegion;
 
-use super::gpus::{Executed, ExecutionLog, RunIndex};
+use super::gpus::{ChannelMap, Executed, ExecutionLog};
 
 /// A channel placed in an application's address space.
 pub struct ShimChannel {
@@ -22,7 +22,7 @@ pub struct ShimChannel {
 /// The session on `/dev/wic` and the channels placed through it.
 pub struct ShimGpus {
     backend: ShimBackend,
-    channels: HashMap<u32, ShimChannel>,
+    channels: ChannelMap<ShimChannel>,
     runs: RunIndex,
     spaces: HashSet<u32>,
     /// Commands the module refused or that could not be translated.
@@ -41,9 +41,9 @@ fn wire_error(what: &str, e: DeviceError) -> WireError {
 }
 
 impl ShimGpus {
-    /// Drives `backend`.
-    pub fn new(backend: ShimBackend) -> Self {
-        Self { backend, channels: HashMap::new(), runs: RunIndex::default(), spaces: HashSet::new(), refused: 0 }
+    /// Drives `backend` for an engine configured as `config`.
+    pub fn new(backend: ShimBackend, config: &EngineConfig) -> Self {
+        Self { backend, channels: ChannelMap::default(), runs: RunIndex::new(config), spaces: HashSet::new(), refused: 0 }
     }
 
     /// The descriptor to poll for fault records.

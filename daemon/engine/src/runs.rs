@@ -1,0 +1,97 @@
+//! Which channel slot each engine run belongs to, for the backends: a command names a run by
+//! its address, and executing it (finding the producer's bytes, counting the delivery) needs
+//! the channel and slot behind it. One table lookup per command, whatever the number of
+//! channels.
+
+use crate::{EngineConfig, PAGE_SIZE};
+
+/// Where a run lives: its channel, slot and generation parity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunPlace {
+    pub channel: u32,
+    pub slot: u32,
+    pub side: usize,
+}
+
+/// Marks a pool page at which no run starts.
+const NO_CHANNEL: u32 = u32::MAX;
+
+/// Engine run start -> the channel slot it belongs to, indexed by pool page.
+#[derive(Debug)]
+pub struct RunIndex {
+    pool_base: u64,
+    /// For the run starting at each pool page: its channel ([`NO_CHANNEL`] if none starts
+    /// there) and its slot times two plus its side; 8 bytes a page.
+    starts: Vec<(u32, u32)>,
+}
+
+impl RunIndex {
+    /// An empty index for an engine configured as `config`.
+    pub fn new(config: &EngineConfig) -> Self {
+        Self { pool_base: config.pool_base, starts: vec![(NO_CHANNEL, 0); config.pool_pages as usize] }
+    }
+
+    fn page(&self, va: u64) -> Option<usize> {
+        let offset = va.checked_sub(self.pool_base)?;
+        let page = usize::try_from(offset / PAGE_SIZE).ok()?;
+        (offset % PAGE_SIZE == 0 && page < self.starts.len()).then_some(page)
+    }
+
+    /// Adds a channel whose runs start at `runs[slot][side]`; addresses outside the pool, which
+    /// the engine never hands out, are ignored.
+    pub fn add(&mut self, channel: u32, runs: impl IntoIterator<Item = [u64; 2]>) {
+        for (slot, pair) in runs.into_iter().enumerate() {
+            for (side, va) in pair.into_iter().enumerate() {
+                if let Some(page) = self.page(va) {
+                    self.starts[page] = (channel, 2 * slot as u32 + side as u32);
+                }
+            }
+        }
+    }
+
+    /// Forgets a channel's runs (a scan of the pool, as channels close rarely).
+    pub fn remove(&mut self, channel: u32) {
+        for start in self.starts.iter_mut().filter(|(c, _)| *c == channel) {
+            *start = (NO_CHANNEL, 0);
+        }
+    }
+
+    /// The run that starts at `va`.
+    pub fn place(&self, va: u64) -> Option<RunPlace> {
+        let (channel, slot_side) = self.starts[self.page(va)?];
+        (channel != NO_CHANNEL).then_some(RunPlace { channel, slot: slot_side / 2, side: (slot_side % 2) as usize })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn index() -> RunIndex {
+        RunIndex::new(&EngineConfig { pool_base: 0x10_0000, pool_pages: 64, ..EngineConfig::default() })
+    }
+
+    #[test]
+    fn runs_map_back_to_their_channel_slot_and_side() {
+        let mut runs = index();
+        runs.add(3, [[0x10_0000, 0x10_2000], [0x10_4000, 0x10_6000]]);
+        runs.add(5, [[0x10_8000, 0x10_9000]]);
+        assert_eq!(runs.place(0x10_6000), Some(RunPlace { channel: 3, slot: 1, side: 1 }));
+        assert_eq!(runs.place(0x10_8000), Some(RunPlace { channel: 5, slot: 0, side: 0 }));
+        assert_eq!(runs.place(0x10_1000), None, "inside a run, not its start");
+        assert_eq!(runs.place(0x10_0800), None, "not page aligned");
+        assert_eq!(runs.place(0x0f_f000), None, "below the pool");
+        assert_eq!(runs.place(0x10_0000 + 64 * 4096), None, "past the pool");
+        runs.remove(3);
+        assert_eq!(runs.place(0x10_0000), None);
+        assert_eq!(runs.place(0x10_9000), Some(RunPlace { channel: 5, slot: 0, side: 1 }), "other channels stay");
+    }
+
+    #[test]
+    fn addresses_outside_the_pool_are_ignored() {
+        let mut runs = index();
+        runs.add(1, [[0x50_0000, 0x10_0000]]);
+        assert_eq!(runs.place(0x50_0000), None);
+        assert_eq!(runs.place(0x10_0000), Some(RunPlace { channel: 1, slot: 0, side: 1 }));
+    }
+}
