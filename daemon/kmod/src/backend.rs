@@ -86,7 +86,11 @@ impl BatchPath {
     pub fn take_faults(&mut self, ring: &mut FaultRing, engine: &mut Engine, now: Nanos, out: &mut Vec<Command>) -> usize {
         self.records.clear();
         let read = ring.read(&mut self.records, usize::MAX);
-        self.records.sort_by_key(|r| r.gpu_id);
+        // Grouped by GPU, in ring order within a GPU. Not a stable sort: that allocates its
+        // scratch space on every call, and the fault path allocates nothing.
+        if !self.records.is_sorted_by_key(|r| r.gpu_id) {
+            self.records.sort_unstable_by_key(|r| (r.gpu_id, r.seq));
+        }
         for group in self.records.chunk_by(|a, b| a.gpu_id == b.gpu_id) {
             let Ok(gpu) = GpuId::try_from(group[0].gpu_id) else {
                 self.stray_records += group.len() as u64;
@@ -222,5 +226,51 @@ impl ShimBackend {
         };
         self.path.report(commands, &mut done, &mut outcome);
         Ok(done)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ring::MemoryRing;
+    use wic_engine::fault::AccessType;
+    use wic_engine::{ChannelSpec, EngineConfig, FaultEntry, Producer};
+
+    #[test]
+    fn records_reach_the_engine_gpu_by_gpu_in_ring_order() {
+        let mut engine = Engine::new(EngineConfig::default()).unwrap();
+        let mut path = BatchPath::new(engine.config());
+        let mut placed = Vec::new();
+        for gpu in [0, 1] {
+            let spec = ChannelSpec { consumer_gpu: gpu, producer: Producer::Host, message_bytes: 256, slots: 3, timeout: 1_000 };
+            let layout = engine.open_channel(spec).unwrap();
+            let placement = Placement::new(&layout, 1, 0x7000_0000_0000 + u64::from(gpu) * 0x100_0000);
+            path.add(&placement);
+            placed.push((layout, placement));
+        }
+        let mut out = Vec::new();
+        for (layout, _) in &placed {
+            for slot in 0..3 {
+                engine.publish(0, layout.id, slot, &mut out).unwrap();
+            }
+        }
+        // Interleaved GPUs, slots out of order within each.
+        let order = [(1, 2), (0, 1), (1, 0), (0, 2), (1, 1), (0, 0)];
+        let mut memory = MemoryRing::new(16);
+        // SAFETY: `memory` owns the ring's bytes, is not moved, and outlives the reader.
+        let mut ring = unsafe { FaultRing::new(memory.base(), memory.bytes()) }.unwrap();
+        for (seq, &(gpu, slot)) in order.iter().enumerate() {
+            let (layout, placement) = &placed[gpu];
+            let va = placement.process_va(layout.slots[slot].runs[0]).unwrap();
+            let entry = FaultEntry::replayable_gpc(va, AccessType::Read, 0, 0x1000, 0, 0).encode();
+            memory.write(seq as u64, &Record { seq: seq as u64, space_id: 1, gpu_id: gpu as u32, range_id: 1, pat: false, held_ns: 0, entry });
+        }
+        memory.publish(order.len() as u64);
+        out.clear();
+        assert_eq!(path.take_faults(&mut ring, &mut engine, 1, &mut out), order.len());
+        let written: Vec<u64> = out.iter().filter_map(|c| if let Command::WriteData { va, .. } = c { Some(*va) } else { None }).collect();
+        let expected: Vec<u64> = [(0, 1), (0, 2), (0, 0), (1, 2), (1, 0), (1, 1)].iter().map(|&(gpu, slot)| placed[gpu].0.slots[slot].runs[0]).collect();
+        assert_eq!(written, expected);
+        assert_eq!(path.stray_records, 0);
     }
 }

@@ -1,13 +1,16 @@
-//! The fault hot path allocates nothing once warm: decoding and classifying a batch, holding
-//! requests, publishing, delivering, dropping duplicates and expiring timeouts all run on
-//! memory the engine and its caller already have. A counting global allocator proves it. It
-//! counts per thread, so the test harness's own threads cannot disturb the count.
+//! The fault hot path allocates nothing once warm: in the engine, decoding and classifying a
+//! batch, holding requests, publishing, delivering, dropping duplicates and expiring timeouts;
+//! around it, on the shim backend, reading the fault ring, translating records and building the
+//! kernel command batch. All of it runs on memory the engine and its caller already have. A
+//! counting global allocator proves it. It counts per thread, so the test harness's own threads
+//! cannot disturb the count.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
 use wic_engine::fault::AccessType;
-use wic_engine::{ChannelSpec, Command, Engine, EngineConfig, FaultEntry, Producer, RawFaultEntry};
+use wic_engine::{ChannelSpec, Command, DataSource, Engine, EngineConfig, FaultEntry, Producer, RawFaultEntry};
+use wic_kmod::{BatchPath, FaultRing, MemoryRing, Placement, Record};
 
 struct Counting;
 
@@ -112,4 +115,48 @@ fn a_warm_engine_handles_faults_publishes_and_timeouts_without_allocating() {
     assert_eq!(stats.delivered - delivered, 100 * 2 * u64::from(SLOTS), "the rounds did their work");
     assert!(stats.timed_out >= 100 * u64::from(SLOTS));
     assert_eq!(allocations, 0, "the hot path allocated {allocations} times in 100 warm rounds");
+}
+
+#[test]
+fn a_warm_batch_path_reads_translates_and_builds_commands_without_allocating() {
+    let mut engine = Engine::new(EngineConfig::default()).expect("engine");
+    let spec = ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 256, slots: SLOTS, timeout: 500_000 };
+    let layout = engine.open_channel(spec).expect("channel");
+    let placement = Placement::new(&layout, 1, 0x7000_0000_0000);
+    let process_runs: Vec<[u64; 2]> = layout.slots.iter().map(|s| s.runs.map(|run| placement.process_va(run).expect("placed"))).collect();
+    let mut path = BatchPath::new(engine.config());
+    path.add(&placement);
+    let mut memory = MemoryRing::new(1024);
+    // SAFETY: `memory` owns the ring's bytes, is not moved, and outlives the reader.
+    let mut ring = unsafe { FaultRing::new(memory.base(), memory.bytes()) }.expect("a well-formed ring");
+    let host_data = |_: u64, source: DataSource, _: u64| match source {
+        DataSource::Host { offset } => Some(0x5000_0000_0000 + offset),
+        DataSource::Gpu { .. } => None,
+    };
+    let (mut out, mut seq, mut kernel_commands) = (Vec::new(), 0u64, 0usize);
+    let mut batch = |generation: u64, out: &mut Vec<Command>| {
+        out.clear();
+        for slot in 0..SLOTS {
+            engine.publish(generation, layout.id, slot, out).expect("publish");
+        }
+        for runs in &process_runs {
+            let entry = FaultEntry::replayable_gpc(runs[(generation % 2) as usize], AccessType::Read, seq, 0x1000, 0, 0).encode();
+            memory.write(seq, &Record { seq, space_id: 1, gpu_id: 0, range_id: 1, pat: false, held_ns: 0, entry });
+            seq += 1;
+        }
+        memory.publish(seq);
+        out.clear();
+        path.take_faults(&mut ring, &mut engine, generation, out);
+        kernel_commands += path.translate(out, host_data, &mut |command, _| panic!("{command:?} did not translate"), &mut 0).len();
+    };
+    for generation in 0..4 {
+        batch(generation, &mut out);
+    }
+    let before = allocations_on_this_thread();
+    for generation in 4..104 {
+        batch(generation, &mut out);
+    }
+    let allocations = allocations_on_this_thread() - before;
+    assert_eq!(kernel_commands, 104 * (3 * SLOTS as usize + 1), "every batch delivered every slot");
+    assert_eq!(allocations, 0, "the batch path allocated {allocations} times in 100 warm batches");
 }
