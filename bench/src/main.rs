@@ -25,7 +25,7 @@ struct Args {
     /// Small sizes and short loops: checks that the benchmarks run, measures nothing.
     #[arg(long)]
     quick: bool,
-    /// Repetitions per figure (the median is reported).
+    /// Repetitions per figure (the fastest is reported).
     #[arg(long, default_value_t = 5)]
     reps: usize,
     /// Workload seed.
