@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use wic_engine::{PagePool, PageRun};
 
 use crate::bitmap::BitmapFirstFit;
-use crate::measure::ns_per_op;
+use crate::measure::{fastest, ns_per_op};
 use wic_emu::payload::Rng;
 use crate::Settings;
 
@@ -94,29 +94,50 @@ fn alloc_free_ns(allocator: &mut impl Allocator, settings: &Settings) -> f64 {
     })
 }
 
-fn measure(pages: u32, fragmented: bool, settings: &Settings) -> Row {
-    let (mut tree, mut bitmap) =
-        if fragmented { aged(pages, settings.seed) } else { (PagePool::new(pages).expect("pool"), BitmapFirstFit::new(pages)) };
-    let segment_tree_ns = alloc_free_ns(&mut tree, settings);
-    let bitmap_ns = alloc_free_ns(&mut bitmap, settings);
-    Row { pages, fragmented, segment_tree_ns, bitmap_ns, speedup: bitmap_ns / segment_tree_ns }
+/// One pool configuration: the segment tree and the bitmap holding the same runs.
+struct Pools {
+    pages: u32,
+    fragmented: bool,
+    tree: PagePool,
+    bitmap: BitmapFirstFit,
+    tree_ns: Vec<f64>,
+    bitmap_ns: Vec<f64>,
 }
 
+/// Every configuration's repetitions are spread over the whole run, one pass over all of them at
+/// a time, so that a burst of interference from other tenants cannot spoil all of one's samples.
 pub fn run(settings: &Settings) -> Vec<Row> {
     let sizes: &[u32] = if settings.quick { &[1 << 10, 1 << 14] } else { &[1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20] };
-    let mut rows = Vec::new();
-    for &pages in sizes {
-        for fragmented in [false, true] {
-            let row = measure(pages, fragmented, settings);
+    let mut configs: Vec<Pools> = sizes
+        .iter()
+        .flat_map(|&pages| [false, true].map(|fragmented| (pages, fragmented)))
+        .map(|(pages, fragmented)| {
+            let (tree, bitmap) =
+                if fragmented { aged(pages, settings.seed) } else { (PagePool::new(pages).expect("pool"), BitmapFirstFit::new(pages)) };
+            Pools { pages, fragmented, tree, bitmap, tree_ns: Vec::new(), bitmap_ns: Vec::new() }
+        })
+        .collect();
+    let once = Settings { reps: 1, ..*settings };
+    for _ in 0..settings.reps {
+        for config in &mut configs {
+            config.tree_ns.push(alloc_free_ns(&mut config.tree, &once));
+            config.bitmap_ns.push(alloc_free_ns(&mut config.bitmap, &once));
+        }
+    }
+    configs
+        .iter()
+        .map(|config| {
+            let (segment_tree_ns, bitmap_ns) = (fastest(&config.tree_ns), fastest(&config.bitmap_ns));
+            let row = Row { pages: config.pages, fragmented: config.fragmented, segment_tree_ns, bitmap_ns, speedup: bitmap_ns / segment_tree_ns };
             eprintln!(
-                "interrupter: {pages:>8} pages {:<10} segment tree {:>8.1} ns  bitmap {:>12.1} ns  x{:.1}",
-                if fragmented { "fragmented" } else { "empty" },
+                "interrupter: {:>8} pages {:<10} segment tree {:>8.1} ns  bitmap {:>12.1} ns  x{:.1}",
+                row.pages,
+                if row.fragmented { "fragmented" } else { "empty" },
                 row.segment_tree_ns,
                 row.bitmap_ns,
                 row.speedup
             );
-            rows.push(row);
-        }
-    }
-    rows
+            row
+        })
+        .collect()
 }

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 use wic_engine::fault::AccessType;
-use wic_engine::{ChannelSpec, Command, Engine, EngineConfig, FaultEntry, Producer, RawFaultEntry, VaWidth};
+use wic_engine::{ChannelId, ChannelSpec, Command, Engine, EngineConfig, FaultEntry, Producer, RawFaultEntry, VaWidth};
 
 use crate::measure::fastest;
 use wic_emu::payload::Rng;
@@ -46,94 +46,136 @@ enum Slots {
     Uniform,
 }
 
-/// Per-entry nanoseconds of `handle_faults`, of the whole round (faults, publishes, expiry)
-/// and of decoding alone, each the fastest of the repetitions.
-fn measure(pages: u32, slots: Slots, settings: &Settings) -> (f64, f64, f64) {
-    let config = EngineConfig { pool_pages: pages, max_slots: pages / 2, ..EngineConfig::default() };
-    let mut engine = Engine::new(config).expect("engine");
-    let spec = ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: MESSAGE_BYTES, slots: pages / 2, timeout: 500 };
-    let layout = engine.open_channel(spec).expect("channel");
-    let runs: Vec<[u64; 2]> = layout.slots.iter().map(|s| s.runs).collect();
-    let slot_count = runs.len() as u64;
-    let mut generation = vec![0u8; runs.len()];
-    // The round in which each slot was last picked, so that a batch's slots are distinct.
-    let mut picked_in = vec![usize::MAX; runs.len()];
-    let mut rng = Rng::new(settings.seed);
-    let mut entries: Vec<RawFaultEntry> = Vec::with_capacity(BATCH);
-    let mut picked: Vec<u32> = Vec::with_capacity(BATCH);
-    let mut out: Vec<Command> = Vec::new();
-    let (mut now, mut window) = (0u64, 0u64);
-    let rounds = if settings.quick { 400 } else { 4000 };
-    let (mut monitor, mut round, mut decode) = (Vec::new(), Vec::new(), Vec::new());
-    for rep in 0..settings.reps {
+/// One engine with one channel over all registered pages, and the traffic state driving it.
+struct Workload {
+    engine: Engine,
+    channel: ChannelId,
+    runs: Vec<[u64; 2]>,
+    slots: Slots,
+    generation: Vec<u8>,
+    /// The round in which each slot was last picked, so that a batch's slots are distinct.
+    picked_in: Vec<usize>,
+    rng: Rng,
+    entries: Vec<RawFaultEntry>,
+    picked: Vec<u32>,
+    out: Vec<Command>,
+    now: u64,
+    window: u64,
+    rounds_done: usize,
+}
+
+/// Per-entry nanoseconds of one repetition: `handle_faults`, the whole round (faults,
+/// publishes, expiry) and decoding alone.
+struct Sample {
+    monitor: f64,
+    round: f64,
+    decode: f64,
+}
+
+impl Workload {
+    fn new(pages: u32, slots: Slots, seed: u64) -> Self {
+        let config = EngineConfig { pool_pages: pages, max_slots: pages / 2, ..EngineConfig::default() };
+        let mut engine = Engine::new(config).expect("engine");
+        let spec = ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: MESSAGE_BYTES, slots: pages / 2, timeout: 500 };
+        let layout = engine.open_channel(spec).expect("channel");
+        let runs: Vec<[u64; 2]> = layout.slots.iter().map(|s| s.runs).collect();
+        Self {
+            engine,
+            channel: layout.id,
+            generation: vec![0; runs.len()],
+            picked_in: vec![usize::MAX; runs.len()],
+            runs,
+            slots,
+            rng: Rng::new(seed),
+            entries: Vec::with_capacity(BATCH),
+            picked: Vec::with_capacity(BATCH),
+            out: Vec::new(),
+            now: 0,
+            window: 0,
+            rounds_done: 0,
+        }
+    }
+
+    /// `rounds` rounds of 256 faults on distinct slots, each then published.
+    fn sample(&mut self, rounds: usize) -> Sample {
+        let slot_count = self.runs.len() as u64;
         let (mut monitor_ns, mut round_ns, mut decode_ns) = (0u128, 0u128, 0u128);
-        for r in 0..rounds {
-            let stamp = rep * rounds + r;
-            entries.clear();
-            picked.clear();
-            while picked.len() < BATCH {
-                let slot = match slots {
-                    Slots::ActiveSet => ((window + rng.next_u64() % ACTIVE_SLOTS.min(slot_count)) % slot_count) as usize,
-                    Slots::Uniform => (rng.next_u64() % slot_count) as usize,
+        for _ in 0..rounds {
+            let stamp = self.rounds_done;
+            self.rounds_done += 1;
+            self.entries.clear();
+            self.picked.clear();
+            while self.picked.len() < BATCH {
+                let slot = match self.slots {
+                    Slots::ActiveSet => ((self.window + self.rng.next_u64() % ACTIVE_SLOTS.min(slot_count)) % slot_count) as usize,
+                    Slots::Uniform => (self.rng.next_u64() % slot_count) as usize,
                 };
-                if picked_in[slot] == stamp {
+                if self.picked_in[slot] == stamp {
                     continue;
                 }
-                picked_in[slot] = stamp;
-                entries.push(FaultEntry::replayable_gpc(runs[slot][usize::from(generation[slot] & 1)], AccessType::Read, now, 0x1000, 0, 0).encode());
-                picked.push(slot as u32);
+                self.picked_in[slot] = stamp;
+                let va = self.runs[slot][usize::from(self.generation[slot] & 1)];
+                self.entries.push(FaultEntry::replayable_gpc(va, AccessType::Read, self.now, 0x1000, 0, 0).encode());
+                self.picked.push(slot as u32);
             }
-            window += BATCH as u64;
-            now += 1_000;
-            out.clear();
+            self.window += BATCH as u64;
+            self.now += 1_000;
+            self.out.clear();
             let start = Instant::now();
-            engine.expire(now, &mut out);
+            self.engine.expire(self.now, &mut self.out);
             let faults = Instant::now();
-            engine.handle_faults(now, 0, &entries, &mut out);
+            self.engine.handle_faults(self.now, 0, &self.entries, &mut self.out);
             let monitored = Instant::now();
-            for &slot in &picked {
-                engine.publish(now, layout.id, slot, &mut out).expect("each slot published once a round");
-                generation[slot as usize] ^= 1;
+            for &slot in &self.picked {
+                self.engine.publish(self.now, self.channel, slot, &mut self.out).expect("each slot published once a round");
+                self.generation[slot as usize] ^= 1;
             }
             let end = Instant::now();
             monitor_ns += (monitored - faults).as_nanos();
             round_ns += (end - start).as_nanos();
             let decode_start = Instant::now();
-            for entry in &entries {
+            for entry in &self.entries {
                 black_box(FaultEntry::decode(black_box(entry), VaWidth::Bits57));
             }
             decode_ns += decode_start.elapsed().as_nanos();
         }
+        assert_eq!(self.engine.held(), 0, "every request of the bench was delivered");
+        assert_eq!(self.engine.stats().delivered, (self.rounds_done * BATCH) as u64, "every fault was a request");
         let per_entry = |ns: u128| ns as f64 / (rounds * BATCH) as f64;
-        monitor.push(per_entry(monitor_ns));
-        round.push(per_entry(round_ns));
-        decode.push(per_entry(decode_ns));
-    }
-    assert_eq!(engine.held(), 0, "every request of the bench was delivered");
-    assert_eq!(engine.stats().delivered, (settings.reps * rounds * BATCH) as u64, "every fault was a request");
-    (fastest(&monitor), fastest(&round), fastest(&decode))
-}
-
-fn row(pages: u32, settings: &Settings) -> Row {
-    let (monitor_ns, round_ns, decode_ns) = measure(pages, Slots::ActiveSet, settings);
-    let (uniform_ns, _, _) = measure(pages, Slots::Uniform, settings);
-    Row {
-        registered_pages: pages,
-        monitor_ns,
-        monitor_entries_per_s: 1e9 / monitor_ns,
-        uniform_ns,
-        round_ns,
-        decode_ns,
-        monitor_over_decode: monitor_ns / decode_ns,
+        Sample { monitor: per_entry(monitor_ns), round: per_entry(round_ns), decode: per_entry(decode_ns) }
     }
 }
 
+/// Every size's repetitions are spread over the whole run, one pass over all sizes at a time,
+/// so that a burst of interference from other tenants cannot spoil all of one size's samples.
 pub fn run(settings: &Settings) -> Vec<Row> {
     let sizes: &[u32] = if settings.quick { &[1 << 10, 1 << 14] } else { &[1 << 10, 1 << 14, 1 << 18, 1 << 20] };
+    let rounds = if settings.quick { 400 } else { 4000 };
+    let mut workloads: Vec<[Workload; 2]> =
+        sizes.iter().map(|&pages| [Slots::ActiveSet, Slots::Uniform].map(|slots| Workload::new(pages, slots, settings.seed))).collect();
+    let mut samples: Vec<[Vec<Sample>; 2]> = sizes.iter().map(|_| [Vec::new(), Vec::new()]).collect();
+    for _ in 0..settings.reps {
+        for (pair, taken) in workloads.iter_mut().zip(&mut samples) {
+            for (workload, taken) in pair.iter_mut().zip(taken.iter_mut()) {
+                taken.push(workload.sample(rounds));
+            }
+        }
+    }
     sizes
         .iter()
-        .map(|&pages| {
-            let row = row(pages, settings);
+        .zip(&samples)
+        .map(|(&pages, [active, uniform])| {
+            let best = |samples: &[Sample], of: fn(&Sample) -> f64| fastest(&samples.iter().map(of).collect::<Vec<_>>());
+            let (monitor_ns, decode_ns) = (best(active, |s| s.monitor), best(active, |s| s.decode));
+            let row = Row {
+                registered_pages: pages,
+                monitor_ns,
+                monitor_entries_per_s: 1e9 / monitor_ns,
+                uniform_ns: best(uniform, |s| s.monitor),
+                round_ns: best(active, |s| s.round),
+                decode_ns,
+                monitor_over_decode: monitor_ns / decode_ns,
+            };
             eprintln!(
                 "monitor: {pages:>8} pages  {:>6.1} ns/entry ({:>5.1} M/s), uniform slots {:>6.1} ns  with delivery {:>6.1} ns  decode alone {:>5.1} ns",
                 row.monitor_ns,
