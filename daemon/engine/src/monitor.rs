@@ -151,21 +151,18 @@ impl Pfq {
         if entry.missing > 0 {
             return Err(PfqError::AlreadyQueued(waiter));
         }
-        if tags.iter().all(|&tag| dab.is_set(tag)) {
+        let Some(first) = tags.iter().position(|&tag| !dab.is_set(tag)) else {
             return Ok(Enqueued::Ready);
-        }
-        Ok(self.queue(waiter, tags, dab))
+        };
+        Ok(self.queue(waiter, tags[first], &tags[first + 1..], dab))
     }
 
-    /// Queues `waiter`, which is not queued yet, on the tags of `tags` that are missing.
-    fn queue(&mut self, waiter: u32, tags: &[TagId], dab: &Dab) -> Enqueued {
-        let mut missing = tags.iter().copied().filter(|&tag| !dab.is_set(tag));
-        let Some(first_tag) = missing.next() else {
-            return Enqueued::Ready;
-        };
+    /// Queues `waiter`, which is not queued yet, on its first missing tag and on those of
+    /// `rest` that are missing too.
+    fn queue(&mut self, waiter: u32, first_tag: TagId, rest: &[TagId], dab: &Dab) -> Enqueued {
         let mut count = 1;
         self.add_to_tag(first_tag, waiter);
-        for tag in missing.filter(|&tag| tag != first_tag) {
+        for tag in rest.iter().copied().filter(|&tag| tag != first_tag && !dab.is_set(tag)) {
             let more = self.more_tags.entry(waiter).or_default();
             if !more.contains(&tag) {
                 more.push(tag);
