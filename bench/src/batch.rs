@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 use wic_engine::fault::AccessType;
-use wic_engine::{ChannelSpec, Command, DataSource, Engine, EngineConfig, FaultEntry, Producer, RunIndex};
+use wic_engine::{ChannelSpec, Command, DataSource, Engine, EngineConfig, FaultEntry, Fill, Producer, RunIndex};
 use wic_kmod::{BatchPath, FaultRing, MemoryRing, Placement, Record};
 
 use crate::Settings;
@@ -104,8 +104,8 @@ pub fn run(settings: &Settings) -> Row {
         let batch = path.translate(&out, host_data, &mut |command, _| panic!("{command:?} did not translate"), &mut 0);
         kernel_commands = batch.len();
         for command in &out {
-            if let Command::WriteData { va, .. } = *command {
-                deliveries[runs.place(va).expect("a placed run").channel as usize] += 1;
+            if let Command::Complete { run_va, fill: Fill::Data { .. }, .. } = *command {
+                deliveries[runs.place(run_va).expect("a placed run").channel as usize] += 1;
             }
         }
         let end = Instant::now();

@@ -12,7 +12,7 @@ use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 
 use wic_engine::fault::AccessType;
 use wic_engine::{
-    ChannelLayout, ChannelSpec, Command, DataSource, Engine, EngineConfig, EngineStats, ErrorMarker, FaultEntry,
+    ChannelLayout, ChannelSpec, Command, DataSource, Engine, EngineConfig, EngineStats, ErrorMarker, FaultEntry, Fill,
     Nanos, Producer, RawFaultEntry, PAGE_SIZE,
 };
 
@@ -1040,35 +1040,33 @@ impl<'a> Sim<'a> {
         let mut landing = Vec::new();
         for command in commands.drain(..) {
             match command {
-                Command::WriteData { va, len, source, .. } => {
-                    let (from, on_host) = match source {
-                        DataSource::Host { offset } => (offset, true),
-                        DataSource::Gpu { va: src, .. } => (src % PHASE_SPAN, false),
-                    };
+                Command::Complete { gpu, run_va: va, companion_va, pages: n, fill } => {
                     let run = daemon.pcm.entry(va).or_default();
                     run.clear();
-                    run.extend_from_slice(&state.buffer[from as usize..(from + len) as usize]);
-                    if on_host {
-                        host_copy += len;
-                        daemon.host_resident_runs.insert(va);
-                    } else {
-                        nvlink += len;
-                        daemon.host_resident_runs.remove(&va);
+                    match fill {
+                        Fill::Data { len, source } => {
+                            let (from, on_host) = match source {
+                                DataSource::Host { offset } => (offset, true),
+                                DataSource::Gpu { va: src, .. } => (src % PHASE_SPAN, false),
+                            };
+                            run.extend_from_slice(&state.buffer[from as usize..(from + len) as usize]);
+                            if on_host {
+                                host_copy += len;
+                                daemon.host_resident_runs.insert(va);
+                            } else {
+                                nvlink += len;
+                                daemon.host_resident_runs.remove(&va);
+                            }
+                        }
+                        Fill::Marker(marker) => {
+                            run.resize((u64::from(n) * PAGE_SIZE) as usize, 0);
+                            run[..8].copy_from_slice(&marker.word().to_le_bytes());
+                            daemon.host_resident_runs.insert(va);
+                        }
                     }
-                }
-                Command::WriteErrorMarker { va, pages: n, marker, .. } => {
-                    let run = daemon.pcm.entry(va).or_default();
-                    run.clear();
-                    run.resize((u64::from(n) * PAGE_SIZE) as usize, 0);
-                    run[..8].copy_from_slice(&marker.word().to_le_bytes());
-                    daemon.host_resident_runs.insert(va);
-                }
-                Command::Unmap { gpu, va, pages: n } => {
-                    pages += u64::from(n);
-                    landing.push(Event::Unmap { gpu, va, pages: n });
-                }
-                Command::Map { gpu, va, pages: n } => {
-                    pages += u64::from(n);
+                    // The companion's unmap, then the run's map: two page-table updates.
+                    pages += 2 * u64::from(n);
+                    landing.push(Event::Unmap { gpu, va: companion_va, pages: n });
                     if daemon.host_resident_runs.contains(&va) {
                         pcie += u64::from(n) * PAGE_SIZE;
                     }

@@ -3,7 +3,9 @@
 //!
 //! A wake-up is always the same sequence: fill the faulting run (data or error marker), unmap its
 //! companion run so the slot's next request faults again, map the run, and finally one replay per
-//! GPU for the whole engine step, because a replay is global to the GPU anyway.
+//! GPU for the whole engine step, because a replay is global to the GPU anyway. The first three
+//! steps are one [`Command::Complete`], which the backend carries out in that order: one command
+//! per request keeps the fault path's output a third of the size of three.
 
 use crate::GpuId;
 
@@ -53,18 +55,23 @@ impl ErrorMarker {
     }
 }
 
+/// What a completion writes into the run before mapping it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fill {
+    /// `len` bytes of producer data from `source`.
+    Data { len: u64, source: DataSource },
+    /// `marker` at the start of each page.
+    Marker(ErrorMarker),
+}
+
 /// One action for the backend, in the order emitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Command {
-    /// Copy `len` bytes from `source` into the pages starting at `va` (host-resident, unmapped
-    /// on the consumer GPU).
-    WriteData { gpu: GpuId, va: u64, len: u64, source: DataSource },
-    /// Write `marker` at the start of each of `pages` pages at `va`.
-    WriteErrorMarker { gpu: GpuId, va: u64, pages: u32, marker: ErrorMarker },
-    /// Unmap `pages` pages at `va` from `gpu` and wait for the TLB invalidate.
-    Unmap { gpu: GpuId, va: u64, pages: u32 },
-    /// Make `pages` pages at `va` resident and mapped (read-only) on `gpu`.
-    Map { gpu: GpuId, va: u64, pages: u32 },
+    /// Completes a held request, in this order: write `fill` into the `pages` pages at `run_va`
+    /// (host-resident, unmapped on the consumer `gpu`); unmap the companion run at
+    /// `companion_va` from `gpu` and wait for the TLB invalidate, so the slot's next request
+    /// faults; map the run (read-only) on `gpu`, so the replayed access finds the fill.
+    Complete { gpu: GpuId, run_va: u64, companion_va: u64, pages: u32, fill: Fill },
     /// Map the PAT page at `va` writable on the producer `gpu`, so its write completes.
     ServicePat { gpu: GpuId, va: u64 },
     /// Revoke `gpu`'s write access to the PAT page at `va`, so its next publish faults again.
@@ -92,14 +99,12 @@ pub(crate) struct Activator {
 impl Activator {
     /// Completes `wake` with `len` bytes of producer data from `source`.
     pub fn deliver(&mut self, wake: Wake, len: u64, source: DataSource, out: &mut Vec<Command>) {
-        out.push(Command::WriteData { gpu: wake.gpu, va: wake.run_va, len, source });
-        self.finish(wake, out);
+        self.complete(wake, Fill::Data { len, source }, out);
     }
 
     /// Completes `wake` with `marker` instead of data.
     pub fn fail(&mut self, wake: Wake, marker: ErrorMarker, out: &mut Vec<Command>) {
-        out.push(Command::WriteErrorMarker { gpu: wake.gpu, va: wake.run_va, pages: wake.pages, marker });
-        self.finish(wake, out);
+        self.complete(wake, Fill::Marker(marker), out);
     }
 
     /// Lets a producer's PAT write complete.
@@ -108,9 +113,8 @@ impl Activator {
         self.owe_replay(gpu);
     }
 
-    fn finish(&mut self, wake: Wake, out: &mut Vec<Command>) {
-        out.push(Command::Unmap { gpu: wake.gpu, va: wake.companion_va, pages: wake.pages });
-        out.push(Command::Map { gpu: wake.gpu, va: wake.run_va, pages: wake.pages });
+    fn complete(&mut self, wake: Wake, fill: Fill, out: &mut Vec<Command>) {
+        out.push(Command::Complete { gpu: wake.gpu, run_va: wake.run_va, companion_va: wake.companion_va, pages: wake.pages, fill });
         self.owe_replay(wake.gpu);
     }
 
@@ -142,7 +146,7 @@ mod tests {
     }
 
     #[test]
-    fn wake_sequence_fills_then_unmaps_companion_then_maps_and_replays_once_per_gpu() {
+    fn a_completion_carries_its_run_companion_and_fill_and_replays_once_per_gpu() {
         let mut act = Activator::default();
         let mut out = Vec::new();
         let wake = |gpu, run_va| Wake { gpu, run_va, companion_va: run_va + 0x10000, pages: 2 };
@@ -150,13 +154,10 @@ mod tests {
         act.fail(wake(0, 0x4000), ErrorMarker::Timeout, &mut out);
         act.deliver(wake(1, 0x8000), 100, DataSource::Gpu { gpu: 2, va: 0 }, &mut out);
         act.flush_replays(&mut out);
-        assert!(matches!(out[0], Command::WriteData { va: 0x1000, .. }));
-        assert_eq!(out[1], Command::Unmap { gpu: 0, va: 0x11000, pages: 2 });
-        assert_eq!(out[2], Command::Map { gpu: 0, va: 0x1000, pages: 2 });
-        assert!(matches!(out[3], Command::WriteErrorMarker { marker: ErrorMarker::Timeout, .. }));
-        let replays: Vec<_> = out.iter().filter(|c| matches!(c, Command::Replay { .. })).collect();
-        assert_eq!(replays, vec![&Command::Replay { gpu: 0 }, &Command::Replay { gpu: 1 }]);
-        assert!(matches!(out.last(), Some(Command::Replay { gpu: 1 })));
+        let data = Fill::Data { len: 100, source: DataSource::Host { offset: 0 } };
+        assert_eq!(out[0], Command::Complete { gpu: 0, run_va: 0x1000, companion_va: 0x11000, pages: 2, fill: data });
+        assert!(matches!(out[1], Command::Complete { run_va: 0x4000, fill: Fill::Marker(ErrorMarker::Timeout), .. }));
+        assert_eq!(&out[3..], [Command::Replay { gpu: 0 }, Command::Replay { gpu: 1 }]);
         out.clear();
         act.flush_replays(&mut out);
         assert!(out.is_empty(), "replays are owed once");

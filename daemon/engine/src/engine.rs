@@ -716,6 +716,7 @@ fn wake_of_generation(slot: &Slot, generation: u64, config: &EngineConfig) -> Wa
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::activator::Fill;
     use crate::fault::{AccessType, Aperture, FaultType, MmuClientType};
 
     fn fault(va: u64, access: AccessType) -> RawFaultEntry {
@@ -750,10 +751,8 @@ mod tests {
     fn kinds(out: &[Command]) -> Vec<&'static str> {
         out.iter()
             .map(|c| match c {
-                Command::WriteData { .. } => "write",
-                Command::WriteErrorMarker { .. } => "error",
-                Command::Unmap { .. } => "unmap",
-                Command::Map { .. } => "map",
+                Command::Complete { fill: Fill::Data { .. }, .. } => "deliver",
+                Command::Complete { fill: Fill::Marker(_), .. } => "error",
                 Command::ServicePat { .. } => "service-pat",
                 Command::RearmPat { .. } => "rearm-pat",
                 Command::Replay { .. } => "replay",
@@ -772,9 +771,9 @@ mod tests {
         assert!(out.is_empty(), "data not yet available: the fault is held");
         assert_eq!(e.held(), 1);
         e.publish(30, layout.id, 1, &mut out).unwrap();
-        assert_eq!(kinds(&out), ["write", "unmap", "map", "replay"]);
-        assert_eq!(out[0], Command::WriteData { gpu: 0, va: slot.runs[0], len: 4096, source: DataSource::Host { offset: 4096 } });
-        assert_eq!(out[1], Command::Unmap { gpu: 0, va: slot.runs[1], pages: 1 });
+        assert_eq!(kinds(&out), ["deliver", "replay"]);
+        let data = Fill::Data { len: 4096, source: DataSource::Host { offset: 4096 } };
+        assert_eq!(out[0], Command::Complete { gpu: 0, run_va: slot.runs[0], companion_va: slot.runs[1], pages: 1, fill: data });
         assert_eq!(e.held(), 0);
         assert_eq!(e.stats().wake_latency_ns.max(), 20);
         // Generation 1: a refault on P is stale, the request comes on P'.
@@ -794,7 +793,7 @@ mod tests {
         assert_eq!(e.publish(1, layout.id, 0, &mut out), Err(EngineError::AlreadyPublished { channel: layout.id, slot: 0 }));
         let p = layout.slots[0].runs[0];
         e.handle_faults(5, 0, &[fault(p, AccessType::Read), fault(p, AccessType::Read)], &mut out);
-        assert_eq!(kinds(&out), ["write", "unmap", "map", "replay"]);
+        assert_eq!(kinds(&out), ["deliver", "replay"]);
         assert_eq!(e.stats().delivered, 1);
         assert_eq!(e.stats().stale, 1, "the second packet of the same batch is already stale");
     }
@@ -863,13 +862,15 @@ mod tests {
         e.expire(1_099, &mut out);
         assert!(out.is_empty());
         e.expire(1_100, &mut out);
-        assert_eq!(kinds(&out), ["error", "unmap", "map", "replay"]);
-        assert_eq!(out[0], Command::WriteErrorMarker { gpu: 0, va: p[0], pages: 1, marker: ErrorMarker::Timeout });
+        assert_eq!(kinds(&out), ["error", "replay"]);
+        let timeout = Fill::Marker(ErrorMarker::Timeout);
+        assert_eq!(out[0], Command::Complete { gpu: 0, run_va: p[0], companion_va: p[1], pages: 1, fill: timeout });
         assert_eq!((e.held(), e.stats().timed_out), (0, 1));
         out.clear();
         e.handle_faults(2_000, 0, &[fault(p[1], AccessType::Read)], &mut out);
         e.publish(2_001, layout.id, 0, &mut out).unwrap();
-        assert_eq!(out[0], Command::WriteData { gpu: 0, va: p[1], len: 4096, source: DataSource::Host { offset: 0 } });
+        let data = Fill::Data { len: 4096, source: DataSource::Host { offset: 0 } };
+        assert_eq!(out[0], Command::Complete { gpu: 0, run_va: p[1], companion_va: p[0], pages: 1, fill: data });
         out.clear();
         e.expire(10_000, &mut out);
         assert!(out.is_empty(), "a delivered request never times out");
@@ -891,7 +892,7 @@ mod tests {
         assert!(out.is_empty(), "A's deadline at 1_000 must not end B's hold");
         assert_eq!((e.held(), e.stats().timed_out), (1, 0));
         e.expire(1_900, &mut out);
-        assert_eq!(kinds(&out), ["error", "unmap", "map", "replay"]);
+        assert_eq!(kinds(&out), ["error", "replay"]);
         assert_eq!(e.stats().timed_out, 1);
     }
 
@@ -908,9 +909,10 @@ mod tests {
         e.handle_faults(0, 0, &[fault(pat[0], AccessType::Write)], &mut out);
         assert_eq!(e.stats().wrong_gpu, 1, "only the producer GPU may write the PAT page");
         e.handle_faults(7, 1, &[fault(pat[0], AccessType::Write)], &mut out);
-        assert_eq!(kinds(&out), ["service-pat", "write", "unmap", "map", "rearm-pat", "replay", "replay"]);
-        assert_eq!(out[1], Command::WriteData { gpu: 0, va: slot.runs[0], len: 4096, source: DataSource::Gpu { gpu: 1, va: 0x9000_1000 } });
-        assert_eq!(out[4], Command::RearmPat { gpu: 1, va: pat[1] });
+        assert_eq!(kinds(&out), ["service-pat", "deliver", "rearm-pat", "replay", "replay"]);
+        let data = Fill::Data { len: 4096, source: DataSource::Gpu { gpu: 1, va: 0x9000_1000 } };
+        assert_eq!(out[1], Command::Complete { gpu: 0, run_va: slot.runs[0], companion_va: slot.runs[1], pages: 1, fill: data });
+        assert_eq!(out[2], Command::RearmPat { gpu: 1, va: pat[1] });
         assert_eq!(e.stats().pat_publishes, 1);
     }
 
@@ -923,8 +925,8 @@ mod tests {
         let mut out = Vec::new();
         e.handle_faults(0, 0, &[fault(a.slots[2].runs[0], AccessType::Read)], &mut out);
         e.close_channel(a.id, &mut out).unwrap();
-        assert_eq!(kinds(&out), ["error", "unmap", "map", "replay"]);
-        assert!(matches!(out[0], Command::WriteErrorMarker { marker: ErrorMarker::ChannelClosed, .. }));
+        assert_eq!(kinds(&out), ["error", "replay"]);
+        assert!(matches!(out[0], Command::Complete { fill: Fill::Marker(ErrorMarker::ChannelClosed), .. }));
         assert_eq!(e.close_channel(a.id, &mut out), Err(EngineError::UnknownChannel(a.id)));
         out.clear();
         e.handle_faults(0, 0, &[fault(a.slots[0].runs[0], AccessType::Read)], &mut out);

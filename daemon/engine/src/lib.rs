@@ -17,7 +17,7 @@ pub mod monitor;
 mod prefetch;
 pub mod runs;
 
-pub use activator::{Command, DataSource, ErrorMarker};
+pub use activator::{Command, DataSource, ErrorMarker, Fill};
 pub use engine::{
     ChannelId, ChannelLayout, ChannelSpec, Engine, EngineConfig, EngineError, EngineStats, Producer, SlotLayout,
 };

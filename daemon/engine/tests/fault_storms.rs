@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use proptest::prelude::*;
 use wic_engine::fault::AccessType;
-use wic_engine::{ChannelId, ChannelLayout, ChannelSpec, Command, DataSource, Engine, EngineConfig, EngineError, ErrorMarker, FaultEntry, PoolError, Producer, RawFaultEntry};
+use wic_engine::{ChannelId, ChannelLayout, ChannelSpec, Command, DataSource, Engine, EngineConfig, EngineError, ErrorMarker, FaultEntry, Fill, PoolError, Producer, RawFaultEntry};
 
 const WARPS: u32 = 16;
 /// Entries in one batch of a GPU's fault buffer.
@@ -209,21 +209,22 @@ impl Harness {
         let mut replay_owed = false;
         for command in &self.out {
             match *command {
-                Command::WriteData { gpu, va, len, source } => {
-                    let (slot, side) = self.runs[&va];
+                Command::Complete { gpu, run_va, companion_va, pages, fill } => {
+                    let (slot, side) = self.runs[&run_va];
                     let s = &self.slots[slot];
-                    prop_assert_eq!((gpu, len), (0, s.batch_bytes));
-                    prop_assert_eq!(source, DataSource::Host { offset: u64::from(s.index) * s.batch_bytes });
-                    seen.push((slot, side, Completion::Data));
+                    prop_assert_eq!((gpu, pages), (0, s.pages_per_run));
+                    let how = match fill {
+                        Fill::Data { len, source } => {
+                            prop_assert_eq!(len, s.batch_bytes);
+                            prop_assert_eq!(source, DataSource::Host { offset: u64::from(s.index) * s.batch_bytes });
+                            Completion::Data
+                        }
+                        Fill::Marker(marker) => Completion::Marker(marker),
+                    };
+                    seen.push((slot, side, how));
+                    wakes.push((run_va, companion_va));
                     replay_owed = true;
                 }
-                Command::WriteErrorMarker { va, marker, pages, .. } => {
-                    let (slot, side) = self.runs[&va];
-                    prop_assert_eq!(pages, self.slots[slot].pages_per_run);
-                    seen.push((slot, side, Completion::Marker(marker)));
-                    replay_owed = true;
-                }
-                Command::Unmap { va, .. } | Command::Map { va, .. } => wakes.push((matches!(command, Command::Map { .. }), va)),
                 Command::Replay { gpu } => {
                     prop_assert_eq!(gpu, 0);
                     prop_assert!(replay_owed, "a replay with nothing completed before it");
@@ -238,12 +239,9 @@ impl Harness {
         expected.sort_by_key(|&(slot, side, how)| (slot, side, how.word()));
         seen.sort_by_key(|&(slot, side, how)| (slot, side, how.word()));
         prop_assert_eq!(&seen, &expected, "completions (slot, side, how)");
-        // Each completion unmaps the companion and maps its run.
-        let mut expected_wakes: Vec<(bool, u64)> = Vec::new();
-        for &(slot, side, _) in &expected {
-            expected_wakes.push((false, self.slots[slot].runs[1 - side]));
-            expected_wakes.push((true, self.slots[slot].runs[side]));
-        }
+        // Each completion maps its run and unmaps the companion.
+        let mut expected_wakes: Vec<(u64, u64)> =
+            expected.iter().map(|&(slot, side, _)| (self.slots[slot].runs[side], self.slots[slot].runs[1 - side])).collect();
         expected_wakes.sort();
         wakes.sort();
         prop_assert_eq!(wakes, expected_wakes);
@@ -264,7 +262,7 @@ impl Harness {
         for id in channels {
             self.engine.close_channel(id, &mut out).unwrap();
         }
-        let markers = out.iter().filter(|c| matches!(c, Command::WriteErrorMarker { marker: ErrorMarker::ChannelClosed, .. })).count();
+        let markers = out.iter().filter(|c| matches!(c, Command::Complete { fill: Fill::Marker(ErrorMarker::ChannelClosed), .. })).count();
         prop_assert_eq!(markers, held);
         prop_assert_eq!(self.engine.held(), 0);
         prop_assert_eq!(self.engine.pool().free_pages(), POOL_PAGES);
@@ -349,7 +347,7 @@ fn a_gpu_producers_tag_is_published_once_whoever_else_tries() {
     for round in 0..4 {
         engine.handle_faults(2 + round, 1, &[write(pat[0]), write(pat[0])], &mut out);
     }
-    let data = out.iter().filter(|c| matches!(c, Command::WriteData { .. })).count();
+    let data = out.iter().filter(|c| matches!(c, Command::Complete { fill: Fill::Data { .. }, .. })).count();
     let s = engine.stats();
     assert_eq!((data, s.delivered, s.pat_publishes), (1, 1, 1));
     assert_eq!(s.pat_duplicates + s.stale, 7, "every later PAT write is a duplicate or stale");

@@ -51,8 +51,9 @@ pub struct BatchPath {
     records: Vec<Record>,
     entries: Vec<RawFaultEntry>,
     batch: Vec<WicCommand>,
-    /// For each kernel command of `batch`, the index of the engine command it came from.
-    origin: Vec<u32>,
+    /// For each translated engine command, its index and how many kernel commands of `batch`
+    /// it became, in order.
+    origin: Vec<(u32, u32)>,
     /// Records of pages no placed channel has (stale, or a closed channel's).
     pub stray_records: u64,
 }
@@ -126,8 +127,9 @@ impl BatchPath {
         self.batch.clear();
         self.origin.clear();
         for (index, command) in commands.iter().enumerate() {
+            let before = self.batch.len();
             match self.translator.to_kernel(command, &host_data, &mut self.batch) {
-                Ok(()) => self.origin.push(index as u32),
+                Ok(()) => self.origin.push((index as u32, (self.batch.len() - before) as u32)),
                 Err(e) => {
                     *untranslatable += 1;
                     outcome(command, Err(e));
@@ -137,13 +139,19 @@ impl BatchPath {
         &mut self.batch
     }
 
-    /// After the batch ran: every translated command with the module's result.
+    /// After the batch ran: every translated command with the module's result, the first
+    /// failure among its kernel commands or 0.
     fn report(&self, commands: &[Command], done: &mut Executed, outcome: &mut impl FnMut(&Command, Result<i32, CommandError>)) {
-        for (&index, kernel) in self.origin.iter().zip(&self.batch) {
-            if kernel.result != 0 {
+        let mut kernel = self.batch.iter();
+        for &(index, count) in &self.origin {
+            let mut result = 0;
+            for command in kernel.by_ref().take(count as usize).filter(|k| k.result != 0) {
                 done.failed += 1;
+                if result == 0 {
+                    result = command.result;
+                }
             }
-            outcome(&commands[index as usize], Ok(kernel.result));
+            outcome(&commands[index as usize], Ok(result));
         }
     }
 }
@@ -268,9 +276,31 @@ mod tests {
         memory.publish(order.len() as u64);
         out.clear();
         assert_eq!(path.take_faults(&mut ring, &mut engine, 1, &mut out), order.len());
-        let written: Vec<u64> = out.iter().filter_map(|c| if let Command::WriteData { va, .. } = c { Some(*va) } else { None }).collect();
+        let written: Vec<u64> = out.iter().filter_map(|c| if let Command::Complete { run_va, .. } = c { Some(*run_va) } else { None }).collect();
         let expected: Vec<u64> = [(0, 1), (0, 2), (0, 0), (1, 2), (1, 0), (1, 1)].iter().map(|&(gpu, slot)| placed[gpu].0.slots[slot].runs[0]).collect();
         assert_eq!(written, expected);
         assert_eq!(path.stray_records, 0);
+    }
+
+    #[test]
+    fn a_completion_reports_the_first_failure_of_its_kernel_commands() {
+        let mut engine = Engine::new(EngineConfig::default()).unwrap();
+        let spec = ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 256, slots: 2, timeout: 1_000 };
+        let layout = engine.open_channel(spec).unwrap();
+        let mut path = BatchPath::new(engine.config());
+        path.add(&Placement::new(&layout, 1, 0x7000_0000_0000));
+        let fill = wic_engine::Fill::Marker(wic_engine::ErrorMarker::Timeout);
+        let complete = |slot: usize| Command::Complete { gpu: 0, run_va: layout.slots[slot].runs[0], companion_va: layout.slots[slot].runs[1], pages: 1, fill };
+        let commands = [complete(0), complete(1), Command::Replay { gpu: 0 }];
+        let mut untranslatable = 0;
+        let batch = path.translate(&commands, |_, _, _| None, &mut |c, e| panic!("{c:?}: {e:?}"), &mut untranslatable);
+        assert_eq!(batch.len(), 7, "three kernel commands per completion, one replay");
+        // The second completion's unmap and map are refused.
+        batch[4].result = -22;
+        batch[5].result = -5;
+        let (mut done, mut results) = (Executed::default(), Vec::new());
+        path.report(&commands, &mut done, &mut |c, r| results.push((*c, r)));
+        assert_eq!(results, [(commands[0], Ok(0)), (commands[1], Ok(-22)), (commands[2], Ok(0))]);
+        assert_eq!((done.failed, untranslatable), (2, 0));
     }
 }

@@ -4,7 +4,7 @@
 //! the GPU's page table (one state word per page); a replay bumps the replay counter of every
 //! channel consuming on that GPU, which is what wakes the warps stalled on it.
 
-use wic_engine::{Command, DataSource, EngineConfig, GpuId, RunIndex, RunPlace, PAGE_SIZE};
+use wic_engine::{Command, DataSource, EngineConfig, Fill, GpuId, RunIndex, RunPlace, PAGE_SIZE};
 use wic_proto::shm::{ConsumerRegion, ProducerRegion, PAGE_MAPPED, PAGE_UNMAPPED};
 
 use super::gpus::{ChannelMap, Executed, ExecutionLog};
@@ -61,18 +61,22 @@ impl EmulatedGpus {
         let mut done = Executed::default();
         for command in commands {
             match *command {
-                Command::WriteData { va, len, source, .. } => self.write_data(va, len, source, log),
-                Command::WriteErrorMarker { va, pages, marker, .. } => {
-                    if let Some((place, region)) = self.run(va) {
-                        let first = region.layout().run_page(place.slot, place.side);
-                        for page in first..first + pages as usize {
-                            region.write_pages(page, &marker.word().to_le_bytes());
+                Command::Complete { run_va, companion_va, pages, fill, .. } => {
+                    match fill {
+                        Fill::Data { len, source } => self.write_data(run_va, len, source, log),
+                        Fill::Marker(marker) => {
+                            if let Some((place, region)) = self.run(run_va) {
+                                let first = region.layout().run_page(place.slot, place.side);
+                                for page in first..first + pages as usize {
+                                    region.write_pages(page, &marker.word().to_le_bytes());
+                                }
+                                log.failed(place.channel, marker);
+                            }
                         }
-                        log.failed(place.channel, marker);
                     }
+                    self.set_pages(companion_va, pages, PAGE_UNMAPPED);
+                    self.set_pages(run_va, pages, PAGE_MAPPED);
                 }
-                Command::Unmap { va, pages, .. } => self.set_pages(va, pages, PAGE_UNMAPPED),
-                Command::Map { va, pages, .. } => self.set_pages(va, pages, PAGE_MAPPED),
                 Command::ServicePat { .. } | Command::RearmPat { .. } => {
                     // Channels with GPU producers are refused at creation by this backend.
                     tracing::error!("emulated backend got {command:?} without a GPU producer");

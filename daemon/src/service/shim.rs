@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 
 use nix::errno::Errno;
-use wic_engine::{ChannelLayout, Command, DataSource, Engine, EngineConfig, Nanos, RunIndex};
+use wic_engine::{ChannelLayout, Command, DataSource, Engine, Fill, EngineConfig, Nanos, RunIndex};
 use wic_kmod::{DeviceError, PlacedChannel, ShimBackend};
 use wic_proto::message::{ErrorCode, WireError};
 use wic_proto::shm::ProducerRegion;
@@ -145,15 +145,15 @@ impl ShimGpus {
                 return;
             }
             match *command {
-                Command::WriteData { va, .. } => {
-                    let Some(place) = runs.place(va) else { return };
+                Command::Complete { run_va, fill: Fill::Data { .. }, .. } => {
+                    let Some(place) = runs.place(run_va) else { return };
                     if let Some(producer) = channels.get(&place.channel).and_then(|c| c.producer.as_ref()) {
                         producer.mark_delivered(place.slot);
                     }
                     log.delivered(place.channel);
                 }
-                Command::WriteErrorMarker { va, marker, .. } => {
-                    if let Some(place) = runs.place(va) {
+                Command::Complete { run_va, fill: Fill::Marker(marker), .. } => {
+                    if let Some(place) = runs.place(run_va) {
                         log.failed(place.channel, marker);
                     }
                 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use wic_engine::fault::AccessType;
-use wic_engine::Command;
+use wic_engine::{Command, Fill};
 use wic_kmod::fakegpu::{self, FakeGpu};
 use wic_kmod::Submission;
 
@@ -115,7 +115,7 @@ fn serve(mut daemon: Daemon, slot_of: HashMap<u64, u32>, channel: wic_engine::Ch
         }
         delivered.clear();
         delivered.extend(daemon.commands.iter().filter_map(|c| match c {
-            Command::WriteData { va, .. } => slot_of.get(va).copied(),
+            Command::Complete { run_va, fill: Fill::Data { .. }, .. } => slot_of.get(run_va).copied(),
             _ => None,
         }));
         for &slot in &delivered {

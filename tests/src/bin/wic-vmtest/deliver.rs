@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use wic_engine::fault::AccessType;
-use wic_engine::{ChannelLayout, ChannelSpec, Command, Producer};
+use wic_engine::{ChannelLayout, ChannelSpec, Command, DataSource, Fill, Producer};
 use wic_kmod::fakegpu::{self, FakeGpu};
 use wic_kmod::{PlacedChannel, Submission};
 
@@ -55,8 +55,8 @@ pub fn deliver_one(
     // The host publishes: the engine asks for the data, the companion unmap, the map, a replay.
     let now = daemon.now();
     daemon.engine.publish(now, layout.id, slot as u32, &mut daemon.commands).map_err(|e| e.to_string())?;
-    let Some(&Command::WriteData { source: wic_engine::DataSource::Host { offset }, len, .. }) =
-        daemon.commands.iter().find(|c| matches!(c, Command::WriteData { .. }))
+    let Some(&Command::Complete { fill: Fill::Data { source: DataSource::Host { offset }, len }, .. }) =
+        daemon.commands.iter().find(|c| matches!(c, Command::Complete { .. }))
     else {
         return Err(format!("publish gave no host write: {:?}", daemon.commands));
     };
