@@ -98,6 +98,7 @@ pub(crate) struct Activator {
 
 impl Activator {
     /// Completes `wake` with `len` bytes of producer data from `source`.
+    #[inline]
     pub fn deliver(&mut self, wake: Wake, len: u64, source: DataSource, out: &mut Vec<Command>) {
         self.complete(wake, Fill::Data { len, source }, out);
     }
@@ -113,6 +114,7 @@ impl Activator {
         self.owe_replay(gpu);
     }
 
+    #[inline]
     fn complete(&mut self, wake: Wake, fill: Fill, out: &mut Vec<Command>) {
         out.push(Command::Complete { gpu: wake.gpu, run_va: wake.run_va, companion_va: wake.companion_va, pages: wake.pages, fill });
         self.owe_replay(wake.gpu);
@@ -120,8 +122,16 @@ impl Activator {
 
     #[inline]
     fn owe_replay(&mut self, gpu: GpuId) {
-        // A batch's faults come from one GPU: the last entry is almost always the one.
-        if self.replay_owed.last() != Some(&gpu) && !self.replay_owed.contains(&gpu) {
+        // A batch's faults come from one GPU: the last entry is almost always the one, and
+        // that check stays inline at every wake-up.
+        if self.replay_owed.last() != Some(&gpu) {
+            self.owe_replay_to_another(gpu);
+        }
+    }
+
+    #[cold]
+    fn owe_replay_to_another(&mut self, gpu: GpuId) {
+        if !self.replay_owed.contains(&gpu) {
             self.replay_owed.push(gpu);
         }
     }

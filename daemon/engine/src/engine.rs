@@ -495,28 +495,29 @@ impl Engine {
         // A three-stage prefetch pipeline over chunks of entries: while chunk k is handled,
         // the tag-indexed state of chunk k is on its way, the slots of chunk k + 1 and the page
         // map of chunk k + 2. With a million registered pages that state is far out of cache,
-        // and handling entries one by one would take its misses one at a time.
+        // and handling entries one by one would take its misses one at a time. The stages'
+        // lookups are kept, so an entry is classified once.
         let chunk = |k: usize| {
             let rest = entries.get(k * LOOKAHEAD..).unwrap_or_default();
             &rest[..rest.len().min(LOOKAHEAD)]
         };
-        let (mut pages, mut slots) = ([[None; LOOKAHEAD]; 2], [[None; LOOKAHEAD]; 2]);
+        let (mut pages, mut uses) = ([[None; LOOKAHEAD]; 2], [[PageUse::Free; LOOKAHEAD]; 2]);
         self.prefetch_page_map(chunk(0), &mut pages[0]);
-        self.prefetch_slots(&pages[0], &mut slots[0]);
+        self.prefetch_slots(&pages[0], &mut uses[0]);
         self.prefetch_page_map(chunk(1), &mut pages[1]);
         for k in 0..entries.len().div_ceil(LOOKAHEAD) {
             self.prefetch_page_map(chunk(k + 2), &mut pages[k % 2]);
-            self.prefetch_slots(&pages[(k + 1) % 2], &mut slots[(k + 1) % 2]);
-            self.prefetch_tag_state(&slots[k % 2]);
-            for raw in chunk(k) {
-                self.handle_fault(now, gpu, raw, out);
+            self.prefetch_slots(&pages[(k + 1) % 2], &mut uses[(k + 1) % 2]);
+            self.prefetch_tag_state(&uses[k % 2]);
+            for (raw, &page_use) in chunk(k).iter().zip(&uses[k % 2]) {
+                self.handle_fault(now, gpu, raw, page_use, out);
             }
         }
         self.activator.flush_replays(out);
     }
 
-    /// Pipeline stage 1: the pages `chunk` faults on, into `pages`; their page-map entries are
-    /// prefetched.
+    /// Pipeline stage 1: the pool pages `chunk` faults on, into `pages`; their page-map entries
+    /// are prefetched.
     fn prefetch_page_map(&self, chunk: &[RawFaultEntry], pages: &mut [Option<usize>; LOOKAHEAD]) {
         for (i, page) in pages.iter_mut().enumerate() {
             *page = chunk.get(i).and_then(|raw| self.page_of(FaultEntry::decode_va(raw, self.config.va_width)));
@@ -526,41 +527,38 @@ impl Engine {
         }
     }
 
-    /// Pipeline stage 2: the slots owning `pages`, into `slots`; the slots are prefetched.
-    fn prefetch_slots(&self, pages: &[Option<usize>; LOOKAHEAD], slots: &mut [Option<u32>; LOOKAHEAD]) {
-        for (page, slot) in pages.iter().zip(slots.iter_mut()) {
-            *slot = match page.map(|page| self.pages[page]) {
-                Some(PageUse::Pcm { slot, .. } | PageUse::Pat { slot, .. }) => Some(slot),
-                _ => None,
-            };
-            if let Some(id) = *slot {
-                prefetch(&self.slots[id as usize]);
+    /// Pipeline stage 2: what `pages` are used for, into `uses` (outside the pool counts as
+    /// free); the slots owning them are prefetched.
+    fn prefetch_slots(&self, pages: &[Option<usize>; LOOKAHEAD], uses: &mut [PageUse; LOOKAHEAD]) {
+        for (page, page_use) in pages.iter().zip(uses.iter_mut()) {
+            *page_use = page.map_or(PageUse::Free, |page| self.pages[page]);
+            if let PageUse::Pcm { slot, .. } | PageUse::Pat { slot, .. } = *page_use {
+                prefetch(&self.slots[slot as usize]);
             }
         }
     }
 
-    /// Pipeline stage 3: the PFQ and DAB entries of `slots` are prefetched.
-    fn prefetch_tag_state(&self, slots: &[Option<u32>; LOOKAHEAD]) {
-        for &id in slots.iter().flatten() {
-            if let Some(slot) = &self.slots[id as usize] {
-                self.pfq.prefetch(id, slot.tag);
-                self.dab.prefetch(slot.tag);
+    /// Pipeline stage 3: the PFQ and DAB entries of the slots of `uses` are prefetched.
+    fn prefetch_tag_state(&self, uses: &[PageUse; LOOKAHEAD]) {
+        for page_use in uses {
+            if let PageUse::Pcm { slot: id, .. } | PageUse::Pat { slot: id, .. } = *page_use {
+                if let Some(slot) = &self.slots[id as usize] {
+                    self.pfq.prefetch(id, slot.tag);
+                    self.dab.prefetch(slot.tag);
+                }
             }
         }
     }
 
-    fn handle_fault(&mut self, now: Nanos, gpu: GpuId, raw: &RawFaultEntry, out: &mut Vec<Command>) {
+    /// Handles one entry, whose page the pipeline found to be used as `page_use`.
+    fn handle_fault(&mut self, now: Nanos, gpu: GpuId, raw: &RawFaultEntry, page_use: PageUse, out: &mut Vec<Command>) {
         self.stats.entries += 1;
         let entry = FaultEntry::decode(raw, self.config.va_width);
         if !entry.valid || entry.fault_type.is_fatal() {
             self.stats.malformed += 1;
             return;
         }
-        let Some(page) = self.page_of(entry.page()) else {
-            self.stats.foreign += 1;
-            return;
-        };
-        match self.pages[page] {
+        match page_use {
             PageUse::Free => self.stats.foreign += 1,
             PageUse::Pcm { slot, side } => self.on_pcm_fault(now, gpu, slot, side, out),
             PageUse::Pat { slot, side } => self.on_pat_fault(now, gpu, slot, side, entry.page(), out),
@@ -651,6 +649,7 @@ impl Engine {
     }
 
     /// Consumes the slot's tag and completes its current generation with the producer's data.
+    #[inline]
     fn deliver(&mut self, now: Nanos, slot_id: u32, out: &mut Vec<Command>) {
         let slot = self.slots[slot_id as usize].as_mut().expect("live slot");
         self.dab.clear(slot.tag);

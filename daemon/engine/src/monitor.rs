@@ -7,47 +7,72 @@
 
 use std::collections::HashMap;
 
-use bitvec::vec::BitVec;
+use bitvec::order::Lsb0;
+use bitvec::view::BitView;
 
 use crate::interrupter::TagId;
 use crate::prefetch::prefetch;
 
 /// One bit per tag: set while the producer's data for that tag is available and unconsumed.
+/// The bits are plain words: the fault path tests, sets and clears one bit per request, and
+/// bitvec's general bit addressing takes several times the instructions of a word operation.
 pub struct Dab {
-    bits: BitVec,
+    words: Vec<usize>,
+    tags: usize,
 }
 
 impl Dab {
     /// A bitmap for tags `0..capacity`, all unavailable.
     pub fn new(capacity: u32) -> Self {
-        Self { bits: BitVec::repeat(false, capacity as usize) }
+        let tags = capacity as usize;
+        Self { words: vec![0; tags.div_ceil(usize::BITS as usize)], tags }
+    }
+
+    /// The word holding `tag`'s bit and the bit's mask in it.
+    #[inline]
+    fn word_and_mask(&self, tag: TagId) -> Option<(usize, usize)> {
+        let index = tag.0 as usize;
+        (index < self.tags).then(|| (index / usize::BITS as usize, 1 << (index % usize::BITS as usize)))
     }
 
     /// Whether `tag`'s data is available.
+    #[inline]
     pub fn is_set(&self, tag: TagId) -> bool {
-        self.bits.get(tag.0 as usize).is_some_and(|bit| *bit)
+        self.word_and_mask(tag).is_some_and(|(word, mask)| self.words[word] & mask != 0)
     }
 
     /// Marks `tag` available; returns false if it already was.
+    ///
+    /// # Panics
+    /// If `tag` is outside the bitmap.
+    #[inline]
     pub fn set(&mut self, tag: TagId) -> bool {
-        !self.bits.replace(tag.0 as usize, true)
+        let (word, mask) = self.word_and_mask(tag).expect("tag inside the DAB");
+        let was_clear = self.words[word] & mask == 0;
+        self.words[word] |= mask;
+        was_clear
     }
 
     /// Starts loading `tag`'s bit into the cache.
     pub(crate) fn prefetch(&self, tag: TagId) {
-        if let Some(word) = self.bits.as_raw_slice().get(tag.0 as usize / usize::BITS as usize) {
-            prefetch(word);
+        if let Some((word, _)) = self.word_and_mask(tag) {
+            prefetch(&self.words[word]);
         }
     }
 
     /// Marks `tag` consumed.
+    ///
+    /// # Panics
+    /// If `tag` is outside the bitmap.
+    #[inline]
     pub fn clear(&mut self, tag: TagId) {
-        self.bits.set(tag.0 as usize, false);
+        let (word, mask) = self.word_and_mask(tag).expect("tag inside the DAB");
+        self.words[word] &= !mask;
     }
 
     /// Number of tags currently available.
     pub fn count_set(&self) -> usize {
-        self.bits.count_ones()
+        self.words.view_bits::<Lsb0>()[..self.tags].count_ones()
     }
 }
 
@@ -349,6 +374,28 @@ mod tests {
                 for w in 0..WAITERS {
                     prop_assert_eq!(pfq.is_queued(w), model.queue.iter().any(|(x, _)| *x == w));
                 }
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn dab_matches_a_bool_per_tag(capacity in 1u32..200, ops in prop::collection::vec((any::<bool>(), 0u32..200), 1..300)) {
+            let mut dab = Dab::new(capacity);
+            let mut model = vec![false; capacity as usize];
+            for (set, tag) in ops {
+                let tag = tag % capacity;
+                if set {
+                    prop_assert_eq!(dab.set(TagId(tag)), !model[tag as usize]);
+                } else {
+                    dab.clear(TagId(tag));
+                }
+                model[tag as usize] = set;
+                for (t, &bit) in model.iter().enumerate() {
+                    prop_assert_eq!(dab.is_set(TagId(t as u32)), bit);
+                }
+                prop_assert!(!dab.is_set(TagId(capacity)), "past the end is never set");
+                prop_assert_eq!(dab.count_set(), model.iter().filter(|b| **b).count());
             }
         }
     }
