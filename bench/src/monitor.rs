@@ -6,6 +6,12 @@
 //! 132 SMs x 64 warps), a window that moves on by a batch each time, so over the run every
 //! registered page is used. A second figure draws them uniformly from all registered pages, the
 //! worst case for caches. The baseline, measured on the same entries, is decoding alone.
+//!
+//! Every size is timed in short slices, one of each size per pass, each after an untimed round
+//! that brings its state back into the caches. A shared machine runs slower for stretches of
+//! tens of milliseconds, longer than a pass, so a size's slice and the smallest size's slice of
+//! the same pass ran at the same speed: their ratio, the median over all passes, is how the
+//! per-entry cost grows with the registered pages.
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -37,6 +43,9 @@ pub struct Row {
     /// Decoding the same entries, nothing else.
     pub decode_ns: f64,
     pub monitor_over_decode: f64,
+    /// The median over passes of this size's `handle_faults` slice over the smallest size's
+    /// slice of the same pass.
+    pub paired_over_smallest: f64,
 }
 
 /// Where a batch's slots come from.
@@ -146,18 +155,26 @@ impl Workload {
     }
 }
 
-/// Every size's repetitions are spread over the whole run, one pass over all sizes at a time,
-/// so that a burst of interference from other tenants cannot spoil all of one size's samples.
+/// Slices per repetition; a slice of 100 rounds takes about a millisecond.
+const SLICES_PER_REP: usize = 40;
+
+/// The median of `values` (NaN if there are none).
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
 pub fn run(settings: &Settings) -> Vec<Row> {
     let sizes: &[u32] = if settings.quick { &[1 << 10, 1 << 14] } else { &[1 << 10, 1 << 14, 1 << 18, 1 << 20] };
-    let rounds = if settings.quick { 400 } else { 4000 };
+    let slice_rounds = if settings.quick { 10 } else { 100 };
     let mut workloads: Vec<[Workload; 2]> =
         sizes.iter().map(|&pages| [Slots::ActiveSet, Slots::Uniform].map(|slots| Workload::new(pages, slots, settings.seed))).collect();
     let mut samples: Vec<[Vec<Sample>; 2]> = sizes.iter().map(|_| [Vec::new(), Vec::new()]).collect();
-    for _ in 0..settings.reps {
+    for _ in 0..settings.reps * SLICES_PER_REP {
         for (pair, taken) in workloads.iter_mut().zip(&mut samples) {
             for (workload, taken) in pair.iter_mut().zip(taken.iter_mut()) {
-                taken.push(workload.sample(rounds));
+                workload.sample(1);
+                taken.push(workload.sample(slice_rounds));
             }
         }
     }
@@ -167,6 +184,7 @@ pub fn run(settings: &Settings) -> Vec<Row> {
         .map(|(&pages, [active, uniform])| {
             let best = |samples: &[Sample], of: fn(&Sample) -> f64| fastest(&samples.iter().map(of).collect::<Vec<_>>());
             let (monitor_ns, decode_ns) = (best(active, |s| s.monitor), best(active, |s| s.decode));
+            let mut paired: Vec<f64> = active.iter().zip(&samples[0][0]).map(|(this, smallest)| this.monitor / smallest.monitor).collect();
             let row = Row {
                 registered_pages: pages,
                 monitor_ns,
@@ -175,14 +193,16 @@ pub fn run(settings: &Settings) -> Vec<Row> {
                 round_ns: best(active, |s| s.round),
                 decode_ns,
                 monitor_over_decode: monitor_ns / decode_ns,
+                paired_over_smallest: median(&mut paired),
             };
             eprintln!(
-                "monitor: {pages:>8} pages  {:>6.1} ns/entry ({:>5.1} M/s), uniform slots {:>6.1} ns  with delivery {:>6.1} ns  decode alone {:>5.1} ns",
+                "monitor: {pages:>8} pages  {:>6.1} ns/entry ({:>5.1} M/s), uniform slots {:>6.1} ns  with delivery {:>6.1} ns  decode alone {:>5.1} ns  paired x{:.2}",
                 row.monitor_ns,
                 row.monitor_entries_per_s / 1e6,
                 row.uniform_ns,
                 row.round_ns,
-                row.decode_ns
+                row.decode_ns,
+                row.paired_over_smallest
             );
             row
         })

@@ -492,24 +492,28 @@ impl Engine {
         self.stats.batches += 1;
         self.stats.largest_batch = self.stats.largest_batch.max(entries.len() as u32);
         self.stats.batch_sizes.record(entries.len() as u64);
-        // A three-stage prefetch pipeline over chunks of entries: while chunk k is handled,
-        // the tag-indexed state of chunk k is on its way, the slots of chunk k + 1 and the page
-        // map of chunk k + 2. With a million registered pages that state is far out of cache,
-        // and handling entries one by one would take its misses one at a time. The stages'
-        // lookups are kept, so an entry is classified once.
+        // A four-stage prefetch pipeline over chunks of entries: while chunk k is handled, the
+        // tag-indexed state of chunk k + 1 is on its way, the slots of chunk k + 2 and the page
+        // map of chunk k + 3, so every miss has a whole chunk's handling to complete. With a
+        // million registered pages that state is far out of cache, and handling entries one
+        // by one would take its misses one at a time. The stages' lookups are kept, so an
+        // entry is classified once.
         let chunk = |k: usize| {
             let rest = entries.get(k * LOOKAHEAD..).unwrap_or_default();
             &rest[..rest.len().min(LOOKAHEAD)]
         };
-        let (mut pages, mut uses) = ([[None; LOOKAHEAD]; 2], [[PageUse::Free; LOOKAHEAD]; 2]);
-        self.prefetch_page_map(chunk(0), &mut pages[0]);
-        self.prefetch_slots(&pages[0], &mut uses[0]);
-        self.prefetch_page_map(chunk(1), &mut pages[1]);
+        let (mut pages, mut uses) = ([[None; LOOKAHEAD]; 2], [[PageUse::Free; LOOKAHEAD]; 3]);
+        for k in 0..2 {
+            self.prefetch_page_map(chunk(k), &mut pages[k]);
+            self.prefetch_slots(&pages[k], &mut uses[k]);
+        }
+        self.prefetch_page_map(chunk(2), &mut pages[0]);
+        self.prefetch_tag_state(&uses[0]);
         for k in 0..entries.len().div_ceil(LOOKAHEAD) {
-            self.prefetch_page_map(chunk(k + 2), &mut pages[k % 2]);
-            self.prefetch_slots(&pages[(k + 1) % 2], &mut uses[(k + 1) % 2]);
-            self.prefetch_tag_state(&uses[k % 2]);
-            for (raw, &page_use) in chunk(k).iter().zip(&uses[k % 2]) {
+            self.prefetch_slots(&pages[k % 2], &mut uses[(k + 2) % 3]);
+            self.prefetch_page_map(chunk(k + 3), &mut pages[(k + 1) % 2]);
+            self.prefetch_tag_state(&uses[(k + 1) % 3]);
+            for (raw, &page_use) in chunk(k).iter().zip(&uses[k % 3]) {
                 self.handle_fault(now, gpu, raw, page_use, out);
             }
         }
