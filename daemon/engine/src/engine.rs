@@ -210,17 +210,30 @@ enum PageUse {
     Pat { slot: u32, side: u8 },
 }
 
-/// A request slot. The fields a fault reads come first, and `repr(C)` with line alignment keeps
-/// them in the one cache line that the fault path prefetches.
-#[repr(C, align(64))]
-struct Slot {
-    /// When the current generation's request arrived, while it waits in the PFQ.
-    held_since: Option<Nanos>,
+/// [`SlotState::held_since`] of a slot whose request is not waiting.
+const NOT_HELD: Nanos = Nanos::MAX;
+
+/// What a fault reads and writes of its request slot: 32 bytes, two slots to a cache line, so
+/// that with a million registered pages the slots a fault may touch still fit in the caches.
+#[derive(Clone, Copy)]
+#[repr(C, align(32))]
+struct SlotState {
+    /// When the current generation's request arrived while it waits in the PFQ, else
+    /// [`NOT_HELD`].
+    held_since: Nanos,
     generation: u64,
     timeout: Nanos,
     tag: TagId,
     consumer_gpu: GpuId,
-    producer_gpu: Option<GpuId>,
+    /// The GPU whose writes to the PAT pages publish; a host-produced slot has no PAT pages,
+    /// so for it the field is never read.
+    producer_gpu: GpuId,
+}
+
+const _: () = assert!(std::mem::size_of::<SlotState>() == 32);
+
+/// What only a wake-up reads of its slot: where the data goes and where it comes from.
+struct SlotRoute {
     runs: [PageRun; 2],
     pat: Option<[u32; 2]>,
     source: DataSource,
@@ -242,7 +255,9 @@ pub struct Engine {
     dab: Dab,
     pfq: Pfq,
     pages: Vec<PageUse>,
-    slots: Vec<Option<Slot>>,
+    /// Per slot id; meaningful while the slot is live, which its route says.
+    slots: Vec<SlotState>,
+    routes: Vec<Option<SlotRoute>>,
     free_slots: Vec<u32>,
     channels: Vec<Option<Channel>>,
     deadlines: BinaryHeap<Reverse<(Nanos, u32, u64)>>,
@@ -271,7 +286,8 @@ impl Engine {
             dab: Dab::new(config.max_slots),
             pfq: Pfq::new(config.max_slots, config.max_slots),
             pages: vec![PageUse::Free; config.pool_pages as usize],
-            slots: (0..config.max_slots).map(|_| None).collect(),
+            slots: vec![SlotState { held_since: NOT_HELD, generation: 0, timeout: 0, tag: TagId(0), consumer_gpu: 0, producer_gpu: 0 }; config.max_slots as usize],
+            routes: (0..config.max_slots).map(|_| None).collect(),
             free_slots: (0..config.max_slots).rev().collect(),
             channels: Vec::new(),
             deadlines: BinaryHeap::new(),
@@ -388,18 +404,15 @@ impl Engine {
                 tag,
                 pat: pat.map(|p| [self.va_of(p[0]), self.va_of(p[1])]),
             });
-            self.slots[slot_id as usize] = Some(Slot {
-                consumer_gpu: spec.consumer_gpu,
-                producer_gpu,
-                runs: pcm,
-                pat,
-                tag,
-                source,
-                len: batch_bytes,
+            self.slots[slot_id as usize] = SlotState {
+                held_since: NOT_HELD,
                 generation: 0,
-                held_since: None,
                 timeout: spec.timeout,
-            });
+                tag,
+                consumer_gpu: spec.consumer_gpu,
+                producer_gpu: producer_gpu.unwrap_or(spec.consumer_gpu),
+            };
+            self.routes[slot_id as usize] = Some(SlotRoute { runs: pcm, pat, source, len: batch_bytes });
             self.channel_mut(id).expect("inserted above").slot_ids.push(slot_id);
         }
         Ok(layout)
@@ -470,10 +483,11 @@ impl Engine {
     fn close_with(&mut self, id: ChannelId, marker: ErrorMarker, out: &mut Vec<Command>) -> Result<(), EngineError> {
         let channel = self.channels.get_mut(id.0 as usize).and_then(Option::take).ok_or(EngineError::UnknownChannel(id))?;
         for slot_id in channel.slot_ids {
-            let slot = self.slots[slot_id as usize].take().expect("channel slots are live");
+            let route = self.routes[slot_id as usize].take().expect("channel slots are live");
+            let slot = self.slots[slot_id as usize];
             if self.pfq.remove(slot_id) {
                 self.stats.closed_while_held += 1;
-                self.activator.fail(wake_of(&slot, &self.config), marker, out);
+                self.activator.fail(wake_of(&slot, &route, &self.config), marker, out);
             }
             self.dab.clear(slot.tag);
             self.tags.free(slot.tag).expect("slot tags are allocated");
@@ -546,10 +560,9 @@ impl Engine {
     fn prefetch_tag_state(&self, uses: &[PageUse; LOOKAHEAD]) {
         for page_use in uses {
             if let PageUse::Pcm { slot: id, .. } | PageUse::Pat { slot: id, .. } = *page_use {
-                if let Some(slot) = &self.slots[id as usize] {
-                    self.pfq.prefetch(id, slot.tag);
-                    self.dab.prefetch(slot.tag);
-                }
+                let tag = self.slots[id as usize].tag;
+                self.pfq.prefetch(id, tag);
+                self.dab.prefetch(tag);
             }
         }
     }
@@ -570,7 +583,7 @@ impl Engine {
     }
 
     fn on_pcm_fault(&mut self, now: Nanos, gpu: GpuId, slot_id: u32, side: u8, out: &mut Vec<Command>) {
-        let slot = self.slots[slot_id as usize].as_mut().expect("mapped pages belong to live slots");
+        let slot = &mut self.slots[slot_id as usize];
         if gpu != slot.consumer_gpu {
             self.stats.wrong_gpu += 1;
             return;
@@ -579,7 +592,7 @@ impl Engine {
             self.stats.stale += 1;
             return;
         }
-        if slot.held_since.is_some() {
+        if slot.held_since != NOT_HELD {
             self.stats.duplicates += 1;
             return;
         }
@@ -589,8 +602,9 @@ impl Engine {
             Ok(Enqueued::Ready) => self.deliver(now, slot_id, out),
             Ok(Enqueued::Pending(_)) => {
                 self.stats.held += 1;
-                slot.held_since = Some(now);
-                let deadline = now.saturating_add(slot.timeout);
+                // A request arriving at the very end of time still counts as held.
+                slot.held_since = now.min(NOT_HELD - 1);
+                let deadline = slot.held_since.saturating_add(slot.timeout);
                 self.deadlines.push(Reverse((deadline, slot_id, slot.generation)));
             }
             Err(PfqError::AlreadyQueued(_)) => self.stats.duplicates += 1,
@@ -599,8 +613,8 @@ impl Engine {
     }
 
     fn on_pat_fault(&mut self, now: Nanos, gpu: GpuId, slot_id: u32, side: u8, va: u64, out: &mut Vec<Command>) {
-        let slot = self.slots[slot_id as usize].as_ref().expect("mapped pages belong to live slots");
-        if slot.producer_gpu != Some(gpu) {
+        let slot = &self.slots[slot_id as usize];
+        if slot.producer_gpu != gpu {
             self.stats.wrong_gpu += 1;
             return;
         }
@@ -638,7 +652,7 @@ impl Engine {
 
     /// Sets the slot's DAB bit and wakes its waiters; false if the bit was already set.
     fn make_available(&mut self, now: Nanos, slot_id: u32, out: &mut Vec<Command>) -> bool {
-        let tag = self.slots[slot_id as usize].as_ref().expect("live slot").tag;
+        let tag = self.slots[slot_id as usize].tag;
         if !self.dab.set(tag) {
             return false;
         }
@@ -655,13 +669,16 @@ impl Engine {
     /// Consumes the slot's tag and completes its current generation with the producer's data.
     #[inline]
     fn deliver(&mut self, now: Nanos, slot_id: u32, out: &mut Vec<Command>) {
-        let slot = self.slots[slot_id as usize].as_mut().expect("live slot");
+        let slot = &mut self.slots[slot_id as usize];
+        let route = self.routes[slot_id as usize].as_ref().expect("live slot");
         self.dab.clear(slot.tag);
-        let waited = slot.held_since.take().map_or(0, |since| now.saturating_sub(since));
+        let held_since = std::mem::replace(&mut slot.held_since, NOT_HELD);
+        let waited = if held_since == NOT_HELD { 0 } else { now.saturating_sub(held_since) };
         self.stats.wake_latency_ns.record(waited);
         let side = (slot.generation % 2) as usize;
-        self.activator.deliver(wake_of(slot, &self.config), slot.len, slot.source, out);
-        if let (Some(pat), Some(gpu)) = (slot.pat, slot.producer_gpu) {
+        self.activator.deliver(wake_of(slot, route, &self.config), route.len, route.source, out);
+        if let Some(pat) = route.pat {
+            let gpu = slot.producer_gpu;
             // Re-arm the PAT page of the previous generation, not this one: this generation's
             // page stays mapped until the next delivery, so a late duplicate of the producer's
             // fault can never map a page that must fault for generation g + 2.
@@ -683,16 +700,17 @@ impl Engine {
                 break;
             }
             self.deadlines.pop();
-            let Some(slot) = self.slots[slot_id as usize].as_mut() else { continue };
+            let Some(route) = self.routes[slot_id as usize].as_ref() else { continue };
+            let slot = &mut self.slots[slot_id as usize];
             // Slot ids and generations restart when a closed channel's slot is reused, so
             // only a deadline equal to the current hold's own one may end it.
-            let current = slot.held_since.map(|since| since.saturating_add(slot.timeout));
-            if slot.generation != generation || current != Some(deadline) {
+            let held = slot.held_since != NOT_HELD;
+            if !held || slot.generation != generation || slot.held_since.saturating_add(slot.timeout) != deadline {
                 continue; // delivered, or a stale deadline of an earlier channel on this slot
             }
-            slot.held_since = None;
+            slot.held_since = NOT_HELD;
             slot.generation += 1;
-            let wake = wake_of_generation(slot, generation, &self.config);
+            let wake = wake_of_generation(slot, route, generation, &self.config);
             self.pfq.remove(slot_id);
             self.stats.timed_out += 1;
             self.activator.fail(wake, ErrorMarker::Timeout, out);
@@ -701,18 +719,18 @@ impl Engine {
     }
 }
 
-fn wake_of(slot: &Slot, config: &EngineConfig) -> Wake {
-    wake_of_generation(slot, slot.generation, config)
+fn wake_of(slot: &SlotState, route: &SlotRoute, config: &EngineConfig) -> Wake {
+    wake_of_generation(slot, route, slot.generation, config)
 }
 
-fn wake_of_generation(slot: &Slot, generation: u64, config: &EngineConfig) -> Wake {
+fn wake_of_generation(slot: &SlotState, route: &SlotRoute, generation: u64, config: &EngineConfig) -> Wake {
     let side = (generation % 2) as usize;
     let va = |run: PageRun| config.pool_base + u64::from(run.start) * PAGE_SIZE;
     Wake {
         gpu: slot.consumer_gpu,
-        run_va: va(slot.runs[side]),
-        companion_va: va(slot.runs[1 - side]),
-        pages: slot.runs[side].len,
+        run_va: va(route.runs[side]),
+        companion_va: va(route.runs[1 - side]),
+        pages: route.runs[side].len,
     }
 }
 
