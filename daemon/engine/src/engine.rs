@@ -667,7 +667,7 @@ impl Engine {
     }
 
     /// Consumes the slot's tag and completes its current generation with the producer's data.
-    #[inline]
+    #[inline(always)]
     fn deliver(&mut self, now: Nanos, slot_id: u32, out: &mut Vec<Command>) {
         let slot = &mut self.slots[slot_id as usize];
         let route = self.routes[slot_id as usize].as_ref().expect("live slot");
