@@ -1,8 +1,9 @@
 //! The Interrupter's allocators: the PCM page pool (paper §5.3) and the DAB tag ids.
 //!
-//! Page state lives in a segment tree whose nodes hold the free-page count and the longest free
-//! run overall, from the left edge and from the right edge; each leaf summarises one 64-page word
-//! of a free bitmap. Finding the leftmost run of `k` free pages and range-assigning a whole run
+//! Page state lives in a segment tree whose nodes hold the longest free run overall, from the
+//! left edge and from the right edge; each leaf summarises one 64-page word of a free bitmap.
+//! The pool counts its free pages itself: it knows each change exactly, so the tree keeps no
+//! per-node count, and a change that leaves a node's runs as they were stops climbing there. Finding the leftmost run of `k` free pages and range-assigning a whole run
 //! are both O(log n). A node that is entirely free or entirely allocated doubles as its own lazy
 //! tag, so there is no lazy array, and all storage is sized in `new()`: `alloc` and `free` never
 //! touch the heap.
@@ -86,11 +87,10 @@ impl std::error::Error for PoolError {}
 /// takes six levels off the tree (8 instead of 14 at 16K pages).
 const LEAF_PAGES: u32 = u64::BITS;
 
-/// Summary of a node's page range; field names follow the paper's sum/maxLen/leftLen/rightLen.
-#[derive(Debug, Clone, Copy)]
+/// Summary of a node's page range; field names follow the paper's maxLen/leftLen/rightLen (its
+/// `sum` is the pool's own count).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Node {
-    /// Free pages in the range (`sum`).
-    free: u32,
     /// Longest run of free pages anywhere in the range (`maxLen`).
     longest: u32,
     /// Free pages starting at the left edge (`leftLen`).
@@ -104,7 +104,6 @@ impl Node {
     fn uniform(size: u32, free: bool) -> Self {
         let run = if free { size } else { 0 };
         Self {
-            free: run,
             longest: run,
             prefix: run,
             suffix: run,
@@ -114,22 +113,15 @@ impl Node {
     /// The summary of a leaf's bitmap word (bit `i` set: page `i` of the word is free).
     fn of_word(word: u64) -> Self {
         Self {
-            free: word.count_ones(),
             longest: longest_ones(word),
             prefix: word.trailing_ones(),
             suffix: word.leading_ones(),
         }
     }
 
-    /// Whether both summaries describe the same runs; a parent's runs depend on nothing else.
-    fn same_runs(&self, other: &Self) -> bool {
-        (self.longest, self.prefix, self.suffix) == (other.longest, other.prefix, other.suffix)
-    }
-
     /// The summary of two adjacent ranges of `half` pages each.
     fn combine(left: Self, right: Self, half: u32) -> Self {
         Self {
-            free: left.free + right.free,
             longest: left
                 .longest
                 .max(right.longest)
@@ -257,11 +249,6 @@ impl SegmentTree {
     /// Number of pages the tree covers.
     pub fn pages(&self) -> u32 {
         self.pages
-    }
-
-    /// Number of free pages.
-    pub fn free_pages(&self) -> u32 {
-        self.nodes[1].free
     }
 
     /// Length of the longest run of contiguous free pages.
@@ -452,15 +439,18 @@ impl SegmentTree {
     }
 
     /// Recomputes node `index` at `level` and its ancestors, carrying each new summary up in
-    /// registers. Once a node's runs come out unchanged, no ancestor's runs can change either, so
-    /// only their free counts are adjusted: after a small alloc or free in a fragmented pool that
-    /// is a few levels, not all.
+    /// registers, and stops at the first node that comes out unchanged: no ancestor can change
+    /// then. After a small alloc or free in a fragmented pool that is a few levels, not all.
     fn pull_up_to_root(&mut self, index: usize, level: u32) {
         if level > self.height {
             return;
         }
+        let old = self.nodes[index];
         self.pull_up(index, level);
         let (mut child, mut node, mut half) = (index, self.nodes[index], LEAF_PAGES << level);
+        if node == old {
+            return;
+        }
         while child > 1 {
             let sibling = self.nodes[child ^ 1];
             let (left, right) = if child & 1 == 0 {
@@ -469,18 +459,11 @@ impl SegmentTree {
                 (sibling, node)
             };
             let parent = child >> 1;
-            let old = self.nodes[parent];
             node = Node::combine(left, right, half);
-            self.nodes[parent] = node;
-            if node.same_runs(&old) {
-                let delta = node.free.wrapping_sub(old.free);
-                let mut ancestor = parent >> 1;
-                while ancestor >= 1 {
-                    self.nodes[ancestor].free = self.nodes[ancestor].free.wrapping_add(delta);
-                    ancestor >>= 1;
-                }
+            if node == self.nodes[parent] {
                 return;
             }
+            self.nodes[parent] = node;
             child = parent;
             half *= 2;
         }
@@ -504,6 +487,7 @@ pub struct PagePool {
     /// Length of the allocated run starting at each page, 0 where none starts.
     run_len_at: Vec<u32>,
     allocated_runs: u32,
+    free_pages: u32,
 }
 
 impl PagePool {
@@ -519,6 +503,7 @@ impl PagePool {
             tree: SegmentTree::new(pages),
             run_len_at: vec![0; pages as usize],
             allocated_runs: 0,
+            free_pages: pages,
         })
     }
 
@@ -529,7 +514,7 @@ impl PagePool {
 
     /// Number of free pages.
     pub fn free_pages(&self) -> u32 {
-        self.tree.free_pages()
+        self.free_pages
     }
 
     /// Length of the longest run of contiguous free pages: the largest `alloc` that can succeed.
@@ -551,11 +536,12 @@ impl PagePool {
             return Err(PoolError::Exhausted {
                 requested: len,
                 longest_free: self.tree.longest_free_run(),
-                free: self.tree.free_pages(),
+                free: self.free_pages,
             });
         };
         self.run_len_at[start as usize] = len;
         self.allocated_runs += 1;
+        self.free_pages -= len;
         Ok(PageRun { start, len })
     }
 
@@ -572,6 +558,7 @@ impl PagePool {
         self.run_len_at[run.start as usize] = 0;
         self.tree.assign(run.start, run.len, true);
         self.allocated_runs -= 1;
+        self.free_pages += run.len;
         Ok(())
     }
 }
@@ -983,7 +970,6 @@ mod tests {
             for (start, len, free) in assigns {
                 tree.assign(start, len, free);
                 reference.mark(PageRun { start, len }, free);
-                prop_assert_eq!(tree.free_pages(), reference.free_pages());
                 let longest = reference.longest_free_run();
                 prop_assert_eq!(tree.longest_free_run(), longest);
                 for k in probes.iter().copied().chain([1, 2, longest.max(1), longest + 1]) {
@@ -1036,8 +1022,8 @@ mod tests {
     fn tree_edges() {
         let mut tree = SegmentTree::new(5);
         assert_eq!(
-            (tree.pages(), tree.free_pages(), tree.longest_free_run()),
-            (5, 5, 5)
+            (tree.pages(), tree.longest_free_run()),
+            (5, 5)
         );
         assert_eq!(tree.first_fit(5), Some(0));
         assert_eq!(tree.first_fit(6), None);
@@ -1050,7 +1036,7 @@ mod tests {
         assert_eq!(tree.first_fit(1), Some(0));
         assert_eq!(tree.first_fit(2), None);
         tree.assign(0, 0, false);
-        assert_eq!(tree.free_pages(), 2);
+        assert_eq!((0..5).filter(|&page| tree.is_free(page)).count(), 2);
     }
 
     #[test]
