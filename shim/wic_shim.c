@@ -590,6 +590,39 @@ static int wic_write_markers(struct uvm_wic_space *uvm, const struct wic_command
 	return 0;
 }
 
+static int wic_write_data(struct wic_session *s, struct uvm_wic_space *uvm,
+			  const struct wic_command *cmd)
+{
+	if (copy_from_user(s->bounce, u64_to_user_ptr(cmd->arg), cmd->length))
+		return -EFAULT;
+	return uvm_wic_write(uvm, cmd->va, s->bounce, cmd->length);
+}
+
+/* Maps @cmd's pages and, once they are mapped, releases the faults held on them. */
+static int wic_map_release(struct wic_session *s, struct uvm_wic_space *uvm,
+			   const struct wic_command *cmd, bool writable)
+{
+	int err = uvm_wic_map(uvm, cmd->gpu_id, cmd->va, (u64)cmd->pages * PAGE_SIZE, writable);
+
+	if (!err)
+		wic_release_held(s, cmd->space_id, cmd->gpu_id, cmd->va, cmd->pages);
+	return err;
+}
+
+/* WIC_CMD_COMPLETE: the steps of a wake-up in order; the first failure ends it. */
+static int wic_complete(struct wic_session *s, struct uvm_wic_space *uvm,
+			const struct wic_command *cmd)
+{
+	int err = cmd->length ? wic_write_data(s, uvm, cmd) : wic_write_markers(uvm, cmd);
+
+	if (!err)
+		err = uvm_wic_unmap(uvm, cmd->gpu_id, cmd->companion,
+				    (u64)cmd->pages * PAGE_SIZE);
+	if (!err)
+		err = wic_map_release(s, uvm, cmd, false);
+	return err;
+}
+
 static int wic_run_command(struct wic_session *s, const struct wic_command *cmd)
 {
 	struct wic_space_entry *space = wic_space(s, cmd->space_id);
@@ -604,21 +637,17 @@ static int wic_run_command(struct wic_session *s, const struct wic_command *cmd)
 	case WIC_CMD_REPLAY:
 		return uvm_wic_replay(cmd->gpu_id);
 	case WIC_CMD_WRITE_DATA:
-		if (copy_from_user(s->bounce, u64_to_user_ptr(cmd->arg), cmd->length))
-			return -EFAULT;
-		return uvm_wic_write(space->uvm, cmd->va, s->bounce, cmd->length);
+		return wic_write_data(s, space->uvm, cmd);
 	case WIC_CMD_WRITE_MARKER:
 		return wic_write_markers(space->uvm, cmd);
 	case WIC_CMD_UNMAP:
 		return uvm_wic_unmap(space->uvm, cmd->gpu_id, cmd->va, bytes);
 	case WIC_CMD_REARM_PAT:
 		return uvm_wic_revoke_write(space->uvm, cmd->gpu_id, cmd->va, bytes);
+	case WIC_CMD_COMPLETE:
+		return wic_complete(s, space->uvm, cmd);
 	default: /* WIC_CMD_MAP, WIC_CMD_SERVICE_PAT */
-		err = uvm_wic_map(space->uvm, cmd->gpu_id, cmd->va, bytes,
-				  cmd->opcode == WIC_CMD_SERVICE_PAT);
-		if (!err)
-			wic_release_held(s, cmd->space_id, cmd->gpu_id, cmd->va, cmd->pages);
-		return err;
+		return wic_map_release(s, space->uvm, cmd, cmd->opcode == WIC_CMD_SERVICE_PAT);
 	}
 }
 

@@ -235,7 +235,7 @@ static inline bool wic_marker_valid(u64 marker)
  *
  * Checks in the order wic_abi.h lists the errors. A WIC_CMD_REPLAY that passes has no pages to
  * check; any other command that passes lies inside one range of @space, of the kind its opcode
- * needs.
+ * needs, and so does a WIC_CMD_COMPLETE's companion run.
  *
  * Return: 0, -EINVAL, -ENODEV, -ENOENT or -ERANGE.
  */
@@ -243,19 +243,21 @@ static inline int wic_check_command(const struct wic_command *cmd,
 				    const struct wic_range_list *space)
 {
 	bool pat = cmd->opcode == WIC_CMD_SERVICE_PAT || cmd->opcode == WIC_CMD_REARM_PAT;
-	bool data = cmd->opcode == WIC_CMD_WRITE_DATA;
-	bool marker = cmd->opcode == WIC_CMD_WRITE_MARKER;
+	bool complete = cmd->opcode == WIC_CMD_COMPLETE;
+	bool data = cmd->opcode == WIC_CMD_WRITE_DATA || (complete && cmd->length);
+	bool marker = cmd->opcode == WIC_CMD_WRITE_MARKER || (complete && !cmd->length);
 	const struct wic_range_entry *range;
-	u64 bytes, end;
+	u64 bytes, end, companion_end = 0;
 
 	if (cmd->reserved || cmd->result)
 		return -EINVAL;
-	if (cmd->opcode < WIC_CMD_WRITE_DATA || cmd->opcode > WIC_CMD_REPLAY)
+	if (cmd->opcode < WIC_CMD_WRITE_DATA || cmd->opcode > WIC_CMD_COMPLETE)
 		return -EINVAL;
 	if (cmd->gpu_id >= WIC_MAX_GPUS)
 		return -ENODEV;
 	/* Fields an opcode does not use must be 0, so that they can be given a meaning later. */
-	if ((!data && cmd->length) || (!data && !marker && cmd->arg))
+	if ((!data && cmd->length) || (!data && !marker && cmd->arg) ||
+	    (!complete && cmd->companion))
 		return -EINVAL;
 	if (cmd->opcode == WIC_CMD_REPLAY)
 		return 0;
@@ -266,11 +268,20 @@ static inline int wic_check_command(const struct wic_command *cmd,
 	bytes = (u64)cmd->pages * PAGE_SIZE;
 	if (check_add_overflow(cmd->va, bytes, &end))
 		return -EINVAL;
+	if (complete && (!PAGE_ALIGNED(cmd->companion) ||
+			 check_add_overflow(cmd->companion, bytes, &companion_end) ||
+			 (cmd->companion < end && cmd->va < companion_end)))
+		return -EINVAL;
 	if (!space)
 		return -ENOENT;
 	range = wic_range_find(space, cmd->va);
 	if (!range || end > range->end || range->kind != (pat ? WIC_RANGE_PAT : WIC_RANGE_PCM))
 		return -ERANGE;
+	if (complete) {
+		range = wic_range_find(space, cmd->companion);
+		if (!range || companion_end > range->end || range->kind != WIC_RANGE_PCM)
+			return -ERANGE;
+	}
 	if (data && (!cmd->length || cmd->length > bytes || cmd->length > WIC_MAX_WRITE_BYTES))
 		return -EINVAL;
 	if (marker && !wic_marker_valid(cmd->arg))

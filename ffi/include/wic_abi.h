@@ -22,7 +22,7 @@
 #include <linux/ioctl.h>
 #include <linux/types.h>
 
-#define WIC_ABI_VERSION 1
+#define WIC_ABI_VERSION 2
 
 #define WIC_PAGE_SIZE 4096
 
@@ -109,6 +109,7 @@ struct wic_range {
 #define WIC_CMD_SERVICE_PAT 5	/* map a PAT page writable and release its held fault */
 #define WIC_CMD_REARM_PAT 6	/* revoke write access to a PAT page */
 #define WIC_CMD_REPLAY 7	/* replay the GPU's faults; @space_id, @va, @pages unused */
+#define WIC_CMD_COMPLETE 8	/* one wake-up: fill @va, unmap @companion, map @va and release */
 
 /**
  * struct wic_command - one command of a submission
@@ -117,20 +118,29 @@ struct wic_range {
  * @gpu_id: the GPU the command concerns, 0 to 63
  * @pages: pages from @va, 1 to WIC_MAX_RANGE_BYTES / WIC_PAGE_SIZE (1 for the PAT commands)
  * @va: page-aligned, inside one registered range of @space_id (a PAT range for PAT commands)
- * @length: WIC_CMD_WRITE_DATA: bytes to copy, 1 to @pages pages and at most
- *	WIC_MAX_WRITE_BYTES; otherwise 0
- * @arg: WIC_CMD_WRITE_DATA: the daemon's address of the bytes; WIC_CMD_WRITE_MARKER: one of
- *	the four WIC_MARKER_* values; otherwise 0
+ * @length: WIC_CMD_WRITE_DATA, and WIC_CMD_COMPLETE with data: bytes to copy, at least 1,
+ *	at most WIC_MAX_WRITE_BYTES and no more than the @pages pages hold; otherwise 0
+ * @arg: WIC_CMD_WRITE_DATA, and WIC_CMD_COMPLETE with @length: the daemon's address of the
+ *	bytes; WIC_CMD_WRITE_MARKER, and WIC_CMD_COMPLETE without @length: one of the four
+ *	WIC_MARKER_* values; otherwise 0
+ * @companion: WIC_CMD_COMPLETE: the other run of the slot, @pages pages from this page-aligned
+ *	address, in a PCM range of @space_id and not overlapping @va's; otherwise 0
  * @result: in: 0; out: 0 or a negative errno
  * @reserved: must be 0
  *
+ * WIC_CMD_COMPLETE is one wake-up of a slot: the fill (WIC_CMD_WRITE_DATA, or with @length 0
+ * WIC_CMD_WRITE_MARKER) on @va, WIC_CMD_UNMAP of @companion, then WIC_CMD_MAP of @va, which
+ * releases the held faults. The steps run in that order and the first that fails ends the
+ * command with its error, so a run whose fill failed is never mapped.
+ *
  * Errors in @result, in the order checked: EINVAL for @reserved or @result set or an unknown
- * opcode; ENODEV for @gpu_id; EINVAL for @length or @arg set where the opcode does not use
- * them (WIC_CMD_REPLAY needs nothing more), for @pages or @va broken, or pages that would end
- * past 2^64 - 1; ENOENT when @space_id names no attached space; ERANGE when the pages are not
- * inside one range of the kind the opcode needs; EINVAL for WIC_CMD_WRITE_DATA's @length or
- * WIC_CMD_WRITE_MARKER's @arg. Running the command may fail too (EFAULT for @arg bytes that
- * cannot be read, or what nvidia-uvm returns).
+ * opcode; ENODEV for @gpu_id; EINVAL for @length, @arg or @companion set where the opcode does
+ * not use them (WIC_CMD_REPLAY needs nothing more), for @pages or @va broken, or pages that
+ * would end past 2^64 - 1, and for a @companion that is not page aligned, would end past
+ * 2^64 - 1 or overlaps @va's pages; ENOENT when @space_id names no attached space; ERANGE when
+ * the pages (or the companion's) are not inside one range of the kind the opcode needs; EINVAL
+ * for the data's @length or the marker's @arg. Running the command may fail too (EFAULT for
+ * @arg bytes that cannot be read, or what nvidia-uvm returns).
  */
 struct wic_command {
 	__u32 opcode;
@@ -140,6 +150,7 @@ struct wic_command {
 	__u64 va;
 	__u64 length;
 	__u64 arg;
+	__u64 companion;
 	__s32 result;
 	__u32 reserved;
 };

@@ -5,7 +5,7 @@
 
 use arbitrary::{Arbitrary, Unstructured};
 use wic_proto::kabi::{
-    WicCommand, WicRange, WicSubmit, WIC_CMD_MAP, WIC_CMD_REARM_PAT, WIC_CMD_REPLAY, WIC_CMD_SERVICE_PAT, WIC_CMD_UNMAP,
+    WicCommand, WicRange, WicSubmit, WIC_CMD_COMPLETE, WIC_CMD_MAP, WIC_CMD_REARM_PAT, WIC_CMD_REPLAY, WIC_CMD_SERVICE_PAT, WIC_CMD_UNMAP,
     WIC_CMD_WRITE_DATA, WIC_CMD_WRITE_MARKER, WIC_MARKER_MAGIC, WIC_PAGE_SIZE, WIC_RANGE_PAT, WIC_RANGE_PCM,
 };
 
@@ -134,14 +134,22 @@ impl BatchSpec {
     }
 }
 
-/// The seven opcodes, `WIC_CMD_MAP` first so that zero bytes make a valid command.
-const OPCODES: [u32; 7] =
-    [WIC_CMD_MAP, WIC_CMD_UNMAP, WIC_CMD_WRITE_DATA, WIC_CMD_WRITE_MARKER, WIC_CMD_SERVICE_PAT, WIC_CMD_REARM_PAT, WIC_CMD_REPLAY];
+/// The eight opcodes, `WIC_CMD_MAP` first so that zero bytes make a valid command.
+const OPCODES: [u32; 8] = [
+    WIC_CMD_MAP,
+    WIC_CMD_UNMAP,
+    WIC_CMD_WRITE_DATA,
+    WIC_CMD_WRITE_MARKER,
+    WIC_CMD_SERVICE_PAT,
+    WIC_CMD_REARM_PAT,
+    WIC_CMD_REPLAY,
+    WIC_CMD_COMPLETE,
+];
 
-/// A command's opcode: one of the seven, or any value.
+/// A command's opcode: one of the eight, or any value.
 #[derive(Arbitrary, Debug)]
 pub enum OpcodeSpec {
-    /// `OPCODES[n % 7]`.
+    /// `OPCODES[n % 8]`.
     Known(u8),
     Raw(u32),
 }
@@ -170,6 +178,16 @@ pub enum PagesSpec {
     Raw(u32),
 }
 
+/// A command's `companion`: 0, some pages before or after its own pages (so often in the same
+/// range, and sometimes overlapping them), or any value.
+#[derive(Arbitrary, Debug)]
+pub enum CompanionSpec {
+    Zero,
+    /// `va + pages * WIC_PAGE_SIZE`, wrapping.
+    PagesAway(i16),
+    Raw(u64),
+}
+
 /// `struct wic_command`.
 #[derive(Arbitrary, Debug)]
 pub struct CommandSpec {
@@ -181,6 +199,7 @@ pub struct CommandSpec {
     pub pages: PagesSpec,
     pub length: u64,
     pub arg: ArgSpec,
+    pub companion: CompanionSpec,
     pub result: i32,
     pub reserved: u32,
 }
@@ -209,6 +228,11 @@ impl CommandSpec {
             PagesSpec::Few(n) => u32::from(n) + 1,
             PagesSpec::Raw(value) => value,
         };
+        let companion = match self.companion {
+            CompanionSpec::Zero => 0,
+            CompanionSpec::PagesAway(pages) => va.wrapping_add_signed(i64::from(pages) * WIC_PAGE_SIZE as i64),
+            CompanionSpec::Raw(value) => value,
+        };
         WicCommand {
             opcode,
             space_id,
@@ -217,6 +241,7 @@ impl CommandSpec {
             va,
             length: self.length,
             arg,
+            companion,
             result: self.result,
             reserved: self.reserved,
         }

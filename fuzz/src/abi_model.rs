@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use libc::{EEXIST, EFAULT, EINVAL, ENODEV, ENOENT, ENOSPC, ERANGE};
 use wic_proto::kabi::{
-    WicCommand, WicRange, WicSubmit, WIC_CMD_MAP, WIC_CMD_REARM_PAT, WIC_CMD_REPLAY, WIC_CMD_SERVICE_PAT, WIC_CMD_UNMAP,
+    WicCommand, WicRange, WicSubmit, WIC_CMD_COMPLETE, WIC_CMD_REARM_PAT, WIC_CMD_REPLAY, WIC_CMD_SERVICE_PAT,
     WIC_CMD_WRITE_DATA, WIC_CMD_WRITE_MARKER, WIC_MARKER_CHANNEL_CLOSED, WIC_MARKER_DAEMON_GONE, WIC_MARKER_DAEMON_STOPPING,
     WIC_MARKER_TIMEOUT, WIC_MAX_COMMANDS, WIC_MAX_RANGES, WIC_MAX_RANGE_BYTES, WIC_MAX_SPACES, WIC_MAX_WRITE_BYTES,
     WIC_PAGE_SIZE, WIC_RANGE_PAT, WIC_RANGE_PCM,
@@ -18,7 +18,8 @@ use crate::shim::RangeEntry;
 /// "@gpu_id: the GPU the command concerns, 0 to 63".
 const GPUS: u32 = 64;
 
-/// The four error markers a `WIC_CMD_WRITE_MARKER` may write.
+/// The four error markers a `WIC_CMD_WRITE_MARKER` (or a `WIC_CMD_COMPLETE` without data) may
+/// write.
 const MARKERS: [u64; 4] = [WIC_MARKER_TIMEOUT, WIC_MARKER_CHANNEL_CLOSED, WIC_MARKER_DAEMON_STOPPING, WIC_MARKER_DAEMON_GONE];
 
 /// `struct wic_submit`: 1 to `WIC_MAX_COMMANDS` commands, no flags.
@@ -35,16 +36,18 @@ pub fn command(cmd: &WicCommand, space: Option<&[RangeEntry]>) -> Result<(), i32
     if cmd.reserved != 0 || cmd.result != 0 {
         return Err(EINVAL);
     }
-    if !(WIC_CMD_WRITE_DATA..=WIC_CMD_REPLAY).contains(&op) {
+    if !(WIC_CMD_WRITE_DATA..=WIC_CMD_COMPLETE).contains(&op) {
         return Err(EINVAL);
     }
     if cmd.gpu_id >= GPUS {
         return Err(ENODEV);
     }
-    // @length and @arg are 0 unless the opcode uses them.
-    let uses_length = op == WIC_CMD_WRITE_DATA;
-    let uses_arg = op == WIC_CMD_WRITE_DATA || op == WIC_CMD_WRITE_MARKER;
-    if (!uses_length && cmd.length != 0) || (!uses_arg && cmd.arg != 0) {
+    // A completion fills with data when it has a length, else with a marker.
+    let complete = op == WIC_CMD_COMPLETE;
+    let data = op == WIC_CMD_WRITE_DATA || (complete && cmd.length != 0);
+    let marker = op == WIC_CMD_WRITE_MARKER || (complete && cmd.length == 0);
+    // @length, @arg and @companion are 0 unless the opcode uses them.
+    if (!data && cmd.length != 0) || (!data && !marker && cmd.arg != 0) || (!complete && cmd.companion != 0) {
         return Err(EINVAL);
     }
     // A replay names no pages.
@@ -60,19 +63,33 @@ pub fn command(cmd: &WicCommand, space: Option<&[RangeEntry]>) -> Result<(), i32
     let Some(end) = cmd.va.checked_add(bytes) else {
         return Err(EINVAL);
     };
+    // The companion: page aligned, not past 2^64 - 1, sharing no page with the run.
+    let companion_end = if complete {
+        let Some(companion_end) = cmd.companion.checked_add(bytes) else {
+            return Err(EINVAL);
+        };
+        if !cmd.companion.is_multiple_of(WIC_PAGE_SIZE) || (cmd.companion < end && cmd.va < companion_end) {
+            return Err(EINVAL);
+        }
+        companion_end
+    } else {
+        0
+    };
     let Some(ranges) = space else {
         return Err(ENOENT);
     };
     let kind = if pat { WIC_RANGE_PAT } else { WIC_RANGE_PCM };
-    if !ranges.iter().any(|r| r.kind == kind && r.start <= cmd.va && end <= r.end) {
+    let inside = |start: u64, end: u64| ranges.iter().any(|r| r.kind == kind && r.start <= start && end <= r.end);
+    if !inside(cmd.va, end) || (complete && !inside(cmd.companion, companion_end)) {
         return Err(ERANGE);
     }
-    match op {
-        WIC_CMD_WRITE_DATA if cmd.length == 0 || cmd.length > bytes || cmd.length > u64::from(WIC_MAX_WRITE_BYTES) => Err(EINVAL),
-        WIC_CMD_WRITE_MARKER if !MARKERS.contains(&cmd.arg) => Err(EINVAL),
-        WIC_CMD_WRITE_DATA | WIC_CMD_WRITE_MARKER | WIC_CMD_UNMAP | WIC_CMD_MAP | WIC_CMD_SERVICE_PAT | WIC_CMD_REARM_PAT => Ok(()),
-        _ => unreachable!("opcode {op} passed the opcode check"),
+    if data && (cmd.length == 0 || cmd.length > bytes || cmd.length > u64::from(WIC_MAX_WRITE_BYTES)) {
+        return Err(EINVAL);
     }
+    if marker && !MARKERS.contains(&cmd.arg) {
+        return Err(EINVAL);
+    }
+    Ok(())
 }
 
 /// Whether every byte of [start, end) lies in one of `mappings` ([start, end) each).

@@ -51,9 +51,8 @@ pub struct BatchPath {
     records: Vec<Record>,
     entries: Vec<RawFaultEntry>,
     batch: Vec<WicCommand>,
-    /// For each translated engine command, its index and how many kernel commands of `batch`
-    /// it became, in order.
-    origin: Vec<(u32, u32)>,
+    /// The index of the engine command each kernel command of `batch` was translated from.
+    origin: Vec<u32>,
     /// Records of pages no placed channel has (stale, or a closed channel's).
     pub stray_records: u64,
 }
@@ -127,9 +126,11 @@ impl BatchPath {
         self.batch.clear();
         self.origin.clear();
         for (index, command) in commands.iter().enumerate() {
-            let before = self.batch.len();
-            match self.translator.to_kernel(command, &host_data, &mut self.batch) {
-                Ok(()) => self.origin.push((index as u32, (self.batch.len() - before) as u32)),
+            match self.translator.to_kernel(command, &host_data) {
+                Ok(kernel) => {
+                    self.batch.push(kernel);
+                    self.origin.push(index as u32);
+                }
                 Err(e) => {
                     *untranslatable += 1;
                     outcome(command, Err(e));
@@ -139,19 +140,13 @@ impl BatchPath {
         &mut self.batch
     }
 
-    /// After the batch ran: every translated command with the module's result, the first
-    /// failure among its kernel commands or 0.
+    /// After the batch ran: every translated command with the module's result.
     fn report(&self, commands: &[Command], done: &mut Executed, outcome: &mut impl FnMut(&Command, Result<i32, CommandError>)) {
-        let mut kernel = self.batch.iter();
-        for &(index, count) in &self.origin {
-            let mut result = 0;
-            for command in kernel.by_ref().take(count as usize).filter(|k| k.result != 0) {
+        for (kernel, &index) in self.batch.iter().zip(&self.origin) {
+            if kernel.result != 0 {
                 done.failed += 1;
-                if result == 0 {
-                    result = command.result;
-                }
             }
-            outcome(&commands[index as usize], Ok(result));
+            outcome(&commands[index as usize], Ok(kernel.result));
         }
     }
 }
@@ -283,24 +278,26 @@ mod tests {
     }
 
     #[test]
-    fn a_completion_reports_the_first_failure_of_its_kernel_commands() {
+    fn results_go_back_to_their_engine_commands_past_the_untranslatable() {
         let mut engine = Engine::new(EngineConfig::default()).unwrap();
         let spec = ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 256, slots: 2, timeout: 1_000 };
         let layout = engine.open_channel(spec).unwrap();
         let mut path = BatchPath::new(engine.config());
         path.add(&Placement::new(&layout, 1, 0x7000_0000_0000));
         let fill = wic_engine::Fill::Marker(wic_engine::ErrorMarker::Timeout);
-        let complete = |slot: usize| Command::Complete { gpu: 0, run_va: layout.slots[slot].runs[0], companion_va: layout.slots[slot].runs[1], pages: 1, fill };
-        let commands = [complete(0), complete(1), Command::Replay { gpu: 0 }];
-        let mut untranslatable = 0;
-        let batch = path.translate(&commands, |_, _, _| None, &mut |c, e| panic!("{c:?}: {e:?}"), &mut untranslatable);
-        assert_eq!(batch.len(), 7, "three kernel commands per completion, one replay");
-        // The second completion's unmap and map are refused.
-        batch[4].result = -22;
-        batch[5].result = -5;
+        let complete = |run_va, companion_va| Command::Complete { gpu: 0, run_va, companion_va, pages: 1, fill };
+        let [slot0, slot1] = [0, 1].map(|slot| layout.slots[slot].runs);
+        let unplaced = complete(0x10, slot0[1]);
+        let commands = [complete(slot0[0], slot0[1]), unplaced, complete(slot1[0], slot1[1]), Command::Replay { gpu: 0 }];
+        let (mut untranslatable, mut refused) = (0, Vec::new());
+        let batch = path.translate(&commands, |_, _, _| None, &mut |c, e| refused.push((*c, e)), &mut untranslatable);
+        assert_eq!(batch.len(), 3, "one kernel command per translated engine command");
+        // The module refuses the second completion.
+        batch[1].result = -22;
         let (mut done, mut results) = (Executed::default(), Vec::new());
         path.report(&commands, &mut done, &mut |c, r| results.push((*c, r)));
-        assert_eq!(results, [(commands[0], Ok(0)), (commands[1], Ok(-22)), (commands[2], Ok(0))]);
-        assert_eq!((done.failed, untranslatable), (2, 0));
+        assert_eq!(results, [(commands[0], Ok(0)), (commands[2], Ok(-22)), (commands[3], Ok(0))]);
+        assert_eq!(refused, [(unplaced, Err(CommandError::Unplaced { va: 0x10 }))]);
+        assert_eq!((done.failed, untranslatable), (1, 1));
     }
 }

@@ -170,50 +170,34 @@ impl Translator {
         range.pages.get(index)?.translate(page, 1)
     }
 
-    /// Appends the kernel commands for `command`: a completion becomes its fill (data or
-    /// marker) on the run, the companion's unmap and the run's map, all or none of them.
+    /// The kernel command for `command`: a completion is one `WIC_CMD_COMPLETE`, its fill
+    /// (data, or with length 0 a marker) on the run, the companion's unmap and the run's map.
     /// `host_data(run, source, len)` gives the daemon's address of the `len` host-producer bytes
     /// `source` names for the engine run at `run`.
-    pub fn to_kernel(
-        &self,
-        command: &Command,
-        host_data: impl Fn(u64, DataSource, u64) -> Option<u64>,
-        out: &mut Vec<WicCommand>,
-    ) -> Result<(), CommandError> {
-        let kernel = |opcode, gpu: GpuId, (space_id, va): (u32, u64), pages, length, arg| WicCommand {
+    pub fn to_kernel(&self, command: &Command, host_data: impl Fn(u64, DataSource, u64) -> Option<u64>) -> Result<WicCommand, CommandError> {
+        let kernel = |opcode, gpu: GpuId, (space_id, va): (u32, u64), pages| WicCommand {
             opcode,
             space_id,
             gpu_id: gpu.into(),
             pages,
             va,
-            length,
-            arg,
-            result: 0,
-            reserved: 0,
+            ..WicCommand::default()
         };
-        match *command {
+        Ok(match *command {
             Command::Complete { gpu, run_va, companion_va, pages, fill } => {
-                let fill = match fill {
-                    Fill::Data { len, source } => {
-                        let data = host_data(run_va, source, len).ok_or(CommandError::NoHostData { va: run_va })?;
-                        (kabi::WIC_CMD_WRITE_DATA, len.div_ceil(PAGE_SIZE).max(1) as u32, len, data)
-                    }
-                    Fill::Marker(marker) => (kabi::WIC_CMD_WRITE_MARKER, pages, 0, marker.word()),
+                let (length, arg) = match fill {
+                    Fill::Data { len, source } => (len, host_data(run_va, source, len).ok_or(CommandError::NoHostData { va: run_va })?),
+                    Fill::Marker(marker) => (0, marker.word()),
                 };
-                let (opcode, fill_pages, length, arg) = fill;
-                let run = self.to_process(run_va, pages.max(fill_pages))?;
-                let companion = self.to_process(companion_va, pages)?;
-                out.extend_from_slice(&[
-                    kernel(opcode, gpu, run, fill_pages, length, arg),
-                    kernel(kabi::WIC_CMD_UNMAP, gpu, companion, pages, 0, 0),
-                    kernel(kabi::WIC_CMD_MAP, gpu, run, pages, 0, 0),
-                ]);
+                // Data longer than the run is refused here rather than by the module.
+                let run = self.to_process(run_va, pages.max(length.div_ceil(PAGE_SIZE) as u32))?;
+                let (_, companion) = self.to_process(companion_va, pages)?;
+                WicCommand { length, arg, companion, ..kernel(kabi::WIC_CMD_COMPLETE, gpu, run, pages) }
             }
-            Command::ServicePat { gpu, va } => out.push(kernel(kabi::WIC_CMD_SERVICE_PAT, gpu, self.to_process(va, 1)?, 1, 0, 0)),
-            Command::RearmPat { gpu, va } => out.push(kernel(kabi::WIC_CMD_REARM_PAT, gpu, self.to_process(va, 1)?, 1, 0, 0)),
-            Command::Replay { gpu } => out.push(kernel(kabi::WIC_CMD_REPLAY, gpu, (0, 0), 0, 0, 0)),
-        }
-        Ok(())
+            Command::ServicePat { gpu, va } => kernel(kabi::WIC_CMD_SERVICE_PAT, gpu, self.to_process(va, 1)?, 1),
+            Command::RearmPat { gpu, va } => kernel(kabi::WIC_CMD_REARM_PAT, gpu, self.to_process(va, 1)?, 1),
+            Command::Replay { gpu } => kernel(kabi::WIC_CMD_REPLAY, gpu, (0, 0), 0),
+        })
     }
 }
 
@@ -264,42 +248,41 @@ mod tests {
     fn commands_translate_page_by_page_and_stay_inside_their_run() {
         let mut t = Translator::new(0x10_0000, 0x30_0000 / 4096);
         t.add(&Placement::new(&layout(), 7, 0x7000_0000));
-        let mut out = Vec::new();
         let host = |_: u64, _: DataSource, _: u64| Some(0xdead_0000);
         let data = |len| Fill::Data { len, source: DataSource::Host { offset: 0 } };
         let complete = |run_va, companion_va, fill| Command::Complete { gpu: 1, run_va, companion_va, pages: 2, fill };
-        t.to_kernel(&complete(0x30_2000, 0x30_0000, data(5000)), host, &mut out).unwrap();
-        t.to_kernel(&complete(0x10_0000, 0x10_2000, Fill::Marker(ErrorMarker::Timeout)), host, &mut out).unwrap();
-        t.to_kernel(&Command::ServicePat { gpu: 1, va: 0x20_3000 }, host, &mut out).unwrap();
-        t.to_kernel(&Command::Replay { gpu: 1 }, host, &mut out).unwrap();
-        let fields: Vec<_> = out.iter().map(|c| (c.opcode, c.space_id, c.gpu_id, c.va, c.pages, c.length, c.arg)).collect();
+        let commands = [
+            complete(0x30_2000, 0x30_0000, data(5000)),
+            complete(0x10_0000, 0x10_2000, Fill::Marker(ErrorMarker::Timeout)),
+            Command::ServicePat { gpu: 1, va: 0x20_3000 },
+            Command::Replay { gpu: 1 },
+        ];
+        let fields: Vec<_> = commands
+            .iter()
+            .map(|command| t.to_kernel(command, host).unwrap())
+            .map(|c| (c.opcode, c.space_id, c.gpu_id, c.va, c.pages, c.length, c.arg, c.companion))
+            .collect();
         let marker = ErrorMarker::Timeout.word();
         assert_eq!(
             fields,
             [
-                (kabi::WIC_CMD_WRITE_DATA, 7, 1, 0x7000_6000, 2, 5000, 0xdead_0000),
-                (kabi::WIC_CMD_UNMAP, 7, 1, 0x7000_4000, 2, 0, 0),
-                (kabi::WIC_CMD_MAP, 7, 1, 0x7000_6000, 2, 0, 0),
-                (kabi::WIC_CMD_WRITE_MARKER, 7, 1, 0x7000_0000, 2, 0, marker),
-                (kabi::WIC_CMD_UNMAP, 7, 1, 0x7000_2000, 2, 0, 0),
-                (kabi::WIC_CMD_MAP, 7, 1, 0x7000_0000, 2, 0, 0),
-                (kabi::WIC_CMD_SERVICE_PAT, 7, 1, 0x7000_8000 + 3 * 4096, 1, 0, 0),
-                (kabi::WIC_CMD_REPLAY, 0, 1, 0, 0, 0, 0),
+                (kabi::WIC_CMD_COMPLETE, 7, 1, 0x7000_6000, 2, 5000, 0xdead_0000, 0x7000_4000),
+                (kabi::WIC_CMD_COMPLETE, 7, 1, 0x7000_0000, 2, 0, marker, 0x7000_2000),
+                (kabi::WIC_CMD_SERVICE_PAT, 7, 1, 0x7000_8000 + 3 * 4096, 1, 0, 0, 0),
+                (kabi::WIC_CMD_REPLAY, 0, 1, 0, 0, 0, 0, 0),
             ]
         );
-        // Past the end of a run, or nowhere: refused, and nothing of the completion is kept.
-        out.clear();
+        // Past the end of a run, or nowhere: refused.
         let refused = [
             (complete(0x10_0000, 0x10_2000, data(3 * 4096)), CommandError::Unplaced { va: 0x10_0000 }),
             (complete(0x10_0000, 0x50_0000, data(1)), CommandError::Unplaced { va: 0x50_0000 }),
             (Command::RearmPat { gpu: 1, va: 0x50_0000 }, CommandError::Unplaced { va: 0x50_0000 }),
         ];
         for (command, error) in refused {
-            assert_eq!(t.to_kernel(&command, host, &mut out), Err(error));
+            assert_eq!(t.to_kernel(&command, host), Err(error));
         }
-        let no_data = t.to_kernel(&complete(0x10_0000, 0x10_2000, data(1)), |_, _, _| None, &mut out);
+        let no_data = t.to_kernel(&complete(0x10_0000, 0x10_2000, data(1)), |_, _, _| None);
         assert_eq!(no_data, Err(CommandError::NoHostData { va: 0x10_0000 }));
-        assert!(out.is_empty());
     }
 
     #[test]
@@ -322,10 +305,10 @@ mod tests {
         t.add(&first);
         t.remove(&first);
         t.add(&second);
-        let mut out = Vec::new();
         let host = |_: u64, _: DataSource, _: u64| None;
-        t.to_kernel(&Command::Complete { gpu: 1, run_va: 0x30_2000, companion_va: 0x30_0000, pages: 2, fill: Fill::Marker(ErrorMarker::Timeout) }, host, &mut out).unwrap();
-        assert_eq!((out[0].space_id, out[0].va), (8, 0x9000_6000), "the engine run now belongs to the second channel");
+        let complete = Command::Complete { gpu: 1, run_va: 0x30_2000, companion_va: 0x30_0000, pages: 2, fill: Fill::Marker(ErrorMarker::Timeout) };
+        let kernel = t.to_kernel(&complete, host).unwrap();
+        assert_eq!((kernel.space_id, kernel.va), (8, 0x9000_6000), "the engine run now belongs to the second channel");
         assert_eq!(t.engine_va(&record(7, 0x7000_6000), VaWidth::Bits57), None, "the first channel is gone");
         assert_eq!(t.engine_va(&record(8, 0x9000_8000), VaWidth::Bits57), Some(0x20_0000), "a PAT page of the second channel");
     }

@@ -7,7 +7,7 @@ use wic_engine::ErrorMarker;
 use crate::c_struct;
 
 /// `WIC_ABI_VERSION`: negotiated first, by [`WIC_IOC_VERSION`].
-pub const WIC_ABI_VERSION: u32 = 1;
+pub const WIC_ABI_VERSION: u32 = 2;
 /// `WIC_PAGE_SIZE`.
 pub const WIC_PAGE_SIZE: u64 = 4096;
 /// `WIC_MAX_SPACES`: VA spaces one session may attach.
@@ -53,6 +53,8 @@ pub const WIC_CMD_SERVICE_PAT: u32 = 5;
 pub const WIC_CMD_REARM_PAT: u32 = 6;
 /// `WIC_CMD_REPLAY`.
 pub const WIC_CMD_REPLAY: u32 = 7;
+/// `WIC_CMD_COMPLETE`: a slot's whole wake-up, fill, companion unmap and map, in one command.
+pub const WIC_CMD_COMPLETE: u32 = 8;
 
 /// `WIC_RING_MAGIC`: "WICR".
 pub const WIC_RING_MAGIC: u32 = 0x5749_4352;
@@ -125,10 +127,12 @@ c_struct! {
         pub pages: u32,
         /// Page-aligned start.
         pub va: u64,
-        /// Bytes to copy ([`WIC_CMD_WRITE_DATA`] only).
+        /// Bytes to copy ([`WIC_CMD_WRITE_DATA`], [`WIC_CMD_COMPLETE`] with data).
         pub length: u64,
         /// The daemon's address of the bytes, or the marker.
         pub arg: u64,
+        /// [`WIC_CMD_COMPLETE`]: the slot's other run, unmapped before `va` is mapped.
+        pub companion: u64,
         /// Out: 0 or a negative errno.
         pub result: i32,
         /// Must be 0.
@@ -243,6 +247,7 @@ pub fn constants() -> Vec<(&'static str, i128)> {
         ("WIC_CMD_SERVICE_PAT", WIC_CMD_SERVICE_PAT.into()),
         ("WIC_CMD_REARM_PAT", WIC_CMD_REARM_PAT.into()),
         ("WIC_CMD_REPLAY", WIC_CMD_REPLAY.into()),
+        ("WIC_CMD_COMPLETE", WIC_CMD_COMPLETE.into()),
         ("WIC_RING_MAGIC", WIC_RING_MAGIC.into()),
         ("WIC_RING_RECORDS_OFFSET", WIC_RING_RECORDS_OFFSET.into()),
         ("WIC_RECORD_PAT", WIC_RECORD_PAT.into()),

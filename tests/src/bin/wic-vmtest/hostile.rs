@@ -721,12 +721,18 @@ fn command_cases(c: &mut Checker, fd: RawFd, fake: &FakeGpu, ring: &mut IoUring,
     let write = WicCommand { opcode: kabi::WIC_CMD_WRITE_DATA, length: 16, arg: data.as_ptr() as u64, ..map };
     let marker = WicCommand { opcode: kabi::WIC_CMD_WRITE_MARKER, arg: kabi::WIC_MARKER_TIMEOUT, ..map };
     let service = command(kabi::WIC_CMD_SERVICE_PAT, s1, p, 1);
+    let complete = WicCommand {
+        opcode: kabi::WIC_CMD_COMPLETE,
+        arg: kabi::WIC_MARKER_TIMEOUT,
+        companion: st.region.page(5),
+        ..map
+    };
     let max_pages = (kabi::WIC_MAX_RANGE_BYTES / PAGE) as u32;
     let einval = neg(Errno::EINVAL);
     let table: Vec<(&str, WicCommand, i32)> = vec![
         ("opcode 0", WicCommand { opcode: 0, ..map }, einval),
         ("unknown opcode 99", WicCommand { opcode: 99, ..map }, einval),
-        ("opcode 8, one past REPLAY", WicCommand { opcode: 8, ..map }, einval),
+        ("opcode 9, one past COMPLETE", WicCommand { opcode: 9, ..map }, einval),
         ("opcode u32::MAX", WicCommand { opcode: u32::MAX, ..map }, einval),
         ("reserved != 0", WicCommand { reserved: 1, ..map }, einval),
         ("REPLAY with reserved != 0", WicCommand { reserved: 1, ..replay(0) }, einval),
@@ -773,6 +779,23 @@ fn command_cases(c: &mut Checker, fd: RawFd, fake: &FakeGpu, ring: &mut IoUring,
         ("MAP with length != 0", WicCommand { length: 1, ..map }, einval),
         ("MAP with arg != 0", WicCommand { arg: 1, ..map }, einval),
         ("SERVICE_PAT with arg != 0", WicCommand { arg: kabi::WIC_MARKER_TIMEOUT, ..service }, einval),
+        ("MAP with companion != 0", WicCommand { companion: st.region.page(5), ..map }, einval),
+        ("REPLAY with companion != 0", WicCommand { companion: PAGE, ..replay(0) }, einval),
+        ("COMPLETE with an unaligned companion", WicCommand { companion: st.region.page(5) + 8, ..complete }, einval),
+        ("COMPLETE with its own run as companion", WicCommand { companion: a, ..complete }, einval),
+        ("COMPLETE with a companion overlapping its run", WicCommand { pages: 2, ..complete }, einval),
+        ("COMPLETE with a companion overflowing u64", WicCommand { companion: u64::MAX - PAGE + 1, pages: 2, ..complete }, einval),
+        ("COMPLETE with the companion on a PAT page", WicCommand { companion: p, ..complete }, neg(Errno::ERANGE)),
+        ("COMPLETE with the companion outside every range", WicCommand { companion: st.region.page(40), ..complete }, neg(Errno::ERANGE)),
+        (
+            "COMPLETE with the companion across two adjacent ranges",
+            WicCommand { pages: 2, companion: st.region.page(7), ..complete },
+            neg(Errno::ERANGE),
+        ),
+        ("COMPLETE on a PAT page", WicCommand { va: p, ..complete }, neg(Errno::ERANGE)),
+        ("COMPLETE of 0x1234 (not a marker)", WicCommand { arg: 0x1234, ..complete }, einval),
+        ("COMPLETE with data longer than its run", WicCommand { length: PAGE + 1, arg: data.as_ptr() as u64, ..complete }, einval),
+        ("COMPLETE with data from a kernel address", WicCommand { length: 16, arg: KERNEL_ADDR, ..complete }, neg(Errno::EFAULT)),
         ("a REPLAY of GPU 0 (valid)", replay(0), 0),
     ];
 
@@ -868,7 +891,17 @@ fn command_cases(c: &mut Checker, fd: RawFd, fake: &FakeGpu, ring: &mut IoUring,
         kabi::WIC_MARKER_CHANNEL_CLOSED.to_ne_bytes().to_vec(),
     )?;
 
-    // A registered page the process unmapped afterwards: the write fails, the module stays.
+    // A whole wake-up in one command: the data, the companion's unmap, the run's map.
+    fake.reset().map_err(|e| format!("fake GPU reset: {e}"))?;
+    let mut cmds = [WicCommand { length: 16, arg: data[64..].as_ptr() as u64, ..complete }];
+    c.equal("SUBMIT COMPLETE with data: the count", submit(fd, Cmds::Live(&mut cmds), 1, 0), Ok(1))?;
+    c.equal("SUBMIT COMPLETE with data: the data written", st.region.read(4 * PAGE_BYTES, 16), data[64..80].to_vec())?;
+    let steps: Vec<(u32, u64)> = gpu_events(fake)?.iter().map(|e| (e.kind, e.va)).collect();
+    let expected = [(fakegpu::EVENT_WRITE, a), (fakegpu::EVENT_UNMAP, st.region.page(5)), (fakegpu::EVENT_MAP, a)];
+    c.equal("SUBMIT COMPLETE with data: write, unmap of the companion, map of the run", steps, expected.to_vec())?;
+
+    // A registered page the process unmapped afterwards: the write fails, the module stays, and
+    // a completion whose fill failed neither unmaps its companion nor maps its run.
     let gone = c.accepted("REGISTER a page to unmap later", register(fd, s1, PCM, st.region.page(48), PAGE))?;
     st.region.punch(48)?;
     let mut cmds = [WicCommand { va: st.region.page(48), ..marker }];
@@ -878,6 +911,12 @@ fn command_cases(c: &mut Checker, fd: RawFd, fake: &FakeGpu, ring: &mut IoUring,
         Ok(0),
     )?;
     c.status("SUBMIT WRITE_MARKER to a registered page the process unmapped", cmds[0].result, neg(Errno::EFAULT))?;
+    fake.reset().map_err(|e| format!("fake GPU reset: {e}"))?;
+    let mut cmds = [WicCommand { va: st.region.page(48), ..complete }];
+    c.equal("SUBMIT COMPLETE to a registered page the process unmapped: the count", submit(fd, Cmds::Live(&mut cmds), 1, 0), Ok(0))?;
+    c.status("SUBMIT COMPLETE to a registered page the process unmapped", cmds[0].result, neg(Errno::EFAULT))?;
+    let events = gpu_events(fake)?;
+    c.ensure("a COMPLETE whose fill failed reaches the GPU", events.is_empty(), || format!("expected no GPU events, got {events:?}"))?;
     c.accepted("UNREGISTER the unmapped page's range", unregister(fd, gone))?;
     Ok(())
 }
