@@ -104,6 +104,11 @@ struct Pools {
     bitmap_ns: Vec<f64>,
 }
 
+/// Short repetitions per requested one: a shared machine runs slower for stretches of tens of
+/// milliseconds to seconds, so many short samples spread over the run find each configuration's
+/// fast stretches more surely than a few long ones.
+const SLICES_PER_REP: u32 = 10;
+
 /// Every configuration's repetitions are spread over the whole run, one pass over all of them at
 /// a time, so that a burst of interference from other tenants cannot spoil all of one's samples.
 pub fn run(settings: &Settings) -> Vec<Row> {
@@ -117,8 +122,8 @@ pub fn run(settings: &Settings) -> Vec<Row> {
             Pools { pages, fragmented, tree, bitmap, tree_ns: Vec::new(), bitmap_ns: Vec::new() }
         })
         .collect();
-    let once = Settings { reps: 1, ..*settings };
-    for _ in 0..settings.reps {
+    let once = Settings { reps: 1, budget: settings.budget / SLICES_PER_REP, ..*settings };
+    for _ in 0..settings.reps * SLICES_PER_REP as usize {
         for config in &mut configs {
             config.tree_ns.push(alloc_free_ns(&mut config.tree, &once));
             config.bitmap_ns.push(alloc_free_ns(&mut config.bitmap, &once));
