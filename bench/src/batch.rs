@@ -19,6 +19,7 @@ use wic_engine::fault::AccessType;
 use wic_engine::{ChannelSpec, Command, DataSource, Engine, EngineConfig, FaultEntry, Fill, Producer, RunIndex};
 use wic_kmod::{BatchPath, FaultRing, MemoryRing, Placement, Record};
 
+use crate::measure::{percentile, sorted};
 use crate::Settings;
 
 const BATCH: u32 = 256;
@@ -53,16 +54,6 @@ pub struct Row {
 
 /// Blocks the run is cut into to find its quietest stretch.
 pub const BLOCKS: usize = 20;
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
-
-fn sorted(samples: &[f64]) -> Vec<f64> {
-    let mut samples = samples.to_vec();
-    samples.sort_by(f64::total_cmp);
-    samples
-}
 
 pub fn run(settings: &Settings) -> Row {
     let mut engine = Engine::new(EngineConfig::default()).expect("engine");

@@ -27,3 +27,18 @@ pub fn ns_per_op(reps: usize, budget: Duration, min_ops: u64, mut op: impl FnMut
 pub fn fastest(samples: &[f64]) -> f64 {
     samples.iter().copied().fold(f64::INFINITY, f64::min)
 }
+
+/// The value at fraction `p` of `sorted` samples, by nearest rank.
+///
+/// # Panics
+/// If `sorted` is empty.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// `samples` in ascending order.
+pub fn sorted(samples: &[f64]) -> Vec<f64> {
+    let mut samples = samples.to_vec();
+    samples.sort_by(f64::total_cmp);
+    samples
+}

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use wic_engine::fault::AccessType;
 use wic_engine::{ChannelId, ChannelSpec, Command, Engine, EngineConfig, FaultEntry, Producer, RawFaultEntry, VaWidth};
 
-use crate::measure::fastest;
+use crate::measure::{fastest, percentile, sorted};
 use wic_emu::payload::Rng;
 use crate::Settings;
 
@@ -158,12 +158,6 @@ impl Workload {
 /// Slices per repetition; a slice of 100 rounds takes about a millisecond.
 const SLICES_PER_REP: usize = 40;
 
-/// The median of `values` (NaN if there are none).
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
-}
-
 pub fn run(settings: &Settings) -> Vec<Row> {
     let sizes: &[u32] = if settings.quick { &[1 << 10, 1 << 14] } else { &[1 << 10, 1 << 14, 1 << 18, 1 << 20] };
     let slice_rounds = if settings.quick { 10 } else { 100 };
@@ -184,7 +178,7 @@ pub fn run(settings: &Settings) -> Vec<Row> {
         .map(|(&pages, [active, uniform])| {
             let best = |samples: &[Sample], of: fn(&Sample) -> f64| fastest(&samples.iter().map(of).collect::<Vec<_>>());
             let (monitor_ns, decode_ns) = (best(active, |s| s.monitor), best(active, |s| s.decode));
-            let mut paired: Vec<f64> = active.iter().zip(&samples[0][0]).map(|(this, smallest)| this.monitor / smallest.monitor).collect();
+            let paired: Vec<f64> = active.iter().zip(&samples[0][0]).map(|(this, smallest)| this.monitor / smallest.monitor).collect();
             let row = Row {
                 registered_pages: pages,
                 monitor_ns,
@@ -193,7 +187,7 @@ pub fn run(settings: &Settings) -> Vec<Row> {
                 round_ns: best(active, |s| s.round),
                 decode_ns,
                 monitor_over_decode: monitor_ns / decode_ns,
-                paired_over_smallest: median(&mut paired),
+                paired_over_smallest: percentile(&sorted(&paired), 0.5),
             };
             eprintln!(
                 "monitor: {pages:>8} pages  {:>6.1} ns/entry ({:>5.1} M/s), uniform slots {:>6.1} ns  with delivery {:>6.1} ns  decode alone {:>5.1} ns  paired x{:.2}",
