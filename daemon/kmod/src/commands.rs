@@ -6,10 +6,8 @@
 //! [`Translator`] gives ring records' pages their engine addresses and turns engine commands
 //! into kernel commands, refusing anything that does not belong to a placed channel.
 
-use wic_engine::{ChannelLayout, Command, DataSource, FaultEntry, Fill, GpuId, VaWidth, PAGE_SIZE};
+use wic_engine::{ChannelLayout, Command, DataSource, FaultEntry, Fill, GpuId, RawFaultEntry, VaWidth, PAGE_SIZE};
 use wic_proto::kabi::{self, WicCommand};
-
-use crate::ring::Record;
 
 /// Why a command or record could not be translated.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -157,13 +155,14 @@ impl Translator {
         Ok((mapping.space_id, process_va))
     }
 
-    /// The engine's address of a record's page, or `None` for a page no placed channel has (a
-    /// stale record of a closed channel).
-    pub fn engine_va(&self, record: &Record, width: VaWidth) -> Option<u64> {
-        let page = FaultEntry::decode_va(&record.entry, width) & !(PAGE_SIZE - 1);
-        let key = (record.space_id, page);
+    /// The engine's address of the page `entry` of space `space_id` faulted on, or `None` for a
+    /// page no placed channel has (a stale record of a closed channel).
+    #[inline]
+    pub fn engine_va(&self, space_id: u32, entry: &RawFaultEntry, width: VaWidth) -> Option<u64> {
+        let page = FaultEntry::decode_va(entry, width) & !(PAGE_SIZE - 1);
+        let key = (space_id, page);
         let range = &self.ranges[self.ranges.partition_point(|r| (r.space_id, r.base) <= key).checked_sub(1)?];
-        if range.space_id != record.space_id {
+        if range.space_id != space_id {
             return None;
         }
         let index = usize::try_from((page - range.base) / PAGE_SIZE).ok()?;
@@ -217,10 +216,9 @@ mod tests {
         }
     }
 
-    /// A ring record of a read fault at `va` in space `space_id`.
-    fn record(space_id: u32, va: u64) -> Record {
-        let entry = FaultEntry::replayable_gpc(va, AccessType::Read, 5, 0x1000, 0, 0).encode();
-        Record { seq: 0, space_id, gpu_id: 1, range_id: 1, pat: false, held_ns: 0, entry }
+    /// A read fault at `va`.
+    fn fault(va: u64) -> RawFaultEntry {
+        FaultEntry::replayable_gpc(va, AccessType::Read, 5, 0x1000, 0, 0).encode()
     }
 
     #[test]
@@ -291,11 +289,11 @@ mod tests {
         let placement = Placement::new(&layout(), 7, 0x7000_0000);
         t.add(&placement);
         let width = VaWidth::Bits57;
-        assert_eq!(t.engine_va(&record(7, 0x7000_5123), width), Some(0x30_1000));
-        assert_eq!(t.engine_va(&record(8, 0x7000_5000), width), None, "another space");
-        assert_eq!(t.engine_va(&record(7, 0x6fff_f000), width), None, "below the placement");
+        assert_eq!(t.engine_va(7, &fault(0x7000_5123), width), Some(0x30_1000));
+        assert_eq!(t.engine_va(8, &fault(0x7000_5000), width), None, "another space");
+        assert_eq!(t.engine_va(7, &fault(0x6fff_f000), width), None, "below the placement");
         t.remove(&placement);
-        assert_eq!(t.engine_va(&record(7, 0x7000_0000), width), None, "removed");
+        assert_eq!(t.engine_va(7, &fault(0x7000_0000), width), None, "removed");
     }
 
     #[test]
@@ -309,7 +307,7 @@ mod tests {
         let complete = Command::Complete { gpu: 1, run_va: 0x30_2000, companion_va: 0x30_0000, pages: 2, fill: Fill::Marker(ErrorMarker::Timeout) };
         let kernel = t.to_kernel(&complete, host).unwrap();
         assert_eq!((kernel.space_id, kernel.va), (8, 0x9000_6000), "the engine run now belongs to the second channel");
-        assert_eq!(t.engine_va(&record(7, 0x7000_6000), VaWidth::Bits57), None, "the first channel is gone");
-        assert_eq!(t.engine_va(&record(8, 0x9000_8000), VaWidth::Bits57), Some(0x20_0000), "a PAT page of the second channel");
+        assert_eq!(t.engine_va(7, &fault(0x7000_6000), VaWidth::Bits57), None, "the first channel is gone");
+        assert_eq!(t.engine_va(8, &fault(0x9000_8000), VaWidth::Bits57), Some(0x20_0000), "a PAT page of the second channel");
     }
 }

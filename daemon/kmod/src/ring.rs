@@ -137,6 +137,24 @@ impl FaultRing {
     /// Appends every published record to `out`, up to `limit`, and hands their slots back to
     /// the module. Returns how many were appended.
     pub fn read(&mut self, out: &mut Vec<Record>, limit: usize) -> usize {
+        self.read_with(limit, |seq, rec| {
+            out.push(Record {
+                seq,
+                space_id: rec.space_id,
+                gpu_id: rec.gpu_id,
+                range_id: rec.range_id,
+                pat: rec.flags & WIC_RECORD_PAT != 0,
+                held_ns: rec.held_ns,
+                entry: RawFaultEntry(rec.entry),
+            })
+        })
+    }
+
+    /// Hands every published record, up to `limit`, to `each` with its sequence number, in
+    /// ring order, and hands their slots back to the module. Returns how many were handed.
+    /// `each` sees a copy taken under the seqlock, so it may keep whatever it likes of it.
+    #[inline]
+    pub fn read_with(&mut self, limit: usize, mut each: impl FnMut(u64, &WicFaultRecord)) -> usize {
         let head = self.head().load(Ordering::Acquire);
         let ahead = head.wrapping_sub(self.next);
         if ahead > self.entries {
@@ -146,8 +164,8 @@ impl FaultRing {
             // Sequence numbers wrap around, so a head below `entries` is a head like any other.
             self.next = if ahead > u64::MAX / 2 { head } else { head.wrapping_sub(self.entries) };
         }
-        let mut appended = 0;
-        while self.next != head && appended < limit {
+        let mut handed = 0;
+        while self.next != head && handed < limit {
             let seq = self.next;
             self.next = self.next.wrapping_add(1);
             let offset = WIC_RING_RECORDS_OFFSET as usize
@@ -170,19 +188,11 @@ impl FaultRing {
             // SAFETY: `WicFaultRecord` is `repr(C)` plain data, integers and bytes only, so
             // every bit pattern is a valid value; `transmute` itself checks the sizes match.
             let rec: WicFaultRecord = unsafe { std::mem::transmute(words) };
-            out.push(Record {
-                seq,
-                space_id: rec.space_id,
-                gpu_id: rec.gpu_id,
-                range_id: rec.range_id,
-                pat: rec.flags & WIC_RECORD_PAT != 0,
-                held_ns: rec.held_ns,
-                entry: RawFaultEntry(rec.entry),
-            });
-            appended += 1;
+            each(seq, &rec);
+            handed += 1;
         }
         self.tail().store(self.next, Ordering::Release);
-        appended
+        handed
     }
 }
 
