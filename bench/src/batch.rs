@@ -11,6 +11,10 @@
 //! Percentiles are given over the whole run and over its quietest block of batches. A shared
 //! machine's other tenants slow every batch for stretches of tens of milliseconds; the block is
 //! chosen by the baseline's median, so the figure it reports is not what picks it.
+//!
+//! A second baseline tells the path's own tail from the machine's: after every batch, a fixed
+//! computation calibrated before the run to take the path's median time ([`spin`]). Its work
+//! never changes, so whatever spread it shows is the machine's.
 
 use std::time::Instant;
 
@@ -19,7 +23,7 @@ use wic_engine::fault::AccessType;
 use wic_engine::{ChannelSpec, Command, DataSource, Engine, EngineConfig, FaultEntry, Fill, Producer, RunIndex};
 use wic_kmod::{BatchPath, FaultRing, MemoryRing, Placement, Record};
 
-use crate::measure::{percentile, sorted};
+use crate::measure::{percentile, sorted, spin};
 use crate::Settings;
 
 const BATCH: u32 = 256;
@@ -50,10 +54,20 @@ pub struct Row {
     pub quiet_path_p50_us: f64,
     pub quiet_path_p99_us: f64,
     pub quiet_ring_read_p50_us: f64,
+    /// The fixed control computation, calibrated to the path's median in the warm-up and timed
+    /// after every batch: over the whole run and in the quietest block. Its p99 over its p50
+    /// is the tail the machine gives any work of that length.
+    pub control_p50_us: f64,
+    pub control_p99_us: f64,
+    pub quiet_control_p50_us: f64,
+    pub quiet_control_p99_us: f64,
 }
 
 /// Blocks the run is cut into to find its quietest stretch.
 pub const BLOCKS: usize = 20;
+/// Batches run before the timed ones: caches and branch predictors warm, and the path's
+/// median for the control's calibration.
+const WARM_UP: usize = 500;
 
 pub fn run(settings: &Settings) -> Row {
     let mut engine = Engine::new(EngineConfig::default()).expect("engine");
@@ -80,12 +94,12 @@ pub fn run(settings: &Settings) -> Row {
         DataSource::Gpu { .. } => None,
     };
 
-    let batches = if settings.quick { 200 } else { 20_000 };
-    let (mut path_us, mut read_us) = (Vec::with_capacity(batches), Vec::with_capacity(batches));
-    let (mut take_us, mut translate_us) = (Vec::with_capacity(batches), Vec::with_capacity(batches));
+    let (warm_up, batches) = if settings.quick { (20, 200) } else { (WARM_UP, 20_000) };
     let (mut out, mut records): (Vec<Command>, Vec<Record>) = (Vec::new(), Vec::new());
     let (mut seq, mut kernel_commands) = (0u64, 0);
-    for generation in 0..batches {
+    // One batch; returns the microseconds of the ring read alone, of the path, and of its
+    // two halves.
+    let mut one_batch = |generation: usize| {
         // The producer has published every slot; each warp's fault then finds its data.
         out.clear();
         for slot in 0..BATCH {
@@ -103,7 +117,7 @@ pub fn run(settings: &Settings) -> Row {
 
         let start = Instant::now();
         baseline_ring.read(&mut records, usize::MAX);
-        read_us.push(start.elapsed().as_secs_f64() * 1e6);
+        let read_us = start.elapsed().as_secs_f64() * 1e6;
         assert_eq!(records.len(), BATCH as usize, "the baseline read the whole batch");
         records.clear();
 
@@ -119,19 +133,34 @@ pub fn run(settings: &Settings) -> Row {
             }
         }
         let end = Instant::now();
-        path_us.push((end - start).as_secs_f64() * 1e6);
-        take_us.push((taken - start).as_secs_f64() * 1e6);
-        translate_us.push((end - taken).as_secs_f64() * 1e6);
         assert_eq!(read as u64, seq - first, "the path read the whole batch");
+        let us = |from: Instant, to: Instant| (to - from).as_secs_f64() * 1e6;
+        [read_us, us(start, end), us(start, taken), us(taken, end)]
+    };
+
+    let warm: Vec<f64> = (0..warm_up).map(|generation| one_batch(generation)[1]).collect();
+    let (mut table, rounds) = calibrated_control(percentile(&sorted(&warm), 0.5));
+    let (mut path_us, mut read_us) = (Vec::with_capacity(batches), Vec::with_capacity(batches));
+    let (mut take_us, mut translate_us) = (Vec::with_capacity(batches), Vec::with_capacity(batches));
+    let mut control_us = Vec::with_capacity(batches);
+    for generation in warm_up..warm_up + batches {
+        let [read, whole, take, translate] = one_batch(generation);
+        read_us.push(read);
+        path_us.push(whole);
+        take_us.push(take);
+        translate_us.push(translate);
+        control_us.push(timed_spin(&mut table, rounds));
     }
-    assert_eq!(deliveries[layout.id.0 as usize], batches as u64 * u64::from(BATCH), "every delivery was counted");
-    assert_eq!(engine.stats().delivered, batches as u64 * u64::from(BATCH), "every fault was delivered");
+    let total = (warm_up + batches) as u64 * u64::from(BATCH);
+    assert_eq!(deliveries[layout.id.0 as usize], total, "every delivery was counted");
+    assert_eq!(engine.stats().delivered, total, "every fault was delivered");
     assert_eq!(kernel_commands, BATCH as usize + 1, "one completion per fault, and one replay");
     let block = batches / BLOCKS;
     let read_medians: Vec<f64> = read_us.chunks_exact(block).map(|samples| percentile(&sorted(samples), 0.5)).collect();
     let quiet = (0..read_medians.len()).min_by(|&a, &b| read_medians[a].total_cmp(&read_medians[b])).expect("blocks");
     let quiet_path = sorted(&path_us[quiet * block..][..block]);
-    for samples in [&mut path_us, &mut read_us, &mut take_us, &mut translate_us] {
+    let quiet_control = sorted(&control_us[quiet * block..][..block]);
+    for samples in [&mut path_us, &mut read_us, &mut take_us, &mut translate_us, &mut control_us] {
         samples.sort_by(f64::total_cmp);
     }
     let row = Row {
@@ -148,9 +177,13 @@ pub fn run(settings: &Settings) -> Row {
         quiet_path_p50_us: percentile(&quiet_path, 0.5),
         quiet_path_p99_us: percentile(&quiet_path, 0.99),
         quiet_ring_read_p50_us: read_medians[quiet],
+        control_p50_us: percentile(&control_us, 0.5),
+        control_p99_us: percentile(&control_us, 0.99),
+        quiet_control_p50_us: percentile(&quiet_control, 0.5),
+        quiet_control_p99_us: percentile(&quiet_control, 0.99),
     };
     eprintln!(
-        "batch: {BATCH} entries, {batches} batches: path p50 {:.2} us p99 {:.2} us (p50 ring to engine {:.2} us, command translation {:.2} us); ring read alone p50 {:.2} us p99 {:.2} us; quietest block: path p50 {:.2} us p99 {:.2} us, ring read p50 {:.2} us",
+        "batch: {BATCH} entries, {batches} batches: path p50 {:.2} us p99 {:.2} us (p50 ring to engine {:.2} us, command translation {:.2} us); ring read alone p50 {:.2} us p99 {:.2} us; quietest block: path p50 {:.2} us p99 {:.2} us, ring read p50 {:.2} us; same-length control p50 {:.2} us p99 {:.2} us, in the quietest block p50 {:.2} us p99 {:.2} us",
         row.path_p50_us,
         row.path_p99_us,
         row.take_faults_p50_us,
@@ -159,7 +192,31 @@ pub fn run(settings: &Settings) -> Row {
         row.ring_read_p99_us,
         row.quiet_path_p50_us,
         row.quiet_path_p99_us,
-        row.quiet_ring_read_p50_us
+        row.quiet_ring_read_p50_us,
+        row.control_p50_us,
+        row.control_p99_us,
+        row.quiet_control_p50_us,
+        row.quiet_control_p99_us
     );
     row
+}
+
+/// Microseconds [`spin`] takes for `rounds` rounds.
+fn timed_spin(table: &mut [u64; 512], rounds: u32) -> f64 {
+    let start = Instant::now();
+    spin(table, rounds);
+    start.elapsed().as_secs_f64() * 1e6
+}
+
+/// A table for [`spin`] and the rounds that make it take `target_us`: the rounds are scaled
+/// three times by the target over the median of 50 trials.
+fn calibrated_control(target_us: f64) -> ([u64; 512], u32) {
+    let mut table = [1u64; 512];
+    let mut rounds = 1_000u32;
+    for _ in 0..3 {
+        let trials: Vec<f64> = (0..50).map(|_| timed_spin(&mut table, rounds)).collect();
+        let median = percentile(&sorted(&trials), 0.5).max(1e-3);
+        rounds = ((f64::from(rounds) * target_us / median).round() as u32).max(1);
+    }
+    (table, rounds)
 }

@@ -114,12 +114,14 @@ pub fn summary(results: &Results) -> Vec<String> {
     }
     if let Some(batch) = &results.batch {
         lines.push(format!(
-            "batch of {} entries, ring -> engine -> kernel commands: p99 {:.2} us in the run's quietest block (target <= 10: {}), {:.2} us over the whole run, {:.1}x reading the ring alone",
+            "batch of {} entries, ring -> engine -> kernel commands: p99 {:.2} us in the run's quietest block (target <= 10: {}), {:.2} us over the whole run, {:.1}x reading the ring alone; p99 / p50 in that block {:.2}, {:.2} for a fixed computation of about the same length",
             batch.entries,
             batch.quiet_path_p99_us,
             verdict(batch.quiet_path_p99_us <= 10.0),
             batch.path_p99_us,
-            batch.path_over_ring_read
+            batch.path_over_ring_read,
+            batch.quiet_path_p99_us / batch.quiet_path_p50_us,
+            batch.quiet_control_p99_us / batch.quiet_control_p50_us
         ));
     }
     lines

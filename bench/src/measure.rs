@@ -42,3 +42,16 @@ pub fn sorted(samples: &[f64]) -> Vec<f64> {
     samples.sort_by(f64::total_cmp);
     samples
 }
+
+/// A fixed computation with no memory traffic beyond one cache-resident table: `rounds`
+/// multiply-xor steps over it. A control of known, constant work, so that its spread over a
+/// run is the machine's own.
+pub fn spin(table: &mut [u64; 512], rounds: u32) -> u64 {
+    let mut acc = 0u64;
+    for round in 0..u64::from(rounds) {
+        let slot = &mut table[(round as usize * 7) % 512];
+        *slot = slot.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(round);
+        acc ^= *slot;
+    }
+    std::hint::black_box(acc)
+}

@@ -406,8 +406,8 @@ fn monitor_table(results: &Results) -> String {
 fn batch_table(results: &Results) -> String {
     let Some(b) = &results.batch else { return String::new() };
     format!(
-        "| entries | batches | kernel commands | path p50 / p99 | quietest block: path p50 / p99 (ring read p50) | of which (p50): ring to engine, command translation | ring read alone p50 / p99 | path / ring read (p99) |\n|---|---|---|---|---|---|---|---|\n\
-         | {} | {} | {} | {:.2} / {:.2} us | {:.2} / {:.2} us ({:.2} us) | {:.2} us, {:.2} us | {:.2} / {:.2} us | {:.1}x |\n",
+        "| entries | batches | kernel commands | path p50 / p99 | quietest block: path p50 / p99 (ring read p50) | same-length control p50 / p99: quietest block, whole run | of which (p50): ring to engine, command translation | ring read alone p50 / p99 | path / ring read (p99) |\n|---|---|---|---|---|---|---|---|---|\n\
+         | {} | {} | {} | {:.2} / {:.2} us | {:.2} / {:.2} us ({:.2} us) | {:.2} / {:.2} us, {:.2} / {:.2} us | {:.2} us, {:.2} us | {:.2} / {:.2} us | {:.1}x |\n",
         b.entries,
         b.batches,
         b.kernel_commands,
@@ -416,6 +416,10 @@ fn batch_table(results: &Results) -> String {
         b.quiet_path_p50_us,
         b.quiet_path_p99_us,
         b.quiet_ring_read_p50_us,
+        b.quiet_control_p50_us,
+        b.quiet_control_p99_us,
+        b.control_p50_us,
+        b.control_p99_us,
         b.take_faults_p50_us,
         b.translate_p50_us,
         b.ring_read_p50_us,
