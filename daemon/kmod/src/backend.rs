@@ -302,6 +302,37 @@ mod tests {
     }
 
     #[test]
+    fn records_of_unknown_gpus_or_unplaced_pages_are_counted_and_the_rest_delivered() {
+        let mut engine = Engine::new(EngineConfig::default()).unwrap();
+        let spec = ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 256, slots: 2, timeout: 1_000 };
+        let layout = engine.open_channel(spec).unwrap();
+        let placement = Placement::new(&layout, 1, 0x7000_0000_0000);
+        let mut path = BatchPath::new(engine.config());
+        path.add(&placement);
+        let mut out = Vec::new();
+        for slot in 0..2 {
+            engine.publish(0, layout.id, slot, &mut out).unwrap();
+        }
+        let va = |slot: usize| placement.process_va(layout.slots[slot].runs[0]).unwrap();
+        // (GPU, space, address): a GPU id no GpuId holds, a space nothing is placed in, and an
+        // address outside the placement, around the two good records.
+        let records = [(0, 1, va(0)), (1 << 16, 1, va(1)), (0, 2, va(1)), (0, 1, 0x6000_0000_0000), (0, 1, va(1))];
+        let mut memory = MemoryRing::new(16);
+        // SAFETY: `memory` owns the ring's bytes, is not moved, and outlives the reader.
+        let mut ring = unsafe { FaultRing::new(memory.base(), memory.bytes()) }.unwrap();
+        for (seq, &(gpu_id, space_id, va)) in records.iter().enumerate() {
+            let entry = FaultEntry::replayable_gpc(va, AccessType::Read, 0, 0x1000, 0, 0).encode();
+            memory.write(seq as u64, &Record { seq: seq as u64, space_id, gpu_id, range_id: 1, pat: false, held_ns: 0, entry });
+        }
+        memory.publish(records.len() as u64);
+        out.clear();
+        assert_eq!(path.take_faults(&mut ring, &mut engine, 1, &mut out), records.len());
+        assert_eq!(path.stray_records, 3);
+        let delivered: Vec<u64> = out.iter().filter_map(|c| if let Command::Complete { run_va, .. } = c { Some(*run_va) } else { None }).collect();
+        assert_eq!(delivered, [layout.slots[0].runs[0], layout.slots[1].runs[0]]);
+    }
+
+    #[test]
     fn results_go_back_to_their_engine_commands_past_the_untranslatable() {
         let mut engine = Engine::new(EngineConfig::default()).unwrap();
         let spec = ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 256, slots: 2, timeout: 1_000 };
