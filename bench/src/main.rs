@@ -7,7 +7,8 @@
 //! - `monitor`: per fault entry, decode + classify + PFQ/DAB, 1K to 1M registered pages
 //!   (target: >= 20 M entries/s, flat in the pages), against decoding alone;
 //! - `batch`: a 256-entry fault batch through the whole user-space path, ring read -> engine
-//!   -> kernel command batch (target: p99 <= 10 us), against reading the ring alone.
+//!   -> kernel command batch (target: p99 <= 10 us), against reading the ring alone and a
+//!   fixed computation of the same median length, which shows the machine's own tail.
 //!
 //! `--json FILE` writes every row; `--quick` runs small sizes only (a smoke run, not a figure).
 
