@@ -260,6 +260,8 @@ pub struct Engine {
     routes: Vec<Option<SlotRoute>>,
     free_slots: Vec<u32>,
     channels: Vec<Option<Channel>>,
+    /// (deadline, slot id, generation) of every hold, and of delivered holds until their
+    /// deadline passes or the heap is compacted; at most twice `max_slots` entries.
     deadlines: BinaryHeap<Reverse<(Nanos, u32, u64)>>,
     activator: Activator,
     woken: Vec<u32>,
@@ -290,7 +292,7 @@ impl Engine {
             routes: (0..config.max_slots).map(|_| None).collect(),
             free_slots: (0..config.max_slots).rev().collect(),
             channels: Vec::new(),
-            deadlines: BinaryHeap::new(),
+            deadlines: BinaryHeap::with_capacity(2 * config.max_slots as usize),
             activator: Activator::default(),
             woken: Vec::new(),
             stats: EngineStats::default(),
@@ -605,7 +607,14 @@ impl Engine {
                 // A request arriving at the very end of time still counts as held.
                 slot.held_since = now.min(NOT_HELD - 1);
                 let deadline = slot.held_since.saturating_add(slot.timeout);
-                self.deadlines.push(Reverse((deadline, slot_id, slot.generation)));
+                let generation = slot.generation;
+                // Delivered holds leave their entries behind; once they are half the heap,
+                // dropping them keeps it within the capacity reserved at start.
+                if self.deadlines.len() >= 2 * self.config.max_slots as usize {
+                    let (slots, routes) = (&self.slots, &self.routes);
+                    self.deadlines.retain(|&Reverse(entry)| ends_current_hold(slots, routes, entry));
+                }
+                self.deadlines.push(Reverse((deadline, slot_id, generation)));
             }
             Err(PfqError::AlreadyQueued(_)) => self.stats.duplicates += 1,
             Err(e) => unreachable!("slot ids and tags are in range: {e}"),
@@ -700,14 +709,11 @@ impl Engine {
                 break;
             }
             self.deadlines.pop();
-            let Some(route) = self.routes[slot_id as usize].as_ref() else { continue };
-            let slot = &mut self.slots[slot_id as usize];
-            // Slot ids and generations restart when a closed channel's slot is reused, so
-            // only a deadline equal to the current hold's own one may end it.
-            let held = slot.held_since != NOT_HELD;
-            if !held || slot.generation != generation || slot.held_since.saturating_add(slot.timeout) != deadline {
-                continue; // delivered, or a stale deadline of an earlier channel on this slot
+            if !ends_current_hold(&self.slots, &self.routes, (deadline, slot_id, generation)) {
+                continue;
             }
+            let route = self.routes[slot_id as usize].as_ref().expect("a held slot is live");
+            let slot = &mut self.slots[slot_id as usize];
             slot.held_since = NOT_HELD;
             slot.generation += 1;
             let wake = wake_of_generation(slot, route, generation, &self.config);
@@ -717,6 +723,17 @@ impl Engine {
         }
         self.activator.flush_replays(out);
     }
+}
+
+/// Whether a deadline entry belongs to its slot's current hold. A delivered hold leaves its
+/// entry behind, and slot ids and generations restart when a closed channel's slot is reused,
+/// so only a deadline equal to the current hold's own one may end it.
+fn ends_current_hold(slots: &[SlotState], routes: &[Option<SlotRoute>], (deadline, slot_id, generation): (Nanos, u32, u64)) -> bool {
+    let slot = &slots[slot_id as usize];
+    routes[slot_id as usize].is_some()
+        && slot.held_since != NOT_HELD
+        && slot.generation == generation
+        && slot.held_since.saturating_add(slot.timeout) == deadline
 }
 
 fn wake_of(slot: &SlotState, route: &SlotRoute, config: &EngineConfig) -> Wake {
@@ -895,6 +912,33 @@ mod tests {
         out.clear();
         e.expire(10_000, &mut out);
         assert!(out.is_empty(), "a delivered request never times out");
+    }
+
+    #[test]
+    fn delivered_holds_do_not_pile_up_in_the_deadline_heap_and_live_holds_still_time_out() {
+        let mut e = engine();
+        let a = e.open_channel(host_spec(1)).unwrap();
+        let b = e.open_channel(ChannelSpec { timeout: 1_000_000_000, ..host_spec(1) }).unwrap();
+        let mut out = Vec::new();
+        let mut now = 0;
+        // B's holds are all delivered long before their deadlines; A's first stays held.
+        e.handle_faults(now, 0, &[fault(a.slots[0].runs[0], AccessType::Read)], &mut out);
+        for generation in 0..1_000 {
+            now += 10;
+            e.handle_faults(now, 0, &[fault(b.slots[0].runs[generation % 2], AccessType::Read)], &mut out);
+            e.publish(now, b.id, 0, &mut out).unwrap();
+            assert!(e.deadlines.len() <= 2 * e.config.max_slots as usize, "{} deadlines kept", e.deadlines.len());
+        }
+        assert_eq!(e.stats().delivered, 1_000);
+        out.clear();
+        e.expire(1_000, &mut out);
+        assert_eq!(kinds(&out), ["error", "replay"], "A's hold kept its deadline through the compactions");
+        out.clear();
+        e.handle_faults(now, 0, &[fault(b.slots[0].runs[0], AccessType::Read)], &mut out);
+        e.expire(now + 999_999_999, &mut out);
+        assert!(out.is_empty(), "none of B's delivered holds times out");
+        e.expire(now + 1_000_000_000, &mut out);
+        assert_eq!(kinds(&out), ["error", "replay"], "B's new hold times out at its own deadline");
     }
 
     #[test]

@@ -118,6 +118,37 @@ fn a_warm_engine_handles_faults_publishes_and_timeouts_without_allocating() {
 }
 
 #[test]
+fn holds_delivered_long_before_their_timeout_do_not_grow_the_deadline_heap() {
+    let mut engine = Engine::new(EngineConfig::default()).expect("engine");
+    let spec = ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 256, slots: SLOTS, timeout: u64::MAX / 4 };
+    let layout = engine.open_channel(spec).expect("channel");
+    let mut out = Vec::new();
+    let mut faults = Vec::with_capacity(SLOTS as usize);
+    // Every slot's request is held, then delivered by its publish; no deadline ever passes.
+    let mut hold_and_deliver = |generation: u64, out: &mut Vec<Command>| {
+        faults.clear();
+        let side = (generation % 2) as usize;
+        faults.extend(layout.slots.iter().map(|s| FaultEntry::replayable_gpc(s.runs[side], AccessType::Read, 0, 0x1000, 0, 0).encode()));
+        out.clear();
+        engine.handle_faults(generation, 0, &faults, out);
+        assert_eq!(engine.held(), SLOTS);
+        for slot in 0..SLOTS {
+            engine.publish(generation, layout.id, slot, out).expect("publish");
+        }
+    };
+    for generation in 0..4 {
+        hold_and_deliver(generation, &mut out);
+    }
+    let before = allocations_on_this_thread();
+    for generation in 4..104 {
+        hold_and_deliver(generation, &mut out);
+    }
+    let allocations = allocations_on_this_thread() - before;
+    assert_eq!(engine.stats().delivered, 104 * u64::from(SLOTS));
+    assert_eq!(allocations, 0, "holding and delivering allocated {allocations} times in 100 warm rounds");
+}
+
+#[test]
 fn a_warm_batch_path_reads_translates_and_builds_commands_without_allocating() {
     let mut engine = Engine::new(EngineConfig::default()).expect("engine");
     let spec = ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 256, slots: SLOTS, timeout: 500_000 };
