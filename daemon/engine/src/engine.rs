@@ -41,6 +41,23 @@ pub struct EngineConfig {
     pub max_slots: u32,
 }
 
+impl EngineConfig {
+    /// Address of pool page `page`.
+    #[inline]
+    pub fn page_va(&self, page: u32) -> u64 {
+        self.pool_base + u64::from(page) * PAGE_SIZE
+    }
+}
+
+/// Index of the page holding `va` in `table`, which has an entry per page of the pool that
+/// starts at `pool_base`; `None` outside the pool. Bounded by the table's length, so indexing
+/// the table with it is not checked again.
+#[inline]
+pub fn pool_page<T>(pool_base: u64, va: u64, table: &[T]) -> Option<usize> {
+    let page = usize::try_from(va.checked_sub(pool_base)? / PAGE_SIZE).ok()?;
+    (page < table.len()).then_some(page)
+}
+
 impl Default for EngineConfig {
     fn default() -> Self {
         Self {
@@ -332,16 +349,7 @@ impl Engine {
 
     /// Whether `va` is on a PCM or PAT page of an open channel.
     pub fn owns(&self, va: u64) -> bool {
-        self.page_of(va).is_some_and(|page| self.pages[page] != PageUse::Free)
-    }
-
-    fn va_of(&self, page: u32) -> u64 {
-        self.config.pool_base + u64::from(page) * PAGE_SIZE
-    }
-
-    fn page_of(&self, va: u64) -> Option<usize> {
-        let page = va.checked_sub(self.config.pool_base)? / PAGE_SIZE;
-        (page < u64::from(self.config.pool_pages)).then_some(page as usize)
+        pool_page(self.config.pool_base, va, &self.pages).is_some_and(|page| self.pages[page] != PageUse::Free)
     }
 
     /// Opens a channel: allocates its runs, PAT pages and tags. On any error nothing is kept.
@@ -402,9 +410,9 @@ impl Engine {
                 }
             }
             layout.slots.push(SlotLayout {
-                runs: [self.va_of(pcm[0].start), self.va_of(pcm[1].start)],
+                runs: [self.config.page_va(pcm[0].start), self.config.page_va(pcm[1].start)],
                 tag,
-                pat: pat.map(|p| [self.va_of(p[0]), self.va_of(p[1])]),
+                pat: pat.map(|p| [self.config.page_va(p[0]), self.config.page_va(p[1])]),
             });
             self.slots[slot_id as usize] = SlotState {
                 held_since: NOT_HELD,
@@ -540,7 +548,7 @@ impl Engine {
     /// are prefetched.
     fn prefetch_page_map(&self, chunk: &[RawFaultEntry], pages: &mut [Option<usize>; LOOKAHEAD]) {
         for (i, page) in pages.iter_mut().enumerate() {
-            *page = chunk.get(i).and_then(|raw| self.page_of(FaultEntry::decode_va(raw, self.config.va_width)));
+            *page = chunk.get(i).and_then(|raw| pool_page(self.config.pool_base, FaultEntry::decode_va(raw, self.config.va_width), &self.pages));
             if let Some(page) = *page {
                 prefetch(&self.pages[page]);
             }
@@ -691,7 +699,7 @@ impl Engine {
             // Re-arm the PAT page of the previous generation, not this one: this generation's
             // page stays mapped until the next delivery, so a late duplicate of the producer's
             // fault can never map a page that must fault for generation g + 2.
-            out.push(Command::RearmPat { gpu, va: self.config.pool_base + u64::from(pat[1 - side]) * PAGE_SIZE });
+            out.push(Command::RearmPat { gpu, va: self.config.page_va(pat[1 - side]) });
         }
         slot.generation += 1;
         self.stats.delivered += 1;
@@ -742,7 +750,7 @@ fn wake_of(slot: &SlotState, route: &SlotRoute, config: &EngineConfig) -> Wake {
 
 fn wake_of_generation(slot: &SlotState, route: &SlotRoute, generation: u64, config: &EngineConfig) -> Wake {
     let side = (generation % 2) as usize;
-    let va = |run: PageRun| config.pool_base + u64::from(run.start) * PAGE_SIZE;
+    let va = |run: PageRun| config.page_va(run.start);
     Wake {
         gpu: slot.consumer_gpu,
         run_va: va(route.runs[side]),

@@ -19,7 +19,7 @@ pub mod runs;
 
 pub use activator::{Command, DataSource, ErrorMarker, Fill};
 pub use engine::{
-    ChannelId, ChannelLayout, ChannelSpec, Engine, EngineConfig, EngineError, EngineStats, Producer, SlotLayout,
+    pool_page, ChannelId, ChannelLayout, ChannelSpec, Engine, EngineConfig, EngineError, EngineStats, Producer, SlotLayout,
 };
 pub use fault::{FaultEntry, RawFaultEntry, VaWidth};
 pub use histogram::Histogram;

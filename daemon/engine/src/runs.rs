@@ -3,7 +3,7 @@
 //! the channel and slot behind it. One table lookup per command, whatever the number of
 //! channels.
 
-use crate::{EngineConfig, PAGE_SIZE};
+use crate::{pool_page, EngineConfig, PAGE_SIZE};
 
 /// Where a run lives: its channel, slot and generation parity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,10 +31,10 @@ impl RunIndex {
         Self { pool_base: config.pool_base, starts: vec![(NO_CHANNEL, 0); config.pool_pages as usize] }
     }
 
+    /// The pool page a run starting at `va` starts on: runs start on page boundaries.
     fn page(&self, va: u64) -> Option<usize> {
-        let offset = va.checked_sub(self.pool_base)?;
-        let page = usize::try_from(offset / PAGE_SIZE).ok()?;
-        (offset % PAGE_SIZE == 0 && page < self.starts.len()).then_some(page)
+        let page = pool_page(self.pool_base, va, &self.starts)?;
+        (va & (PAGE_SIZE - 1) == 0).then_some(page)
     }
 
     /// Adds a channel whose runs start at `runs[slot][side]`; addresses outside the pool, which

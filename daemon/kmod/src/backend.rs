@@ -66,7 +66,7 @@ impl BatchPath {
     /// An empty path for an engine configured as `config`.
     pub fn new(config: &EngineConfig) -> Self {
         Self {
-            translator: Translator::new(config.pool_base, config.pool_pages),
+            translator: Translator::new(config),
             width: config.va_width,
             entries: Vec::new(),
             gpus: Vec::new(),

@@ -6,7 +6,7 @@
 //! [`Translator`] gives ring records' pages their engine addresses and turns engine commands
 //! into kernel commands, refusing anything that does not belong to a placed channel.
 
-use wic_engine::{ChannelLayout, Command, DataSource, FaultEntry, Fill, GpuId, RawFaultEntry, VaWidth, PAGE_SIZE};
+use wic_engine::{pool_page, ChannelLayout, Command, DataSource, EngineConfig, FaultEntry, Fill, GpuId, RawFaultEntry, VaWidth, PAGE_SIZE};
 use wic_proto::kabi::{self, WicCommand};
 
 /// Why a command or record could not be translated.
@@ -106,15 +106,9 @@ pub struct Translator {
 }
 
 impl Translator {
-    /// A translator for an engine whose pool is `pool_pages` pages from `pool_base`.
-    pub fn new(pool_base: u64, pool_pages: u32) -> Self {
-        Self { pool_base, pool: vec![PageMapping::default(); pool_pages as usize], ranges: Vec::new() }
-    }
-
-    /// Index of the pool page at `va`, if it is inside the pool.
-    fn pool_index(&self, va: u64) -> Option<usize> {
-        let index = usize::try_from(va.checked_sub(self.pool_base)? / PAGE_SIZE).ok()?;
-        (index < self.pool.len()).then_some(index)
+    /// A translator for an engine configured as `config`.
+    pub fn new(config: &EngineConfig) -> Self {
+        Self { pool_base: config.pool_base, pool: vec![PageMapping::default(); config.pool_pages as usize], ranges: Vec::new() }
     }
 
     /// Adds a placed channel. Runs outside the engine's pool or outside the placement's own
@@ -124,7 +118,7 @@ impl Translator {
         let mut range = PlacedRange { space_id: placement.space_id, base: placement.base, pages: vec![PageMapping::default(); total_pages as usize] };
         for &(engine_start, process_start, pages) in &placement.runs {
             let last = u64::from(pages.max(1) - 1) * PAGE_SIZE;
-            let (Some(first_pool), Some(_)) = (self.pool_index(engine_start), self.pool_index(engine_start + last)) else { continue };
+            let (Some(first_pool), Some(_)) = (pool_page(self.pool_base, engine_start, &self.pool), pool_page(self.pool_base, engine_start + last, &self.pool)) else { continue };
             let Some(first) = process_start.checked_sub(placement.base).map(|offset| (offset / PAGE_SIZE) as usize) else { continue };
             let Some(process_pages) = range.pages.get_mut(first..first + pages as usize) else { continue };
             for (i, page) in process_pages.iter_mut().enumerate() {
@@ -142,7 +136,7 @@ impl Translator {
         let key = (placement.space_id, placement.base);
         let Ok(at) = self.ranges.binary_search_by(|r| (r.space_id, r.base).cmp(&key)) else { return };
         for mapping in self.ranges.remove(at).pages.iter().filter(|m| m.pages_left > 0) {
-            if let Some(index) = self.pool_index(mapping.other_va) {
+            if let Some(index) = pool_page(self.pool_base, mapping.other_va, &self.pool) {
                 self.pool[index] = PageMapping::default();
             }
         }
@@ -150,7 +144,7 @@ impl Translator {
 
     #[inline]
     fn to_process(&self, engine_va: u64, pages: u32) -> Result<(u32, u64), CommandError> {
-        let mapping = self.pool_index(engine_va).map(|index| self.pool[index]).unwrap_or_default();
+        let mapping = pool_page(self.pool_base, engine_va, &self.pool).map(|index| self.pool[index]).unwrap_or_default();
         let process_va = mapping.translate(engine_va, pages).ok_or(CommandError::Unplaced { va: engine_va })?;
         Ok((mapping.space_id, process_va))
     }
@@ -244,7 +238,7 @@ mod tests {
 
     #[test]
     fn commands_translate_page_by_page_and_stay_inside_their_run() {
-        let mut t = Translator::new(0x10_0000, 0x30_0000 / 4096);
+        let mut t = Translator::new(&EngineConfig { pool_base: 0x10_0000, pool_pages: 0x30_0000 / 4096, ..EngineConfig::default() });
         t.add(&Placement::new(&layout(), 7, 0x7000_0000));
         let host = |_: u64, _: DataSource, _: u64| Some(0xdead_0000);
         let data = |len| Fill::Data { len, source: DataSource::Host { offset: 0 } };
@@ -285,7 +279,7 @@ mod tests {
 
     #[test]
     fn records_map_to_engine_addresses_and_strangers_are_dropped() {
-        let mut t = Translator::new(0x10_0000, 0x30_0000 / 4096);
+        let mut t = Translator::new(&EngineConfig { pool_base: 0x10_0000, pool_pages: 0x30_0000 / 4096, ..EngineConfig::default() });
         let placement = Placement::new(&layout(), 7, 0x7000_0000);
         t.add(&placement);
         let width = VaWidth::Bits57;
@@ -298,7 +292,7 @@ mod tests {
 
     #[test]
     fn a_removed_channels_runs_make_room_for_the_next_without_crossing_over() {
-        let mut t = Translator::new(0x10_0000, 0x30_0000 / 4096);
+        let mut t = Translator::new(&EngineConfig { pool_base: 0x10_0000, pool_pages: 0x30_0000 / 4096, ..EngineConfig::default() });
         let (first, second) = (Placement::new(&layout(), 7, 0x7000_0000), Placement::new(&layout(), 8, 0x9000_0000));
         t.add(&first);
         t.remove(&first);
