@@ -2,8 +2,8 @@
 //! fault ring read, records translated to engine addresses, the engine (decode, classify,
 //! deliver: every slot's data is already published), and its commands translated into the
 //! kernel batch that one io_uring submission or ioctl would carry, with wicd's bookkeeping
-//! around it: each delivery's run resolved to its channel slot ([`RunIndex`]) to find the
-//! producer's bytes, and again after the batch ran to count the delivery. The ring lies in
+//! around it: each delivery's channel looked up to find the producer's bytes, and again after
+//! the batch ran to count the delivery. The ring lies in
 //! ordinary memory, written the way the module writes it; the system call itself is not
 //! included (the kernel VM figure in docs/evaluation.md is). The baseline, measured on the same
 //! records in the same run, is reading the ring alone.
@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 use wic_engine::fault::AccessType;
-use wic_engine::{ChannelSpec, Command, DataSource, Engine, EngineConfig, FaultEntry, Fill, Producer, RunIndex};
+use wic_engine::{ChannelId, ChannelSpec, Command, DataSource, Engine, EngineConfig, FaultEntry, Fill, Producer};
 use wic_kmod::{BatchPath, FaultRing, MemoryRing, Placement, Record};
 
 use crate::measure::{percentile, sorted, spin};
@@ -83,14 +83,12 @@ pub fn run(settings: &Settings) -> Row {
     let mut ring = unsafe { FaultRing::new(memory.base(), memory.bytes()) }.expect("a well-formed ring");
     // SAFETY: as above.
     let mut baseline_ring = unsafe { FaultRing::new(memory.base(), memory.bytes()) }.expect("a well-formed ring");
-    let mut runs = RunIndex::new(engine.config());
-    runs.add(layout.id.0, layout.slots.iter().map(|slot| slot.runs));
     // Per channel id, where its producer's bytes are mapped in the daemon, and its deliveries.
     let mut data_base = vec![None; layout.id.0 as usize + 1];
     data_base[layout.id.0 as usize] = Some(0x5000_0000_0000u64);
     let mut deliveries = vec![0u64; data_base.len()];
-    let host_data = |run: u64, source: DataSource, _: u64| match source {
-        DataSource::Host { offset } => Some(data_base[runs.place(run)?.channel as usize]? + offset),
+    let host_data = |channel: ChannelId, source: DataSource, _: u64| match source {
+        DataSource::Host { offset } => Some(data_base.get(channel.0 as usize).copied()?? + offset),
         DataSource::Gpu { .. } => None,
     };
 
@@ -128,8 +126,8 @@ pub fn run(settings: &Settings) -> Row {
         let batch = path.translate(&out, host_data, &mut |command, _| panic!("{command:?} did not translate"), &mut 0);
         kernel_commands = batch.len();
         for command in &out {
-            if let Command::Complete { run_va, fill: Fill::Data { .. }, .. } = *command {
-                deliveries[runs.place(run_va).expect("a placed run").channel as usize] += 1;
+            if let Command::Complete { channel, fill: Fill::Data { .. }, .. } = *command {
+                deliveries[channel.0 as usize] += 1;
             }
         }
         let end = Instant::now();

@@ -1040,7 +1040,7 @@ impl<'a> Sim<'a> {
         let mut landing = Vec::new();
         for command in commands.drain(..) {
             match command {
-                Command::Complete { gpu, run_va: va, companion_va, pages: n, fill } => {
+                Command::Complete { gpu, run_va: va, companion_va, pages: n, fill, .. } => {
                     let run = daemon.pcm.entry(va).or_default();
                     run.clear();
                     match fill {

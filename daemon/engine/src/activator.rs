@@ -7,7 +7,7 @@
 //! steps are one [`Command::Complete`], which the backend carries out in that order: one command
 //! per request keeps the fault path's output a third of the size of three.
 
-use crate::GpuId;
+use crate::{ChannelId, GpuId};
 
 /// Where the producer's bytes for a slot live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,11 +67,13 @@ pub enum Fill {
 /// One action for the backend, in the order emitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Command {
-    /// Completes a held request, in this order: write `fill` into the `pages` pages at `run_va`
-    /// (host-resident, unmapped on the consumer `gpu`); unmap the companion run at
-    /// `companion_va` from `gpu` and wait for the TLB invalidate, so the slot's next request
-    /// faults; map the run (read-only) on `gpu`, so the replayed access finds the fill.
-    Complete { gpu: GpuId, run_va: u64, companion_va: u64, pages: u32, fill: Fill },
+    /// Completes a held request on `slot` of `channel`, in this order: write `fill` into the
+    /// `pages` pages at `run_va` (host-resident, unmapped on the consumer `gpu`); unmap the
+    /// companion run at `companion_va` from `gpu` and wait for the TLB invalidate, so the
+    /// slot's next request faults; map the run (read-only) on `gpu`, so the replayed access
+    /// finds the fill. The channel and slot spare the backend a lookup by address to find the
+    /// producer's bytes and count the delivery.
+    Complete { gpu: GpuId, channel: ChannelId, slot: u32, run_va: u64, companion_va: u64, pages: u32, fill: Fill },
     /// Map the PAT page at `va` writable on the producer `gpu`, so its write completes.
     ServicePat { gpu: GpuId, va: u64 },
     /// Revoke `gpu`'s write access to the PAT page at `va`, so its next publish faults again.
@@ -80,10 +82,13 @@ pub enum Command {
     Replay { gpu: GpuId },
 }
 
-/// The pages a wake-up touches: the run that faulted and its companion.
+/// The slot a wake-up completes and the pages it touches: the run that faulted and its
+/// companion.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Wake {
     pub gpu: GpuId,
+    pub channel: ChannelId,
+    pub slot: u32,
     pub run_va: u64,
     pub companion_va: u64,
     pub pages: u32,
@@ -116,7 +121,8 @@ impl Activator {
 
     #[inline]
     fn complete(&mut self, wake: Wake, fill: Fill, out: &mut Vec<Command>) {
-        out.push(Command::Complete { gpu: wake.gpu, run_va: wake.run_va, companion_va: wake.companion_va, pages: wake.pages, fill });
+        let Wake { gpu, channel, slot, run_va, companion_va, pages } = wake;
+        out.push(Command::Complete { gpu, channel, slot, run_va, companion_va, pages, fill });
         self.owe_replay(wake.gpu);
     }
 
@@ -159,13 +165,14 @@ mod tests {
     fn a_completion_carries_its_run_companion_and_fill_and_replays_once_per_gpu() {
         let mut act = Activator::default();
         let mut out = Vec::new();
-        let wake = |gpu, run_va| Wake { gpu, run_va, companion_va: run_va + 0x10000, pages: 2 };
+        let wake = |gpu, run_va| Wake { gpu, channel: ChannelId(4), slot: 3, run_va, companion_va: run_va + 0x10000, pages: 2 };
         act.deliver(wake(0, 0x1000), 100, DataSource::Host { offset: 0 }, &mut out);
         act.fail(wake(0, 0x4000), ErrorMarker::Timeout, &mut out);
         act.deliver(wake(1, 0x8000), 100, DataSource::Gpu { gpu: 2, va: 0 }, &mut out);
         act.flush_replays(&mut out);
         let data = Fill::Data { len: 100, source: DataSource::Host { offset: 0 } };
-        assert_eq!(out[0], Command::Complete { gpu: 0, run_va: 0x1000, companion_va: 0x11000, pages: 2, fill: data });
+        let complete = Command::Complete { gpu: 0, channel: ChannelId(4), slot: 3, run_va: 0x1000, companion_va: 0x11000, pages: 2, fill: data };
+        assert_eq!(out[0], complete);
         assert!(matches!(out[1], Command::Complete { run_va: 0x4000, fill: Fill::Marker(ErrorMarker::Timeout), .. }));
         assert_eq!(&out[3..], [Command::Replay { gpu: 0 }, Command::Replay { gpu: 1 }]);
         out.clear();

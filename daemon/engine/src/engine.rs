@@ -249,8 +249,12 @@ struct SlotState {
 
 const _: () = assert!(std::mem::size_of::<SlotState>() == 32);
 
-/// What only a wake-up reads of its slot: where the data goes and where it comes from.
+/// What only a wake-up reads of its slot: whose slot it is, where the data goes and where it
+/// comes from.
 struct SlotRoute {
+    channel: ChannelId,
+    /// The slot's index in its channel.
+    index: u32,
     runs: [PageRun; 2],
     pat: Option<[u32; 2]>,
     source: DataSource,
@@ -422,7 +426,7 @@ impl Engine {
                 consumer_gpu: spec.consumer_gpu,
                 producer_gpu: producer_gpu.unwrap_or(spec.consumer_gpu),
             };
-            self.routes[slot_id as usize] = Some(SlotRoute { runs: pcm, pat, source, len: batch_bytes });
+            self.routes[slot_id as usize] = Some(SlotRoute { channel: id, index: index as u32, runs: pcm, pat, source, len: batch_bytes });
             self.channel_mut(id).expect("inserted above").slot_ids.push(slot_id);
         }
         Ok(layout)
@@ -753,6 +757,8 @@ fn wake_of_generation(slot: &SlotState, route: &SlotRoute, generation: u64, conf
     let va = |run: PageRun| config.page_va(run.start);
     Wake {
         gpu: slot.consumer_gpu,
+        channel: route.channel,
+        slot: route.index,
         run_va: va(route.runs[side]),
         companion_va: va(route.runs[1 - side]),
         pages: route.runs[side].len,
@@ -819,7 +825,7 @@ mod tests {
         e.publish(30, layout.id, 1, &mut out).unwrap();
         assert_eq!(kinds(&out), ["deliver", "replay"]);
         let data = Fill::Data { len: 4096, source: DataSource::Host { offset: 4096 } };
-        assert_eq!(out[0], Command::Complete { gpu: 0, run_va: slot.runs[0], companion_va: slot.runs[1], pages: 1, fill: data });
+        assert_eq!(out[0], Command::Complete { gpu: 0, channel: layout.id, slot: 1, run_va: slot.runs[0], companion_va: slot.runs[1], pages: 1, fill: data });
         assert_eq!(e.held(), 0);
         assert_eq!(e.stats().wake_latency_ns.max(), 20);
         // Generation 1: a refault on P is stale, the request comes on P'.
@@ -910,13 +916,13 @@ mod tests {
         e.expire(1_100, &mut out);
         assert_eq!(kinds(&out), ["error", "replay"]);
         let timeout = Fill::Marker(ErrorMarker::Timeout);
-        assert_eq!(out[0], Command::Complete { gpu: 0, run_va: p[0], companion_va: p[1], pages: 1, fill: timeout });
+        assert_eq!(out[0], Command::Complete { gpu: 0, channel: layout.id, slot: 0, run_va: p[0], companion_va: p[1], pages: 1, fill: timeout });
         assert_eq!((e.held(), e.stats().timed_out), (0, 1));
         out.clear();
         e.handle_faults(2_000, 0, &[fault(p[1], AccessType::Read)], &mut out);
         e.publish(2_001, layout.id, 0, &mut out).unwrap();
         let data = Fill::Data { len: 4096, source: DataSource::Host { offset: 0 } };
-        assert_eq!(out[0], Command::Complete { gpu: 0, run_va: p[1], companion_va: p[0], pages: 1, fill: data });
+        assert_eq!(out[0], Command::Complete { gpu: 0, channel: layout.id, slot: 0, run_va: p[1], companion_va: p[0], pages: 1, fill: data });
         out.clear();
         e.expire(10_000, &mut out);
         assert!(out.is_empty(), "a delivered request never times out");
@@ -935,6 +941,9 @@ mod tests {
             now += 10;
             e.handle_faults(now, 0, &[fault(b.slots[0].runs[generation % 2], AccessType::Read)], &mut out);
             e.publish(now, b.id, 0, &mut out).unwrap();
+            assert!(matches!(out.last(), Some(Command::Replay { .. })));
+            let delivered = out[out.len() - 2];
+            assert!(matches!(delivered, Command::Complete { channel, slot: 0, .. } if channel == b.id), "B's own slot 0, not the engine's slot id: {delivered:?}");
             assert!(e.deadlines.len() <= 2 * e.config.max_slots as usize, "{} deadlines kept", e.deadlines.len());
         }
         assert_eq!(e.stats().delivered, 1_000);
@@ -984,7 +993,7 @@ mod tests {
         e.handle_faults(7, 1, &[fault(pat[0], AccessType::Write)], &mut out);
         assert_eq!(kinds(&out), ["service-pat", "deliver", "rearm-pat", "replay", "replay"]);
         let data = Fill::Data { len: 4096, source: DataSource::Gpu { gpu: 1, va: 0x9000_1000 } };
-        assert_eq!(out[1], Command::Complete { gpu: 0, run_va: slot.runs[0], companion_va: slot.runs[1], pages: 1, fill: data });
+        assert_eq!(out[1], Command::Complete { gpu: 0, channel: layout.id, slot: 1, run_va: slot.runs[0], companion_va: slot.runs[1], pages: 1, fill: data });
         assert_eq!(out[2], Command::RearmPat { gpu: 1, va: pat[1] });
         assert_eq!(e.stats().pat_publishes, 1);
     }

@@ -209,10 +209,10 @@ impl Harness {
         let mut replay_owed = false;
         for command in &self.out {
             match *command {
-                Command::Complete { gpu, run_va, companion_va, pages, fill } => {
+                Command::Complete { gpu, channel, slot: index, run_va, companion_va, pages, fill } => {
                     let (slot, side) = self.runs[&run_va];
                     let s = &self.slots[slot];
-                    prop_assert_eq!((gpu, pages), (0, s.pages_per_run));
+                    prop_assert_eq!((gpu, channel, index, pages), (0, s.channel, s.index, s.pages_per_run));
                     let how = match fill {
                         Fill::Data { len, source } => {
                             prop_assert_eq!(len, s.batch_bytes);

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use wic_engine::{ChannelLayout, Command, DataSource, Engine, EngineConfig, GpuId, Nanos, RawFaultEntry};
+use wic_engine::{ChannelId, ChannelLayout, Command, DataSource, Engine, EngineConfig, GpuId, Nanos, RawFaultEntry};
 use wic_proto::kabi::{self, WicCommand};
 
 use crate::commands::{CommandError, Placement, Translator};
@@ -143,7 +143,7 @@ impl BatchPath {
     pub fn translate(
         &mut self,
         commands: &[Command],
-        host_data: impl Fn(u64, DataSource, u64) -> Option<u64>,
+        host_data: impl Fn(ChannelId, DataSource, u64) -> Option<u64>,
         outcome: &mut impl FnMut(&Command, Result<i32, CommandError>),
         untranslatable: &mut usize,
     ) -> &mut Vec<WicCommand> {
@@ -239,7 +239,7 @@ impl ShimBackend {
     pub fn execute(
         &mut self,
         commands: &[Command],
-        host_data: impl Fn(u64, DataSource, u64) -> Option<u64>,
+        host_data: impl Fn(ChannelId, DataSource, u64) -> Option<u64>,
         mut outcome: impl FnMut(&Command, Result<i32, CommandError>),
     ) -> Result<Executed, DeviceError> {
         let mut done = Executed::default();
@@ -340,7 +340,7 @@ mod tests {
         let mut path = BatchPath::new(engine.config());
         path.add(&Placement::new(&layout, 1, 0x7000_0000_0000));
         let fill = wic_engine::Fill::Marker(wic_engine::ErrorMarker::Timeout);
-        let complete = |run_va, companion_va| Command::Complete { gpu: 0, run_va, companion_va, pages: 1, fill };
+        let complete = |run_va, companion_va| Command::Complete { gpu: 0, channel: layout.id, slot: 0, run_va, companion_va, pages: 1, fill };
         let [slot0, slot1] = [0, 1].map(|slot| layout.slots[slot].runs);
         let unplaced = complete(0x10, slot0[1]);
         let commands = [complete(slot0[0], slot0[1]), unplaced, complete(slot1[0], slot1[1]), Command::Replay { gpu: 0 }];

@@ -6,7 +6,7 @@
 //! [`Translator`] gives ring records' pages their engine addresses and turns engine commands
 //! into kernel commands, refusing anything that does not belong to a placed channel.
 
-use wic_engine::{pool_page, ChannelLayout, Command, DataSource, EngineConfig, FaultEntry, Fill, GpuId, RawFaultEntry, VaWidth, PAGE_SIZE};
+use wic_engine::{pool_page, ChannelId, ChannelLayout, Command, DataSource, EngineConfig, FaultEntry, Fill, GpuId, RawFaultEntry, VaWidth, PAGE_SIZE};
 use wic_proto::kabi::{self, WicCommand};
 
 /// Why a command or record could not be translated.
@@ -165,9 +165,9 @@ impl Translator {
 
     /// The kernel command for `command`: a completion is one `WIC_CMD_COMPLETE`, its fill
     /// (data, or with length 0 a marker) on the run, the companion's unmap and the run's map.
-    /// `host_data(run, source, len)` gives the daemon's address of the `len` host-producer bytes
-    /// `source` names for the engine run at `run`.
-    pub fn to_kernel(&self, command: &Command, host_data: impl Fn(u64, DataSource, u64) -> Option<u64>) -> Result<WicCommand, CommandError> {
+    /// `host_data(channel, source, len)` gives the daemon's address of the `len` bytes `source`
+    /// names in the host producer buffer of `channel`.
+    pub fn to_kernel(&self, command: &Command, host_data: impl Fn(ChannelId, DataSource, u64) -> Option<u64>) -> Result<WicCommand, CommandError> {
         let kernel = |opcode, gpu: GpuId, (space_id, va): (u32, u64), pages| WicCommand {
             opcode,
             space_id,
@@ -177,9 +177,9 @@ impl Translator {
             ..WicCommand::default()
         };
         Ok(match *command {
-            Command::Complete { gpu, run_va, companion_va, pages, fill } => {
+            Command::Complete { gpu, channel, run_va, companion_va, pages, fill, .. } => {
                 let (length, arg) = match fill {
-                    Fill::Data { len, source } => (len, host_data(run_va, source, len).ok_or(CommandError::NoHostData { va: run_va })?),
+                    Fill::Data { len, source } => (len, host_data(channel, source, len).ok_or(CommandError::NoHostData { va: run_va })?),
                     Fill::Marker(marker) => (0, marker.word()),
                 };
                 // Data longer than the run is refused here rather than by the module.
@@ -240,9 +240,9 @@ mod tests {
     fn commands_translate_page_by_page_and_stay_inside_their_run() {
         let mut t = Translator::new(&EngineConfig { pool_base: 0x10_0000, pool_pages: 0x30_0000 / 4096, ..EngineConfig::default() });
         t.add(&Placement::new(&layout(), 7, 0x7000_0000));
-        let host = |_: u64, _: DataSource, _: u64| Some(0xdead_0000);
+        let host = |channel, _: DataSource, _: u64| (channel == ChannelId(3)).then_some(0xdead_0000);
         let data = |len| Fill::Data { len, source: DataSource::Host { offset: 0 } };
-        let complete = |run_va, companion_va, fill| Command::Complete { gpu: 1, run_va, companion_va, pages: 2, fill };
+        let complete = |run_va, companion_va, fill| Command::Complete { gpu: 1, channel: ChannelId(3), slot: 0, run_va, companion_va, pages: 2, fill };
         let commands = [
             complete(0x30_2000, 0x30_0000, data(5000)),
             complete(0x10_0000, 0x10_2000, Fill::Marker(ErrorMarker::Timeout)),
@@ -297,8 +297,8 @@ mod tests {
         t.add(&first);
         t.remove(&first);
         t.add(&second);
-        let host = |_: u64, _: DataSource, _: u64| None;
-        let complete = Command::Complete { gpu: 1, run_va: 0x30_2000, companion_va: 0x30_0000, pages: 2, fill: Fill::Marker(ErrorMarker::Timeout) };
+        let host = |_: ChannelId, _: DataSource, _: u64| None;
+        let complete = Command::Complete { gpu: 1, channel: ChannelId(0), slot: 1, run_va: 0x30_2000, companion_va: 0x30_0000, pages: 2, fill: Fill::Marker(ErrorMarker::Timeout) };
         let kernel = t.to_kernel(&complete, host).unwrap();
         assert_eq!((kernel.space_id, kernel.va), (8, 0x9000_6000), "the engine run now belongs to the second channel");
         assert_eq!(t.engine_va(7, &fault(0x7000_6000), VaWidth::Bits57), None, "the first channel is gone");

@@ -9,7 +9,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
 use wic_engine::fault::AccessType;
-use wic_engine::{ChannelSpec, Command, DataSource, Engine, EngineConfig, FaultEntry, Producer, RawFaultEntry};
+use wic_engine::{ChannelId, ChannelSpec, Command, DataSource, Engine, EngineConfig, FaultEntry, Producer, RawFaultEntry};
 use wic_kmod::{BatchPath, FaultRing, MemoryRing, Placement, Record};
 
 struct Counting;
@@ -160,7 +160,7 @@ fn a_warm_batch_path_reads_translates_and_builds_commands_without_allocating() {
     let mut memory = MemoryRing::new(1024);
     // SAFETY: `memory` owns the ring's bytes, is not moved, and outlives the reader.
     let mut ring = unsafe { FaultRing::new(memory.base(), memory.bytes()) }.expect("a well-formed ring");
-    let host_data = |_: u64, source: DataSource, _: u64| match source {
+    let host_data = |_: ChannelId, source: DataSource, _: u64| match source {
         DataSource::Host { offset } => Some(0x5000_0000_0000 + offset),
         DataSource::Gpu { .. } => None,
     };

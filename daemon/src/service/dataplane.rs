@@ -238,7 +238,7 @@ pub fn spawn(
 ) -> Result<(DataplaneHandle, std::thread::JoinHandle<()>), String> {
     let backend = match backend {
         Backend::Emulated { gpus } => Gpus::Emulated { gpus: EmulatedGpus::new(&config), count: gpus },
-        Backend::Shim(shim) => Gpus::Shim(Box::new(ShimGpus::new(*shim, &config))),
+        Backend::Shim(shim) => Gpus::Shim(Box::new(ShimGpus::new(*shim))),
     };
     let engine = Engine::new(config).map_err(|e| format!("engine configuration: {e}"))?;
     let ring = IoUring::new(RING_ENTRIES).map_err(|e| format!("io_uring setup: {e}"))?;

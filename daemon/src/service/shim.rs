@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 
 use nix::errno::Errno;
-use wic_engine::{ChannelLayout, Command, DataSource, Engine, Fill, EngineConfig, Nanos, RunIndex};
+use wic_engine::{ChannelId, ChannelLayout, Command, DataSource, Engine, Fill, Nanos};
 use wic_kmod::{DeviceError, PlacedChannel, ShimBackend};
 use wic_proto::message::{ErrorCode, WireError};
 use wic_proto::shm::ProducerRegion;
@@ -23,7 +23,6 @@ pub struct ShimChannel {
 pub struct ShimGpus {
     backend: ShimBackend,
     channels: ChannelMap<ShimChannel>,
-    runs: RunIndex,
     spaces: HashSet<u32>,
     /// Commands the module refused or that could not be translated.
     pub refused: u64,
@@ -41,9 +40,9 @@ fn wire_error(what: &str, e: DeviceError) -> WireError {
 }
 
 impl ShimGpus {
-    /// Drives `backend` for an engine configured as `config`.
-    pub fn new(backend: ShimBackend, config: &EngineConfig) -> Self {
-        Self { backend, channels: ChannelMap::default(), runs: RunIndex::new(config), spaces: HashSet::new(), refused: 0 }
+    /// Drives `backend`.
+    pub fn new(backend: ShimBackend) -> Self {
+        Self { backend, channels: ChannelMap::default(), spaces: HashSet::new(), refused: 0 }
     }
 
     /// The descriptor to poll for fault records.
@@ -87,7 +86,6 @@ impl ShimGpus {
             slot.runs = slot.runs.map(process);
             slot.pat = slot.pat.map(|pat| pat.map(process));
         }
-        self.runs.add(layout.id.0, layout.slots.iter().map(|s| s.runs));
         self.channels.insert(layout.id.0, ShimChannel { producer, placed });
         Ok(seen)
     }
@@ -95,7 +93,6 @@ impl ShimGpus {
     /// Removes a channel after its final commands ran: its ranges are unregistered.
     pub fn remove(&mut self, channel: u32) -> Option<ShimChannel> {
         let removed = self.channels.remove(&channel)?;
-        self.runs.remove(channel);
         if let Err(e) = self.backend.unplace(&removed.placed) {
             tracing::warn!(channel, "unregistering the channel's pages: {e}");
         }
@@ -131,10 +128,10 @@ impl ShimGpus {
 
     /// Runs `commands` as one batch.
     pub fn execute(&mut self, commands: &[Command], log: &mut impl ExecutionLog) -> Executed {
-        let (channels, runs) = (&self.channels, &self.runs);
-        let host_data = |run: u64, source: DataSource, len: u64| {
+        let channels = &self.channels;
+        let host_data = |channel: ChannelId, source: DataSource, len: u64| {
             let DataSource::Host { offset } = source else { return None };
-            channels.get(&runs.place(run)?.channel)?.producer.as_ref()?.data_address(offset, len)
+            channels.get(&channel.0)?.producer.as_ref()?.data_address(offset, len)
         };
         let mut done = Executed::default();
         let mut refused = 0;
@@ -145,17 +142,15 @@ impl ShimGpus {
                 return;
             }
             match *command {
-                Command::Complete { run_va, fill: Fill::Data { .. }, .. } => {
-                    let Some(place) = runs.place(run_va) else { return };
-                    if let Some(producer) = channels.get(&place.channel).and_then(|c| c.producer.as_ref()) {
-                        producer.mark_delivered(place.slot);
+                Command::Complete { channel, slot, fill: Fill::Data { .. }, .. } => {
+                    let Some(placed) = channels.get(&channel.0) else { return };
+                    if let Some(producer) = &placed.producer {
+                        producer.mark_delivered(slot);
                     }
-                    log.delivered(place.channel);
+                    log.delivered(channel.0);
                 }
-                Command::Complete { run_va, fill: Fill::Marker(marker), .. } => {
-                    if let Some(place) = runs.place(run_va) {
-                        log.failed(place.channel, marker);
-                    }
+                Command::Complete { channel, fill: Fill::Marker(marker), .. } if channels.contains_key(&channel.0) => {
+                    log.failed(channel.0, marker);
                 }
                 Command::Replay { .. } => done.replays += 1,
                 _ => {}

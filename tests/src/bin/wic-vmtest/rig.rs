@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::mman::{mmap_anonymous, munmap, MapFlags, ProtFlags};
 use wic_engine::fault::AccessType;
-use wic_engine::{ChannelLayout, ChannelSpec, Command, DataSource, Engine, EngineConfig, FaultEntry, Producer, RawFaultEntry};
+use wic_engine::{ChannelId, ChannelLayout, ChannelSpec, Command, DataSource, Engine, EngineConfig, FaultEntry, Producer, RawFaultEntry};
 use wic_kmod::fakegpu::{Event, FakeGpu};
 use wic_kmod::{PlacedChannel, ShimBackend, Submission};
 
@@ -113,7 +113,7 @@ impl Daemon {
     pub fn execute(&mut self) -> Result<(), String> {
         let base = self.host_data.as_ptr() as u64;
         let len = self.host_data.len() as u64;
-        let host = |_run: u64, source: DataSource, bytes: u64| match source {
+        let host = |_: ChannelId, source: DataSource, bytes: u64| match source {
             DataSource::Host { offset } if offset + bytes <= len => Some(base + offset),
             _ => None,
         };
