@@ -52,6 +52,19 @@ unsafe impl GlobalAlloc for Counting {
 static GLOBAL: Counting = Counting;
 
 const SLOTS: u32 = 256;
+/// Rounds run before counting (buffers, heaps and histograms reach their sizes), then rounds
+/// counted.
+const WARM_ROUNDS: u64 = 4;
+const COUNTED_ROUNDS: u64 = 100;
+
+/// This thread's allocations over [`COUNTED_ROUNDS`] calls of `round(generation)` that follow
+/// [`WARM_ROUNDS`] uncounted ones.
+fn allocations_once_warm(mut round: impl FnMut(u64)) -> u64 {
+    (0..WARM_ROUNDS).for_each(&mut round);
+    let before = allocations_on_this_thread();
+    (WARM_ROUNDS..WARM_ROUNDS + COUNTED_ROUNDS).for_each(&mut round);
+    allocations_on_this_thread() - before
+}
 
 /// One round of traffic on every slot: a 256-entry batch of first faults (held), its duplicate
 /// storm, a publish per slot (delivered), a batch whose data was published first (delivered at
@@ -101,20 +114,12 @@ fn a_warm_engine_handles_faults_publishes_and_timeouts_without_allocating() {
     let (mut generation, mut now) = (0, 0);
     let mut faults = Vec::with_capacity(SLOTS as usize);
     let mut out = Vec::new();
-    // Warm up: the command buffer, the deadline heap and the histograms reach their sizes.
-    for _ in 0..4 {
-        round(&mut engine, &runs, &mut generation, &mut now, &mut faults, &mut out);
-    }
-    let before = allocations_on_this_thread();
-    let delivered = engine.stats().delivered;
-    for _ in 0..100 {
-        round(&mut engine, &runs, &mut generation, &mut now, &mut faults, &mut out);
-    }
-    let allocations = allocations_on_this_thread() - before;
+    let allocations = allocations_once_warm(|_| round(&mut engine, &runs, &mut generation, &mut now, &mut faults, &mut out));
     let stats = engine.stats();
-    assert_eq!(stats.delivered - delivered, 100 * 2 * u64::from(SLOTS), "the rounds did their work");
-    assert!(stats.timed_out >= 100 * u64::from(SLOTS));
-    assert_eq!(allocations, 0, "the hot path allocated {allocations} times in 100 warm rounds");
+    let rounds = WARM_ROUNDS + COUNTED_ROUNDS;
+    assert_eq!(stats.delivered, rounds * 2 * u64::from(SLOTS), "the rounds did their work");
+    assert!(stats.timed_out >= rounds * u64::from(SLOTS));
+    assert_eq!(allocations, 0, "the hot path allocated {allocations} times in {COUNTED_ROUNDS} warm rounds");
 }
 
 #[test]
@@ -136,16 +141,9 @@ fn holds_delivered_long_before_their_timeout_do_not_grow_the_deadline_heap() {
             engine.publish(generation, layout.id, slot, out).expect("publish");
         }
     };
-    for generation in 0..4 {
-        hold_and_deliver(generation, &mut out);
-    }
-    let before = allocations_on_this_thread();
-    for generation in 4..104 {
-        hold_and_deliver(generation, &mut out);
-    }
-    let allocations = allocations_on_this_thread() - before;
-    assert_eq!(engine.stats().delivered, 104 * u64::from(SLOTS));
-    assert_eq!(allocations, 0, "holding and delivering allocated {allocations} times in 100 warm rounds");
+    let allocations = allocations_once_warm(|generation| hold_and_deliver(generation, &mut out));
+    assert_eq!(engine.stats().delivered, (WARM_ROUNDS + COUNTED_ROUNDS) * u64::from(SLOTS));
+    assert_eq!(allocations, 0, "holding and delivering allocated {allocations} times in {COUNTED_ROUNDS} warm rounds");
 }
 
 #[test]
@@ -180,14 +178,8 @@ fn a_warm_batch_path_reads_translates_and_builds_commands_without_allocating() {
         path.take_faults(&mut ring, &mut engine, generation, out);
         kernel_commands += path.translate(out, host_data, &mut |command, _| panic!("{command:?} did not translate"), &mut 0).len();
     };
-    for generation in 0..4 {
-        batch(generation, &mut out);
-    }
-    let before = allocations_on_this_thread();
-    for generation in 4..104 {
-        batch(generation, &mut out);
-    }
-    let allocations = allocations_on_this_thread() - before;
-    assert_eq!(kernel_commands, 104 * (SLOTS as usize + 1), "every batch delivered every slot, and replayed");
-    assert_eq!(allocations, 0, "the batch path allocated {allocations} times in 100 warm batches");
+    let allocations = allocations_once_warm(|generation| batch(generation, &mut out));
+    let batches = (WARM_ROUNDS + COUNTED_ROUNDS) as usize;
+    assert_eq!(kernel_commands, batches * (SLOTS as usize + 1), "every batch delivered every slot, and replayed");
+    assert_eq!(allocations, 0, "the batch path allocated {allocations} times in {COUNTED_ROUNDS} warm batches");
 }
