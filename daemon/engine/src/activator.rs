@@ -123,7 +123,7 @@ impl Activator {
     fn complete(&mut self, wake: Wake, fill: Fill, out: &mut Vec<Command>) {
         let Wake { gpu, channel, slot, run_va, companion_va, pages } = wake;
         out.push(Command::Complete { gpu, channel, slot, run_va, companion_va, pages, fill });
-        self.owe_replay(wake.gpu);
+        self.owe_replay(gpu);
     }
 
     #[inline]

@@ -1,7 +1,7 @@
-//! Which channel slot each engine run belongs to, for the backends: a command names a run by
-//! its address, and executing it (finding the producer's bytes, counting the delivery) needs
-//! the channel and slot behind it. One table lookup per command, whatever the number of
-//! channels.
+//! Which channel slot, and which of its two runs, each engine run belongs to. A `Complete`
+//! names its channel and slot, but not which side its run and companion are; the emulated
+//! backend needs that to find their page-state words, and to check that a fault's page is its
+//! channel's. One table lookup per address, whatever the number of channels.
 
 use crate::{pool_page, EngineConfig, PAGE_SIZE};
 
