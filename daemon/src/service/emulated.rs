@@ -61,11 +61,14 @@ impl EmulatedGpus {
         let mut done = Executed::default();
         for command in commands {
             match *command {
-                Command::Complete { run_va, companion_va, pages, fill, .. } => {
+                Command::Complete { run_va, pages, fill, .. } => {
+                    // One lookup serves the whole completion: the companion is the slot's
+                    // other run.
+                    let Some(place) = self.place(run_va) else { continue };
                     match fill {
-                        Fill::Data { len, source } => self.write_data(run_va, len, source, log),
+                        Fill::Data { len, source } => self.write_data(place, len, source, log),
                         Fill::Marker(marker) => {
-                            if let Some((place, region)) = self.run(run_va) {
+                            if let Some(region) = self.consumer(place.channel) {
                                 let first = region.layout().run_page(place.slot, place.side);
                                 for page in first..first + pages as usize {
                                     region.write_pages(page, &marker.word().to_le_bytes());
@@ -74,8 +77,11 @@ impl EmulatedGpus {
                             }
                         }
                     }
-                    self.set_pages(companion_va, pages, PAGE_UNMAPPED);
-                    self.set_pages(run_va, pages, PAGE_MAPPED);
+                    if let Some(region) = self.consumer(place.channel) {
+                        let layout = region.layout();
+                        region.set_pages(layout.run_page(place.slot, 1 - place.side), pages as usize, PAGE_UNMAPPED);
+                        region.set_pages(layout.run_page(place.slot, place.side), pages as usize, PAGE_MAPPED);
+                    }
                 }
                 Command::ServicePat { .. } | Command::RearmPat { .. } => {
                     // Channels with GPU producers are refused at creation by this backend.
@@ -92,23 +98,15 @@ impl EmulatedGpus {
         done
     }
 
-    fn run(&self, va: u64) -> Option<(RunPlace, &ConsumerRegion)> {
-        let place = self.place(va)?;
-        Some((place, &self.channels.get(&place.channel)?.consumer))
+    fn consumer(&self, channel: u32) -> Option<&ConsumerRegion> {
+        Some(&self.channels.get(&channel)?.consumer)
     }
 
-    fn set_pages(&self, va: u64, pages: u32, state: u32) {
-        if let Some((place, region)) = self.run(va) {
-            region.set_pages(region.layout().run_page(place.slot, place.side), pages as usize, state);
-        }
-    }
-
-    fn write_data(&mut self, va: u64, len: u64, source: DataSource, log: &mut impl ExecutionLog) {
+    fn write_data(&mut self, place: RunPlace, len: u64, source: DataSource, log: &mut impl ExecutionLog) {
         let DataSource::Host { offset } = source else {
             tracing::error!("emulated backend cannot copy from a GPU producer");
             return;
         };
-        let Some(place) = self.place(va) else { return };
         let Some(channel) = self.channels.get(&place.channel) else { return };
         let Some(producer) = &channel.producer else { return };
         let capacity = channel.consumer.layout().pages_per_run as u64 * PAGE_SIZE;
