@@ -3,8 +3,9 @@
 //! Page state lives in a segment tree whose nodes hold the longest free run overall, from the
 //! left edge and from the right edge; each leaf summarises one 64-page word of a free bitmap.
 //! The pool counts its free pages itself: it knows each change exactly, so the tree keeps no
-//! per-node count, and a change that leaves a node's runs as they were stops climbing there. Finding the leftmost run of `k` free pages and range-assigning a whole run
-//! are both O(log n). A node that is entirely free or entirely allocated doubles as its own lazy
+//! per-node count, and a change that leaves a node's runs as they were stops climbing there.
+//! Finding the leftmost run of `k` free pages and range-assigning a whole run are both
+//! O(log n). A node that is entirely free or entirely allocated doubles as its own lazy
 //! tag, so there is no lazy array, and all storage is sized in `new()`: `alloc` and `free` never
 //! touch the heap.
 
