@@ -281,8 +281,8 @@ pub struct Engine {
     routes: Vec<Option<SlotRoute>>,
     free_slots: Vec<u32>,
     channels: Vec<Option<Channel>>,
-    /// (deadline, slot id, generation) of every hold, and of delivered holds until their
-    /// deadline passes or the heap is compacted; at most twice `max_slots` entries.
+    /// (deadline, slot id, generation) of every hold, and of delivered holds until they reach
+    /// the top or the heap is compacted; at most twice `max_slots` entries.
     deadlines: BinaryHeap<Reverse<(Nanos, u32, u64)>>,
     activator: Activator,
     woken: Vec<u32>,
@@ -709,21 +709,24 @@ impl Engine {
         self.stats.delivered += 1;
     }
 
-    /// The earliest time at which [`Engine::expire`] may have work; `None` if nothing is held.
-    pub fn next_deadline(&self) -> Option<Nanos> {
-        self.deadlines.peek().map(|Reverse((at, _, _))| *at)
+    /// The earliest deadline of the requests still held, when [`Engine::expire`] next has
+    /// work; `None` if nothing is held. Delivered holds
+    /// leave their entries behind: those on top are dropped here, so a caller sleeping until
+    /// this time never wakes for a request already answered.
+    pub fn next_deadline(&mut self) -> Option<Nanos> {
+        while let Some(&Reverse(entry)) = self.deadlines.peek() {
+            if ends_current_hold(&self.slots, &self.routes, entry) {
+                return Some(entry.0);
+            }
+            self.deadlines.pop();
+        }
+        None
     }
 
     /// Completes every request held past its channel's timeout with [`ErrorMarker::Timeout`].
     pub fn expire(&mut self, now: Nanos, out: &mut Vec<Command>) {
-        while let Some(&Reverse((deadline, slot_id, generation))) = self.deadlines.peek() {
-            if deadline > now {
-                break;
-            }
-            self.deadlines.pop();
-            if !ends_current_hold(&self.slots, &self.routes, (deadline, slot_id, generation)) {
-                continue;
-            }
+        while self.next_deadline().is_some_and(|deadline| deadline <= now) {
+            let Some(Reverse((_, slot_id, generation))) = self.deadlines.pop() else { break };
             let route = self.routes[slot_id as usize].as_ref().expect("a held slot is live");
             let slot = &mut self.slots[slot_id as usize];
             slot.held_since = NOT_HELD;
@@ -923,6 +926,7 @@ mod tests {
         e.publish(2_001, layout.id, 0, &mut out).unwrap();
         let data = Fill::Data { len: 4096, source: DataSource::Host { offset: 0 } };
         assert_eq!(out[0], Command::Complete { gpu: 0, channel: layout.id, slot: 0, run_va: p[1], companion_va: p[0], pages: 1, fill: data });
+        assert_eq!(e.next_deadline(), None, "the delivered hold's deadline is not waited for");
         out.clear();
         e.expire(10_000, &mut out);
         assert!(out.is_empty(), "a delivered request never times out");

@@ -248,6 +248,8 @@ impl Harness {
         self.replay_pending = !expected.is_empty();
         let held = self.model.iter().filter(|m| m.held_since.is_some()).count() as u32;
         prop_assert_eq!(self.engine.held(), held);
+        let next_deadline = self.model.iter().zip(&self.slots).filter_map(|(m, s)| Some(m.held_since?.saturating_add(s.timeout))).min();
+        prop_assert_eq!(self.engine.next_deadline(), next_deadline, "the earliest deadline of a held request");
         prop_assert_eq!(self.engine.available_tags(), self.model.iter().filter(|m| m.published).count());
         self.max_held = self.max_held.max(held);
         Ok(())
