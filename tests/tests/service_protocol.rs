@@ -1,11 +1,15 @@
 //! A real wicd on a private socket, driven at the protocol level: framing errors, version and
-//! hello checks, ownership and grants, reclaiming after an abrupt disconnect, reload.
+//! hello checks, ownership and grants, reclaiming after an abrupt disconnect, reload, and a
+//! consumer region's fault ring written by hand.
 
 use std::time::{Duration, Instant};
 
+use wic_engine::fault::AccessType;
+use wic_engine::{FaultEntry, PAGE_SIZE};
 use wic_proto::client::{Client, ClientError};
 use wic_proto::frame;
-use wic_proto::message::{ChannelSpec, ErrorCode, FdKind, Producer, Reply, Request, Response, Role, Stats};
+use wic_proto::message::{ChannelInfo, ChannelSpec, ErrorCode, FdKind, Producer, Reply, Request, Response, Role, Stats};
+use wic_proto::shm::{ConsumerLayout, ConsumerRegion, PAGE_MAPPED};
 use wic_tests::Daemon;
 
 fn spec(slots: u32, message_bytes: u32) -> ChannelSpec {
@@ -24,12 +28,29 @@ fn refused(result: Result<Reply, ClientError>) -> ErrorCode {
 }
 
 fn create(client: &mut Client, slots: u32) -> (u32, Vec<FdKind>) {
-    match client.call_with_fds(&Request::CreateChannel { spec: spec(slots, 64), base_va: None }).expect("create") {
+    let (info, _) = create_with_fds(client, spec(slots, 64));
+    (info.channel, info.fds)
+}
+
+fn create_with_fds(client: &mut Client, spec: ChannelSpec) -> (ChannelInfo, Vec<std::os::fd::OwnedFd>) {
+    match client.call_with_fds(&Request::CreateChannel { spec, base_va: None }).expect("create") {
         (Reply::Channel(info), fds) => {
             assert_eq!(fds.len(), info.fds.len(), "one descriptor per listed kind");
-            (info.channel, info.fds)
+            (info, fds)
         }
         (other, _) => panic!("unexpected {other:?}"),
+    }
+}
+
+fn wait_stats(client: &mut Client, what: &str, done: impl Fn(&Stats) -> bool) -> Stats {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = stats(client);
+        if done(&now) {
+            return now;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}: {now:?}");
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -256,4 +277,38 @@ fn descriptors_come_only_with_attach_space_and_the_emulated_backend_has_no_space
     assert!(daemon.alive());
     let open_fds = std::fs::read_dir(format!("/proc/{}/fd", daemon.child.id())).expect("the daemon's fds").count();
     assert!(open_fds < 64, "wicd holds {open_fds} descriptors after refusing 200");
+}
+
+#[test]
+fn a_fault_ring_reaches_every_page_of_its_own_channels_runs_and_nothing_of_another_channel() {
+    let daemon = Daemon::start("misdirected", "");
+    let (mut owner, mut other) = (connect(&daemon), connect(&daemon));
+    // 4 KiB messages: a batch of warps spans several pages per run.
+    let (mine, fds) = create_with_fds(&mut owner, spec(1, 4096));
+    assert!(mine.pages_per_run > 1, "{} pages per run", mine.pages_per_run);
+    assert_eq!(mine.fds[..2], [FdKind::ConsumerRegion, FdKind::FaultDoorbell]);
+    let (theirs, _) = create_with_fds(&mut other, spec(1, 64));
+    let layout = ConsumerLayout { slots: 1, pages_per_run: mine.pages_per_run };
+    let region = ConsumerRegion::open(&fds[0], layout).expect("the consumer region maps");
+    // What a consumer warp does, written by hand: an entry in the ring, then the doorbell.
+    let fault = |va: u64| {
+        region.post_fault(&FaultEntry::replayable_gpc(va, AccessType::Read, 0, 0, 0, 0).encode()).expect("room in the ring");
+        nix::unistd::write(&fds[1], &1u64.to_ne_bytes()).expect("ring the doorbell");
+    };
+
+    fault(theirs.slots[0].runs[0]);
+    let after_theirs = wait_stats(&mut owner, "the misdirected entry", |s| s.faults_captured == 1);
+    assert_eq!((after_theirs.faults_ignored, after_theirs.faults_held), (1, 0), "another channel's page is not ours to request");
+    let last_page = mine.slots[0].runs[0] + u64::from(mine.pages_per_run - 1) * PAGE_SIZE;
+    fault(last_page);
+    let held = wait_stats(&mut owner, "the request on the run's last page", |s| s.faults_captured == 2);
+    assert_eq!((held.faults_ignored, held.faults_held, held.pfq_depth), (1, 1, 1), "any page of its own run is a request");
+
+    // Their slot has no request held, so its publish completes nothing; ours completes ours.
+    assert!(matches!(other.call(&Request::Publish { channel: theirs.channel, slot: 0 }), Ok(Reply::Done)));
+    assert!(matches!(owner.call(&Request::Publish { channel: mine.channel, slot: 0 }), Ok(Reply::Done)));
+    let done = wait_stats(&mut owner, "the delivery", |s| s.faults_completed == 1);
+    assert_eq!((done.faults_completed, done.pfq_depth), (1, 0));
+    assert_eq!(region.page_state(layout.run_page(0, 0)).load(std::sync::atomic::Ordering::Acquire), PAGE_MAPPED);
+    daemon.stop();
 }

@@ -1,7 +1,8 @@
-//! Which channel slot, and which of its two runs, each engine run belongs to. A `Complete`
+//! Which channel slot, and which of its two runs, each engine page belongs to. A `Complete`
 //! names its channel and slot, but not which side its run and companion are; the emulated
-//! backend needs that to find their page-state words, and to check that a fault's page is its
-//! channel's. One table lookup per address, whatever the number of channels.
+//! backend needs that to find their page-state words, and to check that a fault's page, any
+//! page of a run, is its channel's. One table lookup per address, whatever the number of
+//! channels.
 
 use crate::{pool_page, EngineConfig, PAGE_SIZE};
 
@@ -13,37 +14,39 @@ pub struct RunPlace {
     pub side: usize,
 }
 
-/// Marks a pool page at which no run starts.
+/// Marks a pool page no run holds.
 const NO_CHANNEL: u32 = u32::MAX;
 
-/// Engine run start -> the channel slot it belongs to, indexed by pool page.
+/// Engine page -> the channel slot whose run holds it, indexed by pool page.
 #[derive(Debug)]
 pub struct RunIndex {
     pool_base: u64,
-    /// For the run starting at each pool page: its channel ([`NO_CHANNEL`] if none starts
-    /// there) and its slot times two plus its side; 8 bytes a page.
-    starts: Vec<(u32, u32)>,
+    /// For the run holding each pool page: its channel ([`NO_CHANNEL`] if none does) and its
+    /// slot times two plus its side; 8 bytes a page.
+    pages: Vec<(u32, u32)>,
 }
 
 impl RunIndex {
     /// An empty index for an engine configured as `config`.
     pub fn new(config: &EngineConfig) -> Self {
-        Self { pool_base: config.pool_base, starts: vec![(NO_CHANNEL, 0); config.pool_pages as usize] }
+        Self { pool_base: config.pool_base, pages: vec![(NO_CHANNEL, 0); config.pool_pages as usize] }
     }
 
-    /// The pool page a run starting at `va` starts on: runs start on page boundaries.
+    /// The pool page at `va`, which must be a page's first byte.
     fn page(&self, va: u64) -> Option<usize> {
-        let page = pool_page(self.pool_base, va, &self.starts)?;
+        let page = pool_page(self.pool_base, va, &self.pages)?;
         (va & (PAGE_SIZE - 1) == 0).then_some(page)
     }
 
-    /// Adds a channel whose runs start at `runs[slot][side]`; addresses outside the pool, which
-    /// the engine never hands out, are ignored.
-    pub fn add(&mut self, channel: u32, runs: impl IntoIterator<Item = [u64; 2]>) {
+    /// Adds a channel whose runs of `pages_per_run` pages start at `runs[slot][side]`; pages
+    /// outside the pool, which the engine never hands out, are ignored.
+    pub fn add(&mut self, channel: u32, pages_per_run: u32, runs: impl IntoIterator<Item = [u64; 2]>) {
         for (slot, pair) in runs.into_iter().enumerate() {
-            for (side, va) in pair.into_iter().enumerate() {
-                if let Some(page) = self.page(va) {
-                    self.starts[page] = (channel, 2 * slot as u32 + side as u32);
+            for (side, start) in pair.into_iter().enumerate() {
+                for va in (0..u64::from(pages_per_run)).map(|i| start + i * PAGE_SIZE) {
+                    if let Some(page) = self.page(va) {
+                        self.pages[page] = (channel, 2 * slot as u32 + side as u32);
+                    }
                 }
             }
         }
@@ -51,14 +54,14 @@ impl RunIndex {
 
     /// Forgets a channel's runs (a scan of the pool, as channels close rarely).
     pub fn remove(&mut self, channel: u32) {
-        for start in self.starts.iter_mut().filter(|(c, _)| *c == channel) {
-            *start = (NO_CHANNEL, 0);
+        for page in self.pages.iter_mut().filter(|(c, _)| *c == channel) {
+            *page = (NO_CHANNEL, 0);
         }
     }
 
-    /// The run that starts at `va`.
+    /// The run that holds the page at `va`.
     pub fn place(&self, va: u64) -> Option<RunPlace> {
-        let (channel, slot_side) = self.starts[self.page(va)?];
+        let (channel, slot_side) = self.pages[self.page(va)?];
         (channel != NO_CHANNEL).then_some(RunPlace { channel, slot: slot_side / 2, side: (slot_side % 2) as usize })
     }
 }
@@ -74,12 +77,13 @@ mod tests {
     #[test]
     fn runs_map_back_to_their_channel_slot_and_side() {
         let mut runs = index();
-        runs.add(3, [[0x10_0000, 0x10_2000], [0x10_4000, 0x10_6000]]);
-        runs.add(5, [[0x10_8000, 0x10_9000]]);
+        runs.add(3, 2, [[0x10_0000, 0x10_2000], [0x10_4000, 0x10_6000]]);
+        runs.add(5, 1, [[0x10_8000, 0x10_9000]]);
         assert_eq!(runs.place(0x10_6000), Some(RunPlace { channel: 3, slot: 1, side: 1 }));
+        assert_eq!(runs.place(0x10_7000), Some(RunPlace { channel: 3, slot: 1, side: 1 }), "a run's second page");
         assert_eq!(runs.place(0x10_8000), Some(RunPlace { channel: 5, slot: 0, side: 0 }));
-        assert_eq!(runs.place(0x10_1000), None, "inside a run, not its start");
-        assert_eq!(runs.place(0x10_0800), None, "not page aligned");
+        assert_eq!(runs.place(0x10_a000), None, "past channel 5's one-page runs");
+        assert_eq!(runs.place(0x10_1800), None, "not a page's first byte");
         assert_eq!(runs.place(0x0f_f000), None, "below the pool");
         assert_eq!(runs.place(0x10_0000 + 64 * 4096), None, "past the pool");
         runs.remove(3);
@@ -90,7 +94,7 @@ mod tests {
     #[test]
     fn addresses_outside_the_pool_are_ignored() {
         let mut runs = index();
-        runs.add(1, [[0x50_0000, 0x10_0000]]);
+        runs.add(1, 1, [[0x50_0000, 0x10_0000]]);
         assert_eq!(runs.place(0x50_0000), None);
         assert_eq!(runs.place(0x10_0000), Some(RunPlace { channel: 1, slot: 0, side: 1 }));
     }

@@ -148,7 +148,7 @@ struct Registration {
 #[derive(Default)]
 struct Counters {
     replays: u64,
-    /// Ring entries whose VA is not a run of the ring's channel: dropped before the engine.
+    /// Ring entries whose page is in no run of the ring's channel: dropped before the engine.
     misdirected: u64,
     /// Overflows of channels already closed.
     closed_overflows: u64,
@@ -450,8 +450,10 @@ impl Dataplane {
                 backend.place(va).is_some_and(|place| place.channel == channel)
             });
             self.counters.misdirected += (before - self.faults.len()) as u64;
-            let now = self.start.elapsed().as_nanos() as Nanos;
-            self.engine.handle_faults(now, gpu, &self.faults, &mut self.commands);
+            if !self.faults.is_empty() {
+                let now = self.start.elapsed().as_nanos() as Nanos;
+                self.engine.handle_faults(now, gpu, &self.faults, &mut self.commands);
+            }
         }
         self.execute();
     }
@@ -685,20 +687,22 @@ impl Dataplane {
     }
 
     fn snapshot(&mut self) -> Snapshot {
-        let (overflows, backend_ignored) = match &mut self.backend {
-            Gpus::Emulated { gpus, .. } => (gpus.channels().map(|(_, c)| c.consumer.overflows()).sum::<u64>(), 0),
-            Gpus::Shim(shim) => (shim.overflows(), shim.ignored() + shim.refused),
+        // `unrouted`: entries read but dropped before the engine, those naming another
+        // channel's pages on the emulated GPU, records of no placed channel on the shim.
+        let (overflows, unrouted, backend_ignored) = match &mut self.backend {
+            Gpus::Emulated { gpus, .. } => (gpus.channels().map(|(_, c)| c.consumer.overflows()).sum::<u64>(), self.counters.misdirected, 0),
+            Gpus::Shim(shim) => (shim.overflows(), shim.stray_records(), shim.ring_anomalies() + shim.refused),
         };
         let overflows = overflows + self.counters.closed_overflows;
         let s = self.engine.stats();
         let pool = self.engine.pool();
         let mut stats = Stats {
-            faults_captured: s.entries,
+            faults_captured: s.entries + unrouted,
             faults_held: s.held,
             faults_completed: s.delivered,
             faults_timed_out: s.timed_out,
             faults_cancelled: s.closed_while_held,
-            faults_ignored: s.malformed + s.foreign + s.wrong_gpu + s.duplicates + s.stale + self.counters.misdirected + backend_ignored,
+            faults_ignored: s.malformed + s.foreign + s.wrong_gpu + s.duplicates + s.stale + unrouted + backend_ignored,
             pfq_depth: self.engine.held(),
             dab_updates: s.dab_updates,
             pat_faults: s.pat_publishes + s.pat_duplicates,

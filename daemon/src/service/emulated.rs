@@ -31,7 +31,7 @@ impl EmulatedGpus {
 
     /// Adds a channel whose runs start at `runs[slot][side]`.
     pub fn add(&mut self, channel: u32, regions: EmulatedChannel, runs: impl IntoIterator<Item = [u64; 2]>) {
-        self.runs.add(channel, runs);
+        self.runs.add(channel, regions.consumer.layout().pages_per_run, runs);
         self.channels.insert(channel, regions);
     }
 
@@ -51,7 +51,7 @@ impl EmulatedGpus {
         self.channels.iter()
     }
 
-    /// The run that starts at `va`.
+    /// The run that holds the page at `va`.
     pub fn place(&self, va: u64) -> Option<RunPlace> {
         self.runs.place(va)
     }

@@ -120,10 +120,15 @@ impl ShimGpus {
         self.backend.device().ring().dropped()
     }
 
-    /// Records no placed channel has, plus torn or out-of-range ring state.
-    pub fn ignored(&mut self) -> u64 {
+    /// Records read that no placed channel has.
+    pub fn stray_records(&self) -> u64 {
+        self.backend.stray_records()
+    }
+
+    /// Torn or out-of-range ring state seen.
+    pub fn ring_anomalies(&mut self) -> u64 {
         let anomalies = self.backend.device().ring().anomalies();
-        self.backend.stray_records() + anomalies.torn + anomalies.bad_head
+        anomalies.torn + anomalies.bad_head
     }
 
     /// Runs `commands` as one batch.
