@@ -42,7 +42,7 @@ struct Scalar {
 
 /// Every scalar field of `s`, in the order of the human form. Listing them once keeps the human
 /// and Prometheus forms from drifting apart.
-fn scalars(s: &Stats) -> [Scalar; 23] {
+fn scalars(s: &Stats) -> [Scalar; 24] {
     use Kind::{Counter, Gauge};
     let row = |group, name, kind, help, value: u64| Scalar { group, name, kind, help, value };
     [
@@ -66,6 +66,13 @@ fn scalars(s: &Stats) -> [Scalar; 23] {
             s.fault_buffer_overflows,
         ),
         row("faults", "replays", Counter, "Replays issued.", s.replays),
+        row(
+            "faults",
+            "commands_failed",
+            Counter,
+            "Commands the backend could not carry out (the daemon logs each).",
+            s.commands_failed,
+        ),
         row("monitor", "pfq_depth", Gauge, "Requests waiting now.", u64::from(s.pfq_depth)),
         row("monitor", "dab_updates", Counter, "Data-availability bits set.", s.dab_updates),
         row("monitor", "pat_faults", Counter, "Producer publishes seen as faults on PAT pages.", s.pat_faults),
@@ -504,6 +511,7 @@ mod tests {
             batch_sizes: Histogram { count: 3, sum: 5, max: 3, buckets: vec![[1, 2], [3, 1]] },
             fault_buffer_overflows: 1011,
             replays: 1012,
+            commands_failed: 1018,
             channels: 2,
             clients: 3,
             uvm_spaces: 1,

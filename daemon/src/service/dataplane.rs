@@ -148,6 +148,7 @@ struct Registration {
 #[derive(Default)]
 struct Counters {
     replays: u64,
+    commands_failed: u64,
     /// Ring entries whose page is in no run of the ring's channel: dropped before the engine.
     misdirected: u64,
     /// Overflows of channels already closed.
@@ -477,6 +478,7 @@ impl Dataplane {
         }
         let done = self.backend.execute(&self.commands, &mut self.counters);
         self.counters.replays += done.replays;
+        self.counters.commands_failed += done.failed;
         self.commands.clear();
     }
 
@@ -691,7 +693,7 @@ impl Dataplane {
         // channel's pages on the emulated GPU, records of no placed channel on the shim.
         let (overflows, unrouted, backend_ignored) = match &mut self.backend {
             Gpus::Emulated { gpus, .. } => (gpus.channels().map(|(_, c)| c.consumer.overflows()).sum::<u64>(), self.counters.misdirected, 0),
-            Gpus::Shim(shim) => (shim.overflows(), shim.stray_records(), shim.ring_anomalies() + shim.refused),
+            Gpus::Shim(shim) => (shim.overflows(), shim.stray_records(), shim.ring_anomalies()),
         };
         let overflows = overflows + self.counters.closed_overflows;
         let s = self.engine.stats();
@@ -714,6 +716,7 @@ impl Dataplane {
             batch_sizes: histogram(&s.batch_sizes),
             fault_buffer_overflows: overflows,
             replays: self.counters.replays,
+            commands_failed: self.counters.commands_failed,
             channels: self.engine.channel_count() as u32,
             clients: 0,
             ..Stats::default()

@@ -64,8 +64,12 @@ impl EmulatedGpus {
                 Command::Complete { run_va, pages, fill, .. } => {
                     // One lookup serves the whole completion: the companion is the slot's
                     // other run.
-                    let Some(place) = self.place(run_va) else { continue };
-                    match fill {
+                    let Some(place) = self.place(run_va) else {
+                        tracing::error!("emulated backend got {command:?} for a run of no channel");
+                        done.failed += 1;
+                        continue;
+                    };
+                    let filled = match fill {
                         Fill::Data { len, source } => self.write_data(place, len, source, log),
                         Fill::Marker(marker) => {
                             if let Some(region) = self.consumer(place.channel) {
@@ -75,7 +79,13 @@ impl EmulatedGpus {
                                 }
                                 log.failed(place.channel, marker);
                             }
+                            true
                         }
+                    };
+                    // As in the module: a run whose fill failed is not mapped.
+                    if !filled {
+                        done.failed += 1;
+                        continue;
                     }
                     if let Some(region) = self.consumer(place.channel) {
                         let layout = region.layout();
@@ -86,6 +96,7 @@ impl EmulatedGpus {
                 Command::ServicePat { .. } | Command::RearmPat { .. } => {
                     // Channels with GPU producers are refused at creation by this backend.
                     tracing::error!("emulated backend got {command:?} without a GPU producer");
+                    done.failed += 1;
                 }
                 Command::Replay { gpu } => {
                     for channel in self.channels.values().filter(|c| c.consumer_gpu == gpu) {
@@ -102,18 +113,70 @@ impl EmulatedGpus {
         Some(&self.channels.get(&channel)?.consumer)
     }
 
-    fn write_data(&mut self, place: RunPlace, len: u64, source: DataSource, log: &mut impl ExecutionLog) {
+    /// Copies the producer's bytes into the run; false if there are none this backend can copy.
+    fn write_data(&mut self, place: RunPlace, len: u64, source: DataSource, log: &mut impl ExecutionLog) -> bool {
         let DataSource::Host { offset } = source else {
             tracing::error!("emulated backend cannot copy from a GPU producer");
-            return;
+            return false;
         };
-        let Some(channel) = self.channels.get(&place.channel) else { return };
-        let Some(producer) = &channel.producer else { return };
+        let Some(channel) = self.channels.get(&place.channel) else { return false };
+        let Some(producer) = &channel.producer else {
+            tracing::error!("channel {}: data for a channel without a host producer region", place.channel);
+            return false;
+        };
         let capacity = channel.consumer.layout().pages_per_run as u64 * PAGE_SIZE;
         self.scratch.resize(len.min(capacity) as usize, 0);
         producer.read_data(offset, &mut self.scratch);
         channel.consumer.write_pages(channel.consumer.layout().run_page(place.slot, place.side), &self.scratch);
         producer.mark_delivered(place.slot);
         log.delivered(place.channel);
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wic_engine::{ChannelSpec, Engine, ErrorMarker, Producer};
+    use wic_proto::shm::ConsumerLayout;
+
+    #[derive(Default)]
+    struct Log {
+        delivered: u32,
+        failed: u32,
+    }
+
+    impl ExecutionLog for Log {
+        fn delivered(&mut self, _: u32) {
+            self.delivered += 1;
+        }
+
+        fn failed(&mut self, _: u32, _: ErrorMarker) {
+            self.failed += 1;
+        }
+    }
+
+    #[test]
+    fn a_completion_that_cannot_be_filled_is_counted_failed_and_leaves_its_run_unmapped() {
+        let mut engine = Engine::new(EngineConfig::default()).unwrap();
+        let spec = ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 64, slots: 1, timeout: 1_000 };
+        let layout = engine.open_channel(spec).unwrap();
+        let (consumer, _fd) = ConsumerRegion::create(ConsumerLayout { slots: 1, pages_per_run: layout.pages_per_run }).unwrap();
+        let mut gpus = EmulatedGpus::new(engine.config());
+        // No producer region: there are no bytes to copy.
+        gpus.add(layout.id.0, EmulatedChannel { consumer_gpu: 0, consumer, producer: None }, layout.slots.iter().map(|s| s.runs));
+        let [run, companion] = layout.slots[0].runs;
+        let complete = |run_va, fill| Command::Complete { gpu: 0, channel: layout.id, slot: 0, run_va, companion_va: companion, pages: 1, fill };
+        let data = Fill::Data { len: 64, source: DataSource::Host { offset: 0 } };
+        let mapped = |gpus: &EmulatedGpus| gpus.consumer(layout.id.0).unwrap().page_state(0).load(std::sync::atomic::Ordering::Acquire) == PAGE_MAPPED;
+        let mut log = Log::default();
+
+        let done = gpus.execute(&[complete(run, data), complete(run + 64 * PAGE_SIZE, data)], &mut log);
+        assert_eq!((done.failed, log.delivered), (2, 0), "no producer bytes, then a run of no channel");
+        assert!(!mapped(&gpus), "a run whose fill failed is not mapped");
+
+        let done = gpus.execute(&[complete(run, Fill::Marker(ErrorMarker::Timeout))], &mut log);
+        assert_eq!((done.failed, log.failed), (0, 1));
+        assert!(mapped(&gpus), "a marker needs no producer bytes");
     }
 }

@@ -39,6 +39,9 @@ impl Hasher for ChannelIdHasher {
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Executed {
     pub replays: u64,
+    /// Commands that could not be carried out: the module refused them, or they named pages
+    /// or data the backend does not have.
+    pub failed: u64,
 }
 
 /// Per-channel events of one execution.

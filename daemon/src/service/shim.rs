@@ -24,8 +24,6 @@ pub struct ShimGpus {
     backend: ShimBackend,
     channels: ChannelMap<ShimChannel>,
     spaces: HashSet<u32>,
-    /// Commands the module refused or that could not be translated.
-    pub refused: u64,
 }
 
 /// The control plane's view of a module error: what the client did wrong, or an I/O error.
@@ -42,7 +40,7 @@ fn wire_error(what: &str, e: DeviceError) -> WireError {
 impl ShimGpus {
     /// Drives `backend`.
     pub fn new(backend: ShimBackend) -> Self {
-        Self { backend, channels: ChannelMap::default(), spaces: HashSet::new(), refused: 0 }
+        Self { backend, channels: ChannelMap::default(), spaces: HashSet::new() }
     }
 
     /// The descriptor to poll for fault records.
@@ -139,10 +137,9 @@ impl ShimGpus {
             channels.get(&channel.0)?.producer.as_ref()?.data_address(offset, len)
         };
         let mut done = Executed::default();
-        let mut refused = 0;
         let outcome = |command: &Command, result: Result<i32, wic_kmod::CommandError>| {
             if result != Ok(0) {
-                refused += 1;
+                done.failed += 1;
                 tracing::warn!("{command:?} failed: {}", describe(result));
                 return;
             }
@@ -163,9 +160,8 @@ impl ShimGpus {
         };
         if let Err(e) = self.backend.execute(commands, host_data, outcome) {
             tracing::error!("submitting {} commands to the module: {e}", commands.len());
-            refused += commands.len() as u64;
+            done.failed += commands.len() as u64;
         }
-        self.refused += refused;
         done
     }
 }

@@ -226,6 +226,10 @@ pub struct Stats {
     pub fault_buffer_overflows: u64,
     /// Replays issued.
     pub replays: u64,
+    /// Commands that could not be carried out: the module refused them, or they named pages
+    /// or data the backend does not have. The daemon logs each.
+    #[serde(default)]
+    pub commands_failed: u64,
     pub channels: u32,
     pub clients: u32,
     /// Address spaces whose GPU faults are observed through nvidia-uvm-tools now.
