@@ -169,7 +169,9 @@ fn scenario() -> Result<(), String> {
     completed(&fake, &[runs[0]], PATIENCE)?;
     ensure(memory.read(runs[0], batch) == data, || "the consumer's run does not hold the published bytes".into())?;
     let stats = held_by_wicd(&client, 0)?;
-    ensure(stats.faults_held == 1 && stats.faults_completed == 1 && stats.host_publishes == 1, || format!("stats: {stats:?}"))?;
+    ensure(stats.faults_held == 1 && stats.faults_completed == 1 && stats.host_publishes == 1 && stats.commands_failed == 0, || {
+        format!("stats: {stats:?}")
+    })?;
     println!("service: a held warp got the {batch} published bytes through wicd");
 
     // Nobody publishes: the wait ends with the timeout marker.
