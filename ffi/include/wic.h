@@ -269,7 +269,8 @@ int wic_watch_range(wic_client *client, uint64_t base_va, uint64_t length);
  * @spec: the channel to be created
  * @bytes: receives the size, a multiple of 4096
  *
- * Return: WIC_OK, or WIC_EINVALID for a bad argument.
+ * Return: WIC_OK, or WIC_EINVALID for a bad argument: a spec without a slot or a message
+ * byte, or one whose size does not fit in 64 bits.
  */
 int wic_placement_bytes(wic_client *client, const struct wic_channel_spec *spec, uint64_t *bytes);
 

@@ -95,11 +95,16 @@ pub struct ChannelSpec {
 
 impl ChannelSpec {
     /// Bytes of application memory a channel of this spec occupies when placed on a real GPU:
-    /// two runs per slot, then two PAT pages per slot for a GPU producer.
-    pub fn placement_bytes(&self, warps_per_batch: u32) -> u64 {
+    /// two runs per slot, then two PAT pages per slot for a GPU producer. `None` for a spec no
+    /// channel can have (no slot, or no message byte) or whose size does not fit in 64 bits.
+    pub fn placement_bytes(&self, warps_per_batch: u32) -> Option<u64> {
+        if self.slots == 0 || self.message_bytes == 0 {
+            return None;
+        }
         let run_pages = u64::from(pages_for_batch(warps_per_batch, self.message_bytes, PAGE_SIZE as u32));
         let pat_pages = if matches!(self.producer, Producer::Gpu { .. }) { 2 } else { 0 };
-        u64::from(self.slots) * (2 * run_pages + pat_pages) * PAGE_SIZE
+        // Two runs of at most u32::MAX pages and two PAT pages cannot overflow.
+        u64::from(self.slots).checked_mul(2 * run_pages + pat_pages)?.checked_mul(PAGE_SIZE)
     }
 }
 

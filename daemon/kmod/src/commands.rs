@@ -232,8 +232,14 @@ mod tests {
             let mut engine = Engine::new(EngineConfig::default()).unwrap();
             let layout = engine.open_channel(spec).unwrap();
             let p = Placement::new(&layout, 1, 0x1000_0000);
-            assert_eq!(p.pcm_bytes + p.pat_bytes, spec.placement_bytes(engine.config().warps_per_batch));
+            assert_eq!(Some(p.pcm_bytes + p.pat_bytes), spec.placement_bytes(engine.config().warps_per_batch));
         }
+        let host = |message_bytes, slots| ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes, slots, timeout: 1 };
+        assert_eq!(host(0, 1).placement_bytes(16), None, "no message byte");
+        assert_eq!(host(64, 0).placement_bytes(16), None, "no slot");
+        // 2^24 pages per run: 2^27 slots would need 2^64 bytes.
+        assert_eq!(host(u32::MAX, 1 << 27).placement_bytes(16), None, "past 64 bits");
+        assert_eq!(host(u32::MAX, (1 << 27) - 1).placement_bytes(16), Some(((1 << 27) - 1) * (2 << 24) * PAGE_SIZE));
     }
 
     #[test]

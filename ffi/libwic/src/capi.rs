@@ -228,10 +228,10 @@ pub unsafe extern "C" fn wic_placement_bytes(client: *mut Client, spec: *const W
         let (Some(client), Some(spec), false) = (unsafe { client.as_ref() }, unsafe { spec.as_ref() }, bytes.is_null()) else {
             return WIC_EINVALID;
         };
-        match spec_from_abi(spec) {
-            Ok(spec) => {
+        match spec_from_abi(spec).and_then(|spec| client.placement_bytes(&spec)) {
+            Ok(placement) => {
                 // SAFETY: non-null, and the caller guarantees it is writable.
-                unsafe { bytes.write(client.placement_bytes(&spec)) };
+                unsafe { bytes.write(placement) };
                 WIC_OK
             }
             Err(e) => err(e.code()),
@@ -539,6 +539,12 @@ mod tests {
             let bad = WicChannelSpec { producer_kind: 7, ..bad };
             assert_eq!(wic_channel_create(client, &bad, &mut ch), WIC_EINVALID);
             let spec = WicChannelSpec { message_bytes: 64, slots: 2, ..WicChannelSpec::default() };
+            let mut bytes = 0;
+            assert_eq!(wic_placement_bytes(client, &spec, &mut bytes), WIC_OK);
+            assert_eq!(bytes, 2 * 2 * 4096, "two one-page runs per slot");
+            let huge = WicChannelSpec { message_bytes: u32::MAX, slots: u32::MAX, ..spec };
+            assert_eq!(wic_placement_bytes(client, &huge, &mut bytes), WIC_EINVALID, "past 64 bits");
+            assert_eq!(wic_placement_bytes(client, &WicChannelSpec { slots: 0, ..spec }, &mut bytes), WIC_EINVALID);
             assert_eq!(wic_channel_create(client, &spec, &mut ch), WIC_OK);
 
             let mut info = WicChannelInfo::default();

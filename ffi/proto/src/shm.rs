@@ -208,8 +208,9 @@ impl Mapping {
 
     fn write(&self, offset: usize, src: &[u8]) {
         let dst = self.ptr(offset, src.len());
-        // SAFETY: as for `read`.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) }
+        // SAFETY: `dst` is in bounds for `src.len()` bytes. `src` may lie in this very mapping
+        // (a C caller publishing a slot's own buffer by copy), so the copy allows overlap.
+        unsafe { std::ptr::copy(src.as_ptr(), dst, src.len()) }
     }
 }
 

@@ -33,7 +33,8 @@ pub fn run() -> Result<(), String> {
     let fake = FakeGpu::open().map_err(|e| format!("open {}: {e}", fakegpu::DEVICE))?;
     let mut memory = Memory::new(16 << 20)?;
     let config = wic_engine::EngineConfig::default();
-    let region = memory.take(host_spec(SLOTS, MESSAGE_BYTES).placement_bytes(config.warps_per_batch))?;
+    let bytes = host_spec(SLOTS, MESSAGE_BYTES).placement_bytes(config.warps_per_batch).ok_or("the spec has no placement")?;
+    let region = memory.take(bytes)?;
     fcntl(fake.fd(), FcntlArg::F_SETFD(FdFlag::empty())).map_err(|e| format!("fcntl: {e}"))?;
     let exe = std::env::current_exe().map_err(|e| format!("own executable: {e}"))?;
     let mut holder = Command::new(exe)

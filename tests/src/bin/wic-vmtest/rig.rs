@@ -92,7 +92,7 @@ impl Daemon {
 
     /// Opens a channel and places it in `memory` of the attached `space`.
     pub fn channel(&mut self, spec: ChannelSpec, space: u32, memory: &mut Memory) -> Result<(ChannelLayout, PlacedChannel), String> {
-        let bytes = spec.placement_bytes(self.engine.config().warps_per_batch);
+        let bytes = spec.placement_bytes(self.engine.config().warps_per_batch).ok_or_else(|| format!("{spec:?} has no placement"))?;
         self.channel_at(spec, space, memory.take(bytes)?)
     }
 

@@ -100,7 +100,7 @@ fn connect(fake: &FakeGpu) -> Result<Client, String> {
 
 /// A channel placed in `memory`; the first VA of each slot's even run.
 fn placed(client: &Client, memory: &mut Memory, spec: &ChannelSpec) -> Result<(Channel, Vec<u64>), String> {
-    let bytes = client.placement_bytes(spec);
+    let bytes = client.placement_bytes(spec).map_err(|e| format!("placement_bytes: {e}"))?;
     let base = memory.take(bytes)?;
     let channel = client.create_channel_at(spec, base).map_err(|e| format!("create_channel_at: {e}"))?;
     let runs: Vec<u64> = channel.info().slots.iter().map(|s| s.runs[0]).collect();
