@@ -25,7 +25,7 @@ use wic_proto::message::{ErrorCode, Histogram, Stats, WireError};
 use wic_proto::shm::{ChannelState, ConsumerLayout, ConsumerRegion, ProducerLayout, ProducerRegion};
 
 use super::emulated::{EmulatedChannel, EmulatedGpus};
-use super::gpus::{ChannelMap, Executed, ExecutionLog};
+use super::gpus::{marker_retries, ChannelMap, Executed, ExecutionLog};
 use super::observe::Observer;
 use super::shim::ShimGpus;
 
@@ -154,6 +154,8 @@ struct Counters {
     /// Overflows of channels already closed.
     closed_overflows: u64,
     channels: ChannelMap<ChannelCounters>,
+    /// Data completions of the last execution whose fill failed.
+    unfilled: Vec<Command>,
 }
 
 impl ExecutionLog for Counters {
@@ -165,6 +167,10 @@ impl ExecutionLog for Counters {
         if marker == ErrorMarker::Timeout {
             self.channels.entry(channel).or_default().timeouts += 1;
         }
+    }
+
+    fn unfilled(&mut self, complete: Command) {
+        self.unfilled.push(complete);
     }
 }
 
@@ -473,6 +479,22 @@ impl Dataplane {
     }
 
     fn execute(&mut self) {
+        self.run_commands();
+        if self.counters.unfilled.is_empty() {
+            return;
+        }
+        // Once: a marker completion that fails too is not retried (`marker_retries` takes
+        // data completions only); the module completes it when the channel closes.
+        let mut unfilled = std::mem::take(&mut self.counters.unfilled);
+        tracing::warn!("{} completions could not write their data: completing them with the timeout marker", unfilled.len());
+        marker_retries(&unfilled, &mut self.commands);
+        self.run_commands();
+        unfilled.clear();
+        self.counters.unfilled = unfilled;
+    }
+
+    /// Runs the pending commands on the backend and counts what they did.
+    fn run_commands(&mut self) {
         if self.commands.is_empty() {
             return;
         }

@@ -85,6 +85,7 @@ impl EmulatedGpus {
                     // As in the module: a run whose fill failed is not mapped.
                     if !filled {
                         done.failed += 1;
+                        log.unfilled(*command);
                         continue;
                     }
                     if let Some(region) = self.consumer(place.channel) {
@@ -144,6 +145,7 @@ mod tests {
     struct Log {
         delivered: u32,
         failed: u32,
+        unfilled: Vec<Command>,
     }
 
     impl ExecutionLog for Log {
@@ -153,6 +155,10 @@ mod tests {
 
         fn failed(&mut self, _: u32, _: ErrorMarker) {
             self.failed += 1;
+        }
+
+        fn unfilled(&mut self, complete: Command) {
+            self.unfilled.push(complete);
         }
     }
 
@@ -173,6 +179,7 @@ mod tests {
 
         let done = gpus.execute(&[complete(run, data), complete(run + 64 * PAGE_SIZE, data)], &mut log);
         assert_eq!((done.failed, log.delivered), (2, 0), "no producer bytes, then a run of no channel");
+        assert_eq!(log.unfilled, [complete(run, data)], "only the channel's run can be completed again");
         assert!(!mapped(&gpus), "a run whose fill failed is not mapped");
 
         let done = gpus.execute(&[complete(run, Fill::Marker(ErrorMarker::Timeout))], &mut log);

@@ -141,6 +141,13 @@ impl ShimGpus {
             if result != Ok(0) {
                 done.failed += 1;
                 tracing::warn!("{command:?} failed: {}", describe(result));
+                if let Command::Complete { channel, slot, fill: Fill::Data { .. }, .. } = *command {
+                    // The engine consumed the generation: the producer may publish the next.
+                    if let Some(producer) = channels.get(&channel.0).and_then(|placed| placed.producer.as_ref()) {
+                        producer.mark_delivered(slot);
+                    }
+                    log.unfilled(*command);
+                }
                 return;
             }
             match *command {
