@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use wic_engine::fault::AccessType;
-use wic_engine::{FaultEntry, PAGE_SIZE};
+use wic_engine::{ErrorMarker, FaultEntry, PAGE_SIZE};
 use wic_proto::client::{Client, ClientError};
 use wic_proto::frame;
 use wic_proto::message::{ChannelInfo, ChannelSpec, ErrorCode, FdKind, Producer, Reply, Request, Response, Role, Stats};
@@ -311,4 +311,24 @@ fn a_fault_ring_reaches_every_page_of_its_own_channels_runs_and_nothing_of_anoth
     assert_eq!((done.faults_completed, done.pfq_depth), (1, 0));
     assert_eq!(region.page_state(layout.run_page(0, 0)).load(std::sync::atomic::Ordering::Acquire), PAGE_MAPPED);
     daemon.stop();
+}
+
+#[test]
+fn a_fault_posted_but_not_yet_read_at_shutdown_gets_the_stopping_marker() {
+    let daemon = Daemon::start("unread-at-stop", "");
+    let mut owner = connect(&daemon);
+    let (mine, fds) = create_with_fds(&mut owner, spec(1, 64));
+    let layout = ConsumerLayout { slots: 1, pages_per_run: mine.pages_per_run };
+    let region = ConsumerRegion::open(&fds[0], layout).expect("the consumer region maps");
+    // Posted without ringing the doorbell: wicd has no reason to read it before it stops.
+    let entry = FaultEntry::replayable_gpc(mine.slots[0].runs[0], AccessType::Read, 0, 0, 0, 0).encode();
+    region.post_fault(&entry).expect("room in the ring");
+    assert_eq!(stats(&mut owner).faults_captured, 0, "not read yet");
+    // Stopped with its owner still connected: a departing owner would close the channel.
+    daemon.stop();
+    let page = layout.run_page(0, 0);
+    assert_eq!(region.page_state(page).load(std::sync::atomic::Ordering::Acquire), PAGE_MAPPED, "the held warp was woken");
+    let mut word = [0u8; 8];
+    region.read_pages(page, &mut word);
+    assert_eq!(u64::from_ne_bytes(word), ErrorMarker::DaemonStopping.word(), "with the stopping marker");
 }

@@ -702,6 +702,12 @@ impl Dataplane {
 
     fn shutdown(&mut self) {
         let channels = self.backend.channel_ids();
+        // Faults posted but not read yet are held as well: read first, they get the stopping
+        // marker like the rest, not the closed marker their channel's removal would give.
+        self.take_ring();
+        for &channel in &channels {
+            self.take_faults(channel);
+        }
         self.engine.shutdown(&mut self.commands);
         self.execute();
         for channel in channels {
