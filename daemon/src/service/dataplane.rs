@@ -142,6 +142,9 @@ struct Registration {
     buf: Box<[u8; 8]>,
     channel: u32,
     bell: Bell,
+    /// Its channel was closed: the next completion of its read, whatever the result, ends
+    /// it. The channel id alone cannot tell, as a new channel may have taken it since.
+    closing: bool,
 }
 
 /// Counters the engine does not keep.
@@ -329,8 +332,13 @@ impl Dataplane {
     fn register(&mut self, fd: OwnedFd, channel: u32, bell: Bell) -> io::Result<()> {
         let token = self.next_token;
         self.next_token += 1;
-        self.registrations.insert(token, Registration { fd, buf: Box::new([0; 8]), channel, bell });
-        self.arm(token)
+        self.registrations.insert(token, Registration { fd, buf: Box::new([0; 8]), channel, bell, closing: false });
+        let armed = self.arm(token);
+        if armed.is_err() {
+            // No read in flight: nothing would ever complete to drop it.
+            self.registrations.remove(&token);
+        }
+        armed
     }
 
     fn run(mut self) {
@@ -411,7 +419,10 @@ impl Dataplane {
     fn on_bell(&mut self, token: u64, result: i32) {
         let Some(reg) = self.registrations.get(&token) else { return };
         let (channel, bell) = (reg.channel, reg.bell);
-        if result < 0 || !self.backend.has(channel) {
+        // An interrupted read of a live channel's doorbell is read again, or the channel
+        // would never be rung again.
+        let interrupted = result == -libc::EINTR;
+        if reg.closing || (result < 0 && !interrupted) || !self.backend.has(channel) {
             // Cancelled because the channel closed (or a read error): the buffer is free now.
             if result < 0 && result != -libc::ECANCELED {
                 tracing::warn!("channel {channel}: doorbell read failed: {}", io::Error::from_raw_os_error(-result));
@@ -419,9 +430,11 @@ impl Dataplane {
             self.registrations.remove(&token);
             return;
         }
-        match bell {
-            Bell::Faults => self.take_faults(channel),
-            Bell::Published => self.take_published(channel),
+        if !interrupted {
+            match bell {
+                Bell::Faults => self.take_faults(channel),
+                Bell::Published => self.take_published(channel),
+            }
         }
         if let Err(e) = self.arm(token) {
             tracing::error!("channel {channel}: cannot re-arm its doorbell: {e}");
@@ -677,7 +690,15 @@ impl Dataplane {
         }
         self.ring_get.remove(&channel);
         self.counters.channels.remove(&channel);
-        let tokens: Vec<u64> = self.registrations.iter().filter(|(_, r)| r.channel == channel).map(|(t, _)| *t).collect();
+        let tokens: Vec<u64> = self
+            .registrations
+            .iter_mut()
+            .filter(|(_, r)| r.channel == channel && !r.closing)
+            .map(|(t, r)| {
+                r.closing = true;
+                *t
+            })
+            .collect();
         for token in tokens {
             let cancel = opcode::AsyncCancel::new(token).build().user_data(CANCEL_TOKEN);
             if let Err(e) = self.push(cancel) {
