@@ -88,6 +88,12 @@ fn broken_requests_get_errors_and_the_daemon_keeps_serving() {
     // Still in sync after all that.
     assert!(matches!(client.call(&Request::Status), Ok(Reply::Status(_))));
 
+    // A greeted client that says hello again in another version is closed as well.
+    let mut again = connect(&daemon);
+    let wrong = frame::encode(br#"{"op":"hello","version":99,"client":"again"}"#);
+    assert_eq!(error_code(raw_reply(&mut again, &wrong)), ErrorCode::Protocol);
+    assert!(again.call(&Request::Status).is_err(), "closed after a version mismatch");
+
     // An oversized frame is answered, then the connection is closed.
     let mut big = connect(&daemon);
     let response = raw_reply(&mut big, &(1u32 << 30).to_le_bytes());

@@ -298,8 +298,9 @@ async fn session(shared: &Shared, stream: &mut UnixStream, conn: ConnId, peer: P
         send(stream, &response, &fds).await?;
         match response {
             Response::Ok(_) => greeted |= hello,
-            // A peer speaking another protocol version cannot be served further.
-            Response::Error(_) if hello && !greeted => return Ok(()),
+            // A peer speaking another protocol version cannot be served further, even after
+            // an earlier hello went well.
+            Response::Error(_) if hello => return Ok(()),
             Response::Error(_) => {}
         }
     }
