@@ -403,7 +403,8 @@ int wic_wait_writable(wic_channel *ch, uint32_t slot, uint64_t timeout_ns);
  * one thread at a time may consume a given slot.
  *
  * Return: WIC_OK; WIC_ETIMED_OUT if the producer missed the channel's timeout; WIC_ECLOSED;
- * WIC_ESTOPPING; WIC_ECONNECT if the daemon hung up; WIC_EPERMISSION for a producer handle.
+ * WIC_ESTOPPING; WIC_ECONNECT if the daemon hung up; WIC_EPERMISSION for a producer handle;
+ * WIC_EUNSUPPORTED on the shim backend, whose consumers are GPU kernels.
  */
 int wic_consume(wic_channel *ch, uint32_t slot, void *dst, size_t len);
 

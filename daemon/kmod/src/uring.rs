@@ -44,7 +44,12 @@ impl UringSubmitter {
             // Every completion is reaped, refusals included, so none is left for the next batch.
             let mut reaped = 0;
             while reaped < group.len() {
-                self.ring.submit_and_wait(group.len() - reaped)?;
+                // Interrupted by a signal: whatever the kernel took is in flight, the rest is
+                // still queued, and both are seen to on the next turn.
+                match self.ring.submit_and_wait(group.len() - reaped) {
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    submitted => submitted?,
+                };
                 for cqe in self.ring.completion() {
                     reaped += 1;
                     match cqe.result() {

@@ -50,6 +50,8 @@ pub enum Error {
     Permission(&'static str),
     /// The channel's producer is a GPU: there is no host publish path.
     GpuProducer,
+    /// The channel's consumers are GPU kernels (shim backend): there is no host consume path.
+    GpuConsumer,
     /// Only producer and consumer tokens can be granted.
     GrantOwner,
     /// No such slot.
@@ -79,7 +81,7 @@ impl Error {
             Self::Region(ShmError::BadHeader(_)) => ErrorCode::Protocol,
             Self::Region(ShmError::Io(_)) | Self::Doorbell(_) => ErrorCode::Io,
             Self::Permission(_) => ErrorCode::Permission,
-            Self::GpuProducer => ErrorCode::Unsupported,
+            Self::GpuProducer | Self::GpuConsumer => ErrorCode::Unsupported,
             Self::GrantOwner | Self::TooLong { .. } => ErrorCode::Invalid,
             Self::NoSlot { .. } => ErrorCode::NotFound,
             Self::Busy => ErrorCode::Busy,
@@ -99,6 +101,7 @@ impl fmt::Display for Error {
             Self::Region(e) => e.fmt(f),
             Self::Permission(what) => write!(f, "permission denied: {what}"),
             Self::GpuProducer => f.write_str("the channel's producer is a GPU; hosts cannot publish to it"),
+            Self::GpuConsumer => f.write_str("the channel's consumers are GPU kernels; hosts cannot consume from it"),
             Self::GrantOwner => f.write_str("only producer and consumer roles can be granted"),
             Self::NoSlot { slot, slots } => write!(f, "no slot {slot}: the channel has {slots}"),
             Self::TooLong { len, max } => write!(f, "{len} bytes do not fit a slot of {max} bytes"),
@@ -430,7 +433,8 @@ impl Channel {
         if !self.info.role.may_consume() {
             return Err(Error::Permission("this handle may not consume"));
         }
-        self.consumer.as_ref().ok_or(Error::Permission("the daemon gave this handle no consumer region"))
+        // The shim backend passes no consumer region: its consumers are the GPU's warps.
+        self.consumer.as_ref().ok_or(Error::GpuConsumer)
     }
 
     /// Consumes `slot`'s next generation as the consumer warps of one batch on the emulated GPU

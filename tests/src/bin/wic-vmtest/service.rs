@@ -17,7 +17,7 @@ use wic::{abi, capi, Channel, Client};
 use wic_engine::fault::AccessType;
 use wic_kmod::fakegpu::{self, FakeGpu};
 use wic_proto::kabi::{WIC_MARKER_DAEMON_GONE, WIC_MARKER_DAEMON_STOPPING, WIC_MARKER_TIMEOUT};
-use wic_proto::message::{ChannelSpec, Producer, Stats};
+use wic_proto::message::{ChannelSpec, ErrorCode, Producer, Stats};
 
 use crate::death::BOUND;
 use crate::rig::{ensure, fault, wait_events, Memory};
@@ -173,6 +173,9 @@ fn scenario() -> Result<(), String> {
         format!("stats: {stats:?}")
     })?;
     println!("service: a held warp got the {batch} published bytes through wicd");
+    // Consumers are the GPU's warps here: the host has no consume path.
+    let consumed = channel.consume(0, &mut vec![0; batch]);
+    ensure(consumed.as_ref().is_err_and(|e| e.code() == ErrorCode::Unsupported), || format!("a host consume on the shim backend: {consumed:?}"))?;
 
     // Nobody publishes: the wait ends with the timeout marker.
     let (short, short_runs) = placed(&client, &mut memory, &spec(1, 100_000_000))?;
