@@ -701,15 +701,8 @@ impl Engine {
         let held_since = std::mem::replace(&mut slot.held_since, NOT_HELD);
         let waited = if held_since == NOT_HELD { 0 } else { now.saturating_sub(held_since) };
         self.stats.wake_latency_ns.record(waited);
-        let side = (slot.generation % 2) as usize;
         self.activator.deliver(wake_of(slot, route, &self.config), route.len, route.source, out);
-        if let Some(pat) = route.pat {
-            let gpu = slot.producer_gpu;
-            // Re-arm the PAT page of the previous generation, not this one: this generation's
-            // page stays mapped until the next delivery, so a late duplicate of the producer's
-            // fault can never map a page that must fault for generation g + 2.
-            out.push(Command::RearmPat { gpu, va: self.config.page_va(pat[1 - side]) });
-        }
+        rearm_previous_pat(slot, route, slot.generation, &self.config, out);
         slot.generation += 1;
         self.stats.delivered += 1;
     }
@@ -740,6 +733,9 @@ impl Engine {
             self.pfq.remove(slot_id);
             self.stats.timed_out += 1;
             self.activator.fail(wake, ErrorMarker::Timeout, out);
+            // A timed-out generation ends like a delivered one, or the next one's publish
+            // would find its PAT page still mapped and never fault.
+            rearm_previous_pat(slot, route, generation, &self.config, out);
         }
         self.activator.flush_replays(out);
     }
@@ -754,6 +750,17 @@ fn ends_current_hold(slots: &[SlotState], routes: &[Option<SlotRoute>], (deadlin
         && slot.held_since != NOT_HELD
         && slot.generation == generation
         && slot.held_since.saturating_add(slot.timeout) == deadline
+}
+
+/// For a GPU producer, as generation `generation` of `slot` ends: re-arms the PAT page of the
+/// generation before it, which is the next one's, not this generation's own. That page stays
+/// mapped until the next generation ends, so a late duplicate of the producer's fault can
+/// never map a page that must fault for generation + 2.
+fn rearm_previous_pat(slot: &SlotState, route: &SlotRoute, generation: u64, config: &EngineConfig, out: &mut Vec<Command>) {
+    if let Some(pat) = route.pat {
+        let side = (generation % 2) as usize;
+        out.push(Command::RearmPat { gpu: slot.producer_gpu, va: config.page_va(pat[1 - side]) });
+    }
 }
 
 fn wake_of(slot: &SlotState, route: &SlotRoute, config: &EngineConfig) -> Wake {
@@ -1005,6 +1012,19 @@ mod tests {
         assert_eq!(out[1], Command::Complete { gpu: 0, channel: layout.id, slot: 1, run_va: slot.runs[0], companion_va: slot.runs[1], pages: 1, fill: data });
         assert_eq!(out[2], Command::RearmPat { gpu: 1, va: pat[1] });
         assert_eq!(e.stats().pat_publishes, 1);
+
+        // Generation 1 times out: it ends like a delivery, re-arming generation 2's page.
+        out.clear();
+        e.handle_faults(10, 0, &[fault(slot.runs[1], AccessType::Read)], &mut out);
+        e.expire(10 + spec.timeout, &mut out);
+        assert_eq!(kinds(&out), ["error", "rearm-pat", "replay"]);
+        assert_eq!(out[1], Command::RearmPat { gpu: 1, va: pat[0] });
+        // Generation 2's publish then faults and delivers.
+        out.clear();
+        e.handle_faults(20, 0, &[fault(slot.runs[0], AccessType::Read)], &mut out);
+        e.handle_faults(21, 1, &[fault(pat[0], AccessType::Write)], &mut out);
+        assert_eq!(kinds(&out), ["service-pat", "deliver", "rearm-pat", "replay", "replay"]);
+        assert_eq!(out[2], Command::RearmPat { gpu: 1, va: pat[1] });
     }
 
     #[test]
