@@ -609,6 +609,22 @@ static int wic_map_release(struct wic_session *s, struct uvm_wic_space *uvm,
 	return err;
 }
 
+/*
+ * Unmaps @pages pages at @va from @gpu_id and forgets the faults held on them. Those are late
+ * duplicates of a fault already completed, which the daemon drops as stale: left held, one
+ * would hide the next real fault on its page, which would then never be recorded. A warp
+ * still stalled there faults again after the next replay and is recorded afresh.
+ */
+static int wic_unmap_release(struct wic_session *s, struct uvm_wic_space *uvm, u32 space_id,
+			     u32 gpu_id, u64 va, u32 pages)
+{
+	int err = uvm_wic_unmap(uvm, gpu_id, va, (u64)pages * PAGE_SIZE);
+
+	if (!err)
+		wic_release_held(s, space_id, gpu_id, va, pages);
+	return err;
+}
+
 /* WIC_CMD_COMPLETE: the steps of a wake-up in order; the first failure ends it. */
 static int wic_complete(struct wic_session *s, struct uvm_wic_space *uvm,
 			const struct wic_command *cmd)
@@ -616,8 +632,8 @@ static int wic_complete(struct wic_session *s, struct uvm_wic_space *uvm,
 	int err = cmd->length ? wic_write_data(s, uvm, cmd) : wic_write_markers(uvm, cmd);
 
 	if (!err)
-		err = uvm_wic_unmap(uvm, cmd->gpu_id, cmd->companion,
-				    (u64)cmd->pages * PAGE_SIZE);
+		err = wic_unmap_release(s, uvm, cmd->space_id, cmd->gpu_id, cmd->companion,
+					cmd->pages);
 	if (!err)
 		err = wic_map_release(s, uvm, cmd, false);
 	return err;
@@ -641,7 +657,8 @@ static int wic_run_command(struct wic_session *s, const struct wic_command *cmd)
 	case WIC_CMD_WRITE_MARKER:
 		return wic_write_markers(space->uvm, cmd);
 	case WIC_CMD_UNMAP:
-		return uvm_wic_unmap(space->uvm, cmd->gpu_id, cmd->va, bytes);
+		return wic_unmap_release(s, space->uvm, cmd->space_id, cmd->gpu_id, cmd->va,
+					 cmd->pages);
 	case WIC_CMD_REARM_PAT:
 		return uvm_wic_revoke_write(space->uvm, cmd->gpu_id, cmd->va, bytes);
 	case WIC_CMD_COMPLETE:

@@ -117,14 +117,19 @@ fn hold(fake: &FakeGpu, pages: &[u64]) -> Result<(), String> {
 
 /// Waits until wicd's engine holds `depth` requests.
 fn held_by_wicd(client: &Client, depth: u32) -> Result<Stats, String> {
+    stats_until(client, &format!("{depth} requests held"), |stats| stats.pfq_depth == depth)
+}
+
+/// Waits until wicd's stats satisfy `done`.
+fn stats_until(client: &Client, what: &str, done: impl Fn(&Stats) -> bool) -> Result<Stats, String> {
     let deadline = Instant::now() + PATIENCE;
     loop {
         let stats = client.stats().map_err(|e| format!("stats: {e}"))?;
-        if stats.pfq_depth == depth {
+        if done(&stats) {
             return Ok(stats);
         }
         if Instant::now() > deadline {
-            return Err(format!("wicd holds {} requests, expected {depth}; {stats:?}", stats.pfq_depth));
+            return Err(format!("wicd never had {what}: {stats:?}"));
         }
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -176,6 +181,22 @@ fn scenario() -> Result<(), String> {
     // Consumers are the GPU's warps here: the host has no consume path.
     let consumed = channel.consume(0, &mut vec![0; batch]);
     ensure(consumed.as_ref().is_err_and(|e| e.code() == ErrorCode::Unsupported), || format!("a host consume on the shim backend: {consumed:?}"))?;
+
+    // A late duplicate of generation 0's fault, fetched after its run was mapped, is held and
+    // recorded, and wicd drops it as stale. Its held entry must not hide generation 2's fault
+    // on the same run once generation 1's completion has unmapped it again.
+    let [even, odd] = channel.info().slots[0].runs;
+    hold(&fake, &[even])?;
+    stats_until(&client, "the late duplicate read", |s| s.faults_captured == stats.faults_captured + 1)?;
+    for (generation, run) in [(1, odd), (2, even)] {
+        fake.reset().map_err(|e| e.to_string())?;
+        hold(&fake, &[run])?;
+        held_by_wicd(&client, 1).map_err(|e| format!("generation {generation}'s fault: {e}"))?;
+        channel.wait_writable(0, PATIENCE).map_err(|e| format!("wait writable: {e}"))?;
+        channel.publish_copy(0, &data).map_err(|e| format!("publish: {e}"))?;
+        completed(&fake, &[run], PATIENCE)?;
+    }
+    println!("service: a stale duplicate's held entry did not hide a later generation's fault");
 
     // Nobody publishes: the wait ends with the timeout marker.
     let (short, short_runs) = placed(&client, &mut memory, &spec(1, 100_000_000))?;
