@@ -810,13 +810,18 @@ static int __init wic_init(void)
 		pr_err("ring_entries=%u is not a power of two from 256 to 65536\n", ring_entries);
 		return -EINVAL;
 	}
-	err = misc_register(&wic_misc);
-	if (err)
-		return err;
+	/*
+	 * The hook first: once /dev/wic exists it can be opened, and a failure after that would
+	 * free the module under the open file.
+	 */
 	err = uvm_wic_register(&wic_ops);
 	if (err) {
 		pr_err("cannot register with nvidia-uvm: %d\n", err);
-		misc_deregister(&wic_misc);
+		return err;
+	}
+	err = misc_register(&wic_misc);
+	if (err) {
+		uvm_wic_unregister(&wic_ops);
 		return err;
 	}
 	pr_info("ready: abi %u, %u ring entries, %u held faults at most\n",

@@ -170,8 +170,10 @@ impl FaultRing {
             self.next = self.next.wrapping_add(1);
             let offset = WIC_RING_RECORDS_OFFSET as usize
                 + (seq & (self.entries - 1)) as usize * std::mem::size_of::<WicFaultRecord>();
-            // A seqlock read: the record is copied word by word between two checks of its
-            // sequence number, so a copy the module overwrote meanwhile is caught and dropped.
+            // The module never writes a slot the tail has not passed (a full ring drops the
+            // fault instead), so the record stays put while it is copied. Its sequence number,
+            // checked before and after the copy, catches a record of another lap: one not
+            // written yet, or a head the module got wrong.
             if self.word(offset).load(Ordering::Acquire) != seq {
                 self.anomalies.torn += 1;
                 continue;
