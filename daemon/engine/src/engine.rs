@@ -366,11 +366,16 @@ impl Engine {
         if spec.slots == 0 || spec.message_bytes == 0 {
             return Err(EngineError::Invalid("a channel needs at least one slot and one byte per message"));
         }
-        if let Producer::Gpu { gpu, .. } = spec.producer {
+        let batch_bytes = u64::from(self.config.warps_per_batch) * u64::from(spec.message_bytes);
+        if let Producer::Gpu { gpu, base_va } = spec.producer {
             if gpu == spec.consumer_gpu {
                 // A held fault blocks timeslicing of the consumer's channel: a producer in
                 // another context on the same GPU could never run (driver notes, section 1).
                 return Err(EngineError::Invalid("producer and consumer on the same GPU can deadlock under a hold"));
+            }
+            // Every slot's source address is computed from here on without a check.
+            if u64::from(spec.slots).checked_mul(batch_bytes).and_then(|bytes| base_va.checked_add(bytes)).is_none() {
+                return Err(EngineError::Invalid("the producer's buffer runs past the end of the address space"));
             }
         }
         let free = self.free_slots.len() as u32;
@@ -378,7 +383,6 @@ impl Engine {
             return Err(EngineError::SlotsExhausted { requested: spec.slots, free });
         }
         let pages_per_run = pages_for_batch(self.config.warps_per_batch, spec.message_bytes, PAGE_SIZE as u32);
-        let batch_bytes = u64::from(self.config.warps_per_batch) * u64::from(spec.message_bytes);
         let mut runs = Vec::new();
         let mut tags = Vec::new();
         let allocated = self.allocate_channel(&spec, pages_per_run, &mut runs, &mut tags);
@@ -1057,9 +1061,14 @@ mod tests {
         let same_gpu = ChannelSpec { producer: Producer::Gpu { gpu: 0, base_va: 0 }, ..host_spec(1) };
         assert!(matches!(e.open_channel(same_gpu), Err(EngineError::Invalid(_))));
         assert!(matches!(e.open_channel(host_spec(0)), Err(EngineError::Invalid(_))));
+        // Slot 1's bytes would start past the end of the address space.
+        let wrapping = ChannelSpec { producer: Producer::Gpu { gpu: 1, base_va: u64::MAX - 4096 }, ..host_spec(2) };
+        assert!(matches!(e.open_channel(wrapping), Err(EngineError::Invalid(_))));
         assert_eq!((e.pool().free_pages(), e.pool().allocated_runs(), e.channel_count()), (64, 0, 0));
         let all = e.open_channel(host_spec(8)).unwrap();
         assert_eq!(all.slots.len(), 8);
         assert!(EngineError::SlotsExhausted { requested: 9, free: 8 }.to_string().contains('9'));
+        let too_many_pages = EngineConfig { pool_pages: (1 << 30) + 1, ..EngineConfig::default() };
+        assert!(matches!(Engine::new(too_many_pages), Err(EngineError::Pool(PoolError::TooLarge { .. }))), "refused, not a panic");
     }
 }

@@ -38,6 +38,8 @@ impl PageRun {
 pub enum PoolError {
     /// A pool was requested with zero pages.
     EmptyPool,
+    /// A pool was requested with more pages than the tree supports.
+    TooLarge { pages: u32, max: u32 },
     /// A run of zero pages was requested.
     ZeroLength,
     /// No run of `requested` contiguous free pages exists right now.
@@ -63,6 +65,7 @@ impl fmt::Display for PoolError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::EmptyPool => write!(f, "PCM pool must have at least one page"),
+            Self::TooLarge { pages, max } => write!(f, "a PCM pool of {pages} pages exceeds the {max} pages the allocator supports"),
             Self::ZeroLength => write!(f, "cannot allocate a run of zero PCM pages"),
             Self::Exhausted {
                 requested,
@@ -492,13 +495,13 @@ pub struct PagePool {
 }
 
 impl PagePool {
-    /// A pool of `pages` free pages.
-    ///
-    /// # Panics
-    /// If `pages` exceeds 2^30 (see [`SegmentTree::new`]).
+    /// A pool of `pages` free pages, at most 2^30 (see [`SegmentTree::new`]).
     pub fn new(pages: u32) -> Result<Self, PoolError> {
         if pages == 0 {
             return Err(PoolError::EmptyPool);
+        }
+        if pages > SegmentTree::MAX_PAGES {
+            return Err(PoolError::TooLarge { pages, max: SegmentTree::MAX_PAGES });
         }
         Ok(Self {
             tree: SegmentTree::new(pages),
@@ -1092,6 +1095,7 @@ mod tests {
     #[test]
     fn empty_pool_and_zero_length_are_errors() {
         assert_eq!(PagePool::new(0).err(), Some(PoolError::EmptyPool));
+        assert_eq!(PagePool::new((1 << 30) + 1).err(), Some(PoolError::TooLarge { pages: (1 << 30) + 1, max: 1 << 30 }));
         let mut pool = PagePool::new(4).expect("nonzero pool");
         assert_eq!(pool.alloc(0), Err(PoolError::ZeroLength));
         assert_eq!(pool.capacity(), 4);
