@@ -31,6 +31,8 @@ const BATCH: u32 = 256;
 const RING_ENTRIES: u32 = 1024;
 /// Where the channel sits in the (pretend) application's address space.
 const PROCESS_BASE: u64 = 0x7000_0000_0000;
+/// The module's id of the channel's (pretend) registered range, which its records carry.
+const RANGE_ID: u32 = 1;
 
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Row {
@@ -77,7 +79,7 @@ pub fn run(settings: &Settings) -> Row {
     let process_runs: Vec<[u64; 2]> =
         layout.slots.iter().map(|slot| slot.runs.map(|run| placement.process_va(run).expect("a placed run"))).collect();
     let mut path = BatchPath::new(engine.config());
-    path.add(&placement);
+    path.add(&placement, &[RANGE_ID]);
     let mut memory = MemoryRing::new(RING_ENTRIES);
     // SAFETY: `memory` owns the ring's bytes, is not moved, and outlives both readers.
     let mut ring = unsafe { FaultRing::new(memory.base(), memory.bytes()) }.expect("a well-formed ring");
@@ -108,7 +110,7 @@ pub fn run(settings: &Settings) -> Row {
         for runs in &process_runs {
             let va = runs[side];
             let entry = FaultEntry::replayable_gpc(va, AccessType::Read, seq, 0x1000, 0, 0).encode();
-            memory.write(seq, &Record { seq, space_id: 1, gpu_id: 0, range_id: 1, pat: false, held_ns: 0, entry });
+            memory.write(seq, &Record { seq, space_id: 1, gpu_id: 0, range_id: RANGE_ID, pat: false, held_ns: 0, entry });
             seq += 1;
         }
         memory.publish(seq);

@@ -78,9 +78,10 @@ impl BatchPath {
         }
     }
 
-    /// Makes a placed channel's pages known in both directions.
-    pub fn add(&mut self, placement: &Placement) {
-        self.translator.add(placement);
+    /// Makes a placed channel's pages known in both directions; `range_ids` are the module's
+    /// ids of its registered ranges (PCM, then PAT if any), which its records carry.
+    pub fn add(&mut self, placement: &Placement, range_ids: &[u32]) {
+        self.translator.add(placement, range_ids);
     }
 
     /// Forgets a channel's pages.
@@ -97,7 +98,7 @@ impl BatchPath {
         // Each record becomes an engine entry as it is copied out of the ring.
         let read = ring.read_with(usize::MAX, |_, record| {
             let entry = RawFaultEntry(record.entry);
-            let (Ok(gpu), Some(va)) = (GpuId::try_from(record.gpu_id), translator.engine_va(record.space_id, &entry, *width)) else {
+            let (Ok(gpu), Some(va)) = (GpuId::try_from(record.gpu_id), translator.engine_va(record.space_id, record.range_id, &entry, *width)) else {
                 *stray_records += 1;
                 return;
             };
@@ -211,7 +212,7 @@ impl ShimBackend {
                 }
             }
         }
-        self.path.add(&placement);
+        self.path.add(&placement, &ranges);
         Ok(PlacedChannel { placement, ranges })
     }
 
@@ -272,7 +273,7 @@ mod tests {
             let spec = ChannelSpec { consumer_gpu: gpu, producer: Producer::Host, message_bytes: 256, slots: 3, timeout: 1_000 };
             let layout = engine.open_channel(spec).unwrap();
             let placement = Placement::new(&layout, 1, 0x7000_0000_0000 + u64::from(gpu) * 0x100_0000);
-            path.add(&placement);
+            path.add(&placement, &[1]);
             placed.push((layout, placement));
         }
         let mut out = Vec::new();
@@ -308,7 +309,7 @@ mod tests {
         let layout = engine.open_channel(spec).unwrap();
         let placement = Placement::new(&layout, 1, 0x7000_0000_0000);
         let mut path = BatchPath::new(engine.config());
-        path.add(&placement);
+        path.add(&placement, &[1]);
         let mut out = Vec::new();
         for slot in 0..2 {
             engine.publish(0, layout.id, slot, &mut out).unwrap();
@@ -338,7 +339,7 @@ mod tests {
         let spec = ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 256, slots: 2, timeout: 1_000 };
         let layout = engine.open_channel(spec).unwrap();
         let mut path = BatchPath::new(engine.config());
-        path.add(&Placement::new(&layout, 1, 0x7000_0000_0000));
+        path.add(&Placement::new(&layout, 1, 0x7000_0000_0000), &[1]);
         let fill = wic_engine::Fill::Marker(wic_engine::ErrorMarker::Timeout);
         let complete = |run_va, companion_va| Command::Complete { gpu: 0, channel: layout.id, slot: 0, run_va, companion_va, pages: 1, fill };
         let [slot0, slot1] = [0, 1].map(|slot| layout.slots[slot].runs);

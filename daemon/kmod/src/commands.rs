@@ -89,6 +89,10 @@ impl PageMapping {
 struct PlacedRange {
     space_id: u32,
     base: u64,
+    /// The module's ids of the placement's registered ranges (PCM, then PAT or 0). The module
+    /// never reuses an id, so a record of a channel closed since is known by its id even when
+    /// a new channel sits at the same place.
+    range_ids: [u32; 2],
     /// Engine side of each page of the range.
     pages: Vec<PageMapping>,
 }
@@ -111,11 +115,16 @@ impl Translator {
         Self { pool_base: config.pool_base, pool: vec![PageMapping::default(); config.pool_pages as usize], ranges: Vec::new() }
     }
 
-    /// Adds a placed channel. Runs outside the engine's pool or outside the placement's own
-    /// range are not the placement's and are ignored.
-    pub fn add(&mut self, placement: &Placement) {
+    /// Adds a placed channel, registered with the module as the ranges `range_ids` (PCM, then
+    /// PAT if any). Runs outside the engine's pool or outside the placement's own range are not
+    /// the placement's and are ignored.
+    pub fn add(&mut self, placement: &Placement, range_ids: &[u32]) {
         let total_pages = (placement.pcm_bytes + placement.pat_bytes) / PAGE_SIZE;
-        let mut range = PlacedRange { space_id: placement.space_id, base: placement.base, pages: vec![PageMapping::default(); total_pages as usize] };
+        let mut ids = [0; 2];
+        for (id, &range_id) in ids.iter_mut().zip(range_ids) {
+            *id = range_id;
+        }
+        let mut range = PlacedRange { space_id: placement.space_id, base: placement.base, range_ids: ids, pages: vec![PageMapping::default(); total_pages as usize] };
         for &(engine_start, process_start, pages) in &placement.runs {
             let last = u64::from(pages.max(1) - 1) * PAGE_SIZE;
             let (Some(first_pool), Some(_)) = (pool_page(self.pool_base, engine_start, &self.pool), pool_page(self.pool_base, engine_start + last, &self.pool)) else { continue };
@@ -149,14 +158,15 @@ impl Translator {
         Ok((mapping.space_id, process_va))
     }
 
-    /// The engine's address of the page `entry` of space `space_id` faulted on, or `None` for a
-    /// page no placed channel has (a stale record of a closed channel).
+    /// The engine's address of the page `entry` of space `space_id` faulted on, recorded for
+    /// the module's range `range_id`, or `None` for a page no placed channel has or a range
+    /// that is not its placement's (a stale record of a closed channel).
     #[inline]
-    pub fn engine_va(&self, space_id: u32, entry: &RawFaultEntry, width: VaWidth) -> Option<u64> {
+    pub fn engine_va(&self, space_id: u32, range_id: u32, entry: &RawFaultEntry, width: VaWidth) -> Option<u64> {
         let page = FaultEntry::decode_va(entry, width) & !(PAGE_SIZE - 1);
         let key = (space_id, page);
         let range = &self.ranges[self.ranges.partition_point(|r| (r.space_id, r.base) <= key).checked_sub(1)?];
-        if range.space_id != space_id {
+        if range.space_id != space_id || !range.range_ids.contains(&range_id) {
             return None;
         }
         let index = usize::try_from((page - range.base) / PAGE_SIZE).ok()?;
@@ -245,7 +255,7 @@ mod tests {
     #[test]
     fn commands_translate_page_by_page_and_stay_inside_their_run() {
         let mut t = Translator::new(&EngineConfig { pool_base: 0x10_0000, pool_pages: 0x30_0000 / 4096, ..EngineConfig::default() });
-        t.add(&Placement::new(&layout(), 7, 0x7000_0000));
+        t.add(&Placement::new(&layout(), 7, 0x7000_0000), &[1, 2]);
         let host = |channel, _: DataSource, _: u64| (channel == ChannelId(3)).then_some(0xdead_0000);
         let data = |len| Fill::Data { len, source: DataSource::Host { offset: 0 } };
         let complete = |run_va, companion_va, fill| Command::Complete { gpu: 1, channel: ChannelId(3), slot: 0, run_va, companion_va, pages: 2, fill };
@@ -287,27 +297,33 @@ mod tests {
     fn records_map_to_engine_addresses_and_strangers_are_dropped() {
         let mut t = Translator::new(&EngineConfig { pool_base: 0x10_0000, pool_pages: 0x30_0000 / 4096, ..EngineConfig::default() });
         let placement = Placement::new(&layout(), 7, 0x7000_0000);
-        t.add(&placement);
+        t.add(&placement, &[1, 2]);
         let width = VaWidth::Bits57;
-        assert_eq!(t.engine_va(7, &fault(0x7000_5123), width), Some(0x30_1000));
-        assert_eq!(t.engine_va(8, &fault(0x7000_5000), width), None, "another space");
-        assert_eq!(t.engine_va(7, &fault(0x6fff_f000), width), None, "below the placement");
+        assert_eq!(t.engine_va(7, 1, &fault(0x7000_5123), width), Some(0x30_1000));
+        assert_eq!(t.engine_va(8, 1, &fault(0x7000_5000), width), None, "another space");
+        assert_eq!(t.engine_va(7, 1, &fault(0x6fff_f000), width), None, "below the placement");
+        assert_eq!(t.engine_va(7, 3, &fault(0x7000_5000), width), None, "another range");
         t.remove(&placement);
-        assert_eq!(t.engine_va(7, &fault(0x7000_0000), width), None, "removed");
+        assert_eq!(t.engine_va(7, 1, &fault(0x7000_0000), width), None, "removed");
+        // A channel placed again at the same place registers new ranges: an unread record of
+        // the closed one is not the new channel's.
+        t.add(&placement, &[3, 4]);
+        assert_eq!(t.engine_va(7, 1, &fault(0x7000_5000), width), None, "the closed channel's record");
+        assert_eq!(t.engine_va(7, 3, &fault(0x7000_5000), width), Some(0x30_1000));
     }
 
     #[test]
     fn a_removed_channels_runs_make_room_for_the_next_without_crossing_over() {
         let mut t = Translator::new(&EngineConfig { pool_base: 0x10_0000, pool_pages: 0x30_0000 / 4096, ..EngineConfig::default() });
         let (first, second) = (Placement::new(&layout(), 7, 0x7000_0000), Placement::new(&layout(), 8, 0x9000_0000));
-        t.add(&first);
+        t.add(&first, &[1, 2]);
         t.remove(&first);
-        t.add(&second);
+        t.add(&second, &[3, 4]);
         let host = |_: ChannelId, _: DataSource, _: u64| None;
         let complete = Command::Complete { gpu: 1, channel: ChannelId(0), slot: 1, run_va: 0x30_2000, companion_va: 0x30_0000, pages: 2, fill: Fill::Marker(ErrorMarker::Timeout) };
         let kernel = t.to_kernel(&complete, host).unwrap();
         assert_eq!((kernel.space_id, kernel.va), (8, 0x9000_6000), "the engine run now belongs to the second channel");
-        assert_eq!(t.engine_va(7, &fault(0x7000_6000), VaWidth::Bits57), None, "the first channel is gone");
-        assert_eq!(t.engine_va(8, &fault(0x9000_8000), VaWidth::Bits57), Some(0x20_0000), "a PAT page of the second channel");
+        assert_eq!(t.engine_va(7, 1, &fault(0x7000_6000), VaWidth::Bits57), None, "the first channel is gone");
+        assert_eq!(t.engine_va(8, 4, &fault(0x9000_8000), VaWidth::Bits57), Some(0x20_0000), "a PAT page of the second channel");
     }
 }

@@ -154,7 +154,7 @@ fn a_warm_batch_path_reads_translates_and_builds_commands_without_allocating() {
     let placement = Placement::new(&layout, 1, 0x7000_0000_0000);
     let process_runs: Vec<[u64; 2]> = layout.slots.iter().map(|s| s.runs.map(|run| placement.process_va(run).expect("placed"))).collect();
     let mut path = BatchPath::new(engine.config());
-    path.add(&placement);
+    path.add(&placement, &[1]);
     let mut memory = MemoryRing::new(1024);
     // SAFETY: `memory` owns the ring's bytes, is not moved, and outlives the reader.
     let mut ring = unsafe { FaultRing::new(memory.base(), memory.bytes()) }.expect("a well-formed ring");
