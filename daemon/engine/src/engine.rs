@@ -712,9 +712,9 @@ impl Engine {
     }
 
     /// The earliest deadline of the requests still held, when [`Engine::expire`] next has
-    /// work; `None` if nothing is held. Delivered holds
-    /// leave their entries behind: those on top are dropped here, so a caller sleeping until
-    /// this time never wakes for a request already answered.
+    /// work; `None` if nothing is held. Delivered holds leave their entries behind: those on
+    /// top are dropped here, so a caller sleeping until this time never wakes for a request
+    /// already answered.
     pub fn next_deadline(&mut self) -> Option<Nanos> {
         while let Some(&Reverse(entry)) = self.deadlines.peek() {
             if ends_current_hold(&self.slots, &self.routes, entry) {

@@ -138,26 +138,27 @@ impl ShimGpus {
         };
         let mut done = Executed::default();
         let outcome = |command: &Command, result: Result<i32, wic_kmod::CommandError>| {
-            if result != Ok(0) {
+            let carried_out = result == Ok(0);
+            if !carried_out {
                 done.failed += 1;
                 tracing::warn!("{command:?} failed: {}", describe(result));
-                if let Command::Complete { channel, slot, fill: Fill::Data { .. }, .. } = *command {
-                    // The engine consumed the generation: the producer may publish the next.
-                    if let Some(producer) = channels.get(&channel.0).and_then(|placed| placed.producer.as_ref()) {
-                        producer.mark_delivered(slot);
-                    }
-                    log.unfilled(*command);
-                }
-                return;
             }
             match *command {
                 Command::Complete { channel, slot, fill: Fill::Data { .. }, .. } => {
+                    if !carried_out {
+                        log.unfilled(*command);
+                    }
                     let Some(placed) = channels.get(&channel.0) else { return };
+                    // The engine consumed the generation either way: the producer may publish
+                    // the next.
                     if let Some(producer) = &placed.producer {
                         producer.mark_delivered(slot);
                     }
-                    log.delivered(channel.0);
+                    if carried_out {
+                        log.delivered(channel.0);
+                    }
                 }
+                _ if !carried_out => {}
                 Command::Complete { channel, fill: Fill::Marker(marker), .. } if channels.contains_key(&channel.0) => {
                     log.failed(channel.0, marker);
                 }
