@@ -9,7 +9,7 @@ use wic_engine::{ErrorMarker, FaultEntry, PAGE_SIZE};
 use wic_proto::client::{Client, ClientError};
 use wic_proto::frame;
 use wic_proto::message::{ChannelInfo, ChannelSpec, ErrorCode, FdKind, Producer, Reply, Request, Response, Role, Stats};
-use wic_proto::shm::{ConsumerLayout, ConsumerRegion, PAGE_MAPPED};
+use wic_proto::shm::{ConsumerLayout, ConsumerRegion, RingFull, FAULT_RING_ENTRIES, PAGE_MAPPED};
 use wic_tests::Daemon;
 
 fn spec(slots: u32, message_bytes: u32) -> ChannelSpec {
@@ -337,4 +337,49 @@ fn a_fault_posted_but_not_yet_read_at_shutdown_gets_the_stopping_marker() {
     let mut word = [0u8; 8];
     region.read_pages(page, &mut word);
     assert_eq!(u64::from_ne_bytes(word), ErrorMarker::DaemonStopping.word(), "with the stopping marker");
+}
+
+#[test]
+fn a_client_cannot_forge_the_daemon_wide_overflow_count() {
+    let daemon = Daemon::start("forged-overflows", "");
+    let mut owner = connect(&daemon);
+    let (mine, fds) = create_with_fds(&mut owner, spec(1, 64));
+    let layout = ConsumerLayout { slots: 1, pages_per_run: mine.pages_per_run };
+    let region = ConsumerRegion::open(&fds[0], layout).expect("the consumer region maps");
+    // A full ring: every entry posted before the doorbell rings, so the next warp is turned away.
+    let entry = FaultEntry::replayable_gpc(mine.slots[0].runs[0], AccessType::Read, 0, 0, 0, 0).encode();
+    for _ in 0..FAULT_RING_ENTRIES {
+        region.post_fault(&entry).expect("room in the ring");
+    }
+    assert_eq!(region.post_fault(&entry), Err(RingFull));
+    nix::unistd::write(&fds[1], &1u64.to_ne_bytes()).expect("ring the doorbell");
+    let full = wait_stats(&mut owner, "the ring's entries", |s| s.faults_captured == u64::from(FAULT_RING_ENTRIES));
+    assert_eq!(full.fault_buffer_overflows, 1, "wicd found the ring full once: {full:?}");
+    assert_eq!(client_overflows(&mut owner, mine.channel), Some(1), "the turned-away warp's own count");
+
+    // The ring's overflow word (u64 at 48, docs/protocol.md) is the client's to write.
+    let forge = |value: u64| {
+        nix::sys::uio::pwrite(&fds[0], &value.to_ne_bytes(), 48).expect("write the consumer region");
+    };
+    forge(u64::MAX);
+    assert_eq!(stats(&mut owner).fault_buffer_overflows, 1, "a forged word is not a daemon-wide count");
+    assert_eq!(client_overflows(&mut owner, mine.channel), Some(u64::MAX), "the channel's own claim, as written");
+    forge(5);
+    assert_eq!(client_overflows(&mut owner, mine.channel), Some(u64::MAX), "a claim never goes backwards");
+    assert_eq!(stats(&mut owner).fault_buffer_overflows, 1);
+
+    assert!(matches!(owner.call(&Request::DestroyChannel { channel: mine.channel }), Ok(Reply::Done)));
+    assert_eq!(stats(&mut owner).fault_buffer_overflows, 1, "nothing of the channel's word outlives it");
+    assert_eq!(client_overflows(&mut owner, mine.channel), None);
+    let (next, _) = create_with_fds(&mut owner, spec(1, 64));
+    assert_eq!(client_overflows(&mut owner, next.channel), Some(0), "a new channel starts with no claim");
+    daemon.stop();
+}
+
+/// `channel`'s overflow count as its consumers report it, if the channel is listed.
+fn client_overflows(client: &mut Client, channel: u32) -> Option<u64> {
+    match client.call(&Request::Channels {}).expect("channels") {
+        Reply::Channels { channels } => channels.iter().find(|c| c.channel == channel).map(|c| c.client_overflows),
+        other => panic!("unexpected {other:?}"),
+    }
 }

@@ -217,7 +217,8 @@ fn table(columns: &[(&str, Align)], rows: &[Vec<String>]) -> String {
     out
 }
 
-/// `wicctl channels`: one row per channel, or `no channels`.
+/// `wicctl channels`: one row per channel, or `no channels`. `CLIENT_OVERFLOWS` is what the
+/// channel's consumers report, unchecked by wicd, unlike the other counters.
 pub fn channels(list: &[ChannelSummary]) -> String {
     if list.is_empty() {
         return "no channels\n".to_owned();
@@ -235,6 +236,7 @@ pub fn channels(list: &[ChannelSummary]) -> String {
         ("PUBLISHES", Right),
         ("DELIVERIES", Right),
         ("TIMEOUTS", Right),
+        ("CLIENT_OVERFLOWS", Right),
     ];
     let rows: Vec<Vec<String>> = list
         .iter()
@@ -255,6 +257,7 @@ pub fn channels(list: &[ChannelSummary]) -> String {
                 c.publishes.to_string(),
                 c.deliveries.to_string(),
                 c.timeouts.to_string(),
+                c.client_overflows.to_string(),
             ]
         })
         .collect();
@@ -814,6 +817,7 @@ mod tests {
             publishes,
             deliveries: publishes,
             timeouts: 0,
+            client_overflows: 3,
         }
     }
 
@@ -832,11 +836,11 @@ mod tests {
             header,
             [
                 "ID", "OWNER", "GPU", "PRODUCER", "MSG_BYTES", "SLOTS", "PAGES", "ATTACHED", "PUBLISHES",
-                "DELIVERIES", "TIMEOUTS"
+                "DELIVERIES", "TIMEOUTS", "CLIENT_OVERFLOWS"
             ]
         );
         let first: Vec<&str> = lines[1].split_whitespace().collect();
-        assert_eq!(first, ["1", "1234/1000", "0", "host", "64", "8", "32", "1", "5", "5", "0"]);
+        assert_eq!(first, ["1", "1234/1000", "0", "host", "64", "8", "32", "1", "5", "5", "0", "3"]);
         assert_eq!(lines[2].split_whitespace().nth(3), Some("gpu1"));
         // Every line has the same length: the last column is right-aligned, with no trailing blanks.
         assert!(lines.iter().all(|l| l.len() == lines[0].len() && !l.ends_with(' ')), "{text}");

@@ -22,7 +22,7 @@ use wic_engine::{
 };
 use wic_kmod::ShimBackend;
 use wic_proto::message::{ErrorCode, Histogram, Stats, WireError};
-use wic_proto::shm::{ChannelState, ConsumerLayout, ConsumerRegion, ProducerLayout, ProducerRegion};
+use wic_proto::shm::{ChannelState, ConsumerLayout, ConsumerRegion, ProducerLayout, ProducerRegion, FAULT_RING_ENTRIES};
 
 use super::emulated::{EmulatedChannel, EmulatedGpus};
 use super::gpus::{marker_retries, ChannelMap, Executed, ExecutionLog};
@@ -88,6 +88,10 @@ pub struct ChannelCounters {
     pub publishes: u64,
     pub deliveries: u64,
     pub timeouts: u64,
+    /// The highest overflow count its consumer region showed (emulated backend): the warps'
+    /// own count, which the client writes. Kept at its highest so it never goes backwards,
+    /// and never added to a daemon-wide total, as nothing bounds it.
+    pub client_overflows: u64,
 }
 
 /// The fast path's view for stats and status.
@@ -154,8 +158,9 @@ struct Counters {
     commands_failed: u64,
     /// Ring entries whose page is in no run of the ring's channel: dropped before the engine.
     misdirected: u64,
-    /// Overflows of channels already closed.
-    closed_overflows: u64,
+    /// Passes over an emulated channel's fault ring that read a whole ring's worth of entries:
+    /// the rings wicd found full.
+    rings_found_full: u64,
     channels: ChannelMap<ChannelCounters>,
     /// Data completions of the last execution whose fill failed.
     unfilled: Vec<Command>,
@@ -462,6 +467,13 @@ impl Dataplane {
             if self.faults.is_empty() {
                 break;
             }
+            // The read index the warps check is published only after a pass: one that reads a
+            // whole ring's worth of entries found the ring full, and warps faulting meanwhile
+            // were turned away. Counted from entries read, not from a word the client writes,
+            // a client can add at most one per ring's worth of entries it posts.
+            if self.faults.len() == FAULT_RING_ENTRIES as usize {
+                self.counters.rings_found_full = self.counters.rings_found_full.saturating_add(1);
+            }
             // A client writes only its own channel's ring: entries naming another channel's
             // pages are dropped, so no process can complete or steal another's requests.
             let before = self.faults.len();
@@ -679,7 +691,6 @@ impl Dataplane {
     fn forget(&mut self, channel: u32, state: ChannelState) {
         let producer = match &mut self.backend {
             Gpus::Emulated { gpus, .. } => gpus.remove(channel).map(|regions| {
-                self.counters.closed_overflows += regions.consumer.overflows();
                 regions.consumer.set_state(state);
                 regions.producer
             }),
@@ -740,11 +751,18 @@ impl Dataplane {
     fn snapshot(&mut self) -> Snapshot {
         // `unrouted`: entries read but dropped before the engine, those naming another
         // channel's pages on the emulated GPU, records of no placed channel on the shim.
+        // Overflows: the module's count on the shim; on the emulated GPU, only what wicd saw
+        // itself, as the region's word is the client's to write.
         let (overflows, unrouted, backend_ignored) = match &mut self.backend {
-            Gpus::Emulated { gpus, .. } => (gpus.channels().map(|(_, c)| c.consumer.overflows()).sum::<u64>(), self.counters.misdirected, 0),
+            Gpus::Emulated { gpus, .. } => {
+                for (id, channel) in gpus.channels() {
+                    let counters = self.counters.channels.entry(*id).or_default();
+                    counters.client_overflows = counters.client_overflows.max(channel.consumer.overflows());
+                }
+                (self.counters.rings_found_full, self.counters.misdirected, 0)
+            }
             Gpus::Shim(shim) => (shim.overflows(), shim.stray_records(), shim.ring_anomalies()),
         };
-        let overflows = overflows + self.counters.closed_overflows;
         let s = self.engine.stats();
         let pool = self.engine.pool();
         let mut stats = Stats {

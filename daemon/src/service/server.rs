@@ -401,6 +401,7 @@ async fn handle(shared: &Shared, conn: ConnId, peer: Peer, request: Request, fds
                         publishes: counters.publishes,
                         deliveries: counters.deliveries,
                         timeouts: counters.timeouts,
+                        client_overflows: counters.client_overflows,
                     }
                 })
                 .collect();

@@ -181,6 +181,11 @@ pub struct ChannelSummary {
     pub publishes: u64,
     pub deliveries: u64,
     pub timeouts: u64,
+    /// Faults the channel's consumers report they found its fault ring full (emulated
+    /// backend): their own count, which wicd cannot check. The highest value wicd has read,
+    /// so it never goes backwards; it goes with the channel and is in no daemon-wide total.
+    #[serde(default)]
+    pub client_overflows: u64,
 }
 
 /// A log2-bucketed histogram: `buckets` lists `[upper_bound_inclusive, count]` for non-empty
@@ -222,7 +227,11 @@ pub struct Stats {
     pub wake_latency_ns: Histogram,
     /// Entries per fetched batch.
     pub batch_sizes: Histogram,
-    /// Faults that found the fault buffer full (more than its capacity outstanding).
+    /// Fault-buffer overflows wicd itself saw. Shim backend: faults the module could not
+    /// record, its ring or held table being full. Emulated backend: the times wicd found a
+    /// channel's fault ring full (a whole ring's worth of entries read in one pass), one each
+    /// however many warps were turned away; the warps' own counts are each channel's
+    /// [`ChannelSummary::client_overflows`].
     pub fault_buffer_overflows: u64,
     /// Replays issued.
     pub replays: u64,
@@ -427,6 +436,13 @@ mod tests {
         assert!(serde_json::from_str::<Request>(r#"{"op":"format_disk"}"#).is_err());
         assert!(serde_json::from_str::<Request>(r#"{"op":"destroy_channel","channel":1,"force":true}"#).is_err());
         assert!(serde_json::from_str::<Request>(r#"{"op":"destroy_channel","channel":-1}"#).is_err());
+    }
+
+    #[test]
+    fn a_channel_summary_without_client_overflows_reads_as_none_reported() {
+        let json = r#"{"channel":1,"owner_pid":2,"owner_uid":3,"spec":{"consumer_gpu":0,"producer":"host","message_bytes":64,"slots":2,"timeout_ns":0},"pages":4,"attached":0,"publishes":5,"deliveries":5,"timeouts":0}"#;
+        let summary: ChannelSummary = serde_json::from_str(json).unwrap();
+        assert_eq!((summary.publishes, summary.client_overflows), (5, 0));
     }
 
     #[test]

@@ -375,7 +375,8 @@ impl ConsumerRegion {
         self.replay();
     }
 
-    /// Faults that found the ring full, as reported by the warps.
+    /// Faults that found the ring full, as reported by the warps. The client writes this word
+    /// at will: the daemon shows it as that channel's own claim, never in a daemon-wide total.
     pub fn overflows(&self) -> u64 {
         self.map.u64_at(word::OVERFLOWS).load(Ordering::Relaxed)
     }
