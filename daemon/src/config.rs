@@ -120,15 +120,31 @@ impl ShimConfig {
     }
 }
 
-/// `[limits]`: all of them apply live on reload.
+/// `[limits]`: all of them apply live on reload. What one client, and one user, can make wicd
+/// hold is bounded, so that a member of the socket's group cannot deny service to the others,
+/// and a few connections are kept for the operators (root and wicd's own user) whatever the
+/// others do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Limits {
     pub max_frame_bytes: usize,
     pub max_clients: u32,
+    /// Of `max_clients`, the connections only operators may take.
+    pub reserved_clients: u32,
+    pub max_clients_per_uid: u32,
     pub max_channels_per_client: u32,
+    pub max_channels_per_uid: u32,
+    /// Unused grant tokens a channel may have outstanding.
+    pub max_grants_per_channel: u32,
+    /// Unused grant tokens of all the channels of one user.
+    pub max_grants_per_uid: u32,
     pub max_message_bytes: u32,
     pub default_timeout_ms: u64,
+    /// How long a new connection has to say hello.
+    pub hello_timeout_ms: u64,
+    /// How long the rest of a request may take to arrive once its first byte has, and how long
+    /// a client may take to read a reply.
+    pub request_timeout_ms: u64,
 }
 
 impl Default for Limits {
@@ -136,9 +152,16 @@ impl Default for Limits {
         Self {
             max_frame_bytes: 64 << 10,
             max_clients: 256,
+            reserved_clients: 4,
+            max_clients_per_uid: 64,
             max_channels_per_client: 64,
+            max_channels_per_uid: 256,
+            max_grants_per_channel: 64,
+            max_grants_per_uid: 1024,
             max_message_bytes: 1 << 20,
             default_timeout_ms: 1000,
+            hello_timeout_ms: 5000,
+            request_timeout_ms: 10_000,
         }
     }
 }
@@ -147,6 +170,57 @@ impl Limits {
     /// The hold timeout of a channel created without one.
     pub fn default_timeout_ns(&self) -> Nanos {
         self.default_timeout_ms.saturating_mul(1_000_000)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if self.max_frame_bytes < 256 {
+            return Err("limits.max_frame_bytes must be at least 256".into());
+        }
+        let positive = [
+            ("max_clients", u64::from(self.max_clients)),
+            ("max_clients_per_uid", u64::from(self.max_clients_per_uid)),
+            ("max_channels_per_client", u64::from(self.max_channels_per_client)),
+            ("max_channels_per_uid", u64::from(self.max_channels_per_uid)),
+            ("max_grants_per_channel", u64::from(self.max_grants_per_channel)),
+            ("max_grants_per_uid", u64::from(self.max_grants_per_uid)),
+            ("max_message_bytes", u64::from(self.max_message_bytes)),
+            ("hello_timeout_ms", self.hello_timeout_ms),
+            ("request_timeout_ms", self.request_timeout_ms),
+        ];
+        if let Some((key, _)) = positive.iter().find(|(_, value)| *value == 0) {
+            return Err(format!("limits.{key} must be positive"));
+        }
+        if self.reserved_clients >= self.max_clients {
+            return Err(format!(
+                "limits.reserved_clients ({}) must leave room below max_clients ({}) for other users",
+                self.reserved_clients, self.max_clients
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Largest `engine.pool_pages`: 4 GiB of pool, about 40 MB of daemon tables.
+pub const MAX_POOL_PAGES: u32 = 1 << 20;
+/// Largest `engine.max_slots`: about 20 MB of daemon tables.
+pub const MAX_SLOTS: u32 = 1 << 16;
+/// Largest `engine.warps_per_batch`: every warp of 32 full-size thread blocks.
+pub const MAX_WARPS_PER_BATCH: u32 = 1024;
+
+impl EngineSection {
+    /// Bounds checked before anything is sized by these values.
+    fn check(&self) -> Result<(), String> {
+        let bounded = [
+            ("pool_pages", self.pool_pages, MAX_POOL_PAGES),
+            ("max_slots", self.max_slots, MAX_SLOTS),
+            ("warps_per_batch", self.warps_per_batch, MAX_WARPS_PER_BATCH),
+        ];
+        for (key, value, max) in bounded {
+            if !(1..=max).contains(&value) {
+                return Err(format!("engine.{key} = {value} is out of range: 1 to {max}"));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -167,13 +241,8 @@ impl Config {
     fn check(&self) -> Result<(), String> {
         self.socket_mode()?;
         crate::logging::parse_level(&self.service.log_level)?;
-        let limits = &self.limits;
-        if limits.max_frame_bytes < 256 {
-            return Err("limits.max_frame_bytes must be at least 256".into());
-        }
-        if limits.max_clients == 0 || limits.max_channels_per_client == 0 || limits.max_message_bytes == 0 {
-            return Err("limits.max_clients, max_channels_per_client and max_message_bytes must be positive".into());
-        }
+        self.limits.check()?;
+        self.engine.check()?;
         if self.emulated.gpus == 0 {
             return Err("emulated.gpus must be at least 1".into());
         }
@@ -242,6 +311,21 @@ mod tests {
         assert!(err.contains("loud"), "{err}");
         assert!(Config::parse("[limits]\nmax_frame_bytes = 10\n").is_err());
         assert_eq!(Config::parse("[service]\nsocket_mode = \"0600\"\n").unwrap().socket_mode(), Ok(0o600));
+        let err = Config::parse("[limits]\nmax_grants_per_uid = 0\n").unwrap_err();
+        assert!(err.contains("max_grants_per_uid"), "{err}");
+        let err = Config::parse("[limits]\nmax_clients = 4\nreserved_clients = 4\n").unwrap_err();
+        assert!(err.contains("reserved_clients"), "{err}");
+    }
+
+    #[test]
+    fn engine_sizes_are_bounded_before_anything_is_allocated() {
+        for (key, value) in [("max_slots", 4294967295u64), ("max_slots", 100000000), ("pool_pages", 4294967295), ("warps_per_batch", 0)] {
+            let err = Config::parse(&format!("[engine]\n{key} = {value}\n")).unwrap_err();
+            assert!(err.contains(&format!("engine.{key} = {value}")) && err.contains("1 to"), "{err}");
+        }
+        let largest = format!("[engine]\nmax_slots = {MAX_SLOTS}\npool_pages = {MAX_POOL_PAGES}\n");
+        let config = Config::parse(&largest).unwrap();
+        assert!(wic_engine::Engine::new(config.engine()).is_ok(), "the documented maxima are accepted by the engine");
     }
 
     #[test]

@@ -64,29 +64,29 @@ impl ServeArgs {
 pub fn run(args: ServeArgs) -> Result<(), String> {
     let config = args.load()?;
     let level = logging::init(logging::parse_level(&config.service.log_level)?);
-    raise_descriptor_limit()?;
+    let nofile = raise_descriptor_limit()?;
     let (backend, name, gpus) = open_backend(&config)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("tokio runtime: {e}"))?;
     let (handle, fast_path) = dataplane::spawn(config.engine(), backend, &config.service.uvm_tools)?;
-    let result = runtime.block_on(serve(args, config, level, handle, name, gpus));
+    let result = runtime.block_on(serve(args, config, level, handle, name, gpus, nofile));
     fast_path.join().map_err(|_| "the fast path panicked".to_string())?;
     result
 }
 
-/// Raises the soft descriptor limit to the hard one. wicd holds several descriptors per
-/// channel (shared regions and doorbells) and one per connection, so the usual soft limit of
-/// 1024 would refuse channels after a few hundred; the hard limit is the administrator's
-/// choice (`LimitNOFILE=` in the unit).
-fn raise_descriptor_limit() -> Result<(), String> {
+/// Raises the soft descriptor limit to the hard one, and returns it. wicd holds several
+/// descriptors per channel (shared regions and doorbells) and one per connection, so the usual
+/// soft limit of 1024 would refuse channels after a few hundred; the hard limit is the
+/// administrator's choice (`LimitNOFILE=` in the unit), and the limits are checked against it.
+fn raise_descriptor_limit() -> Result<u64, String> {
     let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).map_err(|e| format!("getrlimit(RLIMIT_NOFILE): {e}"))?;
     if soft < hard {
         setrlimit(Resource::RLIMIT_NOFILE, hard, hard).map_err(|e| format!("setrlimit(RLIMIT_NOFILE, {hard}): {e}"))?;
         tracing::info!("descriptor limit raised from {soft} to {hard}");
     }
-    Ok(())
+    Ok(hard)
 }
 
 /// The configured backend, its name and how many GPUs the daemon knows of (0: the shim
@@ -128,12 +128,7 @@ fn bind(config: &Config) -> Result<(tokio::net::UnixListener, Option<BoundSocket
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty() && !d.exists()) {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     }
-    if path.exists() {
-        if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            return Err(format!("{}: another wicd is already listening", path.display()));
-        }
-        std::fs::remove_file(path).map_err(|e| format!("stale socket {}: {e}", path.display()))?;
-    }
+    remove_stale_socket(path)?;
     let listener = tokio::net::UnixListener::bind(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let bound = BoundSocket(path.clone());
     let mode = config.socket_mode()?;
@@ -154,6 +149,31 @@ fn bind(config: &Config) -> Result<(tokio::net::UnixListener, Option<BoundSocket
     Ok((listener, Some(bound)))
 }
 
+/// Clears `path` for binding: only a socket nobody listens on is removed, and only one of
+/// wicd's own user (or root's). Anything else there is a configuration mistake to report, never
+/// a file to delete.
+fn remove_stale_socket(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    if !meta.file_type().is_socket() {
+        return Err(format!("{}: exists and is not a socket; refusing to replace it (choose another --socket or service.socket)", path.display()));
+    }
+    let uid = nix::unistd::geteuid().as_raw();
+    if meta.uid() != uid && meta.uid() != 0 {
+        return Err(format!("{}: a socket of uid {}, not wicd's (uid {uid}) or root's; refusing to remove it", path.display(), meta.uid()));
+    }
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        return Err(format!("{}: another wicd is already listening", path.display()));
+    }
+    std::fs::remove_file(path).map_err(|e| format!("stale socket {}: {e}", path.display()))?;
+    tracing::info!("{}: removed the stale socket of an earlier wicd", path.display());
+    Ok(())
+}
+
 async fn serve(
     args: ServeArgs,
     config: Config,
@@ -161,6 +181,7 @@ async fn serve(
     handle: dataplane::DataplaneHandle,
     backend: &'static str,
     gpus: u16,
+    nofile: u64,
 ) -> Result<(), String> {
     let stop_fast_path = |handle: dataplane::DataplaneHandle| async move {
         let _ = handle.ask(|reply| Control::Shutdown { reply }).await;
@@ -170,15 +191,18 @@ async fn serve(
     let signals = || -> std::io::Result<_> {
         Ok((signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?, signal(SignalKind::hangup())?))
     };
-    let ((mut terminate, mut interrupt, mut hangup), (listener, bound)) =
-        match signals().map_err(|e| format!("signal handlers: {e}")).and_then(|signals| Ok((signals, bind(&config)?))) {
-            Ok(ready) => ready,
-            Err(e) => {
-                stop_fast_path(handle).await;
-                return Err(e);
-            }
-        };
-    let shared = Shared::new(config.limits, handle.clone(), backend, gpus, config.engine().warps_per_batch);
+    let warps_per_batch = config.engine().warps_per_batch;
+    let ready = signals()
+        .map_err(|e| format!("signal handlers: {e}"))
+        .and_then(|signals| Ok((signals, Shared::new(config.limits, nofile, handle.clone(), backend, gpus, warps_per_batch)?)))
+        .and_then(|(signals, shared)| Ok((signals, shared, bind(&config)?)));
+    let ((mut terminate, mut interrupt, mut hangup), shared, (listener, bound)) = match ready {
+        Ok(ready) => ready,
+        Err(e) => {
+            stop_fast_path(handle).await;
+            return Err(e);
+        }
+    };
     let accept = tokio::spawn(server::accept_loop(listener, shared.clone()));
     let watchdog = systemd::watchdog_interval().map(|every| tokio::spawn(feed_watchdog(handle.clone(), every)));
     tracing::info!(backend, gpus, "wicd {} ready", env!("CARGO_PKG_VERSION"));
@@ -212,10 +236,14 @@ fn reload(args: &ServeArgs, config: &mut Config, level: &LevelHandle, shared: &A
             if !restart.is_empty() {
                 tracing::warn!("reload: {} changed; that takes effect at the next restart", restart.join(", "));
             }
+            if let Err(e) = shared.set_limits(new.limits) {
+                tracing::error!("reload failed, keeping the running configuration: {e}");
+                systemd::notify("READY=1");
+                return;
+            }
             if let Ok(new_level) = logging::parse_level(&new.service.log_level) {
                 level.set(new_level);
             }
-            *shared.limits.write().expect("limits lock") = new.limits;
             config.service.log_level = new.service.log_level;
             config.limits = new.limits;
             tracing::info!("configuration reloaded");

@@ -215,3 +215,30 @@ fn other_users_see_only_their_own_channels_and_the_socket_mode_keeps_strangers_o
     assert!(String::from_utf8_lossy(&refused.stderr).contains("ermission denied"), "{}", String::from_utf8_lossy(&refused.stderr));
     strict.stop();
 }
+
+/// The README's lines that build and run the C examples, with the paths of this test run:
+/// `target/release/` is where this run's binaries are, `target/` where the examples go.
+fn readme_example_lines(out: &Path) -> Vec<String> {
+    let readme = std::fs::read_to_string(workspace().join("README.md")).expect("README.md");
+    let lines: Vec<String> = readme
+        .lines()
+        .filter(|l| l.starts_with("cc ") || l.contains("target/consumer 256"))
+        .map(|l| l.replace("target/release/", &format!("{}/", built().display())).replace("target/", &format!("{}/", out.display())))
+        .collect();
+    assert_eq!(lines.len(), 3, "the README builds two examples and runs them: {lines:?}");
+    lines
+}
+
+#[test]
+fn the_readme_example_pipeline_succeeds_and_reports_failure() {
+    let daemon = Daemon::start("c-readme", "");
+    let script = readme_example_lines(&daemon.dir).join("\n");
+    let run = |socket: &Path| Command::new("bash").arg("-c").arg(&script).current_dir(workspace()).env("WIC_SOCKET", socket).output().expect("bash");
+    let served = run(&daemon.socket);
+    let stdout = String::from_utf8_lossy(&served.stdout);
+    assert!(served.status.success() && stdout.contains("consumed 400 batches, 0 mismatches"), "{stdout}{}", String::from_utf8_lossy(&served.stderr));
+    // Both programs fail without a daemon: so must the pipeline.
+    let failed = run(&daemon.dir.join("absent.sock"));
+    assert!(!failed.status.success(), "the pipeline exited 0 with both programs failing: {}", String::from_utf8_lossy(&failed.stderr));
+    daemon.stop();
+}

@@ -150,7 +150,7 @@ fn channels_churned_on_many_connections_are_each_destroyed_once() {
         workers.into_iter().flat_map(|w| w.join().expect("worker")).collect()
     });
     let mut monitor = Client::connect(&daemon.socket, "monitor").expect("connect");
-    let Ok(Reply::Stats(stats)) = monitor.call(&Request::Stats) else { panic!("no stats") };
+    let Ok(Reply::Stats(stats)) = monitor.call(&Request::Stats {}) else { panic!("no stats") };
     assert!(lost.is_empty(), "{} of {} channels lost their record, first: {}", lost.len(), CONNECTIONS * CYCLES, lost[0]);
     assert_eq!((stats.channels, stats.pool_pages_used), (0, 0), "channels left behind in the engine");
     daemon.stop();

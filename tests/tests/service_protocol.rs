@@ -55,7 +55,7 @@ fn wait_stats(client: &mut Client, what: &str, done: impl Fn(&Stats) -> bool) ->
 }
 
 fn stats(client: &mut Client) -> Stats {
-    match client.call(&Request::Stats).expect("stats") {
+    match client.call(&Request::Stats {}).expect("stats") {
         Reply::Stats(stats) => *stats,
         other => panic!("unexpected {other:?}"),
     }
@@ -86,19 +86,19 @@ fn broken_requests_get_errors_and_the_daemon_keeps_serving() {
     assert_eq!(error_code(raw_reply(&mut client, &extra)), ErrorCode::Invalid);
     assert_eq!(error_code(raw_reply(&mut client, &0u32.to_le_bytes())), ErrorCode::Protocol);
     // Still in sync after all that.
-    assert!(matches!(client.call(&Request::Status), Ok(Reply::Status(_))));
+    assert!(matches!(client.call(&Request::Status {}), Ok(Reply::Status(_))));
 
     // A greeted client that says hello again in another version is closed as well.
     let mut again = connect(&daemon);
     let wrong = frame::encode(br#"{"op":"hello","version":99,"client":"again"}"#);
     assert_eq!(error_code(raw_reply(&mut again, &wrong)), ErrorCode::Protocol);
-    assert!(again.call(&Request::Status).is_err(), "closed after a version mismatch");
+    assert!(again.call(&Request::Status {}).is_err(), "closed after a version mismatch");
 
     // An oversized frame is answered, then the connection is closed.
     let mut big = connect(&daemon);
     let response = raw_reply(&mut big, &(1u32 << 30).to_le_bytes());
     assert_eq!(error_code(response), ErrorCode::Protocol);
-    assert!(big.call(&Request::Status).is_err(), "the connection is closed after an oversized frame");
+    assert!(big.call(&Request::Status {}).is_err(), "the connection is closed after an oversized frame");
 
     // A truncated frame followed by a hang-up costs nothing.
     let mut truncated = std::os::unix::net::UnixStream::connect(&daemon.socket).unwrap();
@@ -124,7 +124,7 @@ fn broken_requests_get_errors_and_the_daemon_keeps_serving() {
 
     assert!(daemon.alive());
     let mut fresh = connect(&daemon);
-    assert!(matches!(fresh.call(&Request::Status), Ok(Reply::Status(_))));
+    assert!(matches!(fresh.call(&Request::Status {}), Ok(Reply::Status(_))));
     daemon.stop();
 }
 
@@ -267,13 +267,13 @@ fn descriptors_come_only_with_attach_space_and_the_emulated_backend_has_no_space
             other => panic!("expected a refusal, got {other:?}"),
         }
     }
-    assert_eq!(refused_passing(&mut client, &Request::Stats, &[fd]), ErrorCode::Invalid, "a descriptor with stats");
-    assert_eq!(refused_passing(&mut client, &Request::AttachSpace, &[]), ErrorCode::Invalid, "attach_space without one");
-    assert_eq!(refused_passing(&mut client, &Request::AttachSpace, &[fd, fd]), ErrorCode::Invalid, "two");
+    assert_eq!(refused_passing(&mut client, &Request::Stats {}, &[fd]), ErrorCode::Invalid, "a descriptor with stats");
+    assert_eq!(refused_passing(&mut client, &Request::AttachSpace {}, &[]), ErrorCode::Invalid, "attach_space without one");
+    assert_eq!(refused_passing(&mut client, &Request::AttachSpace {}, &[fd, fd]), ErrorCode::Invalid, "two");
     let many = [fd; 200];
-    assert_eq!(refused_passing(&mut client, &Request::AttachSpace, &many), ErrorCode::Invalid, "200");
+    assert_eq!(refused_passing(&mut client, &Request::AttachSpace {}, &many), ErrorCode::Invalid, "200");
     // No /dev/wic and no nvidia-uvm-tools: nothing to place channels in, no faults to observe.
-    assert_eq!(refused_passing(&mut client, &Request::AttachSpace, &[fd]), ErrorCode::Unsupported);
+    assert_eq!(refused_passing(&mut client, &Request::AttachSpace {}, &[fd]), ErrorCode::Unsupported);
     let placed = Request::CreateChannel { spec: spec(1, 64), base_va: Some(1 << 30) };
     assert_eq!(refused(client.call(&placed)), ErrorCode::Invalid, "base_va without an attached space");
     let watch = Request::Watch { base_va: 1 << 30, length: 4096 };

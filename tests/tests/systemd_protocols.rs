@@ -51,7 +51,7 @@ fn socket_activation_readiness_watchdog_and_stopping() {
     }
     // The first connection starts wicd on the passed socket.
     let mut client = Client::connect(&socket, "test").expect("activation serves the first client");
-    let Ok(Reply::Status(status)) = client.call(&Request::Status) else { panic!("status") };
+    let Ok(Reply::Status(status)) = client.call(&Request::Status {}) else { panic!("status") };
     assert_eq!(status.pid, child.id(), "wicd runs in the activated process");
     let mut seen = Vec::new();
     receive_until(&notify, "READY=1", &mut seen);

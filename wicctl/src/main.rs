@@ -152,14 +152,14 @@ impl Session {
     }
 
     fn status(&mut self) -> Result<Status, Failure> {
-        match self.call(&Request::Status)? {
+        match self.call(&Request::Status {})? {
             Reply::Status(status) => Ok(status),
             other => Err(self.unexpected("status", &other)),
         }
     }
 
     fn stats(&mut self) -> Result<Stats, Failure> {
-        match self.call(&Request::Stats)? {
+        match self.call(&Request::Stats {})? {
             Reply::Stats(stats) => Ok(*stats),
             other => Err(self.unexpected("stats", &other)),
         }
@@ -211,7 +211,7 @@ fn run(cli: Cli, out: &mut dyn Write) -> Result<(), Failure> {
         }
         Command::Channels(JsonArg { json }) => {
             let mut session = Session::connect(&cli.socket)?;
-            let channels = match session.call(&Request::Channels)? {
+            let channels = match session.call(&Request::Channels {})? {
                 Reply::Channels { channels } => channels,
                 other => return Err(session.unexpected("channels", &other)),
             };
@@ -407,7 +407,7 @@ mod tests {
     fn counting_daemon(name: &str) -> PathBuf {
         let served = std::sync::atomic::AtomicU64::new(0);
         fake_daemon(name, move |request| {
-            assert_eq!(request, &Request::Stats);
+            assert_eq!(request, &Request::Stats {});
             let n = served.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
             Response::Ok(Reply::Stats(Box::new(Stats { faults_completed: 10 * n, ..Stats::default() })))
         })
@@ -440,8 +440,8 @@ mod tests {
     #[test]
     fn metrics_and_refusals_through_a_daemon() {
         let path = fake_daemon("metrics", |request| match request {
-            Request::Stats => Response::Ok(Reply::Stats(Box::new(Stats { replays: 77, ..Stats::default() }))),
-            Request::Status => Response::Ok(Reply::Status(Status {
+            Request::Stats {} => Response::Ok(Reply::Stats(Box::new(Stats { replays: 77, ..Stats::default() }))),
+            Request::Status {} => Response::Ok(Reply::Status(Status {
                 version: "9.9.9".into(),
                 protocol: 1,
                 pid: 1,

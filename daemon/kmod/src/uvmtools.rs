@@ -958,9 +958,12 @@ impl FaultStats {
     pub const STALE_BATCHES: u32 = 64;
     /// Watched faults that may wait for their replay at once.
     pub const MAX_PENDING: usize = 1 << 16;
+    /// Disjoint ranges one space may watch: every fault is looked up among them, and a client
+    /// adding ranges without end must not grow wicd's memory or the fast path's work.
+    pub const MAX_RANGES: usize = 1024;
 
     /// Statistics over the watched `ranges` (`start..end`; empty ones are ignored, overlapping
-    /// ones merged).
+    /// ones merged; past [`Self::MAX_RANGES`] disjoint ones, the rest are left out).
     pub fn new(ranges: impl IntoIterator<Item = std::ops::Range<u64>>) -> Self {
         let mut stats = Self {
             ranges: Vec::new(),
@@ -981,21 +984,27 @@ impl FaultStats {
         stats
     }
 
-    /// Adds `range` to the watched ones (empty ranges are ignored, overlapping ones merged).
-    pub fn watch(&mut self, range: std::ops::Range<u64>) {
+    /// Adds `range` to the watched ones (empty ranges are ignored, overlapping ones merged);
+    /// `false`, with nothing changed, if that would make more than [`Self::MAX_RANGES`].
+    pub fn watch(&mut self, range: std::ops::Range<u64>) -> bool {
         if range.start >= range.end {
-            return;
+            return true;
         }
-        self.ranges.push((range.start, range.end));
-        self.ranges.sort_unstable();
-        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(self.ranges.len());
-        for &(start, end) in &self.ranges {
+        let at = self.ranges.partition_point(|&(start, _)| start < range.start);
+        let mut ranges = self.ranges.clone();
+        ranges.insert(at, (range.start, range.end));
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+        for (start, end) in ranges {
             match merged.last_mut() {
                 Some(last) if start <= last.1 => last.1 = last.1.max(end),
                 _ => merged.push((start, end)),
             }
         }
+        if merged.len() > Self::MAX_RANGES {
+            return false;
+        }
         self.ranges = merged;
+        true
     }
 
     /// Whether `address` lies in a watched range.
@@ -1551,9 +1560,22 @@ mod tests {
         // Ranges added one by one end up as if given at once.
         let mut grown = FaultStats::new(None);
         for range in [0x3000..0x5000, 0x1000..0x2000, 0x1800..0x3000, 0x9000..0x9000] {
-            grown.watch(range);
+            assert!(grown.watch(range));
         }
         assert_eq!(grown.ranges(), [(0x1000, 0x5000)]);
+    }
+
+    #[test]
+    fn a_space_watches_a_bounded_number_of_disjoint_ranges() {
+        let mut stats = FaultStats::new(None);
+        let page = |i: u64| i * 0x2000..i * 0x2000 + 0x1000;
+        for i in 0..FaultStats::MAX_RANGES as u64 {
+            assert!(stats.watch(page(i)));
+        }
+        assert!(!stats.watch(page(FaultStats::MAX_RANGES as u64)), "one more disjoint range is refused");
+        assert_eq!(stats.ranges().len(), FaultStats::MAX_RANGES, "and changes nothing");
+        assert!(stats.watch(0..0x7000), "a range that merges others is taken");
+        assert_eq!(stats.ranges().len(), FaultStats::MAX_RANGES - 3);
     }
 
     #[test]

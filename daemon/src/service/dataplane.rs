@@ -251,11 +251,12 @@ pub fn spawn(
     backend: Backend,
     uvm_tools: &std::path::Path,
 ) -> Result<(DataplaneHandle, std::thread::JoinHandle<()>), String> {
+    // The engine validates the configuration before the backend sizes anything by it.
+    let engine = Engine::new(config).map_err(|e| format!("engine configuration: {e}"))?;
     let backend = match backend {
-        Backend::Emulated { gpus } => Gpus::Emulated { gpus: EmulatedGpus::new(&config), count: gpus },
+        Backend::Emulated { gpus } => Gpus::Emulated { gpus: EmulatedGpus::new(engine.config()), count: gpus },
         Backend::Shim(shim) => Gpus::Shim(Box::new(ShimGpus::new(*shim))),
     };
-    let engine = Engine::new(config).map_err(|e| format!("engine configuration: {e}"))?;
     let ring = IoUring::new(RING_ENTRIES).map_err(|e| format!("io_uring setup: {e}"))?;
     // Blocking on purpose: io_uring reads of a non-blocking eventfd fail with EAGAIN instead of
     // waiting.

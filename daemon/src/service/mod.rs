@@ -5,5 +5,6 @@ pub mod dataplane;
 pub mod emulated;
 pub mod gpus;
 pub mod observe;
+pub mod quota;
 pub mod server;
 pub mod shim;

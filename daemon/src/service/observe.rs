@@ -83,7 +83,12 @@ impl Observer {
             return Err(WireError::new(ErrorCode::Invalid, "an empty range"));
         }
         let observed = self.spaces.get_mut(&space).ok_or_else(|| WireError::new(ErrorCode::NotFound, "no observed space"))?;
-        observed.stats.watch(start..end);
+        if !observed.stats.watch(start..end) {
+            return Err(WireError::new(
+                ErrorCode::Exhausted,
+                format!("a space watches at most {} disjoint ranges; watch fewer, larger ones", FaultStats::MAX_RANGES),
+            ));
+        }
         Ok(())
     }
 

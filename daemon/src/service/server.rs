@@ -7,12 +7,19 @@
 //! for whatever reason, its channels are destroyed, their pages return to the pool and the
 //! space is detached. Others reach a channel only through a single-use token from `grant`,
 //! optionally bound to a uid.
+//!
+//! Every member of the socket's group may connect, so nothing a client can make wicd hold is
+//! unbounded: connections (per uid, with a reserve for operators), channels and grant tokens
+//! (per connection or channel, and per uid), the descriptors a request may carry, the time a
+//! connection may take to say hello, to finish a request and to read a reply, and the
+//! descriptors all of it needs together ([`quota`]). Each refusal is logged with the peer's
+//! uid, rate-limited.
 
 use std::collections::HashMap;
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, MsgFlags};
 use tokio::io::{AsyncWriteExt, Interest};
@@ -25,6 +32,7 @@ use wic_proto::message::{
 use wic_proto::PROTOCOL_VERSION;
 
 use super::dataplane::{Control, Created, DataplaneHandle, Placement};
+use super::quota::{self, RefusalLog};
 use crate::config::Limits;
 
 type ConnId = u64;
@@ -32,6 +40,10 @@ type ConnId = u64;
 /// Room for the most descriptors one message can carry (the kernel's SCM_MAX_FD), so the
 /// kernel never truncates: every descriptor sent arrives, and is closed if unwanted.
 const SCM_MAX_FD: usize = 253;
+
+/// Most descriptors one request carries: `attach_space` passes the UVM file, nothing else
+/// passes any. Extra ones are closed as they arrive.
+const MAX_FDS_PER_REQUEST: usize = 1;
 
 /// Who is on the other end of a connection (SO_PEERCRED).
 #[derive(Debug, Clone, Copy)]
@@ -89,6 +101,8 @@ struct Grant {
     channel: u32,
     role: Role,
     uid: Option<u32>,
+    /// Who issued it: the channel owner's uid, which the per-uid bound counts against.
+    issuer_uid: u32,
 }
 
 #[derive(Default)]
@@ -99,11 +113,27 @@ struct Registry {
     tokens: HashMap<String, Grant>,
     /// The address space each connection attached.
     spaces: HashMap<ConnId, u32>,
+    /// Channels being created, by connection, with the owner's uid: they count against the
+    /// bounds before they exist, so concurrent creations cannot overshoot them.
+    creating: HashMap<ConnId, u32>,
+}
+
+impl Registry {
+    fn clients_of(&self, uid: u32) -> usize {
+        self.clients.values().filter(|peer| peer.uid == uid).count()
+    }
+
+    /// Channels of `uid`, those being created included.
+    fn channels_of(&self, uid: u32) -> usize {
+        self.channels.values().filter(|r| r.owner_peer.uid == uid).count() + self.creating.values().filter(|&&u| u == uid).count()
+    }
 }
 
 /// What every connection task shares.
 pub struct Shared {
-    pub limits: RwLock<Limits>,
+    limits: RwLock<Limits>,
+    /// wicd's descriptor limit, which every bound together must fit.
+    nofile: u64,
     pub dataplane: DataplaneHandle,
     pub backend: &'static str,
     pub gpus: u16,
@@ -113,13 +143,25 @@ pub struct Shared {
     /// The daemon's own uid: with root, the operators who see every client's channels.
     operator_uid: u32,
     registry: Mutex<Registry>,
+    refusals: Mutex<RefusalLog>,
 }
 
 impl Shared {
-    /// Control-plane state around a running fast path.
-    pub fn new(limits: Limits, dataplane: DataplaneHandle, backend: &'static str, gpus: u16, warps_per_batch: u32) -> Arc<Self> {
-        Arc::new(Self {
+    /// Control-plane state around a running fast path; `nofile` is wicd's descriptor limit.
+    /// Fails if `limits` could make wicd run out of descriptors.
+    pub fn new(
+        limits: Limits,
+        nofile: u64,
+        dataplane: DataplaneHandle,
+        backend: &'static str,
+        gpus: u16,
+        warps_per_batch: u32,
+    ) -> Result<Arc<Self>, String> {
+        let channels = quota::channel_capacity(&limits, nofile)?;
+        tracing::info!("descriptor limit {nofile}: room for {} clients and {channels} channels", limits.max_clients);
+        Ok(Arc::new(Self {
             limits: RwLock::new(limits),
+            nofile,
             dataplane,
             backend,
             gpus,
@@ -127,11 +169,40 @@ impl Shared {
             started: Instant::now(),
             operator_uid: nix::unistd::geteuid().as_raw(),
             registry: Mutex::new(Registry::default()),
-        })
+            refusals: Mutex::new(RefusalLog::new()),
+        }))
     }
 
     fn limits(&self) -> Limits {
         *self.limits.read().expect("limits lock")
+    }
+
+    /// Applies reloaded limits, unless they could make wicd run out of descriptors.
+    pub fn set_limits(&self, limits: Limits) -> Result<(), String> {
+        quota::channel_capacity(&limits, self.nofile)?;
+        *self.limits.write().expect("limits lock") = limits;
+        Ok(())
+    }
+
+    /// Root and wicd's own user: they see every channel, are not held to the per-uid bounds
+    /// and may take the connections reserved for them.
+    fn is_operator(&self, peer: Peer) -> bool {
+        peer.uid == 0 || peer.uid == self.operator_uid
+    }
+
+    /// Logs a refusal with who was refused, unless too many were logged just now.
+    fn log_refusal(&self, peer: Peer, what: &str, e: &WireError) {
+        let Some(left_out) = self.refusals.lock().expect("refusal log lock").admit(Instant::now()) else {
+            return;
+        };
+        let left_out = if left_out > 0 { format!(" ({left_out} refusals before this one not logged)") } else { String::new() };
+        match e.code {
+            // Bounds reached and broken protocol: what a misbehaving or hostile client causes.
+            ErrorCode::Exhausted | ErrorCode::Protocol => {
+                tracing::warn!(uid = peer.uid, pid = peer.pid, "{what} refused: {}{left_out}", e.message)
+            }
+            _ => tracing::info!(uid = peer.uid, pid = peer.pid, "{what} refused ({}): {}{left_out}", e.code.name(), e.message),
+        }
     }
 
     fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {
@@ -159,7 +230,14 @@ fn error(code: ErrorCode, message: impl Into<String>) -> WireError {
     WireError::new(code, message)
 }
 
-async fn send(stream: &mut UnixStream, response: &Response, fds: &[RawFd]) -> io::Result<()> {
+/// Sends a response, with `fds` passed along, within the request timeout: a client that does
+/// not read its replies is not served further.
+async fn send(stream: &mut UnixStream, response: &Response, fds: &[RawFd], limits: &Limits) -> io::Result<()> {
+    let not_read = || format!("the client did not read its reply within {} ms", limits.request_timeout_ms);
+    within(deadline_in(limits.request_timeout_ms), not_read, send_now(stream, response, fds)).await
+}
+
+async fn send_now(stream: &mut UnixStream, response: &Response, fds: &[RawFd]) -> io::Result<()> {
     let body = serde_json::to_vec(response).expect("responses always serialize");
     let bytes = frame::encode(&body);
     if fds.is_empty() {
@@ -175,8 +253,21 @@ async fn send(stream: &mut UnixStream, response: &Response, fds: &[RawFd]) -> io
     stream.write_all(&bytes[sent..]).await
 }
 
-async fn send_error(stream: &mut UnixStream, e: WireError) -> io::Result<()> {
-    send(stream, &Response::Error(e), &[]).await
+async fn send_error(stream: &mut UnixStream, e: WireError, limits: &Limits) -> io::Result<()> {
+    send(stream, &Response::Error(e), &[], limits).await
+}
+
+fn deadline_in(ms: u64) -> tokio::time::Instant {
+    tokio::time::Instant::now() + Duration::from_millis(ms)
+}
+
+/// Runs `work` until `deadline`; past it, a `TimedOut` error saying `what` was late.
+async fn within<T>(
+    deadline: tokio::time::Instant,
+    what: impl FnOnce() -> String,
+    work: impl std::future::Future<Output = io::Result<T>>,
+) -> io::Result<T> {
+    tokio::time::timeout_at(deadline, work).await.unwrap_or_else(|_| Err(io::Error::new(io::ErrorKind::TimedOut, what())))
 }
 
 async fn serve_connection(shared: Arc<Shared>, mut stream: UnixStream) {
@@ -187,39 +278,67 @@ async fn serve_connection(shared: Arc<Shared>, mut stream: UnixStream) {
             return;
         }
     };
-    let Some(conn) = register(&shared, peer) else {
-        tracing::warn!(pid = peer.pid, uid = peer.uid, "client refused: max_clients reached");
-        let _ = send_error(&mut stream, error(ErrorCode::Exhausted, "too many clients")).await;
-        return;
+    let limits = shared.limits();
+    let conn = match register(&shared, peer, &limits) {
+        Ok(conn) => conn,
+        Err(e) => {
+            shared.log_refusal(peer, "connection", &e);
+            // The client reads this even if its hello could not be sent (wic-proto does).
+            let _ = send_error(&mut stream, e, &limits).await;
+            return;
+        }
     };
     tracing::debug!(conn, pid = peer.pid, uid = peer.uid, "client connected");
-    if let Err(e) = session(&shared, &mut stream, conn, peer).await {
-        tracing::debug!(conn, "connection ended: {e}");
+    match session(&shared, &mut stream, conn, peer).await {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+            shared.log_refusal(peer, "connection", &error(ErrorCode::Protocol, format!("{e}; closing it")));
+        }
+        Err(e) => tracing::debug!(conn, "connection ended: {e}"),
     }
     disconnect(&shared, conn).await;
 }
 
-/// Records a new client, unless `max_clients` are connected already.
-fn register(shared: &Shared, peer: Peer) -> Option<ConnId> {
+/// Records a new client, unless that would pass `max_clients`, take one of the connections
+/// reserved for operators, or pass the uid's own bound.
+fn register(shared: &Shared, peer: Peer, limits: &Limits) -> Result<ConnId, WireError> {
     let mut registry = shared.registry();
-    if registry.clients.len() >= shared.limits().max_clients as usize {
-        return None;
+    let connected = registry.clients.len();
+    if connected >= limits.max_clients as usize {
+        return Err(error(ErrorCode::Exhausted, format!("too many clients: wicd serves at most {}", limits.max_clients)));
+    }
+    if !shared.is_operator(peer) {
+        if connected >= (limits.max_clients - limits.reserved_clients) as usize {
+            return Err(error(
+                ErrorCode::Exhausted,
+                format!("too many clients: the last {} of {} connections are reserved for operators", limits.reserved_clients, limits.max_clients),
+            ));
+        }
+        if registry.clients_of(peer.uid) >= limits.max_clients_per_uid as usize {
+            return Err(error(
+                ErrorCode::Exhausted,
+                format!("too many clients: uid {} holds its limit of {} connections", peer.uid, limits.max_clients_per_uid),
+            ));
+        }
     }
     registry.next_conn += 1;
     let conn = registry.next_conn;
     registry.clients.insert(conn, peer);
-    Some(conn)
+    Ok(conn)
 }
 
 /// A connection's incoming bytes, with the descriptors passed along with them.
 struct Inbound {
+    /// The descriptors of the request arriving now, at most [`MAX_FDS_PER_REQUEST`].
     fds: Vec<OwnedFd>,
+    /// Descriptors past that bound that came with it; they were closed on arrival.
+    excess_fds: usize,
     control: Vec<u8>,
 }
 
 impl Inbound {
     fn new() -> Self {
-        Self { fds: Vec::new(), control: nix::cmsg_space!([RawFd; SCM_MAX_FD]) }
+        Self { fds: Vec::new(), excess_fds: 0, control: nix::cmsg_space!([RawFd; SCM_MAX_FD]) }
     }
 
     /// Fills `buf`; `false` when the peer hung up before its first byte.
@@ -236,6 +355,14 @@ impl Inbound {
         Ok(true)
     }
 
+    /// Fills `buf` with the rest of a request that has begun.
+    async fn read_rest(&mut self, stream: &UnixStream, buf: &mut [u8]) -> io::Result<()> {
+        match self.read_exact(stream, buf).await? {
+            true => Ok(()),
+            false => Err(io::ErrorKind::UnexpectedEof.into()),
+        }
+    }
+
     fn recv(&mut self, socket: RawFd, buf: &mut [u8]) -> io::Result<usize> {
         let mut iov = [IoSliceMut::new(buf)];
         let flags = MsgFlags::MSG_CMSG_CLOEXEC | MsgFlags::MSG_DONTWAIT;
@@ -243,66 +370,119 @@ impl Inbound {
         // Truncation (ENOBUFS here) cannot come from SCM_RIGHTS with this much room; whatever
         // caused it, the connection is dropped.
         frame::take_passed_fds(&msg, &mut self.fds).map_err(io::Error::from)?;
+        // Closed now, not when the request is complete: a client trickling a request out with
+        // descriptors on every byte must not make wicd hold them.
+        if self.fds.len() > MAX_FDS_PER_REQUEST {
+            self.excess_fds += self.fds.len() - MAX_FDS_PER_REQUEST;
+            self.fds.truncate(MAX_FDS_PER_REQUEST);
+        }
         Ok(msg.bytes)
+    }
+
+    /// The complete request's descriptors, and how many more it came with.
+    fn take(&mut self) -> (Vec<OwnedFd>, usize) {
+        (std::mem::take(&mut self.fds), std::mem::take(&mut self.excess_fds))
     }
 }
 
-/// Serves requests until the peer hangs up or breaks the framing.
+/// Serves requests until the peer hangs up, breaks the framing or runs out of time.
 async fn session(shared: &Shared, stream: &mut UnixStream, conn: ConnId, peer: Peer) -> io::Result<()> {
+    let connected = tokio::time::Instant::now();
     let mut greeted = false;
     let mut inbound = Inbound::new();
     loop {
+        let limits = shared.limits();
+        let hello_deadline = connected + Duration::from_millis(limits.hello_timeout_ms);
+        let no_hello = || format!("no hello within {} ms of connecting", limits.hello_timeout_ms);
         let mut header = [0u8; frame::HEADER_BYTES];
-        if !inbound.read_exact(stream, &mut header).await? {
+        // Between requests a greeted client may stay silent as long as it likes: its channels
+        // are in use meanwhile. Before its hello, a connection serves nobody.
+        let first = inbound.read_exact(stream, &mut header[..1]);
+        let begun = if greeted { first.await? } else { within(hello_deadline, no_hello, first).await? };
+        if !begun {
             return Ok(());
         }
-        let len = match frame::body_len(header, shared.limits().max_frame_bytes) {
+        let mut deadline = deadline_in(limits.request_timeout_ms);
+        if !greeted {
+            deadline = deadline.min(hello_deadline);
+        }
+        let late = || format!("a request did not arrive in full within {} ms", limits.request_timeout_ms);
+        within(deadline, late, inbound.read_rest(stream, &mut header[1..])).await?;
+        let len = match frame::body_len(header, limits.max_frame_bytes) {
             Ok(len) => len,
             Err(FrameError::Empty) => {
-                inbound.fds.clear();
-                send_error(stream, error(ErrorCode::Protocol, "empty frame")).await?;
+                inbound.take();
+                refuse(shared, stream, peer, "request", error(ErrorCode::Protocol, "empty frame"), &limits).await?;
                 continue;
             }
             Err(e @ FrameError::TooLarge { .. }) => {
                 // The body cannot be skipped safely (it may never come): answer and hang up.
-                tracing::warn!(conn, pid = peer.pid, "{e}; closing the connection");
-                send_error(stream, error(ErrorCode::Protocol, e.to_string())).await?;
+                let e = error(ErrorCode::Protocol, format!("{e}; closing the connection"));
+                refuse(shared, stream, peer, "request", e, &limits).await?;
                 return Ok(());
             }
         };
         let mut body = vec![0u8; len];
-        if !inbound.read_exact(stream, &mut body).await? {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-        let fds = std::mem::take(&mut inbound.fds);
+        within(deadline, late, inbound.read_rest(stream, &mut body)).await?;
+        let (fds, excess_fds) = inbound.take();
         let request = match serde_json::from_slice::<Request>(&body) {
             Ok(request) => request,
             Err(e) => {
-                send_error(stream, error(ErrorCode::Invalid, format!("malformed request: {e}"))).await?;
+                refuse(shared, stream, peer, "request", error(ErrorCode::Invalid, format!("malformed request: {e}")), &limits).await?;
                 continue;
             }
         };
-        if !greeted && !matches!(request, Request::Hello { .. }) {
-            send_error(stream, error(ErrorCode::Protocol, "the first request must be hello")).await?;
-            continue;
-        }
-        if !fds.is_empty() && !matches!(request, Request::AttachSpace) {
-            send_error(stream, error(ErrorCode::Invalid, "descriptors are accepted only with attach_space")).await?;
-            continue;
-        }
+        let op = op_name(&request);
         let hello = matches!(request, Request::Hello { .. });
-        let (response, fds) = match handle(shared, conn, peer, request, fds).await {
-            Ok((reply, fds)) => (Response::Ok(reply), fds),
-            Err(e) => (Response::Error(e), Vec::new()),
+        let outcome = if excess_fds > 0 {
+            Err(error(
+                ErrorCode::Invalid,
+                format!("a request carries at most {MAX_FDS_PER_REQUEST} descriptor; the {excess_fds} more it came with were closed"),
+            ))
+        } else if !greeted && !hello {
+            Err(error(ErrorCode::Protocol, "the first request must be hello"))
+        } else if !fds.is_empty() && !matches!(request, Request::AttachSpace {}) {
+            Err(error(ErrorCode::Invalid, "descriptors are accepted only with attach_space"))
+        } else {
+            handle(shared, conn, peer, request, fds).await
         };
-        send(stream, &response, &fds).await?;
-        match response {
-            Response::Ok(_) => greeted |= hello,
-            // A peer speaking another protocol version cannot be served further, even after
-            // an earlier hello went well.
-            Response::Error(_) if hello => return Ok(()),
-            Response::Error(_) => {}
+        match outcome {
+            Ok((reply, fds)) => {
+                send(stream, &Response::Ok(reply), &fds, &limits).await?;
+                greeted |= hello;
+            }
+            Err(e) => {
+                refuse(shared, stream, peer, op, e, &limits).await?;
+                // A peer speaking another protocol version cannot be served further, even
+                // after an earlier hello went well.
+                if hello {
+                    return Ok(());
+                }
+            }
         }
+    }
+}
+
+/// Logs a refusal and sends it.
+async fn refuse(shared: &Shared, stream: &mut UnixStream, peer: Peer, what: &str, e: WireError, limits: &Limits) -> io::Result<()> {
+    shared.log_refusal(peer, what, &e);
+    send_error(stream, e, limits).await
+}
+
+/// The operation's name on the wire, for the log.
+fn op_name(request: &Request) -> &'static str {
+    match request {
+        Request::Hello { .. } => "hello",
+        Request::CreateChannel { .. } => "create_channel",
+        Request::AttachSpace {} => "attach_space",
+        Request::Watch { .. } => "watch",
+        Request::DestroyChannel { .. } => "destroy_channel",
+        Request::Grant { .. } => "grant",
+        Request::Attach { .. } => "attach",
+        Request::Publish { .. } => "publish",
+        Request::Status {} => "status",
+        Request::Channels {} => "channels",
+        Request::Stats {} => "stats",
     }
 }
 
@@ -327,7 +507,7 @@ async fn handle(shared: &Shared, conn: ConnId, peer: Peer, request: Request, fds
             Ok((reply, Vec::new()))
         }
         Request::CreateChannel { spec, base_va } => create(shared, conn, peer, spec, base_va).await,
-        Request::AttachSpace => attach_space(shared, conn, peer, fds).await,
+        Request::AttachSpace {} => attach_space(shared, conn, peer, fds).await,
         Request::Watch { base_va, length } => {
             let space = shared.registry().spaces.get(&conn).copied();
             let space = space.ok_or_else(|| error(ErrorCode::Invalid, "watch names pages of an attached address space: attach_space first"))?;
@@ -343,16 +523,7 @@ async fn handle(shared: &Shared, conn: ConnId, peer: Peer, request: Request, fds
             tracing::info!(channel, pid = peer.pid, "channel destroyed");
             Ok((Reply::Done, Vec::new()))
         }
-        Request::Grant { channel, role, uid } => {
-            owned(shared, conn, channel)?;
-            if role == Role::Owner {
-                return Err(error(ErrorCode::Invalid, "ownership cannot be granted; grant producer or consumer"));
-            }
-            let token = new_token()?;
-            shared.registry().tokens.insert(token.clone(), Grant { channel, role, uid });
-            tracing::info!(channel, ?role, ?uid, "grant issued");
-            Ok((Reply::Token { token }, Vec::new()))
-        }
+        Request::Grant { channel, role, uid } => grant(shared, conn, peer, channel, role, uid),
         Request::Attach { token } => attach(shared, conn, peer, &token),
         Request::Publish { channel, slot } => {
             let role = shared.registry().channels.get(&channel).map(|r| r.role_of(conn));
@@ -364,7 +535,7 @@ async fn handle(shared: &Shared, conn: ConnId, peer: Peer, request: Request, fds
             shared.dataplane.ask(|reply| Control::Publish { channel, slot, reply }).await??;
             Ok((Reply::Done, Vec::new()))
         }
-        Request::Status => {
+        Request::Status {} => {
             let snapshot = shared.dataplane.ask(|reply| Control::Snapshot { reply }).await?;
             let registry = shared.registry();
             let status = Status {
@@ -382,7 +553,7 @@ async fn handle(shared: &Shared, conn: ConnId, peer: Peer, request: Request, fds
             };
             Ok((Reply::Status(status), Vec::new()))
         }
-        Request::Channels => {
+        Request::Channels {} => {
             let snapshot = shared.dataplane.ask(|reply| Control::Snapshot { reply }).await?;
             let registry = shared.registry();
             let mut channels: Vec<ChannelSummary> = registry
@@ -408,7 +579,7 @@ async fn handle(shared: &Shared, conn: ConnId, peer: Peer, request: Request, fds
             channels.sort_by_key(|c| c.channel);
             Ok((Reply::Channels { channels }, Vec::new()))
         }
-        Request::Stats => {
+        Request::Stats {} => {
             let mut stats = shared.dataplane.ask(|reply| Control::Snapshot { reply }).await?.stats;
             stats.clients = shared.registry().clients.len() as u32;
             Ok((Reply::Stats(Box::new(stats)), Vec::new()))
@@ -425,6 +596,33 @@ fn owned(shared: &Shared, conn: ConnId, channel: u32) -> Result<(), WireError> {
     }
 }
 
+/// Issues a token for `channel`, within the bounds on unused tokens per channel and per uid.
+fn grant(shared: &Shared, conn: ConnId, peer: Peer, channel: u32, role: Role, uid: Option<u32>) -> Handled {
+    owned(shared, conn, channel)?;
+    if role == Role::Owner {
+        return Err(error(ErrorCode::Invalid, "ownership cannot be granted; grant producer or consumer"));
+    }
+    let limits = shared.limits();
+    let token = new_token()?;
+    let mut registry = shared.registry();
+    let of_channel = registry.tokens.values().filter(|g| g.channel == channel).count();
+    if of_channel >= limits.max_grants_per_channel as usize {
+        return Err(error(
+            ErrorCode::Exhausted,
+            format!("channel {channel} has {of_channel} unused tokens, its limit: wait until they are used or destroy the channel"),
+        ));
+    }
+    let of_uid = registry.tokens.values().filter(|g| g.issuer_uid == peer.uid).count();
+    if !shared.is_operator(peer) && of_uid >= limits.max_grants_per_uid as usize {
+        return Err(error(ErrorCode::Exhausted, format!("uid {} has {of_uid} unused tokens, its limit", peer.uid)));
+    }
+    registry.tokens.insert(token.clone(), Grant { channel, role, uid, issuer_uid: peer.uid });
+    // Debug, not info: granting is routine, and a client granting in a loop must not fill the
+    // journal.
+    tracing::debug!(channel, ?role, ?uid, issuer_uid = peer.uid, pid = peer.pid, "grant issued");
+    Ok((Reply::Token { token }, Vec::new()))
+}
+
 /// Attaches the address space of the UVM file passed with the request.
 async fn attach_space(shared: &Shared, conn: ConnId, peer: Peer, fds: Vec<OwnedFd>) -> Handled {
     let [uvm]: [OwnedFd; 1] = fds
@@ -439,7 +637,7 @@ async fn attach_space(shared: &Shared, conn: ConnId, peer: Peer, fds: Vec<OwnedF
     Ok((Reply::Space { space }, Vec::new()))
 }
 
-async fn create(shared: &Shared, conn: ConnId, peer: Peer, mut spec: ChannelSpec, base_va: Option<u64>) -> Handled {
+async fn create(shared: &Shared, conn: ConnId, peer: Peer, spec: ChannelSpec, base_va: Option<u64>) -> Handled {
     let limits = shared.limits();
     if spec.slots == 0 || spec.message_bytes == 0 {
         return Err(error(ErrorCode::Invalid, "a channel needs at least one slot and one byte per message"));
@@ -450,10 +648,43 @@ async fn create(shared: &Shared, conn: ConnId, peer: Peer, mut spec: ChannelSpec
             format!("message_bytes {} exceeds the limit of {}", spec.message_bytes, limits.max_message_bytes),
         ));
     }
-    let owned = shared.registry().channels.values().filter(|r| r.owner == conn).count();
+    reserve_creation(shared, conn, peer, &limits)?;
+    let created = create_reserved(shared, conn, peer, spec, base_va, &limits).await;
+    shared.registry().creating.remove(&conn);
+    created
+}
+
+/// Counts a channel about to be created against the bounds, or says which it would pass.
+fn reserve_creation(shared: &Shared, conn: ConnId, peer: Peer, limits: &Limits) -> Result<(), WireError> {
+    let mut registry = shared.registry();
+    let owned = registry.channels.values().filter(|r| r.owner == conn).count();
     if owned >= limits.max_channels_per_client as usize {
-        return Err(error(ErrorCode::Exhausted, format!("a client may own at most {owned} channels")));
+        return Err(error(ErrorCode::Exhausted, format!("a client may own at most {} channels", limits.max_channels_per_client)));
     }
+    if !shared.is_operator(peer) && registry.channels_of(peer.uid) >= limits.max_channels_per_uid as usize {
+        return Err(error(
+            ErrorCode::Exhausted,
+            format!("uid {} owns its limit of {} channels", peer.uid, limits.max_channels_per_uid),
+        ));
+    }
+    // Within the descriptor limit, the channels that fit besides every connection: past
+    // them, accept() would fail with EMFILE and lock everyone out, operators included.
+    let capacity = quota::channel_capacity(limits, shared.nofile).unwrap_or(0);
+    if (registry.channels.len() + registry.creating.len()) as u64 >= capacity {
+        return Err(error(ErrorCode::Exhausted, format!("wicd holds {capacity} channels, all its descriptor limit allows")));
+    }
+    registry.creating.insert(conn, peer.uid);
+    Ok(())
+}
+
+async fn create_reserved(
+    shared: &Shared,
+    conn: ConnId,
+    peer: Peer,
+    mut spec: ChannelSpec,
+    base_va: Option<u64>,
+    limits: &Limits,
+) -> Handled {
     if spec.timeout_ns == 0 {
         spec.timeout_ns = limits.default_timeout_ns();
     }
@@ -504,11 +735,13 @@ fn attach(shared: &Shared, conn: ConnId, peer: Peer, token: &str) -> Handled {
         // The token stays valid for the user it was issued to.
         return Err(error(ErrorCode::Permission, "this token was granted to another user"));
     }
-    let grant = registry.tokens.remove(token).expect("looked up above");
-    let record = registry.channels.get_mut(&grant.channel).expect("tokens of destroyed channels are dropped");
-    if record.owner == conn {
+    let channel = grant.channel;
+    if registry.channels.get(&channel).is_some_and(|record| record.owner == conn) {
+        // Refused before the token is used up: it is still good for whom it was meant for.
         return Err(error(ErrorCode::Invalid, "the owner already holds every role of its channel"));
     }
+    let grant = registry.tokens.remove(token).expect("looked up above");
+    let record = registry.channels.get_mut(&channel).expect("tokens of destroyed channels are dropped");
     record.attached.insert(conn, grant.role);
     let (kinds, fds) = record.fds_for(grant.role);
     let mut info = record.info.clone();

@@ -146,7 +146,7 @@ impl Client {
     /// daemon can then place channels in the process's managed memory; on the emulated backend
     /// with an NVIDIA GPU present it observes the space's GPU faults. Returns the space id.
     pub fn attach_space(&self, uvm: BorrowedFd<'_>) -> Result<u32, Error> {
-        match self.conn.call_passing(&Request::AttachSpace, &[uvm])? {
+        match self.conn.call_passing(&Request::AttachSpace {}, &[uvm])? {
             Reply::Space { space } => Ok(space),
             other => Err(Error::Protocol(format!("expected a space, got {other:?}"))),
         }
@@ -199,7 +199,7 @@ impl Client {
 
     /// The daemon's statistics.
     pub fn stats(&self) -> Result<Stats, Error> {
-        match self.conn.call(&Request::Stats)? {
+        match self.conn.call(&Request::Stats {})? {
             Reply::Stats(stats) => Ok(*stats),
             other => Err(Error::Protocol(format!("expected stats, got {other:?}"))),
         }

@@ -283,7 +283,7 @@ fn handle(state: &mut State, conn: u64, request: Request, fds: &mut Vec<RawFd>) 
             let (id, role) = *state.tokens.get(&token).ok_or_else(not_found)?;
             Ok(channel_reply(&state.channels[&id], role, fds))
         }
-        Request::Stats => Ok(Reply::Stats(Box::new(Stats {
+        Request::Stats {} => Ok(Reply::Stats(Box::new(Stats {
             channels: state.channels.len() as u32,
             clients: state.conns.len() as u32,
             ..Stats::default()

@@ -276,7 +276,7 @@ mod tests {
         // SAFETY: the handler does nothing, so it is async-signal-safe.
         unsafe { nix::sys::signal::sigaction(nix::sys::signal::Signal::SIGUSR1, &action) }.unwrap();
         let (path, server) = stand_in("eintr", |stream| {
-            assert!(matches!(read_request(stream), Some(Request::Stats)));
+            assert!(matches!(read_request(stream), Some(Request::Stats {})));
             thread::sleep(Duration::from_millis(300));
             stream.write_all(&reply_bytes(Reply::Stats(Box::new(Stats { replays: 7, ..Stats::default() })))).unwrap();
         });
@@ -285,7 +285,7 @@ mod tests {
             let mut client = Client::connect(&path, "test").unwrap();
             // SAFETY: pthread_self has no preconditions.
             thread_id.send(unsafe { libc::pthread_self() }).unwrap();
-            client.call(&Request::Stats)
+            client.call(&Request::Stats {})
         });
         let caller_thread = receive_id.recv().unwrap();
         thread::sleep(Duration::from_millis(100));
@@ -301,7 +301,7 @@ mod tests {
     #[test]
     fn a_reply_read_in_part_ends_the_connection_rather_than_shifting_later_replies() {
         let (path, server) = stand_in("cut", |stream| {
-            assert!(matches!(read_request(stream), Some(Request::Stats)));
+            assert!(matches!(read_request(stream), Some(Request::Stats {})));
             // A header the client refuses, then a whole reply it must never take for the
             // answer to a later request.
             let mut bytes = u32::MAX.to_le_bytes().to_vec();
@@ -311,9 +311,9 @@ mod tests {
             while read_request(stream).is_some() {}
         });
         let mut client = Client::connect(&path, "test").unwrap();
-        assert!(matches!(client.call(&Request::Stats), Err(ClientError::Frame(FrameError::TooLarge { .. }))));
+        assert!(matches!(client.call(&Request::Stats {}), Err(ClientError::Frame(FrameError::TooLarge { .. }))));
         assert!(client.daemon_gone(), "the broken connection reads as a hang-up");
-        match client.call(&Request::Stats) {
+        match client.call(&Request::Stats {}) {
             Err(e) => assert_eq!(e.code(), ErrorCode::Connect, "{e}"),
             Ok(reply) => panic!("a later request got the earlier reply: {reply:?}"),
         }

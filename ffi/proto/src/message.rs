@@ -25,7 +25,7 @@ pub enum Request {
     /// the request's first byte): on the shim backend its channels are placed in it; on the
     /// emulated backend, where nvidia-uvm-tools exists (a GPU on the stock driver), wicd
     /// observes its GPU faults instead. One per connection, detached when the connection ends.
-    AttachSpace,
+    AttachSpace {},
     /// Counts and times the GPU faults on `[base_va, base_va + length)` of the observed space
     /// (see [`Request::AttachSpace`]): pages an application's kernels fault on through the
     /// stock driver.
@@ -40,11 +40,11 @@ pub enum Request {
     /// memory and a doorbell instead).
     Publish { channel: u32, slot: u32 },
     /// Daemon identity, backend and load.
-    Status,
+    Status {},
     /// Every channel with its owner and counters.
-    Channels,
+    Channels {},
     /// Engine and backend statistics.
-    Stats,
+    Stats {},
 }
 
 /// Who produces a channel's data.
@@ -422,13 +422,13 @@ mod tests {
         assert_eq!(serde_json::from_str::<Request>(&json).unwrap(), create);
         let gpu: Producer = serde_json::from_str(r#"{"gpu":{"gpu":1,"base_va":4096}}"#).unwrap();
         assert_eq!(gpu, Producer::Gpu { gpu: 1, base_va: 4096 });
-        assert_eq!(serde_json::to_string(&Request::Stats).unwrap(), r#"{"op":"stats"}"#);
+        assert_eq!(serde_json::to_string(&Request::Stats {}).unwrap(), r#"{"op":"stats"}"#);
         let placed: Request = serde_json::from_str(
             r#"{"op":"create_channel","spec":{"consumer_gpu":0,"producer":"host","message_bytes":64,"slots":2,"timeout_ns":0},"base_va":65536}"#,
         )
         .unwrap();
         assert!(matches!(placed, Request::CreateChannel { base_va: Some(65536), .. }));
-        assert_eq!(serde_json::to_string(&Request::AttachSpace).unwrap(), r#"{"op":"attach_space"}"#);
+        assert_eq!(serde_json::to_string(&Request::AttachSpace {}).unwrap(), r#"{"op":"attach_space"}"#);
     }
 
     #[test]
@@ -436,6 +436,13 @@ mod tests {
         assert!(serde_json::from_str::<Request>(r#"{"op":"format_disk"}"#).is_err());
         assert!(serde_json::from_str::<Request>(r#"{"op":"destroy_channel","channel":1,"force":true}"#).is_err());
         assert!(serde_json::from_str::<Request>(r#"{"op":"destroy_channel","channel":-1}"#).is_err());
+        // Operations without arguments refuse them too.
+        for op in ["status", "stats", "channels", "attach_space"] {
+            let extra = format!(r#"{{"op":"{op}","verbose":true}}"#);
+            let err = serde_json::from_str::<Request>(&extra).expect_err(&extra).to_string();
+            assert!(err.contains("verbose"), "{extra}: {err}");
+            assert!(serde_json::from_str::<Request>(&format!(r#"{{"op":"{op}"}}"#)).is_ok(), "{op}");
+        }
     }
 
     #[test]
@@ -491,15 +498,15 @@ mod reference {
                 spec: ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 1, slots: 1, timeout_ns: 0 },
                 base_va: None,
             },
-            Request::AttachSpace,
+            Request::AttachSpace {},
             Request::Watch { base_va: 0, length: 0 },
             Request::DestroyChannel { channel: 0 },
             Request::Grant { channel: 0, role: Role::Producer, uid: None },
             Request::Attach { token: String::new() },
             Request::Publish { channel: 0, slot: 0 },
-            Request::Status,
-            Request::Channels,
-            Request::Stats,
+            Request::Status {},
+            Request::Channels {},
+            Request::Stats {},
         ];
         let mut ops: Vec<String> = requests
             .iter()

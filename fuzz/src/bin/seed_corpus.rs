@@ -57,15 +57,15 @@ fn wire_protocol() {
     let requests = [
         Request::Hello { version: 1, client: "wicctl".into() },
         Request::CreateChannel { spec, base_va: Some(0x7f00_0000_0000) },
-        Request::AttachSpace,
+        Request::AttachSpace {},
         Request::Watch { base_va: 0x7f00_0000_0000, length: 1 << 20 },
         Request::Grant { channel: 1, role: Role::Consumer, uid: Some(1000) },
         Request::Attach { token: "wic1-0123456789abcdef".into() },
         Request::Publish { channel: 1, slot: 0 },
         Request::DestroyChannel { channel: 1 },
-        Request::Status,
-        Request::Channels,
-        Request::Stats,
+        Request::Status {},
+        Request::Channels {},
+        Request::Stats {},
     ];
     write("wire_protocol", "requests", &frames(&requests.iter().map(json).collect::<Vec<_>>()));
 
@@ -92,8 +92,18 @@ fn wire_protocol() {
         pool_pages: 4096,
         pool_pages_used: 16,
     };
-    let summary =
-        ChannelSummary { channel: 1, owner_pid: 42, owner_uid: 1000, spec, pages: 16, attached: 1, publishes: 5, deliveries: 5, timeouts: 0 };
+    let summary = ChannelSummary {
+        channel: 1,
+        owner_pid: 42,
+        owner_uid: 1000,
+        spec,
+        pages: 16,
+        attached: 1,
+        publishes: 5,
+        deliveries: 5,
+        timeouts: 0,
+        client_overflows: 0,
+    };
     let responses = [
         Response::Ok(Reply::Hello { version: 1, daemon: "wicd 0.1.0".into(), backend: "emulated".into(), warps_per_batch: 32 }),
         Response::Ok(Reply::Channel(info)),
@@ -108,7 +118,7 @@ fn wire_protocol() {
     write("wire_protocol", "responses", &frames(&responses.iter().map(json).collect::<Vec<_>>()));
 
     // An empty frame (answered), a request, then a header over the limit (the server hangs up).
-    let mut stream = frames(&[Vec::new(), json(&Request::Status)]);
+    let mut stream = frames(&[Vec::new(), json(&Request::Status {})]);
     stream.extend((1u32 << 20).to_le_bytes());
     write("wire_protocol", "empty-then-oversized", &stream);
 }

@@ -92,7 +92,7 @@ impl Target {
     }
 
     pub fn status(&mut self) -> Result<Status, String> {
-        match self.monitor.call(&Request::Status) {
+        match self.monitor.call(&Request::Status {}) {
             Ok(Reply::Status(status)) => Ok(status),
             Ok(other) => Err(format!("status answered with {other:?}")),
             Err(e) => Err(format!("status: {e}")),
@@ -100,7 +100,7 @@ impl Target {
     }
 
     pub fn stats(&mut self) -> Result<Stats, String> {
-        match self.monitor.call(&Request::Stats) {
+        match self.monitor.call(&Request::Stats {}) {
             Ok(Reply::Stats(stats)) => Ok(*stats),
             Ok(other) => Err(format!("stats answered with {other:?}")),
             Err(e) => Err(format!("stats: {e}")),

@@ -1,0 +1,476 @@
+//! wicd under a hostile local user. Every member of the socket's group can talk to wicd; one
+//! of them must not be able to deny service to the others, root's `wicctl` included. Each test
+//! runs an attack (as another uid where the bound is per uid: `wic-hostile`, started with
+//! setuid, which needs root) while a well-behaved client keeps working, and checks that what
+//! the attacker got stayed within the configured bounds.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+use wic_proto::client::{Client, ClientError};
+use wic_proto::frame;
+use wic_proto::message::{ChannelSpec, ErrorCode, Producer, Reply, Request, Response, Role};
+use wic_proto::PROTOCOL_VERSION;
+use wic_tests::Daemon;
+
+/// The attacker, and a second unprivileged user who only wants to be served.
+const ATTACKER: u32 = 65534;
+const OTHER_USER: u32 = 65533;
+const THIRD_USER: u32 = 65532;
+
+/// `quota::FDS_RESERVED` and `quota::FDS_PER_CHANNEL` in wicd (`daemon/src/service/quota.rs`).
+const FDS_RESERVED: u64 = 64 + 253;
+const FDS_PER_CHANNEL: u64 = 8;
+
+/// Whether this process may start clients as other uids; if not, says why the test is skipped.
+fn can_switch_uid() -> bool {
+    let root = nix::unistd::geteuid().is_root();
+    if !root {
+        eprintln!("skipped: starting a client as another uid needs root");
+    }
+    root
+}
+
+/// Configuration for a daemon other uids can reach.
+fn config(limits: &str) -> String {
+    format!("[service]\nsocket_mode = \"0666\"\n\n[limits]\n{limits}")
+}
+
+/// `wic-hostile` running as `uid`, its stdin kept open so it holds what it got until released.
+struct Hostile {
+    child: Child,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Hostile {
+    fn start(uid: u32, args: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_wic-hostile"))
+            .args(args)
+            .uid(uid)
+            .gid(uid)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start wic-hostile");
+        let stdout = BufReader::new(child.stdout.take().expect("piped"));
+        Self { child, stdout }
+    }
+
+    /// Its next line; every wait in wic-hostile is bounded, so this is too.
+    fn line(&mut self) -> String {
+        let mut line = String::new();
+        if self.stdout.read_line(&mut line).expect("read wic-hostile") == 0 {
+            let mut err = String::new();
+            let _ = self.child.stderr.take().expect("piped").read_to_string(&mut err);
+            panic!("wic-hostile ended early: {err}");
+        }
+        line.trim_end().to_owned()
+    }
+
+    /// Lets it go on (release what it holds, or report what wicd closed) and waits for it.
+    fn release(mut self) -> String {
+        self.child.stdin.take().expect("piped").write_all(b"\n").expect("release wic-hostile");
+        let mut rest = String::new();
+        self.stdout.read_to_string(&mut rest).expect("read wic-hostile");
+        let status = self.child.wait().expect("wait wic-hostile");
+        assert!(status.success(), "wic-hostile failed ({status})");
+        rest.trim_end().to_owned()
+    }
+}
+
+/// A well-behaved user's whole round (create, grant, attach, destroy) as `uid`.
+fn behave(daemon: &Daemon, uid: u32) {
+    let output = Command::new(env!("CARGO_BIN_EXE_wic-hostile"))
+        .args(["behave".as_ref(), daemon.socket.as_os_str()])
+        .uid(uid)
+        .gid(uid)
+        .output()
+        .expect("run wic-hostile behave");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.trim() == "served",
+        "uid {uid} was not served: {stdout}{}\n{}",
+        String::from_utf8_lossy(&output.stderr),
+        daemon.log()
+    );
+}
+
+/// `wicctl status` as this process's user (root: an operator).
+fn wicctl_status(daemon: &Daemon) {
+    let output = Command::new(wic_tests::binary("wicctl")).arg("status").env("WIC_SOCKET", &daemon.socket).output().expect("run wicctl");
+    assert!(output.status.success(), "wicctl status failed: {}", String::from_utf8_lossy(&output.stderr));
+}
+
+fn spec() -> ChannelSpec {
+    ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 64, slots: 1, timeout_ns: 0 }
+}
+
+fn refusal(result: Result<Reply, ClientError>) -> (ErrorCode, String) {
+    match result {
+        Err(ClientError::Refused(e)) => (e.code, e.message),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+fn open_fds(daemon: &Daemon) -> usize {
+    std::fs::read_dir(format!("/proc/{}/fd", daemon.child.id())).expect("wicd's descriptors").count()
+}
+
+/// Waits until wicd counts `n` connections, `client`'s own included.
+fn wait_clients(client: &mut Client, n: u32) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let clients = match client.call(&Request::Status {}).expect("status") {
+            Reply::Status(status) => status.clients,
+            other => panic!("{other:?}"),
+        };
+        if clients == n {
+            return;
+        }
+        assert!(Instant::now() < deadline, "wicd counts {clients} clients, not {n}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn wait_for_log(daemon: &Daemon, needle: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !daemon.log().contains(needle) {
+        assert!(Instant::now() < deadline, "the log never said {needle:?}:\n{}", daemon.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn silent_connections_of_one_user_lock_out_neither_other_users_nor_root() {
+    if !can_switch_uid() {
+        return;
+    }
+    let limits = "max_clients = 16\nreserved_clients = 2\nmax_clients_per_uid = 8\nhello_timeout_ms = 6000\n";
+    let daemon = Daemon::start("hostile-silent", &config(limits));
+    let socket = daemon.socket.to_str().expect("utf-8 path");
+    let mut attacker = Hostile::start(ATTACKER, &["silent", socket, "20", "--wait-ms", "12000"]);
+    assert_eq!(attacker.line(), "accepted 8", "one uid holds at most max_clients_per_uid connections");
+    assert_eq!(attacker.line(), "refused 12 EXHAUSTED");
+    behave(&daemon, OTHER_USER);
+    wicctl_status(&daemon);
+
+    // A second user takes what is left to non-operators; the reserve still lets root in.
+    let mut root = Client::connect(&daemon.socket, "operator").expect("root connects");
+    wait_clients(&mut root, 9);
+    let mut second = Hostile::start(THIRD_USER, &["silent", socket, "20", "--wait-ms", "12000"]);
+    assert_eq!(second.line(), "accepted 5", "16 connections, 2 of them reserved, 9 taken");
+    assert_eq!(second.line(), "refused 15 EXHAUSTED");
+    let reserve: Vec<Client> = (0..2).map(|_| Client::connect(&daemon.socket, "operator").expect("root uses the reserve")).collect();
+    drop(reserve);
+    wait_clients(&mut root, 14);
+    wicctl_status(&daemon);
+
+    // Connections that never say hello are closed at the hello deadline.
+    for (hostile, accepted) in [(attacker, "8"), (second, "5")] {
+        let closed = hostile.release();
+        let fields: Vec<&str> = closed.split_whitespace().collect();
+        assert!(fields.len() == 3 && fields[..2] == ["closed", accepted], "the silent connections were not all closed: {closed}");
+    }
+    let log = daemon.log();
+    assert!(log.contains("uid=65534") && log.contains("holds its limit of 8 connections"), "refusals are logged with the uid:\n{log}");
+    // The refusals came faster than the log takes them: those left out are counted.
+    assert!(log.contains("refusals before this one not logged") && log.contains("no hello within 6000 ms"), "{log}");
+    behave(&daemon, OTHER_USER);
+    daemon.stop();
+}
+
+#[test]
+fn descriptors_trickled_with_a_request_are_closed_as_they_arrive() {
+    let daemon = Daemon::start("hostile-fds", "");
+    let mut stream = UnixStream::connect(&daemon.socket).expect("connect");
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let hello = serde_json::to_vec(&Request::Hello { version: PROTOCOL_VERSION, client: "trickle".into() }).unwrap();
+    stream.write_all(&frame::encode(&hello)).unwrap();
+    read_response(&mut stream).expect("hello answered");
+    let before = open_fds(&daemon);
+
+    // A valid request padded to almost the frame limit, its first 100 bytes sent one at a time
+    // with 253 descriptors each: 25,300 descriptors, more than wicd's whole limit here.
+    let mut body = br#"{"op":"status"}"#.to_vec();
+    body.resize(60_000, b' ');
+    let bytes = frame::encode(&body);
+    let null = std::fs::File::open("/dev/null").unwrap();
+    let fds = [null.as_raw_fd(); 253];
+    for byte in &bytes[..100] {
+        let rights = [ControlMessage::ScmRights(&fds)];
+        sendmsg::<()>(stream.as_raw_fd(), &[std::io::IoSlice::new(std::slice::from_ref(byte))], &rights, MsgFlags::empty(), None)
+            .expect("send a byte with descriptors");
+    }
+    // Every byte is with wicd once another client's request has been answered after them.
+    let mut other = Client::connect(&daemon.socket, "bystander").expect("another client connects");
+    assert!(matches!(other.call(&Request::CreateChannel { spec: spec(), base_va: None }), Ok(Reply::Channel(_))));
+    let during = open_fds(&daemon);
+    // The bystander's connection and channel, and the one descriptor the request may carry.
+    let bound = before + 1 + FDS_PER_CHANNEL as usize + 1;
+    assert!(during <= bound, "wicd holds {during} descriptors, {before} before the trickle (bound {bound})");
+
+    stream.write_all(&bytes[100..]).unwrap();
+    let refused = read_response(&mut stream).expect("the request is answered");
+    match refused {
+        Response::Error(e) => {
+            assert_eq!(e.code, ErrorCode::Invalid);
+            assert!(e.message.contains("at most 1 descriptor"), "{}", e.message);
+        }
+        Response::Ok(reply) => panic!("a request with 25,300 descriptors was served: {reply:?}"),
+    }
+    wicctl_status(&daemon);
+    daemon.stop();
+}
+
+fn read_response(stream: &mut UnixStream) -> Result<Response, String> {
+    let mut header = [0u8; frame::HEADER_BYTES];
+    stream.read_exact(&mut header).map_err(|e| format!("header: {e}"))?;
+    let mut body = vec![0u8; frame::body_len(header, 1 << 20).map_err(|e| e.to_string())?];
+    stream.read_exact(&mut body).map_err(|e| format!("body: {e}"))?;
+    serde_json::from_slice(&body).map_err(|e| e.to_string())
+}
+
+/// Runs a wicd that must refuse to start: its output once it has exited, within 10 s.
+fn refused_start(mut command: Command) -> std::process::Output {
+    let mut child = command.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("run wicd");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while child.try_wait().expect("wait wicd").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let output = child.wait_with_output().expect("wait wicd");
+            panic!("wicd started instead of refusing:\n{}", String::from_utf8_lossy(&output.stderr));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("wait wicd")
+}
+
+/// wicd as started with `limit` as its hard descriptor limit.
+fn with_descriptor_limit(limit: u64) -> impl FnOnce(&mut Command) {
+    move |command: &mut Command| {
+        // SAFETY: setrlimit is async-signal-safe and touches only the child's own limits.
+        unsafe {
+            command.pre_exec(move || {
+                let rlim = libc::rlimit { rlim_cur: limit, rlim_max: limit };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &rlim) == 0 {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            });
+        }
+    }
+}
+
+#[test]
+fn the_limits_must_fit_the_descriptor_limit_and_channels_stop_short_of_it() {
+    // Too low for 256 connections: refused at start, with the reason.
+    let dir = wic_tests::scratch("hostile-nofile");
+    let mut command = Command::new(wic_tests::binary("wicd"));
+    command.args(["serve", "--backend", "emulated", "--socket"]).arg(dir.join("wicd.sock")).arg("--config").arg("/dev/null");
+    with_descriptor_limit(600)(&mut command);
+    let output = refused_start(command);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success() && stderr.contains("RLIMIT_NOFILE") && stderr.contains("max_clients = 256"), "{stderr}");
+
+    // Room for 4 channels besides 8 connections and the reserve.
+    let max_clients = 8;
+    let limit = FDS_RESERVED + 3 * max_clients + 4 * FDS_PER_CHANNEL;
+    let daemon = Daemon::start_with("hostile-budget", &config(&format!("max_clients = {max_clients}\n")), with_descriptor_limit(limit));
+    let mut client = Client::connect(&daemon.socket, "test").expect("connect");
+    let before = open_fds(&daemon);
+    for _ in 0..4 {
+        assert!(matches!(client.call(&Request::CreateChannel { spec: spec(), base_va: None }), Ok(Reply::Channel(_))));
+    }
+    let per_channel = (open_fds(&daemon) - before) as u64 / 4;
+    assert!(per_channel <= FDS_PER_CHANNEL, "a channel holds {per_channel} descriptors, more than the budget's {FDS_PER_CHANNEL}");
+    let (code, message) = refusal(client.call(&Request::CreateChannel { spec: spec(), base_va: None }));
+    assert_eq!(code, ErrorCode::Exhausted);
+    assert!(message.contains("descriptor limit"), "{message}");
+    // Every connection still fits.
+    let clients: Vec<Client> = (1..max_clients).map(|_| Client::connect(&daemon.socket, "test").expect("connect")).collect();
+    assert_eq!(clients.len() as u64, max_clients - 1);
+    drop(clients);
+    wicctl_status(&daemon);
+    daemon.stop();
+}
+
+#[test]
+fn grant_tokens_are_bounded_per_channel_and_per_uid_freed_with_their_owner_and_reloaded() {
+    if !can_switch_uid() {
+        return;
+    }
+    let limits = "max_grants_per_channel = 10\nmax_grants_per_uid = 25\n";
+    let mut daemon = Daemon::start("hostile-grants", &config(limits));
+    let socket = daemon.socket.to_str().expect("utf-8 path").to_owned();
+    let grants = || Hostile::start(ATTACKER, &["grants", &socket, "3", "20"]);
+    let mut attacker = grants();
+    let granted = attacker.line();
+    assert!(granted.starts_with("granted 10 10 5 | EXHAUSTED uid 65534 has 25 unused tokens"), "{granted}");
+    behave(&daemon, OTHER_USER);
+    let log = daemon.log();
+    assert!(!log.contains("grant issued"), "granting is logged at debug only:\n{log}");
+    assert!(log.contains("grant refused") && log.contains("uid=65534"), "{log}");
+    attacker.release();
+
+    // The attacker's tokens went with its channels: it gets as many again.
+    let mut again = grants();
+    assert!(again.line().starts_with("granted 10 10 5 |"));
+    again.release();
+
+    // Reloaded like the other limits.
+    std::fs::write(daemon.dir.join("wicd.toml"), config("max_grants_per_channel = 3\nmax_grants_per_uid = 25\n")).unwrap();
+    daemon.signal(nix::sys::signal::Signal::SIGHUP);
+    wait_for_log(&daemon, "configuration reloaded");
+    let mut reloaded = grants();
+    let granted = reloaded.line();
+    assert!(granted.starts_with("granted 3 3 3 | EXHAUSTED channel"), "{granted}");
+    reloaded.release();
+
+    // Limits the descriptor limit cannot hold are refused on reload too.
+    std::fs::write(daemon.dir.join("wicd.toml"), config("max_clients = 100000000\nmax_clients_per_uid = 4\n")).unwrap();
+    daemon.signal(nix::sys::signal::Signal::SIGHUP);
+    wait_for_log(&daemon, "RLIMIT_NOFILE");
+    assert!(daemon.alive());
+    let mut kept = grants();
+    assert!(kept.line().starts_with("granted 3 3 3 |"), "the running limits were kept");
+    kept.release();
+    daemon.stop();
+}
+
+#[test]
+fn channels_are_bounded_per_uid() {
+    if !can_switch_uid() {
+        return;
+    }
+    let daemon = Daemon::start("hostile-channels", &config("max_channels_per_client = 4\nmax_channels_per_uid = 10\n"));
+    let socket = daemon.socket.to_str().expect("utf-8 path");
+    let mut attacker = Hostile::start(ATTACKER, &["channels", socket, "3", "10"]);
+    let created = attacker.line();
+    assert!(created.starts_with("created 4 4 2 | EXHAUSTED uid 65534 owns its limit of 10 channels"), "{created}");
+    behave(&daemon, OTHER_USER);
+    // Root is not held to the per-uid bound.
+    let mut root = Client::connect(&daemon.socket, "operator").unwrap();
+    for _ in 0..4 {
+        assert!(matches!(root.call(&Request::CreateChannel { spec: spec(), base_va: None }), Ok(Reply::Channel(_))));
+    }
+    attacker.release();
+    daemon.stop();
+}
+
+#[test]
+fn requests_that_never_finish_and_replies_never_read_are_cut_off() {
+    let daemon = Daemon::start("hostile-slow", &config("request_timeout_ms = 500\n"));
+    let hello = frame::encode(&serde_json::to_vec(&Request::Hello { version: PROTOCOL_VERSION, client: "slow".into() }).unwrap());
+
+    // A request begun and never finished.
+    let mut slow = UnixStream::connect(&daemon.socket).unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    slow.write_all(&hello).unwrap();
+    read_response(&mut slow).expect("hello answered");
+    slow.write_all(&[200, 0, 0, 0, b'{']).unwrap();
+    let started = Instant::now();
+    let mut byte = [0u8; 1];
+    assert_eq!(slow.read(&mut byte).expect("wicd closes, not the read timeout"), 0);
+    assert!(started.elapsed() >= Duration::from_millis(400), "closed before the timeout: {:?}", started.elapsed());
+
+    // Requests pipelined whose replies are never read: wicd stops writing, then hangs up.
+    let mut greedy = UnixStream::connect(&daemon.socket).unwrap();
+    greedy.write_all(&hello).unwrap();
+    let stats = frame::encode(&serde_json::to_vec(&Request::Stats {}).unwrap());
+    let requests = 5000;
+    greedy.write_all(&stats.repeat(requests)).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    greedy.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut replies = Vec::new();
+    // wicd hung up with requests unread, which the kernel reports as a reset after the data.
+    let read = greedy.read_to_end(&mut replies);
+    let hung_up = read.is_ok() || read.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset);
+    assert!(hung_up, "wicd kept the connection of a client that does not read: {read:?}");
+    let answered = count_frames(&replies);
+    assert!(answered <= requests, "all {requests} requests and the hello were answered");
+    wait_for_log(&daemon, "did not read its reply within 500 ms");
+    wicctl_status(&daemon);
+    daemon.stop();
+}
+
+fn count_frames(mut bytes: &[u8]) -> usize {
+    let mut frames = 0;
+    while bytes.len() >= frame::HEADER_BYTES {
+        let len = u32::from_le_bytes(bytes[..4].try_into().unwrap()) as usize;
+        if bytes.len() < frame::HEADER_BYTES + len {
+            break;
+        }
+        bytes = &bytes[frame::HEADER_BYTES + len..];
+        frames += 1;
+    }
+    frames
+}
+
+#[test]
+fn a_full_daemon_refusal_is_read_every_time() {
+    let daemon = Daemon::start("hostile-full", &config("max_clients = 2\nreserved_clients = 1\n"));
+    let _held: Vec<Client> = (0..2).map(|_| Client::connect(&daemon.socket, "test").unwrap()).collect();
+    for attempt in 0..30 {
+        match Client::connect(&daemon.socket, "test") {
+            Err(ClientError::Refused(e)) => {
+                assert_eq!(e.code, ErrorCode::Exhausted);
+                assert!(e.message.contains("too many clients"), "{}", e.message);
+            }
+            other => panic!("attempt {attempt}: {other:?}"),
+        }
+    }
+    daemon.stop();
+}
+
+#[test]
+fn an_owner_attaching_with_its_own_token_leaves_the_token_good() {
+    let daemon = Daemon::start("hostile-own-token", "");
+    let mut owner = Client::connect(&daemon.socket, "owner").unwrap();
+    let channel = match owner.call(&Request::CreateChannel { spec: spec(), base_va: None }).unwrap() {
+        Reply::Channel(info) => info.channel,
+        other => panic!("{other:?}"),
+    };
+    let token = match owner.call(&Request::Grant { channel, role: Role::Consumer, uid: None }).unwrap() {
+        Reply::Token { token } => token,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(refusal(owner.call(&Request::Attach { token: token.clone() })).0, ErrorCode::Invalid);
+    let mut consumer = Client::connect(&daemon.socket, "consumer").unwrap();
+    assert!(matches!(consumer.call(&Request::Attach { token }), Ok(Reply::Channel(info)) if info.channel == channel));
+    wait_for_log(&daemon, "attach refused (INVALID)");
+    daemon.stop();
+}
+
+#[test]
+fn a_file_at_the_socket_path_is_never_removed() {
+    let dir = wic_tests::scratch("hostile-socket-path");
+    let path = dir.join("precious");
+    std::fs::write(&path, "not a socket").unwrap();
+    let mut command = Command::new(wic_tests::binary("wicd"));
+    command.args(["serve", "--backend", "emulated", "--config", "/dev/null", "--socket"]).arg(&path);
+    let output = refused_start(command);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success() && stderr.contains("is not a socket"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "not a socket");
+
+    // A socket of another user is left alone as well.
+    if can_switch_uid() {
+        let socket = dir.join("theirs.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        drop(listener);
+        nix::unistd::chown(&socket, Some(nix::unistd::Uid::from_raw(ATTACKER)), None).unwrap();
+        let mut command = Command::new(wic_tests::binary("wicd"));
+        command.args(["serve", "--backend", "emulated", "--config", "/dev/null", "--socket"]).arg(&socket);
+        let output = refused_start(command);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success() && stderr.contains("uid 65534"), "{stderr}");
+        assert!(socket.exists());
+    }
+}
