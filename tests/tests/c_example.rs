@@ -223,7 +223,10 @@ fn readme_example_lines(out: &Path) -> Vec<String> {
     let lines: Vec<String> = readme
         .lines()
         .filter(|l| l.starts_with("cc ") || l.contains("target/consumer 256"))
-        .map(|l| l.replace("target/release/", &format!("{}/", built().display())).replace("target/", &format!("{}/", out.display())))
+        .map(|l| {
+            let examples = l.replace("target/release/", "\0").replace("target/", &format!("{}/", out.display()));
+            examples.replace('\0', &format!("{}/", built().display()))
+        })
         .collect();
     assert_eq!(lines.len(), 3, "the README builds two examples and runs them: {lines:?}");
     lines
