@@ -11,6 +11,17 @@
  * describes it. Client and channel handles may be used from several threads, with one rule per
  * channel: at most one thread at a time publishes or waits on a given slot, and at most one
  * thread at a time consumes a given slot.
+ *
+ * Timeouts: every call that sends a request to the daemon (wic_connect, wic_attach_space,
+ * wic_watch_range, wic_channel_create, wic_channel_create_at, wic_channel_grant,
+ * wic_channel_attach, wic_channel_close on an owner's handle, wic_stats) waits for the answer
+ * at most WIC_TIMEOUT_MS milliseconds, an environment variable read by wic_connect: 1 to
+ * 3600000, 10000 if unset or empty, 0 for no deadline. wic_connect's deadline covers
+ * connecting and the greeting; each later call has its own. A call whose deadline passes
+ * returns WIC_ETIMED_OUT and closes the session's connection, as if the daemon had hung up:
+ * later calls through the session and its channels return WIC_ECONNECT, and the daemon
+ * destroys the channels the session owns. A malformed WIC_TIMEOUT_MS makes wic_connect fail
+ * with WIC_EINVALID. An empty WIC_SOCKET counts as unset.
  */
 #ifndef WIC_H
 #define WIC_H
@@ -34,7 +45,7 @@ extern "C" {
 #define WIC_ENOT_FOUND (-3)    /* no such channel, slot or token */
 #define WIC_EEXHAUSTED (-4)    /* page pool, slot table or a per-client limit exhausted */
 #define WIC_EBUSY (-5)         /* the slot's previous data has not been delivered yet */
-#define WIC_ETIMED_OUT (-6)    /* the wait exceeded its timeout */
+#define WIC_ETIMED_OUT (-6)    /* the wait exceeded its timeout, or wicd did not answer in time */
 #define WIC_ECLOSED (-7)       /* the channel was destroyed */
 #define WIC_ESTOPPING (-8)     /* the daemon is stopping */
 #define WIC_EPROTOCOL (-9)     /* the daemon and the library do not understand each other */
@@ -204,11 +215,16 @@ const char *wic_strerror(int err);
 
 /**
  * wic_connect() - open a session with wicd
- * @socket_path: the daemon's socket; NULL for $WIC_SOCKET, else /run/wic/wicd.sock
+ * @socket_path: the daemon's socket; NULL for $WIC_SOCKET (unless empty), else
+ *	/run/wic/wicd.sock
  * @out: receives the client handle (NULL on failure)
  *
- * Return: WIC_OK, WIC_ECONNECT if the daemon cannot be reached, WIC_EPROTOCOL if it speaks
- * another protocol version, WIC_EINVALID if @out is NULL.
+ * Reads WIC_TIMEOUT_MS (see Timeouts above); the session keeps that deadline.
+ *
+ * Return: WIC_OK, WIC_ECONNECT if the daemon cannot be reached, WIC_ETIMED_OUT if it did not
+ * accept the connection and answer within WIC_TIMEOUT_MS, WIC_EEXHAUSTED if it serves the most
+ * clients it will, WIC_EPROTOCOL if it speaks another protocol version, WIC_EINVALID if @out is
+ * NULL or WIC_TIMEOUT_MS is malformed.
  */
 int wic_connect(const char *socket_path, wic_client **out);
 

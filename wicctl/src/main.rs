@@ -14,18 +14,28 @@ use std::time::{Duration, Instant, SystemTime};
 
 use clap::{Args, Parser, Subcommand};
 use wic_engine::fault::{RawFaultEntry, VaWidth};
-use wic_proto::client::{Client, ClientError};
+use wic_proto::client::{Client, ClientError, Timeout};
 use wic_proto::message::{ErrorCode, Reply, Request, Stats, Status};
 
 /// Longest `--watch` interval: a day. Longer ones are surely typos.
 const MAX_WATCH_SECS: f64 = 86_400.0;
 
+/// What `wicctl --help` says about the exit status.
+const EXIT_STATUS_HELP: &str = "\
+Exit status: 0 done; 1 wicd cannot be reached, refused, timed out or answered nonsense (or the
+output could not be written); 2 bad arguments or a malformed $WIC_TIMEOUT_MS; 3 wicd is stopping,
+or hung up after answering the hello (it stopped, e.g. during stats --watch).";
+
 #[derive(Parser, Debug)]
-#[command(version, about)]
+#[command(version, about, after_help = EXIT_STATUS_HELP)]
 struct Cli {
-    /// The socket wicd listens on ($WIC_SOCKET overrides the built-in default).
+    /// The socket wicd listens on ($WIC_SOCKET, unless empty, overrides the built-in default).
     #[arg(long, global = true, value_name = "PATH", default_value_os_t = wic_proto::socket_path(None))]
     socket: PathBuf,
+    /// Longest wait for wicd in milliseconds, for the whole command (with --watch, for each
+    /// sample): 1 to 3600000, or 0 for none [default: $WIC_TIMEOUT_MS, else 10000].
+    #[arg(long, global = true, value_name = "MS", value_parser = Timeout::parse)]
+    timeout_ms: Option<Timeout>,
     #[command(subcommand)]
     command: Command,
 }
@@ -34,7 +44,10 @@ struct Cli {
 enum Command {
     /// Show the daemon's version, backend and load.
     Status(JsonArg),
-    /// List every channel with its owner and counters.
+    /// List channels with their owners and counters: every channel for root and wicd's user.
+    ///
+    /// Root and the daemon's own user see every channel; any other user sees the channels of
+    /// their uid and those they attached to through a grant.
     Channels(JsonArg),
     /// Show the engine and backend statistics.
     Stats(StatsArgs),
@@ -96,13 +109,15 @@ fn parse_va_bits(text: &str) -> Result<VaWidth, String> {
     }
 }
 
-/// Why a command failed; decides the exit status.
+/// Why a command failed; decides the exit status ([`EXIT_STATUS_HELP`]).
 #[derive(Debug)]
 enum Failure {
-    /// wicd could not be reached, refused, or answered nonsense: status 1.
+    /// wicd could not be reached, refused, timed out or answered nonsense: status 1.
     Daemon(String),
     /// The arguments are wrong: status 2, as for clap's own errors.
     Usage(String),
+    /// wicd said it is stopping, or hung up after the hello: status 3.
+    Stopped(String),
     /// Writing the output failed.
     Output(io::Error),
 }
@@ -112,6 +127,7 @@ impl Failure {
         match self {
             Self::Daemon(_) | Self::Output(_) => ExitCode::from(1),
             Self::Usage(_) => ExitCode::from(2),
+            Self::Stopped(_) => ExitCode::from(3),
         }
     }
 }
@@ -119,7 +135,7 @@ impl Failure {
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Daemon(message) | Self::Usage(message) => f.write_str(message),
+            Self::Daemon(message) | Self::Usage(message) | Self::Stopped(message) => f.write_str(message),
             Self::Output(e) => write!(f, "cannot write the output: {e}"),
         }
     }
@@ -131,24 +147,43 @@ impl From<io::Error> for Failure {
     }
 }
 
-/// A session with wicd that remembers its socket, for error messages.
+/// A session with wicd that remembers its socket and timeout, for error messages.
 struct Session {
     client: Client,
     path: PathBuf,
+    /// How long the command, or one sample of `--watch`, may take.
+    timeout: Timeout,
+    /// When the command, or the sample, started.
+    since: Instant,
 }
 
 impl Session {
-    /// Connects to the daemon at `path`.
-    fn connect(path: &Path) -> Result<Self, Failure> {
-        match Client::connect(path, "wicctl") {
-            Ok(client) => Ok(Self { client, path: path.to_owned() }),
-            Err(e) => Err(daemon_failure(path, e)),
+    /// Connects to the daemon at `path`; `timeout` (`None`: `$WIC_TIMEOUT_MS`) bounds the whole
+    /// command, so that one of several requests (`metrics`) also ends in time when run from a
+    /// timer.
+    fn connect(path: &Path, timeout: Option<Timeout>) -> Result<Self, Failure> {
+        let timeout = match timeout {
+            Some(timeout) => timeout,
+            None => Timeout::from_env().map_err(Failure::Usage)?,
+        };
+        let since = Instant::now();
+        match Client::connect_with_timeout(path, "wicctl", timeout) {
+            Ok(client) => Ok(Self { client, path: path.to_owned(), timeout, since }),
+            Err(e) => Err(daemon_failure(path, timeout, e, false)),
         }
     }
 
-    /// Sends `request` and returns the reply.
+    /// Gives the next requests the whole timeout again: each sample of `--watch` has its own.
+    fn restart_clock(&mut self) {
+        self.since = Instant::now();
+    }
+
+    /// Sends `request` and returns the reply, by the command's deadline.
     fn call(&mut self, request: &Request) -> Result<Reply, Failure> {
-        self.client.call(request).map_err(|e| daemon_failure(&self.path, e))
+        if let Some(limit) = self.timeout.limit() {
+            self.client.set_timeout(Timeout::after(limit.saturating_sub(self.since.elapsed())));
+        }
+        self.client.call(request).map_err(|e| daemon_failure(&self.path, self.timeout, e, true))
     }
 
     fn status(&mut self) -> Result<Status, Failure> {
@@ -171,9 +206,16 @@ impl Session {
     }
 }
 
-/// Explains a client error, naming the socket and what usually causes it.
-fn daemon_failure(path: &Path, error: ClientError) -> Failure {
+/// Explains a client error, naming the socket and what usually causes it. `greeted`: wicd had
+/// answered the hello, so its hanging up now means it stopped.
+fn daemon_failure(path: &Path, timeout: Timeout, error: ClientError, greeted: bool) -> Failure {
     let at = path.display();
+    match error.code() {
+        ErrorCode::Stopping => return Failure::Stopped(format!("wicd is stopping (socket {at})")),
+        // Between requests wicd hangs up only when it stops.
+        ErrorCode::Connect if greeted => return Failure::Stopped(format!("wicd stopped (socket {at})")),
+        _ => {}
+    }
     Failure::Daemon(match error {
         ClientError::Connect(e) => {
             let why = match e.kind() {
@@ -191,6 +233,10 @@ fn daemon_failure(path: &Path, error: ClientError) -> Failure {
             };
             format!("cannot connect to wicd at {at}: {why}")
         }
+        ClientError::TimedOut(_) => format!(
+            "timed out: wicd at {at} did not answer within {timeout}; is it stopped or overloaded? \
+             (--timeout-ms or $WIC_TIMEOUT_MS set the limit)"
+        ),
         ClientError::Refused(e) if e.code == ErrorCode::Permission => {
             format!("wicd at {at} refused: {e}; are you in the `wic` group?")
         }
@@ -202,7 +248,7 @@ fn daemon_failure(path: &Path, error: ClientError) -> Failure {
 fn run(cli: Cli, out: &mut dyn Write) -> Result<(), Failure> {
     match cli.command {
         Command::Status(JsonArg { json }) => {
-            let status = Session::connect(&cli.socket)?.status()?;
+            let status = Session::connect(&cli.socket, cli.timeout_ms)?.status()?;
             if json {
                 writeln!(out, "{}", to_json_pretty(&status))?;
             } else {
@@ -210,7 +256,7 @@ fn run(cli: Cli, out: &mut dyn Write) -> Result<(), Failure> {
             }
         }
         Command::Channels(JsonArg { json }) => {
-            let mut session = Session::connect(&cli.socket)?;
+            let mut session = Session::connect(&cli.socket, cli.timeout_ms)?;
             let channels = match session.call(&Request::Channels {})? {
                 Reply::Channels { channels } => channels,
                 other => return Err(session.unexpected("channels", &other)),
@@ -221,9 +267,9 @@ fn run(cli: Cli, out: &mut dyn Write) -> Result<(), Failure> {
                 out.write_all(render::channels(&channels).as_bytes())?;
             }
         }
-        Command::Stats(args) => stats(&mut Session::connect(&cli.socket)?, &args, out)?,
+        Command::Stats(args) => stats(&mut Session::connect(&cli.socket, cli.timeout_ms)?, &args, out)?,
         Command::Metrics => {
-            let mut session = Session::connect(&cli.socket)?;
+            let mut session = Session::connect(&cli.socket, cli.timeout_ms)?;
             let stats = session.stats()?;
             let status = session.status()?;
             out.write_all(render::metrics(&stats, &status).as_bytes())?;
@@ -257,6 +303,9 @@ fn stats(session: &mut Session, args: &StatsArgs, out: &mut dyn Write) -> Result
     // The previous sample's time and faults_completed, for the rate.
     let mut previous: Option<(Instant, u64)> = None;
     while ticker.wait() {
+        if previous.is_some() {
+            session.restart_clock();
+        }
         let stats = session.stats()?;
         let now = Instant::now();
         match (args.json, args.watch.is_some()) {
@@ -373,9 +422,9 @@ mod tests {
         assert!(message.contains(path.to_str().unwrap()) && message.contains("is wicd running"), "{message}");
     }
 
-    /// A daemon on a fresh socket that answers `hello`, then each request with `answer`; it
-    /// serves one connection after the other.
-    fn fake_daemon(name: &str, answer: impl Fn(&Request) -> Response + Send + 'static) -> PathBuf {
+    /// A daemon on a fresh socket that answers `hello`, then each request with `answer`, or
+    /// hangs up where that is `None`; it serves one connection after the other.
+    fn fake_daemon(name: &str, answer: impl Fn(&Request) -> Option<Response> + Send + 'static) -> PathBuf {
         let path = std::env::temp_dir().join(format!("wicctl-test-{}-{name}.sock", std::process::id()));
         let _ = std::fs::remove_file(&path);
         let listener = UnixListener::bind(&path).unwrap();
@@ -394,7 +443,10 @@ mod tests {
                             backend: "emulated".into(),
                             warps_per_batch: 16,
                         }),
-                        request => answer(&request),
+                        request => match answer(&request) {
+                            Some(response) => response,
+                            None => break,
+                        },
                     };
                     stream.write_all(&frame::encode(&serde_json::to_vec(&response).unwrap())).unwrap();
                 }
@@ -403,19 +455,20 @@ mod tests {
         path
     }
 
-    /// A fake daemon whose `faults_completed` grows by 10 with each stats request.
-    fn counting_daemon(name: &str) -> PathBuf {
+    /// A fake daemon whose `faults_completed` grows by 10 with each stats request; it stops
+    /// (hangs up) instead of answering request `stop_at`.
+    fn counting_daemon(name: &str, stop_at: Option<u64>) -> PathBuf {
         let served = std::sync::atomic::AtomicU64::new(0);
         fake_daemon(name, move |request| {
             assert_eq!(request, &Request::Stats {});
             let n = served.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-            Response::Ok(Reply::Stats(Box::new(Stats { faults_completed: 10 * n, ..Stats::default() })))
+            (Some(n) != stop_at).then(|| Response::Ok(Reply::Stats(Box::new(Stats { faults_completed: 10 * n, ..Stats::default() }))))
         })
     }
 
     #[test]
     fn stats_watch_prints_json_lines() {
-        let path = counting_daemon("json-lines");
+        let path = counting_daemon("json-lines", None);
         let socket = path.to_str().unwrap();
         let text = run_args(&["--socket", socket, "stats", "--json", "--watch", "0.01", "--count", "3"]);
         let _ = std::fs::remove_file(&path);
@@ -429,7 +482,7 @@ mod tests {
 
     #[test]
     fn stats_watch_prints_headers_and_rates() {
-        let path = counting_daemon("human");
+        let path = counting_daemon("human", None);
         let text = run_args(&["--socket", path.to_str().unwrap(), "stats", "--watch", "0.01", "--count", "2"]).unwrap();
         let _ = std::fs::remove_file(&path);
         assert_eq!(text.lines().filter(|l| l.starts_with("--- ") && l.ends_with("Z ---")).count(), 2, "{text}");
@@ -439,7 +492,8 @@ mod tests {
 
     #[test]
     fn metrics_and_refusals_through_a_daemon() {
-        let path = fake_daemon("metrics", |request| match request {
+        let path = fake_daemon("metrics", |request| {
+            Some(match request {
             Request::Stats {} => Response::Ok(Reply::Stats(Box::new(Stats { replays: 77, ..Stats::default() }))),
             Request::Status {} => Response::Ok(Reply::Status(Status {
                 version: "9.9.9".into(),
@@ -455,6 +509,7 @@ mod tests {
                 pool_pages_used: 0,
             })),
             _ => Response::Error(WireError::new(ErrorCode::Permission, "not for you")),
+            })
         });
         let socket = path.to_str().unwrap();
         let text = run_args(&["--socket", socket, "metrics"]).unwrap();
@@ -465,5 +520,65 @@ mod tests {
         let _ = std::fs::remove_file(&path);
         assert_eq!(failure.exit_code(), ExitCode::from(1));
         assert!(failure.to_string().contains("`wic` group"), "{failure}");
+    }
+
+    #[test]
+    fn stats_watch_says_when_wicd_stops() {
+        let path = counting_daemon("stops", Some(3));
+        let cli = Cli::try_parse_from(["wicctl", "--socket", path.to_str().unwrap(), "stats", "--json", "--watch", "0.01"]).unwrap();
+        let mut out = Vec::new();
+        let failure = run(cli, &mut out).unwrap_err();
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(String::from_utf8(out).unwrap().lines().count(), 2, "two samples before it stopped");
+        assert_eq!(failure.to_string(), format!("wicd stopped (socket {})", path.display()));
+        assert_eq!(failure.exit_code(), ExitCode::from(3));
+    }
+
+    #[test]
+    fn a_daemon_that_is_stopping_is_said_to_be() {
+        let path = fake_daemon("stopping", |_| Some(Response::Error(WireError::new(ErrorCode::Stopping, "shutting down"))));
+        let failure = run_args(&["--socket", path.to_str().unwrap(), "status"]).unwrap_err();
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(failure.to_string(), format!("wicd is stopping (socket {})", path.display()));
+        assert_eq!(failure.exit_code(), ExitCode::from(3));
+    }
+
+    #[test]
+    fn timeouts_are_checked_and_bound_the_whole_command() {
+        let parse = |args: &[&str]| Cli::try_parse_from(std::iter::once("wicctl").chain(args.iter().copied()));
+        assert_eq!(parse(&["status", "--timeout-ms", "250"]).unwrap().timeout_ms, Some(Timeout::after(Duration::from_millis(250))));
+        assert_eq!(parse(&["--timeout-ms", "0", "metrics"]).unwrap().timeout_ms, Some(Timeout::NEVER));
+        assert_eq!(parse(&["metrics"]).unwrap().timeout_ms, None, "the environment decides");
+        for bad in ["-1", "ten", "3600001", ""] {
+            assert_eq!(parse(&["status", "--timeout-ms", bad]).unwrap_err().exit_code(), 2, "{bad:?}");
+        }
+
+        // Each answer comes after 200 ms: metrics' two requests take 400 ms in all, more than
+        // the 300 ms it is given although each alone is quicker.
+        let path = fake_daemon("slow", |request| {
+            std::thread::sleep(Duration::from_millis(200));
+            Some(match request {
+                Request::Stats {} => Response::Ok(Reply::Stats(Box::default())),
+                _ => Response::Error(WireError::new(ErrorCode::Invalid, "stats only")),
+            })
+        });
+        let start = Instant::now();
+        let failure = run_args(&["--socket", path.to_str().unwrap(), "--timeout-ms", "300", "metrics"]).unwrap_err();
+        let took = start.elapsed();
+        let _ = std::fs::remove_file(&path);
+        assert!(failure.to_string().starts_with("timed out: wicd at "), "{failure}");
+        assert!(failure.to_string().contains("did not answer within 300 ms"), "{failure}");
+        assert_eq!(failure.exit_code(), ExitCode::from(1));
+        assert!(took < Duration::from_millis(600), "took {took:?}");
+    }
+
+    #[test]
+    fn channels_help_says_who_sees_which_channels() {
+        let command = Cli::command();
+        let channels = command.find_subcommand("channels").unwrap();
+        let short = channels.get_about().unwrap().to_string();
+        assert!(short.contains("every channel for root and wicd's user"), "{short}");
+        let long = channels.get_long_about().unwrap().to_string();
+        assert!(long.contains("their uid and those they attached to through a grant"), "{long}");
     }
 }

@@ -11,7 +11,7 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
-use wic_proto::client::{Client as ProtoClient, ClientError, Daemon};
+use wic_proto::client::{Client as ProtoClient, ClientError, Daemon, Timeout};
 use wic_proto::message::{ChannelSpec, ErrorCode, Producer, Reply, Request, Stats};
 
 use crate::abi::{WicChannelSpec, WicStats, WIC_PRODUCER_GPU, WIC_PRODUCER_HOST};
@@ -124,10 +124,22 @@ pub struct Client {
 
 impl Client {
     /// Connects to the daemon at `path`, else at [`wic_proto::socket_path`]`(None)`
-    /// (`$WIC_SOCKET` or the default socket), and opens the session.
+    /// (`$WIC_SOCKET` or the default socket), and opens the session. Each request has the
+    /// deadline `$WIC_TIMEOUT_MS` sets ([`Timeout::from_env`]); a malformed value is an
+    /// [`ErrorCode::Invalid`] error.
     pub fn connect(path: Option<&Path>) -> Result<Self, Error> {
+        let timeout = Timeout::from_env().map_err(ClientError::Setting)?;
+        Self::connect_with_timeout(path, timeout)
+    }
+
+    /// [`Client::connect`] with the deadline of each request given: connecting and the hello
+    /// together, then each request. A request that times out fails with
+    /// [`ErrorCode::TimedOut`] and ends the connection, as the daemon's hanging up would: later
+    /// requests, and the waits of the channels opened through this session, report
+    /// [`ErrorCode::Connect`].
+    pub fn connect_with_timeout(path: Option<&Path>, timeout: Timeout) -> Result<Self, Error> {
         let path: PathBuf = path.map_or_else(|| wic_proto::socket_path(None), Path::to_path_buf);
-        let client = ProtoClient::connect(&path, CLIENT_NAME)?;
+        let client = ProtoClient::connect_with_timeout(&path, CLIENT_NAME, timeout)?;
         let daemon = client.daemon().clone();
         Ok(Self { conn: Arc::new(Connection(Mutex::new(client))), daemon })
     }
@@ -337,6 +349,26 @@ mod tests {
     fn connecting_to_nothing_is_a_connect_error() {
         let err = Client::connect(Some(Path::new("/nonexistent/wicd.sock"))).unwrap_err();
         assert_eq!(err.code(), ErrorCode::Connect);
+    }
+
+    #[test]
+    fn a_daemon_that_does_not_answer_times_out() {
+        let dir = std::env::temp_dir().join(format!("libwic-silent-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("wicd.sock");
+        // Connections wait in the backlog and are never answered.
+        let _listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let limit = std::time::Duration::from_millis(300);
+        let start = std::time::Instant::now();
+        // On a thread, so that a connect without a deadline fails the test instead of hanging it.
+        let (done, result) = std::sync::mpsc::channel();
+        std::thread::spawn(move || done.send(Client::connect_with_timeout(Some(&path), Timeout::after(limit)).err()));
+        let err = result.recv_timeout(std::time::Duration::from_secs(5)).expect("connect returned within 5 s").expect("no daemon answered");
+        let took = start.elapsed();
+        assert_eq!(err.code(), ErrorCode::TimedOut, "{err}");
+        assert_eq!(err.to_string(), "wicd did not answer within 300 ms");
+        assert!(took >= limit && took < 2 * limit, "gave up after {took:?}");
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! and the same functionality as a Rust API.
 //!
 //! - [`Client`] is a session with the daemon; it is thread-safe and shared by the channels
-//!   opened through it, which keep the connection open after the client is dropped.
+//!   opened through it, which keep the connection open after the client is dropped. Every
+//!   request has a deadline ([`Timeout`]: `$WIC_TIMEOUT_MS`, 10 s by default).
 //! - [`Channel`] is a channel this process created ([`Client::create_channel`], as its owner) or
 //!   attached to with a token ([`Client::attach`]). Host producers publish through the shared
 //!   producer region and a doorbell; consumers on the emulated backend read their slots as the
@@ -27,6 +28,7 @@ mod testing;
 pub use channel::Channel;
 pub use client::Client;
 pub use wic_proto::message::{ChannelInfo, ChannelSpec, ErrorCode, Producer, Role, SlotInfo, Stats};
+pub use wic_proto::client::Timeout;
 
 #[cfg(test)]
 mod tests {

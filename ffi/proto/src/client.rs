@@ -1,14 +1,25 @@
 //! A blocking client: connect, say hello, send requests and collect replies with the file
 //! descriptors passed along with them.
+//!
+//! Every request has a deadline ([`Timeout`]; `$WIC_TIMEOUT_MS`, 10 s by default): connecting
+//! and the hello together, then each request's send and its whole reply. A daemon that stops
+//! answering (stopped, hung, its listen backlog full) is [`ClientError::TimedOut`], not a hang.
 
+use std::ffi::OsStr;
+use std::fmt;
 use std::io::{self, IoSlice, IoSliceMut};
 use std::net::Shutdown;
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
+use std::thread;
+use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
-use nix::sys::socket::{recv, recvmsg, send, sendmsg, ControlMessage, MsgFlags};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::socket::{
+    connect, recv, recvmsg, send, sendmsg, socket, AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType, UnixAddr,
+};
 
 use crate::frame::{self, FrameError, MAX_REPLY_BYTES};
 use crate::message::{ErrorCode, Reply, Request, Response, WireError};
@@ -17,6 +28,117 @@ use crate::PROTOCOL_VERSION;
 /// Most descriptors one reply carries.
 const MAX_FDS: usize = 4;
 
+/// Environment variable that sets the clients' [`Timeout`], in milliseconds.
+pub const TIMEOUT_ENV: &str = "WIC_TIMEOUT_MS";
+
+/// A request's deadline unless configured otherwise, in milliseconds.
+pub const DEFAULT_TIMEOUT_MS: u64 = 10_000;
+
+/// Longest deadline that can be configured, in milliseconds: an hour. Longer ones are surely
+/// typos; 0 waits without a deadline.
+pub const MAX_TIMEOUT_MS: u64 = 3_600_000;
+
+/// Longest pause between two connection attempts while the daemon's listen backlog is full.
+const MAX_CONNECT_PAUSE: Duration = Duration::from_millis(20);
+
+/// How long a request whose send found the daemon gone looks for a reply the daemon queued
+/// before it hung up. Such a reply is already in the receive queue: this only bounds the wait
+/// on a daemon that shut down its reading side but not its writing side.
+const QUEUED_REPLY_GRACE: Duration = Duration::from_millis(100);
+
+/// How long a request may take: connecting and the hello, or sending one request and reading
+/// its whole reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeout(Option<Duration>);
+
+impl Timeout {
+    /// [`DEFAULT_TIMEOUT_MS`].
+    pub const DEFAULT: Self = Self(Some(Duration::from_millis(DEFAULT_TIMEOUT_MS)));
+
+    /// No deadline: wait for the daemon as long as it takes.
+    pub const NEVER: Self = Self(None);
+
+    /// A deadline `limit` after each request starts; for callers that budget their own time
+    /// (zero fails every request that has to wait).
+    pub fn after(limit: Duration) -> Self {
+        Self(Some(limit))
+    }
+
+    /// `ms` milliseconds as configured: 0 is [`Timeout::NEVER`]; more than [`MAX_TIMEOUT_MS`]
+    /// is refused.
+    pub fn from_millis(ms: u64) -> Result<Self, String> {
+        match ms {
+            0 => Ok(Self::NEVER),
+            1..=MAX_TIMEOUT_MS => Ok(Self::after(Duration::from_millis(ms))),
+            _ => Err(format!("{ms} ms is more than the longest timeout, {MAX_TIMEOUT_MS} ms (0 waits without end)")),
+        }
+    }
+
+    /// Parses a number of milliseconds, as `$WIC_TIMEOUT_MS` and `wicctl --timeout-ms` give it.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let ms = text.parse::<u64>().map_err(|_| {
+            format!("`{text}` is not a timeout: give whole milliseconds from 1 to {MAX_TIMEOUT_MS}, or 0 for none")
+        })?;
+        Self::from_millis(ms)
+    }
+
+    /// The timeout `$WIC_TIMEOUT_MS` sets: [`Timeout::DEFAULT`] where it is unset or empty, an
+    /// error naming the variable where it is malformed.
+    pub fn from_env() -> Result<Self, String> {
+        Self::from_env_value(std::env::var_os(TIMEOUT_ENV).as_deref())
+    }
+
+    /// [`Timeout::from_env`] for the variable's value.
+    pub fn from_env_value(value: Option<&OsStr>) -> Result<Self, String> {
+        match value {
+            None => Ok(Self::DEFAULT),
+            Some(value) if value.is_empty() => Ok(Self::DEFAULT),
+            Some(value) => {
+                let text = value.to_str().ok_or_else(|| format!("{TIMEOUT_ENV} is not valid UTF-8"))?;
+                Self::parse(text).map_err(|e| format!("{TIMEOUT_ENV}: {e}"))
+            }
+        }
+    }
+
+    /// The time allowed, or `None` for no deadline.
+    pub fn limit(self) -> Option<Duration> {
+        self.0
+    }
+}
+
+impl fmt::Display for Timeout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(limit) => write!(f, "{} ms", limit.as_millis()),
+            None => f.write_str("no deadline"),
+        }
+    }
+}
+
+/// When the request under way must be done, and the limit that came from (for the error).
+#[derive(Debug, Clone, Copy)]
+struct Deadline {
+    at: Instant,
+    limit: Duration,
+}
+
+impl Deadline {
+    /// The deadline of a request starting now; `None` without one (or one past the clock's
+    /// range).
+    fn start(timeout: Timeout) -> Option<Self> {
+        let limit = timeout.limit()?;
+        Some(Self { at: Instant::now().checked_add(limit)?, limit })
+    }
+
+    /// The time left, or the timeout error once none is.
+    fn remaining(self) -> Result<Duration, ClientError> {
+        match self.at.checked_duration_since(Instant::now()) {
+            Some(left) if !left.is_zero() => Ok(left),
+            _ => Err(ClientError::TimedOut(self.limit)),
+        }
+    }
+}
+
 /// Why a request did not get a reply.
 #[derive(Debug)]
 pub enum ClientError {
@@ -24,6 +146,10 @@ pub enum ClientError {
     Connect(io::Error),
     /// Reading or writing the socket failed, or the daemon hung up.
     Io(io::Error),
+    /// The daemon did not answer within the request's deadline, this long.
+    TimedOut(Duration),
+    /// The client's configuration is malformed (`$WIC_TIMEOUT_MS`).
+    Setting(String),
     /// The daemon sent a frame this client cannot accept.
     Frame(FrameError),
     /// The daemon sent something that is not a response of this protocol.
@@ -40,6 +166,8 @@ impl ClientError {
             Self::Connect(_) => ErrorCode::Connect,
             Self::Io(e) if is_hang_up(e) => ErrorCode::Connect,
             Self::Io(_) => ErrorCode::Io,
+            Self::TimedOut(_) => ErrorCode::TimedOut,
+            Self::Setting(_) => ErrorCode::Invalid,
             Self::Frame(_) | Self::Decode(_) => ErrorCode::Protocol,
             Self::Refused(e) => e.code,
         }
@@ -50,11 +178,13 @@ fn is_hang_up(e: &io::Error) -> bool {
     matches!(e.kind(), io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset | io::ErrorKind::UnexpectedEof | io::ErrorKind::NotConnected)
 }
 
-impl std::fmt::Display for ClientError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl fmt::Display for ClientError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Connect(e) => write!(f, "cannot connect to wicd: {e}"),
             Self::Io(e) => write!(f, "wicd connection: {e}"),
+            Self::TimedOut(limit) => write!(f, "wicd did not answer within {} ms", limit.as_millis()),
+            Self::Setting(e) => f.write_str(e),
             Self::Frame(e) => write!(f, "bad reply from wicd: {e}"),
             Self::Decode(e) => write!(f, "bad reply from wicd: {e}"),
             Self::Refused(e) => write!(f, "wicd refused: {e}"),
@@ -82,19 +212,32 @@ pub struct Daemon {
 /// A connected, greeted session with wicd.
 #[derive(Debug)]
 pub struct Client {
+    /// Non-blocking: every wait is a `poll` bounded by the request's deadline.
     stream: UnixStream,
     daemon: Daemon,
-    /// A request failed partway and the stream was shut down.
+    timeout: Timeout,
+    /// A request failed partway or timed out, or the daemon hung up, and the stream was shut
+    /// down.
     broken: bool,
 }
 
 impl Client {
-    /// Connects to `path` and opens the session as `name`.
+    /// Connects to `path` and opens the session as `name`, with the [`Timeout`] of
+    /// `$WIC_TIMEOUT_MS`.
     pub fn connect(path: &Path, name: &str) -> Result<Self, ClientError> {
-        let stream = UnixStream::connect(path)
-            .map_err(|e| ClientError::Connect(io::Error::new(e.kind(), format!("{}: {e}", path.display()))))?;
-        let mut client = Self { stream, daemon: Daemon { version: String::new(), backend: String::new(), warps_per_batch: 0 }, broken: false };
-        match client.call(&Request::Hello { version: PROTOCOL_VERSION, client: name.to_owned() })? {
+        let timeout = Timeout::from_env().map_err(ClientError::Setting)?;
+        Self::connect_with_timeout(path, name, timeout)
+    }
+
+    /// Connects to `path` and opens the session as `name`; `timeout` bounds the connection and
+    /// the hello together, then each request.
+    pub fn connect_with_timeout(path: &Path, name: &str, timeout: Timeout) -> Result<Self, ClientError> {
+        let deadline = Deadline::start(timeout);
+        let stream = connect_by(path, deadline)?;
+        let daemon = Daemon { version: String::new(), backend: String::new(), warps_per_batch: 0 };
+        let mut client = Self { stream, daemon, timeout, broken: false };
+        let hello = Request::Hello { version: PROTOCOL_VERSION, client: name.to_owned() };
+        match client.call_by(&hello, &[], deadline)?.0 {
             Reply::Hello { daemon, backend, warps_per_batch, .. } => client.daemon = Daemon { version: daemon, backend, warps_per_batch },
             other => return Err(ClientError::Decode(format!("expected hello, got {other:?}"))),
         }
@@ -104,6 +247,16 @@ impl Client {
     /// The daemon this session talks to.
     pub fn daemon(&self) -> &Daemon {
         &self.daemon
+    }
+
+    /// The deadline of each request.
+    pub fn timeout(&self) -> Timeout {
+        self.timeout
+    }
+
+    /// Sets the deadline of the next requests.
+    pub fn set_timeout(&mut self, timeout: Timeout) {
+        self.timeout = timeout;
     }
 
     /// Sends `request` and returns the reply, dropping any descriptors that came with it.
@@ -119,18 +272,20 @@ impl Client {
     /// Sends `request` with `pass` as `SCM_RIGHTS` on its first byte, and returns the reply
     /// with the descriptors passed back.
     ///
-    /// A request that fails partway, sent in part or its reply read in part, leaves bytes on
-    /// the stream that would be taken for the next reply: the connection is shut down, so
-    /// every later call and [`Client::daemon_gone`] report a hang-up instead.
+    /// A request that fails partway, sent in part or its reply read in part, or that times
+    /// out, leaves bytes on the stream that would be taken for the next reply: the connection
+    /// is shut down, so every later call and [`Client::daemon_gone`] report a hang-up instead.
     pub fn call_passing(&mut self, request: &Request, pass: &[BorrowedFd<'_>]) -> Result<(Reply, Vec<OwnedFd>), ClientError> {
+        self.call_by(request, pass, Deadline::start(self.timeout))
+    }
+
+    fn call_by(&mut self, request: &Request, pass: &[BorrowedFd<'_>], deadline: Option<Deadline>) -> Result<(Reply, Vec<OwnedFd>), ClientError> {
         if self.broken {
             return Err(ClientError::Io(io::Error::new(io::ErrorKind::NotConnected, "an earlier request failed partway")));
         }
-        let exchanged = self.exchange(request, pass);
-        if let Err(ClientError::Io(_) | ClientError::Frame(_)) = exchanged {
-            self.broken = true;
-            // Fails only if the daemon already hung up: nothing more to do then.
-            let _ = self.stream.shutdown(Shutdown::Both);
+        let exchanged = self.exchange(request, pass, deadline);
+        if let Err(ClientError::Io(_) | ClientError::Frame(_) | ClientError::TimedOut(_)) = exchanged {
+            self.shut_down();
         }
         let (body, fds) = exchanged?;
         match serde_json::from_slice::<Response>(&body) {
@@ -140,58 +295,116 @@ impl Client {
         }
     }
 
+    /// Marks the connection unusable and shuts the stream down.
+    fn shut_down(&mut self) {
+        self.broken = true;
+        // Fails only if the daemon already hung up: nothing more to do then.
+        let _ = self.stream.shutdown(Shutdown::Both);
+    }
+
     /// Sends one request frame and reads its reply frame.
-    fn exchange(&mut self, request: &Request, pass: &[BorrowedFd<'_>]) -> Result<(Vec<u8>, Vec<OwnedFd>), ClientError> {
+    fn exchange(&mut self, request: &Request, pass: &[BorrowedFd<'_>], deadline: Option<Deadline>) -> Result<(Vec<u8>, Vec<OwnedFd>), ClientError> {
         let body = serde_json::to_vec(request).expect("requests always serialize");
         let bytes = frame::encode(&body);
-        let mut sent = 0;
-        if !pass.is_empty() {
-            let raw: Vec<RawFd> = pass.iter().map(AsRawFd::as_raw_fd).collect();
-            let rights = [ControlMessage::ScmRights(&raw)];
-            sent = retry_interrupted(|| sendmsg::<()>(self.stream.as_raw_fd(), &[IoSlice::new(&bytes)], &rights, MsgFlags::MSG_NOSIGNAL, None))?;
+        match self.send_by(&bytes, pass, deadline) {
+            Ok(()) => self.receive_by(deadline),
+            // A daemon that turns a connection away (too many clients) answers and hangs up
+            // without reading the request, so the send may fail while the refusal is already
+            // in the receive queue: that is the answer to give.
+            Err(ClientError::Io(e)) if is_hang_up(&e) => {
+                let grace = Instant::now() + QUEUED_REPLY_GRACE;
+                let soon = match deadline {
+                    Some(deadline) => Deadline { at: deadline.at.min(grace), ..deadline },
+                    None => Deadline { at: grace, limit: QUEUED_REPLY_GRACE },
+                };
+                let queued = self.receive_by(Some(soon)).map_err(|_| ClientError::Io(e))?;
+                // The daemon has hung up: no later request can reach it.
+                self.shut_down();
+                Ok(queued)
+            }
+            Err(e) => Err(e),
         }
-        self.send_raw(&bytes[sent..])?;
-        self.receive()
     }
 
     /// Writes bytes as they are: for tests that speak broken protocol on purpose. A daemon
     /// that hung up is an error, never a `SIGPIPE`.
     pub fn send_raw(&mut self, bytes: &[u8]) -> Result<(), ClientError> {
+        self.send_by(bytes, &[], Deadline::start(self.timeout))
+    }
+
+    /// Writes `bytes`, with `pass` as `SCM_RIGHTS` on the first byte, by `deadline`.
+    fn send_by(&self, bytes: &[u8], pass: &[BorrowedFd<'_>], deadline: Option<Deadline>) -> Result<(), ClientError> {
+        let raw: Vec<RawFd> = pass.iter().map(AsRawFd::as_raw_fd).collect();
+        let fd = self.stream.as_raw_fd();
         let mut sent = 0;
         while sent < bytes.len() {
-            sent += retry_interrupted(|| send(self.stream.as_raw_fd(), &bytes[sent..], MsgFlags::MSG_NOSIGNAL))?;
+            let result = if sent == 0 && !raw.is_empty() {
+                let rights = [ControlMessage::ScmRights(&raw)];
+                sendmsg::<()>(fd, &[IoSlice::new(bytes)], &rights, MsgFlags::MSG_NOSIGNAL, None)
+            } else {
+                send(fd, &bytes[sent..], MsgFlags::MSG_NOSIGNAL)
+            };
+            match result {
+                Ok(n) => sent += n,
+                Err(Errno::EAGAIN) => self.wait_for(PollFlags::POLLOUT, deadline)?,
+                Err(e) => return Err(ClientError::Io(e.into())),
+            }
         }
         Ok(())
     }
 
     /// Reads one reply frame; for tests that check what broken requests get back.
     pub fn receive(&mut self) -> Result<(Vec<u8>, Vec<OwnedFd>), ClientError> {
+        self.receive_by(Deadline::start(self.timeout))
+    }
+
+    /// Reads one reply frame, all of it by `deadline`.
+    fn receive_by(&self, deadline: Option<Deadline>) -> Result<(Vec<u8>, Vec<OwnedFd>), ClientError> {
         let mut fds = Vec::new();
         let mut header = [0u8; frame::HEADER_BYTES];
-        self.recv_exact(&mut header, &mut fds)?;
+        self.recv_exact(&mut header, &mut fds, deadline)?;
         let len = frame::body_len(header, MAX_REPLY_BYTES).map_err(ClientError::Frame)?;
         let mut body = vec![0u8; len];
-        self.recv_exact(&mut body, &mut fds)?;
+        self.recv_exact(&mut body, &mut fds, deadline)?;
         Ok((body, fds))
     }
 
-    fn recv_exact(&self, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> Result<(), ClientError> {
+    fn recv_exact(&self, buf: &mut [u8], fds: &mut Vec<OwnedFd>, deadline: Option<Deadline>) -> Result<(), ClientError> {
         let mut filled = 0;
         while filled < buf.len() {
             let mut space = nix::cmsg_space!([RawFd; MAX_FDS]);
             let mut iov = [IoSliceMut::new(&mut buf[filled..])];
-            let msg = match recvmsg::<()>(self.stream.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC) {
-                // As in `retry_interrupted`, which cannot lend the buffers out.
-                Err(Errno::EINTR) => continue,
-                received => received.map_err(|e| ClientError::Io(e.into()))?,
+            let received = match recvmsg::<()>(self.stream.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC) {
+                Ok(msg) => {
+                    frame::take_passed_fds(&msg, fds).map_err(|e| ClientError::Io(e.into()))?;
+                    msg.bytes
+                }
+                Err(Errno::EAGAIN) => {
+                    self.wait_for(PollFlags::POLLIN, deadline)?;
+                    continue;
+                }
+                Err(e) => return Err(ClientError::Io(e.into())),
             };
-            frame::take_passed_fds(&msg, fds).map_err(|e| ClientError::Io(e.into()))?;
-            if msg.bytes == 0 {
+            if received == 0 {
                 return Err(ClientError::Io(io::Error::new(io::ErrorKind::UnexpectedEof, "wicd closed the connection")));
             }
-            filled += msg.bytes;
+            filled += received;
         }
         Ok(())
+    }
+
+    /// Waits until the socket may be ready for `events`, or fails once `deadline` has passed.
+    /// Returns early on a signal: the caller's next attempt finds out.
+    fn wait_for(&self, events: PollFlags, deadline: Option<Deadline>) -> Result<(), ClientError> {
+        let timeout = match deadline {
+            // Rounded up, so that a wait never ends just before the deadline and spins.
+            Some(deadline) => PollTimeout::try_from(deadline.remaining()?.as_nanos().div_ceil(1_000_000)).unwrap_or(PollTimeout::MAX),
+            None => PollTimeout::NONE,
+        };
+        match poll(&mut [PollFd::new(self.stream.as_fd(), events)], timeout) {
+            Ok(_) | Err(Errno::EINTR) => Ok(()),
+            Err(e) => Err(ClientError::Io(e.into())),
+        }
     }
 
     /// Whether the daemon has hung up (or the connection was shut down after a failed
@@ -211,13 +424,28 @@ impl Client {
     }
 }
 
-/// Runs a socket call again while a signal interrupts it: a signal handler installed without
-/// `SA_RESTART` must not fail a request halfway.
-fn retry_interrupted<T>(mut call: impl FnMut() -> nix::Result<T>) -> Result<T, ClientError> {
+/// Connects a non-blocking socket to `path` by `deadline`. Where the daemon's listen backlog is
+/// full, a blocking connect would wait in the kernel past any deadline; a non-blocking one
+/// fails with `EAGAIN` instead, and is tried again a little later each time.
+fn connect_by(path: &Path, deadline: Option<Deadline>) -> Result<UnixStream, ClientError> {
+    let failed = |e: Errno| {
+        let e = io::Error::from(e);
+        ClientError::Connect(io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+    };
+    let addr = UnixAddr::new(path).map_err(failed)?;
+    let fd = socket(AddressFamily::Unix, SockType::Stream, SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC, None).map_err(failed)?;
+    let mut pause = Duration::from_millis(1);
     loop {
-        match call() {
-            Err(Errno::EINTR) => continue,
-            other => return other.map_err(|e| ClientError::Io(e.into())),
+        match connect(fd.as_raw_fd(), &addr) {
+            Ok(()) => return Ok(UnixStream::from(fd)),
+            Err(Errno::EAGAIN) => {
+                thread::sleep(match deadline {
+                    Some(deadline) => pause.min(deadline.remaining()?),
+                    None => pause,
+                });
+                pause = (pause * 2).min(MAX_CONNECT_PAUSE);
+            }
+            Err(e) => return Err(failed(e)),
         }
     }
 }
@@ -318,5 +546,147 @@ mod tests {
             Ok(reply) => panic!("a later request got the earlier reply: {reply:?}"),
         }
         server.join().unwrap();
+    }
+
+    #[test]
+    fn timeouts_parse_as_documented() {
+        assert_eq!(Timeout::parse("0"), Ok(Timeout::NEVER));
+        assert_eq!(Timeout::parse("1"), Ok(Timeout::after(Duration::from_millis(1))));
+        assert_eq!(Timeout::parse("3600000"), Ok(Timeout::after(Duration::from_secs(3600))));
+        for bad in ["", "3600001", "-1", "1.5", " 5", "5ms", "18446744073709551616"] {
+            assert!(Timeout::parse(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(Timeout::from_env_value(None), Ok(Timeout::DEFAULT));
+        assert_eq!(Timeout::from_env_value(Some(OsStr::new(""))), Ok(Timeout::DEFAULT), "empty is unset");
+        assert_eq!(Timeout::from_env_value(Some(OsStr::new("250"))), Ok(Timeout::after(Duration::from_millis(250))));
+        let bad = Timeout::from_env_value(Some(OsStr::new("ten"))).unwrap_err();
+        assert!(bad.starts_with("WIC_TIMEOUT_MS: `ten` is not a timeout"), "{bad}");
+        use std::os::unix::ffi::OsStrExt;
+        assert!(Timeout::from_env_value(Some(OsStr::from_bytes(b"\xff"))).unwrap_err().contains("UTF-8"));
+        assert_eq!(Timeout::DEFAULT.to_string(), "10000 ms");
+    }
+
+    /// The deadline the timeout tests give the client.
+    const LIMIT: Duration = Duration::from_millis(400);
+
+    /// Runs `f` on a thread and returns what it returned and how long it took; fails the test
+    /// if that is more than 5 s, so that a client without a deadline cannot hang the test.
+    fn bounded<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> (T, Duration) {
+        let (done, result) = mpsc::channel();
+        let start = Instant::now();
+        thread::spawn(move || done.send(f()));
+        let value = result.recv_timeout(Duration::from_secs(5)).expect("the client returned within 5 s");
+        (value, start.elapsed())
+    }
+
+    /// Checks that `result` is the timeout error, reported after the deadline but well before
+    /// twice it.
+    fn assert_timed_out<T: std::fmt::Debug>(result: Result<T, ClientError>, took: Duration) {
+        match result {
+            Err(e @ ClientError::TimedOut(_)) => {
+                assert_eq!(e.code(), ErrorCode::TimedOut);
+                assert_eq!(e.to_string(), format!("wicd did not answer within {} ms", LIMIT.as_millis()));
+            }
+            other => panic!("expected a timeout, got {other:?}"),
+        }
+        assert!(took >= LIMIT && took < 2 * LIMIT, "gave up after {took:?}");
+    }
+
+    fn socket_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("wic-proto-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn a_daemon_that_accepts_and_never_answers_times_out() {
+        let path = socket_dir("silent").join("wicd.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        // Holds the connection open, reading nothing, until the test process ends.
+        thread::spawn(move || {
+            let held = listener.accept();
+            thread::sleep(Duration::from_secs(3600));
+            drop(held);
+        });
+        let (result, took) = bounded(move || Client::connect_with_timeout(&path, "test", Timeout::after(LIMIT)));
+        assert_timed_out(result, took);
+    }
+
+    #[test]
+    fn a_full_listen_backlog_times_out() {
+        let path = socket_dir("backlog").join("wicd.sock");
+        let listener = socket(AddressFamily::Unix, SockType::Stream, SockFlag::SOCK_CLOEXEC, None).unwrap();
+        nix::sys::socket::bind(listener.as_raw_fd(), &UnixAddr::new(&path).unwrap()).unwrap();
+        // A backlog of 0 holds one connection not yet accepted; nothing is ever accepted here.
+        nix::sys::socket::listen(&listener, nix::sys::socket::Backlog::new(0).unwrap()).unwrap();
+        let _first = UnixStream::connect(&path).unwrap();
+        let (result, took) = bounded(move || {
+            let result = Client::connect_with_timeout(&path, "test", Timeout::after(LIMIT));
+            drop(listener);
+            result
+        });
+        assert_timed_out(result, took);
+    }
+
+    #[test]
+    fn a_request_without_an_answer_times_out_and_ends_the_connection() {
+        let (hung_up, saw_hang_up) = mpsc::channel();
+        let (path, _server) = stand_in("mute", move |stream| {
+            assert!(matches!(read_request(stream), Some(Request::Stats {})));
+            // Say nothing until the client hangs up.
+            let mut rest = Vec::new();
+            hung_up.send(stream.read_to_end(&mut rest).is_ok()).unwrap();
+        });
+        let mut client = Client::connect_with_timeout(&path, "test", Timeout::after(LIMIT)).unwrap();
+        let ((mut client, result), took) = bounded(move || {
+            let result = client.call(&Request::Stats {});
+            (client, result)
+        });
+        assert_timed_out(result, took);
+        assert!(saw_hang_up.recv_timeout(Duration::from_secs(5)).unwrap(), "the client shut the connection down");
+        assert!(client.daemon_gone());
+        assert_eq!(client.call(&Request::Stats {}).unwrap_err().code(), ErrorCode::Connect);
+    }
+
+    #[test]
+    fn the_deadline_covers_the_whole_reply_not_each_read() {
+        let (path, _server) = stand_in("trickle", |stream| {
+            assert!(matches!(read_request(stream), Some(Request::Stats {})));
+            // A byte every 50 ms: each read gets something, the reply never completes in time.
+            for byte in reply_bytes(Reply::Stats(Box::default())) {
+                if stream.write_all(&[byte]).is_err() {
+                    return;
+                }
+                thread::sleep(Duration::from_millis(50));
+            }
+        });
+        let mut client = Client::connect_with_timeout(&path, "test", Timeout::after(LIMIT)).unwrap();
+        let (result, took) = bounded(move || client.call(&Request::Stats {}));
+        assert_timed_out(result, took);
+    }
+
+    #[test]
+    fn a_refusal_sent_before_hanging_up_is_reported() {
+        let dir = socket_dir("exhausted");
+        let path = dir.join("wicd.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        const ATTEMPTS: usize = 50;
+        // As wicd at max_clients: answer at once, without reading the hello, and hang up.
+        thread::spawn(move || {
+            let refusal = frame::encode(&serde_json::to_vec(&Response::Error(WireError::new(ErrorCode::Exhausted, "too many clients"))).unwrap());
+            for stream in listener.incoming().take(ATTEMPTS) {
+                let _ = stream.unwrap().write_all(&refusal);
+            }
+        });
+        let (outcomes, _) = bounded(move || {
+            (0..ATTEMPTS).map(|_| Client::connect_with_timeout(&path, "test", Timeout::after(Duration::from_secs(2)))).collect::<Vec<_>>()
+        });
+        let refused = outcomes
+            .iter()
+            .filter(|outcome| matches!(outcome, Err(ClientError::Refused(e)) if e.code == ErrorCode::Exhausted && e.message == "too many clients"))
+            .count();
+        let other: Vec<_> = outcomes.iter().filter_map(|o| o.as_ref().err()).map(ToString::to_string).collect();
+        assert_eq!(refused, ATTEMPTS, "{other:?}");
     }
 }

@@ -27,11 +27,17 @@ pub const DEFAULT_SOCKET: &str = "/run/wic/wicd.sock";
 pub const SOCKET_ENV: &str = "WIC_SOCKET";
 
 /// The socket a client should use: `explicit`, else `$WIC_SOCKET`, else [`DEFAULT_SOCKET`].
+/// An empty `$WIC_SOCKET` counts as unset.
 pub fn socket_path(explicit: Option<&str>) -> std::path::PathBuf {
     match explicit {
         Some(path) => path.into(),
-        None => std::env::var_os(SOCKET_ENV).map_or_else(|| DEFAULT_SOCKET.into(), Into::into),
+        None => env_socket_path(std::env::var_os(SOCKET_ENV)),
     }
+}
+
+/// The socket `$WIC_SOCKET` names, given its value.
+fn env_socket_path(value: Option<std::ffi::OsString>) -> std::path::PathBuf {
+    value.filter(|path| !path.is_empty()).map_or_else(|| DEFAULT_SOCKET.into(), Into::into)
 }
 
 /// Declares a `#[repr(C)]` struct together with its C name and the offset of every field, so
@@ -61,3 +67,17 @@ macro_rules! c_struct {
     };
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    #[test]
+    fn an_empty_socket_variable_is_unset() {
+        assert_eq!(env_socket_path(None), Path::new(DEFAULT_SOCKET));
+        assert_eq!(env_socket_path(Some("".into())), Path::new(DEFAULT_SOCKET));
+        assert_eq!(env_socket_path(Some("/tmp/w.sock".into())), Path::new("/tmp/w.sock"));
+        assert_eq!(socket_path(Some("/tmp/x.sock")), Path::new("/tmp/x.sock"));
+    }
+}
