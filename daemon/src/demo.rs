@@ -4,18 +4,18 @@
 use std::io::Write;
 use std::time::Instant;
 
-use wic_emu::compare::{percent, Comparison};
-use wic_emu::RunReport;
+use wic_emu::compare::{percent, Comparison, RowError, RunOutcome};
+use wic_emu::sim::memory_estimate;
+use wic_emu::{Mode, Workload};
 
-/// Progress line on stderr: `[3/20] C_CG fault 1.2s`.
-pub fn stderr_progress(started: Instant) -> impl FnMut(usize, usize, &RunReport) {
-    move |done, total, report| {
-        eprint!(
-            "\r[{done}/{total}] {} {} done ({:.1}s)      ",
-            report.workload,
-            report.mode.name(),
-            started.elapsed().as_secs_f64()
-        );
+/// Progress line on stderr: `[3/20] C_CG fault done (1.2s)`.
+pub fn stderr_progress(started: Instant) -> impl FnMut(usize, usize, &RunOutcome) {
+    move |done, total, outcome| {
+        let (workload, mode, what) = match outcome {
+            Ok(report) => (report.workload, report.mode, "done"),
+            Err((workload, mode, _)) => (*workload, *mode, "not run"),
+        };
+        eprint!("\r[{done}/{total}] {workload} {} {what} ({:.1}s)      ", mode.name(), started.elapsed().as_secs_f64());
         if done == total {
             eprintln!();
         }
@@ -23,14 +23,78 @@ pub fn stderr_progress(started: Instant) -> impl FnMut(usize, usize, &RunReport)
     }
 }
 
-/// The comparison table, one workload a row, plus the geometric-mean speedup.
-pub fn table(rows: &[Comparison]) -> String {
+/// How one table runs within the memory at hand.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// Per workload, why it cannot run here (a single run of it needs more memory than is
+    /// available), or `None`.
+    pub refused: Vec<Option<String>>,
+    /// Worker threads: at most the ones asked for, and no more than the available memory holds
+    /// of the largest runs at once; at least one.
+    pub workers: usize,
+}
+
+/// Plans a table of `set` on `threads` workers with `available` bytes of memory (`None`: not
+/// known, nothing is refused), from the emulator's estimate of what each run allocates.
+pub fn plan(set: &[Workload], threads: usize, available: Option<u64>) -> Plan {
+    let Some(available) = available else {
+        return Plan { refused: vec![None; set.len()], workers: threads.max(1) };
+    };
+    let mut runs = Vec::new();
+    let refused = set
+        .iter()
+        .map(|w| {
+            let needs = [Mode::Poll, Mode::Fault].map(|mode| memory_estimate(w, mode));
+            let largest = needs[0].max(needs[1]);
+            if largest > available {
+                return Some(format!(
+                    "a run needs about {} of memory, {} is available",
+                    gib(largest),
+                    gib(available)
+                ));
+            }
+            runs.extend(needs);
+            None
+        })
+        .collect();
+    runs.sort_unstable_by(|a, b| b.cmp(a));
+    let mut sum = 0u64;
+    let fit = runs.iter().take_while(|bytes| {
+        sum = sum.saturating_add(**bytes);
+        sum <= available
+    });
+    Plan { refused, workers: fit.count().clamp(1, threads.max(1)) }
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.1} GiB", bytes as f64 / f64::from(1u32 << 30))
+}
+
+/// Memory the kernel says is available for new allocations (`MemAvailable`), if it says.
+pub fn available_memory() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find_map(|line| line.strip_prefix("MemAvailable:"))?;
+    let kib: u64 = line.trim().strip_suffix("kB")?.trim().parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// The comparison table, one workload a row (a row that could not run says why), plus the
+/// geometric-mean speedup of the rows that ran.
+pub fn table(rows: &[Result<Comparison, RowError>]) -> String {
     let mut out = String::new();
     out.push_str(&format!(
         "{:<6} {:>10} {:>10} {:>7} {:>13} {:>13} {:>9} {:>9} {:>8} {:>9} {:>7}\n",
         "app", "naive ms", "WIC ms", "speedup", "cons.ovh naive", "cons.ovh WIC", "ovl naive", "ovl WIC", "WIC ovh", "faults", "checked"
     ));
+    let mut ran = Vec::new();
     for row in rows {
+        let row = match row {
+            Ok(row) => row,
+            Err(e) => {
+                out.push_str(&format!("{:<6} not run: {}\n", e.workload, e.reason));
+                continue;
+            }
+        };
         let engine = row.fault.engine.as_ref().expect("fault runs carry engine stats");
         out.push_str(&format!(
             "{:<6} {:>10.3} {:>10.3} {:>6.3}x {:>13} {:>13} {:>9} {:>9} {:>8} {:>9} {:>7}\n",
@@ -46,8 +110,59 @@ pub fn table(rows: &[Comparison]) -> String {
             engine.entries,
             if row.poll.corrupt_messages + row.fault.corrupt_messages == 0 { "ok" } else { "FAILED" },
         ));
+        ran.push(row);
     }
-    let geomean = wic_emu::compare::geomean_speedup(rows);
+    if ran.is_empty() {
+        out.push_str("no workload ran\n");
+        return out;
+    }
+    let geomean = (ran.iter().map(|r| r.speedup().ln()).sum::<f64>() / ran.len() as f64).exp();
     out.push_str(&format!("geometric-mean speedup of WIC over naive polling: {geomean:.3}x\n"));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wic_emu::workload::by_name;
+
+    #[test]
+    fn plan_refuses_a_row_whose_run_does_not_fit_and_runs_the_rest_on_fewer_workers() {
+        let set = vec![by_name("C_SRS").unwrap().with_threads(4 << 20), by_name("G_BFS").unwrap().with_threads(4 << 20)];
+        let srs = memory_estimate(&set[0], Mode::Fault);
+        let bfs = [Mode::Poll, Mode::Fault].map(|m| memory_estimate(&set[1], m));
+        assert!(srs > bfs[1]);
+        assert_eq!(plan(&set, 8, None), Plan { refused: vec![None, None], workers: 8 });
+        assert_eq!(plan(&set, 8, Some(u64::MAX)), Plan { refused: vec![None, None], workers: 4 }, "no more workers than runs fit");
+        // Room for G_BFS's two runs at once but not for C_SRS's fault run.
+        let tight = plan(&set, 8, Some(srs - 1));
+        let why = tight.refused[0].as_deref().expect("C_SRS refused");
+        assert!(why.contains("GiB of memory") && why.contains("available"), "{why}");
+        assert_eq!((tight.refused[1].as_ref(), tight.workers), (None, 2));
+        // Room for one G_BFS run at a time.
+        assert_eq!(plan(&set, 8, Some(bfs[1])).workers, 1);
+        assert_eq!(plan(&set, 0, None).workers, 1);
+    }
+
+    #[test]
+    fn available_memory_is_read_from_the_kernel() {
+        let bytes = available_memory().expect("Linux reports MemAvailable");
+        assert!(bytes > 1 << 20, "{bytes}");
+    }
+
+    #[test]
+    fn a_row_that_did_not_run_says_why_and_the_mean_is_over_the_others() {
+        let cal = wic_emu::Calibration::built_in();
+        let cg = by_name("C_CG").unwrap().with_threads(64);
+        let row = || Comparison { poll: wic_emu::run(&cg, Mode::Poll, &cal, 1), fault: wic_emu::run(&cg, Mode::Fault, &cal, 1) };
+        let speedup = row().speedup();
+        let refused = RowError { workload: "G_GEM", reason: "no room".into() };
+        let text = table(&[Ok(row()), Err(refused.clone()), Ok(row())]);
+        let lines: Vec<_> = text.lines().collect();
+        assert_eq!(lines.len(), 5, "{text}");
+        assert!(lines[1].starts_with("C_CG ") && lines[1].ends_with(" ok"), "{text}");
+        assert_eq!(lines[2], "G_GEM  not run: no room");
+        assert_eq!(lines[4], format!("geometric-mean speedup of WIC over naive polling: {speedup:.3}x"));
+        assert_eq!(table(&[Err(refused)]).lines().last(), Some("no workload ran"));
+    }
 }

@@ -15,6 +15,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::{Parser, Subcommand};
+use wic_emu::compare::RowError;
 use wic_emu::{workload, Calibration};
 
 #[derive(Parser)]
@@ -34,7 +35,8 @@ enum Command {
 
 #[derive(clap::Args)]
 struct DemoArgs {
-    /// Consumer threads per kernel: one value, or a sweep like `64,1K,16K,1M` (paper Fig. 16).
+    /// Consumer threads per kernel: one value, or a sweep like `64,1K,16K,1M` (paper Fig. 16);
+    /// from 32 to 16M.
     #[arg(long, value_delimiter = ',', value_parser = parse_count)]
     scale: Vec<u32>,
     /// Only these workloads (names as in the table, e.g. C_CG,G_STN).
@@ -51,15 +53,34 @@ struct DemoArgs {
     calibration: Option<PathBuf>,
 }
 
-/// Parses `512`, `16K` or `1M` (powers of two).
+/// The fewest consumer threads `--scale` takes: one warp.
+const MIN_SCALE: u64 = 32;
+
+/// The most consumer threads `--scale` takes, 16M: a run of the largest workload (C_SRS) then
+/// holds about 1.6 GiB and takes half a minute (at a million threads: 100 MiB and a second).
+/// Below it, what the machine can hold decides: `demo::plan` refuses a row whose run needs more
+/// memory than is available.
+const MAX_SCALE: u64 = 16 << 20;
+
+/// Parses `512`, `16K` or `1M` (`K` = 1024): a thread count from 32 to 16M.
 fn parse_count(text: &str) -> Result<u32, String> {
-    let (digits, shift) = match text.trim().to_ascii_uppercase() {
-        t if t.ends_with('K') => (t[..t.len() - 1].to_string(), 10),
-        t if t.ends_with('M') => (t[..t.len() - 1].to_string(), 20),
-        t => (t, 0),
+    let (digits, unit) = match text.trim().to_ascii_uppercase() {
+        t if t.ends_with('K') => (t[..t.len() - 1].to_string(), 1 << 10),
+        t if t.ends_with('M') => (t[..t.len() - 1].to_string(), 1 << 20),
+        t => (t, 1),
     };
-    let n: u32 = digits.parse().map_err(|_| format!("`{text}` is not a count like 512, 16K or 1M"))?;
-    n.checked_shl(shift).filter(|v| *v >> shift == n && *v >= 32).ok_or_else(|| format!("`{text}` must be between 32 and 2^31 threads"))
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("`{text}` is not a count like 512, 16K or 1M"));
+    }
+    let range = || format!("--scale takes from {MIN_SCALE} to {MAX_SCALE} (16M) consumer threads");
+    // Digits past u64 are more than any count allowed.
+    let n = digits.parse::<u64>().ok().and_then(|n| n.checked_mul(unit));
+    match n {
+        Some(n) if n < MIN_SCALE => Err(format!("`{text}` is {n} threads, fewer than one warp: {}", range())),
+        Some(n) if n <= MAX_SCALE => u32::try_from(n).map_err(|_| range()),
+        Some(n) => Err(format!("`{text}` is {n} threads, more than the maximum: {}", range())),
+        None => Err(format!("`{text}` is more threads than the maximum: {}", range())),
+    }
 }
 
 fn main() -> ExitCode {
@@ -99,6 +120,7 @@ fn run_demo(args: DemoArgs) -> Result<(), String> {
     println!("wic demo: emulated GPU (model of an H100 on the stock UVM fault path; calibration below), seed {}", args.seed);
     let scales: Vec<Option<u32>> = if args.scale.is_empty() { vec![None] } else { args.scale.iter().copied().map(Some).collect() };
     let started = Instant::now();
+    let mut not_run = Vec::new();
     for scale in scales {
         let set: Vec<_> = workloads.iter().cloned().map(|w| match scale {
             Some(threads) => w.with_threads(threads),
@@ -107,9 +129,27 @@ fn run_demo(args: DemoArgs) -> Result<(), String> {
         if let Some(threads) = scale {
             println!("\n== {threads} consumer threads per kernel ==");
         }
-        let rows = wic_emu::compare::compare(&set, &cal, args.seed, threads, demo::stderr_progress(started));
+        // A row whose run needs more memory than there is says so; the others run on as many
+        // workers as the memory holds.
+        let plan = demo::plan(&set, threads, demo::available_memory());
+        let runnable: Vec<_> = set.iter().zip(&plan.refused).filter(|(_, why)| why.is_none()).map(|(w, _)| w.clone()).collect();
+        let mut ran = wic_emu::compare::try_compare(&runnable, &cal, args.seed, plan.workers, demo::stderr_progress(started)).into_iter();
+        let rows: Vec<_> = set
+            .iter()
+            .zip(plan.refused)
+            .map(|(w, why)| match why {
+                Some(reason) => Err(RowError { workload: w.name, reason }),
+                None => ran.next().unwrap_or_else(|| Err(RowError { workload: w.name, reason: "no result".into() })),
+            })
+            .collect();
         print!("{}", demo::table(&rows));
-        if rows.iter().any(|r| r.poll.corrupt_messages + r.fault.corrupt_messages > 0) {
+        for e in rows.iter().filter_map(|r| r.as_ref().err()) {
+            not_run.push(match scale {
+                Some(threads) => format!("{} at {threads} threads ({})", e.workload, e.reason),
+                None => format!("{} ({})", e.workload, e.reason),
+            });
+        }
+        if rows.iter().flatten().any(|r| r.poll.corrupt_messages + r.fault.corrupt_messages > 0) {
             return Err("some messages arrived corrupted".into());
         }
     }
@@ -120,5 +160,51 @@ fn run_demo(args: DemoArgs) -> Result<(), String> {
     );
     println!("{}", wic_emu::compare::calibration_summary(&cal));
     println!("Elapsed: {:.1}s", started.elapsed().as_secs_f64());
+    if !not_run.is_empty() {
+        return Err(format!("{} row(s) did not run: {}", not_run.len(), not_run.join("; ")));
+    }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scale_error(text: &str) -> String {
+        parse_count(text).expect_err(text)
+    }
+
+    #[test]
+    fn scales_from_one_warp_to_16m_threads_are_accepted() {
+        for (text, threads) in [("32", 32), ("64", 64), ("1K", 1024), ("16k", 16 << 10), (" 1M ", 1 << 20), ("16M", 16 << 20), ("16777216", 16 << 20)] {
+            assert_eq!(parse_count(text), Ok(threads), "{text}");
+        }
+    }
+
+    #[test]
+    fn absurd_scales_are_refused_naming_the_value_and_the_limit() {
+        // 2048M used to be accepted and abort allocating 64 GiB; 512M panicked in the engine.
+        for (text, threads) in [("2048M", "2147483648"), ("512M", "536870912"), ("17M", "17825792"), ("16777217", "16777217"), ("4194304K", "4294967296")] {
+            let e = scale_error(text);
+            assert!(e.contains(text) && e.contains(threads) && e.contains("from 32 to 16777216 (16M)"), "{e}");
+        }
+        let e = scale_error("99999999999999999999999M");
+        assert!(e.contains("more threads than the maximum") && e.contains("16777216"), "{e}");
+        let e = scale_error("16");
+        assert!(e.contains("fewer than one warp") && e.contains("from 32"), "{e}");
+        for text in ["", "M", "-1", "1.5K", "1G", "ten"] {
+            assert!(scale_error(text).contains("is not a count"), "{text}");
+        }
+    }
+
+    #[test]
+    fn the_parser_refuses_a_sweep_with_one_value_past_the_limit() {
+        let Err(e) = Cli::try_parse_from(["wicd", "demo", "--scale", "64,1K,2048M"]) else { panic!("2048M accepted") };
+        let message = e.to_string();
+        assert!(message.contains("2048M") && message.contains("16777216"), "{message}");
+        let Ok(Cli { command: Command::Demo(args) }) = Cli::try_parse_from(["wicd", "demo", "--scale", "64,1K,16K,1M"]) else {
+            panic!("the README's sweep is refused")
+        };
+        assert_eq!(args.scale, [64, 1024, 16384, 1 << 20]);
+    }
 }

@@ -3,7 +3,7 @@
 
 use crossbeam::channel;
 
-use crate::{run, Calibration, Mode, RunReport, Workload};
+use crate::{try_run, Calibration, Mode, RunReport, Workload};
 
 /// The same workload both ways.
 pub struct Comparison {
@@ -28,6 +28,9 @@ pub fn geomean_speedup(rows: &[Comparison]) -> f64 {
 }
 
 /// Runs every workload in both modes on `threads` workers; `progress` sees each finished run.
+///
+/// # Panics
+/// If the model cannot hold a workload ([`try_compare`] reports it as that row's error instead).
 pub fn compare(
     workloads: &[Workload],
     cal: &Calibration,
@@ -35,6 +38,43 @@ pub fn compare(
     threads: usize,
     mut progress: impl FnMut(usize, usize, &RunReport),
 ) -> Vec<Comparison> {
+    let rows = try_compare(workloads, cal, seed, threads, |done, total, run| {
+        if let Ok(report) = run {
+            progress(done, total, report);
+        }
+    });
+    rows.into_iter().map(|row| row.unwrap_or_else(|e| panic!("{e}"))).collect()
+}
+
+/// Why a workload has no row: the model cannot hold it (see [`crate::sim::check`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowError {
+    pub workload: &'static str,
+    pub reason: String,
+}
+
+impl std::fmt::Display for RowError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.workload, self.reason)
+    }
+}
+
+impl std::error::Error for RowError {}
+
+/// One finished run for [`try_compare`]'s progress: its report, or the workload and mode that
+/// could not run and why.
+pub type RunOutcome = Result<RunReport, (&'static str, Mode, String)>;
+
+/// Runs every workload in both modes on `threads` workers (no more than there are runs), one
+/// row per workload in order; a workload the model cannot hold is that row's error and the
+/// others still run. `progress` sees each finished run.
+pub fn try_compare(
+    workloads: &[Workload],
+    cal: &Calibration,
+    seed: u64,
+    threads: usize,
+    mut progress: impl FnMut(usize, usize, &RunOutcome),
+) -> Vec<Result<Comparison, RowError>> {
     let jobs: Vec<(usize, Mode)> =
         (0..workloads.len()).flat_map(|i| [Mode::Poll, Mode::Fault].map(|m| (i, m))).collect();
     let (job_tx, job_rx) = channel::unbounded();
@@ -43,33 +83,34 @@ pub fn compare(
     }
     drop(job_tx);
     let (done_tx, done_rx) = channel::unbounded();
-    let mut results: Vec<(Option<RunReport>, Option<RunReport>)> = (0..workloads.len()).map(|_| (None, None)).collect();
+    let mut results: Vec<[Option<RunOutcome>; 2]> = (0..workloads.len()).map(|_| [None, None]).collect();
     crossbeam::scope(|scope| {
-        for _ in 0..threads.max(1) {
+        for _ in 0..threads.clamp(1, jobs.len().max(1)) {
             let (job_rx, done_tx) = (job_rx.clone(), done_tx.clone());
             scope.spawn(move |_| {
                 for (index, mode) in job_rx {
-                    let report = run(&workloads[index], mode, cal, seed);
-                    if done_tx.send((index, report)).is_err() {
+                    let workload = &workloads[index];
+                    let outcome = try_run(workload, mode, cal, seed).map_err(|e| (workload.name, mode, e));
+                    if done_tx.send((index, mode, outcome)).is_err() {
                         return;
                     }
                 }
             });
         }
         drop(done_tx);
-        for (finished, (index, report)) in done_rx.iter().enumerate() {
-            progress(finished + 1, jobs.len(), &report);
-            let slot = &mut results[index];
-            match report.mode {
-                Mode::Poll => slot.0 = Some(report),
-                Mode::Fault => slot.1 = Some(report),
-            }
+        for (finished, (index, mode, outcome)) in done_rx.iter().enumerate() {
+            progress(finished + 1, jobs.len(), &outcome);
+            results[index][usize::from(mode == Mode::Fault)] = Some(outcome);
         }
     })
     .expect("a worker panicked");
     results
         .into_iter()
-        .map(|(poll, fault)| Comparison { poll: poll.expect("poll run"), fault: fault.expect("fault run") })
+        .map(|[poll, fault]| match (poll.expect("poll run"), fault.expect("fault run")) {
+            (Ok(poll), Ok(fault)) => Ok(Comparison { poll, fault }),
+            // Poll's reason first, whichever run finished first, so the row reads the same every time.
+            (Err((workload, _, reason)), _) | (_, Err((workload, _, reason))) => Err(RowError { workload, reason }),
+        })
         .collect()
 }
 
@@ -90,6 +131,30 @@ pub fn calibration_summary(cal: &Calibration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::workload::by_name;
+
+    #[test]
+    fn a_workload_the_model_cannot_hold_is_its_rows_error_and_the_others_still_run() {
+        let set = [
+            by_name("C_CG").unwrap().with_threads(64),
+            by_name("G_GEM").unwrap().with_threads(512 << 20),
+            by_name("G_STN").unwrap().with_threads(64),
+        ];
+        let mut seen = Vec::new();
+        // More workers than runs are not started.
+        let rows = try_compare(&set, &Calibration::built_in(), 1, 1000, |done, total, outcome| {
+            seen.push((done, total, outcome.as_ref().map(|r| r.workload).unwrap_or_else(|e| e.0)));
+        });
+        assert_eq!(seen.len(), 6);
+        assert!(seen.iter().enumerate().all(|(i, (done, total, _))| (*done, *total) == (i + 1, 6)));
+        assert_eq!(seen.iter().filter(|s| s.2 == "G_GEM").count(), 2);
+        assert_eq!(rows[0].as_ref().unwrap().fault.workload, "C_CG");
+        assert_eq!(rows[2].as_ref().unwrap().poll.workload, "G_STN");
+        let refused = rows[1].as_ref().err().expect("G_GEM at 512M threads is refused");
+        assert_eq!(refused.workload, "G_GEM");
+        assert!(refused.reason.contains("request slots"), "{refused}");
+        assert!(refused.to_string().starts_with("G_GEM: phase 0 has"), "{refused}");
+    }
 
     #[test]
     fn the_calibration_line_names_exactly_the_measured_constants() {

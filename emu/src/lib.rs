@@ -9,5 +9,5 @@ pub mod sim;
 pub mod workload;
 
 pub use calibration::Calibration;
-pub use sim::{run, Mode, RunReport};
+pub use sim::{run, try_run, Mode, RunReport};
 pub use workload::Workload;

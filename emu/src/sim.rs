@@ -226,11 +226,104 @@ fn managed_page(va: u64) -> (usize, bool) {
     }
 }
 
+/// Slots a phase may have: poll mode gives every slot [`DATA_PAGES`] pages of its phase's
+/// address span (2^20 slots; a million consumer threads make at most 6144).
+pub const MAX_PHASE_SLOTS: u64 = PHASE_SPAN / (DATA_PAGES * PAGE_SIZE);
+
 /// Runs `workload` in `mode` on the model and reports what it measured.
+///
+/// # Panics
+/// If the model cannot hold the workload ([`try_run`] says why instead).
 pub fn run(workload: &Workload, mode: Mode, cal: &Calibration, seed: u64) -> RunReport {
-    let mut sim = Sim::new(workload, mode, cal, seed);
+    try_run(workload, mode, cal, seed).unwrap_or_else(|e| panic!("{} ({}): {e}", workload.name, mode.name()))
+}
+
+/// Runs `workload` in `mode` on the model and reports what it measured, or says why the model
+/// cannot hold it (see [`check`]); a refused workload allocates nothing.
+pub fn try_run(workload: &Workload, mode: Mode, cal: &Calibration, seed: u64) -> Result<RunReport, String> {
+    let config = check(workload)?;
+    let mut sim = Sim::new(workload, mode, cal, seed, config)?;
     sim.execute();
-    sim.report()
+    Ok(sim.report())
+}
+
+/// Slots of the engine a fault-mode run gets at least.
+const ENGINE_SLOTS: u32 = 16 * 1024;
+
+/// Whether the model can hold `workload`, and the engine it gets in fault mode: the default
+/// pool (16K pages) and 16K slots, grown where the workload's channels, all open for the whole
+/// run, need more pages or slots than that, so the default runs' numbers do not change.
+pub fn check(workload: &Workload) -> Result<EngineConfig, String> {
+    // One slot serves one CTA; every GPU-consumer phase of a workload has the same CTA size.
+    let gpu_phases = || workload.phases.iter().filter(|p| p.consumer != Endpoint::Host);
+    let warps_per_batch = gpu_phases().map(|p| p.warps_per_cta).max().unwrap_or(16);
+    let (mut pages, mut slots) = (0u64, 0u64);
+    for (index, phase) in workload.phases.iter().enumerate() {
+        let phase_slots = u64::from(phase.ctas) * u64::from(phase.requests_per_warp);
+        if phase_slots == 0 || phase.warps_per_cta == 0 || phase.message_bytes == 0 {
+            return Err(format!("phase {index} has no CTA, warp, request or message byte"));
+        }
+        if phase_slots > MAX_PHASE_SLOTS {
+            return Err(format!(
+                "phase {index} has {phase_slots} request slots; the model's address layout holds at most {MAX_PHASE_SLOTS} a phase"
+            ));
+        }
+        let batch_bytes = u64::from(phase.warps_per_cta) * u64::from(phase.message_bytes);
+        if batch_bytes > DATA_PAGES * PAGE_SIZE {
+            return Err(format!(
+                "phase {index} moves {batch_bytes} bytes a slot; the model's address layout holds at most {} a slot",
+                DATA_PAGES * PAGE_SIZE
+            ));
+        }
+        if phase.consumer == Endpoint::Host {
+            continue;
+        }
+        let spec = ChannelSpec {
+            consumer_gpu: 0,
+            producer: match phase.producer {
+                Endpoint::Host => Producer::Host,
+                Endpoint::Gpu(gpu) => Producer::Gpu { gpu, base_va: 0 },
+            },
+            message_bytes: phase.message_bytes,
+            slots: phase_slots as u32,
+            timeout: CHANNEL_TIMEOUT_NS,
+        };
+        let bytes = spec.placement_bytes(warps_per_batch).ok_or_else(|| format!("phase {index} cannot be a channel"))?;
+        pages += bytes / PAGE_SIZE;
+        slots += phase_slots;
+    }
+    let default = EngineConfig::default();
+    let too_many = |what: &str, n: u64| format!("the workload's channels need {n} {what}, more than an engine holds");
+    let pool_pages = u32::try_from(pages).map_err(|_| too_many("pool pages", pages))?.max(default.pool_pages);
+    let max_slots = u32::try_from(slots).map_err(|_| too_many("slots", slots))?.max(ENGINE_SLOTS);
+    Ok(EngineConfig { pool_pages, max_slots, warps_per_batch, ..default })
+}
+
+/// About how many bytes a run of `workload` in `mode` allocates at its peak, an estimate on
+/// the high side: the producer buffers and per-slot state of every phase, the warps, CTAs and
+/// events of the largest phase and, in fault mode, the PCM contents, the engine's tables and
+/// the held faults, plus a quarter for the allocator and 32 MiB for the process. (Measured peak
+/// resident sizes of `wicd demo --threads 1`, every workload at 4M consumer threads and the two
+/// largest at 16M: 58% to 76% of the larger mode's estimate.)
+pub fn memory_estimate(workload: &Workload, mode: Mode) -> u64 {
+    // In 128 bits, so that no workload's sizes can overflow; the result saturates.
+    let (mut total, mut largest_phase) = (0u128, 0u128);
+    for phase in &workload.phases {
+        let slots = u128::from(phase.ctas) * u128::from(phase.requests_per_warp);
+        let warps = u128::from(phase.ctas) * u128::from(phase.warps_per_cta);
+        let batch_bytes = u128::from(phase.warps_per_cta) * u128::from(phase.message_bytes);
+        // The buffer, the per-slot vectors and, in poll mode, each slot's managed pages.
+        total += slots * (batch_bytes + 64);
+        if mode == Mode::Fault && phase.consumer != Endpoint::Host {
+            // Two PCM runs a slot with their bytes, map and mapped-page entries, the engine's
+            // slot, route, tag, deadline and page tables, and the channel layout.
+            let pages = 2 * slots * batch_bytes.div_ceil(u128::from(PAGE_SIZE)).max(1) + 2 * slots;
+            total += slots * (2 * (batch_bytes + 96) + 320) + pages * 64;
+        }
+        // Warps and CTAs, the events scheduled for every slot, warps stalled on their pages.
+        largest_phase = largest_phase.max(warps * 96 + slots * 128 + u128::from(phase.ctas) * 64);
+    }
+    u64::try_from((total + largest_phase) / 4 * 5 + (32 << 20)).unwrap_or(u64::MAX)
 }
 
 struct Sim<'a> {
@@ -271,7 +364,7 @@ struct Counters {
 }
 
 impl<'a> Sim<'a> {
-    fn new(workload: &'a Workload, mode: Mode, cal: &'a Calibration, seed: u64) -> Self {
+    fn new(workload: &'a Workload, mode: Mode, cal: &'a Calibration, seed: u64, config: EngineConfig) -> Result<Self, String> {
         let gpus = (0..workload.gpus())
             .map(|_| Gpu {
                 sms: (0..cal.gpu.sms.value).map(|_| Sm::default()).collect(),
@@ -279,13 +372,9 @@ impl<'a> Sim<'a> {
                 cta_queue: VecDeque::new(),
             })
             .collect();
-        let daemon = (mode == Mode::Fault).then(|| {
-            // One slot serves one CTA; every GPU-consumer phase of a workload has the same CTA size.
-            let gpu_phases = workload.phases.iter().filter(|p| p.consumer != Endpoint::Host);
-            let warps_per_batch = gpu_phases.map(|p| p.warps_per_cta).max().unwrap_or(16);
-            let config = EngineConfig { max_slots: 16 * 1024, warps_per_batch, ..EngineConfig::default() };
-            Daemon {
-                engine: Engine::new(config).expect("default engine config is valid"),
+        let daemon = match mode {
+            Mode::Fault => Some(Daemon {
+                engine: Engine::new(config).map_err(|e| format!("engine: {e}"))?,
                 inbox: VecDeque::new(),
                 awake: false,
                 busy_ns: 0,
@@ -293,8 +382,9 @@ impl<'a> Sim<'a> {
                 host_resident_runs: HashSet::new(),
                 pcm: HashMap::new(),
                 mapped: HashSet::new(),
-            }
-        });
+            }),
+            Mode::Poll => None,
+        };
         let mut sim = Self {
             cal,
             workload,
@@ -317,13 +407,13 @@ impl<'a> Sim<'a> {
             stats: Counters::default(),
         };
         for (index, phase) in workload.phases.iter().enumerate() {
-            let state = sim.phase_state(index, phase.clone());
+            let state = sim.phase_state(index, phase.clone())?;
             sim.phases.push(state);
         }
-        sim
+        Ok(sim)
     }
 
-    fn phase_state(&mut self, index: usize, phase: Phase) -> PhaseState {
+    fn phase_state(&mut self, index: usize, phase: Phase) -> Result<PhaseState, String> {
         let slots = (phase.ctas * phase.requests_per_warp) as usize;
         let batch_bytes = u64::from(phase.warps_per_cta) * u64::from(phase.message_bytes);
         let channel = match (self.daemon.as_mut(), phase.consumer) {
@@ -339,11 +429,11 @@ impl<'a> Sim<'a> {
                     slots: slots as u32,
                     timeout: CHANNEL_TIMEOUT_NS,
                 };
-                Some(daemon.engine.open_channel(spec).unwrap_or_else(|e| panic!("{}: open channel: {e}", self.workload.name)))
+                Some(daemon.engine.open_channel(spec).map_err(|e| format!("open channel: {e}"))?)
             }
             _ => None,
         };
-        PhaseState {
+        Ok(PhaseState {
             buffer: vec![0; slots * batch_bytes as usize],
             produced: vec![0; slots],
             consumed: vec![0; slots],
@@ -354,7 +444,7 @@ impl<'a> Sim<'a> {
             spinning_cta: vec![None; slots],
             channel,
             phase,
-        }
+        })
     }
 
     fn schedule(&mut self, at: Nanos, event: Event) {
@@ -1124,5 +1214,56 @@ impl<'a> Sim<'a> {
             pfq_empty: daemon.is_none_or(|d| d.engine.held() == 0),
             events: self.stats.events,
         }
+    }
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workload::{all, by_name};
+
+    #[test]
+    fn the_engine_keeps_its_default_size_unless_a_workload_needs_more() {
+        let default = EngineConfig::default();
+        for w in all().into_iter().chain(all().into_iter().map(|w| w.with_threads(16 * 1024))) {
+            let config = check(&w).unwrap();
+            assert_eq!((config.pool_pages, config.max_slots), (default.pool_pages, ENGINE_SLOTS), "{}", w.name);
+        }
+        // At a million threads G_GEM's channel takes 6144 slots x (2 runs + 2 PAT pages): more than
+        // the default 16K pages, so it used to be refused (a panic in the demo's sweep).
+        let gem = by_name("G_GEM").unwrap().with_threads(1 << 20);
+        assert_eq!(check(&gem).unwrap().pool_pages, 6144 * 4);
+        let report = try_run(&gem, Mode::Fault, &Calibration::built_in(), 1).unwrap();
+        assert!(report.messages_checked > 0 && report.corrupt_messages == 0 && report.pool_restored);
+    }
+
+    #[test]
+    fn a_workload_past_the_models_layout_is_refused_before_anything_is_allocated() {
+        // 512M threads: 2^20 CTAs of three requests each; each run needs gigabytes when it starts.
+        let gem = by_name("G_GEM").unwrap().with_threads(512 << 20);
+        let reason = check(&gem).unwrap_err();
+        assert!(reason.contains("3145728 request slots") && reason.contains("1048576"), "{reason}");
+        for mode in [Mode::Poll, Mode::Fault] {
+            assert_eq!(try_run(&gem, mode, &Calibration::built_in(), 1).unwrap_err(), reason);
+        }
+        let mut empty = by_name("C_CG").unwrap();
+        empty.phases[0].ctas = 0;
+        assert!(check(&empty).unwrap_err().contains("phase 0"));
+    }
+
+    #[test]
+    fn the_memory_estimate_grows_with_the_workload_and_fault_mode_needs_more() {
+        for w in all() {
+            let (small, large) = (w.clone().with_threads(1 << 20), w.with_threads(16 << 20));
+            let poll = memory_estimate(&large, Mode::Poll);
+            assert!(memory_estimate(&large, Mode::Fault) > poll && poll > memory_estimate(&small, Mode::Poll), "{}", large.name);
+        }
+        // C_SRS, the largest, at the 16M threads `wicd demo --scale` allows: measured 1.54 GiB.
+        let srs = memory_estimate(&by_name("C_SRS").unwrap().with_threads(16 << 20), Mode::Fault);
+        assert!((1_650_000_000..2_500_000_000).contains(&srs), "{srs}");
+        let mut huge = by_name("C_SRS").unwrap();
+        (huge.phases[0].ctas, huge.phases[0].message_bytes) = (u32::MAX, u32::MAX);
+        assert_eq!(memory_estimate(&huge, Mode::Fault), u64::MAX, "saturates");
     }
 }

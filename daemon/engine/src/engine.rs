@@ -361,7 +361,9 @@ impl Engine {
         pool_page(self.config.pool_base, va, &self.pages).is_some_and(|page| self.pages[page] != PageUse::Free)
     }
 
-    /// Opens a channel: allocates its runs, PAT pages and tags. On any error nothing is kept.
+    /// Opens a channel: allocates its runs, PAT pages and tags. On any error nothing is kept; a
+    /// channel the pool cannot hold is refused with the pages the whole channel takes and the
+    /// pool as it was before the attempt.
     pub fn open_channel(&mut self, spec: ChannelSpec) -> Result<ChannelLayout, EngineError> {
         if spec.slots == 0 || spec.message_bytes == 0 {
             return Err(EngineError::Invalid("a channel needs at least one slot and one byte per message"));
@@ -383,6 +385,8 @@ impl Engine {
             return Err(EngineError::SlotsExhausted { requested: spec.slots, free });
         }
         let pages_per_run = pages_for_batch(self.config.warps_per_batch, spec.message_bytes, PAGE_SIZE as u32);
+        // The pool as it was before this channel took anything, for the refusal below.
+        let (longest_free, free_pages) = (self.pool.longest_free_run(), self.pool.free_pages());
         let mut runs = Vec::new();
         let mut tags = Vec::new();
         let allocated = self.allocate_channel(&spec, pages_per_run, &mut runs, &mut tags);
@@ -393,7 +397,19 @@ impl Engine {
             for tag in tags {
                 self.tags.free(tag).expect("tag allocated just now");
             }
-            return Err(e);
+            debug_assert_eq!((self.pool.longest_free_run(), self.pool.free_pages()), (longest_free, free_pages));
+            return Err(match e {
+                // The run that failed was asked of a pool this channel had already partly taken:
+                // the refusal names the whole channel's pages and the pool as the request found it.
+                // The runs are allocated first fit, so a channel fails only if it needs more pages
+                // than the longest free run holds.
+                EngineError::Pool(PoolError::Exhausted { .. }) => EngineError::Pool(PoolError::Exhausted {
+                    requested: channel_pages(&spec, pages_per_run),
+                    longest_free,
+                    free: free_pages,
+                }),
+                e => e,
+            });
         }
         let id = self.insert_channel(spec, runs.clone());
         let mut layout = ChannelLayout { id, pages_per_run, batch_bytes, slots: Vec::new() };
@@ -745,6 +761,14 @@ impl Engine {
     }
 }
 
+/// Pool pages a channel of `spec` takes: two runs per slot, then two PAT pages per slot for a GPU
+/// producer; saturating at `u32::MAX`, which no pool reaches.
+fn channel_pages(spec: &ChannelSpec, pages_per_run: u32) -> u32 {
+    let pat_pages = if matches!(spec.producer, Producer::Gpu { .. }) { 2 } else { 0 };
+    let pages = u64::from(spec.slots) * (2 * u64::from(pages_per_run) + pat_pages);
+    u32::try_from(pages).unwrap_or(u32::MAX)
+}
+
 /// Whether a deadline entry belongs to its slot's current hold. A delivered hold leaves its
 /// entry behind, and slot ids and generations restart when a closed channel's slot is reused,
 /// so only a deadline equal to the current hold's own one may end it.
@@ -1070,5 +1094,36 @@ mod tests {
         assert!(EngineError::SlotsExhausted { requested: 9, free: 8 }.to_string().contains('9'));
         let too_many_pages = EngineConfig { pool_pages: (1 << 30) + 1, ..EngineConfig::default() };
         assert!(matches!(Engine::new(too_many_pages), Err(EngineError::Pool(PoolError::TooLarge { .. }))), "refused, not a panic");
+    }
+
+    #[test]
+    fn a_channel_the_pool_cannot_hold_is_refused_with_the_pool_as_it_was_before_the_attempt() {
+        let mut e = engine();
+        let first = e.open_channel(host_spec(1)).unwrap();
+        assert_eq!((e.pool().free_pages(), e.pool().longest_free_run()), (62, 62));
+        // 31 pages a run: two runs take the 62 free pages, the third finds none left. The refusal
+        // describes the request and the pool it met, not the pool emptied part-way through.
+        let big = ChannelSpec { message_bytes: 31 * 4096 / 16, ..host_spec(2) };
+        let refused = e.open_channel(big).unwrap_err();
+        assert_eq!(refused, EngineError::Pool(PoolError::Exhausted { requested: 124, longest_free: 62, free: 62 }));
+        assert_eq!(
+            refused.to_string(),
+            "PCM pool exhausted: 124 contiguous pages requested, longest free run is 62 (62 pages free)"
+        );
+        // Every page and tag taken part-way is back.
+        assert_eq!((e.pool().free_pages(), e.pool().longest_free_run(), e.pool().allocated_runs()), (62, 62, 2));
+        assert_eq!((e.tags.in_use(), e.channel_count()), (1, 1));
+
+        // Failing on the PAT run, after every PCM run fitted, reads the same.
+        let gpu = ChannelSpec { producer: Producer::Gpu { gpu: 1, base_va: 0 }, message_bytes: 6 * 4096 / 16, ..host_spec(5) };
+        assert_eq!(
+            e.open_channel(gpu),
+            Err(EngineError::Pool(PoolError::Exhausted { requested: 5 * (2 * 6 + 2), longest_free: 62, free: 62 }))
+        );
+        assert_eq!((e.pool().free_pages(), e.pool().allocated_runs(), e.tags.in_use()), (62, 2, 1));
+        // The pool is whole: a channel that fits takes the pages right after the first one.
+        let fits = e.open_channel(ChannelSpec { message_bytes: 31 * 4096 / 16, ..host_spec(1) }).unwrap();
+        assert_eq!(fits.slots[0].runs[0], first.slots[0].runs[1] + PAGE_SIZE);
+        assert_eq!(e.pool().free_pages(), 0);
     }
 }
