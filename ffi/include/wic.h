@@ -162,7 +162,8 @@ struct wic_channel_info {
  * @dab_updates: data-availability updates
  * @pat_faults: GPU producer publishes seen as faults on PAT pages
  * @host_publishes: host publishes (doorbell and socket)
- * @fault_buffer_overflows: faults that found the fault buffer full
+ * @fault_buffer_overflows: fault-buffer overflows wicd saw itself (shim: faults the module
+ *	could not record; emulated: fault rings found full)
  * @replays: replays issued
  * @wake_latency_count: wake-ups measured (fault to replay)
  * @wake_latency_sum_ns: sum of the measured wake latencies, nanoseconds

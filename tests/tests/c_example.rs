@@ -145,7 +145,7 @@ fn a_late_producer_times_the_consumer_out_and_a_stopping_daemon_wakes_it() {
     let (output, _) = finish(child, stdout);
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("timed out waiting for the producer"), "{stderr}");
+    assert!(stderr.contains("no data within the channel's timeout"), "{stderr}");
     assert_eq!(stats(&daemon)["faults_timed_out"].as_u64(), Some(1));
 
     // Now a consumer held when the daemon stops is told so instead of hanging.

@@ -388,7 +388,7 @@ impl ErrorCode {
             Self::NotFound => "no such channel, slot or token",
             Self::Exhausted => "resources exhausted",
             Self::Busy => "slot busy: previous data not yet delivered",
-            Self::TimedOut => "timed out waiting for the producer",
+            Self::TimedOut => "timed out: no data within the channel's timeout, or no answer from wicd within $WIC_TIMEOUT_MS",
             Self::Closed => "channel closed",
             Self::Stopping => "daemon stopping",
             Self::Protocol => "protocol error",
