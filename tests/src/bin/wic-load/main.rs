@@ -41,7 +41,7 @@ use report::{Bounds, Report, Snapshot};
 /// How often wicd's memory and gauges are sampled while a round runs.
 const SAMPLE_PERIOD: Duration = Duration::from_millis(20);
 /// What the daemon logs when it refuses a connection past `max_clients`: expected once.
-const EXPECTED_REFUSAL: &str = "max_clients reached";
+const EXPECTED_REFUSAL: &str = "too many clients: wicd serves at most";
 
 #[derive(Parser)]
 #[command(
