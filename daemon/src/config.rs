@@ -134,6 +134,13 @@ pub struct Limits {
     pub max_clients_per_uid: u32,
     pub max_channels_per_client: u32,
     pub max_channels_per_uid: u32,
+    /// Slots (engine tags, shared by every user) the channels of one uid may hold together.
+    pub max_slots_per_uid: u32,
+    /// Pages the channels of one uid may hold together: of wicd's pool on the emulated
+    /// backend, counted alike on the shim.
+    pub max_pages_per_uid: u32,
+    /// Address spaces the connections of one uid may have attached at once.
+    pub max_spaces_per_uid: u32,
     /// Unused grant tokens a channel may have outstanding.
     pub max_grants_per_channel: u32,
     /// Unused grant tokens of all the channels of one user.
@@ -156,6 +163,9 @@ impl Default for Limits {
             max_clients_per_uid: 64,
             max_channels_per_client: 64,
             max_channels_per_uid: 256,
+            max_slots_per_uid: 1024,
+            max_pages_per_uid: 4096,
+            max_spaces_per_uid: 32,
             max_grants_per_channel: 64,
             max_grants_per_uid: 1024,
             max_message_bytes: 1 << 20,
@@ -181,9 +191,13 @@ impl Limits {
             ("max_clients_per_uid", u64::from(self.max_clients_per_uid)),
             ("max_channels_per_client", u64::from(self.max_channels_per_client)),
             ("max_channels_per_uid", u64::from(self.max_channels_per_uid)),
+            ("max_slots_per_uid", u64::from(self.max_slots_per_uid)),
+            ("max_pages_per_uid", u64::from(self.max_pages_per_uid)),
+            ("max_spaces_per_uid", u64::from(self.max_spaces_per_uid)),
             ("max_grants_per_channel", u64::from(self.max_grants_per_channel)),
             ("max_grants_per_uid", u64::from(self.max_grants_per_uid)),
             ("max_message_bytes", u64::from(self.max_message_bytes)),
+            ("default_timeout_ms", self.default_timeout_ms),
             ("hello_timeout_ms", self.hello_timeout_ms),
             ("request_timeout_ms", self.request_timeout_ms),
         ];

@@ -2,6 +2,7 @@
 //! the socket (bound here or passed by systemd), tells systemd it is ready, feeds the
 //! watchdog while the fast path answers, reloads on SIGHUP and stops cleanly on SIGTERM.
 
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -166,12 +167,26 @@ fn remove_stale_socket(path: &Path) -> Result<(), String> {
     if meta.uid() != uid && meta.uid() != 0 {
         return Err(format!("{}: a socket of uid {}, not wicd's (uid {uid}) or root's; refusing to remove it", path.display(), meta.uid()));
     }
-    if std::os::unix::net::UnixStream::connect(path).is_ok() {
-        return Err(format!("{}: another wicd is already listening", path.display()));
+    // Only a refused connection proves nobody listens; a busy or unreachable listener (full
+    // backlog, no permission) is left alone. Non-blocking, so a wedged listener cannot hang
+    // the start.
+    match probe_listener(path) {
+        Err(nix::errno::Errno::ECONNREFUSED) => {}
+        Ok(()) | Err(nix::errno::Errno::EAGAIN) => {
+            return Err(format!("{}: another wicd is already listening", path.display()));
+        }
+        Err(e) => return Err(format!("{}: cannot tell whether another wicd listens ({e}); refusing to remove it", path.display())),
     }
     std::fs::remove_file(path).map_err(|e| format!("stale socket {}: {e}", path.display()))?;
     tracing::info!("{}: removed the stale socket of an earlier wicd", path.display());
     Ok(())
+}
+
+/// Connects to the socket at `path` without waiting: `ECONNREFUSED` when nobody listens.
+fn probe_listener(path: &Path) -> nix::Result<()> {
+    use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
+    let probe = socket(AddressFamily::Unix, SockType::Stream, SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC, None)?;
+    connect(probe.as_raw_fd(), &UnixAddr::new(path)?)
 }
 
 async fn serve(
@@ -204,6 +219,7 @@ async fn serve(
         }
     };
     let accept = tokio::spawn(server::accept_loop(listener, shared.clone()));
+    let refusals = tokio::spawn(log_left_out_refusals(shared.clone()));
     let watchdog = systemd::watchdog_interval().map(|every| tokio::spawn(feed_watchdog(handle.clone(), every)));
     tracing::info!(backend, gpus, "wicd {} ready", env!("CARGO_PKG_VERSION"));
     systemd::notify(&format!("READY=1\nSTATUS=serving, {backend} backend"));
@@ -218,6 +234,7 @@ async fn serve(
     tracing::info!("stopping: completing held faults");
     systemd::notify("STOPPING=1");
     accept.abort();
+    refusals.abort();
     if let Some(task) = watchdog {
         task.abort();
     }
@@ -251,6 +268,15 @@ fn reload(args: &ServeArgs, config: &mut Config, level: &LevelHandle, shared: &A
         Err(e) => tracing::error!("reload failed, keeping the running configuration: {e}"),
     }
     systemd::notify("READY=1");
+}
+
+/// Reports, once a second, the refusals the log's rate limit left out.
+async fn log_left_out_refusals(shared: Arc<Shared>) {
+    let mut tick = tokio::time::interval(crate::service::quota::REFUSAL_PERIOD);
+    loop {
+        tick.tick().await;
+        shared.log_left_out_refusals();
+    }
 }
 
 /// Sends `WATCHDOG=1` only while the fast path answers, so a wedged engine gets restarted.

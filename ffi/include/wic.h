@@ -43,7 +43,7 @@ extern "C" {
 #define WIC_EINVALID (-1)      /* a malformed request or an argument out of range */
 #define WIC_EPERMISSION (-2)   /* not allowed for this caller or handle */
 #define WIC_ENOT_FOUND (-3)    /* no such channel, slot or token */
-#define WIC_EEXHAUSTED (-4)    /* page pool, slot table or a per-client limit exhausted */
+#define WIC_EEXHAUSTED (-4)    /* page pool, slot table, or a per-client or per-user limit */
 #define WIC_EBUSY (-5)         /* the slot's previous data has not been delivered yet */
 #define WIC_ETIMED_OUT (-6)    /* the wait exceeded its timeout, or wicd did not answer in time */
 #define WIC_ECLOSED (-7)       /* the channel was destroyed */

@@ -16,6 +16,12 @@ use wic_proto::message::{ErrorCode, Stats, WireError};
 /// Entries of each observed space's event queue (72 bytes each: 4.5 MiB, pinned by the driver).
 const QUEUE_ENTRIES: u32 = 1 << 16;
 
+/// Least time between two flushes of the driver's late events. A flush is an ioctl into
+/// nvidia-uvm per observed space, run on the fast path for every `status`, `stats` or
+/// `channels` request: any client asking in a loop would otherwise make wicd spend its time
+/// there. Events flushed are read at the next report anyway.
+const FLUSH_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// One observed address space.
 struct Observed {
     tracker: EventTracker,
@@ -43,6 +49,7 @@ pub struct Observer {
     next_space: u32,
     retired: Retired,
     events: Vec<Event>,
+    flushed_at: Option<std::time::Instant>,
 }
 
 fn tools_error(e: UvmToolsError) -> WireError {
@@ -53,7 +60,14 @@ fn tools_error(e: UvmToolsError) -> WireError {
 impl Observer {
     /// Observes through the tools node at `tools`.
     pub fn new(tools: &Path) -> Self {
-        Self { tools: tools.to_path_buf(), spaces: HashMap::new(), next_space: 1, retired: Retired::default(), events: Vec::new() }
+        Self {
+            tools: tools.to_path_buf(),
+            spaces: HashMap::new(),
+            next_space: 1,
+            retired: Retired::default(),
+            events: Vec::new(),
+            flushed_at: None,
+        }
     }
 
     /// Attaches an event tracker to the address space of `uvm`, an application's initialized
@@ -119,12 +133,17 @@ impl Observer {
         r.latency_gpu.merge(stats.latency_gpu());
     }
 
-    /// Flushes the driver's late events (replays are queued once they complete), reads every
-    /// space's queue, and fills the `uvm_*` fields of `stats`.
+    /// Flushes the driver's late events (replays are queued once they complete; at most every
+    /// [`FLUSH_INTERVAL`]), reads every space's queue, and fills the `uvm_*` fields of `stats`.
     pub fn report(&mut self, stats: &mut Stats) {
+        let now = std::time::Instant::now();
+        let flush = self.flushed_at.is_none_or(|at| now.duration_since(at) >= FLUSH_INTERVAL);
+        if flush && !self.spaces.is_empty() {
+            self.flushed_at = Some(now);
+        }
         let spaces: Vec<u32> = self.spaces.keys().copied().collect();
         for space in spaces {
-            if let Some(observed) = self.spaces.get(&space) {
+            if let Some(observed) = self.spaces.get(&space).filter(|_| flush) {
                 if let Err(e) = flush_events(observed.uvm.as_fd()) {
                     tracing::debug!(space, "flushing nvidia-uvm-tools events: {e}");
                 }

@@ -16,12 +16,12 @@
 //! uid, rate-limited.
 
 use std::collections::HashMap;
-use std::io::{self, IoSlice, IoSliceMut};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::io::{self, IoSlice};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, MsgFlags};
+use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::{UnixListener, UnixStream};
 use wic_proto::frame::{self, FrameError};
@@ -29,6 +29,7 @@ use wic_proto::message::{
     ChannelInfo, ChannelSpec, ChannelSummary, ErrorCode, FdKind, Reply, Request, Response, Role, SlotInfo,
     Status, WireError,
 };
+use wic_engine::PAGE_SIZE;
 use wic_proto::PROTOCOL_VERSION;
 
 use super::dataplane::{Control, Created, DataplaneHandle, Placement};
@@ -63,9 +64,16 @@ struct Record {
     publish_doorbell: Option<OwnedFd>,
     /// Connections attached through grants, with their role.
     attached: HashMap<ConnId, Role>,
+    /// Pages of its placement: the pool's on the emulated backend, the application's own on the
+    /// shim.
+    pages: u64,
 }
 
 impl Record {
+    fn holding(&self) -> Holding {
+        Holding { uid: self.owner_peer.uid, slots: u64::from(self.info.spec.slots), pages: self.pages }
+    }
+
     /// Whether `peer` on `conn` may see this channel in `channels`: operators see all, a user
     /// the channels of its own uid and those it attached to through a grant.
     fn visible_to(&self, conn: ConnId, peer: Peer, operator_uid: u32) -> bool {
@@ -113,9 +121,18 @@ struct Registry {
     tokens: HashMap<String, Grant>,
     /// The address space each connection attached.
     spaces: HashMap<ConnId, u32>,
-    /// Channels being created, by connection, with the owner's uid: they count against the
-    /// bounds before they exist, so concurrent creations cannot overshoot them.
-    creating: HashMap<ConnId, u32>,
+    /// Channels being created, by connection (a connection makes one request at a time), with
+    /// what they will hold: they count against the bounds before they exist, so concurrent
+    /// creations cannot overshoot them.
+    creating: HashMap<ConnId, Holding>,
+}
+
+/// What a channel holds of what all users share, counted against its owner's uid.
+#[derive(Debug, Clone, Copy, Default)]
+struct Holding {
+    uid: u32,
+    slots: u64,
+    pages: u64,
 }
 
 impl Registry {
@@ -123,9 +140,15 @@ impl Registry {
         self.clients.values().filter(|peer| peer.uid == uid).count()
     }
 
-    /// Channels of `uid`, those being created included.
-    fn channels_of(&self, uid: u32) -> usize {
-        self.channels.values().filter(|r| r.owner_peer.uid == uid).count() + self.creating.values().filter(|&&u| u == uid).count()
+    fn spaces_of(&self, uid: u32) -> usize {
+        self.spaces.keys().filter(|conn| self.clients.get(conn).is_some_and(|peer| peer.uid == uid)).count()
+    }
+
+    /// The channels of `uid`, those being created included: how many, their slots and pages.
+    fn holdings_of(&self, uid: u32) -> (usize, u64, u64) {
+        let existing = self.channels.values().map(Record::holding);
+        let all = existing.chain(self.creating.values().copied()).filter(|h| h.uid == uid);
+        all.fold((0, 0, 0), |(channels, slots, pages), h| (channels + 1, slots + h.slots, pages + h.pages))
     }
 }
 
@@ -169,7 +192,7 @@ impl Shared {
             started: Instant::now(),
             operator_uid: nix::unistd::geteuid().as_raw(),
             registry: Mutex::new(Registry::default()),
-            refusals: Mutex::new(RefusalLog::new()),
+            refusals: Mutex::new(RefusalLog::default()),
         }))
     }
 
@@ -190,18 +213,22 @@ impl Shared {
         peer.uid == 0 || peer.uid == self.operator_uid
     }
 
-    /// Logs a refusal with who was refused, unless too many were logged just now.
+    /// Logs a refusal with who was refused, unless too many of that uid's were logged just now.
     fn log_refusal(&self, peer: Peer, what: &str, e: &WireError) {
-        let Some(left_out) = self.refusals.lock().expect("refusal log lock").admit(Instant::now()) else {
+        if !self.refusals.lock().expect("refusal log lock").admit(peer.uid, Instant::now()) {
             return;
-        };
-        let left_out = if left_out > 0 { format!(" ({left_out} refusals before this one not logged)") } else { String::new() };
+        }
         match e.code {
             // Bounds reached and broken protocol: what a misbehaving or hostile client causes.
-            ErrorCode::Exhausted | ErrorCode::Protocol => {
-                tracing::warn!(uid = peer.uid, pid = peer.pid, "{what} refused: {}{left_out}", e.message)
-            }
-            _ => tracing::info!(uid = peer.uid, pid = peer.pid, "{what} refused ({}): {}{left_out}", e.code.name(), e.message),
+            ErrorCode::Exhausted | ErrorCode::Protocol => tracing::warn!(uid = peer.uid, pid = peer.pid, "{what} refused: {}", e.message),
+            _ => tracing::info!(uid = peer.uid, pid = peer.pid, "{what} refused ({}): {}", e.code.name(), e.message),
+        }
+    }
+
+    /// Logs how many refusals of each uid the rate limit left out, once their period is over.
+    pub fn log_left_out_refusals(&self) {
+        for (uid, count) in self.refusals.lock().expect("refusal log lock").left_out(Instant::now()) {
+            tracing::warn!(uid, "{count} more refusals of this uid not logged");
         }
     }
 
@@ -216,6 +243,9 @@ pub async fn accept_loop(listener: UnixListener, shared: Arc<Shared>) {
         match listener.accept().await {
             Ok((stream, _)) => {
                 tokio::spawn(serve_connection(shared.clone(), stream));
+                // Lets the new connection be admitted or refused (and closed) before the next
+                // accept: a flood of connections cannot pile up descriptors past the reserve.
+                tokio::task::yield_now().await;
             }
             Err(e) => {
                 // EMFILE and friends: back off instead of spinning.
@@ -296,7 +326,7 @@ async fn serve_connection(shared: Arc<Shared>, mut stream: UnixStream) {
         }
         Err(e) => tracing::debug!(conn, "connection ended: {e}"),
     }
-    disconnect(&shared, conn).await;
+    disconnect(&shared, conn, peer).await;
 }
 
 /// Records a new client, unless that would pass `max_clients`, take one of the connections
@@ -364,19 +394,52 @@ impl Inbound {
     }
 
     fn recv(&mut self, socket: RawFd, buf: &mut [u8]) -> io::Result<usize> {
-        let mut iov = [IoSliceMut::new(buf)];
-        let flags = MsgFlags::MSG_CMSG_CLOEXEC | MsgFlags::MSG_DONTWAIT;
-        let msg = recvmsg::<()>(socket, &mut iov, Some(&mut self.control), flags).map_err(io::Error::from)?;
-        // Truncation (ENOBUFS here) cannot come from SCM_RIGHTS with this much room; whatever
-        // caused it, the connection is dropped.
-        frame::take_passed_fds(&msg, &mut self.fds).map_err(io::Error::from)?;
+        let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+        // SAFETY: an all-zero msghdr is a valid empty one.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = self.control.as_mut_ptr().cast();
+        msg.msg_controllen = self.control.len();
+        // SAFETY: `msg` points at `iov` over `buf` and at the control buffer, all live and
+        // writable for the call.
+        let got = unsafe { libc::recvmsg(socket, &mut msg, libc::MSG_CMSG_CLOEXEC | libc::MSG_DONTWAIT) };
+        if got < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // Taken by hand rather than through nix, which refuses truncated control data: the
+        // kernel truncates it when wicd is out of descriptors (EMFILE) after installing some,
+        // and those must be closed, not leaked.
+        // SAFETY: recvmsg filled `msg`; the CMSG macros stay within `msg_controllen` of it.
+        let mut header = unsafe { libc::CMSG_FIRSTHDR(&msg) };
+        while !header.is_null() {
+            // SAFETY: a non-null header from CMSG_FIRSTHDR/NXTHDR lies within the control data.
+            let cmsg = unsafe { &*header };
+            if cmsg.cmsg_level == libc::SOL_SOCKET && cmsg.cmsg_type == libc::SCM_RIGHTS {
+                // SAFETY: CMSG_LEN has no preconditions.
+                let data_len = cmsg.cmsg_len as usize - unsafe { libc::CMSG_LEN(0) } as usize;
+                // SAFETY: the header's data holds `data_len` bytes of descriptors.
+                let data = unsafe { libc::CMSG_DATA(header) }.cast::<RawFd>();
+                for i in 0..data_len / std::mem::size_of::<RawFd>() {
+                    // SAFETY: within the data; SCM_RIGHTS installed the descriptor in this
+                    // process just now and nothing else owns it.
+                    self.fds.push(unsafe { OwnedFd::from_raw_fd(data.add(i).read_unaligned()) });
+                }
+            }
+            // SAFETY: `header` is a header of `msg`'s control data.
+            header = unsafe { libc::CMSG_NXTHDR(&msg, header) };
+        }
         // Closed now, not when the request is complete: a client trickling a request out with
         // descriptors on every byte must not make wicd hold them.
         if self.fds.len() > MAX_FDS_PER_REQUEST {
             self.excess_fds += self.fds.len() - MAX_FDS_PER_REQUEST;
             self.fds.truncate(MAX_FDS_PER_REQUEST);
         }
-        Ok(msg.bytes)
+        if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+            // Descriptors were lost: the request cannot be served as sent.
+            return Err(io::Error::other("descriptors passed with a request were cut off (wicd is out of descriptors)"));
+        }
+        Ok(got as usize)
     }
 
     /// The complete request's descriptors, and how many more it came with.
@@ -513,14 +576,14 @@ async fn handle(shared: &Shared, conn: ConnId, peer: Peer, request: Request, fds
             let space = space.ok_or_else(|| error(ErrorCode::Invalid, "watch names pages of an attached address space: attach_space first"))?;
             let end = base_va.checked_add(length).ok_or_else(|| error(ErrorCode::Invalid, "the range wraps around"))?;
             shared.dataplane.ask(|reply| Control::Watch { space, start: base_va, end, reply }).await??;
-            tracing::info!(space, pid = peer.pid, "watching {length} bytes at {base_va:#x}");
+            tracing::debug!(space, pid = peer.pid, uid = peer.uid, "watching {length} bytes at {base_va:#x}");
             Ok((Reply::Done, Vec::new()))
         }
         Request::DestroyChannel { channel } => {
             owned(shared, conn, channel)?;
             unregister(shared, &[channel]);
             shared.dataplane.ask(|reply| Control::Destroy { channel, reply }).await??;
-            tracing::info!(channel, pid = peer.pid, "channel destroyed");
+            tracing::debug!(channel, pid = peer.pid, uid = peer.uid, "channel destroyed");
             Ok((Reply::Done, Vec::new()))
         }
         Request::Grant { channel, role, uid } => grant(shared, conn, peer, channel, role, uid),
@@ -623,17 +686,38 @@ fn grant(shared: &Shared, conn: ConnId, peer: Peer, channel: u32, role: Role, ui
     Ok((Reply::Token { token }, Vec::new()))
 }
 
+/// The space of a connection whose `attach_space` is under way.
+const ATTACHING: u32 = u32::MAX;
+
 /// Attaches the address space of the UVM file passed with the request.
 async fn attach_space(shared: &Shared, conn: ConnId, peer: Peer, fds: Vec<OwnedFd>) -> Handled {
     let [uvm]: [OwnedFd; 1] = fds
         .try_into()
         .map_err(|fds: Vec<OwnedFd>| error(ErrorCode::Invalid, format!("attach_space takes one descriptor (the UVM file), got {}", fds.len())))?;
-    if shared.registry().spaces.contains_key(&conn) {
-        return Err(error(ErrorCode::Busy, "this connection has attached its address space already"));
+    {
+        let mut registry = shared.registry();
+        if registry.spaces.contains_key(&conn) {
+            return Err(error(ErrorCode::Busy, "this connection has attached its address space already"));
+        }
+        // Each attached space costs wicd a descriptor and, where GPU faults are observed, a
+        // driver event queue of several MiB.
+        let limit = shared.limits().max_spaces_per_uid;
+        if !shared.is_operator(peer) && registry.spaces_of(peer.uid) >= limit as usize {
+            return Err(error(ErrorCode::Exhausted, format!("uid {} has attached its limit of {limit} address spaces", peer.uid)));
+        }
+        // Counted from now on, so that concurrent attachments cannot overshoot the bound.
+        registry.spaces.insert(conn, ATTACHING);
     }
-    let space = shared.dataplane.ask(|reply| Control::AttachSpace { uvm, reply }).await??;
+    let attached = shared.dataplane.ask(|reply| Control::AttachSpace { uvm, reply }).await.and_then(|result| result);
+    let space = match attached {
+        Ok(space) => space,
+        Err(e) => {
+            shared.registry().spaces.remove(&conn);
+            return Err(e);
+        }
+    };
     shared.registry().spaces.insert(conn, space);
-    tracing::info!(space, pid = peer.pid, uid = peer.uid, "address space attached");
+    tracing::debug!(space, pid = peer.pid, uid = peer.uid, "address space attached");
     Ok((Reply::Space { space }, Vec::new()))
 }
 
@@ -648,24 +732,42 @@ async fn create(shared: &Shared, conn: ConnId, peer: Peer, spec: ChannelSpec, ba
             format!("message_bytes {} exceeds the limit of {}", spec.message_bytes, limits.max_message_bytes),
         ));
     }
-    reserve_creation(shared, conn, peer, &limits)?;
-    let created = create_reserved(shared, conn, peer, spec, base_va, &limits).await;
+    let engine_spec: wic_engine::ChannelSpec = spec.into();
+    let pages = engine_spec.placement_bytes(shared.warps_per_batch).map_or(u64::MAX, |bytes| bytes / PAGE_SIZE);
+    let holding = Holding { uid: peer.uid, slots: u64::from(spec.slots), pages };
+    reserve_creation(shared, conn, peer, holding, &limits)?;
+    let created = create_reserved(shared, conn, peer, spec, base_va, pages, &limits).await;
     shared.registry().creating.remove(&conn);
     created
 }
 
 /// Counts a channel about to be created against the bounds, or says which it would pass.
-fn reserve_creation(shared: &Shared, conn: ConnId, peer: Peer, limits: &Limits) -> Result<(), WireError> {
+fn reserve_creation(shared: &Shared, conn: ConnId, peer: Peer, new: Holding, limits: &Limits) -> Result<(), WireError> {
     let mut registry = shared.registry();
     let owned = registry.channels.values().filter(|r| r.owner == conn).count();
     if owned >= limits.max_channels_per_client as usize {
         return Err(error(ErrorCode::Exhausted, format!("a client may own at most {} channels", limits.max_channels_per_client)));
     }
-    if !shared.is_operator(peer) && registry.channels_of(peer.uid) >= limits.max_channels_per_uid as usize {
-        return Err(error(
-            ErrorCode::Exhausted,
-            format!("uid {} owns its limit of {} channels", peer.uid, limits.max_channels_per_uid),
-        ));
+    if !shared.is_operator(peer) {
+        // Slots (the engine's tags) and pool pages are shared by every user: one channel asking
+        // for all of them must not lock the others out.
+        let (channels, slots, pages) = registry.holdings_of(peer.uid);
+        let uid = peer.uid;
+        if channels >= limits.max_channels_per_uid as usize {
+            return Err(error(ErrorCode::Exhausted, format!("uid {uid} owns its limit of {} channels", limits.max_channels_per_uid)));
+        }
+        if slots.saturating_add(new.slots) > u64::from(limits.max_slots_per_uid) {
+            return Err(error(
+                ErrorCode::Exhausted,
+                format!("uid {uid} holds {slots} slots; {} more would pass its limit of {}", new.slots, limits.max_slots_per_uid),
+            ));
+        }
+        if pages.saturating_add(new.pages) > u64::from(limits.max_pages_per_uid) {
+            return Err(error(
+                ErrorCode::Exhausted,
+                format!("uid {uid} holds {pages} pages; {} more would pass its limit of {}", new.pages, limits.max_pages_per_uid),
+            ));
+        }
     }
     // Within the descriptor limit, the channels that fit besides every connection: past
     // them, accept() would fail with EMFILE and lock everyone out, operators included.
@@ -673,7 +775,7 @@ fn reserve_creation(shared: &Shared, conn: ConnId, peer: Peer, limits: &Limits) 
     if (registry.channels.len() + registry.creating.len()) as u64 >= capacity {
         return Err(error(ErrorCode::Exhausted, format!("wicd holds {capacity} channels, all its descriptor limit allows")));
     }
-    registry.creating.insert(conn, peer.uid);
+    registry.creating.insert(conn, new);
     Ok(())
 }
 
@@ -683,6 +785,7 @@ async fn create_reserved(
     peer: Peer,
     mut spec: ChannelSpec,
     base_va: Option<u64>,
+    pages: u64,
     limits: &Limits,
 ) -> Handled {
     if spec.timeout_ns == 0 {
@@ -717,11 +820,12 @@ async fn create_reserved(
         producer_region: created.producer_region,
         publish_doorbell: created.publish_doorbell,
         attached: HashMap::new(),
+        pages,
     };
     let (kinds, fds) = record.fds_for(Role::Owner);
     let mut info = record.info.clone();
     info.fds = kinds;
-    tracing::info!(channel = info.channel, pid = peer.pid, uid = peer.uid, slots = spec.slots, "channel created");
+    tracing::debug!(channel = info.channel, pid = peer.pid, uid = peer.uid, slots = spec.slots, "channel created");
     shared.registry().channels.insert(info.channel, record);
     Ok((Reply::Channel(info), fds))
 }
@@ -747,7 +851,7 @@ fn attach(shared: &Shared, conn: ConnId, peer: Peer, token: &str) -> Handled {
     let mut info = record.info.clone();
     info.role = grant.role;
     info.fds = kinds;
-    tracing::info!(channel = info.channel, pid = peer.pid, uid = peer.uid, role = ?grant.role, "attached");
+    tracing::debug!(channel = info.channel, pid = peer.pid, uid = peer.uid, role = ?grant.role, "attached");
     Ok((Reply::Channel(info), fds))
 }
 
@@ -767,7 +871,7 @@ fn unregister(shared: &Shared, channels: &[u32]) {
 }
 
 /// Releases everything a connection held: its channels are destroyed, its attachments dropped.
-async fn disconnect(shared: &Shared, conn: ConnId) {
+async fn disconnect(shared: &Shared, conn: ConnId, peer: Peer) {
     let (owned, space) = {
         let mut registry = shared.registry();
         registry.clients.remove(&conn);
@@ -783,11 +887,11 @@ async fn disconnect(shared: &Shared, conn: ConnId) {
             Ok(Ok(())) | Err(_) => {}
             Ok(Err(e)) => tracing::warn!(channel, "reclaiming channel of a departed client: {e}"),
         }
-        tracing::info!(channel, conn, "channel reclaimed: its owner disconnected");
+        tracing::debug!(channel, conn, uid = peer.uid, "channel reclaimed: its owner disconnected");
     }
     if let Some(space) = space {
         // After the channels: their ranges are unregistered before the space goes.
         let _ = shared.dataplane.ask(|reply| Control::DetachSpace { space, reply }).await;
-        tracing::info!(space, conn, "address space detached: its connection ended");
+        tracing::debug!(space, conn, uid = peer.uid, "address space detached: its connection ended");
     }
 }

@@ -27,7 +27,15 @@ enum Attack {
     },
     /// Creates channels on `connections` connections, `per_connection` each, until refused;
     /// holds them until a line arrives on stdin.
-    Channels { socket: PathBuf, connections: u32, per_connection: u32 },
+    Channels {
+        socket: PathBuf,
+        connections: u32,
+        per_connection: u32,
+        #[arg(long, default_value_t = 1)]
+        slots: u32,
+        #[arg(long, default_value_t = 64)]
+        message_bytes: u32,
+    },
     /// Creates `channels` channels and issues up to `per_channel` grant tokens for each, until
     /// refused; holds them until a line arrives on stdin.
     Grants { socket: PathBuf, channels: u32, per_channel: u32 },
@@ -38,7 +46,9 @@ enum Attack {
 fn main() -> ExitCode {
     let result = match Attack::parse() {
         Attack::Silent { socket, connections, wait_ms } => silent(&socket, connections, Duration::from_millis(wait_ms)),
-        Attack::Channels { socket, connections, per_connection } => channels(&socket, connections, per_connection),
+        Attack::Channels { socket, connections, per_connection, slots, message_bytes } => {
+            channels(&socket, connections, per_connection, spec(slots, message_bytes))
+        }
         Attack::Grants { socket, channels, per_channel } => grants(&socket, channels, per_channel),
         Attack::Behave { socket } => behave(&socket),
     };
@@ -88,6 +98,14 @@ fn peek(stream: &UnixStream) -> Result<Silent, String> {
     }
 }
 
+/// Whether wicd has written to (or closed) a connection, without reading.
+fn has_bytes(stream: &UnixStream) -> bool {
+    let mut byte = [0u8; 1];
+    // SAFETY: recv into a live one-byte buffer of a socket this function borrows.
+    let got = unsafe { libc::recv(stream.as_raw_fd(), byte.as_mut_ptr().cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+    got >= 0 || std::io::Error::last_os_error().kind() != std::io::ErrorKind::WouldBlock
+}
+
 fn wait_for_stdin() {
     let _ = std::io::stdin().lock().read_line(&mut String::new());
 }
@@ -97,8 +115,16 @@ fn silent(socket: &Path, connections: u32, wait: Duration) -> Result<(), String>
     for _ in 0..connections {
         streams.push(UnixStream::connect(socket).map_err(|e| format!("connect: {e}"))?);
     }
-    // Refusals are sent at once; give them time to arrive.
-    std::thread::sleep(Duration::from_millis(300));
+    // Refusals are sent at once, but wicd may be slow to get to them: wait until no more come.
+    let started = Instant::now();
+    let (mut answered, mut stable_since) = (0, Instant::now());
+    while started.elapsed() < Duration::from_secs(5) && stable_since.elapsed() < Duration::from_millis(500) {
+        std::thread::sleep(Duration::from_millis(50));
+        let now = streams.iter().filter(|stream| has_bytes(stream)).count();
+        if now != answered {
+            (answered, stable_since) = (now, Instant::now());
+        }
+    }
     let mut open = Vec::new();
     let mut refused = Vec::new();
     for stream in streams {
@@ -125,12 +151,17 @@ fn connect(socket: &Path) -> Result<Client, String> {
     Client::connect(socket, "wic-hostile").map_err(|e| format!("connect: {e}"))
 }
 
-fn spec() -> ChannelSpec {
-    ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 64, slots: 1, timeout_ns: 0 }
+fn spec(slots: u32, message_bytes: u32) -> ChannelSpec {
+    ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes, slots, timeout_ns: 0 }
 }
 
-fn create(client: &mut Client) -> Result<u32, ClientError> {
-    match client.call(&Request::CreateChannel { spec: spec(), base_va: None })? {
+/// A small channel: one slot of 64-byte messages.
+fn small() -> ChannelSpec {
+    spec(1, 64)
+}
+
+fn create(client: &mut Client, spec: ChannelSpec) -> Result<u32, ClientError> {
+    match client.call(&Request::CreateChannel { spec, base_va: None })? {
         Reply::Channel(info) => Ok(info.channel),
         other => Err(ClientError::Decode(format!("create got {other:?}"))),
     }
@@ -147,7 +178,7 @@ fn report(key: &str, counts: &[u32], refusal: Option<ClientError>) {
     println!("{key} {} | {refusal}", counts.join(" "));
 }
 
-fn channels(socket: &Path, connections: u32, per_connection: u32) -> Result<(), String> {
+fn channels(socket: &Path, connections: u32, per_connection: u32, spec: ChannelSpec) -> Result<(), String> {
     let mut clients = Vec::new();
     let mut counts = Vec::new();
     let mut refusals = Vec::new();
@@ -155,7 +186,7 @@ fn channels(socket: &Path, connections: u32, per_connection: u32) -> Result<(), 
         let mut client = connect(socket)?;
         let mut created = 0;
         while created < per_connection {
-            match create(&mut client) {
+            match create(&mut client, spec) {
                 Ok(_) => created += 1,
                 Err(e) => {
                     refusals.push(e);
@@ -177,7 +208,7 @@ fn grants(socket: &Path, channels: u32, per_channel: u32) -> Result<(), String> 
     let mut counts = Vec::new();
     let mut refusals = Vec::new();
     for _ in 0..channels {
-        let channel = create(&mut client).map_err(|e| format!("create: {e}"))?;
+        let channel = create(&mut client, small()).map_err(|e| format!("create: {e}"))?;
         let mut granted = 0;
         while granted < per_channel {
             match client.call(&Request::Grant { channel, role: Role::Consumer, uid: None }) {
@@ -199,7 +230,7 @@ fn grants(socket: &Path, channels: u32, per_channel: u32) -> Result<(), String> 
 
 fn behave(socket: &Path) -> Result<(), String> {
     let mut owner = connect(socket)?;
-    let channel = create(&mut owner).map_err(|e| format!("create: {e}"))?;
+    let channel = create(&mut owner, small()).map_err(|e| format!("create: {e}"))?;
     let token = match owner.call(&Request::Grant { channel, role: Role::Consumer, uid: None }) {
         Ok(Reply::Token { token }) => token,
         other => return Err(format!("grant: {other:?}")),
