@@ -71,7 +71,7 @@ fn status_gives_up_on_a_silent_daemon_after_wic_timeout_ms() {
     assert_eq!(outcome.status, Some(1), "{}", outcome.stderr);
     assert!(outcome.stderr.starts_with("wicctl: timed out: wicd at "), "{}", outcome.stderr);
     assert!(outcome.stderr.contains("did not answer within 300 ms"), "{}", outcome.stderr);
-    assert!(outcome.took >= Duration::from_millis(300) && outcome.took < Duration::from_secs(2), "took {:?}", outcome.took);
+    assert!(outcome.took >= Duration::from_millis(300) && outcome.took < Duration::from_secs(3), "took {:?}", outcome.took);
 }
 
 #[test]
@@ -81,7 +81,7 @@ fn metrics_gives_up_within_its_timeout_option() {
     let outcome = wicctl(&["metrics", "--socket", socket_arg(&path), "--timeout-ms", "300"], &[("WIC_TIMEOUT_MS", "60000")]);
     assert_eq!(outcome.status, Some(1), "{}", outcome.stderr);
     assert!(outcome.stderr.contains("did not answer within 300 ms"), "{}", outcome.stderr);
-    assert!(outcome.took < Duration::from_secs(2), "took {:?}", outcome.took);
+    assert!(outcome.took < Duration::from_secs(3), "took {:?}", outcome.took);
 }
 
 #[test]

@@ -368,7 +368,7 @@ mod tests {
         let took = start.elapsed();
         assert_eq!(err.code(), ErrorCode::TimedOut, "{err}");
         assert_eq!(err.to_string(), "wicd did not answer within 300 ms");
-        assert!(took >= limit && took < 2 * limit, "gave up after {took:?}");
+        assert!(took >= limit && took < limit + std::time::Duration::from_secs(2), "gave up after {took:?}");
     }
 
     #[test]

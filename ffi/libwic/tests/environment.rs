@@ -59,10 +59,10 @@ fn connect_follows_the_environment() {
     let (err, took) = rust_connect(Some(&path));
     let err = err.expect("no daemon answered");
     assert_eq!(err.code(), ErrorCode::TimedOut, "{err}");
-    assert!(took >= limit && took < 2 * limit, "Rust: gave up after {took:?}");
+    assert!(took >= limit && took < limit + Duration::from_secs(2), "Rust: gave up after {took:?}");
     let (rc, took) = c_connect(&path);
     assert_eq!(rc, WIC_ETIMED_OUT);
-    assert!(took >= limit && took < 2 * limit, "C: gave up after {took:?}");
+    assert!(took >= limit && took < limit + Duration::from_secs(2), "C: gave up after {took:?}");
 
     std::env::set_var(TIMEOUT_ENV, "soon");
     let err = rust_connect(Some(&path)).0.expect("a malformed timeout");

@@ -589,7 +589,7 @@ mod tests {
             }
             other => panic!("expected a timeout, got {other:?}"),
         }
-        assert!(took >= LIMIT && took < 2 * LIMIT, "gave up after {took:?}");
+        assert!(took >= LIMIT && took < LIMIT + Duration::from_secs(2), "gave up after {took:?}");
     }
 
     fn socket_dir(name: &str) -> PathBuf {
