@@ -526,3 +526,171 @@ fn a_file_at_the_socket_path_is_never_removed() {
         assert!(socket.exists());
     }
 }
+
+#[test]
+fn a_client_flooding_its_own_fault_ring_keeps_neither_other_channels_nor_requests_waiting() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::{mpsc, Arc};
+    use wic_proto::client::Timeout;
+    use wic_proto::message::FdKind;
+    use wic_proto::shm::{ConsumerLayout, FAULT_RING_ENTRIES, RING_ENTRY_BYTES};
+
+    /// Ends the flood however the test ends.
+    struct StopOnDrop(Arc<AtomicBool>);
+    impl Drop for StopOnDrop {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Confines the calling thread, or the process about to exec, to `cpu`.
+    fn pin(cpu: usize) -> std::io::Result<()> {
+        // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET stays inside it and
+        // sched_setaffinity only reads it.
+        let done = unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+        };
+        if done == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    }
+
+    // The attacker needs a CPU of its own, as any machine with a few cores gives it: where this
+    // process may use two, the flood gets the second, at real-time priority where allowed
+    // (root), and wicd and everyone else the first. Even so the scheduler leaves other tasks
+    // 50 ms of each second of the flood's CPU, during which it pauses; hence each request and
+    // delivery below must take less than half a second, not just less than one.
+    // SAFETY: a zeroed cpu_set_t is the empty set, which sched_getaffinity fills.
+    let cpus: Vec<usize> = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        assert_eq!(libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set), 0);
+        (0..libc::CPU_SETSIZE as usize).filter(|&cpu| libc::CPU_ISSET(cpu, &set)).take(2).collect()
+    };
+    let cpus = match cpus[..] {
+        [served, flood] => Some((served, flood)),
+        _ => None,
+    };
+    let daemon = Daemon::start_with("hostile-fault-flood", "", |command| {
+        if let Some((served, _)) = cpus {
+            // SAFETY: sched_setaffinity is async-signal-safe and changes only the child.
+            unsafe { command.pre_exec(move || pin(served)) };
+        }
+    });
+    if let Some((served, _)) = cpus {
+        pin(served).expect("pin the test's thread");
+    }
+    let limit = Duration::from_millis(500);
+    // The watchdog's view, and another client's channels.
+    let mut operator = Client::connect_with_timeout(&daemon.socket, "watchdog", Timeout::after(limit)).expect("connect");
+    let bystander = wic::Client::connect_with_timeout(Some(&daemon.socket), Timeout::after(limit)).expect("connect");
+    let mut attacker = Client::connect(&daemon.socket, "flood").expect("connect");
+    let (info, fds) = match attacker.call_with_fds(&Request::CreateChannel { spec: spec(), base_va: None }).expect("create") {
+        (Reply::Channel(info), fds) => (info, fds),
+        (other, _) => panic!("{other:?}"),
+    };
+    assert_eq!(info.fds[..2], [FdKind::ConsumerRegion, FdKind::FaultDoorbell]);
+    let layout = ConsumerLayout { slots: info.slots.len() as u32, pages_per_run: info.pages_per_run };
+    let mut fds = fds.into_iter();
+    let (region, doorbell) = (fds.next().expect("consumer region"), fds.next().expect("fault doorbell"));
+
+    // The attacker writes its ring by hand (docs/protocol.md): as soon as wicd publishes its
+    // read index, the sequence words of the next whole ring's worth, so wicd never finds the
+    // ring empty. The entries stay zero and name no page of the channel. The doorbell is rung
+    // only when wicd has stopped reading.
+    let stop = Arc::new(AtomicBool::new(false));
+    let _stop = StopOnDrop(Arc::clone(&stop));
+    let flood = {
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || {
+            if let Some((_, flood)) = cpus {
+                pin(flood).expect("pin the flood's thread");
+                let fifo = libc::sched_param { sched_priority: 1 };
+                // SAFETY: this thread's own policy, from a valid parameter; refused unless root.
+                let _ = unsafe { libc::pthread_setschedparam(libc::pthread_self(), libc::SCHED_FIFO, &fifo) };
+            }
+            let bytes = layout.bytes();
+            // SAFETY: a new shared mapping of the whole region, unmapped below.
+            let base = unsafe {
+                libc::mmap(std::ptr::null_mut(), bytes, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, region.as_raw_fd(), 0)
+            };
+            assert_ne!(base, libc::MAP_FAILED, "map the consumer region");
+            let word = |offset: usize| -> &AtomicU64 {
+                assert!(offset & 7 == 0 && offset + 8 <= bytes);
+                // SAFETY: an aligned word inside the mapping, which outlives every use.
+                unsafe { &*base.cast::<u8>().add(offset).cast::<AtomicU64>() }
+            };
+            let read_index = word(40);
+            let ring = (64 + 4 * layout.pages()).next_multiple_of(8);
+            let entries = u64::from(FAULT_RING_ENTRIES);
+            let give_up = Instant::now() + Duration::from_secs(10);
+            // `next`: the first index whose sequence word is not written yet.
+            let (mut next, mut idle, mut refills) = (0u64, 0u64, 0u64);
+            while !stop.load(Ordering::Relaxed) && Instant::now() < give_up {
+                let get = read_index.load(Ordering::Acquire);
+                if next < get + entries {
+                    for index in next.max(get)..get + entries {
+                        word(ring + (index % entries) as usize * RING_ENTRY_BYTES).store(index + 1, Ordering::Release);
+                    }
+                    (next, idle, refills) = (get + entries, 0, refills + 1);
+                    continue;
+                }
+                idle += 1;
+                if idle & 4095 == 0 {
+                    nix::unistd::write(&doorbell, &1u64.to_ne_bytes()).expect("ring the doorbell");
+                }
+                std::hint::spin_loop();
+            }
+            // SAFETY: no reference into the mapping is used past here.
+            unsafe { libc::munmap(base, bytes) };
+            refills
+        })
+    };
+
+    let flooding = Instant::now();
+    let mut rounds = 0u32;
+    while flooding.elapsed() < Duration::from_secs(2) {
+        for request in [Request::Status {}, Request::Stats {}] {
+            if let Err(e) = operator.call(&request) {
+                panic!("{request:?} during the flood: {e}");
+            }
+        }
+        // A whole round on another channel: created, published, its consumer's fault
+        // delivered, destroyed.
+        let channel = Arc::new(bystander.create_channel(&spec()).expect("a channel created during the flood"));
+        let batch = channel.info().batch_bytes as usize;
+        let message: Vec<u8> = (0..batch).map(|i| (i as u32).wrapping_mul(31).wrapping_add(rounds) as u8).collect();
+        channel.publish_copy(0, &message).expect("publish");
+        let (tx, rx) = mpsc::channel();
+        let consumer = {
+            let channel = Arc::clone(&channel);
+            std::thread::spawn(move || {
+                let mut got = vec![0u8; batch];
+                let _ = tx.send(channel.consume(0, &mut got).map(|_| got));
+            })
+        };
+        let got = rx.recv_timeout(limit).expect("delivered during the flood").expect("consume");
+        assert_eq!(got, message, "round {rounds}");
+        consumer.join().expect("consumer thread");
+        Arc::into_inner(channel).expect("the only handle left").close().expect("destroyed during the flood");
+        rounds += 1;
+    }
+    let during = match operator.call(&Request::Stats {}).expect("stats") {
+        Reply::Stats(stats) => *stats,
+        other => panic!("{other:?}"),
+    };
+    stop.store(true, Ordering::Relaxed);
+    let refills = flood.join().expect("flood thread");
+
+    // wicd kept reading the flood, a whole ring at a time, each a ring found full.
+    let rings = during.faults_captured / u64::from(FAULT_RING_ENTRIES);
+    assert!(refills >= 16 && rings >= 16, "the flood ran: {refills} refills, {during:?}");
+    assert!((16..=rings).contains(&during.fault_buffer_overflows), "{during:?}");
+    assert!(during.faults_ignored >= 16 * u64::from(FAULT_RING_ENTRIES), "the flood's entries name no page of its channel: {during:?}");
+    assert_eq!(during.faults_completed, u64::from(rounds), "each round delivered once");
+    drop(attacker);
+    daemon.stop();
+}

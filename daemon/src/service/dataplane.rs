@@ -6,7 +6,7 @@
 //! that wakes the ring; replies come back on tokio oneshot channels. Nothing here blocks on a
 //! client: every read is of the daemon's own eventfds and shared regions.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::Arc;
@@ -151,6 +151,16 @@ struct Registration {
     closing: bool,
 }
 
+/// The daemon's side of an emulated channel's fault ring.
+#[derive(Default)]
+struct FaultRing {
+    /// The daemon's own read index.
+    get: u64,
+    /// The channel is in `Dataplane::unread`: its last pass read a whole ring's worth, so
+    /// more entries may be waiting.
+    unread: bool,
+}
+
 /// Counters the engine does not keep.
 #[derive(Default)]
 struct Counters {
@@ -158,8 +168,8 @@ struct Counters {
     commands_failed: u64,
     /// Ring entries whose page is in no run of the ring's channel: dropped before the engine.
     misdirected: u64,
-    /// Passes over an emulated channel's fault ring that read a whole ring's worth of entries:
-    /// the rings wicd found full.
+    /// Passes over an emulated channel's fault ring (one per turn, see `take_faults`) that
+    /// read a whole ring's worth of entries: the rings wicd found full.
     rings_found_full: u64,
     channels: ChannelMap<ChannelCounters>,
     /// Data completions of the last execution whose fill failed.
@@ -235,8 +245,11 @@ struct Dataplane {
     wake_buf: Box<[u8; 8]>,
     registrations: HashMap<u64, Registration>,
     next_token: u64,
-    /// The daemon's own read index of every channel's fault ring.
-    ring_get: HashMap<u32, u64>,
+    /// The daemon's side of every emulated channel's fault ring.
+    fault_rings: HashMap<u32, FaultRing>,
+    /// Emulated channels whose last pass over their ring read a whole ring's worth, in the
+    /// order their next turn comes (round robin).
+    unread: VecDeque<u32>,
     counters: Counters,
     start: Instant,
     commands: Vec<Command>,
@@ -272,7 +285,8 @@ pub fn spawn(
         wake_buf: Box::new([0; 8]),
         registrations: HashMap::new(),
         next_token: 1,
-        ring_get: HashMap::new(),
+        fault_rings: HashMap::new(),
+        unread: VecDeque::new(),
         counters: Counters::default(),
         start: Instant::now(),
         commands: Vec::new(),
@@ -357,6 +371,9 @@ impl Dataplane {
                 tracing::error!("fast path: io_uring wait failed: {e}");
                 std::thread::sleep(Duration::from_millis(10));
             }
+            // Turns owed from earlier iterations first: a channel whose doorbell rings now
+            // gets its turn below and, if its ring is still not empty, its next one after.
+            self.take_unread();
             self.reap();
             let now = self.now();
             self.engine.expire(now, &mut self.commands);
@@ -365,9 +382,11 @@ impl Dataplane {
         tracing::debug!("fast path stopped");
     }
 
-    /// Waits for a completion or the engine's next deadline.
+    /// Waits for a completion or the engine's next deadline; does not wait while a fault ring
+    /// is owed a turn.
     fn wait(&mut self) -> io::Result<()> {
         let result = match self.engine.next_deadline() {
+            _ if !self.unread.is_empty() => self.ring.submit(),
             Some(deadline) => {
                 let left = deadline.saturating_sub(self.now());
                 let ts = types::Timespec::from(Duration::from_nanos(left.max(1)));
@@ -438,6 +457,8 @@ impl Dataplane {
         }
         if !interrupted {
             match bell {
+                // A channel already owed a turn gets no extra one by ringing.
+                Bell::Faults if self.fault_rings.get(&channel).is_some_and(|fault_ring| fault_ring.unread) => {}
                 Bell::Faults => self.take_faults(channel),
                 Bell::Published => self.take_published(channel),
             }
@@ -455,38 +476,55 @@ impl Dataplane {
         self.execute();
     }
 
-    /// Feeds the faults an emulated channel's consumers posted to the engine.
+    /// Gives each channel left with unread ring entries its next turn, in the order they were
+    /// left; a channel whose ring is still not empty goes to the back for the next iteration.
+    fn take_unread(&mut self) {
+        for _ in 0..self.unread.len() {
+            let Some(channel) = self.unread.pop_front() else { break };
+            let Some(fault_ring) = self.fault_rings.get_mut(&channel) else { continue };
+            fault_ring.unread = false;
+            self.take_faults(channel);
+        }
+    }
+
+    /// Feeds the faults an emulated channel's consumers posted to the engine: one turn, one
+    /// pass over its ring, at most [`FAULT_RING_ENTRIES`] entries.
+    ///
+    /// The client writes its ring and can keep refilling it as fast as wicd reads it. Reading
+    /// until it is empty would then never end, and every other channel, control request and
+    /// the watchdog's snapshot would wait. So a pass that read a whole ring's worth, which may
+    /// have left entries behind, queues the channel for another turn on the next iteration of
+    /// the loop, after control requests and other doorbells; meanwhile the loop does not sleep.
     fn take_faults(&mut self, channel: u32) {
         let Gpus::Emulated { gpus: backend, .. } = &self.backend else { return };
         let Some(regions) = backend.channel(channel) else { return };
         let gpu = regions.consumer_gpu;
-        let get = self.ring_get.entry(channel).or_default();
+        let fault_ring = self.fault_rings.entry(channel).or_default();
         let va_width = self.engine.config().va_width;
-        loop {
-            self.faults.clear();
-            regions.consumer.take_faults(get, &mut self.faults);
-            if self.faults.is_empty() {
-                break;
+        self.faults.clear();
+        regions.consumer.take_faults(&mut fault_ring.get, &mut self.faults);
+        // The read index the warps check is published only after a pass: one that reads a
+        // whole ring's worth of entries found the ring full, and warps faulting meanwhile were
+        // turned away. Counted from entries read, not from a word the client writes, a client
+        // can add at most one per ring's worth of entries it posts.
+        if self.faults.len() == FAULT_RING_ENTRIES as usize {
+            self.counters.rings_found_full = self.counters.rings_found_full.saturating_add(1);
+            if !fault_ring.unread {
+                fault_ring.unread = true;
+                self.unread.push_back(channel);
             }
-            // The read index the warps check is published only after a pass: one that reads a
-            // whole ring's worth of entries found the ring full, and warps faulting meanwhile
-            // were turned away. Counted from entries read, not from a word the client writes,
-            // a client can add at most one per ring's worth of entries it posts.
-            if self.faults.len() == FAULT_RING_ENTRIES as usize {
-                self.counters.rings_found_full = self.counters.rings_found_full.saturating_add(1);
-            }
-            // A client writes only its own channel's ring: entries naming another channel's
-            // pages are dropped, so no process can complete or steal another's requests.
-            let before = self.faults.len();
-            self.faults.retain(|raw| {
-                let va = FaultEntry::decode(raw, va_width).page();
-                backend.place(va).is_some_and(|place| place.channel == channel)
-            });
-            self.counters.misdirected += (before - self.faults.len()) as u64;
-            if !self.faults.is_empty() {
-                let now = self.start.elapsed().as_nanos() as Nanos;
-                self.engine.handle_faults(now, gpu, &self.faults, &mut self.commands);
-            }
+        }
+        // A client writes only its own channel's ring: entries naming another channel's pages
+        // are dropped, so no process can complete or steal another's requests.
+        let before = self.faults.len();
+        self.faults.retain(|raw| {
+            let va = FaultEntry::decode(raw, va_width).page();
+            backend.place(va).is_some_and(|place| place.channel == channel)
+        });
+        self.counters.misdirected += (before - self.faults.len()) as u64;
+        if !self.faults.is_empty() {
+            let now = self.start.elapsed().as_nanos() as Nanos;
+            self.engine.handle_faults(now, gpu, &self.faults, &mut self.commands);
         }
         self.execute();
     }
@@ -668,7 +706,7 @@ impl Dataplane {
                 created.fault_doorbell = Some(fault_bell.try_clone().map_err(io)?);
                 let channel = EmulatedChannel { consumer_gpu: spec.consumer_gpu, consumer, producer };
                 gpus.add(id, channel, layout.slots.iter().map(|s| s.runs));
-                self.ring_get.insert(id, 0);
+                self.fault_rings.insert(id, FaultRing::default());
                 self.register(fault_bell, id, Bell::Faults).map_err(io)?;
             }
             _ => unreachable!("create checked the placement against the backend"),
@@ -700,7 +738,9 @@ impl Dataplane {
         if let Some(producer) = producer.flatten() {
             producer.set_state(state);
         }
-        self.ring_get.remove(&channel);
+        if self.fault_rings.remove(&channel).is_some_and(|fault_ring| fault_ring.unread) {
+            self.unread.retain(|&c| c != channel);
+        }
         self.counters.channels.remove(&channel);
         let tokens: Vec<u64> = self
             .registrations
@@ -736,7 +776,8 @@ impl Dataplane {
     fn shutdown(&mut self) {
         let channels = self.backend.channel_ids();
         // Faults posted but not read yet are held as well: read first, they get the stopping
-        // marker like the rest, not the closed marker their channel's removal would give.
+        // marker like the rest, not the closed marker their channel's removal would give. One
+        // pass each reads all a ring holds; a warp posting after it sees the stopping state.
         self.take_ring();
         for &channel in &channels {
             self.take_faults(channel);
