@@ -139,6 +139,7 @@ fn a_full_fault_ring_drops_faults_that_come_again_after_a_replay_and_none_is_los
     // With wicd stopped nothing drains the ring: the first 256 faults fill it, the rest find
     // it full and are dropped, as a GPU's fault buffer drops them, until a replay.
     daemon.signal(nix::sys::signal::Signal::SIGSTOP);
+    wait_stopped(daemon.child.id());
     let consumers: Vec<_> = (0..slots)
         .map(|slot| {
             let channel = Arc::clone(&channel);
@@ -173,4 +174,23 @@ fn a_full_fault_ring_drops_faults_that_come_again_after_a_replay_and_none_is_los
     assert_eq!((stats.pfq_depth, stats.faults_timed_out), (0, 0));
     drop(channel);
     daemon.stop();
+}
+
+/// Waits until every thread of `pid` is stopped: a signalled stop takes effect thread by
+/// thread, and a fast path still running would drain faults meant to find the ring full.
+fn wait_stopped(pid: u32) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("wicd's threads");
+        let stopped = tasks.flatten().all(|task| {
+            let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+            // The state follows the parenthesised command name.
+            stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('T'))
+        });
+        if stopped {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "wicd did not stop within 5 s");
+        thread::sleep(Duration::from_millis(5));
+    }
 }
