@@ -187,20 +187,24 @@ static bool wic_record_fault(struct wic_session *s, const struct uvm_wic_fault *
  * wic_classify() - nvidia-uvm's question: hold this fault?
  * @fault: the fault
  *
- * Runs in the fault bottom half inside an RCU read-side section; never sleeps.
+ * Runs in the fault bottom half inside an RCU read-side section; never sleeps. A fault on a
+ * wic page whose GPU id is outside 1 to WIC_MAX_GPU_ID is held but not recorded (the ring
+ * header's dropped count says so) and logged: passed, nvidia-uvm would service it and the
+ * warp would read the page without its data.
  *
  * Return: UVM_WIC_HOLD for a page of a registered range, else UVM_WIC_PASS.
  */
 static enum uvm_wic_verdict wic_classify(const struct uvm_wic_fault *fault)
 {
 	struct wic_session *s = rcu_dereference(wic_active);
+	bool gpu_valid = wic_gpu_id_valid(fault->gpu_id);
 	const struct wic_range_entry *range;
 	enum uvm_wic_verdict verdict = UVM_WIC_PASS;
 	bool recorded = false;
 	unsigned long flags;
 	u32 space_id;
 
-	if (!s || fault->gpu_id >= WIC_MAX_GPUS)
+	if (!s)
 		return UVM_WIC_PASS;
 	spin_lock_irqsave(&s->lock, flags);
 	space_id = wic_space_id(s, fault->space);
@@ -214,6 +218,10 @@ static enum uvm_wic_verdict wic_classify(const struct uvm_wic_fault *fault)
 	 * page without its data. Unrecorded, it faults again after the next replay.
 	 */
 	verdict = UVM_WIC_HOLD;
+	if (!gpu_valid) {
+		s->ring->dropped++;
+		goto out;
+	}
 	if (wic_held_find(s, fault->va, space_id, fault->gpu_id))
 		goto out;
 	recorded = wic_record_fault(s, fault, space_id, range);
@@ -223,6 +231,9 @@ out:
 	spin_unlock_irqrestore(&s->lock, flags);
 	if (recorded)
 		wake_up_interruptible(&s->poll_wait);
+	else if (verdict == UVM_WIC_HOLD && !gpu_valid)
+		pr_warn_ratelimited("fault at %#llx of GPU id %u, outside 1 to %u: held, not recorded\n",
+				    fault->va, fault->gpu_id, WIC_MAX_GPU_ID);
 	return verdict;
 }
 
@@ -265,10 +276,10 @@ static u32 wic_take_held(struct wic_session *s, u32 space_id, u64 start, u64 end
 static void wic_complete_held(struct wic_session *s, u32 space_id, u64 start, u64 end, u64 marker)
 {
 	struct wic_held taken[WIC_COMPLETE_BATCH];
-	DECLARE_BITMAP(replay, WIC_MAX_GPUS);
+	DECLARE_BITMAP(replay, WIC_GPU_BITS);
 	u32 gpu, i, n;
 
-	bitmap_zero(replay, WIC_MAX_GPUS);
+	bitmap_zero(replay, WIC_GPU_BITS);
 	while ((n = wic_take_held(s, space_id, start, end, taken))) {
 		for (i = 0; i < n; i++) {
 			struct uvm_wic_space *uvm = s->spaces[taken[i].space_id - 1].uvm;
@@ -285,7 +296,7 @@ static void wic_complete_held(struct wic_session *s, u32 space_id, u64 start, u6
 			__set_bit(taken[i].gpu_id, replay);
 		}
 	}
-	for_each_set_bit(gpu, replay, WIC_MAX_GPUS)
+	for_each_set_bit(gpu, replay, WIC_GPU_BITS)
 		uvm_wic_replay(gpu);
 }
 

@@ -21,8 +21,8 @@
 
 #include <wic_abi.h>
 
-/* GPU ids index the module's replay bitmap. */
-#define WIC_MAX_GPUS 64
+/* Bits of a bitmap indexed by GPU id: ids run from 1 to WIC_MAX_GPU_ID. */
+#define WIC_GPU_BITS (WIC_MAX_GPU_ID + 1)
 
 /**
  * struct wic_range_entry - a registered range
@@ -57,6 +57,17 @@ struct wic_range_list {
 static inline bool wic_space_id_valid(u32 space_id)
 {
 	return space_id && space_id <= WIC_MAX_SPACES;
+}
+
+/**
+ * wic_gpu_id_valid() - whether an id can name a GPU
+ * @gpu_id: nvidia-uvm's processor id, as a fault or wicd gives it
+ *
+ * Return: true for 1 to WIC_MAX_GPU_ID; 0 is the CPU.
+ */
+static inline bool wic_gpu_id_valid(u32 gpu_id)
+{
+	return gpu_id && gpu_id <= WIC_MAX_GPU_ID;
 }
 
 /**
@@ -253,7 +264,7 @@ static inline int wic_check_command(const struct wic_command *cmd,
 		return -EINVAL;
 	if (cmd->opcode < WIC_CMD_WRITE_DATA || cmd->opcode > WIC_CMD_COMPLETE)
 		return -EINVAL;
-	if (cmd->gpu_id >= WIC_MAX_GPUS)
+	if (!wic_gpu_id_valid(cmd->gpu_id))
 		return -ENODEV;
 	/* Fields an opcode does not use must be 0, so that they can be given a meaning later. */
 	if ((!data && cmd->length) || (!data && !marker && cmd->arg) ||

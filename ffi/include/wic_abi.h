@@ -34,6 +34,12 @@
 #define WIC_MAX_RANGE_BYTES (1ULL << 36)
 #define WIC_MAX_WRITE_BYTES (1U << 20)
 
+/*
+ * GPU ids are nvidia-uvm's processor ids of GPUs: parent GPU index * 8 + MIG sub-index + 1,
+ * so 1 to WIC_MAX_GPU_ID (0 is the CPU's id, never a GPU's).
+ */
+#define WIC_MAX_GPU_ID 256
+
 /* Error markers: the first 8 bytes of a page completed without data. */
 #define WIC_MARKER_MAGIC 0x5749434500000000ULL
 #define WIC_MARKER_TIMEOUT (WIC_MARKER_MAGIC | 1)
@@ -115,7 +121,7 @@ struct wic_range {
  * struct wic_command - one command of a submission
  * @opcode: WIC_CMD_*
  * @space_id: the space the pages belong to
- * @gpu_id: the GPU the command concerns, 0 to 63
+ * @gpu_id: the GPU the command concerns, 1 to WIC_MAX_GPU_ID (nvidia-uvm's id of the GPU)
  * @pages: pages from @va, 1 to WIC_MAX_RANGE_BYTES / WIC_PAGE_SIZE (1 for the PAT commands)
  * @va: page-aligned, inside one registered range of @space_id (a PAT range for PAT commands)
  * @length: WIC_CMD_WRITE_DATA, and WIC_CMD_COMPLETE with data: bytes to copy, at least 1,
@@ -182,7 +188,8 @@ struct wic_submit {
  * @head: written by the module: sequence number of the next record it will write; record
  *	@seq lives at index @seq & (@entries - 1)
  * @dropped: written by the module: faults held but not recorded because the ring or the
- *	held table was full (they fault again after the next replay)
+ *	held table was full, or because their GPU id was outside 1 to WIC_MAX_GPU_ID (they
+ *	fault again after the next replay of their GPU)
  * @tail: written by the daemon: sequence number of the next record it will read; the module
  *	never overwrites an unread record
  *
@@ -214,7 +221,7 @@ struct wic_ring_header {
  * @seq: the record's sequence number; written last, so a record whose @seq is not the one
  *	expected is torn or stale
  * @space_id: the space the fault belongs to
- * @gpu_id: the faulting GPU
+ * @gpu_id: the faulting GPU, 1 to WIC_MAX_GPU_ID
  * @range_id: the registered range the page is in
  * @flags: WIC_RECORD_*
  * @held_ns: CLOCK_MONOTONIC time the module held the fault

@@ -193,7 +193,8 @@ pub enum CompanionSpec {
 pub struct CommandSpec {
     pub opcode: OpcodeSpec,
     pub at: PagesAt,
-    /// The GPU id unless `raw_gpu_id` is given: the 64 valid ones and some above.
+    /// The GPU id unless `raw_gpu_id` is given: 0 (the CPU's, refused) and valid ones; the
+    /// raw id reaches the rest.
     pub gpu_id: u8,
     pub raw_gpu_id: Option<u32>,
     pub pages: PagesSpec,

@@ -9,14 +9,12 @@ use libc::{EEXIST, EFAULT, EINVAL, ENODEV, ENOENT, ENOSPC, ERANGE};
 use wic_proto::kabi::{
     WicCommand, WicRange, WicSubmit, WIC_CMD_COMPLETE, WIC_CMD_REARM_PAT, WIC_CMD_REPLAY, WIC_CMD_SERVICE_PAT,
     WIC_CMD_WRITE_DATA, WIC_CMD_WRITE_MARKER, WIC_MARKER_CHANNEL_CLOSED, WIC_MARKER_DAEMON_GONE, WIC_MARKER_DAEMON_STOPPING,
-    WIC_MARKER_TIMEOUT, WIC_MAX_COMMANDS, WIC_MAX_RANGES, WIC_MAX_RANGE_BYTES, WIC_MAX_SPACES, WIC_MAX_WRITE_BYTES,
+    WIC_MARKER_TIMEOUT, WIC_MAX_COMMANDS, WIC_MAX_GPU_ID, WIC_MAX_RANGES, WIC_MAX_RANGE_BYTES, WIC_MAX_SPACES, WIC_MAX_WRITE_BYTES,
     WIC_PAGE_SIZE, WIC_RANGE_PAT, WIC_RANGE_PCM,
 };
 
 use crate::shim::RangeEntry;
 
-/// "@gpu_id: the GPU the command concerns, 0 to 63".
-const GPUS: u32 = 64;
 
 /// The four error markers a `WIC_CMD_WRITE_MARKER` (or a `WIC_CMD_COMPLETE` without data) may
 /// write.
@@ -39,7 +37,8 @@ pub fn command(cmd: &WicCommand, space: Option<&[RangeEntry]>) -> Result<(), i32
     if !(WIC_CMD_WRITE_DATA..=WIC_CMD_COMPLETE).contains(&op) {
         return Err(EINVAL);
     }
-    if cmd.gpu_id >= GPUS {
+    // "@gpu_id: the GPU the command concerns, 1 to WIC_MAX_GPU_ID".
+    if cmd.gpu_id == 0 || cmd.gpu_id > WIC_MAX_GPU_ID {
         return Err(ENODEV);
     }
     // A completion fills with data when it has a length, else with a marker.

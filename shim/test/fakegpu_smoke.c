@@ -170,15 +170,17 @@ static void test_events_args(int fd)
 
 static void test_page_state_args(int fd)
 {
-	struct wic_fakegpu_page_state ps = { .gpu_id = 0, .va = VA_A };
+	struct wic_fakegpu_page_state ps = { .gpu_id = 1, .va = VA_A };
 	uint32_t flags;
 	int ret;
 
-	ret = page_flags(fd, WIC_FAKEGPU_NR_GPUS, VA_A, &flags);
-	CHECK_ERR(ret, ENODEV, "PAGE_STATE gpu 8");
+	ret = page_flags(fd, 1, VA_A, &flags);
+	CHECK_ERR(ret, ENODEV, "PAGE_STATE gpu 0 (the CPU)");
+	ret = page_flags(fd, WIC_FAKEGPU_NR_GPUS + 1, VA_A, &flags);
+	CHECK_ERR(ret, ENODEV, "PAGE_STATE gpu 257");
 	ret = page_flags(fd, 0xffffffffU, VA_A, &flags);
 	CHECK_ERR(ret, ENODEV, "PAGE_STATE gpu ~0");
-	ret = page_flags(fd, 0, VA_A + 1, &flags);
+	ret = page_flags(fd, 1, VA_A + 1, &flags);
 	CHECK_ERR(ret, EINVAL, "PAGE_STATE unaligned va");
 	ret = ioctl(fd, WIC_FAKEGPU_IOC_PAGE_STATE, NULL);
 	CHECK_ERR(ret, EFAULT, "PAGE_STATE NULL argument");
@@ -198,29 +200,31 @@ static void test_inject_args(int fd)
 	make_entry_va(entries, VA_A);
 	ret = ioctl(fd, WIC_FAKEGPU_IOC_INJECT, NULL);
 	CHECK_ERR(ret, EFAULT, "INJECT NULL argument");
-	ret = inject(fd, 0, entries, 0, verdicts, NULL);
+	ret = inject(fd, 1, entries, 0, verdicts, NULL);
 	CHECK_ERR(ret, EINVAL, "INJECT count 0");
-	ret = inject(fd, 0, entries, WIC_FAKEGPU_MAX_INJECT + 1, verdicts, NULL);
+	ret = inject(fd, 1, entries, WIC_FAKEGPU_MAX_INJECT + 1, verdicts, NULL);
 	CHECK_ERR(ret, EINVAL, "INJECT count 4097");
-	ret = inject(fd, WIC_FAKEGPU_NR_GPUS, entries, 1, verdicts, NULL);
-	CHECK_ERR(ret, ENODEV, "INJECT gpu 8");
+	ret = inject(fd, 1, entries, 1, verdicts, NULL);
+	CHECK_ERR(ret, ENODEV, "INJECT gpu 0 (the CPU)");
+	ret = inject(fd, WIC_FAKEGPU_NR_GPUS + 1, entries, 1, verdicts, NULL);
+	CHECK_ERR(ret, ENODEV, "INJECT gpu 257");
 	ret = inject(fd, 0xffffffffU, entries, 1, verdicts, NULL);
 	CHECK_ERR(ret, ENODEV, "INJECT gpu ~0");
-	ret = inject(fd, 0, NULL, 1, verdicts, NULL);
+	ret = inject(fd, 1, NULL, 1, verdicts, NULL);
 	CHECK_ERR(ret, EFAULT, "INJECT NULL entries");
-	ret = inject(fd, 0, (const uint8_t *)8, 1, verdicts, NULL);
+	ret = inject(fd, 1, (const uint8_t *)8, 1, verdicts, NULL);
 	CHECK_ERR(ret, EFAULT, "INJECT bad entries");
 
 	/* Nothing above reached the classify step. */
 	ret = read_events(fd, buf, 4, 0, &count, NULL);
 	CHECK(ret == 0 && count == 0, "rejected injections logged %u events", count);
-	ret = page_flags(fd, 0, VA_A, &flags);
+	ret = page_flags(fd, 1, VA_A, &flags);
 	CHECK(ret == 0 && flags == 0, "rejected injection mapped the page (%#x)", flags);
 
 	/* A bad verdicts pointer is found after classifying: the fault was serviced. */
-	ret = inject(fd, 0, entries, 1, (uint8_t *)8, NULL);
+	ret = inject(fd, 1, entries, 1, (uint8_t *)8, NULL);
 	CHECK_ERR(ret, EFAULT, "INJECT bad verdicts");
-	ret = page_flags(fd, 0, VA_A, &flags);
+	ret = page_flags(fd, 1, VA_A, &flags);
 	CHECK(ret == 0 && flags == WIC_FAKEGPU_PAGE_MAPPED,
 	      "fault with bad verdicts pointer not serviced (%#x)", flags);
 
@@ -228,7 +232,7 @@ static void test_inject_args(int fd)
 	CHECK_ERR(ret, EINVAL, "RESET with an argument");
 	ret = ioctl(fd, WIC_FAKEGPU_IOC_RESET, 0);
 	CHECK_OK(ret, "RESET");
-	ret = page_flags(fd, 0, VA_A, &flags);
+	ret = page_flags(fd, 1, VA_A, &flags);
 	CHECK(ret == 0 && flags == 0, "RESET left the page mapped (%#x)", flags);
 	ret = read_events(fd, buf, 4, 0, &count, NULL);
 	CHECK(ret == 0 && count == 0, "RESET left %u events", count);
@@ -338,7 +342,7 @@ static void test_overflow(int fd)
 	for (i = 0; i < WIC_FAKEGPU_MAX_INJECT; i++)
 		make_entry_va(entries + i * WIC_FAKEGPU_FAULT_ENTRY_SIZE, VA_A);
 	for (i = 0; i < batches; i++) {
-		ret = inject(fd, 0, entries, WIC_FAKEGPU_MAX_INJECT, verdicts, NULL);
+		ret = inject(fd, 1, entries, WIC_FAKEGPU_MAX_INJECT, verdicts, NULL);
 		CHECK_OK(ret, "INJECT of a full batch");
 	}
 	do {

@@ -61,8 +61,8 @@ MODULE_PARM_DESC(strict_write,
  * @file: the file; the references that uvm_wic_space_get() hands out are references to it
  * @mm: the opener's address space (mmgrab()bed), or NULL when a kernel thread opened the file
  * @lock: serialises changes to @pages and @nr_pages (process context only)
- * @pages: per fake GPU, page index (va >> 12) to xa_mk_value(WIC_FAKEGPU_PAGE_* flags); only
- *	mapped pages have an entry
+ * @pages: per fake GPU (GPU id - 1), page index (va >> 12) to xa_mk_value(WIC_FAKEGPU_PAGE_*
+ *	flags); only mapped pages have an entry
  * @nr_pages: entries in all of @pages
  */
 struct uvm_wic_space {
@@ -77,8 +77,14 @@ struct uvm_wic_space {
 static const struct uvm_wic_ops __rcu *wic_ops;
 static DEFINE_MUTEX(wic_ops_lock);
 
-/* The fake ISR locks, one per GPU, held around classify. */
+/* The fake ISR locks, one per GPU (GPU id - 1), held around classify. */
 static spinlock_t wic_isr_lock[WIC_FAKEGPU_NR_GPUS];
+
+/* Whether @gpu_id names a fake GPU: nvidia-uvm's ids, 1 to WIC_FAKEGPU_NR_GPUS (0 is the CPU). */
+static bool wic_gpu_valid(u32 gpu_id)
+{
+	return gpu_id >= 1 && gpu_id <= WIC_FAKEGPU_NR_GPUS;
+}
 
 /*
  * The event log: a ring of WIC_FAKEGPU_LOG_EVENTS events. wic_log_head and wic_log_tail count
@@ -140,7 +146,7 @@ static void wic_log_reset(void)
 /* Check a range of whole pages on a GPU. */
 static int wic_check_range(u32 gpu_id, u64 va, u64 len)
 {
-	if (gpu_id >= WIC_FAKEGPU_NR_GPUS)
+	if (!wic_gpu_valid(gpu_id))
 		return -ENODEV;
 	if (!len || ((va | len) & (WIC_FAKEGPU_PAGE_SIZE - 1)))
 		return -EINVAL;
@@ -157,7 +163,7 @@ static int wic_check_range(u32 gpu_id, u64 va, u64 len)
 static int wic_pages_set(struct uvm_wic_space *space, u32 gpu_id, unsigned long first,
 			 unsigned long last, unsigned long set, unsigned long clear)
 {
-	struct xarray *xa = &space->pages[gpu_id];
+	struct xarray *xa = &space->pages[gpu_id - 1];
 	unsigned long index = first;
 	int ret = 0;
 	void *old;
@@ -196,7 +202,7 @@ static int wic_pages_set(struct uvm_wic_space *space, u32 gpu_id, unsigned long 
 static void wic_pages_clear(struct uvm_wic_space *space, u32 gpu_id, unsigned long first,
 			    unsigned long last, unsigned long clear)
 {
-	struct xarray *xa = &space->pages[gpu_id];
+	struct xarray *xa = &space->pages[gpu_id - 1];
 	unsigned long index;
 	void *entry;
 
@@ -220,12 +226,12 @@ static void wic_pages_clear(struct uvm_wic_space *space, u32 gpu_id, unsigned lo
 static bool wic_pages_mapped(struct uvm_wic_space *space, unsigned long first,
 			     unsigned long last)
 {
-	u32 gpu_id;
+	u32 i;
 
-	for (gpu_id = 0; gpu_id < WIC_FAKEGPU_NR_GPUS; gpu_id++) {
+	for (i = 0; i < WIC_FAKEGPU_NR_GPUS; i++) {
 		unsigned long index = first;
 
-		if (xa_find(&space->pages[gpu_id], &index, last, XA_PRESENT))
+		if (xa_find(&space->pages[i], &index, last, XA_PRESENT))
 			return true;
 	}
 	return false;
@@ -306,7 +312,7 @@ static long wic_ioctl_inject(struct uvm_wic_space *space, struct wic_fakegpu_inj
 
 	if (copy_from_user(&args, uarg, sizeof(args)))
 		return -EFAULT;
-	if (args.gpu_id >= WIC_FAKEGPU_NR_GPUS)
+	if (!wic_gpu_valid(args.gpu_id))
 		return -ENODEV;
 	if (!args.count || args.count > WIC_FAKEGPU_MAX_INJECT)
 		return -EINVAL;
@@ -331,7 +337,7 @@ static long wic_ioctl_inject(struct uvm_wic_space *space, struct wic_fakegpu_inj
 		memcpy(faults[i].raw, entry, UVM_WIC_FAULT_ENTRY_SIZE);
 	}
 
-	spin_lock_bh(&wic_isr_lock[args.gpu_id]);
+	spin_lock_bh(&wic_isr_lock[args.gpu_id - 1]);
 	rcu_read_lock();
 	ops = rcu_dereference(wic_ops);
 	args.injected_ns = ktime_get_ns();
@@ -349,7 +355,7 @@ static long wic_ioctl_inject(struct uvm_wic_space *space, struct wic_fakegpu_inj
 		}
 	}
 	rcu_read_unlock();
-	spin_unlock_bh(&wic_isr_lock[args.gpu_id]);
+	spin_unlock_bh(&wic_isr_lock[args.gpu_id - 1]);
 
 	if (invalid)
 		pr_warn_ratelimited("classify returned %u invalid verdicts, taken as pass\n",
@@ -453,11 +459,11 @@ static long wic_ioctl_page_state(struct uvm_wic_space *space,
 
 	if (copy_from_user(&args, uarg, sizeof(args)))
 		return -EFAULT;
-	if (args.gpu_id >= WIC_FAKEGPU_NR_GPUS)
+	if (!wic_gpu_valid(args.gpu_id))
 		return -ENODEV;
 	if (args.va & (WIC_FAKEGPU_PAGE_SIZE - 1))
 		return -EINVAL;
-	entry = xa_load(&space->pages[args.gpu_id], args.va >> WIC_FAKEGPU_PAGE_SHIFT);
+	entry = xa_load(&space->pages[args.gpu_id - 1], args.va >> WIC_FAKEGPU_PAGE_SHIFT);
 	args.flags = entry ? xa_to_value(entry) : 0;
 	if (copy_to_user(uarg, &args, sizeof(args)))
 		return -EFAULT;
@@ -786,7 +792,7 @@ EXPORT_SYMBOL_GPL(uvm_wic_revoke_write);
 int uvm_wic_replay(u32 gpu_id)
 {
 	might_sleep();
-	if (gpu_id >= WIC_FAKEGPU_NR_GPUS)
+	if (!wic_gpu_valid(gpu_id))
 		return -ENODEV;
 	wic_log_event(WIC_FAKEGPU_EVENT_REPLAY, gpu_id, 0, 0, 0);
 	return 0;

@@ -25,8 +25,12 @@
 
 #define WIC_FAKEGPU_DEVICE "/dev/wic_fakegpu"
 
-/* Fake GPU ids are 0 .. WIC_FAKEGPU_NR_GPUS - 1; other ids fail with ENODEV. */
-#define WIC_FAKEGPU_NR_GPUS 8
+/*
+ * Fake GPU ids are nvidia-uvm's ids of GPUs, 1 .. WIC_FAKEGPU_NR_GPUS: parent GPU index * 8 +
+ * MIG sub-index + 1 (65 is the 9th parent GPU, 64 sub-index 7 of the 8th). Other ids fail with
+ * ENODEV, 0 (the CPU's id in nvidia-uvm) included.
+ */
+#define WIC_FAKEGPU_NR_GPUS 256
 /* The gpu_id of events that concern no GPU (WIC_FAKEGPU_EVENT_WRITE). */
 #define WIC_FAKEGPU_GPU_NONE 0xffffffffU
 

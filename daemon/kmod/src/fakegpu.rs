@@ -14,8 +14,8 @@ use wic_proto::kabi::StructLayout;
 
 /// `WIC_FAKEGPU_DEVICE`.
 pub const DEVICE: &str = "/dev/wic_fakegpu";
-/// `WIC_FAKEGPU_NR_GPUS`.
-pub const NR_GPUS: u32 = 8;
+/// `WIC_FAKEGPU_NR_GPUS`: fake GPU ids are nvidia-uvm's, 1 to this (0 is the CPU's id).
+pub const NR_GPUS: u32 = 256;
 /// `WIC_FAKEGPU_GPU_NONE`.
 pub const GPU_NONE: u32 = u32::MAX;
 /// `WIC_FAKEGPU_PAGE_SHIFT`.

@@ -18,7 +18,7 @@ use wic_engine::{Command, Fill};
 use wic_kmod::fakegpu::{self, FakeGpu};
 use wic_kmod::Submission;
 
-use crate::rig::{ensure, fault, host_spec, wait_events, Daemon, Memory};
+use crate::rig::{ensure, fault, host_spec, wait_events, Daemon, Memory, GPU};
 
 const SLOTS: u32 = 256;
 const WARMUP: usize = 20;
@@ -82,7 +82,7 @@ fn measure(submission: Submission, batch: usize, rounds: usize) -> Result<Vec<u6
     let outcome = (|| {
         for round in 0..WARMUP + rounds {
             let entries: Vec<_> = (0..batch).map(|s| fault(runs[s][generation[s] % 2], AccessType::Read)).collect();
-            let (verdicts, injected) = fake.inject(0, &entries).map_err(|e| e.to_string())?;
+            let (verdicts, injected) = fake.inject(GPU, &entries).map_err(|e| e.to_string())?;
             ensure(verdicts.iter().all(|v| *v == fakegpu::VERDICT_HOLD), || "a fault was not held".into())?;
             let events = wait_events(&fake, Duration::from_secs(10), |seen| {
                 seen.iter().filter(|e| e.kind == fakegpu::EVENT_MAP).count() == batch

@@ -18,7 +18,7 @@ use wic_kmod::Submission;
 use wic_proto::kabi::WIC_MARKER_DAEMON_GONE;
 
 use crate::deliver::deliver_one;
-use crate::rig::{ensure, fault, host_spec, wait_events, Daemon, Memory};
+use crate::rig::{ensure, fault, host_spec, wait_events, Daemon, Memory, GPU};
 
 /// The argument that makes this binary the daemon to be killed.
 pub const HOLDER_ARG: &str = "--hold-as-daemon";
@@ -51,7 +51,7 @@ pub fn run() -> Result<(), String> {
     fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
     let pages: Vec<u64> = runs.iter().flat_map(|run| (0..16).map(move |p| run + p * 4096)).collect();
     let entries: Vec<_> = pages.iter().map(|va| fault(*va, AccessType::Read)).collect();
-    let (verdicts, _) = fake.inject(0, &entries).map_err(|e| format!("inject: {e}"))?;
+    let (verdicts, _) = fake.inject(GPU, &entries).map_err(|e| format!("inject: {e}"))?;
     ensure(verdicts.iter().all(|v| *v == fakegpu::VERDICT_HOLD), || format!("not all held: {verdicts:?}"))?;
     let confirmed = lines.next().and_then(Result::ok).unwrap_or_default();
     ensure(confirmed == format!("held {}", pages.len()), || format!("holder said {confirmed:?}"))?;
@@ -76,7 +76,7 @@ pub fn run() -> Result<(), String> {
     let mut daemon = Daemon::open(Submission::Uring)?;
     let space = daemon.backend.device().attach(fake.fd()).map_err(|e| format!("attach: {e}"))?;
     let (layout, placed) = daemon.channel(host_spec(1, 512), space, &mut memory)?;
-    deliver_one(&fake, &mut daemon, &memory, &layout, &placed, 0)
+    deliver_one(&fake, &mut daemon, &memory, &layout, &placed, 0, GPU)
 }
 
 /// The daemon to be killed: attaches the inherited space, places the channel at the given

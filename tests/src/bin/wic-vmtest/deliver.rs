@@ -10,7 +10,10 @@ use wic_engine::{ChannelLayout, ChannelSpec, Command, DataSource, Fill, Producer
 use wic_kmod::fakegpu::{self, FakeGpu};
 use wic_kmod::{PlacedChannel, Submission};
 
-use crate::rig::{ensure, fault, host_spec, wait_events, Daemon, Memory};
+use crate::rig::{ensure, fault, host_spec, wait_events, Daemon, Memory, GPU};
+
+/// The producer GPU of the PAT case: the second GPU of the first parent (MIG).
+const PRODUCER_GPU: u32 = 2;
 
 pub fn run() -> Result<(), String> {
     let fake = FakeGpu::open().map_err(|e| format!("open {}: {e}", fakegpu::DEVICE))?;
@@ -18,11 +21,20 @@ pub fn run() -> Result<(), String> {
     let mut daemon = Daemon::open(Submission::Uring)?;
     let space = daemon.backend.device().attach(fake.fd()).map_err(|e| format!("attach: {e}"))?;
     let (layout, placed) = daemon.channel(host_spec(2, 512), space, &mut memory)?;
-    deliver_one(&fake, &mut daemon, &memory, &layout, &placed, 0)?;
+    deliver_one(&fake, &mut daemon, &memory, &layout, &placed, 0, GPU)?;
+
+    // GPU ids are nvidia-uvm's, up to 256: the 9th parent GPU (65) and sub-index 7 of the 8th
+    // parent (64, MIG) are held, recorded and completed like the first GPU's.
+    for gpu in [65u32, 64] {
+        let spec = ChannelSpec { consumer_gpu: gpu as u16, ..host_spec(1, 512) };
+        let (layout, placed) = daemon.channel(spec, space, &mut memory)?;
+        deliver_one(&fake, &mut daemon, &memory, &layout, &placed, 0, gpu).map_err(|e| format!("GPU {gpu}: {e}"))?;
+        daemon.backend.unplace(&placed).map_err(|e| e.to_string())?;
+    }
 
     // A page nobody registered is not held: nvidia-uvm services it as usual.
     let stranger = memory.take(4096)?;
-    let (verdicts, _) = fake.inject(0, &[fault(stranger, AccessType::Read)]).map_err(|e| e.to_string())?;
+    let (verdicts, _) = fake.inject(GPU, &[fault(stranger, AccessType::Read)]).map_err(|e| e.to_string())?;
     ensure(verdicts == [fakegpu::VERDICT_PASS], || format!("an unregistered page was {verdicts:?}"))?;
 
     pat_marks_the_tag_available(&fake, &mut daemon, space, &mut memory)?;
@@ -30,7 +42,8 @@ pub fn run() -> Result<(), String> {
     daemon.backend.device().detach(space).map_err(|e| e.to_string())
 }
 
-/// One warp of `slot`'s next batch faults, the host publishes, the data arrives.
+/// One warp of `slot`'s next batch faults on `gpu` (the channel's consumer GPU), the host
+/// publishes, the data arrives.
 pub fn deliver_one(
     fake: &FakeGpu,
     daemon: &mut Daemon,
@@ -38,6 +51,7 @@ pub fn deliver_one(
     layout: &ChannelLayout,
     placed: &PlacedChannel,
     slot: usize,
+    gpu: u32,
 ) -> Result<(), String> {
     let run = placed.placement.process_va(layout.slots[slot].runs[0]).ok_or("run not placed")?;
     let companion = placed.placement.process_va(layout.slots[slot].runs[1]).ok_or("companion not placed")?;
@@ -45,12 +59,12 @@ pub fn deliver_one(
     fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
 
     // The last warp of the batch reads the run's last page: held, recorded, not serviced.
-    let (verdicts, _) = fake.inject(0, &[fault(run + run_bytes - 4096, AccessType::Read)]).map_err(|e| format!("inject: {e}"))?;
+    let (verdicts, _) = fake.inject(gpu, &[fault(run + run_bytes - 4096, AccessType::Read)]).map_err(|e| format!("inject: {e}"))?;
     ensure(verdicts == [fakegpu::VERDICT_HOLD], || format!("the PCM fault was {verdicts:?}, not held"))?;
     let held_before = daemon.engine.held();
     ensure(daemon.take_faults() == 1, || "no record in the fault ring".into())?;
     ensure(daemon.engine.held() == held_before + 1, || "the engine does not hold the request".into())?;
-    ensure(fake.page_state(0, run).map_err(|e| format!("page state: {e}"))? & fakegpu::PAGE_MAPPED == 0, || "held page is mapped".into())?;
+    ensure(fake.page_state(gpu, run).map_err(|e| format!("page state: {e}"))? & fakegpu::PAGE_MAPPED == 0, || "held page is mapped".into())?;
 
     // The host publishes: the engine asks for the data, the companion unmap, the map, a replay.
     let now = daemon.now();
@@ -70,23 +84,23 @@ pub fn deliver_one(
     ensure(kinds == expected, || format!("fake GPU saw {events:?}, expected kinds {expected:?}"))?;
     let first_word = u64::from_le_bytes(bytes[..8].try_into().unwrap());
     ensure(events[0].va == run && events[0].length == len && events[0].data0 == first_word, || format!("write {:?}", events[0]))?;
-    ensure(events[1].va == companion && events[1].length == run_bytes && events[1].gpu_id == 0, || format!("unmap {:?}", events[1]))?;
-    ensure(events[2].va == run && events[2].length == run_bytes && events[2].gpu_id == 0, || format!("map {:?}", events[2]))?;
-    ensure(events[3].gpu_id == 0, || format!("replay {:?}", events[3]))?;
+    ensure(events[1].va == companion && events[1].length == run_bytes && events[1].gpu_id == gpu, || format!("unmap {:?}", events[1]))?;
+    ensure(events[2].va == run && events[2].length == run_bytes && events[2].gpu_id == gpu, || format!("map {:?}", events[2]))?;
+    ensure(events[3].gpu_id == gpu, || format!("replay {:?}", events[3]))?;
     ensure(memory.read(run, len as usize) == bytes, || "the page does not hold exactly the producer's bytes".into())?;
-    let state = |va| fake.page_state(0, va).map_err(|e| format!("page state: {e}"));
+    let state = |va| fake.page_state(gpu, va).map_err(|e| format!("page state: {e}"));
     ensure(state(run)? & fakegpu::PAGE_MAPPED != 0, || "the run is not mapped".into())?;
     ensure(state(companion)? & fakegpu::PAGE_MAPPED == 0, || "the companion is still mapped".into())?;
     ensure(daemon.engine.held() == held_before, || "the engine still holds the request".into())
 }
 
 fn pat_marks_the_tag_available(fake: &FakeGpu, daemon: &mut Daemon, space: u32, memory: &mut Memory) -> Result<(), String> {
-    let spec = ChannelSpec { producer: Producer::Gpu { gpu: 1, base_va: 0x9000_0000 }, ..host_spec(1, 512) };
+    let spec = ChannelSpec { producer: Producer::Gpu { gpu: PRODUCER_GPU as u16, base_va: 0x9000_0000 }, ..host_spec(1, 512) };
     let (layout, placed) = daemon.channel(spec, space, memory)?;
     let pat = placed.placement.process_va(layout.slots[0].pat.ok_or("no PAT pages")?[0]).ok_or("PAT page not placed")?;
     fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
     let (before, tags_before) = (daemon.engine.stats().pat_publishes, daemon.engine.available_tags());
-    let (verdicts, _) = fake.inject(1, &[fault(pat, AccessType::Write)]).map_err(|e| e.to_string())?;
+    let (verdicts, _) = fake.inject(PRODUCER_GPU, &[fault(pat, AccessType::Write)]).map_err(|e| e.to_string())?;
     ensure(verdicts == [fakegpu::VERDICT_HOLD], || format!("the PAT fault was {verdicts:?}, not held"))?;
     ensure(daemon.take_faults() == 1, || "no record for the PAT fault".into())?;
     ensure(daemon.engine.stats().pat_publishes == before + 1, || "the PAT fault published nothing".into())?;
@@ -94,9 +108,9 @@ fn pat_marks_the_tag_available(fake: &FakeGpu, daemon: &mut Daemon, space: u32, 
     daemon.execute()?;
     let events = wait_events(fake, Duration::from_secs(5), |seen| seen.iter().any(|e| e.kind == fakegpu::EVENT_REPLAY))?;
     ensure(
-        events.iter().any(|e| e.kind == fakegpu::EVENT_MAP_WRITABLE && e.va == pat && e.gpu_id == 1),
+        events.iter().any(|e| e.kind == fakegpu::EVENT_MAP_WRITABLE && e.va == pat && e.gpu_id == PRODUCER_GPU),
         || format!("the PAT page was not released writable: {events:?}"),
     )?;
-    ensure(fake.page_state(1, pat).map_err(|e| e.to_string())? & fakegpu::PAGE_WRITABLE != 0, || "PAT page not writable".into())?;
+    ensure(fake.page_state(PRODUCER_GPU, pat).map_err(|e| e.to_string())? & fakegpu::PAGE_WRITABLE != 0, || "PAT page not writable".into())?;
     daemon.backend.unplace(&placed).map_err(|e| e.to_string())
 }

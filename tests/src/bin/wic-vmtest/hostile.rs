@@ -23,6 +23,8 @@ use wic_proto::kabi::{self, WicAttach, WicCommand, WicFaultRecord, WicRange, Wic
 
 const DEVICE: &str = "/dev/wic";
 const PAGE: u64 = kabi::WIC_PAGE_SIZE;
+/// The GPU commands name: nvidia-uvm's id of the first GPU.
+const GPU: u32 = crate::rig::GPU;
 const PAGE_BYTES: usize = kabi::WIC_PAGE_SIZE as usize;
 const PCM: u32 = kabi::WIC_RANGE_PCM;
 const PAT: u32 = kabi::WIC_RANGE_PAT;
@@ -252,7 +254,7 @@ fn uring_submit(ring: &mut IoUring, fd: RawFd, cmd_op: u32, mut cmds: Cmds<'_>, 
 }
 
 fn command(opcode: u32, space_id: u32, va: u64, pages: u32) -> WicCommand {
-    WicCommand { opcode, space_id, gpu_id: 0, pages, va, ..Default::default() }
+    WicCommand { opcode, space_id, gpu_id: GPU, pages, va, ..Default::default() }
 }
 
 fn replay(gpu_id: u32) -> WicCommand {
@@ -402,14 +404,14 @@ fn negotiate(c: &mut Checker, fd: RawFd, fake: &FakeGpu, ring: &mut IoUring) -> 
         c.refused(&format!("DETACH {when}"), detach(fd, 1), Errno::EPROTO)?;
         c.refused(&format!("REGISTER {when}"), register_raw(fd, range), Errno::EPROTO)?;
         c.refused(&format!("UNREGISTER {when}"), unregister(fd, 1), Errno::EPROTO)?;
-        let mut cmds = [replay(0)];
+        let mut cmds = [replay(GPU)];
         c.refused(&format!("SUBMIT {when}"), submit(fd, Cmds::Live(&mut cmds), 1, 0), Errno::EPROTO)?;
         c.refused(&format!("mmap of the ring {when}"), Mapping::device(fd, PAGE_BYTES, 0), Errno::EPROTO)?;
         Ok(())
     };
     before(c, "before VERSION", &mut range)?;
     c.refused("unknown ioctl before VERSION", ioctl_at(fd, IOC_UNKNOWN, 0), Errno::EPROTO)?;
-    let mut cmds = [replay(0)];
+    let mut cmds = [replay(GPU)];
     let cqe = uring_submit(ring, fd, kabi::WIC_IOC_SUBMIT, Cmds::Live(&mut cmds), 1, 0)?;
     c.status("io_uring SUBMIT before VERSION", cqe, neg(Errno::EPROTO))?;
     c.refused("VERSION with an unmapped argument", ioctl_at(fd, kabi::WIC_IOC_VERSION, LOW_ADDR), Errno::EFAULT)?;
@@ -669,9 +671,9 @@ fn unregister_detach_cases(c: &mut Checker, fd: RawFd, st: &State) -> Result<(),
 /// `WIC_IOC_SUBMIT` batches refused as a whole: nothing may reach the GPU.
 fn batch_cases(c: &mut Checker, fd: RawFd, fake: &FakeGpu) -> Result<(), String> {
     fake.reset().map_err(|e| format!("fake GPU reset: {e}"))?;
-    let mut one = [replay(0)];
+    let mut one = [replay(GPU)];
     c.refused("SUBMIT count 0", submit(fd, Cmds::Live(&mut one), 0, 0), Errno::EINVAL)?;
-    let mut many = vec![replay(0); kabi::WIC_MAX_COMMANDS as usize + 1];
+    let mut many = vec![replay(GPU); kabi::WIC_MAX_COMMANDS as usize + 1];
     c.refused(
         "SUBMIT count WIC_MAX_COMMANDS + 1",
         submit(fd, Cmds::Live(&mut many), kabi::WIC_MAX_COMMANDS + 1, 0),
@@ -691,7 +693,7 @@ fn batch_cases(c: &mut Checker, fd: RawFd, fake: &FakeGpu) -> Result<(), String>
     let read_only = Mapping::anonymous(1)?;
     // SAFETY: the start of a fresh writable page of ours, aligned for a command; nothing else
     // refers to it.
-    unsafe { ptr::write(read_only.addr.cast::<WicCommand>(), replay(0)) };
+    unsafe { ptr::write(read_only.addr.cast::<WicCommand>(), replay(GPU)) };
     // SAFETY: a protection change of our own page, which no reference points into.
     if unsafe { libc::mprotect(read_only.addr.cast(), PAGE_BYTES, libc::PROT_READ) } != 0 {
         return Err(format!("mprotect: {}", Errno::last()));
@@ -704,7 +706,7 @@ fn batch_cases(c: &mut Checker, fd: RawFd, fake: &FakeGpu) -> Result<(), String>
     let at = edge.page(0) + PAGE - std::mem::size_of::<WicCommand>() as u64;
     // SAFETY: the last command-sized, aligned slot of a writable page of ours that nothing
     // else refers to; the module writes only the result field in it.
-    unsafe { ptr::write(at as *mut WicCommand, replay(0)) };
+    unsafe { ptr::write(at as *mut WicCommand, replay(GPU)) };
     c.equal("SUBMIT of 2 commands, the second unmapped: the count", submit(fd, Cmds::Raw(at), 2, 0), Ok(1))?;
     let result = edge.read(PAGE_BYTES - std::mem::size_of::<WicCommand>() + std::mem::offset_of!(WicCommand, result), 4);
     c.status("SUBMIT of 2 commands, the second unmapped: the first's result", i32::from_ne_bytes(result.try_into().unwrap()), 0)?;
@@ -735,15 +737,16 @@ fn command_cases(c: &mut Checker, fd: RawFd, fake: &FakeGpu, ring: &mut IoUring,
         ("opcode 9, one past COMPLETE", WicCommand { opcode: 9, ..map }, einval),
         ("opcode u32::MAX", WicCommand { opcode: u32::MAX, ..map }, einval),
         ("reserved != 0", WicCommand { reserved: 1, ..map }, einval),
-        ("REPLAY with reserved != 0", WicCommand { reserved: 1, ..replay(0) }, einval),
+        ("REPLAY with reserved != 0", WicCommand { reserved: 1, ..replay(GPU) }, einval),
         ("result preset nonzero", WicCommand { result: 5, ..map }, einval),
-        ("REPLAY with result preset nonzero", WicCommand { result: -1, ..replay(0) }, einval),
-        ("REPLAY with length != 0", WicCommand { length: 8, ..replay(0) }, einval),
-        ("REPLAY with arg != 0", WicCommand { arg: 1, ..replay(0) }, einval),
-        ("gpu_id 64", WicCommand { gpu_id: 64, ..map }, neg(Errno::ENODEV)),
+        ("REPLAY with result preset nonzero", WicCommand { result: -1, ..replay(GPU) }, einval),
+        ("REPLAY with length != 0", WicCommand { length: 8, ..replay(GPU) }, einval),
+        ("REPLAY with arg != 0", WicCommand { arg: 1, ..replay(GPU) }, einval),
+        ("gpu_id 0, the CPU's id", WicCommand { gpu_id: 0, ..map }, neg(Errno::ENODEV)),
+        ("gpu_id 257", WicCommand { gpu_id: kabi::WIC_MAX_GPU_ID + 1, ..map }, neg(Errno::ENODEV)),
         ("gpu_id u32::MAX", WicCommand { gpu_id: u32::MAX, ..map }, neg(Errno::ENODEV)),
-        ("REPLAY gpu_id 64", replay(64), neg(Errno::ENODEV)),
-        ("REPLAY of a GPU the fake driver lacks", replay(fakegpu::NR_GPUS), neg(Errno::ENODEV)),
+        ("REPLAY gpu_id 0, the CPU's id", replay(0), neg(Errno::ENODEV)),
+        ("REPLAY gpu_id 257", replay(kabi::WIC_MAX_GPU_ID + 1), neg(Errno::ENODEV)),
         ("stale space id", WicCommand { space_id: st.stale_space, ..map }, neg(Errno::ENOENT)),
         ("space id 0", WicCommand { space_id: 0, ..map }, neg(Errno::ENOENT)),
         ("space id 65", WicCommand { space_id: kabi::WIC_MAX_SPACES + 1, ..map }, neg(Errno::ENOENT)),
@@ -780,7 +783,7 @@ fn command_cases(c: &mut Checker, fd: RawFd, fake: &FakeGpu, ring: &mut IoUring,
         ("MAP with arg != 0", WicCommand { arg: 1, ..map }, einval),
         ("SERVICE_PAT with arg != 0", WicCommand { arg: kabi::WIC_MARKER_TIMEOUT, ..service }, einval),
         ("MAP with companion != 0", WicCommand { companion: st.region.page(5), ..map }, einval),
-        ("REPLAY with companion != 0", WicCommand { companion: PAGE, ..replay(0) }, einval),
+        ("REPLAY with companion != 0", WicCommand { companion: PAGE, ..replay(GPU) }, einval),
         ("COMPLETE with an unaligned companion", WicCommand { companion: st.region.page(5) + 8, ..complete }, einval),
         ("COMPLETE with its own run as companion", WicCommand { companion: a, ..complete }, einval),
         ("COMPLETE with a companion overlapping its run", WicCommand { pages: 2, ..complete }, einval),
@@ -796,7 +799,7 @@ fn command_cases(c: &mut Checker, fd: RawFd, fake: &FakeGpu, ring: &mut IoUring,
         ("COMPLETE of 0x1234 (not a marker)", WicCommand { arg: 0x1234, ..complete }, einval),
         ("COMPLETE with data longer than its run", WicCommand { length: PAGE + 1, arg: data.as_ptr() as u64, ..complete }, einval),
         ("COMPLETE with data from a kernel address", WicCommand { length: 16, arg: KERNEL_ADDR, ..complete }, neg(Errno::EFAULT)),
-        ("a REPLAY of GPU 0 (valid)", replay(0), 0),
+        ("a REPLAY of GPU 1 (valid)", replay(GPU), 0),
     ];
 
     // One command per SUBMIT.
@@ -821,8 +824,8 @@ fn command_cases(c: &mut Checker, fd: RawFd, fake: &FakeGpu, ring: &mut IoUring,
     let events = gpu_events(fake)?;
     c.ensure(
         "rejected commands reach the GPU",
-        events.len() == 1 && events[0].kind == fakegpu::EVENT_REPLAY && events[0].gpu_id == 0,
-        || format!("expected one REPLAY of GPU 0, got {events:?}"),
+        events.len() == 1 && events[0].kind == fakegpu::EVENT_REPLAY && events[0].gpu_id == GPU,
+        || format!("expected one REPLAY of GPU {GPU}, got {events:?}"),
     )?;
     let mut by_uring: Vec<WicCommand> = table.iter().map(|(_, cmd, _)| *cmd).collect();
     let cqe = uring_submit(ring, fd, kabi::WIC_IOC_SUBMIT, Cmds::Live(&mut by_uring), len, 0)?;
@@ -832,9 +835,9 @@ fn command_cases(c: &mut Checker, fd: RawFd, fake: &FakeGpu, ring: &mut IoUring,
     }
 
     // Batch refusals through io_uring, as through ioctl.
-    let mut one = [replay(0)];
+    let mut one = [replay(GPU)];
     c.status("io_uring SUBMIT count 0", uring_submit(ring, fd, kabi::WIC_IOC_SUBMIT, Cmds::Live(&mut one), 0, 0)?, einval)?;
-    let mut many = vec![replay(0); kabi::WIC_MAX_COMMANDS as usize + 1];
+    let mut many = vec![replay(GPU); kabi::WIC_MAX_COMMANDS as usize + 1];
     let cqe = uring_submit(ring, fd, kabi::WIC_IOC_SUBMIT, Cmds::Live(&mut many), kabi::WIC_MAX_COMMANDS + 1, 0)?;
     c.status("io_uring SUBMIT count WIC_MAX_COMMANDS + 1", cqe, einval)?;
     c.status("io_uring SUBMIT flags 1", uring_submit(ring, fd, kabi::WIC_IOC_SUBMIT, Cmds::Live(&mut one), 1, 1)?, einval)?;
@@ -861,7 +864,7 @@ fn command_cases(c: &mut Checker, fd: RawFd, fake: &FakeGpu, ring: &mut IoUring,
         [
             WicCommand { opcode: 0, ..map },
             WicCommand { va: st.region.page(page), arg: bytes.as_ptr() as u64, length: bytes.len() as u64, ..write },
-            WicCommand { gpu_id: 64, ..map },
+            WicCommand { gpu_id: 0, ..map },
             WicCommand { va: st.region.page(page + 1), arg: word, ..marker },
             WicCommand { va: st.region.page(40), ..map },
         ]
@@ -1000,7 +1003,7 @@ fn healthy_after(c: &mut Checker, fake: &FakeGpu) -> Result<(), String> {
     let space = device.attach(fake.fd()).map_err(|e| format!("a fresh session: {e}"))?;
     let region = Mapping::anonymous(1)?;
     device.register(space, PCM, region.page(0), PAGE).map_err(|e| format!("a fresh session: {e}"))?;
-    let mut cmds = [replay(0)];
+    let mut cmds = [replay(GPU)];
     let done = device.submit(&mut cmds).map_err(|e| format!("a fresh session: {e}"))?;
     c.equal("a fresh session: a REPLAY runs", (done, cmds[0].result), (1, 0))?;
     Ok(())

@@ -14,6 +14,9 @@ use wic_kmod::{PlacedChannel, ShimBackend, Submission};
 
 pub const DEVICE: &str = "/dev/wic";
 
+/// The GPU the scenarios' warps run on: nvidia-uvm's id of the first GPU (0 is the CPU).
+pub const GPU: u32 = 1;
+
 /// The application's memory: where channels are placed, readable to check what arrived.
 pub struct Memory {
     base: NonNull<libc::c_void>,
@@ -134,7 +137,7 @@ impl Daemon {
 
 /// A host-producer channel spec.
 pub fn host_spec(slots: u32, message_bytes: u32) -> ChannelSpec {
-    ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes, slots, timeout: 10_000_000_000 }
+    ChannelSpec { consumer_gpu: GPU as u16, producer: Producer::Host, message_bytes, slots, timeout: 10_000_000_000 }
 }
 
 /// The raw entry a warp of `gpu` writes when it reads (or writes) `va`.

@@ -20,7 +20,7 @@ use wic_proto::kabi::{WIC_MARKER_DAEMON_GONE, WIC_MARKER_DAEMON_STOPPING, WIC_MA
 use wic_proto::message::{ChannelSpec, ErrorCode, Producer, Stats};
 
 use crate::death::BOUND;
-use crate::rig::{ensure, fault, wait_events, Memory};
+use crate::rig::{ensure, fault, wait_events, Memory, GPU};
 
 const SOCKET: &str = "/run/wic/wicd.sock";
 const LOG: &str = "/tmp/wicd.log";
@@ -87,7 +87,7 @@ fn log_tail() -> String {
 }
 
 fn spec(slots: u32, timeout_ns: u64) -> ChannelSpec {
-    ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 512, slots, timeout_ns }
+    ChannelSpec { consumer_gpu: GPU as u16, producer: Producer::Host, message_bytes: 512, slots, timeout_ns }
 }
 
 /// An application: a libwic session with its space attached.
@@ -111,7 +111,7 @@ fn placed(client: &Client, memory: &mut Memory, spec: &ChannelSpec) -> Result<(C
 /// Injects read faults on `pages`; all must be held.
 fn hold(fake: &FakeGpu, pages: &[u64]) -> Result<(), String> {
     let entries: Vec<_> = pages.iter().map(|va| fault(*va, AccessType::Read)).collect();
-    let (verdicts, _) = fake.inject(0, &entries).map_err(|e| format!("inject: {e}"))?;
+    let (verdicts, _) = fake.inject(GPU, &entries).map_err(|e| format!("inject: {e}"))?;
     ensure(verdicts.iter().all(|v| *v == fakegpu::VERDICT_HOLD), || format!("not all held: {verdicts:?}"))
 }
 
@@ -207,7 +207,7 @@ fn scenario() -> Result<(), String> {
 
     // A destroyed channel's pages are no longer held.
     short.close().map_err(|e| format!("destroy: {e}"))?;
-    let (verdicts, _) = fake.inject(0, &[fault(short_runs[0], AccessType::Read)]).map_err(|e| e.to_string())?;
+    let (verdicts, _) = fake.inject(GPU, &[fault(short_runs[0], AccessType::Read)]).map_err(|e| e.to_string())?;
     ensure(verdicts == [fakegpu::VERDICT_PASS], || format!("a destroyed channel's page was {verdicts:?}"))?;
 
     // A client that goes away takes its channels and space with it.
@@ -218,7 +218,7 @@ fn scenario() -> Result<(), String> {
     drop(other);
     let deadline = Instant::now() + PATIENCE;
     loop {
-        let (verdicts, _) = other_fake.inject(0, &[fault(orphan_runs[0], AccessType::Read)]).map_err(|e| e.to_string())?;
+        let (verdicts, _) = other_fake.inject(GPU, &[fault(orphan_runs[0], AccessType::Read)]).map_err(|e| e.to_string())?;
         if verdicts == [fakegpu::VERDICT_PASS] {
             break;
         }
@@ -275,7 +275,7 @@ fn c_placed(fake: &FakeGpu, memory: &mut Memory) -> Result<(*mut Client, *mut Ch
     let check = |what: &str, rc: i32| ensure(rc == abi::WIC_OK, || format!("{what}: {rc}"));
     let socket = std::ffi::CString::new(SOCKET).expect("no NUL");
     let spec = abi::WicChannelSpec {
-        consumer_gpu: 0,
+        consumer_gpu: GPU as u16,
         producer_kind: abi::WIC_PRODUCER_HOST,
         producer_gpu: 0,
         reserved: 0,

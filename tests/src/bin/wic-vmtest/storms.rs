@@ -13,7 +13,7 @@ use wic_engine::{ChannelLayout, ErrorMarker, RawFaultEntry};
 use wic_kmod::fakegpu::{self, FakeGpu};
 use wic_kmod::{PlacedChannel, Submission};
 
-use crate::rig::{ensure, fault, host_spec, wait_events, Daemon, Memory};
+use crate::rig::{ensure, fault, host_spec, wait_events, Daemon, Memory, GPU};
 
 const PAGE: u64 = 4096;
 
@@ -125,16 +125,16 @@ fn storm(
     for (run, bytes) in &expected {
         ensure(memory.read(*run, bytes.len()) == *bytes, || format!("run {run:#x} does not hold its producer's bytes"))?;
         for page in 0..pages {
-            let state = fake.page_state(0, run + page * PAGE).map_err(|e| format!("page state: {e}"))?;
+            let state = fake.page_state(GPU, run + page * PAGE).map_err(|e| format!("page state: {e}"))?;
             ensure(state & fakegpu::PAGE_MAPPED != 0, || format!("page {page} of run {run:#x} is not mapped"))?;
         }
     }
     Ok(())
 }
 
-/// Injects `faults` on GPU 0; each must be held, recorded or not.
+/// Injects `faults` on [`GPU`]; each must be held, recorded or not.
 fn inject_held(fake: &FakeGpu, faults: &[RawFaultEntry]) -> Result<(), String> {
-    let (verdicts, _) = fake.inject(0, faults).map_err(|e| format!("inject: {e}"))?;
+    let (verdicts, _) = fake.inject(GPU, faults).map_err(|e| format!("inject: {e}"))?;
     ensure(verdicts.iter().all(|&v| v == fakegpu::VERDICT_HOLD), || {
         format!("{} of {} faults not held", verdicts.iter().filter(|&&v| v != fakegpu::VERDICT_HOLD).count(), faults.len())
     })
