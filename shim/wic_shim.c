@@ -16,6 +16,7 @@
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
+#include <linux/bitmap.h>
 #include <linux/file.h>
 #include <linux/fs.h>
 #include <linux/hash.h>
@@ -52,10 +53,14 @@ MODULE_PARM_DESC(ring_entries, "Fault-ring records, a power of two from 256 to 6
  * struct wic_space_entry - an attached VA space
  * @uvm: the reference taken with uvm_wic_space_get()
  * @ranges: its registered ranges
+ * @held_gpus: the GPUs on which a fault of this space got a HOLD verdict, recorded or not;
+ *	each is replayed when the space's held faults are completed at detach or release, so
+ *	that faults held unrecorded (ring or held table full) fault again
  */
 struct wic_space_entry {
 	struct uvm_wic_space *uvm;
 	struct wic_range_list ranges;
+	DECLARE_BITMAP(held_gpus, WIC_GPU_BITS);
 };
 
 /**
@@ -222,6 +227,7 @@ static enum uvm_wic_verdict wic_classify(const struct uvm_wic_fault *fault)
 		s->ring->dropped++;
 		goto out;
 	}
+	__set_bit(fault->gpu_id, s->spaces[space_id - 1].held_gpus);
 	if (wic_held_find(s, fault->va, space_id, fault->gpu_id))
 		goto out;
 	recorded = wic_record_fault(s, fault, space_id, range);
@@ -268,18 +274,50 @@ static u32 wic_take_held(struct wic_session *s, u32 space_id, u64 start, u64 end
 }
 
 /*
- * Completes the held faults of @space_id (0: every space) in [start, end) without data:
- * writes @marker into each PCM page and maps it, maps each PAT page writable, then replays
- * every GPU concerned. A held fault must end this way, never be cancelled: cancelling kills
- * the application's CUDA context.
+ * Moves the GPUs on which @space_id (0: every space) held faults into @replay; under @lock,
+ * so that a fault held before this is in @replay and one held after in the space's bitmap.
  */
-static void wic_complete_held(struct wic_session *s, u32 space_id, u64 start, u64 end, u64 marker)
+static void wic_take_held_gpus(struct wic_session *s, u32 space_id, unsigned long *replay)
+{
+	unsigned long flags;
+	u32 i;
+
+	spin_lock_irqsave(&s->lock, flags);
+	for (i = 0; i < WIC_MAX_SPACES; i++) {
+		if (space_id && i != space_id - 1)
+			continue;
+		bitmap_or(replay, replay, s->spaces[i].held_gpus, WIC_GPU_BITS);
+		bitmap_zero(s->spaces[i].held_gpus, WIC_GPU_BITS);
+	}
+	spin_unlock_irqrestore(&s->lock, flags);
+}
+
+/**
+ * wic_complete_held() - complete held faults without data
+ * @s: the session
+ * @space_id: the space whose faults to complete, 0 for every space
+ * @start: first byte of the pages concerned
+ * @end: one past their last byte
+ * @marker: the WIC_MARKER_* word written into each PCM page
+ * @all_gpus: also replay every GPU on which the space(s) held a fault, recorded or not
+ *
+ * Writes @marker into each held PCM page and maps it, maps each held PAT page writable, then
+ * replays every GPU concerned. A held fault must end this way, never be cancelled: cancelling
+ * kills the application's CUDA context. With @all_gpus the faults held but never recorded
+ * (the ring or the held table was full) are replayed too: nothing else would make their
+ * warps fault again. Call it with @all_gpus only once the ranges of @space_id are gone, so
+ * that what the replay brings back is no longer held.
+ */
+static void wic_complete_held(struct wic_session *s, u32 space_id, u64 start, u64 end, u64 marker,
+			      bool all_gpus)
 {
 	struct wic_held taken[WIC_COMPLETE_BATCH];
 	DECLARE_BITMAP(replay, WIC_GPU_BITS);
 	u32 gpu, i, n;
 
 	bitmap_zero(replay, WIC_GPU_BITS);
+	if (all_gpus)
+		wic_take_held_gpus(s, space_id, replay);
 	while ((n = wic_take_held(s, space_id, start, end, taken))) {
 		for (i = 0; i < n; i++) {
 			struct uvm_wic_space *uvm = s->spaces[taken[i].space_id - 1].uvm;
@@ -356,7 +394,7 @@ static int wic_release(struct inode *inode, struct file *file)
 	mutex_unlock(&wic_active_lock);
 	/* No classify sees @s after this: the held set is final. */
 	synchronize_rcu();
-	wic_complete_held(s, 0, 0, U64_MAX, WIC_MARKER_DAEMON_GONE);
+	wic_complete_held(s, 0, 0, U64_MAX, WIC_MARKER_DAEMON_GONE, true);
 	for (i = 0; i < WIC_MAX_SPACES; i++) {
 		if (s->spaces[i].uvm)
 			uvm_wic_space_put(s->spaces[i].uvm);
@@ -464,7 +502,7 @@ static long wic_detach(struct wic_session *s, u32 __user *uarg)
 	if (!space)
 		return -ENOENT;
 	wic_swap_ranges(s, space, NULL, 0);
-	wic_complete_held(s, space_id, 0, U64_MAX, WIC_MARKER_CHANNEL_CLOSED);
+	wic_complete_held(s, space_id, 0, U64_MAX, WIC_MARKER_CHANNEL_CLOSED, true);
 	spin_lock_irqsave(&s->lock, flags);
 	uvm = space->uvm;
 	space->uvm = NULL;
@@ -553,7 +591,7 @@ found:
 		wic_ranges_remove(ranges, &space->ranges, at);
 	}
 	wic_swap_ranges(s, space, ranges, nr);
-	wic_complete_held(s, i + 1, gone.start, gone.end, WIC_MARKER_CHANNEL_CLOSED);
+	wic_complete_held(s, i + 1, gone.start, gone.end, WIC_MARKER_CHANNEL_CLOSED, false);
 	return 0;
 }
 

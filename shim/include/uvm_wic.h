@@ -77,7 +77,9 @@ int uvm_wic_register(const struct uvm_wic_ops *ops);
  * uvm_wic_unregister() - remove the shim's callbacks
  * @ops: the callbacks passed to uvm_wic_register()
  *
- * Waits until no bottom half is still inside @ops->classify.
+ * Waits until no bottom half is still inside @ops->classify, then replays every GPU with
+ * replayable faults: the faults @ops->classify held fault again and are serviced as usual.
+ * Process context only.
  */
 void uvm_wic_unregister(const struct uvm_wic_ops *ops);
 

@@ -254,12 +254,53 @@ int uvm_wic_register(const struct uvm_wic_ops *ops)
 }
 EXPORT_SYMBOL_GPL(uvm_wic_register);
 
+/*
+ * Replays every GPU with replayable faults. Faults held when the callbacks went away get no
+ * other replay of their own: a batch of held faults only issues none, so without this they
+ * would wait for a replay issued for unrelated faults on their GPU.
+ */
+static void wic_replay_all(void)
+{
+	uvm_processor_mask_t *gpus;
+	uvm_gpu_t *gpu;
+
+	gpus = uvm_processor_mask_cache_alloc();
+	if (!gpus) {
+		pr_warn("wic: no memory to replay the GPUs; held faults wait for their next replay\n");
+		return;
+	}
+	uvm_processor_mask_zero(gpus);
+
+	/* Like an ioctl: not while suspended (this waits for resume) nor after a fatal error. */
+	uvm_down_read(&g_uvm_global.pm.lock);
+	if (uvm_global_get_status() != NV_OK)
+		goto out;
+
+	/* A GPU in the retained set stays there while the global lock is held. */
+	uvm_mutex_lock(&g_uvm_global.global_lock);
+	for_each_gpu(gpu) {
+		if (gpu->parent->replayable_faults_supported)
+			uvm_processor_mask_set(gpus, gpu->id);
+	}
+	uvm_global_gpu_retain(gpus);
+	uvm_mutex_unlock(&g_uvm_global.global_lock);
+
+	for_each_gpu_in_mask(gpu, gpus)
+		uvm_gpu_fault_buffer_flush(gpu);
+
+	uvm_global_gpu_release(gpus);
+out:
+	uvm_up_read(&g_uvm_global.pm.lock);
+	uvm_processor_mask_cache_free(gpus);
+}
+
 /**
  * uvm_wic_unregister() - remove the shim's callbacks
  * @ops: the callbacks passed to uvm_wic_register()
  *
- * Waits until no bottom half is still inside @ops->classify. Faults already marked held stay
- * held: they are replayed by the next replay on their GPU, or by uvm_wic_replay().
+ * Waits until no bottom half is still inside @ops->classify, then replays every GPU with
+ * replayable faults, so that the faults the callbacks held fault again and, with no callback
+ * left, are serviced as usual. Process context, no UVM lock held.
  */
 void uvm_wic_unregister(const struct uvm_wic_ops *ops)
 {
@@ -274,6 +315,9 @@ void uvm_wic_unregister(const struct uvm_wic_ops *ops)
 
 	WARN_ON_ONCE(!removed);
 	synchronize_rcu();
+
+	if (removed)
+		UVM_ENTRY_VOID(wic_replay_all());
 }
 EXPORT_SYMBOL_GPL(uvm_wic_unregister);
 

@@ -18,6 +18,7 @@
 
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
+#include <linux/bitmap.h>
 #include <linux/build_bug.h>
 #include <linux/err.h>
 #include <linux/file.h>
@@ -79,6 +80,13 @@ static DEFINE_MUTEX(wic_ops_lock);
 
 /* The fake ISR locks, one per GPU (GPU id - 1), held around classify. */
 static spinlock_t wic_isr_lock[WIC_FAKEGPU_NR_GPUS];
+
+/*
+ * The GPUs on which classify held a fault since the callbacks were registered: the ones
+ * uvm_wic_unregister() replays (nvidia-uvm replays every GPU; logging the others would only
+ * add noise).
+ */
+static DECLARE_BITMAP(wic_held_gpus, WIC_FAKEGPU_NR_GPUS + 1);
 
 /* Whether @gpu_id names a fake GPU: nvidia-uvm's ids, 1 to WIC_FAKEGPU_NR_GPUS (0 is the CPU). */
 static bool wic_gpu_valid(u32 gpu_id)
@@ -348,6 +356,7 @@ static long wic_ioctl_inject(struct uvm_wic_space *space, struct wic_fakegpu_inj
 			verdict = ops->classify(&faults[i]);
 		if (verdict == UVM_WIC_HOLD) {
 			verdicts[i] = WIC_FAKEGPU_VERDICT_HOLD;
+			set_bit(args.gpu_id, wic_held_gpus);
 		} else {
 			verdicts[i] = WIC_FAKEGPU_VERDICT_PASS;
 			if (verdict != UVM_WIC_PASS)
@@ -570,12 +579,15 @@ EXPORT_SYMBOL_GPL(uvm_wic_register);
  * uvm_wic_unregister() - remove the shim's callbacks
  * @ops: the callbacks passed to uvm_wic_register()
  *
- * Waits until no injection is still inside @ops->classify. Other @ops than the installed ones
- * are left alone (with a warning in the kernel log).
+ * Waits until no injection is still inside @ops->classify, then replays, as nvidia-uvm does,
+ * so that no held fault waits for an unrelated replay: logs %WIC_FAKEGPU_EVENT_REPLAY for each
+ * GPU on which a fault was held since the callbacks were registered. Other @ops than the
+ * installed ones are left alone (with a warning in the kernel log).
  */
 void uvm_wic_unregister(const struct uvm_wic_ops *ops)
 {
 	bool removed = false;
+	unsigned int gpu_id;
 
 	might_sleep();
 	mutex_lock(&wic_ops_lock);
@@ -584,10 +596,15 @@ void uvm_wic_unregister(const struct uvm_wic_ops *ops)
 		removed = true;
 	}
 	mutex_unlock(&wic_ops_lock);
-	if (removed)
-		synchronize_rcu();
-	else
+	if (!removed) {
 		pr_warn("%s() of callbacks that are not installed\n", __func__);
+		return;
+	}
+	synchronize_rcu();
+	for_each_set_bit(gpu_id, wic_held_gpus, WIC_FAKEGPU_NR_GPUS + 1) {
+		clear_bit(gpu_id, wic_held_gpus);
+		wic_log_event(WIC_FAKEGPU_EVENT_REPLAY, gpu_id, 0, 0, 0);
+	}
 }
 EXPORT_SYMBOL_GPL(uvm_wic_unregister);
 

@@ -54,7 +54,7 @@
 #define WIC_FAKEGPU_EVENT_MAP_WRITABLE 3	/* uvm_wic_map(), read-write */
 #define WIC_FAKEGPU_EVENT_UNMAP 4		/* uvm_wic_unmap() */
 #define WIC_FAKEGPU_EVENT_REVOKE_WRITE 5	/* uvm_wic_revoke_write() */
-#define WIC_FAKEGPU_EVENT_REPLAY 6		/* uvm_wic_replay() */
+#define WIC_FAKEGPU_EVENT_REPLAY 6		/* uvm_wic_replay(), or uvm_wic_unregister() */
 #define WIC_FAKEGPU_EVENT_SERVICED 7		/* an injected fault passed and serviced */
 
 /* Verdicts (WIC_FAKEGPU_IOC_INJECT), the values of enum uvm_wic_verdict. */

@@ -76,7 +76,50 @@ pub fn run() -> Result<(), String> {
     let mut daemon = Daemon::open(Submission::Uring)?;
     let space = daemon.backend.device().attach(fake.fd()).map_err(|e| format!("attach: {e}"))?;
     let (layout, placed) = daemon.channel(host_spec(1, 512), space, &mut memory)?;
-    deliver_one(&fake, &mut daemon, &memory, &layout, &placed, 0, GPU)
+    deliver_one(&fake, &mut daemon, &memory, &layout, &placed, 0, GPU)?;
+    drop(daemon);
+    unrecorded_faults_are_replayed(&fake, &mut memory)
+}
+
+/// A GPU whose held faults were none of them recorded (the ring was full) is replayed too
+/// when the daemon's session ends: nothing else would make those warps fault again.
+fn unrecorded_faults_are_replayed(fake: &FakeGpu, memory: &mut Memory) -> Result<(), String> {
+    const OTHER_GPU: u32 = 9; // the second parent GPU's
+    let mut daemon = Daemon::open(Submission::Ioctl)?;
+    let space = daemon.backend.device().attach(fake.fd()).map_err(|e| format!("attach: {e}"))?;
+    let ring_entries = u64::from(daemon.backend.device().limits().ring_entries);
+    // 16-page runs: one slot more than the ring holds, so that GPU 1's faults fill it.
+    let (layout, placed) = daemon.channel(host_spec((ring_entries / 16 + 1) as u32, 4096), space, memory)?;
+    let runs: Vec<u64> = layout.slots.iter().filter_map(|s| placed.placement.process_va(s.runs[0])).collect();
+    let pages: Vec<u64> = runs.iter().flat_map(|run| (0..u64::from(layout.pages_per_run)).map(move |p| run + p * 4096)).collect();
+    fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
+    for chunk in pages.chunks(fakegpu::MAX_INJECT as usize) {
+        let entries: Vec<_> = chunk.iter().map(|va| fault(*va, AccessType::Read)).collect();
+        let (verdicts, _) = fake.inject(GPU, &entries).map_err(|e| format!("inject: {e}"))?;
+        ensure(verdicts.iter().all(|v| *v == fakegpu::VERDICT_HOLD), || "GPU 1's faults not all held".into())?;
+    }
+    let dropped = daemon.backend.device().ring().dropped();
+    ensure(dropped == pages.len() as u64 - ring_entries, || format!("{dropped} faults dropped with a full ring"))?;
+    // The other GPU's warps fault on the same pages: held, but the ring has no room.
+    let entries: Vec<_> = pages[..8].iter().map(|va| fault(*va, AccessType::Read)).collect();
+    let (verdicts, _) = fake.inject(OTHER_GPU, &entries).map_err(|e| format!("inject: {e}"))?;
+    ensure(verdicts.iter().all(|v| *v == fakegpu::VERDICT_HOLD), || format!("GPU {OTHER_GPU}'s faults were {verdicts:?}"))?;
+    let now_dropped = daemon.backend.device().ring().dropped();
+    ensure(now_dropped == dropped + 8, || format!("GPU {OTHER_GPU}'s faults: {} dropped, expected 8", now_dropped - dropped))?;
+
+    drop(daemon);
+    let deadline = Instant::now() + BOUND * 5;
+    let mut replayed = Vec::new();
+    while !replayed.contains(&OTHER_GPU) && Instant::now() < deadline {
+        let (events, _) = fake.events(4096, 100).map_err(|e| format!("events: {e}"))?;
+        replayed.extend(events.iter().filter(|e| e.kind == fakegpu::EVENT_REPLAY).map(|e| e.gpu_id));
+    }
+    ensure(replayed.contains(&OTHER_GPU), || {
+        format!("GPU {OTHER_GPU}, whose held faults were never recorded, was not replayed at release; replays: {replayed:?}")
+    })?;
+    ensure(replayed.contains(&GPU), || format!("GPU {GPU} not replayed at release; replays: {replayed:?}"))?;
+    println!("daemon-death: GPUs {replayed:?} replayed at release, GPU {OTHER_GPU} with no fault recorded");
+    Ok(())
 }
 
 /// The daemon to be killed: attaches the inherited space, places the channel at the given
