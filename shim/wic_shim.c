@@ -195,7 +195,10 @@ static bool wic_record_fault(struct wic_session *s, const struct uvm_wic_fault *
  * Runs in the fault bottom half inside an RCU read-side section; never sleeps. A fault on a
  * wic page whose GPU id is outside 1 to WIC_MAX_GPU_ID is held but not recorded (the ring
  * header's dropped count says so) and logged: passed, nvidia-uvm would service it and the
- * warp would read the page without its data.
+ * warp would read the page without its data. A prefetch fault (UVM_WIC_FAULT_PREFETCH) on a
+ * wic page is held, so that it does not map the page, but neither recorded nor entered in the
+ * held table nor counted: no warp waits on it and the GPU never replays it, and a held entry
+ * would hide the record of the warp's real read of that page.
  *
  * Return: UVM_WIC_HOLD for a page of a registered range, else UVM_WIC_PASS.
  */
@@ -223,6 +226,8 @@ static enum uvm_wic_verdict wic_classify(const struct uvm_wic_fault *fault)
 	 * page without its data. Unrecorded, it faults again after the next replay.
 	 */
 	verdict = UVM_WIC_HOLD;
+	if (fault->flags & UVM_WIC_FAULT_PREFETCH)
+		goto out;
 	if (!gpu_valid) {
 		s->ring->dropped++;
 		goto out;

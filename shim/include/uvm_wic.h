@@ -16,7 +16,7 @@
 
 #include <linux/types.h>
 
-#define UVM_WIC_HOOK_VERSION 1
+#define UVM_WIC_HOOK_VERSION 2
 
 /* Size of one hardware replayable fault-buffer entry (clc369.h). */
 #define UVM_WIC_FAULT_ENTRY_SIZE 32
@@ -28,16 +28,25 @@ struct module;
 /* A UVM VA space, as nvidia-uvm sees one process's use of the GPUs. Opaque to the shim. */
 struct uvm_wic_space;
 
+/*
+ * uvm_wic_fault flags. UVM_WIC_FAULT_PREFETCH: every access coalesced into the fault is a
+ * prefetch (access_type_mask is the PREFETCH bit alone). No warp waits on a prefetch fault and
+ * nvidia-uvm never replays one, but one passed is serviced like a read (the page gets mapped).
+ */
+#define UVM_WIC_FAULT_PREFETCH (1U << 0)
+
 /**
  * struct uvm_wic_fault - one coalesced replayable fault, shown to the classify callback
  * @space: the VA space the fault's instance pointer translated to
  * @gpu_id: nvidia-uvm's id of the faulting GPU (uvm_id_value(gpu->id))
+ * @flags: UVM_WIC_FAULT_* bits
  * @va: the page-aligned faulting virtual address
  * @raw: the fault as the 32-byte hardware fault-buffer entry (clc369.h layout)
  */
 struct uvm_wic_fault {
 	struct uvm_wic_space *space;
 	u32 gpu_id;
+	u32 flags;
 	u64 va;
 	u8 raw[UVM_WIC_FAULT_ENTRY_SIZE];
 };

@@ -192,7 +192,12 @@ bool uvm_wic_classify_batch(uvm_fault_service_batch_context_t *batch_context)
 	if (!ops)
 		goto out;
 
-	/* The batch is sorted by VA space, GPU and address: one page's faults are adjacent. */
+	/*
+	 * The batch is sorted by VA space, GPU, address and access type, most intrusive first:
+	 * one page's faults are adjacent, its prefetch-only entries last. A prefetch-only entry
+	 * is shown with UVM_WIC_FAULT_PREFETCH, which the shim holds without recording: nothing
+	 * waits on it and it is never replayed, but serviced it would map the page.
+	 */
 	for (i = 0; i < count; i = j) {
 		bool held = false;
 
@@ -204,6 +209,9 @@ bool uvm_wic_classify_batch(uvm_fault_service_batch_context_t *batch_context)
 
 			fault.space = (struct uvm_wic_space *)entry->va_space;
 			fault.gpu_id = uvm_id_value(entry->gpu->id);
+			fault.flags = entry->access_type_mask ==
+				      uvm_fault_access_type_mask_bit(UVM_FAULT_ACCESS_TYPE_PREFETCH) ?
+				      UVM_WIC_FAULT_PREFETCH : 0;
 			fault.va = entry->fault_address;
 			wic_encode_entry(entry, fault.raw);
 			if (ops->classify(&fault) == UVM_WIC_HOLD)

@@ -49,6 +49,9 @@
 #define WIC_LOG_MASK (WIC_FAKEGPU_LOG_EVENTS - 1)
 /* Events copied to user space per step of WIC_FAKEGPU_IOC_EVENTS. */
 #define WIC_LOG_CHUNK 256
+/* ACCESS_TYPE values of a prefetch (dev_fault.h NV_PFAULT_ACCESS_TYPE_{VIRT,PHYS}_PREFETCH). */
+#define WIC_HW_ACCESS_VIRT_PREFETCH 0x3
+#define WIC_HW_ACCESS_PHYS_PREFETCH 0xb
 /* Bits [31:12] of DWORD 2 of a fault entry: ADDR_LO, in place. */
 #define WIC_FAULT_ADDR_LO_MASK 0xfffff000U
 
@@ -307,6 +310,18 @@ static u64 wic_fault_va(const u8 *raw)
 	return (u64)sign_extend64((hi << 32) | lo, WIC_FAKEGPU_VA_BITS - 1);
 }
 
+/*
+ * Whether a raw entry is a prefetch: ACCESS_TYPE (DWORD 7, bits [19:16]) is VIRT_PREFETCH or
+ * PHYS_PREFETCH. An injected entry is one uncoalesced access, so this is nvidia-uvm's
+ * "access_type_mask is the PREFETCH bit alone".
+ */
+static bool wic_fault_prefetch(const u8 *raw)
+{
+	u32 access = (get_unaligned_le32(raw + 28) >> 16) & 0xf;
+
+	return access == WIC_HW_ACCESS_VIRT_PREFETCH || access == WIC_HW_ACCESS_PHYS_PREFETCH;
+}
+
 static long wic_ioctl_inject(struct uvm_wic_space *space, struct wic_fakegpu_inject __user *uarg)
 {
 	struct wic_fakegpu_inject args;
@@ -342,6 +357,7 @@ static long wic_ioctl_inject(struct uvm_wic_space *space, struct wic_fakegpu_inj
 		faults[i].space = space;
 		faults[i].gpu_id = args.gpu_id;
 		faults[i].va = wic_fault_va(entry);
+		faults[i].flags = wic_fault_prefetch(entry) ? UVM_WIC_FAULT_PREFETCH : 0;
 		memcpy(faults[i].raw, entry, UVM_WIC_FAULT_ENTRY_SIZE);
 	}
 

@@ -100,7 +100,9 @@ struct wic_fakegpu_event {
  *
  * The entries form one batch: each is passed, in order and without coalescing, to the
  * registered classify callback, with a spinlock held, bottom halves disabled and inside an RCU
- * read-side section, as in nvidia-uvm's fault bottom half. With no callback registered every
+ * read-side section, as in nvidia-uvm's fault bottom half; an entry whose ACCESS_TYPE (DWORD 7,
+ * bits [19:16]) is VIRT_PREFETCH or PHYS_PREFETCH is shown with UVM_WIC_FAULT_PREFETCH, as
+ * nvidia-uvm shows a prefetch-only fault. With no callback registered every
  * verdict is WIC_FAKEGPU_VERDICT_PASS. A passed fault is serviced as nvidia-uvm would service
  * it: its page becomes WIC_FAKEGPU_PAGE_MAPPED on @gpu_id and a WIC_FAKEGPU_EVENT_SERVICED
  * event is logged. A held fault changes nothing; wic_shim later maps the page and replays.

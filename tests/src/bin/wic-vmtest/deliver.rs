@@ -37,6 +37,7 @@ pub fn run() -> Result<(), String> {
     let (verdicts, _) = fake.inject(GPU, &[fault(stranger, AccessType::Read)]).map_err(|e| e.to_string())?;
     ensure(verdicts == [fakegpu::VERDICT_PASS], || format!("an unregistered page was {verdicts:?}"))?;
 
+    prefetch_is_held_unrecorded(&fake, &mut daemon, space, &mut memory)?;
     pat_marks_the_tag_available(&fake, &mut daemon, space, &mut memory)?;
     daemon.backend.unplace(&placed).map_err(|e| e.to_string())?;
     daemon.backend.device().detach(space).map_err(|e| e.to_string())
@@ -92,6 +93,27 @@ pub fn deliver_one(
     ensure(state(run)? & fakegpu::PAGE_MAPPED != 0, || "the run is not mapped".into())?;
     ensure(state(companion)? & fakegpu::PAGE_MAPPED == 0, || "the companion is still mapped".into())?;
     ensure(daemon.engine.held() == held_before, || "the engine still holds the request".into())
+}
+
+/// A prefetch of a wic page is held (serviced, it would map the page before its data) but not
+/// recorded: no warp waits on it and the GPU never replays it. The warp's real read of the
+/// page, later, is recorded and delivered.
+fn prefetch_is_held_unrecorded(fake: &FakeGpu, daemon: &mut Daemon, space: u32, memory: &mut Memory) -> Result<(), String> {
+    let (layout, placed) = daemon.channel(host_spec(1, 512), space, memory)?;
+    let run = placed.placement.process_va(layout.slots[0].runs[0]).ok_or("run not placed")?;
+    let last = run + u64::from(layout.pages_per_run) * 4096 - 4096;
+    fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
+    let dropped = daemon.backend.device().ring().dropped();
+    let prefetches = [fault(last, AccessType::Prefetch), fault(last, AccessType::PhysPrefetch), fault(run, AccessType::Prefetch)];
+    let (verdicts, _) = fake.inject(GPU, &prefetches).map_err(|e| format!("inject: {e}"))?;
+    ensure(verdicts.iter().all(|v| *v == fakegpu::VERDICT_HOLD), || format!("prefetches of wic pages were {verdicts:?}, not held"))?;
+    let records = daemon.take_faults();
+    ensure(records == 0, || format!("{records} prefetch faults were recorded"))?;
+    ensure(daemon.backend.device().ring().dropped() == dropped, || "prefetch faults were counted as dropped".into())?;
+    ensure(fake.page_state(GPU, last).map_err(|e| format!("page state: {e}"))? == 0, || "a prefetched page is mapped".into())?;
+    // The real read of the prefetched page: recorded (no held entry hides it) and delivered.
+    deliver_one(fake, daemon, memory, &layout, &placed, 0, GPU).map_err(|e| format!("the read after the prefetch: {e}"))?;
+    daemon.backend.unplace(&placed).map_err(|e| e.to_string())
 }
 
 fn pat_marks_the_tag_available(fake: &FakeGpu, daemon: &mut Daemon, space: u32, memory: &mut Memory) -> Result<(), String> {
