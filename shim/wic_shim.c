@@ -313,8 +313,8 @@ static void wic_take_held_gpus(struct wic_session *s, u32 space_id, unsigned lon
  * warps fault again. Call it with @all_gpus only once the ranges of @space_id are gone, so
  * that what the replay brings back is no longer held.
  */
-static void wic_complete_held(struct wic_session *s, u32 space_id, u64 start, u64 end, u64 marker,
-			      bool all_gpus)
+static void wic_complete_held(struct wic_session *s, u32 space_id, u64 start, u64 end,
+			      u64 marker, bool all_gpus)
 {
 	struct wic_held taken[WIC_COMPLETE_BATCH];
 	DECLARE_BITMAP(replay, WIC_GPU_BITS);

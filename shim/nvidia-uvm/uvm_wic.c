@@ -179,6 +179,7 @@ bool uvm_wic_classify_batch(uvm_fault_service_batch_context_t *batch_context)
 {
 	uvm_fault_buffer_entry_t **cache = batch_context->ordered_fault_cache;
 	NvU32 count = batch_context->num_coalesced_faults;
+	const NvU32 prefetch_only = uvm_fault_access_type_mask_bit(UVM_FAULT_ACCESS_TYPE_PREFETCH);
 	const struct uvm_wic_ops *ops;
 	struct uvm_wic_fault fault;
 	NvU32 num_held = 0;
@@ -209,8 +210,7 @@ bool uvm_wic_classify_batch(uvm_fault_service_batch_context_t *batch_context)
 
 			fault.space = (struct uvm_wic_space *)entry->va_space;
 			fault.gpu_id = uvm_id_value(entry->gpu->id);
-			fault.flags = entry->access_type_mask ==
-				      uvm_fault_access_type_mask_bit(UVM_FAULT_ACCESS_TYPE_PREFETCH) ?
+			fault.flags = entry->access_type_mask == prefetch_only ?
 				      UVM_WIC_FAULT_PREFETCH : 0;
 			fault.va = entry->fault_address;
 			wic_encode_entry(entry, fault.raw);
@@ -274,7 +274,7 @@ static void wic_replay_all(void)
 
 	gpus = uvm_processor_mask_cache_alloc();
 	if (!gpus) {
-		pr_warn("wic: no memory to replay the GPUs; held faults wait for their next replay\n");
+		pr_warn("wic: no memory to replay the GPUs after unregister\n");
 		return;
 	}
 	uvm_processor_mask_zero(gpus);
