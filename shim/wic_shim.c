@@ -70,6 +70,8 @@ struct wic_space_entry {
  * @space_id: its space
  * @gpu_id: the faulting GPU
  * @kind: the kind of range the page is in
+ * @marked: the &wic_session.close_gen of the wic_complete_held() call that wrote its page's
+ *	marker, 0 when none did; read and written only under &wic_session.mutex
  */
 struct wic_held {
 	struct hlist_node node;
@@ -77,6 +79,7 @@ struct wic_held {
 	u32 space_id;
 	u32 gpu_id;
 	u32 kind;
+	u32 marked;
 };
 
 /**
@@ -95,6 +98,12 @@ struct wic_held {
  * @ring_bytes: its size
  * @poll_wait: woken when a record is published
  * @bounce: WIC_MAX_WRITE_BYTES of kernel memory for WIC_CMD_WRITE_DATA
+ * @closing_space: the space whose pages WIC_IOC_UNREGISTER or WIC_IOC_DETACH is closing, 0 when
+ *	none is: faults on [@closing_start, @closing_end) of it are held and entered in
+ *	@held_hash but not recorded, and that call completes them with the closed marker
+ * @closing_start: first byte of the pages being closed
+ * @closing_end: one past their last byte
+ * @close_gen: counts wic_complete_held() calls (never 0); under @mutex
  */
 struct wic_session {
 	struct mutex mutex;
@@ -111,6 +120,10 @@ struct wic_session {
 	size_t ring_bytes;
 	wait_queue_head_t poll_wait;
 	void *bounce;
+	u32 closing_space;
+	u64 closing_start;
+	u64 closing_end;
+	u32 close_gen;
 };
 
 static struct wic_session __rcu *wic_active;
@@ -155,15 +168,19 @@ static u32 wic_space_id(struct wic_session *s, struct uvm_wic_space *uvm)
 	return 0;
 }
 
-/* Records a held fault; false when the ring or the held table is full. */
+/*
+ * Enters a held fault in the held table and, with @record, records it in the ring; false when
+ * the held table is full, or the ring with @record.
+ */
 static bool wic_record_fault(struct wic_session *s, const struct uvm_wic_fault *fault,
-			     u32 space_id, const struct wic_range_entry *range)
+			     u32 space_id, const struct wic_range_entry *range, bool record)
 {
 	u64 head = s->ring->head;
 	struct wic_fault_record *rec;
 	struct wic_held *held;
 
-	if (head - READ_ONCE(s->ring->tail) >= ring_entries || hlist_empty(&s->held_free))
+	if ((record && head - READ_ONCE(s->ring->tail) >= ring_entries) ||
+	    hlist_empty(&s->held_free))
 		return false;
 	held = hlist_entry(s->held_free.first, struct wic_held, node);
 	hlist_del(&held->node);
@@ -171,8 +188,11 @@ static bool wic_record_fault(struct wic_session *s, const struct uvm_wic_fault *
 	held->space_id = space_id;
 	held->gpu_id = fault->gpu_id;
 	held->kind = range->kind;
+	held->marked = 0;
 	hash_add(s->held_hash, &held->node, wic_held_key(fault->va, space_id, fault->gpu_id));
 	s->nr_held++;
+	if (!record)
+		return true;
 
 	rec = wic_record(s, head);
 	rec->space_id = space_id;
@@ -198,7 +218,9 @@ static bool wic_record_fault(struct wic_session *s, const struct uvm_wic_fault *
  * warp would read the page without its data. A prefetch fault (UVM_WIC_FAULT_PREFETCH) on a
  * wic page is held, so that it does not map the page, but neither recorded nor entered in the
  * held table nor counted: no warp waits on it and the GPU never replays it, and a held entry
- * would hide the record of the warp's real read of that page.
+ * would hide the record of the warp's real read of that page. A fault on a page that
+ * WIC_IOC_UNREGISTER or WIC_IOC_DETACH is closing is held and entered in the held table but not
+ * recorded: wicd is forgetting the range, and that call completes it with the closed marker.
  *
  * Return: UVM_WIC_HOLD for a page of a registered range, else UVM_WIC_PASS.
  */
@@ -208,7 +230,7 @@ static enum uvm_wic_verdict wic_classify(const struct uvm_wic_fault *fault)
 	bool gpu_valid = wic_gpu_id_valid(fault->gpu_id);
 	const struct wic_range_entry *range;
 	enum uvm_wic_verdict verdict = UVM_WIC_PASS;
-	bool recorded = false;
+	bool closing = false, held = false;
 	unsigned long flags;
 	u32 space_id;
 
@@ -235,12 +257,14 @@ static enum uvm_wic_verdict wic_classify(const struct uvm_wic_fault *fault)
 	__set_bit(fault->gpu_id, s->spaces[space_id - 1].held_gpus);
 	if (wic_held_find(s, fault->va, space_id, fault->gpu_id))
 		goto out;
-	recorded = wic_record_fault(s, fault, space_id, range);
-	if (!recorded)
+	closing = s->closing_space == space_id && fault->va >= s->closing_start &&
+		  fault->va < s->closing_end;
+	held = wic_record_fault(s, fault, space_id, range, !closing);
+	if (!held)
 		s->ring->dropped++;
 out:
 	spin_unlock_irqrestore(&s->lock, flags);
-	if (recorded)
+	if (held && !closing)
 		wake_up_interruptible(&s->poll_wait);
 	else if (verdict == UVM_WIC_HOLD && !gpu_valid)
 		pr_warn_ratelimited("fault at %#llx of GPU id %u, outside 1 to %u: held, not recorded\n",
@@ -255,27 +279,60 @@ static const struct uvm_wic_ops wic_ops = {
 
 #define WIC_COMPLETE_BATCH 16
 
-/* Takes up to WIC_COMPLETE_BATCH held faults matching the filter out of the held set. */
-static u32 wic_take_held(struct wic_session *s, u32 space_id, u64 start, u64 end,
-			 struct wic_held *taken)
+/* Whether @held is a fault of @space_id (0: any space) on a page of [@start, @end). */
+static bool wic_held_in(const struct wic_held *held, u32 space_id, u64 start, u64 end)
+{
+	return (!space_id || held->space_id == space_id) && held->va >= start && held->va < end;
+}
+
+/*
+ * Finds up to WIC_COMPLETE_BATCH held faults of @space_id (0: every space) in [@start, @end)
+ * whose marker call @gen wrote (@marked) or did not; they stay held. The entries stay valid
+ * while the caller holds @mutex: only calls under @mutex release held faults.
+ */
+static u32 wic_peek_held(struct wic_session *s, u32 space_id, u64 start, u64 end, u32 gen,
+			 bool marked, struct wic_held **found)
 {
 	struct wic_held *held;
-	struct hlist_node *tmp;
 	unsigned long flags;
 	unsigned int bkt;
 	u32 n = 0;
 
 	spin_lock_irqsave(&s->lock, flags);
-	hash_for_each_safe(s->held_hash, bkt, tmp, held, node) {
-		if ((space_id && held->space_id != space_id) || held->va < start || held->va >= end)
+	hash_for_each(s->held_hash, bkt, held, node) {
+		if (!wic_held_in(held, space_id, start, end) || (held->marked == gen) != marked)
 			continue;
-		taken[n] = *held;
-		wic_held_release(s, held);
+		found[n] = held;
 		if (++n == WIC_COMPLETE_BATCH)
 			break;
 	}
 	spin_unlock_irqrestore(&s->lock, flags);
 	return n;
+}
+
+/* Whether a fault of @space_id in [@start, @end) is held; under @lock. */
+static bool wic_held_any(struct wic_session *s, u32 space_id, u64 start, u64 end)
+{
+	struct wic_held *held;
+	unsigned int bkt;
+
+	if (!s->nr_held)
+		return false;
+	hash_for_each(s->held_hash, bkt, held, node)
+		if (wic_held_in(held, space_id, start, end))
+			return true;
+	return false;
+}
+
+/* Releases a held fault that was completed and adds its GPU to @replay. */
+static void wic_held_done(struct wic_session *s, struct wic_held *held, unsigned long *replay)
+{
+	unsigned long flags;
+
+	spin_lock_irqsave(&s->lock, flags);
+	__set_bit(held->gpu_id, replay);
+	wic_held_release(s, held);
+	spin_unlock_irqrestore(&s->lock, flags);
 }
 
 /*
@@ -284,17 +341,35 @@ static u32 wic_take_held(struct wic_session *s, u32 space_id, u64 start, u64 end
  */
 static void wic_take_held_gpus(struct wic_session *s, u32 space_id, unsigned long *replay)
 {
-	unsigned long flags;
 	u32 i;
 
-	spin_lock_irqsave(&s->lock, flags);
+	lockdep_assert_held(&s->lock);
 	for (i = 0; i < WIC_MAX_SPACES; i++) {
 		if (space_id && i != space_id - 1)
 			continue;
 		bitmap_or(replay, replay, s->spaces[i].held_gpus, WIC_GPU_BITS);
 		bitmap_zero(s->spaces[i].held_gpus, WIC_GPU_BITS);
 	}
-	spin_unlock_irqrestore(&s->lock, flags);
+}
+
+/* Whether nvidia-uvm says that the page's process, memory or GPU is gone: no warp reads it. */
+static bool wic_page_gone(int err)
+{
+	return err == -ESRCH || err == -EFAULT || err == -ENODEV;
+}
+
+/*
+ * Whether wic_complete_held() goes on past @err for the held fault @held: with @best_effort,
+ * or when the page is gone; then the fault is released unmapped and its GPU replayed.
+ */
+static bool wic_complete_skip(struct wic_session *s, struct wic_held *held, int err,
+			      bool best_effort, unsigned long *replay)
+{
+	if (!best_effort && !wic_page_gone(err))
+		return false;
+	pr_warn_ratelimited("cannot complete held page %#llx: %d\n", held->va, err);
+	wic_held_done(s, held, replay);
+	return true;
 }
 
 /**
@@ -304,43 +379,117 @@ static void wic_take_held_gpus(struct wic_session *s, u32 space_id, unsigned lon
  * @start: first byte of the pages concerned
  * @end: one past their last byte
  * @marker: the WIC_MARKER_* word written into each PCM page
- * @all_gpus: also replay every GPU on which the space(s) held a fault, recorded or not
+ * @replay: the GPUs of the faults completed are added to it, for the caller to replay
+ * @best_effort: go on past any failure (the session is released: nobody to tell)
  *
- * Writes @marker into each held PCM page and maps it, maps each held PAT page writable, then
- * replays every GPU concerned. A held fault must end this way, never be cancelled: cancelling
- * kills the application's CUDA context. With @all_gpus the faults held but never recorded
- * (the ring or the held table was full) are replayed too: nothing else would make their
- * warps fault again. Call it with @all_gpus only once the ranges of @space_id are gone, so
- * that what the replay brings back is no longer held.
+ * Writes @marker into each held PCM page first, then maps each held page (a PAT page
+ * writable) and releases its fault; faults held meanwhile are taken along, so that it ends
+ * when no fault is held there. A held fault must end this way, never be cancelled: cancelling
+ * kills the application's CUDA context. A fault whose page's process, memory or GPU is gone
+ * (-ESRCH, -EFAULT or -ENODEV from nvidia-uvm) is released unmapped: no warp can read the page.
+ * Any other failure stops it, unless @best_effort (then the fault is released unmapped, and
+ * its warp faults again after the replay).
+ *
+ * Return: 0, or the errno of the write or map that failed: that fault and those not reached
+ * stay held; those completed before stay completed, their GPUs in @replay.
  */
-static void wic_complete_held(struct wic_session *s, u32 space_id, u64 start, u64 end,
-			      u64 marker, bool all_gpus)
+static int wic_complete_held(struct wic_session *s, u32 space_id, u64 start, u64 end,
+			     u64 marker, unsigned long *replay, bool best_effort)
 {
-	struct wic_held taken[WIC_COMPLETE_BATCH];
-	DECLARE_BITMAP(replay, WIC_GPU_BITS);
-	u32 gpu, i, n;
+	struct wic_held *found[WIC_COMPLETE_BATCH];
+	u32 gen, i, n;
+	int err;
 
-	bitmap_zero(replay, WIC_GPU_BITS);
-	if (all_gpus)
-		wic_take_held_gpus(s, space_id, replay);
-	while ((n = wic_take_held(s, space_id, start, end, taken))) {
+	gen = ++s->close_gen ?: ++s->close_gen;
+	for (;;) {
+		n = wic_peek_held(s, space_id, start, end, gen, false, found);
 		for (i = 0; i < n; i++) {
-			struct uvm_wic_space *uvm = s->spaces[taken[i].space_id - 1].uvm;
-			u64 va = taken[i].va;
-			int err;
+			struct uvm_wic_space *uvm = s->spaces[found[i]->space_id - 1].uvm;
 
-			if (taken[i].kind == WIC_RANGE_PCM)
-				err = uvm_wic_write(uvm, va, &marker, sizeof(marker)) ?:
-				      uvm_wic_map(uvm, taken[i].gpu_id, va, PAGE_SIZE, false);
-			else
-				err = uvm_wic_map(uvm, taken[i].gpu_id, va, PAGE_SIZE, true);
-			if (err)
-				pr_warn_ratelimited("cannot complete held page %#llx: %d\n", va, err);
-			__set_bit(taken[i].gpu_id, replay);
+			err = 0;
+			if (found[i]->kind == WIC_RANGE_PCM)
+				err = uvm_wic_write(uvm, found[i]->va, &marker, sizeof(marker));
+			if (!err)
+				found[i]->marked = gen;
+			else if (!wic_complete_skip(s, found[i], err, best_effort, replay))
+				return err;
+		}
+		if (n)
+			continue;
+		n = wic_peek_held(s, space_id, start, end, gen, true, found);
+		if (!n)
+			return 0;
+		for (i = 0; i < n; i++) {
+			struct uvm_wic_space *uvm = s->spaces[found[i]->space_id - 1].uvm;
+
+			err = uvm_wic_map(uvm, found[i]->gpu_id, found[i]->va, PAGE_SIZE,
+					  found[i]->kind == WIC_RANGE_PAT);
+			if (!err)
+				wic_held_done(s, found[i], replay);
+			else if (!wic_complete_skip(s, found[i], err, best_effort, replay))
+				return err;
 		}
 	}
+}
+
+/**
+ * wic_close() - complete the held faults of pages that stop being wic pages, then drop them
+ * @s: the session
+ * @space_id: the space
+ * @start: first byte of the pages that go
+ * @end: one past their last byte
+ * @ranges: the space's ranges without those pages (NULL when none is left)
+ * @nr: entries in @ranges
+ * @detach: also replay every GPU on which the space held a fault, recorded or not
+ *
+ * While it runs the pages are closing: classify still holds faults on them and enters them in
+ * the held table without recording them. Every fault held there is completed with
+ * WIC_MARKER_CHANNEL_CLOSED (wic_complete_held()); only once none is left, under @lock, are
+ * the space's ranges replaced by @ranges, so that no fault on those pages is passed before
+ * its marker is in place. Then the GPUs concerned are replayed.
+ *
+ * Return: 0, or the errno of the marker's write or map that failed (see wic_complete_held()):
+ * then the space's ranges stay registered as they were (no longer closing; a new fault on them
+ * is recorded as usual) and so do the faults not completed, so that wicd can call again or
+ * the session's release completes them; the GPUs of those completed are replayed.
+ */
+static int wic_close(struct wic_session *s, u32 space_id, u64 start, u64 end,
+		     struct wic_range_entry *ranges, u32 nr, bool detach)
+{
+	struct wic_space_entry *space = &s->spaces[space_id - 1];
+	struct wic_range_entry *old = NULL;
+	DECLARE_BITMAP(replay, WIC_GPU_BITS);
+	unsigned long flags;
+	u32 gpu;
+	int err;
+
+	bitmap_zero(replay, WIC_GPU_BITS);
+	spin_lock_irqsave(&s->lock, flags);
+	s->closing_space = space_id;
+	s->closing_start = start;
+	s->closing_end = end;
+	spin_unlock_irqrestore(&s->lock, flags);
+	do {
+		err = wic_complete_held(s, space_id, start, end, WIC_MARKER_CHANNEL_CLOSED, replay,
+					false);
+		spin_lock_irqsave(&s->lock, flags);
+		if (!err && !wic_held_any(s, space_id, start, end)) {
+			old = space->ranges.entries;
+			s->nr_ranges = s->nr_ranges - space->ranges.nr + nr;
+			space->ranges.entries = ranges;
+			space->ranges.nr = nr;
+			if (detach)
+				wic_take_held_gpus(s, space_id, replay);
+			s->closing_space = 0;
+		} else if (err) {
+			s->closing_space = 0;
+		}
+		spin_unlock_irqrestore(&s->lock, flags);
+	} while (s->closing_space);
+	kvfree(old);
 	for_each_set_bit(gpu, replay, WIC_GPU_BITS)
 		uvm_wic_replay(gpu);
+	return err;
 }
 
 static int wic_open(struct inode *inode, struct file *file)
@@ -392,14 +541,22 @@ free:
 static int wic_release(struct inode *inode, struct file *file)
 {
 	struct wic_session *s = file->private_data;
-	u32 i;
+	DECLARE_BITMAP(replay, WIC_GPU_BITS);
+	unsigned long flags;
+	u32 gpu, i;
 
 	mutex_lock(&wic_active_lock);
 	RCU_INIT_POINTER(wic_active, NULL);
 	mutex_unlock(&wic_active_lock);
 	/* No classify sees @s after this: the held set is final. */
 	synchronize_rcu();
-	wic_complete_held(s, 0, 0, U64_MAX, WIC_MARKER_DAEMON_GONE, true);
+	bitmap_zero(replay, WIC_GPU_BITS);
+	spin_lock_irqsave(&s->lock, flags);
+	wic_take_held_gpus(s, 0, replay);
+	spin_unlock_irqrestore(&s->lock, flags);
+	wic_complete_held(s, 0, 0, U64_MAX, WIC_MARKER_DAEMON_GONE, replay, true);
+	for_each_set_bit(gpu, replay, WIC_GPU_BITS)
+		uvm_wic_replay(gpu);
 	for (i = 0; i < WIC_MAX_SPACES; i++) {
 		if (s->spaces[i].uvm)
 			uvm_wic_space_put(s->spaces[i].uvm);
@@ -494,20 +651,31 @@ static void wic_swap_ranges(struct wic_session *s, struct wic_space_entry *space
 	kvfree(old);
 }
 
+/**
+ * wic_detach() - WIC_IOC_DETACH: complete a space's held faults, then forget the space
+ * @s: the session
+ * @uarg: the space's id
+ *
+ * Return: 0; -EFAULT for a bad @uarg; -ENOENT when no space has the id; or the errno of a
+ * closed marker's write or map that nvidia-uvm refused (wic_close()): the space stays attached
+ * with its ranges and the held faults not completed yet.
+ */
 static long wic_detach(struct wic_session *s, u32 __user *uarg)
 {
 	struct wic_space_entry *space;
 	struct uvm_wic_space *uvm;
 	unsigned long flags;
 	u32 space_id;
+	int err;
 
 	if (get_user(space_id, uarg))
 		return -EFAULT;
 	space = wic_space(s, space_id);
 	if (!space)
 		return -ENOENT;
-	wic_swap_ranges(s, space, NULL, 0);
-	wic_complete_held(s, space_id, 0, U64_MAX, WIC_MARKER_CHANNEL_CLOSED, true);
+	err = wic_close(s, space_id, 0, U64_MAX, NULL, 0, true);
+	if (err)
+		return err;
 	spin_lock_irqsave(&s->lock, flags);
 	uvm = space->uvm;
 	space->uvm = NULL;
@@ -569,12 +737,21 @@ static long wic_register(struct wic_session *s, struct wic_range __user *uarg)
 	return copy_to_user(uarg, &r, sizeof(r)) ? -EFAULT : 0;
 }
 
+/**
+ * wic_unregister() - WIC_IOC_UNREGISTER: complete a range's held faults, then forget the range
+ * @s: the session
+ * @uarg: the range's id
+ *
+ * Return: 0; -EFAULT for a bad @uarg; -ENOENT when no range has the id; -ENOMEM; or the errno
+ * of a closed marker's write or map that nvidia-uvm refused (wic_close()): the range stays
+ * registered with the held faults not completed yet.
+ */
 static long wic_unregister(struct wic_session *s, u32 __user *uarg)
 {
 	struct wic_range_entry *ranges, gone;
 	struct wic_space_entry *space;
 	u32 range_id, i, nr;
-	int at;
+	int at, err;
 
 	if (get_user(range_id, uarg))
 		return -EFAULT;
@@ -595,9 +772,10 @@ found:
 			return -ENOMEM;
 		wic_ranges_remove(ranges, &space->ranges, at);
 	}
-	wic_swap_ranges(s, space, ranges, nr);
-	wic_complete_held(s, i + 1, gone.start, gone.end, WIC_MARKER_CHANNEL_CLOSED, false);
-	return 0;
+	err = wic_close(s, i + 1, gone.start, gone.end, ranges, nr, false);
+	if (err)
+		kvfree(ranges);
+	return err;
 }
 
 /*

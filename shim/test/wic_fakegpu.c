@@ -68,13 +68,28 @@ MODULE_PARM_DESC(strict_write,
  * @pages: per fake GPU (GPU id - 1), page index (va >> 12) to xa_mk_value(WIC_FAKEGPU_PAGE_*
  *	flags); only mapped pages have an entry
  * @nr_pages: entries in all of @pages
+ * @fail_writes: uvm_wic_write() calls still to fail or stall (WIC_FAKEGPU_IOC_FAIL)
+ * @fail_maps: uvm_wic_map() calls still to fail or stall
+ * @fail_error: the errno they fail with, 0 for none
+ * @fail_flags: WIC_FAKEGPU_FAIL_* bits
+ * @fail_gen: counts WIC_FAKEGPU_IOC_FAIL and WIC_FAKEGPU_IOC_RESET calls; a stalled call goes on
+ *	once it changed
+ * @fail_wait: stalled calls wait here
+ *
+ * @lock also protects the fail_* fields.
  */
 struct uvm_wic_space {
 	struct file *file;
 	struct mm_struct *mm;
-	struct mutex lock;	/* protects pages' contents and nr_pages */
+	struct mutex lock;	/* protects pages' contents, nr_pages and the fail_* fields */
 	struct xarray pages[WIC_FAKEGPU_NR_GPUS];
 	unsigned long nr_pages;
+	u32 fail_writes;
+	u32 fail_maps;
+	u32 fail_error;
+	u32 fail_flags;
+	u64 fail_gen;
+	wait_queue_head_t fail_wait;
 };
 
 /* The callbacks wic_shim registered, if any. */
@@ -248,8 +263,65 @@ static bool wic_pages_mapped(struct uvm_wic_space *space, unsigned long first,
 	return false;
 }
 
+/* How long a call stalled by WIC_FAKEGPU_FAIL_STALL waits at most. */
+#define WIC_STALL_MAX (10 * HZ)
+
+/*
+ * Whether this call of a helper is one WIC_FAKEGPU_IOC_FAIL armed (@left is the space's count
+ * for the helper): stalls it first when asked to, then returns the errno to fail with, or 0 to
+ * go on as usual.
+ */
+static int wic_fail_take(struct uvm_wic_space *space, u32 *left, u32 gpu_id, u64 va, u64 len)
+{
+	u32 error = 0, flags = 0;
+	u64 gen;
+
+	mutex_lock(&space->lock);
+	if (*left) {
+		(*left)--;
+		error = space->fail_error;
+		flags = space->fail_flags;
+	}
+	gen = space->fail_gen;
+	mutex_unlock(&space->lock);
+	if (flags & WIC_FAKEGPU_FAIL_STALL) {
+		wic_log_event(WIC_FAKEGPU_EVENT_STALLED, gpu_id, va, len, 0);
+		wait_event_killable_timeout(space->fail_wait, READ_ONCE(space->fail_gen) != gen,
+					    WIC_STALL_MAX);
+	}
+	return -(int)error;
+}
+
+/* Arms failures of this space's next helper calls and lets the stalled ones go on. */
+static void wic_fail_arm(struct uvm_wic_space *space, const struct wic_fakegpu_fail *fail)
+{
+	mutex_lock(&space->lock);
+	space->fail_writes = fail->writes;
+	space->fail_maps = fail->maps;
+	space->fail_error = fail->error;
+	space->fail_flags = fail->flags;
+	WRITE_ONCE(space->fail_gen, space->fail_gen + 1);
+	mutex_unlock(&space->lock);
+	wake_up_all(&space->fail_wait);
+}
+
+static long wic_ioctl_fail(struct uvm_wic_space *space, struct wic_fakegpu_fail __user *uarg)
+{
+	struct wic_fakegpu_fail args;
+
+	if (copy_from_user(&args, uarg, sizeof(args)))
+		return -EFAULT;
+	if ((args.flags & ~WIC_FAKEGPU_FAIL_STALL) || args.error > WIC_FAKEGPU_MAX_ERRNO)
+		return -EINVAL;
+	if (!args.error && !args.flags && (args.writes || args.maps))
+		return -EINVAL;
+	wic_fail_arm(space, &args);
+	return 0;
+}
+
 static void wic_pages_reset(struct uvm_wic_space *space)
 {
+	static const struct wic_fakegpu_fail none;
 	u32 gpu_id;
 
 	mutex_lock(&space->lock);
@@ -257,6 +329,7 @@ static void wic_pages_reset(struct uvm_wic_space *space)
 		xa_destroy(&space->pages[gpu_id]);
 	space->nr_pages = 0;
 	mutex_unlock(&space->lock);
+	wic_fail_arm(space, &none);
 }
 
 /*
@@ -513,6 +586,8 @@ static long wic_fakegpu_ioctl(struct file *file, unsigned int cmd, unsigned long
 		wic_log_reset();
 		wic_pages_reset(space);
 		return 0;
+	case WIC_FAKEGPU_IOC_FAIL:
+		return wic_ioctl_fail(space, uarg);
 	default:
 		return -ENOTTY;
 	}
@@ -531,6 +606,7 @@ static int wic_fakegpu_open(struct inode *inode, struct file *file)
 	if (space->mm)
 		mmgrab(space->mm);
 	mutex_init(&space->lock);
+	init_waitqueue_head(&space->fail_wait);
 	for (gpu_id = 0; gpu_id < WIC_FAKEGPU_NR_GPUS; gpu_id++)
 		xa_init(&space->pages[gpu_id]);
 	file->private_data = space;
@@ -688,7 +764,7 @@ EXPORT_SYMBOL_GPL(uvm_wic_space_mm);
  * Return: 0; -EINVAL for bad arguments; -ENODEV for a space without mm; -EBUSY when a page
  * of the range is mapped on a fake GPU (unless the module parameter strict_write is off);
  * -ESRCH when the mm has exited; -EFAULT when part of the range could not be written (the
- * part before may have been); -EINTR on a fatal signal.
+ * part before may have been); -EINTR on a fatal signal; the errno WIC_FAKEGPU_IOC_FAIL armed.
  */
 int uvm_wic_write(struct uvm_wic_space *space, u64 va, const void *src, size_t len)
 {
@@ -699,6 +775,9 @@ int uvm_wic_write(struct uvm_wic_space *space, u64 va, const void *src, size_t l
 	might_sleep();
 	if (IS_ERR_OR_NULL(space) || !src || !len || va + (len - 1) < va)
 		return -EINVAL;
+	ret = wic_fail_take(space, &space->fail_writes, WIC_FAKEGPU_GPU_NONE, va, len);
+	if (ret)
+		return ret;
 	mm = space->mm;
 	if (!mm)
 		return -ENODEV;
@@ -734,7 +813,7 @@ EXPORT_SYMBOL_GPL(uvm_wic_write);
  *
  * Return: 0; -ENODEV for a bad @gpu_id; -EINVAL for a bad range; -E2BIG for a range of more
  * than %WIC_FAKEGPU_MAX_PAGES pages; -ENOSPC when the space would have more mapped pages than
- * that, or -ENOMEM (then part of the range may be mapped).
+ * that, or -ENOMEM (then part of the range may be mapped); the errno WIC_FAKEGPU_IOC_FAIL armed.
  */
 int uvm_wic_map(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len, bool writable)
 {
@@ -749,6 +828,9 @@ int uvm_wic_map(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len, bool w
 		return ret;
 	if (len >> WIC_FAKEGPU_PAGE_SHIFT > WIC_FAKEGPU_MAX_PAGES)
 		return -E2BIG;
+	ret = wic_fail_take(space, &space->fail_maps, gpu_id, va, len);
+	if (ret)
+		return ret;
 	if (writable)
 		set |= WIC_FAKEGPU_PAGE_WRITABLE;
 	ret = wic_pages_set(space, gpu_id, va >> WIC_FAKEGPU_PAGE_SHIFT,
@@ -841,6 +923,7 @@ static int __init wic_fakegpu_init(void)
 	BUILD_BUG_ON(sizeof(struct wic_fakegpu_inject) != 32);
 	BUILD_BUG_ON(sizeof(struct wic_fakegpu_events) != 32);
 	BUILD_BUG_ON(sizeof(struct wic_fakegpu_page_state) != 16);
+	BUILD_BUG_ON(sizeof(struct wic_fakegpu_fail) != 16);
 	BUILD_BUG_ON(WIC_FAKEGPU_FAULT_ENTRY_SIZE != UVM_WIC_FAULT_ENTRY_SIZE);
 	BUILD_BUG_ON(WIC_FAKEGPU_VERDICT_PASS != UVM_WIC_PASS);
 	BUILD_BUG_ON(WIC_FAKEGPU_VERDICT_HOLD != UVM_WIC_HOLD);

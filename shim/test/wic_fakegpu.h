@@ -16,6 +16,10 @@
  *
  * The fake checks one rule of uvm_wic.h: uvm_wic_write() to a page that is mapped on any fake
  * GPU fails with EBUSY, unless the module parameter strict_write is 0.
+ *
+ * A test driver can make the next calls of uvm_wic_write() and uvm_wic_map() on its space fail
+ * with an errno of its choice, or stall until it lets them go on (WIC_FAKEGPU_IOC_FAIL), to see
+ * what wic_shim does when nvidia-uvm refuses, or what happens while a helper runs.
  */
 #ifndef _WIC_FAKEGPU_H
 #define _WIC_FAKEGPU_H
@@ -56,6 +60,7 @@
 #define WIC_FAKEGPU_EVENT_REVOKE_WRITE 5	/* uvm_wic_revoke_write() */
 #define WIC_FAKEGPU_EVENT_REPLAY 6		/* uvm_wic_replay(), or uvm_wic_unregister() */
 #define WIC_FAKEGPU_EVENT_SERVICED 7		/* an injected fault passed and serviced */
+#define WIC_FAKEGPU_EVENT_STALLED 8		/* a call stalled by WIC_FAKEGPU_FAIL_STALL */
 
 /* Verdicts (WIC_FAKEGPU_IOC_INJECT), the values of enum uvm_wic_verdict. */
 #define WIC_FAKEGPU_VERDICT_PASS 0
@@ -76,7 +81,9 @@
  *	(bytes beyond @length are 0); 0 for the other kinds
  * @ns: when the call completed, CLOCK_MONOTONIC nanoseconds
  *
- * Only calls that succeeded are logged. Events appear in the order they were logged, which is
+ * Only calls that succeeded are logged, and calls that start to stall
+ * (WIC_FAKEGPU_EVENT_STALLED, with the call's @gpu_id, WIC_FAKEGPU_GPU_NONE for a write, @va
+ * and @length, logged before the stall). Events appear in the order they were logged, which is
  * the order of @ns.
  */
 struct wic_fakegpu_event {
@@ -155,12 +162,45 @@ struct wic_fakegpu_page_state {
 	__u64 va;
 };
 
+/* struct wic_fakegpu_fail flags. */
+#define WIC_FAKEGPU_FAIL_STALL (1U << 0)	/* stall each such call first (see below) */
+/* The largest errno struct wic_fakegpu_fail takes. */
+#define WIC_FAKEGPU_MAX_ERRNO 4095
+
+/**
+ * struct wic_fakegpu_fail - make this space's next helper calls fail, or stall
+ * @writes: in: how many of the next uvm_wic_write() calls on this file's space are affected
+ * @maps: in: how many of the next uvm_wic_map() calls on this file's space are affected
+ * @error: in: 0, or the (positive) errno an affected call fails with, at most
+ *	WIC_FAKEGPU_MAX_ERRNO; it then fails once its arguments are checked, before it changes
+ *	anything, and logs nothing
+ * @flags: in: WIC_FAKEGPU_FAIL_* bits. With WIC_FAKEGPU_FAIL_STALL an affected call first logs
+ *	WIC_FAKEGPU_EVENT_STALLED and waits until the next WIC_FAKEGPU_IOC_FAIL or
+ *	WIC_FAKEGPU_IOC_RESET on this file (or 10 s, or a fatal signal), then fails with @error,
+ *	or with @error 0 goes on as usual
+ *
+ * Each call replaces the counts of the one before (0 and 0 affect nothing) and lets every stalled
+ * call of this space go on. WIC_FAKEGPU_IOC_RESET sets both counts to 0. Errors: EINVAL for an
+ * unknown flag, an @error above WIC_FAKEGPU_MAX_ERRNO, or neither @error nor
+ * WIC_FAKEGPU_FAIL_STALL with a count above 0.
+ */
+struct wic_fakegpu_fail {
+	__u32 writes;
+	__u32 maps;
+	__u32 error;
+	__u32 flags;
+};
+
 #define WIC_FAKEGPU_IOC_MAGIC 'F'
 
 #define WIC_FAKEGPU_IOC_INJECT _IOWR(WIC_FAKEGPU_IOC_MAGIC, 1, struct wic_fakegpu_inject)
 #define WIC_FAKEGPU_IOC_EVENTS _IOWR(WIC_FAKEGPU_IOC_MAGIC, 2, struct wic_fakegpu_events)
 #define WIC_FAKEGPU_IOC_PAGE_STATE _IOWR(WIC_FAKEGPU_IOC_MAGIC, 3, struct wic_fakegpu_page_state)
-/* Empty the event log (and its overflow count) and unmap every page of this file's space. */
+/*
+ * Empty the event log (and its overflow count), unmap every page of this file's space and
+ * cancel its armed failures (struct wic_fakegpu_fail).
+ */
 #define WIC_FAKEGPU_IOC_RESET _IO(WIC_FAKEGPU_IOC_MAGIC, 4)
+#define WIC_FAKEGPU_IOC_FAIL _IOW(WIC_FAKEGPU_IOC_MAGIC, 5, struct wic_fakegpu_fail)
 
 #endif /* _WIC_FAKEGPU_H */

@@ -46,6 +46,8 @@ pub const EVENT_REVOKE_WRITE: u32 = 5;
 pub const EVENT_REPLAY: u32 = 6;
 /// `WIC_FAKEGPU_EVENT_SERVICED`.
 pub const EVENT_SERVICED: u32 = 7;
+/// `WIC_FAKEGPU_EVENT_STALLED`.
+pub const EVENT_STALLED: u32 = 8;
 /// `WIC_FAKEGPU_VERDICT_PASS`.
 pub const VERDICT_PASS: u8 = 0;
 /// `WIC_FAKEGPU_VERDICT_HOLD`.
@@ -54,6 +56,10 @@ pub const VERDICT_HOLD: u8 = 1;
 pub const PAGE_MAPPED: u32 = 1;
 /// `WIC_FAKEGPU_PAGE_WRITABLE`.
 pub const PAGE_WRITABLE: u32 = 2;
+/// `WIC_FAKEGPU_FAIL_STALL`.
+pub const FAIL_STALL: u32 = 1;
+/// `WIC_FAKEGPU_MAX_ERRNO`.
+pub const MAX_ERRNO: u32 = 4095;
 /// `WIC_FAKEGPU_IOC_MAGIC`.
 pub const IOC_MAGIC: u8 = b'F';
 
@@ -101,6 +107,16 @@ c_struct! {
     }
 }
 
+c_struct! {
+    /// `struct wic_fakegpu_fail`: the next helper calls of a space that fail or stall.
+    pub struct Fail = "wic_fakegpu_fail" {
+        pub writes: u32,
+        pub maps: u32,
+        pub error: u32,
+        pub flags: u32,
+    }
+}
+
 /// `WIC_FAKEGPU_IOC_INJECT`.
 pub const IOC_INJECT: u32 = nix::request_code_readwrite!(IOC_MAGIC, 1, std::mem::size_of::<Inject>()) as u32;
 /// `WIC_FAKEGPU_IOC_EVENTS`.
@@ -109,12 +125,15 @@ pub const IOC_EVENTS: u32 = nix::request_code_readwrite!(IOC_MAGIC, 2, std::mem:
 pub const IOC_PAGE_STATE: u32 = nix::request_code_readwrite!(IOC_MAGIC, 3, std::mem::size_of::<PageState>()) as u32;
 /// `WIC_FAKEGPU_IOC_RESET`.
 pub const IOC_RESET: u32 = nix::request_code_none!(IOC_MAGIC, 4) as u32;
+/// `WIC_FAKEGPU_IOC_FAIL`.
+pub const IOC_FAIL: u32 = nix::request_code_write!(IOC_MAGIC, 5, std::mem::size_of::<Fail>()) as u32;
 
 nix::ioctl_readwrite_bad!(ioc_inject, IOC_INJECT, Inject);
 nix::ioctl_readwrite_bad!(ioc_events, IOC_EVENTS, Events);
 nix::ioctl_readwrite_bad!(ioc_page_state, IOC_PAGE_STATE, PageState);
 // With an explicit zero argument: the module refuses a non-zero one.
 nix::ioctl_write_int_bad!(ioc_reset, IOC_RESET);
+nix::ioctl_write_ptr_bad!(ioc_fail, IOC_FAIL, Fail);
 
 /// Every constant of the header with its value, for the ABI test.
 pub fn constants() -> Vec<(&'static str, i128)> {
@@ -135,15 +154,19 @@ pub fn constants() -> Vec<(&'static str, i128)> {
         ("WIC_FAKEGPU_EVENT_REVOKE_WRITE", EVENT_REVOKE_WRITE.into()),
         ("WIC_FAKEGPU_EVENT_REPLAY", EVENT_REPLAY.into()),
         ("WIC_FAKEGPU_EVENT_SERVICED", EVENT_SERVICED.into()),
+        ("WIC_FAKEGPU_EVENT_STALLED", EVENT_STALLED.into()),
         ("WIC_FAKEGPU_VERDICT_PASS", VERDICT_PASS.into()),
         ("WIC_FAKEGPU_VERDICT_HOLD", VERDICT_HOLD.into()),
         ("WIC_FAKEGPU_PAGE_MAPPED", PAGE_MAPPED.into()),
         ("WIC_FAKEGPU_PAGE_WRITABLE", PAGE_WRITABLE.into()),
+        ("WIC_FAKEGPU_FAIL_STALL", FAIL_STALL.into()),
+        ("WIC_FAKEGPU_MAX_ERRNO", MAX_ERRNO.into()),
         ("WIC_FAKEGPU_IOC_MAGIC", IOC_MAGIC.into()),
         ("WIC_FAKEGPU_IOC_INJECT", IOC_INJECT.into()),
         ("WIC_FAKEGPU_IOC_EVENTS", IOC_EVENTS.into()),
         ("WIC_FAKEGPU_IOC_PAGE_STATE", IOC_PAGE_STATE.into()),
         ("WIC_FAKEGPU_IOC_RESET", IOC_RESET.into()),
+        ("WIC_FAKEGPU_IOC_FAIL", IOC_FAIL.into()),
     ]
 }
 
@@ -154,6 +177,7 @@ pub fn structs() -> Vec<StructLayout> {
         StructLayout::of::<Inject>(Inject::C_NAME, Inject::FIELDS),
         StructLayout::of::<Events>(Events::C_NAME, Events::FIELDS),
         StructLayout::of::<PageState>(PageState::C_NAME, PageState::FIELDS),
+        StructLayout::of::<Fail>(Fail::C_NAME, Fail::FIELDS),
     ]
 }
 
@@ -212,9 +236,17 @@ impl FakeGpu {
         Ok(arg.flags)
     }
 
-    /// Empties the event log and unmaps this space's pages.
+    /// Empties the event log, unmaps this space's pages and cancels its armed failures.
     pub fn reset(&self) -> io::Result<()> {
         // SAFETY: checked ABI; no argument.
         check(unsafe { ioc_reset(self.file.as_raw_fd(), 0) }).map(drop)
+    }
+
+    /// Makes the next `fail.writes` `uvm_wic_write()` and `fail.maps` `uvm_wic_map()` calls on
+    /// this space fail with `fail.error` (or stall first, with [`FAIL_STALL`]), replacing what
+    /// was armed before and letting every stalled call go on.
+    pub fn fail(&self, fail: Fail) -> io::Result<()> {
+        // SAFETY: checked ABI; the module reads `fail`.
+        check(unsafe { ioc_fail(self.file.as_raw_fd(), &fail) }).map(drop)
     }
 }

@@ -3,11 +3,12 @@
 //! (crate wic-kmod) and engine.
 //!
 //! Usage: `wic-vmtest SCENARIO...` with scenarios `deliver`, `daemon-death`, `hostile`,
-//! `storms`, `service` (needs `wicd` on the PATH), `bench` or `all` (all but `bench`). Prints `PASS name` or `FAIL name: why` per scenario
+//! `storms`, `closing`, `service` (needs `wicd` on the PATH), `bench` or `all` (all but `bench`). Prints `PASS name` or `FAIL name: why` per scenario
 //! and exits non-zero if any failed. `bench` prints its results as a file block for the
 //! harness (`WIC-VM-FILE-BEGIN kernel-bench.json`).
 
 mod bench;
+mod closing;
 mod death;
 mod deliver;
 mod hostile;
@@ -24,7 +25,7 @@ fn main() -> ExitCode {
     }
     let mut scenarios: Vec<&str> = args.iter().map(String::as_str).collect();
     if scenarios.is_empty() || scenarios == ["all"] {
-        scenarios = vec!["deliver", "daemon-death", "hostile", "storms", "service"];
+        scenarios = vec!["deliver", "daemon-death", "hostile", "storms", "closing", "service"];
     }
     let mut failed = 0;
     for name in scenarios {
@@ -33,9 +34,10 @@ fn main() -> ExitCode {
             "daemon-death" => death::run(),
             "hostile" => hostile::run(),
             "storms" => storms::run(),
+            "closing" => closing::run(),
             "service" => service::run(),
             "bench" => bench::run(),
-            other => Err(format!("unknown scenario {other:?} (deliver, daemon-death, hostile, storms, service, bench, all)")),
+            other => Err(format!("unknown scenario {other:?} (deliver, daemon-death, hostile, storms, closing, service, bench, all)")),
         };
         match result {
             Ok(()) => println!("PASS {name}"),
