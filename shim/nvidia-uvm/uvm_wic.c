@@ -234,6 +234,30 @@ out:
 	return num_held == count;
 }
 
+bool uvm_wic_active(void)
+{
+	return rcu_access_pointer(wic_ops) != NULL;
+}
+
+bool uvm_wic_run_needs_replay(uvm_parent_gpu_t *parent_gpu,
+			      NV_STATUS status,
+			      NvU32 num_batches,
+			      NvU32 num_wic_held_batches,
+			      NvU32 max_batches)
+{
+	/* Some batch was serviced (or none was fetched): the driver's own rule applies. */
+	if (num_batches == 0 || num_wic_held_batches != num_batches)
+		return true;
+
+	/*
+	 * Held faults only. The overflow flag is cleared by every START replay, so a replay
+	 * issued for it makes the held faults fault again into a buffer with room: the next run
+	 * is held-only with no overflow and replays no more.
+	 */
+	return status != NV_OK || num_batches >= max_batches ||
+	       parent_gpu->fault_buffer.replayable.overflow_seen;
+}
+
 /**
  * uvm_wic_register() - install the shim's callbacks
  * @ops: the callbacks; must stay valid until uvm_wic_unregister() returns

@@ -9,7 +9,17 @@
 
 #include <linux/types.h>
 
+#include "nvtypes.h"
+#include "nvstatus.h"
 #include "uvm_forward_decl.h"
+
+/**
+ * uvm_wic_active() - whether callbacks are registered
+ *
+ * Only a hint (the callbacks may come or go right after): the fault path uses it to skip work
+ * that only wic needs. Any context.
+ */
+bool uvm_wic_active(void);
 
 /**
  * uvm_wic_classify_batch() - let the registered callbacks mark the faults of a batch as held
@@ -23,5 +33,28 @@
  * Return: true when the batch has at least one fault and every fault in it is held.
  */
 bool uvm_wic_classify_batch(uvm_fault_service_batch_context_t *batch_context);
+
+/**
+ * uvm_wic_run_needs_replay() - whether a bottom-half run still needs its final replay
+ * @parent_gpu: the GPU whose replayable faults the run serviced
+ * @status: the run's status
+ * @num_batches: the batches the run counted
+ * @num_wic_held_batches: those of them made only of held faults (uvm_wic_classify_batch())
+ * @max_batches: the most batches a run services (uvm_perf_fault_max_batches_per_service)
+ *
+ * Called, with the ISR lock held, where the run would issue the replay that makes sure faults
+ * dropped from the buffer fault again. A run made only of held faults skips it, since the replay
+ * would only make every held fault fault again, unless faults may have been dropped: the buffer
+ * overflowed or was found full since the last START replay
+ * (&uvm_replayable_fault_buffer_struct.overflow_seen), the run stopped on @max_batches (a
+ * backlog), or it failed.
+ *
+ * Return: false only for a run of held faults that cannot have dropped any.
+ */
+bool uvm_wic_run_needs_replay(uvm_parent_gpu_t *parent_gpu,
+			      NV_STATUS status,
+			      NvU32 num_batches,
+			      NvU32 num_wic_held_batches,
+			      NvU32 max_batches);
 
 #endif /* _UVM_WIC_HOOK_H */
