@@ -97,6 +97,15 @@ struct wic_attach {
  * space; ENOSPC when the session holds WIC_MAX_RANGES ranges; EFAULT when the range is not
  * inside mappings of the space's process (touching mappings may share it); EEXIST when it
  * overlaps a range of the space. WIC_IOC_UNREGISTER fails with ENOENT for an id no range has.
+ *
+ * WIC_IOC_UNREGISTER (a range) and WIC_IOC_DETACH (a space and all its ranges) first complete
+ * the faults held there with the channel-closed marker: each held PCM page gets the marker and
+ * every held page is mapped; faults arriving meanwhile are held and completed too, never
+ * recorded. Only then are the pages no longer wic pages and their GPUs replayed. When
+ * nvidia-uvm refuses a marker's write or map (EAGAIN while it is suspended, ENOMEM, ENODATA,
+ * EBUSY) the call fails with that errno and leaves the range or space registered, its
+ * remaining faults held: call again, or closing the session completes them. A page whose
+ * process, memory or GPU is gone (ESRCH, EFAULT, ENODEV) is dropped without its marker.
  */
 struct wic_range {
 	__u32 space_id;
