@@ -10,6 +10,12 @@
  * Lock order (nvidia-uvm): GLOBAL < ISR < mmap_lock < va_space < va_block. The classify
  * callback runs in the replayable-fault bottom half with the ISR lock held; every other entry
  * point is called from process context with no UVM lock held.
+ *
+ * GPUs: only those that cancel faults by VA (fault_cancel_va_supported: Volta and later).
+ * Pre-Volta GPUs (Pascal, which the proprietary 580 nvidia.ko still drives) cancel faults per
+ * uTLB, and those paths would kill the contexts of held faults or service their pages: their
+ * faults are never shown to classify (so never held), and the helpers refuse them with
+ * -EOPNOTSUPP.
  */
 #ifndef _UVM_WIC_H
 #define _UVM_WIC_H
@@ -67,7 +73,8 @@ enum uvm_wic_verdict {
  * @owner: the module implementing the callbacks
  * @classify: called for each coalesced fault of a batch, right after preprocessing, in the
  *	bottom half with the ISR lock held and inside an RCU read-side section: it must not
- *	sleep nor call back into nvidia-uvm
+ *	sleep nor call back into nvidia-uvm. Never called for fatal faults nor for faults of a
+ *	pre-Volta GPU
  */
 struct uvm_wic_ops {
 	struct module *owner;
@@ -99,7 +106,8 @@ void uvm_wic_unregister(const struct uvm_wic_ops *ops);
  * Takes a reference that keeps the space alive until uvm_wic_space_put().
  *
  * Return: the space, or an ERR_PTR: -EBADF when @uvm_file is not a UVM VA-space file,
- * -ENODEV when the space has no mm (it was not initialised by a process).
+ * -ENODEV when the space has no mm (it was not initialised by a process), -EOPNOTSUPP when
+ * a pre-Volta GPU is registered in the space.
  */
 struct uvm_wic_space *uvm_wic_space_get(struct file *uvm_file);
 
@@ -140,7 +148,7 @@ int uvm_wic_write(struct uvm_wic_space *space, u64 va, const void *src, size_t l
  *
  * Process context only; returns once the mapping is in place.
  *
- * Return: 0 or a negative errno.
+ * Return: 0 or a negative errno (-EOPNOTSUPP for a pre-Volta GPU).
  */
 int uvm_wic_map(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len, bool writable);
 
@@ -151,7 +159,7 @@ int uvm_wic_map(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len, bool w
  * @va: page-aligned start
  * @len: page-aligned length
  *
- * Return: 0 or a negative errno.
+ * Return: 0 or a negative errno (-EOPNOTSUPP for a pre-Volta GPU).
  */
 int uvm_wic_unmap(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len);
 
@@ -162,7 +170,7 @@ int uvm_wic_unmap(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len);
  * @va: page-aligned start
  * @len: page-aligned length
  *
- * Return: 0 or a negative errno.
+ * Return: 0 or a negative errno (-EOPNOTSUPP for a pre-Volta GPU).
  */
 int uvm_wic_revoke_write(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len);
 
@@ -173,7 +181,8 @@ int uvm_wic_revoke_write(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 le
  * Flushes the GPU's fault buffer and issues a replay: every stalled access retries; those
  * whose pages are now mapped resume, the others fault again.
  *
- * Return: 0 or a negative errno (-ENODEV for an unknown GPU).
+ * Return: 0 or a negative errno (-ENODEV for an unknown GPU, -EOPNOTSUPP for a pre-Volta
+ * GPU).
  */
 int uvm_wic_replay(u32 gpu_id);
 

@@ -170,6 +170,12 @@ static void wic_encode_entry(const uvm_fault_buffer_entry_t *entry, u8 raw[UVM_W
 	}
 }
 
+/* wic holds faults only on GPUs that cancel faults by VA (Volta and later), see uvm_wic.h. */
+static bool wic_gpu_supported(const uvm_gpu_t *gpu)
+{
+	return gpu->parent->fault_cancel_va_supported;
+}
+
 static bool wic_same_page(const uvm_fault_buffer_entry_t *a, const uvm_fault_buffer_entry_t *b)
 {
 	return a->va_space == b->va_space && a->gpu == b->gpu && a->fault_address == b->fault_address;
@@ -198,6 +204,10 @@ bool uvm_wic_classify_batch(uvm_fault_service_batch_context_t *batch_context)
 	 * one page's faults are adjacent, its prefetch-only entries last. A prefetch-only entry
 	 * is shown with UVM_WIC_FAULT_PREFETCH, which the shim holds without recording: nothing
 	 * waits on it and it is never replayed, but serviced it would map the page.
+	 *
+	 * Faults of a GPU without fault_cancel_va_supported (Pascal) are never shown, so never
+	 * held: its cancel paths (cancel_fault_batch_tlb(), cancel_faults_precise_tlb()) do not
+	 * classify and would cancel the held faults' contexts or service their pages.
 	 */
 	for (i = 0; i < count; i = j) {
 		bool held = false;
@@ -205,7 +215,8 @@ bool uvm_wic_classify_batch(uvm_fault_service_batch_context_t *batch_context)
 		for (j = i; j < count && wic_same_page(cache[j], cache[i]); j++) {
 			uvm_fault_buffer_entry_t *entry = cache[j];
 
-			if (entry->is_fatal || !entry->va_space || !entry->gpu)
+			if (entry->is_fatal || !entry->va_space || !entry->gpu ||
+			    !wic_gpu_supported(entry->gpu))
 				continue;
 
 			fault.space = (struct uvm_wic_space *)entry->va_space;
@@ -378,6 +389,21 @@ static void wic_space_ref_free(struct wic_space_ref *ref)
 	uvm_kvfree(ref);
 }
 
+static bool wic_space_gpus_supported(uvm_va_space_t *va_space)
+{
+	bool supported = true;
+	uvm_gpu_t *gpu;
+
+	uvm_va_space_down_read(va_space);
+	for_each_va_space_gpu(gpu, va_space) {
+		if (!wic_gpu_supported(gpu))
+			supported = false;
+	}
+	uvm_va_space_up_read(va_space);
+
+	return supported;
+}
+
 static struct uvm_wic_space *wic_space_get(struct file *uvm_file)
 {
 	uvm_va_space_t *va_space;
@@ -404,6 +430,15 @@ static struct uvm_wic_space *wic_space_get(struct file *uvm_file)
 	mm = uvm_va_space_mm_retain(va_space);
 	if (!mm)
 		return ERR_PTR(-ENODEV);
+
+	/*
+	 * Not a space using a GPU that wic does not support. A GPU registered later is still
+	 * never held (uvm_wic_classify_batch()) and refused by the helpers.
+	 */
+	if (!wic_space_gpus_supported(va_space)) {
+		uvm_va_space_mm_release(va_space);
+		return ERR_PTR(-EOPNOTSUPP);
+	}
 
 	new = uvm_kvmalloc_zero(sizeof(*new));
 	if (!new) {
@@ -444,7 +479,8 @@ static struct uvm_wic_space *wic_space_get(struct file *uvm_file)
  *
  * Return: the space, or an ERR_PTR: -EBADF when @uvm_file is not a UVM VA-space file,
  * -ENODEV when the space has no mm (it was not initialised by a process, or the process
- * is exiting), -ENOMEM.
+ * is exiting), -EOPNOTSUPP when a GPU registered in the space cannot cancel faults by VA
+ * (pre-Volta: Pascal), -ENOMEM.
  */
 struct uvm_wic_space *uvm_wic_space_get(struct file *uvm_file)
 {
@@ -786,6 +822,7 @@ static int wic_pte_op(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len, 
 	struct mm_struct *mm;
 	NV_STATUS status = NV_OK;
 	NV_STATUS tracker_status;
+	bool unsupported = false;
 	u64 end, addr;
 
 	if (!wic_range_valid(va, len))
@@ -817,6 +854,10 @@ static int wic_pte_op(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len, 
 	gpu = uvm_gpu_get(id);
 	if (!gpu || !uvm_gpu_va_space_get(va_space, gpu)) {
 		status = NV_ERR_INVALID_DEVICE;
+		goto unlock;
+	}
+	if (!wic_gpu_supported(gpu)) {
+		unsupported = true;
 		goto unlock;
 	}
 
@@ -855,6 +896,8 @@ unlock:
 		return -ENODEV;
 	if (status == NV_ERR_INVALID_STATE)
 		return -ENODATA;
+	if (unsupported)
+		return -EOPNOTSUPP;
 
 	return wic_errno(status);
 }
@@ -887,9 +930,10 @@ static int wic_pte_op_entry(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64
  * span VA blocks.
  *
  * Return: 0 or a negative errno: -EINVAL for an unaligned or empty range, -ENODEV for a GPU
- * not registered in the space, -ENODATA when a page is resident nowhere, -EFAULT for an address
- * outside managed memory, -ESRCH when the process is gone, -EAGAIN while the driver is
- * suspended.
+ * not registered in the space, -EOPNOTSUPP for a GPU that cannot cancel faults by VA
+ * (pre-Volta: Pascal; wic never holds its faults), -ENODATA when a page is resident nowhere,
+ * -EFAULT for an address outside managed memory, -ESRCH when the process is gone, -EAGAIN
+ * while the driver is suspended.
  */
 int uvm_wic_map(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len, bool writable)
 {
@@ -942,7 +986,6 @@ EXPORT_SYMBOL_GPL(uvm_wic_revoke_write);
 static int wic_replay(u32 gpu_id)
 {
 	uvm_gpu_t *gpu;
-	NV_STATUS status;
 	int ret;
 
 	if (!wic_gpu_id_valid(gpu_id))
@@ -969,15 +1012,17 @@ static int wic_replay(u32 gpu_id)
 	 * the hardware buffer (their accesses are replayed too) and pushes a REPLAY_START
 	 * without waiting for it: callers wait for their PTE writes first (uvm_wic_map()).
 	 */
-	if (gpu->parent->replayable_faults_supported)
-		status = uvm_gpu_fault_buffer_flush(gpu);
+	if (!gpu->parent->replayable_faults_supported)
+		ret = -ENOSYS;
+	else if (!wic_gpu_supported(gpu))
+		ret = -EOPNOTSUPP;
 	else
-		status = NV_ERR_NOT_SUPPORTED;
+		ret = wic_errno(uvm_gpu_fault_buffer_flush(gpu));
 
 	uvm_gpu_release(gpu);
 	wic_exit();
 
-	return wic_errno(status);
+	return ret;
 }
 
 /**
@@ -989,7 +1034,8 @@ static int wic_replay(u32 gpu_id)
  * lock held.
  *
  * Return: 0 or a negative errno (-ENODEV for an unknown GPU, -ENOSYS for a GPU without
- * replayable faults, -EAGAIN while the driver is suspended).
+ * replayable faults, -EOPNOTSUPP for a GPU that cannot cancel faults by VA (pre-Volta:
+ * Pascal; wic never holds its faults), -EAGAIN while the driver is suspended).
  */
 int uvm_wic_replay(u32 gpu_id)
 {
