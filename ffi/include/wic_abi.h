@@ -73,6 +73,11 @@ struct wic_version {
  * struct wic_attach - attach an application's UVM VA space to the session
  * @uvm_fd: in: the daemon's descriptor of the application's /dev/nvidia-uvm file
  * @space_id: out: the id commands and records use for this space (never 0)
+ *
+ * Errors: EINVAL when @space_id is not 0 on input; EBADF when @uvm_fd is no descriptor or not
+ * an nvidia-uvm VA-space file; ENODEV when that space has no process yet; EOPNOTSUPP when a GPU registered in the space cannot cancel faults
+ * per VA (Pascal and older), whose faults wic never holds; EEXIST when the space is attached
+ * already; ENOSPC past WIC_MAX_SPACES. Commands naming such a GPU fail with EOPNOTSUPP.
  */
 struct wic_attach {
 	__s32 uvm_fd;
