@@ -360,12 +360,15 @@ static bool wic_page_gone(int err)
 
 /*
  * Whether wic_complete_held() goes on past @err for the held fault @held: with @best_effort,
- * or when the page is gone; then the fault is released unmapped and its GPU replayed.
+ * when the page is gone, or when nvidia-uvm cannot map it on that GPU (-EXDEV: its marker is
+ * written; once the page is no longer a wic page the fault comes back and nvidia-uvm services
+ * it, migrating the page, as it would any fault); then the fault is released unmapped and its
+ * GPU replayed.
  */
 static bool wic_complete_skip(struct wic_session *s, struct wic_held *held, int err,
 			      bool best_effort, unsigned long *replay)
 {
-	if (!best_effort && !wic_page_gone(err))
+	if (!best_effort && !wic_page_gone(err) && err != -EXDEV)
 		return false;
 	pr_warn_ratelimited("cannot complete held page %#llx: %d\n", held->va, err);
 	wic_held_done(s, held, replay);
@@ -387,8 +390,10 @@ static bool wic_complete_skip(struct wic_session *s, struct wic_held *held, int 
  * when no fault is held there. A held fault must end this way, never be cancelled: cancelling
  * kills the application's CUDA context. A fault whose page's process, memory or GPU is gone
  * (-ESRCH, -EFAULT or -ENODEV from nvidia-uvm) is released unmapped: no warp can read the page.
- * Any other failure stops it, unless @best_effort (then the fault is released unmapped, and
- * its warp faults again after the replay).
+ * So is one whose page nvidia-uvm cannot map on that GPU (-EXDEV), its marker written: once
+ * the page is no longer a wic page, nvidia-uvm services its fault. Any other failure stops
+ * it, unless @best_effort (then the fault is released unmapped, and its warp faults again
+ * after the replay).
  *
  * Return: 0, or the errno of the write or map that failed: that fault and those not reached
  * stay held; those completed before stay completed, their GPUs in @replay.
@@ -721,6 +726,13 @@ static long wic_register(struct wic_session *s, struct wic_range __user *uarg)
 	space = wic_space(s, r.space_id);
 	err = wic_check_register(&r, space ? &space->ranges : NULL, s->nr_ranges, wic_inside_mm,
 				 space ? space->uvm : NULL, &end, &at);
+	if (err)
+		return err;
+	/*
+	 * nvidia-uvm completes faults on managed memory only: one held on any other page (HMM:
+	 * malloc, mmap) could never be completed.
+	 */
+	err = uvm_wic_range_managed(space->uvm, r.start, r.length);
 	if (err)
 		return err;
 	ranges = kvmalloc_array(space->ranges.nr + 1, sizeof(*ranges), GFP_KERNEL);

@@ -101,7 +101,10 @@ struct wic_attach {
  * broken, or a range that would end past 2^64 - 1; ENOENT when @space_id names no attached
  * space; ENOSPC when the session holds WIC_MAX_RANGES ranges; EFAULT when the range is not
  * inside mappings of the space's process (touching mappings may share it); EEXIST when it
- * overlaps a range of the space. WIC_IOC_UNREGISTER fails with ENOENT for an id no range has.
+ * overlaps a range of the space; EMEDIUMTYPE when it is not entirely managed memory of the
+ * space (cudaMallocManaged): malloc or mmap memory (HMM for nvidia-uvm) and other allocations
+ * are refused, since nvidia-uvm can complete faults on managed memory only; EAGAIN while
+ * nvidia-uvm is suspended. WIC_IOC_UNREGISTER fails with ENOENT for an id no range has.
  *
  * WIC_IOC_UNREGISTER (a range) and WIC_IOC_DETACH (a space and all its ranges) first complete
  * the faults held there with the channel-closed marker: each held PCM page gets the marker and
@@ -110,7 +113,10 @@ struct wic_attach {
  * nvidia-uvm refuses a marker's write or map (EAGAIN while it is suspended, ENOMEM, ENODATA,
  * EBUSY) the call fails with that errno and leaves the range or space registered, its
  * remaining faults held: call again, or closing the session completes them. A page whose
- * process, memory or GPU is gone (ESRCH, EFAULT, ENODEV) is dropped without its marker.
+ * process, memory or GPU is gone (ESRCH, EFAULT, ENODEV) is dropped without its marker. A
+ * held page nvidia-uvm cannot map on the faulting GPU (EXDEV, see struct wic_command) gets
+ * its marker and is released unmapped: once the range is gone its fault comes back and
+ * nvidia-uvm services it as any fault, so the warp reads the marker.
  */
 struct wic_range {
 	__u32 space_id;
@@ -161,6 +167,17 @@ struct wic_range {
  * the pages (or the companion's) are not inside one range of the kind the opcode needs; EINVAL
  * for the data's @length or the marker's @arg. Running the command may fail too (EFAULT for
  * @arg bytes that cannot be read, or what nvidia-uvm returns).
+ *
+ * WIC_CMD_MAP, WIC_CMD_SERVICE_PAT and WIC_CMD_COMPLETE release held faults only when the map
+ * succeeded. It fails with ENODATA when a page is resident nowhere (write it first) and with
+ * EXDEV when nvidia-uvm cannot map a page on @gpu_id: it is resident only on a GPU without
+ * peer access to @gpu_id, or policy keeps it from a remote mapping (read duplication, a
+ * preferred location on @gpu_id, a UVM-Lite GPU), or a writable map was asked of a
+ * read-duplicated page. Then the faults stay held (other pages of the command may be mapped
+ * already) and the application's warps stay stalled on those pages; nothing faults again in
+ * a loop. They are released by a later map that succeeds (once the application moved the
+ * pages, e.g. prefetched them to the CPU), by WIC_IOC_UNREGISTER or WIC_IOC_DETACH (marker,
+ * see struct wic_range), or when the session ends (daemon-gone marker, released unmapped).
  */
 struct wic_command {
 	__u32 opcode;

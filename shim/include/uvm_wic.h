@@ -22,7 +22,12 @@
 
 #include <linux/types.h>
 
-#define UVM_WIC_HOOK_VERSION 2
+/*
+ * Bumped whenever an export is added or changes its contract, so that a copy of this header
+ * found in an nvidia-uvm tree can be told apart from the shim's. 3: uvm_wic_range_managed(),
+ * uvm_wic_map() fails with -EXDEV for pages it cannot map.
+ */
+#define UVM_WIC_HOOK_VERSION 3
 
 /* Size of one hardware replayable fault-buffer entry (clc369.h). */
 #define UVM_WIC_FAULT_ENTRY_SIZE 32
@@ -139,6 +144,21 @@ struct mm_struct *uvm_wic_space_mm(struct uvm_wic_space *space);
 int uvm_wic_write(struct uvm_wic_space *space, u64 va, const void *src, size_t len);
 
 /**
+ * uvm_wic_range_managed() - whether a range is managed memory of a space
+ * @space: the space
+ * @va: page-aligned start
+ * @len: page-aligned length
+ *
+ * The other helpers work on managed memory (cudaMallocManaged) only: a fault on any other
+ * page (HMM: malloc, mmap) could be held but never completed. Process context only.
+ *
+ * Return: 0 when managed allocations of @space cover [@va, @va + @len) without a gap,
+ * -EMEDIUMTYPE when they do not, -EINVAL for an unaligned, empty or wrapping range, -EAGAIN
+ * while the driver is suspended.
+ */
+int uvm_wic_range_managed(struct uvm_wic_space *space, u64 va, u64 len);
+
+/**
  * uvm_wic_map() - map managed pages on a GPU, so that faults on them can be replayed
  * @space: the space
  * @gpu_id: the GPU
@@ -146,9 +166,15 @@ int uvm_wic_write(struct uvm_wic_space *space, u64 va, const void *src, size_t l
  * @len: page-aligned length
  * @writable: map read-write (a producer's PAT page) rather than read-only
  *
- * Process context only; returns once the mapping is in place.
+ * Process context only; returns once the mapping is in place. Every page is checked once
+ * mapped: nvidia-uvm's own map skips without an error pages it cannot map on this GPU, and a
+ * fault released on such a page would come back at once, forever.
  *
- * Return: 0 or a negative errno (-EOPNOTSUPP for a pre-Volta GPU).
+ * Return: 0 or a negative errno: -EOPNOTSUPP for a pre-Volta GPU, -ENODATA when a page is
+ * resident nowhere, -EXDEV when a page cannot be mapped on @gpu_id as asked (resident only on
+ * a GPU without peer access to it; read duplication, a preferred location on @gpu_id or
+ * UVM-Lite keeping it from a remote mapping; a writable map of a read-duplicated page). On an
+ * error other pages of the range may be mapped.
  */
 int uvm_wic_map(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len, bool writable);
 

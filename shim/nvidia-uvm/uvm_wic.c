@@ -42,6 +42,7 @@
 #include "uvm_processors.h"
 #include "uvm_tracker.h"
 #include "uvm_va_block.h"
+#include "uvm_va_range.h"
 #include "uvm_va_space.h"
 #include "uvm_va_space_mm.h"
 #include "uvm_wic.h"
@@ -741,6 +742,68 @@ int uvm_wic_write(struct uvm_wic_space *space, u64 va, const void *src, size_t l
 EXPORT_SYMBOL_GPL(uvm_wic_write);
 
 /*
+ * Managed memory
+ */
+
+/* Whether managed VA ranges of @va_space cover [va, va + len) without a gap. */
+static bool wic_managed_covered(uvm_va_space_t *va_space, u64 va, u64 len)
+{
+	uvm_va_range_managed_t *managed_range;
+	u64 end = va + len - 1;
+	bool covered = false;
+
+	uvm_va_space_down_read(va_space);
+	uvm_for_each_va_range_managed_in_contig(managed_range, va_space, va, end) {
+		if (managed_range->va_range.node.end >= end) {
+			covered = true;
+			break;
+		}
+	}
+	uvm_va_space_up_read(va_space);
+
+	return covered;
+}
+
+static int wic_range_managed_entry(struct uvm_wic_space *space, u64 va, u64 len)
+{
+	bool covered;
+	int ret;
+
+	if (!wic_range_valid(va, len))
+		return -EINVAL;
+
+	ret = wic_enter();
+	if (ret)
+		return ret;
+
+	covered = wic_managed_covered(wic_va_space(space), va, len);
+	wic_exit();
+
+	return covered ? 0 : -EMEDIUMTYPE;
+}
+
+/**
+ * uvm_wic_range_managed() - whether a range is managed memory of a space
+ * @space: the space
+ * @va: page-aligned start
+ * @len: page-aligned length
+ *
+ * Process context only, no UVM lock held. Every other helper works on managed memory only
+ * (uvm_va_block_find_create_managed()): a fault on any other page of the process (HMM:
+ * malloc, mmap; semaphore pools, external or device allocations) could be held but never
+ * completed. The shim asks this before it registers a range.
+ *
+ * Return: 0 when managed VA ranges (cudaMallocManaged) of @space cover [@va, @va + @len)
+ * without a gap; -EMEDIUMTYPE when they do not; -EINVAL for an unaligned, empty or wrapping
+ * range; -EAGAIN while the driver is suspended.
+ */
+int uvm_wic_range_managed(struct uvm_wic_space *space, u64 va, u64 len)
+{
+	UVM_ENTRY_RET(wic_range_managed_entry(space, va, len));
+}
+EXPORT_SYMBOL_GPL(uvm_wic_range_managed);
+
+/*
  * GPU page-table operations
  */
 
@@ -760,6 +823,7 @@ static NV_STATUS wic_pte_op_locked(uvm_va_block_t *va_block,
 	uvm_page_index_t page_index;
 	NV_STATUS tracker_status;
 	NV_STATUS status;
+	uvm_prot_t prot;
 
 	switch (op) {
 	case WIC_MAP_READ_ONLY:
@@ -767,7 +831,8 @@ static NV_STATUS wic_pte_op_locked(uvm_va_block_t *va_block,
 		/*
 		 * A writable mapping of a read-duplicated page would write one copy only, and
 		 * uvm_va_block_map() silently skips pages resident nowhere, which would leave the
-		 * warp faulting (and held) forever: refuse both.
+		 * warp faulting (and held) forever: refuse both (NV_ERR_INVALID_OPERATION is
+		 * turned into -EXDEV, NV_ERR_INVALID_STATE into -ENODATA, by wic_pte_op()).
 		 */
 		if (op == WIC_MAP_READ_WRITE &&
 		    !uvm_page_mask_region_empty(&va_block->read_duplicated_pages, region))
@@ -782,10 +847,27 @@ static NV_STATUS wic_pte_op_locked(uvm_va_block_t *va_block,
 				return NV_ERR_INVALID_STATE;
 		}
 
-		status = uvm_va_block_map(va_block, block_context, gpu->id, region, NULL,
-					  op == WIC_MAP_READ_WRITE ? UVM_PROT_READ_WRITE :
-								      UVM_PROT_READ_ONLY,
+		prot = op == WIC_MAP_READ_WRITE ? UVM_PROT_READ_WRITE : UVM_PROT_READ_ONLY;
+		status = uvm_va_block_map(va_block, block_context, gpu->id, region, NULL, prot,
 					  UvmEventMapRemoteCausePolicy, &local_tracker);
+		if (status != NV_OK)
+			break;
+
+		/*
+		 * uvm_va_block_map() also returns NV_OK for pages it did not map: resident only
+		 * on processors the GPU cannot access (a GPU without peer access), or kept from
+		 * a remote mapping by policy (read duplication, preferred location on this GPU,
+		 * UVM-Lite). Released, their faults would come back at once, forever. The
+		 * block's mapping masks are updated when the PTE writes are pushed, under the
+		 * block lock: check each page as the fault path does.
+		 */
+		for_each_va_block_page_in_region(page_index, region) {
+			if (!uvm_va_block_page_is_gpu_authorized(va_block, page_index, gpu->id,
+								 prot)) {
+				status = NV_ERR_INVALID_OPERATION;
+				break;
+			}
+		}
 		break;
 	case WIC_UNMAP:
 		status = uvm_va_block_unmap(va_block, block_context, gpu->id, region, NULL,
@@ -896,6 +978,8 @@ unlock:
 		return -ENODEV;
 	if (status == NV_ERR_INVALID_STATE)
 		return -ENODATA;
+	if (status == NV_ERR_INVALID_OPERATION)
+		return -EXDEV;
 	if (unsupported)
 		return -EOPNOTSUPP;
 
@@ -927,13 +1011,17 @@ static int wic_pte_op_entry(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64
  * Process context only, no UVM lock held; returns once the mapping is in place (PTE writes
  * complete). The pages must be resident somewhere (write them first with uvm_wic_write());
  * they are mapped where they are resident, remotely when that is CPU memory. The range may
- * span VA blocks.
+ * span VA blocks. Each page is checked once mapped: uvm_va_block_map() skips, without an
+ * error, pages that it cannot map on this GPU.
  *
  * Return: 0 or a negative errno: -EINVAL for an unaligned or empty range, -ENODEV for a GPU
  * not registered in the space, -EOPNOTSUPP for a GPU that cannot cancel faults by VA
  * (pre-Volta: Pascal; wic never holds its faults), -ENODATA when a page is resident nowhere,
- * -EFAULT for an address outside managed memory, -ESRCH when the process is gone, -EAGAIN
- * while the driver is suspended.
+ * -EXDEV when a page cannot be mapped on this GPU as asked (resident only on a GPU without
+ * peer access to it; read duplication, a preferred location on this GPU or UVM-Lite keeping
+ * it from a remote mapping; a writable map of a read-duplicated page), -EFAULT for an address
+ * outside managed memory, -ESRCH when the process is gone, -EAGAIN while the driver is
+ * suspended. On an error, other pages of the range may be mapped.
  */
 int uvm_wic_map(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len, bool writable)
 {
