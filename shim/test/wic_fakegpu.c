@@ -31,6 +31,7 @@
 #include <linux/mmap_lock.h>
 #include <linux/module.h>
 #include <linux/mutex.h>
+#include <linux/overflow.h>
 #include <linux/rcupdate.h>
 #include <linux/sched/mm.h>
 #include <linux/sched/signal.h>
@@ -75,8 +76,12 @@ MODULE_PARM_DESC(strict_write,
  * @fail_gen: counts WIC_FAKEGPU_IOC_FAIL and WIC_FAKEGPU_IOC_RESET calls; a stalled call goes on
  *	once it changed
  * @fail_wait: stalled calls wait here
+ * @managed: the ranges declared managed (WIC_FAKEGPU_IOC_MANAGE), [start, end)
+ * @nr_managed: entries in @managed
+ * @remote: the pages resident out of a GPU's reach (WIC_FAKEGPU_IOC_RESIDE)
+ * @nr_remote: entries in @remote
  *
- * @lock also protects the fail_* fields.
+ * @lock also protects the fail_* fields, @managed, @remote and their counts.
  */
 struct uvm_wic_space {
 	struct file *file;
@@ -90,6 +95,16 @@ struct uvm_wic_space {
 	u32 fail_flags;
 	u64 fail_gen;
 	wait_queue_head_t fail_wait;
+	struct {
+		u64 start;
+		u64 end;
+	} managed[WIC_FAKEGPU_MAX_MANAGED];
+	u32 nr_managed;
+	struct {
+		u64 page;
+		u32 gpu_id;
+	} remote[WIC_FAKEGPU_MAX_REMOTE];
+	u32 nr_remote;
 };
 
 /* The callbacks wic_shim registered, if any. */
@@ -319,6 +334,104 @@ static long wic_ioctl_fail(struct uvm_wic_space *space, struct wic_fakegpu_fail 
 	return 0;
 }
 
+/* The index in @space->remote of page @page out of @gpu_id's reach, or -1. */
+static int wic_remote_find(struct uvm_wic_space *space, u64 page, u32 gpu_id)
+{
+	u32 i;
+
+	lockdep_assert_held(&space->lock);
+	for (i = 0; i < space->nr_remote; i++) {
+		if (space->remote[i].page == page && space->remote[i].gpu_id == gpu_id)
+			return i;
+	}
+	return -1;
+}
+
+/* Whether a page among first..last (page indices, inclusive) is out of @gpu_id's reach. */
+static bool wic_remote_any(struct uvm_wic_space *space, u32 gpu_id, u64 first, u64 last)
+{
+	bool found = false;
+	u32 i;
+
+	mutex_lock(&space->lock);
+	for (i = 0; i < space->nr_remote && !found; i++)
+		found = space->remote[i].gpu_id == gpu_id && space->remote[i].page >= first &&
+			space->remote[i].page <= last;
+	mutex_unlock(&space->lock);
+	return found;
+}
+
+static long wic_ioctl_reside(struct uvm_wic_space *space,
+			     struct wic_fakegpu_page_state __user *uarg)
+{
+	struct wic_fakegpu_page_state args;
+	long ret = 0;
+	u64 page;
+	int at;
+
+	if (copy_from_user(&args, uarg, sizeof(args)))
+		return -EFAULT;
+	if (!wic_gpu_valid(args.gpu_id))
+		return -ENODEV;
+	if ((args.va & (WIC_FAKEGPU_PAGE_SIZE - 1)) || (args.flags & ~WIC_FAKEGPU_PAGE_UNREACHABLE))
+		return -EINVAL;
+	page = args.va >> WIC_FAKEGPU_PAGE_SHIFT;
+	mutex_lock(&space->lock);
+	at = wic_remote_find(space, page, args.gpu_id);
+	if (!args.flags && at >= 0)
+		space->remote[at] = space->remote[--space->nr_remote];
+	else if (args.flags && at < 0 && space->nr_remote >= WIC_FAKEGPU_MAX_REMOTE)
+		ret = -ENOSPC;
+	else if (args.flags && at < 0)
+		space->remote[space->nr_remote++] = (typeof(space->remote[0])){ page, args.gpu_id };
+	mutex_unlock(&space->lock);
+	return ret;
+}
+
+static long wic_ioctl_manage(struct uvm_wic_space *space, struct wic_fakegpu_managed __user *uarg)
+{
+	struct wic_fakegpu_managed args;
+	long ret = 0;
+	u64 end;
+
+	if (copy_from_user(&args, uarg, sizeof(args)))
+		return -EFAULT;
+	if (!args.length || ((args.start | args.length) & (WIC_FAKEGPU_PAGE_SIZE - 1)) ||
+	    check_add_overflow(args.start, args.length, &end))
+		return -EINVAL;
+	mutex_lock(&space->lock);
+	if (space->nr_managed >= WIC_FAKEGPU_MAX_MANAGED) {
+		ret = -ENOSPC;
+	} else {
+		space->managed[space->nr_managed].start = args.start;
+		space->managed[space->nr_managed].end = end;
+		space->nr_managed++;
+	}
+	mutex_unlock(&space->lock);
+	return ret;
+}
+
+/* Whether the declared managed ranges cover [start, end) without a gap. */
+static bool wic_managed_covered(struct uvm_wic_space *space, u64 start, u64 end)
+{
+	u64 at = start;
+	bool grew = true;
+	u32 i;
+
+	mutex_lock(&space->lock);
+	while (at < end && grew) {
+		grew = false;
+		for (i = 0; i < space->nr_managed; i++) {
+			if (space->managed[i].start <= at && space->managed[i].end > at) {
+				at = space->managed[i].end;
+				grew = true;
+			}
+		}
+	}
+	mutex_unlock(&space->lock);
+	return at >= end;
+}
+
 static void wic_pages_reset(struct uvm_wic_space *space)
 {
 	static const struct wic_fakegpu_fail none;
@@ -328,6 +441,7 @@ static void wic_pages_reset(struct uvm_wic_space *space)
 	for (gpu_id = 0; gpu_id < WIC_FAKEGPU_NR_GPUS; gpu_id++)
 		xa_destroy(&space->pages[gpu_id]);
 	space->nr_pages = 0;
+	space->nr_remote = 0;
 	mutex_unlock(&space->lock);
 	wic_fail_arm(space, &none);
 }
@@ -563,6 +677,10 @@ static long wic_ioctl_page_state(struct uvm_wic_space *space,
 		return -EINVAL;
 	entry = xa_load(&space->pages[args.gpu_id - 1], args.va >> WIC_FAKEGPU_PAGE_SHIFT);
 	args.flags = entry ? xa_to_value(entry) : 0;
+	mutex_lock(&space->lock);
+	if (wic_remote_find(space, args.va >> WIC_FAKEGPU_PAGE_SHIFT, args.gpu_id) >= 0)
+		args.flags |= WIC_FAKEGPU_PAGE_UNREACHABLE;
+	mutex_unlock(&space->lock);
 	if (copy_to_user(uarg, &args, sizeof(args)))
 		return -EFAULT;
 	return 0;
@@ -588,6 +706,10 @@ static long wic_fakegpu_ioctl(struct file *file, unsigned int cmd, unsigned long
 		return 0;
 	case WIC_FAKEGPU_IOC_FAIL:
 		return wic_ioctl_fail(space, uarg);
+	case WIC_FAKEGPU_IOC_MANAGE:
+		return wic_ioctl_manage(space, uarg);
+	case WIC_FAKEGPU_IOC_RESIDE:
+		return wic_ioctl_reside(space, uarg);
 	default:
 		return -ENOTTY;
 	}
@@ -812,8 +934,10 @@ EXPORT_SYMBOL_GPL(uvm_wic_write);
  * they were, and logs %WIC_FAKEGPU_EVENT_MAP or %WIC_FAKEGPU_EVENT_MAP_WRITABLE.
  *
  * Return: 0; -ENODEV for a bad @gpu_id; -EINVAL for a bad range; -E2BIG for a range of more
- * than %WIC_FAKEGPU_MAX_PAGES pages; -ENOSPC when the space would have more mapped pages than
- * that, or -ENOMEM (then part of the range may be mapped); the errno WIC_FAKEGPU_IOC_FAIL armed.
+ * than %WIC_FAKEGPU_MAX_PAGES pages; -EXDEV when a page of the range is resident out of
+ * @gpu_id's reach (WIC_FAKEGPU_IOC_RESIDE; nothing is mapped or logged); -ENOSPC when the
+ * space would have more mapped pages than that, or -ENOMEM (then part of the range may be
+ * mapped); the errno WIC_FAKEGPU_IOC_FAIL armed.
  */
 int uvm_wic_map(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len, bool writable)
 {
@@ -831,6 +955,9 @@ int uvm_wic_map(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len, bool w
 	ret = wic_fail_take(space, &space->fail_maps, gpu_id, va, len);
 	if (ret)
 		return ret;
+	if (wic_remote_any(space, gpu_id, va >> WIC_FAKEGPU_PAGE_SHIFT,
+			   (va + (len - 1)) >> WIC_FAKEGPU_PAGE_SHIFT))
+		return -EXDEV;
 	if (writable)
 		set |= WIC_FAKEGPU_PAGE_WRITABLE;
 	ret = wic_pages_set(space, gpu_id, va >> WIC_FAKEGPU_PAGE_SHIFT,
@@ -842,6 +969,29 @@ int uvm_wic_map(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len, bool w
 	return 0;
 }
 EXPORT_SYMBOL_GPL(uvm_wic_map);
+
+/**
+ * uvm_wic_range_managed() - whether a range is managed memory of the space
+ * @space: the space
+ * @va: page-aligned start
+ * @len: page-aligned length
+ *
+ * Process context only. Managed memory is what WIC_FAKEGPU_IOC_MANAGE declared; the rest plays
+ * HMM memory (malloc, mmap), which nvidia-uvm's helpers cannot complete faults on.
+ *
+ * Return: 0 when the declared ranges cover [@va, @va + @len) without a gap, -EMEDIUMTYPE when
+ * they do not, -EINVAL for an unaligned, empty or wrapping range.
+ */
+int uvm_wic_range_managed(struct uvm_wic_space *space, u64 va, u64 len)
+{
+	might_sleep();
+	/* As the hook: a range must end below 2^64. */
+	if (IS_ERR_OR_NULL(space) || !len || ((va | len) & (WIC_FAKEGPU_PAGE_SIZE - 1)) ||
+	    va + len <= va)
+		return -EINVAL;
+	return wic_managed_covered(space, va, va + len) ? 0 : -EMEDIUMTYPE;
+}
+EXPORT_SYMBOL_GPL(uvm_wic_range_managed);
 
 /* Clears @flags of the pages of [va, va + len) on @gpu_id and logs @event. */
 static int wic_clear_range(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len,
@@ -924,6 +1074,7 @@ static int __init wic_fakegpu_init(void)
 	BUILD_BUG_ON(sizeof(struct wic_fakegpu_events) != 32);
 	BUILD_BUG_ON(sizeof(struct wic_fakegpu_page_state) != 16);
 	BUILD_BUG_ON(sizeof(struct wic_fakegpu_fail) != 16);
+	BUILD_BUG_ON(sizeof(struct wic_fakegpu_managed) != 16);
 	BUILD_BUG_ON(WIC_FAKEGPU_FAULT_ENTRY_SIZE != UVM_WIC_FAULT_ENTRY_SIZE);
 	BUILD_BUG_ON(WIC_FAKEGPU_VERDICT_PASS != UVM_WIC_PASS);
 	BUILD_BUG_ON(WIC_FAKEGPU_VERDICT_HOLD != UVM_WIC_HOLD);

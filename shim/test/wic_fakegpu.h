@@ -17,6 +17,13 @@
  * The fake checks one rule of uvm_wic.h: uvm_wic_write() to a page that is mapped on any fake
  * GPU fails with EBUSY, unless the module parameter strict_write is 0.
  *
+ * The fake is as strict as nvidia-uvm about memory: only ranges a test driver declared managed
+ * (WIC_FAKEGPU_IOC_MANAGE, as cudaMallocManaged would make them) are managed memory, which
+ * uvm_wic_range_managed() accepts; the rest of the process's memory plays HMM memory (malloc,
+ * mmap) and is refused with EMEDIUMTYPE. A page can be made resident on a GPU without peer
+ * access to a fake GPU (WIC_FAKEGPU_IOC_RESIDE): uvm_wic_map() of it on that GPU fails with
+ * EXDEV, as the hook's does for a page nvidia-uvm cannot map there.
+ *
  * A test driver can make the next calls of uvm_wic_write() and uvm_wic_map() on its space fail
  * with an errno of its choice, or stall until it lets them go on (WIC_FAKEGPU_IOC_FAIL), to see
  * what wic_shim does when nvidia-uvm refuses, or what happens while a helper runs.
@@ -51,6 +58,8 @@
 #define WIC_FAKEGPU_MAX_INJECT 4096		/* entries in one WIC_FAKEGPU_IOC_INJECT */
 #define WIC_FAKEGPU_LOG_EVENTS 65536		/* events the log holds */
 #define WIC_FAKEGPU_MAX_PAGES (1U << 22)	/* mapped (page, GPU) pairs per file */
+#define WIC_FAKEGPU_MAX_MANAGED 64		/* managed ranges per file */
+#define WIC_FAKEGPU_MAX_REMOTE 64		/* (page, GPU) pairs out of reach per file */
 
 /* Event kinds (struct wic_fakegpu_event.kind). */
 #define WIC_FAKEGPU_EVENT_WRITE 1		/* uvm_wic_write() */
@@ -69,6 +78,8 @@
 /* Page flags (struct wic_fakegpu_page_state.flags). */
 #define WIC_FAKEGPU_PAGE_MAPPED (1U << 0)
 #define WIC_FAKEGPU_PAGE_WRITABLE (1U << 1)
+/* Resident only on a GPU without peer access to this one: uvm_wic_map() fails with EXDEV. */
+#define WIC_FAKEGPU_PAGE_UNREACHABLE (1U << 2)
 
 /**
  * struct wic_fakegpu_event - one call wic_shim made into the fake, or one serviced fault
@@ -151,10 +162,17 @@ struct wic_fakegpu_events {
 /**
  * struct wic_fakegpu_page_state - how a page is mapped on a fake GPU, in this file's space
  * @gpu_id: in: the GPU
- * @flags: out: WIC_FAKEGPU_PAGE_* bits; in: ignored
+ * @flags: WIC_FAKEGPU_IOC_PAGE_STATE: out: WIC_FAKEGPU_PAGE_* bits, in: ignored;
+ *	WIC_FAKEGPU_IOC_RESIDE: in: WIC_FAKEGPU_PAGE_UNREACHABLE or 0
  * @va: in: the page, WIC_FAKEGPU_PAGE_SIZE-aligned
  *
- * Errors: ENODEV for a bad @gpu_id, EINVAL for an unaligned @va.
+ * WIC_FAKEGPU_IOC_RESIDE with WIC_FAKEGPU_PAGE_UNREACHABLE makes the page resident only on a
+ * GPU without peer access to @gpu_id (nvidia-uvm would skip it when mapping it there): until
+ * the flag is cleared (@flags 0) or WIC_FAKEGPU_IOC_RESET, uvm_wic_map() of a range with the
+ * page on @gpu_id fails with EXDEV and maps nothing. Other GPUs map it as usual.
+ *
+ * Errors: ENODEV for a bad @gpu_id, EINVAL for an unaligned @va (or other @flags for
+ * WIC_FAKEGPU_IOC_RESIDE), ENOSPC past WIC_FAKEGPU_MAX_REMOTE unreachable pages.
  */
 struct wic_fakegpu_page_state {
 	__u32 gpu_id;
@@ -191,16 +209,33 @@ struct wic_fakegpu_fail {
 	__u32 flags;
 };
 
+/**
+ * struct wic_fakegpu_managed - declare a range of this file's space managed memory
+ * @start: in: WIC_FAKEGPU_PAGE_SIZE-aligned start
+ * @length: in: WIC_FAKEGPU_PAGE_SIZE-aligned length, at least one page
+ *
+ * What cudaMallocManaged does for nvidia-uvm: uvm_wic_range_managed() accepts a range only when
+ * the declared ranges cover it without a gap. Declarations add up (overlaps are allowed), are
+ * kept across WIC_FAKEGPU_IOC_RESET and end with the file. Errors: EINVAL for a bad range,
+ * ENOSPC past WIC_FAKEGPU_MAX_MANAGED declarations.
+ */
+struct wic_fakegpu_managed {
+	__u64 start;
+	__u64 length;
+};
+
 #define WIC_FAKEGPU_IOC_MAGIC 'F'
 
 #define WIC_FAKEGPU_IOC_INJECT _IOWR(WIC_FAKEGPU_IOC_MAGIC, 1, struct wic_fakegpu_inject)
 #define WIC_FAKEGPU_IOC_EVENTS _IOWR(WIC_FAKEGPU_IOC_MAGIC, 2, struct wic_fakegpu_events)
 #define WIC_FAKEGPU_IOC_PAGE_STATE _IOWR(WIC_FAKEGPU_IOC_MAGIC, 3, struct wic_fakegpu_page_state)
 /*
- * Empty the event log (and its overflow count), unmap every page of this file's space and
- * cancel its armed failures (struct wic_fakegpu_fail).
+ * Empty the event log (and its overflow count), unmap every page of this file's space, make
+ * its pages reachable again and cancel its armed failures (struct wic_fakegpu_fail).
  */
 #define WIC_FAKEGPU_IOC_RESET _IO(WIC_FAKEGPU_IOC_MAGIC, 4)
 #define WIC_FAKEGPU_IOC_FAIL _IOW(WIC_FAKEGPU_IOC_MAGIC, 5, struct wic_fakegpu_fail)
+#define WIC_FAKEGPU_IOC_MANAGE _IOW(WIC_FAKEGPU_IOC_MAGIC, 6, struct wic_fakegpu_managed)
+#define WIC_FAKEGPU_IOC_RESIDE _IOW(WIC_FAKEGPU_IOC_MAGIC, 7, struct wic_fakegpu_page_state)
 
 #endif /* _WIC_FAKEGPU_H */

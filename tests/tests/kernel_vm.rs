@@ -27,7 +27,7 @@ fn the_modules_hold_and_complete_faults_in_a_real_kernel() {
             run.report()
         );
     }
-    for scenario in ["deliver", "daemon-death", "hostile", "storms", "service"] {
+    for scenario in ["deliver", "daemon-death", "hostile", "storms", "closing", "service"] {
         assert!(run.console.contains(&format!("PASS {scenario}")), "scenario {scenario} did not pass:\n{}", run.report());
     }
 }

@@ -32,6 +32,10 @@ pub const MAX_INJECT: u32 = 4096;
 pub const LOG_EVENTS: u32 = 65536;
 /// `WIC_FAKEGPU_MAX_PAGES`.
 pub const MAX_PAGES: u32 = 1 << 22;
+/// `WIC_FAKEGPU_MAX_MANAGED`.
+pub const MAX_MANAGED: u32 = 64;
+/// `WIC_FAKEGPU_MAX_REMOTE`.
+pub const MAX_REMOTE: u32 = 64;
 /// `WIC_FAKEGPU_EVENT_WRITE`.
 pub const EVENT_WRITE: u32 = 1;
 /// `WIC_FAKEGPU_EVENT_MAP`.
@@ -56,6 +60,8 @@ pub const VERDICT_HOLD: u8 = 1;
 pub const PAGE_MAPPED: u32 = 1;
 /// `WIC_FAKEGPU_PAGE_WRITABLE`.
 pub const PAGE_WRITABLE: u32 = 2;
+/// `WIC_FAKEGPU_PAGE_UNREACHABLE`: resident only on a GPU without peer access to this one.
+pub const PAGE_UNREACHABLE: u32 = 4;
 /// `WIC_FAKEGPU_FAIL_STALL`.
 pub const FAIL_STALL: u32 = 1;
 /// `WIC_FAKEGPU_MAX_ERRNO`.
@@ -117,6 +123,14 @@ c_struct! {
     }
 }
 
+c_struct! {
+    /// `struct wic_fakegpu_managed`: a range declared managed memory.
+    pub struct Managed = "wic_fakegpu_managed" {
+        pub start: u64,
+        pub length: u64,
+    }
+}
+
 /// `WIC_FAKEGPU_IOC_INJECT`.
 pub const IOC_INJECT: u32 = nix::request_code_readwrite!(IOC_MAGIC, 1, std::mem::size_of::<Inject>()) as u32;
 /// `WIC_FAKEGPU_IOC_EVENTS`.
@@ -127,6 +141,10 @@ pub const IOC_PAGE_STATE: u32 = nix::request_code_readwrite!(IOC_MAGIC, 3, std::
 pub const IOC_RESET: u32 = nix::request_code_none!(IOC_MAGIC, 4) as u32;
 /// `WIC_FAKEGPU_IOC_FAIL`.
 pub const IOC_FAIL: u32 = nix::request_code_write!(IOC_MAGIC, 5, std::mem::size_of::<Fail>()) as u32;
+/// `WIC_FAKEGPU_IOC_MANAGE`.
+pub const IOC_MANAGE: u32 = nix::request_code_write!(IOC_MAGIC, 6, std::mem::size_of::<Managed>()) as u32;
+/// `WIC_FAKEGPU_IOC_RESIDE`.
+pub const IOC_RESIDE: u32 = nix::request_code_write!(IOC_MAGIC, 7, std::mem::size_of::<PageState>()) as u32;
 
 nix::ioctl_readwrite_bad!(ioc_inject, IOC_INJECT, Inject);
 nix::ioctl_readwrite_bad!(ioc_events, IOC_EVENTS, Events);
@@ -134,6 +152,8 @@ nix::ioctl_readwrite_bad!(ioc_page_state, IOC_PAGE_STATE, PageState);
 // With an explicit zero argument: the module refuses a non-zero one.
 nix::ioctl_write_int_bad!(ioc_reset, IOC_RESET);
 nix::ioctl_write_ptr_bad!(ioc_fail, IOC_FAIL, Fail);
+nix::ioctl_write_ptr_bad!(ioc_manage, IOC_MANAGE, Managed);
+nix::ioctl_write_ptr_bad!(ioc_reside, IOC_RESIDE, PageState);
 
 /// Every constant of the header with its value, for the ABI test.
 pub fn constants() -> Vec<(&'static str, i128)> {
@@ -147,6 +167,8 @@ pub fn constants() -> Vec<(&'static str, i128)> {
         ("WIC_FAKEGPU_MAX_INJECT", MAX_INJECT.into()),
         ("WIC_FAKEGPU_LOG_EVENTS", LOG_EVENTS.into()),
         ("WIC_FAKEGPU_MAX_PAGES", MAX_PAGES.into()),
+        ("WIC_FAKEGPU_MAX_MANAGED", MAX_MANAGED.into()),
+        ("WIC_FAKEGPU_MAX_REMOTE", MAX_REMOTE.into()),
         ("WIC_FAKEGPU_EVENT_WRITE", EVENT_WRITE.into()),
         ("WIC_FAKEGPU_EVENT_MAP", EVENT_MAP.into()),
         ("WIC_FAKEGPU_EVENT_MAP_WRITABLE", EVENT_MAP_WRITABLE.into()),
@@ -159,6 +181,7 @@ pub fn constants() -> Vec<(&'static str, i128)> {
         ("WIC_FAKEGPU_VERDICT_HOLD", VERDICT_HOLD.into()),
         ("WIC_FAKEGPU_PAGE_MAPPED", PAGE_MAPPED.into()),
         ("WIC_FAKEGPU_PAGE_WRITABLE", PAGE_WRITABLE.into()),
+        ("WIC_FAKEGPU_PAGE_UNREACHABLE", PAGE_UNREACHABLE.into()),
         ("WIC_FAKEGPU_FAIL_STALL", FAIL_STALL.into()),
         ("WIC_FAKEGPU_MAX_ERRNO", MAX_ERRNO.into()),
         ("WIC_FAKEGPU_IOC_MAGIC", IOC_MAGIC.into()),
@@ -167,6 +190,8 @@ pub fn constants() -> Vec<(&'static str, i128)> {
         ("WIC_FAKEGPU_IOC_PAGE_STATE", IOC_PAGE_STATE.into()),
         ("WIC_FAKEGPU_IOC_RESET", IOC_RESET.into()),
         ("WIC_FAKEGPU_IOC_FAIL", IOC_FAIL.into()),
+        ("WIC_FAKEGPU_IOC_MANAGE", IOC_MANAGE.into()),
+        ("WIC_FAKEGPU_IOC_RESIDE", IOC_RESIDE.into()),
     ]
 }
 
@@ -178,6 +203,7 @@ pub fn structs() -> Vec<StructLayout> {
         StructLayout::of::<Events>(Events::C_NAME, Events::FIELDS),
         StructLayout::of::<PageState>(PageState::C_NAME, PageState::FIELDS),
         StructLayout::of::<Fail>(Fail::C_NAME, Fail::FIELDS),
+        StructLayout::of::<Managed>(Managed::C_NAME, Managed::FIELDS),
     ]
 }
 
@@ -236,7 +262,24 @@ impl FakeGpu {
         Ok(arg.flags)
     }
 
-    /// Empties the event log, unmaps this space's pages and cancels its armed failures.
+    /// Declares `length` bytes from `start` managed memory (what cudaMallocManaged does):
+    /// only such ranges can be registered with the shim.
+    pub fn manage(&self, start: u64, length: u64) -> io::Result<()> {
+        let arg = Managed { start, length };
+        // SAFETY: checked ABI; the module reads `arg`.
+        check(unsafe { ioc_manage(self.file.as_raw_fd(), &arg) }).map(drop)
+    }
+
+    /// Makes page `va` resident out of `gpu`'s reach (on a GPU without peer access to it), so
+    /// that mapping it there fails with EXDEV, or with `unreachable` false reachable again.
+    pub fn reside(&self, gpu: u32, va: u64, unreachable: bool) -> io::Result<()> {
+        let arg = PageState { gpu_id: gpu, flags: if unreachable { PAGE_UNREACHABLE } else { 0 }, va };
+        // SAFETY: checked ABI; the module reads `arg`.
+        check(unsafe { ioc_reside(self.file.as_raw_fd(), &arg) }).map(drop)
+    }
+
+    /// Empties the event log, unmaps this space's pages, makes them reachable again and
+    /// cancels its armed failures.
     pub fn reset(&self) -> io::Result<()> {
         // SAFETY: checked ABI; no argument.
         check(unsafe { ioc_reset(self.file.as_raw_fd(), 0) }).map(drop)

@@ -55,7 +55,7 @@ pub fn run() -> Result<(), String> {
 /// Per-fault latencies (ns) of `rounds` batches of `batch` faults, after a warm-up.
 fn measure(submission: Submission, batch: usize, rounds: usize) -> Result<Vec<u64>, String> {
     let fake = FakeGpu::open().map_err(|e| format!("open {}: {e}", fakegpu::DEVICE))?;
-    let mut memory = Memory::new(8 << 20)?;
+    let mut memory = Memory::new(&fake, 8 << 20)?;
     let mut daemon = Daemon::open(submission)?;
     let space = daemon.backend.device().attach(fake.fd()).map_err(|e| e.to_string())?;
     let (layout, placed) = daemon.channel(host_spec(SLOTS, 64), space, &mut memory)?;

@@ -5,6 +5,11 @@
 //! stalled rather than reading the page without its marker), so that the daemon can retry.
 //! The fake GPU's armed failures and stalls (`WIC_FAKEGPU_IOC_FAIL`) stand in for nvidia-uvm
 //! refusing (suspended, out of memory) and for a slow write.
+//!
+//! A held page that nvidia-uvm cannot map on the faulting GPU (resident only on a GPU without
+//! peer access to it, `WIC_FAKEGPU_IOC_RESIDE`): a MAP fails with EXDEV and leaves the fault
+//! held (no release, so no endless fault, release, fault again), and UNREGISTER still completes
+//! it: marker written, released unmapped, serviced by nvidia-uvm once the range is gone.
 
 use std::os::fd::AsRawFd;
 use std::path::Path;
@@ -25,7 +30,7 @@ const PAGES: u64 = 4;
 
 pub fn run() -> Result<(), String> {
     let fake = FakeGpu::open().map_err(|e| format!("open {}: {e}", fakegpu::DEVICE))?;
-    let mut memory = Memory::new(1 << 20)?;
+    let mut memory = Memory::new(&fake, 1 << 20)?;
     let mut device = Device::open(Path::new(DEVICE), Duration::from_secs(5)).map_err(|e| format!("open {DEVICE}: {e}"))?;
     let space = device.attach(fake.fd()).map_err(|e| format!("attach: {e}"))?;
     let mut step = Step { fake: &fake, device: &mut device, space };
@@ -38,6 +43,7 @@ pub fn run() -> Result<(), String> {
             .map_err(|e| format!("unregister with the marker page's map refused: {e}")),
         step.page_gone(&mut memory).map_err(|e| format!("unregister of a page that is gone: {e}")),
         step.fault_while_unregistering(&mut memory).map_err(|e| format!("a fault while unregistering: {e}")),
+        step.unmappable(&mut memory).map_err(|e| format!("a held page the GPU cannot map: {e}")),
         step.detach_refused(&mut memory).map_err(|e| format!("detach with a marker's write refused: {e}")),
     ];
     fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
@@ -181,6 +187,46 @@ impl Step<'_> {
         ensure(!events.iter().any(|e| e.kind == fakegpu::EVENT_SERVICED), || format!("a fault was serviced: {events:?}"))?;
         self.completed(memory, &events, base)?;
         self.completed(memory, &events, base + PAGE)
+    }
+
+    /// (c) A held page resident out of the GPU's reach: MAP fails with EXDEV and releases
+    /// nothing; once reachable again MAP releases it; UNREGISTER of a range with such a held
+    /// page writes its marker and releases it unmapped instead of failing for ever.
+    fn unmappable(&mut self, memory: &mut Memory) -> Result<(), String> {
+        let (base, id) = self.range(memory)?;
+        self.inject(base, fakegpu::VERDICT_HOLD)?;
+        ensure(self.drain() == 1, || "the held fault was not recorded".into())?;
+        self.fake.reside(GPU, base, true).map_err(|e| format!("reside: {e}"))?;
+        let map = WicCommand { opcode: kabi::WIC_CMD_MAP, space_id: self.space, gpu_id: GPU, pages: 1, va: base, ..Default::default() };
+        let mut cmds = [map];
+        let done = self.device.submit(&mut cmds).map_err(|e| format!("MAP: {e}"))?;
+        ensure(done == 0 && cmds[0].result == -(Errno::EXDEV as i32), || {
+            format!("MAP of a page the GPU cannot reach: expected EXDEV, got count {done}, result {}", cmds[0].result)
+        })?;
+        // Still held: a replay's fault on it is held again and not recorded again.
+        self.still_held(memory, base, false)?;
+        ensure(self.drain() == 0, || "the fault after the failed MAP was recorded again".into())?;
+
+        self.fake.reside(GPU, base, false).map_err(|e| format!("reside: {e}"))?;
+        let mut cmds = [map];
+        self.device.submit(&mut cmds).map_err(|e| format!("MAP: {e}"))?;
+        ensure(cmds[0].result == 0, || format!("MAP once reachable: result {}", cmds[0].result))?;
+        ensure(self.mapped(base)?, || "the page is not mapped".into())?;
+
+        // UNREGISTER with a held page out of reach: marker written, released unmapped.
+        let va = base + PAGE;
+        self.inject(va, fakegpu::VERDICT_HOLD)?;
+        self.fake.reside(GPU, va, true).map_err(|e| format!("reside: {e}"))?;
+        self.events()?;
+        self.device.unregister(id).map_err(|e| format!("UNREGISTER with a held page the GPU cannot reach: {e}"))?;
+        let events = self.events()?;
+        let write = events.iter().position(|e| e.kind == fakegpu::EVENT_WRITE && e.va == va && e.data0 == WIC_MARKER_CHANNEL_CLOSED);
+        let replay = events.iter().rposition(|e| e.kind == fakegpu::EVENT_REPLAY && e.gpu_id == GPU);
+        ensure(matches!((write, replay), (Some(w), Some(r)) if w < r), || format!("no marker write then replay: {events:?}"))?;
+        ensure(marker(memory, va) == WIC_MARKER_CHANNEL_CLOSED, || format!("page {va:#x} does not hold the marker"))?;
+        ensure(!self.mapped(va)?, || format!("page {va:#x} is mapped"))?;
+        // Its fault comes back and is nvidia-uvm's to service.
+        self.inject(va, fakegpu::VERDICT_PASS)
     }
 
     /// DETACH with a marker's write refused fails, keeps the space, its ranges and their held

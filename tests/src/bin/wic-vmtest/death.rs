@@ -31,7 +31,7 @@ const MESSAGE_BYTES: u32 = 4096; // 16 warps x 4 KiB: 16 pages per run
 
 pub fn run() -> Result<(), String> {
     let fake = FakeGpu::open().map_err(|e| format!("open {}: {e}", fakegpu::DEVICE))?;
-    let mut memory = Memory::new(16 << 20)?;
+    let mut memory = Memory::new(&fake, 16 << 20)?;
     let config = wic_engine::EngineConfig::default();
     let bytes = host_spec(SLOTS, MESSAGE_BYTES).placement_bytes(config.warps_per_batch).ok_or("the spec has no placement")?;
     let region = memory.take(bytes)?;

@@ -17,7 +17,7 @@ const PRODUCER_GPU: u32 = 2;
 
 pub fn run() -> Result<(), String> {
     let fake = FakeGpu::open().map_err(|e| format!("open {}: {e}", fakegpu::DEVICE))?;
-    let mut memory = Memory::new(16 << 20)?;
+    let mut memory = Memory::new(&fake, 16 << 20)?;
     let mut daemon = Daemon::open(Submission::Uring)?;
     let space = daemon.backend.device().attach(fake.fd()).map_err(|e| format!("attach: {e}"))?;
     let (layout, placed) = daemon.channel(host_spec(2, 512), space, &mut memory)?;

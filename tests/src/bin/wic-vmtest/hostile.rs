@@ -59,11 +59,11 @@ pub fn run() -> Result<(), String> {
     let limits = negotiate(&mut c, fd, &fake, &mut ring)?;
     unknown_and_unmapped(&mut c, fd)?;
     let s1 = attach_cases(&mut c, fd, &fake, &limits)?;
-    let mut st = register_cases(&mut c, fd, s1)?;
+    let mut st = register_cases(&mut c, fd, &fake, s1)?;
     unregister_detach_cases(&mut c, fd, &st)?;
     batch_cases(&mut c, fd, &fake)?;
     command_cases(&mut c, fd, &fake, &mut ring, &mut st)?;
-    range_limit(&mut c, fd, &limits, &st)?;
+    range_limit(&mut c, fd, &fake, &limits, &st)?;
     ring_cases(&mut c, fd, &limits)?;
     teardown(&mut c, fd, &st)?;
 
@@ -303,6 +303,13 @@ impl Mapping {
             return Err(Errno::last());
         }
         Ok(Self { addr: addr.cast(), pages: len.div_ceil(PAGE_BYTES), holes: Vec::new() })
+    }
+
+    /// Declares pages `first..first + pages` managed memory of `fake`'s space (what
+    /// cudaMallocManaged makes): only those can be registered.
+    fn manage(&self, fake: &FakeGpu, first: usize, pages: usize) -> Result<(), String> {
+        assert!(first + pages <= self.pages);
+        fake.manage(self.page(first), pages as u64 * PAGE).map_err(|e| format!("declaring memory managed: {e}"))
     }
 
     fn page(&self, i: usize) -> u64 {
@@ -549,8 +556,9 @@ impl State {
 }
 
 /// `WIC_IOC_REGISTER`: malformed requests, unknown spaces, memory the process lacks, overlaps.
-fn register_cases(c: &mut Checker, fd: RawFd, s1: u32) -> Result<State, String> {
+fn register_cases(c: &mut Checker, fd: RawFd, fake: &FakeGpu, s1: u32) -> Result<State, String> {
     let mut region = Mapping::anonymous(REGION_PAGES)?;
+    region.manage(fake, 0, REGION_PAGES)?;
     region.punch(32)?;
     let a = region.page(4);
     let good = WicRange { space_id: s1, kind: PCM, start: a, length: 4 * PAGE, range_id: 0, reserved: 0 };
@@ -610,6 +618,21 @@ fn register_cases(c: &mut Checker, fd: RawFd, s1: u32) -> Result<State, String> 
         c.equal(&format!("{what}: the request left as it was"), range, sent)?;
     }
 
+    // Mapped memory that is not managed (malloc, mmap: HMM memory for nvidia-uvm), whose faults
+    // nvidia-uvm cannot complete, in whole or in part.
+    let plain = Mapping::anonymous(4)?;
+    plain.manage(fake, 0, 2)?;
+    let half = [
+        ("REGISTER memory that is not managed", plain.page(2), 2 * PAGE),
+        ("REGISTER a range whose second half is not managed", plain.page(0), 4 * PAGE),
+        ("REGISTER a range from the end of managed memory", plain.page(1), 2 * PAGE),
+    ];
+    for (what, start, length) in half {
+        let mut range = WicRange { start, length, ..good };
+        c.refused(what, register_raw(fd, &mut range), Errno::EMEDIUMTYPE)?;
+        c.equal(&format!("{what}: the request left as it was"), range, WicRange { start, length, ..good })?;
+    }
+
     let mut first = good;
     c.accepted("REGISTER a valid range", register_raw(fd, &mut first))?;
     let range_a = first.range_id;
@@ -638,10 +661,12 @@ fn register_cases(c: &mut Checker, fd: RawFd, s1: u32) -> Result<State, String> 
     c.refused("REGISTER across two adjacent ranges", register(fd, s1, PCM, region.page(7), 2 * PAGE), Errno::EEXIST)?;
     c.refused("REGISTER a range overlapping the PAT page", register(fd, s1, PCM, region.page(2), 2 * PAGE), Errno::EEXIST)?;
     let long = Mapping::anonymous(LONG_PAGES)?;
+    long.manage(fake, 0, LONG_PAGES)?;
     let range_long = c.accepted("REGISTER a 264-page range", register(fd, s1, PCM, long.page(0), LONG_PAGES as u64 * PAGE))?;
 
     // A second space may register what the first has; detaching it takes its ranges along.
     let other = FakeGpu::open().map_err(|e| format!("open {}: {e}", fakegpu::DEVICE))?;
+    region.manage(&other, 0, REGION_PAGES)?;
     let s2 = c.accepted("ATTACH a second fake GPU file", attach(fd, other.fd().as_raw_fd(), 0))?;
     c.ensure("ATTACH: a second space id", s2 != 0 && s2 != s1, || format!("got {s2} (first {s1})"))?;
     let theirs = c.accepted("REGISTER in a second space a range the first space has", register(fd, s2, PCM, a, 4 * PAGE))?;
@@ -925,10 +950,11 @@ fn command_cases(c: &mut Checker, fd: RawFd, fake: &FakeGpu, ring: &mut IoUring,
 }
 
 /// `WIC_MAX_RANGES` ranges per session, `ENOSPC` beyond, and room again after unregistering.
-fn range_limit(c: &mut Checker, fd: RawFd, limits: &WicVersion, st: &State) -> Result<(), String> {
+fn range_limit(c: &mut Checker, fd: RawFd, fake: &FakeGpu, limits: &WicVersion, st: &State) -> Result<(), String> {
     let max = limits.max_ranges;
     let live = State::LIVE_RANGES;
     let room = Mapping::anonymous(2 * max as usize)?;
+    room.manage(fake, 0, 2 * max as usize)?;
     let mut ids = Vec::new();
     for n in 0..max - live {
         let id = register(fd, st.space, PCM, room.page(2 * n as usize), PAGE)
@@ -1002,6 +1028,7 @@ fn healthy_after(c: &mut Checker, fake: &FakeGpu) -> Result<(), String> {
     c.pass();
     let space = device.attach(fake.fd()).map_err(|e| format!("a fresh session: {e}"))?;
     let region = Mapping::anonymous(1)?;
+    region.manage(fake, 0, 1)?;
     device.register(space, PCM, region.page(0), PAGE).map_err(|e| format!("a fresh session: {e}"))?;
     let mut cmds = [replay(GPU)];
     let done = device.submit(&mut cmds).map_err(|e| format!("a fresh session: {e}"))?;

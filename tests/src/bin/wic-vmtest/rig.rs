@@ -25,14 +25,23 @@ pub struct Memory {
 }
 
 impl Memory {
-    pub fn new(len: usize) -> Result<Self, String> {
+    /// `len` bytes of managed memory of `fake`'s space, as cudaMallocManaged would allocate
+    /// them: the shim registers ranges only in managed memory.
+    pub fn new(fake: &FakeGpu, len: usize) -> Result<Self, String> {
         let size = NonZeroUsize::new(len).ok_or("empty memory")?;
         // SAFETY: a fresh private anonymous mapping owned by this value, unmapped in Drop.
         let base = unsafe {
             mmap_anonymous(None, size, ProtFlags::PROT_READ | ProtFlags::PROT_WRITE, MapFlags::MAP_PRIVATE | MapFlags::MAP_POPULATE)
         }
         .map_err(|e| format!("mmap: {e}"))?;
-        Ok(Self { base, len, used: 0 })
+        let memory = Self { base, len, used: 0 };
+        memory.manage(fake)?;
+        Ok(memory)
+    }
+
+    /// Declares all of it managed memory of `fake`'s space too (another space of this process).
+    pub fn manage(&self, fake: &FakeGpu) -> Result<(), String> {
+        fake.manage(self.base(), self.len as u64).map_err(|e| format!("declaring the memory managed: {e}"))
     }
 
     pub fn base(&self) -> u64 {

@@ -159,7 +159,7 @@ pub fn run() -> Result<(), String> {
 
 fn scenario() -> Result<(), String> {
     let fake = FakeGpu::open().map_err(|e| format!("open {}: {e}", fakegpu::DEVICE))?;
-    let mut memory = Memory::new(32 << 20)?;
+    let mut memory = Memory::new(&fake, 32 << 20)?;
     let mut wicd = Wicd::start()?;
     let client = connect(&fake)?;
 
@@ -212,6 +212,7 @@ fn scenario() -> Result<(), String> {
 
     // A client that goes away takes its channels and space with it.
     let other_fake = FakeGpu::open().map_err(|e| e.to_string())?;
+    memory.manage(&other_fake)?;
     let other = connect(&other_fake)?;
     let (orphan, orphan_runs) = placed(&other, &mut memory, &spec(1, 10_000_000_000))?;
     drop(orphan);

@@ -19,7 +19,7 @@ const PAGE: u64 = 4096;
 
 pub fn run() -> Result<(), String> {
     let fake = FakeGpu::open().map_err(|e| format!("open {}: {e}", fakegpu::DEVICE))?;
-    let mut memory = Memory::new(48 << 20)?;
+    let mut memory = Memory::new(&fake, 48 << 20)?;
     let mut daemon = Daemon::open(Submission::Uring)?;
     let space = daemon.backend.device().attach(fake.fd()).map_err(|e| format!("attach: {e}"))?;
     let limits = daemon.backend.device().limits();
