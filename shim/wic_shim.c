@@ -37,6 +37,7 @@
 #include <linux/version.h>
 #include <linux/vmalloc.h>
 #include <linux/wait.h>
+#include <linux/workqueue.h>
 
 #include <uvm_wic.h>
 #include <wic_abi.h>
@@ -46,6 +47,18 @@
 static unsigned int ring_entries = 1024;
 module_param(ring_entries, uint, 0444);
 MODULE_PARM_DESC(ring_entries, "Fault-ring records, a power of two from 256 to 65536");
+
+/*
+ * A held replayable fault blocks preemption of its channel, and so the time-slicing of every
+ * other channel on that GPU: the module bounds a hold itself, whatever wicd does.
+ */
+static unsigned int max_hold_ms = 2000;
+module_param(max_hold_ms, uint, 0644);
+MODULE_PARM_DESC(max_hold_ms, "Longest hold in ms, then completed timed out; 0: no bound");
+
+/* How often, in ms, held faults are checked against max_hold_ms while any is held. */
+#define WIC_EXPIRE_MIN_PERIOD_MS 10
+#define WIC_EXPIRE_IDLE_PERIOD_MS 1000
 
 #define WIC_HELD_HASH_BITS 12
 
@@ -70,6 +83,7 @@ struct wic_space_entry {
  * @space_id: its space
  * @gpu_id: the faulting GPU
  * @kind: the kind of range the page is in
+ * @held_ns: when it was held (ktime_get_ns(), as the record's @held_ns)
  * @marked: the &wic_session.close_gen of the wic_complete_held() call that wrote its page's
  *	marker, 0 when none did; read and written only under &wic_session.mutex
  */
@@ -80,6 +94,7 @@ struct wic_held {
 	u32 gpu_id;
 	u32 kind;
 	u32 marked;
+	u64 held_ns;
 };
 
 /**
@@ -104,6 +119,8 @@ struct wic_held {
  * @closing_start: first byte of the pages being closed
  * @closing_end: one past their last byte
  * @close_gen: counts wic_complete_held() calls (never 0); under @mutex
+ * @expire: completes the faults held longer than max_hold_ms; queued by classify when it
+ *	holds a fault, it queues itself again while any is held
  */
 struct wic_session {
 	struct mutex mutex;
@@ -124,6 +141,7 @@ struct wic_session {
 	u64 closing_start;
 	u64 closing_end;
 	u32 close_gen;
+	struct delayed_work expire;
 };
 
 static struct wic_session __rcu *wic_active;
@@ -178,6 +196,7 @@ static bool wic_record_fault(struct wic_session *s, const struct uvm_wic_fault *
 	u64 head = s->ring->head;
 	struct wic_fault_record *rec;
 	struct wic_held *held;
+	u64 now;
 
 	if ((record && head - READ_ONCE(s->ring->tail) >= ring_entries) ||
 	    hlist_empty(&s->held_free))
@@ -189,6 +208,7 @@ static bool wic_record_fault(struct wic_session *s, const struct uvm_wic_fault *
 	held->gpu_id = fault->gpu_id;
 	held->kind = range->kind;
 	held->marked = 0;
+	held->held_ns = now = ktime_get_ns();
 	hash_add(s->held_hash, &held->node, wic_held_key(fault->va, space_id, fault->gpu_id));
 	s->nr_held++;
 	if (!record)
@@ -199,13 +219,23 @@ static bool wic_record_fault(struct wic_session *s, const struct uvm_wic_fault *
 	rec->gpu_id = fault->gpu_id;
 	rec->range_id = range->id;
 	rec->flags = range->kind == WIC_RANGE_PAT ? WIC_RECORD_PAT : 0;
-	rec->held_ns = ktime_get_ns();
+	rec->held_ns = now;
 	memcpy(rec->entry, fault->raw, sizeof(rec->entry));
 	/* The sequence number is written last: a reader that sees it sees the record. */
 	smp_store_release(&rec->seq, head);
 	/* Pairs with the daemon's acquire of head: the record is complete before head moves. */
 	smp_store_release(&s->ring->head, head + 1);
 	return true;
+}
+
+/* The period of the expiry work: a quarter of max_hold_ms, at least 10 ms. */
+static unsigned long wic_expire_period(void)
+{
+	unsigned int bound = READ_ONCE(max_hold_ms);
+
+	if (!bound)
+		return msecs_to_jiffies(WIC_EXPIRE_IDLE_PERIOD_MS);
+	return msecs_to_jiffies(max(bound / 4, WIC_EXPIRE_MIN_PERIOD_MS));
 }
 
 /**
@@ -264,6 +294,9 @@ static enum uvm_wic_verdict wic_classify(const struct uvm_wic_fault *fault)
 		s->ring->dropped++;
 out:
 	spin_unlock_irqrestore(&s->lock, flags);
+	/* Already queued (the usual case while faults are held), this does nothing. */
+	if (held)
+		schedule_delayed_work(&s->expire, wic_expire_period());
 	if (held && !closing)
 		wake_up_interruptible(&s->poll_wait);
 	else if (verdict == UVM_WIC_HOLD && !gpu_valid)
@@ -286,12 +319,13 @@ static bool wic_held_in(const struct wic_held *held, u32 space_id, u64 start, u6
 }
 
 /*
- * Finds up to WIC_COMPLETE_BATCH held faults of @space_id (0: every space) in [@start, @end)
- * whose marker call @gen wrote (@marked) or did not; they stay held. The entries stay valid
- * while the caller holds @mutex: only calls under @mutex release held faults.
+ * Finds up to WIC_COMPLETE_BATCH held faults of @space_id (0: every space) in [@start, @end),
+ * held before @before (ns), whose marker call @gen wrote (@marked) or did not; they stay held.
+ * The entries stay valid while the caller holds @mutex: only calls under @mutex release held
+ * faults.
  */
-static u32 wic_peek_held(struct wic_session *s, u32 space_id, u64 start, u64 end, u32 gen,
-			 bool marked, struct wic_held **found)
+static u32 wic_peek_held(struct wic_session *s, u32 space_id, u64 start, u64 end, u64 before,
+			 u32 gen, bool marked, struct wic_held **found)
 {
 	struct wic_held *held;
 	unsigned long flags;
@@ -300,7 +334,8 @@ static u32 wic_peek_held(struct wic_session *s, u32 space_id, u64 start, u64 end
 
 	spin_lock_irqsave(&s->lock, flags);
 	hash_for_each(s->held_hash, bkt, held, node) {
-		if (!wic_held_in(held, space_id, start, end) || (held->marked == gen) != marked)
+		if (!wic_held_in(held, space_id, start, end) || held->held_ns >= before ||
+		    (held->marked == gen) != marked)
 			continue;
 		found[n] = held;
 		if (++n == WIC_COMPLETE_BATCH)
@@ -381,6 +416,7 @@ static bool wic_complete_skip(struct wic_session *s, struct wic_held *held, int 
  * @space_id: the space whose faults to complete, 0 for every space
  * @start: first byte of the pages concerned
  * @end: one past their last byte
+ * @before: only faults held before this (ktime_get_ns()), U64_MAX for all
  * @marker: the WIC_MARKER_* word written into each PCM page
  * @replay: the GPUs of the faults completed are added to it, for the caller to replay
  * @best_effort: go on past any failure (the session is released: nobody to tell)
@@ -399,7 +435,7 @@ static bool wic_complete_skip(struct wic_session *s, struct wic_held *held, int 
  * stay held; those completed before stay completed, their GPUs in @replay.
  */
 static int wic_complete_held(struct wic_session *s, u32 space_id, u64 start, u64 end,
-			     u64 marker, unsigned long *replay, bool best_effort)
+			     u64 before, u64 marker, unsigned long *replay, bool best_effort)
 {
 	struct wic_held *found[WIC_COMPLETE_BATCH];
 	u32 gen, i, n;
@@ -407,7 +443,7 @@ static int wic_complete_held(struct wic_session *s, u32 space_id, u64 start, u64
 
 	gen = ++s->close_gen ?: ++s->close_gen;
 	for (;;) {
-		n = wic_peek_held(s, space_id, start, end, gen, false, found);
+		n = wic_peek_held(s, space_id, start, end, before, gen, false, found);
 		for (i = 0; i < n; i++) {
 			struct uvm_wic_space *uvm = s->spaces[found[i]->space_id - 1].uvm;
 
@@ -421,7 +457,7 @@ static int wic_complete_held(struct wic_session *s, u32 space_id, u64 start, u64
 		}
 		if (n)
 			continue;
-		n = wic_peek_held(s, space_id, start, end, gen, true, found);
+		n = wic_peek_held(s, space_id, start, end, before, gen, true, found);
 		if (!n)
 			return 0;
 		for (i = 0; i < n; i++) {
@@ -475,8 +511,8 @@ static int wic_close(struct wic_session *s, u32 space_id, u64 start, u64 end,
 	s->closing_end = end;
 	spin_unlock_irqrestore(&s->lock, flags);
 	do {
-		err = wic_complete_held(s, space_id, start, end, WIC_MARKER_CHANNEL_CLOSED, replay,
-					false);
+		err = wic_complete_held(s, space_id, start, end, U64_MAX, WIC_MARKER_CHANNEL_CLOSED,
+					replay, false);
 		spin_lock_irqsave(&s->lock, flags);
 		if (!err && !wic_held_any(s, space_id, start, end)) {
 			old = space->ranges.entries;
@@ -497,6 +533,53 @@ static int wic_close(struct wic_session *s, u32 space_id, u64 start, u64 end,
 	return err;
 }
 
+/**
+ * wic_expire() - complete the faults held longer than max_hold_ms
+ * @work: &wic_session.expire
+ *
+ * A held replayable fault blocks preemption of its channel, so every other context on that
+ * GPU (or MIG partition) waits while it is held, and RM may reset the channel when a context
+ * switch times out; wicd's channel timeouts bound a hold only while wicd runs its commands.
+ * Each fault held longer than max_hold_ms is completed as wicd's own timeout would complete
+ * it: WIC_MARKER_TIMEOUT written into its PCM page, the page mapped (a PAT page writable) and
+ * the fault released, then its GPU replayed (wic_complete_held()). It runs under @mutex, so a
+ * fault is completed either by wicd's command or here, never by both at once: whichever takes
+ * the held entry first completes it. A write or map that nvidia-uvm refuses leaves its fault
+ * held, and the next run tries again. Queued again while any fault is held; with max_hold_ms 0
+ * nothing expires, and it looks again every second in case the bound is set.
+ */
+static void wic_expire(struct work_struct *work)
+{
+	struct wic_session *s = container_of(to_delayed_work(work), struct wic_session, expire);
+	u64 bound_ns = (u64)READ_ONCE(max_hold_ms) * NSEC_PER_MSEC;
+	DECLARE_BITMAP(replay, WIC_GPU_BITS);
+	u64 now = ktime_get_ns();
+	unsigned long flags;
+	bool more;
+	int err = 0;
+	u32 gpu;
+
+	bitmap_zero(replay, WIC_GPU_BITS);
+	mutex_lock(&s->mutex);
+	if (bound_ns && now > bound_ns)
+		err = wic_complete_held(s, 0, 0, U64_MAX, now - bound_ns, WIC_MARKER_TIMEOUT,
+					replay, false);
+	spin_lock_irqsave(&s->lock, flags);
+	more = s->nr_held != 0;
+	spin_unlock_irqrestore(&s->lock, flags);
+	mutex_unlock(&s->mutex);
+	for_each_set_bit(gpu, replay, WIC_GPU_BITS)
+		uvm_wic_replay(gpu);
+	if (!bitmap_empty(replay, WIC_GPU_BITS))
+		pr_warn_ratelimited("faults held longer than max_hold_ms=%llu completed with the timeout marker\n",
+				    bound_ns / NSEC_PER_MSEC);
+	if (err)
+		pr_warn_ratelimited("cannot complete a fault held longer than max_hold_ms=%llu: %d; retried\n",
+				    bound_ns / NSEC_PER_MSEC, err);
+	if (more)
+		schedule_delayed_work(&s->expire, wic_expire_period());
+}
+
 static int wic_open(struct inode *inode, struct file *file)
 {
 	struct wic_session *s;
@@ -510,6 +593,7 @@ static int wic_open(struct inode *inode, struct file *file)
 	spin_lock_init(&s->lock);
 	hash_init(s->held_hash);
 	init_waitqueue_head(&s->poll_wait);
+	INIT_DELAYED_WORK(&s->expire, wic_expire);
 	s->next_range_id = 1;
 	s->held_pool = kvcalloc(WIC_MAX_HELD, sizeof(*s->held_pool), GFP_KERNEL);
 	s->ring_bytes = PAGE_ALIGN(WIC_RING_BYTES(ring_entries));
@@ -555,11 +639,13 @@ static int wic_release(struct inode *inode, struct file *file)
 	mutex_unlock(&wic_active_lock);
 	/* No classify sees @s after this: the held set is final. */
 	synchronize_rcu();
+	/* Nothing queues the expiry work again: only classify and the work itself do. */
+	cancel_delayed_work_sync(&s->expire);
 	bitmap_zero(replay, WIC_GPU_BITS);
 	spin_lock_irqsave(&s->lock, flags);
 	wic_take_held_gpus(s, 0, replay);
 	spin_unlock_irqrestore(&s->lock, flags);
-	wic_complete_held(s, 0, 0, U64_MAX, WIC_MARKER_DAEMON_GONE, replay, true);
+	wic_complete_held(s, 0, 0, U64_MAX, U64_MAX, WIC_MARKER_DAEMON_GONE, replay, true);
 	for_each_set_bit(gpu, replay, WIC_GPU_BITS)
 		uvm_wic_replay(gpu);
 	for (i = 0; i < WIC_MAX_SPACES; i++) {

@@ -1,0 +1,107 @@
+//! The module bounds a hold by itself: with `max_hold_ms` set (through
+//! `/sys/module/wic_shim/parameters/max_hold_ms`), a fault that the daemon never completes (this
+//! scenario's daemon opens the device, registers a range and never runs a command) is completed
+//! by the module with the timeout marker, mapped and its GPU replayed, within the bound plus
+//! the expiry work's period and some slack. With the bound at 0 nothing expires; set again, the
+//! bound applies to faults already held. The parameter is restored whatever happens.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use wic_engine::fault::AccessType;
+use wic_kmod::fakegpu::{self, Event, FakeGpu};
+use wic_kmod::Device;
+use wic_proto::kabi::{self, WIC_MARKER_TIMEOUT};
+
+use crate::rig::{ensure, fault, wait_events, Memory, DEVICE, GPU};
+
+const PARAM: &str = "/sys/module/wic_shim/parameters/max_hold_ms";
+const PAGE: u64 = 4096;
+/// The bound the scenario sets.
+const BOUND: Duration = Duration::from_millis(200);
+/// What the completion may take beyond the bound: the work's period (a quarter of the bound)
+/// and scheduling under an emulated CPU.
+const SLACK: Duration = Duration::from_millis(800);
+/// With the bound at 0 the work looks again every second: a bound set then applies within it.
+const IDLE_PERIOD: Duration = Duration::from_secs(1);
+
+pub fn run() -> Result<(), String> {
+    let old = std::fs::read_to_string(PARAM).map_err(|e| format!("read {PARAM}: {e} (the module has no hold bound)"))?;
+    let result = steps();
+    let restored = set(old.trim().parse().unwrap_or(2000));
+    result?;
+    restored
+}
+
+fn set(ms: u32) -> Result<(), String> {
+    std::fs::write(PARAM, format!("{ms}\n")).map_err(|e| format!("write {ms} to {PARAM}: {e}"))
+}
+
+fn steps() -> Result<(), String> {
+    let fake = FakeGpu::open().map_err(|e| format!("open {}: {e}", fakegpu::DEVICE))?;
+    let memory = Memory::new(&fake, 1 << 20)?;
+    let mut device = Device::open(Path::new(DEVICE), Duration::from_secs(5)).map_err(|e| format!("open {DEVICE}: {e}"))?;
+    let space = device.attach(fake.fd()).map_err(|e| format!("attach: {e}"))?;
+    let base = memory.base();
+    device.register(space, kabi::WIC_RANGE_PCM, base, 4 * PAGE).map_err(|e| format!("register: {e}"))?;
+    fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
+
+    // A fault held with the bound set: completed by the module, not before the bound.
+    set(BOUND.as_millis() as u32)?;
+    let va = base + PAGE;
+    inject(&fake, va)?;
+    let held = Instant::now();
+    ensure(read_ring(&mut device) == 1, || "the held fault was not recorded".into())?;
+    let events = wait_events(&fake, BOUND + SLACK * 4, |seen| completed(seen, va).is_some())?;
+    let took = held.elapsed();
+    ensure(took >= BOUND, || format!("the fault was completed after {took:?}, before the bound {BOUND:?}"))?;
+    ensure(took <= BOUND + SLACK, || format!("the fault was completed after {took:?}, bound {BOUND:?} + {SLACK:?}"))?;
+    check_page(&fake, &memory, &events, va)?;
+    println!("max-hold: a fault wicd never completed was completed by the module {took:?} after it was held (max_hold_ms {})", BOUND.as_millis());
+
+    // Bound 0: nothing expires. Set again, the fault already held expires.
+    fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
+    set(0)?;
+    let va = base + 2 * PAGE;
+    inject(&fake, va)?;
+    read_ring(&mut device);
+    std::thread::sleep(BOUND * 3);
+    let (events, _) = fake.events(4096, 0).map_err(|e| format!("events: {e}"))?;
+    ensure(!events.iter().any(|e| e.va == va && matches!(e.kind, fakegpu::EVENT_WRITE | fakegpu::EVENT_MAP)), || format!("with max_hold_ms 0 the held fault was touched: {events:?}"))?;
+    ensure(fake.page_state(GPU, va).map_err(|e| format!("page state: {e}"))? & fakegpu::PAGE_MAPPED == 0, || "with max_hold_ms 0 the held page was mapped".into())?;
+    set(BOUND.as_millis() as u32)?;
+    let again = Instant::now();
+    let events = wait_events(&fake, IDLE_PERIOD + BOUND + SLACK * 4, |seen| completed(seen, va).is_some())?;
+    let took = again.elapsed();
+    ensure(took <= IDLE_PERIOD + BOUND + SLACK, || format!("a bound set while a fault was held applied only after {took:?}"))?;
+    check_page(&fake, &memory, &events, va)?;
+    fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
+    Ok(())
+}
+
+fn inject(fake: &FakeGpu, va: u64) -> Result<(), String> {
+    let (verdicts, _) = fake.inject(GPU, &[fault(va, AccessType::Read)]).map_err(|e| format!("inject: {e}"))?;
+    ensure(verdicts == [fakegpu::VERDICT_HOLD], || format!("the fault at {va:#x} was not held (verdict {verdicts:?})"))
+}
+
+fn read_ring(device: &mut Device) -> usize {
+    let mut out = Vec::new();
+    device.ring().read(&mut out, 4096)
+}
+
+/// The positions of the timeout marker's write into `va`, then a map of it on [`GPU`], then a
+/// replay of that GPU, if all three were logged in that order.
+fn completed(events: &[Event], va: u64) -> Option<(usize, usize, usize)> {
+    let write = events.iter().position(|e| e.kind == fakegpu::EVENT_WRITE && e.va == va && e.data0 == WIC_MARKER_TIMEOUT)?;
+    let map = write + events[write..].iter().position(|e| e.kind == fakegpu::EVENT_MAP && e.gpu_id == GPU && e.va <= va && va < e.va + e.length)?;
+    let replay = map + events[map..].iter().position(|e| e.kind == fakegpu::EVENT_REPLAY && e.gpu_id == GPU)?;
+    Some((write, map, replay))
+}
+
+fn check_page(fake: &FakeGpu, memory: &Memory, events: &[Event], va: u64) -> Result<(), String> {
+    ensure(completed(events, va).is_some(), || format!("page {va:#x} not written with the timeout marker, mapped and replayed: {events:?}"))?;
+    let word = u64::from_le_bytes(memory.read(va, 8).try_into().expect("8 bytes"));
+    ensure(word == WIC_MARKER_TIMEOUT, || format!("page {va:#x} holds {word:#x}, not the timeout marker"))?;
+    let state = fake.page_state(GPU, va).map_err(|e| format!("page state: {e}"))?;
+    ensure(state & fakegpu::PAGE_MAPPED != 0, || format!("page {va:#x} is not mapped on the GPU"))
+}
