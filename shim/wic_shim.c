@@ -52,7 +52,12 @@ MODULE_PARM_DESC(ring_entries, "Fault-ring records, a power of two from 256 to 6
  * A held replayable fault blocks preemption of its channel, and so the time-slicing of every
  * other channel on that GPU: the module bounds a hold itself, whatever wicd does.
  */
-static unsigned int max_hold_ms = 2000;
+/*
+ * Off by default: the module completes an expired fault's page only, while wicd's timeout also
+ * unmaps the slot's other run, which the module does not know. After a module expiry the warp's
+ * next generation can read that run's previous bytes without faulting (see shim/README.md).
+ */
+static unsigned int max_hold_ms;
 module_param(max_hold_ms, uint, 0644);
 MODULE_PARM_DESC(max_hold_ms, "Longest hold in ms, then completed timed out; 0: no bound");
 

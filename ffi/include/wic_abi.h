@@ -16,10 +16,11 @@
  * When the session's file is released (wicd exits or is killed), every held fault is
  * completed with the WIC_MARKER_DAEMON_GONE error marker, mapped and replayed.
  *
- * A fault held longer than the module parameter max_hold_ms (default 2000 ms, 0: no bound) is
+ * With the module parameter max_hold_ms set (default 0: no bound), a fault held longer is
  * completed by the module itself with the WIC_MARKER_TIMEOUT marker, mapped and its GPU
- * replayed, as wicd's own timeout would: wicd's channel timeouts should stay below it. A
- * command wicd runs for that page afterwards acts on a page that is no longer held.
+ * replayed; unlike wicd's timeout it does not unmap the slot's other run, which it does not
+ * know (see shim/README.md). wicd's channel timeouts should stay below it. A command wicd runs
+ * for that page afterwards acts on a page that is no longer held.
  */
 #ifndef _WIC_ABI_H
 #define _WIC_ABI_H
