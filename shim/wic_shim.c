@@ -240,7 +240,7 @@ static unsigned long wic_expire_period(void)
 
 	if (!bound)
 		return msecs_to_jiffies(WIC_EXPIRE_IDLE_PERIOD_MS);
-	return msecs_to_jiffies(max(bound / 4, WIC_EXPIRE_MIN_PERIOD_MS));
+	return msecs_to_jiffies(max_t(unsigned int, bound / 4, WIC_EXPIRE_MIN_PERIOD_MS));
 }
 
 /**
@@ -545,11 +545,12 @@ static int wic_close(struct wic_session *s, u32 space_id, u64 start, u64 end,
  * A held replayable fault blocks preemption of its channel, so every other context on that
  * GPU (or MIG partition) waits while it is held, and RM may reset the channel when a context
  * switch times out; wicd's channel timeouts bound a hold only while wicd runs its commands.
- * Each fault held longer than max_hold_ms is completed as wicd's own timeout would complete
- * it: WIC_MARKER_TIMEOUT written into its PCM page, the page mapped (a PAT page writable) and
- * the fault released, then its GPU replayed (wic_complete_held()). It runs under @mutex, so a
- * fault is completed either by wicd's command or here, never by both at once: whichever takes
- * the held entry first completes it. A write or map that nvidia-uvm refuses leaves its fault
+ * Each fault held longer than max_hold_ms is completed as far as the module knows the slot:
+ * WIC_MARKER_TIMEOUT written into its PCM page, the page mapped (a PAT page writable) and the
+ * fault released, then its GPU replayed (wic_complete_held()); the slot's other run is not
+ * unmapped, as wicd's timeout would. It runs under @mutex, between wicd's commands; a COMPLETE
+ * wicd sends later for that page does not look at the held table and still writes and maps it.
+ * A write or map that nvidia-uvm refuses leaves its fault
  * held, and the next run tries again. Queued again while any fault is held; with max_hold_ms 0
  * nothing expires, and it looks again every second in case the bound is set.
  */
