@@ -4,7 +4,7 @@
 use std::io::Write;
 use std::time::Instant;
 
-use wic_emu::compare::{percent, Comparison, RowError, RunOutcome};
+use wic_emu::compare::{geomean_speedup, percent, Comparison, RowError, RunOutcome};
 use wic_emu::sim::memory_estimate;
 use wic_emu::{Mode, Workload};
 
@@ -86,7 +86,6 @@ pub fn table(rows: &[Result<Comparison, RowError>]) -> String {
         "{:<6} {:>10} {:>10} {:>7} {:>13} {:>13} {:>9} {:>9} {:>8} {:>9} {:>7}\n",
         "app", "naive ms", "WIC ms", "speedup", "cons.ovh naive", "cons.ovh WIC", "ovl naive", "ovl WIC", "WIC ovh", "faults", "checked"
     ));
-    let mut ran = Vec::new();
     for row in rows {
         let row = match row {
             Ok(row) => row,
@@ -110,13 +109,12 @@ pub fn table(rows: &[Result<Comparison, RowError>]) -> String {
             engine.entries,
             if row.poll.corrupt_messages + row.fault.corrupt_messages == 0 { "ok" } else { "FAILED" },
         ));
-        ran.push(row);
     }
-    if ran.is_empty() {
+    if !rows.iter().any(Result::is_ok) {
         out.push_str("no workload ran\n");
         return out;
     }
-    let geomean = (ran.iter().map(|r| r.speedup().ln()).sum::<f64>() / ran.len() as f64).exp();
+    let geomean = geomean_speedup(rows.iter().flatten());
     out.push_str(&format!("geometric-mean speedup of WIC over naive polling: {geomean:.3}x\n"));
     out
 }

@@ -1,4 +1,5 @@
-//! `wicd demo` as a user runs it: the README's sweep end to end, and scales it refuses.
+//! `wicd demo` as a user runs it: the README's sweep end to end, and scales and calibration files
+//! it refuses.
 
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -61,4 +62,40 @@ fn half_a_billion_threads_are_refused_before_anything_runs() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("`512M` is 536870912 threads, more than the maximum"), "{stderr}");
     assert!(!stderr.contains("panicked") && out.stdout.is_empty() && took < Duration::from_secs(10), "{stderr}");
+}
+
+/// The built-in calibration file with `key`'s value replaced by `value`, written for this test.
+fn calibration_file(key: &str, value: &str) -> std::path::PathBuf {
+    let text = wic_emu::calibration::BUILT_IN;
+    let header = format!("[{key}]\nvalue = ");
+    let start = text.find(&header).unwrap_or_else(|| panic!("no {key} in the built-in file")) + header.len();
+    let end = start + text[start..].find('\n').expect("a line");
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("calibration-{}-{key}.toml", std::process::id()));
+    std::fs::write(&path, format!("{}{value}{}", &text[..start], &text[end..])).expect("write the calibration file");
+    path
+}
+
+/// A calibration file with a constant past its range is refused before anything runs, naming
+/// the key, the value and the range. `gpu.sms = 4294967295` used to allocate billions of SMs
+/// and a latency of 2^63 - 1 ns to overflow the emulated clock, a panic.
+#[test]
+fn a_calibration_constant_past_its_range_is_refused_before_anything_runs() {
+    let cases = [
+        ("gpu.sms", "4294967295", "4294967295", "1 to 1024"),
+        ("fault.interrupt_to_bh_ns", "9223372036854775807", "9223372036854775807", "0 to 1000000000"),
+        ("daemon.wakeup_ns", "1000000001", "1000000001", "0 to 1000000000"),
+        ("gpu.warp_slots_per_sm", "4294967295", "4294967295", "1 to 1024"),
+        ("link.pcie_gbps", "1e-300", "1e-300", "0.01 to 100000.0"),
+        ("gpu.clock_ghz", "nan", "NaN", "0.01 to 10.0"),
+    ];
+    for (key, written, shown, range) in cases {
+        let path = calibration_file(key, written);
+        let (out, took) = wicd_demo(&["--only", "C_CG,G_STN", "--calibration", path.to_str().expect("UTF-8 path")]);
+        let stderr = text(&out.stderr);
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(out.status.code(), Some(1), "{key} = {written} after {took:?}: {stderr}");
+        let expected = format!("wicd: calibration: {key} = {shown} is outside the allowed range {range}\n");
+        assert!(stderr.contains(&expected), "{key}: {stderr}");
+        assert!(!stderr.contains("panicked") && out.stdout.is_empty() && took < Duration::from_secs(10), "{key}: {took:?} {stderr}");
+    }
 }

@@ -2,7 +2,10 @@
 //!
 //! The built-in file is compiled in; `Calibration::from_toml` reads another one (for example a
 //! file of values measured on a real GPU). A missing or malformed constant is an error, never a
-//! silent default.
+//! silent default, and so is one outside its allowed range (see [`Calibration::from_toml`]).
+
+use std::fmt::Debug;
+use std::ops::RangeInclusive;
 
 use serde::Deserialize;
 
@@ -85,8 +88,48 @@ pub struct Calibration {
 /// The calibration file shipped with the emulator.
 pub const BUILT_IN: &str = include_str!("../calibration.toml");
 
+// The ranges a calibration file's constants must lie in. Each is physically generous (an H100,
+// and any GPU, link or host like it, lies well inside) and together they keep the model's work
+// bounded: the SM and warp-slot counts size the emulated GPUs and the loops that fill them, the
+// fault buffer and batch sizes bound what one bottom half holds, every latency and per-item cost
+// is at most a second and every rate is above zero, so each step of a run takes a finite time.
+// The emulator adds those times saturating, and a run whose clock would pass 2^62 ns, that stops
+// making progress or that reaches a state the model does not follow (a wait timed out) ends as an
+// error (see `sim::try_run`): no calibration makes it panic, overflow or wrap.
+
+/// SMs per GPU (H100 SXM5: 132).
+pub const SMS: RangeInclusive<u32> = 1..=1024;
+/// Resident warps per SM (H100: 64).
+pub const WARP_SLOTS_PER_SM: RangeInclusive<u32> = 1..=1024;
+/// Warp schedulers per SM (H100: 4).
+pub const SCHEDULERS_PER_SM: RangeInclusive<u32> = 1..=64;
+/// SM clock in GHz (H100: 1.98).
+pub const CLOCK_GHZ: RangeInclusive<f64> = 0.01..=10.0;
+/// Instructions per cycle of one warp alone (estimate: 0.5).
+pub const WARP_IPC: RangeInclusive<f64> = 0.001..=4.0;
+/// Entries of the replayable fault buffer, and faults in one bottom-half batch (both 2^20 at most).
+pub const FAULT_ENTRIES: RangeInclusive<u32> = 1..=1 << 20;
+/// Every latency and per-item cost in nanoseconds: zero (to leave a cost out) to one second.
+pub const LATENCY_NS: RangeInclusive<u64> = 0..=1_000_000_000;
+/// Every rate in GB/s: 10 MB/s to 100 TB/s.
+pub const GBPS: RangeInclusive<f64> = 0.01..=100_000.0;
+/// The issue-slot share of a polling warp relative to a computing one.
+pub const ISSUE_WEIGHT: RangeInclusive<f64> = 0.0..=1.0;
+
+/// `value` of constant `name` if it lies within `range`; an error naming all three otherwise (a
+/// float that is not a number lies in no range). Floats are shown as `Debug` writes them: `10.0`,
+/// `1e-300`, `NaN`.
+fn within<T: PartialOrd + Debug>(name: &str, value: T, range: &RangeInclusive<T>) -> Result<(), String> {
+    if range.contains(&value) {
+        return Ok(());
+    }
+    Err(format!("calibration: {name} = {value:?} is outside the allowed range {:?} to {:?}", range.start(), range.end()))
+}
+
 impl Calibration {
-    /// Parses and checks a calibration file.
+    /// Parses and checks a calibration file: every constant must be present, known and within its
+    /// range ([`SMS`], [`WARP_SLOTS_PER_SM`], [`SCHEDULERS_PER_SM`], [`CLOCK_GHZ`], [`WARP_IPC`],
+    /// [`FAULT_ENTRIES`], [`LATENCY_NS`], [`GBPS`], [`ISSUE_WEIGHT`]).
     pub fn from_toml(text: &str) -> Result<Self, String> {
         let cal: Self = toml::from_str(text).map_err(|e| format!("calibration: {e}"))?;
         cal.check()?;
@@ -99,27 +142,35 @@ impl Calibration {
     }
 
     fn check(&self) -> Result<(), String> {
-        let positive = [
-            ("gpu.sms", f64::from(self.gpu.sms.value)),
-            ("gpu.warp_slots_per_sm", f64::from(self.gpu.warp_slots_per_sm.value)),
-            ("gpu.schedulers_per_sm", f64::from(self.gpu.schedulers_per_sm.value)),
-            ("gpu.clock_ghz", self.gpu.clock_ghz.value),
-            ("gpu.warp_ipc", self.gpu.warp_ipc.value),
-            ("fault.buffer_entries", f64::from(self.fault.buffer_entries.value)),
-            ("fault.batch_max", f64::from(self.fault.batch_max.value)),
-            ("link.pcie_gbps", self.link.pcie_gbps.value),
-            ("link.nvlink_gbps", self.link.nvlink_gbps.value),
-            ("host.memcpy_gbps", self.host.memcpy_gbps.value),
+        let (g, f, l, d) = (&self.gpu, &self.fault, &self.link, &self.daemon);
+        within("gpu.sms", g.sms.value, &SMS)?;
+        within("gpu.warp_slots_per_sm", g.warp_slots_per_sm.value, &WARP_SLOTS_PER_SM)?;
+        within("gpu.schedulers_per_sm", g.schedulers_per_sm.value, &SCHEDULERS_PER_SM)?;
+        within("gpu.clock_ghz", g.clock_ghz.value, &CLOCK_GHZ)?;
+        within("gpu.warp_ipc", g.warp_ipc.value, &WARP_IPC)?;
+        within("fault.buffer_entries", f.buffer_entries.value, &FAULT_ENTRIES)?;
+        within("fault.batch_max", f.batch_max.value, &FAULT_ENTRIES)?;
+        let latencies = [
+            ("fault.interrupt_to_bh_ns", f.interrupt_to_bh_ns.value),
+            ("fault.batch_fixed_ns", f.batch_fixed_ns.value),
+            ("fault.per_fault_ns", f.per_fault_ns.value),
+            ("fault.replay_ns", f.replay_ns.value),
+            ("fault.cpu_fault_ns", f.cpu_fault_ns.value),
+            ("link.pcie_latency_ns", l.pcie_latency_ns.value),
+            ("link.nvlink_latency_ns", l.nvlink_latency_ns.value),
+            ("daemon.wakeup_ns", d.wakeup_ns.value),
+            ("daemon.engine_per_entry_ns", d.engine_per_entry_ns.value),
+            ("daemon.submission_ns", d.submission_ns.value),
+            ("daemon.per_page_ns", d.per_page_ns.value),
+            ("daemon.publish_ns", d.publish_ns.value),
         ];
-        for (name, value) in positive {
-            if !(value > 0.0 && value.is_finite()) {
-                return Err(format!("calibration: {name} must be positive, got {value}"));
-            }
+        for (name, value) in latencies {
+            within(name, value, &LATENCY_NS)?;
         }
-        if !(0.0..=1.0).contains(&self.poll.issue_weight.value) {
-            return Err("calibration: poll.issue_weight must be within 0..=1".into());
+        for (name, value) in [("link.pcie_gbps", l.pcie_gbps.value), ("link.nvlink_gbps", l.nvlink_gbps.value), ("host.memcpy_gbps", self.host.memcpy_gbps.value)] {
+            within(name, value, &GBPS)?;
         }
-        Ok(())
+        within("poll.issue_weight", self.poll.issue_weight.value, &ISSUE_WEIGHT)
     }
 
     /// (name, value, source, measured) of every constant, for reports.
@@ -156,12 +207,12 @@ impl Calibration {
 
     /// Nanoseconds to move `bytes` over PCIe, latency included.
     pub fn pcie_ns(&self, bytes: u64) -> u64 {
-        self.link.pcie_latency_ns.value + transfer_ns(bytes, self.link.pcie_gbps.value)
+        self.link.pcie_latency_ns.value.saturating_add(transfer_ns(bytes, self.link.pcie_gbps.value))
     }
 
     /// Nanoseconds to move `bytes` over NVLink, latency included.
     pub fn nvlink_ns(&self, bytes: u64) -> u64 {
-        self.link.nvlink_latency_ns.value + transfer_ns(bytes, self.link.nvlink_gbps.value)
+        self.link.nvlink_latency_ns.value.saturating_add(transfer_ns(bytes, self.link.nvlink_gbps.value))
     }
 
     /// Nanoseconds for the host to copy `bytes`.
@@ -170,7 +221,7 @@ impl Calibration {
     }
 }
 
-/// GB/s is bytes per nanosecond.
+/// GB/s is bytes per nanosecond. Saturates at `u64::MAX` (a cast from `f64` does).
 fn transfer_ns(bytes: u64, gbps: f64) -> u64 {
     (bytes as f64 / gbps).ceil() as u64
 }
@@ -194,6 +245,96 @@ mod tests {
         assert!(Calibration::from_toml(&unknown).is_err());
         let zero_clock = BUILT_IN.replace("value = 1.98", "value = 0.0");
         assert!(Calibration::from_toml(&zero_clock).unwrap_err().contains("gpu.clock_ghz"));
+    }
+
+    /// The built-in file with `key`'s value replaced by `value`.
+    fn with_value(text: &str, key: &str, value: &str) -> String {
+        let header = format!("[{key}]\nvalue = ");
+        let start = text.find(&header).unwrap_or_else(|| panic!("no {key}")) + header.len();
+        let end = start + text[start..].find('\n').expect("a line");
+        format!("{}{value}{}", &text[..start], &text[end..])
+    }
+
+    const LATENCIES: [&str; 12] = [
+        "fault.interrupt_to_bh_ns",
+        "fault.batch_fixed_ns",
+        "fault.per_fault_ns",
+        "fault.replay_ns",
+        "fault.cpu_fault_ns",
+        "link.pcie_latency_ns",
+        "link.nvlink_latency_ns",
+        "daemon.wakeup_ns",
+        "daemon.engine_per_entry_ns",
+        "daemon.submission_ns",
+        "daemon.per_page_ns",
+        "daemon.publish_ns",
+    ];
+    const RATES: [&str; 3] = ["link.pcie_gbps", "link.nvlink_gbps", "host.memcpy_gbps"];
+
+    /// One constant's range as a test sees it.
+    struct Range {
+        key: &'static str,
+        /// The values at its ends, as a file writes them.
+        ends: [&'static str; 2],
+        /// Values past them, as a file writes them and as the error shows them.
+        past: Vec<(&'static str, &'static str)>,
+        /// The range as the error shows it.
+        shown: &'static str,
+    }
+
+    /// Every constant's range.
+    fn ranges() -> Vec<Range> {
+        let all = vec![
+            ("gpu.sms", ["1", "1024"], vec![("0", "0"), ("1025", "1025"), ("4294967295", "4294967295")], "1 to 1024"),
+            ("gpu.warp_slots_per_sm", ["1", "1024"], vec![("0", "0"), ("1025", "1025"), ("4294967295", "4294967295")], "1 to 1024"),
+            ("gpu.schedulers_per_sm", ["1", "64"], vec![("0", "0"), ("65", "65")], "1 to 64"),
+            ("gpu.clock_ghz", ["0.01", "10.0"], vec![("0.0", "0.0"), ("-1.0", "-1.0"), ("10.5", "10.5"), ("nan", "NaN"), ("inf", "inf")], "0.01 to 10.0"),
+            ("gpu.warp_ipc", ["0.001", "4.0"], vec![("0.0", "0.0"), ("4.5", "4.5"), ("1e-300", "1e-300")], "0.001 to 4.0"),
+            ("fault.buffer_entries", ["1", "1048576"], vec![("0", "0"), ("1048577", "1048577")], "1 to 1048576"),
+            ("fault.batch_max", ["1", "1048576"], vec![("0", "0"), ("4294967295", "4294967295")], "1 to 1048576"),
+            ("poll.issue_weight", ["0.0", "1.0"], vec![("-0.1", "-0.1"), ("1.5", "1.5"), ("nan", "NaN")], "0.0 to 1.0"),
+        ];
+        let latencies = LATENCIES.map(|key| {
+            let past = vec![("1000000001", "1000000001"), ("9223372036854775807", "9223372036854775807")];
+            (key, ["0", "1000000000"], past, "0 to 1000000000")
+        });
+        let rates = RATES.map(|key| {
+            let past = vec![("0.0", "0.0"), ("0.009", "0.009"), ("1e6", "1000000.0"), ("-inf", "-inf"), ("nan", "NaN")];
+            (key, ["0.01", "100000.0"], past, "0.01 to 100000.0")
+        });
+        all.into_iter().chain(latencies).chain(rates).map(|(key, ends, past, shown)| Range { key, ends, past, shown }).collect()
+    }
+
+    #[test]
+    fn every_constant_has_a_range_and_the_built_in_lies_inside() {
+        let keys: Vec<&str> = ranges().iter().map(|r| r.key).collect();
+        let names: Vec<&str> = Calibration::built_in().table().iter().map(|r| r.0).collect();
+        assert_eq!(keys.len(), names.len());
+        assert!(names.iter().all(|name| keys.contains(name)), "{names:?}");
+    }
+
+    #[test]
+    fn a_constant_past_its_range_is_refused_naming_the_key_the_value_and_the_range() {
+        for Range { key, past, shown: range, .. } in ranges() {
+            for (written, shown) in past {
+                let e = Calibration::from_toml(&with_value(BUILT_IN, key, written)).expect_err(key);
+                assert_eq!(e, format!("calibration: {key} = {shown} is outside the allowed range {range}"));
+            }
+        }
+        // Past what TOML or the field's type holds: a parse error, not a panic.
+        for (key, written) in [("gpu.sms", "4294967296"), ("fault.replay_ns", "18446744073709551615"), ("fault.replay_ns", "-1")] {
+            let e = Calibration::from_toml(&with_value(BUILT_IN, key, written)).expect_err(key);
+            assert!(e.starts_with("calibration: "), "{key} = {written}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_ends_of_every_range_are_accepted() {
+        for end in 0..2 {
+            let text = ranges().iter().fold(BUILT_IN.to_string(), |text, r| with_value(&text, r.key, r.ends[end]));
+            let cal = Calibration::from_toml(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+            assert_eq!(cal.gpu.sms.value, [1, 1024][end]);
+        }
     }
 
     #[test]

@@ -22,9 +22,11 @@ pub fn percent(share: f64) -> String {
     format!("{:.1}%", 100.0 * share)
 }
 
-/// The geometric mean of the rows' speedups (1 for no rows).
-pub fn geomean_speedup(rows: &[Comparison]) -> f64 {
-    (rows.iter().map(|r| r.speedup().ln()).sum::<f64>() / rows.len().max(1) as f64).exp()
+/// The geometric mean of the rows' speedups (1 for no rows): of a slice (`&rows`), or of the
+/// rows that ran (`rows.iter().flatten()` over results).
+pub fn geomean_speedup<'a>(rows: impl IntoIterator<Item = &'a Comparison>) -> f64 {
+    let (sum, n) = rows.into_iter().fold((0.0, 0u32), |(sum, n), r| (sum + r.speedup().ln(), n + 1));
+    (sum / f64::from(n.max(1))).exp()
 }
 
 /// Runs every workload in both modes on `threads` workers; `progress` sees each finished run.
@@ -154,6 +156,21 @@ mod tests {
         assert_eq!(refused.workload, "G_GEM");
         assert!(refused.reason.contains("request slots"), "{refused}");
         assert!(refused.to_string().starts_with("G_GEM: phase 0 has"), "{refused}");
+    }
+
+    #[test]
+    fn the_geometric_mean_is_over_the_rows_given_slice_or_iterator() {
+        let cal = Calibration::built_in();
+        let row = |name| {
+            let w = by_name(name).unwrap().with_threads(64);
+            Comparison { poll: crate::run(&w, Mode::Poll, &cal, 1), fault: crate::run(&w, Mode::Fault, &cal, 1) }
+        };
+        let rows = vec![row("C_CG"), row("G_STN")];
+        let (a, b) = (rows[0].speedup(), rows[1].speedup());
+        assert!((geomean_speedup(&rows) - (a * b).sqrt()).abs() < 1e-12);
+        let results = [Ok(row("C_CG")), Err(RowError { workload: "G_GEM", reason: "no room".into() })];
+        assert!((geomean_speedup(results.iter().flatten()) - a).abs() < 1e-12, "only the rows that ran");
+        assert_eq!(geomean_speedup(&[]), 1.0);
     }
 
     #[test]

@@ -215,6 +215,19 @@ const PHASE_SPAN: u64 = 1 << 36;
 /// Pages reserved for one slot's data region in poll mode.
 const DATA_PAGES: u64 = 16;
 const CHANNEL_TIMEOUT_NS: Nanos = 1_000_000_000;
+/// Why a run may stop short: a wait that timed out is the one way into a state the model does
+/// not follow.
+const TIMEOUT_HINT: &str = " (a consumer's wait probably timed out: the calibration makes the fault path or wicd slower than the channels' 1 s timeout)";
+/// Steps (events, and faults raised or re-raised) a run may take without a warp finishing a
+/// compute segment or receiving a message, or a producer producing, before it counts as stuck:
+/// this many, plus [`STALL_STEPS_PER_WARP`] for each warp of its largest phase. (The built-in
+/// calibration's runs, from 64 to 4M consumer threads, take at most about 17 a warp: 550,000
+/// steps at a million threads, where the limit is 38 million.)
+const STALL_STEPS: u64 = 1 << 22;
+const STALL_STEPS_PER_WARP: u64 = 1024;
+/// The latest emulated time a run may reach, 2^62 ns: far below where `u64` nanoseconds
+/// overflow, so that one more step from a time below it (every step saturates) cannot wrap.
+const CLOCK_LIMIT: Nanos = 1 << 62;
 
 /// The slot of a managed page of a phase, and whether it is the data region (else the flag).
 fn managed_page(va: u64) -> (usize, bool) {
@@ -239,11 +252,13 @@ pub fn run(workload: &Workload, mode: Mode, cal: &Calibration, seed: u64) -> Run
 }
 
 /// Runs `workload` in `mode` on the model and reports what it measured, or says why the model
-/// cannot hold it (see [`check`]); a refused workload allocates nothing.
+/// cannot hold it (see [`check`]; a refused workload allocates nothing) or why the run stopped:
+/// its emulated clock would pass 2^62 ns, it made no progress (pages thrashing between GPUs), or
+/// a timed-out wait led where the model does not follow.
 pub fn try_run(workload: &Workload, mode: Mode, cal: &Calibration, seed: u64) -> Result<RunReport, String> {
     let config = check(workload)?;
     let mut sim = Sim::new(workload, mode, cal, seed, config)?;
-    sim.execute();
+    sim.execute()?;
     Ok(sim.report())
 }
 
@@ -346,6 +361,16 @@ struct Sim<'a> {
     daemon: Option<Daemon>,
     /// Set when the last phase ends.
     runtime: Option<Nanos>,
+    /// Why the run cannot go on: a state the model does not follow, which a calibration whose
+    /// fault path or daemon is slower than the channels' timeout can bring about.
+    stopped: Option<String>,
+    /// Events handled and faults raised (or re-raised) so far.
+    steps: u64,
+    /// `steps` when a warp last finished a compute segment or received a message, or a producer
+    /// last produced.
+    progress_at: u64,
+    /// Steps past `progress_at` that make the run stuck.
+    stall_steps: u64,
     stats: Counters,
 }
 
@@ -404,6 +429,11 @@ impl<'a> Sim<'a> {
             slots_left: 0,
             daemon,
             runtime: None,
+            stopped: None,
+            steps: 0,
+            progress_at: 0,
+            stall_steps: workload.phases.iter().map(|p| u64::from(p.ctas) * u64::from(p.warps_per_cta)).max().unwrap_or(0) * STALL_STEPS_PER_WARP
+                + STALL_STEPS,
             stats: Counters::default(),
         };
         for (index, phase) in workload.phases.iter().enumerate() {
@@ -447,19 +477,53 @@ impl<'a> Sim<'a> {
         })
     }
 
+    /// `delay` from now; times saturate, and [`Sim::execute`] ends a run whose clock passes
+    /// [`CLOCK_LIMIT`].
+    fn after(&self, delay: Nanos) -> Nanos {
+        self.now.saturating_add(delay)
+    }
+
     fn schedule(&mut self, at: Nanos, event: Event) {
         self.seq += 1;
         self.queue.push(Reverse((at, self.seq, event)));
     }
 
-    fn execute(&mut self) {
+    /// Runs every event in time order. A run ends as an error where its clock would pass
+    /// [`CLOCK_LIMIT`] (a calibration that [`Calibration::from_toml`] accepts keeps every step far
+    /// below it; this bounds what a `Calibration` built in code can do), where it takes
+    /// `stall_steps` steps without progress, or where a handler found a state the model does not
+    /// follow (`stopped`).
+    fn execute(&mut self) -> Result<(), String> {
         self.schedule(0, Event::PhaseStart);
         while let Some(Reverse((at, _, event))) = self.queue.pop() {
+            if at > CLOCK_LIMIT {
+                return Err(format!(
+                    "the emulated clock would pass {CLOCK_LIMIT} ns (about 146 years) after {} events; the calibration makes the run too slow to model",
+                    self.stats.events
+                ));
+            }
             self.now = at;
             self.stats.events += 1;
+            self.steps += 1;
             self.dispatch(event);
+            if let Some(why) = self.stopped.take() {
+                return Err(format!("the run stopped at {} ns: {why}", self.now));
+            }
+            if self.steps - self.progress_at > self.stall_steps {
+                return Err(format!(
+                    "the run is stuck at {} ns: {} events and faults without a warp finishing compute or receiving data or a producer producing (the model does not damp pages thrashing between GPUs, as a replay slower than the other GPU's fault service makes them)",
+                    self.now, self.stall_steps
+                ));
+            }
         }
-        assert!(self.runtime.is_some(), "{} ({}): the model stopped before the workload finished", self.workload.name, self.mode.name());
+        if self.runtime.is_none() {
+            return Err(format!(
+                "the run stopped at {} ns with nothing left to happen before the workload finished{}",
+                self.now,
+                TIMEOUT_HINT
+            ));
+        }
+        Ok(())
     }
 
     fn dispatch(&mut self, event: Event) {
@@ -499,7 +563,7 @@ impl<'a> Sim<'a> {
         let phase = self.current().phase.clone();
         if phase.consumer == Endpoint::Host {
             let bytes = u64::from(phase.ctas) * u64::from(phase.message_bytes);
-            let at = self.now + self.cal.pcie_ns(bytes) + phase.host_compute_ns;
+            let at = self.after(self.cal.pcie_ns(bytes).saturating_add(phase.host_compute_ns));
             self.schedule(at, Event::HostPhaseDone);
             return;
         }
@@ -577,7 +641,9 @@ impl<'a> Sim<'a> {
                     daemon.engine.close_channel(layout.id, &mut out).expect("channel is open");
                 }
             }
-            assert!(out.is_empty(), "{}: requests still held at the end: {out:?}", self.workload.name);
+            if !out.is_empty() {
+                self.stopped = Some(format!("{} requests were still held at the end{TIMEOUT_HINT}", out.len()));
+            }
         }
     }
 
@@ -620,7 +686,7 @@ impl<'a> Sim<'a> {
         let version = s.version;
         if let Some(Reverse((finish, _))) = s.heap.peek() {
             let left = (f64::from_bits(*finish) - s.vtime).max(0.0);
-            let at = now + (left / rate).ceil() as u64;
+            let at = now.saturating_add((left / rate).ceil() as u64);
             self.schedule(at, Event::SmDone { gpu, sm, version });
         }
     }
@@ -675,6 +741,7 @@ impl<'a> Sim<'a> {
 
     /// A warp finished a compute segment: request, or exit.
     fn segment_done(&mut self, warp: u32) {
+        self.progress_at = self.steps;
         let (cta, requests) = (self.warps[warp as usize].cta, self.warps[warp as usize].requests);
         let phase = &self.current().phase;
         let (per_warp, c2, warps_per_cta) = (phase.requests_per_warp, phase.c2_instr, phase.warps_per_cta);
@@ -714,6 +781,7 @@ impl<'a> Sim<'a> {
 
     /// The warp has its data (or an error marker) at hand: check it and run C2.
     fn receive(&mut self, warp: u32, bytes: &[u8]) {
+        self.progress_at = self.steps;
         let slot = self.slot_of(warp);
         let state = &self.phases[self.phase];
         let generation = state.consumed[slot as usize];
@@ -848,6 +916,7 @@ impl<'a> Sim<'a> {
     // ---- producers ----------------------------------------------------------------------------
 
     fn slot_produced(&mut self, slot: u32) {
+        self.progress_at = self.steps;
         let state = &mut self.phases[self.phase];
         let batch = state.phase.warps_per_cta as usize * state.phase.message_bytes as usize;
         let generation = state.produced[slot as usize];
@@ -857,21 +926,23 @@ impl<'a> Sim<'a> {
         self.slots_left -= 1;
         match (self.mode, state.phase.producer) {
             (Mode::Fault, Endpoint::Host) => {
-                self.schedule(self.now + self.cal.daemon.publish_ns.value, Event::PublishArrives { slot });
+                self.schedule(self.after(self.cal.daemon.publish_ns.value), Event::PublishArrives { slot });
             }
             (Mode::Fault, Endpoint::Gpu(gpu)) => {
                 let layout = state.channel.as_ref().expect("fault mode has channels");
                 let pat = layout.slots[slot as usize].pat.expect("GPU producer has PAT pages")[(generation % 2) as usize];
                 let sm = slot % self.cal.gpu.sms.value;
                 if self.access(Agent::Producer(slot), gpu, sm, pat, AccessType::Write) {
-                    unreachable!("a PAT page is write-protected until its fault is served");
+                    // A PAT page is write-protected until its fault is served, unless the re-arm
+                    // of an earlier generation has not landed yet: the write would go unnoticed.
+                    self.stopped = Some(format!("slot {slot}'s producer found its PAT page still mapped{TIMEOUT_HINT}"));
                 }
             }
             (Mode::Poll, Endpoint::Host) => {
                 // The CPU's flag write faults if the page sits on the GPU (it does after a poll).
                 let on_gpu = state.flag_loc[slot as usize] != Loc::Host;
-                let cost = if on_gpu { self.cal.fault.cpu_fault_ns.value + self.cal.pcie_ns(batch as u64) } else { 0 };
-                self.schedule(self.now + cost, Event::FlagVisible { slot });
+                let cost = if on_gpu { self.cal.fault.cpu_fault_ns.value.saturating_add(self.cal.pcie_ns(batch as u64)) } else { 0 };
+                self.schedule(self.after(cost), Event::FlagVisible { slot });
             }
             (Mode::Poll, Endpoint::Gpu(gpu)) => {
                 let sm = slot % self.cal.gpu.sms.value;
@@ -923,6 +994,7 @@ impl<'a> Sim<'a> {
     }
 
     fn raise(&mut self, gpu: u16, sm: u32, va: u64, access: AccessType) {
+        self.steps += 1;
         let path = &mut self.gpus[gpu as usize].faults;
         if !path.outstanding.insert((sm, va)) {
             return;
@@ -946,7 +1018,7 @@ impl<'a> Sim<'a> {
         self.stats.gpu_faults += 1;
         if !path.bh_active {
             path.bh_active = true;
-            self.schedule(self.now + self.cal.fault.interrupt_to_bh_ns.value, Event::BhRun { gpu });
+            self.schedule(self.after(self.cal.fault.interrupt_to_bh_ns.value), Event::BhRun { gpu });
         }
     }
 
@@ -956,15 +1028,15 @@ impl<'a> Sim<'a> {
         let n = path.buffer.len().min(max);
         path.batch = path.buffer.drain(..n).collect();
         let f = &self.cal.fault;
-        let mut cost = f.batch_fixed_ns.value + f.per_fault_ns.value * n as u64;
+        let mut cost = f.batch_fixed_ns.value.saturating_add(f.per_fault_ns.value.saturating_mul(n as u64));
         let mut migrated = HashSet::new();
         for (_, va) in &self.gpus[gpu as usize].faults.batch {
             if !self.wic_owned(*va) && migrated.insert(*va) {
-                cost += self.migration_ns(gpu, *va);
+                cost = cost.saturating_add(self.migration_ns(gpu, *va));
             }
         }
         self.stats.batches += 1;
-        self.schedule(self.now + cost, Event::BatchDone { gpu });
+        self.schedule(self.after(cost), Event::BatchDone { gpu });
     }
 
     fn wic_owned(&self, va: u64) -> bool {
@@ -1002,7 +1074,7 @@ impl<'a> Sim<'a> {
         }
         // The hook skips the replay of a batch that holds only WIC faults (no refault storm).
         if serviced {
-            self.schedule(self.now + self.cal.fault.replay_ns.value, Event::Replay { gpu, resume_bh: true });
+            self.schedule(self.after(self.cal.fault.replay_ns.value), Event::Replay { gpu, resume_bh: true });
         } else {
             self.continue_bh(gpu);
         }
@@ -1076,7 +1148,7 @@ impl<'a> Sim<'a> {
         daemon.inbox.push_back(input);
         if !daemon.awake {
             daemon.awake = true;
-            self.schedule(self.now + self.cal.daemon.wakeup_ns.value, Event::DaemonRun);
+            self.schedule(self.after(self.cal.daemon.wakeup_ns.value), Event::DaemonRun);
         }
     }
 
@@ -1090,13 +1162,15 @@ impl<'a> Sim<'a> {
         while let Some(input) = daemon.inbox.pop_front() {
             match input {
                 DaemonInput::Faults(gpu, entries) => {
-                    t += cal.daemon.engine_per_entry_ns.value * entries.len() as u64;
+                    t = t.saturating_add(cal.daemon.engine_per_entry_ns.value.saturating_mul(entries.len() as u64));
                     daemon.engine.handle_faults(t, gpu, &entries, &mut out);
                 }
                 DaemonInput::Publish(slot) => {
-                    t += cal.daemon.engine_per_entry_ns.value;
+                    t = t.saturating_add(cal.daemon.engine_per_entry_ns.value);
                     let id = self.phases[phase].channel.as_ref().expect("fault mode").id;
-                    daemon.engine.publish(t, id, slot, &mut out).expect("each slot generation is published once");
+                    if let Err(e) = daemon.engine.publish(t, id, slot, &mut out) {
+                        self.stopped = Some(format!("publish: {e}{TIMEOUT_HINT}"));
+                    }
                 }
             }
         }
@@ -1174,14 +1248,17 @@ impl<'a> Sim<'a> {
             }
         }
         let link = |bytes: u64, f: fn(&Calibration, u64) -> u64| if bytes > 0 { f(cal, bytes) } else { 0 };
-        let done = at
-            + cal.daemon.submission_ns.value
-            + cal.daemon.per_page_ns.value * pages
-            + cal.memcpy_ns(host_copy)
-            + link(pcie, Calibration::pcie_ns)
-            + link(nvlink, Calibration::nvlink_ns);
+        let done = [
+            cal.daemon.submission_ns.value,
+            cal.daemon.per_page_ns.value.saturating_mul(pages),
+            cal.memcpy_ns(host_copy),
+            link(pcie, Calibration::pcie_ns),
+            link(nvlink, Calibration::nvlink_ns),
+        ]
+        .into_iter()
+        .fold(at, u64::saturating_add);
         for event in landing {
-            let when = if matches!(event, Event::Replay { .. }) { done + cal.fault.replay_ns.value } else { done };
+            let when = if matches!(event, Event::Replay { .. }) { done.saturating_add(cal.fault.replay_ns.value) } else { done };
             self.schedule(when, event);
         }
         done
@@ -1265,5 +1342,113 @@ mod tests {
         let mut huge = by_name("C_SRS").unwrap();
         (huge.phases[0].ctas, huge.phases[0].message_bytes) = (u32::MAX, u32::MAX);
         assert_eq!(memory_estimate(&huge, Mode::Fault), u64::MAX, "saturates");
+    }
+}
+
+#[cfg(test)]
+mod calibration_tests {
+    use super::*;
+    use crate::calibration::{CLOCK_GHZ, FAULT_ENTRIES, GBPS, ISSUE_WEIGHT, LATENCY_NS, SCHEDULERS_PER_SM, SMS, WARP_IPC, WARP_SLOTS_PER_SM};
+    use crate::workload::{all, by_name};
+
+    /// Every latency of `cal`, the fault path's five first.
+    fn latencies(cal: &mut Calibration) -> [&mut u64; 12] {
+        let (f, l, d) = (&mut cal.fault, &mut cal.link, &mut cal.daemon);
+        [
+            &mut f.interrupt_to_bh_ns.value,
+            &mut f.batch_fixed_ns.value,
+            &mut f.per_fault_ns.value,
+            &mut f.replay_ns.value,
+            &mut f.cpu_fault_ns.value,
+            &mut l.pcie_latency_ns.value,
+            &mut l.nvlink_latency_ns.value,
+            &mut d.wakeup_ns.value,
+            &mut d.engine_per_entry_ns.value,
+            &mut d.submission_ns.value,
+            &mut d.per_page_ns.value,
+            &mut d.publish_ns.value,
+        ]
+    }
+
+    /// The slowest GPU, fault path and links a calibration file may describe (`slow`), or the
+    /// fastest.
+    fn extreme(slow: bool) -> Calibration {
+        let end = |r: &std::ops::RangeInclusive<u32>, low: bool| if low { *r.start() } else { *r.end() };
+        let endf = |r: &std::ops::RangeInclusive<f64>, low: bool| if low { *r.start() } else { *r.end() };
+        let mut cal = Calibration::built_in();
+        cal.gpu.sms.value = end(&SMS, slow);
+        cal.gpu.warp_slots_per_sm.value = end(&WARP_SLOTS_PER_SM, slow);
+        cal.gpu.schedulers_per_sm.value = end(&SCHEDULERS_PER_SM, slow);
+        cal.gpu.clock_ghz.value = endf(&CLOCK_GHZ, slow);
+        cal.gpu.warp_ipc.value = endf(&WARP_IPC, slow);
+        cal.fault.buffer_entries.value = end(&FAULT_ENTRIES, slow);
+        cal.fault.batch_max.value = end(&FAULT_ENTRIES, slow);
+        for latency in latencies(&mut cal) {
+            *latency = if slow { *LATENCY_NS.end() } else { *LATENCY_NS.start() };
+        }
+        for rate in [&mut cal.link.pcie_gbps.value, &mut cal.link.nvlink_gbps.value, &mut cal.host.memcpy_gbps.value] {
+            *rate = endf(&GBPS, slow);
+        }
+        cal.poll.issue_weight.value = endf(&ISSUE_WEIGHT, !slow);
+        cal
+    }
+
+    /// Every workload both ways at the ends of every calibration range, at 16K consumer threads:
+    /// each run finishes, none panics (overflow checks are on in tests), and every message
+    /// arrives intact.
+    #[test]
+    fn every_workload_runs_at_the_ends_of_every_calibration_range() {
+        for slow in [true, false] {
+            let cal = extreme(slow);
+            for w in all().into_iter().map(|w| w.with_threads(16 << 10)) {
+                for mode in [Mode::Poll, Mode::Fault] {
+                    let report = try_run(&w, mode, &cal, 1).unwrap_or_else(|e| panic!("{} {}: {e}", w.name, mode.name()));
+                    assert!(report.messages_checked > 0 && report.corrupt_messages == 0, "{} {}: {report:?}", w.name, mode.name());
+                    assert!(report.pool_restored && report.pfq_empty, "{} {}", w.name, mode.name());
+                }
+            }
+        }
+    }
+
+    /// A `Calibration` built in code is not checked: a latency of `u64::MAX` used to overflow the
+    /// clock (a panic with overflow checks, a wrapped time without). The run ends as an error.
+    #[test]
+    fn a_clock_past_the_limit_ends_the_run_as_an_error() {
+        let w = crate::workload::by_name("C_CG").unwrap().with_threads(64);
+        for index in 0..12 {
+            let mut cal = Calibration::built_in();
+            *latencies(&mut cal)[index] = u64::MAX;
+            for mode in [Mode::Poll, Mode::Fault] {
+                match try_run(&w, mode, &cal, 1) {
+                    Ok(report) => assert!(report.runtime_ns <= CLOCK_LIMIT, "latency {index} {}", mode.name()),
+                    Err(e) => assert!(e.contains("the emulated clock would pass 4611686018427387904 ns"), "{e}"),
+                }
+            }
+        }
+        let mut cal = Calibration::built_in();
+        cal.fault.interrupt_to_bh_ns.value = u64::MAX;
+        assert!(try_run(&w, Mode::Fault, &cal, 1).is_err(), "every fault goes through the bottom half");
+        cal.gpu.clock_ghz.value = 1e-300;
+        assert!(try_run(&w, Mode::Poll, &cal, 1).is_err(), "compute that takes forever");
+    }
+
+    /// Calibrations a file may hold can still lead the model where it cannot follow; the run
+    /// says so. A fault path slower than the channels' 1 s timeout used to panic (a GPU producer
+    /// found its PAT page still mapped after a timed-out wait); a replay slower than the other
+    /// GPU's fault service made a flag page shared by two GPUs migrate back and forth forever.
+    #[test]
+    fn a_run_the_model_cannot_follow_ends_as_an_error_not_a_panic_or_a_hang() {
+        let bfs = by_name("G_BFS").unwrap();
+        let mut slow_faults = Calibration::built_in();
+        for latency in latencies(&mut slow_faults).into_iter().take(5) {
+            *latency = 1_000_000_000;
+        }
+        let e = try_run(&bfs, Mode::Fault, &slow_faults, 1).unwrap_err();
+        assert!(e.contains("producer found its PAT page still mapped") && e.contains("1 s timeout"), "{e}");
+
+        let mut slow_replay = Calibration::built_in();
+        slow_replay.fault.replay_ns.value = 1_000_000;
+        let e = try_run(&bfs.with_threads(1024), Mode::Poll, &slow_replay, 1).unwrap_err();
+        assert!(e.starts_with("the run is stuck at ") && e.contains(" events and faults without a warp finishing"), "{e}");
     }
 }

@@ -362,8 +362,8 @@ impl Engine {
     }
 
     /// Opens a channel: allocates its runs, PAT pages and tags. On any error nothing is kept; a
-    /// channel the pool cannot hold is refused with the pages the whole channel takes and the
-    /// pool as it was before the attempt.
+    /// channel the pool cannot hold is refused with the runs the whole channel takes and the pool
+    /// as it was before the attempt.
     pub fn open_channel(&mut self, spec: ChannelSpec) -> Result<ChannelLayout, EngineError> {
         if spec.slots == 0 || spec.message_bytes == 0 {
             return Err(EngineError::Invalid("a channel needs at least one slot and one byte per message"));
@@ -400,11 +400,12 @@ impl Engine {
             debug_assert_eq!((self.pool.longest_free_run(), self.pool.free_pages()), (longest_free, free_pages));
             return Err(match e {
                 // The run that failed was asked of a pool this channel had already partly taken:
-                // the refusal names the whole channel's pages and the pool as the request found it.
-                // The runs are allocated first fit, so a channel fails only if it needs more pages
-                // than the longest free run holds.
+                // the refusal names every run of the channel, which need not lie next to each
+                // other, and the pool as the request found it.
                 EngineError::Pool(PoolError::Exhausted { .. }) => EngineError::Pool(PoolError::Exhausted {
-                    requested: channel_pages(&spec, pages_per_run),
+                    runs: 2 * spec.slots,
+                    pages_per_run,
+                    pat_pages: if matches!(spec.producer, Producer::Gpu { .. }) { 2 * spec.slots } else { 0 },
                     longest_free,
                     free: free_pages,
                 }),
@@ -761,14 +762,6 @@ impl Engine {
     }
 }
 
-/// Pool pages a channel of `spec` takes: two runs per slot, then two PAT pages per slot for a GPU
-/// producer; saturating at `u32::MAX`, which no pool reaches.
-fn channel_pages(spec: &ChannelSpec, pages_per_run: u32) -> u32 {
-    let pat_pages = if matches!(spec.producer, Producer::Gpu { .. }) { 2 } else { 0 };
-    let pages = u64::from(spec.slots) * (2 * u64::from(pages_per_run) + pat_pages);
-    u32::try_from(pages).unwrap_or(u32::MAX)
-}
-
 /// Whether a deadline entry belongs to its slot's current hold. A delivered hold leaves its
 /// entry behind, and slot ids and generations restart when a closed channel's slot is reused,
 /// so only a deadline equal to the current hold's own one may end it.
@@ -1102,28 +1095,59 @@ mod tests {
         let first = e.open_channel(host_spec(1)).unwrap();
         assert_eq!((e.pool().free_pages(), e.pool().longest_free_run()), (62, 62));
         // 31 pages a run: two runs take the 62 free pages, the third finds none left. The refusal
-        // describes the request and the pool it met, not the pool emptied part-way through.
+        // describes the request, four runs of 31 pages that need not be next to each other, and
+        // the pool it met, not the pool emptied part-way through.
         let big = ChannelSpec { message_bytes: 31 * 4096 / 16, ..host_spec(2) };
         let refused = e.open_channel(big).unwrap_err();
-        assert_eq!(refused, EngineError::Pool(PoolError::Exhausted { requested: 124, longest_free: 62, free: 62 }));
+        assert_eq!(
+            refused,
+            EngineError::Pool(PoolError::Exhausted { runs: 4, pages_per_run: 31, pat_pages: 0, longest_free: 62, free: 62 })
+        );
         assert_eq!(
             refused.to_string(),
-            "PCM pool exhausted: 124 contiguous pages requested, longest free run is 62 (62 pages free)"
+            "PCM pool exhausted: 4 runs of 31 contiguous pages requested (124 pages in all), longest free run is 62 (62 pages free)"
         );
         // Every page and tag taken part-way is back.
         assert_eq!((e.pool().free_pages(), e.pool().longest_free_run(), e.pool().allocated_runs()), (62, 62, 2));
         assert_eq!((e.tags.in_use(), e.channel_count()), (1, 1));
 
-        // Failing on the PAT run, after every PCM run fitted, reads the same.
+        // Failing on the PAT run, after every PCM run fitted, reads the same: ten runs of 6 pages
+        // fit in the 62 free pages, the run of 10 PAT pages after them does not.
         let gpu = ChannelSpec { producer: Producer::Gpu { gpu: 1, base_va: 0 }, message_bytes: 6 * 4096 / 16, ..host_spec(5) };
+        let refused = e.open_channel(gpu).unwrap_err();
         assert_eq!(
-            e.open_channel(gpu),
-            Err(EngineError::Pool(PoolError::Exhausted { requested: 5 * (2 * 6 + 2), longest_free: 62, free: 62 }))
+            refused,
+            EngineError::Pool(PoolError::Exhausted { runs: 10, pages_per_run: 6, pat_pages: 10, longest_free: 62, free: 62 })
+        );
+        assert_eq!(
+            refused.to_string(),
+            "PCM pool exhausted: 10 runs of 6 contiguous pages and a run of 10 PAT pages requested (70 pages in all), \
+             longest free run is 62 (62 pages free)"
         );
         assert_eq!((e.pool().free_pages(), e.pool().allocated_runs(), e.tags.in_use()), (62, 2, 1));
         // The pool is whole: a channel that fits takes the pages right after the first one.
         let fits = e.open_channel(ChannelSpec { message_bytes: 31 * 4096 / 16, ..host_spec(1) }).unwrap();
         assert_eq!(fits.slots[0].runs[0], first.slots[0].runs[1] + PAGE_SIZE);
         assert_eq!(e.pool().free_pages(), 0);
+
+        // A fragmented pool: pages 2..22 and 24..64 free. A channel of four runs of 10 pages
+        // opens though no 40 free pages are contiguous; one of four runs of 15 is refused though
+        // each run is shorter than the longest free run and 60 pages are free: three runs fit, the
+        // fourth does not.
+        let mut out = Vec::new();
+        e.close_channel(fits.id, &mut out).unwrap();
+        let gap = e.open_channel(ChannelSpec { message_bytes: 10 * 4096 / 16, ..host_spec(1) }).unwrap();
+        e.open_channel(host_spec(1)).unwrap();
+        e.close_channel(gap.id, &mut out).unwrap();
+        assert_eq!((e.pool().free_pages(), e.pool().longest_free_run()), (60, 40));
+        let refused = e.open_channel(ChannelSpec { message_bytes: 15 * 4096 / 16, ..host_spec(2) }).unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "PCM pool exhausted: 4 runs of 15 contiguous pages requested (60 pages in all), longest free run is 40 (60 pages free)"
+        );
+        assert_eq!((e.pool().free_pages(), e.pool().longest_free_run()), (60, 40));
+        let split = e.open_channel(ChannelSpec { message_bytes: 10 * 4096 / 16, ..host_spec(2) }).unwrap();
+        assert_eq!(split.slots[0].runs[0], first.slots[0].runs[1] + PAGE_SIZE);
+        assert_eq!(e.pool().free_pages(), 20);
     }
 }

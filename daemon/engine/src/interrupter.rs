@@ -42,13 +42,21 @@ pub enum PoolError {
     TooLarge { pages: u32, max: u32 },
     /// A run of zero pages was requested.
     ZeroLength,
-    /// No run of `requested` contiguous free pages exists right now.
+    /// The pool cannot hold a request: `runs` runs of `pages_per_run` contiguous pages each and,
+    /// unless `pat_pages` is zero, one more run of `pat_pages` contiguous pages. [`PagePool::alloc`]
+    /// asks for one run; a channel asks for all of its runs at once (two a slot, then its GPU
+    /// producer's PAT pages) and is refused as a whole.
     Exhausted {
-        /// Pages asked for.
-        requested: u32,
-        /// Longest run of contiguous free pages at the time of the request.
+        /// Runs of `pages_per_run` pages asked for.
+        runs: u32,
+        /// Contiguous pages each of those runs needs.
+        pages_per_run: u32,
+        /// Contiguous pages of one further run asked for with them (a GPU producer's PAT pages),
+        /// or 0.
+        pat_pages: u32,
+        /// Longest run of contiguous free pages when the request was made.
         longest_free: u32,
-        /// Total free pages at the time of the request.
+        /// Total free pages when the request was made.
         free: u32,
     },
     /// `free()` was given something other than exactly a run that `alloc()` returned and that is
@@ -68,14 +76,39 @@ impl fmt::Display for PoolError {
             Self::TooLarge { pages, max } => write!(f, "a PCM pool of {pages} pages exceeds the {max} pages the allocator supports"),
             Self::ZeroLength => write!(f, "cannot allocate a run of zero PCM pages"),
             Self::Exhausted {
-                requested,
+                runs: 1,
+                pages_per_run,
+                pat_pages: 0,
                 longest_free,
                 free,
             } => write!(
                 f,
-                "PCM pool exhausted: {requested} contiguous pages requested, \
+                "PCM pool exhausted: {pages_per_run} contiguous pages requested, \
                  longest free run is {longest_free} ({free} pages free)"
             ),
+            Self::Exhausted {
+                runs,
+                pages_per_run,
+                pat_pages,
+                longest_free,
+                free,
+            } => {
+                let total = u64::from(*runs) * u64::from(*pages_per_run) + u64::from(*pat_pages);
+                let plural = |n: u32, one: &'static str, many: &'static str| if n == 1 { one } else { many };
+                write!(
+                    f,
+                    "PCM pool exhausted: {runs} {} of {pages_per_run} {}",
+                    plural(*runs, "run", "runs"),
+                    plural(*pages_per_run, "page", "contiguous pages")
+                )?;
+                if *pat_pages > 0 {
+                    write!(f, " and a run of {pat_pages} PAT {}", plural(*pat_pages, "page", "pages"))?;
+                }
+                write!(
+                    f,
+                    " requested ({total} pages in all), longest free run is {longest_free} ({free} pages free)"
+                )
+            }
             Self::NotAllocated { start, len } => write!(
                 f,
                 "PCM pages {start}..{} ({len} pages) are not an allocated run",
@@ -538,7 +571,9 @@ impl PagePool {
         }
         let Some(start) = self.tree.take_first_fit(len) else {
             return Err(PoolError::Exhausted {
-                requested: len,
+                runs: 1,
+                pages_per_run: len,
+                pat_pages: 0,
                 longest_free: self.tree.longest_free_run(),
                 free: self.free_pages,
             });
@@ -727,7 +762,9 @@ mod tests {
             }
             let Some(start) = self.first_fit(len) else {
                 return Err(PoolError::Exhausted {
-                    requested: len,
+                    runs: 1,
+                    pages_per_run: len,
+                    pat_pages: 0,
                     longest_free: self.longest_free_run(),
                     free: self.free_pages(),
                 });
@@ -1071,7 +1108,9 @@ mod tests {
         assert_eq!(
             pool.alloc(1),
             Err(PoolError::Exhausted {
-                requested: 1,
+                runs: 1,
+                pages_per_run: 1,
+                pat_pages: 0,
                 longest_free: 0,
                 free: 0
             })
@@ -1082,7 +1121,9 @@ mod tests {
         assert_eq!(
             pool.alloc(2),
             Err(PoolError::Exhausted {
-                requested: 2,
+                runs: 1,
+                pages_per_run: 2,
+                pat_pages: 0,
                 longest_free: 1,
                 free: 32
             })
@@ -1212,16 +1253,33 @@ mod tests {
 
     #[test]
     fn error_messages_name_the_numbers() {
-        let exhausted = PoolError::Exhausted {
-            requested: 5,
-            longest_free: 3,
-            free: 12,
-        }
-        .to_string();
+        let exhausted = |runs, pages_per_run, pat_pages| {
+            PoolError::Exhausted {
+                runs,
+                pages_per_run,
+                pat_pages,
+                longest_free: 3,
+                free: 12,
+            }
+            .to_string()
+        };
         assert_eq!(
-            exhausted,
+            exhausted(1, 5, 0),
             "PCM pool exhausted: 5 contiguous pages requested, longest free run is 3 (12 pages free)"
         );
+        // Several runs need not lie next to each other: the message says how many and how long.
+        assert_eq!(
+            exhausted(4, 2, 0),
+            "PCM pool exhausted: 4 runs of 2 contiguous pages requested (8 pages in all), \
+             longest free run is 3 (12 pages free)"
+        );
+        assert_eq!(
+            exhausted(6, 1, 6),
+            "PCM pool exhausted: 6 runs of 1 page and a run of 6 PAT pages requested \
+             (12 pages in all), longest free run is 3 (12 pages free)"
+        );
+        let most = u64::from(u32::MAX) * u64::from(u32::MAX) + u64::from(u32::MAX);
+        assert!(exhausted(u32::MAX, u32::MAX, u32::MAX).contains(&format!("({most} pages in all)")));
         let not_allocated = PoolError::NotAllocated { start: 7, len: 3 }.to_string();
         assert!(
             not_allocated.contains("7..10") && not_allocated.contains('3'),
