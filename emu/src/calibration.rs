@@ -132,8 +132,7 @@ impl Calibration {
     /// [`FAULT_ENTRIES`], [`LATENCY_NS`], [`GBPS`], [`ISSUE_WEIGHT`]).
     pub fn from_toml(text: &str) -> Result<Self, String> {
         let cal: Self = toml::from_str(text).map_err(|e| format!("calibration: {e}"))?;
-        cal.check()?;
-        Ok(cal)
+        cal.checked()
     }
 
     /// The built-in calibration.
@@ -141,8 +140,27 @@ impl Calibration {
         Self::from_toml(BUILT_IN).expect("the built-in calibration is valid")
     }
 
-    fn check(&self) -> Result<(), String> {
-        let (g, f, l, d) = (&self.gpu, &self.fault, &self.link, &self.daemon);
+    /// Every latency constant with its key, the fault path's five first.
+    pub(crate) fn latencies_mut(&mut self) -> [(&'static str, &mut u64); 12] {
+        let (f, l, d) = (&mut self.fault, &mut self.link, &mut self.daemon);
+        [
+            ("fault.interrupt_to_bh_ns", &mut f.interrupt_to_bh_ns.value),
+            ("fault.batch_fixed_ns", &mut f.batch_fixed_ns.value),
+            ("fault.per_fault_ns", &mut f.per_fault_ns.value),
+            ("fault.replay_ns", &mut f.replay_ns.value),
+            ("fault.cpu_fault_ns", &mut f.cpu_fault_ns.value),
+            ("link.pcie_latency_ns", &mut l.pcie_latency_ns.value),
+            ("link.nvlink_latency_ns", &mut l.nvlink_latency_ns.value),
+            ("daemon.wakeup_ns", &mut d.wakeup_ns.value),
+            ("daemon.engine_per_entry_ns", &mut d.engine_per_entry_ns.value),
+            ("daemon.submission_ns", &mut d.submission_ns.value),
+            ("daemon.per_page_ns", &mut d.per_page_ns.value),
+            ("daemon.publish_ns", &mut d.publish_ns.value),
+        ]
+    }
+
+    fn checked(mut self) -> Result<Self, String> {
+        let (g, f) = (&self.gpu, &self.fault);
         within("gpu.sms", g.sms.value, &SMS)?;
         within("gpu.warp_slots_per_sm", g.warp_slots_per_sm.value, &WARP_SLOTS_PER_SM)?;
         within("gpu.schedulers_per_sm", g.schedulers_per_sm.value, &SCHEDULERS_PER_SM)?;
@@ -150,27 +168,15 @@ impl Calibration {
         within("gpu.warp_ipc", g.warp_ipc.value, &WARP_IPC)?;
         within("fault.buffer_entries", f.buffer_entries.value, &FAULT_ENTRIES)?;
         within("fault.batch_max", f.batch_max.value, &FAULT_ENTRIES)?;
-        let latencies = [
-            ("fault.interrupt_to_bh_ns", f.interrupt_to_bh_ns.value),
-            ("fault.batch_fixed_ns", f.batch_fixed_ns.value),
-            ("fault.per_fault_ns", f.per_fault_ns.value),
-            ("fault.replay_ns", f.replay_ns.value),
-            ("fault.cpu_fault_ns", f.cpu_fault_ns.value),
-            ("link.pcie_latency_ns", l.pcie_latency_ns.value),
-            ("link.nvlink_latency_ns", l.nvlink_latency_ns.value),
-            ("daemon.wakeup_ns", d.wakeup_ns.value),
-            ("daemon.engine_per_entry_ns", d.engine_per_entry_ns.value),
-            ("daemon.submission_ns", d.submission_ns.value),
-            ("daemon.per_page_ns", d.per_page_ns.value),
-            ("daemon.publish_ns", d.publish_ns.value),
-        ];
-        for (name, value) in latencies {
-            within(name, value, &LATENCY_NS)?;
+        for (name, value) in self.latencies_mut() {
+            within(name, *value, &LATENCY_NS)?;
         }
+        let l = &self.link;
         for (name, value) in [("link.pcie_gbps", l.pcie_gbps.value), ("link.nvlink_gbps", l.nvlink_gbps.value), ("host.memcpy_gbps", self.host.memcpy_gbps.value)] {
             within(name, value, &GBPS)?;
         }
-        within("poll.issue_weight", self.poll.issue_weight.value, &ISSUE_WEIGHT)
+        within("poll.issue_weight", self.poll.issue_weight.value, &ISSUE_WEIGHT)?;
+        Ok(self)
     }
 
     /// (name, value, source, measured) of every constant, for reports.

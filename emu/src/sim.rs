@@ -1351,25 +1351,6 @@ mod calibration_tests {
     use crate::calibration::{CLOCK_GHZ, FAULT_ENTRIES, GBPS, ISSUE_WEIGHT, LATENCY_NS, SCHEDULERS_PER_SM, SMS, WARP_IPC, WARP_SLOTS_PER_SM};
     use crate::workload::{all, by_name};
 
-    /// Every latency of `cal`, the fault path's five first.
-    fn latencies(cal: &mut Calibration) -> [&mut u64; 12] {
-        let (f, l, d) = (&mut cal.fault, &mut cal.link, &mut cal.daemon);
-        [
-            &mut f.interrupt_to_bh_ns.value,
-            &mut f.batch_fixed_ns.value,
-            &mut f.per_fault_ns.value,
-            &mut f.replay_ns.value,
-            &mut f.cpu_fault_ns.value,
-            &mut l.pcie_latency_ns.value,
-            &mut l.nvlink_latency_ns.value,
-            &mut d.wakeup_ns.value,
-            &mut d.engine_per_entry_ns.value,
-            &mut d.submission_ns.value,
-            &mut d.per_page_ns.value,
-            &mut d.publish_ns.value,
-        ]
-    }
-
     /// The slowest GPU, fault path and links a calibration file may describe (`slow`), or the
     /// fastest.
     fn extreme(slow: bool) -> Calibration {
@@ -1383,7 +1364,7 @@ mod calibration_tests {
         cal.gpu.warp_ipc.value = endf(&WARP_IPC, slow);
         cal.fault.buffer_entries.value = end(&FAULT_ENTRIES, slow);
         cal.fault.batch_max.value = end(&FAULT_ENTRIES, slow);
-        for latency in latencies(&mut cal) {
+        for (_, latency) in cal.latencies_mut() {
             *latency = if slow { *LATENCY_NS.end() } else { *LATENCY_NS.start() };
         }
         for rate in [&mut cal.link.pcie_gbps.value, &mut cal.link.nvlink_gbps.value, &mut cal.host.memcpy_gbps.value] {
@@ -1417,7 +1398,7 @@ mod calibration_tests {
         let w = crate::workload::by_name("C_CG").unwrap().with_threads(64);
         for index in 0..12 {
             let mut cal = Calibration::built_in();
-            *latencies(&mut cal)[index] = u64::MAX;
+            *cal.latencies_mut()[index].1 = u64::MAX;
             for mode in [Mode::Poll, Mode::Fault] {
                 match try_run(&w, mode, &cal, 1) {
                     Ok(report) => assert!(report.runtime_ns <= CLOCK_LIMIT, "latency {index} {}", mode.name()),
@@ -1440,7 +1421,7 @@ mod calibration_tests {
     fn a_run_the_model_cannot_follow_ends_as_an_error_not_a_panic_or_a_hang() {
         let bfs = by_name("G_BFS").unwrap();
         let mut slow_faults = Calibration::built_in();
-        for latency in latencies(&mut slow_faults).into_iter().take(5) {
+        for (_, latency) in slow_faults.latencies_mut().into_iter().take(5) {
             *latency = 1_000_000_000;
         }
         let e = try_run(&bfs, Mode::Fault, &slow_faults, 1).unwrap_err();
