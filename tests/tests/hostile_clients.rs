@@ -262,8 +262,12 @@ fn read_response(stream: &mut UnixStream) -> Result<Response, String> {
     serde_json::from_slice(&body).map_err(|e| e.to_string())
 }
 
-/// Runs a wicd that must refuse to start: its output once it has exited, within 10 s.
-fn refused_start(mut command: Command) -> std::process::Output {
+/// Runs `wicd serve` on `socket` with default settings and `adjust` applied, which must refuse to
+/// start: its output once it has exited, within 10 s.
+fn refused_start(socket: &std::path::Path, adjust: impl FnOnce(&mut Command)) -> std::process::Output {
+    let mut command = Command::new(wic_tests::binary("wicd"));
+    command.args(["serve", "--backend", "emulated", "--config", "/dev/null", "--socket"]).arg(socket);
+    adjust(&mut command);
     let mut child = command.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("run wicd");
     let deadline = Instant::now() + Duration::from_secs(10);
     while child.try_wait().expect("wait wicd").is_none() {
@@ -298,10 +302,7 @@ fn with_descriptor_limit(limit: u64) -> impl FnOnce(&mut Command) {
 fn the_limits_must_fit_the_descriptor_limit_and_channels_stop_short_of_it() {
     // Too low for 256 connections: refused at start, with the reason.
     let dir = wic_tests::scratch("hostile-nofile");
-    let mut command = Command::new(wic_tests::binary("wicd"));
-    command.args(["serve", "--backend", "emulated", "--socket"]).arg(dir.join("wicd.sock")).arg("--config").arg("/dev/null");
-    with_descriptor_limit(600)(&mut command);
-    let output = refused_start(command);
+    let output = refused_start(&dir.join("wicd.sock"), with_descriptor_limit(600));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success() && stderr.contains("RLIMIT_NOFILE") && stderr.contains("max_clients = 256"), "{stderr}");
 
@@ -505,9 +506,7 @@ fn a_file_at_the_socket_path_is_never_removed() {
     let dir = wic_tests::scratch("hostile-socket-path");
     let path = dir.join("precious");
     std::fs::write(&path, "not a socket").unwrap();
-    let mut command = Command::new(wic_tests::binary("wicd"));
-    command.args(["serve", "--backend", "emulated", "--config", "/dev/null", "--socket"]).arg(&path);
-    let output = refused_start(command);
+    let output = refused_start(&path, |_| {});
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success() && stderr.contains("is not a socket"), "{stderr}");
     assert_eq!(std::fs::read_to_string(&path).unwrap(), "not a socket");
@@ -518,9 +517,7 @@ fn a_file_at_the_socket_path_is_never_removed() {
         let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
         drop(listener);
         nix::unistd::chown(&socket, Some(nix::unistd::Uid::from_raw(ATTACKER)), None).unwrap();
-        let mut command = Command::new(wic_tests::binary("wicd"));
-        command.args(["serve", "--backend", "emulated", "--config", "/dev/null", "--socket"]).arg(&socket);
-        let output = refused_start(command);
+        let output = refused_start(&socket, |_| {});
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(!output.status.success() && stderr.contains("uid 65534"), "{stderr}");
         assert!(socket.exists());
