@@ -6,8 +6,9 @@
  * wic_shim registered (uvm_wic_classify_batch(), called right after preprocess_fault_batch()).
  * Faults the shim holds are marked is_wic_held: the fault path neither services nor cancels
  * them and issues no replay for a batch made only of held faults, so the faulting warps stay
- * stalled. Later the daemon, through wic_shim, writes the data (uvm_wic_write()), maps the pages
- * on the GPU (uvm_wic_map()) and replays (uvm_wic_replay()); the warps resume.
+ * stalled. Later the daemon, through wic_shim, writes the data (uvm_wic_write(), or
+ * uvm_wic_copy() from a GPU producer's managed buffer), maps the pages on the GPU
+ * (uvm_wic_map()) and replays (uvm_wic_replay()); the warps resume.
  *
  * Lock order (uvm_lock.h): GLOBAL_PM < GLOBAL < ISR < mmap_lock < va_space < va_block. The
  * classify callback runs under the ISR lock inside an RCU read-side section. Every exported
@@ -581,34 +582,45 @@ static bool wic_gpu_id_valid(u32 gpu_id)
 }
 
 /*
- * Writes
+ * Writes and copies
  */
 
-static NV_STATUS wic_write_block_locked(uvm_va_block_t *va_block,
-					uvm_va_block_context_t *block_context,
-					u64 dst, const u8 *src, u64 size, uvm_mem_t *stage)
+/* Two ranges of @len bytes, at least one, that neither wrap nor overlap. */
+static bool wic_copy_valid(u64 va, u64 src_va, u64 len)
 {
-	void *stage_addr = uvm_mem_get_cpu_addr_kernel(stage);
-	NV_STATUS status;
-
-	/* On allocation-retry the whole range is written again: the result is the same. */
-	while (size) {
-		u64 chunk = min(size, (u64)PAGE_SIZE - (dst & (PAGE_SIZE - 1)));
-
-		memcpy(stage_addr, src, chunk);
-		status = uvm_va_block_write_from_cpu(va_block, block_context, dst, stage, chunk);
-		if (status != NV_OK)
-			return status;
-
-		dst += chunk;
-		src += chunk;
-		size -= chunk;
-	}
-
-	return NV_OK;
+	return len != 0 && va + len > va && src_va + len > src_va &&
+	       (va + len <= src_va || src_va + len <= va);
 }
 
 /*
+ * Reads [@src_va, @src_va + @size), within one page, into the start of @stage from where the
+ * bytes are resident. uvm_va_block_read_to_cpu() allocates nothing (no allocation-retry), so
+ * the plain block lock is taken, and dropped before the destination's is: UVM's lock order has
+ * a single VA_BLOCK level, two block locks are never held at once.
+ */
+static NV_STATUS wic_read_to_stage(uvm_va_space_t *va_space,
+				   uvm_va_block_context_t *block_context,
+				   u64 src_va, u64 size, uvm_mem_t *stage)
+{
+	uvm_va_block_t *va_block;
+	NV_STATUS status;
+
+	status = uvm_va_block_find_create_managed(va_space, src_va, &va_block);
+	if (status != NV_OK)
+		return status;
+
+	uvm_mutex_lock(&va_block->lock);
+	status = uvm_va_block_read_to_cpu(va_block, block_context, stage, src_va, size);
+	uvm_mutex_unlock(&va_block->lock);
+
+	return status;
+}
+
+/*
+ * Writes [@va, @va + @len) from kernel memory at @src or, when @src is NULL, copies it from
+ * managed memory at @src_va (the callers checked the ranges), one chunk at a time through a
+ * one-page staging buffer: a chunk never crosses a page of either range nor a VA block.
+ *
  * uvm_va_block_write_from_cpu() is the path of the UVM tools WRITE_PROCESS_MEMORY ioctl, made
  * for writing another process's managed memory: under the va_block lock it makes the page
  * resident (on the CPU when it is resident nowhere yet, zero-filled first), waits for pending
@@ -617,8 +629,22 @@ static NV_STATUS wic_write_block_locked(uvm_va_block_t *va_block,
  * go through get_user_pages() and the UVM CPU fault handler of the application's VMA from the
  * daemon's context, creating CPU mappings in the application and possibly migrating or
  * unmapping the page on GPUs as a side effect.
+ *
+ * A copy reads the source with uvm_va_block_read_to_cpu(), the path of READ_PROCESS_MEMORY,
+ * which changes neither residency nor mappings (a GPU producer keeps its own). It reads the
+ * copy closest to the CPU: from CPU memory (a read-duplicated CPU copy included) by memcpy()
+ * once the block's tracker is done; from GPU memory by a CE memcopy pushed on that GPU's
+ * GPU_TO_CPU channel into the staging page's GPU kernel mapping (under Confidential Computing
+ * the CE encrypts into a bounce buffer and the CPU decrypts into the staging page). The push
+ * acquires the block's tracker, so it runs after the migrations and PTE updates UVM has
+ * pending on the block, and it is waited for before the chunk is written. The tracker holds
+ * UVM's own work only, not the producer's kernel: the producer's stores are seen because it
+ * fences system-wide (__threadfence_system()) before it signals, and the copy runs after the
+ * signal, so the bytes read are those it left before signalling (it must not write them
+ * again until the copy has returned). A source page resident nowhere reads as zeros.
  */
-static int wic_write(struct uvm_wic_space *space, u64 va, const void *src, size_t len)
+static int wic_write(struct uvm_wic_space *space, u64 va, const void *src, u64 src_va,
+		     size_t len)
 {
 	uvm_va_space_t *va_space = wic_va_space(space);
 	uvm_processor_mask_t *retained_gpus;
@@ -628,11 +654,6 @@ static int wic_write(struct uvm_wic_space *space, u64 va, const void *src, size_
 	uvm_gpu_t *gpu;
 	NV_STATUS status;
 	u64 done = 0;
-
-	if (len == 0)
-		return 0;
-	if (!src || va + len < va)
-		return -EINVAL;
 
 	retained_gpus = uvm_processor_mask_cache_alloc();
 	if (!retained_gpus)
@@ -658,7 +679,10 @@ static int wic_write(struct uvm_wic_space *space, u64 va, const void *src, size_
 	uvm_down_read_mmap_lock(mm);
 	uvm_va_space_down_read(va_space);
 
-	/* The staging page is used by a GPU only when the target page is in its memory. */
+	/*
+	 * The staging page is used by a GPU only when the page written, or the page copied, is
+	 * in its memory: that GPU's CE reads or writes it.
+	 */
 	for_each_gpu_in_mask(gpu, &va_space->registered_gpus) {
 		if (uvm_processor_mask_test_and_set(retained_gpus, gpu->id))
 			continue;
@@ -684,11 +708,22 @@ static int wic_write(struct uvm_wic_space *space, u64 va, const void *src, size_
 		if (status != NV_OK)
 			break;
 
-		size = min((u64)len - done, va_block->end - addr + 1);
+		size = min_t(u64, len - done, PAGE_SIZE - offset_in_page(addr));
+		size = min_t(u64, size, va_block->end - addr + 1);
+		if (src) {
+			memcpy(uvm_mem_get_cpu_addr_kernel(stage), (const u8 *)src + done, size);
+		} else {
+			size = min_t(u64, size, PAGE_SIZE - offset_in_page(src_va + done));
+			status = wic_read_to_stage(va_space, block_context, src_va + done, size,
+						   stage);
+			if (status != NV_OK)
+				break;
+		}
+
+		/* On allocation-retry the chunk is written again from the unchanged stage. */
 		status = UVM_VA_BLOCK_LOCK_RETRY(va_block, NULL,
-						 wic_write_block_locked(va_block, block_context, addr,
-									(const u8 *)src + done,
-									size, stage));
+						 uvm_va_block_write_from_cpu(va_block, block_context,
+									     addr, stage, size));
 		done += size;
 	}
 
@@ -708,14 +743,15 @@ out:
 	return wic_errno(status);
 }
 
-static int wic_write_entry(struct uvm_wic_space *space, u64 va, const void *src, size_t len)
+static int wic_write_entry(struct uvm_wic_space *space, u64 va, const void *src, u64 src_va,
+			   size_t len)
 {
 	int ret = wic_enter();
 
 	if (ret)
 		return ret;
 
-	ret = wic_write(space, va, src, len);
+	ret = wic_write(space, va, src, src_va, len);
 	wic_exit();
 
 	return ret;
@@ -732,14 +768,52 @@ static int wic_write_entry(struct uvm_wic_space *space, u64 va, const void *src,
  * are written. A page resident nowhere yet is populated on the CPU first. The range may span
  * VA blocks but must lie in managed allocations (cudaMallocManaged).
  *
- * Return: 0 or a negative errno: -EFAULT for an address outside managed memory, -ESRCH when
- * the process is gone, -EAGAIN while the driver is suspended.
+ * Return: 0 or a negative errno: -EINVAL for a NULL @src or a wrapping range, -EFAULT for an
+ * address outside managed memory, -ESRCH when the process is gone, -EAGAIN while the driver
+ * is suspended. Writing no byte returns 0.
  */
 int uvm_wic_write(struct uvm_wic_space *space, u64 va, const void *src, size_t len)
 {
-	UVM_ENTRY_RET(wic_write_entry(space, va, src, len));
+	if (len == 0)
+		return 0;
+	if (!src || va + len < va)
+		return -EINVAL;
+
+	UVM_ENTRY_RET(wic_write_entry(space, va, src, 0, len));
 }
 EXPORT_SYMBOL_GPL(uvm_wic_write);
+
+/**
+ * uvm_wic_copy() - copy bytes of managed memory into managed pages resident on the CPU
+ * @space: the space
+ * @va: the first byte written
+ * @src_va: the first byte read
+ * @len: how many bytes, at least 1
+ *
+ * The Activator's copy for a GPU producer, whose data stays in GPU memory. Page by page, the
+ * source bytes are read where they are resident (uvm_va_block_read_to_cpu()): from GPU
+ * memory, that GPU's copy engine writes them by DMA into a staging page in system memory,
+ * ordered after the work UVM has pending on their VA block and waited for; from CPU memory,
+ * by memcpy(). They are then written as uvm_wic_write() writes. The producer must fence
+ * system-wide before it signals, and leave the source alone until this returns. Reading
+ * changes neither the residency nor the mappings of the source.
+ *
+ * Process context only, no UVM lock held. Both ranges may span VA blocks but must lie in
+ * managed allocations (cudaMallocManaged) and must not overlap. The pages written must not be
+ * mapped on any GPU while they are written. On an error, part of the range may be written.
+ *
+ * Return: 0 or a negative errno: -EINVAL for overlapping, wrapping or empty ranges, -EFAULT
+ * for an address of either range outside managed memory, -ESRCH when the process is gone,
+ * -EAGAIN while the driver is suspended.
+ */
+int uvm_wic_copy(struct uvm_wic_space *space, u64 va, u64 src_va, size_t len)
+{
+	if (!wic_copy_valid(va, src_va, len))
+		return -EINVAL;
+
+	UVM_ENTRY_RET(wic_write_entry(space, va, NULL, src_va, len));
+}
+EXPORT_SYMBOL_GPL(uvm_wic_copy);
 
 /*
  * Managed memory
