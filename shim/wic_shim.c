@@ -257,7 +257,7 @@ static unsigned long wic_expire_period(void)
  * WIC_IOC_UNREGISTER or WIC_IOC_DETACH is closing is held and entered in the held table but not
  * recorded: wicd is forgetting the range, and that call completes it with the closed marker.
  *
- * Return: UVM_WIC_HOLD for a page of a registered range, else UVM_WIC_PASS.
+ * Return: UVM_WIC_HOLD for a page of a registered PCM or PAT range, else UVM_WIC_PASS.
  */
 static enum uvm_wic_verdict wic_classify(const struct uvm_wic_fault *fault)
 {
@@ -276,7 +276,8 @@ static enum uvm_wic_verdict wic_classify(const struct uvm_wic_fault *fault)
 	if (!space_id)
 		goto out;
 	range = wic_range_find(&s->spaces[space_id - 1].ranges, fault->va);
-	if (!range)
+	/* A GPU producer's data: its GPU writes there as usual, and only a copy reads it. */
+	if (!range || range->kind == WIC_RANGE_SOURCE)
 		goto out;
 	/*
 	 * A wic page is held even when it cannot be recorded: serviced, the warp would read a
@@ -961,11 +962,23 @@ static int wic_unmap_release(struct wic_session *s, struct uvm_wic_space *uvm, u
 	return err;
 }
 
-/* WIC_CMD_COMPLETE: the steps of a wake-up in order; the first failure ends it. */
+/* The fill of a wake-up: a GPU producer's bytes, the daemon's, or the error marker. */
+static int wic_fill(struct wic_session *s, struct uvm_wic_space *uvm,
+		    const struct wic_command *cmd)
+{
+	if (cmd->opcode == WIC_CMD_COMPLETE_COPY)
+		return uvm_wic_copy(uvm, cmd->va, cmd->arg, cmd->length);
+	return cmd->length ? wic_write_data(s, uvm, cmd) : wic_write_markers(uvm, cmd);
+}
+
+/*
+ * WIC_CMD_COMPLETE and WIC_CMD_COMPLETE_COPY: the steps of a wake-up in order; the first
+ * failure ends it.
+ */
 static int wic_complete(struct wic_session *s, struct uvm_wic_space *uvm,
 			const struct wic_command *cmd)
 {
-	int err = cmd->length ? wic_write_data(s, uvm, cmd) : wic_write_markers(uvm, cmd);
+	int err = wic_fill(s, uvm, cmd);
 
 	if (!err)
 		err = wic_unmap_release(s, uvm, cmd->space_id, cmd->gpu_id, cmd->companion,
@@ -998,6 +1011,7 @@ static int wic_run_command(struct wic_session *s, const struct wic_command *cmd)
 	case WIC_CMD_REARM_PAT:
 		return uvm_wic_revoke_write(space->uvm, cmd->gpu_id, cmd->va, bytes);
 	case WIC_CMD_COMPLETE:
+	case WIC_CMD_COMPLETE_COPY:
 		return wic_complete(s, space->uvm, cmd);
 	default: /* WIC_CMD_MAP, WIC_CMD_SERVICE_PAT */
 		return wic_map_release(s, space->uvm, cmd, cmd->opcode == WIC_CMD_SERVICE_PAT);

@@ -29,7 +29,7 @@
  * @start: first byte
  * @end: one past the last byte
  * @id: the id given to wicd
- * @kind: WIC_RANGE_PCM or WIC_RANGE_PAT
+ * @kind: WIC_RANGE_PCM, WIC_RANGE_PAT or WIC_RANGE_SOURCE
  */
 struct wic_range_entry {
 	u64 start;
@@ -139,7 +139,8 @@ static inline int wic_check_register(const struct wic_range *r,
 {
 	u32 i;
 
-	if (r->reserved || r->range_id || (r->kind != WIC_RANGE_PCM && r->kind != WIC_RANGE_PAT))
+	if (r->reserved || r->range_id ||
+	    (r->kind != WIC_RANGE_PCM && r->kind != WIC_RANGE_PAT && r->kind != WIC_RANGE_SOURCE))
 		return -EINVAL;
 	if (!PAGE_ALIGNED(r->start) || !PAGE_ALIGNED(r->length) || !r->length ||
 	    r->length > WIC_MAX_RANGE_BYTES || check_add_overflow(r->start, r->length, end))
@@ -246,7 +247,7 @@ static inline bool wic_marker_valid(u64 marker)
  *
  * Checks in the order wic_abi.h lists the errors. A WIC_CMD_REPLAY that passes has no pages to
  * check; any other command that passes lies inside one range of @space, of the kind its opcode
- * needs, and so does a WIC_CMD_COMPLETE's companion run.
+ * needs, and so does a completion's companion run and a copy's source bytes.
  *
  * Return: 0, -EINVAL, -ENODEV, -ENOENT or -ERANGE.
  */
@@ -254,15 +255,18 @@ static inline int wic_check_command(const struct wic_command *cmd,
 				    const struct wic_range_list *space)
 {
 	bool pat = cmd->opcode == WIC_CMD_SERVICE_PAT || cmd->opcode == WIC_CMD_REARM_PAT;
-	bool complete = cmd->opcode == WIC_CMD_COMPLETE;
-	bool data = cmd->opcode == WIC_CMD_WRITE_DATA || (complete && cmd->length);
-	bool marker = cmd->opcode == WIC_CMD_WRITE_MARKER || (complete && !cmd->length);
+	bool copy = cmd->opcode == WIC_CMD_COMPLETE_COPY;
+	bool complete = cmd->opcode == WIC_CMD_COMPLETE || copy;
+	bool data = cmd->opcode == WIC_CMD_WRITE_DATA || copy ||
+		    (cmd->opcode == WIC_CMD_COMPLETE && cmd->length);
+	bool marker = cmd->opcode == WIC_CMD_WRITE_MARKER ||
+		      (cmd->opcode == WIC_CMD_COMPLETE && !cmd->length);
 	const struct wic_range_entry *range;
-	u64 bytes, end, companion_end = 0;
+	u64 bytes, end, companion_end = 0, source_end;
 
 	if (cmd->reserved || cmd->result)
 		return -EINVAL;
-	if (cmd->opcode < WIC_CMD_WRITE_DATA || cmd->opcode > WIC_CMD_COMPLETE)
+	if (cmd->opcode < WIC_CMD_WRITE_DATA || cmd->opcode > WIC_CMD_COMPLETE_COPY)
 		return -EINVAL;
 	if (!wic_gpu_id_valid(cmd->gpu_id))
 		return -ENODEV;
@@ -297,6 +301,14 @@ static inline int wic_check_command(const struct wic_command *cmd,
 		return -EINVAL;
 	if (marker && !wic_marker_valid(cmd->arg))
 		return -EINVAL;
+	/* The source range is never a PCM range, so it cannot overlap the pages written. */
+	if (copy) {
+		range = wic_range_find(space, cmd->arg);
+		if (!range || range->kind != WIC_RANGE_SOURCE ||
+		    check_add_overflow(cmd->arg, cmd->length, &source_end) ||
+		    source_end > range->end)
+			return -ERANGE;
+	}
 	return 0;
 }
 

@@ -28,7 +28,7 @@
 #include <linux/ioctl.h>
 #include <linux/types.h>
 
-#define WIC_ABI_VERSION 2
+#define WIC_ABI_VERSION 3
 
 #define WIC_PAGE_SIZE 4096
 
@@ -93,17 +93,21 @@ struct wic_attach {
 /* Range kinds. */
 #define WIC_RANGE_PCM 1	/* consumer pages: read faults are held until data arrives */
 #define WIC_RANGE_PAT 2	/* producer pages: write faults signal availability */
+#define WIC_RANGE_SOURCE 3	/* a GPU producer's data: read by WIC_CMD_COMPLETE_COPY, never held */
 
 /**
  * struct wic_range - register a range of an attached space
  * @space_id: in: from WIC_IOC_ATTACH
- * @kind: in: WIC_RANGE_PCM or WIC_RANGE_PAT
+ * @kind: in: WIC_RANGE_PCM, WIC_RANGE_PAT or WIC_RANGE_SOURCE
  * @start: in: page-aligned start
  * @length: in: page-aligned length, 1 page to WIC_MAX_RANGE_BYTES
  * @range_id: out: the id records carry and WIC_IOC_UNREGISTER takes (never 0); 0 on input
  * @reserved: must be 0
  *
- * Ranges of one space never overlap. Errors, in the order checked: EINVAL for a field above
+ * Ranges of one space never overlap. Faults on a WIC_RANGE_SOURCE range are never held: the
+ * producer GPU writes there as usual; the range only names the bytes WIC_CMD_COMPLETE_COPY may
+ * read, and is checked to be managed memory when it is registered, not at the first copy.
+ * Errors, in the order checked: EINVAL for a field above
  * broken, or a range that would end past 2^64 - 1; ENOENT when @space_id names no attached
  * space; ENOSPC when the session holds WIC_MAX_RANGES ranges; EFAULT when the range is not
  * inside mappings of the space's process (touching mappings may share it); EEXIST when it
@@ -142,6 +146,7 @@ struct wic_range {
 #define WIC_CMD_REARM_PAT 6	/* revoke write access to a PAT page */
 #define WIC_CMD_REPLAY 7	/* replay the GPU's faults; @space_id, @va, @pages unused */
 #define WIC_CMD_COMPLETE 8	/* one wake-up: fill @va, unmap @companion, map @va and release */
+#define WIC_CMD_COMPLETE_COPY 9	/* WIC_CMD_COMPLETE, its data copied from a GPU producer */
 
 /**
  * struct wic_command - one command of a submission
@@ -150,20 +155,28 @@ struct wic_range {
  * @gpu_id: the GPU the command concerns, 1 to WIC_MAX_GPU_ID (nvidia-uvm's id of the GPU)
  * @pages: pages from @va, 1 to WIC_MAX_RANGE_BYTES / WIC_PAGE_SIZE (1 for the PAT commands)
  * @va: page-aligned, inside one registered range of @space_id (a PAT range for PAT commands)
- * @length: WIC_CMD_WRITE_DATA, and WIC_CMD_COMPLETE with data: bytes to copy, at least 1,
- *	at most WIC_MAX_WRITE_BYTES and no more than the @pages pages hold; otherwise 0
+ * @length: WIC_CMD_WRITE_DATA, WIC_CMD_COMPLETE with data and WIC_CMD_COMPLETE_COPY: bytes
+ *	to copy, at least 1, at most WIC_MAX_WRITE_BYTES and no more than the @pages pages hold;
+ *	otherwise 0
  * @arg: WIC_CMD_WRITE_DATA, and WIC_CMD_COMPLETE with @length: the daemon's address of the
- *	bytes; WIC_CMD_WRITE_MARKER, and WIC_CMD_COMPLETE without @length: one of the four
- *	WIC_MARKER_* values; otherwise 0
- * @companion: WIC_CMD_COMPLETE: the other run of the slot, @pages pages from this page-aligned
- *	address, in a PCM range of @space_id and not overlapping @va's; otherwise 0
+ *	bytes; WIC_CMD_COMPLETE_COPY: the application's address of the bytes, @length of them
+ *	inside one WIC_RANGE_SOURCE range of @space_id; WIC_CMD_WRITE_MARKER, and
+ *	WIC_CMD_COMPLETE without @length: one of the four WIC_MARKER_* values; otherwise 0
+ * @companion: WIC_CMD_COMPLETE and WIC_CMD_COMPLETE_COPY: the other run of the slot, @pages
+ *	pages from this page-aligned address, in a PCM range of @space_id and not overlapping
+ *	@va's; otherwise 0
  * @result: in: 0; out: 0 or a negative errno
  * @reserved: must be 0
  *
  * WIC_CMD_COMPLETE is one wake-up of a slot: the fill (WIC_CMD_WRITE_DATA, or with @length 0
  * WIC_CMD_WRITE_MARKER) on @va, WIC_CMD_UNMAP of @companion, then WIC_CMD_MAP of @va, which
  * releases the held faults. The steps run in that order and the first that fails ends the
- * command with its error, so a run whose fill failed is never mapped.
+ * command with its error, so a run whose fill failed is never mapped. WIC_CMD_COMPLETE_COPY is
+ * the same wake-up for a GPU producer: the fill is a copy of @length bytes from @arg in the
+ * application's managed memory, read where they are resident: from a GPU's memory, that GPU's
+ * copy engine writes them by DMA into system memory (after the work pending on those pages),
+ * from where they reach @va's pages. The producer makes its bytes visible before it signals
+ * (a system-scope fence before its PAT write), as for any copy engine reading its memory.
  *
  * Errors in @result, in the order checked: EINVAL for @reserved or @result set or an unknown
  * opcode; ENODEV for @gpu_id; EINVAL for @length, @arg or @companion set where the opcode does
@@ -171,10 +184,11 @@ struct wic_range {
  * would end past 2^64 - 1, and for a @companion that is not page aligned, would end past
  * 2^64 - 1 or overlaps @va's pages; ENOENT when @space_id names no attached space; ERANGE when
  * the pages (or the companion's) are not inside one range of the kind the opcode needs; EINVAL
- * for the data's @length or the marker's @arg. Running the command may fail too (EFAULT for
+ * for the data's @length or the marker's @arg; ERANGE when a copy's source bytes are not inside
+ * one WIC_RANGE_SOURCE range. Running the command may fail too (EFAULT for
  * @arg bytes that cannot be read, or what nvidia-uvm returns).
  *
- * WIC_CMD_MAP, WIC_CMD_SERVICE_PAT and WIC_CMD_COMPLETE release held faults only when the map
+ * WIC_CMD_MAP, WIC_CMD_SERVICE_PAT, WIC_CMD_COMPLETE and WIC_CMD_COMPLETE_COPY release held faults only when the map
  * succeeded. It fails with ENODATA when a page is resident nowhere (write it first) and with
  * EXDEV when nvidia-uvm cannot map a page on @gpu_id: it is resident only on a GPU without
  * peer access to @gpu_id, or policy keeps it from a remote mapping (read duplication, a

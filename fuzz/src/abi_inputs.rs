@@ -5,8 +5,9 @@
 
 use arbitrary::{Arbitrary, Unstructured};
 use wic_proto::kabi::{
-    WicCommand, WicRange, WicSubmit, WIC_CMD_COMPLETE, WIC_CMD_MAP, WIC_CMD_REARM_PAT, WIC_CMD_REPLAY, WIC_CMD_SERVICE_PAT, WIC_CMD_UNMAP,
-    WIC_CMD_WRITE_DATA, WIC_CMD_WRITE_MARKER, WIC_MARKER_MAGIC, WIC_PAGE_SIZE, WIC_RANGE_PAT, WIC_RANGE_PCM,
+    WicCommand, WicRange, WicSubmit, WIC_CMD_COMPLETE, WIC_CMD_COMPLETE_COPY, WIC_CMD_MAP, WIC_CMD_REARM_PAT, WIC_CMD_REPLAY,
+    WIC_CMD_SERVICE_PAT, WIC_CMD_UNMAP, WIC_CMD_WRITE_DATA, WIC_CMD_WRITE_MARKER, WIC_MARKER_MAGIC, WIC_PAGE_SIZE, WIC_RANGE_PAT,
+    WIC_RANGE_PCM, WIC_RANGE_SOURCE,
 };
 
 /// An address: a page number, or any value.
@@ -103,14 +104,18 @@ pub struct RangeSpec {
     pub space: u8,
     pub start: Addr,
     pub length: Length,
-    pub pat: bool,
+    /// `RANGE_KINDS[kind % 3]`.
+    pub kind: u8,
 }
+
+/// The three range kinds, PCM first so that zero bytes make a valid range.
+const RANGE_KINDS: [u32; 3] = [WIC_RANGE_PCM, WIC_RANGE_PAT, WIC_RANGE_SOURCE];
 
 impl RangeSpec {
     pub fn request(&self) -> WicRange {
         WicRange {
             space_id: 1 + u32::from(self.space) % SUBMIT_SPACES,
-            kind: if self.pat { WIC_RANGE_PAT } else { WIC_RANGE_PCM },
+            kind: RANGE_KINDS[usize::from(self.kind) % RANGE_KINDS.len()],
             start: self.start.value(),
             length: self.length.value(),
             range_id: 0,
@@ -134,8 +139,8 @@ impl BatchSpec {
     }
 }
 
-/// The eight opcodes, `WIC_CMD_MAP` first so that zero bytes make a valid command.
-const OPCODES: [u32; 8] = [
+/// The nine opcodes, `WIC_CMD_MAP` first so that zero bytes make a valid command.
+const OPCODES: [u32; 9] = [
     WIC_CMD_MAP,
     WIC_CMD_UNMAP,
     WIC_CMD_WRITE_DATA,
@@ -144,12 +149,13 @@ const OPCODES: [u32; 8] = [
     WIC_CMD_REARM_PAT,
     WIC_CMD_REPLAY,
     WIC_CMD_COMPLETE,
+    WIC_CMD_COMPLETE_COPY,
 ];
 
-/// A command's opcode: one of the eight, or any value.
+/// A command's opcode: one of the nine, or any value.
 #[derive(Arbitrary, Debug)]
 pub enum OpcodeSpec {
-    /// `OPCODES[n % 8]`.
+    /// `OPCODES[n % 9]`.
     Known(u8),
     Raw(u32),
 }
@@ -163,11 +169,14 @@ pub enum PagesAt {
     Raw { space_id: u32, va: u64 },
 }
 
-/// A command's `arg`: 0, an error marker word with any code, or any value.
+/// A command's `arg`: 0, an error marker word with any code, an address in a registered range
+/// (the source of a copy), or any value.
 #[derive(Arbitrary, Debug)]
 pub enum ArgSpec {
     Zero,
     Marker(u8),
+    /// Byte `offset` of registered range `range % ranges` (of address 0 when none was).
+    InRange { range: u8, offset: u16 },
     Raw(u64),
 }
 
@@ -223,6 +232,9 @@ impl CommandSpec {
         let arg = match self.arg {
             ArgSpec::Zero => 0,
             ArgSpec::Marker(code) => WIC_MARKER_MAGIC | u64::from(code),
+            ArgSpec::InRange { range, offset } => {
+                ranges.get(usize::from(range) % ranges.len().max(1)).map_or(0, |&(_, start)| start).wrapping_add(u64::from(offset))
+            }
             ArgSpec::Raw(value) => value,
         };
         let pages = match self.pages {

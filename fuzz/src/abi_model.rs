@@ -7,10 +7,10 @@ use std::collections::BTreeMap;
 
 use libc::{EEXIST, EFAULT, EINVAL, ENODEV, ENOENT, ENOSPC, ERANGE};
 use wic_proto::kabi::{
-    WicCommand, WicRange, WicSubmit, WIC_CMD_COMPLETE, WIC_CMD_REARM_PAT, WIC_CMD_REPLAY, WIC_CMD_SERVICE_PAT,
-    WIC_CMD_WRITE_DATA, WIC_CMD_WRITE_MARKER, WIC_MARKER_CHANNEL_CLOSED, WIC_MARKER_DAEMON_GONE, WIC_MARKER_DAEMON_STOPPING,
+    WicCommand, WicRange, WicSubmit, WIC_CMD_COMPLETE, WIC_CMD_COMPLETE_COPY, WIC_CMD_REARM_PAT, WIC_CMD_REPLAY,
+    WIC_CMD_SERVICE_PAT, WIC_CMD_WRITE_DATA, WIC_CMD_WRITE_MARKER, WIC_MARKER_CHANNEL_CLOSED, WIC_MARKER_DAEMON_GONE, WIC_MARKER_DAEMON_STOPPING,
     WIC_MARKER_TIMEOUT, WIC_MAX_COMMANDS, WIC_MAX_GPU_ID, WIC_MAX_RANGES, WIC_MAX_RANGE_BYTES, WIC_MAX_SPACES, WIC_MAX_WRITE_BYTES,
-    WIC_PAGE_SIZE, WIC_RANGE_PAT, WIC_RANGE_PCM,
+    WIC_PAGE_SIZE, WIC_RANGE_PAT, WIC_RANGE_PCM, WIC_RANGE_SOURCE,
 };
 
 use crate::shim::RangeEntry;
@@ -34,17 +34,19 @@ pub fn command(cmd: &WicCommand, space: Option<&[RangeEntry]>) -> Result<(), i32
     if cmd.reserved != 0 || cmd.result != 0 {
         return Err(EINVAL);
     }
-    if !(WIC_CMD_WRITE_DATA..=WIC_CMD_COMPLETE).contains(&op) {
+    if !(WIC_CMD_WRITE_DATA..=WIC_CMD_COMPLETE_COPY).contains(&op) {
         return Err(EINVAL);
     }
     // "@gpu_id: the GPU the command concerns, 1 to WIC_MAX_GPU_ID".
     if cmd.gpu_id == 0 || cmd.gpu_id > WIC_MAX_GPU_ID {
         return Err(ENODEV);
     }
-    // A completion fills with data when it has a length, else with a marker.
-    let complete = op == WIC_CMD_COMPLETE;
-    let data = op == WIC_CMD_WRITE_DATA || (complete && cmd.length != 0);
-    let marker = op == WIC_CMD_WRITE_MARKER || (complete && cmd.length == 0);
+    // A completion fills with data when it has a length, else with a marker; a copy always
+    // with data.
+    let copy = op == WIC_CMD_COMPLETE_COPY;
+    let complete = op == WIC_CMD_COMPLETE || copy;
+    let data = op == WIC_CMD_WRITE_DATA || copy || (op == WIC_CMD_COMPLETE && cmd.length != 0);
+    let marker = op == WIC_CMD_WRITE_MARKER || (op == WIC_CMD_COMPLETE && cmd.length == 0);
     // @length, @arg and @companion are 0 unless the opcode uses them.
     if (!data && cmd.length != 0) || (!data && !marker && cmd.arg != 0) || (!complete && cmd.companion != 0) {
         return Err(EINVAL);
@@ -78,8 +80,8 @@ pub fn command(cmd: &WicCommand, space: Option<&[RangeEntry]>) -> Result<(), i32
         return Err(ENOENT);
     };
     let kind = if pat { WIC_RANGE_PAT } else { WIC_RANGE_PCM };
-    let inside = |start: u64, end: u64| ranges.iter().any(|r| r.kind == kind && r.start <= start && end <= r.end);
-    if !inside(cmd.va, end) || (complete && !inside(cmd.companion, companion_end)) {
+    let inside = |kind: u32, start: u64, end: u64| ranges.iter().any(|r| r.kind == kind && r.start <= start && end <= r.end);
+    if !inside(kind, cmd.va, end) || (complete && !inside(WIC_RANGE_PCM, cmd.companion, companion_end)) {
         return Err(ERANGE);
     }
     if data && (cmd.length == 0 || cmd.length > bytes || cmd.length > u64::from(WIC_MAX_WRITE_BYTES)) {
@@ -87,6 +89,10 @@ pub fn command(cmd: &WicCommand, space: Option<&[RangeEntry]>) -> Result<(), i32
     }
     if marker && !MARKERS.contains(&cmd.arg) {
         return Err(EINVAL);
+    }
+    // "ERANGE when a copy's source bytes are not inside one WIC_RANGE_SOURCE range".
+    if copy && !cmd.arg.checked_add(cmd.length).is_some_and(|source_end| inside(WIC_RANGE_SOURCE, cmd.arg, source_end)) {
+        return Err(ERANGE);
     }
     Ok(())
 }
@@ -140,7 +146,7 @@ impl Session {
     /// `struct wic_range`, registered in a process whose mappings are `mappings`; ids count
     /// from 1.
     pub fn register(&mut self, r: &WicRange, mappings: &[[u64; 2]]) -> Result<u32, i32> {
-        if r.reserved != 0 || r.range_id != 0 || (r.kind != WIC_RANGE_PCM && r.kind != WIC_RANGE_PAT) {
+        if r.reserved != 0 || r.range_id != 0 || ![WIC_RANGE_PCM, WIC_RANGE_PAT, WIC_RANGE_SOURCE].contains(&r.kind) {
             return Err(EINVAL);
         }
         if !r.start.is_multiple_of(WIC_PAGE_SIZE) || !r.length.is_multiple_of(WIC_PAGE_SIZE) || r.length == 0 || r.length > WIC_MAX_RANGE_BYTES {

@@ -25,9 +25,9 @@
 /*
  * Bumped whenever an export is added or changes its contract, so that a copy of this header
  * found in an nvidia-uvm tree can be told apart from the shim's. 3: uvm_wic_range_managed(),
- * uvm_wic_map() fails with -EXDEV for pages it cannot map.
+ * uvm_wic_map() fails with -EXDEV for pages it cannot map. 4: uvm_wic_copy().
  */
-#define UVM_WIC_HOOK_VERSION 3
+#define UVM_WIC_HOOK_VERSION 4
 
 /* Size of one hardware replayable fault-buffer entry (clc369.h). */
 #define UVM_WIC_FAULT_ENTRY_SIZE 32
@@ -139,9 +139,32 @@ struct mm_struct *uvm_wic_space_mm(struct uvm_wic_space *space);
  *
  * Process context only. The pages must not be mapped on any GPU while they are written.
  *
- * Return: 0 or a negative errno.
+ * Return: 0 or a negative errno (-EINVAL for a NULL @src or a wrapping range).
  */
 int uvm_wic_write(struct uvm_wic_space *space, u64 va, const void *src, size_t len);
+
+/**
+ * uvm_wic_copy() - copy bytes of managed memory into managed pages resident on the CPU
+ * @space: the space
+ * @va: the first byte written
+ * @src_va: the first byte read
+ * @len: how many bytes, at least 1
+ *
+ * The Activator's copy for a GPU producer. The source bytes are read where they are resident:
+ * from GPU memory, that GPU's copy engine writes them by DMA into a staging page in system
+ * memory, ordered after the work pending on their VA block and waited for; from CPU memory,
+ * by memcpy(); a page resident nowhere reads as zeros. They are then written into
+ * [@va, @va + @len) as uvm_wic_write() writes. The copy is ordered after UVM's own work on the
+ * source, not after the producer's kernel: the producer fences system-wide before it signals
+ * and leaves the bytes alone until the copy returned. Both ranges must lie in managed
+ * allocations (cudaMallocManaged) and must not overlap. Process context only. The pages
+ * written must not be mapped on any GPU while they are written.
+ *
+ * Return: 0 or a negative errno: -EINVAL for overlapping, wrapping or empty ranges, -EFAULT
+ * for an address of either range outside managed memory, -ESRCH when the process is gone,
+ * -EAGAIN while the driver is suspended.
+ */
+int uvm_wic_copy(struct uvm_wic_space *space, u64 va, u64 src_va, size_t len);
 
 /**
  * uvm_wic_range_managed() - whether a range is managed memory of a space

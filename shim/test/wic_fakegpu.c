@@ -80,8 +80,11 @@ MODULE_PARM_DESC(strict_write,
  * @nr_managed: entries in @managed
  * @remote: the pages resident out of a GPU's reach (WIC_FAKEGPU_IOC_RESIDE)
  * @nr_remote: entries in @remote
+ * @gpu_pages: page index (va >> 12) to the struct wic_gpu_page of a page resident in a fake
+ *	GPU's memory (WIC_FAKEGPU_IOC_GPU_STORE)
+ * @nr_gpu_pages: entries in @gpu_pages
  *
- * @lock also protects the fail_* fields, @managed, @remote and their counts.
+ * @lock also protects the fail_* fields, @managed, @remote, @gpu_pages and their counts.
  */
 struct uvm_wic_space {
 	struct file *file;
@@ -105,6 +108,14 @@ struct uvm_wic_space {
 		u32 gpu_id;
 	} remote[WIC_FAKEGPU_MAX_REMOTE];
 	u32 nr_remote;
+	struct xarray gpu_pages;
+	u32 nr_gpu_pages;
+};
+
+/* A page resident in a fake GPU's memory: the GPU and the page's bytes there. */
+struct wic_gpu_page {
+	u32 gpu_id;
+	u8 bytes[WIC_FAKEGPU_PAGE_SIZE];
 };
 
 /* The callbacks wic_shim registered, if any. */
@@ -432,6 +443,18 @@ static bool wic_managed_covered(struct uvm_wic_space *space, u64 start, u64 end)
 	return at >= end;
 }
 
+/* Forgets every page resident in fake GPU memory. */
+static void wic_gpu_pages_free(struct uvm_wic_space *space)
+{
+	struct wic_gpu_page *page;
+	unsigned long index;
+
+	xa_for_each(&space->gpu_pages, index, page)
+		kfree(page);
+	xa_destroy(&space->gpu_pages);
+	space->nr_gpu_pages = 0;
+}
+
 static void wic_pages_reset(struct uvm_wic_space *space)
 {
 	static const struct wic_fakegpu_fail none;
@@ -442,16 +465,19 @@ static void wic_pages_reset(struct uvm_wic_space *space)
 		xa_destroy(&space->pages[gpu_id]);
 	space->nr_pages = 0;
 	space->nr_remote = 0;
+	wic_gpu_pages_free(space);
 	mutex_unlock(&space->lock);
 	wic_fail_arm(space, &none);
 }
 
 /*
- * Write @len bytes at @va of @mm, page by page, as access_remote_vm() would (which 6.1 does
- * not export); like a debugger's write, it breaks copy-on-write and ignores protections.
+ * Writes @len bytes from @buf at @va of @mm (@write), or reads them into @buf, page by page, as
+ * access_remote_vm() would (which 6.1 does not export); like a debugger, it breaks
+ * copy-on-write and ignores protections.
  */
-static int wic_write_remote(struct mm_struct *mm, u64 va, const u8 *src, size_t len)
+static int wic_access_remote(struct mm_struct *mm, u64 va, u8 *buf, size_t len, bool write)
 {
+	unsigned int gup_flags = FOLL_FORCE | (write ? FOLL_WRITE : 0);
 	int ret = 0;
 
 	if (mmap_read_lock_killable(mm))
@@ -464,19 +490,22 @@ static int wic_write_remote(struct mm_struct *mm, u64 va, const u8 *src, size_t 
 		struct page *page;
 		void *kaddr;
 
-		if (get_user_pages_remote(mm, addr, 1, FOLL_WRITE | FOLL_FORCE, &page, &vma,
-					  NULL) <= 0) {
+		if (get_user_pages_remote(mm, addr, 1, gup_flags, &page, &vma, NULL) <= 0) {
 			ret = -EFAULT;
 			break;
 		}
 		kaddr = kmap_local_page(page);
-		copy_to_user_page(vma, page, addr, kaddr + offset, src, bytes);
+		if (write) {
+			copy_to_user_page(vma, page, addr, kaddr + offset, buf, bytes);
+			set_page_dirty_lock(page);
+		} else {
+			copy_from_user_page(vma, page, addr, buf, kaddr + offset, bytes);
+		}
 		kunmap_local(kaddr);
-		set_page_dirty_lock(page);
 		put_page(page);
 
 		va += bytes;
-		src += bytes;
+		buf += bytes;
 		len -= bytes;
 		if (len && fatal_signal_pending(current)) {
 			ret = -EINTR;
@@ -485,6 +514,95 @@ static int wic_write_remote(struct mm_struct *mm, u64 va, const u8 *src, size_t 
 		cond_resched();
 	}
 	mmap_read_unlock(mm);
+	return ret;
+}
+
+/* wic_access_remote() on the space's process, which may have exited. */
+static int wic_access_space(struct uvm_wic_space *space, u64 va, u8 *buf, size_t len, bool write)
+{
+	int ret;
+
+	if (!space->mm)
+		return -ENODEV;
+	if (!mmget_not_zero(space->mm))
+		return -ESRCH;
+	ret = wic_access_remote(space->mm, va, buf, len, write);
+	mmput(space->mm);
+	return ret;
+}
+
+/*
+ * Stores @len bytes of @src (at most one page, not crossing it) at @va in @gpu_id's memory; the
+ * page moves there from where it was resident, its bytes with it.
+ */
+static int wic_gpu_store_page(struct uvm_wic_space *space, u32 gpu_id, u64 va, const u8 *src,
+			      size_t len)
+{
+	unsigned long index = va >> WIC_FAKEGPU_PAGE_SHIFT;
+	struct wic_gpu_page *page, *fresh;
+	int ret = 0;
+
+	fresh = kmalloc(sizeof(*fresh), GFP_KERNEL);
+	if (!fresh)
+		return -ENOMEM;
+	ret = wic_access_space(space, va & ~(u64)(WIC_FAKEGPU_PAGE_SIZE - 1), fresh->bytes,
+			       WIC_FAKEGPU_PAGE_SIZE, false);
+	if (ret) {
+		kfree(fresh);
+		return ret;
+	}
+	mutex_lock(&space->lock);
+	page = xa_load(&space->gpu_pages, index);
+	if (!page && space->nr_gpu_pages >= WIC_FAKEGPU_MAX_GPU_PAGES) {
+		ret = -ENOSPC;
+	} else if (!page) {
+		fresh->gpu_id = gpu_id;
+		ret = xa_err(xa_store(&space->gpu_pages, index, fresh, GFP_KERNEL));
+		if (!ret) {
+			page = fresh;
+			fresh = NULL;
+			space->nr_gpu_pages++;
+		}
+	}
+	if (page) {
+		/* Another GPU's copy moves here as it is (the process's copy is older). */
+		page->gpu_id = gpu_id;
+		memcpy(page->bytes + offset_in_page(va), src, len);
+	}
+	mutex_unlock(&space->lock);
+	kfree(fresh);
+	return ret;
+}
+
+static long wic_ioctl_gpu_store(struct uvm_wic_space *space,
+				struct wic_fakegpu_gpu_store __user *uarg)
+{
+	struct wic_fakegpu_gpu_store args;
+	u64 end, va;
+	u8 *bytes;
+	long ret = 0;
+
+	if (copy_from_user(&args, uarg, sizeof(args)))
+		return -EFAULT;
+	if (!wic_gpu_valid(args.gpu_id))
+		return -ENODEV;
+	if (args.reserved || !args.length || args.length > WIC_FAKEGPU_MAX_STORE ||
+	    check_add_overflow(args.va, args.length, &end))
+		return -EINVAL;
+	if (!wic_managed_covered(space, args.va & ~(u64)(WIC_FAKEGPU_PAGE_SIZE - 1), end))
+		return -EFAULT;
+	bytes = kvmalloc(args.length, GFP_KERNEL);
+	if (!bytes)
+		return -ENOMEM;
+	if (copy_from_user(bytes, u64_to_user_ptr(args.buffer), args.length))
+		ret = -EFAULT;
+	for (va = args.va; !ret && va < end;) {
+		size_t chunk = min_t(u64, end - va, WIC_FAKEGPU_PAGE_SIZE - offset_in_page(va));
+
+		ret = wic_gpu_store_page(space, args.gpu_id, va, bytes + (va - args.va), chunk);
+		va += chunk;
+	}
+	kvfree(bytes);
 	return ret;
 }
 
@@ -710,6 +828,8 @@ static long wic_fakegpu_ioctl(struct file *file, unsigned int cmd, unsigned long
 		return wic_ioctl_manage(space, uarg);
 	case WIC_FAKEGPU_IOC_RESIDE:
 		return wic_ioctl_reside(space, uarg);
+	case WIC_FAKEGPU_IOC_GPU_STORE:
+		return wic_ioctl_gpu_store(space, uarg);
 	default:
 		return -ENOTTY;
 	}
@@ -731,6 +851,7 @@ static int wic_fakegpu_open(struct inode *inode, struct file *file)
 	init_waitqueue_head(&space->fail_wait);
 	for (gpu_id = 0; gpu_id < WIC_FAKEGPU_NR_GPUS; gpu_id++)
 		xa_init(&space->pages[gpu_id]);
+	xa_init(&space->gpu_pages);
 	file->private_data = space;
 	return nonseekable_open(inode, file);
 }
@@ -743,6 +864,7 @@ static int wic_fakegpu_release(struct inode *inode, struct file *file)
 
 	for (gpu_id = 0; gpu_id < WIC_FAKEGPU_NR_GPUS; gpu_id++)
 		xa_destroy(&space->pages[gpu_id]);
+	wic_gpu_pages_free(space);
 	if (space->mm)
 		mmdrop(space->mm);
 	mutex_destroy(&space->lock);
@@ -873,6 +995,26 @@ struct mm_struct *uvm_wic_space_mm(struct uvm_wic_space *space)
 }
 EXPORT_SYMBOL_GPL(uvm_wic_space_mm);
 
+/*
+ * What uvm_wic_write() and uvm_wic_copy() check before they write [va, va + len): an armed
+ * failure, a space with a process, and (strict_write) no page of the range mapped on a GPU.
+ */
+static int wic_write_allowed(struct uvm_wic_space *space, u64 va, size_t len)
+{
+	int ret = wic_fail_take(space, &space->fail_writes, WIC_FAKEGPU_GPU_NONE, va, len);
+
+	if (ret)
+		return ret;
+	if (!space->mm)
+		return -ENODEV;
+	if (strict_write && wic_pages_mapped(space, va >> WIC_FAKEGPU_PAGE_SHIFT,
+					     (va + (len - 1)) >> WIC_FAKEGPU_PAGE_SHIFT)) {
+		pr_warn_ratelimited("write of %#llx+%zu, mapped on a GPU\n", va, len);
+		return -EBUSY;
+	}
+	return 0;
+}
+
 /**
  * uvm_wic_write() - write bytes into the application's memory
  * @space: the space
@@ -890,28 +1032,17 @@ EXPORT_SYMBOL_GPL(uvm_wic_space_mm);
  */
 int uvm_wic_write(struct uvm_wic_space *space, u64 va, const void *src, size_t len)
 {
-	struct mm_struct *mm;
 	u8 first[8] = {};
 	int ret;
 
 	might_sleep();
 	if (IS_ERR_OR_NULL(space) || !src || !len || va + (len - 1) < va)
 		return -EINVAL;
-	ret = wic_fail_take(space, &space->fail_writes, WIC_FAKEGPU_GPU_NONE, va, len);
+	ret = wic_write_allowed(space, va, len);
 	if (ret)
 		return ret;
-	mm = space->mm;
-	if (!mm)
-		return -ENODEV;
-	if (strict_write && wic_pages_mapped(space, va >> WIC_FAKEGPU_PAGE_SHIFT,
-					     (va + (len - 1)) >> WIC_FAKEGPU_PAGE_SHIFT)) {
-		pr_warn_ratelimited("%s() of %#llx+%zu, mapped on a GPU\n", __func__, va, len);
-		return -EBUSY;
-	}
-	if (!mmget_not_zero(mm))
-		return -ESRCH;
-	ret = wic_write_remote(mm, va, src, len);
-	mmput(mm);
+	/* The process's memory is written from @src only. */
+	ret = wic_access_space(space, va, (u8 *)src, len, true);
 	if (ret)
 		return ret;
 
@@ -921,6 +1052,80 @@ int uvm_wic_write(struct uvm_wic_space *space, u64 va, const void *src, size_t l
 	return 0;
 }
 EXPORT_SYMBOL_GPL(uvm_wic_write);
+
+/*
+ * Reads @len bytes at @va (not crossing a page) where they are resident: from a fake GPU's
+ * memory, whose id goes to @gpu_id, or from the process (@gpu_id WIC_FAKEGPU_GPU_NONE).
+ */
+static int wic_read_resident(struct uvm_wic_space *space, u64 va, u8 *buf, size_t len,
+			     u32 *gpu_id)
+{
+	struct wic_gpu_page *page;
+
+	mutex_lock(&space->lock);
+	page = xa_load(&space->gpu_pages, va >> WIC_FAKEGPU_PAGE_SHIFT);
+	*gpu_id = page ? page->gpu_id : WIC_FAKEGPU_GPU_NONE;
+	if (page)
+		memcpy(buf, page->bytes + offset_in_page(va), len);
+	mutex_unlock(&space->lock);
+	return page ? 0 : wic_access_space(space, va, buf, len, false);
+}
+
+/**
+ * uvm_wic_copy() - copy bytes of the application's managed memory into its memory
+ * @space: the space
+ * @va: the first byte written
+ * @src_va: the first byte read
+ * @len: how many bytes, at least 1
+ *
+ * Process context only. Reads each source page where it is resident (a fake GPU's memory,
+ * WIC_FAKEGPU_IOC_GPU_STORE, as that GPU's copy engine would; else the process's memory), writes
+ * as uvm_wic_write() and logs %WIC_FAKEGPU_EVENT_COPY with the GPU that held the first source
+ * byte and the first 8 bytes. Armed write failures (WIC_FAKEGPU_IOC_FAIL) apply to copies too.
+ *
+ * Return: 0; -EINVAL for bad arguments or overlapping ranges; -EFAULT when the source is not
+ * managed memory (WIC_FAKEGPU_IOC_MANAGE) or part of the range could not be read or written
+ * (the part before may have been written); the other errors of uvm_wic_write().
+ */
+int uvm_wic_copy(struct uvm_wic_space *space, u64 va, u64 src_va, size_t len)
+{
+	u32 first_gpu = WIC_FAKEGPU_GPU_NONE, gpu_id;
+	u8 first[8] = {};
+	size_t done, chunk;
+	u8 *bounce;
+	int ret;
+
+	might_sleep();
+	if (IS_ERR_OR_NULL(space) || !len || va + (len - 1) < va || src_va + (len - 1) < src_va ||
+	    (src_va <= va + (len - 1) && va <= src_va + (len - 1)))
+		return -EINVAL;
+	ret = wic_write_allowed(space, va, len);
+	if (ret)
+		return ret;
+	/* As nvidia-uvm, which reads the source through its managed VA blocks. */
+	if (!wic_managed_covered(space, src_va & ~(u64)(WIC_FAKEGPU_PAGE_SIZE - 1), src_va + len))
+		return -EFAULT;
+	bounce = kmalloc(WIC_FAKEGPU_PAGE_SIZE, GFP_KERNEL);
+	if (!bounce)
+		return -ENOMEM;
+	for (done = 0; !ret && done < len; done += chunk) {
+		chunk = min3(len - done, WIC_FAKEGPU_PAGE_SIZE - offset_in_page(src_va + done),
+			     WIC_FAKEGPU_PAGE_SIZE - offset_in_page(va + done));
+		ret = wic_read_resident(space, src_va + done, bounce, chunk, &gpu_id);
+		if (!ret)
+			ret = wic_access_space(space, va + done, bounce, chunk, true);
+		if (!done)
+			first_gpu = gpu_id;
+		if (done < sizeof(first))
+			memcpy(first + done, bounce, min(chunk, sizeof(first) - done));
+	}
+	kfree(bounce);
+	if (ret)
+		return ret;
+	wic_log_event(WIC_FAKEGPU_EVENT_COPY, first_gpu, va, len, get_unaligned_le64(first));
+	return 0;
+}
+EXPORT_SYMBOL_GPL(uvm_wic_copy);
 
 /**
  * uvm_wic_map() - map pages on a fake GPU
@@ -1073,6 +1278,7 @@ static int __init wic_fakegpu_init(void)
 	BUILD_BUG_ON(sizeof(struct wic_fakegpu_inject) != 32);
 	BUILD_BUG_ON(sizeof(struct wic_fakegpu_events) != 32);
 	BUILD_BUG_ON(sizeof(struct wic_fakegpu_page_state) != 16);
+	BUILD_BUG_ON(sizeof(struct wic_fakegpu_gpu_store) != 32);
 	BUILD_BUG_ON(sizeof(struct wic_fakegpu_fail) != 16);
 	BUILD_BUG_ON(sizeof(struct wic_fakegpu_managed) != 16);
 	BUILD_BUG_ON(WIC_FAKEGPU_FAULT_ENTRY_SIZE != UVM_WIC_FAULT_ENTRY_SIZE);

@@ -24,6 +24,12 @@
  * access to a fake GPU (WIC_FAKEGPU_IOC_RESIDE): uvm_wic_map() of it on that GPU fails with
  * EXDEV, as the hook's does for a page nvidia-uvm cannot map there.
  *
+ * GPU memory is modelled for GPU producers: WIC_FAKEGPU_IOC_GPU_STORE is a kernel of a fake GPU
+ * storing bytes into managed memory, which makes the pages resident in that GPU's memory, out
+ * of the CPU's sight (the process's own copy of the page is stale), as nvidia-uvm migrates a
+ * managed page to the GPU that writes it. uvm_wic_copy() reads such a page from the GPU's
+ * memory (as that GPU's copy engine would, logging the GPU) and any other from the process.
+ *
  * A test driver can make the next calls of uvm_wic_write() and uvm_wic_map() on its space fail
  * with an errno of its choice, or stall until it lets them go on (WIC_FAKEGPU_IOC_FAIL), to see
  * what wic_shim does when nvidia-uvm refuses, or what happens while a helper runs.
@@ -60,6 +66,8 @@
 #define WIC_FAKEGPU_MAX_PAGES (1U << 22)	/* mapped (page, GPU) pairs per file */
 #define WIC_FAKEGPU_MAX_MANAGED 64		/* managed ranges per file */
 #define WIC_FAKEGPU_MAX_REMOTE 64		/* (page, GPU) pairs out of reach per file */
+#define WIC_FAKEGPU_MAX_STORE (1U << 20)	/* bytes of one WIC_FAKEGPU_IOC_GPU_STORE */
+#define WIC_FAKEGPU_MAX_GPU_PAGES 4096		/* pages resident in fake GPU memory per file */
 
 /* Event kinds (struct wic_fakegpu_event.kind). */
 #define WIC_FAKEGPU_EVENT_WRITE 1		/* uvm_wic_write() */
@@ -70,6 +78,7 @@
 #define WIC_FAKEGPU_EVENT_REPLAY 6		/* uvm_wic_replay(), or uvm_wic_unregister() */
 #define WIC_FAKEGPU_EVENT_SERVICED 7		/* an injected fault passed and serviced */
 #define WIC_FAKEGPU_EVENT_STALLED 8		/* a call stalled by WIC_FAKEGPU_FAIL_STALL */
+#define WIC_FAKEGPU_EVENT_COPY 9		/* uvm_wic_copy() */
 
 /* Verdicts (WIC_FAKEGPU_IOC_INJECT), the values of enum uvm_wic_verdict. */
 #define WIC_FAKEGPU_VERDICT_PASS 0
@@ -84,12 +93,15 @@
 /**
  * struct wic_fakegpu_event - one call wic_shim made into the fake, or one serviced fault
  * @kind: a WIC_FAKEGPU_EVENT_* value
- * @gpu_id: the GPU; WIC_FAKEGPU_GPU_NONE for WIC_FAKEGPU_EVENT_WRITE
- * @va: the first byte (page-aligned except for writes); 0 for WIC_FAKEGPU_EVENT_REPLAY
+ * @gpu_id: the GPU; WIC_FAKEGPU_GPU_NONE for WIC_FAKEGPU_EVENT_WRITE; for
+ *	WIC_FAKEGPU_EVENT_COPY, the GPU whose memory held the first source byte (its copy engine
+ *	read it), WIC_FAKEGPU_GPU_NONE when the CPU's memory did
+ * @va: the first byte (page-aligned except for writes and copies); 0 for
+ *	WIC_FAKEGPU_EVENT_REPLAY
  * @length: bytes; WIC_FAKEGPU_PAGE_SIZE for WIC_FAKEGPU_EVENT_SERVICED, 0 for
  *	WIC_FAKEGPU_EVENT_REPLAY
- * @data0: WIC_FAKEGPU_EVENT_WRITE: the first 8 bytes written, as a little-endian number
- *	(bytes beyond @length are 0); 0 for the other kinds
+ * @data0: WIC_FAKEGPU_EVENT_WRITE and WIC_FAKEGPU_EVENT_COPY: the first 8 bytes written, as a
+ *	little-endian number (bytes beyond @length are 0); 0 for the other kinds
  * @ns: when the call completed, CLOCK_MONOTONIC nanoseconds
  *
  * Only calls that succeeded are logged, and calls that start to stall
@@ -224,6 +236,30 @@ struct wic_fakegpu_managed {
 	__u64 length;
 };
 
+/**
+ * struct wic_fakegpu_gpu_store - a kernel of a fake GPU stores bytes into this file's space
+ * @gpu_id: in: the GPU
+ * @reserved: in: must be 0
+ * @va: in: the first byte
+ * @buffer: in: user pointer to the @length bytes
+ * @length: in: bytes, 1 .. WIC_FAKEGPU_MAX_STORE
+ *
+ * Every page touched becomes resident in @gpu_id's memory (its bytes start as the process's
+ * copy when it was not resident there, as a migration copies them) and takes the bytes; the
+ * process's own copy of the page is left as it was, stale. A page stays resident on the GPU
+ * until another GPU stores to it, WIC_FAKEGPU_IOC_RESET or the file's end. Errors: ENODEV for a
+ * bad @gpu_id, EINVAL for a bad @length, @reserved or a range that wraps, EFAULT when the range
+ * is not managed memory (WIC_FAKEGPU_IOC_MANAGE) or @buffer or the process's memory cannot be
+ * read, ENOSPC past WIC_FAKEGPU_MAX_GPU_PAGES resident pages, ENOMEM.
+ */
+struct wic_fakegpu_gpu_store {
+	__u32 gpu_id;
+	__u32 reserved;
+	__u64 va;
+	__u64 buffer;
+	__u64 length;
+};
+
 #define WIC_FAKEGPU_IOC_MAGIC 'F'
 
 #define WIC_FAKEGPU_IOC_INJECT _IOWR(WIC_FAKEGPU_IOC_MAGIC, 1, struct wic_fakegpu_inject)
@@ -231,11 +267,13 @@ struct wic_fakegpu_managed {
 #define WIC_FAKEGPU_IOC_PAGE_STATE _IOWR(WIC_FAKEGPU_IOC_MAGIC, 3, struct wic_fakegpu_page_state)
 /*
  * Empty the event log (and its overflow count), unmap every page of this file's space, make
- * its pages reachable again and cancel its armed failures (struct wic_fakegpu_fail).
+ * its pages reachable again, forget what fake GPUs stored (struct wic_fakegpu_gpu_store) and
+ * cancel its armed failures (struct wic_fakegpu_fail).
  */
 #define WIC_FAKEGPU_IOC_RESET _IO(WIC_FAKEGPU_IOC_MAGIC, 4)
 #define WIC_FAKEGPU_IOC_FAIL _IOW(WIC_FAKEGPU_IOC_MAGIC, 5, struct wic_fakegpu_fail)
 #define WIC_FAKEGPU_IOC_MANAGE _IOW(WIC_FAKEGPU_IOC_MAGIC, 6, struct wic_fakegpu_managed)
 #define WIC_FAKEGPU_IOC_RESIDE _IOW(WIC_FAKEGPU_IOC_MAGIC, 7, struct wic_fakegpu_page_state)
+#define WIC_FAKEGPU_IOC_GPU_STORE _IOW(WIC_FAKEGPU_IOC_MAGIC, 8, struct wic_fakegpu_gpu_store)
 
 #endif /* _WIC_FAKEGPU_H */

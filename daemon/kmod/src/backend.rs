@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use wic_engine::{ChannelId, ChannelLayout, Command, DataSource, Engine, EngineConfig, GpuId, Nanos, RawFaultEntry};
+use wic_engine::{ChannelId, ChannelLayout, Command, DataSource, Engine, EngineConfig, GpuId, Nanos, Producer, RawFaultEntry, PAGE_SIZE};
 use wic_proto::kabi::{self, WicCommand};
 
 use crate::commands::{CommandError, Placement, Translator};
@@ -199,15 +199,30 @@ impl ShimBackend {
         &mut self.device
     }
 
-    /// Places a channel at `base` in an attached space and registers its ranges.
-    pub fn place(&mut self, layout: &ChannelLayout, space_id: u32, base: u64) -> Result<PlacedChannel, DeviceError> {
+    /// Places a channel at `base` in an attached space and registers its ranges: PCM, then for
+    /// a GPU `producer` PAT and the pages holding the producer's bytes for every slot, which
+    /// the module copies from.
+    pub fn place(&mut self, layout: &ChannelLayout, producer: Producer, space_id: u32, base: u64) -> Result<PlacedChannel, DeviceError> {
         let placement = Placement::new(layout, space_id, base);
-        let mut ranges = vec![self.device.register(space_id, kabi::WIC_RANGE_PCM, base, placement.pcm_bytes)?];
+        let mut wanted = vec![(kabi::WIC_RANGE_PCM, base, placement.pcm_bytes)];
         if placement.pat_bytes > 0 {
-            match self.device.register(space_id, kabi::WIC_RANGE_PAT, base + placement.pcm_bytes, placement.pat_bytes) {
+            wanted.push((kabi::WIC_RANGE_PAT, base + placement.pcm_bytes, placement.pat_bytes));
+        }
+        if let Producer::Gpu { base_va: start, .. } = producer {
+            let length = layout.slots.len() as u64 * layout.batch_bytes;
+            let first = start & !(PAGE_SIZE - 1);
+            // An end past 2^64 - 1 is left for the module to refuse.
+            let end = start.saturating_add(length).saturating_add(PAGE_SIZE - 1) & !(PAGE_SIZE - 1);
+            wanted.push((kabi::WIC_RANGE_SOURCE, first, end - first));
+        }
+        let mut ranges = Vec::with_capacity(wanted.len());
+        for (kind, start, length) in wanted {
+            match self.device.register(space_id, kind, start, length) {
                 Ok(id) => ranges.push(id),
                 Err(e) => {
-                    let _ = self.device.unregister(ranges[0]);
+                    for id in ranges {
+                        let _ = self.device.unregister(id);
+                    }
                     return Err(e);
                 }
             }

@@ -174,9 +174,11 @@ impl Translator {
     }
 
     /// The kernel command for `command`: a completion is one `WIC_CMD_COMPLETE`, its fill
-    /// (data, or with length 0 a marker) on the run, the companion's unmap and the run's map.
-    /// `host_data(channel, source, len)` gives the daemon's address of the `len` bytes `source`
-    /// names in the host producer buffer of `channel`.
+    /// (data, or with length 0 a marker) on the run, the companion's unmap and the run's map;
+    /// with a GPU producer's data, one `WIC_CMD_COMPLETE_COPY` from the producer's address in
+    /// the application (its buffer is the channel's source range). `host_data(channel, source,
+    /// len)` gives the daemon's address of the `len` bytes `source` names in the host producer
+    /// buffer of `channel`.
     pub fn to_kernel(&self, command: &Command, host_data: impl Fn(ChannelId, DataSource, u64) -> Option<u64>) -> Result<WicCommand, CommandError> {
         let kernel = |opcode, gpu: GpuId, (space_id, va): (u32, u64), pages| WicCommand {
             opcode,
@@ -188,14 +190,17 @@ impl Translator {
         };
         Ok(match *command {
             Command::Complete { gpu, channel, run_va, companion_va, pages, fill, .. } => {
-                let (length, arg) = match fill {
-                    Fill::Data { len, source } => (len, host_data(channel, source, len).ok_or(CommandError::NoHostData { va: run_va })?),
-                    Fill::Marker(marker) => (0, marker.word()),
+                let (opcode, length, arg) = match fill {
+                    Fill::Data { len, source: DataSource::Gpu { va, .. } } => (kabi::WIC_CMD_COMPLETE_COPY, len, va),
+                    Fill::Data { len, source } => {
+                        (kabi::WIC_CMD_COMPLETE, len, host_data(channel, source, len).ok_or(CommandError::NoHostData { va: run_va })?)
+                    }
+                    Fill::Marker(marker) => (kabi::WIC_CMD_COMPLETE, 0, marker.word()),
                 };
                 // Data longer than the run is refused here rather than by the module.
                 let run = self.to_process(run_va, pages.max(length.div_ceil(PAGE_SIZE) as u32))?;
                 let (_, companion) = self.to_process(companion_va, pages)?;
-                WicCommand { length, arg, companion, ..kernel(kabi::WIC_CMD_COMPLETE, gpu, run, pages) }
+                WicCommand { length, arg, companion, ..kernel(opcode, gpu, run, pages) }
             }
             Command::ServicePat { gpu, va } => kernel(kabi::WIC_CMD_SERVICE_PAT, gpu, self.to_process(va, 1)?, 1),
             Command::RearmPat { gpu, va } => kernel(kabi::WIC_CMD_REARM_PAT, gpu, self.to_process(va, 1)?, 1),
@@ -262,6 +267,8 @@ mod tests {
         let commands = [
             complete(0x30_2000, 0x30_0000, data(5000)),
             complete(0x10_0000, 0x10_2000, Fill::Marker(ErrorMarker::Timeout)),
+            // A GPU producer's bytes stay at the application's address: the module copies them.
+            complete(0x10_2000, 0x10_0000, Fill::Data { len: 4100, source: DataSource::Gpu { gpu: 2, va: 0x5000_0123 } }),
             Command::ServicePat { gpu: 1, va: 0x20_3000 },
             Command::Replay { gpu: 1 },
         ];
@@ -276,6 +283,7 @@ mod tests {
             [
                 (kabi::WIC_CMD_COMPLETE, 7, 1, 0x7000_6000, 2, 5000, 0xdead_0000, 0x7000_4000),
                 (kabi::WIC_CMD_COMPLETE, 7, 1, 0x7000_0000, 2, 0, marker, 0x7000_2000),
+                (kabi::WIC_CMD_COMPLETE_COPY, 7, 1, 0x7000_2000, 2, 4100, 0x5000_0123, 0x7000_0000),
                 (kabi::WIC_CMD_SERVICE_PAT, 7, 1, 0x7000_8000 + 3 * 4096, 1, 0, 0, 0),
                 (kabi::WIC_CMD_REPLAY, 0, 1, 0, 0, 0, 0, 0),
             ]

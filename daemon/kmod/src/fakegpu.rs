@@ -36,6 +36,10 @@ pub const MAX_PAGES: u32 = 1 << 22;
 pub const MAX_MANAGED: u32 = 64;
 /// `WIC_FAKEGPU_MAX_REMOTE`.
 pub const MAX_REMOTE: u32 = 64;
+/// `WIC_FAKEGPU_MAX_STORE`: bytes of one [`FakeGpu::gpu_store`].
+pub const MAX_STORE: u32 = 1 << 20;
+/// `WIC_FAKEGPU_MAX_GPU_PAGES`: pages resident in fake GPU memory per space.
+pub const MAX_GPU_PAGES: u32 = 4096;
 /// `WIC_FAKEGPU_EVENT_WRITE`.
 pub const EVENT_WRITE: u32 = 1;
 /// `WIC_FAKEGPU_EVENT_MAP`.
@@ -52,6 +56,9 @@ pub const EVENT_REPLAY: u32 = 6;
 pub const EVENT_SERVICED: u32 = 7;
 /// `WIC_FAKEGPU_EVENT_STALLED`.
 pub const EVENT_STALLED: u32 = 8;
+/// `WIC_FAKEGPU_EVENT_COPY`: `uvm_wic_copy()`; its GPU is the one whose memory held the first
+/// source byte ([`GPU_NONE`]: the CPU's).
+pub const EVENT_COPY: u32 = 9;
 /// `WIC_FAKEGPU_VERDICT_PASS`.
 pub const VERDICT_PASS: u8 = 0;
 /// `WIC_FAKEGPU_VERDICT_HOLD`.
@@ -131,6 +138,17 @@ c_struct! {
     }
 }
 
+c_struct! {
+    /// `struct wic_fakegpu_gpu_store`: a fake GPU's kernel storing bytes into managed memory.
+    pub struct GpuStore = "wic_fakegpu_gpu_store" {
+        pub gpu_id: u32,
+        pub reserved: u32,
+        pub va: u64,
+        pub buffer: u64,
+        pub length: u64,
+    }
+}
+
 /// `WIC_FAKEGPU_IOC_INJECT`.
 pub const IOC_INJECT: u32 = nix::request_code_readwrite!(IOC_MAGIC, 1, std::mem::size_of::<Inject>()) as u32;
 /// `WIC_FAKEGPU_IOC_EVENTS`.
@@ -145,6 +163,8 @@ pub const IOC_FAIL: u32 = nix::request_code_write!(IOC_MAGIC, 5, std::mem::size_
 pub const IOC_MANAGE: u32 = nix::request_code_write!(IOC_MAGIC, 6, std::mem::size_of::<Managed>()) as u32;
 /// `WIC_FAKEGPU_IOC_RESIDE`.
 pub const IOC_RESIDE: u32 = nix::request_code_write!(IOC_MAGIC, 7, std::mem::size_of::<PageState>()) as u32;
+/// `WIC_FAKEGPU_IOC_GPU_STORE`.
+pub const IOC_GPU_STORE: u32 = nix::request_code_write!(IOC_MAGIC, 8, std::mem::size_of::<GpuStore>()) as u32;
 
 nix::ioctl_readwrite_bad!(ioc_inject, IOC_INJECT, Inject);
 nix::ioctl_readwrite_bad!(ioc_events, IOC_EVENTS, Events);
@@ -154,6 +174,7 @@ nix::ioctl_write_int_bad!(ioc_reset, IOC_RESET);
 nix::ioctl_write_ptr_bad!(ioc_fail, IOC_FAIL, Fail);
 nix::ioctl_write_ptr_bad!(ioc_manage, IOC_MANAGE, Managed);
 nix::ioctl_write_ptr_bad!(ioc_reside, IOC_RESIDE, PageState);
+nix::ioctl_write_ptr_bad!(ioc_gpu_store, IOC_GPU_STORE, GpuStore);
 
 /// Every constant of the header with its value, for the ABI test.
 pub fn constants() -> Vec<(&'static str, i128)> {
@@ -169,6 +190,8 @@ pub fn constants() -> Vec<(&'static str, i128)> {
         ("WIC_FAKEGPU_MAX_PAGES", MAX_PAGES.into()),
         ("WIC_FAKEGPU_MAX_MANAGED", MAX_MANAGED.into()),
         ("WIC_FAKEGPU_MAX_REMOTE", MAX_REMOTE.into()),
+        ("WIC_FAKEGPU_MAX_STORE", MAX_STORE.into()),
+        ("WIC_FAKEGPU_MAX_GPU_PAGES", MAX_GPU_PAGES.into()),
         ("WIC_FAKEGPU_EVENT_WRITE", EVENT_WRITE.into()),
         ("WIC_FAKEGPU_EVENT_MAP", EVENT_MAP.into()),
         ("WIC_FAKEGPU_EVENT_MAP_WRITABLE", EVENT_MAP_WRITABLE.into()),
@@ -177,6 +200,7 @@ pub fn constants() -> Vec<(&'static str, i128)> {
         ("WIC_FAKEGPU_EVENT_REPLAY", EVENT_REPLAY.into()),
         ("WIC_FAKEGPU_EVENT_SERVICED", EVENT_SERVICED.into()),
         ("WIC_FAKEGPU_EVENT_STALLED", EVENT_STALLED.into()),
+        ("WIC_FAKEGPU_EVENT_COPY", EVENT_COPY.into()),
         ("WIC_FAKEGPU_VERDICT_PASS", VERDICT_PASS.into()),
         ("WIC_FAKEGPU_VERDICT_HOLD", VERDICT_HOLD.into()),
         ("WIC_FAKEGPU_PAGE_MAPPED", PAGE_MAPPED.into()),
@@ -192,6 +216,7 @@ pub fn constants() -> Vec<(&'static str, i128)> {
         ("WIC_FAKEGPU_IOC_FAIL", IOC_FAIL.into()),
         ("WIC_FAKEGPU_IOC_MANAGE", IOC_MANAGE.into()),
         ("WIC_FAKEGPU_IOC_RESIDE", IOC_RESIDE.into()),
+        ("WIC_FAKEGPU_IOC_GPU_STORE", IOC_GPU_STORE.into()),
     ]
 }
 
@@ -204,6 +229,7 @@ pub fn structs() -> Vec<StructLayout> {
         StructLayout::of::<PageState>(PageState::C_NAME, PageState::FIELDS),
         StructLayout::of::<Fail>(Fail::C_NAME, Fail::FIELDS),
         StructLayout::of::<Managed>(Managed::C_NAME, Managed::FIELDS),
+        StructLayout::of::<GpuStore>(GpuStore::C_NAME, GpuStore::FIELDS),
     ]
 }
 
@@ -278,8 +304,16 @@ impl FakeGpu {
         check(unsafe { ioc_reside(self.file.as_raw_fd(), &arg) }).map(drop)
     }
 
-    /// Empties the event log, unmaps this space's pages, makes them reachable again and
-    /// cancels its armed failures.
+    /// A kernel of `gpu` stores `bytes` at `va` of managed memory: the pages become resident
+    /// in that GPU's memory, and the process's own copy of them is left stale.
+    pub fn gpu_store(&self, gpu: u32, va: u64, bytes: &[u8]) -> io::Result<()> {
+        let arg = GpuStore { gpu_id: gpu, reserved: 0, va, buffer: bytes.as_ptr() as u64, length: bytes.len() as u64 };
+        // SAFETY: checked ABI; the module reads `arg` and `length` bytes from `buffer`.
+        check(unsafe { ioc_gpu_store(self.file.as_raw_fd(), &arg) }).map(drop)
+    }
+
+    /// Empties the event log, unmaps this space's pages, makes them reachable again, forgets
+    /// what fake GPUs stored and cancels its armed failures.
     pub fn reset(&self) -> io::Result<()> {
         // SAFETY: checked ABI; no argument.
         check(unsafe { ioc_reset(self.file.as_raw_fd(), 0) }).map(drop)

@@ -659,8 +659,9 @@ impl Dataplane {
             }
             _ => {}
         }
-        if !matches!(spec.producer, wic_engine::Producer::Host) {
-            // The emulator models GPU producers; the service has no GPU-to-GPU copy to run.
+        if matches!((&self.backend, spec.producer), (Gpus::Emulated { .. }, wic_engine::Producer::Gpu { .. })) {
+            // The emulator models GPU producers itself (wicd demo); the emulated backend has no
+            // GPU memory to copy a producer's bytes from.
             return Err(WireError::new(ErrorCode::Unsupported, format!("the {backend} backend serves host producers only")));
         }
         let layout = self.engine.open_channel(spec).map_err(engine_error)?;
@@ -696,7 +697,7 @@ impl Dataplane {
         };
         match (&mut self.backend, placement) {
             (Gpus::Shim(shim), Some(at)) => {
-                created.layout = shim.add(layout, at.space, at.base_va, producer)?;
+                created.layout = shim.add(layout, spec.producer, at.space, at.base_va, producer)?;
             }
             (Gpus::Emulated { gpus, .. }, None) => {
                 let consumer_layout = ConsumerLayout { slots: spec.slots, pages_per_run: layout.pages_per_run };

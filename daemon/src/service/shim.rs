@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 
 use nix::errno::Errno;
-use wic_engine::{ChannelId, ChannelLayout, Command, DataSource, Engine, Fill, Nanos};
+use wic_engine::{ChannelId, ChannelLayout, Command, DataSource, Engine, Fill, Nanos, Producer};
 use wic_kmod::{DeviceError, PlacedChannel, ShimBackend};
 use wic_proto::message::{ErrorCode, WireError};
 use wic_proto::shm::ProducerRegion;
@@ -31,7 +31,7 @@ fn wire_error(what: &str, e: DeviceError) -> WireError {
     let code = match &e {
         DeviceError::Call { errno: Errno::EEXIST, .. } => ErrorCode::Busy,
         DeviceError::Call { errno: Errno::ENOSPC, .. } => ErrorCode::Exhausted,
-        DeviceError::Call { errno: Errno::EINVAL | Errno::EBADF | Errno::ENOTTY | Errno::EFAULT, .. } => ErrorCode::Invalid,
+        DeviceError::Call { errno: Errno::EINVAL | Errno::EBADF | Errno::ENOTTY | Errno::EFAULT | Errno::EMEDIUMTYPE, .. } => ErrorCode::Invalid,
         _ => ErrorCode::Io,
     };
     WireError::new(code, format!("{what}: {e}"))
@@ -66,25 +66,27 @@ impl ShimGpus {
     }
 
     /// Places `layout` at `base` in `space` and returns the layout with the application's
-    /// addresses, as its kernels use them.
+    /// addresses, as its kernels use them. A host producer's bytes are in `region`; a GPU
+    /// producer's in the application's managed memory, which the module copies from.
     pub fn add(
         &mut self,
         layout: &ChannelLayout,
+        producer: Producer,
         space: u32,
         base: u64,
-        producer: Option<ProducerRegion>,
+        region: Option<ProducerRegion>,
     ) -> Result<ChannelLayout, WireError> {
         if !self.spaces.contains(&space) {
             return Err(WireError::new(ErrorCode::Invalid, "the address space is not attached"));
         }
-        let placed = self.backend.place(layout, space, base).map_err(|e| wire_error("placing the channel", e))?;
+        let placed = self.backend.place(layout, producer, space, base).map_err(|e| wire_error("placing the channel", e))?;
         let mut seen = layout.clone();
         let process = |va: u64| placed.placement.process_va(va).expect("every run and PAT page is placed");
         for slot in &mut seen.slots {
             slot.runs = slot.runs.map(process);
             slot.pat = slot.pat.map(|pat| pat.map(process));
         }
-        self.channels.insert(layout.id.0, ShimChannel { producer, placed });
+        self.channels.insert(layout.id.0, ShimChannel { producer: region, placed });
         Ok(seen)
     }
 

@@ -7,7 +7,7 @@ use wic_engine::ErrorMarker;
 use crate::c_struct;
 
 /// `WIC_ABI_VERSION`: negotiated first, by [`WIC_IOC_VERSION`].
-pub const WIC_ABI_VERSION: u32 = 2;
+pub const WIC_ABI_VERSION: u32 = 3;
 /// `WIC_PAGE_SIZE`.
 pub const WIC_PAGE_SIZE: u64 = 4096;
 /// `WIC_MAX_SPACES`: VA spaces one session may attach.
@@ -40,6 +40,9 @@ pub const WIC_MARKER_DAEMON_GONE: u64 = ErrorMarker::DaemonGone.word();
 pub const WIC_RANGE_PCM: u32 = 1;
 /// `WIC_RANGE_PAT`: producer pages, whose write faults signal availability.
 pub const WIC_RANGE_PAT: u32 = 2;
+/// `WIC_RANGE_SOURCE`: a GPU producer's data, read by [`WIC_CMD_COMPLETE_COPY`]; its faults
+/// are never held.
+pub const WIC_RANGE_SOURCE: u32 = 3;
 
 /// `WIC_CMD_WRITE_DATA`.
 pub const WIC_CMD_WRITE_DATA: u32 = 1;
@@ -57,6 +60,9 @@ pub const WIC_CMD_REARM_PAT: u32 = 6;
 pub const WIC_CMD_REPLAY: u32 = 7;
 /// `WIC_CMD_COMPLETE`: a slot's whole wake-up, fill, companion unmap and map, in one command.
 pub const WIC_CMD_COMPLETE: u32 = 8;
+/// `WIC_CMD_COMPLETE_COPY`: [`WIC_CMD_COMPLETE`] for a GPU producer, its data copied from the
+/// application's memory (by the copy engine of the GPU holding it).
+pub const WIC_CMD_COMPLETE_COPY: u32 = 9;
 
 /// `WIC_RING_MAGIC`: "WICR".
 pub const WIC_RING_MAGIC: u32 = 0x5749_4352;
@@ -103,7 +109,7 @@ c_struct! {
     pub struct WicRange = "wic_range" {
         /// In: the space.
         pub space_id: u32,
-        /// In: [`WIC_RANGE_PCM`] or [`WIC_RANGE_PAT`].
+        /// In: [`WIC_RANGE_PCM`], [`WIC_RANGE_PAT`] or [`WIC_RANGE_SOURCE`].
         pub kind: u32,
         /// In: page-aligned start.
         pub start: u64,
@@ -129,11 +135,14 @@ c_struct! {
         pub pages: u32,
         /// Page-aligned start.
         pub va: u64,
-        /// Bytes to copy ([`WIC_CMD_WRITE_DATA`], [`WIC_CMD_COMPLETE`] with data).
+        /// Bytes to copy ([`WIC_CMD_WRITE_DATA`], [`WIC_CMD_COMPLETE`] with data,
+        /// [`WIC_CMD_COMPLETE_COPY`]).
         pub length: u64,
-        /// The daemon's address of the bytes, or the marker.
+        /// The daemon's address of the bytes, the application's ([`WIC_CMD_COMPLETE_COPY`]),
+        /// or the marker.
         pub arg: u64,
-        /// [`WIC_CMD_COMPLETE`]: the slot's other run, unmapped before `va` is mapped.
+        /// [`WIC_CMD_COMPLETE`], [`WIC_CMD_COMPLETE_COPY`]: the slot's other run, unmapped
+        /// before `va` is mapped.
         pub companion: u64,
         /// Out: 0 or a negative errno.
         pub result: i32,
@@ -243,6 +252,7 @@ pub fn constants() -> Vec<(&'static str, i128)> {
         ("WIC_MARKER_DAEMON_GONE", WIC_MARKER_DAEMON_GONE.into()),
         ("WIC_RANGE_PCM", WIC_RANGE_PCM.into()),
         ("WIC_RANGE_PAT", WIC_RANGE_PAT.into()),
+        ("WIC_RANGE_SOURCE", WIC_RANGE_SOURCE.into()),
         ("WIC_CMD_WRITE_DATA", WIC_CMD_WRITE_DATA.into()),
         ("WIC_CMD_WRITE_MARKER", WIC_CMD_WRITE_MARKER.into()),
         ("WIC_CMD_UNMAP", WIC_CMD_UNMAP.into()),
@@ -251,6 +261,7 @@ pub fn constants() -> Vec<(&'static str, i128)> {
         ("WIC_CMD_REARM_PAT", WIC_CMD_REARM_PAT.into()),
         ("WIC_CMD_REPLAY", WIC_CMD_REPLAY.into()),
         ("WIC_CMD_COMPLETE", WIC_CMD_COMPLETE.into()),
+        ("WIC_CMD_COMPLETE_COPY", WIC_CMD_COMPLETE_COPY.into()),
         ("WIC_RING_MAGIC", WIC_RING_MAGIC.into()),
         ("WIC_RING_RECORDS_OFFSET", WIC_RING_RECORDS_OFFSET.into()),
         ("WIC_RECORD_PAT", WIC_RECORD_PAT.into()),

@@ -117,7 +117,10 @@ fn prefetch_is_held_unrecorded(fake: &FakeGpu, daemon: &mut Daemon, space: u32, 
 }
 
 fn pat_marks_the_tag_available(fake: &FakeGpu, daemon: &mut Daemon, space: u32, memory: &mut Memory) -> Result<(), String> {
-    let spec = ChannelSpec { producer: Producer::Gpu { gpu: PRODUCER_GPU as u16, base_va: 0x9000_0000 }, ..host_spec(1, 512) };
+    // The producer's batch is managed memory: the module copies it from there.
+    let batch = u64::from(daemon.engine.config().warps_per_batch) * 512;
+    let source = memory.take(batch.next_multiple_of(4096))?;
+    let spec = ChannelSpec { producer: Producer::Gpu { gpu: PRODUCER_GPU as u16, base_va: source }, ..host_spec(1, 512) };
     let (layout, placed) = daemon.channel(spec, space, memory)?;
     let pat = placed.placement.process_va(layout.slots[0].pat.ok_or("no PAT pages")?[0]).ok_or("PAT page not placed")?;
     fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;

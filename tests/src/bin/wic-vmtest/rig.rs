@@ -111,7 +111,7 @@ impl Daemon {
     /// Opens a channel and places it at `base` of the attached `space`.
     pub fn channel_at(&mut self, spec: ChannelSpec, space: u32, base: u64) -> Result<(ChannelLayout, PlacedChannel), String> {
         let layout = self.engine.open_channel(spec).map_err(|e| format!("open channel: {e}"))?;
-        let placed = self.backend.place(&layout, space, base).map_err(|e| format!("place channel: {e}"))?;
+        let placed = self.backend.place(&layout, spec.producer, space, base).map_err(|e| format!("place channel: {e}"))?;
         Ok((layout, placed))
     }
 

@@ -3,7 +3,9 @@
 //! memory, and a held warp gets the bytes a host producer publishes. Then the service's
 //! lifecycle: a timed-out wait, a destroyed channel and a departed client give their pages
 //! back, `kill -9` completes every held fault with the daemon-gone marker, a restarted wicd
-//! takes over, and SIGTERM completes held faults with the stopping marker.
+//! takes over, and SIGTERM completes held faults with the stopping marker. A GPU producer's
+//! channel gets the bytes the producer GPU stored in its own memory (copied by the module, not
+//! read from the process's stale copy), and times out and survives `kill -9` the same way.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -86,8 +88,28 @@ fn log_tail() -> String {
     lines[lines.len().saturating_sub(30)..].join("\n")
 }
 
+/// The GPU of the GPU producers: another parent GPU than the consumer's.
+const PRODUCER_GPU: u16 = 9;
+
 fn spec(slots: u32, timeout_ns: u64) -> ChannelSpec {
     ChannelSpec { consumer_gpu: GPU as u16, producer: Producer::Host, message_bytes: 512, slots, timeout_ns }
+}
+
+/// A channel whose producer is a kernel on [`PRODUCER_GPU`], its batches in `memory`.
+fn gpu_spec(client: &Client, memory: &mut Memory, slots: u32, timeout_ns: u64) -> Result<ChannelSpec, String> {
+    let host = spec(slots, timeout_ns);
+    let batch_bytes = u64::from(client.daemon().warps_per_batch) * u64::from(host.message_bytes);
+    let batches = memory.take((u64::from(slots) * batch_bytes).next_multiple_of(4096))?;
+    Ok(ChannelSpec { producer: Producer::Gpu { gpu: PRODUCER_GPU, base_va: batches }, ..host })
+}
+
+/// The producer GPU signals slot `slot`'s generation `generation`: a write to its PAT page,
+/// held.
+fn signal(fake: &FakeGpu, channel: &Channel, slot: usize, generation: usize) -> Result<(), String> {
+    let pat = channel.info().slots[slot].pat.ok_or("a GPU producer's slot without PAT pages")?;
+    let (verdicts, _) =
+        fake.inject(PRODUCER_GPU.into(), &[fault(pat[generation % 2], AccessType::Write)]).map_err(|e| format!("inject: {e}"))?;
+    ensure(verdicts == [fakegpu::VERDICT_HOLD], || format!("the PAT write was {verdicts:?}"))
 }
 
 /// An application: a libwic session with its space attached.
@@ -135,13 +157,12 @@ fn stats_until(client: &Client, what: &str, done: impl Fn(&Stats) -> bool) -> Re
     }
 }
 
-/// Waits until every page of `pages` was mapped and a replay followed.
-fn completed(fake: &FakeGpu, pages: &[u64], timeout: Duration) -> Result<(), String> {
+/// Waits until every page of `pages` was mapped and a replay followed; the events seen.
+fn completed(fake: &FakeGpu, pages: &[u64], timeout: Duration) -> Result<Vec<fakegpu::Event>, String> {
     wait_events(fake, timeout, |seen| {
         let mapped = pages.iter().all(|va| seen.iter().any(|e| e.kind == fakegpu::EVENT_MAP && e.va <= *va && *va < e.va + e.length));
         mapped && seen.last().is_some_and(|e| e.kind == fakegpu::EVENT_REPLAY)
     })
-    .map(|_| ())
 }
 
 fn word_at(memory: &Memory, va: u64) -> u64 {
@@ -210,6 +231,40 @@ fn scenario() -> Result<(), String> {
     let (verdicts, _) = fake.inject(GPU, &[fault(short_runs[0], AccessType::Read)]).map_err(|e| e.to_string())?;
     ensure(verdicts == [fakegpu::VERDICT_PASS], || format!("a destroyed channel's page was {verdicts:?}"))?;
 
+    // A GPU producer: the consumer's warp waits; the producer's kernel stores its batch in its
+    // own GPU's memory and signals through its PAT page; the module copies the bytes from
+    // there (the producer GPU's copy engine on a real GPU) into the run, and the producer's
+    // write completes.
+    let long_gpu = gpu_spec(&client, &mut memory, 2, 10_000_000_000)?;
+    let Producer::Gpu { base_va: batches, .. } = long_gpu.producer else { unreachable!("a GPU producer") };
+    let (from_gpu, gpu_runs) = placed(&client, &mut memory, &long_gpu)?;
+    let gpu_batch = from_gpu.info().batch_bytes as usize;
+    fake.reset().map_err(|e| e.to_string())?;
+    hold(&fake, &[gpu_runs[0]])?;
+    held_by_wicd(&client, 1)?;
+    let stored: Vec<u8> = (0..gpu_batch).map(|i| (i * 13 + 5) as u8).collect();
+    fake.gpu_store(PRODUCER_GPU.into(), batches, &stored).map_err(|e| format!("gpu_store: {e}"))?;
+    ensure(memory.read(batches, gpu_batch) != stored, || "the process sees the GPU's bytes: the copy would prove nothing".into())?;
+    signal(&fake, &from_gpu, 0, 0)?;
+    let seen = completed(&fake, &[gpu_runs[0]], PATIENCE)?;
+    ensure(memory.read(gpu_runs[0], gpu_batch) == stored, || "the consumer's run does not hold the producer GPU's bytes".into())?;
+    let copied_from = seen.iter().find(|e| e.kind == fakegpu::EVENT_COPY && e.va == gpu_runs[0]).map(|e| e.gpu_id);
+    ensure(copied_from == Some(PRODUCER_GPU.into()), || format!("the run was copied from GPU {copied_from:?}: {seen:?}"))?;
+    let pat = from_gpu.info().slots[0].pat.expect("checked by signal");
+    let pat_state = fake.page_state(PRODUCER_GPU.into(), pat[0]).map_err(|e| e.to_string())?;
+    ensure(pat_state & fakegpu::PAGE_WRITABLE != 0, || format!("the producer's PAT write was not let through: {pat_state:#x}"))?;
+    let stats = held_by_wicd(&client, 0)?;
+    ensure(stats.pat_faults >= 1 && stats.commands_failed == 0, || format!("stats: {stats:?}"))?;
+    println!("service: a held warp got the {gpu_batch} bytes GPU {PRODUCER_GPU} stored, copied from its memory");
+
+    // A GPU producer that never signals: the timeout marker, as for a host producer.
+    let short_gpu = gpu_spec(&client, &mut memory, 1, 100_000_000)?;
+    let (_silent, silent_runs) = placed(&client, &mut memory, &short_gpu)?;
+    fake.reset().map_err(|e| e.to_string())?;
+    hold(&fake, &[silent_runs[0]])?;
+    completed(&fake, &[silent_runs[0]], PATIENCE)?;
+    ensure(word_at(&memory, silent_runs[0]) == WIC_MARKER_TIMEOUT, || "no timeout marker for a GPU producer's channel".into())?;
+
     // A client that goes away takes its channels and space with it.
     let other_fake = FakeGpu::open().map_err(|e| e.to_string())?;
     memory.manage(&other_fake)?;
@@ -228,13 +283,15 @@ fn scenario() -> Result<(), String> {
         std::thread::sleep(Duration::from_millis(20));
     }
 
-    // kill -9 with faults held: the module completes every one.
-    let pages: Vec<u64> = (0..channel.info().pages_per_run as u64).map(|p| runs[1] + p * 4096).collect();
+    // kill -9 with faults held, a GPU producer's channel's among them: the module completes
+    // every one.
+    let mut pages: Vec<u64> = (0..channel.info().pages_per_run as u64).map(|p| runs[1] + p * 4096).collect();
+    pages.push(from_gpu.info().slots[0].runs[1]);
     fake.reset().map_err(|e| e.to_string())?;
     hold(&fake, &pages)?;
     // One request per slot: the engine counts the run's other warps as duplicates, while the
     // module holds every page.
-    held_by_wicd(&client, 1)?;
+    held_by_wicd(&client, 2)?;
     wicd.signal(Signal::SIGKILL)?;
     let killed = Instant::now();
     wicd.wait()?;
@@ -245,6 +302,7 @@ fn scenario() -> Result<(), String> {
         ensure(word_at(&memory, *va) == WIC_MARKER_DAEMON_GONE, || format!("page {va:#x} lacks the daemon-gone marker"))?;
     }
     println!("service: kill -9 wicd: {} held faults completed {took:?} later (bound {BOUND:?})", pages.len());
+    drop(from_gpu);
     drop(channel);
     drop(client);
 
