@@ -87,6 +87,37 @@ struct uvm_wic_ops {
 };
 
 /**
+ * uvm_wic_run_replays() - whether a replayable-fault bottom-half run issues its final replay
+ * @failed: the run failed
+ * @num_batches: the batches it fetched
+ * @num_held_batches: those of them made only of held faults
+ * @max_batches: the most batches one run services
+ * @overflow_seen: the fault buffer overflowed or was found full since the last START replay
+ *
+ * nvidia-uvm's run ends with a START replay when no batch of it replayed, so that faults the
+ * hardware dropped on overflow (which raise no interrupt and come back only with a replay)
+ * fault again. A run made only of held faults skips it, since the replay would only make every
+ * held fault fault again (a storm), unless faults may have been dropped: an overflow, a run
+ * stopped on @max_batches (a backlog), a failure. The rule of the patched driver
+ * (uvm_wic_run_needs_replay()), here so that the test stand-in for nvidia-uvm runs the same.
+ *
+ * Return: false only for a run of held faults that cannot have dropped any.
+ */
+static inline bool uvm_wic_run_replays(bool failed, u32 num_batches, u32 num_held_batches,
+				       u32 max_batches, bool overflow_seen)
+{
+	/* Some batch was serviced (or none was fetched): the driver's own rule applies. */
+	if (num_batches == 0 || num_held_batches != num_batches)
+		return true;
+	/*
+	 * Held faults only. The overflow flag is cleared by every START replay, so a replay
+	 * issued for it makes the held faults fault again into a buffer with room: the next run
+	 * is held-only with no overflow and replays no more.
+	 */
+	return failed || num_batches >= max_batches || overflow_seen;
+}
+
+/**
  * uvm_wic_register() - install the shim's callbacks
  * @ops: the callbacks; must stay valid until uvm_wic_unregister() returns
  *

@@ -258,17 +258,8 @@ bool uvm_wic_run_needs_replay(uvm_parent_gpu_t *parent_gpu,
 			      NvU32 num_wic_held_batches,
 			      NvU32 max_batches)
 {
-	/* Some batch was serviced (or none was fetched): the driver's own rule applies. */
-	if (num_batches == 0 || num_wic_held_batches != num_batches)
-		return true;
-
-	/*
-	 * Held faults only. The overflow flag is cleared by every START replay, so a replay
-	 * issued for it makes the held faults fault again into a buffer with room: the next run
-	 * is held-only with no overflow and replays no more.
-	 */
-	return status != NV_OK || num_batches >= max_batches ||
-	       parent_gpu->fault_buffer.replayable.overflow_seen;
+	return uvm_wic_run_replays(status != NV_OK, num_batches, num_wic_held_batches, max_batches,
+				   parent_gpu->fault_buffer.replayable.overflow_seen);
 }
 
 /**

@@ -712,6 +712,327 @@ out:
 	return ret;
 }
 
+/*
+ * The replayable-fault hardware (WIC_FAKEGPU_IOC_WARPS, WIC_FAKEGPU_IOC_BOTTOM_HALF): per GPU,
+ * the warps stalled on a fault and the bounded fault buffer they write their faults into.
+ * wic_hw_lock protects all of it and serialises the bottom halves; it is taken before a
+ * space's lock, and classify runs under it with the GPU's ISR lock held.
+ */
+
+/* A warp stalled on a fault. */
+struct wic_warp {
+	struct list_head node;
+	struct uvm_wic_space *space;
+	u64 va;
+	u8 raw[WIC_FAKEGPU_FAULT_ENTRY_SIZE];
+};
+
+/**
+ * struct wic_hw_gpu - a fake GPU's replayable-fault hardware
+ * @stalled: its stalled warps, in stall order (rotated at each replay)
+ * @nr_stalled: entries in @stalled
+ * @buffer: the fault buffer, a ring of @count warps' faults from @get
+ * @get: the oldest entry of @buffer
+ * @count: entries in @buffer
+ * @overflow_seen: a fault was dropped since the last replay
+ * @dropped: faults dropped, since the current ioctl began
+ * @replays: replays, since the current ioctl began
+ */
+struct wic_hw_gpu {
+	struct list_head stalled;
+	u32 nr_stalled;
+	struct wic_warp *buffer[WIC_FAKEGPU_HW_BUFFER];
+	u32 get;
+	u32 count;
+	bool overflow_seen;
+	u32 dropped;
+	u32 replays;
+};
+
+static DEFINE_MUTEX(wic_hw_lock);
+static struct wic_hw_gpu *wic_hw[WIC_FAKEGPU_NR_GPUS];
+static u32 wic_nr_warps;
+
+/* The hardware of @gpu_id; allocated at its first warp with @create, else NULL until then. */
+static struct wic_hw_gpu *wic_hw_gpu(u32 gpu_id, bool create)
+{
+	struct wic_hw_gpu *hw = wic_hw[gpu_id - 1];
+
+	lockdep_assert_held(&wic_hw_lock);
+	if (hw || !create)
+		return hw;
+	hw = kzalloc(sizeof(*hw), GFP_KERNEL);
+	if (hw) {
+		INIT_LIST_HEAD(&hw->stalled);
+		wic_hw[gpu_id - 1] = hw;
+	}
+	return hw;
+}
+
+/* A warp's fault goes into the buffer, or is dropped when the buffer is full. */
+static void wic_hw_raise(u32 gpu_id, struct wic_hw_gpu *hw, struct wic_warp *warp)
+{
+	if (hw->count == WIC_FAKEGPU_HW_BUFFER) {
+		hw->overflow_seen = true;
+		hw->dropped++;
+		wic_log_event(WIC_FAKEGPU_EVENT_DROPPED, gpu_id, warp->va, WIC_FAKEGPU_PAGE_SIZE, 0);
+		return;
+	}
+	hw->buffer[(hw->get + hw->count) % WIC_FAKEGPU_HW_BUFFER] = warp;
+	hw->count++;
+}
+
+/* ACCESS_TYPE of a fault entry: a write or an atomic needs a writable mapping. */
+static bool wic_fault_writes(const u8 *raw)
+{
+	u32 access = (get_unaligned_le32(raw + 28) >> 16) & 0x7;
+
+	return access == 1 || access == 2 || access == 4;
+}
+
+/* Whether @warp's access would now go through on @gpu_id. */
+static bool wic_warp_can_resume(const struct wic_warp *warp, u32 gpu_id)
+{
+	void *entry = xa_load(&warp->space->pages[gpu_id - 1], warp->va >> WIC_FAKEGPU_PAGE_SHIFT);
+	unsigned long flags = entry ? xa_to_value(entry) : 0;
+
+	if (!(flags & WIC_FAKEGPU_PAGE_MAPPED))
+		return false;
+	return !wic_fault_writes(warp->raw) || (flags & WIC_FAKEGPU_PAGE_WRITABLE);
+}
+
+static void wic_warp_free(struct wic_hw_gpu *hw, struct wic_warp *warp)
+{
+	list_del(&warp->node);
+	hw->nr_stalled--;
+	wic_nr_warps--;
+	kfree(warp);
+}
+
+/*
+ * A replay: the buffer is flushed, the warps whose pages are mapped resume and every other
+ * one faults again, from one warp further along the stall order than the last replay.
+ */
+static void wic_hw_replay(u32 gpu_id, struct wic_hw_gpu *hw)
+{
+	struct wic_warp *warp, *next;
+
+	wic_log_event(WIC_FAKEGPU_EVENT_REPLAY, gpu_id, 0, 0, 0);
+	hw->replays++;
+	hw->overflow_seen = false;
+	hw->count = 0;
+	if (list_empty(&hw->stalled))
+		return;
+	list_rotate_left(&hw->stalled);
+	list_for_each_entry_safe(warp, next, &hw->stalled, node) {
+		if (wic_warp_can_resume(warp, gpu_id)) {
+			wic_log_event(WIC_FAKEGPU_EVENT_RESUMED, gpu_id, warp->va,
+				      WIC_FAKEGPU_PAGE_SIZE, 0);
+			wic_warp_free(hw, warp);
+		} else {
+			wic_hw_raise(gpu_id, hw, warp);
+		}
+	}
+}
+
+/* A replay of @gpu_id, with its hardware when it has any. */
+static void wic_replay_gpu(u32 gpu_id)
+{
+	struct wic_hw_gpu *hw;
+
+	mutex_lock(&wic_hw_lock);
+	hw = wic_hw_gpu(gpu_id, false);
+	if (hw)
+		wic_hw_replay(gpu_id, hw);
+	else
+		wic_log_event(WIC_FAKEGPU_EVENT_REPLAY, gpu_id, 0, 0, 0);
+	mutex_unlock(&wic_hw_lock);
+}
+
+/*
+ * One batch of the bottom half: fetched, classified under the ISR lock; unless every fault of
+ * it is held, its passed faults are serviced and it ends with a replay (BATCH_FLUSH). Returns
+ * whether every fault was held.
+ */
+static bool wic_hw_batch(u32 gpu_id, struct wic_hw_gpu *hw)
+{
+	struct wic_warp *batch[WIC_FAKEGPU_HW_BATCH];
+	u8 held[WIC_FAKEGPU_HW_BATCH];
+	const struct uvm_wic_ops *ops;
+	u32 n = min_t(u32, hw->count, WIC_FAKEGPU_HW_BATCH), i, nr_held = 0;
+
+	for (i = 0; i < n; i++) {
+		batch[i] = hw->buffer[hw->get];
+		hw->get = (hw->get + 1) % WIC_FAKEGPU_HW_BUFFER;
+	}
+	hw->count -= n;
+
+	spin_lock_bh(&wic_isr_lock[gpu_id - 1]);
+	rcu_read_lock();
+	ops = rcu_dereference(wic_ops);
+	for (i = 0; i < n; i++) {
+		struct uvm_wic_fault fault = {
+			.space = batch[i]->space,
+			.gpu_id = gpu_id,
+			.va = batch[i]->va,
+		};
+
+		memcpy(fault.raw, batch[i]->raw, sizeof(fault.raw));
+		held[i] = ops && ops->classify(&fault) == UVM_WIC_HOLD;
+		nr_held += held[i];
+	}
+	rcu_read_unlock();
+	spin_unlock_bh(&wic_isr_lock[gpu_id - 1]);
+	if (nr_held)
+		set_bit(gpu_id, wic_held_gpus);
+	if (nr_held == n)
+		return true;
+
+	for (i = 0; i < n; i++) {
+		unsigned long index = batch[i]->va >> WIC_FAKEGPU_PAGE_SHIFT;
+		unsigned long set = WIC_FAKEGPU_PAGE_MAPPED;
+
+		if (held[i])
+			continue;
+		if (wic_fault_writes(batch[i]->raw))
+			set |= WIC_FAKEGPU_PAGE_WRITABLE;
+		wic_pages_set(batch[i]->space, gpu_id, index, index, set, 0);
+		wic_log_event(WIC_FAKEGPU_EVENT_SERVICED, gpu_id, batch[i]->va,
+			      WIC_FAKEGPU_PAGE_SIZE, 0);
+	}
+	wic_hw_replay(gpu_id, hw);
+	return false;
+}
+
+/* nvidia-uvm's bottom half, run after run while the buffer has faults. */
+static void wic_hw_bottom_half(u32 gpu_id, struct wic_hw_gpu *hw)
+{
+	u32 runs;
+
+	for (runs = 0; hw->count && runs < WIC_FAKEGPU_HW_MAX_RUNS; runs++) {
+		u32 batches = 0, held_batches = 0, replays = hw->replays;
+
+		while (hw->count && batches < WIC_FAKEGPU_HW_MAX_BATCHES) {
+			batches++;
+			held_batches += wic_hw_batch(gpu_id, hw);
+		}
+		/* The final replay of a run in which no batch replayed. */
+		if (hw->replays == replays &&
+		    uvm_wic_run_replays(false, batches, held_batches, WIC_FAKEGPU_HW_MAX_BATCHES,
+					hw->overflow_seen))
+			wic_hw_replay(gpu_id, hw);
+	}
+}
+
+/* Forgets the warps of @space: its file is going away. */
+static void wic_hw_forget(struct uvm_wic_space *space)
+{
+	struct wic_warp *warp, *next;
+	u32 gpu_id, i, kept;
+
+	mutex_lock(&wic_hw_lock);
+	for (gpu_id = 1; gpu_id <= WIC_FAKEGPU_NR_GPUS; gpu_id++) {
+		struct wic_hw_gpu *hw = wic_hw_gpu(gpu_id, false);
+
+		if (!hw)
+			continue;
+		for (i = 0, kept = 0; i < hw->count; i++) {
+			warp = hw->buffer[(hw->get + i) % WIC_FAKEGPU_HW_BUFFER];
+			if (warp->space != space)
+				hw->buffer[(hw->get + kept++) % WIC_FAKEGPU_HW_BUFFER] = warp;
+		}
+		hw->count = kept;
+		list_for_each_entry_safe(warp, next, &hw->stalled, node)
+			if (warp->space == space)
+				wic_warp_free(hw, warp);
+	}
+	mutex_unlock(&wic_hw_lock);
+}
+
+/* Whether a warp of @space is stalled on page @va of @gpu_id. */
+static bool wic_hw_stalled_on(struct uvm_wic_space *space, u32 gpu_id, u64 va)
+{
+	struct wic_hw_gpu *hw;
+	struct wic_warp *warp;
+	bool found = false;
+
+	mutex_lock(&wic_hw_lock);
+	hw = wic_hw_gpu(gpu_id, false);
+	if (hw) {
+		list_for_each_entry(warp, &hw->stalled, node)
+			found |= warp->space == space && warp->va == va;
+	}
+	mutex_unlock(&wic_hw_lock);
+	return found;
+}
+
+static long wic_ioctl_warps(struct uvm_wic_space *space, struct wic_fakegpu_warps __user *uarg,
+			    bool bottom_half)
+{
+	struct wic_fakegpu_warps args;
+	struct wic_hw_gpu *hw;
+	u8 *raw = NULL;
+	long ret = 0;
+	u32 i;
+
+	if (copy_from_user(&args, uarg, sizeof(args)))
+		return -EFAULT;
+	if (!wic_gpu_valid(args.gpu_id))
+		return -ENODEV;
+	if (args.reserved || (bottom_half && (args.count || args.entries)) ||
+	    (!bottom_half && (!args.count || args.count > WIC_FAKEGPU_MAX_INJECT)))
+		return -EINVAL;
+	if (!bottom_half) {
+		raw = vmemdup_user(u64_to_user_ptr(args.entries),
+				   (size_t)args.count * WIC_FAKEGPU_FAULT_ENTRY_SIZE);
+		if (IS_ERR(raw))
+			return PTR_ERR(raw);
+		/* A prefetch stalls no warp: nvidia-uvm never replays one. */
+		for (i = 0; i < args.count; i++)
+			if (wic_fault_prefetch(raw + (size_t)i * WIC_FAKEGPU_FAULT_ENTRY_SIZE))
+				ret = -EINVAL;
+	}
+
+	mutex_lock(&wic_hw_lock);
+	hw = wic_hw_gpu(args.gpu_id, !bottom_half);
+	if (!hw && !bottom_half && !ret)
+		ret = -ENOMEM;
+	if (hw) {
+		hw->dropped = 0;
+		hw->replays = 0;
+	}
+	for (i = 0; !bottom_half && !ret && i < args.count; i++) {
+		struct wic_warp *warp;
+
+		if (wic_nr_warps >= WIC_FAKEGPU_MAX_WARPS) {
+			ret = -ENOSPC;
+			break;
+		}
+		warp = kzalloc(sizeof(*warp), GFP_KERNEL);
+		if (!warp) {
+			ret = -ENOMEM;
+			break;
+		}
+		memcpy(warp->raw, raw + (size_t)i * WIC_FAKEGPU_FAULT_ENTRY_SIZE, sizeof(warp->raw));
+		warp->space = space;
+		warp->va = wic_fault_va(warp->raw) & ~(u64)(WIC_FAKEGPU_PAGE_SIZE - 1);
+		list_add_tail(&warp->node, &hw->stalled);
+		hw->nr_stalled++;
+		wic_nr_warps++;
+		wic_hw_raise(args.gpu_id, hw, warp);
+	}
+	if (hw && bottom_half)
+		wic_hw_bottom_half(args.gpu_id, hw);
+	args.stalled = hw ? hw->nr_stalled : 0;
+	args.dropped = hw ? hw->dropped : 0;
+	args.replays = hw ? hw->replays : 0;
+	mutex_unlock(&wic_hw_lock);
+	kvfree(raw);
+	if (!ret && copy_to_user(uarg, &args, sizeof(args)))
+		ret = -EFAULT;
+	return ret;
+}
+
 static long wic_ioctl_events(struct wic_fakegpu_events __user *uarg)
 {
 	struct wic_fakegpu_event __user *ubuf;
@@ -799,6 +1120,8 @@ static long wic_ioctl_page_state(struct uvm_wic_space *space,
 	if (wic_remote_find(space, args.va >> WIC_FAKEGPU_PAGE_SHIFT, args.gpu_id) >= 0)
 		args.flags |= WIC_FAKEGPU_PAGE_UNREACHABLE;
 	mutex_unlock(&space->lock);
+	if (wic_hw_stalled_on(space, args.gpu_id, args.va))
+		args.flags |= WIC_FAKEGPU_PAGE_STALLED;
 	if (copy_to_user(uarg, &args, sizeof(args)))
 		return -EFAULT;
 	return 0;
@@ -830,6 +1153,10 @@ static long wic_fakegpu_ioctl(struct file *file, unsigned int cmd, unsigned long
 		return wic_ioctl_reside(space, uarg);
 	case WIC_FAKEGPU_IOC_GPU_STORE:
 		return wic_ioctl_gpu_store(space, uarg);
+	case WIC_FAKEGPU_IOC_WARPS:
+		return wic_ioctl_warps(space, uarg, false);
+	case WIC_FAKEGPU_IOC_BOTTOM_HALF:
+		return wic_ioctl_warps(space, uarg, true);
 	default:
 		return -ENOTTY;
 	}
@@ -865,6 +1192,7 @@ static int wic_fakegpu_release(struct inode *inode, struct file *file)
 	for (gpu_id = 0; gpu_id < WIC_FAKEGPU_NR_GPUS; gpu_id++)
 		xa_destroy(&space->pages[gpu_id]);
 	wic_gpu_pages_free(space);
+	wic_hw_forget(space);
 	if (space->mm)
 		mmdrop(space->mm);
 	mutex_destroy(&space->lock);
@@ -939,7 +1267,7 @@ void uvm_wic_unregister(const struct uvm_wic_ops *ops)
 	synchronize_rcu();
 	for_each_set_bit(gpu_id, wic_held_gpus, WIC_FAKEGPU_NR_GPUS + 1) {
 		clear_bit(gpu_id, wic_held_gpus);
-		wic_log_event(WIC_FAKEGPU_EVENT_REPLAY, gpu_id, 0, 0, 0);
+		wic_replay_gpu(gpu_id);
 	}
 }
 EXPORT_SYMBOL_GPL(uvm_wic_unregister);
@@ -1255,7 +1583,9 @@ EXPORT_SYMBOL_GPL(uvm_wic_revoke_write);
  * uvm_wic_replay() - replay a fake GPU's stalled faults
  * @gpu_id: the GPU
  *
- * Process context only. Logs %WIC_FAKEGPU_EVENT_REPLAY; faults are not re-injected.
+ * Process context only. Logs %WIC_FAKEGPU_EVENT_REPLAY and replays the GPU's hardware
+ * (WIC_FAKEGPU_IOC_WARPS): stalled warps resume or fault again; injected faults are not
+ * re-injected.
  *
  * Return: 0 or -ENODEV for a bad @gpu_id.
  */
@@ -1264,7 +1594,7 @@ int uvm_wic_replay(u32 gpu_id)
 	might_sleep();
 	if (!wic_gpu_valid(gpu_id))
 		return -ENODEV;
-	wic_log_event(WIC_FAKEGPU_EVENT_REPLAY, gpu_id, 0, 0, 0);
+	wic_replay_gpu(gpu_id);
 	return 0;
 }
 EXPORT_SYMBOL_GPL(uvm_wic_replay);
@@ -1279,6 +1609,7 @@ static int __init wic_fakegpu_init(void)
 	BUILD_BUG_ON(sizeof(struct wic_fakegpu_events) != 32);
 	BUILD_BUG_ON(sizeof(struct wic_fakegpu_page_state) != 16);
 	BUILD_BUG_ON(sizeof(struct wic_fakegpu_gpu_store) != 32);
+	BUILD_BUG_ON(sizeof(struct wic_fakegpu_warps) != 32);
 	BUILD_BUG_ON(sizeof(struct wic_fakegpu_fail) != 16);
 	BUILD_BUG_ON(sizeof(struct wic_fakegpu_managed) != 16);
 	BUILD_BUG_ON(WIC_FAKEGPU_FAULT_ENTRY_SIZE != UVM_WIC_FAULT_ENTRY_SIZE);
@@ -1303,7 +1634,11 @@ static int __init wic_fakegpu_init(void)
 
 static void __exit wic_fakegpu_exit(void)
 {
+	u32 gpu_id;
+
 	misc_deregister(&wic_fakegpu_dev);
+	for (gpu_id = 0; gpu_id < WIC_FAKEGPU_NR_GPUS; gpu_id++)
+		kfree(wic_hw[gpu_id]);
 	if (rcu_access_pointer(wic_ops))
 		pr_warn("unloaded with callbacks still installed\n");
 	vfree(wic_log);

@@ -30,6 +30,14 @@
  * managed page to the GPU that writes it. uvm_wic_copy() reads such a page from the GPU's
  * memory (as that GPU's copy engine would, logging the GPU) and any other from the process.
  *
+ * The replayable-fault hardware is modelled too, for what wic_shim cannot see through
+ * WIC_FAKEGPU_IOC_INJECT: warps (WIC_FAKEGPU_IOC_WARPS) stall on their pages and write their
+ * faults into their GPU's bounded fault buffer, which drops faults once full (they come back
+ * only with a replay); a bottom half (WIC_FAKEGPU_IOC_BOTTOM_HALF) fetches, classifies and
+ * services them in batches as nvidia-uvm does, with the patched driver's replay rule
+ * (uvm_wic_run_replays() of uvm_wic.h); and every replay resumes the stalled warps whose pages
+ * are mapped and makes every other one fault again.
+ *
  * A test driver can make the next calls of uvm_wic_write() and uvm_wic_map() on its space fail
  * with an errno of its choice, or stall until it lets them go on (WIC_FAKEGPU_IOC_FAIL), to see
  * what wic_shim does when nvidia-uvm refuses, or what happens while a helper runs.
@@ -68,6 +76,11 @@
 #define WIC_FAKEGPU_MAX_REMOTE 64		/* (page, GPU) pairs out of reach per file */
 #define WIC_FAKEGPU_MAX_STORE (1U << 20)	/* bytes of one WIC_FAKEGPU_IOC_GPU_STORE */
 #define WIC_FAKEGPU_MAX_GPU_PAGES 4096		/* pages resident in fake GPU memory per file */
+#define WIC_FAKEGPU_HW_BUFFER 16		/* entries of a GPU's fault buffer */
+#define WIC_FAKEGPU_HW_BATCH 4			/* faults one batch of the bottom half fetches */
+#define WIC_FAKEGPU_HW_MAX_BATCHES 8		/* batches one run of the bottom half services */
+#define WIC_FAKEGPU_HW_MAX_RUNS 64		/* runs one WIC_FAKEGPU_IOC_BOTTOM_HALF makes */
+#define WIC_FAKEGPU_MAX_WARPS 4096		/* warps stalled on all fake GPUs */
 
 /* Event kinds (struct wic_fakegpu_event.kind). */
 #define WIC_FAKEGPU_EVENT_WRITE 1		/* uvm_wic_write() */
@@ -79,6 +92,8 @@
 #define WIC_FAKEGPU_EVENT_SERVICED 7		/* an injected fault passed and serviced */
 #define WIC_FAKEGPU_EVENT_STALLED 8		/* a call stalled by WIC_FAKEGPU_FAIL_STALL */
 #define WIC_FAKEGPU_EVENT_COPY 9		/* uvm_wic_copy() */
+#define WIC_FAKEGPU_EVENT_RESUMED 10		/* a stalled warp resumed at a replay */
+#define WIC_FAKEGPU_EVENT_DROPPED 11		/* a fault dropped by a full fault buffer */
 
 /* Verdicts (WIC_FAKEGPU_IOC_INJECT), the values of enum uvm_wic_verdict. */
 #define WIC_FAKEGPU_VERDICT_PASS 0
@@ -89,6 +104,8 @@
 #define WIC_FAKEGPU_PAGE_WRITABLE (1U << 1)
 /* Resident only on a GPU without peer access to this one: uvm_wic_map() fails with EXDEV. */
 #define WIC_FAKEGPU_PAGE_UNREACHABLE (1U << 2)
+/* A warp of this space is stalled on the page (WIC_FAKEGPU_IOC_WARPS); read-only. */
+#define WIC_FAKEGPU_PAGE_STALLED (1U << 3)
 
 /**
  * struct wic_fakegpu_event - one call wic_shim made into the fake, or one serviced fault
@@ -260,6 +277,52 @@ struct wic_fakegpu_gpu_store {
 	__u64 length;
 };
 
+/**
+ * struct wic_fakegpu_warps - warps of this file's space stall on faults (WIC_FAKEGPU_IOC_WARPS),
+ *	or a GPU's bottom half runs (WIC_FAKEGPU_IOC_BOTTOM_HALF)
+ * @gpu_id: in: the GPU
+ * @count: WIC_FAKEGPU_IOC_WARPS: in: warps, 1 .. WIC_FAKEGPU_MAX_INJECT;
+ *	WIC_FAKEGPU_IOC_BOTTOM_HALF: in: must be 0
+ * @entries: WIC_FAKEGPU_IOC_WARPS: in: user pointer to @count raw fault entries, one per warp
+ *	(as struct wic_fakegpu_inject's); WIC_FAKEGPU_IOC_BOTTOM_HALF: in: must be 0
+ * @stalled: out: warps of any space stalled on @gpu_id once the call is done
+ * @dropped: out: faults the buffer dropped during the call
+ * @replays: out: replays of @gpu_id during the call
+ * @reserved: in: must be 0
+ *
+ * WIC_FAKEGPU_IOC_WARPS: each warp stalls on its entry's page and writes the entry into the
+ * GPU's fault buffer of WIC_FAKEGPU_HW_BUFFER entries; into a full buffer it is dropped
+ * (WIC_FAKEGPU_EVENT_DROPPED) and the overflow is latched, and the warp stays stalled until a
+ * replay. Nothing is classified yet: the interrupt is pending.
+ *
+ * WIC_FAKEGPU_IOC_BOTTOM_HALF: runs until the buffer is empty, at most WIC_FAKEGPU_HW_MAX_RUNS
+ * runs. A run fetches batches of up to WIC_FAKEGPU_HW_BATCH faults, at most
+ * WIC_FAKEGPU_HW_MAX_BATCHES of them, and classifies each batch as nvidia-uvm does (a
+ * prefetch shown with UVM_WIC_FAULT_PREFETCH). A batch made only of held faults is left alone;
+ * any other has its passed faults serviced (page mapped on the GPU, WIC_FAKEGPU_EVENT_SERVICED)
+ * and ends with a replay, as under nvidia-uvm's default policy (BATCH_FLUSH). A run ends with
+ * a replay when uvm_wic_run_replays() says so, the overflow latch being what it is then.
+ *
+ * A replay (the bottom half's, uvm_wic_replay(), uvm_wic_unregister()) logs
+ * WIC_FAKEGPU_EVENT_REPLAY, clears the overflow latch, empties the buffer, resumes every warp
+ * stalled on the GPU whose page is mapped there (WIC_FAKEGPU_EVENT_RESUMED) and makes every
+ * other one fault again into the buffer, in stall order rotated by one more warp at each
+ * replay (the hardware's order is not specified; a fixed one could drop the same warp every
+ * time). Warps of a space end with its file. Errors: ENODEV for a bad @gpu_id, EINVAL for a bad
+ * @count or @entries, ENOSPC past WIC_FAKEGPU_MAX_WARPS stalled warps (the ones before stay),
+ * EFAULT, ENOMEM; EINVAL too for a prefetch entry, which stalls no warp (nvidia-uvm never
+ * replays one).
+ */
+struct wic_fakegpu_warps {
+	__u32 gpu_id;
+	__u32 count;
+	__u64 entries;
+	__u32 stalled;
+	__u32 dropped;
+	__u32 replays;
+	__u32 reserved;
+};
+
 #define WIC_FAKEGPU_IOC_MAGIC 'F'
 
 #define WIC_FAKEGPU_IOC_INJECT _IOWR(WIC_FAKEGPU_IOC_MAGIC, 1, struct wic_fakegpu_inject)
@@ -275,5 +338,7 @@ struct wic_fakegpu_gpu_store {
 #define WIC_FAKEGPU_IOC_MANAGE _IOW(WIC_FAKEGPU_IOC_MAGIC, 6, struct wic_fakegpu_managed)
 #define WIC_FAKEGPU_IOC_RESIDE _IOW(WIC_FAKEGPU_IOC_MAGIC, 7, struct wic_fakegpu_page_state)
 #define WIC_FAKEGPU_IOC_GPU_STORE _IOW(WIC_FAKEGPU_IOC_MAGIC, 8, struct wic_fakegpu_gpu_store)
+#define WIC_FAKEGPU_IOC_WARPS _IOWR(WIC_FAKEGPU_IOC_MAGIC, 9, struct wic_fakegpu_warps)
+#define WIC_FAKEGPU_IOC_BOTTOM_HALF _IOWR(WIC_FAKEGPU_IOC_MAGIC, 10, struct wic_fakegpu_warps)
 
 #endif /* _WIC_FAKEGPU_H */

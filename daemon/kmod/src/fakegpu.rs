@@ -40,6 +40,16 @@ pub const MAX_REMOTE: u32 = 64;
 pub const MAX_STORE: u32 = 1 << 20;
 /// `WIC_FAKEGPU_MAX_GPU_PAGES`: pages resident in fake GPU memory per space.
 pub const MAX_GPU_PAGES: u32 = 4096;
+/// `WIC_FAKEGPU_HW_BUFFER`: entries of a fake GPU's fault buffer.
+pub const HW_BUFFER: u32 = 16;
+/// `WIC_FAKEGPU_HW_BATCH`: faults one batch of the fake bottom half fetches.
+pub const HW_BATCH: u32 = 4;
+/// `WIC_FAKEGPU_HW_MAX_BATCHES`: batches one run of the fake bottom half services.
+pub const HW_MAX_BATCHES: u32 = 8;
+/// `WIC_FAKEGPU_HW_MAX_RUNS`: runs one [`FakeGpu::bottom_half`] makes at most.
+pub const HW_MAX_RUNS: u32 = 64;
+/// `WIC_FAKEGPU_MAX_WARPS`: warps stalled on all fake GPUs.
+pub const MAX_WARPS: u32 = 4096;
 /// `WIC_FAKEGPU_EVENT_WRITE`.
 pub const EVENT_WRITE: u32 = 1;
 /// `WIC_FAKEGPU_EVENT_MAP`.
@@ -59,6 +69,10 @@ pub const EVENT_STALLED: u32 = 8;
 /// `WIC_FAKEGPU_EVENT_COPY`: `uvm_wic_copy()`; its GPU is the one whose memory held the first
 /// source byte ([`GPU_NONE`]: the CPU's).
 pub const EVENT_COPY: u32 = 9;
+/// `WIC_FAKEGPU_EVENT_RESUMED`: a stalled warp resumed at a replay.
+pub const EVENT_RESUMED: u32 = 10;
+/// `WIC_FAKEGPU_EVENT_DROPPED`: a fault dropped by a full fault buffer.
+pub const EVENT_DROPPED: u32 = 11;
 /// `WIC_FAKEGPU_VERDICT_PASS`.
 pub const VERDICT_PASS: u8 = 0;
 /// `WIC_FAKEGPU_VERDICT_HOLD`.
@@ -69,6 +83,8 @@ pub const PAGE_MAPPED: u32 = 1;
 pub const PAGE_WRITABLE: u32 = 2;
 /// `WIC_FAKEGPU_PAGE_UNREACHABLE`: resident only on a GPU without peer access to this one.
 pub const PAGE_UNREACHABLE: u32 = 4;
+/// `WIC_FAKEGPU_PAGE_STALLED`: a warp of this space is stalled on the page.
+pub const PAGE_STALLED: u32 = 8;
 /// `WIC_FAKEGPU_FAIL_STALL`.
 pub const FAIL_STALL: u32 = 1;
 /// `WIC_FAKEGPU_MAX_ERRNO`.
@@ -149,6 +165,19 @@ c_struct! {
     }
 }
 
+c_struct! {
+    /// `struct wic_fakegpu_warps`: warps stalling on faults, or a GPU's bottom half.
+    pub struct Warps = "wic_fakegpu_warps" {
+        pub gpu_id: u32,
+        pub count: u32,
+        pub entries: u64,
+        pub stalled: u32,
+        pub dropped: u32,
+        pub replays: u32,
+        pub reserved: u32,
+    }
+}
+
 /// `WIC_FAKEGPU_IOC_INJECT`.
 pub const IOC_INJECT: u32 = nix::request_code_readwrite!(IOC_MAGIC, 1, std::mem::size_of::<Inject>()) as u32;
 /// `WIC_FAKEGPU_IOC_EVENTS`.
@@ -165,6 +194,10 @@ pub const IOC_MANAGE: u32 = nix::request_code_write!(IOC_MAGIC, 6, std::mem::siz
 pub const IOC_RESIDE: u32 = nix::request_code_write!(IOC_MAGIC, 7, std::mem::size_of::<PageState>()) as u32;
 /// `WIC_FAKEGPU_IOC_GPU_STORE`.
 pub const IOC_GPU_STORE: u32 = nix::request_code_write!(IOC_MAGIC, 8, std::mem::size_of::<GpuStore>()) as u32;
+/// `WIC_FAKEGPU_IOC_WARPS`.
+pub const IOC_WARPS: u32 = nix::request_code_readwrite!(IOC_MAGIC, 9, std::mem::size_of::<Warps>()) as u32;
+/// `WIC_FAKEGPU_IOC_BOTTOM_HALF`.
+pub const IOC_BOTTOM_HALF: u32 = nix::request_code_readwrite!(IOC_MAGIC, 10, std::mem::size_of::<Warps>()) as u32;
 
 nix::ioctl_readwrite_bad!(ioc_inject, IOC_INJECT, Inject);
 nix::ioctl_readwrite_bad!(ioc_events, IOC_EVENTS, Events);
@@ -175,6 +208,8 @@ nix::ioctl_write_ptr_bad!(ioc_fail, IOC_FAIL, Fail);
 nix::ioctl_write_ptr_bad!(ioc_manage, IOC_MANAGE, Managed);
 nix::ioctl_write_ptr_bad!(ioc_reside, IOC_RESIDE, PageState);
 nix::ioctl_write_ptr_bad!(ioc_gpu_store, IOC_GPU_STORE, GpuStore);
+nix::ioctl_readwrite_bad!(ioc_warps, IOC_WARPS, Warps);
+nix::ioctl_readwrite_bad!(ioc_bottom_half, IOC_BOTTOM_HALF, Warps);
 
 /// Every constant of the header with its value, for the ABI test.
 pub fn constants() -> Vec<(&'static str, i128)> {
@@ -192,6 +227,11 @@ pub fn constants() -> Vec<(&'static str, i128)> {
         ("WIC_FAKEGPU_MAX_REMOTE", MAX_REMOTE.into()),
         ("WIC_FAKEGPU_MAX_STORE", MAX_STORE.into()),
         ("WIC_FAKEGPU_MAX_GPU_PAGES", MAX_GPU_PAGES.into()),
+        ("WIC_FAKEGPU_HW_BUFFER", HW_BUFFER.into()),
+        ("WIC_FAKEGPU_HW_BATCH", HW_BATCH.into()),
+        ("WIC_FAKEGPU_HW_MAX_BATCHES", HW_MAX_BATCHES.into()),
+        ("WIC_FAKEGPU_HW_MAX_RUNS", HW_MAX_RUNS.into()),
+        ("WIC_FAKEGPU_MAX_WARPS", MAX_WARPS.into()),
         ("WIC_FAKEGPU_EVENT_WRITE", EVENT_WRITE.into()),
         ("WIC_FAKEGPU_EVENT_MAP", EVENT_MAP.into()),
         ("WIC_FAKEGPU_EVENT_MAP_WRITABLE", EVENT_MAP_WRITABLE.into()),
@@ -201,11 +241,14 @@ pub fn constants() -> Vec<(&'static str, i128)> {
         ("WIC_FAKEGPU_EVENT_SERVICED", EVENT_SERVICED.into()),
         ("WIC_FAKEGPU_EVENT_STALLED", EVENT_STALLED.into()),
         ("WIC_FAKEGPU_EVENT_COPY", EVENT_COPY.into()),
+        ("WIC_FAKEGPU_EVENT_RESUMED", EVENT_RESUMED.into()),
+        ("WIC_FAKEGPU_EVENT_DROPPED", EVENT_DROPPED.into()),
         ("WIC_FAKEGPU_VERDICT_PASS", VERDICT_PASS.into()),
         ("WIC_FAKEGPU_VERDICT_HOLD", VERDICT_HOLD.into()),
         ("WIC_FAKEGPU_PAGE_MAPPED", PAGE_MAPPED.into()),
         ("WIC_FAKEGPU_PAGE_WRITABLE", PAGE_WRITABLE.into()),
         ("WIC_FAKEGPU_PAGE_UNREACHABLE", PAGE_UNREACHABLE.into()),
+        ("WIC_FAKEGPU_PAGE_STALLED", PAGE_STALLED.into()),
         ("WIC_FAKEGPU_FAIL_STALL", FAIL_STALL.into()),
         ("WIC_FAKEGPU_MAX_ERRNO", MAX_ERRNO.into()),
         ("WIC_FAKEGPU_IOC_MAGIC", IOC_MAGIC.into()),
@@ -217,6 +260,8 @@ pub fn constants() -> Vec<(&'static str, i128)> {
         ("WIC_FAKEGPU_IOC_MANAGE", IOC_MANAGE.into()),
         ("WIC_FAKEGPU_IOC_RESIDE", IOC_RESIDE.into()),
         ("WIC_FAKEGPU_IOC_GPU_STORE", IOC_GPU_STORE.into()),
+        ("WIC_FAKEGPU_IOC_WARPS", IOC_WARPS.into()),
+        ("WIC_FAKEGPU_IOC_BOTTOM_HALF", IOC_BOTTOM_HALF.into()),
     ]
 }
 
@@ -230,6 +275,7 @@ pub fn structs() -> Vec<StructLayout> {
         StructLayout::of::<Fail>(Fail::C_NAME, Fail::FIELDS),
         StructLayout::of::<Managed>(Managed::C_NAME, Managed::FIELDS),
         StructLayout::of::<GpuStore>(GpuStore::C_NAME, GpuStore::FIELDS),
+        StructLayout::of::<Warps>(Warps::C_NAME, Warps::FIELDS),
     ]
 }
 
@@ -310,6 +356,23 @@ impl FakeGpu {
         let arg = GpuStore { gpu_id: gpu, reserved: 0, va, buffer: bytes.as_ptr() as u64, length: bytes.len() as u64 };
         // SAFETY: checked ABI; the module reads `arg` and `length` bytes from `buffer`.
         check(unsafe { ioc_gpu_store(self.file.as_raw_fd(), &arg) }).map(drop)
+    }
+
+    /// Warps of `gpu` stall on `entries`' pages, one per entry, and write them into its fault
+    /// buffer (dropped once it is full); the bottom half does not run yet.
+    pub fn warps(&self, gpu: u32, entries: &[RawFaultEntry]) -> io::Result<Warps> {
+        let mut arg = Warps { gpu_id: gpu, count: entries.len() as u32, entries: entries.as_ptr() as u64, ..Default::default() };
+        // SAFETY: checked ABI; `entries` holds `count` elements for the call.
+        check(unsafe { ioc_warps(self.file.as_raw_fd(), &mut arg) })?;
+        Ok(arg)
+    }
+
+    /// Runs `gpu`'s bottom half until its fault buffer is empty; what it did.
+    pub fn bottom_half(&self, gpu: u32) -> io::Result<Warps> {
+        let mut arg = Warps { gpu_id: gpu, ..Default::default() };
+        // SAFETY: checked ABI; `arg` is valid for reads and writes.
+        check(unsafe { ioc_bottom_half(self.file.as_raw_fd(), &mut arg) })?;
+        Ok(arg)
     }
 
     /// Empties the event log, unmaps this space's pages, makes them reachable again, forgets
