@@ -53,6 +53,13 @@
 /* ACCESS_TYPE values of a prefetch (dev_fault.h NV_PFAULT_ACCESS_TYPE_{VIRT,PHYS}_PREFETCH). */
 #define WIC_HW_ACCESS_VIRT_PREFETCH 0x3
 #define WIC_HW_ACCESS_PHYS_PREFETCH 0xb
+/* The other ACCESS_TYPE values that need a writable page (NV_PFAULT_ACCESS_TYPE_*). */
+#define WIC_HW_ACCESS_VIRT_WRITE 0x1
+#define WIC_HW_ACCESS_VIRT_ATOMIC_STRONG 0x2
+#define WIC_HW_ACCESS_VIRT_ATOMIC_WEAK 0x4
+#define WIC_HW_ACCESS_PHYS_WRITE 0x9
+#define WIC_HW_ACCESS_PHYS_ATOMIC_STRONG 0xa
+#define WIC_HW_ACCESS_PHYS_ATOMIC_WEAK 0xc
 /* Bits [31:12] of DWORD 2 of a fault entry: ADDR_LO, in place. */
 #define WIC_FAULT_ADDR_LO_MASK 0xfffff000U
 
@@ -620,20 +627,84 @@ static u64 wic_fault_va(const u8 *raw)
  * PHYS_PREFETCH. An injected entry is one uncoalesced access, so this is nvidia-uvm's
  * "access_type_mask is the PREFETCH bit alone".
  */
+/* ACCESS_TYPE of a raw fault entry (DWORD 7, bits [19:16]): dev_fault.h's values. */
+static u32 wic_fault_access(const u8 *raw)
+{
+	return (get_unaligned_le32(raw + 28) >> 16) & 0xf;
+}
+
 static bool wic_fault_prefetch(const u8 *raw)
 {
-	u32 access = (get_unaligned_le32(raw + 28) >> 16) & 0xf;
+	u32 access = wic_fault_access(raw);
 
 	return access == WIC_HW_ACCESS_VIRT_PREFETCH || access == WIC_HW_ACCESS_PHYS_PREFETCH;
+}
+
+/* A write or an atomic, VIRT or PHYS: its page must be mapped writable. */
+static bool wic_fault_writes(const u8 *raw)
+{
+	switch (wic_fault_access(raw)) {
+	case WIC_HW_ACCESS_VIRT_WRITE:
+	case WIC_HW_ACCESS_VIRT_ATOMIC_STRONG:
+	case WIC_HW_ACCESS_VIRT_ATOMIC_WEAK:
+	case WIC_HW_ACCESS_PHYS_WRITE:
+	case WIC_HW_ACCESS_PHYS_ATOMIC_STRONG:
+	case WIC_HW_ACCESS_PHYS_ATOMIC_WEAK:
+		return true;
+	default:
+		return false;
+	}
+}
+
+/*
+ * Shows @n faults of one batch of @gpu_id to the classify callback as nvidia-uvm's bottom half
+ * does: under the GPU's ISR lock, bottom halves off, inside an RCU read-side section. Sets
+ * @held[i] for each fault held; with no callback registered every fault passes.
+ */
+static void wic_classify_batch(u32 gpu_id, const struct uvm_wic_fault *faults, u32 n, u8 *held)
+{
+	const struct uvm_wic_ops *ops;
+	unsigned int invalid = 0;
+	bool any = false;
+	u32 i;
+
+	spin_lock_bh(&wic_isr_lock[gpu_id - 1]);
+	rcu_read_lock();
+	ops = rcu_dereference(wic_ops);
+	for (i = 0; i < n; i++) {
+		enum uvm_wic_verdict verdict = ops ? ops->classify(&faults[i]) : UVM_WIC_PASS;
+
+		held[i] = verdict == UVM_WIC_HOLD;
+		any |= held[i];
+		invalid += verdict != UVM_WIC_HOLD && verdict != UVM_WIC_PASS;
+	}
+	rcu_read_unlock();
+	spin_unlock_bh(&wic_isr_lock[gpu_id - 1]);
+	if (any)
+		set_bit(gpu_id, wic_held_gpus);
+	if (invalid)
+		pr_warn_ratelimited("classify returned %u invalid verdicts, taken as pass\n",
+				    invalid);
+}
+
+/* Services a passed fault as nvidia-uvm would: its page is mapped on @gpu_id. */
+static void wic_service(struct uvm_wic_space *space, u32 gpu_id, u64 va, bool writable)
+{
+	unsigned long index = va >> WIC_FAKEGPU_PAGE_SHIFT;
+	unsigned long set = WIC_FAKEGPU_PAGE_MAPPED;
+
+	if (writable)
+		set |= WIC_FAKEGPU_PAGE_WRITABLE;
+	/* Running out of page-state room changes no verdict. */
+	wic_pages_set(space, gpu_id, index, index, set, 0);
+	wic_log_event(WIC_FAKEGPU_EVENT_SERVICED, gpu_id, va, WIC_FAKEGPU_PAGE_SIZE, 0);
 }
 
 static long wic_ioctl_inject(struct uvm_wic_space *space, struct wic_fakegpu_inject __user *uarg)
 {
 	struct wic_fakegpu_inject args;
-	const struct uvm_wic_ops *ops;
 	struct uvm_wic_fault *faults = NULL;
 	u8 *verdicts = NULL;
-	unsigned int invalid = 0;
 	u8 *raw;
 	long ret = 0;
 	u32 i;
@@ -666,40 +737,11 @@ static long wic_ioctl_inject(struct uvm_wic_space *space, struct wic_fakegpu_inj
 		memcpy(faults[i].raw, entry, UVM_WIC_FAULT_ENTRY_SIZE);
 	}
 
-	spin_lock_bh(&wic_isr_lock[args.gpu_id - 1]);
-	rcu_read_lock();
-	ops = rcu_dereference(wic_ops);
 	args.injected_ns = ktime_get_ns();
+	wic_classify_batch(args.gpu_id, faults, args.count, verdicts);
 	for (i = 0; i < args.count; i++) {
-		enum uvm_wic_verdict verdict = UVM_WIC_PASS;
-
-		if (ops)
-			verdict = ops->classify(&faults[i]);
-		if (verdict == UVM_WIC_HOLD) {
-			verdicts[i] = WIC_FAKEGPU_VERDICT_HOLD;
-			set_bit(args.gpu_id, wic_held_gpus);
-		} else {
-			verdicts[i] = WIC_FAKEGPU_VERDICT_PASS;
-			if (verdict != UVM_WIC_PASS)
-				invalid++;
-		}
-	}
-	rcu_read_unlock();
-	spin_unlock_bh(&wic_isr_lock[args.gpu_id - 1]);
-
-	if (invalid)
-		pr_warn_ratelimited("classify returned %u invalid verdicts, taken as pass\n",
-				    invalid);
-
-	/* Service the passed faults; running out of page-state room changes no verdict. */
-	for (i = 0; i < args.count; i++) {
-		unsigned long index = faults[i].va >> WIC_FAKEGPU_PAGE_SHIFT;
-
-		if (verdicts[i] != WIC_FAKEGPU_VERDICT_PASS)
-			continue;
-		wic_pages_set(space, args.gpu_id, index, index, WIC_FAKEGPU_PAGE_MAPPED, 0);
-		wic_log_event(WIC_FAKEGPU_EVENT_SERVICED, args.gpu_id, faults[i].va,
-			      WIC_FAKEGPU_PAGE_SIZE, 0);
+		if (!verdicts[i])
+			wic_service(space, args.gpu_id, faults[i].va, false);
 	}
 
 	if (copy_to_user(u64_to_user_ptr(args.verdicts), verdicts, args.count) ||
@@ -782,14 +824,6 @@ static void wic_hw_raise(u32 gpu_id, struct wic_hw_gpu *hw, struct wic_warp *war
 	hw->count++;
 }
 
-/* ACCESS_TYPE of a fault entry: a write or an atomic needs a writable mapping. */
-static bool wic_fault_writes(const u8 *raw)
-{
-	u32 access = (get_unaligned_le32(raw + 28) >> 16) & 0x7;
-
-	return access == 1 || access == 2 || access == 4;
-}
-
 /* Whether @warp's access would now go through on @gpu_id. */
 static bool wic_warp_can_resume(const struct wic_warp *warp, u32 gpu_id)
 {
@@ -856,9 +890,9 @@ static void wic_replay_gpu(u32 gpu_id)
  */
 static bool wic_hw_batch(u32 gpu_id, struct wic_hw_gpu *hw)
 {
+	struct uvm_wic_fault faults[WIC_FAKEGPU_HW_BATCH];
 	struct wic_warp *batch[WIC_FAKEGPU_HW_BATCH];
 	u8 held[WIC_FAKEGPU_HW_BATCH];
-	const struct uvm_wic_ops *ops;
 	u32 n = min_t(u32, hw->count, WIC_FAKEGPU_HW_BATCH), i, nr_held = 0;
 
 	for (i = 0; i < n; i++) {
@@ -867,38 +901,24 @@ static bool wic_hw_batch(u32 gpu_id, struct wic_hw_gpu *hw)
 	}
 	hw->count -= n;
 
-	spin_lock_bh(&wic_isr_lock[gpu_id - 1]);
-	rcu_read_lock();
-	ops = rcu_dereference(wic_ops);
 	for (i = 0; i < n; i++) {
-		struct uvm_wic_fault fault = {
+		faults[i] = (struct uvm_wic_fault){
 			.space = batch[i]->space,
 			.gpu_id = gpu_id,
 			.va = batch[i]->va,
 		};
-
-		memcpy(fault.raw, batch[i]->raw, sizeof(fault.raw));
-		held[i] = ops && ops->classify(&fault) == UVM_WIC_HOLD;
-		nr_held += held[i];
+		memcpy(faults[i].raw, batch[i]->raw, sizeof(faults[i].raw));
 	}
-	rcu_read_unlock();
-	spin_unlock_bh(&wic_isr_lock[gpu_id - 1]);
-	if (nr_held)
-		set_bit(gpu_id, wic_held_gpus);
+	wic_classify_batch(gpu_id, faults, n, held);
+	for (i = 0; i < n; i++)
+		nr_held += held[i];
 	if (nr_held == n)
 		return true;
 
 	for (i = 0; i < n; i++) {
-		unsigned long index = batch[i]->va >> WIC_FAKEGPU_PAGE_SHIFT;
-		unsigned long set = WIC_FAKEGPU_PAGE_MAPPED;
-
-		if (held[i])
-			continue;
-		if (wic_fault_writes(batch[i]->raw))
-			set |= WIC_FAKEGPU_PAGE_WRITABLE;
-		wic_pages_set(batch[i]->space, gpu_id, index, index, set, 0);
-		wic_log_event(WIC_FAKEGPU_EVENT_SERVICED, gpu_id, batch[i]->va,
-			      WIC_FAKEGPU_PAGE_SIZE, 0);
+		if (!held[i])
+			wic_service(batch[i]->space, gpu_id, batch[i]->va,
+				    wic_fault_writes(batch[i]->raw));
 	}
 	wic_hw_replay(gpu_id, hw);
 	return false;
@@ -1189,10 +1209,11 @@ static int wic_fakegpu_release(struct inode *inode, struct file *file)
 	struct uvm_wic_space *space = file->private_data;
 	u32 gpu_id;
 
+	/* First, so that no bottom half or replay services a warp of the space any more. */
+	wic_hw_forget(space);
 	for (gpu_id = 0; gpu_id < WIC_FAKEGPU_NR_GPUS; gpu_id++)
 		xa_destroy(&space->pages[gpu_id]);
 	wic_gpu_pages_free(space);
-	wic_hw_forget(space);
 	if (space->mm)
 		mmdrop(space->mm);
 	mutex_destroy(&space->lock);

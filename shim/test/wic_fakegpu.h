@@ -14,8 +14,8 @@
  * dropped and counted; WIC_FAKEGPU_IOC_EVENTS reports the count. Page state is per file and per
  * GPU. All structures have the same layout for 32-bit and 64-bit callers.
  *
- * The fake checks one rule of uvm_wic.h: uvm_wic_write() to a page that is mapped on any fake
- * GPU fails with EBUSY, unless the module parameter strict_write is 0.
+ * The fake checks one rule of uvm_wic.h: uvm_wic_write() or uvm_wic_copy() to a page that is
+ * mapped on any fake GPU fails with EBUSY, unless the module parameter strict_write is 0.
  *
  * The fake is as strict as nvidia-uvm about memory: only ranges a test driver declared managed
  * (WIC_FAKEGPU_IOC_MANAGE, as cudaMallocManaged would make them) are managed memory, which
@@ -216,7 +216,8 @@ struct wic_fakegpu_page_state {
 
 /**
  * struct wic_fakegpu_fail - make this space's next helper calls fail, or stall
- * @writes: in: how many of the next uvm_wic_write() calls on this file's space are affected
+ * @writes: in: how many of the next uvm_wic_write() and uvm_wic_copy() calls on this file's
+ *	space are affected
  * @maps: in: how many of the next uvm_wic_map() calls on this file's space are affected
  * @error: in: 0, or the (positive) errno an affected call fails with, at most
  *	WIC_FAKEGPU_MAX_ERRNO; it then fails once its arguments are checked, before it changes
@@ -297,8 +298,7 @@ struct wic_fakegpu_gpu_store {
  *
  * WIC_FAKEGPU_IOC_BOTTOM_HALF: runs until the buffer is empty, at most WIC_FAKEGPU_HW_MAX_RUNS
  * runs. A run fetches batches of up to WIC_FAKEGPU_HW_BATCH faults, at most
- * WIC_FAKEGPU_HW_MAX_BATCHES of them, and classifies each batch as nvidia-uvm does (a
- * prefetch shown with UVM_WIC_FAULT_PREFETCH). A batch made only of held faults is left alone;
+ * WIC_FAKEGPU_HW_MAX_BATCHES of them, and classifies each batch as nvidia-uvm does. A batch made only of held faults is left alone;
  * any other has its passed faults serviced (page mapped on the GPU, WIC_FAKEGPU_EVENT_SERVICED)
  * and ends with a replay, as under nvidia-uvm's default policy (BATCH_FLUSH). A run ends with
  * a replay when uvm_wic_run_replays() says so, the overflow latch being what it is then.

@@ -211,7 +211,8 @@ impl ShimBackend {
         if let Producer::Gpu { base_va: start, .. } = producer {
             let length = layout.slots.len() as u64 * layout.batch_bytes;
             let first = start & !(PAGE_SIZE - 1);
-            // An end past 2^64 - 1 is left for the module to refuse.
+            // Saturated, an end past 2^64 - 1 stays in the top page, which no process maps:
+            // the module refuses the range (EFAULT).
             let end = start.saturating_add(length).saturating_add(PAGE_SIZE - 1) & !(PAGE_SIZE - 1);
             wanted.push((kabi::WIC_RANGE_SOURCE, first, end - first));
         }
