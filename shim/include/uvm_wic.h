@@ -25,9 +25,10 @@
 /*
  * Bumped whenever an export is added or changes its contract, so that a copy of this header
  * found in an nvidia-uvm tree can be told apart from the shim's. 3: uvm_wic_range_managed(),
- * uvm_wic_map() fails with -EXDEV for pages it cannot map. 4: uvm_wic_copy().
+ * uvm_wic_map() fails with -EXDEV for pages it cannot map. 4: uvm_wic_copy(). 5:
+ * uvm_wic_complete().
  */
-#define UVM_WIC_HOOK_VERSION 4
+#define UVM_WIC_HOOK_VERSION 5
 
 /* Size of one hardware replayable fault-buffer entry (clc369.h). */
 #define UVM_WIC_FAULT_ENTRY_SIZE 32
@@ -196,6 +197,51 @@ int uvm_wic_write(struct uvm_wic_space *space, u64 va, const void *src, size_t l
  * -EAGAIN while the driver is suspended.
  */
 int uvm_wic_copy(struct uvm_wic_space *space, u64 va, u64 src_va, size_t len);
+
+/**
+ * struct uvm_wic_completion - one wake-up of a slot, for uvm_wic_complete()
+ * @gpu_id: the consumer GPU
+ * @pages: pages of the run, and of its companion
+ * @va: the run, page-aligned
+ * @companion: the slot's other run, page-aligned, not overlapping the run
+ * @src: kernel memory holding @length bytes for the run, or NULL
+ * @src_va: with @src NULL and @length not 0: where the @length bytes are copied from, as
+ *	uvm_wic_copy() copies
+ * @length: bytes of data, at most @pages pages; 0 for a marker
+ * @marker: with @length 0: the word written at the start of each page of the run
+ * @result: out: 0 or a negative errno, as the steps' helpers return
+ */
+struct uvm_wic_completion {
+	u32 gpu_id;
+	u32 pages;
+	u64 va;
+	u64 companion;
+	const void *src;
+	u64 src_va;
+	u64 length;
+	u64 marker;
+	int result;
+};
+
+/**
+ * uvm_wic_complete() - complete wake-ups, each as uvm_wic_write() or uvm_wic_copy() of its
+ *	fill, uvm_wic_unmap() of its companion and uvm_wic_map() (read-only) of its run
+ * @space: the space
+ * @completions: the wake-ups, run in order
+ * @count: how many
+ *
+ * One call does the work of 3 * @count helper calls under one acquisition of the locks, one
+ * staging page and one wait for the PTE writes and TLB invalidates, at the end. Each wake-up
+ * stops at its first failing step (a run whose fill failed is never mapped) and the next one
+ * goes on. Process context only. On return every mapping and unmapping of a wake-up whose
+ * @result is 0 is in place; when that final wait fails, each wake-up that had succeeded gets
+ * its error.
+ *
+ * Return: 0, or a negative errno when nothing could run (-ESRCH when the process is gone,
+ * -EAGAIN while the driver is suspended, -ENOMEM); then no @result was set.
+ */
+int uvm_wic_complete(struct uvm_wic_space *space, struct uvm_wic_completion *completions,
+		     u32 count);
 
 /**
  * uvm_wic_range_managed() - whether a range is managed memory of a space
