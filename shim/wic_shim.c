@@ -66,6 +66,8 @@ MODULE_PARM_DESC(max_hold_ms, "Longest hold in ms, then completed timed out; 0: 
 #define WIC_EXPIRE_IDLE_PERIOD_MS 1000
 
 #define WIC_HELD_HASH_BITS 12
+/* Completions run by one uvm_wic_complete() call at most. */
+#define WIC_GROUP_MAX 64
 
 /**
  * struct wic_space_entry - an attached VA space
@@ -103,11 +105,49 @@ struct wic_held {
 };
 
 /**
+ * struct wic_space_index - the attached spaces, sorted by their nvidia-uvm pointer
+ * @rcu: frees a replaced index after the classify calls that may read it
+ * @nr: entries
+ * @entries: the spaces' nvidia-uvm pointers and ids
+ *
+ * Replaced whole under &wic_session.mutex at attach and detach, read by classify without a
+ * lock: a fault of a process wicd does not serve costs a binary search, never the session's
+ * spinlock.
+ */
+struct wic_space_index {
+	struct rcu_head rcu;
+	u32 nr;
+	struct {
+		const struct uvm_wic_space *uvm;
+		u32 id;
+	} entries[WIC_MAX_SPACES];
+};
+
+/**
+ * struct wic_group - consecutive completions of a batch, run by one uvm_wic_complete() call
+ * @space_id: their space
+ * @nr: completions gathered
+ * @bounce_used: bytes of &wic_session.bounce their data takes
+ * @index: each one's command index in the batch
+ * @cmds: the commands
+ * @completions: what nvidia-uvm is asked
+ */
+struct wic_group {
+	u32 space_id;
+	u32 nr;
+	size_t bounce_used;
+	u32 index[WIC_GROUP_MAX];
+	struct wic_command cmds[WIC_GROUP_MAX];
+	struct uvm_wic_completion completions[WIC_GROUP_MAX];
+};
+
+/**
  * struct wic_session - one open /dev/wic: the daemon's view of the module
  * @mutex: serialises calls that change state or run commands
  * @lock: guards the fields classify reads; taken with interrupts off
  * @negotiated: WIC_IOC_VERSION succeeded
  * @spaces: attached spaces; id = index + 1
+ * @index: the attached spaces by nvidia-uvm pointer, for classify (RCU)
  * @nr_ranges: ranges registered over all spaces
  * @next_range_id: the id the next range gets
  * @held_hash: held faults by page
@@ -117,7 +157,9 @@ struct wic_held {
  * @ring: the mapped fault ring
  * @ring_bytes: its size
  * @poll_wait: woken when a record is published
- * @bounce: WIC_MAX_WRITE_BYTES of kernel memory for WIC_CMD_WRITE_DATA
+ * @bounce: WIC_MAX_WRITE_BYTES of kernel memory for the data of WIC_CMD_WRITE_DATA and of the
+ *	completions of @group
+ * @group: the completions of the batch being run, not run yet; under @mutex
  * @closing_space: the space whose pages WIC_IOC_UNREGISTER or WIC_IOC_DETACH is closing, 0 when
  *	none is: faults on [@closing_start, @closing_end) of it are held and entered in
  *	@held_hash but not recorded, and that call completes them with the closed marker
@@ -132,6 +174,7 @@ struct wic_session {
 	spinlock_t lock;
 	bool negotiated;
 	struct wic_space_entry spaces[WIC_MAX_SPACES];
+	struct wic_space_index __rcu *index;
 	u32 nr_ranges;
 	u32 next_range_id;
 	DECLARE_HASHTABLE(held_hash, WIC_HELD_HASH_BITS);
@@ -142,6 +185,7 @@ struct wic_session {
 	size_t ring_bytes;
 	wait_queue_head_t poll_wait;
 	void *bounce;
+	struct wic_group *group;
 	u32 closing_space;
 	u64 closing_start;
 	u64 closing_end;
@@ -181,6 +225,25 @@ static void wic_held_release(struct wic_session *s, struct wic_held *held)
 	s->nr_held--;
 }
 
+/* The id of the attached space @uvm in @index, or 0. */
+static u32 wic_index_find(const struct wic_space_index *index, const struct uvm_wic_space *uvm)
+{
+	u32 lo = 0, hi = index ? index->nr : 0;
+
+	while (lo < hi) {
+		u32 mid = lo + (hi - lo) / 2;
+
+		if (index->entries[mid].uvm == uvm)
+			return index->entries[mid].id;
+		if ((unsigned long)index->entries[mid].uvm < (unsigned long)uvm)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return 0;
+}
+
+/* The id of the attached space @uvm, or 0; under @s->mutex. */
 static u32 wic_space_id(struct wic_session *s, struct uvm_wic_space *uvm)
 {
 	u32 i;
@@ -189,6 +252,33 @@ static u32 wic_space_id(struct wic_session *s, struct uvm_wic_space *uvm)
 		if (s->spaces[i].uvm == uvm)
 			return i + 1;
 	return 0;
+}
+
+/*
+ * Publishes @index (zeroed, allocated by the caller before it changed anything) as the index
+ * of the attached spaces, after an attach or a detach, under @s->mutex. The entries are few:
+ * rebuilt by insertion, in order.
+ */
+static void wic_index_publish(struct wic_session *s, struct wic_space_index *index)
+{
+	struct wic_space_index *old;
+	u32 i, at;
+
+	for (i = 0; i < WIC_MAX_SPACES; i++) {
+		const struct uvm_wic_space *uvm = s->spaces[i].uvm;
+
+		if (!uvm)
+			continue;
+		for (at = index->nr; at && (unsigned long)index->entries[at - 1].uvm >
+					   (unsigned long)uvm; at--)
+			index->entries[at] = index->entries[at - 1];
+		index->entries[at].uvm = uvm;
+		index->entries[at].id = i + 1;
+		index->nr++;
+	}
+	old = rcu_replace_pointer(s->index, index, lockdep_is_held(&s->mutex));
+	if (old)
+		kfree_rcu(old, rcu);
 }
 
 /*
@@ -271,9 +361,13 @@ static enum uvm_wic_verdict wic_classify(const struct uvm_wic_fault *fault)
 
 	if (!s)
 		return UVM_WIC_PASS;
-	spin_lock_irqsave(&s->lock, flags);
-	space_id = wic_space_id(s, fault->space);
+	/* Most faults are of processes wicd does not serve: no lock for them. */
+	space_id = wic_index_find(rcu_dereference(s->index), fault->space);
 	if (!space_id)
+		return UVM_WIC_PASS;
+	spin_lock_irqsave(&s->lock, flags);
+	/* Detached since the index was read. */
+	if (s->spaces[space_id - 1].uvm != fault->space)
 		goto out;
 	range = wic_range_find(&s->spaces[space_id - 1].ranges, fault->va);
 	/* A GPU producer's data: its GPU writes there as usual, and only a copy reads it. */
@@ -606,7 +700,8 @@ static int wic_open(struct inode *inode, struct file *file)
 	s->ring_bytes = PAGE_ALIGN(WIC_RING_BYTES(ring_entries));
 	s->ring = vmalloc_user(s->ring_bytes);
 	s->bounce = kvmalloc(WIC_MAX_WRITE_BYTES, GFP_KERNEL);
-	if (!s->held_pool || !s->ring || !s->bounce)
+	s->group = kvzalloc(sizeof(*s->group), GFP_KERNEL);
+	if (!s->held_pool || !s->ring || !s->bounce || !s->group)
 		goto free;
 	for (i = 0; i < WIC_MAX_HELD; i++)
 		hlist_add_head(&s->held_pool[i].node, &s->held_free);
@@ -629,6 +724,7 @@ static int wic_open(struct inode *inode, struct file *file)
 free:
 	vfree(s->ring);
 	kvfree(s->bounce);
+	kvfree(s->group);
 	kvfree(s->held_pool);
 	kvfree(s);
 	return err;
@@ -660,8 +756,11 @@ static int wic_release(struct inode *inode, struct file *file)
 			uvm_wic_space_put(s->spaces[i].uvm);
 		kvfree(s->spaces[i].ranges.entries);
 	}
+	/* synchronize_rcu() above: no classify reads it any more. */
+	kfree(rcu_dereference_protected(s->index, true));
 	vfree(s->ring);
 	kvfree(s->bounce);
+	kvfree(s->group);
 	kvfree(s->held_pool);
 	kvfree(s);
 	return 0;
@@ -691,6 +790,7 @@ static long wic_version(struct wic_session *s, struct wic_version __user *uarg)
 
 static long wic_attach(struct wic_session *s, struct wic_attach __user *uarg)
 {
+	struct wic_space_index *index;
 	struct uvm_wic_space *uvm;
 	struct wic_attach a;
 	unsigned long flags;
@@ -719,9 +819,15 @@ static long wic_attach(struct wic_session *s, struct wic_attach __user *uarg)
 		uvm_wic_space_put(uvm);
 		return -ENOSPC;
 	}
+	index = kzalloc(sizeof(*index), GFP_KERNEL);
+	if (!index) {
+		uvm_wic_space_put(uvm);
+		return -ENOMEM;
+	}
 	spin_lock_irqsave(&s->lock, flags);
 	s->spaces[id - 1].uvm = uvm;
 	spin_unlock_irqrestore(&s->lock, flags);
+	wic_index_publish(s, index);
 	a.space_id = id;
 	return copy_to_user(uarg, &a, sizeof(a)) ? -EFAULT : 0;
 }
@@ -760,6 +866,7 @@ static void wic_swap_ranges(struct wic_session *s, struct wic_space_entry *space
  */
 static long wic_detach(struct wic_session *s, u32 __user *uarg)
 {
+	struct wic_space_index *index;
 	struct wic_space_entry *space;
 	struct uvm_wic_space *uvm;
 	unsigned long flags;
@@ -771,13 +878,20 @@ static long wic_detach(struct wic_session *s, u32 __user *uarg)
 	space = wic_space(s, space_id);
 	if (!space)
 		return -ENOENT;
+	index = kzalloc(sizeof(*index), GFP_KERNEL);
+	if (!index)
+		return -ENOMEM;
 	err = wic_close(s, space_id, 0, U64_MAX, NULL, 0, true);
-	if (err)
+	if (err) {
+		kfree(index);
 		return err;
+	}
 	spin_lock_irqsave(&s->lock, flags);
 	uvm = space->uvm;
 	space->uvm = NULL;
 	spin_unlock_irqrestore(&s->lock, flags);
+	/* A classify still reading the old index only compares @uvm, and finds it detached. */
+	wic_index_publish(s, index);
 	uvm_wic_space_put(uvm);
 	return 0;
 }
@@ -962,41 +1076,11 @@ static int wic_unmap_release(struct wic_session *s, struct uvm_wic_space *uvm, u
 	return err;
 }
 
-/* The fill of a wake-up: a GPU producer's bytes, the daemon's, or the error marker. */
-static int wic_fill(struct wic_session *s, struct uvm_wic_space *uvm,
-		    const struct wic_command *cmd)
+/* Runs a command other than a completion that wic_check_command() accepted. */
+static int wic_run_command(struct wic_session *s, struct wic_space_entry *space,
+			   const struct wic_command *cmd)
 {
-	if (cmd->opcode == WIC_CMD_COMPLETE_COPY)
-		return uvm_wic_copy(uvm, cmd->va, cmd->arg, cmd->length);
-	return cmd->length ? wic_write_data(s, uvm, cmd) : wic_write_markers(uvm, cmd);
-}
-
-/*
- * WIC_CMD_COMPLETE and WIC_CMD_COMPLETE_COPY: the steps of a wake-up in order; the first
- * failure ends it.
- */
-static int wic_complete(struct wic_session *s, struct uvm_wic_space *uvm,
-			const struct wic_command *cmd)
-{
-	int err = wic_fill(s, uvm, cmd);
-
-	if (!err)
-		err = wic_unmap_release(s, uvm, cmd->space_id, cmd->gpu_id, cmd->companion,
-					cmd->pages);
-	if (!err)
-		err = wic_map_release(s, uvm, cmd, false);
-	return err;
-}
-
-static int wic_run_command(struct wic_session *s, const struct wic_command *cmd)
-{
-	struct wic_space_entry *space = wic_space(s, cmd->space_id);
 	u64 bytes = (u64)cmd->pages * PAGE_SIZE;
-	int err;
-
-	err = wic_check_command(cmd, space ? &space->ranges : NULL);
-	if (err)
-		return err;
 
 	switch (cmd->opcode) {
 	case WIC_CMD_REPLAY:
@@ -1010,10 +1094,7 @@ static int wic_run_command(struct wic_session *s, const struct wic_command *cmd)
 					 cmd->pages);
 	case WIC_CMD_REARM_PAT:
 		return uvm_wic_revoke_write(space->uvm, cmd->gpu_id, cmd->va, bytes);
-	case WIC_CMD_COMPLETE:
-	case WIC_CMD_COMPLETE_COPY:
-		return wic_complete(s, space->uvm, cmd);
-	default: /* WIC_CMD_MAP, WIC_CMD_SERVICE_PAT */
+	default: /* WIC_CMD_MAP, WIC_CMD_SERVICE_PAT; completions go through wic_group_add() */
 		return wic_map_release(s, space->uvm, cmd, cmd->opcode == WIC_CMD_SERVICE_PAT);
 	}
 }
@@ -1022,11 +1103,95 @@ static int wic_run_command(struct wic_session *s, const struct wic_command *cmd)
  * Runs a batch; the one path behind WIC_IOC_SUBMIT and io_uring. Returns how many commands
  * succeeded, or a negative errno when the batch was refused before any ran.
  */
+/*
+ * Runs the gathered completions with one uvm_wic_complete() call, releases the held faults of
+ * each one done (its companion unmapped, its run mapped) and stores every result. Returns how
+ * many succeeded, or -EFAULT when a result could not be stored.
+ */
+static long wic_group_run(struct wic_session *s, struct wic_command __user *ucmds)
+{
+	struct wic_group *g = s->group;
+	struct wic_space_entry *space = wic_space(s, g->space_id);
+	long done = 0, err = 0;
+	int ret;
+	u32 i;
+
+	if (!g->nr)
+		return 0;
+	ret = uvm_wic_complete(space->uvm, g->completions, g->nr);
+	for (i = 0; i < g->nr; i++) {
+		const struct wic_command *cmd = &g->cmds[i];
+		int result = ret ? ret : g->completions[i].result;
+
+		if (!result) {
+			wic_release_held(s, g->space_id, cmd->gpu_id, cmd->companion, cmd->pages);
+			wic_release_held(s, g->space_id, cmd->gpu_id, cmd->va, cmd->pages);
+			done++;
+		}
+		if (put_user(result, &ucmds[g->index[i]].result))
+			err = -EFAULT;
+	}
+	g->nr = 0;
+	g->bounce_used = 0;
+	return err ? err : done;
+}
+
+/*
+ * Adds a checked completion to the group, which must have room for it and be of its space:
+ * a WIC_CMD_COMPLETE's data is copied into the bounce buffer now.
+ */
+static int wic_group_add(struct wic_session *s, const struct wic_command *cmd, u32 index)
+{
+	struct wic_group *g = s->group;
+	struct uvm_wic_completion *c = &g->completions[g->nr];
+	bool copy = cmd->opcode == WIC_CMD_COMPLETE_COPY;
+
+	*c = (struct uvm_wic_completion){
+		.gpu_id = cmd->gpu_id,
+		.pages = cmd->pages,
+		.va = cmd->va,
+		.companion = cmd->companion,
+		.length = cmd->length,
+	};
+	if (copy) {
+		c->src_va = cmd->arg;
+	} else if (cmd->length) {
+		c->src = s->bounce + g->bounce_used;
+		if (copy_from_user(s->bounce + g->bounce_used, u64_to_user_ptr(cmd->arg),
+				   cmd->length))
+			return -EFAULT;
+		g->bounce_used += cmd->length;
+	} else {
+		c->marker = cmd->arg;
+	}
+	g->space_id = cmd->space_id;
+	g->index[g->nr] = index;
+	g->cmds[g->nr++] = *cmd;
+	return 0;
+}
+
+/* Whether @cmd, a checked completion, can join the group without running it first. */
+static bool wic_group_fits(const struct wic_session *s, const struct wic_command *cmd)
+{
+	const struct wic_group *g = s->group;
+	size_t data = cmd->opcode == WIC_CMD_COMPLETE ? cmd->length : 0;
+
+	return !g->nr || (g->space_id == cmd->space_id && g->nr < WIC_GROUP_MAX &&
+			  g->bounce_used + data <= WIC_MAX_WRITE_BYTES);
+}
+
+/*
+ * Runs a batch; the one path behind WIC_IOC_SUBMIT and io_uring. Returns how many commands
+ * succeeded, or a negative errno when the batch was refused before any ran. Consecutive
+ * completions of one space run together, by one uvm_wic_complete() call (one acquisition of
+ * nvidia-uvm's locks and one wait for the TLB invalidates instead of three per completion),
+ * before any other command that follows them, so the order of effects is the batch's.
+ */
 static long wic_submit(struct wic_session *s, const struct wic_submit *sub)
 {
 	struct wic_command __user *ucmds = u64_to_user_ptr(sub->commands);
 	struct wic_command cmd;
-	long done = 0;
+	long done = 0, ran;
 	int err;
 	u32 i;
 
@@ -1034,15 +1199,40 @@ static long wic_submit(struct wic_session *s, const struct wic_submit *sub)
 	if (err)
 		return err;
 	for (i = 0; i < sub->count; i++) {
+		struct wic_space_entry *space;
+
 		if (copy_from_user(&cmd, &ucmds[i], sizeof(cmd)))
-			return i ? done : -EFAULT;
-		cmd.result = wic_run_command(s, &cmd);
+			break;
+		space = wic_space(s, cmd.space_id);
+		cmd.result = wic_check_command(&cmd, space ? &space->ranges : NULL);
+		if (!cmd.result && (cmd.opcode == WIC_CMD_COMPLETE ||
+				    cmd.opcode == WIC_CMD_COMPLETE_COPY)) {
+			if (!wic_group_fits(s, &cmd)) {
+				ran = wic_group_run(s, ucmds);
+				if (ran < 0)
+					return done ? done : ran;
+				done += ran;
+			}
+			cmd.result = wic_group_add(s, &cmd, i);
+			if (!cmd.result)
+				continue;
+		} else if (!cmd.result) {
+			ran = wic_group_run(s, ucmds);
+			if (ran < 0)
+				return done ? done : ran;
+			done += ran;
+			cmd.result = wic_run_command(s, space, &cmd);
+		}
 		if (put_user(cmd.result, &ucmds[i].result))
-			return i ? done : -EFAULT;
+			break;
 		if (!cmd.result)
 			done++;
 	}
-	return done;
+	ran = wic_group_run(s, ucmds);
+	if (ran < 0)
+		return done ? done : ran;
+	done += ran;
+	return i || done ? done : -EFAULT;
 }
 
 static long wic_ioctl(struct file *file, unsigned int op, unsigned long arg)

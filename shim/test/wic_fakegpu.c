@@ -1476,6 +1476,57 @@ int uvm_wic_copy(struct uvm_wic_space *space, u64 va, u64 src_va, size_t len)
 }
 EXPORT_SYMBOL_GPL(uvm_wic_copy);
 
+/* One completion of uvm_wic_complete(): its steps as the helpers take them. */
+static int wic_complete_one(struct uvm_wic_space *space, const struct uvm_wic_completion *c)
+{
+	u64 bytes = (u64)c->pages * WIC_FAKEGPU_PAGE_SIZE;
+	int ret = 0;
+	u32 i;
+
+	if (!c->pages || (c->length && c->length > bytes))
+		return -EINVAL;
+	if (c->length && c->src)
+		ret = uvm_wic_write(space, c->va, c->src, c->length);
+	else if (c->length)
+		ret = uvm_wic_copy(space, c->va, c->src_va, c->length);
+	for (i = 0; !c->length && !ret && i < c->pages; i++)
+		ret = uvm_wic_write(space, c->va + (u64)i * WIC_FAKEGPU_PAGE_SIZE, &c->marker,
+				    sizeof(c->marker));
+	if (!ret)
+		ret = uvm_wic_unmap(space, c->gpu_id, c->companion, bytes);
+	if (!ret)
+		ret = uvm_wic_map(space, c->gpu_id, c->va, bytes, false);
+	return ret;
+}
+
+/**
+ * uvm_wic_complete() - complete wake-ups
+ * @space: the space
+ * @completions: the wake-ups, run in order
+ * @count: how many
+ *
+ * Process context only. Logs %WIC_FAKEGPU_EVENT_COMPLETE with @count, then runs each wake-up
+ * as uvm_wic_write() or uvm_wic_copy() of its fill (a marker: at the start of each page),
+ * uvm_wic_unmap() of its companion and uvm_wic_map() of its run, which log their own events;
+ * a wake-up stops at its first failing step and its @result gets the errno.
+ *
+ * Return: 0, or -EINVAL for no space or no completion (then no @result is set).
+ */
+int uvm_wic_complete(struct uvm_wic_space *space, struct uvm_wic_completion *completions,
+		     u32 count)
+{
+	u32 i;
+
+	might_sleep();
+	if (IS_ERR_OR_NULL(space) || !completions || !count)
+		return -EINVAL;
+	wic_log_event(WIC_FAKEGPU_EVENT_COMPLETE, WIC_FAKEGPU_GPU_NONE, 0, count, 0);
+	for (i = 0; i < count; i++)
+		completions[i].result = wic_complete_one(space, &completions[i]);
+	return 0;
+}
+EXPORT_SYMBOL_GPL(uvm_wic_complete);
+
 /**
  * uvm_wic_map() - map pages on a fake GPU
  * @space: the space

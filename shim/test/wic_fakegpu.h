@@ -94,6 +94,7 @@
 #define WIC_FAKEGPU_EVENT_COPY 9		/* uvm_wic_copy() */
 #define WIC_FAKEGPU_EVENT_RESUMED 10		/* a stalled warp resumed at a replay */
 #define WIC_FAKEGPU_EVENT_DROPPED 11		/* a fault dropped by a full fault buffer */
+#define WIC_FAKEGPU_EVENT_COMPLETE 12		/* uvm_wic_complete(), before its steps' events */
 
 /* Verdicts (WIC_FAKEGPU_IOC_INJECT), the values of enum uvm_wic_verdict. */
 #define WIC_FAKEGPU_VERDICT_PASS 0
@@ -116,7 +117,8 @@
  * @va: the first byte (page-aligned except for writes and copies); 0 for
  *	WIC_FAKEGPU_EVENT_REPLAY
  * @length: bytes; WIC_FAKEGPU_PAGE_SIZE for WIC_FAKEGPU_EVENT_SERVICED, 0 for
- *	WIC_FAKEGPU_EVENT_REPLAY
+ *	WIC_FAKEGPU_EVENT_REPLAY; for WIC_FAKEGPU_EVENT_COMPLETE, the number of completions (each
+ *	logs the events of its steps, as the helpers do, right after)
  * @data0: WIC_FAKEGPU_EVENT_WRITE and WIC_FAKEGPU_EVENT_COPY: the first 8 bytes written, as a
  *	little-endian number (bytes beyond @length are 0); 0 for the other kinds
  * @ns: when the call completed, CLOCK_MONOTONIC nanoseconds

@@ -73,6 +73,8 @@ pub const EVENT_COPY: u32 = 9;
 pub const EVENT_RESUMED: u32 = 10;
 /// `WIC_FAKEGPU_EVENT_DROPPED`: a fault dropped by a full fault buffer.
 pub const EVENT_DROPPED: u32 = 11;
+/// `WIC_FAKEGPU_EVENT_COMPLETE`: `uvm_wic_complete()`, its `length` the number of completions.
+pub const EVENT_COMPLETE: u32 = 12;
 /// `WIC_FAKEGPU_VERDICT_PASS`.
 pub const VERDICT_PASS: u8 = 0;
 /// `WIC_FAKEGPU_VERDICT_HOLD`.
@@ -243,6 +245,7 @@ pub fn constants() -> Vec<(&'static str, i128)> {
         ("WIC_FAKEGPU_EVENT_COPY", EVENT_COPY.into()),
         ("WIC_FAKEGPU_EVENT_RESUMED", EVENT_RESUMED.into()),
         ("WIC_FAKEGPU_EVENT_DROPPED", EVENT_DROPPED.into()),
+        ("WIC_FAKEGPU_EVENT_COMPLETE", EVENT_COMPLETE.into()),
         ("WIC_FAKEGPU_VERDICT_PASS", VERDICT_PASS.into()),
         ("WIC_FAKEGPU_VERDICT_HOLD", VERDICT_HOLD.into()),
         ("WIC_FAKEGPU_PAGE_MAPPED", PAGE_MAPPED.into()),

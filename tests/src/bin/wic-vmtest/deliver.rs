@@ -37,6 +37,7 @@ pub fn run() -> Result<(), String> {
     let (verdicts, _) = fake.inject(GPU, &[fault(stranger, AccessType::Read)]).map_err(|e| e.to_string())?;
     ensure(verdicts == [fakegpu::VERDICT_PASS], || format!("an unregistered page was {verdicts:?}"))?;
 
+    completions_share_one_call(&fake, &mut daemon, space, &mut memory)?;
     prefetch_is_held_unrecorded(&fake, &mut daemon, space, &mut memory)?;
     pat_marks_the_tag_available(&fake, &mut daemon, space, &mut memory)?;
     daemon.backend.unplace(&placed).map_err(|e| e.to_string())?;
@@ -81,8 +82,10 @@ pub fn deliver_one(
 
     let events = wait_events(fake, Duration::from_secs(5), |seen| seen.iter().any(|e| e.kind == fakegpu::EVENT_REPLAY))?;
     let kinds: Vec<u32> = events.iter().map(|e| e.kind).collect();
-    let expected = [fakegpu::EVENT_WRITE, fakegpu::EVENT_UNMAP, fakegpu::EVENT_MAP, fakegpu::EVENT_REPLAY];
+    let expected = [fakegpu::EVENT_COMPLETE, fakegpu::EVENT_WRITE, fakegpu::EVENT_UNMAP, fakegpu::EVENT_MAP, fakegpu::EVENT_REPLAY];
     ensure(kinds == expected, || format!("fake GPU saw {events:?}, expected kinds {expected:?}"))?;
+    ensure(events[0].length == 1, || format!("one completion in {:?}", events[0]))?;
+    let events = &events[1..];
     let first_word = u64::from_le_bytes(bytes[..8].try_into().unwrap());
     ensure(events[0].va == run && events[0].length == len && events[0].data0 == first_word, || format!("write {:?}", events[0]))?;
     ensure(events[1].va == companion && events[1].length == run_bytes && events[1].gpu_id == gpu, || format!("unmap {:?}", events[1]))?;
@@ -93,6 +96,33 @@ pub fn deliver_one(
     ensure(state(run)? & fakegpu::PAGE_MAPPED != 0, || "the run is not mapped".into())?;
     ensure(state(companion)? & fakegpu::PAGE_MAPPED == 0, || "the companion is still mapped".into())?;
     ensure(daemon.engine.held() == held_before, || "the engine still holds the request".into())
+}
+
+/// Wake-ups of one batch run by one call into nvidia-uvm: one acquisition of its locks and one
+/// wait for the TLB invalidates, not three of each per wake-up. Data past the module's bounce
+/// buffer starts another call.
+fn completions_share_one_call(fake: &FakeGpu, daemon: &mut Daemon, space: u32, memory: &mut Memory) -> Result<(), String> {
+    // 16 slots of 64 KiB batches: 1 MiB of data, the bounce buffer's size, so one call.
+    let (layout, placed) = daemon.channel(host_spec(16, 4096), space, memory)?;
+    let runs: Vec<u64> = layout.slots.iter().map(|s| placed.placement.process_va(s.runs[0]).ok_or("a run not placed")).collect::<Result<_, _>>()?;
+    // Published first, the batches are there when the warps' faults come: the engine
+    // completes every one from that batch of faults, with one replay after them.
+    let now = daemon.now();
+    for slot in 0..runs.len() as u32 {
+        daemon.engine.publish(now, layout.id, slot, &mut daemon.commands).map_err(|e| e.to_string())?;
+    }
+    fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
+    let reads: Vec<_> = runs.iter().map(|va| fault(*va, AccessType::Read)).collect();
+    let (verdicts, _) = fake.inject(GPU, &reads).map_err(|e| format!("inject: {e}"))?;
+    ensure(verdicts.iter().all(|v| *v == fakegpu::VERDICT_HOLD), || format!("not all held: {verdicts:?}"))?;
+    ensure(daemon.take_faults() == runs.len(), || "not every fault recorded".into())?;
+    daemon.execute()?;
+    let events = wait_events(fake, Duration::from_secs(5), |seen| seen.iter().any(|e| e.kind == fakegpu::EVENT_REPLAY))?;
+    let calls: Vec<u64> = events.iter().filter(|e| e.kind == fakegpu::EVENT_COMPLETE).map(|e| e.length).collect();
+    ensure(calls == [runs.len() as u64], || format!("{} wake-ups took the calls {calls:?}", runs.len()))?;
+    let maps = events.iter().filter(|e| e.kind == fakegpu::EVENT_MAP).count();
+    ensure(maps == runs.len(), || format!("{maps} runs mapped of {}", runs.len()))?;
+    daemon.backend.unplace(&placed).map_err(|e| e.to_string())
 }
 
 /// A prefetch of a wic page is held (serviced, it would map the page before its data) but not

@@ -262,8 +262,11 @@ fn replay(gpu_id: u32) -> WicCommand {
 }
 
 /// The fake GPU's log since the last look (at most 4096 events).
+/// What the module had nvidia-uvm do to the GPUs and pages, without the markers of its
+/// `uvm_wic_complete()` calls.
 fn gpu_events(fake: &FakeGpu) -> Result<Vec<fakegpu::Event>, String> {
-    fake.events(4096, 0).map(|(events, _)| events).map_err(|e| format!("fake GPU event log: {e}"))
+    let (events, _) = fake.events(4096, 0).map_err(|e| format!("fake GPU event log: {e}"))?;
+    Ok(events.into_iter().filter(|e| e.kind != fakegpu::EVENT_COMPLETE).collect())
 }
 
 /// Memory this test maps; unmapped on drop, except the pages punched out already. Read only
