@@ -421,26 +421,31 @@ static bool wic_held_in(const struct wic_held *held, u32 space_id, u64 start, u6
 /*
  * Finds up to WIC_COMPLETE_BATCH held faults of @space_id (0: every space) in [@start, @end),
  * held before @before (ns), whose marker call @gen wrote (@marked) or did not; they stay held.
- * The entries stay valid while the caller holds @mutex: only calls under @mutex release held
- * faults.
+ * The walk of the held table starts at bucket *@bkt and leaves *@bkt where the next call goes
+ * on: a sweep of the table in chunks costs one walk, not one per chunk. The caller changes
+ * the entries found (marks or releases them), so a bucket walked again skips them. The entries
+ * stay valid while the caller holds @mutex: only calls under @mutex release held faults.
  */
 static u32 wic_peek_held(struct wic_session *s, u32 space_id, u64 start, u64 end, u64 before,
-			 u32 gen, bool marked, struct wic_held **found)
+			 u32 gen, bool marked, u32 *bkt, struct wic_held **found)
 {
 	struct wic_held *held;
 	unsigned long flags;
-	unsigned int bkt;
 	u32 n = 0;
 
 	spin_lock_irqsave(&s->lock, flags);
-	hash_for_each(s->held_hash, bkt, held, node) {
-		if (!wic_held_in(held, space_id, start, end) || held->held_ns >= before ||
-		    (held->marked == gen) != marked)
-			continue;
-		found[n] = held;
-		if (++n == WIC_COMPLETE_BATCH)
-			break;
+	for (; *bkt < HASH_SIZE(s->held_hash); (*bkt)++) {
+		hlist_for_each_entry(held, &s->held_hash[*bkt], node) {
+			if (!wic_held_in(held, space_id, start, end) || held->held_ns >= before ||
+			    (held->marked == gen) != marked)
+				continue;
+			found[n] = held;
+			/* This bucket may hold more: the next call walks it again. */
+			if (++n == WIC_COMPLETE_BATCH)
+				goto out;
+		}
 	}
+out:
 	spin_unlock_irqrestore(&s->lock, flags);
 	return n;
 }
@@ -538,39 +543,48 @@ static int wic_complete_held(struct wic_session *s, u32 space_id, u64 start, u64
 			     u64 before, u64 marker, unsigned long *replay, bool best_effort)
 {
 	struct wic_held *found[WIC_COMPLETE_BATCH];
-	u32 gen, i, n;
+	u32 bkt, gen, i, n;
+	bool any;
 	int err;
 
 	gen = ++s->close_gen ?: ++s->close_gen;
-	for (;;) {
-		n = wic_peek_held(s, space_id, start, end, before, gen, false, found);
-		for (i = 0; i < n; i++) {
-			struct uvm_wic_space *uvm = s->spaces[found[i]->space_id - 1].uvm;
+	/*
+	 * Sweeps of the held table, markers then maps, until a sweep finds none: faults held
+	 * meanwhile may be in buckets already walked. A page is mapped only once its marker is
+	 * in place.
+	 */
+	do {
+		any = false;
+		for (bkt = 0; (n = wic_peek_held(s, space_id, start, end, before, gen, false, &bkt,
+						 found)); any = true) {
+			for (i = 0; i < n; i++) {
+				struct uvm_wic_space *uvm = s->spaces[found[i]->space_id - 1].uvm;
 
-			err = 0;
-			if (found[i]->kind == WIC_RANGE_PCM)
-				err = uvm_wic_write(uvm, found[i]->va, &marker, sizeof(marker));
-			if (!err)
-				found[i]->marked = gen;
-			else if (!wic_complete_skip(s, found[i], err, best_effort, replay))
-				return err;
+				err = 0;
+				if (found[i]->kind == WIC_RANGE_PCM)
+					err = uvm_wic_write(uvm, found[i]->va, &marker,
+							    sizeof(marker));
+				if (!err)
+					found[i]->marked = gen;
+				else if (!wic_complete_skip(s, found[i], err, best_effort, replay))
+					return err;
+			}
 		}
-		if (n)
-			continue;
-		n = wic_peek_held(s, space_id, start, end, before, gen, true, found);
-		if (!n)
-			return 0;
-		for (i = 0; i < n; i++) {
-			struct uvm_wic_space *uvm = s->spaces[found[i]->space_id - 1].uvm;
+		for (bkt = 0; (n = wic_peek_held(s, space_id, start, end, before, gen, true, &bkt,
+						 found)); any = true) {
+			for (i = 0; i < n; i++) {
+				struct uvm_wic_space *uvm = s->spaces[found[i]->space_id - 1].uvm;
 
-			err = uvm_wic_map(uvm, found[i]->gpu_id, found[i]->va, PAGE_SIZE,
-					  found[i]->kind == WIC_RANGE_PAT);
-			if (!err)
-				wic_held_done(s, found[i], replay);
-			else if (!wic_complete_skip(s, found[i], err, best_effort, replay))
-				return err;
+				err = uvm_wic_map(uvm, found[i]->gpu_id, found[i]->va, PAGE_SIZE,
+						  found[i]->kind == WIC_RANGE_PAT);
+				if (!err)
+					wic_held_done(s, found[i], replay);
+				else if (!wic_complete_skip(s, found[i], err, best_effort, replay))
+					return err;
+			}
 		}
-	}
+	} while (any);
+	return 0;
 }
 
 /**
