@@ -8,7 +8,8 @@
  * them and issues no replay for a batch made only of held faults, so the faulting warps stay
  * stalled. Later the daemon, through wic_shim, writes the data (uvm_wic_write(), or
  * uvm_wic_copy() from a GPU producer's managed buffer), maps the pages on the GPU
- * (uvm_wic_map()) and replays (uvm_wic_replay()); the warps resume.
+ * (uvm_wic_map()), or does both for many wake-ups at once (uvm_wic_complete()), and replays
+ * (uvm_wic_replay()); the warps resume.
  *
  * Lock order (uvm_lock.h): GLOBAL_PM < GLOBAL < ISR < mmap_lock < va_space < va_block. The
  * classify callback runs under the ISR lock inside an RCU read-side section. Every exported
@@ -133,7 +134,8 @@ static u32 wic_hw_access_type(const uvm_fault_buffer_entry_t *entry)
  * the address bits below PAGE_SHIFT. The access type is the most intrusive of the coalesced
  * instances.
  */
-static void wic_encode_entry(const uvm_fault_buffer_entry_t *entry, u8 raw[UVM_WIC_FAULT_ENTRY_SIZE])
+static void wic_encode_entry(const uvm_fault_buffer_entry_t *entry,
+			     u8 raw[UVM_WIC_FAULT_ENTRY_SIZE])
 {
 	u64 inst = entry->instance_ptr.address >> 12;
 	u64 addr = entry->fault_address >> 12;
@@ -180,7 +182,8 @@ static bool wic_gpu_supported(const uvm_gpu_t *gpu)
 
 static bool wic_same_page(const uvm_fault_buffer_entry_t *a, const uvm_fault_buffer_entry_t *b)
 {
-	return a->va_space == b->va_space && a->gpu == b->gpu && a->fault_address == b->fault_address;
+	return a->va_space == b->va_space && a->gpu == b->gpu &&
+	       a->fault_address == b->fault_address;
 }
 
 bool uvm_wic_classify_batch(uvm_fault_service_batch_context_t *batch_context)
@@ -535,9 +538,38 @@ EXPORT_SYMBOL_GPL(uvm_wic_space_mm);
  * Entry-point helpers
  */
 
+/*
+ * A GPU that cannot cancel faults by VA (wic_gpu_supported()), as wic_pte_gpu() reports it:
+ * nvidia-uvm returns NV_ERR_NOT_COMPATIBLE only when a GPU is registered in a VA space, never
+ * from the block, push and tracker paths the helpers call, so it stays apart from their errors.
+ */
+#define WIC_ERR_GPU_UNSUPPORTED NV_ERR_NOT_COMPATIBLE
+
+/* The errno of a status, as nvidia-uvm's ioctls return it (NV_ERR_PID_NOT_FOUND: -ESRCH). */
 static int wic_errno(NV_STATUS status)
 {
 	return status == NV_OK ? 0 : -nv_status_to_errno(status);
+}
+
+/*
+ * The errno of a page-table operation's status (wic_pte()), and of the wait for its PTE writes:
+ * the statuses it chooses for what the shim must tell apart get their own errno, the others
+ * convert as wic_errno() converts them.
+ */
+static int wic_pte_errno(NV_STATUS status)
+{
+	switch (status) {
+	case NV_ERR_INVALID_DEVICE:
+		return -ENODEV;
+	case NV_ERR_INVALID_STATE:
+		return -ENODATA;
+	case NV_ERR_INVALID_OPERATION:
+		return -EXDEV;
+	case WIC_ERR_GPU_UNSUPPORTED:
+		return -EOPNOTSUPP;
+	default:
+		return wic_errno(status);
+	}
 }
 
 /* Like an ioctl: refuse while nvidia-uvm is suspended or after a global fatal error. */
@@ -570,6 +602,149 @@ static bool wic_range_valid(u64 va, u64 len)
 static bool wic_gpu_id_valid(u32 gpu_id)
 {
 	return gpu_id >= UVM_ID_GPU0_VALUE && gpu_id < UVM_ID_MAX_PROCESSORS;
+}
+
+/*
+ * Contexts
+ *
+ * Every fill (wic_fill()) and page-table operation (wic_pte()) runs inside a context: the
+ * space's mm retained and its mmap_lock held for read, then the VA space lock for read (the
+ * fault path's order), one block context, and, when a fill needs it, one staging page. The
+ * helpers run one operation in a context; uvm_wic_complete() runs many.
+ */
+
+/**
+ * struct wic_ctx - the locks and resources shared by the operations of one helper call
+ * @va_space: the space
+ * @mm: its mm, retained, mmap_lock held for read
+ * @block_context: scratch for the VA block calls
+ * @stage: the one-page staging buffer of the fills, or NULL when the call does none
+ * @retained_gpus: with @stage, the GPUs it is mapped on, retained until it is freed
+ * @tracker: the PTE writes and TLB invalidates of every page-table operation, waited for once,
+ *	by wic_end()
+ */
+struct wic_ctx {
+	uvm_va_space_t *va_space;
+	struct mm_struct *mm;
+	uvm_va_block_context_t *block_context;
+	uvm_mem_t *stage;
+	uvm_processor_mask_t *retained_gpus;
+	uvm_tracker_t tracker;
+};
+
+/* Frees what wic_begin() allocated and releases what it retained; no lock is held. */
+static void wic_ctx_free(struct wic_ctx *ctx)
+{
+	uvm_va_block_context_free(ctx->block_context);
+	uvm_mem_free(ctx->stage);
+	if (ctx->retained_gpus) {
+		uvm_global_gpu_release(ctx->retained_gpus);
+		uvm_processor_mask_cache_free(ctx->retained_gpus);
+	}
+	if (ctx->mm)
+		uvm_va_space_mm_release(ctx->va_space);
+	uvm_tracker_deinit(&ctx->tracker);
+}
+
+/*
+ * Sets up @ctx: retains the mm, allocates the staging page (with @stage) and the block context
+ * before taking any lock, then takes mmap_lock and the VA space lock for read and maps the
+ * staging page on every registered GPU. On success the caller runs its operations and calls
+ * wic_end(); on failure nothing is held. NV_ERR_PID_NOT_FOUND when the process is gone.
+ */
+static NV_STATUS wic_begin(struct wic_ctx *ctx, struct uvm_wic_space *space, bool stage)
+{
+	uvm_va_space_t *va_space = wic_va_space(space);
+	NV_STATUS status = NV_OK;
+	uvm_gpu_t *gpu;
+
+	*ctx = (struct wic_ctx){ .va_space = va_space };
+	uvm_tracker_init(&ctx->tracker);
+
+	if (stage) {
+		ctx->retained_gpus = uvm_processor_mask_cache_alloc();
+		if (!ctx->retained_gpus)
+			return NV_ERR_NO_MEMORY;
+		uvm_processor_mask_zero(ctx->retained_gpus);
+	}
+
+	ctx->mm = uvm_va_space_mm_retain(va_space);
+	if (!ctx->mm) {
+		status = NV_ERR_PID_NOT_FOUND;
+		goto fail;
+	}
+
+	if (stage) {
+		status = uvm_mem_alloc_sysmem_and_map_cpu_kernel(PAGE_SIZE, ctx->mm, &ctx->stage);
+		if (status != NV_OK)
+			goto fail;
+	}
+
+	ctx->block_context = uvm_va_block_context_alloc(ctx->mm);
+	if (!ctx->block_context) {
+		status = NV_ERR_NO_MEMORY;
+		goto fail;
+	}
+
+	/* mmap_lock before the VA space lock, as in the fault path. */
+	uvm_down_read_mmap_lock(ctx->mm);
+	uvm_va_space_down_read(va_space);
+
+	if (!stage)
+		return NV_OK;
+
+	/*
+	 * The staging page is used by a GPU only when the page written, or the page copied, is
+	 * in its memory: that GPU's CE reads or writes it.
+	 */
+	for_each_gpu_in_mask(gpu, &va_space->registered_gpus) {
+		if (uvm_processor_mask_test_and_set(ctx->retained_gpus, gpu->id))
+			continue;
+
+		/* Keeps the staging page's GPU mappings valid until it is freed. */
+		uvm_gpu_retain(gpu);
+
+		/* Confidential computing: the staging page cannot be mapped on the GPU. */
+		if (g_uvm_global.conf_computing_enabled)
+			continue;
+
+		status = uvm_mem_map_gpu_kernel(ctx->stage, gpu);
+		if (status != NV_OK)
+			break;
+	}
+	if (status == NV_OK)
+		return NV_OK;
+
+	uvm_va_space_up_read(va_space);
+	uvm_up_read_mmap_lock(ctx->mm);
+fail:
+	wic_ctx_free(ctx);
+	return status;
+}
+
+/*
+ * Ends @ctx: waits once for the PTE writes and TLB invalidates of all its page-table operations,
+ * unlocks, checks the GPUs the staging page was mapped on for ECC errors (as the tools
+ * READ/WRITE_PROCESS_MEMORY ioctl does, outside the locks: it calls into RM), and frees.
+ * Returns the first error of the wait and the check.
+ */
+static NV_STATUS wic_end(struct wic_ctx *ctx)
+{
+	NV_STATUS status;
+
+	/* Wait for the PTE writes and TLB invalidates while the GPUs are surely registered. */
+	status = uvm_tracker_wait(&ctx->tracker);
+
+	uvm_va_space_up_read(ctx->va_space);
+	uvm_up_read_mmap_lock(ctx->mm);
+
+	/* Even on GPUs no longer registered in the VA space. */
+	if (status == NV_OK && ctx->retained_gpus)
+		status = uvm_global_gpu_check_ecc_error(ctx->retained_gpus);
+
+	wic_ctx_free(ctx);
+
+	return status;
 }
 
 /*
@@ -609,8 +784,8 @@ static NV_STATUS wic_read_to_stage(uvm_va_space_t *va_space,
 
 /*
  * Writes [@va, @va + @len) from kernel memory at @src or, when @src is NULL, copies it from
- * managed memory at @src_va (the callers checked the ranges), one chunk at a time through a
- * one-page staging buffer: a chunk never crosses a page of either range nor a VA block.
+ * managed memory at @src_va (the callers checked the ranges), one chunk at a time through the
+ * context's staging page: a chunk never crosses a page of either range nor a VA block.
  *
  * uvm_va_block_write_from_cpu() is the path of the UVM tools WRITE_PROCESS_MEMORY ioctl, made
  * for writing another process's managed memory: under the va_block lock it makes the page
@@ -619,7 +794,9 @@ static NV_STATUS wic_read_to_stage(uvm_va_space_t *va_space,
  * staging buffer when the page lives in GPU memory. access_remote_vm() was not used: it would
  * go through get_user_pages() and the UVM CPU fault handler of the application's VMA from the
  * daemon's context, creating CPU mappings in the application and possibly migrating or
- * unmapping the page on GPUs as a side effect.
+ * unmapping the page on GPUs as a side effect. Its wait for the block's tracker also orders the
+ * write after PTE work wic_pte() left on the block (a page unmapped earlier in the context is
+ * written only once its TLB invalidate is done).
  *
  * A copy reads the source with uvm_va_block_read_to_cpu(), the path of READ_PROCESS_MEMORY,
  * which changes neither residency nor mappings (a GPU producer keeps its own). It reads the
@@ -634,63 +811,16 @@ static NV_STATUS wic_read_to_stage(uvm_va_space_t *va_space,
  * signal, so the bytes read are those it left before signalling (it must not write them
  * again until the copy has returned). A source page resident nowhere reads as zeros.
  */
-static int wic_write(struct uvm_wic_space *space, u64 va, const void *src, u64 src_va,
-		     size_t len)
+static NV_STATUS wic_fill(struct wic_ctx *ctx, u64 va, const void *src, u64 src_va, u64 len)
 {
-	uvm_va_space_t *va_space = wic_va_space(space);
-	uvm_processor_mask_t *retained_gpus;
-	uvm_va_block_context_t *block_context = NULL;
-	uvm_mem_t *stage = NULL;
-	struct mm_struct *mm;
-	uvm_gpu_t *gpu;
-	NV_STATUS status;
+	uvm_va_space_t *va_space = ctx->va_space;
+	uvm_mem_t *stage = ctx->stage;
+	NV_STATUS status = NV_OK;
 	u64 done = 0;
 
-	retained_gpus = uvm_processor_mask_cache_alloc();
-	if (!retained_gpus)
-		return -ENOMEM;
-	uvm_processor_mask_zero(retained_gpus);
+	UVM_ASSERT(stage);
 
-	mm = uvm_va_space_mm_retain(va_space);
-	if (!mm) {
-		uvm_processor_mask_cache_free(retained_gpus);
-		return -ESRCH;
-	}
-
-	status = uvm_mem_alloc_sysmem_and_map_cpu_kernel(PAGE_SIZE, mm, &stage);
-	if (status != NV_OK)
-		goto out;
-
-	block_context = uvm_va_block_context_alloc(mm);
-	if (!block_context) {
-		status = NV_ERR_NO_MEMORY;
-		goto out;
-	}
-
-	uvm_down_read_mmap_lock(mm);
-	uvm_va_space_down_read(va_space);
-
-	/*
-	 * The staging page is used by a GPU only when the page written, or the page copied, is
-	 * in its memory: that GPU's CE reads or writes it.
-	 */
-	for_each_gpu_in_mask(gpu, &va_space->registered_gpus) {
-		if (uvm_processor_mask_test_and_set(retained_gpus, gpu->id))
-			continue;
-
-		/* Keeps the staging page's GPU mappings valid until it is freed. */
-		uvm_gpu_retain(gpu);
-
-		/* Confidential computing: the staging page cannot be mapped on the GPU. */
-		if (g_uvm_global.conf_computing_enabled)
-			continue;
-
-		status = uvm_mem_map_gpu_kernel(stage, gpu);
-		if (status != NV_OK)
-			break;
-	}
-
-	while (status == NV_OK && done < len) {
+	while (done < len) {
 		u64 addr = va + done;
 		uvm_va_block_t *va_block;
 		u64 size;
@@ -705,47 +835,58 @@ static int wic_write(struct uvm_wic_space *space, u64 va, const void *src, u64 s
 			memcpy(uvm_mem_get_cpu_addr_kernel(stage), (const u8 *)src + done, size);
 		} else {
 			size = min_t(u64, size, PAGE_SIZE - offset_in_page(src_va + done));
-			status = wic_read_to_stage(va_space, block_context, src_va + done, size,
-						   stage);
+			status = wic_read_to_stage(va_space, ctx->block_context, src_va + done,
+						   size, stage);
 			if (status != NV_OK)
 				break;
 		}
 
 		/* On allocation-retry the chunk is written again from the unchanged stage. */
 		status = UVM_VA_BLOCK_LOCK_RETRY(va_block, NULL,
-						 uvm_va_block_write_from_cpu(va_block, block_context,
+						 uvm_va_block_write_from_cpu(va_block,
+									     ctx->block_context,
 									     addr, stage, size));
+		if (status != NV_OK)
+			break;
+
 		done += size;
 	}
 
-	uvm_va_space_up_read(va_space);
-	uvm_up_read_mmap_lock(mm);
+	return status;
+}
 
-	if (status == NV_OK)
-		status = uvm_global_gpu_check_ecc_error(retained_gpus);
+/* Writes the 8-byte @marker at the start of each of the @pages pages at @va, one chunk each. */
+static NV_STATUS wic_fill_marker(struct wic_ctx *ctx, u64 va, u32 pages, const u64 *marker)
+{
+	NV_STATUS status = NV_OK;
+	u32 i;
 
-out:
-	uvm_va_block_context_free(block_context);
-	uvm_mem_free(stage);
-	uvm_global_gpu_release(retained_gpus);
-	uvm_va_space_mm_release(va_space);
-	uvm_processor_mask_cache_free(retained_gpus);
+	for (i = 0; status == NV_OK && i < pages; i++)
+		status = wic_fill(ctx, va + (u64)i * PAGE_SIZE, marker, 0, sizeof(*marker));
 
-	return wic_errno(status);
+	return status;
 }
 
 static int wic_write_entry(struct uvm_wic_space *space, u64 va, const void *src, u64 src_va,
 			   size_t len)
 {
+	struct wic_ctx ctx;
+	NV_STATUS status, end_status;
 	int ret = wic_enter();
 
 	if (ret)
 		return ret;
 
-	ret = wic_write(space, va, src, src_va, len);
+	status = wic_begin(&ctx, space, true);
+	if (status == NV_OK) {
+		status = wic_fill(&ctx, va, src, src_va, len);
+		end_status = wic_end(&ctx);
+		if (status == NV_OK)
+			status = end_status;
+	}
 	wic_exit();
 
-	return ret;
+	return wic_errno(status);
 }
 
 /**
@@ -897,17 +1038,17 @@ static NV_STATUS wic_pte_op_locked(uvm_va_block_t *va_block,
 		 * A writable mapping of a read-duplicated page would write one copy only, and
 		 * uvm_va_block_map() silently skips pages resident nowhere, which would leave the
 		 * warp faulting (and held) forever: refuse both (NV_ERR_INVALID_OPERATION is
-		 * turned into -EXDEV, NV_ERR_INVALID_STATE into -ENODATA, by wic_pte_op()).
+		 * turned into -EXDEV, NV_ERR_INVALID_STATE into -ENODATA, by wic_pte_errno()).
 		 */
 		if (op == WIC_MAP_READ_WRITE &&
 		    !uvm_page_mask_region_empty(&va_block->read_duplicated_pages, region))
 			return NV_ERR_INVALID_OPERATION;
 
 		for_each_va_block_page_in_region(page_index, region) {
-			uvm_processor_id_t id = uvm_va_block_page_get_closest_resident(va_block,
-										       block_context,
-										       page_index,
-										       gpu->id);
+			uvm_processor_id_t id;
+
+			id = uvm_va_block_page_get_closest_resident(va_block, block_context,
+								    page_index, gpu->id);
 			if (UVM_ID_IS_INVALID(id))
 				return NV_ERR_INVALID_STATE;
 		}
@@ -945,7 +1086,10 @@ static NV_STATUS wic_pte_op_locked(uvm_va_block_t *va_block,
 		break;
 	}
 
-	/* Later operations on the block must wait for these PTE writes. */
+	/*
+	 * Later operations on the block must wait for these PTE writes (the map, unmap and
+	 * revoke of the block acquire its tracker, and a write waits for it).
+	 */
 	tracker_status = uvm_tracker_add_tracker_safe(&va_block->tracker, &local_tracker);
 	if (status == NV_OK)
 		status = tracker_status;
@@ -959,110 +1103,99 @@ static NV_STATUS wic_pte_op_locked(uvm_va_block_t *va_block,
 	return status;
 }
 
-static int wic_pte_op(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len, enum wic_pte_op op)
+/*
+ * The GPU @gpu_id, when it is registered in the context's space with a GPU VA space and wic
+ * supports it. A GPU registered in the VA space stays retained while its lock is held.
+ */
+static NV_STATUS wic_pte_gpu(struct wic_ctx *ctx, u32 gpu_id, uvm_gpu_t **gpu_out)
 {
-	uvm_va_space_t *va_space = wic_va_space(space);
-	uvm_tracker_t tracker = UVM_TRACKER_INIT();
-	uvm_va_block_context_t *block_context;
+	uvm_va_space_t *va_space = ctx->va_space;
 	uvm_gpu_id_t id;
 	uvm_gpu_t *gpu;
-	struct mm_struct *mm;
-	NV_STATUS status = NV_OK;
-	NV_STATUS tracker_status;
-	bool unsupported = false;
-	u64 end, addr;
 
-	if (!wic_range_valid(va, len))
-		return -EINVAL;
 	if (!wic_gpu_id_valid(gpu_id))
-		return -ENODEV;
+		return NV_ERR_INVALID_DEVICE;
 
 	id = uvm_gpu_id_from_value(gpu_id);
-	end = va + len - 1;
+	if (!uvm_processor_mask_test(&va_space->registered_gpus, id))
+		return NV_ERR_INVALID_DEVICE;
 
-	/* mmap_lock before the VA space lock, as in the fault path. */
-	mm = uvm_va_space_mm_retain_lock(va_space);
-	if (!mm)
-		return -ESRCH;
-
-	block_context = uvm_va_block_context_alloc(mm);
-	if (!block_context) {
-		uvm_va_space_mm_release_unlock(va_space, mm);
-		return -ENOMEM;
-	}
-
-	uvm_va_space_down_read(va_space);
-
-	/* A GPU registered in the VA space stays retained while its lock is held. */
-	if (!uvm_processor_mask_test(&va_space->registered_gpus, id)) {
-		status = NV_ERR_INVALID_DEVICE;
-		goto unlock;
-	}
 	gpu = uvm_gpu_get(id);
-	if (!gpu || !uvm_gpu_va_space_get(va_space, gpu)) {
-		status = NV_ERR_INVALID_DEVICE;
-		goto unlock;
-	}
-	if (!wic_gpu_supported(gpu)) {
-		unsupported = true;
-		goto unlock;
-	}
+	if (!gpu || !uvm_gpu_va_space_get(va_space, gpu))
+		return NV_ERR_INVALID_DEVICE;
+	if (!wic_gpu_supported(gpu))
+		return WIC_ERR_GPU_UNSUPPORTED;
+
+	*gpu_out = gpu;
+	return NV_OK;
+}
+
+/*
+ * Runs @op on the pages [@va, @va + @len) of GPU @gpu_id, VA block by VA block (the range may
+ * span blocks), adding the PTE writes and TLB invalidates to the context's tracker without
+ * waiting for them: wic_end() waits once for those of every operation of the context.
+ */
+static NV_STATUS wic_pte(struct wic_ctx *ctx, u32 gpu_id, u64 va, u64 len, enum wic_pte_op op)
+{
+	u64 end = va + len - 1;
+	NV_STATUS status;
+	uvm_gpu_t *gpu;
+	u64 addr;
+
+	status = wic_pte_gpu(ctx, gpu_id, &gpu);
+	if (status != NV_OK)
+		return status;
 
 	for (addr = va; addr <= end; ) {
 		uvm_va_block_region_t region;
 		uvm_va_block_t *va_block;
 		u64 last;
 
-		status = uvm_va_block_find_create_managed(va_space, addr, &va_block);
+		status = uvm_va_block_find_create_managed(ctx->va_space, addr, &va_block);
 		if (status != NV_OK)
 			break;
 
 		last = min(end, va_block->end);
 		region = uvm_va_block_region_from_start_end(va_block, addr, last);
 		status = UVM_VA_BLOCK_LOCK_RETRY(va_block, NULL,
-						 wic_pte_op_locked(va_block, block_context, gpu,
-								   region, op, &tracker));
+						 wic_pte_op_locked(va_block, ctx->block_context,
+								   gpu, region, op,
+								   &ctx->tracker));
 		if (status != NV_OK || last == end)
 			break;
 
 		addr = last + 1;
 	}
 
-	/* Wait for the PTE writes and TLB invalidates while the GPU is surely registered. */
-	tracker_status = uvm_tracker_wait(&tracker);
-	if (status == NV_OK)
-		status = tracker_status;
-
-unlock:
-	uvm_va_space_up_read(va_space);
-	uvm_va_block_context_free(block_context);
-	uvm_va_space_mm_release_unlock(va_space, mm);
-	uvm_tracker_deinit(&tracker);
-
-	if (status == NV_ERR_INVALID_DEVICE)
-		return -ENODEV;
-	if (status == NV_ERR_INVALID_STATE)
-		return -ENODATA;
-	if (status == NV_ERR_INVALID_OPERATION)
-		return -EXDEV;
-	if (unsupported)
-		return -EOPNOTSUPP;
-
-	return wic_errno(status);
+	return status;
 }
 
 static int wic_pte_op_entry(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len,
 			    enum wic_pte_op op)
 {
-	int ret = wic_enter();
+	struct wic_ctx ctx;
+	NV_STATUS status, end_status;
+	int ret;
 
+	if (!wic_range_valid(va, len))
+		return -EINVAL;
+	if (!wic_gpu_id_valid(gpu_id))
+		return -ENODEV;
+
+	ret = wic_enter();
 	if (ret)
 		return ret;
 
-	ret = wic_pte_op(space, gpu_id, va, len, op);
+	status = wic_begin(&ctx, space, false);
+	if (status == NV_OK) {
+		status = wic_pte(&ctx, gpu_id, va, len, op);
+		end_status = wic_end(&ctx);
+		if (status == NV_OK)
+			status = end_status;
+	}
 	wic_exit();
 
-	return ret;
+	return wic_pte_errno(status);
 }
 
 /**
@@ -1131,6 +1264,148 @@ int uvm_wic_revoke_write(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 le
 	UVM_ENTRY_RET(wic_pte_op_entry(space, gpu_id, va, len, WIC_REVOKE_WRITE));
 }
 EXPORT_SYMBOL_GPL(uvm_wic_revoke_write);
+
+/*
+ * Completions
+ */
+
+/*
+ * A wake-up's arguments: a page-aligned run and companion of @pages pages, at least one, that
+ * neither wrap nor overlap (the companion is unmapped after the run is filled, and the run
+ * mapped after that); data of at most the run's size, from kernel memory or from a source
+ * range as uvm_wic_copy() checks it. The GPU is checked by its operations, as the helpers do.
+ */
+static bool wic_completion_valid(const struct uvm_wic_completion *c)
+{
+	u64 len = (u64)c->pages * PAGE_SIZE;
+
+	if (!wic_range_valid(c->va, len) || !wic_range_valid(c->companion, len))
+		return false;
+	if (c->va < c->companion + len && c->companion < c->va + len)
+		return false;
+	if (!c->length)
+		return true;
+	if (c->length > len)
+		return false;
+
+	return c->src || wic_copy_valid(c->va, c->src_va, c->length);
+}
+
+/* Runs one wake-up's steps in @ctx, stopping at the first that fails; returns its errno. */
+static int wic_complete_one(struct wic_ctx *ctx, const struct uvm_wic_completion *c)
+{
+	u64 len = (u64)c->pages * PAGE_SIZE;
+	NV_STATUS status;
+
+	if (!wic_completion_valid(c))
+		return -EINVAL;
+
+	if (c->length)
+		status = wic_fill(ctx, c->va, c->src, c->src_va, c->length);
+	else
+		status = wic_fill_marker(ctx, c->va, c->pages, &c->marker);
+	if (status != NV_OK)
+		return wic_errno(status);
+
+	status = wic_pte(ctx, c->gpu_id, c->companion, len, WIC_UNMAP);
+	if (status == NV_OK)
+		status = wic_pte(ctx, c->gpu_id, c->va, len, WIC_MAP_READ_ONLY);
+
+	return wic_pte_errno(status);
+}
+
+static int wic_complete(struct uvm_wic_space *space, struct uvm_wic_completion *completions,
+			u32 count)
+{
+	struct wic_ctx ctx;
+	NV_STATUS status;
+	int ret;
+	u32 i;
+
+	if (!completions || count == 0)
+		return -EINVAL;
+
+	/*
+	 * Every fill goes through the staging page, so it is needed as soon as one wake-up is
+	 * valid; when none is, nothing is taken.
+	 */
+	for (i = 0; i < count && !wic_completion_valid(&completions[i]); i++)
+		;
+	if (i == count) {
+		for (i = 0; i < count; i++)
+			completions[i].result = -EINVAL;
+		return 0;
+	}
+
+	ret = wic_enter();
+	if (ret)
+		return ret;
+
+	status = wic_begin(&ctx, space, true);
+	if (status != NV_OK) {
+		wic_exit();
+		return wic_errno(status);
+	}
+
+	for (i = 0; i < count; i++)
+		completions[i].result = wic_complete_one(&ctx, &completions[i]);
+
+	/* The PTE writes and TLB invalidates of every wake-up, waited for once. */
+	status = wic_end(&ctx);
+	wic_exit();
+
+	if (status != NV_OK) {
+		ret = wic_pte_errno(status);
+		for (i = 0; i < count; i++) {
+			if (!completions[i].result)
+				completions[i].result = ret;
+		}
+	}
+
+	return 0;
+}
+
+/**
+ * uvm_wic_complete() - complete wake-ups, each as uvm_wic_write() or uvm_wic_copy() of its
+ *	fill, uvm_wic_unmap() of its companion and uvm_wic_map() (read-only) of its run
+ * @space: the space
+ * @completions: the wake-ups, run in order
+ * @count: how many, at least 1
+ *
+ * Why it exists: done with the helpers, a wake-up is three calls, and each takes the mm and
+ * VA space locks, allocates a staging page and maps it on every registered GPU (the writes),
+ * or waits for its own TLB invalidate (the unmap and the map). This runs every wake-up under
+ * one acquisition of the locks (mm retained, mmap_lock and the VA space lock for read), with
+ * one block context and one staging page, mapped on every registered GPU once, and waits once,
+ * at the end, for the PTE writes and TLB invalidates of all the unmaps and maps.
+ *
+ * Each wake-up, in order: its fill (with @length not 0, the bytes at @src written, or with
+ * @src NULL those at @src_va copied, into the run; with @length 0, the 8-byte @marker written
+ * at the start of each page of the run), the unmap of @companion from @gpu_id, the read-only
+ * map of the run on @gpu_id, each page checked once mapped. It stops at its first failing step
+ * (a run whose fill failed is never mapped), its @result gets the errno, and the next wake-up
+ * goes on. Steps of later wake-ups are ordered after earlier ones' PTE writes on the same VA
+ * block (the block's tracker), so a run unmapped as a companion earlier in the call is written
+ * only once the GPU can no longer reach it. Process context only, no UVM lock held.
+ *
+ * @result of a wake-up: -EINVAL for unaligned, empty, wrapping or overlapping runs, data
+ * longer than the run or a source range uvm_wic_copy() refuses; otherwise 0 or the errno of
+ * the step that failed, as uvm_wic_write(), uvm_wic_copy(), uvm_wic_unmap() and uvm_wic_map()
+ * return it (-ENODEV, -EOPNOTSUPP, -ENODATA, -EXDEV, -EFAULT...). When the final wait, or the
+ * ECC check of the GPUs the staging page was mapped on, fails, each wake-up that had
+ * succeeded gets that error. On return every mapping and unmapping of a wake-up whose
+ * @result is 0 is in place.
+ *
+ * Return: 0 (then every @result is set), or a negative errno when nothing could run and no
+ * @result was set: -EINVAL for no @completions or a @count of 0, -ESRCH when the process is
+ * gone, -EAGAIN while the driver is suspended, -ENOMEM.
+ */
+int uvm_wic_complete(struct uvm_wic_space *space, struct uvm_wic_completion *completions,
+		     u32 count)
+{
+	UVM_ENTRY_RET(wic_complete(space, completions, count));
+}
+EXPORT_SYMBOL_GPL(uvm_wic_complete);
 
 /*
  * Replay
