@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use wic_engine::{EngineConfig, Nanos};
 
+use crate::service::sharing::SharingPolicy;
+
 /// The whole file.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -102,11 +104,14 @@ pub struct ShimConfig {
     /// How long to retry while the device is still held by a previous session (a restart:
     /// the module completes the old session's held faults before it lets a new one in).
     pub open_wait_ms: u64,
+    /// At each attach, what to do about GPUs that would time-slice other contexts with held
+    /// faults (compute mode not EXCLUSIVE_PROCESS, no MIG), as NVML reports them.
+    pub gpu_sharing: SharingPolicy,
 }
 
 impl Default for ShimConfig {
     fn default() -> Self {
-        Self { submission: SubmissionChoice::IoUring, open_wait_ms: 2000 }
+        Self { submission: SubmissionChoice::IoUring, open_wait_ms: 2000, gpu_sharing: SharingPolicy::Warn }
     }
 }
 

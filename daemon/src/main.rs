@@ -6,6 +6,7 @@
 mod config;
 mod demo;
 mod logging;
+mod nvml;
 mod serve;
 mod service;
 mod systemd;
@@ -31,6 +32,9 @@ enum Command {
     Demo(DemoArgs),
     /// Run the daemon: serve applications on the Unix socket.
     Serve(serve::ServeArgs),
+    /// List the GPUs NVIDIA's driver reports (NVML) and whether each keeps wic's held faults
+    /// from stalling other contexts: compute mode EXCLUSIVE_PROCESS, or MIG on.
+    Gpus,
 }
 
 #[derive(clap::Args)]
@@ -88,6 +92,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Demo(args) => run_demo(args),
         Command::Serve(args) => serve::run(args),
+        Command::Gpus => run_gpus(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -96,6 +101,22 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn run_gpus() -> Result<(), String> {
+    let gpus = nvml::survey().map_err(|e| e.to_string())?;
+    if gpus.is_empty() {
+        println!("NVML reports no GPU");
+    }
+    for gpu in &gpus {
+        let mig = if gpu.mig { ", MIG on" } else { "" };
+        let verdict = match service::sharing::shared(gpu) {
+            None => "safe for held faults".to_string(),
+            Some(why) => format!("shared: {why}"),
+        };
+        println!("GPU {} {} {}: compute mode {}{mig}; {verdict}", gpu.index, gpu.name, gpu.uuid, gpu.compute_mode);
+    }
+    Ok(())
 }
 
 fn run_demo(args: DemoArgs) -> Result<(), String> {

@@ -207,9 +207,13 @@ async fn serve(
         Ok((signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?, signal(SignalKind::hangup())?))
     };
     let warps_per_batch = config.engine().warps_per_batch;
+    // Only the shim holds faults; the emulated backend's GPUs stall nobody.
+    let gpu_sharing = (backend == "shim").then_some(config.shim.gpu_sharing);
     let ready = signals()
         .map_err(|e| format!("signal handlers: {e}"))
-        .and_then(|signals| Ok((signals, Shared::new(config.limits, nofile, handle.clone(), backend, gpus, warps_per_batch)?)))
+        .and_then(|signals| {
+            Ok((signals, Shared::new(config.limits, nofile, handle.clone(), backend, gpus, warps_per_batch, gpu_sharing)?))
+        })
         .and_then(|(signals, shared)| Ok((signals, shared, bind(&config)?)));
     let ((mut terminate, mut interrupt, mut hangup), shared, (listener, bound)) = match ready {
         Ok(ready) => ready,

@@ -237,8 +237,9 @@ struct uvm_wic_completion {
  * @result is 0 is in place; when that final wait fails, each wake-up that had succeeded gets
  * its error.
  *
- * Return: 0, or a negative errno when nothing could run (-ESRCH when the process is gone,
- * -EAGAIN while the driver is suspended, -ENOMEM); then no @result was set.
+ * Return: 0, or a negative errno when nothing could run (-EINVAL for no @completions or a
+ * @count of 0, -ESRCH when the process is gone, -EAGAIN while the driver is suspended,
+ * -ENOMEM); then no @result was set.
  */
 int uvm_wic_complete(struct uvm_wic_space *space, struct uvm_wic_completion *completions,
 		     u32 count);

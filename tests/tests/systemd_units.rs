@@ -259,7 +259,7 @@ fn example_config_has_exactly_the_documented_keys_and_defaults() {
         ),
         ("engine", vec![("pool_pages", I(16384)), ("warps_per_batch", I(16)), ("max_slots", I(4096))]),
         ("emulated", vec![("gpus", I(4))]),
-        ("shim", vec![("submission", s("io_uring")), ("open_wait_ms", I(2000))]),
+        ("shim", vec![("submission", s("io_uring")), ("open_wait_ms", I(2000)), ("gpu_sharing", s("warn"))]),
         (
             "limits",
             vec![

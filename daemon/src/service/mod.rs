@@ -7,4 +7,5 @@ pub mod gpus;
 pub mod observe;
 pub mod quota;
 pub mod server;
+pub mod sharing;
 pub mod shim;

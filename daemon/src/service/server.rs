@@ -34,7 +34,9 @@ use wic_proto::PROTOCOL_VERSION;
 
 use super::dataplane::{Control, Created, DataplaneHandle, Placement};
 use super::quota::{self, RefusalLog};
+use super::sharing::{self, SharingPolicy};
 use crate::config::Limits;
+use crate::nvml;
 
 type ConnId = u64;
 
@@ -165,6 +167,9 @@ pub struct Shared {
     pub started: Instant,
     /// The daemon's own uid: with root, the operators who see every client's channels.
     operator_uid: u32,
+    /// What to do at attach about GPUs that time-slice other contexts with held faults;
+    /// `None` where no fault is held (the emulated backend).
+    gpu_sharing: Option<SharingPolicy>,
     registry: Mutex<Registry>,
     refusals: Mutex<RefusalLog>,
 }
@@ -179,6 +184,7 @@ impl Shared {
         backend: &'static str,
         gpus: u16,
         warps_per_batch: u32,
+        gpu_sharing: Option<SharingPolicy>,
     ) -> Result<Arc<Self>, String> {
         let channels = quota::channel_capacity(&limits, nofile)?;
         tracing::info!("descriptor limit {nofile}: room for {} clients and {channels} channels", limits.max_clients);
@@ -191,6 +197,7 @@ impl Shared {
             warps_per_batch,
             started: Instant::now(),
             operator_uid: nix::unistd::geteuid().as_raw(),
+            gpu_sharing,
             registry: Mutex::new(Registry::default()),
             refusals: Mutex::new(RefusalLog::default()),
         }))
@@ -708,7 +715,10 @@ async fn attach_space(shared: &Shared, conn: ConnId, peer: Peer, fds: Vec<OwnedF
         // Counted from now on, so that concurrent attachments cannot overshoot the bound.
         registry.spaces.insert(conn, ATTACHING);
     }
-    let attached = shared.dataplane.ask(|reply| Control::AttachSpace { uvm, reply }).await.and_then(|result| result);
+    let attached = match check_gpu_sharing(shared, peer).await {
+        Ok(()) => shared.dataplane.ask(|reply| Control::AttachSpace { uvm, reply }).await.and_then(|result| result),
+        Err(e) => Err(e),
+    };
     let space = match attached {
         Ok(space) => space,
         Err(e) => {
@@ -719,6 +729,26 @@ async fn attach_space(shared: &Shared, conn: ConnId, peer: Peer, fds: Vec<OwnedF
     shared.registry().spaces.insert(conn, space);
     tracing::debug!(space, pid = peer.pid, uid = peer.uid, "address space attached");
     Ok((Reply::Space { space }, Vec::new()))
+}
+
+/// The deployment rule for held faults, asked of NVML at each attachment (an operator may
+/// change a GPU's compute mode between two): a GPU that time-slices other contexts with wic's
+/// held faults is logged, or the attachment refused, as `[shim] gpu_sharing` says.
+async fn check_gpu_sharing(shared: &Shared, peer: Peer) -> Result<(), WireError> {
+    let Some(policy) = shared.gpu_sharing.filter(|p| *p != SharingPolicy::Ignore) else { return Ok(()) };
+    // NVML's calls reach the driver and can take a while: off the control plane's threads.
+    let survey = tokio::task::spawn_blocking(nvml::survey)
+        .await
+        .map_err(|e| error(ErrorCode::Io, format!("checking the GPUs: {e}")))?;
+    match sharing::check(policy, &survey) {
+        Ok(warnings) => {
+            for warning in warnings {
+                tracing::warn!(pid = peer.pid, uid = peer.uid, "attaching an address space: {warning}");
+            }
+            Ok(())
+        }
+        Err(refusal) => Err(error(ErrorCode::Unsupported, refusal)),
+    }
 }
 
 async fn create(shared: &Shared, conn: ConnId, peer: Peer, spec: ChannelSpec, base_va: Option<u64>) -> Handled {

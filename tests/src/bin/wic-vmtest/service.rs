@@ -34,9 +34,15 @@ struct Wicd(Child);
 
 impl Wicd {
     fn start() -> Result<Self, String> {
+        Self::start_with(&[])
+    }
+
+    /// A wicd with `extra` arguments to `wicd serve`.
+    fn start_with(extra: &[&str]) -> Result<Self, String> {
         let log = File::options().create(true).append(true).open(LOG).map_err(|e| format!("{LOG}: {e}"))?;
         let child = Command::new("wicd")
             .args(["serve", "--backend", "shim", "--socket", SOCKET])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(log.try_clone().map_err(|e| e.to_string())?)
             .stderr(log)
@@ -325,7 +331,27 @@ fn scenario() -> Result<(), String> {
         capi::wic_channel_close(channel);
         capi::wic_disconnect(client);
     }
-    Ok(())
+    gpu_sharing(&fake)
+}
+
+/// The deployment rule at attach: the VM has no NVIDIA driver, so NVML cannot say how the GPUs
+/// are shared. The default policy attached anyway and said so in the log; `refuse` refuses
+/// the attachment with the reason.
+fn gpu_sharing(fake: &FakeGpu) -> Result<(), String> {
+    let log = std::fs::read_to_string(LOG).unwrap_or_default();
+    ensure(log.contains("cannot check how the GPUs are shared"), || format!("no warning about the unchecked GPUs:\n{}", log_tail()))?;
+    let config = "/tmp/wicd-refuse.toml";
+    std::fs::write(config, "[shim]\ngpu_sharing = \"refuse\"\n").map_err(|e| format!("{config}: {e}"))?;
+    let mut wicd = Wicd::start_with(&["--config", config])?;
+    let client = Client::connect(Some(Path::new(SOCKET))).map_err(|e| format!("connect: {e}"))?;
+    let refused = client.attach_space(fake.fd());
+    ensure(
+        refused.as_ref().is_err_and(|e| e.code() == ErrorCode::Unsupported && e.to_string().contains("gpu_sharing")),
+        || format!("attach_space under gpu_sharing = \"refuse\" without NVML: {refused:?}"),
+    )?;
+    drop(client);
+    wicd.signal(Signal::SIGTERM)?;
+    wicd.wait().map(drop)
 }
 
 /// `connect` and `placed` through `wic.h`: a one-slot channel placed in `memory`; the
