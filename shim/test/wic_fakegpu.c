@@ -90,6 +90,7 @@ MODULE_PARM_DESC(strict_write,
  * @gpu_pages: page index (va >> 12) to the struct wic_gpu_page of a page resident in a fake
  *	GPU's memory (WIC_FAKEGPU_IOC_GPU_STORE)
  * @nr_gpu_pages: entries in @gpu_pages
+ * @pre_volta: the pre-Volta GPUs registered in the space, by GPU id (WIC_FAKEGPU_IOC_PRE_VOLTA)
  *
  * @lock also protects the fail_* fields, @managed, @remote, @gpu_pages and their counts.
  */
@@ -117,6 +118,7 @@ struct uvm_wic_space {
 	u32 nr_remote;
 	struct xarray gpu_pages;
 	u32 nr_gpu_pages;
+	DECLARE_BITMAP(pre_volta, WIC_FAKEGPU_NR_GPUS + 1);
 };
 
 /* A page resident in a fake GPU's memory: the GPU and the page's bytes there. */
@@ -203,10 +205,12 @@ static void wic_log_reset(void)
 }
 
 /* Check a range of whole pages on a GPU. */
-static int wic_check_range(u32 gpu_id, u64 va, u64 len)
+static int wic_check_range(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len)
 {
 	if (!wic_gpu_valid(gpu_id))
 		return -ENODEV;
+	if (test_bit(gpu_id, space->pre_volta))
+		return -EOPNOTSUPP;
 	if (!len || ((va | len) & (WIC_FAKEGPU_PAGE_SIZE - 1)))
 		return -EINVAL;
 	if (va + (len - 1) < va)
@@ -672,7 +676,9 @@ static void wic_classify_batch(u32 gpu_id, const struct uvm_wic_fault *faults, u
 	rcu_read_lock();
 	ops = rcu_dereference(wic_ops);
 	for (i = 0; i < n; i++) {
-		enum uvm_wic_verdict verdict = ops ? ops->classify(&faults[i]) : UVM_WIC_PASS;
+		/* As the hook: a pre-Volta GPU's faults are never shown, so never held. */
+		bool shown = ops && !test_bit(gpu_id, faults[i].space->pre_volta);
+		enum uvm_wic_verdict verdict = shown ? ops->classify(&faults[i]) : UVM_WIC_PASS;
 
 		held[i] = verdict == UVM_WIC_HOLD;
 		any |= held[i];
@@ -1177,6 +1183,16 @@ static long wic_fakegpu_ioctl(struct file *file, unsigned int cmd, unsigned long
 		return wic_ioctl_warps(space, uarg, false);
 	case WIC_FAKEGPU_IOC_BOTTOM_HALF:
 		return wic_ioctl_warps(space, uarg, true);
+	case WIC_FAKEGPU_IOC_PRE_VOLTA: {
+		u32 gpu_id;
+
+		if (get_user(gpu_id, (u32 __user *)uarg))
+			return -EFAULT;
+		if (!wic_gpu_valid(gpu_id))
+			return -ENODEV;
+		set_bit(gpu_id, space->pre_volta);
+		return 0;
+	}
 	default:
 		return -ENOTTY;
 	}
@@ -1313,6 +1329,8 @@ struct uvm_wic_space *uvm_wic_space_get(struct file *uvm_file)
 	space = uvm_file->private_data;
 	if (!space->mm)
 		return ERR_PTR(-ENODEV);
+	if (!bitmap_empty(space->pre_volta, WIC_FAKEGPU_NR_GPUS + 1))
+		return ERR_PTR(-EOPNOTSUPP);
 	get_file(uvm_file);
 	return space;
 }
@@ -1538,7 +1556,8 @@ EXPORT_SYMBOL_GPL(uvm_wic_complete);
  * Process context only. Sets the pages' flags to mapped (and writable when @writable), whatever
  * they were, and logs %WIC_FAKEGPU_EVENT_MAP or %WIC_FAKEGPU_EVENT_MAP_WRITABLE.
  *
- * Return: 0; -ENODEV for a bad @gpu_id; -EINVAL for a bad range; -E2BIG for a range of more
+ * Return: 0; -ENODEV for a bad @gpu_id; -EOPNOTSUPP for a pre-Volta one; -EINVAL for a bad
+ * range; -E2BIG for a range of more
  * than %WIC_FAKEGPU_MAX_PAGES pages; -EXDEV when a page of the range is resident out of
  * @gpu_id's reach (WIC_FAKEGPU_IOC_RESIDE; nothing is mapped or logged); -ENOSPC when the
  * space would have more mapped pages than that, or -ENOMEM (then part of the range may be
@@ -1552,7 +1571,7 @@ int uvm_wic_map(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len, bool w
 	might_sleep();
 	if (IS_ERR_OR_NULL(space))
 		return -EINVAL;
-	ret = wic_check_range(gpu_id, va, len);
+	ret = wic_check_range(space, gpu_id, va, len);
 	if (ret)
 		return ret;
 	if (len >> WIC_FAKEGPU_PAGE_SHIFT > WIC_FAKEGPU_MAX_PAGES)
@@ -1607,7 +1626,7 @@ static int wic_clear_range(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 
 	might_sleep();
 	if (IS_ERR_OR_NULL(space))
 		return -EINVAL;
-	ret = wic_check_range(gpu_id, va, len);
+	ret = wic_check_range(space, gpu_id, va, len);
 	if (ret)
 		return ret;
 	wic_pages_clear(space, gpu_id, va >> WIC_FAKEGPU_PAGE_SHIFT,
@@ -1625,7 +1644,8 @@ static int wic_clear_range(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 
  *
  * Process context only. Pages that are not mapped are skipped. Logs %WIC_FAKEGPU_EVENT_UNMAP.
  *
- * Return: 0, -ENODEV for a bad @gpu_id or -EINVAL for a bad range.
+ * Return: 0, -ENODEV for a bad @gpu_id, -EOPNOTSUPP for a pre-Volta one or -EINVAL for a
+ * bad range.
  */
 int uvm_wic_unmap(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len)
 {
@@ -1642,7 +1662,8 @@ EXPORT_SYMBOL_GPL(uvm_wic_unmap);
  *
  * Process context only. Mapped pages stay mapped. Logs %WIC_FAKEGPU_EVENT_REVOKE_WRITE.
  *
- * Return: 0, -ENODEV for a bad @gpu_id or -EINVAL for a bad range.
+ * Return: 0, -ENODEV for a bad @gpu_id, -EOPNOTSUPP for a pre-Volta one or -EINVAL for a
+ * bad range.
  */
 int uvm_wic_revoke_write(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len)
 {

@@ -38,6 +38,11 @@
  * (uvm_wic_run_replays() of uvm_wic.h); and every replay resumes the stalled warps whose pages
  * are mapped and makes every other one fault again.
  *
+ * A pre-Volta GPU (Pascal: faults are cancelled per uTLB, not per VA) can be registered in a
+ * space (WIC_FAKEGPU_IOC_PRE_VOLTA): as nvidia-uvm with the hook, uvm_wic_space_get() then
+ * refuses the space with EOPNOTSUPP, the helpers refuse that GPU with EOPNOTSUPP, and its
+ * faults are never shown to classify (serviced as usual).
+ *
  * A test driver can make the next calls of uvm_wic_write() and uvm_wic_map() on its space fail
  * with an errno of its choice, or stall until it lets them go on (WIC_FAKEGPU_IOC_FAIL), to see
  * what wic_shim does when nvidia-uvm refuses, or what happens while a helper runs.
@@ -342,5 +347,7 @@ struct wic_fakegpu_warps {
 #define WIC_FAKEGPU_IOC_GPU_STORE _IOW(WIC_FAKEGPU_IOC_MAGIC, 8, struct wic_fakegpu_gpu_store)
 #define WIC_FAKEGPU_IOC_WARPS _IOWR(WIC_FAKEGPU_IOC_MAGIC, 9, struct wic_fakegpu_warps)
 #define WIC_FAKEGPU_IOC_BOTTOM_HALF _IOWR(WIC_FAKEGPU_IOC_MAGIC, 10, struct wic_fakegpu_warps)
+/* A pre-Volta GPU, whose id the __u32 argument gives, is registered in this file's space. */
+#define WIC_FAKEGPU_IOC_PRE_VOLTA _IOW(WIC_FAKEGPU_IOC_MAGIC, 11, __u32)
 
 #endif /* _WIC_FAKEGPU_H */

@@ -198,6 +198,8 @@ pub const IOC_RESIDE: u32 = nix::request_code_write!(IOC_MAGIC, 7, std::mem::siz
 pub const IOC_GPU_STORE: u32 = nix::request_code_write!(IOC_MAGIC, 8, std::mem::size_of::<GpuStore>()) as u32;
 /// `WIC_FAKEGPU_IOC_WARPS`.
 pub const IOC_WARPS: u32 = nix::request_code_readwrite!(IOC_MAGIC, 9, std::mem::size_of::<Warps>()) as u32;
+/// `WIC_FAKEGPU_IOC_PRE_VOLTA`.
+pub const IOC_PRE_VOLTA: u32 = nix::request_code_write!(IOC_MAGIC, 11, std::mem::size_of::<u32>()) as u32;
 /// `WIC_FAKEGPU_IOC_BOTTOM_HALF`.
 pub const IOC_BOTTOM_HALF: u32 = nix::request_code_readwrite!(IOC_MAGIC, 10, std::mem::size_of::<Warps>()) as u32;
 
@@ -212,6 +214,7 @@ nix::ioctl_write_ptr_bad!(ioc_reside, IOC_RESIDE, PageState);
 nix::ioctl_write_ptr_bad!(ioc_gpu_store, IOC_GPU_STORE, GpuStore);
 nix::ioctl_readwrite_bad!(ioc_warps, IOC_WARPS, Warps);
 nix::ioctl_readwrite_bad!(ioc_bottom_half, IOC_BOTTOM_HALF, Warps);
+nix::ioctl_write_ptr_bad!(ioc_pre_volta, IOC_PRE_VOLTA, u32);
 
 /// Every constant of the header with its value, for the ABI test.
 pub fn constants() -> Vec<(&'static str, i128)> {
@@ -265,6 +268,7 @@ pub fn constants() -> Vec<(&'static str, i128)> {
         ("WIC_FAKEGPU_IOC_GPU_STORE", IOC_GPU_STORE.into()),
         ("WIC_FAKEGPU_IOC_WARPS", IOC_WARPS.into()),
         ("WIC_FAKEGPU_IOC_BOTTOM_HALF", IOC_BOTTOM_HALF.into()),
+        ("WIC_FAKEGPU_IOC_PRE_VOLTA", IOC_PRE_VOLTA.into()),
     ]
 }
 
@@ -368,6 +372,13 @@ impl FakeGpu {
         // SAFETY: checked ABI; `entries` holds `count` elements for the call.
         check(unsafe { ioc_warps(self.file.as_raw_fd(), &mut arg) })?;
         Ok(arg)
+    }
+
+    /// Registers a pre-Volta GPU `gpu` (Pascal) in this space: the space cannot be attached,
+    /// the helpers refuse the GPU and its faults are never held.
+    pub fn pre_volta(&self, gpu: u32) -> io::Result<()> {
+        // SAFETY: checked ABI; the module reads one u32.
+        check(unsafe { ioc_pre_volta(self.file.as_raw_fd(), &gpu) }).map(drop)
     }
 
     /// Runs `gpu`'s bottom half until its fault buffer is empty; what it did.

@@ -51,7 +51,13 @@ impl ShimGpus {
     /// Attaches an application's address space given its UVM file; the module keeps its own
     /// reference, so `uvm` may be closed afterwards.
     pub fn attach(&mut self, uvm: OwnedFd) -> Result<u32, WireError> {
-        let space = self.backend.device().attach(uvm.as_fd()).map_err(|e| wire_error("attaching the address space", e))?;
+        let space = self.backend.device().attach(uvm.as_fd()).map_err(|e| match e {
+            DeviceError::Call { errno: Errno::EOPNOTSUPP, .. } => WireError::new(
+                ErrorCode::Unsupported,
+                "a GPU registered in the address space cannot cancel faults per VA (Pascal or older): wic cannot hold its faults",
+            ),
+            e => wire_error("attaching the address space", e),
+        })?;
         self.spaces.insert(space);
         Ok(space)
     }

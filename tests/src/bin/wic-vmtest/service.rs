@@ -331,7 +331,8 @@ fn scenario() -> Result<(), String> {
         capi::wic_channel_close(channel);
         capi::wic_disconnect(client);
     }
-    gpu_sharing(&fake)
+    gpu_sharing(&fake)?;
+    pascal_refused()
 }
 
 /// The deployment rule at attach: the VM has no NVIDIA driver, so NVML cannot say how the GPUs
@@ -348,6 +349,23 @@ fn gpu_sharing(fake: &FakeGpu) -> Result<(), String> {
     ensure(
         refused.as_ref().is_err_and(|e| e.code() == ErrorCode::Unsupported && e.to_string().contains("gpu_sharing")),
         || format!("attach_space under gpu_sharing = \"refuse\" without NVML: {refused:?}"),
+    )?;
+    drop(client);
+    wicd.signal(Signal::SIGTERM)?;
+    wicd.wait().map(drop)
+}
+
+/// An application whose address space has a Pascal GPU registered: the module cannot hold
+/// that GPU's faults, and wicd says so.
+fn pascal_refused() -> Result<(), String> {
+    let pascal = FakeGpu::open().map_err(|e| e.to_string())?;
+    pascal.pre_volta(4).map_err(|e| format!("pre_volta: {e}"))?;
+    let mut wicd = Wicd::start()?;
+    let client = Client::connect(Some(Path::new(SOCKET))).map_err(|e| format!("connect: {e}"))?;
+    let refused = client.attach_space(pascal.fd());
+    ensure(
+        refused.as_ref().is_err_and(|e| e.code() == ErrorCode::Unsupported && e.to_string().contains("Pascal")),
+        || format!("attach_space of a space with a Pascal GPU: {refused:?}"),
     )?;
     drop(client);
     wicd.signal(Signal::SIGTERM)?;
