@@ -101,6 +101,15 @@ fn call(name: &'static str, result: nix::Result<libc::c_int>) -> Result<libc::c_
     result.map_err(|errno| DeviceError::Call { call: name, errno })
 }
 
+/// Where the module shows its `max_hold_ms` parameter.
+pub const MAX_HOLD_MS_PARAM: &str = "/sys/module/wic_shim/parameters/max_hold_ms";
+
+/// The module's own bound on a hold, in ms: `None` when it has none (0), or when the module is
+/// not loaded or says something else than a number.
+pub fn module_max_hold_ms() -> Option<u64> {
+    std::fs::read_to_string(MAX_HOLD_MS_PARAM).ok()?.trim().parse().ok().filter(|ms| *ms > 0)
+}
+
 /// An open session.
 pub struct Device {
     file: File,

@@ -821,6 +821,19 @@ async fn create_reserved(
     if spec.timeout_ns == 0 {
         spec.timeout_ns = limits.default_timeout_ns();
     }
+    if let Some(bound_ms) = (shared.backend == "shim").then(wic_kmod::device::module_max_hold_ms).flatten() {
+        // The module would end such a hold itself first, knowing only the faulting page: the
+        // slot's other run stays mapped with the previous generation's bytes.
+        if spec.timeout_ns >= bound_ms.saturating_mul(1_000_000) {
+            return Err(error(
+                ErrorCode::Invalid,
+                format!(
+                    "timeout_ns {} is not below wic_shim's max_hold_ms of {bound_ms} ms, which would end the hold first and leave the slot inconsistent; ask for less (0 takes limits.default_timeout_ms)",
+                    spec.timeout_ns
+                ),
+            ));
+        }
+    }
     let engine_spec = spec.into();
     let placement = match base_va {
         None => None,

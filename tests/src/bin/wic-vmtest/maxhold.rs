@@ -15,7 +15,7 @@ use wic_proto::kabi::{self, WIC_MARKER_TIMEOUT};
 
 use crate::rig::{ensure, fault, wait_events, Memory, DEVICE, GPU};
 
-const PARAM: &str = "/sys/module/wic_shim/parameters/max_hold_ms";
+const PARAM: &str = wic_kmod::device::MAX_HOLD_MS_PARAM;
 const PAGE: u64 = 4096;
 /// The bound the scenario sets.
 const BOUND: Duration = Duration::from_millis(200);

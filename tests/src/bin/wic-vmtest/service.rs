@@ -332,7 +332,35 @@ fn scenario() -> Result<(), String> {
         capi::wic_disconnect(client);
     }
     gpu_sharing(&fake)?;
-    pascal_refused()
+    pascal_refused()?;
+    timeouts_below_the_module_bound(&fake, &mut memory)
+}
+
+/// With the module's own bound on a hold (`max_hold_ms`) set, a channel whose timeout is not
+/// below it is refused: the module would end the hold first, knowing only the faulting page.
+fn timeouts_below_the_module_bound(fake: &FakeGpu, memory: &mut Memory) -> Result<(), String> {
+    let param = wic_kmod::device::MAX_HOLD_MS_PARAM;
+    std::fs::write(param, "500\n").map_err(|e| format!("{param}: {e}"))?;
+    let result = (|| {
+        let mut wicd = Wicd::start()?;
+        let client = connect(fake)?;
+        let bytes = client.placement_bytes(&spec(1, 0)).map_err(|e| format!("placement_bytes: {e}"))?;
+        for timeout_ns in [10_000_000_000, 500_000_000, 0] {
+            let refused = client.create_channel_at(&spec(1, timeout_ns), memory.take(bytes)?);
+            ensure(
+                refused.as_ref().is_err_and(|e| e.code() == ErrorCode::Invalid && e.to_string().contains("max_hold_ms")),
+                || format!("a {timeout_ns} ns timeout (0: the default of 1 s) with max_hold_ms 500: {refused:?}"),
+            )?;
+        }
+        placed(&client, memory, &spec(1, 100_000_000)).map_err(|e| format!("a 100 ms timeout with max_hold_ms 500: {e}"))?;
+        let log = std::fs::read_to_string(LOG).unwrap_or_default();
+        ensure(log.contains("channels created without a timeout are refused"), || "no warning about the default timeout at start".into())?;
+        drop(client);
+        wicd.signal(Signal::SIGTERM)?;
+        wicd.wait().map(drop)
+    })();
+    std::fs::write(param, "0\n").map_err(|e| format!("{param}: {e}"))?;
+    result
 }
 
 /// The deployment rule at attach: the VM has no NVIDIA driver, so NVML cannot say how the GPUs
