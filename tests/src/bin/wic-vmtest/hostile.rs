@@ -17,9 +17,12 @@ use std::time::{Duration, Instant};
 
 use io_uring::{opcode, types, IoUring};
 use nix::errno::Errno;
+use wic_engine::fault::AccessType;
 use wic_kmod::fakegpu::{self, FakeGpu};
 use wic_kmod::Device;
 use wic_proto::kabi::{self, WicAttach, WicCommand, WicFaultRecord, WicRange, WicRingHeader, WicSubmit, WicVersion};
+
+use crate::rig::fault;
 
 const DEVICE: &str = "/dev/wic";
 const PAGE: u64 = kabi::WIC_PAGE_SIZE;
@@ -28,6 +31,7 @@ const GPU: u32 = crate::rig::GPU;
 const PAGE_BYTES: usize = kabi::WIC_PAGE_SIZE as usize;
 const PCM: u32 = kabi::WIC_RANGE_PCM;
 const PAT: u32 = kabi::WIC_RANGE_PAT;
+const SOURCE: u32 = kabi::WIC_RANGE_SOURCE;
 /// An address in the kernel's direct map: never a user address.
 const KERNEL_ADDR: u64 = 0xffff_8880_0000_0000;
 /// An address in the first page, below `vm.mmap_min_addr`: never mapped.
@@ -759,6 +763,9 @@ fn command_cases(c: &mut Checker, fd: RawFd, fake: &FakeGpu, ring: &mut IoUring,
     };
     let max_pages = (kabi::WIC_MAX_RANGE_BYTES / PAGE) as u32;
     let einval = neg(Errno::EINVAL);
+    // A GPU producer's batches, pages 10 and 11: what a COMPLETE_COPY may read.
+    let source = c.accepted("REGISTER a source range", register(fd, s1, SOURCE, st.region.page(10), 2 * PAGE))?;
+    let copy = WicCommand { opcode: kabi::WIC_CMD_COMPLETE_COPY, length: 16, arg: st.region.page(10), ..complete };
     let table: Vec<(&str, WicCommand, i32)> = vec![
         ("opcode 0", WicCommand { opcode: 0, ..map }, einval),
         ("unknown opcode 99", WicCommand { opcode: 99, ..map }, einval),
@@ -830,6 +837,11 @@ fn command_cases(c: &mut Checker, fd: RawFd, fake: &FakeGpu, ring: &mut IoUring,
         ("COMPLETE_COPY without length", WicCommand { opcode: kabi::WIC_CMD_COMPLETE_COPY, arg: a, ..complete }, einval),
         ("COMPLETE_COPY from a PCM page", WicCommand { opcode: kabi::WIC_CMD_COMPLETE_COPY, length: 16, arg: a, ..complete }, neg(Errno::ERANGE)),
         ("COMPLETE_COPY from outside every range", WicCommand { opcode: kabi::WIC_CMD_COMPLETE_COPY, length: 16, arg: st.region.page(40), ..complete }, neg(Errno::ERANGE)),
+        ("COMPLETE_COPY from its source range past the range's end", WicCommand { arg: st.region.page(12) - 8, ..copy }, neg(Errno::ERANGE)),
+        ("COMPLETE_COPY from its source range wrapping past 2^64", WicCommand { arg: u64::MAX - 7, ..copy }, neg(Errno::ERANGE)),
+        ("COMPLETE_COPY into its source range", WicCommand { va: st.region.page(10), companion: st.region.page(4), ..copy }, neg(Errno::ERANGE)),
+        ("COMPLETE on a source range", WicCommand { va: st.region.page(10), companion: st.region.page(4), ..complete }, neg(Errno::ERANGE)),
+        ("COMPLETE_COPY longer than its run", WicCommand { length: PAGE + 1, ..copy }, einval),
         ("a REPLAY of GPU 1 (valid)", replay(GPU), 0),
     ];
 
@@ -864,6 +876,10 @@ fn command_cases(c: &mut Checker, fd: RawFd, fake: &FakeGpu, ring: &mut IoUring,
     for (((what, _, _), got), ioctl) in table.iter().zip(&by_uring).zip(&by_ioctl) {
         c.status(&format!("io_uring SUBMIT {what}, as by ioctl"), got.result, ioctl.result)?;
     }
+    // A fault on a source page is the producer's own write: never held.
+    let (verdicts, _) = fake.inject(GPU, &[fault(st.region.page(10), AccessType::Write)]).map_err(|e| format!("inject: {e}"))?;
+    c.ensure("a fault on a source range is held", verdicts == [fakegpu::VERDICT_PASS], || format!("verdict {verdicts:?}"))?;
+    c.accepted("UNREGISTER the source range", unregister(fd, source))?;
 
     // Batch refusals through io_uring, as through ioctl.
     let mut one = [replay(GPU)];
