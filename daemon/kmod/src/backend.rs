@@ -29,6 +29,24 @@ pub struct PlacedChannel {
     pub ranges: Vec<u32>,
 }
 
+/// The ranges of a channel the module refused to unregister, with why: it keeps them
+/// registered, and the faults held there held.
+#[derive(Debug)]
+pub struct UnplaceError {
+    pub refused: Vec<(u32, DeviceError)>,
+}
+
+impl std::fmt::Display for UnplaceError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, (id, e)) in self.refused.iter().enumerate() {
+            write!(f, "{}range {id} stays registered: {e}", if i > 0 { "; " } else { "" })?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for UnplaceError {}
+
 /// What one execution did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Executed {
@@ -233,10 +251,16 @@ impl ShimBackend {
     }
 
     /// Removes a channel: its ranges are unregistered (the module completes any fault still
-    /// held on them with the channel-closed marker).
-    pub fn unplace(&mut self, channel: &PlacedChannel) -> Result<(), DeviceError> {
+    /// held on them with the channel-closed marker). Every range is tried; those the module
+    /// refused stay registered, their faults held, until an unregister of them succeeds.
+    pub fn unplace(&mut self, channel: &PlacedChannel) -> Result<(), UnplaceError> {
         self.path.remove(&channel.placement);
-        channel.ranges.iter().try_for_each(|id| self.device.unregister(*id))
+        let refused: Vec<_> = channel.ranges.iter().filter_map(|&id| self.device.unregister(id).err().map(|e| (id, e))).collect();
+        if refused.is_empty() {
+            Ok(())
+        } else {
+            Err(UnplaceError { refused })
+        }
     }
 
     /// Reads the ring and feeds every held fault to the engine, GPU by GPU. Returns how many

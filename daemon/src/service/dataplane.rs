@@ -27,7 +27,7 @@ use wic_proto::shm::{ChannelState, ConsumerLayout, ConsumerRegion, ProducerLayou
 use super::emulated::{EmulatedChannel, EmulatedGpus};
 use super::gpus::{marker_retries, ChannelMap, Executed, ExecutionLog};
 use super::observe::Observer;
-use super::shim::ShimGpus;
+use super::shim::{ShimGpus, RELEASE_RETRY};
 
 /// io_uring user data of the control doorbell's read.
 const WAKE_TOKEN: u64 = 0;
@@ -378,14 +378,25 @@ impl Dataplane {
             let now = self.now();
             self.engine.expire(now, &mut self.commands);
             self.execute();
+            if let Gpus::Shim(shim) = &mut self.backend {
+                shim.retry_stuck();
+            }
         }
         tracing::debug!("fast path stopped");
     }
 
-    /// Waits for a completion or the engine's next deadline; does not wait while a fault ring
-    /// is owed a turn.
+    /// Waits for a completion, the engine's next deadline or the next time to ask the module
+    /// again to let go of what it refused; does not wait while a fault ring is owed a turn.
     fn wait(&mut self) -> io::Result<()> {
-        let result = match self.engine.next_deadline() {
+        let retry = match &self.backend {
+            Gpus::Shim(shim) if shim.has_stuck() => Some(self.now().saturating_add(RELEASE_RETRY.as_nanos() as Nanos)),
+            _ => None,
+        };
+        let deadline = match (self.engine.next_deadline(), retry) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let result = match deadline {
             _ if !self.unread.is_empty() => self.ring.submit(),
             Some(deadline) => {
                 let left = deadline.saturating_sub(self.now());

@@ -4,6 +4,7 @@
 
 use std::collections::HashSet;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use wic_engine::{ChannelId, ChannelLayout, Command, DataSource, Engine, Fill, Nanos, Producer};
@@ -19,11 +20,25 @@ pub struct ShimChannel {
     placed: PlacedChannel,
 }
 
+/// How often a range or space the module refused to let go of is asked again.
+pub const RELEASE_RETRY: Duration = Duration::from_millis(100);
+
+/// What the module refused to let go of (it keeps it, and the faults held there held, and
+/// completes them when it finally lets go): asked again every [`RELEASE_RETRY`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stuck {
+    Range(u32),
+    Space(u32),
+}
+
 /// The session on `/dev/wic` and the channels placed through it.
 pub struct ShimGpus {
     backend: ShimBackend,
     channels: ChannelMap<ShimChannel>,
     spaces: HashSet<u32>,
+    /// Ranges, then spaces, to unregister or detach again.
+    stuck: Vec<Stuck>,
+    last_retry: Instant,
 }
 
 /// The control plane's view of a module error: what the client did wrong, or an I/O error.
@@ -40,7 +55,7 @@ fn wire_error(what: &str, e: DeviceError) -> WireError {
 impl ShimGpus {
     /// Drives `backend`.
     pub fn new(backend: ShimBackend) -> Self {
-        Self { backend, channels: ChannelMap::default(), spaces: HashSet::new() }
+        Self { backend, channels: ChannelMap::default(), spaces: HashSet::new(), stuck: Vec::new(), last_retry: Instant::now() }
     }
 
     /// The descriptor to poll for fault records.
@@ -62,13 +77,49 @@ impl ShimGpus {
         Ok(space)
     }
 
-    /// Detaches a space whose channels are gone.
+    /// Detaches a space whose channels are gone; asked again later while the module refuses.
     pub fn detach(&mut self, space: u32) {
         if self.spaces.remove(&space) {
             if let Err(e) = self.backend.device().detach(space) {
-                tracing::warn!(space, "detaching the address space: {e}");
+                tracing::warn!(space, "detaching the address space: {e}; asking again every {RELEASE_RETRY:?}");
+                self.stuck.push(Stuck::Space(space));
             }
         }
+    }
+
+    /// Whether something the module refused to let go of waits to be asked again.
+    pub fn has_stuck(&self) -> bool {
+        !self.stuck.is_empty()
+    }
+
+    /// Asks the module again, at most every [`RELEASE_RETRY`], to let go of the ranges and
+    /// spaces it refused (while it was suspended, short of memory, or a marker's write failed):
+    /// until then their pages stay wic pages, and a fault there, such as the application's once
+    /// it reuses the memory, would be held with no channel to complete it. Ranges first: a
+    /// space's detach closes its ranges too, after which their unregister finds nothing.
+    pub fn retry_stuck(&mut self) {
+        if self.stuck.is_empty() || self.last_retry.elapsed() < RELEASE_RETRY {
+            return;
+        }
+        self.last_retry = Instant::now();
+        let device = self.backend.device();
+        self.stuck.sort_by_key(|stuck| matches!(stuck, Stuck::Space(_)));
+        self.stuck.retain(|&stuck| {
+            let result = match stuck {
+                Stuck::Range(id) => device.unregister(id),
+                Stuck::Space(id) => device.detach(id),
+            };
+            match result {
+                Ok(()) | Err(DeviceError::Call { errno: Errno::ENOENT, .. }) => {
+                    tracing::info!("{stuck:?} let go of at last");
+                    false
+                }
+                Err(e) => {
+                    tracing::debug!("{stuck:?} still refused: {e}");
+                    true
+                }
+            }
+        });
     }
 
     /// Places `layout` at `base` in `space` and returns the layout with the application's
@@ -96,11 +147,13 @@ impl ShimGpus {
         Ok(seen)
     }
 
-    /// Removes a channel after its final commands ran: its ranges are unregistered.
+    /// Removes a channel after its final commands ran: its ranges are unregistered, and
+    /// asked again later while the module refuses.
     pub fn remove(&mut self, channel: u32) -> Option<ShimChannel> {
         let removed = self.channels.remove(&channel)?;
         if let Err(e) = self.backend.unplace(&removed.placed) {
-            tracing::warn!(channel, "unregistering the channel's pages: {e}");
+            tracing::warn!(channel, "unregistering the channel's pages: {e}; asking again every {RELEASE_RETRY:?}");
+            self.stuck.extend(e.refused.iter().map(|&(id, _)| Stuck::Range(id)));
         }
         Some(removed)
     }

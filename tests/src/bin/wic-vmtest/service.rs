@@ -13,12 +13,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use nix::errno::Errno;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use wic::{abi, capi, Channel, Client};
 use wic_engine::fault::AccessType;
 use wic_kmod::fakegpu::{self, FakeGpu};
-use wic_proto::kabi::{WIC_MARKER_DAEMON_GONE, WIC_MARKER_DAEMON_STOPPING, WIC_MARKER_TIMEOUT};
+use wic_proto::kabi::{WIC_MARKER_CHANNEL_CLOSED, WIC_MARKER_DAEMON_GONE, WIC_MARKER_DAEMON_STOPPING, WIC_MARKER_TIMEOUT};
 use wic_proto::message::{ChannelSpec, ErrorCode, Producer, Stats};
 
 use crate::death::BOUND;
@@ -333,7 +334,40 @@ fn scenario() -> Result<(), String> {
     }
     gpu_sharing(&fake)?;
     pascal_refused()?;
-    timeouts_below_the_module_bound(&fake, &mut memory)
+    timeouts_below_the_module_bound(&fake, &mut memory)?;
+    refused_unregister_asked_again(&fake, &mut memory)
+}
+
+/// A destroyed channel whose range the module refuses to let go of (nvidia-uvm refuses the
+/// closed marker's write, as while suspended): its page stays a wic page, its fault held, until
+/// wicd asks again and the module completes it.
+fn refused_unregister_asked_again(fake: &FakeGpu, memory: &mut Memory) -> Result<(), String> {
+    let mut wicd = Wicd::start()?;
+    let client = connect(fake)?;
+    let (channel, runs) = placed(&client, memory, &spec(1, 10_000_000_000))?;
+    fake.reset().map_err(|e| e.to_string())?;
+    hold(fake, &runs)?;
+    held_by_wicd(&client, 1)?;
+    let refuse = fakegpu::Fail { writes: 1000, maps: 0, error: Errno::EAGAIN as u32, flags: 0 };
+    fake.fail(refuse).map_err(|e| format!("fail: {e}"))?;
+    channel.close().map_err(|e| format!("destroy: {e}"))?;
+    std::thread::sleep(Duration::from_millis(300));
+    let (verdicts, _) = fake.inject(GPU, &[fault(runs[0], AccessType::Read)]).map_err(|e| e.to_string())?;
+    ensure(verdicts == [fakegpu::VERDICT_HOLD], || format!("the refused range's page was {verdicts:?}"))?;
+    fake.fail(fakegpu::Fail::default()).map_err(|e| format!("fail: {e}"))?;
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let (verdicts, _) = fake.inject(GPU, &[fault(runs[0], AccessType::Read)]).map_err(|e| e.to_string())?;
+        if verdicts == [fakegpu::VERDICT_PASS] {
+            break;
+        }
+        ensure(Instant::now() < deadline, || format!("the range is still registered after {PATIENCE:?}:\n{}", log_tail()))?;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    ensure(word_at(memory, runs[0]) == WIC_MARKER_CHANNEL_CLOSED, || "the held fault did not get the closed marker".into())?;
+    drop(client);
+    wicd.signal(Signal::SIGTERM)?;
+    wicd.wait().map(drop)
 }
 
 /// With the module's own bound on a hold (`max_hold_ms`) set, a channel whose timeout is not
