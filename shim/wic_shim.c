@@ -58,8 +58,19 @@ MODULE_PARM_DESC(ring_entries, "Fault-ring records, a power of two from 256 to 6
  * next generation can read that run's previous bytes without faulting (see shim/README.md).
  */
 static unsigned int max_hold_ms;
-module_param(max_hold_ms, uint, 0644);
+static int wic_max_hold_set(const char *val, const struct kernel_param *kp);
+static const struct kernel_param_ops wic_max_hold_ops = {
+	.set = wic_max_hold_set,
+	.get = param_get_uint,
+};
+module_param_cb(max_hold_ms, &wic_max_hold_ops, &max_hold_ms, 0644);
 MODULE_PARM_DESC(max_hold_ms, "Longest hold in ms, then completed timed out; 0: no bound");
+
+/*
+ * The expiry work runs on its own queue: it waits on nvidia-uvm (locks, TLB invalidates) for as
+ * long as a completion takes, which the shared system queue should not.
+ */
+static struct workqueue_struct *wic_wq;
 
 /* How often, in ms, held faults are checked against max_hold_ms while any is held. */
 #define WIC_EXPIRE_MIN_PERIOD_MS 10
@@ -194,6 +205,26 @@ struct wic_session {
 };
 
 static struct wic_session __rcu *wic_active;
+
+/*
+ * A new bound applies at once: the expiry work of the open session, if any, runs now rather
+ * than after the period the old bound gave it (up to a quarter of it, or a second with none).
+ */
+static int wic_max_hold_set(const char *val, const struct kernel_param *kp)
+{
+	struct wic_session *s;
+	int err = param_set_uint(val, kp);
+
+	if (err)
+		return err;
+	rcu_read_lock();
+	s = rcu_dereference(wic_active);
+	/* The release waits for this read side before it cancels the work and frees @s. */
+	if (s)
+		mod_delayed_work(wic_wq, &s->expire, 0);
+	rcu_read_unlock();
+	return 0;
+}
 static DEFINE_MUTEX(wic_active_lock);
 
 static struct wic_fault_record *wic_record(struct wic_session *s, u64 seq)
@@ -396,7 +427,7 @@ out:
 	spin_unlock_irqrestore(&s->lock, flags);
 	/* Already queued (the usual case while faults are held), this does nothing. */
 	if (held)
-		schedule_delayed_work(&s->expire, wic_expire_period());
+		queue_delayed_work(wic_wq, &s->expire, wic_expire_period());
 	if (held && !closing)
 		wake_up_interruptible(&s->poll_wait);
 	else if (verdict == UVM_WIC_HOLD && !gpu_valid)
@@ -692,7 +723,7 @@ static void wic_expire(struct work_struct *work)
 		pr_warn_ratelimited("cannot complete a fault held longer than max_hold_ms=%llu: %d; retried\n",
 				    bound_ns / NSEC_PER_MSEC, err);
 	if (more)
-		schedule_delayed_work(&s->expire, wic_expire_period());
+		queue_delayed_work(wic_wq, &s->expire, wic_expire_period());
 }
 
 static int wic_open(struct inode *inode, struct file *file)
@@ -1368,14 +1399,19 @@ static int __init wic_init(void)
 	 * The hook first: once /dev/wic exists it can be opened, and a failure after that would
 	 * free the module under the open file.
 	 */
+	wic_wq = alloc_workqueue("wic_shim", WQ_UNBOUND, 0);
+	if (!wic_wq)
+		return -ENOMEM;
 	err = uvm_wic_register(&wic_ops);
 	if (err) {
 		pr_err("cannot register with nvidia-uvm: %d\n", err);
+		destroy_workqueue(wic_wq);
 		return err;
 	}
 	err = misc_register(&wic_misc);
 	if (err) {
 		uvm_wic_unregister(&wic_ops);
+		destroy_workqueue(wic_wq);
 		return err;
 	}
 	pr_info("ready: abi %u, %u ring entries, %u held faults at most\n",
@@ -1387,6 +1423,7 @@ static void __exit wic_exit(void)
 {
 	misc_deregister(&wic_misc);
 	uvm_wic_unregister(&wic_ops);
+	destroy_workqueue(wic_wq);
 }
 
 module_init(wic_init);
