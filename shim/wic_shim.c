@@ -104,6 +104,8 @@ struct wic_space_entry {
  * @held_ns: when it was held (ktime_get_ns(), as the record's @held_ns)
  * @marked: the &wic_session.close_gen of the wic_complete_held() call that wrote its page's
  *	marker, 0 when none did; read and written only under &wic_session.mutex
+ * @failed: the &wic_session.close_gen of the wic_complete_held() call that left it held after
+ *	nvidia-uvm refused its write or map (WIC_SKIP_FAILED), 0 when none did; as @marked
  */
 struct wic_held {
 	struct hlist_node node;
@@ -112,6 +114,7 @@ struct wic_held {
 	u32 gpu_id;
 	u32 kind;
 	u32 marked;
+	u32 failed;
 	u64 held_ns;
 };
 
@@ -334,6 +337,7 @@ static bool wic_record_fault(struct wic_session *s, const struct uvm_wic_fault *
 	held->gpu_id = fault->gpu_id;
 	held->kind = range->kind;
 	held->marked = 0;
+	held->failed = 0;
 	held->held_ns = now = ktime_get_ns();
 	hash_add(s->held_hash, &held->node, wic_held_key(fault->va, space_id, fault->gpu_id));
 	s->nr_held++;
@@ -468,7 +472,7 @@ static u32 wic_peek_held(struct wic_session *s, u32 space_id, u64 start, u64 end
 	for (; *bkt < HASH_SIZE(s->held_hash); (*bkt)++) {
 		hlist_for_each_entry(held, &s->held_hash[*bkt], node) {
 			if (!wic_held_in(held, space_id, start, end) || held->held_ns >= before ||
-			    (held->marked == gen) != marked)
+			    (held->marked == gen) != marked || held->failed == gen)
 				continue;
 			found[n] = held;
 			/* This bucket may hold more: the next call walks it again. */
@@ -529,21 +533,49 @@ static bool wic_page_gone(int err)
 	return err == -ESRCH || err == -EFAULT || err == -ENODEV;
 }
 
-/*
- * Whether wic_complete_held() goes on past @err for the held fault @held: with @best_effort,
- * when the page is gone, or when nvidia-uvm cannot map it on that GPU (-EXDEV: its marker is
- * written; once the page is no longer a wic page the fault comes back and nvidia-uvm services
- * it, migrating the page, as it would any fault); then the fault is released unmapped and its
- * GPU replayed.
+/**
+ * enum wic_on_failure - what wic_complete_held() does when nvidia-uvm refuses a write or a map
+ * @WIC_STOP: stop there, that fault and those not reached held (unregister, detach: wicd is
+ *	told and calls again)
+ * @WIC_SKIP_FAILED: leave that fault held and go on with the others (the expiry: one fault
+ *	nvidia-uvm keeps refusing must not keep the others from their bound; it is tried again at
+ *	the next run)
+ * @WIC_RELEASE: release that fault unmapped and go on (the session is released: nobody to
+ *	tell; its warp faults again after the replay)
+ *
+ * Whatever the choice, a fault whose page is gone, or that nvidia-uvm cannot map on its GPU
+ * (-EXDEV: its marker is written; once the page is no longer a wic page the fault comes back
+ * and nvidia-uvm services it, migrating the page, as it would any fault), is released unmapped
+ * and its GPU replayed.
  */
-static bool wic_complete_skip(struct wic_session *s, struct wic_held *held, int err,
-			      bool best_effort, unsigned long *replay)
+enum wic_on_failure {
+	WIC_STOP,
+	WIC_SKIP_FAILED,
+	WIC_RELEASE,
+};
+
+/* What wic_complete_held() did with a fault nvidia-uvm refused. */
+enum wic_skip {
+	WIC_SKIP_STOP,		/* nothing: stop there */
+	WIC_SKIP_RELEASED,	/* released it unmapped */
+	WIC_SKIP_LEFT,		/* left it held for a later call */
+};
+
+/* What wic_complete_held() does past @err for the held fault @held, see above. */
+static enum wic_skip wic_complete_skip(struct wic_session *s, struct wic_held *held, int err,
+				       enum wic_on_failure on_failure, u32 gen,
+				       unsigned long *replay)
 {
-	if (!best_effort && !wic_page_gone(err) && err != -EXDEV)
-		return false;
-	pr_warn_ratelimited("cannot complete held page %#llx: %d\n", held->va, err);
-	wic_held_done(s, held, replay);
-	return true;
+	if (on_failure == WIC_RELEASE || wic_page_gone(err) || err == -EXDEV) {
+		pr_warn_ratelimited("cannot complete held page %#llx: %d\n", held->va, err);
+		wic_held_done(s, held, replay);
+		return WIC_SKIP_RELEASED;
+	}
+	if (on_failure == WIC_SKIP_FAILED) {
+		held->failed = gen;
+		return WIC_SKIP_LEFT;
+	}
+	return WIC_SKIP_STOP;
 }
 
 /**
@@ -555,7 +587,7 @@ static bool wic_complete_skip(struct wic_session *s, struct wic_held *held, int 
  * @before: only faults held before this (ktime_get_ns()), U64_MAX for all
  * @marker: the WIC_MARKER_* word written into each PCM page
  * @replay: the GPUs of the faults completed are added to it, for the caller to replay
- * @best_effort: go on past any failure (the session is released: nobody to tell)
+ * @on_failure: what a write or map nvidia-uvm refuses does (enum wic_on_failure)
  *
  * Writes @marker into each held PCM page first, then maps each held page (a PAT page
  * writable) and releases its fault; faults held meanwhile are taken along, so that it ends
@@ -563,20 +595,22 @@ static bool wic_complete_skip(struct wic_session *s, struct wic_held *held, int 
  * kills the application's CUDA context. A fault whose page's process, memory or GPU is gone
  * (-ESRCH, -EFAULT or -ENODEV from nvidia-uvm) is released unmapped: no warp can read the page.
  * So is one whose page nvidia-uvm cannot map on that GPU (-EXDEV), its marker written: once
- * the page is no longer a wic page, nvidia-uvm services its fault. Any other failure stops
- * it, unless @best_effort (then the fault is released unmapped, and its warp faults again
- * after the replay).
+ * the page is no longer a wic page, nvidia-uvm services its fault. Any other failure does what
+ * @on_failure says.
  *
- * Return: 0, or the errno of the write or map that failed: that fault and those not reached
- * stay held; those completed before stay completed, their GPUs in @replay.
+ * Return: 0, or the errno of the first write or map that failed and left its fault held: with
+ * WIC_STOP the faults not reached stay held too; those completed stay completed, their GPUs in
+ * @replay.
  */
 static int wic_complete_held(struct wic_session *s, u32 space_id, u64 start, u64 end,
-			     u64 before, u64 marker, unsigned long *replay, bool best_effort)
+			     u64 before, u64 marker, unsigned long *replay,
+			     enum wic_on_failure on_failure)
 {
 	struct wic_held *found[WIC_COMPLETE_BATCH];
+	enum wic_skip skip = WIC_SKIP_STOP;
 	u32 bkt, gen, i, n;
+	int err, first = 0;
 	bool any;
-	int err;
 
 	gen = ++s->close_gen ?: ++s->close_gen;
 	/*
@@ -597,8 +631,13 @@ static int wic_complete_held(struct wic_session *s, u32 space_id, u64 start, u64
 							    sizeof(marker));
 				if (!err)
 					found[i]->marked = gen;
-				else if (!wic_complete_skip(s, found[i], err, best_effort, replay))
+				else
+					skip = wic_complete_skip(s, found[i], err, on_failure, gen,
+								 replay);
+				if (err && skip == WIC_SKIP_STOP)
 					return err;
+				if (err && skip == WIC_SKIP_LEFT && !first)
+					first = err;
 			}
 		}
 		for (bkt = 0; (n = wic_peek_held(s, space_id, start, end, before, gen, true, &bkt,
@@ -610,12 +649,17 @@ static int wic_complete_held(struct wic_session *s, u32 space_id, u64 start, u64
 						  found[i]->kind == WIC_RANGE_PAT);
 				if (!err)
 					wic_held_done(s, found[i], replay);
-				else if (!wic_complete_skip(s, found[i], err, best_effort, replay))
+				else
+					skip = wic_complete_skip(s, found[i], err, on_failure, gen,
+								 replay);
+				if (err && skip == WIC_SKIP_STOP)
 					return err;
+				if (err && skip == WIC_SKIP_LEFT && !first)
+					first = err;
 			}
 		}
 	} while (any);
-	return 0;
+	return first;
 }
 
 /**
@@ -657,7 +701,7 @@ static int wic_close(struct wic_session *s, u32 space_id, u64 start, u64 end,
 	spin_unlock_irqrestore(&s->lock, flags);
 	do {
 		err = wic_complete_held(s, space_id, start, end, U64_MAX, WIC_MARKER_CHANNEL_CLOSED,
-					replay, false);
+					replay, WIC_STOP);
 		spin_lock_irqsave(&s->lock, flags);
 		if (!err && !wic_held_any(s, space_id, start, end)) {
 			old = space->ranges.entries;
@@ -691,7 +735,7 @@ static int wic_close(struct wic_session *s, u32 space_id, u64 start, u64 end,
  * unmapped, as wicd's timeout would. It runs under @mutex, between wicd's commands; a COMPLETE
  * wicd sends later for that page does not look at the held table and still writes and maps it.
  * A write or map that nvidia-uvm refuses leaves its fault
- * held, and the next run tries again. Queued again while any fault is held; with max_hold_ms 0
+ * held, the others going on, and the next run tries it again. Queued again while any fault is held; with max_hold_ms 0
  * nothing expires, and it looks again every second in case the bound is set.
  */
 static void wic_expire(struct work_struct *work)
@@ -709,7 +753,7 @@ static void wic_expire(struct work_struct *work)
 	mutex_lock(&s->mutex);
 	if (bound_ns && now > bound_ns)
 		err = wic_complete_held(s, 0, 0, U64_MAX, now - bound_ns, WIC_MARKER_TIMEOUT,
-					replay, false);
+					replay, WIC_SKIP_FAILED);
 	spin_lock_irqsave(&s->lock, flags);
 	more = s->nr_held != 0;
 	spin_unlock_irqrestore(&s->lock, flags);
@@ -793,7 +837,7 @@ static int wic_release(struct inode *inode, struct file *file)
 	spin_lock_irqsave(&s->lock, flags);
 	wic_take_held_gpus(s, 0, replay);
 	spin_unlock_irqrestore(&s->lock, flags);
-	wic_complete_held(s, 0, 0, U64_MAX, U64_MAX, WIC_MARKER_DAEMON_GONE, replay, true);
+	wic_complete_held(s, 0, 0, U64_MAX, U64_MAX, WIC_MARKER_DAEMON_GONE, replay, WIC_RELEASE);
 	for_each_set_bit(gpu, replay, WIC_GPU_BITS)
 		uvm_wic_replay(gpu);
 	for (i = 0; i < WIC_MAX_SPACES; i++) {
@@ -1145,19 +1189,16 @@ static int wic_run_command(struct wic_session *s, struct wic_space_entry *space,
 }
 
 /*
- * Runs a batch; the one path behind WIC_IOC_SUBMIT and io_uring. Returns how many commands
- * succeeded, or a negative errno when the batch was refused before any ran.
- */
-/*
  * Runs the gathered completions with one uvm_wic_complete() call, releases the held faults of
- * each one done (its companion unmapped, its run mapped) and stores every result. Returns how
- * many succeeded, or -EFAULT when a result could not be stored.
+ * what each one did (its companion unmapped, its run mapped) and stores every result. Returns
+ * how many succeeded; *@unstored is set when a result could not be stored.
  */
-static long wic_group_run(struct wic_session *s, struct wic_command __user *ucmds)
+static long wic_group_run(struct wic_session *s, struct wic_command __user *ucmds,
+			  bool *unstored)
 {
 	struct wic_group *g = s->group;
 	struct wic_space_entry *space = wic_space(s, g->space_id);
-	long done = 0, err = 0;
+	long done = 0;
 	int ret;
 	u32 i;
 
@@ -1165,20 +1206,27 @@ static long wic_group_run(struct wic_session *s, struct wic_command __user *ucmd
 		return 0;
 	ret = uvm_wic_complete(space->uvm, g->completions, g->nr);
 	for (i = 0; i < g->nr; i++) {
+		const struct uvm_wic_completion *c = &g->completions[i];
 		const struct wic_command *cmd = &g->cmds[i];
-		int result = ret ? ret : g->completions[i].result;
+		int result = ret ? ret : c->result;
 
-		if (!result) {
+		/*
+		 * The companion's held faults are late duplicates of a generation already
+		 * completed: once it is unmapped they go, even when the map after failed, or one
+		 * would hide the next real fault on its page.
+		 */
+		if (!ret && c->companion_unmapped)
 			wic_release_held(s, g->space_id, cmd->gpu_id, cmd->companion, cmd->pages);
+		if (!result) {
 			wic_release_held(s, g->space_id, cmd->gpu_id, cmd->va, cmd->pages);
 			done++;
 		}
 		if (put_user(result, &ucmds[g->index[i]].result))
-			err = -EFAULT;
+			*unstored = true;
 	}
 	g->nr = 0;
 	g->bounce_used = 0;
-	return err ? err : done;
+	return done;
 }
 
 /*
@@ -1230,20 +1278,23 @@ static bool wic_group_fits(const struct wic_session *s, const struct wic_command
  * succeeded, or a negative errno when the batch was refused before any ran. Consecutive
  * completions of one space run together, by one uvm_wic_complete() call (one acquisition of
  * nvidia-uvm's locks and one wait for the TLB invalidates instead of three per completion),
- * before any other command that follows them, so the order of effects is the batch's.
+ * before any other command that follows them, so the order of effects is the batch's. A
+ * command that cannot be read, or whose result cannot be stored, ends the batch once what was
+ * gathered before it ran.
  */
 static long wic_submit(struct wic_session *s, const struct wic_submit *sub)
 {
 	struct wic_command __user *ucmds = u64_to_user_ptr(sub->commands);
 	struct wic_command cmd;
-	long done = 0, ran;
+	bool unstored = false;
+	long done = 0;
 	int err;
 	u32 i;
 
 	err = wic_check_submit(sub);
 	if (err)
 		return err;
-	for (i = 0; i < sub->count; i++) {
+	for (i = 0; i < sub->count && !unstored; i++) {
 		struct wic_space_entry *space;
 
 		if (copy_from_user(&cmd, &ucmds[i], sizeof(cmd)))
@@ -1252,32 +1303,25 @@ static long wic_submit(struct wic_session *s, const struct wic_submit *sub)
 		cmd.result = wic_check_command(&cmd, space ? &space->ranges : NULL);
 		if (!cmd.result && (cmd.opcode == WIC_CMD_COMPLETE ||
 				    cmd.opcode == WIC_CMD_COMPLETE_COPY)) {
-			if (!wic_group_fits(s, &cmd)) {
-				ran = wic_group_run(s, ucmds);
-				if (ran < 0)
-					return done ? done : ran;
-				done += ran;
-			}
+			if (!wic_group_fits(s, &cmd))
+				done += wic_group_run(s, ucmds, &unstored);
 			cmd.result = wic_group_add(s, &cmd, i);
 			if (!cmd.result)
 				continue;
 		} else if (!cmd.result) {
-			ran = wic_group_run(s, ucmds);
-			if (ran < 0)
-				return done ? done : ran;
-			done += ran;
+			done += wic_group_run(s, ucmds, &unstored);
 			cmd.result = wic_run_command(s, space, &cmd);
 		}
 		if (put_user(cmd.result, &ucmds[i].result))
-			break;
-		if (!cmd.result)
+			unstored = true;
+		else if (!cmd.result)
 			done++;
 	}
-	ran = wic_group_run(s, ucmds);
-	if (ran < 0)
-		return done ? done : ran;
-	done += ran;
-	return i || done ? done : -EFAULT;
+	done += wic_group_run(s, ucmds, &unstored);
+	/* The first command could not be read, or its result not stored: an answerless batch. */
+	if (!done && (i == 0 || (i == 1 && unstored)))
+		return -EFAULT;
+	return done;
 }
 
 static long wic_ioctl(struct file *file, unsigned int op, unsigned long arg)

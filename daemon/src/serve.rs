@@ -227,9 +227,9 @@ async fn serve(
     let watchdog = systemd::watchdog_interval().map(|every| tokio::spawn(feed_watchdog(handle.clone(), every)));
     tracing::info!(backend, gpus, "wicd {} ready", env!("CARGO_PKG_VERSION"));
     if let Some(bound_ms) = (backend == "shim").then(wic_kmod::device::module_max_hold_ms).flatten() {
-        if config.limits.default_timeout_ms >= bound_ms {
+        if config.limits.default_timeout_ns() > server::longest_timeout_ns(bound_ms) {
             tracing::warn!(
-                "limits.default_timeout_ms {} is not below wic_shim's max_hold_ms {bound_ms}: channels created without a timeout are refused",
+                "limits.default_timeout_ms {} is not well below wic_shim's max_hold_ms {bound_ms}: channels created without a timeout are refused",
                 config.limits.default_timeout_ms
             );
         }

@@ -210,6 +210,8 @@ int uvm_wic_copy(struct uvm_wic_space *space, u64 va, u64 src_va, size_t len);
  * @length: bytes of data, at most @pages pages; 0 for a marker
  * @marker: with @length 0: the word written at the start of each page of the run
  * @result: out: 0 or a negative errno, as the steps' helpers return
+ * @companion_unmapped: out: the companion's unmap was done, even if the map after it failed
+ *	(the faults held on the companion are late duplicates the shim can let go)
  */
 struct uvm_wic_completion {
 	u32 gpu_id;
@@ -221,6 +223,7 @@ struct uvm_wic_completion {
 	u64 length;
 	u64 marker;
 	int result;
+	bool companion_unmapped;
 };
 
 /**

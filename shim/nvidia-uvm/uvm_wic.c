@@ -1292,11 +1292,12 @@ static bool wic_completion_valid(const struct uvm_wic_completion *c)
 }
 
 /* Runs one wake-up's steps in @ctx, stopping at the first that fails; returns its errno. */
-static int wic_complete_one(struct wic_ctx *ctx, const struct uvm_wic_completion *c)
+static int wic_complete_one(struct wic_ctx *ctx, struct uvm_wic_completion *c)
 {
 	u64 len = (u64)c->pages * PAGE_SIZE;
 	NV_STATUS status;
 
+	c->companion_unmapped = false;
 	if (!wic_completion_valid(c))
 		return -EINVAL;
 
@@ -1308,8 +1309,10 @@ static int wic_complete_one(struct wic_ctx *ctx, const struct uvm_wic_completion
 		return wic_errno(status);
 
 	status = wic_pte(ctx, c->gpu_id, c->companion, len, WIC_UNMAP);
-	if (status == NV_OK)
+	if (status == NV_OK) {
+		c->companion_unmapped = true;
 		status = wic_pte(ctx, c->gpu_id, c->va, len, WIC_MAP_READ_ONLY);
+	}
 
 	return wic_pte_errno(status);
 }

@@ -1495,12 +1495,13 @@ int uvm_wic_copy(struct uvm_wic_space *space, u64 va, u64 src_va, size_t len)
 EXPORT_SYMBOL_GPL(uvm_wic_copy);
 
 /* One completion of uvm_wic_complete(): its steps as the helpers take them. */
-static int wic_complete_one(struct uvm_wic_space *space, const struct uvm_wic_completion *c)
+static int wic_complete_one(struct uvm_wic_space *space, struct uvm_wic_completion *c)
 {
 	u64 bytes = (u64)c->pages * WIC_FAKEGPU_PAGE_SIZE;
 	int ret = 0;
 	u32 i;
 
+	c->companion_unmapped = false;
 	if (!c->pages || (c->length && c->length > bytes))
 		return -EINVAL;
 	if (c->length && c->src)
@@ -1512,6 +1513,7 @@ static int wic_complete_one(struct uvm_wic_space *space, const struct uvm_wic_co
 				    sizeof(c->marker));
 	if (!ret)
 		ret = uvm_wic_unmap(space, c->gpu_id, c->companion, bytes);
+	c->companion_unmapped = !ret;
 	if (!ret)
 		ret = uvm_wic_map(space, c->gpu_id, c->va, bytes, false);
 	return ret;

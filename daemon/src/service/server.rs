@@ -18,6 +18,7 @@
 use std::collections::HashMap;
 use std::io::{self, IoSlice};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -170,6 +171,8 @@ pub struct Shared {
     /// What to do at attach about GPUs that time-slice other contexts with held faults;
     /// `None` where no fault is held (the emulated backend).
     gpu_sharing: Option<SharingPolicy>,
+    /// Whether the log said already that NVML cannot tell how the GPUs are shared.
+    unchecked_gpus_told: AtomicBool,
     registry: Mutex<Registry>,
     refusals: Mutex<RefusalLog>,
 }
@@ -198,6 +201,7 @@ impl Shared {
             started: Instant::now(),
             operator_uid: nix::unistd::geteuid().as_raw(),
             gpu_sharing,
+            unchecked_gpus_told: AtomicBool::new(false),
             registry: Mutex::new(Registry::default()),
             refusals: Mutex::new(RefusalLog::default()),
         }))
@@ -742,8 +746,14 @@ async fn check_gpu_sharing(shared: &Shared, peer: Peer) -> Result<(), WireError>
         .map_err(|e| error(ErrorCode::Io, format!("checking the GPUs: {e}")))?;
     match sharing::check(policy, &survey) {
         Ok(warnings) => {
+            // Without NVML every attachment would say the same: once is enough.
+            let first_unchecked = survey.is_err() && !shared.unchecked_gpus_told.swap(true, Ordering::Relaxed);
             for warning in warnings {
-                tracing::warn!(pid = peer.pid, uid = peer.uid, "attaching an address space: {warning}");
+                if survey.is_ok() || first_unchecked {
+                    tracing::warn!(pid = peer.pid, uid = peer.uid, "attaching an address space: {warning}");
+                } else {
+                    tracing::debug!(pid = peer.pid, uid = peer.uid, "attaching an address space: {warning}");
+                }
             }
             Ok(())
         }
@@ -809,6 +819,14 @@ fn reserve_creation(shared: &Shared, conn: ConnId, peer: Peer, new: Holding, lim
     Ok(())
 }
 
+/// The longest channel timeout the module's `max_hold_ms` leaves: a quarter of the bound below
+/// it, at least 100 ms, for the time between a fault's hold and wicd's reading of its record,
+/// wicd's completion, and the module's own period, with room to spare.
+pub fn longest_timeout_ns(bound_ms: u64) -> u64 {
+    let bound_ns = bound_ms.saturating_mul(1_000_000);
+    bound_ns.saturating_sub((bound_ns / 4).max(100_000_000))
+}
+
 async fn create_reserved(
     shared: &Shared,
     conn: ConnId,
@@ -821,14 +839,21 @@ async fn create_reserved(
     if spec.timeout_ns == 0 {
         spec.timeout_ns = limits.default_timeout_ns();
     }
-    if let Some(bound_ms) = (shared.backend == "shim").then(wic_kmod::device::module_max_hold_ms).flatten() {
+    let bound_ms = match shared.backend {
+        "shim" => tokio::task::spawn_blocking(wic_kmod::device::module_max_hold_ms).await.ok().flatten(),
+        _ => None,
+    };
+    if let Some(bound_ms) = bound_ms {
         // The module would end such a hold itself first, knowing only the faulting page: the
-        // slot's other run stays mapped with the previous generation's bytes.
-        if spec.timeout_ns >= bound_ms.saturating_mul(1_000_000) {
+        // slot's other run stays mapped with the previous generation's bytes. Its clock starts
+        // when the fault is held, wicd's once wicd has read the record, and the module looks
+        // every quarter of its bound: wicd's timeout must end well before.
+        let longest = longest_timeout_ns(bound_ms);
+        if spec.timeout_ns > longest {
             return Err(error(
                 ErrorCode::Invalid,
                 format!(
-                    "timeout_ns {} is not below wic_shim's max_hold_ms of {bound_ms} ms, which would end the hold first and leave the slot inconsistent; ask for less (0 takes limits.default_timeout_ms)",
+                    "timeout_ns {} is not well below wic_shim's max_hold_ms of {bound_ms} ms, which would end the hold first and leave the slot inconsistent; ask for at most {longest} ns (0 takes limits.default_timeout_ms)",
                     spec.timeout_ns
                 ),
             ));
@@ -936,5 +961,19 @@ async fn disconnect(shared: &Shared, conn: ConnId, peer: Peer) {
         // After the channels: their ranges are unregistered before the space goes.
         let _ = shared.dataplane.ask(|reply| Control::DetachSpace { space, reply }).await;
         tracing::debug!(space, conn, uid = peer.uid, "address space detached: its connection ended");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::longest_timeout_ns;
+
+    #[test]
+    fn a_timeout_stays_a_quarter_of_the_module_bound_below_it_and_at_least_100_ms() {
+        assert_eq!(longest_timeout_ns(500), 375_000_000);
+        assert_eq!(longest_timeout_ns(10_000), 7_500_000_000);
+        assert_eq!(longest_timeout_ns(200), 100_000_000, "100 ms above a quarter");
+        assert_eq!(longest_timeout_ns(50), 0, "no timeout fits");
+        assert_eq!(longest_timeout_ns(u64::MAX), u64::MAX - u64::MAX / 4, "saturated");
     }
 }

@@ -99,8 +99,8 @@ pub fn deliver_one(
 }
 
 /// Wake-ups of one batch run by one call into nvidia-uvm: one acquisition of its locks and one
-/// wait for the TLB invalidates, not three of each per wake-up. Data past the module's bounce
-/// buffer starts another call.
+/// wait for the TLB invalidates, not three of each per wake-up. Their 1 MiB of data fills the
+/// module's bounce buffer exactly.
 fn completions_share_one_call(fake: &FakeGpu, daemon: &mut Daemon, space: u32, memory: &mut Memory) -> Result<(), String> {
     // 16 slots of 64 KiB batches: 1 MiB of data, the bounce buffer's size, so one call.
     let (layout, placed) = daemon.channel(host_spec(16, 4096), space, memory)?;

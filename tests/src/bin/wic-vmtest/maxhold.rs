@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use wic_engine::fault::AccessType;
 use wic_kmod::fakegpu::{self, Event, FakeGpu};
 use wic_kmod::Device;
-use wic_proto::kabi::{self, WIC_MARKER_TIMEOUT};
+use wic_proto::kabi::{self, WicCommand, WIC_MARKER_TIMEOUT};
 
 use crate::rig::{ensure, fault, wait_events, Memory, DEVICE, GPU};
 
@@ -92,8 +92,41 @@ fn steps() -> Result<(), String> {
     let took = lowered.elapsed();
     ensure(took <= SLACK, || format!("a bound lowered from 60 s applied only after {took:?}"))?;
     check_page(&fake, &memory, &events, va)?;
+    one_refused_fault_holds_back_no_other(&fake, &memory, &mut device, space)
+}
+
+/// A held fault whose marker nvidia-uvm keeps refusing (its page is mapped on another GPU: a
+/// write would not reach that GPU's view) stays held, retried at each run, and the faults held
+/// beside it still expire within the bound.
+fn one_refused_fault_holds_back_no_other(fake: &FakeGpu, memory: &Memory, device: &mut Device, space: u32) -> Result<(), String> {
+    const OTHER_GPU: u32 = 2;
+    set(0)?;
     fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
-    Ok(())
+    let base = memory.base() + 8 * PAGE;
+    device.register(space, kabi::WIC_RANGE_PCM, base, 16 * PAGE).map_err(|e| format!("register: {e}"))?;
+    let refused = base;
+    let mut map = [WicCommand { opcode: kabi::WIC_CMD_MAP, space_id: space, gpu_id: GPU, pages: 1, va: refused, ..WicCommand::default() }];
+    device.submit(&mut map).map_err(|e| format!("map: {e}"))?;
+    ensure(map[0].result == 0, || format!("map: {}", map[0].result))?;
+    let (verdicts, _) = fake.inject(OTHER_GPU, &[fault(refused, AccessType::Read)]).map_err(|e| format!("inject: {e}"))?;
+    ensure(verdicts == [fakegpu::VERDICT_HOLD], || format!("the other GPU's fault was {verdicts:?}"))?;
+    let others: Vec<u64> = (1..16).map(|page| base + page * PAGE).collect();
+    for va in &others {
+        inject(fake, *va)?;
+    }
+    read_ring(device);
+    set(BOUND.as_millis() as u32)?;
+    let started = Instant::now();
+    let events = wait_events(fake, BOUND + SLACK * 4, |seen| others.iter().all(|va| completed(seen, *va).is_some()))?;
+    let took = started.elapsed();
+    ensure(took <= BOUND + SLACK, || format!("the faults beside the refused one expired only after {took:?}"))?;
+    for va in &others {
+        check_page(fake, memory, &events, *va)?;
+    }
+    let state = fake.page_state(OTHER_GPU, refused).map_err(|e| format!("page state: {e}"))?;
+    ensure(state & fakegpu::PAGE_MAPPED == 0, || "the refused fault's page was mapped on its GPU".into())?;
+    set(0)?;
+    fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))
 }
 
 fn inject(fake: &FakeGpu, va: u64) -> Result<(), String> {

@@ -379,7 +379,8 @@ fn timeouts_below_the_module_bound(fake: &FakeGpu, memory: &mut Memory) -> Resul
         let mut wicd = Wicd::start()?;
         let client = connect(fake)?;
         let bytes = client.placement_bytes(&spec(1, 0)).map_err(|e| format!("placement_bytes: {e}"))?;
-        for timeout_ns in [10_000_000_000, 500_000_000, 0] {
+        // The margin below the bound: a quarter of it, 125 ms, at least 100 ms.
+        for timeout_ns in [10_000_000_000, 500_000_000, 400_000_000, 0] {
             let refused = client.create_channel_at(&spec(1, timeout_ns), memory.take(bytes)?);
             ensure(
                 refused.as_ref().is_err_and(|e| e.code() == ErrorCode::Invalid && e.to_string().contains("max_hold_ms")),
