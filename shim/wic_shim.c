@@ -77,6 +77,8 @@ static struct workqueue_struct *wic_wq;
 #define WIC_EXPIRE_IDLE_PERIOD_MS 1000
 
 #define WIC_HELD_HASH_BITS 12
+/* Pages the expiry can hand back to nvidia-uvm at once (struct wic_session.pass_once). */
+#define WIC_PASS_ONCE 64
 /* Completions run by one uvm_wic_complete() call at most. */
 #define WIC_GROUP_MAX 64
 
@@ -180,6 +182,11 @@ struct wic_group {
  * @closing_start: first byte of the pages being closed
  * @closing_end: one past their last byte
  * @close_gen: counts wic_complete_held() calls (never 0); under @mutex
+ * @pass_once: held faults the expiry released unmapped because nvidia-uvm cannot map their
+ *	page on their GPU (-EXDEV), their marker written: the next fault on each is passed, so
+ *	that nvidia-uvm services it (moving the page where the GPU reaches it) and the warp reads
+ *	the marker, instead of being held and expired again every period; under @lock
+ * @nr_pass_once: entries in @pass_once
  * @expire: completes the faults held longer than max_hold_ms; queued by classify when it
  *	holds a fault, it queues itself again while any is held
  */
@@ -204,6 +211,12 @@ struct wic_session {
 	u64 closing_start;
 	u64 closing_end;
 	u32 close_gen;
+	struct {
+		u64 va;
+		u32 space_id;
+		u32 gpu_id;
+	} pass_once[WIC_PASS_ONCE];
+	u32 nr_pass_once;
 	struct delayed_work expire;
 };
 
@@ -316,6 +329,40 @@ static void wic_index_publish(struct wic_session *s, struct wic_space_index *ind
 }
 
 /*
+ * Forgets the pages of [@start, @end) of @space_id on @gpu_id (0: any GPU) that were to be
+ * passed once; under @lock.
+ */
+static void wic_pass_once_forget(struct wic_session *s, u32 space_id, u32 gpu_id, u64 start,
+				 u64 end)
+{
+	u32 i = 0;
+
+	while (i < s->nr_pass_once) {
+		if (s->pass_once[i].space_id == space_id &&
+		    (!gpu_id || s->pass_once[i].gpu_id == gpu_id) &&
+		    s->pass_once[i].va >= start && s->pass_once[i].va < end)
+			s->pass_once[i] = s->pass_once[--s->nr_pass_once];
+		else
+			i++;
+	}
+}
+
+/* Whether the next fault on page @va of @gpu_id is to be passed, forgetting it; under @lock. */
+static bool wic_pass_once_take(struct wic_session *s, u32 space_id, u32 gpu_id, u64 va)
+{
+	u32 i;
+
+	for (i = 0; i < s->nr_pass_once; i++) {
+		if (s->pass_once[i].va == va && s->pass_once[i].space_id == space_id &&
+		    s->pass_once[i].gpu_id == gpu_id) {
+			s->pass_once[i] = s->pass_once[--s->nr_pass_once];
+			return true;
+		}
+	}
+	return false;
+}
+
+/*
  * Enters a held fault in the held table and, with @record, records it in the ring; false when
  * the held table is full, or the ring with @record.
  */
@@ -407,6 +454,9 @@ static enum uvm_wic_verdict wic_classify(const struct uvm_wic_fault *fault)
 	range = wic_range_find(&s->spaces[space_id - 1].ranges, fault->va);
 	/* A GPU producer's data: its GPU writes there as usual, and only a copy reads it. */
 	if (!range || range->kind == WIC_RANGE_SOURCE)
+		goto out;
+	/* An expired fault whose page cannot be mapped here: nvidia-uvm services it, once. */
+	if (wic_pass_once_take(s, space_id, fault->gpu_id, fault->va))
 		goto out;
 	/*
 	 * A wic page is held even when it cannot be recorded: serviced, the warp would read a
@@ -567,7 +617,19 @@ static enum wic_skip wic_complete_skip(struct wic_session *s, struct wic_held *h
 				       unsigned long *replay)
 {
 	if (on_failure == WIC_RELEASE || wic_page_gone(err) || err == -EXDEV) {
+		unsigned long flags;
+
 		pr_warn_ratelimited("cannot complete held page %#llx: %d\n", held->va, err);
+		/* Its page stays a wic page: only passed will the fault reach its marker. */
+		spin_lock_irqsave(&s->lock, flags);
+		if (err == -EXDEV && on_failure == WIC_SKIP_FAILED &&
+		    s->nr_pass_once < WIC_PASS_ONCE) {
+			s->pass_once[s->nr_pass_once].va = held->va;
+			s->pass_once[s->nr_pass_once].space_id = held->space_id;
+			s->pass_once[s->nr_pass_once].gpu_id = held->gpu_id;
+			s->nr_pass_once++;
+		}
+		spin_unlock_irqrestore(&s->lock, flags);
 		wic_held_done(s, held, replay);
 		return WIC_SKIP_RELEASED;
 	}
@@ -704,6 +766,7 @@ static int wic_close(struct wic_session *s, u32 space_id, u64 start, u64 end,
 					replay, WIC_STOP);
 		spin_lock_irqsave(&s->lock, flags);
 		if (!err && !wic_held_any(s, space_id, start, end)) {
+			wic_pass_once_forget(s, space_id, 0, start, end);
 			old = space->ranges.entries;
 			s->nr_ranges = s->nr_ranges - space->ranges.nr + nr;
 			space->ranges.entries = ranges;
@@ -1113,6 +1176,8 @@ static void wic_release_held(struct wic_session *s, u32 space_id, u32 gpu_id, u6
 				wic_held_release(s, held);
 		}
 	}
+	/* wicd has these pages in hand again: a later fault there waits for its data. */
+	wic_pass_once_forget(s, space_id, gpu_id, va, end);
 	spin_unlock_irqrestore(&s->lock, flags);
 }
 

@@ -92,7 +92,34 @@ fn steps() -> Result<(), String> {
     let took = lowered.elapsed();
     ensure(took <= SLACK, || format!("a bound lowered from 60 s applied only after {took:?}"))?;
     check_page(&fake, &memory, &events, va)?;
-    one_refused_fault_holds_back_no_other(&fake, &memory, &mut device, space)
+    one_refused_fault_holds_back_no_other(&fake, &memory, &mut device, space)?;
+    an_unmappable_page_is_passed_once(&fake, &memory, &mut device, space)
+}
+
+/// An expired fault whose page nvidia-uvm cannot map on its GPU (resident only on a GPU
+/// without peer access) gets its marker and is released unmapped; held again when it comes
+/// back, it would expire again every period and its warp never reach the marker. Its next
+/// fault is passed instead, for nvidia-uvm to service, once: later faults there are held.
+fn an_unmappable_page_is_passed_once(fake: &FakeGpu, memory: &Memory, device: &mut Device, space: u32) -> Result<(), String> {
+    set(0)?;
+    fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
+    let va = memory.base() + 32 * PAGE;
+    device.register(space, kabi::WIC_RANGE_PCM, va, PAGE).map_err(|e| format!("register: {e}"))?;
+    fake.reside(GPU, va, true).map_err(|e| format!("reside: {e}"))?;
+    inject(fake, va)?;
+    read_ring(device);
+    set(BOUND.as_millis() as u32)?;
+    wait_events(fake, BOUND + SLACK * 4, |seen| {
+        let marker = seen.iter().position(|e| e.kind == fakegpu::EVENT_WRITE && e.va == va && e.data0 == WIC_MARKER_TIMEOUT);
+        marker.is_some_and(|at| seen[at..].iter().any(|e| e.kind == fakegpu::EVENT_REPLAY && e.gpu_id == GPU))
+    })?;
+    set(0)?;
+    let (again, _) = fake.inject(GPU, &[fault(va, AccessType::Read)]).map_err(|e| format!("inject: {e}"))?;
+    ensure(again == [fakegpu::VERDICT_PASS], || format!("the unmappable page's fault after its expiry was {again:?}, not passed"))?;
+    let (later, _) = fake.inject(GPU, &[fault(va, AccessType::Read)]).map_err(|e| format!("inject: {e}"))?;
+    ensure(later == [fakegpu::VERDICT_HOLD], || format!("a later fault on the page was {later:?}: passed more than once"))?;
+    fake.reside(GPU, va, false).map_err(|e| format!("reside: {e}"))?;
+    fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))
 }
 
 /// A held fault whose marker nvidia-uvm keeps refusing (its page is mapped on another GPU: a
