@@ -38,6 +38,7 @@
 #include <linux/vmalloc.h>
 #include <linux/wait.h>
 #include <linux/workqueue.h>
+#include <asm/unaligned.h>
 
 #include <uvm_wic.h>
 #include <wic_abi.h>
@@ -53,9 +54,9 @@ MODULE_PARM_DESC(ring_entries, "Fault-ring records, a power of two from 256 to 6
  * other channel on that GPU: the module bounds a hold itself, whatever wicd does.
  */
 /*
- * Off by default: the module completes an expired fault's page only, while wicd's timeout also
- * unmaps the slot's other run, which the module does not know. After a module expiry the warp's
- * next generation can read that run's previous bytes without faulting (see shim/README.md).
+ * Off by default: a bound must be chosen above every channel timeout (wicd refuses timeouts
+ * not well below it), and a range registered without its runs is expired page by page, which
+ * leaves the slot's other run mapped (see shim/README.md).
  */
 static unsigned int max_hold_ms;
 static int wic_max_hold_set(const char *val, const struct kernel_param *kp);
@@ -241,6 +242,7 @@ static int wic_max_hold_set(const char *val, const struct kernel_param *kp)
 	rcu_read_unlock();
 	return 0;
 }
+
 static DEFINE_MUTEX(wic_active_lock);
 
 static struct wic_fault_record *wic_record(struct wic_session *s, u64 seq)
@@ -363,19 +365,43 @@ static bool wic_pass_once_take(struct wic_session *s, u32 space_id, u32 gpu_id, 
 }
 
 /*
+ * Publishes a record in the ring, which must have room; under @lock. Its sequence number is
+ * written last, then head: a reader that sees either sees the record.
+ */
+static void wic_ring_post(struct wic_session *s, u32 space_id, u32 gpu_id, u32 range_id,
+			  u32 flags, u64 held_ns, const u8 raw[UVM_WIC_FAULT_ENTRY_SIZE])
+{
+	u64 head = s->ring->head;
+	struct wic_fault_record *rec = wic_record(s, head);
+
+	rec->space_id = space_id;
+	rec->gpu_id = gpu_id;
+	rec->range_id = range_id;
+	rec->flags = flags;
+	rec->held_ns = held_ns;
+	memcpy(rec->entry, raw, sizeof(rec->entry));
+	smp_store_release(&rec->seq, head);
+	/* Pairs with the daemon's acquire of head: the record is complete before head moves. */
+	smp_store_release(&s->ring->head, head + 1);
+}
+
+/* Whether the ring has room for one more record; under @lock. */
+static bool wic_ring_room(struct wic_session *s)
+{
+	return s->ring->head - READ_ONCE(s->ring->tail) < ring_entries;
+}
+
+/*
  * Enters a held fault in the held table and, with @record, records it in the ring; false when
  * the held table is full, or the ring with @record.
  */
 static bool wic_record_fault(struct wic_session *s, const struct uvm_wic_fault *fault,
 			     u32 space_id, const struct wic_range_entry *range, bool record)
 {
-	u64 head = s->ring->head;
-	struct wic_fault_record *rec;
 	struct wic_held *held;
 	u64 now;
 
-	if ((record && head - READ_ONCE(s->ring->tail) >= ring_entries) ||
-	    hlist_empty(&s->held_free))
+	if ((record && !wic_ring_room(s)) || hlist_empty(&s->held_free))
 		return false;
 	held = hlist_entry(s->held_free.first, struct wic_held, node);
 	hlist_del(&held->node);
@@ -388,20 +414,9 @@ static bool wic_record_fault(struct wic_session *s, const struct uvm_wic_fault *
 	held->held_ns = now = ktime_get_ns();
 	hash_add(s->held_hash, &held->node, wic_held_key(fault->va, space_id, fault->gpu_id));
 	s->nr_held++;
-	if (!record)
-		return true;
-
-	rec = wic_record(s, head);
-	rec->space_id = space_id;
-	rec->gpu_id = fault->gpu_id;
-	rec->range_id = range->id;
-	rec->flags = range->kind == WIC_RANGE_PAT ? WIC_RECORD_PAT : 0;
-	rec->held_ns = now;
-	memcpy(rec->entry, fault->raw, sizeof(rec->entry));
-	/* The sequence number is written last: a reader that sees it sees the record. */
-	smp_store_release(&rec->seq, head);
-	/* Pairs with the daemon's acquire of head: the record is complete before head moves. */
-	smp_store_release(&s->ring->head, head + 1);
+	if (record)
+		wic_ring_post(s, space_id, fault->gpu_id, range->id,
+			      range->kind == WIC_RANGE_PAT ? WIC_RECORD_PAT : 0, now, fault->raw);
 	return true;
 }
 
@@ -785,6 +800,158 @@ static int wic_close(struct wic_session *s, u32 space_id, u64 start, u64 end,
 	return err;
 }
 
+/*
+ * Releases the held faults of [va, va + pages) on @gpu_id; their pages are now mapped. The
+ * cheaper of a lookup per page and a walk of the held table is taken, so that the time spent
+ * with interrupts off is bounded by WIC_MAX_HELD whatever the command's size.
+ */
+static void wic_release_held(struct wic_session *s, u32 space_id, u32 gpu_id, u64 va, u32 pages)
+{
+	u64 end = va + (u64)pages * PAGE_SIZE;
+	struct wic_held *held;
+	struct hlist_node *tmp;
+	unsigned long flags;
+	unsigned int bkt;
+	u32 i;
+
+	spin_lock_irqsave(&s->lock, flags);
+	if (pages > s->nr_held) {
+		hash_for_each_safe(s->held_hash, bkt, tmp, held, node)
+			if (held->space_id == space_id && held->gpu_id == gpu_id &&
+			    held->va >= va && held->va < end)
+				wic_held_release(s, held);
+	} else {
+		for (i = 0; i < pages; i++) {
+			held = wic_held_find(s, va + (u64)i * PAGE_SIZE, space_id, gpu_id);
+			if (held)
+				wic_held_release(s, held);
+		}
+	}
+	/* wicd has these pages in hand again: a later fault there waits for its data. */
+	wic_pass_once_forget(s, space_id, gpu_id, va, end);
+	spin_unlock_irqrestore(&s->lock, flags);
+}
+
+/**
+ * struct wic_run_expiry - a held fault's whole run, as the expiry completes it
+ * @space_id: the space
+ * @gpu_id: the faulting GPU
+ * @range_id: the PCM range, registered with its runs
+ * @va: the faulting page
+ * @run: the first byte of the page's run
+ * @companion: the first byte of the slot's other run
+ * @pages: pages of each run
+ */
+struct wic_run_expiry {
+	u32 space_id;
+	u32 gpu_id;
+	u32 range_id;
+	u64 va;
+	u64 run;
+	u64 companion;
+	u32 pages;
+};
+
+/*
+ * Finds a fault held before @before on a PCM page of a range registered with its runs that
+ * this expiry (@gen) has not tried yet, from bucket *@bkt on, marks it tried and fills in its
+ * run; under @lock.
+ */
+static bool wic_find_run_expiry(struct wic_session *s, u64 before, u32 gen, u32 *bkt,
+				struct wic_run_expiry *x)
+{
+	struct wic_held *held;
+
+	for (; *bkt < HASH_SIZE(s->held_hash); (*bkt)++) {
+		hlist_for_each_entry(held, &s->held_hash[*bkt], node) {
+			const struct wic_range_entry *range;
+			u64 run_bytes, index;
+
+			if (held->kind != WIC_RANGE_PCM || held->held_ns >= before ||
+			    held->failed == gen)
+				continue;
+			range = wic_range_find(&s->spaces[held->space_id - 1].ranges, held->va);
+			if (!range || !range->run_pages)
+				continue;
+			run_bytes = (u64)range->run_pages * PAGE_SIZE;
+			index = (held->va - range->start) / run_bytes;
+			held->failed = gen;
+			*x = (struct wic_run_expiry){
+				.space_id = held->space_id, .gpu_id = held->gpu_id,
+				.range_id = range->id, .va = held->va,
+				.run = range->start + index * run_bytes,
+				.companion = range->start + (index ^ 1) * run_bytes,
+				.pages = range->run_pages,
+			};
+			return true;
+		}
+	}
+	return false;
+}
+
+/*
+ * Tells wicd that the expiry completed @x's run (WIC_RECORD_EXPIRED), the entry carrying the
+ * faulting page's address; with the ring full wicd is not told, and counted as dropped.
+ */
+static void wic_post_expired(struct wic_session *s, const struct wic_run_expiry *x)
+{
+	u8 raw[UVM_WIC_FAULT_ENTRY_SIZE] = {};
+	unsigned long flags;
+
+	/* ADDR_LO (DWORD 2, bits 31:12 in place) and ADDR_HI (DWORD 3). */
+	put_unaligned_le32(lower_32_bits(x->va) & PAGE_MASK, raw + 8);
+	put_unaligned_le32(upper_32_bits(x->va), raw + 12);
+	spin_lock_irqsave(&s->lock, flags);
+	if (wic_ring_room(s))
+		wic_ring_post(s, x->space_id, x->gpu_id, x->range_id, WIC_RECORD_EXPIRED,
+			      ktime_get_ns(), raw);
+	else
+		s->ring->dropped++;
+	spin_unlock_irqrestore(&s->lock, flags);
+	wake_up_interruptible(&s->poll_wait);
+}
+
+/*
+ * The expiry of faults held before @before on PCM pages of ranges registered with their runs:
+ * each whole run completed as wicd's timeout would (WIC_MARKER_TIMEOUT at the start of each of
+ * its pages, the slot's other run unmapped, the run mapped, by one uvm_wic_complete()), the
+ * faults held on both runs released, its GPU added to @replay, and wicd told, so that it moves
+ * the slot on instead of taking the next generation's fault for a stale one. A run nvidia-uvm
+ * refuses is left to the page-by-page expiry after. Returns the first errno met, or 0.
+ */
+static int wic_expire_runs(struct wic_session *s, u64 before, unsigned long *replay)
+{
+	u32 gen = ++s->close_gen ?: ++s->close_gen, bkt = 0;
+	struct wic_run_expiry x;
+	unsigned long flags;
+	int err, first = 0;
+	bool found;
+
+	for (;;) {
+		struct uvm_wic_completion c;
+
+		spin_lock_irqsave(&s->lock, flags);
+		found = wic_find_run_expiry(s, before, gen, &bkt, &x);
+		spin_unlock_irqrestore(&s->lock, flags);
+		if (!found)
+			return first;
+		c = (struct uvm_wic_completion){
+			.gpu_id = x.gpu_id, .pages = x.pages, .va = x.run,
+			.companion = x.companion, .marker = WIC_MARKER_TIMEOUT,
+		};
+		err = uvm_wic_complete(s->spaces[x.space_id - 1].uvm, &c, 1) ?: c.result;
+		if (!err || c.companion_unmapped)
+			wic_release_held(s, x.space_id, x.gpu_id, x.companion, x.pages);
+		if (err) {
+			first = first ?: err;
+			continue;
+		}
+		wic_release_held(s, x.space_id, x.gpu_id, x.run, x.pages);
+		__set_bit(x.gpu_id, replay);
+		wic_post_expired(s, &x);
+	}
+}
+
 /**
  * wic_expire() - complete the faults held longer than max_hold_ms
  * @work: &wic_session.expire
@@ -792,14 +959,15 @@ static int wic_close(struct wic_session *s, u32 space_id, u64 start, u64 end,
  * A held replayable fault blocks preemption of its channel, so every other context on that
  * GPU (or MIG partition) waits while it is held, and RM may reset the channel when a context
  * switch times out; wicd's channel timeouts bound a hold only while wicd runs its commands.
- * Each fault held longer than max_hold_ms is completed as far as the module knows the slot:
- * WIC_MARKER_TIMEOUT written into its PCM page, the page mapped (a PAT page writable) and the
- * fault released, then its GPU replayed (wic_complete_held()); the slot's other run is not
- * unmapped, as wicd's timeout would. It runs under @mutex, between wicd's commands; a COMPLETE
- * wicd sends later for that page does not look at the held table and still writes and maps it.
- * A write or map that nvidia-uvm refuses leaves its fault
- * held, the others going on, and the next run tries it again. Queued again while any fault is held; with max_hold_ms 0
- * nothing expires, and it looks again every second in case the bound is set.
+ * Each fault held longer than max_hold_ms is completed as far as the module knows the slot. In
+ * a PCM range registered with its runs, as wicd's timeout would complete it (wic_expire_runs()):
+ * WIC_MARKER_TIMEOUT at the start of each page of the run, the slot's other run unmapped, the
+ * run mapped, and a WIC_RECORD_EXPIRED record for wicd. Elsewhere (a PAT page, a range without
+ * runs) page by page (wic_complete_held()): the marker in its PCM page, the page mapped (a PAT
+ * page writable) and the fault released. Then the GPUs are replayed. It runs under @mutex,
+ * between wicd's commands. A write or map that nvidia-uvm refuses leaves its fault held, the
+ * others going on, and the next run tries it again. Queued again while any fault is held, and
+ * at once when max_hold_ms is written; with max_hold_ms 0 nothing expires.
  */
 static void wic_expire(struct work_struct *work)
 {
@@ -814,9 +982,11 @@ static void wic_expire(struct work_struct *work)
 
 	bitmap_zero(replay, WIC_GPU_BITS);
 	mutex_lock(&s->mutex);
-	if (bound_ns && now > bound_ns)
+	if (bound_ns && now > bound_ns) {
+		err = wic_expire_runs(s, now - bound_ns, replay);
 		err = wic_complete_held(s, 0, 0, U64_MAX, now - bound_ns, WIC_MARKER_TIMEOUT,
-					replay, WIC_SKIP_FAILED);
+					replay, WIC_SKIP_FAILED) ?: err;
+	}
 	spin_lock_irqsave(&s->lock, flags);
 	more = s->nr_held != 0;
 	spin_unlock_irqrestore(&s->lock, flags);
@@ -1102,6 +1272,7 @@ static long wic_register(struct wic_session *s, struct wic_range __user *uarg)
 		s->next_range_id = 1;
 	entry = (struct wic_range_entry){
 		.start = r.start, .end = end, .id = r.range_id, .kind = r.kind,
+		.run_pages = r.run_pages,
 	};
 	wic_ranges_insert(ranges, &space->ranges, at, &entry);
 	wic_swap_ranges(s, space, ranges, space->ranges.nr + 1);
@@ -1147,38 +1318,6 @@ found:
 	if (err)
 		kvfree(ranges);
 	return err;
-}
-
-/*
- * Releases the held faults of [va, va + pages) on @gpu_id; their pages are now mapped. The
- * cheaper of a lookup per page and a walk of the held table is taken, so that the time spent
- * with interrupts off is bounded by WIC_MAX_HELD whatever the command's size.
- */
-static void wic_release_held(struct wic_session *s, u32 space_id, u32 gpu_id, u64 va, u32 pages)
-{
-	u64 end = va + (u64)pages * PAGE_SIZE;
-	struct wic_held *held;
-	struct hlist_node *tmp;
-	unsigned long flags;
-	unsigned int bkt;
-	u32 i;
-
-	spin_lock_irqsave(&s->lock, flags);
-	if (pages > s->nr_held) {
-		hash_for_each_safe(s->held_hash, bkt, tmp, held, node)
-			if (held->space_id == space_id && held->gpu_id == gpu_id &&
-			    held->va >= va && held->va < end)
-				wic_held_release(s, held);
-	} else {
-		for (i = 0; i < pages; i++) {
-			held = wic_held_find(s, va + (u64)i * PAGE_SIZE, space_id, gpu_id);
-			if (held)
-				wic_held_release(s, held);
-		}
-	}
-	/* wicd has these pages in hand again: a later fault there waits for its data. */
-	wic_pass_once_forget(s, space_id, gpu_id, va, end);
-	spin_unlock_irqrestore(&s->lock, flags);
 }
 
 static int wic_write_markers(struct uvm_wic_space *uvm, const struct wic_command *cmd)

@@ -30,12 +30,14 @@
  * @end: one past the last byte
  * @id: the id given to wicd
  * @kind: WIC_RANGE_PCM, WIC_RANGE_PAT or WIC_RANGE_SOURCE
+ * @run_pages: the pages of each run of a PCM range registered with them, else 0
  */
 struct wic_range_entry {
 	u64 start;
 	u64 end;
 	u32 id;
 	u32 kind;
+	u32 run_pages;
 };
 
 /**
@@ -139,11 +141,15 @@ static inline int wic_check_register(const struct wic_range *r,
 {
 	u32 i;
 
-	if (r->reserved || r->range_id ||
+	if (r->range_id ||
 	    (r->kind != WIC_RANGE_PCM && r->kind != WIC_RANGE_PAT && r->kind != WIC_RANGE_SOURCE))
 		return -EINVAL;
 	if (!PAGE_ALIGNED(r->start) || !PAGE_ALIGNED(r->length) || !r->length ||
 	    r->length > WIC_MAX_RANGE_BYTES || check_add_overflow(r->start, r->length, end))
+		return -EINVAL;
+	/* Runs come in pairs, the slot's two, and only a PCM range has them. */
+	if (r->run_pages && (r->kind != WIC_RANGE_PCM || r->run_pages > WIC_MAX_RANGE_BYTES / PAGE_SIZE ||
+			     r->length % (2 * (u64)r->run_pages * PAGE_SIZE)))
 		return -EINVAL;
 	if (!space)
 		return -ENOENT;

@@ -110,7 +110,7 @@ pub fn run(settings: &Settings) -> Row {
         for runs in &process_runs {
             let va = runs[side];
             let entry = FaultEntry::replayable_gpc(va, AccessType::Read, seq, 0x1000, 0, 0).encode();
-            memory.write(seq, &Record { seq, space_id: 1, gpu_id: 0, range_id: RANGE_ID, pat: false, held_ns: 0, entry });
+            memory.write(seq, &Record { seq, space_id: 1, gpu_id: 0, range_id: RANGE_ID, pat: false, expired: false, held_ns: 0, entry });
             seq += 1;
         }
         memory.publish(seq);

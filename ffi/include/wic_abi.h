@@ -18,8 +18,10 @@
  *
  * With the module parameter max_hold_ms set (default 0: no bound), a fault held longer is
  * completed by the module itself with the WIC_MARKER_TIMEOUT marker, mapped and its GPU
- * replayed; unlike wicd's timeout it does not unmap the slot's other run, which it does not
- * know (see shim/README.md). wicd's channel timeouts should stay below it. A command wicd runs
+ * replayed. In a PCM range registered with its runs (struct wic_range @run_pages) the whole
+ * run is completed as wicd's timeout would, the slot's other run unmapped, and a
+ * WIC_RECORD_EXPIRED record tells wicd; elsewhere only the faulting page, and wicd is not told
+ * (see shim/README.md). wicd's channel timeouts should stay well below it. A command wicd runs
  * for that page afterwards acts on a page that is no longer held.
  */
 #ifndef _WIC_ABI_H
@@ -81,9 +83,10 @@ struct wic_version {
  * @space_id: out: the id commands and records use for this space (never 0)
  *
  * Errors: EINVAL when @space_id is not 0 on input; EBADF when @uvm_fd is no descriptor or not
- * an nvidia-uvm VA-space file; ENODEV when that space has no process yet; EOPNOTSUPP when a GPU registered in the space cannot cancel faults
- * per VA (Pascal and older), whose faults wic never holds; EEXIST when the space is attached
- * already; ENOSPC past WIC_MAX_SPACES. Commands naming such a GPU fail with EOPNOTSUPP.
+ * an nvidia-uvm VA-space file; ENODEV when that space has no process yet; EOPNOTSUPP when a
+ * GPU registered in the space cannot cancel faults per VA (Pascal and older), whose faults wic
+ * never holds; EEXIST when the space is attached already; ENOSPC past WIC_MAX_SPACES. Commands
+ * naming such a GPU fail with EOPNOTSUPP.
  */
 struct wic_attach {
 	__s32 uvm_fd;
@@ -102,9 +105,15 @@ struct wic_attach {
  * @start: in: page-aligned start
  * @length: in: page-aligned length, 1 page to WIC_MAX_RANGE_BYTES
  * @range_id: out: the id records carry and WIC_IOC_UNREGISTER takes (never 0); 0 on input
- * @reserved: must be 0
+ * @run_pages: in: WIC_RANGE_PCM: 0, or the pages of each run when the range is runs of that
+ *	size laid end to end, each slot's two runs side by side (the even-indexed run and the
+ *	one after it), as wicd places a channel; then the module's own expiry (max_hold_ms)
+ *	completes a whole run as wicd's timeout would and reports it (WIC_RECORD_EXPIRED).
+ *	Other kinds: 0
  *
- * Ranges of one space never overlap. Faults on a WIC_RANGE_SOURCE range are never held: the
+ * A @run_pages that is not 0 must divide the range into pairs of runs (@length a multiple of
+ * 2 * @run_pages pages), for a PCM range only (EINVAL otherwise). Ranges of one space never
+ * overlap. Faults on a WIC_RANGE_SOURCE range are never held: the
  * producer GPU writes there as usual; the range only names the bytes WIC_CMD_COMPLETE_COPY may
  * read, and is checked to be managed memory when it is registered, not at the first copy.
  * Errors, in the order checked: EINVAL for a field above
@@ -134,7 +143,7 @@ struct wic_range {
 	__u64 start;
 	__u64 length;
 	__u32 range_id;
-	__u32 reserved;
+	__u32 run_pages;
 };
 
 /* Command opcodes. */
@@ -188,16 +197,17 @@ struct wic_range {
  * one WIC_RANGE_SOURCE range. Running the command may fail too (EFAULT for
  * @arg bytes that cannot be read, or what nvidia-uvm returns).
  *
- * WIC_CMD_MAP, WIC_CMD_SERVICE_PAT, WIC_CMD_COMPLETE and WIC_CMD_COMPLETE_COPY release held faults only when the map
- * succeeded. It fails with ENODATA when a page is resident nowhere (write it first) and with
- * EXDEV when nvidia-uvm cannot map a page on @gpu_id: it is resident only on a GPU without
- * peer access to @gpu_id, or policy keeps it from a remote mapping (read duplication, a
- * preferred location on @gpu_id, a UVM-Lite GPU), or a writable map was asked of a
- * read-duplicated page. Then the faults stay held (other pages of the command may be mapped
- * already) and the application's warps stay stalled on those pages; nothing faults again in
- * a loop. They are released by a later map that succeeds (once the application moved the
- * pages, e.g. prefetched them to the CPU), by WIC_IOC_UNREGISTER or WIC_IOC_DETACH (marker,
- * see struct wic_range), or when the session ends (daemon-gone marker, released unmapped).
+ * WIC_CMD_MAP, WIC_CMD_SERVICE_PAT, WIC_CMD_COMPLETE and WIC_CMD_COMPLETE_COPY release held
+ * faults only when the map succeeded. It fails with ENODATA when a page is resident nowhere
+ * (write it first) and with EXDEV when nvidia-uvm cannot map a page on @gpu_id: it is
+ * resident only on a GPU without peer access to @gpu_id, or policy keeps it from a remote
+ * mapping (read duplication, a preferred location on @gpu_id, a UVM-Lite GPU), or a writable
+ * map was asked of a read-duplicated page. Then the faults stay held (other pages of the
+ * command may be mapped already) and the application's warps stay stalled on those pages;
+ * nothing faults again in a loop. They are released by a later map that succeeds (once the
+ * application moved the pages, e.g. prefetched them to the CPU), by WIC_IOC_UNREGISTER or
+ * WIC_IOC_DETACH (marker, see struct wic_range), or when the session ends (daemon-gone
+ * marker, released unmapped).
  */
 struct wic_command {
 	__u32 opcode;
@@ -266,6 +276,13 @@ struct wic_ring_header {
 
 /* Record flags. */
 #define WIC_RECORD_PAT 1	/* the fault hit a PAT range */
+/*
+ * Not a new fault: the module ended this held fault's hold itself (max_hold_ms), in a PCM
+ * range registered with run_pages, as wicd's timeout would have: WIC_MARKER_TIMEOUT at the
+ * start of each page of the fault's run, the slot's other run unmapped from the GPU, the run
+ * mapped, the GPU replayed. The entry is the fault's; wicd moves the slot on.
+ */
+#define WIC_RECORD_EXPIRED 2
 
 /**
  * struct wic_fault_record - one held fault

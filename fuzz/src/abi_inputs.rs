@@ -119,7 +119,7 @@ impl RangeSpec {
             start: self.start.value(),
             length: self.length.value(),
             range_id: 0,
-            reserved: 0,
+            run_pages: 0,
         }
     }
 }
@@ -318,7 +318,7 @@ pub enum IdSpec {
 /// One call, or a change of the session's spaces. Space ids are bytes read by [`space_id`].
 #[derive(Arbitrary, Debug)]
 pub enum RangeOp {
-    Register { space: u8, kind: Kind, start: Addr, length: Length, range_id: u32, reserved: u32 },
+    Register { space: u8, kind: Kind, start: Addr, length: Length, range_id: u32, run_pages: u32 },
     Unregister(IdSpec),
     /// `count * MANY_STEP` one-page PCM ranges at every other page from `first_page`, the
     /// highest first: from a count of 205 on, past `WIC_MAX_RANGES`.

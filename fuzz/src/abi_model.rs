@@ -146,7 +146,7 @@ impl Session {
     /// `struct wic_range`, registered in a process whose mappings are `mappings`; ids count
     /// from 1.
     pub fn register(&mut self, r: &WicRange, mappings: &[[u64; 2]]) -> Result<u32, i32> {
-        if r.reserved != 0 || r.range_id != 0 || ![WIC_RANGE_PCM, WIC_RANGE_PAT, WIC_RANGE_SOURCE].contains(&r.kind) {
+        if r.range_id != 0 || ![WIC_RANGE_PCM, WIC_RANGE_PAT, WIC_RANGE_SOURCE].contains(&r.kind) {
             return Err(EINVAL);
         }
         if !r.start.is_multiple_of(WIC_PAGE_SIZE) || !r.length.is_multiple_of(WIC_PAGE_SIZE) || r.length == 0 || r.length > WIC_MAX_RANGE_BYTES {
@@ -155,6 +155,14 @@ impl Session {
         let Some(end) = r.start.checked_add(r.length) else {
             return Err(EINVAL);
         };
+        // "A @run_pages that is not 0 must divide the range into pairs of runs ..., for a PCM
+        // range only".
+        let pair = 2 * u64::from(r.run_pages) * WIC_PAGE_SIZE;
+        if r.run_pages != 0
+            && (r.kind != WIC_RANGE_PCM || u64::from(r.run_pages) > WIC_MAX_RANGE_BYTES / WIC_PAGE_SIZE || !r.length.is_multiple_of(pair))
+        {
+            return Err(EINVAL);
+        }
         let Some(ranges) = self.spaces.get_mut(&r.space_id) else {
             return Err(ENOENT);
         };
@@ -171,7 +179,7 @@ impl Session {
         }
         self.issued += 1;
         self.total += 1;
-        ranges.insert(r.start, RangeEntry { start: r.start, end, id: self.issued, kind: r.kind });
+        ranges.insert(r.start, RangeEntry { start: r.start, end, id: self.issued, kind: r.kind, run_pages: r.run_pages });
         Ok(self.issued)
     }
 

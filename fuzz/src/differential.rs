@@ -74,8 +74,8 @@ pub fn shim_ranges(input: &RangesInput) -> Verdicts {
                 shim.detach(space_id(space));
                 model.detach(space_id(space));
             }
-            RangeOp::Register { space, kind, start, length, range_id, reserved } => {
-                let r = WicRange { space_id: space_id(space), kind: kind.value(), start: start.value(), length: length.value(), range_id, reserved };
+            RangeOp::Register { space, kind, start, length, range_id, run_pages } => {
+                let r = WicRange { space_id: space_id(space), kind: kind.value(), start: start.value(), length: length.value(), range_id, run_pages };
                 let verdict = register(&mut shim, &mut model, &r, &mappings);
                 issued.extend(verdict.ok());
                 verdicts.calls.push(verdict.map(drop));
@@ -85,7 +85,7 @@ pub fn shim_ranges(input: &RangesInput) -> Verdicts {
                 // which keeps the shim's insertion scan short.
                 for i in (0..u64::from(count) * MANY_STEP).rev() {
                     let start = (u64::from(first_page) + 2 * i) * WIC_PAGE_SIZE;
-                    let r = WicRange { space_id: space_id(space), kind: WIC_RANGE_PCM, start, length: WIC_PAGE_SIZE, range_id: 0, reserved: 0 };
+                    let r = WicRange { space_id: space_id(space), kind: WIC_RANGE_PCM, start, length: WIC_PAGE_SIZE, range_id: 0, run_pages: 0 };
                     let verdict = register(&mut shim, &mut model, &r, &mappings);
                     issued.extend(verdict.ok());
                     verdicts.calls.push(verdict.map(drop));

@@ -305,10 +305,11 @@ struct wic_fakegpu_gpu_store {
  *
  * WIC_FAKEGPU_IOC_BOTTOM_HALF: runs until the buffer is empty, at most WIC_FAKEGPU_HW_MAX_RUNS
  * runs. A run fetches batches of up to WIC_FAKEGPU_HW_BATCH faults, at most
- * WIC_FAKEGPU_HW_MAX_BATCHES of them, and classifies each batch as nvidia-uvm does. A batch made only of held faults is left alone;
- * any other has its passed faults serviced (page mapped on the GPU, WIC_FAKEGPU_EVENT_SERVICED)
- * and ends with a replay, as under nvidia-uvm's default policy (BATCH_FLUSH). A run ends with
- * a replay when uvm_wic_run_replays() says so, the overflow latch being what it is then.
+ * WIC_FAKEGPU_HW_MAX_BATCHES of them, and classifies each batch as nvidia-uvm does. A batch
+ * made only of held faults is left alone; any other has its passed faults serviced (page mapped
+ * on the GPU, WIC_FAKEGPU_EVENT_SERVICED) and ends with a replay, as under nvidia-uvm's default
+ * policy (BATCH_FLUSH). A run ends with a replay when uvm_wic_run_replays() says so, the
+ * overflow latch being what it is then.
  *
  * A replay (the bottom half's, uvm_wic_replay(), uvm_wic_unregister()) logs
  * WIC_FAKEGPU_EVENT_REPLAY, clears the overflow latch, empties the buffer, resumes every warp

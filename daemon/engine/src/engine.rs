@@ -742,6 +742,30 @@ impl Engine {
         None
     }
 
+    /// The backend ended a hold itself (the kernel module's own bound on a hold): the run of
+    /// the PCM page at `va` has the timeout marker, the slot's other run is unmapped and the
+    /// run mapped, as [`Engine::expire`] would have them. The slot moves on to its next
+    /// generation as after a timeout, without a command for the run; a page of no live slot,
+    /// or of a generation the slot has left already, changes nothing. Returns whether the slot
+    /// moved on.
+    pub fn expired_elsewhere(&mut self, gpu: GpuId, va: u64, out: &mut Vec<Command>) -> bool {
+        let Some(page) = pool_page(self.config.pool_base, va, &self.pages) else { return false };
+        let PageUse::Pcm { slot: slot_id, side } = self.pages[page] else { return false };
+        let slot = &mut self.slots[slot_id as usize];
+        if gpu != slot.consumer_gpu || u64::from(side) != slot.generation % 2 {
+            return false;
+        }
+        let route = self.routes[slot_id as usize].as_ref().expect("a page in use belongs to a live slot");
+        let generation = slot.generation;
+        // Its deadline entry, if it was held, no longer ends a current hold and is dropped.
+        slot.held_since = NOT_HELD;
+        slot.generation += 1;
+        self.pfq.remove(slot_id);
+        self.stats.timed_out += 1;
+        rearm_previous_pat(slot, route, generation, &self.config, out);
+        true
+    }
+
     /// Completes every request held past its channel's timeout with [`ErrorMarker::Timeout`].
     pub fn expire(&mut self, now: Nanos, out: &mut Vec<Command>) {
         while self.next_deadline().is_some_and(|deadline| deadline <= now) {
@@ -963,6 +987,29 @@ mod tests {
         out.clear();
         e.expire(10_000, &mut out);
         assert!(out.is_empty(), "a delivered request never times out");
+    }
+
+    #[test]
+    fn a_hold_the_backend_ended_moves_the_slot_on_without_a_command() {
+        let mut e = engine();
+        let layout = e.open_channel(host_spec(1)).unwrap();
+        let p = layout.slots[0].runs;
+        let mut out = Vec::new();
+        e.handle_faults(100, 0, &[fault(p[0], AccessType::Read)], &mut out);
+        assert_eq!(e.held(), 1);
+        assert!(!e.expired_elsewhere(1, p[0], &mut out), "another GPU's expiry");
+        assert!(!e.expired_elsewhere(0, p[1], &mut out), "the other run: not this generation's");
+        assert!(e.expired_elsewhere(0, p[0] + 4095, &mut out), "any byte of the run");
+        assert!(out.is_empty(), "the backend completed the run itself");
+        assert_eq!((e.held(), e.stats().timed_out, e.next_deadline()), (0, 1, None));
+        assert!(!e.expired_elsewhere(0, p[0], &mut out), "a second report of it");
+        // The warp's next generation faults on the other run: a request, not a stale fault.
+        e.handle_faults(2_000, 0, &[fault(p[1], AccessType::Read)], &mut out);
+        assert_eq!((e.held(), e.stats().stale), (1, 0));
+        e.publish(2_001, layout.id, 0, &mut out).unwrap();
+        let data = Fill::Data { len: 4096, source: DataSource::Host { offset: 0 } };
+        assert_eq!(out[0], Command::Complete { gpu: 0, channel: layout.id, slot: 0, run_va: p[1], companion_va: p[0], pages: 1, fill: data });
+        assert!(!e.expired_elsewhere(0, 0xdead_0000, &mut Vec::new()), "a page of no slot");
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! are translated to engine addresses and fed to the engine; the engine's commands are
 //! translated back and submitted in one batch, through io_uring or ioctl.
 
+use std::ops::Range;
 use std::path::Path;
 use std::time::Duration;
 
@@ -73,6 +74,9 @@ pub struct BatchPath {
     /// grouped by GPU in ring order.
     order: Vec<(GpuId, u32)>,
     grouped: Vec<RawFaultEntry>,
+    /// The holds the module ended itself, read with the batch: (entries read before it, GPU,
+    /// engine address).
+    expired: Vec<(usize, GpuId, u64)>,
     batch: Vec<WicCommand>,
     /// The index of the engine command each kernel command of `batch` was translated from.
     origin: Vec<u32>,
@@ -90,6 +94,7 @@ impl BatchPath {
             gpus: Vec::new(),
             order: Vec::new(),
             grouped: Vec::new(),
+            expired: Vec::new(),
             batch: Vec::new(),
             origin: Vec::new(),
             stray_records: 0,
@@ -107,12 +112,14 @@ impl BatchPath {
         self.translator.remove(placement);
     }
 
-    /// Reads `ring` and feeds every held fault to the engine, GPU by GPU. Returns how many
-    /// records were read.
+    /// Reads `ring` and feeds every held fault to the engine, GPU by GPU, and every hold the
+    /// module ended itself ([`kabi::WIC_RECORD_EXPIRED`]) where it comes in the ring, after
+    /// the faults before it. Returns how many records were read.
     pub fn take_faults(&mut self, ring: &mut FaultRing, engine: &mut Engine, now: Nanos, out: &mut Vec<Command>) -> usize {
-        let Self { translator, width, entries, gpus, stray_records, .. } = self;
+        let Self { translator, width, entries, gpus, expired, stray_records, .. } = self;
         entries.clear();
         gpus.clear();
+        expired.clear();
         // Each record becomes an engine entry as it is copied out of the ring.
         let read = ring.read_with(usize::MAX, |_, record| {
             let entry = RawFaultEntry(record.entry);
@@ -120,6 +127,10 @@ impl BatchPath {
                 *stray_records += 1;
                 return;
             };
+            if record.flags & kabi::WIC_RECORD_EXPIRED != 0 {
+                expired.push((entries.len(), gpu, va));
+                return;
+            }
             // Patched where it lies: a patched copy passed by value would be reread with
             // wide loads right after its narrow stores, which the CPU cannot forward.
             entries.push(entry);
@@ -128,22 +139,36 @@ impl BatchPath {
             }
             gpus.push(gpu);
         });
-        // A batch almost always comes from one GPU.
-        match gpus.first() {
-            None => {}
-            Some(&gpu) if gpus.iter().all(|&other| other == gpu) => engine.handle_faults(now, gpu, entries, out),
-            Some(_) => self.take_from_several_gpus(engine, now, out),
+        let mut from = 0;
+        for i in 0..self.expired.len() {
+            let (at, gpu, va) = self.expired[i];
+            self.feed(engine, now, from..at, out);
+            engine.expired_elsewhere(gpu, va, out);
+            from = at;
         }
+        self.feed(engine, now, from..self.entries.len(), out);
         read
     }
 
-    /// Feeds a batch whose entries came from several GPUs to the engine GPU by GPU, each
-    /// GPU's in ring order. Sorted in place, not with a stable sort: that allocates its
+    /// Feeds the entries of `range` to the engine.
+    #[inline]
+    fn feed(&mut self, engine: &mut Engine, now: Nanos, range: Range<usize>, out: &mut Vec<Command>) {
+        let gpus = &self.gpus[range.clone()];
+        // A batch almost always comes from one GPU.
+        match gpus.first() {
+            None => {}
+            Some(&gpu) if gpus.iter().all(|&other| other == gpu) => engine.handle_faults(now, gpu, &self.entries[range], out),
+            Some(_) => self.take_from_several_gpus(engine, now, range, out),
+        }
+    }
+
+    /// Feeds the entries of `range`, which came from several GPUs, to the engine GPU by GPU,
+    /// each GPU's in ring order. Sorted in place, not with a stable sort: that allocates its
     /// scratch space on every call, and the fault path allocates nothing.
     #[cold]
-    fn take_from_several_gpus(&mut self, engine: &mut Engine, now: Nanos, out: &mut Vec<Command>) {
+    fn take_from_several_gpus(&mut self, engine: &mut Engine, now: Nanos, range: Range<usize>, out: &mut Vec<Command>) {
         self.order.clear();
-        self.order.extend(self.gpus.iter().zip(0..).map(|(&gpu, position)| (gpu, position)));
+        self.order.extend(self.gpus[range.clone()].iter().zip(range.start as u32..).map(|(&gpu, position)| (gpu, position)));
         self.order.sort_unstable();
         self.grouped.clear();
         self.grouped.extend(self.order.iter().map(|&(_, position)| self.entries[position as usize]));
@@ -222,9 +247,10 @@ impl ShimBackend {
     /// the module copies from.
     pub fn place(&mut self, layout: &ChannelLayout, producer: Producer, space_id: u32, base: u64) -> Result<PlacedChannel, DeviceError> {
         let placement = Placement::new(layout, space_id, base);
-        let mut wanted = vec![(kabi::WIC_RANGE_PCM, base, placement.pcm_bytes)];
+        // The runs' size lets the module's own expiry complete a whole run, as the engine would.
+        let mut wanted = vec![(kabi::WIC_RANGE_PCM, base, placement.pcm_bytes, layout.pages_per_run)];
         if placement.pat_bytes > 0 {
-            wanted.push((kabi::WIC_RANGE_PAT, base + placement.pcm_bytes, placement.pat_bytes));
+            wanted.push((kabi::WIC_RANGE_PAT, base + placement.pcm_bytes, placement.pat_bytes, 0));
         }
         if let Producer::Gpu { base_va: start, .. } = producer {
             let length = layout.slots.len() as u64 * layout.batch_bytes;
@@ -232,11 +258,11 @@ impl ShimBackend {
             // Saturated, an end past 2^64 - 1 stays in the top page, which no process maps:
             // the module refuses the range (EFAULT).
             let end = start.saturating_add(length).saturating_add(PAGE_SIZE - 1) & !(PAGE_SIZE - 1);
-            wanted.push((kabi::WIC_RANGE_SOURCE, first, end - first));
+            wanted.push((kabi::WIC_RANGE_SOURCE, first, end - first, 0));
         }
         let mut ranges = Vec::with_capacity(wanted.len());
-        for (kind, start, length) in wanted {
-            match self.device.register(space_id, kind, start, length) {
+        for (kind, start, length, run_pages) in wanted {
+            match self.device.register(space_id, kind, start, length, run_pages) {
                 Ok(id) => ranges.push(id),
                 Err(e) => {
                     for id in ranges {
@@ -331,7 +357,7 @@ mod tests {
             let (layout, placement) = &placed[gpu];
             let va = placement.process_va(layout.slots[slot].runs[0]).unwrap();
             let entry = FaultEntry::replayable_gpc(va, AccessType::Read, 0, 0x1000, 0, 0).encode();
-            memory.write(seq as u64, &Record { seq: seq as u64, space_id: 1, gpu_id: gpu as u32, range_id: 1, pat: false, held_ns: 0, entry });
+            memory.write(seq as u64, &Record { seq: seq as u64, space_id: 1, gpu_id: gpu as u32, range_id: 1, pat: false, expired: false, held_ns: 0, entry });
         }
         memory.publish(order.len() as u64);
         out.clear();
@@ -340,6 +366,35 @@ mod tests {
         let expected: Vec<u64> = [(0, 1), (0, 2), (0, 0), (1, 2), (1, 0), (1, 1)].iter().map(|&(gpu, slot)| placed[gpu].0.slots[slot].runs[0]).collect();
         assert_eq!(written, expected);
         assert_eq!(path.stray_records, 0);
+    }
+
+    #[test]
+    fn a_hold_the_module_ended_moves_its_slot_on_between_the_faults_around_it() {
+        let mut engine = Engine::new(EngineConfig::default()).unwrap();
+        let spec = ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 256, slots: 1, timeout: 1_000 };
+        let layout = engine.open_channel(spec).unwrap();
+        let placement = Placement::new(&layout, 1, 0x7000_0000_0000);
+        let mut path = BatchPath::new(engine.config());
+        path.add(&placement, &[1]);
+        let [p, p_next] = layout.slots[0].runs.map(|run| placement.process_va(run).unwrap());
+        // Generation 0's fault on P, the module's expiry of it, then generation 1's fault on
+        // P', all in one read: P' must be a request, not a stale fault of a generation ahead.
+        let records = [(p, false), (p, true), (p_next, false)];
+        let mut memory = MemoryRing::new(16);
+        // SAFETY: `memory` owns the ring's bytes, is not moved, and outlives the reader.
+        let mut ring = unsafe { FaultRing::new(memory.base(), memory.bytes()) }.unwrap();
+        for (seq, &(va, expired)) in records.iter().enumerate() {
+            let entry = FaultEntry::replayable_gpc(va, AccessType::Read, 0, 0x1000, 0, 0).encode();
+            memory.write(seq as u64, &Record { seq: seq as u64, space_id: 1, gpu_id: 0, range_id: 1, pat: false, expired, held_ns: 0, entry });
+        }
+        memory.publish(records.len() as u64);
+        let mut out = Vec::new();
+        assert_eq!(path.take_faults(&mut ring, &mut engine, 1, &mut out), records.len());
+        let stats = engine.stats();
+        assert_eq!((engine.held(), stats.timed_out, stats.stale), (1, 1, 0));
+        assert!(out.iter().all(|c| !matches!(c, Command::Complete { .. })), "the module completed the run: {out:?}");
+        engine.publish(2, layout.id, 0, &mut out).unwrap();
+        assert!(out.iter().any(|c| matches!(c, Command::Complete { run_va, .. } if *run_va == layout.slots[0].runs[1])));
     }
 
     #[test]
@@ -363,7 +418,7 @@ mod tests {
         let mut ring = unsafe { FaultRing::new(memory.base(), memory.bytes()) }.unwrap();
         for (seq, &(gpu_id, space_id, va)) in records.iter().enumerate() {
             let entry = FaultEntry::replayable_gpc(va, AccessType::Read, 0, 0x1000, 0, 0).encode();
-            memory.write(seq as u64, &Record { seq: seq as u64, space_id, gpu_id, range_id: 1, pat: false, held_ns: 0, entry });
+            memory.write(seq as u64, &Record { seq: seq as u64, space_id, gpu_id, range_id: 1, pat: false, expired: false, held_ns: 0, entry });
         }
         memory.publish(records.len() as u64);
         out.clear();

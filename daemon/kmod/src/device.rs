@@ -202,9 +202,10 @@ impl Device {
         call("WIC_IOC_DETACH", unsafe { ioc_detach(self.file.as_raw_fd(), &space_id) }).map(drop)
     }
 
-    /// Registers `[start, start + length)` of a space as `kind` (`WIC_RANGE_*`); returns its id.
-    pub fn register(&self, space_id: u32, kind: u32, start: u64, length: u64) -> Result<u32, DeviceError> {
-        let mut arg = WicRange { space_id, kind, start, length, range_id: 0, reserved: 0 };
+    /// Registers `[start, start + length)` of a space as `kind` (`WIC_RANGE_*`), a PCM range
+    /// made of pairs of `run_pages`-page runs (0: not said); returns its id.
+    pub fn register(&self, space_id: u32, kind: u32, start: u64, length: u64, run_pages: u32) -> Result<u32, DeviceError> {
+        let mut arg = WicRange { space_id, kind, start, length, range_id: 0, run_pages };
         // SAFETY: checked ABI; `arg` is valid for reads and writes.
         call("WIC_IOC_REGISTER", unsafe { ioc_register(self.file.as_raw_fd(), &mut arg) })?;
         Ok(arg.range_id)

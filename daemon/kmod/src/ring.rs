@@ -10,7 +10,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 
 use wic_engine::RawFaultEntry;
-use wic_proto::kabi::{WicFaultRecord, WicRingHeader, WIC_RECORD_PAT, WIC_RING_MAGIC, WIC_RING_RECORDS_OFFSET};
+use wic_proto::kabi::{WicFaultRecord, WicRingHeader, WIC_RECORD_EXPIRED, WIC_RECORD_PAT, WIC_RING_MAGIC, WIC_RING_RECORDS_OFFSET};
 
 /// A record as the 8-byte words the reader copies it in.
 const RECORD_WORDS: usize = std::mem::size_of::<WicFaultRecord>() / 8;
@@ -23,6 +23,8 @@ pub struct Record {
     pub gpu_id: u32,
     pub range_id: u32,
     pub pat: bool,
+    /// Not a fault: the module ended this hold itself ([`WIC_RECORD_EXPIRED`]).
+    pub expired: bool,
     pub held_ns: u64,
     pub entry: RawFaultEntry,
 }
@@ -144,6 +146,7 @@ impl FaultRing {
                 gpu_id: rec.gpu_id,
                 range_id: rec.range_id,
                 pat: rec.flags & WIC_RECORD_PAT != 0,
+                expired: rec.flags & WIC_RECORD_EXPIRED != 0,
                 held_ns: rec.held_ns,
                 entry: RawFaultEntry(rec.entry),
             })
@@ -241,7 +244,7 @@ impl MemoryRing {
             space_id: record.space_id,
             gpu_id: record.gpu_id,
             range_id: record.range_id,
-            flags: if record.pat { WIC_RECORD_PAT } else { 0 },
+            flags: if record.pat { WIC_RECORD_PAT } else { 0 } | if record.expired { WIC_RECORD_EXPIRED } else { 0 },
             held_ns: record.held_ns,
             entry: record.entry.0,
         };
@@ -271,7 +274,7 @@ mod tests {
 
     fn write(fake: &mut MemoryRing, seq: u64, stored_seq: u64, va_byte: u8) {
         let record =
-            Record { seq: stored_seq, space_id: 1, gpu_id: 2, range_id: 3, pat: false, held_ns: 9, entry: RawFaultEntry([va_byte; 32]) };
+            Record { seq: stored_seq, space_id: 1, gpu_id: 2, range_id: 3, pat: false, expired: false, held_ns: 9, entry: RawFaultEntry([va_byte; 32]) };
         fake.write(seq, &record);
     }
 

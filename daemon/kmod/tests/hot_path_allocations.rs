@@ -170,7 +170,7 @@ fn a_warm_batch_path_reads_translates_and_builds_commands_without_allocating() {
         }
         for runs in &process_runs {
             let entry = FaultEntry::replayable_gpc(runs[(generation % 2) as usize], AccessType::Read, seq, 0x1000, 0, 0).encode();
-            memory.write(seq, &Record { seq, space_id: 1, gpu_id: 0, range_id: 1, pat: false, held_ns: 0, entry });
+            memory.write(seq, &Record { seq, space_id: 1, gpu_id: 0, range_id: 1, pat: false, expired: false, held_ns: 0, entry });
             seq += 1;
         }
         memory.publish(seq);

@@ -70,6 +70,9 @@ pub const WIC_RING_MAGIC: u32 = 0x5749_4352;
 pub const WIC_RING_RECORDS_OFFSET: u64 = WIC_PAGE_SIZE;
 /// `WIC_RECORD_PAT`: the fault hit a PAT range.
 pub const WIC_RECORD_PAT: u32 = 1;
+/// `WIC_RECORD_EXPIRED`: the module ended the hold itself (`max_hold_ms`), completing the
+/// fault's whole run with the timeout marker; not a new fault.
+pub const WIC_RECORD_EXPIRED: u32 = 2;
 
 /// `WIC_RING_BYTES(entries)`: the size of the mapped ring.
 pub const fn ring_bytes(entries: u32) -> u64 {
@@ -117,8 +120,9 @@ c_struct! {
         pub length: u64,
         /// Out: the range's id.
         pub range_id: u32,
-        /// Must be 0.
-        pub reserved: u32,
+        /// In: [`WIC_RANGE_PCM`]: the pages of each of the range's runs (pairs of runs laid
+        /// end to end), or 0; other kinds: 0.
+        pub run_pages: u32,
     }
 }
 
@@ -265,6 +269,7 @@ pub fn constants() -> Vec<(&'static str, i128)> {
         ("WIC_RING_MAGIC", WIC_RING_MAGIC.into()),
         ("WIC_RING_RECORDS_OFFSET", WIC_RING_RECORDS_OFFSET.into()),
         ("WIC_RECORD_PAT", WIC_RECORD_PAT.into()),
+        ("WIC_RECORD_EXPIRED", WIC_RECORD_EXPIRED.into()),
         ("WIC_IOC_MAGIC", WIC_IOC_MAGIC.into()),
         ("WIC_IOC_VERSION", WIC_IOC_VERSION.into()),
         ("WIC_IOC_ATTACH", WIC_IOC_ATTACH.into()),

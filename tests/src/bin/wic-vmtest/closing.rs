@@ -62,7 +62,7 @@ impl Step<'_> {
     fn range(&mut self, memory: &mut Memory) -> Result<(u64, u32), String> {
         self.fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
         let base = memory.take(PAGES * PAGE)?;
-        let id = self.device.register(self.space, kabi::WIC_RANGE_PCM, base, PAGES * PAGE).map_err(|e| format!("register: {e}"))?;
+        let id = self.device.register(self.space, kabi::WIC_RANGE_PCM, base, PAGES * PAGE, 0).map_err(|e| format!("register: {e}"))?;
         Ok((base, id))
     }
 
@@ -234,7 +234,7 @@ impl Step<'_> {
     fn detach_refused(&mut self, memory: &mut Memory) -> Result<(), String> {
         let (first, _) = self.range(memory)?;
         let second = memory.take(PAGES * PAGE)?;
-        self.device.register(self.space, kabi::WIC_RANGE_PCM, second, PAGES * PAGE).map_err(|e| format!("register: {e}"))?;
+        self.device.register(self.space, kabi::WIC_RANGE_PCM, second, PAGES * PAGE, 0).map_err(|e| format!("register: {e}"))?;
         self.inject(first, fakegpu::VERDICT_HOLD)?;
         self.inject(second + PAGE, fakegpu::VERDICT_HOLD)?;
         self.fake.fail(Fail { writes: 1, error: Errno::EAGAIN as u32, ..Default::default() }).map_err(|e| format!("arm: {e}"))?;

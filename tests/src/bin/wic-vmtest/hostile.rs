@@ -197,7 +197,7 @@ fn register_raw(fd: RawFd, range: &mut WicRange) -> Result<i32, Errno> {
 
 /// `WIC_IOC_REGISTER` of a well-formed request; the range id it gave.
 fn register(fd: RawFd, space_id: u32, kind: u32, start: u64, length: u64) -> Result<u32, Errno> {
-    let mut range = WicRange { space_id, kind, start, length, range_id: 0, reserved: 0 };
+    let mut range = WicRange { space_id, kind, start, length, range_id: 0, run_pages: 0 };
     register_raw(fd, &mut range)?;
     Ok(range.range_id)
 }
@@ -412,7 +412,7 @@ fn exclusive_open(c: &mut Checker) -> Result<File, String> {
 fn negotiate(c: &mut Checker, fd: RawFd, fake: &FakeGpu, ring: &mut IoUring) -> Result<WicVersion, String> {
     let fake_fd = fake.fd().as_raw_fd();
     let scratch = Mapping::anonymous(1)?;
-    let mut range = WicRange { space_id: 1, kind: PCM, start: scratch.page(0), length: PAGE, range_id: 0, reserved: 0 };
+    let mut range = WicRange { space_id: 1, kind: PCM, start: scratch.page(0), length: PAGE, range_id: 0, run_pages: 0 };
     let before = |c: &mut Checker, when: &str, range: &mut WicRange| -> Result<(), String> {
         c.refused(&format!("ATTACH {when}"), attach(fd, fake_fd, 0), Errno::EPROTO)?;
         c.refused(&format!("DETACH {when}"), detach(fd, 1), Errno::EPROTO)?;
@@ -568,7 +568,7 @@ fn register_cases(c: &mut Checker, fd: RawFd, fake: &FakeGpu, s1: u32) -> Result
     region.manage(fake, 0, REGION_PAGES)?;
     region.punch(32)?;
     let a = region.page(4);
-    let good = WicRange { space_id: s1, kind: PCM, start: a, length: 4 * PAGE, range_id: 0, reserved: 0 };
+    let good = WicRange { space_id: s1, kind: PCM, start: a, length: 4 * PAGE, range_id: 0, run_pages: 0 };
     let unattached = if s1 == 63 { 62 } else { 63 };
     let cases = [
         ("REGISTER unaligned start", WicRange { start: a + 8, ..good }, Errno::EINVAL),
@@ -589,7 +589,9 @@ fn register_cases(c: &mut Checker, fd: RawFd, fake: &FakeGpu, s1: u32) -> Result
         ("REGISTER kind 0", WicRange { kind: 0, ..good }, Errno::EINVAL),
         ("REGISTER unknown kind 4", WicRange { kind: 4, ..good }, Errno::EINVAL),
         ("REGISTER kind u32::MAX", WicRange { kind: u32::MAX, ..good }, Errno::EINVAL),
-        ("REGISTER reserved != 0", WicRange { reserved: 1, ..good }, Errno::EINVAL),
+        ("REGISTER run_pages not dividing the range into pairs of runs", WicRange { run_pages: 3, ..good }, Errno::EINVAL),
+        ("REGISTER run_pages on a PAT range", WicRange { kind: PAT, run_pages: 1, length: 2 * PAGE, ..good }, Errno::EINVAL),
+        ("REGISTER run_pages past WIC_MAX_RANGE_BYTES", WicRange { run_pages: u32::MAX, ..good }, Errno::EINVAL),
         ("REGISTER range_id preset != 0", WicRange { range_id: 5, ..good }, Errno::EINVAL),
         ("REGISTER space id 0", WicRange { space_id: 0, ..good }, Errno::ENOENT),
         ("REGISTER space id 63, never attached", WicRange { space_id: unattached, ..good }, Errno::ENOENT),
@@ -1051,7 +1053,7 @@ fn healthy_after(c: &mut Checker, fake: &FakeGpu) -> Result<(), String> {
     let space = device.attach(fake.fd()).map_err(|e| format!("a fresh session: {e}"))?;
     let region = Mapping::anonymous(1)?;
     region.manage(fake, 0, 1)?;
-    device.register(space, PCM, region.page(0), PAGE).map_err(|e| format!("a fresh session: {e}"))?;
+    device.register(space, PCM, region.page(0), PAGE, 0).map_err(|e| format!("a fresh session: {e}"))?;
     let mut cmds = [replay(GPU)];
     let done = device.submit(&mut cmds).map_err(|e| format!("a fresh session: {e}"))?;
     c.equal("a fresh session: a REPLAY runs", (done, cmds[0].result), (1, 0))?;

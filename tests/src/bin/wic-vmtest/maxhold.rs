@@ -10,6 +10,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use wic_engine::fault::AccessType;
+use wic_engine::{FaultEntry, VaWidth};
 use wic_kmod::fakegpu::{self, Event, FakeGpu};
 use wic_kmod::Device;
 use wic_proto::kabi::{self, WicCommand, WIC_MARKER_TIMEOUT};
@@ -44,7 +45,7 @@ fn steps() -> Result<(), String> {
     let mut device = Device::open(Path::new(DEVICE), Duration::from_secs(5)).map_err(|e| format!("open {DEVICE}: {e}"))?;
     let space = device.attach(fake.fd()).map_err(|e| format!("attach: {e}"))?;
     let base = memory.base();
-    device.register(space, kabi::WIC_RANGE_PCM, base, 4 * PAGE).map_err(|e| format!("register: {e}"))?;
+    device.register(space, kabi::WIC_RANGE_PCM, base, 4 * PAGE, 0).map_err(|e| format!("register: {e}"))?;
     fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
 
     // A fault held with the bound set: completed by the module, not before the bound.
@@ -93,7 +94,43 @@ fn steps() -> Result<(), String> {
     ensure(took <= SLACK, || format!("a bound lowered from 60 s applied only after {took:?}"))?;
     check_page(&fake, &memory, &events, va)?;
     one_refused_fault_holds_back_no_other(&fake, &memory, &mut device, space)?;
-    an_unmappable_page_is_passed_once(&fake, &memory, &mut device, space)
+    an_unmappable_page_is_passed_once(&fake, &memory, &mut device, space)?;
+    a_whole_run_expires_as_wicd_would_end_it(&fake, &memory, &mut device, space)
+}
+
+/// In a PCM range registered with its runs (as wicd registers a channel), the expiry ends a
+/// hold as wicd's own timeout would: the marker at the start of every page of the fault's run,
+/// the slot's other run (mapped with the previous generation's bytes) unmapped, the run
+/// mapped; and it tells wicd, with a record of its own, so that the slot moves on.
+fn a_whole_run_expires_as_wicd_would_end_it(fake: &FakeGpu, memory: &Memory, device: &mut Device, space: u32) -> Result<(), String> {
+    const RUN_PAGES: u32 = 2;
+    set(0)?;
+    fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
+    let run = memory.base() + 40 * PAGE;
+    let companion = run + u64::from(RUN_PAGES) * PAGE;
+    let range = device.register(space, kabi::WIC_RANGE_PCM, run, 2 * u64::from(RUN_PAGES) * PAGE, RUN_PAGES).map_err(|e| format!("register: {e}"))?;
+    let mut map = [WicCommand { opcode: kabi::WIC_CMD_MAP, space_id: space, gpu_id: GPU, pages: RUN_PAGES, va: companion, ..WicCommand::default() }];
+    device.submit(&mut map).map_err(|e| format!("map: {e}"))?;
+    ensure(map[0].result == 0, || format!("map of the companion: {}", map[0].result))?;
+    let va = run + PAGE;
+    inject(fake, va)?;
+    read_ring(device);
+    set(BOUND.as_millis() as u32)?;
+    let events = wait_events(fake, BOUND + SLACK * 4, |seen| completed(seen, run).is_some() && seen.iter().any(|e| e.kind == fakegpu::EVENT_UNMAP))?;
+    set(0)?;
+    for page in [run, va] {
+        let word = u64::from_le_bytes(memory.read(page, 8).try_into().expect("8 bytes"));
+        ensure(word == WIC_MARKER_TIMEOUT, || format!("page {page:#x} of the run holds {word:#x}, not the timeout marker: {events:?}"))?;
+    }
+    let unmapped = events.iter().any(|e| e.kind == fakegpu::EVENT_UNMAP && e.va == companion && e.length == u64::from(RUN_PAGES) * PAGE);
+    ensure(unmapped, || format!("the slot's other run was not unmapped: {events:?}"))?;
+    let state = fake.page_state(GPU, companion).map_err(|e| format!("page state: {e}"))?;
+    ensure(state & fakegpu::PAGE_MAPPED == 0, || "the slot's other run is still mapped".into())?;
+    let mut records = Vec::new();
+    device.ring().read(&mut records, 16);
+    let told = records.iter().any(|r| r.expired && r.range_id == range && r.gpu_id == GPU && FaultEntry::decode_va(&r.entry, VaWidth::Bits57) == va);
+    ensure(told, || format!("no expiry record for wicd: {records:?}"))?;
+    fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))
 }
 
 /// An expired fault whose page nvidia-uvm cannot map on its GPU (resident only on a GPU
@@ -104,7 +141,7 @@ fn an_unmappable_page_is_passed_once(fake: &FakeGpu, memory: &Memory, device: &m
     set(0)?;
     fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
     let va = memory.base() + 32 * PAGE;
-    device.register(space, kabi::WIC_RANGE_PCM, va, PAGE).map_err(|e| format!("register: {e}"))?;
+    device.register(space, kabi::WIC_RANGE_PCM, va, PAGE, 0).map_err(|e| format!("register: {e}"))?;
     fake.reside(GPU, va, true).map_err(|e| format!("reside: {e}"))?;
     inject(fake, va)?;
     read_ring(device);
@@ -130,7 +167,7 @@ fn one_refused_fault_holds_back_no_other(fake: &FakeGpu, memory: &Memory, device
     set(0)?;
     fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
     let base = memory.base() + 8 * PAGE;
-    device.register(space, kabi::WIC_RANGE_PCM, base, 16 * PAGE).map_err(|e| format!("register: {e}"))?;
+    device.register(space, kabi::WIC_RANGE_PCM, base, 16 * PAGE, 0).map_err(|e| format!("register: {e}"))?;
     let refused = base;
     let mut map = [WicCommand { opcode: kabi::WIC_CMD_MAP, space_id: space, gpu_id: GPU, pages: 1, va: refused, ..WicCommand::default() }];
     device.submit(&mut map).map_err(|e| format!("map: {e}"))?;
