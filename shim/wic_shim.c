@@ -107,8 +107,9 @@ struct wic_space_entry {
  * @held_ns: when it was held (ktime_get_ns(), as the record's @held_ns)
  * @marked: the &wic_session.close_gen of the wic_complete_held() call that wrote its page's
  *	marker, 0 when none did; read and written only under &wic_session.mutex
- * @failed: the &wic_session.close_gen of the wic_complete_held() call that left it held after
- *	nvidia-uvm refused its write or map (WIC_SKIP_FAILED), 0 when none did; as @marked
+ * @failed: the &wic_session.close_gen of the sweep that left it held after nvidia-uvm refused
+ *	its write or map (WIC_SKIP_FAILED), or that tried its whole run (wic_expire_runs()); 0
+ *	when none did; as @marked
  */
 struct wic_held {
 	struct hlist_node node;
@@ -182,7 +183,8 @@ struct wic_group {
  *	@held_hash but not recorded, and that call completes them with the closed marker
  * @closing_start: first byte of the pages being closed
  * @closing_end: one past their last byte
- * @close_gen: counts wic_complete_held() calls (never 0); under @mutex
+ * @close_gen: counts the sweeps of the held table (wic_complete_held(), wic_expire_runs()),
+ *	which mark the entries they handled with it (never 0); under @mutex
  * @pass_once: held faults the expiry released unmapped because nvidia-uvm cannot map their
  *	page on their GPU (-EXDEV), their marker written: the next fault on each is passed, so
  *	that nvidia-uvm services it (moving the page where the GPU reaches it) and the warp reads
@@ -470,9 +472,6 @@ static enum uvm_wic_verdict wic_classify(const struct uvm_wic_fault *fault)
 	/* A GPU producer's data: its GPU writes there as usual, and only a copy reads it. */
 	if (!range || range->kind == WIC_RANGE_SOURCE)
 		goto out;
-	/* An expired fault whose page cannot be mapped here: nvidia-uvm services it, once. */
-	if (wic_pass_once_take(s, space_id, fault->gpu_id, fault->va))
-		goto out;
 	/*
 	 * A wic page is held even when it cannot be recorded: serviced, the warp would read a
 	 * page without its data. Unrecorded, it faults again after the next replay.
@@ -480,6 +479,11 @@ static enum uvm_wic_verdict wic_classify(const struct uvm_wic_fault *fault)
 	verdict = UVM_WIC_HOLD;
 	if (fault->flags & UVM_WIC_FAULT_PREFETCH)
 		goto out;
+	/* An expired fault whose page cannot be mapped here: the warp's, serviced once. */
+	if (wic_pass_once_take(s, space_id, fault->gpu_id, fault->va)) {
+		verdict = UVM_WIC_PASS;
+		goto out;
+	}
 	if (!gpu_valid) {
 		s->ring->dropped++;
 		goto out;
@@ -917,15 +921,15 @@ static void wic_post_expired(struct wic_session *s, const struct wic_run_expiry 
  * its pages, the slot's other run unmapped, the run mapped, by one uvm_wic_complete()), the
  * faults held on both runs released, its GPU added to @replay, and wicd told, so that it moves
  * the slot on instead of taking the next generation's fault for a stale one. A run nvidia-uvm
- * refuses is left to the page-by-page expiry after. Returns the first errno met, or 0.
+ * refuses is left to the page-by-page expiry after, which says what fails.
  */
-static int wic_expire_runs(struct wic_session *s, u64 before, unsigned long *replay)
+static void wic_expire_runs(struct wic_session *s, u64 before, unsigned long *replay)
 {
 	u32 gen = ++s->close_gen ?: ++s->close_gen, bkt = 0;
 	struct wic_run_expiry x;
 	unsigned long flags;
-	int err, first = 0;
 	bool found;
+	int err;
 
 	for (;;) {
 		struct uvm_wic_completion c;
@@ -934,21 +938,25 @@ static int wic_expire_runs(struct wic_session *s, u64 before, unsigned long *rep
 		found = wic_find_run_expiry(s, before, gen, &bkt, &x);
 		spin_unlock_irqrestore(&s->lock, flags);
 		if (!found)
-			return first;
+			return;
 		c = (struct uvm_wic_completion){
 			.gpu_id = x.gpu_id, .pages = x.pages, .va = x.run,
 			.companion = x.companion, .marker = WIC_MARKER_TIMEOUT,
 		};
 		err = uvm_wic_complete(s->spaces[x.space_id - 1].uvm, &c, 1) ?: c.result;
+		/*
+		 * The record goes first: a fault of the next generation recorded after the held
+		 * faults are released must reach wicd after it, or wicd would take it for a
+		 * stale one of the generation it still waits for.
+		 */
+		if (!err)
+			wic_post_expired(s, &x);
 		if (!err || c.companion_unmapped)
 			wic_release_held(s, x.space_id, x.gpu_id, x.companion, x.pages);
-		if (err) {
-			first = first ?: err;
+		if (err)
 			continue;
-		}
 		wic_release_held(s, x.space_id, x.gpu_id, x.run, x.pages);
 		__set_bit(x.gpu_id, replay);
-		wic_post_expired(s, &x);
 	}
 }
 
@@ -983,9 +991,9 @@ static void wic_expire(struct work_struct *work)
 	bitmap_zero(replay, WIC_GPU_BITS);
 	mutex_lock(&s->mutex);
 	if (bound_ns && now > bound_ns) {
-		err = wic_expire_runs(s, now - bound_ns, replay);
+		wic_expire_runs(s, now - bound_ns, replay);
 		err = wic_complete_held(s, 0, 0, U64_MAX, now - bound_ns, WIC_MARKER_TIMEOUT,
-					replay, WIC_SKIP_FAILED) ?: err;
+					replay, WIC_SKIP_FAILED);
 	}
 	spin_lock_irqsave(&s->lock, flags);
 	more = s->nr_held != 0;
@@ -1483,8 +1491,9 @@ static bool wic_group_fits(const struct wic_session *s, const struct wic_command
  * completions of one space run together, by one uvm_wic_complete() call (one acquisition of
  * nvidia-uvm's locks and one wait for the TLB invalidates instead of three per completion),
  * before any other command that follows them, so the order of effects is the batch's. A
- * command that cannot be read, or whose result cannot be stored, ends the batch once what was
- * gathered before it ran.
+ * command that cannot be read, or a result that cannot be stored, ends the batch once what
+ * was gathered before runs; what succeeded is counted whether or not its result was stored,
+ * unless that was the first command (EFAULT, as wic_abi.h says).
  */
 static long wic_submit(struct wic_session *s, const struct wic_submit *sub)
 {
@@ -1500,30 +1509,33 @@ static long wic_submit(struct wic_session *s, const struct wic_submit *sub)
 		return err;
 	for (i = 0; i < sub->count && !unstored; i++) {
 		struct wic_space_entry *space;
+		bool completion;
 
 		if (copy_from_user(&cmd, &ucmds[i], sizeof(cmd)))
 			break;
 		space = wic_space(s, cmd.space_id);
 		cmd.result = wic_check_command(&cmd, space ? &space->ranges : NULL);
-		if (!cmd.result && (cmd.opcode == WIC_CMD_COMPLETE ||
-				    cmd.opcode == WIC_CMD_COMPLETE_COPY)) {
-			if (!wic_group_fits(s, &cmd))
-				done += wic_group_run(s, ucmds, &unstored);
+		completion = cmd.opcode == WIC_CMD_COMPLETE || cmd.opcode == WIC_CMD_COMPLETE_COPY;
+		if (!cmd.result && (!completion || !wic_group_fits(s, &cmd))) {
+			done += wic_group_run(s, ucmds, &unstored);
+			if (unstored)
+				break;
+		}
+		if (!cmd.result && completion) {
 			cmd.result = wic_group_add(s, &cmd, i);
 			if (!cmd.result)
 				continue;
 		} else if (!cmd.result) {
-			done += wic_group_run(s, ucmds, &unstored);
 			cmd.result = wic_run_command(s, space, &cmd);
 		}
+		if (!cmd.result)
+			done++;
 		if (put_user(cmd.result, &ucmds[i].result))
 			unstored = true;
-		else if (!cmd.result)
-			done++;
 	}
 	done += wic_group_run(s, ucmds, &unstored);
-	/* The first command could not be read, or its result not stored: an answerless batch. */
-	if (!done && (i == 0 || (i == 1 && unstored)))
+	/* The first command could not be read, or answered: wic_abi.h's EFAULT. */
+	if (i == 0 || (i == 1 && unstored))
 		return -EFAULT;
 	return done;
 }

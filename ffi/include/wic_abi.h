@@ -20,8 +20,8 @@
  * completed by the module itself with the WIC_MARKER_TIMEOUT marker, mapped and its GPU
  * replayed. In a PCM range registered with its runs (struct wic_range @run_pages) the whole
  * run is completed as wicd's timeout would, the slot's other run unmapped, and a
- * WIC_RECORD_EXPIRED record tells wicd; elsewhere only the faulting page, and wicd is not told
- * (see shim/README.md). wicd's channel timeouts should stay well below it. A command wicd runs
+ * WIC_RECORD_EXPIRED record tells wicd; elsewhere, and for a run nvidia-uvm refuses to complete
+ * whole, only the faulting page, and wicd is not told (see shim/README.md). wicd's channel timeouts should stay well below it. A command wicd runs
  * for that page afterwards acts on a page that is no longer held.
  */
 #ifndef _WIC_ABI_H
@@ -30,7 +30,7 @@
 #include <linux/ioctl.h>
 #include <linux/types.h>
 
-#define WIC_ABI_VERSION 3
+#define WIC_ABI_VERSION 4
 
 #define WIC_PAGE_SIZE 4096
 
@@ -232,7 +232,9 @@ struct wic_command {
  * that succeeded, or a negative errno when the batch itself is refused (EINVAL for @count or
  * @flags) or its first command cannot be read or answered (EFAULT). A command that cannot
  * be read ends the batch: it and the ones after it do not run and keep their result fields,
- * so a count below the number of zero results says where the batch stopped.
+ * so a count below the number of zero results says where the batch stopped. So does a result
+ * that cannot be stored: the commands after it do not run, and the count includes every
+ * command that succeeded, that one too (EFAULT when it is the first command's).
  */
 struct wic_submit {
 	__u64 commands;

@@ -844,16 +844,16 @@ async fn create_reserved(
         _ => None,
     };
     if let Some(bound_ms) = bound_ms {
-        // The module would end such a hold itself first, knowing only the faulting page: the
-        // slot's other run stays mapped with the previous generation's bytes. Its clock starts
-        // when the fault is held, wicd's once wicd has read the record, and the module looks
-        // every quarter of its bound: wicd's timeout must end well before.
+        // The module would end such a hold itself first, as a failure of the application's run
+        // (and, where it cannot complete the whole run, leaving the slot's other run mapped).
+        // Its clock starts when the fault is held, wicd's once wicd has read the record, and
+        // the module looks every quarter of its bound: wicd's timeout must end well before.
         let longest = longest_timeout_ns(bound_ms);
         if spec.timeout_ns > longest {
             return Err(error(
                 ErrorCode::Invalid,
                 format!(
-                    "timeout_ns {} is not well below wic_shim's max_hold_ms of {bound_ms} ms, which would end the hold first and leave the slot inconsistent; ask for at most {longest} ns (0 takes limits.default_timeout_ms)",
+                    "timeout_ns {} is not well below wic_shim's max_hold_ms of {bound_ms} ms, which would end the hold first; ask for at most {longest} ns (0 takes limits.default_timeout_ms)",
                     spec.timeout_ns
                 ),
             ));

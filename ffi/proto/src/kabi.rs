@@ -7,7 +7,7 @@ use wic_engine::ErrorMarker;
 use crate::c_struct;
 
 /// `WIC_ABI_VERSION`: negotiated first, by [`WIC_IOC_VERSION`].
-pub const WIC_ABI_VERSION: u32 = 3;
+pub const WIC_ABI_VERSION: u32 = 4;
 /// `WIC_PAGE_SIZE`.
 pub const WIC_PAGE_SIZE: u64 = 4096;
 /// `WIC_MAX_SPACES`: VA spaces one session may attach.
