@@ -613,9 +613,10 @@ static bool wic_page_gone(int err)
  *	tell; its warp faults again after the replay)
  *
  * Whatever the choice, a fault whose page is gone, or that nvidia-uvm cannot map on its GPU
- * (-EXDEV: its marker is written; once the page is no longer a wic page the fault comes back
- * and nvidia-uvm services it, migrating the page, as it would any fault), is released unmapped
- * and its GPU replayed.
+ * (-EXDEV: its marker is written; once the page is no longer a wic page, or at once for the
+ * expiry, whose next fault on that page is passed, the fault comes back and nvidia-uvm
+ * services it, migrating the page, as it would any fault), is released unmapped and its GPU
+ * replayed.
  */
 enum wic_on_failure {
 	WIC_STOP,
@@ -623,17 +624,14 @@ enum wic_on_failure {
 	WIC_RELEASE,
 };
 
-/* What wic_complete_held() did with a fault nvidia-uvm refused. */
-enum wic_skip {
-	WIC_SKIP_STOP,		/* nothing: stop there */
-	WIC_SKIP_RELEASED,	/* released it unmapped */
-	WIC_SKIP_LEFT,		/* left it held for a later call */
-};
-
-/* What wic_complete_held() does past @err for the held fault @held, see above. */
-static enum wic_skip wic_complete_skip(struct wic_session *s, struct wic_held *held, int err,
-				       enum wic_on_failure on_failure, u32 gen,
-				       unsigned long *replay)
+/*
+ * After nvidia-uvm refused a write or a map of the held fault @held with @err, in a sweep
+ * (@gen) of wic_complete_held(): releases it unmapped, or leaves it held (keeping the first
+ * such errno in *@first), as enum wic_on_failure says. Returns whether the sweep stops there.
+ */
+static bool wic_complete_failed(struct wic_session *s, struct wic_held *held, int err,
+				enum wic_on_failure on_failure, u32 gen, unsigned long *replay,
+				int *first)
 {
 	if (on_failure == WIC_RELEASE || wic_page_gone(err) || err == -EXDEV) {
 		unsigned long flags;
@@ -650,13 +648,14 @@ static enum wic_skip wic_complete_skip(struct wic_session *s, struct wic_held *h
 		}
 		spin_unlock_irqrestore(&s->lock, flags);
 		wic_held_done(s, held, replay);
-		return WIC_SKIP_RELEASED;
+		return false;
 	}
 	if (on_failure == WIC_SKIP_FAILED) {
 		held->failed = gen;
-		return WIC_SKIP_LEFT;
+		*first = *first ?: err;
+		return false;
 	}
-	return WIC_SKIP_STOP;
+	return true;
 }
 
 /**
@@ -688,7 +687,6 @@ static int wic_complete_held(struct wic_session *s, u32 space_id, u64 start, u64
 			     enum wic_on_failure on_failure)
 {
 	struct wic_held *found[WIC_COMPLETE_BATCH];
-	enum wic_skip skip = WIC_SKIP_STOP;
 	u32 bkt, gen, i, n;
 	int err, first = 0;
 	bool any;
@@ -712,13 +710,9 @@ static int wic_complete_held(struct wic_session *s, u32 space_id, u64 start, u64
 							    sizeof(marker));
 				if (!err)
 					found[i]->marked = gen;
-				else
-					skip = wic_complete_skip(s, found[i], err, on_failure, gen,
-								 replay);
-				if (err && skip == WIC_SKIP_STOP)
+				else if (wic_complete_failed(s, found[i], err, on_failure, gen,
+							     replay, &first))
 					return err;
-				if (err && skip == WIC_SKIP_LEFT && !first)
-					first = err;
 			}
 		}
 		for (bkt = 0; (n = wic_peek_held(s, space_id, start, end, before, gen, true, &bkt,
@@ -730,13 +724,9 @@ static int wic_complete_held(struct wic_session *s, u32 space_id, u64 start, u64
 						  found[i]->kind == WIC_RANGE_PAT);
 				if (!err)
 					wic_held_done(s, found[i], replay);
-				else
-					skip = wic_complete_skip(s, found[i], err, on_failure, gen,
-								 replay);
-				if (err && skip == WIC_SKIP_STOP)
+				else if (wic_complete_failed(s, found[i], err, on_failure, gen,
+							     replay, &first))
 					return err;
-				if (err && skip == WIC_SKIP_LEFT && !first)
-					first = err;
 			}
 		}
 	} while (any);
