@@ -67,6 +67,12 @@ impl Wicd {
         kill(Pid::from_raw(self.0.id() as i32), signal).map_err(|e| format!("{signal}: {e}"))
     }
 
+    /// Stops it with SIGTERM and waits for it to end.
+    fn stop(mut self) -> Result<(), String> {
+        self.signal(Signal::SIGTERM)?;
+        self.wait().map(drop)
+    }
+
     /// Waits for the process to end; its exit status.
     fn wait(&mut self) -> Result<std::process::ExitStatus, String> {
         let deadline = Instant::now() + PATIENCE;
@@ -342,7 +348,7 @@ fn scenario() -> Result<(), String> {
 /// closed marker's write, as while suspended): its page stays a wic page, its fault held, until
 /// wicd asks again and the module completes it.
 fn refused_unregister_asked_again(fake: &FakeGpu, memory: &mut Memory) -> Result<(), String> {
-    let mut wicd = Wicd::start()?;
+    let wicd = Wicd::start()?;
     let client = connect(fake)?;
     let (channel, runs) = placed(&client, memory, &spec(1, 10_000_000_000))?;
     fake.reset().map_err(|e| e.to_string())?;
@@ -366,8 +372,7 @@ fn refused_unregister_asked_again(fake: &FakeGpu, memory: &mut Memory) -> Result
     }
     ensure(word_at(memory, runs[0]) == WIC_MARKER_CHANNEL_CLOSED, || "the held fault did not get the closed marker".into())?;
     drop(client);
-    wicd.signal(Signal::SIGTERM)?;
-    wicd.wait().map(drop)
+    wicd.stop()
 }
 
 /// With the module's own bound on a hold (`max_hold_ms`) set, a channel whose timeout is not
@@ -376,7 +381,7 @@ fn timeouts_below_the_module_bound(fake: &FakeGpu, memory: &mut Memory) -> Resul
     let param = wic_kmod::device::MAX_HOLD_MS_PARAM;
     std::fs::write(param, "500\n").map_err(|e| format!("{param}: {e}"))?;
     let result = (|| {
-        let mut wicd = Wicd::start()?;
+        let wicd = Wicd::start()?;
         let client = connect(fake)?;
         let bytes = client.placement_bytes(&spec(1, 0)).map_err(|e| format!("placement_bytes: {e}"))?;
         // The margin below the bound: a quarter of it, 125 ms, at least 100 ms.
@@ -391,8 +396,7 @@ fn timeouts_below_the_module_bound(fake: &FakeGpu, memory: &mut Memory) -> Resul
         let log = std::fs::read_to_string(LOG).unwrap_or_default();
         ensure(log.contains("channels created without a timeout are refused"), || "no warning about the default timeout at start".into())?;
         drop(client);
-        wicd.signal(Signal::SIGTERM)?;
-        wicd.wait().map(drop)
+        wicd.stop()
     })();
     std::fs::write(param, "0\n").map_err(|e| format!("{param}: {e}"))?;
     result
@@ -406,16 +410,7 @@ fn gpu_sharing(fake: &FakeGpu) -> Result<(), String> {
     ensure(log.contains("cannot check how the GPUs are shared"), || format!("no warning about the unchecked GPUs:\n{}", log_tail()))?;
     let config = "/tmp/wicd-refuse.toml";
     std::fs::write(config, "[shim]\ngpu_sharing = \"refuse\"\n").map_err(|e| format!("{config}: {e}"))?;
-    let mut wicd = Wicd::start_with(&["--config", config])?;
-    let client = Client::connect(Some(Path::new(SOCKET))).map_err(|e| format!("connect: {e}"))?;
-    let refused = client.attach_space(fake.fd());
-    ensure(
-        refused.as_ref().is_err_and(|e| e.code() == ErrorCode::Unsupported && e.to_string().contains("gpu_sharing")),
-        || format!("attach_space under gpu_sharing = \"refuse\" without NVML: {refused:?}"),
-    )?;
-    drop(client);
-    wicd.signal(Signal::SIGTERM)?;
-    wicd.wait().map(drop)
+    attach_refused(fake, &["--config", config], "gpu_sharing")
 }
 
 /// An application whose address space has a Pascal GPU registered: the module cannot hold
@@ -423,16 +418,20 @@ fn gpu_sharing(fake: &FakeGpu) -> Result<(), String> {
 fn pascal_refused() -> Result<(), String> {
     let pascal = FakeGpu::open().map_err(|e| e.to_string())?;
     pascal.pre_volta(4).map_err(|e| format!("pre_volta: {e}"))?;
-    let mut wicd = Wicd::start()?;
+    attach_refused(&pascal, &[], "Pascal")
+}
+
+/// A wicd started with `wicd_args` refuses `fake`'s space as UNSUPPORTED, saying `why`.
+fn attach_refused(fake: &FakeGpu, wicd_args: &[&str], why: &str) -> Result<(), String> {
+    let wicd = Wicd::start_with(wicd_args)?;
     let client = Client::connect(Some(Path::new(SOCKET))).map_err(|e| format!("connect: {e}"))?;
-    let refused = client.attach_space(pascal.fd());
+    let refused = client.attach_space(fake.fd());
     ensure(
-        refused.as_ref().is_err_and(|e| e.code() == ErrorCode::Unsupported && e.to_string().contains("Pascal")),
-        || format!("attach_space of a space with a Pascal GPU: {refused:?}"),
+        refused.as_ref().is_err_and(|e| e.code() == ErrorCode::Unsupported && e.to_string().contains(why)),
+        || format!("attach_space refused, saying {why:?}: {refused:?}"),
     )?;
     drop(client);
-    wicd.signal(Signal::SIGTERM)?;
-    wicd.wait().map(drop)
+    wicd.stop()
 }
 
 /// `connect` and `placed` through `wic.h`: a one-slot channel placed in `memory`; the
