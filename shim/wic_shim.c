@@ -54,11 +54,15 @@ MODULE_PARM_DESC(ring_entries, "Fault-ring records, a power of two from 256 to 6
  * other channel on that GPU: the module bounds a hold itself, whatever wicd does.
  */
 /*
- * Off by default: a bound must be chosen above every channel timeout (wicd refuses timeouts
- * not well below it), and a range registered without its runs is expired page by page, which
- * leaves the slot's other run mapped (see shim/README.md).
+ * 3 s by default: a fault is completed at the latest a quarter of the bound after it (the
+ * expiry work's period), 3.75 s after it was held, below RM's default runlist context-switch
+ * timeout (RmEngineContextSwitchTimeoutUs, 0x3fffff us, about 4.29 s), past which RM resets a
+ * channel that a held fault keeps from being preempted. wicd refuses channel timeouts not well
+ * below the bound (at most 2.25 s with this one). 0 removes the bound: safe only where no other
+ * context time-slices with wic's (docs/operations.md).
  */
-static unsigned int max_hold_ms;
+#define WIC_DEFAULT_MAX_HOLD_MS 3000
+static unsigned int max_hold_ms = WIC_DEFAULT_MAX_HOLD_MS;
 static int wic_max_hold_set(const char *val, const struct kernel_param *kp);
 static const struct kernel_param_ops wic_max_hold_ops = {
 	.set = wic_max_hold_set,

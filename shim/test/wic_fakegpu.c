@@ -20,6 +20,7 @@
 
 #include <linux/bitmap.h>
 #include <linux/build_bug.h>
+#include <linux/delay.h>
 #include <linux/err.h>
 #include <linux/file.h>
 #include <linux/fs.h>
@@ -992,6 +993,74 @@ static bool wic_hw_stalled_on(struct uvm_wic_space *space, u32 gpu_id, u64 va)
 	return found;
 }
 
+/* Warps stalled on @gpu_id; 0 for a GPU that never had one. */
+static u32 wic_hw_nr_stalled(u32 gpu_id)
+{
+	struct wic_hw_gpu *hw;
+	u32 n;
+
+	mutex_lock(&wic_hw_lock);
+	hw = wic_hw_gpu(gpu_id, false);
+	n = hw ? hw->nr_stalled : 0;
+	mutex_unlock(&wic_hw_lock);
+	return n;
+}
+
+/* RM resets @gpu_id's channel: every warp stalled there is killed, its fault gone. */
+static u32 wic_hw_reset_channel(u32 gpu_id)
+{
+	struct wic_warp *warp, *next;
+	struct wic_hw_gpu *hw;
+	u32 killed = 0;
+
+	mutex_lock(&wic_hw_lock);
+	hw = wic_hw_gpu(gpu_id, false);
+	if (hw) {
+		hw->count = 0;
+		hw->overflow_seen = false;
+		list_for_each_entry_safe(warp, next, &hw->stalled, node) {
+			wic_log_event(WIC_FAKEGPU_EVENT_CHANNEL_RESET, gpu_id, warp->va,
+				      WIC_FAKEGPU_PAGE_SIZE, 0);
+			wic_warp_free(hw, warp);
+			killed++;
+		}
+	}
+	mutex_unlock(&wic_hw_lock);
+	return killed;
+}
+
+/*
+ * A context switch on a GPU: it waits while any warp is stalled there (a replayable fault
+ * blocks preemption), looking every millisecond, and past the timeout the channel is reset.
+ */
+static long wic_ioctl_preempt(struct wic_fakegpu_preempt __user *uarg)
+{
+	struct wic_fakegpu_preempt args;
+	u64 start = ktime_get_ns(), deadline;
+
+	if (copy_from_user(&args, uarg, sizeof(args)))
+		return -EFAULT;
+	if (!wic_gpu_valid(args.gpu_id))
+		return -ENODEV;
+	if (args.reserved || !args.timeout_ms || args.timeout_ms > WIC_FAKEGPU_MAX_SWITCH_MS)
+		return -EINVAL;
+	deadline = start + (u64)args.timeout_ms * NSEC_PER_MSEC;
+	args.killed = 0;
+	while (wic_hw_nr_stalled(args.gpu_id)) {
+		if (ktime_get_ns() >= deadline) {
+			args.killed = wic_hw_reset_channel(args.gpu_id);
+			break;
+		}
+		if (fatal_signal_pending(current))
+			return -EINTR;
+		usleep_range(1000, 1100);
+	}
+	args.waited_ns = ktime_get_ns() - start;
+	if (!args.killed)
+		wic_log_event(WIC_FAKEGPU_EVENT_SWITCHED, args.gpu_id, 0, args.waited_ns, 0);
+	return copy_to_user(uarg, &args, sizeof(args)) ? -EFAULT : 0;
+}
+
 static long wic_ioctl_warps(struct uvm_wic_space *space, struct wic_fakegpu_warps __user *uarg,
 			    bool bottom_half)
 {
@@ -1183,6 +1252,8 @@ static long wic_fakegpu_ioctl(struct file *file, unsigned int cmd, unsigned long
 		return wic_ioctl_warps(space, uarg, false);
 	case WIC_FAKEGPU_IOC_BOTTOM_HALF:
 		return wic_ioctl_warps(space, uarg, true);
+	case WIC_FAKEGPU_IOC_PREEMPT:
+		return wic_ioctl_preempt(uarg);
 	case WIC_FAKEGPU_IOC_PRE_VOLTA: {
 		u32 gpu_id;
 
@@ -1705,6 +1776,7 @@ static int __init wic_fakegpu_init(void)
 	BUILD_BUG_ON(sizeof(struct wic_fakegpu_page_state) != 16);
 	BUILD_BUG_ON(sizeof(struct wic_fakegpu_gpu_store) != 32);
 	BUILD_BUG_ON(sizeof(struct wic_fakegpu_warps) != 32);
+	BUILD_BUG_ON(sizeof(struct wic_fakegpu_preempt) != 24);
 	BUILD_BUG_ON(sizeof(struct wic_fakegpu_fail) != 16);
 	BUILD_BUG_ON(sizeof(struct wic_fakegpu_managed) != 16);
 	BUILD_BUG_ON(WIC_FAKEGPU_FAULT_ENTRY_SIZE != UVM_WIC_FAULT_ENTRY_SIZE);

@@ -36,7 +36,9 @@
  * only with a replay); a bottom half (WIC_FAKEGPU_IOC_BOTTOM_HALF) fetches, classifies and
  * services them in batches as nvidia-uvm does, with the patched driver's replay rule
  * (uvm_wic_run_replays() of uvm_wic.h); and every replay resumes the stalled warps whose pages
- * are mapped and makes every other one fault again.
+ * are mapped and makes every other one fault again. So is the rule that a held replayable fault
+ * blocks preemption of its channel (WIC_FAKEGPU_IOC_PREEMPT): a context switch on a GPU waits
+ * while a warp is stalled there, and RM resets the channel when it waits past its timeout.
  *
  * A pre-Volta GPU (Pascal: faults are cancelled per uTLB, not per VA) can be registered in a
  * space (WIC_FAKEGPU_IOC_PRE_VOLTA): as nvidia-uvm with the hook, uvm_wic_space_get() then
@@ -100,6 +102,8 @@
 #define WIC_FAKEGPU_EVENT_RESUMED 10		/* a stalled warp resumed at a replay */
 #define WIC_FAKEGPU_EVENT_DROPPED 11		/* a fault dropped by a full fault buffer */
 #define WIC_FAKEGPU_EVENT_COMPLETE 12		/* uvm_wic_complete(), before its steps' events */
+#define WIC_FAKEGPU_EVENT_SWITCHED 13		/* a context switch done (WIC_FAKEGPU_IOC_PREEMPT) */
+#define WIC_FAKEGPU_EVENT_CHANNEL_RESET 14	/* a stalled warp killed by a channel reset */
 
 /* Verdicts (WIC_FAKEGPU_IOC_INJECT), the values of enum uvm_wic_verdict. */
 #define WIC_FAKEGPU_VERDICT_PASS 0
@@ -120,10 +124,11 @@
  *	WIC_FAKEGPU_EVENT_COPY, the GPU whose memory held the first source byte (its copy engine
  *	read it), WIC_FAKEGPU_GPU_NONE when the CPU's memory did
  * @va: the first byte (page-aligned except for writes and copies); 0 for
- *	WIC_FAKEGPU_EVENT_REPLAY
+ *	WIC_FAKEGPU_EVENT_REPLAY and WIC_FAKEGPU_EVENT_SWITCHED
  * @length: bytes; WIC_FAKEGPU_PAGE_SIZE for WIC_FAKEGPU_EVENT_SERVICED, 0 for
  *	WIC_FAKEGPU_EVENT_REPLAY; for WIC_FAKEGPU_EVENT_COMPLETE, the number of completions (each
- *	logs the events of its steps, as the helpers do, right after)
+ *	logs the events of its steps, as the helpers do, right after); for
+ *	WIC_FAKEGPU_EVENT_SWITCHED, the nanoseconds the switch waited
  * @data0: WIC_FAKEGPU_EVENT_WRITE and WIC_FAKEGPU_EVENT_COPY: the first 8 bytes written, as a
  *	little-endian number (bytes beyond @length are 0); 0 for the other kinds
  * @ns: when the call completed, CLOCK_MONOTONIC nanoseconds
@@ -331,6 +336,36 @@ struct wic_fakegpu_warps {
 	__u32 reserved;
 };
 
+/**
+ * struct wic_fakegpu_preempt - another context's time slice on a GPU (WIC_FAKEGPU_IOC_PREEMPT)
+ * @gpu_id: in: the GPU
+ * @timeout_ms: in: the context-switch timeout, 1 .. WIC_FAKEGPU_MAX_SWITCH_MS (RM's default
+ *	is 4295 ms: RmEngineContextSwitchTimeoutUs 0x3fffff, 1.024-us ticks)
+ * @waited_ns: out: how long the switch waited
+ * @killed: out: warps the channel reset killed; 0 when the switch was done
+ * @reserved: in: must be 0
+ *
+ * A replayable fault blocks preemption of its channel until it is serviced (nvidia-uvm,
+ * uvm_gpu_non_replayable_faults.c), so a context switch away from the contexts running on
+ * @gpu_id waits while any warp is stalled there, held by wic or not yet serviced. The call
+ * waits, as RM's scheduler would, until no warp is stalled on @gpu_id (the switch is done:
+ * WIC_FAKEGPU_EVENT_SWITCHED, with @waited_ns as its length) or until @timeout_ms passed: then
+ * RM resets the channel, and every warp still stalled on @gpu_id is killed (one
+ * WIC_FAKEGPU_EVENT_CHANNEL_RESET each, its fault gone from the buffer) as the context of a
+ * reset channel is. Stalled warps resume only at a replay (struct wic_fakegpu_warps). Errors:
+ * ENODEV for a bad @gpu_id, EINVAL for a bad @timeout_ms or @reserved, EINTR on a fatal signal
+ * (the warps stay stalled), EFAULT.
+ */
+struct wic_fakegpu_preempt {
+	__u32 gpu_id;
+	__u32 timeout_ms;
+	__u64 waited_ns;
+	__u32 killed;
+	__u32 reserved;
+};
+
+#define WIC_FAKEGPU_MAX_SWITCH_MS 60000		/* longest WIC_FAKEGPU_IOC_PREEMPT timeout */
+
 #define WIC_FAKEGPU_IOC_MAGIC 'F'
 
 #define WIC_FAKEGPU_IOC_INJECT _IOWR(WIC_FAKEGPU_IOC_MAGIC, 1, struct wic_fakegpu_inject)
@@ -350,5 +385,6 @@ struct wic_fakegpu_warps {
 #define WIC_FAKEGPU_IOC_BOTTOM_HALF _IOWR(WIC_FAKEGPU_IOC_MAGIC, 10, struct wic_fakegpu_warps)
 /* A pre-Volta GPU, whose id the __u32 argument gives, is registered in this file's space. */
 #define WIC_FAKEGPU_IOC_PRE_VOLTA _IOW(WIC_FAKEGPU_IOC_MAGIC, 11, __u32)
+#define WIC_FAKEGPU_IOC_PREEMPT _IOWR(WIC_FAKEGPU_IOC_MAGIC, 12, struct wic_fakegpu_preempt)
 
 #endif /* _WIC_FAKEGPU_H */

@@ -50,6 +50,8 @@ pub const HW_MAX_BATCHES: u32 = 8;
 pub const HW_MAX_RUNS: u32 = 64;
 /// `WIC_FAKEGPU_MAX_WARPS`: warps stalled on all fake GPUs.
 pub const MAX_WARPS: u32 = 4096;
+/// `WIC_FAKEGPU_MAX_SWITCH_MS`: the longest context-switch timeout.
+pub const MAX_SWITCH_MS: u32 = 60_000;
 /// `WIC_FAKEGPU_EVENT_WRITE`.
 pub const EVENT_WRITE: u32 = 1;
 /// `WIC_FAKEGPU_EVENT_MAP`.
@@ -75,6 +77,10 @@ pub const EVENT_RESUMED: u32 = 10;
 pub const EVENT_DROPPED: u32 = 11;
 /// `WIC_FAKEGPU_EVENT_COMPLETE`: `uvm_wic_complete()`, its `length` the number of completions.
 pub const EVENT_COMPLETE: u32 = 12;
+/// `WIC_FAKEGPU_EVENT_SWITCHED`: a context switch done; its `length` the nanoseconds it waited.
+pub const EVENT_SWITCHED: u32 = 13;
+/// `WIC_FAKEGPU_EVENT_CHANNEL_RESET`: a stalled warp killed by a channel reset.
+pub const EVENT_CHANNEL_RESET: u32 = 14;
 /// `WIC_FAKEGPU_VERDICT_PASS`.
 pub const VERDICT_PASS: u8 = 0;
 /// `WIC_FAKEGPU_VERDICT_HOLD`.
@@ -180,6 +186,17 @@ c_struct! {
     }
 }
 
+c_struct! {
+    /// `struct wic_fakegpu_preempt`: another context's time slice on a GPU.
+    pub struct Preempt = "wic_fakegpu_preempt" {
+        pub gpu_id: u32,
+        pub timeout_ms: u32,
+        pub waited_ns: u64,
+        pub killed: u32,
+        pub reserved: u32,
+    }
+}
+
 /// `WIC_FAKEGPU_IOC_INJECT`.
 pub const IOC_INJECT: u32 = nix::request_code_readwrite!(IOC_MAGIC, 1, std::mem::size_of::<Inject>()) as u32;
 /// `WIC_FAKEGPU_IOC_EVENTS`.
@@ -202,6 +219,8 @@ pub const IOC_WARPS: u32 = nix::request_code_readwrite!(IOC_MAGIC, 9, std::mem::
 pub const IOC_PRE_VOLTA: u32 = nix::request_code_write!(IOC_MAGIC, 11, std::mem::size_of::<u32>()) as u32;
 /// `WIC_FAKEGPU_IOC_BOTTOM_HALF`.
 pub const IOC_BOTTOM_HALF: u32 = nix::request_code_readwrite!(IOC_MAGIC, 10, std::mem::size_of::<Warps>()) as u32;
+/// `WIC_FAKEGPU_IOC_PREEMPT`.
+pub const IOC_PREEMPT: u32 = nix::request_code_readwrite!(IOC_MAGIC, 12, std::mem::size_of::<Preempt>()) as u32;
 
 nix::ioctl_readwrite_bad!(ioc_inject, IOC_INJECT, Inject);
 nix::ioctl_readwrite_bad!(ioc_events, IOC_EVENTS, Events);
@@ -215,6 +234,7 @@ nix::ioctl_write_ptr_bad!(ioc_gpu_store, IOC_GPU_STORE, GpuStore);
 nix::ioctl_readwrite_bad!(ioc_warps, IOC_WARPS, Warps);
 nix::ioctl_readwrite_bad!(ioc_bottom_half, IOC_BOTTOM_HALF, Warps);
 nix::ioctl_write_ptr_bad!(ioc_pre_volta, IOC_PRE_VOLTA, u32);
+nix::ioctl_readwrite_bad!(ioc_preempt, IOC_PREEMPT, Preempt);
 
 /// Every constant of the header with its value, for the ABI test.
 pub fn constants() -> Vec<(&'static str, i128)> {
@@ -249,6 +269,9 @@ pub fn constants() -> Vec<(&'static str, i128)> {
         ("WIC_FAKEGPU_EVENT_RESUMED", EVENT_RESUMED.into()),
         ("WIC_FAKEGPU_EVENT_DROPPED", EVENT_DROPPED.into()),
         ("WIC_FAKEGPU_EVENT_COMPLETE", EVENT_COMPLETE.into()),
+        ("WIC_FAKEGPU_EVENT_SWITCHED", EVENT_SWITCHED.into()),
+        ("WIC_FAKEGPU_EVENT_CHANNEL_RESET", EVENT_CHANNEL_RESET.into()),
+        ("WIC_FAKEGPU_MAX_SWITCH_MS", MAX_SWITCH_MS.into()),
         ("WIC_FAKEGPU_VERDICT_PASS", VERDICT_PASS.into()),
         ("WIC_FAKEGPU_VERDICT_HOLD", VERDICT_HOLD.into()),
         ("WIC_FAKEGPU_PAGE_MAPPED", PAGE_MAPPED.into()),
@@ -269,6 +292,7 @@ pub fn constants() -> Vec<(&'static str, i128)> {
         ("WIC_FAKEGPU_IOC_WARPS", IOC_WARPS.into()),
         ("WIC_FAKEGPU_IOC_BOTTOM_HALF", IOC_BOTTOM_HALF.into()),
         ("WIC_FAKEGPU_IOC_PRE_VOLTA", IOC_PRE_VOLTA.into()),
+        ("WIC_FAKEGPU_IOC_PREEMPT", IOC_PREEMPT.into()),
     ]
 }
 
@@ -283,6 +307,7 @@ pub fn structs() -> Vec<StructLayout> {
         StructLayout::of::<Managed>(Managed::C_NAME, Managed::FIELDS),
         StructLayout::of::<GpuStore>(GpuStore::C_NAME, GpuStore::FIELDS),
         StructLayout::of::<Warps>(Warps::C_NAME, Warps::FIELDS),
+        StructLayout::of::<Preempt>(Preempt::C_NAME, Preempt::FIELDS),
     ]
 }
 
@@ -386,6 +411,17 @@ impl FakeGpu {
         let mut arg = Warps { gpu_id: gpu, ..Default::default() };
         // SAFETY: checked ABI; `arg` is valid for reads and writes.
         check(unsafe { ioc_bottom_half(self.file.as_raw_fd(), &mut arg) })?;
+        Ok(arg)
+    }
+
+    /// Another context's time slice on `gpu`: waits until no warp is stalled there (the switch
+    /// is done) or `timeout` passed (RM resets the channel and the stalled warps are killed:
+    /// `killed` says how many).
+    pub fn preempt(&self, gpu: u32, timeout: std::time::Duration) -> io::Result<Preempt> {
+        let timeout_ms = u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX);
+        let mut arg = Preempt { gpu_id: gpu, timeout_ms, ..Default::default() };
+        // SAFETY: checked ABI; `arg` is valid for reads and writes.
+        check(unsafe { ioc_preempt(self.file.as_raw_fd(), &mut arg) })?;
         Ok(arg)
     }
 

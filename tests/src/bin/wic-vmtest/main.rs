@@ -3,7 +3,7 @@
 //! (crate wic-kmod) and engine.
 //!
 //! Usage: `wic-vmtest SCENARIO...` with scenarios `deliver`, `daemon-death`, `hostile`,
-//! `storms`, `overflow`, `closing`, `max-hold`, `service` (needs `wicd` on the PATH), `bench` or `all` (all but `bench`). Prints `PASS name` or `FAIL name: why` per scenario
+//! `storms`, `overflow`, `closing`, `max-hold`, `preemption`, `service` (needs `wicd` on the PATH), `bench` or `all` (all but `bench`). Prints `PASS name` or `FAIL name: why` per scenario
 //! and exits non-zero if any failed. `bench` prints its results as a file block for the
 //! harness (`WIC-VM-FILE-BEGIN kernel-bench.json`).
 
@@ -14,6 +14,7 @@ mod deliver;
 mod hostile;
 mod maxhold;
 mod overflow;
+mod preemption;
 mod rig;
 mod service;
 mod storms;
@@ -27,7 +28,7 @@ fn main() -> ExitCode {
     }
     let mut scenarios: Vec<&str> = args.iter().map(String::as_str).collect();
     if scenarios.is_empty() || scenarios == ["all"] {
-        scenarios = vec!["deliver", "daemon-death", "hostile", "storms", "overflow", "closing", "max-hold", "service"];
+        scenarios = vec!["deliver", "daemon-death", "hostile", "storms", "overflow", "closing", "max-hold", "preemption", "service"];
     }
     let mut failed = 0;
     for name in scenarios {
@@ -39,9 +40,10 @@ fn main() -> ExitCode {
             "overflow" => overflow::run(),
             "closing" => closing::run(),
             "max-hold" => maxhold::run(),
+            "preemption" => preemption::run(),
             "service" => service::run(),
             "bench" => bench::run(),
-            other => Err(format!("unknown scenario {other:?} (deliver, daemon-death, hostile, storms, overflow, closing, max-hold, service, bench, all)")),
+            other => Err(format!("unknown scenario {other:?} (deliver, daemon-death, hostile, storms, overflow, closing, max-hold, preemption, service, bench, all)")),
         };
         match result {
             Ok(()) => println!("PASS {name}"),

@@ -29,6 +29,9 @@ const SOCKET: &str = "/run/wic/wicd.sock";
 const LOG: &str = "/tmp/wicd.log";
 /// Start-up and shutdown allowance: the kernel runs under emulation.
 const PATIENCE: Duration = Duration::from_secs(20);
+/// A channel timeout no step waits out: the longest that wicd accepts under the module's
+/// default `max_hold_ms` of 3 s (`longest_timeout_ns`: 2.25 s).
+const LONG_NS: u64 = 2_250_000_000;
 
 /// A `wicd serve --backend shim` child.
 struct Wicd(Child);
@@ -198,7 +201,7 @@ fn scenario() -> Result<(), String> {
     let client = connect(&fake)?;
 
     // A warp's read is held until the host publishes; then it gets exactly the bytes.
-    let (channel, runs) = placed(&client, &mut memory, &spec(2, 10_000_000_000))?;
+    let (channel, runs) = placed(&client, &mut memory, &spec(2, LONG_NS))?;
     let batch = channel.info().batch_bytes as usize;
     fake.reset().map_err(|e| e.to_string())?;
     hold(&fake, &[runs[0]])?;
@@ -248,7 +251,7 @@ fn scenario() -> Result<(), String> {
     // own GPU's memory and signals through its PAT page; the module copies the bytes from
     // there (the producer GPU's copy engine on a real GPU) into the run, and the producer's
     // write completes.
-    let long_gpu = gpu_spec(&client, &mut memory, 2, 10_000_000_000)?;
+    let long_gpu = gpu_spec(&client, &mut memory, 2, LONG_NS)?;
     let Producer::Gpu { base_va: batches, .. } = long_gpu.producer else { unreachable!("a GPU producer") };
     let (from_gpu, gpu_runs) = placed(&client, &mut memory, &long_gpu)?;
     let gpu_batch = from_gpu.info().batch_bytes as usize;
@@ -282,7 +285,7 @@ fn scenario() -> Result<(), String> {
     let other_fake = FakeGpu::open().map_err(|e| e.to_string())?;
     memory.manage(&other_fake)?;
     let other = connect(&other_fake)?;
-    let (orphan, orphan_runs) = placed(&other, &mut memory, &spec(1, 10_000_000_000))?;
+    let (orphan, orphan_runs) = placed(&other, &mut memory, &spec(1, LONG_NS))?;
     drop(orphan);
     drop(other);
     let deadline = Instant::now() + PATIENCE;
@@ -350,7 +353,7 @@ fn scenario() -> Result<(), String> {
 fn refused_unregister_asked_again(fake: &FakeGpu, memory: &mut Memory) -> Result<(), String> {
     let wicd = Wicd::start()?;
     let client = connect(fake)?;
-    let (channel, runs) = placed(&client, memory, &spec(1, 10_000_000_000))?;
+    let (channel, runs) = placed(&client, memory, &spec(1, LONG_NS))?;
     fake.reset().map_err(|e| e.to_string())?;
     hold(fake, &runs)?;
     held_by_wicd(&client, 1)?;
@@ -375,30 +378,44 @@ fn refused_unregister_asked_again(fake: &FakeGpu, memory: &mut Memory) -> Result
     wicd.stop()
 }
 
-/// With the module's own bound on a hold (`max_hold_ms`) set, a channel whose timeout is not
-/// below it is refused: the module would end the hold first, knowing only the faulting page.
+/// The module's own bound on a hold (`max_hold_ms`): under its default (3 s) a channel whose
+/// timeout is not well below it is refused, and so under a bound written at runtime (500 ms):
+/// the module would end the hold first, knowing only the faulting page.
 fn timeouts_below_the_module_bound(fake: &FakeGpu, memory: &mut Memory) -> Result<(), String> {
     let param = wic_kmod::device::MAX_HOLD_MS_PARAM;
+    let default = std::fs::read_to_string(param).map_err(|e| format!("{param}: {e}"))?;
+    ensure(default.trim() == "3000", || format!("max_hold_ms defaults to {}, not 3000", default.trim()))?;
+    let refused_above = |client: &Client, memory: &mut Memory, bound_ms: u64, timeouts: &[u64]| -> Result<(), String> {
+        let bytes = client.placement_bytes(&spec(1, 0)).map_err(|e| format!("placement_bytes: {e}"))?;
+        for &timeout_ns in timeouts {
+            let refused = client.create_channel_at(&spec(1, timeout_ns), memory.take(bytes)?);
+            ensure(
+                refused.as_ref().is_err_and(|e| e.code() == ErrorCode::Invalid && e.to_string().contains("max_hold_ms")),
+                || format!("a {timeout_ns} ns timeout (0: the default of 1 s) with max_hold_ms {bound_ms}: {refused:?}"),
+            )?;
+        }
+        Ok(())
+    };
+    let wicd = Wicd::start()?;
+    let client = connect(fake)?;
+    refused_above(&client, memory, 3000, &[10_000_000_000, LONG_NS + 1])?;
+    placed(&client, memory, &spec(1, LONG_NS)).map_err(|e| format!("a {LONG_NS} ns timeout with max_hold_ms 3000: {e}"))?;
+    drop(client);
+    wicd.stop()?;
+
     std::fs::write(param, "500\n").map_err(|e| format!("{param}: {e}"))?;
     let result = (|| {
         let wicd = Wicd::start()?;
         let client = connect(fake)?;
-        let bytes = client.placement_bytes(&spec(1, 0)).map_err(|e| format!("placement_bytes: {e}"))?;
         // The margin below the bound: a quarter of it, 125 ms, at least 100 ms.
-        for timeout_ns in [10_000_000_000, 500_000_000, 400_000_000, 0] {
-            let refused = client.create_channel_at(&spec(1, timeout_ns), memory.take(bytes)?);
-            ensure(
-                refused.as_ref().is_err_and(|e| e.code() == ErrorCode::Invalid && e.to_string().contains("max_hold_ms")),
-                || format!("a {timeout_ns} ns timeout (0: the default of 1 s) with max_hold_ms 500: {refused:?}"),
-            )?;
-        }
+        refused_above(&client, memory, 500, &[10_000_000_000, 500_000_000, 400_000_000, 0])?;
         placed(&client, memory, &spec(1, 100_000_000)).map_err(|e| format!("a 100 ms timeout with max_hold_ms 500: {e}"))?;
         let log = std::fs::read_to_string(LOG).unwrap_or_default();
         ensure(log.contains("channels created without a timeout are refused"), || "no warning about the default timeout at start".into())?;
         drop(client);
         wicd.stop()
     })();
-    std::fs::write(param, "0\n").map_err(|e| format!("{param}: {e}"))?;
+    std::fs::write(param, &default).map_err(|e| format!("{param}: {e}"))?;
     result
 }
 
@@ -447,7 +464,7 @@ fn c_placed(fake: &FakeGpu, memory: &mut Memory) -> Result<(*mut Client, *mut Ch
         message_bytes: 512,
         slots: 1,
         producer_base_va: 0,
-        timeout_ns: 10_000_000_000,
+        timeout_ns: LONG_NS,
     };
     let (mut client, mut channel, mut space, mut bytes) = (std::ptr::null_mut(), std::ptr::null_mut(), 0u32, 0u64);
     let mut slot = abi::WicSlotInfo { run_va: [0; 2], pat_va: [0; 2], tag: 0, reserved: 0 };

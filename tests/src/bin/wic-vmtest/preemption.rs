@@ -1,0 +1,85 @@
+//! Held faults against GPU time-slicing, on the fake GPU's model of the rule in nvidia-uvm
+//! (`uvm_gpu_non_replayable_faults.c`: replayable faults block preemption of the channel until
+//! serviced) and of RM's answer to a context switch that does not finish (the channel reset
+//! past `RmEngineContextSwitchTimeoutUs`, 4295 ms by default). With no bound on a hold, a fault
+//! the daemon never completes keeps another context's switch waiting until the channel is reset
+//! and the held warp killed. Under the module's default `max_hold_ms` (3 s) the module ends the
+//! hold first and the switch is done before RM's default timeout. The parameter is restored
+//! whatever happens.
+
+use std::path::Path;
+use std::time::Duration;
+
+use wic_engine::fault::AccessType;
+use wic_kmod::fakegpu::{self, FakeGpu};
+use wic_kmod::Device;
+use wic_proto::kabi;
+
+use crate::rig::{ensure, fault, Memory, DEVICE, GPU};
+
+const PARAM: &str = wic_kmod::device::MAX_HOLD_MS_PARAM;
+const PAGE: u64 = 4096;
+/// RM's default runlist context-switch timeout: 0x3fffff ticks of 1.024 us.
+const RM_SWITCH_TIMEOUT: Duration = Duration::from_millis(4295);
+/// The module's default bound, which the scenario expects to find.
+const DEFAULT_BOUND_MS: u32 = 3000;
+/// A switch timeout for the unbounded step: short, since it must run out.
+const SHORT_SWITCH_TIMEOUT: Duration = Duration::from_millis(300);
+
+pub fn run() -> Result<(), String> {
+    let old = std::fs::read_to_string(PARAM).map_err(|e| format!("read {PARAM}: {e} (the module has no hold bound)"))?;
+    let result = steps(old.trim());
+    let restored = std::fs::write(PARAM, &old).map_err(|e| format!("restore {PARAM}: {e}"));
+    result?;
+    restored
+}
+
+fn steps(bound: &str) -> Result<(), String> {
+    ensure(bound == DEFAULT_BOUND_MS.to_string(), || format!("max_hold_ms is {bound}, not the default {DEFAULT_BOUND_MS}"))?;
+    let fake = FakeGpu::open().map_err(|e| format!("open {}: {e}", fakegpu::DEVICE))?;
+    let memory = Memory::new(&fake, 1 << 20)?;
+    let mut device = Device::open(Path::new(DEVICE), Duration::from_secs(5)).map_err(|e| format!("open {DEVICE}: {e}"))?;
+    let space = device.attach(fake.fd()).map_err(|e| format!("attach: {e}"))?;
+    let base = memory.base();
+    device.register(space, kabi::WIC_RANGE_PCM, base, 4 * PAGE, 0).map_err(|e| format!("register: {e}"))?;
+    fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
+
+    // No bound: a held fault keeps the switch waiting until RM resets the channel.
+    std::fs::write(PARAM, "0\n").map_err(|e| format!("write 0 to {PARAM}: {e}"))?;
+    let va = base + PAGE;
+    stall_held(&fake, &mut device, va)?;
+    let unbounded = fake.preempt(GPU, SHORT_SWITCH_TIMEOUT).map_err(|e| format!("preempt: {e}"))?;
+    ensure(unbounded.killed == 1 && unbounded.waited_ns >= SHORT_SWITCH_TIMEOUT.as_nanos() as u64, || {
+        format!("with no bound, a switch waiting on a held fault: {unbounded:?}")
+    })?;
+    let (events, _) = fake.events(4096, 0).map_err(|e| format!("events: {e}"))?;
+    ensure(events.iter().any(|e| e.kind == fakegpu::EVENT_CHANNEL_RESET && e.va == va), || format!("no channel reset logged: {events:?}"))?;
+    println!("preemption: with no bound, a switch waited {:?} on a held fault, then the channel was reset", Duration::from_nanos(unbounded.waited_ns));
+
+    // The default bound: the module completes the hold, the warp resumes at the replay, and the
+    // switch is done before RM's timeout. (The killed warp's fault, still held, expires too.)
+    std::fs::write(PARAM, format!("{DEFAULT_BOUND_MS}\n")).map_err(|e| format!("write {DEFAULT_BOUND_MS} to {PARAM}: {e}"))?;
+    fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
+    let va = base + 2 * PAGE;
+    stall_held(&fake, &mut device, va)?;
+    let bounded = fake.preempt(GPU, RM_SWITCH_TIMEOUT).map_err(|e| format!("preempt: {e}"))?;
+    let waited = Duration::from_nanos(bounded.waited_ns);
+    ensure(bounded.killed == 0, || format!("under the default max_hold_ms the channel was reset after {waited:?}: {bounded:?}"))?;
+    ensure(waited >= Duration::from_millis(DEFAULT_BOUND_MS.into()), || format!("the switch was done after {waited:?}, before the bound"))?;
+    let (events, _) = fake.events(4096, 0).map_err(|e| format!("events: {e}"))?;
+    ensure(events.iter().any(|e| e.kind == fakegpu::EVENT_RESUMED && e.va == va), || format!("the held warp did not resume: {events:?}"))?;
+    ensure(events.iter().any(|e| e.kind == fakegpu::EVENT_SWITCHED), || format!("no switch logged: {events:?}"))?;
+    println!("preemption: under the default max_hold_ms {DEFAULT_BOUND_MS}, the switch waited {waited:?} (RM's default timeout {RM_SWITCH_TIMEOUT:?})");
+    Ok(())
+}
+
+/// A warp of `GPU` stalls on `va`, a wic page, and the bottom half holds its fault; its record
+/// is read and left alone (the daemon never completes it).
+fn stall_held(fake: &FakeGpu, device: &mut Device, va: u64) -> Result<(), String> {
+    fake.warps(GPU, &[fault(va, AccessType::Read)]).map_err(|e| format!("warps: {e}"))?;
+    let run = fake.bottom_half(GPU).map_err(|e| format!("bottom half: {e}"))?;
+    ensure(run.stalled == 1 && run.replays == 0, || format!("the warp's fault was not held: {run:?}"))?;
+    let mut records = Vec::new();
+    device.ring().read(&mut records, 16);
+    ensure(records.len() == 1, || format!("{} records for one held fault", records.len()))
+}
