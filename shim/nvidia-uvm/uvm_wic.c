@@ -55,13 +55,31 @@ static DEFINE_MUTEX(wic_lock);
 
 static const struct uvm_wic_ops __rcu *wic_ops;
 
-/* One VA space held by wic_shim: the references behind the uvm_wic_space pointer. */
+/**
+ * struct wic_space_ref - one VA space held by wic_shim: the references behind the
+ *	uvm_wic_space pointer, and the space's staging page
+ * @node: in wic_spaces
+ * @va_space: the space
+ * @file: keeps @va_space alive
+ * @mm: grabbed: stays valid after the process exits
+ * @count: uvm_wic_space_get() references
+ * @stage_lock: held by a context that fills (wic_begin() to wic_end()), before mmap_lock;
+ *	protects @stage, @stage_gpus and the page's bytes
+ * @stage: the one-page staging buffer of the fills, allocated at the first fill and kept
+ *	until the last reference goes: the space's fills do not allocate, map and free a page
+ *	each (the tools READ/WRITE_PROCESS_MEMORY ioctl's way, once per call)
+ * @stage_gpus: the GPUs @stage is mapped on, each retained until @stage is freed, so that
+ *	its mapping stays valid after the GPU leaves the space
+ */
 struct wic_space_ref {
 	struct list_head node;
 	uvm_va_space_t *va_space;
-	struct file *file;	/* keeps va_space alive */
-	struct mm_struct *mm;	/* grabbed: stays valid after the process exits */
+	struct file *file;
+	struct mm_struct *mm;
 	unsigned int count;
+	struct mutex stage_lock;
+	uvm_mem_t *stage;
+	uvm_processor_mask_t stage_gpus;
 };
 
 static LIST_HEAD(wic_spaces);
@@ -380,6 +398,13 @@ static struct wic_space_ref *wic_space_find(uvm_va_space_t *va_space)
 
 static void wic_space_ref_free(struct wic_space_ref *ref)
 {
+	if (ref->stage) {
+		/* Unmapping from the GPUs writes their page tables: not while suspended. */
+		uvm_down_read(&g_uvm_global.pm.lock);
+		uvm_mem_free(ref->stage);
+		uvm_up_read(&g_uvm_global.pm.lock);
+	}
+	uvm_global_gpu_release(&ref->stage_gpus);
 	fput(ref->file);
 	mmdrop(ref->mm);
 	uvm_kvfree(ref);
@@ -446,6 +471,7 @@ static struct uvm_wic_space *wic_space_get(struct file *uvm_file)
 	uvm_va_space_mm_release(va_space);
 
 	new->va_space = va_space;
+	mutex_init(&new->stage_lock);
 	new->file = get_file(uvm_file);
 	new->mm = mm;
 	new->count = 1;
@@ -609,8 +635,9 @@ static bool wic_gpu_id_valid(u32 gpu_id)
  *
  * Every fill (wic_fill()) and page-table operation (wic_pte()) runs inside a context: the
  * space's mm retained and its mmap_lock held for read, then the VA space lock for read (the
- * fault path's order), one block context, and, when a fill needs it, one staging page. The
- * helpers run one operation in a context; uvm_wic_complete() runs many.
+ * fault path's order), one block context, and, when a fill needs it, the space's staging page
+ * (struct wic_space_ref), taken before those locks. The helpers run one operation in a
+ * context; uvm_wic_complete() runs many.
  */
 
 /**
@@ -618,8 +645,9 @@ static bool wic_gpu_id_valid(u32 gpu_id)
  * @va_space: the space
  * @mm: its mm, retained, mmap_lock held for read
  * @block_context: scratch for the VA block calls
- * @stage: the one-page staging buffer of the fills, or NULL when the call does none
- * @retained_gpus: with @stage, the GPUs it is mapped on, retained until it is freed
+ * @ref: when the call fills: the space's reference, its stage_lock held and its staging page
+ *	mapped on every registered GPU; else NULL
+ * @stage: @ref's staging page, or NULL
  * @tracker: the PTE writes and TLB invalidates of every page-table operation, waited for once,
  *	by wic_end()
  */
@@ -627,57 +655,92 @@ struct wic_ctx {
 	uvm_va_space_t *va_space;
 	struct mm_struct *mm;
 	uvm_va_block_context_t *block_context;
+	struct wic_space_ref *ref;
 	uvm_mem_t *stage;
-	uvm_processor_mask_t *retained_gpus;
 	uvm_tracker_t tracker;
 };
 
-/* Frees what wic_begin() allocated and releases what it retained; no lock is held. */
+/* Frees what wic_begin() allocated and releases what it took; no lock but stage_lock held. */
 static void wic_ctx_free(struct wic_ctx *ctx)
 {
 	uvm_va_block_context_free(ctx->block_context);
-	uvm_mem_free(ctx->stage);
-	if (ctx->retained_gpus) {
-		uvm_global_gpu_release(ctx->retained_gpus);
-		uvm_processor_mask_cache_free(ctx->retained_gpus);
-	}
 	if (ctx->mm)
 		uvm_va_space_mm_release(ctx->va_space);
+	if (ctx->ref)
+		mutex_unlock(&ctx->ref->stage_lock);
 	uvm_tracker_deinit(&ctx->tracker);
 }
 
 /*
- * Sets up @ctx: retains the mm, allocates the staging page (with @stage) and the block context
- * before taking any lock, then takes mmap_lock and the VA space lock for read and maps the
- * staging page on every registered GPU. On success the caller runs its operations and calls
- * wic_end(); on failure nothing is held. NV_ERR_PID_NOT_FOUND when the process is gone.
+ * The space's staging page, allocated at its first fill, mapped on the GPUs registered since
+ * the last one. Called with stage_lock, mmap_lock and the VA space lock held.
+ */
+static NV_STATUS wic_stage_prepare(struct wic_space_ref *ref, struct mm_struct *mm)
+{
+	NV_STATUS status;
+	uvm_gpu_t *gpu;
+
+	if (!ref->stage) {
+		/* Charged to the process's memory cgroup, as the tools ioctl charges its page. */
+		status = uvm_mem_alloc_sysmem_and_map_cpu_kernel(PAGE_SIZE, mm, &ref->stage);
+		if (status != NV_OK)
+			return status;
+	}
+
+	/*
+	 * The staging page is used by a GPU only when the page written, or the page copied, is
+	 * in its memory: that GPU's CE reads or writes it.
+	 */
+	for_each_gpu_in_mask(gpu, &ref->va_space->registered_gpus) {
+		if (uvm_processor_mask_test(&ref->stage_gpus, gpu->id))
+			continue;
+
+		/* Confidential computing: the staging page cannot be mapped on the GPU. */
+		if (!g_uvm_global.conf_computing_enabled) {
+			status = uvm_mem_map_gpu_kernel(ref->stage, gpu);
+			if (status != NV_OK)
+				return status;
+		}
+
+		/* Keeps the staging page's GPU mapping valid until it is freed. */
+		uvm_gpu_retain(gpu);
+		uvm_processor_mask_set(&ref->stage_gpus, gpu->id);
+	}
+
+	return NV_OK;
+}
+
+/*
+ * Sets up @ctx: with @stage, takes the space's stage_lock; retains the mm and allocates the
+ * block context before taking any other lock, then takes mmap_lock and the VA space lock for
+ * read and, with @stage, readies the staging page (wic_stage_prepare()). On success the
+ * caller runs its operations and calls wic_end(); on failure nothing is held.
+ * NV_ERR_PID_NOT_FOUND when the process is gone.
  */
 static NV_STATUS wic_begin(struct wic_ctx *ctx, struct uvm_wic_space *space, bool stage)
 {
 	uvm_va_space_t *va_space = wic_va_space(space);
 	NV_STATUS status = NV_OK;
-	uvm_gpu_t *gpu;
 
 	*ctx = (struct wic_ctx){ .va_space = va_space };
 	uvm_tracker_init(&ctx->tracker);
 
 	if (stage) {
-		ctx->retained_gpus = uvm_processor_mask_cache_alloc();
-		if (!ctx->retained_gpus)
-			return NV_ERR_NO_MEMORY;
-		uvm_processor_mask_zero(ctx->retained_gpus);
+		/* The caller's reference keeps the entry alive until it returns. */
+		mutex_lock(&wic_lock);
+		ctx->ref = wic_space_find(va_space);
+		mutex_unlock(&wic_lock);
+		if (!ctx->ref) {
+			status = NV_ERR_INVALID_ARGUMENT;
+			goto fail;
+		}
+		mutex_lock(&ctx->ref->stage_lock);
 	}
 
 	ctx->mm = uvm_va_space_mm_retain(va_space);
 	if (!ctx->mm) {
 		status = NV_ERR_PID_NOT_FOUND;
 		goto fail;
-	}
-
-	if (stage) {
-		status = uvm_mem_alloc_sysmem_and_map_cpu_kernel(PAGE_SIZE, ctx->mm, &ctx->stage);
-		if (status != NV_OK)
-			goto fail;
 	}
 
 	ctx->block_context = uvm_va_block_context_alloc(ctx->mm);
@@ -693,27 +756,11 @@ static NV_STATUS wic_begin(struct wic_ctx *ctx, struct uvm_wic_space *space, boo
 	if (!stage)
 		return NV_OK;
 
-	/*
-	 * The staging page is used by a GPU only when the page written, or the page copied, is
-	 * in its memory: that GPU's CE reads or writes it.
-	 */
-	for_each_gpu_in_mask(gpu, &va_space->registered_gpus) {
-		if (uvm_processor_mask_test_and_set(ctx->retained_gpus, gpu->id))
-			continue;
-
-		/* Keeps the staging page's GPU mappings valid until it is freed. */
-		uvm_gpu_retain(gpu);
-
-		/* Confidential computing: the staging page cannot be mapped on the GPU. */
-		if (g_uvm_global.conf_computing_enabled)
-			continue;
-
-		status = uvm_mem_map_gpu_kernel(ctx->stage, gpu);
-		if (status != NV_OK)
-			break;
-	}
-	if (status == NV_OK)
+	status = wic_stage_prepare(ctx->ref, ctx->mm);
+	if (status == NV_OK) {
+		ctx->stage = ctx->ref->stage;
 		return NV_OK;
+	}
 
 	uvm_va_space_up_read(va_space);
 	uvm_up_read_mmap_lock(ctx->mm);
@@ -724,7 +771,7 @@ fail:
 
 /*
  * Ends @ctx: waits once for the PTE writes and TLB invalidates of all its page-table operations,
- * unlocks, checks the GPUs the staging page was mapped on for ECC errors (as the tools
+ * unlocks, checks the GPUs the staging page is mapped on for ECC errors (as the tools
  * READ/WRITE_PROCESS_MEMORY ioctl does, outside the locks: it calls into RM), and frees.
  * Returns the first error of the wait and the check.
  */
@@ -738,9 +785,9 @@ static NV_STATUS wic_end(struct wic_ctx *ctx)
 	uvm_va_space_up_read(ctx->va_space);
 	uvm_up_read_mmap_lock(ctx->mm);
 
-	/* Even on GPUs no longer registered in the VA space. */
-	if (status == NV_OK && ctx->retained_gpus)
-		status = uvm_global_gpu_check_ecc_error(ctx->retained_gpus);
+	/* Even on GPUs no longer registered in the VA space; stage_lock keeps the mask still. */
+	if (status == NV_OK && ctx->ref)
+		status = uvm_global_gpu_check_ecc_error(&ctx->ref->stage_gpus);
 
 	wic_ctx_free(ctx);
 
