@@ -86,6 +86,8 @@ static struct workqueue_struct *wic_wq;
 #define WIC_PASS_ONCE 64
 /* Completions run by one uvm_wic_complete() call at most. */
 #define WIC_GROUP_MAX 64
+/* Held faults one step of a sweep of the held table handles at once (wic_complete_held()). */
+#define WIC_COMPLETE_BATCH 16
 
 /**
  * struct wic_space_entry - an attached VA space
@@ -182,6 +184,8 @@ struct wic_group {
  * @bounce: WIC_MAX_WRITE_BYTES of kernel memory for the data of WIC_CMD_WRITE_DATA and of the
  *	completions of @group
  * @group: the completions of the batch being run, not run yet; under @mutex
+ * @sweep: the steps one uvm_wic_complete() call of a sweep of the held table runs
+ *	(wic_sweep_step()); under @mutex
  * @closing_space: the space whose pages WIC_IOC_UNREGISTER or WIC_IOC_DETACH is closing, 0 when
  *	none is: faults on [@closing_start, @closing_end) of it are held and entered in
  *	@held_hash but not recorded, and that call completes them with the closed marker
@@ -214,6 +218,7 @@ struct wic_session {
 	wait_queue_head_t poll_wait;
 	void *bounce;
 	struct wic_group *group;
+	struct uvm_wic_completion sweep[WIC_COMPLETE_BATCH];
 	u32 closing_space;
 	u64 closing_start;
 	u64 closing_end;
@@ -518,8 +523,6 @@ static const struct uvm_wic_ops wic_ops = {
 	.classify = wic_classify,
 };
 
-#define WIC_COMPLETE_BATCH 16
-
 /* Whether @held is a fault of @space_id (0: any space) on a page of [@start, @end). */
 static bool wic_held_in(const struct wic_held *held, u32 space_id, u64 start, u64 end)
 {
@@ -608,8 +611,9 @@ static bool wic_page_gone(int err)
 
 /**
  * enum wic_on_failure - what wic_complete_held() does when nvidia-uvm refuses a write or a map
- * @WIC_STOP: stop there, that fault and those not reached held (unregister, detach: wicd is
- *	told and calls again)
+ * @WIC_STOP: stop after the step (markers or maps of up to WIC_COMPLETE_BATCH faults) in which
+ *	it failed, that fault held and every fault not mapped yet too (unregister, detach: wicd
+ *	is told and calls again)
  * @WIC_SKIP_FAILED: leave that fault held and go on with the others (the expiry: one fault
  *	nvidia-uvm keeps refusing must not keep the others from their bound; it is tried again at
  *	the next run)
@@ -662,6 +666,48 @@ static bool wic_complete_failed(struct wic_session *s, struct wic_held *held, in
 	return true;
 }
 
+/*
+ * One step of wic_complete_held() for the held faults @found[0..@n): with @map false, @marker
+ * written into each PCM page (a PAT page has none to write); with @map true, each page mapped
+ * on its fault's GPU (a PAT page writable). Consecutive faults of one space go to nvidia-uvm as
+ * one uvm_wic_complete() call. @err[i] gets the errno of @found[i]'s step, 0 when it was done.
+ */
+static void wic_sweep_step(struct wic_session *s, struct wic_held **found, u32 n, bool map,
+			   u64 marker, int *err)
+{
+	struct uvm_wic_completion *c = s->sweep;
+	u32 i, j, k, nr;
+	int ret;
+
+	for (i = 0; i < n; i = j) {
+		u32 space_id = found[i]->space_id;
+
+		for (j = i, nr = 0; j < n && found[j]->space_id == space_id; j++) {
+			bool pat = found[j]->kind == WIC_RANGE_PAT;
+
+			err[j] = 0;
+			if (!map && pat)
+				continue;
+			c[nr++] = (struct uvm_wic_completion){
+				.gpu_id = found[j]->gpu_id,
+				.pages = 1,
+				.va = found[j]->va,
+				.marker = marker,
+				.flags = !map ? UVM_WIC_COMPLETE_NO_MAP :
+					 UVM_WIC_COMPLETE_NO_FILL |
+					 (pat ? UVM_WIC_COMPLETE_WRITABLE : 0),
+			};
+		}
+		if (!nr)
+			continue;
+		ret = uvm_wic_complete(s->spaces[space_id - 1].uvm, c, nr);
+		for (k = i, nr = 0; k < j; k++) {
+			if (map || found[k]->kind != WIC_RANGE_PAT)
+				err[k] = ret ?: c[nr++].result;
+		}
+	}
+}
+
 /**
  * wic_complete_held() - complete held faults without data
  * @s: the session
@@ -674,7 +720,8 @@ static bool wic_complete_failed(struct wic_session *s, struct wic_held *held, in
  * @on_failure: what a write or map nvidia-uvm refuses does (enum wic_on_failure)
  *
  * Writes @marker into each held PCM page first, then maps each held page (a PAT page
- * writable) and releases its fault; faults held meanwhile are taken along, so that it ends
+ * writable) and releases its fault, up to WIC_COMPLETE_BATCH faults of a space per
+ * uvm_wic_complete() call (wic_sweep_step()); faults held meanwhile are taken along, so that it ends
  * when no fault is held there. A held fault must end this way, never be cancelled: cancelling
  * kills the application's CUDA context. A fault whose page's process, memory or GPU is gone
  * (-ESRCH, -EFAULT or -ENODEV from nvidia-uvm) is released unmapped: no warp can read the page.
@@ -683,55 +730,45 @@ static bool wic_complete_failed(struct wic_session *s, struct wic_held *held, in
  * @on_failure says.
  *
  * Return: 0, or the errno of the first write or map that failed and left its fault held: with
- * WIC_STOP the faults not reached stay held too; those completed stay completed, their GPUs in
- * @replay.
+ * WIC_STOP every fault not mapped yet stays held too (some with their marker written); those
+ * completed stay completed, their GPUs in @replay.
  */
 static int wic_complete_held(struct wic_session *s, u32 space_id, u64 start, u64 end,
 			     u64 before, u64 marker, unsigned long *replay,
 			     enum wic_on_failure on_failure)
 {
 	struct wic_held *found[WIC_COMPLETE_BATCH];
+	int err[WIC_COMPLETE_BATCH], first = 0, stop;
 	u32 bkt, gen, i, n;
-	int err, first = 0;
-	bool any;
+	bool any, map;
 
 	gen = ++s->close_gen ?: ++s->close_gen;
 	/*
 	 * Sweeps of the held table, markers then maps, until a sweep finds none: faults held
 	 * meanwhile may be in buckets already walked. A page is mapped only once its marker is
-	 * in place.
+	 * in place. Every fault a step found is dealt with, as its own result says, before a
+	 * failure that stops the sweep returns.
 	 */
 	do {
 		any = false;
-		for (bkt = 0; (n = wic_peek_held(s, space_id, start, end, before, gen, false, &bkt,
-						 found)); any = true) {
-			for (i = 0; i < n; i++) {
-				struct uvm_wic_space *uvm = s->spaces[found[i]->space_id - 1].uvm;
-
-				err = 0;
-				if (found[i]->kind == WIC_RANGE_PCM)
-					err = uvm_wic_write(uvm, found[i]->va, &marker,
-							    sizeof(marker));
-				if (!err)
-					found[i]->marked = gen;
-				else if (wic_complete_failed(s, found[i], err, on_failure, gen,
-							     replay, &first))
-					return err;
+		for (map = false; ; map = true) {
+			for (bkt = 0; (n = wic_peek_held(s, space_id, start, end, before, gen, map,
+							 &bkt, found)); any = true) {
+				wic_sweep_step(s, found, n, map, marker, err);
+				for (i = 0, stop = 0; i < n; i++) {
+					if (!err[i] && map)
+						wic_held_done(s, found[i], replay);
+					else if (!err[i])
+						found[i]->marked = gen;
+					else if (wic_complete_failed(s, found[i], err[i], on_failure,
+								     gen, replay, &first))
+						stop = stop ?: err[i];
+				}
+				if (stop)
+					return stop;
 			}
-		}
-		for (bkt = 0; (n = wic_peek_held(s, space_id, start, end, before, gen, true, &bkt,
-						 found)); any = true) {
-			for (i = 0; i < n; i++) {
-				struct uvm_wic_space *uvm = s->spaces[found[i]->space_id - 1].uvm;
-
-				err = uvm_wic_map(uvm, found[i]->gpu_id, found[i]->va, PAGE_SIZE,
-						  found[i]->kind == WIC_RANGE_PAT);
-				if (!err)
-					wic_held_done(s, found[i], replay);
-				else if (wic_complete_failed(s, found[i], err, on_failure, gen,
-							     replay, &first))
-					return err;
-			}
+			if (map)
+				break;
 		}
 	} while (any);
 	return first;

@@ -26,9 +26,9 @@
  * Bumped whenever an export is added or changes its contract, so that a copy of this header
  * found in an nvidia-uvm tree can be told apart from the shim's. 3: uvm_wic_range_managed(),
  * uvm_wic_map() fails with -EXDEV for pages it cannot map. 4: uvm_wic_copy(). 5:
- * uvm_wic_complete().
+ * uvm_wic_complete(). 6: struct uvm_wic_completion.flags, a completion without a companion.
  */
-#define UVM_WIC_HOOK_VERSION 5
+#define UVM_WIC_HOOK_VERSION 6
 
 /* Size of one hardware replayable fault-buffer entry (clc369.h). */
 #define UVM_WIC_FAULT_ENTRY_SIZE 32
@@ -198,17 +198,26 @@ int uvm_wic_write(struct uvm_wic_space *space, u64 va, const void *src, size_t l
  */
 int uvm_wic_copy(struct uvm_wic_space *space, u64 va, u64 src_va, size_t len);
 
+/* struct uvm_wic_completion.flags */
+#define UVM_WIC_COMPLETE_NO_FILL	(1U << 0)	/* no fill: the run is mapped as it is */
+#define UVM_WIC_COMPLETE_NO_MAP		(1U << 1)	/* the fill alone: the run stays unmapped */
+#define UVM_WIC_COMPLETE_WRITABLE	(1U << 2)	/* map the run read-write (a PAT page) */
+#define UVM_WIC_COMPLETE_FLAGS		(UVM_WIC_COMPLETE_NO_FILL | UVM_WIC_COMPLETE_NO_MAP | \
+					 UVM_WIC_COMPLETE_WRITABLE)
+
 /**
- * struct uvm_wic_completion - one wake-up of a slot, for uvm_wic_complete()
+ * struct uvm_wic_completion - one wake-up of a slot, or a step of one, for uvm_wic_complete()
  * @gpu_id: the consumer GPU
  * @pages: pages of the run, and of its companion
  * @va: the run, page-aligned
- * @companion: the slot's other run, page-aligned, not overlapping the run
+ * @companion: the slot's other run, page-aligned, not overlapping the run; 0 for none
  * @src: kernel memory holding @length bytes for the run, or NULL
  * @src_va: with @src NULL and @length not 0: where the @length bytes are copied from, as
  *	uvm_wic_copy() copies
  * @length: bytes of data, at most @pages pages; 0 for a marker
  * @marker: with @length 0: the word written at the start of each page of the run
+ * @flags: UVM_WIC_COMPLETE_* (0: fill, unmap the companion, map read-only); NO_FILL with a
+ *	@length, and NO_MAP with WRITABLE, are refused
  * @result: out: 0 or a negative errno, as the steps' helpers return
  * @companion_unmapped: out: the companion's unmap was done, even if the map after it failed
  *	(the faults held on the companion are late duplicates the shim can let go)
@@ -222,19 +231,21 @@ struct uvm_wic_completion {
 	u64 src_va;
 	u64 length;
 	u64 marker;
+	u32 flags;
 	int result;
 	bool companion_unmapped;
 };
 
 /**
  * uvm_wic_complete() - complete wake-ups, each as uvm_wic_write() or uvm_wic_copy() of its
- *	fill, uvm_wic_unmap() of its companion and uvm_wic_map() (read-only) of its run
+ *	fill, uvm_wic_unmap() of its companion and uvm_wic_map() of its run (the steps its
+ *	flags and companion leave)
  * @space: the space
  * @completions: the wake-ups, run in order
  * @count: how many
  *
- * One call does the work of 3 * @count helper calls under one acquisition of the locks, one
- * staging page and one wait for the PTE writes and TLB invalidates, at the end. Each wake-up
+ * One call does the work of up to 3 * @count helper calls under one acquisition of the locks,
+ * the space's staging page and one wait for the PTE writes and TLB invalidates, at the end. Each wake-up
  * stops at its first failing step (a run whose fill failed is never mapped) and the next one
  * goes on. Process context only. On return every mapping and unmapping of a wake-up whose
  * @result is 0 is in place; when that final wait fails, each wake-up that had succeeded gets

@@ -1326,9 +1326,16 @@ static bool wic_completion_valid(const struct uvm_wic_completion *c)
 {
 	u64 len = (u64)c->pages * PAGE_SIZE;
 
-	if (!wic_range_valid(c->va, len) || !wic_range_valid(c->companion, len))
+	if (c->flags & ~UVM_WIC_COMPLETE_FLAGS)
 		return false;
-	if (c->va < c->companion + len && c->companion < c->va + len)
+	if ((c->flags & UVM_WIC_COMPLETE_NO_FILL) && c->length)
+		return false;
+	if ((c->flags & UVM_WIC_COMPLETE_NO_MAP) && (c->flags & UVM_WIC_COMPLETE_WRITABLE))
+		return false;
+	if (!wic_range_valid(c->va, len))
+		return false;
+	if (c->companion && (!wic_range_valid(c->companion, len) ||
+			     (c->va < c->companion + len && c->companion < c->va + len)))
 		return false;
 	if (!c->length)
 		return true;
@@ -1338,28 +1345,42 @@ static bool wic_completion_valid(const struct uvm_wic_completion *c)
 	return c->src || wic_copy_valid(c->va, c->src_va, c->length);
 }
 
+/* Whether @c, valid, writes into its run: it needs the staging page. */
+static bool wic_completion_fills(const struct uvm_wic_completion *c)
+{
+	return !(c->flags & UVM_WIC_COMPLETE_NO_FILL);
+}
+
 /* Runs one wake-up's steps in @ctx, stopping at the first that fails; returns its errno. */
 static int wic_complete_one(struct wic_ctx *ctx, struct uvm_wic_completion *c)
 {
 	u64 len = (u64)c->pages * PAGE_SIZE;
-	NV_STATUS status;
+	NV_STATUS status = NV_OK;
 
 	c->companion_unmapped = false;
 	if (!wic_completion_valid(c))
 		return -EINVAL;
 
-	if (c->length)
-		status = wic_fill(ctx, c->va, c->src, c->src_va, c->length);
-	else
-		status = wic_fill_marker(ctx, c->va, c->pages, &c->marker);
-	if (status != NV_OK)
-		return wic_errno(status);
-
-	status = wic_pte(ctx, c->gpu_id, c->companion, len, WIC_UNMAP);
-	if (status == NV_OK) {
-		c->companion_unmapped = true;
-		status = wic_pte(ctx, c->gpu_id, c->va, len, WIC_MAP_READ_ONLY);
+	if (wic_completion_fills(c)) {
+		if (c->length)
+			status = wic_fill(ctx, c->va, c->src, c->src_va, c->length);
+		else
+			status = wic_fill_marker(ctx, c->va, c->pages, &c->marker);
+		if (status != NV_OK)
+			return wic_errno(status);
 	}
+
+	if (c->companion) {
+		status = wic_pte(ctx, c->gpu_id, c->companion, len, WIC_UNMAP);
+		if (status != NV_OK)
+			return wic_pte_errno(status);
+		c->companion_unmapped = true;
+	}
+
+	if (!(c->flags & UVM_WIC_COMPLETE_NO_MAP))
+		status = wic_pte(ctx, c->gpu_id, c->va, len,
+				 (c->flags & UVM_WIC_COMPLETE_WRITABLE) ? WIC_MAP_READ_WRITE :
+									  WIC_MAP_READ_ONLY);
 
 	return wic_pte_errno(status);
 }
@@ -1367,6 +1388,7 @@ static int wic_complete_one(struct wic_ctx *ctx, struct uvm_wic_completion *c)
 static int wic_complete(struct uvm_wic_space *space, struct uvm_wic_completion *completions,
 			u32 count)
 {
+	bool valid = false, fills = false;
 	struct wic_ctx ctx;
 	NV_STATUS status;
 	int ret;
@@ -1376,12 +1398,16 @@ static int wic_complete(struct uvm_wic_space *space, struct uvm_wic_completion *
 		return -EINVAL;
 
 	/*
-	 * Every fill goes through the staging page, so it is needed as soon as one wake-up is
-	 * valid; when none is, nothing is taken.
+	 * Every fill goes through the staging page, so it is needed as soon as one valid wake-up
+	 * fills; when none is valid, nothing is taken.
 	 */
-	for (i = 0; i < count && !wic_completion_valid(&completions[i]); i++)
-		;
-	if (i == count) {
+	for (i = 0; i < count; i++) {
+		if (!wic_completion_valid(&completions[i]))
+			continue;
+		valid = true;
+		fills |= wic_completion_fills(&completions[i]);
+	}
+	if (!valid) {
 		for (i = 0; i < count; i++)
 			completions[i].result = -EINVAL;
 		return 0;
@@ -1391,7 +1417,7 @@ static int wic_complete(struct uvm_wic_space *space, struct uvm_wic_completion *
 	if (ret)
 		return ret;
 
-	status = wic_begin(&ctx, space, true);
+	status = wic_begin(&ctx, space, fills);
 	if (status != NV_OK) {
 		wic_exit();
 		return wic_errno(status);
@@ -1423,16 +1449,18 @@ static int wic_complete(struct uvm_wic_space *space, struct uvm_wic_completion *
  * @count: how many, at least 1
  *
  * Why it exists: done with the helpers, a wake-up is three calls, and each takes the mm and
- * VA space locks, allocates a staging page and maps it on every registered GPU (the writes),
- * or waits for its own TLB invalidate (the unmap and the map). This runs every wake-up under
- * one acquisition of the locks (mm retained, mmap_lock and the VA space lock for read), with
- * one block context and one staging page, mapped on every registered GPU once, and waits once,
- * at the end, for the PTE writes and TLB invalidates of all the unmaps and maps.
+ * VA space locks, or waits for its own TLB invalidate (the unmap and the map). This runs every
+ * wake-up under one acquisition of the locks (mm retained, mmap_lock and the VA space lock for
+ * read), with one block context and the space's staging page, and waits once, at the end, for
+ * the PTE writes and TLB invalidates of all the unmaps and maps.
  *
  * Each wake-up, in order: its fill (with @length not 0, the bytes at @src written, or with
  * @src NULL those at @src_va copied, into the run; with @length 0, the 8-byte @marker written
- * at the start of each page of the run), the unmap of @companion from @gpu_id, the read-only
- * map of the run on @gpu_id, each page checked once mapped. It stops at its first failing step
+ * at the start of each page of the run), the unmap of @companion from @gpu_id, the map of the
+ * run on @gpu_id (read-only, or read-write with UVM_WIC_COMPLETE_WRITABLE), each page checked
+ * once mapped. UVM_WIC_COMPLETE_NO_FILL leaves out the fill, UVM_WIC_COMPLETE_NO_MAP the map,
+ * a @companion of 0 the unmap: the shim's sweeps of held faults (markers on every page, then
+ * maps) run as a few calls instead of one per page and step. It stops at its first failing step
  * (a run whose fill failed is never mapped), its @result gets the errno, and the next wake-up
  * goes on. Steps of later wake-ups are ordered after earlier ones' PTE writes on the same VA
  * block (the block's tracker), so a run unmapped as a companion earlier in the call is written

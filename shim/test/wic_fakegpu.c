@@ -1569,24 +1569,29 @@ EXPORT_SYMBOL_GPL(uvm_wic_copy);
 static int wic_complete_one(struct uvm_wic_space *space, struct uvm_wic_completion *c)
 {
 	u64 bytes = (u64)c->pages * WIC_FAKEGPU_PAGE_SIZE;
+	bool fill = !(c->flags & UVM_WIC_COMPLETE_NO_FILL);
 	int ret = 0;
 	u32 i;
 
 	c->companion_unmapped = false;
-	if (!c->pages || (c->length && c->length > bytes))
+	if (!c->pages || (c->length && c->length > bytes) || (c->flags & ~UVM_WIC_COMPLETE_FLAGS) ||
+	    (!fill && c->length) ||
+	    ((c->flags & UVM_WIC_COMPLETE_NO_MAP) && (c->flags & UVM_WIC_COMPLETE_WRITABLE)))
 		return -EINVAL;
-	if (c->length && c->src)
+	if (fill && c->length && c->src)
 		ret = uvm_wic_write(space, c->va, c->src, c->length);
-	else if (c->length)
+	else if (fill && c->length)
 		ret = uvm_wic_copy(space, c->va, c->src_va, c->length);
-	for (i = 0; !c->length && !ret && i < c->pages; i++)
+	for (i = 0; fill && !c->length && !ret && i < c->pages; i++)
 		ret = uvm_wic_write(space, c->va + (u64)i * WIC_FAKEGPU_PAGE_SIZE, &c->marker,
 				    sizeof(c->marker));
-	if (!ret)
+	if (!ret && c->companion) {
 		ret = uvm_wic_unmap(space, c->gpu_id, c->companion, bytes);
-	c->companion_unmapped = !ret;
-	if (!ret)
-		ret = uvm_wic_map(space, c->gpu_id, c->va, bytes, false);
+		c->companion_unmapped = !ret;
+	}
+	if (!ret && !(c->flags & UVM_WIC_COMPLETE_NO_MAP))
+		ret = uvm_wic_map(space, c->gpu_id, c->va, bytes,
+				  c->flags & UVM_WIC_COMPLETE_WRITABLE);
 	return ret;
 }
 
@@ -1598,8 +1603,9 @@ static int wic_complete_one(struct uvm_wic_space *space, struct uvm_wic_completi
  *
  * Process context only. Logs %WIC_FAKEGPU_EVENT_COMPLETE with @count, then runs each wake-up
  * as uvm_wic_write() or uvm_wic_copy() of its fill (a marker: at the start of each page),
- * uvm_wic_unmap() of its companion and uvm_wic_map() of its run, which log their own events;
- * a wake-up stops at its first failing step and its @result gets the errno.
+ * uvm_wic_unmap() of its companion and uvm_wic_map() of its run, which log their own events,
+ * leaving out the steps its flags and a companion of 0 leave out; a wake-up stops at its first
+ * failing step and its @result gets the errno.
  *
  * Return: 0, or -EINVAL for no space or no completion (then no @result is set).
  */

@@ -239,8 +239,12 @@ impl Step<'_> {
         self.inject(second + PAGE, fakegpu::VERDICT_HOLD)?;
         self.fake.fail(Fail { writes: 1, error: Errno::EAGAIN as u32, ..Default::default() }).map_err(|e| format!("arm: {e}"))?;
         expect_errno("DETACH", self.device.detach(self.space), Errno::EAGAIN)?;
-        self.still_held(memory, first, true)?;
-        self.still_held(memory, second + PAGE, true)?;
+        // The step that met the refusal wrote the other page's marker (one call to nvidia-uvm
+        // for both); neither page is mapped, the refused one is unwritten.
+        self.still_held(memory, first, false)?;
+        self.still_held(memory, second + PAGE, false)?;
+        let unwritten = [first, second + PAGE].iter().filter(|va| marker(memory, **va) != WIC_MARKER_CHANNEL_CLOSED).count();
+        ensure(unwritten == 1, || format!("{unwritten} of the two held pages lack the marker after one refused write"))?;
         self.device.detach(self.space).map_err(|e| format!("DETACH once nvidia-uvm accepts again: {e}"))?;
         let events = self.events()?;
         self.completed(memory, &events, first)?;

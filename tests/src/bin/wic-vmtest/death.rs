@@ -26,6 +26,10 @@ pub const HOLDER_ARG: &str = "--hold-as-daemon";
 /// Longest time from the daemon's death to the last held fault completed.
 pub const BOUND: Duration = Duration::from_secs(1);
 
+/// Held faults one step of the module's sweep hands to nvidia-uvm at once (wic_shim.c's
+/// `WIC_COMPLETE_BATCH`).
+const SWEEP_BATCH: usize = 16;
+
 const SLOTS: u32 = 4;
 const MESSAGE_BYTES: u32 = 4096; // 16 warps x 4 KiB: 16 pages per run
 
@@ -70,7 +74,11 @@ pub fn run() -> Result<(), String> {
         let word = u64::from_le_bytes(memory.read(*va, 8).try_into().unwrap());
         ensure(word == WIC_MARKER_DAEMON_GONE, || format!("page {va:#x} holds {word:#x}, not the daemon-gone marker"))?;
     }
-    println!("daemon-death: {} held faults completed {took:?} after kill -9 (bound {BOUND:?})", pages.len());
+    // The markers, then the maps, went to nvidia-uvm in calls of up to SWEEP_BATCH pages each.
+    let calls = events.iter().filter(|e| e.kind == fakegpu::EVENT_COMPLETE).count();
+    let most = 2 * pages.len().div_ceil(SWEEP_BATCH);
+    ensure((2..=most).contains(&calls), || format!("{} held pages completed in {calls} uvm_wic_complete() calls, expected 2 to {most}", pages.len()))?;
+    println!("daemon-death: {} held faults completed {took:?} after kill -9 (bound {BOUND:?}), in {calls} calls to nvidia-uvm", pages.len());
 
     // A new daemon takes the device over and works.
     let mut daemon = Daemon::open(Submission::Uring)?;
