@@ -821,8 +821,15 @@ static int wic_close(struct wic_session *s, u32 space_id, u64 start, u64 end,
 			s->nr_ranges = s->nr_ranges - space->ranges.nr + nr;
 			space->ranges.entries = ranges;
 			space->ranges.nr = nr;
+			/*
+			 * A fault on the pages that go, held without a held-table entry (table
+			 * full), comes back only with a replay; which GPU it was on is not known,
+			 * so every GPU on which the space held a fault is replayed.
+			 */
 			if (detach)
 				wic_take_held_gpus(s, space_id, replay);
+			else
+				bitmap_or(replay, replay, space->held_gpus, WIC_GPU_BITS);
 			s->closing_space = 0;
 		} else if (err) {
 			s->closing_space = 0;

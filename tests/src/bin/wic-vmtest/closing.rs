@@ -30,12 +30,14 @@ const PAGES: u64 = 4;
 
 pub fn run() -> Result<(), String> {
     let fake = FakeGpu::open().map_err(|e| format!("open {}: {e}", fakegpu::DEVICE))?;
-    let mut memory = Memory::new(&fake, 1 << 20)?;
+    // The held table's worth of pages, and room for the other steps' ranges.
+    let mut memory = Memory::new(&fake, (u64::from(kabi::WIC_MAX_HELD) * PAGE + (1 << 20)) as usize)?;
     let mut device = Device::open(Path::new(DEVICE), Duration::from_secs(5)).map_err(|e| format!("open {DEVICE}: {e}"))?;
     let space = device.attach(fake.fd()).map_err(|e| format!("attach: {e}"))?;
     let mut step = Step { fake: &fake, device: &mut device, space };
 
-    // Each step works on ranges of its own: all run, and every failure is reported.
+    // Each step works on ranges of its own: all run, and every failure is reported. The last
+    // detaches the space.
     let results = [
         step.unregister_refused("write", Fail { writes: 1, error: Errno::EAGAIN as u32, ..Default::default() }, &mut memory)
             .map_err(|e| format!("unregister with the marker's write refused: {e}")),
@@ -44,6 +46,7 @@ pub fn run() -> Result<(), String> {
         step.page_gone(&mut memory).map_err(|e| format!("unregister of a page that is gone: {e}")),
         step.fault_while_unregistering(&mut memory).map_err(|e| format!("a fault while unregistering: {e}")),
         step.unmappable(&mut memory).map_err(|e| format!("a held page the GPU cannot map: {e}")),
+        step.unrecorded_fault_replayed(&mut memory).map_err(|e| format!("a fault held unrecorded on an unregistered range: {e}")),
         step.detach_refused(&mut memory).map_err(|e| format!("detach with a marker's write refused: {e}")),
     ];
     fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
@@ -251,6 +254,36 @@ impl Step<'_> {
         self.completed(memory, &events, second + PAGE)?;
         self.inject(second + 2 * PAGE, fakegpu::VERDICT_PASS)?;
         expect_errno("DETACH it again", self.device.detach(self.space), Errno::ENOENT)
+    }
+}
+
+impl Step<'_> {
+    /// A fault on a range held without a held-table entry (the table is full) comes back only
+    /// with a replay: UNREGISTER of that range, which finds nothing of it to complete, replays
+    /// the GPUs on which the space held faults, so that the warp faults again and nvidia-uvm
+    /// services the page, no longer a wic page.
+    fn unrecorded_fault_replayed(&mut self, memory: &mut Memory) -> Result<(), String> {
+        let held = u64::from(kabi::WIC_MAX_HELD);
+        let (va, small) = self.range(memory)?;
+        let big = memory.take(held * PAGE)?;
+        let big_id = self.device.register(self.space, kabi::WIC_RANGE_PCM, big, held * PAGE, 0).map_err(|e| format!("register: {e}"))?;
+        let pages: Vec<u64> = (0..held).map(|p| big + p * PAGE).collect();
+        // In chunks the ring holds, read as they come: the held table fills, not the ring.
+        for chunk in pages.chunks(256) {
+            let entries: Vec<_> = chunk.iter().map(|va| fault(*va, AccessType::Read)).collect();
+            let (verdicts, _) = self.fake.inject(GPU, &entries).map_err(|e| format!("inject: {e}"))?;
+            ensure(verdicts.iter().all(|v| *v == fakegpu::VERDICT_HOLD), || "a fault filling the held table was not held".into())?;
+            self.drain();
+        }
+        let dropped = self.device.ring().dropped();
+        self.inject(va, fakegpu::VERDICT_HOLD)?;
+        ensure(self.device.ring().dropped() == dropped + 1, || "the fault past the full held table was recorded".into())?;
+        self.fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
+        self.device.unregister(small).map_err(|e| format!("UNREGISTER: {e}"))?;
+        let events = self.events()?;
+        ensure(events.iter().any(|e| e.kind == fakegpu::EVENT_REPLAY && e.gpu_id == GPU), || format!("UNREGISTER did not replay GPU {GPU}: {events:?}"))?;
+        self.inject(va, fakegpu::VERDICT_PASS)?;
+        self.device.unregister(big_id).map_err(|e| format!("UNREGISTER of the full range: {e}"))
     }
 }
 
