@@ -54,12 +54,13 @@ MODULE_PARM_DESC(ring_entries, "Fault-ring records, a power of two from 256 to 6
  * other channel on that GPU: the module bounds a hold itself, whatever wicd does.
  */
 /*
- * 3 s by default: a fault is completed at the latest a quarter of the bound after it (the
- * expiry work's period), 3.75 s after it was held, below RM's default runlist context-switch
- * timeout (RmEngineContextSwitchTimeoutUs, 0x3fffff us, about 4.29 s), past which RM resets a
- * channel that a held fault keeps from being preempted. wicd refuses channel timeouts not well
- * below the bound (at most 2.25 s with this one). 0 removes the bound: safe only where no other
- * context time-slices with wic's (docs/operations.md).
+ * 3 s by default: a fault is completed at the latest a quarter of the bound (the expiry
+ * work's period) after it, about 3.85 s after it was held with the timers' rounding, below
+ * RM's default runlist context-switch timeout (RmEngineContextSwitchTimeoutUs, 0x3fffff
+ * ticks of 1.024 us, about 4.29 s), past which RM resets a channel that a held fault keeps
+ * from being preempted. wicd refuses channel timeouts not well below the bound (at most
+ * 2.25 s with this one). 0 removes the bound: safe only where no other context time-slices
+ * with wic's (docs/operations.md).
  */
 #define WIC_DEFAULT_MAX_HOLD_MS 3000
 static unsigned int max_hold_ms = WIC_DEFAULT_MAX_HOLD_MS;
@@ -782,13 +783,15 @@ static int wic_complete_held(struct wic_session *s, u32 space_id, u64 start, u64
  * @end: one past their last byte
  * @ranges: the space's ranges without those pages (NULL when none is left)
  * @nr: entries in @ranges
- * @detach: also replay every GPU on which the space held a fault, recorded or not
+ * @detach: the space goes: forget the GPUs on which it held faults once they are replayed
  *
  * While it runs the pages are closing: classify still holds faults on them and enters them in
  * the held table without recording them. Every fault held there is completed with
  * WIC_MARKER_CHANNEL_CLOSED (wic_complete_held()); only once none is left, under @lock, are
  * the space's ranges replaced by @ranges, so that no fault on those pages is passed before
- * its marker is in place. Then the GPUs concerned are replayed.
+ * its marker is in place. Then the GPUs of the faults completed are replayed, and every GPU on
+ * which the space held a fault, recorded or not: one held without a held-table entry comes
+ * back only with a replay.
  *
  * Return: 0, or the errno of the marker's write or map that failed (see wic_complete_held()):
  * then the space's ranges stay registered as they were (no longer closing; a new fault on them

@@ -1015,7 +1015,8 @@ static u32 wic_hw_reset_channel(u32 gpu_id)
 
 	mutex_lock(&wic_hw_lock);
 	hw = wic_hw_gpu(gpu_id, false);
-	if (hw) {
+	/* The last warp may have resumed since the switch looked: then the switch is done. */
+	if (hw && hw->nr_stalled) {
 		hw->count = 0;
 		hw->overflow_seen = false;
 		list_for_each_entry_safe(warp, next, &hw->stalled, node) {
