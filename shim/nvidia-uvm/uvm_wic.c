@@ -50,6 +50,47 @@
 #include "uvm_wic.h"
 #include "uvm_wic_hook.h"
 
+/*
+ * Driver branches (550 to 595), told apart by what each provides, never by its version: the
+ * driver has no numeric version macro, and fields changed within a branch (570). Two facts no
+ * preprocessor symbol shows are found by the patch's Kbuild hunk, which greps
+ * uvm_gpu_replayable_faults.h and defines UVM_WIC_HAVE_*.
+ *
+ * 595 dropped Pascal and Volta: every GPU it drives is Turing or later, cancels by VA and has
+ * replayable faults, and the parent-GPU flags fault_cancel_va_supported and
+ * replayable_faults_supported are gone, with Pascal's host subchannel macro
+ * (uvm_push_macros.h).
+ */
+#ifdef UVM_SUBCHANNEL_C06F
+#define WIC_CANCELS_BY_VA(parent)	((parent)->fault_cancel_va_supported)
+#define WIC_HAS_REPLAYABLE(parent)	((parent)->replayable_faults_supported)
+#else
+#define WIC_CANCELS_BY_VA(parent)	true
+#define WIC_HAS_REPLAYABLE(parent)	true
+#endif
+
+/*
+ * Before 560 the replayable-fault bottom half runs per uvm_gpu_t
+ * (uvm_gpu_service_replayable_faults(gpu)), which it passes to uvm_wic_classify_batch(), and a
+ * fault entry has no gpu field; 560 moved the bottom half to the parent GPU
+ * (uvm_parent_gpu_service_replayable_faults()) and added uvm_fault_buffer_entry_t.gpu and
+ * UVM_FAULT_TYPE_CC_VIOLATION.
+ */
+#ifdef UVM_WIC_HAVE_PARENT_FAULT_SERVICE
+#define WIC_ENTRY_GPU(entry, gpu)	((entry)->gpu)
+#define WIC_SAME_GPU(a, b)		((a)->gpu == (b)->gpu)
+#else
+#define WIC_ENTRY_GPU(entry, gpu)	(gpu)
+#define WIC_SAME_GPU(a, b)		true	/* one GPU per bottom-half run */
+#endif
+
+/* 595 renamed uvm_gpu_fault_buffer_flush(). */
+#ifdef UVM_WIC_HAVE_REPLAYABLE_BUFFER_FLUSH
+#define wic_fault_buffer_flush(gpu)	uvm_gpu_replayable_buffer_flush(gpu)
+#else
+#define wic_fault_buffer_flush(gpu)	uvm_gpu_fault_buffer_flush(gpu)
+#endif
+
 /* Protects wic_ops updates and the space registry. Never taken in the fault path. */
 static DEFINE_MUTEX(wic_lock);
 
@@ -68,8 +109,10 @@ static const struct uvm_wic_ops __rcu *wic_ops;
  * @stage: the one-page staging buffer of the fills, allocated at the first fill and kept
  *	until the last reference goes: the space's fills do not allocate, map and free a page
  *	each (the tools READ/WRITE_PROCESS_MEMORY ioctl's way, once per call)
- * @stage_gpus: the GPUs @stage is mapped on, each retained until @stage is freed, so that
- *	its mapping stays valid after the GPU leaves the space
+ * @stage_gpus: the GPUs @stage is mapped on (or was being mapped on), each retained until
+ *	@stage is freed, so that its mapping stays valid after the GPU leaves the space
+ * @deferred_free: queues the free on nvidia-uvm's deferred release queue while a suspend holds
+ *	the pm lock (wic_space_ref_free())
  */
 struct wic_space_ref {
 	struct list_head node;
@@ -80,6 +123,7 @@ struct wic_space_ref {
 	struct mutex stage_lock;
 	uvm_mem_t *stage;
 	uvm_processor_mask_t stage_gpus;
+	nv_kthread_q_item_t deferred_free;
 };
 
 static LIST_HEAD(wic_spaces);
@@ -123,7 +167,9 @@ static const u8 wic_hw_fault_type[UVM_FAULT_TYPE_COUNT] = {
 	[UVM_FAULT_TYPE_UNSUPPORTED_KIND]	= 0xc,
 	[UVM_FAULT_TYPE_REGION_VIOLATION]	= 0xd,
 	[UVM_FAULT_TYPE_POISONED]		= 0xe,
+#ifdef UVM_WIC_HAVE_PARENT_FAULT_SERVICE
 	[UVM_FAULT_TYPE_CC_VIOLATION]		= 0xb,	/* Blackwell */
+#endif
 };
 
 static u32 wic_hw_access_type(const uvm_fault_buffer_entry_t *entry)
@@ -195,16 +241,16 @@ static void wic_encode_entry(const uvm_fault_buffer_entry_t *entry,
 /* wic holds faults only on GPUs that cancel faults by VA (Volta and later), see uvm_wic.h. */
 static bool wic_gpu_supported(const uvm_gpu_t *gpu)
 {
-	return gpu->parent->fault_cancel_va_supported;
+	return WIC_CANCELS_BY_VA(gpu->parent);
 }
 
 static bool wic_same_page(const uvm_fault_buffer_entry_t *a, const uvm_fault_buffer_entry_t *b)
 {
-	return a->va_space == b->va_space && a->gpu == b->gpu &&
+	return a->va_space == b->va_space && WIC_SAME_GPU(a, b) &&
 	       a->fault_address == b->fault_address;
 }
 
-bool uvm_wic_classify_batch(uvm_fault_service_batch_context_t *batch_context)
+bool uvm_wic_classify_batch(uvm_gpu_t *gpu, uvm_fault_service_batch_context_t *batch_context)
 {
 	uvm_fault_buffer_entry_t **cache = batch_context->ordered_fault_cache;
 	NvU32 count = batch_context->num_coalesced_faults;
@@ -238,12 +284,12 @@ bool uvm_wic_classify_batch(uvm_fault_service_batch_context_t *batch_context)
 		for (j = i; j < count && wic_same_page(cache[j], cache[i]); j++) {
 			uvm_fault_buffer_entry_t *entry = cache[j];
 
-			if (entry->is_fatal || !entry->va_space || !entry->gpu ||
-			    !wic_gpu_supported(entry->gpu))
+			if (entry->is_fatal || !entry->va_space || !WIC_ENTRY_GPU(entry, gpu) ||
+			    !wic_gpu_supported(WIC_ENTRY_GPU(entry, gpu)))
 				continue;
 
 			fault.space = (struct uvm_wic_space *)entry->va_space;
-			fault.gpu_id = uvm_id_value(entry->gpu->id);
+			fault.gpu_id = uvm_id_value(WIC_ENTRY_GPU(entry, gpu)->id);
 			fault.flags = entry->access_type_mask == prefetch_only ?
 				      UVM_WIC_FAULT_PREFETCH : 0;
 			fault.va = entry->fault_address;
@@ -273,14 +319,14 @@ bool uvm_wic_active(void)
 	return rcu_access_pointer(wic_ops) != NULL;
 }
 
-bool uvm_wic_run_needs_replay(uvm_parent_gpu_t *parent_gpu,
+bool uvm_wic_run_needs_replay(bool overflow_seen,
 			      NV_STATUS status,
 			      NvU32 num_batches,
 			      NvU32 num_wic_held_batches,
 			      NvU32 max_batches)
 {
 	return uvm_wic_run_replays(status != NV_OK, num_batches, num_wic_held_batches, max_batches,
-				   parent_gpu->fault_buffer.replayable.overflow_seen);
+				   overflow_seen);
 }
 
 /**
@@ -336,14 +382,14 @@ static void wic_replay_all(void)
 	/* A GPU in the retained set stays there while the global lock is held. */
 	uvm_mutex_lock(&g_uvm_global.global_lock);
 	for_each_gpu(gpu) {
-		if (gpu->parent->replayable_faults_supported)
+		if (WIC_HAS_REPLAYABLE(gpu->parent))
 			uvm_processor_mask_set(gpus, gpu->id);
 	}
 	uvm_global_gpu_retain(gpus);
 	uvm_mutex_unlock(&g_uvm_global.global_lock);
 
 	for_each_gpu_in_mask(gpu, gpus)
-		uvm_gpu_fault_buffer_flush(gpu);
+		wic_fault_buffer_flush(gpu);
 
 	uvm_global_gpu_release(gpus);
 out:
@@ -396,18 +442,43 @@ static struct wic_space_ref *wic_space_find(uvm_va_space_t *va_space)
 	return NULL;
 }
 
-static void wic_space_ref_free(struct wic_space_ref *ref)
+/*
+ * Frees @ref, the pm lock held for read: freeing the staging page writes the GPUs' page tables,
+ * and dropping the last reference to a GPU removes it, neither while suspended. The file goes
+ * last: it may destroy the VA space.
+ */
+static void wic_space_ref_free_locked(struct wic_space_ref *ref)
 {
-	if (ref->stage) {
-		/* Unmapping from the GPUs writes their page tables: not while suspended. */
-		uvm_down_read(&g_uvm_global.pm.lock);
-		uvm_mem_free(ref->stage);
-		uvm_up_read(&g_uvm_global.pm.lock);
-	}
+	uvm_mem_free(ref->stage);
 	uvm_global_gpu_release(&ref->stage_gpus);
 	fput(ref->file);
 	mmdrop(ref->mm);
 	uvm_kvfree(ref);
+}
+
+static void wic_space_ref_free_deferred(void *data)
+{
+	/* Blocks until uvm_resume() lets the pm lock go, as uvm_release_deferred() does. */
+	uvm_down_read(&g_uvm_global.pm.lock);
+	wic_space_ref_free_locked(data);
+	uvm_up_read(&g_uvm_global.pm.lock);
+}
+
+/*
+ * Frees @ref now, or, while a suspend holds the pm lock, on nvidia-uvm's deferred release queue
+ * (flushed at resume), as uvm_release() defers a VA space's destruction: the caller (wicd
+ * closing its device or detaching a space) must not sleep on the lock, or the freezer could not
+ * freeze wicd and the suspend would fail.
+ */
+static void wic_space_ref_free(struct wic_space_ref *ref)
+{
+	if (uvm_down_read_trylock(&g_uvm_global.pm.lock)) {
+		wic_space_ref_free_locked(ref);
+		uvm_up_read(&g_uvm_global.pm.lock);
+		return;
+	}
+	nv_kthread_q_item_init(&ref->deferred_free, wic_space_ref_free_deferred, ref);
+	nv_kthread_q_schedule_q_item(&g_uvm_global.deferred_release_q, &ref->deferred_free);
 }
 
 static bool wic_space_gpus_supported(uvm_va_space_t *va_space)
@@ -431,7 +502,7 @@ static struct uvm_wic_space *wic_space_get(struct file *uvm_file)
 	struct wic_space_ref *ref, *new;
 	struct mm_struct *mm;
 
-	if (!uvm_file || !uvm_file_is_nvidia_uvm_va_space(uvm_file))
+	if (!uvm_file || !uvm_file_is_nvidia_uvm(uvm_file))
 		return ERR_PTR(-EBADF);
 
 	/* The caller's reference on uvm_file keeps the VA space alive meanwhile. */
@@ -510,14 +581,7 @@ struct uvm_wic_space *uvm_wic_space_get(struct file *uvm_file)
 }
 EXPORT_SYMBOL_GPL(uvm_wic_space_get);
 
-/**
- * uvm_wic_space_put() - drop a reference taken by uvm_wic_space_get()
- * @space: the space
- *
- * Process context. Dropping the last reference releases the VA-space file, which destroys the
- * VA space when the application has closed it too.
- */
-void uvm_wic_space_put(struct uvm_wic_space *space)
+static void wic_space_put(struct uvm_wic_space *space)
 {
 	struct wic_space_ref *ref;
 
@@ -534,6 +598,20 @@ void uvm_wic_space_put(struct uvm_wic_space *space)
 
 	if (ref)
 		wic_space_ref_free(ref);
+}
+
+/**
+ * uvm_wic_space_put() - drop a reference taken by uvm_wic_space_get()
+ * @space: the space
+ *
+ * Process context. Dropping the last reference releases the VA-space file, which destroys the
+ * VA space when the application has closed it too, and the space's staging page; while the
+ * driver is suspended that is deferred until it resumes, never waited for.
+ */
+void uvm_wic_space_put(struct uvm_wic_space *space)
+{
+	/* An entry point: it takes UVM's tracked locks (pm, global) and writes page tables. */
+	UVM_ENTRY_VOID(wic_space_put(space));
 }
 EXPORT_SYMBOL_GPL(uvm_wic_space_put);
 
@@ -672,48 +750,45 @@ static void wic_ctx_free(struct wic_ctx *ctx)
 }
 
 /*
- * The space's staging page, allocated at its first fill, mapped on the GPUs registered since
- * the last one. Called with stage_lock, mmap_lock and the VA space lock held.
+ * Maps the space's staging page on the GPUs registered since the last fill. Called with
+ * stage_lock, mmap_lock and the VA space lock held.
  */
-static NV_STATUS wic_stage_prepare(struct wic_space_ref *ref, struct mm_struct *mm)
+static NV_STATUS wic_stage_map(struct wic_space_ref *ref)
 {
 	NV_STATUS status;
 	uvm_gpu_t *gpu;
-
-	if (!ref->stage) {
-		/* Charged to the process's memory cgroup, as the tools ioctl charges its page. */
-		status = uvm_mem_alloc_sysmem_and_map_cpu_kernel(PAGE_SIZE, mm, &ref->stage);
-		if (status != NV_OK)
-			return status;
-	}
 
 	/*
 	 * The staging page is used by a GPU only when the page written, or the page copied, is
 	 * in its memory: that GPU's CE reads or writes it.
 	 */
 	for_each_gpu_in_mask(gpu, &ref->va_space->registered_gpus) {
-		if (uvm_processor_mask_test(&ref->stage_gpus, gpu->id))
+		if (uvm_processor_mask_test_and_set(&ref->stage_gpus, gpu->id))
 			continue;
 
-		/* Confidential computing: the staging page cannot be mapped on the GPU. */
-		if (!g_uvm_global.conf_computing_enabled) {
-			status = uvm_mem_map_gpu_kernel(ref->stage, gpu);
-			if (status != NV_OK)
-				return status;
-		}
-
-		/* Keeps the staging page's GPU mapping valid until it is freed. */
+		/*
+		 * Retained before the map: a map that fails halfway can leave the page mapped in
+		 * the GPU's physical space, which the free unmaps.
+		 */
 		uvm_gpu_retain(gpu);
-		uvm_processor_mask_set(&ref->stage_gpus, gpu->id);
+
+		/* Confidential computing: the staging page cannot be mapped on the GPU. */
+		if (g_uvm_global.conf_computing_enabled)
+			continue;
+
+		status = uvm_mem_map_gpu_kernel(ref->stage, gpu);
+		if (status != NV_OK)
+			return status;
 	}
 
 	return NV_OK;
 }
 
 /*
- * Sets up @ctx: with @stage, takes the space's stage_lock; retains the mm and allocates the
- * block context before taking any other lock, then takes mmap_lock and the VA space lock for
- * read and, with @stage, readies the staging page (wic_stage_prepare()). On success the
+ * Sets up @ctx: with @stage, takes the space's stage_lock; retains the mm, allocates the
+ * space's staging page (at its first fill) and the block context before taking any other lock,
+ * then takes mmap_lock and the VA space lock for read and, with @stage, maps the staging page
+ * on the GPUs registered since the last fill (wic_stage_map()). On success the
  * caller runs its operations and calls wic_end(); on failure nothing is held.
  * NV_ERR_PID_NOT_FOUND when the process is gone.
  */
@@ -743,6 +818,14 @@ static NV_STATUS wic_begin(struct wic_ctx *ctx, struct uvm_wic_space *space, boo
 		goto fail;
 	}
 
+	/* Charged to the process's memory cgroup, as the tools ioctl charges its page. */
+	if (stage && !ctx->ref->stage) {
+		status = uvm_mem_alloc_sysmem_and_map_cpu_kernel(PAGE_SIZE, ctx->mm,
+								 &ctx->ref->stage);
+		if (status != NV_OK)
+			goto fail;
+	}
+
 	ctx->block_context = uvm_va_block_context_alloc(ctx->mm);
 	if (!ctx->block_context) {
 		status = NV_ERR_NO_MEMORY;
@@ -756,7 +839,7 @@ static NV_STATUS wic_begin(struct wic_ctx *ctx, struct uvm_wic_space *space, boo
 	if (!stage)
 		return NV_OK;
 
-	status = wic_stage_prepare(ctx->ref, ctx->mm);
+	status = wic_stage_map(ctx->ref);
 	if (status == NV_OK) {
 		ctx->stage = ctx->ref->stage;
 		return NV_OK;
@@ -1001,17 +1084,32 @@ EXPORT_SYMBOL_GPL(uvm_wic_copy);
 /* Whether managed VA ranges of @va_space cover [va, va + len) without a gap. */
 static bool wic_managed_covered(uvm_va_space_t *va_space, u64 va, u64 len)
 {
+#ifdef uvm_for_each_va_range_managed_in_contig	/* 565+: uvm_va_range_managed_t is a range */
 	uvm_va_range_managed_t *managed_range;
+#else
+	uvm_va_range_t *va_range;
+#endif
 	u64 end = va + len - 1;
 	bool covered = false;
 
 	uvm_va_space_down_read(va_space);
+#ifdef uvm_for_each_va_range_managed_in_contig
 	uvm_for_each_va_range_managed_in_contig(managed_range, va_space, va, end) {
 		if (managed_range->va_range.node.end >= end) {
 			covered = true;
 			break;
 		}
 	}
+#else
+	uvm_for_each_va_range_in_contig(va_range, va_space, va, end) {
+		if (va_range->type != UVM_VA_RANGE_TYPE_MANAGED)
+			break;
+		if (va_range->node.end >= end) {
+			covered = true;
+			break;
+		}
+	}
+#endif
 	uvm_va_space_up_read(va_space);
 
 	return covered;
@@ -1518,12 +1616,12 @@ static int wic_replay(u32 gpu_id)
 	 * the hardware buffer (their accesses are replayed too) and pushes a REPLAY_START
 	 * without waiting for it: callers wait for their PTE writes first (uvm_wic_map()).
 	 */
-	if (!gpu->parent->replayable_faults_supported)
+	if (!WIC_HAS_REPLAYABLE(gpu->parent))
 		ret = -ENOSYS;
 	else if (!wic_gpu_supported(gpu))
 		ret = -EOPNOTSUPP;
 	else
-		ret = wic_errno(uvm_gpu_fault_buffer_flush(gpu));
+		ret = wic_errno(wic_fault_buffer_flush(gpu));
 
 	uvm_gpu_release(gpu);
 	wic_exit();

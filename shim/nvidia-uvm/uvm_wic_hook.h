@@ -23,8 +23,10 @@ bool uvm_wic_active(void);
 
 /**
  * uvm_wic_classify_batch() - let the registered callbacks mark the faults of a batch as held
+ * @gpu: before 560, where a bottom half serves one uvm_gpu_t, that GPU; NULL from 560, where
+ *	every entry has its own (uvm_fault_buffer_entry_t.gpu)
  * @batch_context: a batch just preprocessed: ordered_fault_cache[0, num_coalesced_faults) is
- *	sorted and every entry has its va_space and gpu
+ *	sorted and every entry has its va_space (and, from 560, its gpu)
  *
  * Sets is_wic_held on the held entries. Every fault on one page of one VA space and GPU gets the
  * same verdict: held when the callback held any of them. Fatal entries are never held. Called
@@ -32,11 +34,12 @@ bool uvm_wic_active(void);
  *
  * Return: true when the batch has at least one fault and every fault in it is held.
  */
-bool uvm_wic_classify_batch(uvm_fault_service_batch_context_t *batch_context);
+bool uvm_wic_classify_batch(uvm_gpu_t *gpu, uvm_fault_service_batch_context_t *batch_context);
 
 /**
  * uvm_wic_run_needs_replay() - whether a bottom-half run still needs its final replay
- * @parent_gpu: the GPU whose replayable faults the run serviced
+ * @overflow_seen: the GPU's &uvm_replayable_fault_buffer_struct.overflow_seen (the field that
+ *	holds the buffer changed its name within the 570 branch, so the call site reads it)
  * @status: the run's status
  * @num_batches: the batches the run counted
  * @num_wic_held_batches: those of them made only of held faults (uvm_wic_classify_batch())
@@ -45,13 +48,12 @@ bool uvm_wic_classify_batch(uvm_fault_service_batch_context_t *batch_context);
  * Called, with the ISR lock held, where the run would issue the replay that makes sure faults
  * dropped from the buffer fault again. A run made only of held faults skips it, since the replay
  * would only make every held fault fault again, unless faults may have been dropped: the buffer
- * overflowed or was found full since the last START replay
- * (&uvm_replayable_fault_buffer_struct.overflow_seen), the run stopped on @max_batches (a
+ * overflowed or was found full since the last START replay (@overflow_seen), the run stopped on @max_batches (a
  * backlog), or it failed.
  *
  * Return: false only for a run of held faults that cannot have dropped any.
  */
-bool uvm_wic_run_needs_replay(uvm_parent_gpu_t *parent_gpu,
+bool uvm_wic_run_needs_replay(bool overflow_seen,
 			      NV_STATUS status,
 			      NvU32 num_batches,
 			      NvU32 num_wic_held_batches,

@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT OR Apache-2.0
+#
+# device/bringup.sh [--bin DIR] [--socket PATH] [--nvcc NVCC] [--kill-wicd]
+#
+# The bring-up test of a machine with the patched driver: is the fault transport there, and
+# does it work? Run as root on the GPU machine, from the repository (or with --bin pointing at
+# wicd, wicctl and libwic.a built elsewhere; default target/release). In order:
+#
+#   hook          nvidia-uvm is loaded and exports the wic hook (uvm_wic_register); on the stock
+#                 driver this fails at once and nothing else runs
+#   shim          wic_shim is loaded (/dev/wic), with its max_hold_ms
+#   wicd          a wicd serving the shim backend: the one on --socket if it answers, else one
+#                 started here (it negotiates the ABI with wic_shim at start and refuses another)
+#   gpu-sharing   each GPU against the deployment rule (wicd gpus: EXCLUSIVE_PROCESS or MIG);
+#                 WARN, not FAIL, for a shared GPU
+#   attach, host, timeout, close, gpu-producer, daemon-death
+#                 the CUDA cases of device/tests/bringup.cu (built here with nvcc): bytes checked,
+#                 fault -> wake percentiles, a timeout, a channel close, a GPU producer's DMA where
+#                 two GPUs have peer access, and wicd killed during a held wait (only a wicd this
+#                 script started, or with --kill-wicd)
+#
+# Prints one table and exits 0 when nothing failed, 1 otherwise, 2 for bad arguments.
+set -uo pipefail
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+bin=$repo/target/release
+socket=${WIC_SOCKET:-/run/wic/wicd.sock}
+nvcc=${NVCC:-nvcc}
+kill_wicd=0
+
+while (($#)); do
+	case $1 in
+	--bin) bin=${2:?--bin DIR}; shift ;;
+	--socket) socket=${2:?--socket PATH}; shift ;;
+	--nvcc) nvcc=${2:?--nvcc NVCC}; shift ;;
+	--kill-wicd) kill_wicd=1 ;;
+	*) echo "usage: device/bringup.sh [--bin DIR] [--socket PATH] [--nvcc NVCC] [--kill-wicd]" >&2; exit 2 ;;
+	esac
+	shift
+done
+
+rows=()
+row() { rows+=("$1|$2|$3"); }
+work=$(mktemp -d "${TMPDIR:-/tmp}/wic-bringup.XXXXXX")
+own_wicd=
+
+finish() {
+	if [[ -n $own_wicd ]] && kill -0 "$own_wicd" 2>/dev/null; then
+		kill -TERM "$own_wicd" 2>/dev/null
+		wait "$own_wicd" 2>/dev/null
+	fi
+	printf '%-14s %-6s %s\n' CHECK RESULT DETAIL
+	local failed=0 r name result detail
+	for r in "${rows[@]}"; do
+		IFS='|' read -r name result detail <<<"$r"
+		printf '%-14s %-6s %s\n' "$name" "$result" "$detail"
+		[[ $result != FAIL ]] || failed=1
+	done
+	rm -rf "$work"
+	exit "$failed"
+}
+
+# hook: the patched nvidia-uvm, or nothing else can run. nvidia-uvm loads with the first CUDA
+# process; nvidia-modprobe loads it as CUDA would.
+if [[ ! -d /sys/module/nvidia_uvm ]] && command -v nvidia-modprobe >/dev/null; then
+	nvidia-modprobe -u -c=0 >/dev/null 2>&1
+fi
+if [[ ! -d /sys/module/nvidia_uvm ]]; then
+	row hook FAIL "nvidia-uvm is not loaded (no NVIDIA driver, or no CUDA process has loaded it yet: modprobe nvidia-uvm)"
+	finish
+fi
+uvm_version=$(cat /sys/module/nvidia_uvm/version 2>/dev/null || echo "of unknown version")
+if ! grep -qE '[[:space:]]uvm_wic_register($|[[:space:]])' /proc/kallsyms; then
+	row hook FAIL "nvidia-uvm $uvm_version has no wic hook (it exports no uvm_wic_register): this is NVIDIA's stock driver; install the patched nvidia-uvm (deploy/dkms/README.md)"
+	finish
+fi
+row hook PASS "nvidia-uvm $uvm_version exports the wic hook"
+
+# shim
+if [[ ! -d /sys/module/wic_shim || ! -c /dev/wic ]]; then
+	row shim FAIL "wic_shim is not loaded (modprobe wic_shim)"
+	finish
+fi
+row shim PASS "wic_shim loaded, /dev/wic present, max_hold_ms $(cat /sys/module/wic_shim/parameters/max_hold_ms 2>/dev/null)"
+
+# wicd on the shim backend: the running one, or one of our own.
+for tool in wicd wicctl libwic.a; do
+	[[ -e $bin/$tool ]] || { row wicd FAIL "$bin/$tool missing (cargo build --release, or --bin DIR)"; finish; }
+done
+status=$("$bin/wicctl" --socket "$socket" --timeout-ms 3000 status --json 2>/dev/null)
+if [[ -n $status ]]; then
+	backend=$(sed -n 's/.*"backend": *"\([a-z]*\)".*/\1/p' <<<"$status")
+	pid=$(sed -n 's/.*"pid": *\([0-9]*\).*/\1/p' <<<"$status")
+	if [[ $backend != shim ]]; then
+		row wicd FAIL "the wicd on $socket serves the $backend backend, not shim"
+		finish
+	fi
+	row wicd PASS "the running wicd (pid $pid) on $socket, shim backend"
+	((kill_wicd)) || pid=
+else
+	if [[ $(id -u) != 0 ]]; then
+		row wicd FAIL "no wicd answers on $socket, and only root can start one on /dev/wic"
+		finish
+	fi
+	socket=$work/wicd.sock
+	"$bin/wicd" serve --backend shim --socket "$socket" >"$work/wicd.log" 2>&1 &
+	own_wicd=$!
+	pid=$own_wicd
+	for _ in $(seq 100); do
+		[[ -S $socket ]] && break
+		kill -0 "$own_wicd" 2>/dev/null || break
+		sleep 0.1
+	done
+	if [[ ! -S $socket ]]; then
+		row wicd FAIL "wicd serve --backend shim did not start: $(tail -n 1 "$work/wicd.log")"
+		own_wicd=
+		finish
+	fi
+	row wicd PASS "wicd started here (pid $pid) on the shim backend: the module's ABI agreed"
+fi
+
+# gpu-sharing: the deployment rule, GPU by GPU.
+while IFS= read -r line; do
+	case $line in
+	*"safe for held faults"*) row gpu-sharing PASS "$line" ;;
+	*shared:*) row gpu-sharing WARN "$line (docs/operations.md, Held faults and GPU time-slicing)" ;;
+	*) row gpu-sharing WARN "$line" ;;
+	esac
+done < <("$bin/wicd" gpus 2>&1)
+
+# The CUDA cases.
+if ! "$nvcc" -O2 -arch=sm_90 -std=c++17 -I"$repo/device/include" -I"$repo/ffi/include" \
+	"$repo/device/tests/bringup.cu" "$bin/libwic.a" -lcuda -lpthread -ldl -lm -o "$work/bringup" >"$work/nvcc.log" 2>&1; then
+	row build FAIL "nvcc: $(head -n 1 "$work/nvcc.log")"
+	finish
+fi
+timeout 300 "$work/bringup" "$socket" ${pid:+"$pid"} >"$work/cases.log" 2>&1
+rc=$?
+while read -r tag name result detail; do
+	[[ $tag == CASE ]] && row "$name" "$result" "$detail"
+done <"$work/cases.log"
+if ((rc == 124)); then
+	row cases FAIL "the CUDA cases did not end within 300 s (a warp never woke)"
+elif ((rc != 0)) && ! grep -q ' FAIL ' "$work/cases.log"; then
+	row cases FAIL "bringup exited $rc: $(tail -n 1 "$work/cases.log")"
+fi
+finish

@@ -1,0 +1,401 @@
+/* SPDX-License-Identifier: MIT OR Apache-2.0 */
+/*
+ * bringup - the CUDA cases of device/bringup.sh, for a machine with the patched nvidia-uvm,
+ * wic_shim loaded and wicd serving the shim backend. Each case places a fault channel in this
+ * process's managed memory through libwic (wic_attach_space, wic_channel_create_at) and runs
+ * consumer warps on wic::recv:
+ *
+ *   host          a host producer: every warp of every generation gets exactly its bytes; the
+ *                 percentiles of fault -> wake (wic::recv timed on the GPU's globaltimer, the
+ *                 data published before the kernel starts, so each wait is the fault's service:
+ *                 hold, record, wicd's completion, map, replay)
+ *   timeout       nobody publishes: every warp gets WIC_ETIMED_OUT after the channel's timeout
+ *   close         the channel closed while warps wait: every warp gets WIC_ECLOSED
+ *   gpu-producer  a kernel on another GPU with peer access stores the batch in its own memory and
+ *                 signals through the slot's PAT page; the warps get its bytes (skipped with
+ *                 fewer than two GPUs with peer access)
+ *   daemon-death  wicd killed (SIGKILL, WICD_PID) while warps wait: every warp gets WIC_ECONNECT
+ *                 (skipped without WICD_PID)
+ *
+ * Usage: bringup SOCKET [WICD_PID]
+ * Prints one line per case, "CASE name PASS|FAIL|SKIP detail", and exits 0 when none failed.
+ *
+ * The shim backend names GPUs as nvidia-uvm does (the processor id of a fault: 1 + 8 x the
+ * GPU's registration index + its MIG sub-index), not as CUDA does: the consumer (CUDA device 0)
+ * is taken as GPU 1 and the producer (CUDA device 1) as GPU 9, the first two GPUs nvidia-uvm
+ * registers; WIC_BRINGUP_GPUS="CONSUMER PRODUCER" says otherwise.
+ */
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <dirent.h>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include <wic/wic.cuh>
+
+namespace {
+
+constexpr uint32_t message_bytes = 256; /* 16 warps x 256 B: one page per run */
+constexpr uint64_t long_timeout_ns = 2000000000; /* under wic_shim's default max_hold_ms */
+constexpr uint64_t short_timeout_ns = 100000000;
+
+bool failed_any = false;
+uint16_t consumer_id = 1, producer_id = 9;
+
+void report(const char *name, const char *result, const std::string &detail)
+{
+	printf("CASE %s %s %s\n", name, result, detail.c_str());
+	fflush(stdout);
+	failed_any |= !strcmp(result, "FAIL");
+}
+
+std::string cuda_error(const char *what, cudaError_t err)
+{
+	return std::string(what) + ": " + cudaGetErrorString(err);
+}
+
+std::string wic_error(const char *what, int rc)
+{
+	return std::string(what) + ": " + wic_strerror(rc);
+}
+
+__host__ __device__ inline uint8_t pattern(uint32_t generation, uint32_t warp, uint32_t i)
+{
+	return (uint8_t)(generation * 13 + warp * 7 + i * 3 + 1);
+}
+
+__device__ inline uint64_t globaltimer()
+{
+	uint64_t t;
+	asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+	return t;
+}
+
+/*
+ * Each warp of the block reads its message of @generation of slot 0: its status in @status,
+ * how long wic::recv took in @wait_ns, and in @wrong the bytes that differ from pattern().
+ */
+__global__ void consume(wic::channel ch, uint32_t generation, bool check, int *status, uint64_t *wait_ns,
+			unsigned *wrong)
+{
+	const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+	const uint8_t *message;
+	const uint64_t start = globaltimer();
+	const int rc = wic::recv(ch, 0, generation, warp, &message);
+	const uint64_t end = globaltimer();
+
+	if (rc == WIC_OK && check)
+		for (uint32_t i = lane; i < ch.message_bytes; i += 32)
+			if (message[i] != pattern(generation, warp, i))
+				atomicAdd(wrong, 1u);
+	if (lane == 0) {
+		status[warp] = rc;
+		wait_ns[warp] = end - start;
+	}
+}
+
+/* The producer GPU's kernel: the batch into its memory, then a write to the PAT page. */
+__global__ void produce(uint8_t *batch, uint64_t batch_bytes, uint32_t message_bytes_, volatile uint32_t *pat)
+{
+	for (uint64_t i = threadIdx.x; i < batch_bytes; i += blockDim.x)
+		batch[i] = pattern(0, (uint32_t)(i / message_bytes_), (uint32_t)(i % message_bytes_));
+	__threadfence_system();
+	__syncthreads();
+	if (threadIdx.x == 0)
+		*pat = 1; /* wicd holds this write until it has copied the batch */
+}
+
+/* Attaches the first of this process's /dev/nvidia-uvm files that wicd accepts. */
+int attach(wic_client *client, uint32_t *space)
+{
+	DIR *dir = opendir("/proc/self/fd");
+	int rc = WIC_ENOT_FOUND;
+	struct dirent *entry;
+
+	if (!dir)
+		return WIC_EIO;
+	while ((entry = readdir(dir))) {
+		char path[300], target[64];
+		snprintf(path, sizeof(path), "/proc/self/fd/%s", entry->d_name);
+		ssize_t n = readlink(path, target, sizeof(target) - 1);
+		if (n < 0)
+			continue;
+		target[n] = '\0';
+		if (strcmp(target, "/dev/nvidia-uvm"))
+			continue;
+		rc = wic_attach_space(client, atoi(entry->d_name), space);
+		if (rc == WIC_OK)
+			break;
+	}
+	closedir(dir);
+	return rc;
+}
+
+/* A one-slot fault channel placed in managed memory, and its device view. */
+struct placed {
+	wic_channel *channel = nullptr;
+	void *memory = nullptr;
+	uint64_t *runs = nullptr;
+	struct wic_channel_info info = {};
+	struct wic_slot_info slot = {};
+	wic::channel device = {};
+
+	int create(wic_client *client, const struct wic_channel_spec &spec, std::string *why)
+	{
+		uint64_t bytes = 0;
+		int rc = wic_placement_bytes(client, &spec, &bytes);
+		if (rc != WIC_OK)
+			return *why = wic_error("wic_placement_bytes", rc), rc;
+		cudaError_t err = cudaMallocManaged(&memory, bytes);
+		if (err != cudaSuccess)
+			return *why = cuda_error("cudaMallocManaged", err), WIC_EIO;
+		rc = wic_channel_create_at(client, &spec, (uint64_t)memory, &channel);
+		if (rc != WIC_OK)
+			return *why = wic_error("wic_channel_create_at", rc), rc;
+		wic_channel_info(channel, &info);
+		wic_channel_slot(channel, 0, &slot);
+		if (cudaMalloc(&runs, 2 * sizeof(uint64_t)) != cudaSuccess)
+			return *why = "cudaMalloc", WIC_EIO;
+		device = wic::fault_channel(&info, &slot, runs);
+		return device.slots == 1 ? WIC_OK : (*why = "copying the run addresses", WIC_EIO);
+	}
+
+	~placed()
+	{
+		if (channel)
+			wic_channel_close(channel);
+		cudaFree(runs);
+		cudaFree(memory);
+	}
+};
+
+/* Per-warp results of one consume() launch. */
+struct outcome {
+	std::vector<int> status;
+	std::vector<uint64_t> wait_ns;
+	unsigned wrong = 0;
+	cudaError_t err = cudaSuccess;
+
+	bool all(int rc) const
+	{
+		return err == cudaSuccess && !status.empty() &&
+		       std::all_of(status.begin(), status.end(), [rc](int s) { return s == rc; });
+	}
+};
+
+/* Launches consume() for @generation; @during runs on the host while the warps wait. */
+template <typename F>
+outcome run_consume(const placed &p, uint32_t generation, bool check, F during)
+{
+	const uint32_t warps = p.info.warps_per_batch;
+	outcome out;
+	int *status = nullptr;
+	uint64_t *wait_ns = nullptr;
+	unsigned *wrong = nullptr;
+
+	out.status.assign(warps, 1);
+	out.wait_ns.assign(warps, 0);
+	if ((out.err = cudaMalloc(&status, warps * sizeof(int))) != cudaSuccess ||
+	    (out.err = cudaMalloc(&wait_ns, warps * sizeof(uint64_t))) != cudaSuccess ||
+	    (out.err = cudaMalloc(&wrong, sizeof(unsigned))) != cudaSuccess ||
+	    (out.err = cudaMemset(wrong, 0, sizeof(unsigned))) != cudaSuccess)
+		goto out;
+	consume<<<1, warps * 32>>>(p.device, generation, check, status, wait_ns, wrong);
+	during();
+	if ((out.err = cudaDeviceSynchronize()) != cudaSuccess)
+		goto out;
+	cudaMemcpy(out.status.data(), status, warps * sizeof(int), cudaMemcpyDeviceToHost);
+	cudaMemcpy(out.wait_ns.data(), wait_ns, warps * sizeof(uint64_t), cudaMemcpyDeviceToHost);
+	cudaMemcpy(&out.wrong, wrong, sizeof(unsigned), cudaMemcpyDeviceToHost);
+out:
+	cudaFree(status);
+	cudaFree(wait_ns);
+	cudaFree(wrong);
+	return out;
+}
+
+struct wic_channel_spec host_spec(uint64_t timeout_ns)
+{
+	struct wic_channel_spec spec = {};
+	spec.consumer_gpu = consumer_id;
+	spec.producer_kind = WIC_PRODUCER_HOST;
+	spec.message_bytes = message_bytes;
+	spec.slots = 1;
+	spec.timeout_ns = timeout_ns;
+	return spec;
+}
+
+void host_case(wic_client *client)
+{
+	constexpr uint32_t generations = 64;
+	placed p;
+	std::string why;
+	if (p.create(client, host_spec(long_timeout_ns), &why) != WIC_OK)
+		return report("host", "FAIL", why);
+	std::vector<uint8_t> batch(p.info.batch_bytes);
+	std::vector<uint64_t> waits;
+	unsigned wrong = 0;
+	for (uint32_t g = 0; g < generations; g++) {
+		int rc = wic_wait_writable(p.channel, 0, long_timeout_ns);
+		for (uint64_t i = 0; i < batch.size(); i++)
+			batch[i] = pattern(g, (uint32_t)(i / message_bytes), (uint32_t)(i % message_bytes));
+		if (rc == WIC_OK)
+			rc = wic_publish_copy(p.channel, 0, batch.data(), batch.size());
+		if (rc != WIC_OK)
+			return report("host", "FAIL", wic_error("publish", rc) + " at generation " + std::to_string(g));
+		const outcome out = run_consume(p, g, true, [] {});
+		if (!out.all(WIC_OK))
+			return report("host", "FAIL",
+				      "generation " + std::to_string(g) + ": " +
+					      (out.err != cudaSuccess ? cuda_error("kernel", out.err)
+								      : std::string("a warp got ") +
+									      wic_strerror(*std::find_if(
+										      out.status.begin(), out.status.end(),
+										      [](int s) { return s != WIC_OK; }))));
+		wrong += out.wrong;
+		waits.insert(waits.end(), out.wait_ns.begin(), out.wait_ns.end());
+	}
+	std::sort(waits.begin(), waits.end());
+	auto at = [&](double q) { return waits[std::min(waits.size() - 1, (size_t)(q * waits.size()))] / 1000.0; };
+	char detail[200];
+	snprintf(detail, sizeof(detail), "%u generations x %u warps x %u B, %u wrong bytes; fault->wake us p50 %.1f p90 %.1f p99 %.1f max %.1f",
+		 generations, p.info.warps_per_batch, message_bytes, wrong, at(0.5), at(0.9), at(0.99), at(1.0));
+	report("host", wrong == 0 ? "PASS" : "FAIL", detail);
+}
+
+void timeout_case(wic_client *client)
+{
+	placed p;
+	std::string why;
+	if (p.create(client, host_spec(short_timeout_ns), &why) != WIC_OK)
+		return report("timeout", "FAIL", why);
+	const outcome out = run_consume(p, 0, false, [] {});
+	const uint64_t shortest = out.wait_ns.empty() ? 0 : *std::min_element(out.wait_ns.begin(), out.wait_ns.end());
+	const bool ok = out.all(WIC_ETIMED_OUT) && shortest >= short_timeout_ns;
+	report("timeout", ok ? "PASS" : "FAIL",
+	       std::string("unpublished slot, 100 ms timeout: ") + (ok ? "every warp got WIC_ETIMED_OUT" : "not every warp timed out") +
+		       ", shortest wait " + std::to_string(shortest / 1000000) + " ms");
+}
+
+void close_case(wic_client *client)
+{
+	placed p;
+	std::string why;
+	if (p.create(client, host_spec(long_timeout_ns), &why) != WIC_OK)
+		return report("close", "FAIL", why);
+	const outcome out = run_consume(p, 0, false, [&p] {
+		usleep(200000);
+		wic_channel_close(p.channel);
+		p.channel = nullptr;
+	});
+	report("close", out.all(WIC_ECLOSED) ? "PASS" : "FAIL",
+	       out.all(WIC_ECLOSED) ? "channel closed while warps waited: every warp got WIC_ECLOSED" : "not every warp got WIC_ECLOSED");
+}
+
+void gpu_producer_case(wic_client *client)
+{
+	int count = 0, access = 0;
+	cudaGetDeviceCount(&count);
+	if (count >= 2)
+		cudaDeviceCanAccessPeer(&access, 0, 1);
+	if (count < 2 || !access)
+		return report("gpu-producer", "SKIP", "needs two GPUs with peer access");
+	/* The producer's batches: managed memory its kernel writes, so that it is resident there. */
+	struct wic_channel_spec spec = host_spec(long_timeout_ns);
+	uint8_t *batches = nullptr;
+	const uint64_t batch_bytes = (uint64_t)message_bytes * 16;
+	if (cudaMallocManaged(&batches, 2 * batch_bytes) != cudaSuccess)
+		return report("gpu-producer", "FAIL", "cudaMallocManaged of the producer's batches");
+	spec.producer_kind = WIC_PRODUCER_GPU;
+	spec.producer_gpu = producer_id;
+	spec.producer_base_va = (uint64_t)batches;
+	placed p;
+	std::string why;
+	if (p.create(client, spec, &why) != WIC_OK) {
+		cudaFree(batches);
+		return report("gpu-producer", "FAIL", why);
+	}
+	const outcome out = run_consume(p, 0, true, [&] {
+		cudaSetDevice(1);
+		produce<<<1, 256>>>(batches, p.info.batch_bytes, message_bytes, (volatile uint32_t *)p.slot.pat_va[0]);
+		cudaDeviceSynchronize();
+		cudaSetDevice(0);
+	});
+	cudaFree(batches);
+	const bool ok = out.all(WIC_OK) && out.wrong == 0;
+	report("gpu-producer", ok ? "PASS" : "FAIL",
+	       "GPU 1's batch copied by DMA into GPU 0's run: " + std::to_string(out.wrong) + " wrong bytes" +
+		       (out.all(WIC_OK) ? "" : ", not every warp got WIC_OK"));
+}
+
+void daemon_death_case(wic_client *client, pid_t wicd)
+{
+	if (wicd <= 0)
+		return report("daemon-death", "SKIP", "no WICD_PID: wicd is not this run's to kill");
+	placed p;
+	std::string why;
+	if (p.create(client, host_spec(long_timeout_ns), &why) != WIC_OK)
+		return report("daemon-death", "FAIL", why);
+	int killed = 0;
+	const outcome out = run_consume(p, 0, false, [&] {
+		usleep(200000);
+		killed = kill(wicd, SIGKILL) == 0 ? 0 : errno;
+	});
+	if (killed)
+		return report("daemon-death", "FAIL", std::string("kill wicd: ") + strerror(killed));
+	report("daemon-death", out.all(WIC_ECONNECT) ? "PASS" : "FAIL",
+	       out.all(WIC_ECONNECT) ? "wicd killed while warps waited: every warp got WIC_ECONNECT (the daemon-gone marker)"
+				     : "not every warp got WIC_ECONNECT");
+}
+
+} /* namespace */
+
+int main(int argc, char **argv)
+{
+	if (argc < 2 || argc > 3) {
+		fprintf(stderr, "usage: %s SOCKET [WICD_PID]\n", argv[0]);
+		return 2;
+	}
+	const pid_t wicd = argc == 3 ? (pid_t)atoi(argv[2]) : 0;
+	if (const char *ids = getenv("WIC_BRINGUP_GPUS")) {
+		unsigned consumer = 0, producer = 0;
+		if (sscanf(ids, "%u %u", &consumer, &producer) != 2 || !consumer || !producer || consumer > 256 ||
+		    producer > 256) {
+			fprintf(stderr, "bringup: WIC_BRINGUP_GPUS must be two nvidia-uvm GPU ids, 1 to 256\n");
+			return 2;
+		}
+		consumer_id = (uint16_t)consumer;
+		producer_id = (uint16_t)producer;
+	}
+	cudaError_t err = cudaFree(0); /* the context, and with it CUDA's nvidia-uvm files */
+	if (err != cudaSuccess) {
+		report("cuda", "FAIL", cuda_error("cudaFree(0)", err));
+		return 1;
+	}
+	wic_client *client = nullptr;
+	uint32_t space = 0;
+	int rc = wic_connect(argv[1], &client);
+	if (rc != WIC_OK) {
+		report("attach", "FAIL", wic_error("wic_connect", rc));
+		return 1;
+	}
+	rc = attach(client, &space);
+	if (rc != WIC_OK) {
+		report("attach", "FAIL", wic_error("wic_attach_space", rc));
+		wic_disconnect(client);
+		return 1;
+	}
+	report("attach", "PASS", "this process's address space attached as space " + std::to_string(space));
+	host_case(client);
+	timeout_case(client);
+	close_case(client);
+	gpu_producer_case(client);
+	daemon_death_case(client, wicd);
+	wic_disconnect(client);
+	return failed_any ? 1 : 0;
+}
