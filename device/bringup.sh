@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT OR Apache-2.0
 #
-# device/bringup.sh [--bin DIR] [--socket PATH] [--nvcc NVCC] [--kill-wicd]
+# device/bringup.sh [--bin DIR] [--socket PATH] [--nvcc NVCC] [--arch ARCH] [--kill-wicd]
 #
 # The bring-up test of a machine with the patched driver: is the fault transport there, and
 # does it work? Run as root on the GPU machine, from the repository (or with --bin pointing at
@@ -27,6 +27,7 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 bin=$repo/target/release
 socket=${WIC_SOCKET:-/run/wic/wicd.sock}
 nvcc=${NVCC:-nvcc}
+arch=native # nvcc's -arch: the GPUs of this machine
 kill_wicd=0
 
 while (($#)); do
@@ -34,8 +35,9 @@ while (($#)); do
 	--bin) bin=${2:?--bin DIR}; shift ;;
 	--socket) socket=${2:?--socket PATH}; shift ;;
 	--nvcc) nvcc=${2:?--nvcc NVCC}; shift ;;
+	--arch) arch=${2:?--arch ARCH}; shift ;;
 	--kill-wicd) kill_wicd=1 ;;
-	*) echo "usage: device/bringup.sh [--bin DIR] [--socket PATH] [--nvcc NVCC] [--kill-wicd]" >&2; exit 2 ;;
+	*) echo "usage: device/bringup.sh [--bin DIR] [--socket PATH] [--nvcc NVCC] [--arch ARCH] [--kill-wicd]" >&2; exit 2 ;;
 	esac
 	shift
 done
@@ -130,7 +132,7 @@ while IFS= read -r line; do
 done < <("$bin/wicd" gpus 2>&1)
 
 # The CUDA cases.
-if ! "$nvcc" -O2 -arch=sm_90 -std=c++17 -I"$repo/device/include" -I"$repo/ffi/include" \
+if ! "$nvcc" -O2 -arch="$arch" -std=c++17 -I"$repo/device/include" -I"$repo/ffi/include" \
 	"$repo/device/tests/bringup.cu" "$bin/libwic.a" -lcuda -lpthread -ldl -lm -o "$work/bringup" >"$work/nvcc.log" 2>&1; then
 	row build FAIL "nvcc: $(head -n 1 "$work/nvcc.log")"
 	finish

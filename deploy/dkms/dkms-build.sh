@@ -57,7 +57,9 @@ if [ -z "$src" ]; then
 		[ -z "$driver" ] || break
 	done
 	found=
-	count=0
+	versions=
+	src=
+	# Trees before the tarball: the same release as both is taken from the tree.
 	for candidate in /usr/src/nvidia-[0-9]* /usr/src/nvidia-current-open-[0-9]* \
 		/usr/src/nvidia-open-kernel.tar.xz; do
 		[ -e "$candidate" ] || continue
@@ -67,11 +69,16 @@ if [ -z "$src" ]; then
 			continue
 		fi
 		found="$found $candidate ($v)"
-		src=$candidate
-		count=$((count + 1))
+		case " $versions " in
+		*" $v "*) ;;
+		*)
+			versions="$versions $v"
+			[ -n "$src" ] || src=$candidate
+			;;
+		esac
 	done
-	[ "$count" -ge 1 ] || die "no NVIDIA open kernel-module source${driver:+ of the installed driver $driver} under /usr/src: install the driver's source package or set WIC_NVIDIA_SRC or /etc/wic/nvidia-src (README.md)"
-	[ "$count" -eq 1 ] || die "several NVIDIA sources under /usr/src:$found; set WIC_NVIDIA_SRC or /etc/wic/nvidia-src to the one of the installed driver"
+	[ -n "$src" ] || die "no NVIDIA open kernel-module source${driver:+ of the installed driver $driver} under /usr/src: install the driver's source package or set WIC_NVIDIA_SRC or /etc/wic/nvidia-src (README.md)"
+	[ "$(echo $versions | wc -w)" -eq 1 ] || die "NVIDIA sources of several releases under /usr/src:$found; set WIC_NVIDIA_SRC or /etc/wic/nvidia-src to the one of the installed driver"
 fi
 [ -e "$src" ] || die "$src does not exist"
 
@@ -79,6 +86,7 @@ fi
 rm -rf nvidia-src
 case $src in
 *.tar.xz)
+	rm -rf nvidia-src.tmp
 	mkdir nvidia-src.tmp
 	tar -xf "$src" -C nvidia-src.tmp
 	tree=$(find nvidia-src.tmp -maxdepth 3 -type d -name nvidia-uvm | head -n 1)

@@ -305,27 +305,48 @@ void gpu_producer_case(wic_client *client)
 		cudaDeviceCanAccessPeer(&access, 0, 1);
 	if (count < 2 || !access)
 		return report("gpu-producer", "SKIP", "needs two GPUs with peer access");
+	/*
+	 * GPU 1's context first, so that nvidia-uvm has registered it in this address space before
+	 * wicd arms the PAT pages on it.
+	 */
+	cudaError_t err = cudaSetDevice(1);
+	if (err == cudaSuccess)
+		err = cudaFree(0);
+	if (err == cudaSuccess)
+		err = cudaSetDevice(0);
+	if (err != cudaSuccess)
+		return report("gpu-producer", "FAIL", cuda_error("GPU 1's context", err));
 	/* The producer's batches: managed memory its kernel writes, so that it is resident there. */
 	struct wic_channel_spec spec = host_spec(long_timeout_ns);
 	uint8_t *batches = nullptr;
 	const uint64_t batch_bytes = (uint64_t)message_bytes * 16;
-	if (cudaMallocManaged(&batches, 2 * batch_bytes) != cudaSuccess)
+	if (cudaMallocManaged(&batches, batch_bytes) != cudaSuccess)
 		return report("gpu-producer", "FAIL", "cudaMallocManaged of the producer's batches");
 	spec.producer_kind = WIC_PRODUCER_GPU;
 	spec.producer_gpu = producer_id;
 	spec.producer_base_va = (uint64_t)batches;
 	placed p;
 	std::string why;
-	if (p.create(client, spec, &why) != WIC_OK) {
+	if (p.create(client, spec, &why) != WIC_OK || p.info.batch_bytes > batch_bytes) {
 		cudaFree(batches);
-		return report("gpu-producer", "FAIL", why);
+		return report("gpu-producer", "FAIL", why.empty() ? "the channel's batch is larger than 16 messages" : why);
 	}
+	cudaError_t produced = cudaSuccess;
 	const outcome out = run_consume(p, 0, true, [&] {
-		cudaSetDevice(1);
-		produce<<<1, 256>>>(batches, p.info.batch_bytes, message_bytes, (volatile uint32_t *)p.slot.pat_va[0]);
-		cudaDeviceSynchronize();
+		produced = cudaSetDevice(1);
+		if (produced == cudaSuccess) {
+			produce<<<1, 256>>>(batches, p.info.batch_bytes, message_bytes,
+					    (volatile uint32_t *)p.slot.pat_va[0]);
+			produced = cudaGetLastError();
+		}
+		if (produced == cudaSuccess)
+			produced = cudaDeviceSynchronize();
 		cudaSetDevice(0);
 	});
+	if (produced != cudaSuccess) {
+		cudaFree(batches);
+		return report("gpu-producer", "FAIL", cuda_error("the producer's kernel on GPU 1", produced));
+	}
 	cudaFree(batches);
 	const bool ok = out.all(WIC_OK) && out.wrong == 0;
 	report("gpu-producer", ok ? "PASS" : "FAIL",

@@ -10,8 +10,9 @@
 # checked to apply without a reject, then applied, and uvm_wic.c, uvm_wic_hook.h and uvm_wic.h
 # are copied into nvidia-uvm/.
 #
-# Exit status: 0 patched; 2 a release the hook does not support, or a tree the patch does not
-# fit (nothing changed); 1 other errors (bad arguments, a tree patched already).
+# Exit status: 0 patched; 2 a release the hook does not support; 3 a release of a supported
+# branch that the patch does not fit (the driver changed: the hook needs porting); 1 other
+# errors (bad arguments, a tree patched already). On 1 to 3 nothing was changed.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -53,7 +54,7 @@ fi
 # The patch's paths start with a/kernel-open/.
 if ! out=$(patch -d "$ko" -p2 --dry-run --forward --batch <"$here/$patch_file" 2>&1); then
 	printf '%s\n' "$out" >&2
-	die 2 "$patch_file does not apply to NVIDIA $version in $ko (shown above); nothing was changed"
+	die 3 "$patch_file does not apply to NVIDIA $version in $ko (shown above); nothing was changed"
 fi
 patch -d "$ko" -p2 --forward --batch --silent --no-backup-if-mismatch <"$here/$patch_file"
 cp "$here/uvm_wic.c" "$here/uvm_wic_hook.h" "$here/../include/uvm_wic.h" "$ko/nvidia-uvm/"

@@ -18,7 +18,7 @@
 # --kver picks the installed kernel headers (default: the newest under /lib/modules with a
 # build directory); --keep leaves the scratch directories. Prints one line per SOURCE and exits
 # non-zero when any failed; exit 2 alone means every failure was a release the hook does not
-# support.
+# support (apply-hook.sh's 2), while a supported release the patch does not fit is a failure.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -65,6 +65,12 @@ for d in "/lib/modules/$kver/source" "$kbuild/source"; do
 	fi
 done
 kout=$(cd "$kbuild" && pwd -P)
+# The kernel's name for this machine's architecture.
+case $(uname -m) in
+x86_64) karch=x86_64 ;;
+aarch64) karch=arm64 ;;
+*) karch=$(uname -m) ;;
+esac
 # The kernel's compiler, as NVIDIA's Makefile takes it (CONFIG_CC_VERSION_TEXT).
 cc=$(sed -n 's/^CONFIG_CC_VERSION_TEXT="\([^ "]*\).*/\1/p' "$kout/.config" 2>/dev/null)
 command -v "${cc:-cc}" >/dev/null || cc=cc
@@ -81,11 +87,15 @@ added_lines() {
 	' "$1"
 }
 
-# The warnings and errors of a build log that are ours, one per line.
+# The warnings and errors of a build log that are ours, one per line: gcc's and the C
+# kernel-doc's "FILE:LINE[:COL]: warning: ...", and the Python kernel-doc's "Warning: FILE:LINE ...".
 ours() {
 	local log=$1 added=$2
-	grep -E '(warning|error):' "$log" | while IFS= read -r msg; do
+	grep -iE '(warning|error):' "$log" | while IFS= read -r msg; do
 		local loc=${msg%%: *}
+		if [[ $msg =~ ^[Ww]arning:\ ([^ ]+) ]]; then
+			loc=${BASH_REMATCH[1]}
+		fi
 		local file=${loc%%:*}
 		local rest=${loc#*:}
 		local line=${rest%%:*}
@@ -101,16 +111,17 @@ ours() {
 check_one() {
 	local source=$1 name
 	work=$(mktemp -d "${TMPDIR:-/tmp}/wic-check-driver.XXXXXX")
+	# -L: a checkout's nvidia/nv-kernel.o_binary is a link into its src/ build.
 	if [[ -f $source ]]; then
-		tar -xf "$source" -C "$work"
+		tar -xf "$source" -C "$work" || { echo "FAIL $source: cannot unpack it"; return 1; }
 		# Debian's tarball: modules/nvidia-open-kernel/ is a kernel-open tree.
 		ko=$(find "$work" -maxdepth 4 -type d -name nvidia-uvm -printf '%h\n' | head -n 1)
 		ko=${ko:-$work}
 	elif [[ -d $source/kernel-open ]]; then
-		cp -a "$source/kernel-open" "$work/"
+		cp -aL "$source/kernel-open" "$work/" || { echo "FAIL $source: cannot copy it"; return 1; }
 		ko=$work/kernel-open
 	else
-		cp -a "$source/." "$work/kernel-open"
+		cp -aL "$source/." "$work/kernel-open" || { echo "FAIL $source: cannot copy it"; return 1; }
 		ko=$work/kernel-open
 	fi
 	[[ -d $ko/nvidia-uvm ]] || { echo "FAIL $source: no nvidia-uvm in it"; return 1; }
@@ -120,18 +131,24 @@ check_one() {
 	if ((status)); then
 		echo "$applied" >&2
 		echo "$( ((status == 2)) && echo UNSUPPORTED || echo FAIL) $source: ${applied##*apply-hook: }"
-		return "$status"
+		((status == 2)) && return 2
+		return 1
 	fi
 	local version patch_file
 	version=$(sed -n 's/^apply-hook: NVIDIA \([^:]*\):.*/\1/p' <<<"$applied")
 	patch_file=$(sed -n 's/^apply-hook: NVIDIA [^:]*: \([^ ]*\) applied.*/\1/p' <<<"$applied")
 	added_lines "$here/$patch_file" >"$work/added"
+	# Checked, not assumed: check_one runs without errexit (it is called in a condition).
+	if [[ -z $version || -z $patch_file || ! -s $work/added ]]; then
+		echo "FAIL $source: cannot tell the release or the patch apply-hook.sh used: $applied"
+		return 1
+	fi
 
 	# The hook's objects, with W=1: uvm_wic.o and the NVIDIA .c files the patch touches.
 	local objs=(nvidia-uvm/uvm_wic.o)
 	while read -r f; do objs+=("${f%.c}.o"); done < <(sed -n 's#^+++ b/kernel-open/\(.*\.c\)$#\1#p' "$here/$patch_file")
 	local log=$work/objects.log
-	if ! make -C "$ksrc" KBUILD_OUTPUT="$kout" M="$ko" ARCH=x86_64 CC="$cc" NV_KERNEL_SOURCES="$ksrc" \
+	if ! make -C "$ksrc" KBUILD_OUTPUT="$kout" M="$ko" ARCH="$karch" CC="$cc" NV_KERNEL_SOURCES="$ksrc" \
 		NV_KERNEL_OUTPUT="$kout" NV_KERNEL_MODULES="nvidia nvidia-uvm" W=1 -j"$jobs" "${objs[@]}" >"$log" 2>&1; then
 		grep -E 'error' "$log" | head -n 20 >&2
 		echo "FAIL $source: NVIDIA $version: the hook's objects do not build (log: $log)"
@@ -155,7 +172,8 @@ check_one() {
 		local stub=()
 		if [[ ! -e $ko/nvidia/nv-kernel.o_binary ]]; then
 			# A checkout builds the RM core from src/; for a compile check an empty object does.
-			echo | "$cc" -c -x c - -o "$ko/nvidia/nv-kernel.o_binary"
+			echo | "$cc" -c -x c - -o "$ko/nvidia/nv-kernel.o_binary" ||
+				{ echo "FAIL $source: cannot compile the stand-in RM object"; return 1; }
 			stub=(KBUILD_MODPOST_WARN=1)
 			result+=", stub RM object"
 		fi
@@ -174,9 +192,9 @@ check_one() {
 			keep_work=1
 			return 1
 		fi
-		mkdir -p "$work/wic/ffi"
-		cp -a "$repo/shim" "$work/wic/shim"
-		cp -a "$repo/ffi/include" "$work/wic/ffi/include"
+		mkdir -p "$work/wic/ffi" && cp -a "$repo/shim" "$work/wic/shim" &&
+			cp -a "$repo/ffi/include" "$work/wic/ffi/include" ||
+			{ echo "FAIL $source: cannot copy the shim's sources"; return 1; }
 		make -C "$work/wic/shim" clean >/dev/null 2>&1 || true
 		log=$work/shim.log
 		if ! make -C "$work/wic/shim" KVER="$kver" UVM_SYMVERS="$ko/Module.symvers" >"$log" 2>&1 ||

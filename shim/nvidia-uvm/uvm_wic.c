@@ -109,7 +109,7 @@ static const struct uvm_wic_ops __rcu *wic_ops;
  * @stage: the one-page staging buffer of the fills, allocated at the first fill and kept
  *	until the last reference goes: the space's fills do not allocate, map and free a page
  *	each (the tools READ/WRITE_PROCESS_MEMORY ioctl's way, once per call)
- * @stage_gpus: the GPUs @stage is mapped on (or was being mapped on), each retained until
+ * @stage_gpus: the GPUs @stage was mapped on (or a map was tried on), each retained until
  *	@stage is freed, so that its mapping stays valid after the GPU leaves the space
  * @deferred_free: queues the free on nvidia-uvm's deferred release queue while a suspend holds
  *	the pm lock (wic_space_ref_free())
@@ -750,8 +750,8 @@ static void wic_ctx_free(struct wic_ctx *ctx)
 }
 
 /*
- * Maps the space's staging page on the GPUs registered since the last fill. Called with
- * stage_lock, mmap_lock and the VA space lock held.
+ * Maps the space's staging page on every registered GPU where it is not mapped yet. Called
+ * with stage_lock, mmap_lock and the VA space lock held.
  */
 static NV_STATUS wic_stage_map(struct wic_space_ref *ref)
 {
@@ -763,19 +763,18 @@ static NV_STATUS wic_stage_map(struct wic_space_ref *ref)
 	 * in its memory: that GPU's CE reads or writes it.
 	 */
 	for_each_gpu_in_mask(gpu, &ref->va_space->registered_gpus) {
-		if (uvm_processor_mask_test_and_set(&ref->stage_gpus, gpu->id))
-			continue;
-
 		/*
-		 * Retained before the map: a map that fails halfway can leave the page mapped in
-		 * the GPU's physical space, which the free unmaps.
+		 * Retained before the map, once: a map that fails halfway can leave the page
+		 * mapped in the GPU's physical space, which the free unmaps.
 		 */
-		uvm_gpu_retain(gpu);
+		if (!uvm_processor_mask_test_and_set(&ref->stage_gpus, gpu->id))
+			uvm_gpu_retain(gpu);
 
 		/* Confidential computing: the staging page cannot be mapped on the GPU. */
 		if (g_uvm_global.conf_computing_enabled)
 			continue;
 
+		/* Done at once where the page is mapped; tried again after a failed map. */
 		status = uvm_mem_map_gpu_kernel(ref->stage, gpu);
 		if (status != NV_OK)
 			return status;
@@ -788,7 +787,7 @@ static NV_STATUS wic_stage_map(struct wic_space_ref *ref)
  * Sets up @ctx: with @stage, takes the space's stage_lock; retains the mm, allocates the
  * space's staging page (at its first fill) and the block context before taking any other lock,
  * then takes mmap_lock and the VA space lock for read and, with @stage, maps the staging page
- * on the GPUs registered since the last fill (wic_stage_map()). On success the
+ * on the registered GPUs where it is not mapped yet (wic_stage_map()). On success the
  * caller runs its operations and calls wic_end(); on failure nothing is held.
  * NV_ERR_PID_NOT_FOUND when the process is gone.
  */

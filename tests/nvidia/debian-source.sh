@@ -6,7 +6,7 @@
 # Downloads PACKAGE (default: nvidia-open-kernel-source) from the contrib component of Debian
 # trixie, which carries the 550 branch (bookworm's 535 is not supported by the hook), into DIR,
 # and unpacks each into DIR/PACKAGE/. The apt entry is derived from the system's own sources
-# (the Debian archive's URI and keyring found there), and apt runs on a private list, state and
+# (the Debian archive's URI and keyring found there, else Debian's redirector), and apt runs on a private list, state and
 # cache under DIR: the system's apt configuration is left alone and nothing is installed.
 # Prints the .deb files' paths.
 set -euo pipefail
@@ -19,31 +19,35 @@ suite=trixie
 
 command -v apt-get >/dev/null || { echo "debian-source: no apt-get: not a Debian system" >&2; exit 1; }
 
-# The Debian archive of the system's sources: one-line entries and deb822 stanzas. Security
-# and ports archives are skipped: trixie's contrib is on the main archive.
+# The Debian archive of the system's sources (one-line entries and enabled deb822 stanzas): the
+# first URI on a debian.org host ending in /debian, so that a third party's repository for
+# Debian (Docker's, say) or the security archive is never taken. Without one, Debian's own
+# redirector, with the archive keyring.
 uri=
 keyring=
 while IFS= read -r file; do
 	case $file in
 	*.list)
-		line=$(grep -E '^deb[[:space:]]' "$file" | grep -v -- '-security' | grep -E '/debian/?[[:space:]]' | head -n 1) || true
+		line=$(grep -E '^deb[[:space:]]' "$file" | grep -E '://[^/ ]*debian\.org/debian/?[[:space:]]' | head -n 1) || true
 		[[ -n $line ]] || continue
 		uri=$(awk '{ for (i = 2; i <= NF; i++) if ($i ~ /^[a-z+]+:\/\//) { print $i; exit } }' <<<"$line")
 		keyring=$(sed -n 's/.*signed-by=\([^] ]*\).*/\1/p' <<<"$line")
 		;;
 	*.sources)
-		uri=$(awk 'tolower($1) == "uris:" { for (i = 2; i <= NF; i++) if ($i !~ /security/ && $i ~ /\/debian\/?$/) { print $i; exit } }' "$file")
-		[[ -n $uri ]] || continue
-		keyring=$(awk -v uri="$uri" '
-			/^[[:space:]]*$/ { if (found && key) { print key; exit } found = 0; key = "" }
-			tolower($1) == "uris:" { for (i = 2; i <= NF; i++) if ($i == uri) found = 1 }
-			tolower($1) == "signed-by:" && NF == 2 { key = $2 }
-			END { if (found && key) print key }' "$file" | head -n 1)
+		# One stanza per paragraph: its URI and keyring, unless it says Enabled: no.
+		read -r uri keyring < <(awk '
+			function flush() { if (u != "" && enabled) { print u, k; done = 1; exit } u = ""; k = ""; enabled = 1 }
+			BEGIN { enabled = 1 }
+			/^[[:space:]]*$/ { flush(); next }
+			tolower($1) == "enabled:" && tolower($2) == "no" { enabled = 0 }
+			tolower($1) == "uris:" { for (i = 2; i <= NF; i++) if ($i ~ /:\/\/[^\/]*debian\.org\/debian\/?$/) { u = $i; break } }
+			tolower($1) == "signed-by:" && NF == 2 { k = $2 }
+			END { if (!done) flush() }' "$file") || true
 		;;
 	esac
 	[[ -z $uri ]] || break
 done < <(ls /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources 2>/dev/null)
-[[ -n $uri ]] || { echo "debian-source: no Debian archive in the system's apt sources" >&2; exit 1; }
+uri=${uri:-http://deb.debian.org/debian}
 keyring=${keyring:-/usr/share/keyrings/debian-archive-keyring.gpg}
 
 apt_dir=$dir/apt

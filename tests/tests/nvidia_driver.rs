@@ -9,7 +9,8 @@
 //!
 //! `WIC_NVIDIA_SOURCE` names another source (a tree or Debian's tarball). Without one, the
 //! package is downloaded into `target/nvidia-source` when running as root (as CI does); where it
-//! cannot be had (not root, no network, no apt) the test says why and skips.
+//! cannot be had (not root, no network, no apt) the test says why and skips, unless
+//! `WIC_REQUIRE_NVIDIA_SOURCE` is set (as `.ci/run` sets it): then that is a failure.
 //!
 //! Then DKMS, as a user of Debian's `nvidia-open-kernel-dkms` would run it: its tree in
 //! `/usr/src/nvidia-current-open-<version>`, the wic package in `/usr/src/wic-<version>` as
@@ -79,6 +80,7 @@ fn the_hook_builds_into_nvidias_real_driver_and_the_shim_links_against_it() {
     let source = match source() {
         Ok(source) => source,
         Err(why) => {
+            assert!(std::env::var_os("WIC_REQUIRE_NVIDIA_SOURCE").is_none(), "WIC_REQUIRE_NVIDIA_SOURCE is set: {why}");
             println!("SKIPPED: the compile check against NVIDIA's driver source did not run: {why}");
             return;
         }
@@ -131,10 +133,29 @@ fn apply_hook_refuses_a_supported_release_the_patch_does_not_fit_and_changes_not
     let before = std::fs::read(tree.join("kernel-open/nvidia-uvm/uvm_gpu.h")).expect("uvm_gpu.h");
     let refused = apply_hook(&tree);
     let out = text(&refused);
-    assert_eq!(refused.status.code(), Some(2), "{out}");
+    assert_eq!(refused.status.code(), Some(3), "a supported release the patch does not fit: {out}");
     assert!(out.contains("does not apply to NVIDIA 580.142"), "{out}");
     assert_eq!(std::fs::read(tree.join("kernel-open/nvidia-uvm/uvm_gpu.h")).expect("uvm_gpu.h"), before, "the tree was changed");
     assert!(!tree.join("kernel-open/nvidia-uvm/uvm_wic.c").exists());
+}
+
+/// Marks an NVIDIA tree the DKMS test copied into /usr/src, so that a run killed before it
+/// cleaned up is cleaned up by the next.
+const COPIED_MARK: &str = ".wic-test-copy";
+
+/// Removes what an earlier run of the DKMS test left: marked NVIDIA trees, and wic packages of
+/// a test version.
+fn remove_leftovers() {
+    for entry in std::fs::read_dir("/usr/src").into_iter().flatten().flatten() {
+        let path = entry.path();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if path.join(COPIED_MARK).exists() {
+            let _ = std::fs::remove_dir_all(&path);
+        } else if let Some(version) = name.strip_prefix("wic-").filter(|v| v.starts_with("0.0.0-test")) {
+            let _ = Command::new("dkms").args(["remove", "-m", "wic", "-v", version, "--all"]).output();
+            let _ = std::fs::remove_dir_all(&path);
+        }
+    }
 }
 
 /// What the DKMS test put on the system, removed when dropped.
@@ -179,6 +200,11 @@ fn dkms_builds_the_wic_package_against_debians_nvidia_dkms_tree() {
     let Some(kver) = kernel_with_headers() else {
         return skip("no kernel headers under /lib/modules/*/build".into());
     };
+    // What would choose another source than the one installed here.
+    if Path::new("/etc/wic/nvidia-src").exists() {
+        return skip("/etc/wic/nvidia-src names this machine's NVIDIA source".into());
+    }
+    remove_leftovers();
     let packages = match downloaded() {
         Ok(dir) => dir,
         Err(why) => return skip(why),
@@ -201,6 +227,7 @@ fn dkms_builds_the_wic_package_against_debians_nvidia_dkms_tree() {
     };
     if installed.nvidia.is_some() {
         assert!(run(Command::new("cp").arg("-a").arg(&tree).arg(&installed_tree)).status.success(), "copy {} to /usr/src", tree.display());
+        std::fs::write(installed_tree.join(COPIED_MARK), "").expect("mark the copy");
     }
     // As deploy/dkms/README.md installs it.
     let repo = workspace();
@@ -222,14 +249,14 @@ fn dkms_builds_the_wic_package_against_debians_nvidia_dkms_tree() {
     let build = run(Command::new("dkms").args(["build", "-m", "wic", "-v", &wic_version, "-k", &kver]).env_remove("WIC_NVIDIA_SRC"));
     // In the build directory while it builds and after a failure; moved under the kernel's
     // directory after a success.
-    let log = [format!("/var/lib/dkms/wic/{wic_version}/{kver}/x86_64/log/make.log"), format!("/var/lib/dkms/wic/{wic_version}/build/make.log")]
+    let log = [format!("/var/lib/dkms/wic/{wic_version}/{kver}/{}/log/make.log", std::env::consts::ARCH), format!("/var/lib/dkms/wic/{wic_version}/build/make.log")]
         .iter()
         .find_map(|path| std::fs::read_to_string(path).ok())
         .unwrap_or_default();
     assert!(build.status.success(), "dkms build: {}\nmake.log:\n{}", text(&build), log.lines().rev().take(40).collect::<Vec<_>>().join("\n"));
     assert!(log.contains(&format!("NVIDIA {nvidia_version}")), "the build did not use NVIDIA {nvidia_version} from {}:\n{log}", installed_tree.display());
 
-    let modules = PathBuf::from(format!("/var/lib/dkms/wic/{wic_version}/{kver}/x86_64/module"));
+    let modules = PathBuf::from(format!("/var/lib/dkms/wic/{wic_version}/{kver}/{}/module", std::env::consts::ARCH));
     let module = |name: &str| {
         std::fs::read_dir(&modules)
             .unwrap_or_else(|e| panic!("{}: {e}", modules.display()))
