@@ -31,12 +31,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <dirent.h>
 #include <string>
 #include <unistd.h>
 #include <vector>
 
 #include <wic/wic.cuh>
+
+#include "attach_space.h"
 
 namespace {
 
@@ -110,31 +111,6 @@ __global__ void produce(uint8_t *batch, uint64_t batch_bytes, uint32_t message_b
 		*pat = 1; /* wicd holds this write until it has copied the batch */
 }
 
-/* Attaches the first of this process's /dev/nvidia-uvm files that wicd accepts. */
-int attach(wic_client *client, uint32_t *space)
-{
-	DIR *dir = opendir("/proc/self/fd");
-	int rc = WIC_ENOT_FOUND;
-	struct dirent *entry;
-
-	if (!dir)
-		return WIC_EIO;
-	while ((entry = readdir(dir))) {
-		char path[300], target[64];
-		snprintf(path, sizeof(path), "/proc/self/fd/%s", entry->d_name);
-		ssize_t n = readlink(path, target, sizeof(target) - 1);
-		if (n < 0)
-			continue;
-		target[n] = '\0';
-		if (strcmp(target, "/dev/nvidia-uvm"))
-			continue;
-		rc = wic_attach_space(client, atoi(entry->d_name), space);
-		if (rc == WIC_OK)
-			break;
-	}
-	closedir(dir);
-	return rc;
-}
 
 /* A one-slot fault channel placed in managed memory, and its device view. */
 struct placed {
@@ -405,7 +381,7 @@ int main(int argc, char **argv)
 		report("attach", "FAIL", wic_error("wic_connect", rc));
 		return 1;
 	}
-	rc = attach(client, &space);
+	rc = attach_space(client, &space);
 	if (rc != WIC_OK) {
 		report("attach", "FAIL", wic_error("wic_attach_space", rc));
 		wic_disconnect(client);

@@ -14,11 +14,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <dirent.h>
 #include <unistd.h>
 #include <vector>
 
 #include <wic/wic.cuh>
+
+#include "attach_space.h"
 
 #define CHECK(call)                                                                             \
 	do {                                                                                    \
@@ -53,31 +54,6 @@ __global__ void consume(wic::channel ch, uint32_t generation, unsigned *wrong)
 		atomicAdd(wrong, 1u);
 }
 
-/* Attaches the first of this process's /dev/nvidia-uvm files that wicd accepts. */
-int attach(wic_client *client, uint32_t *space)
-{
-	DIR *dir = opendir("/proc/self/fd");
-	int rc = WIC_ENOT_FOUND;
-	struct dirent *entry;
-
-	if (!dir)
-		return WIC_EIO;
-	while ((entry = readdir(dir))) {
-		char path[300], target[64];
-		snprintf(path, sizeof(path), "/proc/self/fd/%s", entry->d_name);
-		ssize_t n = readlink(path, target, sizeof(target) - 1);
-		if (n < 0)
-			continue;
-		target[n] = '\0';
-		if (strcmp(target, "/dev/nvidia-uvm"))
-			continue;
-		rc = wic_attach_space(client, atoi(entry->d_name), space);
-		if (rc == WIC_OK)
-			break;
-	}
-	closedir(dir);
-	return rc;
-}
 
 } /* namespace */
 
@@ -120,7 +96,7 @@ int main(int argc, char **argv)
 	if (strcmp(socket, "-")) {
 		int rc = wic_connect(socket, &client);
 		if (rc == WIC_OK)
-			rc = attach(client, &space);
+			rc = attach_space(client, &space);
 		if (rc == WIC_OK)
 			rc = wic_watch_range(client, (uint64_t)pages, bytes);
 		if (rc != WIC_OK) {

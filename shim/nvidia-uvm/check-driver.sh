@@ -108,6 +108,26 @@ ours() {
 	done || true
 }
 
+# build_clean LOG WHAT COMMAND...: runs a build into LOG; fails (keeping the scratch directory)
+# when it fails or when any warning or error in it is ours. Uses check_one's locals.
+build_clean() {
+	local log=$1 what=$2 mine
+	shift 2
+	if ! "$@" >"$log" 2>&1; then
+		grep -E 'error' "$log" | head -n 20 >&2
+		echo "FAIL $source: NVIDIA $version: $what do not build (log: $log)"
+		keep_work=1
+		return 1
+	fi
+	mine=$(ours "$log" "$work/added")
+	if [[ -n $mine ]]; then
+		echo "$mine" >&2
+		echo "FAIL $source: NVIDIA $version: warnings in our code building $what (above; log: $log)"
+		keep_work=1
+		return 1
+	fi
+}
+
 check_one() {
 	local source=$1 name
 	work=$(mktemp -d "${TMPDIR:-/tmp}/wic-check-driver.XXXXXX")
@@ -148,21 +168,9 @@ check_one() {
 	local objs=(nvidia-uvm/uvm_wic.o)
 	while read -r f; do objs+=("${f%.c}.o"); done < <(sed -n 's#^+++ b/kernel-open/\(.*\.c\)$#\1#p' "$here/$patch_file")
 	local log=$work/objects.log
-	if ! make -C "$ksrc" KBUILD_OUTPUT="$kout" M="$ko" ARCH="$karch" CC="$cc" NV_KERNEL_SOURCES="$ksrc" \
-		NV_KERNEL_OUTPUT="$kout" NV_KERNEL_MODULES="nvidia nvidia-uvm" W=1 -j"$jobs" "${objs[@]}" >"$log" 2>&1; then
-		grep -E 'error' "$log" | head -n 20 >&2
-		echo "FAIL $source: NVIDIA $version: the hook's objects do not build (log: $log)"
-		keep_work=1
-		return 1
-	fi
-	local mine
-	mine=$(ours "$log" "$work/added")
-	if [[ -n $mine ]]; then
-		echo "$mine" >&2
-		echo "FAIL $source: NVIDIA $version: warnings in our code (above; log: $log)"
-		keep_work=1
-		return 1
-	fi
+	build_clean "$log" "the hook's objects" make -C "$ksrc" KBUILD_OUTPUT="$kout" M="$ko" ARCH="$karch" \
+		CC="$cc" NV_KERNEL_SOURCES="$ksrc" NV_KERNEL_OUTPUT="$kout" NV_KERNEL_MODULES="nvidia nvidia-uvm" \
+		W=1 -j"$jobs" "${objs[@]}" || return 1
 	local theirs
 	theirs=$(grep -cE 'warning:' "$log" || true)
 	local result="NVIDIA $version ($patch_file): ${#objs[@]} objects with W=1, no warning of ours"
@@ -177,21 +185,8 @@ check_one() {
 			stub=(KBUILD_MODPOST_WARN=1)
 			result+=", stub RM object"
 		fi
-		log=$work/modules.log
-		if ! make -C "$ko" KERNEL_UNAME="$kver" NV_KERNEL_MODULES="nvidia nvidia-uvm" "${stub[@]}" \
-			-j"$jobs" modules >"$log" 2>&1; then
-			grep -E 'error' "$log" | head -n 20 >&2
-			echo "FAIL $source: NVIDIA $version: nvidia.ko and nvidia-uvm.ko do not build (log: $log)"
-			keep_work=1
-			return 1
-		fi
-		mine=$(ours "$log" "$work/added")
-		if [[ -n $mine ]]; then
-			echo "$mine" >&2
-			echo "FAIL $source: NVIDIA $version: warnings in our code in the module build (log: $log)"
-			keep_work=1
-			return 1
-		fi
+		build_clean "$work/modules.log" "nvidia.ko and nvidia-uvm.ko" make -C "$ko" KERNEL_UNAME="$kver" \
+			NV_KERNEL_MODULES="nvidia nvidia-uvm" "${stub[@]}" -j"$jobs" modules || return 1
 		mkdir -p "$work/wic/ffi" && cp -a "$repo/shim" "$work/wic/shim" &&
 			cp -a "$repo/ffi/include" "$work/wic/ffi/include" ||
 			{ echo "FAIL $source: cannot copy the shim's sources"; return 1; }
