@@ -6,7 +6,6 @@
 //! lowered from a long bound, the bound applies at once to faults already held. The parameter is
 //! restored whatever happens.
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use wic_engine::fault::AccessType;
@@ -15,7 +14,7 @@ use wic_kmod::fakegpu::{self, Event, FakeGpu};
 use wic_kmod::Device;
 use wic_proto::kabi::{self, WicCommand, WIC_MARKER_TIMEOUT};
 
-use crate::rig::{ensure, fault, wait_events, Memory, DEVICE, GPU};
+use crate::rig::{ensure, fault, wait_events, Direct, Memory, GPU};
 
 const PARAM: &str = wic_kmod::device::MAX_HOLD_MS_PARAM;
 const PAGE: u64 = 4096;
@@ -40,13 +39,8 @@ fn set(ms: u32) -> Result<(), String> {
 }
 
 fn steps() -> Result<(), String> {
-    let fake = FakeGpu::open().map_err(|e| format!("open {}: {e}", fakegpu::DEVICE))?;
-    let memory = Memory::new(&fake, 1 << 20)?;
-    let mut device = Device::open(Path::new(DEVICE), Duration::from_secs(5)).map_err(|e| format!("open {DEVICE}: {e}"))?;
-    let space = device.attach(fake.fd()).map_err(|e| format!("attach: {e}"))?;
+    let Direct { fake, memory, mut device, space } = Direct::open(4)?;
     let base = memory.base();
-    device.register(space, kabi::WIC_RANGE_PCM, base, 4 * PAGE, 0).map_err(|e| format!("register: {e}"))?;
-    fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
 
     // A fault held with the bound set: completed by the module, not before the bound.
     set(BOUND.as_millis() as u32)?;

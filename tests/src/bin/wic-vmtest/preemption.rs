@@ -7,15 +7,13 @@
 //! hold first and the switch is done before RM's default timeout. The parameter is restored
 //! whatever happens.
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use wic_engine::fault::AccessType;
 use wic_kmod::fakegpu::{self, FakeGpu};
 use wic_kmod::Device;
-use wic_proto::kabi;
 
-use crate::rig::{ensure, fault, Memory, DEVICE, GPU};
+use crate::rig::{ensure, fault, Direct, GPU};
 
 const PARAM: &str = wic_kmod::device::MAX_HOLD_MS_PARAM;
 const PAGE: u64 = 4096;
@@ -36,13 +34,8 @@ pub fn run() -> Result<(), String> {
 
 fn steps(bound: &str) -> Result<(), String> {
     ensure(bound == DEFAULT_BOUND_MS.to_string(), || format!("max_hold_ms is {bound}, not the default {DEFAULT_BOUND_MS}"))?;
-    let fake = FakeGpu::open().map_err(|e| format!("open {}: {e}", fakegpu::DEVICE))?;
-    let memory = Memory::new(&fake, 1 << 20)?;
-    let mut device = Device::open(Path::new(DEVICE), Duration::from_secs(5)).map_err(|e| format!("open {DEVICE}: {e}"))?;
-    let space = device.attach(fake.fd()).map_err(|e| format!("attach: {e}"))?;
+    let Direct { fake, memory, mut device, .. } = Direct::open(4)?;
     let base = memory.base();
-    device.register(space, kabi::WIC_RANGE_PCM, base, 4 * PAGE, 0).map_err(|e| format!("register: {e}"))?;
-    fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
 
     // No bound: a held fault keeps the switch waiting until RM resets the channel.
     std::fs::write(PARAM, "0\n").map_err(|e| format!("write 0 to {PARAM}: {e}"))?;

@@ -17,6 +17,31 @@ pub const DEVICE: &str = "/dev/wic";
 /// The GPU the scenarios' warps run on: nvidia-uvm's id of the first GPU (0 is the CPU).
 pub const GPU: u32 = 1;
 
+/// A scenario that drives the module directly, with no engine (the daemon it plays never runs a
+/// command): the application's space, its memory, the session, the space attached and a PCM
+/// range of `pages` pages at the memory's start registered without runs; the fake GPU's log
+/// emptied.
+pub struct Direct {
+    pub fake: FakeGpu,
+    pub memory: Memory,
+    pub device: wic_kmod::Device,
+    pub space: u32,
+}
+
+impl Direct {
+    pub fn open(pages: u64) -> Result<Self, String> {
+        let fake = FakeGpu::open().map_err(|e| format!("open {}: {e}", wic_kmod::fakegpu::DEVICE))?;
+        let memory = Memory::new(&fake, 1 << 20)?;
+        let device = wic_kmod::Device::open(Path::new(DEVICE), Duration::from_secs(5)).map_err(|e| format!("open {DEVICE}: {e}"))?;
+        let space = device.attach(fake.fd()).map_err(|e| format!("attach: {e}"))?;
+        device
+            .register(space, wic_proto::kabi::WIC_RANGE_PCM, memory.base(), pages * 4096, 0)
+            .map_err(|e| format!("register: {e}"))?;
+        fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
+        Ok(Self { fake, memory, device, space })
+    }
+}
+
 /// The application's memory: where channels are placed, readable to check what arrived.
 pub struct Memory {
     base: NonNull<libc::c_void>,
