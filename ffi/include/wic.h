@@ -105,6 +105,11 @@ typedef struct wic_channel wic_channel;
  * @slots: number of slots
  * @producer_base_va: where the producer GPU's message bytes are (WIC_PRODUCER_GPU only)
  * @timeout_ns: how long a consumer may wait for data; 0 for the daemon's default
+ *
+ * GPUs are numbered as the daemon's backend numbers them: the emulated backend's GPUs are 0 to
+ * its count - 1; on the shim backend a GPU is nvidia-uvm's processor id of it, the id its
+ * faults carry (1 + 8 x the GPU's registration index in nvidia-uvm + its MIG sub-index: 1 for
+ * the first GPU, 9 for the second), not CUDA's device index.
  */
 struct wic_channel_spec {
 	uint16_t consumer_gpu;
