@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: MIT OR Apache-2.0 */
 /*
  * transport_test - wic.cuh on a GPU with the stock driver: push and poll deliver every byte of
- * every generation to the right warp; a wait past its timeout returns WIC_ETIMED_OUT; the fault
+ * every generation to the right warp, and so does alg1 (the paper's Algorithm 1 made correct:
+ * managed memory, recv_block(), thread 0 alone waiting); a wait past its timeout returns
+ * WIC_ETIMED_OUT; the fault
  * transport addresses each warp's message in the run of its generation and turns each error
  * marker into its code (its pages are ordinary device memory here, so nothing stalls); a
  * producer kernel delivers through push and poll peer channels, reusing each slot only after
@@ -205,6 +207,88 @@ void delivery(app::mode mode)
 	CHECK(cudaFree(status));
 }
 
+/*
+ * Block b consumes slot b, generation after generation, as Algorithm 1's consumer: recv_block()
+ * (thread 0 waits, the block meets), each warp copies its message, the block meets again and
+ * thread 0 reports the generation consumed so that the host may write the slot again.
+ */
+__global__ void alg1_copy_out(wic::channel ch, uint32_t generations, unsigned int *consumed, uint8_t *out,
+			      int *status)
+{
+	const uint32_t b = blockIdx.x, w = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+	for (uint32_t g = 0; g < generations; g++) {
+		const uint8_t *batch;
+		const int rc = wic::recv_block(ch, b, g, &batch);
+		if (rc != WIC_OK && threadIdx.x == 0)
+			atomicExch(status, rc);
+		uint8_t *dst = out + (((size_t)b * generations + g) * warps + w) * message_bytes;
+		for (uint32_t i = lane; i < message_bytes; i += 32)
+			dst[i] = batch[w * message_bytes + i];
+		__syncthreads();
+		if (threadIdx.x == 0)
+			wic::detail::store_release(&consumed[b], g + 1);
+	}
+}
+
+void alg1_delivery()
+{
+	const uint32_t blocks = 8, generations = 32, batch = warps * message_bytes;
+	const size_t bytes = (size_t)blocks * generations * batch;
+	wic::host_channel ch;
+	uint8_t *out;
+	int *status, rc = 0;
+	unsigned int *consumed, *consumed_dev;
+	CHECK(ch.create(wic::transport::alg1, blocks, message_bytes, warps));
+	CHECK(cudaMalloc(&out, bytes));
+	CHECK(cudaMalloc(&status, sizeof(int)));
+	CHECK(cudaMemset(status, 0, sizeof(int)));
+	CHECK(cudaHostAlloc(&consumed, blocks * sizeof(unsigned), cudaHostAllocMapped));
+	memset(consumed, 0, blocks * sizeof(unsigned));
+	CHECK(cudaHostGetDevicePointer((void **)&consumed_dev, consumed, 0));
+	CHECK(cudaDeviceSynchronize());
+	auto pattern = [](uint32_t b, uint32_t g, uint32_t i) { return (uint8_t)(b * 61 + g * 17 + i * 5 + 2); };
+	cudaStream_t stream;
+	CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+	alg1_copy_out<<<blocks, warps * 32, 0, stream>>>(ch.device(), generations, consumed_dev, out, status);
+	CHECK(cudaGetLastError());
+	std::vector<uint8_t> buf(batch);
+	const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+	bool stuck = false;
+	for (uint32_t g = 0; g < generations && !stuck; g++)
+		for (uint32_t b = 0; b < blocks && !stuck; b++) {
+			while (__atomic_load_n(&consumed[b], __ATOMIC_ACQUIRE) < g && !stuck)
+				stuck = std::chrono::steady_clock::now() > give_up;
+			for (uint32_t i = 0; i < batch; i++)
+				buf[i] = pattern(b, g, i);
+			CHECK(ch.publish(b, buf.data(), batch, stream));
+		}
+	if (!stuck)
+		CHECK(cudaStreamSynchronize(stream));
+	size_t wrong = 0;
+	if (!stuck) {
+		std::vector<uint8_t> got(bytes);
+		CHECK(cudaMemcpy(got.data(), out, bytes, cudaMemcpyDeviceToHost));
+		CHECK(cudaMemcpy(&rc, status, sizeof(int), cudaMemcpyDeviceToHost));
+		for (uint32_t b = 0; b < blocks; b++)
+			for (uint32_t g = 0; g < generations; g++)
+				for (uint32_t i = 0; i < batch; i++)
+					wrong += got[((size_t)b * generations + g) * batch + i] != pattern(b, g, i);
+	}
+	char what[160];
+	snprintf(what, sizeof(what),
+		 "alg1: %u x %u batches through managed memory, thread 0 of each block waiting, byte for byte "
+		 "(%zu wrong, status %d%s)",
+		 blocks, generations, wrong, rc, stuck ? ", stuck" : "");
+	check(!stuck && wrong == 0 && rc == WIC_OK, what);
+	if (stuck)
+		exit(1); /* the consumer kernel still spins: nothing after it could run */
+	CHECK(cudaStreamDestroy(stream));
+	CHECK(cudaFreeHost(consumed));
+	CHECK(cudaFree(status));
+	CHECK(cudaFree(out));
+}
+
 void timeout(wic::transport kind)
 {
 	wic::host_channel ch;
@@ -214,8 +298,10 @@ void timeout(wic::transport kind)
 	wait_once<<<1, warps * 32>>>(ch.device(), 1000000, status);
 	CHECK(cudaGetLastError());
 	CHECK(cudaMemcpy(&rc, status, sizeof(int), cudaMemcpyDeviceToHost));
-	check(rc == WIC_ETIMED_OUT, kind == wic::transport::push ? "push: unpublished slot times out after 1 ms"
-								  : "poll: unpublished slot times out after 1 ms");
+	const char *what = kind == wic::transport::push   ? "push: unpublished slot times out after 1 ms"
+			   : kind == wic::transport::poll ? "poll: unpublished slot times out after 1 ms"
+							  : "alg1: unpublished slot times out after 1 ms";
+	check(rc == WIC_ETIMED_OUT, what);
 	CHECK(cudaFree(status));
 }
 
@@ -271,6 +357,8 @@ int main()
 	delivery(app::mode::nowait);
 	timeout(wic::transport::push);
 	timeout(wic::transport::poll);
+	alg1_delivery();
+	timeout(wic::transport::alg1);
 	fault_addressing();
 	gpu_producer(wic::transport::push, 0, 0);
 	gpu_producer(wic::transport::poll, 0, 0);

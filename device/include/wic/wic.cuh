@@ -6,7 +6,7 @@
  * message_bytes each; warp w of the batch reads bytes [w * message_bytes, (w + 1) *
  * message_bytes). Generation g of slot s is published once; its consumers call wic::recv().
  *
- * Three transports, chosen per channel:
+ * Four transports, chosen per channel:
  *  - fault: the batch's run is an unmapped managed page; reading it stalls the warp in hardware
  *    until wicd (shim backend, patched nvidia-uvm) writes the data, maps the run and replays.
  *    Needs the patched driver. The channel comes from libwic (wic_channel_create_at). A GPU
@@ -18,9 +18,16 @@
  *    across a link. A host producer copies and sets the word in stream order (host_channel); a
  *    kernel on another GPU writes both over the peer link (peer_channel, wic::publish()). Runs
  *    on the stock driver.
- *  - poll: the naive baseline (the WIC paper's Algorithm 1): the data is in the consumer GPU's
- *    memory, the ready word in the producer's (pinned host memory, or the producer GPU's
- *    memory), and warps spin on it without backoff across PCIe or the peer link.
+ *  - poll: the naive baseline: the data is in the consumer GPU's memory, the ready word in the
+ *    producer's (pinned host memory, or the producer GPU's memory), and warps spin on it without
+ *    backoff across PCIe or the peer link.
+ *  - alg1: the WIC paper's Algorithm 1 made correct on a GPU without host-native atomics (host
+ *    producers, host_channel): data and ready words in managed memory, written by the host
+ *    with plain stores; the waiter spins on its slot's word without backoff, with an acquire
+ *    load at system scope where the paper has a device-scope atomicAdd(&flag, 0), which on an
+ *    H100 stops seeing the host once nvidia-uvm pins the page in host memory
+ *    (device/bench/README.md, "Algorithm 1 on an H100"). recv_block() waits as the paper's
+ *    consumer does: thread 0 alone, then the block's barrier.
  *
  * A GPU producer learns that the consumers are done with a generation, so that it may write
  * the slot again, through words in its own memory that the consumers set across the link
@@ -34,6 +41,7 @@
 #define WIC_WIC_CUH
 
 #include <cstdint>
+#include <cstring>
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -42,7 +50,7 @@
 namespace wic {
 
 /* How a channel's consumers wait. */
-enum class transport : uint32_t { fault = 0, push = 1, poll = 2 };
+enum class transport : uint32_t { fault = 0, push = 1, poll = 2, alg1 = 3 };
 
 /* The longest __nanosleep of push's backoff, in nanoseconds. */
 constexpr unsigned push_max_sleep_ns = 2048;
@@ -55,9 +63,11 @@ constexpr unsigned push_max_sleep_ns = 2048;
  * @warps_per_batch: warps served by one generation of a slot
  * @batch_bytes: warps_per_batch * message_bytes
  * @runs: fault: device array of 2 * slots run addresses, runs[2 * s + g % 2]
- * @data: push, poll: the consumer GPU's memory, slot s at data + s * batch_bytes
+ * @data: push, poll: the consumer GPU's memory; alg1: managed memory; slot s at
+ *	data + s * batch_bytes
  * @ready: generations published per slot: push (the consumer GPU's memory), poll (pinned host
- *	memory for a host producer, the producer GPU's memory for a GPU producer)
+ *	memory for a host producer, the producer GPU's memory for a GPU producer), alg1 (managed
+ *	memory)
  * @consumed: GPU producers only (peer_channel; null otherwise): per slot, generations its
  *	consumers are done with, in the producer GPU's memory
  */
@@ -193,6 +203,46 @@ __device__ inline int recv(const channel &ch, uint32_t slot, uint32_t generation
 }
 
 /*
+ * recv_block() - the whole block waits for generation @generation of @slot, as the WIC paper's
+ *	Algorithm 1 consumer does
+ * @ch: the channel
+ * @slot: the slot
+ * @generation: the generation, counted from 0 per slot
+ * @batch: receives the address of the batch (warp w's message at w * message_bytes)
+ * @timeout_ns: as recv()
+ *
+ * Called by every thread of the block, none of them inside a divergent branch. Algorithm 1,
+ * line by line: (3) __syncthreads(); (4-7) thread 0 alone waits, spinning without backoff
+ * (alg1, poll) or with push's backoff, on the slot's ready word with an acquire load at system
+ * scope, or for a fault channel stalls on the batch's first page; (8) the batch is then read
+ * through the returned address; (10) __syncthreads(), after which every thread has the status.
+ * A trailing barrier lets the next call's thread 0 overwrite the shared status safely.
+ *
+ * Return: as recv(), the same in every thread.
+ */
+__device__ inline int recv_block(const channel &ch, uint32_t slot, uint32_t generation, const uint8_t **batch,
+				 uint64_t timeout_ns = 0)
+{
+	__shared__ int status;
+	const uint8_t *at;
+
+	if (ch.kind == transport::fault)
+		at = reinterpret_cast<const uint8_t *>(ch.runs[2 * slot + generation % 2]);
+	else
+		at = ch.data + (uint64_t)slot * ch.batch_bytes;
+	__syncthreads();
+	if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0)
+		status = ch.kind == transport::fault
+				 ? detail::marker_status(detail::load_volatile(at))
+				 : detail::wait_ready(ch, slot, generation, timeout_ns);
+	__syncthreads();
+	const int result = status;
+	__syncthreads();
+	*batch = at;
+	return result;
+}
+
+/*
  * slot_buffer() - where a GPU producer writes the batch of @slot (push and poll channels)
  * @ch: the channel
  * @slot: the slot
@@ -272,13 +322,14 @@ __device__ inline int wait_consumed(const channel &ch, uint32_t slot, uint32_t g
 #endif /* __CUDACC__ */
 
 /*
- * host_channel - a push or poll channel with a host producer: its memory and its producer side
- * (host code).
+ * host_channel - a push, poll or alg1 channel with a host producer: its memory and its producer
+ * side (host code).
  *
  * create() allocates the slots' data in the current device's memory and the ready words
- * (device memory for push, pinned host memory for poll). publish() copies a batch into a slot
- * and marks its next generation ready in stream order, so a kernel that sees the ready word sees
- * the data.
+ * (device memory for push, pinned host memory for poll); for alg1 both in managed memory, as
+ * the paper's Algorithm 1 keeps them. publish() copies a batch into a slot and marks its next
+ * generation ready (push and poll in stream order; alg1 by the calling thread's stores), so a
+ * kernel that sees the ready word sees the data.
  */
 class host_channel {
 public:
@@ -295,11 +346,17 @@ public:
 		ch_ = channel{kind, slots, message_bytes, warps_per_batch,
 			      (uint64_t)warps_per_batch * message_bytes, nullptr, nullptr, nullptr, nullptr};
 		published_ = new unsigned int[slots]();
-		cudaError_t err = cudaMalloc(&data_, ch_.batch_bytes * slots);
+		cudaError_t err = kind == transport::alg1 ? cudaMallocManaged(&data_, ch_.batch_bytes * slots)
+							  : cudaMalloc(&data_, ch_.batch_bytes * slots);
 		if (err == cudaSuccess && kind == transport::push) {
 			err = cudaMalloc(&ready_, slots * sizeof(unsigned int));
 			if (err == cudaSuccess)
 				err = cudaMemset(ready_, 0, slots * sizeof(unsigned int));
+		} else if (err == cudaSuccess && kind == transport::alg1) {
+			err = cudaMallocManaged(&ready_, slots * sizeof(unsigned int));
+			if (err == cudaSuccess)
+				for (uint32_t s = 0; s < slots; s++)
+					ready_[s] = 0;
 		} else if (err == cudaSuccess) {
 			err = cudaHostAlloc(&ready_, slots * sizeof(unsigned int), cudaHostAllocMapped);
 			if (err == cudaSuccess)
@@ -311,7 +368,7 @@ public:
 			return err;
 		}
 		ch_.data = static_cast<const uint8_t *>(data_);
-		if (kind == transport::push)
+		if (kind != transport::poll)
 			ch_.ready = ready_;
 		else
 			err = cudaHostGetDevicePointer((void **)&ch_.ready, ready_, 0);
@@ -325,13 +382,20 @@ public:
 	 * Publishes the next generation of @slot: @bytes (at most batch_bytes) from @src, which
 	 * must stay valid until @stream reaches this point. push: both steps are queued on
 	 * @stream (the consumer kernel runs on another). poll: the copy completes, then the ready
-	 * word is stored by this thread, as a naive producer would.
+	 * word is stored by this thread, as a naive producer would. alg1: this thread writes the
+	 * data into managed memory, then the ready word with a release store, as the paper's
+	 * producer does (@stream is not used; the pages go where nvidia-uvm moves them).
 	 */
 	cudaError_t publish(uint32_t slot, const void *src, size_t bytes, cudaStream_t stream)
 	{
 		if (slot >= ch_.slots || bytes > ch_.batch_bytes)
 			return cudaErrorInvalidValue;
 		uint8_t *dst = static_cast<uint8_t *>(data_) + (uint64_t)slot * ch_.batch_bytes;
+		if (ch_.kind == transport::alg1) {
+			memcpy(dst, src, bytes);
+			__atomic_store_n(&ready_[slot], ++published_[slot], __ATOMIC_RELEASE);
+			return cudaSuccess;
+		}
 		cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream);
 		if (err != cudaSuccess)
 			return err;
@@ -351,7 +415,7 @@ public:
 	{
 		if (data_)
 			cudaFree(data_);
-		if (ready_ && ch_.kind == transport::push)
+		if (ready_ && ch_.kind != transport::poll)
 			cudaFree(ready_);
 		else if (ready_)
 			cudaFreeHost(ready_);
@@ -462,7 +526,9 @@ public:
 	cudaError_t create(transport kind, int consumer, int producer, uint32_t slots, uint32_t message_bytes,
 			   uint32_t warps_per_batch)
 	{
-		if (kind == transport::fault || !slots || !message_bytes || !warps_per_batch)
+		/* alg1 is for host producers (host_channel). */
+		if ((kind != transport::push && kind != transport::poll) || !slots || !message_bytes ||
+		    !warps_per_batch)
 			return cudaErrorInvalidValue;
 		destroy();
 		cudaError_t err = enable_peer_access(consumer, producer);
