@@ -23,14 +23,7 @@
 
 #include <wic/wic.cuh>
 
-#define CHECK(call)                                                                                     \
-	do {                                                                                            \
-		cudaError_t err_ = (call);                                                              \
-		if (err_ != cudaSuccess) {                                                              \
-			fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(err_)); \
-			exit(2);                                                                        \
-		}                                                                                       \
-	} while (0)
+#include "check.cuh"
 
 namespace app {
 

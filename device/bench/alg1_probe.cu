@@ -40,15 +40,7 @@
 #include <thread>
 #include <vector>
 
-#define CHECK(call)                                                                             \
-	do {                                                                                    \
-		cudaError_t err_ = (call);                                                      \
-		if (err_ != cudaSuccess) {                                                      \
-			fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,            \
-				cudaGetErrorString(err_));                                      \
-			exit(2);                                                                \
-		}                                                                               \
-	} while (0)
+#include "../apps/check.cuh"
 
 namespace {
 

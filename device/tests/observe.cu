@@ -19,17 +19,8 @@
 
 #include <wic/wic.cuh>
 
+#include "../apps/check.cuh"
 #include "attach_space.h"
-
-#define CHECK(call)                                                                             \
-	do {                                                                                    \
-		cudaError_t err_ = (call);                                                      \
-		if (err_ != cudaSuccess) {                                                      \
-			fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,            \
-				cudaGetErrorString(err_));                                      \
-			exit(2);                                                                \
-		}                                                                               \
-	} while (0)
 
 namespace {
 

@@ -129,7 +129,7 @@ build_clean() {
 }
 
 check_one() {
-	local source=$1 name
+	local source=$1
 	work=$(mktemp -d "${TMPDIR:-/tmp}/wic-check-driver.XXXXXX")
 	# -L: a checkout's nvidia/nv-kernel.o_binary is a link into its src/ build.
 	if [[ -f $source ]]; then
