@@ -32,7 +32,7 @@ echo "== applications (median of $reps runs)"
 : >"$out/apps.txt"
 failed=()
 for app in c_srs c_cg c_fe c_h3d; do
-	for mode in nowait push poll; do
+	for mode in nowait push poll alg1; do
 		# An incorrect result is reported and the rest still run; the script fails at the end.
 		"$work/build/$app" "$mode" "$reps" | tee -a "$out/apps.txt" || failed+=("$app $mode")
 	done
@@ -43,7 +43,7 @@ gpus=$(nvidia-smi -L | grep -c '^GPU ' || true)
 if ((gpus >= 2)); then
 	: >"$out/apps-2gpu.txt"
 	for app in g_stn g_kmn g_c2d g_gem g_bs g_bfs; do
-		for mode in nowait push poll; do
+		for mode in nowait push poll alg1; do
 			# 77: the application found no two GPUs with peer access, and says so.
 			rc=0
 			"$work/build/$app" "$mode" "$reps" | tee -a "$out/apps-2gpu.txt" || rc=$?

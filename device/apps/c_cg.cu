@@ -13,7 +13,7 @@
  * without any waiting: a lower bound). The host's updates are then replayed with the results
  * it returned and must reproduce the recorded directions.
  *
- * Usage: c_cg MODE [REPS] [N] [ITERATIONS]   (MODE: push, poll, nowait; N defaults to 64,
+ * Usage: c_cg MODE [REPS] [N] [ITERATIONS]   (MODE: push, poll, alg1, nowait; N defaults to 64,
  * ITERATIONS to 50, REPS to 7; one block per SM, and only warp 0 of each block waits, so poll
  * spins with one warp per SM)
  * Prints the median wall time of REPS runs and whether every result matched.

@@ -15,7 +15,7 @@
  * published before the kernel starts; the kernel alone is timed, a lower bound. The host's
  * updates are then replayed with its results and must reproduce the recorded directions.
  *
- * Usage: c_fe MODE [REPS] [E] [ITERATIONS]   (MODE: push, poll, nowait; E defaults to 48,
+ * Usage: c_fe MODE [REPS] [E] [ITERATIONS]   (MODE: push, poll, alg1, nowait; E defaults to 48,
  * ITERATIONS to 20, REPS to 7; one block of 4 warps per SM, all of them receiving elements, so
  * poll spins with 4 warps per SM while elements stream and 1 during CG)
  * Prints the median wall time of REPS runs and whether every result matched.
@@ -177,7 +177,7 @@ __global__ void solve(app::forward elements, app::forward directions, app::back_
 
 	for (uint32_t g = 0; g < elements.place.generations; g++) {
 		const uint8_t *message;
-		int status = wic::recv(elements.ch, elements.place.slot(b, g), elements.place.generation(g), w, &message);
+		int status = app::receive(elements.ch, elements.place.slot(b, g), elements.place.generation(g), w, &message);
 		if (status == WIC_OK)
 			assemble<float>(reinterpret_cast<const element *>(message)[lane], a.row_ptr, a.cols, sums);
 		else if (lane == 0)

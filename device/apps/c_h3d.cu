@@ -16,7 +16,7 @@
  * GPU's sweeps without waiting: a lower bound). The host's sweeps are then replayed with the
  * kernel's bands and must reproduce the recorded ones.
  *
- * Usage: c_h3d MODE [REPS] [N] [ITERATIONS] [TILES]   (MODE: push, poll, nowait; N (even)
+ * Usage: c_h3d MODE [REPS] [N] [ITERATIONS] [TILES]   (MODE: push, poll, alg1, nowait; N (even)
  * defaults to 64, ITERATIONS to 100, TILES to 8, REPS to 7; the host's sweeps grow as N^3, so
  * a small cube keeps the exchange a large share; only the TILES receiving warps wait, so poll
  * spins with TILES warps)

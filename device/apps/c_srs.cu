@@ -4,7 +4,7 @@
  * slot's batches as they arrive (per warp: energy and peak of 1024 samples). Checked against a
  * CPU reference computed in double precision.
  *
- * Usage: c_srs MODE [REPS] [BLOCKS] [GENERATIONS]   (MODE: push, poll, nowait; BLOCKS defaults to
+ * Usage: c_srs MODE [REPS] [BLOCKS] [GENERATIONS]   (MODE: push, poll, alg1, nowait; BLOCKS defaults to
  * the number of SMs, GENERATIONS to 64, REPS to 7)
  * Prints the median wall time of REPS runs and whether every result matched.
  */
@@ -28,7 +28,7 @@ __global__ void consume(wic::channel ch, app::placement place, unsigned int *con
 
 	for (uint32_t g = 0; g < place.generations; g++) {
 		const uint8_t *message;
-		int status = wic::recv(ch, place.slot(b, g), place.generation(g), w, &message);
+		int status = app::receive(ch, place.slot(b, g), place.generation(g), w, &message);
 		if (status != WIC_OK) {
 			if (lane == 0)
 				atomicAdd(errors, 1);

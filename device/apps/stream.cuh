@@ -27,17 +27,27 @@
 
 namespace app {
 
-/* How a run gets its data. */
-enum class mode { push, poll, nowait };
+/*
+ * How a run gets its data: through a channel of that transport (push, poll, alg1: the WIC
+ * paper's Algorithm 1 made correct on this hardware), or (nowait) all of it in device memory
+ * before the kernel starts, the lower bound on the consumer's time.
+ */
+enum class mode { push, poll, alg1, nowait };
+
+/* The transport of a run's channels; nowait runs publish through push channels before the launch. */
+inline wic::transport transport_of(mode m)
+{
+	return m == mode::poll ? wic::transport::poll : m == mode::alg1 ? wic::transport::alg1 : wic::transport::push;
+}
 
 inline const char *mode_name(mode m)
 {
-	return m == mode::push ? "push" : m == mode::poll ? "poll" : "nowait";
+	return m == mode::nowait ? "nowait" : wic::transport_name(transport_of(m));
 }
 
 inline bool parse_mode(const char *text, mode *out)
 {
-	for (mode m : {mode::push, mode::poll, mode::nowait})
+	for (mode m : {mode::push, mode::poll, mode::alg1, mode::nowait})
 		if (!strcmp(text, mode_name(m))) {
 			*out = m;
 			return true;
@@ -66,7 +76,7 @@ struct command_line {
 inline bool parse_command_line(int argc, char **argv, const char *sizes, command_line *out)
 {
 	if (argc < 2 || !parse_mode(argv[1], &out->m)) {
-		fprintf(stderr, "usage: %s push|poll|nowait [REPS] %s\n", argv[0], sizes);
+		fprintf(stderr, "usage: %s push|poll|alg1|nowait [REPS] %s\n", argv[0], sizes);
 		return false;
 	}
 	out->reps = argc > 2 ? atoi(argv[2]) : 7;
@@ -94,6 +104,24 @@ struct placement {
 	__host__ __device__ uint32_t slot(uint32_t b, uint32_t g) const { return nowait ? b * generations + g : b; }
 	__host__ __device__ uint32_t generation(uint32_t g) const { return nowait ? 0 : g; }
 };
+
+/*
+ * receive() - warp @w's message of generation @generation of @slot, whose batch the whole block
+ * reads. Called by every thread of the block, all with the same arguments but @w. alg1 waits
+ * as Algorithm 1's consumer does, thread 0 alone and then the block's barrier
+ * (wic::recv_block()); the other transports let each warp wait for its own message
+ * (wic::recv()), so a warp starts as soon as its data is there.
+ */
+__device__ inline int receive(const wic::channel &ch, uint32_t slot, uint32_t generation, uint32_t w,
+			      const uint8_t **message)
+{
+	if (ch.kind != wic::transport::alg1)
+		return wic::recv(ch, slot, generation, w, message);
+	const uint8_t *batch;
+	const int status = wic::recv_block(ch, slot, generation, &batch);
+	*message = batch + (uint64_t)w * ch.message_bytes;
+	return status;
+}
 
 /*
  * consumed[b] counts messages of block b's slot the kernel has finished with, in pinned host
@@ -134,8 +162,7 @@ public:
 		: place_{generations, m == mode::nowait}, warps_(warps)
 	{
 		const uint32_t slots = place_.nowait ? blocks * generations : blocks;
-		CHECK(ch_.create(m == mode::poll ? wic::transport::poll : wic::transport::push, slots, message_bytes,
-				 warps));
+		CHECK(ch_.create(transport_of(m), slots, message_bytes, warps));
 		batch_ = ch_.device().batch_bytes;
 		CHECK(cudaHostAlloc(&consumed_, blocks * sizeof(unsigned), cudaHostAllocMapped));
 		memset(consumed_, 0, blocks * sizeof(unsigned));

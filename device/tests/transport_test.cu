@@ -156,7 +156,7 @@ void gpu_producer(wic::transport kind, int consumer, int producer)
 	snprintf(what, sizeof(what),
 		 "peer %s: a kernel on GPU %d delivers %u x %u batches to GPU %d byte for byte, slots reused after "
 		 "consumed() (%zu wrong, status %d)",
-		 kind == wic::transport::push ? "push" : "poll", producer, blocks, generations, consumer, wrong, rc);
+		 wic::transport_name(kind), producer, blocks, generations, consumer, wrong, rc);
 	check(wrong == 0 && rc == WIC_OK, what);
 	for (int side = 0; side < 2; side++) {
 		CHECK(cudaSetDevice(side ? producer : consumer));
@@ -298,9 +298,8 @@ void timeout(wic::transport kind)
 	wait_once<<<1, warps * 32>>>(ch.device(), 1000000, status);
 	CHECK(cudaGetLastError());
 	CHECK(cudaMemcpy(&rc, status, sizeof(int), cudaMemcpyDeviceToHost));
-	const char *what = kind == wic::transport::push   ? "push: unpublished slot times out after 1 ms"
-			   : kind == wic::transport::poll ? "poll: unpublished slot times out after 1 ms"
-							  : "alg1: unpublished slot times out after 1 ms";
+	char what[64];
+	snprintf(what, sizeof(what), "%s: unpublished slot times out after 1 ms", wic::transport_name(kind));
 	check(rc == WIC_ETIMED_OUT, what);
 	CHECK(cudaFree(status));
 }
@@ -354,6 +353,7 @@ int main()
 {
 	delivery(app::mode::push);
 	delivery(app::mode::poll);
+	delivery(app::mode::alg1);
 	delivery(app::mode::nowait);
 	timeout(wic::transport::push);
 	timeout(wic::transport::poll);
@@ -362,12 +362,14 @@ int main()
 	fault_addressing();
 	gpu_producer(wic::transport::push, 0, 0);
 	gpu_producer(wic::transport::poll, 0, 0);
+	gpu_producer(wic::transport::alg1, 0, 0);
 	int gpus = 0;
 	CHECK(cudaGetDeviceCount(&gpus));
 	const cudaError_t peer = gpus >= 2 ? wic::enable_peer_access(0, 1) : cudaErrorInvalidDevice;
 	if (peer == cudaSuccess) {
 		gpu_producer(wic::transport::push, 0, 1);
 		gpu_producer(wic::transport::poll, 0, 1);
+		gpu_producer(wic::transport::alg1, 0, 1);
 	} else {
 		printf("-- peer channels between two GPUs not checked: %d GPU(s)%s%s\n", gpus, gpus >= 2 ? ", " : "",
 		       gpus >= 2 ? cudaGetErrorString(peer) : "");

@@ -21,20 +21,23 @@
  *  - poll: the naive baseline: the data is in the consumer GPU's memory, the ready word in the
  *    producer's (pinned host memory, or the producer GPU's memory), and warps spin on it without
  *    backoff across PCIe or the peer link.
- *  - alg1: the WIC paper's Algorithm 1 made correct on a GPU without host-native atomics (host
- *    producers, host_channel): data and ready words in managed memory, written by the host
- *    with plain stores; the waiter spins on its slot's word without backoff, with an acquire
- *    load at system scope where the paper has a device-scope atomicAdd(&flag, 0), which on an
- *    H100 stops seeing the host once nvidia-uvm pins the page in host memory
- *    (device/bench/README.md, "Algorithm 1 on an H100"). recv_block() waits as the paper's
- *    consumer does: thread 0 alone, then the block's barrier.
+ *  - alg1: the WIC paper's Algorithm 1 made correct on a GPU without host-native atomics: data
+ *    and ready words in managed memory, where nvidia-uvm moves the pages on demand. A host
+ *    producer (host_channel) writes both with plain stores; a producer kernel on another GPU
+ *    (peer_channel, wic::publish()) writes the data and stores the word with release semantics
+ *    at system scope where the paper's producer has atomicAdd(&flag, 1). The waiter spins on
+ *    its slot's word without backoff, with an acquire load at system scope where the paper has
+ *    a device-scope atomicAdd(&flag, 0), which on an H100 stops seeing the host once
+ *    nvidia-uvm pins the page in host memory (device/bench/README.md, "Algorithm 1 on an
+ *    H100"). recv_block() waits as the paper's consumer does: thread 0 alone, then the block's
+ *    barrier.
  *
  * A GPU producer learns that the consumers are done with a generation, so that it may write
  * the slot again, through words in its own memory that the consumers set across the link
  * (wic::consumed(), wic::wait_consumed()).
  *
- * Device code includes this header; host code uses wic::host_channel to create push and poll
- * channels with a host producer and to publish, wic::peer_channel for ones whose producer is a
+ * Device code includes this header; host code uses wic::host_channel to create push, poll and
+ * alg1 channels with a host producer and to publish, wic::peer_channel for ones whose producer is a
  * kernel on another GPU, and wic::fault_channel() to wrap a libwic channel.
  */
 #ifndef WIC_WIC_CUH
@@ -51,6 +54,22 @@ namespace wic {
 
 /* How a channel's consumers wait. */
 enum class transport : uint32_t { fault = 0, push = 1, poll = 2, alg1 = 3 };
+
+/* The transport's name, as the benchmarks and applications print it. */
+inline const char *transport_name(transport kind)
+{
+	switch (kind) {
+	case transport::fault:
+		return "fault";
+	case transport::push:
+		return "push";
+	case transport::poll:
+		return "poll";
+	case transport::alg1:
+		return "alg1";
+	}
+	return "unknown";
+}
 
 /* The longest __nanosleep of push's backoff, in nanoseconds. */
 constexpr unsigned push_max_sleep_ns = 2048;
@@ -168,12 +187,12 @@ __device__ inline int wait_ready(const channel &ch, uint32_t slot, uint32_t gene
  * @generation: the generation, counted from 0 per slot
  * @warp_in_batch: this warp's index among the batch's warps_per_batch
  * @message: receives the address of this warp's message_bytes
- * @timeout_ns: push and poll: give up after this long (0: wait forever); fault: the channel's
+ * @timeout_ns: push, poll and alg1: give up after this long (0: wait forever); fault: the channel's
  *	timeout, set at creation, applies instead
  *
  * Called by every lane of the warp (the warp must be converged). Return: WIC_OK, or for the
  * fault transport the error wicd or the module completed the request with: WIC_ETIMED_OUT,
- * WIC_ECLOSED, WIC_ESTOPPING or WIC_ECONNECT (wicd died); push and poll: WIC_ETIMED_OUT.
+ * WIC_ECLOSED, WIC_ESTOPPING or WIC_ECONNECT (wicd died); the others: WIC_ETIMED_OUT.
  */
 __device__ inline int recv(const channel &ch, uint32_t slot, uint32_t generation, uint32_t warp_in_batch,
 			   const uint8_t **message, uint64_t timeout_ns = 0)
@@ -243,12 +262,12 @@ __device__ inline int recv_block(const channel &ch, uint32_t slot, uint32_t gene
 }
 
 /*
- * slot_buffer() - where a GPU producer writes the batch of @slot (push and poll channels)
+ * slot_buffer() - where a GPU producer writes the batch of @slot (push, poll and alg1 channels)
  * @ch: the channel
  * @slot: the slot
  *
- * The slot's batch_bytes in the consumer GPU's memory; a producer on another GPU reaches them
- * over the peer link. Warp w's message is at offset w * message_bytes.
+ * The slot's batch_bytes in the consumer GPU's memory (alg1: managed memory); a producer on
+ * another GPU reaches them over the peer link. Warp w's message is at offset w * message_bytes.
  */
 __device__ inline uint8_t *slot_buffer(const channel &ch, uint32_t slot)
 {
@@ -257,7 +276,7 @@ __device__ inline uint8_t *slot_buffer(const channel &ch, uint32_t slot)
 
 /*
  * publish() - a GPU producer marks generation @generation of @slot ready
- * @ch: the channel (push or poll)
+ * @ch: the channel (push, poll or alg1)
  * @slot: the slot
  * @generation: the generation, counted from 0 per slot; the one after the slot's last
  *
@@ -506,12 +525,14 @@ inline cudaError_t enable_peer_access(int a, int b)
 }
 
 /*
- * peer_channel - a push or poll channel whose producer is a kernel on GPU @producer and whose
- * consumers run on GPU @consumer (host code; the GPUs may be the same one).
+ * peer_channel - a push, poll or alg1 channel whose producer is a kernel on GPU @producer and
+ * whose consumers run on GPU @consumer (host code; the GPUs may be the same one).
  *
  * create() enables peer access both ways and allocates the slots' data and (push) the ready
  * words in the consumer's memory, (poll) the ready words in the producer's memory, where the
- * consumers spin on them across the link, and the consumed words in the producer's memory.
+ * consumers spin on them across the link, (alg1) data and ready words in managed memory, and
+ * the consumed words in the producer's memory. Algorithm 1 runs once and has no way back; the
+ * consumed words are the flow control every repeated exchange needs, the same for all three.
  * The producer kernel writes a batch into slot_buffer(), publish()es it, and waits for
  * wait_consumed() before it writes the slot again; consumers recv() and report consumed().
  * No generation is published or consumed after create() or reset().
@@ -526,9 +547,7 @@ public:
 	cudaError_t create(transport kind, int consumer, int producer, uint32_t slots, uint32_t message_bytes,
 			   uint32_t warps_per_batch)
 	{
-		/* alg1 is for host producers (host_channel). */
-		if ((kind != transport::push && kind != transport::poll) || !slots || !message_bytes ||
-		    !warps_per_batch)
+		if (kind == transport::fault || !slots || !message_bytes || !warps_per_batch)
 			return cudaErrorInvalidValue;
 		destroy();
 		cudaError_t err = enable_peer_access(consumer, producer);
@@ -538,9 +557,18 @@ public:
 			      (uint64_t)warps_per_batch * message_bytes, nullptr, nullptr, nullptr, nullptr};
 		consumer_ = consumer;
 		producer_ = producer;
-		err = detail::alloc_on(consumer, ch_.batch_bytes * slots, false, &data_);
-		if (err == cudaSuccess)
-			err = detail::alloc_on(ready_device(), slots * sizeof(unsigned int), true, (void **)&ready_);
+		if (kind == transport::alg1) {
+			err = cudaMallocManaged(&data_, ch_.batch_bytes * slots);
+			if (err == cudaSuccess)
+				err = cudaMallocManaged((void **)&ready_, slots * sizeof(unsigned int));
+			if (err == cudaSuccess)
+				memset(ready_, 0, slots * sizeof(unsigned int));
+		} else {
+			err = detail::alloc_on(consumer, ch_.batch_bytes * slots, false, &data_);
+			if (err == cudaSuccess)
+				err = detail::alloc_on(ready_device(), slots * sizeof(unsigned int), true,
+						       (void **)&ready_);
+		}
 		if (err == cudaSuccess)
 			err = detail::alloc_on(producer, slots * sizeof(unsigned int), true, (void **)&consumed_);
 		if (err != cudaSuccess) {
