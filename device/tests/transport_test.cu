@@ -1,12 +1,12 @@
 /* SPDX-License-Identifier: MIT OR Apache-2.0 */
 /*
  * transport_test - wic.cuh on a GPU with the stock driver: push and poll deliver every byte of
- * every generation to the right warp, and so does alg1 (the paper's Algorithm 1 made correct:
- * managed memory, recv_block(), thread 0 alone waiting); a wait past its timeout returns
- * WIC_ETIMED_OUT; the fault
- * transport addresses each warp's message in the run of its generation and turns each error
+ * every generation to the right warp, and so do alg1 (the paper's Algorithm 1 made correct:
+ * managed memory, recv_block(), thread 0 alone waiting) and mapped, and push and alg1 when a
+ * whole generation is published with publish_many(); a wait past its timeout returns
+ * WIC_ETIMED_OUT; create() and publish() refuse bad arguments; the fault transport addresses each warp's message in the run of its generation and turns each error
  * marker into its code (its pages are ordinary device memory here, so nothing stalls); a
- * producer kernel delivers through push and poll peer channels, reusing each slot only after
+ * producer kernel delivers through push, poll and alg1 peer channels, reusing each slot only after
  * its consumers reported it consumed: on one GPU (producer and consumer kernels side by side),
  * and from GPU 1 to GPU 0 where there are two with peer access.
  * Exits 0 when every check passed; prints one line per check.
@@ -212,8 +212,8 @@ void delivery(app::mode mode)
  * (thread 0 waits, the block meets), each warp copies its message, the block meets again and
  * thread 0 reports the generation consumed so that the host may write the slot again.
  */
-__global__ void alg1_copy_out(wic::channel ch, uint32_t generations, unsigned int *consumed, uint8_t *out,
-			      int *status)
+__global__ void block_copy_out(wic::channel ch, uint32_t generations, unsigned int *consumed, uint8_t *out,
+			       int *status)
 {
 	const uint32_t b = blockIdx.x, w = threadIdx.x / 32, lane = threadIdx.x % 32;
 
@@ -231,7 +231,11 @@ __global__ void alg1_copy_out(wic::channel ch, uint32_t generations, unsigned in
 	}
 }
 
-void alg1_delivery()
+/*
+ * Every block's batches through a host_channel of @kind to block_copy_out(), slot by slot with
+ * publish() or, @many, a generation of all slots at once with publish_many().
+ */
+void block_delivery(wic::transport kind, bool many)
 {
 	const uint32_t blocks = 8, generations = 32, batch = warps * message_bytes;
 	const size_t bytes = (size_t)blocks * generations * batch;
@@ -239,7 +243,7 @@ void alg1_delivery()
 	uint8_t *out;
 	int *status, rc = 0;
 	unsigned int *consumed, *consumed_dev;
-	CHECK(ch.create(wic::transport::alg1, blocks, message_bytes, warps));
+	CHECK(ch.create(kind, blocks, message_bytes, warps));
 	CHECK(cudaMalloc(&out, bytes));
 	CHECK(cudaMalloc(&status, sizeof(int)));
 	CHECK(cudaMemset(status, 0, sizeof(int)));
@@ -250,19 +254,28 @@ void alg1_delivery()
 	auto pattern = [](uint32_t b, uint32_t g, uint32_t i) { return (uint8_t)(b * 61 + g * 17 + i * 5 + 2); };
 	cudaStream_t stream;
 	CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-	alg1_copy_out<<<blocks, warps * 32, 0, stream>>>(ch.device(), generations, consumed_dev, out, status);
+	block_copy_out<<<blocks, warps * 32, 0, stream>>>(ch.device(), generations, consumed_dev, out, status);
 	CHECK(cudaGetLastError());
-	std::vector<uint8_t> buf(batch);
+	std::vector<uint8_t> buf((size_t)blocks * batch);
 	const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
 	bool stuck = false;
-	for (uint32_t g = 0; g < generations && !stuck; g++)
+	/* Slot b's generation g once its consumers are done with g - 1 (and its copy, so buf is free). */
+	auto wait_free = [&](uint32_t b, uint32_t g) {
+		while (__atomic_load_n(&consumed[b], __ATOMIC_ACQUIRE) < g && !stuck)
+			stuck = std::chrono::steady_clock::now() > give_up;
+	};
+	for (uint32_t g = 0; g < generations && !stuck; g++) {
 		for (uint32_t b = 0; b < blocks && !stuck; b++) {
-			while (__atomic_load_n(&consumed[b], __ATOMIC_ACQUIRE) < g && !stuck)
-				stuck = std::chrono::steady_clock::now() > give_up;
+			wait_free(b, g);
+			uint8_t *at = buf.data() + (many ? (size_t)b * batch : 0);
 			for (uint32_t i = 0; i < batch; i++)
-				buf[i] = pattern(b, g, i);
-			CHECK(ch.publish(b, buf.data(), batch, stream));
+				at[i] = pattern(b, g, i);
+			if (!many)
+				CHECK(ch.publish(b, at, batch, stream));
 		}
+		if (many && !stuck)
+			CHECK(ch.publish_many(0, blocks, buf.data(), stream));
+	}
 	if (!stuck)
 		CHECK(cudaStreamSynchronize(stream));
 	size_t wrong = 0;
@@ -275,11 +288,11 @@ void alg1_delivery()
 				for (uint32_t i = 0; i < batch; i++)
 					wrong += got[((size_t)b * generations + g) * batch + i] != pattern(b, g, i);
 	}
-	char what[160];
+	char what[192];
 	snprintf(what, sizeof(what),
-		 "alg1: %u x %u batches through managed memory, thread 0 of each block waiting, byte for byte "
-		 "(%zu wrong, status %d%s)",
-		 blocks, generations, wrong, rc, stuck ? ", stuck" : "");
+		 "%s: %u x %u batches by %s, thread 0 of each block waiting, byte for byte (%zu wrong, status %d%s)",
+		 wic::transport_name(kind), blocks, generations, many ? "publish_many()" : "publish()", wrong, rc,
+		 stuck ? ", stuck" : "");
 	check(!stuck && wrong == 0 && rc == WIC_OK, what);
 	if (stuck)
 		exit(1); /* the consumer kernel still spins: nothing after it could run */
@@ -287,6 +300,22 @@ void alg1_delivery()
 	CHECK(cudaFreeHost(consumed));
 	CHECK(cudaFree(status));
 	CHECK(cudaFree(out));
+}
+
+/* What create() refuses: a fault channel, a transport out of range, empty sizes; mapped for a GPU producer. */
+void refusals()
+{
+	wic::host_channel h;
+	wic::peer_channel p;
+	const bool refused = h.create(wic::transport::fault, 1, 64, 1) == cudaErrorInvalidValue &&
+			     h.create((wic::transport)5, 1, 64, 1) == cudaErrorInvalidValue &&
+			     h.create(wic::transport::push, 0, 64, 1) == cudaErrorInvalidValue &&
+			     p.create(wic::transport::mapped, 0, 0, 1, 64, 1) == cudaErrorInvalidValue;
+	CHECK(h.create(wic::transport::push, 2, 64, 1));
+	const bool ranges = h.publish_many(1, 2, nullptr, 0) == cudaErrorInvalidValue &&
+			    h.publish_many(2, 1, nullptr, 0) == cudaErrorInvalidValue &&
+			    h.publish(0, nullptr, 65, 0) == cudaErrorInvalidValue;
+	check(refused && ranges, "create() and publish() refuse what they cannot do, with cudaErrorInvalidValue");
 }
 
 void timeout(wic::transport kind)
@@ -357,8 +386,13 @@ int main()
 	delivery(app::mode::nowait);
 	timeout(wic::transport::push);
 	timeout(wic::transport::poll);
-	alg1_delivery();
+	block_delivery(wic::transport::alg1, false);
+	block_delivery(wic::transport::mapped, false);
+	block_delivery(wic::transport::push, true);
+	block_delivery(wic::transport::alg1, true);
 	timeout(wic::transport::alg1);
+	timeout(wic::transport::mapped);
+	refusals();
 	fault_addressing();
 	gpu_producer(wic::transport::push, 0, 0);
 	gpu_producer(wic::transport::poll, 0, 0);

@@ -6,7 +6,7 @@
  * message_bytes each; warp w of the batch reads bytes [w * message_bytes, (w + 1) *
  * message_bytes). Generation g of slot s is published once; its consumers call wic::recv().
  *
- * Four transports, chosen per channel:
+ * Five transports, chosen per channel:
  *  - fault: the batch's run is an unmapped managed page; reading it stalls the warp in hardware
  *    until wicd (shim backend, patched nvidia-uvm) writes the data, maps the run and replays.
  *    Needs the patched driver. The channel comes from libwic (wic_channel_create_at). A GPU
@@ -31,13 +31,17 @@
  *    nvidia-uvm pins the page in host memory (device/bench/README.md, "Algorithm 1 on an
  *    H100"). recv_block() waits as the paper's consumer does: thread 0 alone, then the block's
  *    barrier.
+ *  - mapped: for small messages from a host producer (host_channel): data and ready words in
+ *    pinned host memory mapped into the GPU. The host writes both with plain stores, no copy
+ *    engine and no driver call; the waiter spins on the word across the link and the consumer
+ *    then reads the message there, once per access.
  *
  * A GPU producer learns that the consumers are done with a generation, so that it may write
  * the slot again, through words in its own memory that the consumers set across the link
  * (wic::consumed(), wic::wait_consumed()).
  *
- * Device code includes this header; host code uses wic::host_channel to create push, poll and
- * alg1 channels with a host producer and to publish, wic::peer_channel for ones whose producer is a
+ * Device code includes this header; host code uses wic::host_channel to create push, poll,
+ * alg1 and mapped channels with a host producer and to publish, wic::peer_channel for ones whose producer is a
  * kernel on another GPU, and wic::fault_channel() to wrap a libwic channel.
  */
 #ifndef WIC_WIC_CUH
@@ -53,7 +57,7 @@
 namespace wic {
 
 /* How a channel's consumers wait. */
-enum class transport : uint32_t { fault = 0, push = 1, poll = 2, alg1 = 3 };
+enum class transport : uint32_t { fault = 0, push = 1, poll = 2, alg1 = 3, mapped = 4 };
 
 /* The transport's name, as the benchmarks and applications print it. */
 inline const char *transport_name(transport kind)
@@ -67,6 +71,8 @@ inline const char *transport_name(transport kind)
 		return "poll";
 	case transport::alg1:
 		return "alg1";
+	case transport::mapped:
+		return "mapped";
 	}
 	return "unknown";
 }
@@ -82,11 +88,11 @@ constexpr unsigned push_max_sleep_ns = 2048;
  * @warps_per_batch: warps served by one generation of a slot
  * @batch_bytes: warps_per_batch * message_bytes
  * @runs: fault: device array of 2 * slots run addresses, runs[2 * s + g % 2]
- * @data: push, poll: the consumer GPU's memory; alg1: managed memory; slot s at
- *	data + s * batch_bytes
+ * @data: push, poll: the consumer GPU's memory; alg1: managed memory; mapped: pinned host
+ *	memory; slot s at data + s * batch_bytes
  * @ready: generations published per slot: push (the consumer GPU's memory), poll (pinned host
  *	memory for a host producer, the producer GPU's memory for a GPU producer), alg1 (managed
- *	memory)
+ *	memory), mapped (pinned host memory)
  * @consumed: GPU producers only (peer_channel; null otherwise): per slot, generations its
  *	consumers are done with, in the producer GPU's memory
  */
@@ -232,10 +238,11 @@ __device__ inline int recv(const channel &ch, uint32_t slot, uint32_t generation
  *
  * Called by every thread of the block, none of them inside a divergent branch. Algorithm 1,
  * line by line: (3) __syncthreads(); (4-7) thread 0 alone waits, spinning without backoff
- * (alg1, poll) or with push's backoff, on the slot's ready word with an acquire load at system
- * scope, or for a fault channel stalls on the batch's first page; (8) the batch is then read
- * through the returned address; (10) __syncthreads(), after which every thread has the status.
- * A trailing barrier lets the next call's thread 0 overwrite the shared status safely.
+ * (alg1, poll, mapped) or with push's backoff, on the slot's ready word with an acquire load
+ * at system scope, or for a fault channel stalls on the batch's first page; (8) the batch is
+ * then read through the returned address; (10) __syncthreads(), after which every thread has
+ * the status. A trailing barrier lets the next call's thread 0 overwrite the shared status
+ * safely.
  *
  * Return: as recv(), the same in every thread.
  */
@@ -340,15 +347,40 @@ __device__ inline int wait_consumed(const channel &ch, uint32_t slot, uint32_t g
 
 #endif /* __CUDACC__ */
 
+namespace detail {
+
 /*
- * host_channel - a push, poll or alg1 channel with a host producer: its memory and its producer
- * side (host code).
+ * The runtime numbers its errors as the driver does (cudaErrorIllegalAddress is
+ * CUDA_ERROR_ILLEGAL_ADDRESS, ...), so a driver call's error is passed on unchanged; the
+ * assertions below break the build of a toolkit where that stops being true.
+ */
+static_assert((int)cudaErrorInvalidValue == (int)CUDA_ERROR_INVALID_VALUE, "runtime and driver errors differ");
+static_assert((int)cudaErrorInvalidResourceHandle == (int)CUDA_ERROR_INVALID_HANDLE, "runtime and driver errors differ");
+static_assert((int)cudaErrorIllegalAddress == (int)CUDA_ERROR_ILLEGAL_ADDRESS, "runtime and driver errors differ");
+static_assert((int)cudaErrorNotSupported == (int)CUDA_ERROR_NOT_SUPPORTED, "runtime and driver errors differ");
+static_assert((int)cudaErrorStreamCaptureUnsupported == (int)CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+	      "runtime and driver errors differ");
+
+inline cudaError_t from_driver(CUresult res)
+{
+	return static_cast<cudaError_t>(res);
+}
+
+/* The most ready words one cuStreamBatchMemOp() call writes (it takes fewer than 256 operations). */
+constexpr uint32_t max_batched_writes = 255;
+
+} /* namespace detail */
+
+/*
+ * host_channel - a push, poll, alg1 or mapped channel with a host producer: its memory and its
+ * producer side (host code).
  *
- * create() allocates the slots' data in the current device's memory and the ready words
- * (device memory for push, pinned host memory for poll); for alg1 both in managed memory, as
- * the paper's Algorithm 1 keeps them. publish() copies a batch into a slot and marks its next
- * generation ready (push and poll in stream order; alg1 by the calling thread's stores), so a
- * kernel that sees the ready word sees the data.
+ * create() allocates the slots' data and the ready words: push, both in the current device's
+ * memory; poll, the data there and the words in pinned host memory; alg1, both in managed
+ * memory, as the paper's Algorithm 1 keeps them; mapped, both in pinned host memory mapped
+ * into the device, which the consumers read across the link. publish() copies a batch into a
+ * slot and marks its next generation ready (push and poll in stream order; alg1 and mapped by
+ * the calling thread's stores), so a kernel that sees the ready word sees the data.
  */
 class host_channel {
 public:
@@ -359,85 +391,103 @@ public:
 
 	cudaError_t create(transport kind, uint32_t slots, uint32_t message_bytes, uint32_t warps_per_batch)
 	{
-		if (kind == transport::fault || !slots || !message_bytes || !warps_per_batch)
+		if (kind == transport::fault || kind > transport::mapped || !slots || !message_bytes ||
+		    !warps_per_batch)
 			return cudaErrorInvalidValue;
 		destroy();
 		ch_ = channel{kind, slots, message_bytes, warps_per_batch,
 			      (uint64_t)warps_per_batch * message_bytes, nullptr, nullptr, nullptr, nullptr};
 		published_ = new unsigned int[slots]();
-		cudaError_t err = kind == transport::alg1 ? cudaMallocManaged(&data_, ch_.batch_bytes * slots)
-							  : cudaMalloc(&data_, ch_.batch_bytes * slots);
-		if (err == cudaSuccess && kind == transport::push) {
-			err = cudaMalloc(&ready_, slots * sizeof(unsigned int));
+		const size_t data_bytes = ch_.batch_bytes * slots, ready_bytes = slots * sizeof(unsigned int);
+		cudaError_t err;
+		switch (kind) {
+		case transport::push:
+			err = cudaMalloc(&data_, data_bytes);
 			if (err == cudaSuccess)
-				err = cudaMemset(ready_, 0, slots * sizeof(unsigned int));
-		} else if (err == cudaSuccess && kind == transport::alg1) {
-			err = cudaMallocManaged(&ready_, slots * sizeof(unsigned int));
+				err = cudaMalloc(&ready_, ready_bytes);
 			if (err == cudaSuccess)
-				for (uint32_t s = 0; s < slots; s++)
-					ready_[s] = 0;
-		} else if (err == cudaSuccess) {
-			err = cudaHostAlloc(&ready_, slots * sizeof(unsigned int), cudaHostAllocMapped);
+				err = cudaMemset(ready_, 0, ready_bytes);
+			break;
+		case transport::alg1:
+			err = cudaMallocManaged(&data_, data_bytes);
 			if (err == cudaSuccess)
-				for (uint32_t s = 0; s < slots; s++)
-					ready_[s] = 0;
+				err = cudaMallocManaged(&ready_, ready_bytes);
+			break;
+		default: /* poll, mapped */
+			err = kind == transport::poll ? cudaMalloc(&data_, data_bytes)
+						      : cudaHostAlloc(&data_, data_bytes, cudaHostAllocMapped);
+			if (err == cudaSuccess)
+				err = cudaHostAlloc(&ready_, ready_bytes, cudaHostAllocMapped);
+			break;
 		}
-		if (err != cudaSuccess) {
-			destroy();
-			return err;
-		}
-		ch_.data = static_cast<const uint8_t *>(data_);
-		if (kind != transport::poll)
-			ch_.ready = ready_;
+		/* Host-visible words (all but push's) start at generation 0 by the host's stores. */
+		if (err == cudaSuccess && kind != transport::push)
+			memset(ready_, 0, ready_bytes);
+		if (err == cudaSuccess && kind == transport::mapped)
+			err = cudaHostGetDevicePointer((void **)&ch_.data, data_, 0);
 		else
+			ch_.data = static_cast<const uint8_t *>(data_);
+		if (err == cudaSuccess && (kind == transport::poll || kind == transport::mapped))
 			err = cudaHostGetDevicePointer((void **)&ch_.ready, ready_, 0);
+		else
+			ch_.ready = ready_;
+		if (err != cudaSuccess)
+			destroy();
 		return err;
 	}
 
 	/* What kernels take. */
 	channel device() const { return ch_; }
 
+	/* The generation publish() gives @slot next (generations published so far); 0 for a bad slot. */
+	unsigned int next_generation(uint32_t slot) const { return slot < ch_.slots ? published_[slot] : 0; }
+
 	/*
 	 * Publishes the next generation of @slot: @bytes (at most batch_bytes) from @src, which
-	 * must stay valid until @stream reaches this point. push: both steps are queued on
-	 * @stream (the consumer kernel runs on another). poll: the copy completes, then the ready
-	 * word is stored by this thread, as a naive producer would. alg1: this thread writes the
-	 * data into managed memory, then the ready word with a release store, as the paper's
-	 * producer does (@stream is not used; the pages go where nvidia-uvm moves them).
+	 * must stay valid until @stream reaches this point. push: the copy and a write of the
+	 * ready word (cuStreamBatchMemOp()) are queued on @stream (the consumer kernel runs on
+	 * another). poll: the copy completes, then the ready
+	 * word is stored by this thread, as a naive producer would. alg1 and mapped: this thread
+	 * writes the data, then the ready word with a release store (@stream is not used); alg1's
+	 * pages go where nvidia-uvm moves them, mapped's stay in host memory.
+	 *
+	 * Return: cudaSuccess, or the error of the runtime or driver call that failed.
 	 */
 	cudaError_t publish(uint32_t slot, const void *src, size_t bytes, cudaStream_t stream)
 	{
 		if (slot >= ch_.slots || bytes > ch_.batch_bytes)
 			return cudaErrorInvalidValue;
-		uint8_t *dst = static_cast<uint8_t *>(data_) + (uint64_t)slot * ch_.batch_bytes;
-		if (ch_.kind == transport::alg1) {
-			memcpy(dst, src, bytes);
-			__atomic_store_n(&ready_[slot], ++published_[slot], __ATOMIC_RELEASE);
-			return cudaSuccess;
-		}
-		cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream);
-		if (err != cudaSuccess)
-			return err;
-		const unsigned int generation = ++published_[slot];
-		if (ch_.kind == transport::push) {
-			CUresult res = cuStreamWriteValue32(stream, (CUdeviceptr)&ready_[slot], generation,
-							    CU_STREAM_WRITE_VALUE_DEFAULT);
-			return res == CUDA_SUCCESS ? cudaSuccess : cudaErrorUnknown;
-		}
-		err = cudaStreamSynchronize(stream);
-		if (err == cudaSuccess)
-			__atomic_store_n(&ready_[slot], generation, __ATOMIC_RELEASE);
-		return err;
+		return publish_range(slot, 1, src, bytes, stream);
+	}
+
+	/*
+	 * publish_many() - publishes the next generation of @count consecutive slots from @first
+	 * @first: the first slot
+	 * @count: slots; first + count at most slots
+	 * @src: their batches back to back, batch_bytes each, valid until @stream reaches this
+	 * @stream: as publish()
+	 *
+	 * push: one copy and one batch of ready-word writes (cuStreamBatchMemOp(), up to 255 words
+	 * a call) for all of them, instead of two calls per slot; poll: one copy, then the words;
+	 * alg1 and mapped: one memcpy(), then the words.
+	 *
+	 * Return: as publish().
+	 */
+	cudaError_t publish_many(uint32_t first, uint32_t count, const void *src, cudaStream_t stream)
+	{
+		if (first >= ch_.slots || !count || count > ch_.slots - first)
+			return cudaErrorInvalidValue;
+		return publish_range(first, count, src, ch_.batch_bytes, stream);
 	}
 
 	void destroy()
 	{
+		const bool host_data = ch_.kind == transport::mapped;
+		const bool host_ready = ch_.kind == transport::poll || ch_.kind == transport::mapped;
 		if (data_)
-			cudaFree(data_);
-		if (ready_ && ch_.kind != transport::poll)
-			cudaFree(ready_);
-		else if (ready_)
-			cudaFreeHost(ready_);
+			host_data ? cudaFreeHost(data_) : cudaFree(data_);
+		if (ready_)
+			host_ready ? cudaFreeHost(ready_) : cudaFree(ready_);
 		delete[] published_;
 		data_ = nullptr;
 		ready_ = nullptr;
@@ -445,6 +495,48 @@ public:
 	}
 
 private:
+	/* Slots first..first + count - 1, @bytes of each (count > 1: batch_bytes) from @src. */
+	cudaError_t publish_range(uint32_t first, uint32_t count, const void *src, size_t bytes, cudaStream_t stream)
+	{
+		uint8_t *dst = static_cast<uint8_t *>(data_) + (uint64_t)first * ch_.batch_bytes;
+		const size_t span = (size_t)(count - 1) * ch_.batch_bytes + bytes;
+		if (ch_.kind == transport::alg1 || ch_.kind == transport::mapped) {
+			memcpy(dst, src, span);
+			for (uint32_t s = first; s < first + count; s++)
+				__atomic_store_n(&ready_[s], ++published_[s], __ATOMIC_RELEASE);
+			return cudaSuccess;
+		}
+		cudaError_t err = cudaMemcpyAsync(dst, src, span, cudaMemcpyHostToDevice, stream);
+		if (err != cudaSuccess)
+			return err;
+		if (ch_.kind == transport::poll) {
+			err = cudaStreamSynchronize(stream);
+			for (uint32_t s = first; s < first + count && err == cudaSuccess; s++)
+				__atomic_store_n(&ready_[s], ++published_[s], __ATOMIC_RELEASE);
+			return err;
+		}
+		CUstreamBatchMemOpParams writes[detail::max_batched_writes];
+		for (uint32_t done = 0; done < count;) {
+			const uint32_t n = count - done < detail::max_batched_writes ? count - done
+										  : detail::max_batched_writes;
+			memset(writes, 0, n * sizeof(writes[0]));
+			for (uint32_t i = 0; i < n; i++) {
+				const uint32_t s = first + done + i;
+				writes[i].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+				writes[i].writeValue.address = (CUdeviceptr)&ready_[s];
+				writes[i].writeValue.value = published_[s] + 1;
+				writes[i].writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+			}
+			const CUresult res = cuStreamBatchMemOp(stream, n, writes, 0);
+			if (res != CUDA_SUCCESS)
+				return detail::from_driver(res);
+			for (uint32_t i = 0; i < n; i++)
+				published_[first + done + i]++;
+			done += n;
+		}
+		return cudaSuccess;
+	}
+
 	channel ch_{};
 	void *data_ = nullptr;
 	unsigned int *ready_ = nullptr;
@@ -547,7 +639,9 @@ public:
 	cudaError_t create(transport kind, int consumer, int producer, uint32_t slots, uint32_t message_bytes,
 			   uint32_t warps_per_batch)
 	{
-		if (kind == transport::fault || !slots || !message_bytes || !warps_per_batch)
+		/* mapped is for host producers (host_channel). */
+		if (kind == transport::fault || kind > transport::alg1 || !slots || !message_bytes ||
+		    !warps_per_batch)
 			return cudaErrorInvalidValue;
 		destroy();
 		cudaError_t err = enable_peer_access(consumer, producer);
