@@ -4,11 +4,12 @@
  * every generation to the right warp, and so do alg1 (the paper's Algorithm 1 made correct:
  * managed memory, recv_block(), thread 0 alone waiting) and mapped, and push and alg1 when a
  * whole generation is published with publish_many(); a wait past its timeout returns
- * WIC_ETIMED_OUT; create() and publish() refuse bad arguments; the fault transport addresses each warp's message in the run of its generation and turns each error
- * marker into its code (its pages are ordinary device memory here, so nothing stalls); a
- * producer kernel delivers through push, poll and alg1 peer channels, reusing each slot only after
- * its consumers reported it consumed: on one GPU (producer and consumer kernels side by side),
- * and from GPU 1 to GPU 0 where there are two with peer access.
+ * WIC_ETIMED_OUT; create() and publish() refuse bad arguments; the fault transport addresses
+ * each warp's message in the run of its generation and turns each error marker into its code
+ * (its pages are ordinary device memory here, so nothing stalls); a producer kernel delivers
+ * through push, poll and alg1 peer channels, reusing each slot only after its consumers
+ * reported it consumed: on one GPU (producer and consumer kernels side by side), and from GPU 1
+ * to GPU 0 where there are two with peer access.
  * Exits 0 when every check passed; prints one line per check.
  */
 #include <cstring>
