@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds and runs everything of device/ on a machine with an NVIDIA GPU (stock driver):
 # the CMake build and install, a project that finds the installed package, the transport test,
-# the applications in every mode (median of REPS runs each), the inter-GPU applications where
-# there are two GPUs, and the calibration benchmarks.
+# the transport benchmark, the applications in every mode (median of REPS runs each), the
+# inter-GPU applications where there are two GPUs, each application's bound
+# (bench/bounds.py), and the calibration benchmarks.
 # Usage: device/run.sh [OUT_DIR] [REPS]    Results and logs go to OUT_DIR (default target/device).
 # Reads the GPU's state; never changes its settings.
 set -euo pipefail
@@ -28,13 +29,19 @@ cmake --build "$work/consumer" >>"$out/build.log" 2>&1
 echo "== transport test"
 "$work/build/transport_test" | tee "$out/transport_test.txt"
 
+echo "== transport benchmark"
+bash "$here/bench/transport.sh" "$out/transport"
+
+# An application that has not ended after this long is stuck (a wait without a timeout).
+app_limit=${APP_LIMIT:-600}
+
 echo "== applications (median of $reps runs)"
 : >"$out/apps.txt"
 failed=()
 for app in c_srs c_cg c_fe c_h3d; do
 	for mode in nowait push poll alg1; do
 		# An incorrect result is reported and the rest still run; the script fails at the end.
-		"$work/build/$app" "$mode" "$reps" | tee -a "$out/apps.txt" || failed+=("$app $mode")
+		timeout "$app_limit" "$work/build/$app" "$mode" "$reps" | tee -a "$out/apps.txt" || failed+=("$app $mode")
 	done
 done
 
@@ -46,7 +53,7 @@ if ((gpus >= 2)); then
 		for mode in nowait push poll alg1; do
 			# 77: the application found no two GPUs with peer access, and says so.
 			rc=0
-			"$work/build/$app" "$mode" "$reps" | tee -a "$out/apps-2gpu.txt" || rc=$?
+			timeout "$app_limit" "$work/build/$app" "$mode" "$reps" | tee -a "$out/apps-2gpu.txt" || rc=$?
 			if ((rc != 0 && rc != 77)); then
 				failed+=("$app $mode")
 			fi
@@ -55,6 +62,11 @@ if ((gpus >= 2)); then
 else
 	echo "skipped: nvidia-smi lists $gpus GPU(s), they need 2" | tee "$out/apps-2gpu.txt"
 fi
+
+echo "== bounds"
+apps_files=("$out/apps.txt")
+[[ -s "$out/apps-2gpu.txt" ]] && apps_files+=("$out/apps-2gpu.txt")
+python3 "$here/bench/bounds.py" "${apps_files[@]}" "$out/transport/transport.jsonl" | tee "$out/bounds.md"
 
 echo "== calibration benchmarks"
 bash "$here/bench/run.sh" "$out/bench"

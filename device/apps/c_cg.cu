@@ -114,6 +114,7 @@ int main(int argc, char **argv)
 	CHECK(cudaMalloc(&p, 2 * (size_t)l.rows * sizeof(float)));
 	CHECK(cudaMalloc(&errors, sizeof(int)));
 	std::vector<double> times;
+	std::vector<app::host_work> host;
 	bool correct = true;
 	std::random_device entropy;
 
@@ -156,13 +157,15 @@ int main(int argc, char **argv)
 				"replay difference %g\n",
 				app::mode_name(mode), rep, failed, x_error, res, res_ref, t.replay_error);
 		}
-		if (rep)
+		if (rep) {
 			times.push_back(t.total_ms);
+			host.push_back(t.host);
+		}
 	}
 	app::report("C_CG", mode,
 		    "rows=" + std::to_string(l.rows) + " blocks=" + std::to_string(blocks) +
 			    " iterations=" + std::to_string(iterations),
-		    times, correct);
+		    times, correct, &host);
 	CHECK(cudaFree(p));
 	CHECK(cudaFree(errors));
 	return correct ? 0 : 1;

@@ -306,6 +306,7 @@ int main(int argc, char **argv)
 	CHECK(cudaMalloc(&p, 2 * (size_t)l.rows * sizeof(float)));
 	CHECK(cudaMalloc(&errors, sizeof(int)));
 	std::vector<double> times;
+	std::vector<app::host_work> host;
 	bool correct = true;
 	std::random_device entropy;
 
@@ -372,13 +373,15 @@ int main(int argc, char **argv)
 				"residual %g (reference %g), replay difference %g\n",
 				app::mode_name(mode), rep, failed, a_error, x_error, res, res_ref, t.replay_error);
 		}
-		if (rep)
+		if (rep) {
 			times.push_back(t.total_ms);
+			host.push_back(t.host);
+		}
 	}
 	app::report("C_FE", mode,
 		    "elements=" + std::to_string(e * e * e) + " unknowns=" + std::to_string(l.rows) +
 			    " blocks=" + std::to_string(blocks) + " iterations=" + std::to_string(iterations),
-		    times, correct);
+		    times, correct, &host);
 	CHECK(cudaFree(sums));
 	CHECK(cudaFree(p));
 	CHECK(cudaFree(errors));

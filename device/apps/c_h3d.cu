@@ -215,6 +215,7 @@ int main(int argc, char **argv)
 	CHECK(cudaMalloc(&errors, sizeof(int)));
 	std::vector<float> u0(n * plane), mine(h * plane), next(h * plane), theirs(half);
 	std::vector<double> times;
+	std::vector<app::host_work> host;
 	bool correct = true;
 	std::random_device entropy;
 
@@ -254,13 +255,15 @@ int main(int argc, char **argv)
 				"difference %g\n",
 				app::mode_name(mode), rep, failed, mine_error, theirs_error, t.replay_error);
 		}
-		if (rep)
+		if (rep) {
 			times.push_back(t.total_ms);
+			host.push_back(t.host);
+		}
 	}
 	app::report("C_H3D", mode,
 		    "n=" + std::to_string(n) + " tiles=" + std::to_string(tiles) + " blocks=" + std::to_string(blocks) +
 			    " iterations=" + std::to_string(iterations),
-		    times, correct);
+		    times, correct, &host);
 	CHECK(cudaFree(u));
 	CHECK(cudaFree(errors));
 	return correct ? 0 : 1;

@@ -83,6 +83,7 @@ int main(int argc, char **argv)
 	CHECK(cudaMalloc(&errors, sizeof(int)));
 	std::vector<float2> got(items);
 	std::vector<double> times;
+	std::vector<app::host_work> host;
 	bool correct = true;
 	std::random_device entropy;
 
@@ -124,13 +125,13 @@ int main(int argc, char **argv)
 			fprintf(stderr, "C_SRS %s rep %d: %d warps failed, relative error %g\n", app::mode_name(mode), rep,
 				failed, rel);
 		}
-		if (rep)
+		if (rep) {
 			times.push_back(t.total_ms);
+			host.push_back(t.host);
+		}
 	}
-	printf("C_SRS %s blocks=%u generations=%u median_ms=%.3f min_ms=%.3f max_ms=%.3f correct=%s\n",
-	       app::mode_name(mode), blocks, generations, app::median(times),
-	       *std::min_element(times.begin(), times.end()), *std::max_element(times.begin(), times.end()),
-	       correct ? "yes" : "no");
+	app::report("C_SRS", mode, "blocks=" + std::to_string(blocks) + " generations=" + std::to_string(generations),
+		    times, correct, &host);
 	CHECK(cudaFree(results));
 	CHECK(cudaFree(errors));
 	return correct ? 0 : 1;

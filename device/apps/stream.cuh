@@ -133,9 +133,29 @@ __device__ inline void mark_consumed(unsigned int *consumed, uint32_t b)
 		atomicAdd_system(&consumed[b], 1u);
 }
 
-/* A run's wall time, from the first publish (no-wait: from the launch) to the kernel's end. */
+/*
+ * What a run's host producer did: the time spent producing its messages (inside the fill
+ * callbacks: the producer alone, no transport) and the bytes it published.
+ */
+struct host_work {
+	double producer_ms;
+	uint64_t bytes;
+
+	host_work &operator+=(const host_work &o)
+	{
+		producer_ms += o.producer_ms;
+		bytes += o.bytes;
+		return *this;
+	}
+};
+
+/*
+ * A run's wall time, from the first publish (no-wait: from the launch) to the kernel's end,
+ * and its host producer's work.
+ */
 struct timing {
 	double total_ms;
+	host_work host;
 };
 
 inline double ms_between(std::chrono::steady_clock::time_point from, std::chrono::steady_clock::time_point to)
@@ -186,8 +206,9 @@ public:
 	forward view() const { return forward{channel(), place_, consumed_dev_}; }
 
 	/*
-	 * publish() - publishes item (b, g); @fill writes its batch into pinned staging. A streaming
-	 * run first waits until every warp finished generation g - 1 of slot b.
+	 * publish() - publishes item (b, g); @fill writes its batch into pinned staging, and the
+	 * time it takes counts as the producer's (work()). A streaming run first waits until every
+	 * warp finished generation g - 1 of slot b.
 	 */
 	void publish(uint32_t b, uint32_t g, const std::function<void(uint8_t *)> &fill)
 	{
@@ -196,9 +217,14 @@ public:
 			while (__atomic_load_n(&consumed_[b], __ATOMIC_ACQUIRE) < g * warps_)
 				std::this_thread::yield();
 		uint8_t *buf = staging_ + (size_t)slot * batch_;
+		const auto start = std::chrono::steady_clock::now();
 		fill(buf);
+		work_ += host_work{ms_between(start, std::chrono::steady_clock::now()), batch_};
 		CHECK(ch_.publish(slot, buf, batch_, stream_));
 	}
+
+	/* The producer's work so far. */
+	host_work work() const { return work_; }
 
 	/* Waits for every copy queued so far. */
 	void flush() { CHECK(cudaStreamSynchronize(stream_)); }
@@ -212,6 +238,7 @@ private:
 	unsigned int *consumed_dev_ = nullptr;
 	cudaStream_t stream_ = nullptr;
 	uint8_t *staging_ = nullptr;
+	host_work work_{0.0, 0};
 };
 
 /*
@@ -245,7 +272,7 @@ inline timing run(mode m, uint32_t blocks, uint32_t generations, uint32_t messag
 	const auto end = std::chrono::steady_clock::now();
 	CHECK(cudaStreamDestroy(kernel_stream));
 	/* No-wait: the consumer alone, its data all there before it started. */
-	return timing{ms_between(m == mode::nowait ? launched : start, end)};
+	return timing{ms_between(m == mode::nowait ? launched : start, end), prod.work()};
 }
 
 /*
@@ -528,6 +555,8 @@ struct exchange_timing {
 	double total_ms;
 	/* no-wait: host_io::replay_error() of the replay; 0 otherwise */
 	double replay_error;
+	/* no-wait: the recording run's, whose producer made the messages */
+	host_work host;
 };
 
 namespace detail {
@@ -538,8 +567,11 @@ inline void reset(const alternating &a)
 	CHECK(cudaDeviceSynchronize());
 }
 
-/* One push or poll run of @a, timed from the launch to the end of the host side and kernel. */
-inline double exchange_run(mode m, const alternating &a, recording *rec)
+/*
+ * One run of @a through channels (push, poll, alg1), timed from the launch to the end of the
+ * host side and kernel; *@work gets its producers' work.
+ */
+inline double exchange_run(mode m, const alternating &a, recording *rec, host_work *work)
 {
 	reset(a);
 	std::vector<std::unique_ptr<producer>> fwd;
@@ -557,8 +589,11 @@ inline double exchange_run(mode m, const alternating &a, recording *rec)
 	CHECK(cudaGetLastError());
 	a.host(io);
 	CHECK(cudaStreamSynchronize(kernel_stream));
-	for (auto &p : fwd)
+	*work = host_work{0.0, 0};
+	for (auto &p : fwd) {
 		p->flush();
+		*work += p->work();
+	}
 	const auto end = std::chrono::steady_clock::now();
 	CHECK(cudaStreamDestroy(kernel_stream));
 	return ms_between(start, end);
@@ -576,10 +611,13 @@ inline double exchange_run(mode m, const alternating &a, recording *rec)
  */
 inline exchange_timing exchange(mode m, const alternating &a)
 {
-	if (m != mode::nowait)
-		return exchange_timing{detail::exchange_run(m, a, nullptr), 0.0};
+	host_work work;
+	if (m != mode::nowait) {
+		const double ms = detail::exchange_run(m, a, nullptr, &work);
+		return exchange_timing{ms, 0.0, work};
+	}
 	recording rec(a.forward);
-	detail::exchange_run(mode::push, a, &rec);
+	detail::exchange_run(mode::push, a, &rec, &work);
 	detail::reset(a);
 	std::vector<std::unique_ptr<producer>> fwd;
 	std::vector<forward> views;
@@ -609,7 +647,7 @@ inline exchange_timing exchange(mode m, const alternating &a)
 	CHECK(cudaStreamDestroy(kernel_stream));
 	host_io io(&rec, &back);
 	a.host(io);
-	return exchange_timing{ms_between(launched, end), io.replay_error()};
+	return exchange_timing{ms_between(launched, end), io.replay_error(), work};
 }
 
 inline double median(std::vector<double> v)
@@ -618,13 +656,23 @@ inline double median(std::vector<double> v)
 	return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
-/* Prints an application's line: NAME MODE PARAMS median_ms=... min_ms=... max_ms=... correct=... */
+/*
+ * Prints an application's line: NAME MODE PARAMS median_ms=... min_ms=... max_ms=... correct=...;
+ * with @host (a CPU-GPU application's runs), also producer_ms= (the median of its producer's
+ * time alone) and bytes= (what it published per run), two of the terms of its bound.
+ */
 inline void report(const char *name, mode m, const std::string &params, const std::vector<double> &times,
-		   bool correct)
+		   bool correct, const std::vector<host_work> *host = nullptr)
 {
-	printf("%s %s %s median_ms=%.3f min_ms=%.3f max_ms=%.3f correct=%s\n", name, mode_name(m), params.c_str(),
-	       median(times), *std::min_element(times.begin(), times.end()),
-	       *std::max_element(times.begin(), times.end()), correct ? "yes" : "no");
+	printf("%s %s %s median_ms=%.3f min_ms=%.3f max_ms=%.3f", name, mode_name(m), params.c_str(), median(times),
+	       *std::min_element(times.begin(), times.end()), *std::max_element(times.begin(), times.end()));
+	if (host && !host->empty()) {
+		std::vector<double> producer;
+		for (const host_work &w : *host)
+			producer.push_back(w.producer_ms);
+		printf(" producer_ms=%.3f bytes=%llu", median(producer), (unsigned long long)host->front().bytes);
+	}
+	printf(" correct=%s\n", correct ? "yes" : "no");
 }
 
 } /* namespace app */

@@ -1,0 +1,752 @@
+/* SPDX-License-Identifier: MIT OR Apache-2.0 */
+/*
+ * transport - what each of wic.cuh's stock-driver transports costs, next to the physical
+ * references measured in the same run.
+ *
+ * References:
+ *   bulk_copy        one cudaMemcpyAsync of the streaming total, pinned host -> device (GB/s)
+ *   mapped_one_way   a host store to pinned mapped memory seen by a spinning GPU thread: half
+ *                    the round trip of a host <-> GPU ping-pong through two such words
+ *   peer_one_way     (two GPUs) a store by a thread on GPU 1 into GPU 0's memory seen by a
+ *                    thread spinning there: half the round trip of a GPU 1 <-> GPU 0 ping-pong
+ *
+ * Measurements, for push, poll, alg1 and mapped (push_many: push publishing a whole generation
+ * with one publish_many()):
+ *   latency          host publishes a message of BYTES into slot 0; the consumer block receives
+ *                    it, checks its first and last 8 bytes (the message's stamp), and thread 0
+ *                    stores an acknowledgement into pinned mapped memory, on which the host
+ *                    spins. round trip = publish() to acknowledgement; one_way = round trip -
+ *                    mapped_one_way (the acknowledgement's own trip). Against BYTES (one warp
+ *                    waiting) and against WAITERS, the warps waiting at once (each other block
+ *                    waits on its own slot, published when the measurement ends), with each
+ *                    warp waiting for itself ("warp") or thread 0 for its block ("block", as the
+ *                    paper's Algorithm 1; alg1 always waits so).
+ *   peer_latency     (two GPUs) a producer kernel on GPU 1 writes a message of BYTES into a
+ *                    peer_channel to GPU 0 and publishes it; the consumer block receives it,
+ *                    checks the stamp and stores an acknowledgement into GPU 1's memory on
+ *                    which the producer spins; one_way = round trip - peer_one_way.
+ *   streaming        one host thread streams TOTAL bytes as batches of BYTES to one consumer
+ *                    block per SM (two slots per block, thread 0 waits, every thread reads the
+ *                    batch); the host reuses a slot once the block acknowledged the generation
+ *                    before. GB/s from the first publish to the kernel's end, its ratio to
+ *                    bulk_copy, and the host's time inside publish() per batch.
+ *
+ * Every wait gives up after 2 s; a measurement whose wait gave up is reported failed and the
+ * program exits 1. Prints a table; with OUT, also one JSON object per line into OUT.
+ *
+ * Usage: transport [--quick] [OUT.jsonl]   (--quick: 64 MiB streams, fewer repetitions)
+ */
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <string>
+#include <vector>
+
+#include "../apps/peer.cuh"
+
+namespace {
+
+constexpr uint64_t timeout_ns = 2000000000;
+constexpr double timeout_s = 2.0;
+
+using clock_type = std::chrono::steady_clock;
+
+struct settings {
+	bool quick = false;
+	FILE *json = nullptr;
+	uint32_t sms = 0;
+	uint64_t stream_total = 512ull << 20;
+	uint32_t latency_iterations = 2000;
+	double point_budget_s = 0.3;
+};
+
+settings cfg;
+
+double seconds_since(clock_type::time_point t)
+{
+	return std::chrono::duration<double>(clock_type::now() - t).count();
+}
+
+double us_between(clock_type::time_point a, clock_type::time_point b)
+{
+	return std::chrono::duration<double, std::micro>(b - a).count();
+}
+
+double quantile(std::vector<double> v, double q)
+{
+	if (v.empty())
+		return 0.0;
+	std::sort(v.begin(), v.end());
+	return v[std::min(v.size() - 1, (size_t)(q * v.size()))];
+}
+
+/* One result line: the JSON object's fields, also printed. */
+class record {
+public:
+	explicit record(const char *measurement) { add("measurement", measurement); }
+	record &add(const char *key, const std::string &value)
+	{
+		fields_ += (fields_.empty() ? "" : ",") + std::string("\"") + key + "\":\"" + value + "\"";
+		return *this;
+	}
+	record &add(const char *key, const char *value) { return add(key, std::string(value)); }
+	record &add(const char *key, double value)
+	{
+		char text[64];
+		snprintf(text, sizeof(text), "%.4g", value);
+		fields_ += (fields_.empty() ? "" : ",") + std::string("\"") + key + "\":" + text;
+		return *this;
+	}
+	record &add(const char *key, bool value)
+	{
+		fields_ += (fields_.empty() ? "" : ",") + std::string("\"") + key + "\":" + (value ? "true" : "false");
+		return *this;
+	}
+	void emit()
+	{
+		if (cfg.json) {
+			fprintf(cfg.json, "{%s}\n", fields_.c_str());
+			fflush(cfg.json);
+		}
+	}
+
+private:
+	std::string fields_;
+};
+
+/* Exits after a wait gave up: a kernel may still be spinning, so nothing after it is safe. */
+[[noreturn]] void stuck(const char *what)
+{
+	fprintf(stderr, "transport: %s: a wait gave up after %.0f s; stopping\n", what, timeout_s);
+	exit(1);
+}
+
+/* Waits for @stream's work, or gives up after 2 s more. */
+void finish(cudaStream_t stream, const char *what)
+{
+	const auto start = clock_type::now();
+	cudaError_t err;
+	while ((err = cudaStreamQuery(stream)) == cudaErrorNotReady)
+		if (seconds_since(start) > timeout_s + 1)
+			stuck(what);
+	CHECK(err);
+}
+
+/* Spins until *@word, written by a GPU, reaches @want; false after 2 s or on the failure value ~0. */
+bool host_wait(const unsigned int *word, unsigned int want)
+{
+	const auto start = clock_type::now();
+	for (unsigned spins = 0;; spins++) {
+		const unsigned int v = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+		if (v == ~0u)
+			return false;
+		if ((int)(v - want) >= 0)
+			return true;
+		if (spins % 4096 == 0 && seconds_since(start) > timeout_s)
+			return false;
+	}
+}
+
+/* A word of pinned host memory mapped into the current device: host and device addresses. */
+struct mapped_word {
+	unsigned int *host = nullptr;
+	unsigned int *dev = nullptr;
+
+	mapped_word()
+	{
+		CHECK(cudaHostAlloc(&host, sizeof(unsigned int), cudaHostAllocMapped));
+		*host = 0;
+		CHECK(cudaHostGetDevicePointer((void **)&dev, host, 0));
+	}
+	mapped_word(const mapped_word &) = delete;
+	mapped_word &operator=(const mapped_word &) = delete;
+	~mapped_word() { CHECK(cudaFreeHost(host)); }
+};
+
+/* ---- device side ---- */
+
+__device__ inline uint64_t load64(const uint8_t *at)
+{
+	return *reinterpret_cast<const volatile uint64_t *>(at);
+}
+
+/* Whether the message of @bytes at @m carries @stamp in its first and last 8 bytes. */
+__device__ inline bool stamped(const uint8_t *m, uint64_t bytes, uint64_t stamp)
+{
+	return load64(m) == stamp && load64(m + bytes - 8) == stamp;
+}
+
+/* Thread 0 of the block waits (@block) or every warp for itself, with a 2 s timeout. */
+__device__ inline int wait_message(const wic::channel &ch, uint32_t slot, uint32_t generation, bool block,
+				   const uint8_t **m)
+{
+	return block ? wic::recv_block(ch, slot, generation, m, timeout_ns)
+		     : wic::recv(ch, slot, generation, 0, m, timeout_ns);
+}
+
+/* Echoes every value 1..@n of *@in into *@out; ~0 into *@out if one does not come within 2 s. */
+__global__ void echo(const unsigned int *in, unsigned int *out, uint32_t n)
+{
+	for (uint32_t i = 1; i <= n; i++) {
+		if (wic::detail::wait_past(in, i - 1, false, timeout_ns) != WIC_OK) {
+			wic::detail::store_release(out, ~0u);
+			return;
+		}
+		wic::detail::store_release(out, i);
+	}
+}
+
+/*
+ * Peer ping: stores 1..@n into *@there (the other GPU's memory), each after the echo of the one
+ * before arrived in *@here (this GPU's memory); rt_ns[i] = store to echo, by %globaltimer.
+ */
+__global__ void ping(unsigned int *there, const unsigned int *here, uint32_t n, uint64_t *rt_ns)
+{
+	for (uint32_t i = 1; i <= n; i++) {
+		const uint64_t t0 = wic::detail::globaltimer();
+		wic::detail::store_release(there, i);
+		if (wic::detail::wait_past(here, i - 1, false, timeout_ns) != WIC_OK)
+			return;
+		rt_ns[i - 1] = wic::detail::globaltimer() - t0;
+	}
+}
+
+/* The block reads all of the message of @bytes at @m, 16 bytes a thread at a time, into @acc. */
+__device__ inline void read_all(const uint8_t *m, uint64_t bytes, uint4 *acc)
+{
+	for (uint64_t k = threadIdx.x; k < bytes / 16; k += blockDim.x) {
+		const uint4 v = reinterpret_cast<const uint4 *>(m)[k];
+		acc->x ^= v.x;
+		acc->y ^= v.y;
+		acc->z ^= v.z;
+		acc->w ^= v.w;
+	}
+}
+
+/*
+ * Block 0 receives generation 0, 1, ... of slot 0 until a message whose first 8 bytes are 0:
+ * the whole block reads each message, thread 0 checks its stamp (generation + 1) and
+ * acknowledges it in *@ack. Every other block waits once on its own slot. A failed wait or a
+ * wrong stamp stores ~0 into *@ack.
+ */
+__global__ void latency_consumer(wic::channel ch, bool block, unsigned int *ack, uint4 *sink)
+{
+	const uint8_t *m;
+	uint4 acc = make_uint4(0, 0, 0, 0);
+
+	if (blockIdx.x != 0) {
+		wait_message(ch, blockIdx.x, 0, block, &m);
+		return;
+	}
+	for (uint32_t i = 0;; i++) {
+		const int rc = wait_message(ch, 0, i, block, &m);
+		if (__syncthreads_or(threadIdx.x == 0 && rc == WIC_OK && load64(m) == 0))
+			break;
+		if (rc == WIC_OK)
+			read_all(m, ch.message_bytes, &acc);
+		const bool bad = rc != WIC_OK || (threadIdx.x == 0 && !stamped(m, ch.message_bytes, i + 1));
+		if (__syncthreads_or(bad)) {
+			if (threadIdx.x == 0)
+				wic::detail::store_release(ack, ~0u);
+			return;
+		}
+		if (threadIdx.x == 0)
+			wic::detail::store_release(ack, i + 1);
+	}
+	sink[threadIdx.x] = acc;
+}
+
+/*
+ * GPU producer: writes message i (@bytes, stamped i + 1) with the whole block, publishes it,
+ * and waits for the consumer's acknowledgement in *@ack (this GPU's memory);
+ * rt_ns[i] = first write to acknowledgement (left 0 once a wait gave up).
+ */
+__global__ void peer_producer(wic::channel ch, uint32_t iterations, const unsigned int *ack, uint64_t *rt_ns)
+{
+	__shared__ int gave_up;
+	uint8_t *buf = wic::slot_buffer(ch, 0);
+	const uint64_t words = ch.message_bytes / 8;
+
+	for (uint32_t i = 0; i < iterations; i++) {
+		const uint64_t t0 = wic::detail::globaltimer();
+		for (uint64_t k = threadIdx.x; k < words; k += blockDim.x)
+			reinterpret_cast<uint64_t *>(buf)[k] = i + 1;
+		__threadfence_system();
+		__syncthreads();
+		if (threadIdx.x == 0) {
+			wic::publish(ch, 0, i);
+			gave_up = wic::detail::wait_past(ack, i, false, timeout_ns) != WIC_OK;
+			if (!gave_up)
+				rt_ns[i] = wic::detail::globaltimer() - t0;
+		}
+		__syncthreads();
+		if (gave_up)
+			return;
+	}
+}
+
+/* GPU 0's side of peer_producer: receive, check, acknowledge into *@ack (GPU 1), report consumed. */
+__global__ void peer_consumer(wic::channel ch, uint32_t iterations, unsigned int *ack)
+{
+	for (uint32_t i = 0; i < iterations; i++) {
+		const uint8_t *m;
+		const int rc = wic::recv_block(ch, 0, i, &m, timeout_ns);
+		const bool bad = rc != WIC_OK || (threadIdx.x == 0 && !stamped(m, ch.message_bytes, i + 1));
+		if (__syncthreads_or(bad))
+			return;
+		if (threadIdx.x == 0) {
+			wic::consumed(ch, 0, i);
+			wic::detail::store_release(ack, i + 1);
+		}
+	}
+}
+
+/*
+ * Block b receives generation g of its stream in slot (g % 2) * gridDim.x + b, every thread
+ * reads the batch (16 bytes at a time, summed into @sink), thread 0 checks the stamp
+ * (b << 32 | g + 1) and acknowledges in acked[b]; a failure stores ~0 there.
+ */
+__global__ void stream_consumer(wic::channel ch, uint32_t generations, unsigned int *acked, uint4 *sink)
+{
+	const uint32_t b = blockIdx.x;
+	uint4 acc = make_uint4(0, 0, 0, 0);
+
+	for (uint32_t g = 0; g < generations; g++) {
+		const uint8_t *batch;
+		const int rc = wic::recv_block(ch, (g % 2) * gridDim.x + b, g / 2, &batch, timeout_ns);
+		if (rc == WIC_OK)
+			read_all(batch, ch.batch_bytes, &acc);
+		const bool bad = rc != WIC_OK || (threadIdx.x == 0 && load64(batch) != ((uint64_t)b << 32 | (g + 1)));
+		if (__syncthreads_or(bad)) {
+			if (threadIdx.x == 0)
+				wic::detail::store_release(&acked[b], ~0u);
+			return;
+		}
+		if (threadIdx.x == 0)
+			wic::detail::store_release(&acked[b], g + 1);
+	}
+	sink[(size_t)b * blockDim.x + threadIdx.x] = acc;
+}
+
+/* ---- references ---- */
+
+/* GB/s of one pinned -> device copy of @bytes (median of 5). */
+double bulk_copy_gbps(uint64_t bytes)
+{
+	void *host, *dev;
+	cudaEvent_t start, end;
+	cudaStream_t stream;
+	CHECK(cudaHostAlloc(&host, bytes, cudaHostAllocDefault));
+	memset(host, 1, bytes);
+	CHECK(cudaMalloc(&dev, bytes));
+	CHECK(cudaEventCreate(&start));
+	CHECK(cudaEventCreate(&end));
+	CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+	std::vector<double> gbps;
+	for (int rep = 0; rep <= 5; rep++) {
+		CHECK(cudaEventRecord(start, stream));
+		CHECK(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, stream));
+		CHECK(cudaEventRecord(end, stream));
+		CHECK(cudaEventSynchronize(end));
+		float ms;
+		CHECK(cudaEventElapsedTime(&ms, start, end));
+		if (rep) /* rep 0 warms up */
+			gbps.push_back(bytes / (ms * 1e6));
+	}
+	CHECK(cudaStreamDestroy(stream));
+	CHECK(cudaEventDestroy(start));
+	CHECK(cudaEventDestroy(end));
+	CHECK(cudaFree(dev));
+	CHECK(cudaFreeHost(host));
+	const double median = quantile(gbps, 0.5);
+	printf("%-16s %-10s %10.1f GB/s  (%llu MiB, median of 5)\n", "bulk_copy", "reference", median,
+	       (unsigned long long)(bytes >> 20));
+	record("bulk_copy").add("bytes", (double)bytes).add("gbps", median).emit();
+	return median;
+}
+
+/* Half the median host <-> GPU round trip through two pinned mapped words, in us. */
+double mapped_one_way_us()
+{
+	const uint32_t n = cfg.quick ? 2000 : 20000;
+	mapped_word in, out;
+	cudaStream_t stream;
+	CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+	echo<<<1, 1, 0, stream>>>(in.dev, out.dev, n);
+	CHECK(cudaGetLastError());
+	std::vector<double> rt;
+	for (uint32_t i = 1; i <= n; i++) {
+		const auto t0 = clock_type::now();
+		__atomic_store_n(in.host, i, __ATOMIC_RELEASE);
+		if (!host_wait(out.host, i))
+			stuck("mapped_one_way");
+		rt.push_back(us_between(t0, clock_type::now()));
+	}
+	finish(stream, "mapped_one_way");
+	CHECK(cudaStreamDestroy(stream));
+	rt.erase(rt.begin(), rt.begin() + n / 10); /* warm-up */
+	const double one_way = quantile(rt, 0.5) / 2;
+	printf("%-16s %-10s %10.2f us one way  (round trip p10 %.2f, p90 %.2f us; %u trips)\n", "mapped_one_way",
+	       "reference", one_way, quantile(rt, 0.1), quantile(rt, 0.9), n);
+	record("mapped_one_way").add("one_way_us", one_way).add("rt_p10_us", quantile(rt, 0.1))
+		.add("rt_p50_us", quantile(rt, 0.5)).add("rt_p90_us", quantile(rt, 0.9)).emit();
+	return one_way;
+}
+
+/* Half the median GPU 1 <-> GPU 0 round trip through a word in each GPU's memory, in us. */
+double peer_one_way_us()
+{
+	const uint32_t n = cfg.quick ? 2000 : 20000;
+	unsigned int *word[2];
+	uint64_t *rt_ns;
+	cudaStream_t stream[2];
+	for (int d = 0; d < 2; d++) {
+		app::on_gpu g(d);
+		CHECK(cudaMalloc(&word[d], sizeof(unsigned int)));
+		CHECK(cudaMemset(word[d], 0, sizeof(unsigned int)));
+		CHECK(cudaStreamCreateWithFlags(&stream[d], cudaStreamNonBlocking));
+		CHECK(cudaDeviceSynchronize());
+	}
+	{
+		app::on_gpu g(1);
+		CHECK(cudaMalloc(&rt_ns, n * sizeof(uint64_t)));
+		app::load(ping);
+	}
+	{
+		app::on_gpu g(0);
+		app::load(echo);
+		echo<<<1, 1, 0, stream[0]>>>(word[0], word[1], n);
+		CHECK(cudaGetLastError());
+	}
+	{
+		app::on_gpu g(1);
+		ping<<<1, 1, 0, stream[1]>>>(word[0], word[1], n, rt_ns);
+		CHECK(cudaGetLastError());
+	}
+	for (int d = 0; d < 2; d++)
+		finish(stream[d], "peer_one_way");
+	std::vector<uint64_t> ns(n);
+	CHECK(cudaMemcpy(ns.data(), rt_ns, n * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+	std::vector<double> rt;
+	for (uint32_t i = n / 10; i < n; i++)
+		rt.push_back(ns[i] / 1000.0);
+	for (int d = 0; d < 2; d++) {
+		app::on_gpu g(d);
+		CHECK(cudaFree(word[d]));
+		CHECK(cudaStreamDestroy(stream[d]));
+	}
+	app::free_on(1, rt_ns);
+	const double one_way = quantile(rt, 0.5) / 2;
+	printf("%-16s %-10s %10.2f us one way  (round trip p10 %.2f, p90 %.2f us)\n", "peer_one_way", "reference",
+	       one_way, quantile(rt, 0.1), quantile(rt, 0.9));
+	record("peer_one_way").add("one_way_us", one_way).add("rt_p10_us", quantile(rt, 0.1))
+		.add("rt_p50_us", quantile(rt, 0.5)).add("rt_p90_us", quantile(rt, 0.9)).emit();
+	return one_way;
+}
+
+/* ---- measurements ---- */
+
+/*
+ * latency() - host -> warp: @blocks blocks of @warps warps wait on a channel of @kind; block 0's
+ * messages of @bytes are timed, at most cfg.latency_iterations or as many as fit in
+ * cfg.point_budget_s (at least 50).
+ */
+void latency(wic::transport kind, uint32_t bytes, uint32_t blocks, uint32_t warps, bool block,
+	     double mapped_one_way)
+{
+	wic::host_channel ch;
+	CHECK(ch.create(kind, blocks, bytes, 1));
+	uint8_t *staging;
+	CHECK(cudaHostAlloc(&staging, bytes, cudaHostAllocDefault));
+	memset(staging, 0x5a, bytes);
+	uint4 *sink;
+	CHECK(cudaMalloc(&sink, warps * 32 * sizeof(uint4)));
+	mapped_word ack;
+	cudaStream_t kernel_stream, copy_stream;
+	CHECK(cudaStreamCreateWithFlags(&kernel_stream, cudaStreamNonBlocking));
+	CHECK(cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking));
+	CHECK(cudaDeviceSynchronize());
+	latency_consumer<<<blocks, warps * 32, 0, kernel_stream>>>(ch.device(), block, ack.dev, sink);
+	CHECK(cudaGetLastError());
+	char what[96];
+	snprintf(what, sizeof(what), "latency %s %u B %u waiters", wic::transport_name(kind), bytes, blocks * warps);
+	/* Message i carries the stamp i + 1 in its first and last 8 bytes; 0 tells the block to end. */
+	auto send = [&](uint64_t stamp) {
+		memcpy(staging, &stamp, 8);
+		memcpy(staging + bytes - 8, &stamp, 8);
+		CHECK(ch.publish(0, staging, bytes, copy_stream));
+	};
+	std::vector<double> rt, api;
+	const auto start = clock_type::now();
+	for (uint32_t i = 0; i < cfg.latency_iterations; i++) {
+		if (i >= 50 && seconds_since(start) > cfg.point_budget_s)
+			break;
+		const auto t0 = clock_type::now();
+		send(i + 1);
+		const auto t1 = clock_type::now();
+		if (!host_wait(ack.host, i + 1))
+			stuck(what);
+		rt.push_back(us_between(t0, clock_type::now()));
+		api.push_back(us_between(t0, t1));
+	}
+	send(0);
+	/* The other blocks' slots, each once: they end. */
+	for (uint32_t b = 1; b < blocks; b++)
+		CHECK(ch.publish(b, staging, 16, copy_stream));
+	finish(kernel_stream, what);
+	finish(copy_stream, what);
+	CHECK(cudaStreamDestroy(kernel_stream));
+	CHECK(cudaStreamDestroy(copy_stream));
+	CHECK(cudaFree(sink));
+	CHECK(cudaFreeHost(staging));
+	rt.erase(rt.begin(), rt.begin() + rt.size() / 10); /* warm-up */
+	const double median = quantile(rt, 0.5), one_way = median - mapped_one_way;
+	const char *style = block ? "block" : "warp";
+	printf("%-16s %-10s %8u B %5u waiters (%-5s) rt %8.2f us (p10 %.2f p90 %.2f) one_way %8.2f us "
+	       "publish %6.2f us\n",
+	       "latency", wic::transport_name(kind), bytes, blocks * warps, style, median, quantile(rt, 0.1),
+	       quantile(rt, 0.9), one_way, quantile(api, 0.5));
+	record("latency")
+		.add("transport", wic::transport_name(kind))
+		.add("bytes", (double)bytes)
+		.add("waiters", (double)(blocks * warps))
+		.add("wait", style)
+		.add("rt_p10_us", quantile(rt, 0.1))
+		.add("rt_p50_us", median)
+		.add("rt_p90_us", quantile(rt, 0.9))
+		.add("one_way_us", one_way)
+		.add("one_way_over_mapped", one_way / mapped_one_way)
+		.add("publish_us", quantile(api, 0.5))
+		.add("messages", (double)rt.size())
+		.emit();
+}
+
+/* peer_latency() - GPU 1 -> GPU 0 through a peer_channel of @kind, messages of @bytes. */
+void peer_latency(wic::transport kind, uint32_t bytes, double peer_one_way)
+{
+	const uint32_t iterations = cfg.quick ? 200 : 2000;
+	wic::peer_channel ch;
+	CHECK(ch.create(kind, 0, 1, 1, bytes, 1));
+	unsigned int *ack = app::alloc_on<unsigned int>(1, 1);
+	uint64_t *rt_ns = app::alloc_on<uint64_t>(1, iterations);
+	{
+		app::on_gpu g(1);
+		CHECK(cudaMemset(ack, 0, sizeof(unsigned int)));
+		CHECK(cudaMemset(rt_ns, 0, iterations * sizeof(uint64_t)));
+		app::load(peer_producer);
+	}
+	app::sync_both();
+	app::stream_pair streams;
+	{
+		app::on_gpu g(0);
+		app::load(peer_consumer);
+		peer_consumer<<<1, 256, 0, streams[0]>>>(ch.device(), iterations, ack);
+		CHECK(cudaGetLastError());
+	}
+	{
+		app::on_gpu g(1);
+		peer_producer<<<1, 256, 0, streams[1]>>>(ch.device(), iterations, ack, rt_ns);
+		CHECK(cudaGetLastError());
+	}
+	char what[64];
+	snprintf(what, sizeof(what), "peer_latency %s %u B", wic::transport_name(kind), bytes);
+	for (int d = 0; d < 2; d++)
+		finish(streams[d], what);
+	std::vector<uint64_t> ns(iterations);
+	CHECK(cudaMemcpy(ns.data(), rt_ns, iterations * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+	app::free_on(1, ack);
+	app::free_on(1, rt_ns);
+	if (!ns.back())
+		stuck(what);
+	std::vector<double> rt;
+	for (uint32_t i = iterations / 10; i < iterations; i++)
+		rt.push_back(ns[i] / 1000.0);
+	const double median = quantile(rt, 0.5), one_way = median - peer_one_way;
+	printf("%-16s %-10s %8u B rt %8.2f us (p10 %.2f p90 %.2f) one_way %8.2f us\n", "peer_latency",
+	       wic::transport_name(kind), bytes, median, quantile(rt, 0.1), quantile(rt, 0.9), one_way);
+	record("peer_latency")
+		.add("transport", wic::transport_name(kind))
+		.add("bytes", (double)bytes)
+		.add("rt_p10_us", quantile(rt, 0.1))
+		.add("rt_p50_us", median)
+		.add("rt_p90_us", quantile(rt, 0.9))
+		.add("one_way_us", one_way)
+		.add("one_way_over_peer", one_way / peer_one_way)
+		.emit();
+}
+
+/*
+ * streaming() - one host thread streams cfg.stream_total bytes in batches of @bytes through a
+ * channel of @kind (@many: a generation of all blocks per publish_many()) to one block per SM.
+ */
+void streaming(wic::transport kind, bool many, uint32_t bytes, double bulk_gbps)
+{
+	const uint32_t blocks = cfg.sms, slots = 2 * blocks;
+	const uint32_t generations = (uint32_t)std::max<uint64_t>(2, cfg.stream_total / ((uint64_t)bytes * blocks));
+	const uint64_t total = (uint64_t)generations * blocks * bytes;
+	wic::host_channel ch;
+	CHECK(ch.create(kind, slots, bytes, 1));
+	uint8_t *staging;
+	CHECK(cudaHostAlloc(&staging, (size_t)slots * bytes, cudaHostAllocDefault));
+	memset(staging, 0x5a, (size_t)slots * bytes);
+	unsigned int *acked, *acked_dev;
+	CHECK(cudaHostAlloc(&acked, blocks * sizeof(unsigned int), cudaHostAllocMapped));
+	memset(acked, 0, blocks * sizeof(unsigned int));
+	CHECK(cudaHostGetDevicePointer((void **)&acked_dev, acked, 0));
+	uint4 *sink;
+	CHECK(cudaMalloc(&sink, (size_t)blocks * 256 * sizeof(uint4)));
+	cudaStream_t kernel_stream, copy_stream;
+	CHECK(cudaStreamCreateWithFlags(&kernel_stream, cudaStreamNonBlocking));
+	CHECK(cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking));
+	CHECK(cudaDeviceSynchronize());
+	stream_consumer<<<blocks, 256, 0, kernel_stream>>>(ch.device(), generations, acked_dev, sink);
+	CHECK(cudaGetLastError());
+	const char *name = many ? "push_many" : wic::transport_name(kind);
+	char what[64];
+	snprintf(what, sizeof(what), "streaming %s %u B", name, bytes);
+	double in_publish_us = 0;
+	const auto start = clock_type::now();
+	for (uint32_t g = 0; g < generations; g++) {
+		const uint32_t first = (g % 2) * blocks;
+		for (uint32_t b = 0; b < blocks; b++) {
+			/* The slot's generation before (g - 2) is consumed, so its copy is done. */
+			if (g >= 2 && !host_wait(&acked[b], g - 1))
+				stuck(what);
+			const uint64_t stamp = (uint64_t)b << 32 | (g + 1);
+			uint8_t *src = staging + (size_t)(first + b) * bytes;
+			memcpy(src, &stamp, 8);
+			if (!many) {
+				const auto t0 = clock_type::now();
+				CHECK(ch.publish(first + b, src, bytes, copy_stream));
+				in_publish_us += us_between(t0, clock_type::now());
+			}
+		}
+		if (many) {
+			const auto t0 = clock_type::now();
+			CHECK(ch.publish_many(first, blocks, staging + (size_t)first * bytes, copy_stream));
+			in_publish_us += us_between(t0, clock_type::now());
+		}
+	}
+	finish(kernel_stream, what);
+	const double ms = seconds_since(start) * 1e3;
+	finish(copy_stream, what);
+	bool ok = true;
+	for (uint32_t b = 0; b < blocks; b++)
+		ok &= acked[b] == generations;
+	if (!ok)
+		stuck(what);
+	CHECK(cudaStreamDestroy(kernel_stream));
+	CHECK(cudaStreamDestroy(copy_stream));
+	CHECK(cudaFree(sink));
+	CHECK(cudaFreeHost(acked));
+	CHECK(cudaFreeHost(staging));
+	const double gbps = total / (ms * 1e6), publishes = many ? generations : (double)generations * blocks;
+	printf("%-16s %-10s %8u B %8.1f GB/s  %5.2fx bulk  publish %6.2f us per call (%.0f calls, %llu MiB)\n",
+	       "streaming", name, bytes, gbps, bulk_gbps / gbps, in_publish_us / publishes, publishes,
+	       (unsigned long long)(total >> 20));
+	record("streaming")
+		.add("transport", name)
+		.add("bytes", (double)bytes)
+		.add("total_bytes", (double)total)
+		.add("ms", ms)
+		.add("gbps", gbps)
+		.add("time_over_bulk", bulk_gbps / gbps)
+		.add("publish_us_per_call", in_publish_us / publishes)
+		.add("calls", publishes)
+		.emit();
+}
+
+void describe_device()
+{
+	cudaDeviceProp prop;
+	CHECK(cudaGetDeviceProperties(&prop, 0));
+	int driver = 0, runtime = 0, gpus = 0;
+	CHECK(cudaDriverGetVersion(&driver));
+	CHECK(cudaRuntimeGetVersion(&runtime));
+	CHECK(cudaGetDeviceCount(&gpus));
+	char date[32];
+	const time_t now = time(nullptr);
+	strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+	printf("transport: %s (%d SMs), %d GPU(s), CUDA driver API %d, runtime %d, %s%s\n", prop.name,
+	       prop.multiProcessorCount, gpus, driver, runtime, date, cfg.quick ? ", quick" : "");
+	record("device")
+		.add("name", prop.name)
+		.add("sms", (double)prop.multiProcessorCount)
+		.add("gpus", (double)gpus)
+		.add("cuda_driver_api", (double)driver)
+		.add("cuda_runtime", (double)runtime)
+		.add("date", date)
+		.add("quick", cfg.quick)
+		.emit();
+}
+
+} /* namespace */
+
+int main(int argc, char **argv)
+{
+	const char *out = nullptr;
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--quick"))
+			cfg.quick = true;
+		else if (argv[i][0] == '-' || out) {
+			fprintf(stderr, "usage: %s [--quick] [OUT.jsonl]\n", argv[0]);
+			return 2;
+		} else
+			out = argv[i];
+	}
+	if (out && !(cfg.json = fopen(out, "w"))) {
+		perror(out);
+		return 2;
+	}
+	if (cfg.quick) {
+		cfg.stream_total = 64ull << 20;
+		cfg.latency_iterations = 300;
+		cfg.point_budget_s = 0.1;
+	}
+	cfg.sms = app::sm_count();
+	describe_device();
+
+	const double bulk = bulk_copy_gbps(cfg.stream_total);
+	const double mapped = mapped_one_way_us();
+
+	const wic::transport host_kinds[] = {wic::transport::push, wic::transport::poll, wic::transport::alg1,
+					     wic::transport::mapped};
+	/* One warp waiting: against the message size. */
+	for (wic::transport kind : host_kinds)
+		for (uint32_t bytes = 64; bytes <= (1u << 20); bytes *= 4)
+			latency(kind, bytes, 1, 1, kind == wic::transport::alg1, mapped);
+	/* 64-byte messages: against the warps waiting at once. */
+	const uint32_t shapes[][2] = {{1, 16}, {cfg.sms, 1}, {cfg.sms, 16}};
+	for (wic::transport kind : host_kinds)
+		for (const auto &shape : shapes)
+			for (bool block : {false, true})
+				if (block || kind != wic::transport::alg1)
+					latency(kind, 64, shape[0], shape[1], block, mapped);
+
+	for (uint32_t bytes : {4096u, 65536u, 1u << 20}) {
+		streaming(wic::transport::push, false, bytes, bulk);
+		streaming(wic::transport::push, true, bytes, bulk);
+		for (wic::transport kind : {wic::transport::poll, wic::transport::alg1, wic::transport::mapped})
+			streaming(kind, false, bytes, bulk);
+	}
+
+	int gpus = 0;
+	CHECK(cudaGetDeviceCount(&gpus));
+	const cudaError_t peer = gpus >= 2 ? wic::enable_peer_access(0, 1) : cudaErrorInvalidDevice;
+	if (peer == cudaSuccess) {
+		const double peer_ref = peer_one_way_us();
+		for (wic::transport kind : {wic::transport::push, wic::transport::poll, wic::transport::alg1})
+			for (uint32_t bytes = 64; bytes <= (1u << 20); bytes *= 16)
+				peer_latency(kind, bytes, peer_ref);
+	} else {
+		printf("peer measurements skipped: %d GPU(s)%s%s\n", gpus, gpus >= 2 ? ", " : "",
+		       gpus >= 2 ? cudaGetErrorString(peer) : "");
+		record("peer_skipped").add("gpus", (double)gpus).emit();
+	}
+	if (cfg.json)
+		fclose(cfg.json);
+	return 0;
+}

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Builds and runs the transport benchmark (transport.cu) on a machine with an NVIDIA GPU.
+#
+# Usage: device/bench/transport.sh [OUTPUT_DIR] [--quick]   (default: $OUT if set, else target/transport)
+#
+# Writes to OUTPUT_DIR: transport.jsonl (one JSON object per measurement, the first naming the
+# GPU, driver API version and date) and transport.txt (the table it printed).
+# Reads the GPU's state; changes none of its settings.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+out="${1:-${OUT:-$repo/target/transport}}"
+shift || true
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+build="$repo/target/device-bench"
+mkdir -p "$build"
+
+nvcc="${NVCC:-$(command -v nvcc || true)}"
+if [[ -z "$nvcc" && -x /usr/local/cuda/bin/nvcc ]]; then
+    nvcc=/usr/local/cuda/bin/nvcc
+fi
+if [[ -z "$nvcc" ]]; then
+    echo "transport.sh: nvcc not found (put it on PATH or set NVCC)" >&2
+    exit 1
+fi
+
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/device.txt"
+"$nvcc" -O2 -arch=sm_90 -std=c++17 -I "$repo/device/include" -I "$repo/ffi/include" \
+    -o "$build/transport" "$here/transport.cu" -lcuda
+"$build/transport" "$@" "$out/transport.jsonl" | tee "$out/transport.txt"
