@@ -10,13 +10,16 @@
 #define WIC_APPS_STREAM_CUH
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -94,15 +97,105 @@ inline uint32_t sm_count()
 }
 
 /*
- * Where item (block b, generation g) lives: streaming runs reuse slot b, generation g; the
- * no-wait run gives every item its own slot, all published before the kernel starts.
+ * Where item (block b, generation g) of @blocks streams lives. Streaming runs give stream b
+ * two slots, b and blocks + b, used in turn (generation g / 2), so the producer writes item
+ * g + 1 while the consumer reads item g; the no-wait run gives every item its own slot, all
+ * published before the kernel starts. Either way a generation's slots are consecutive, so one
+ * publish_many() call publishes it.
  */
 struct placement {
+	uint32_t blocks;
 	uint32_t generations;
 	bool nowait;
 
-	__host__ __device__ uint32_t slot(uint32_t b, uint32_t g) const { return nowait ? b * generations + g : b; }
-	__host__ __device__ uint32_t generation(uint32_t g) const { return nowait ? 0 : g; }
+	static constexpr uint32_t depth = 2;
+
+	__host__ __device__ uint32_t slot(uint32_t b, uint32_t g) const
+	{
+		return (nowait ? g : g % depth) * blocks + b;
+	}
+	__host__ __device__ uint32_t generation(uint32_t g) const { return nowait ? 0 : g / depth; }
+	uint32_t slots() const { return (nowait ? generations : depth) * blocks; }
+	/* Items of a stream its consumers must be done with before item @g is written: its slot's last. */
+	uint32_t consumed_before(uint32_t g) const { return nowait || g < depth ? 0 : g - depth + 1; }
+};
+
+/*
+ * worker_pool - host threads that run a function over the indices 0..n-1 together with the
+ * calling thread (run()); they stay between calls, so a call costs no thread creation.
+ */
+class worker_pool {
+public:
+	explicit worker_pool(uint32_t threads)
+	{
+		for (uint32_t i = 1; i < threads; i++)
+			workers_.emplace_back([this] { serve(); });
+	}
+	worker_pool(const worker_pool &) = delete;
+	worker_pool &operator=(const worker_pool &) = delete;
+	~worker_pool()
+	{
+		{
+			std::lock_guard<std::mutex> hold(lock_);
+			stopping_ = true;
+			round_++;
+		}
+		wake_.notify_all();
+		for (std::thread &t : workers_)
+			t.join();
+	}
+
+	/* Runs @body(i) for every i < @n, spread over the pool; returns when all are done. */
+	void run(uint32_t n, const std::function<void(uint32_t)> &body)
+	{
+		{
+			std::lock_guard<std::mutex> hold(lock_);
+			body_ = &body;
+			n_ = n;
+			next_ = 0;
+			busy_ = (uint32_t)workers_.size();
+			round_++;
+		}
+		wake_.notify_all();
+		take_turns();
+		std::unique_lock<std::mutex> hold(lock_);
+		idle_.wait(hold, [this] { return busy_ == 0; });
+	}
+
+private:
+	void take_turns()
+	{
+		for (uint32_t i; (i = next_.fetch_add(1)) < n_;)
+			(*body_)(i);
+	}
+
+	void serve()
+	{
+		uint64_t seen = 0;
+		for (;;) {
+			{
+				std::unique_lock<std::mutex> hold(lock_);
+				wake_.wait(hold, [&] { return round_ != seen; });
+				seen = round_;
+				if (stopping_)
+					return;
+			}
+			take_turns();
+			std::lock_guard<std::mutex> hold(lock_);
+			if (--busy_ == 0)
+				idle_.notify_one();
+		}
+	}
+
+	std::vector<std::thread> workers_;
+	std::mutex lock_;
+	std::condition_variable wake_, idle_;
+	const std::function<void(uint32_t)> *body_ = nullptr;
+	uint32_t n_ = 0;
+	std::atomic<uint32_t> next_{0};
+	uint32_t busy_ = 0;
+	uint64_t round_ = 0;
+	bool stopping_ = false;
 };
 
 /*
@@ -172,16 +265,15 @@ struct forward {
 
 /*
  * producer - the host end of one run's channel: @blocks streams of @generations items, each
- * item a batch of @warps messages of @message_bytes. Streaming runs give stream b slot b for
- * every generation; the no-wait run gives every item its own slot (placement). Owns the
- * channel, a pinned staging batch per slot, the consumed counters and the copy stream.
+ * item a batch of @warps messages of @message_bytes, in the slots placement gives them. Owns
+ * the channel, a pinned staging batch per slot, the consumed counters and the copy stream.
  */
 class producer {
 public:
 	producer(mode m, uint32_t blocks, uint32_t generations, uint32_t message_bytes, uint32_t warps)
-		: place_{generations, m == mode::nowait}, warps_(warps)
+		: place_{blocks, generations, m == mode::nowait}, warps_(warps)
 	{
-		const uint32_t slots = place_.nowait ? blocks * generations : blocks;
+		const uint32_t slots = place_.slots();
 		CHECK(ch_.create(transport_of(m), slots, message_bytes, warps));
 		batch_ = ch_.device().batch_bytes;
 		CHECK(cudaHostAlloc(&consumed_, blocks * sizeof(unsigned), cudaHostAllocMapped));
@@ -207,20 +299,36 @@ public:
 
 	/*
 	 * publish() - publishes item (b, g); @fill writes its batch into pinned staging, and the
-	 * time it takes counts as the producer's (work()). A streaming run first waits until every
-	 * warp finished generation g - 1 of slot b.
+	 * time it takes counts as the producer's (work()). First waits until every warp finished
+	 * the item the slot held (and so its copy is done).
 	 */
 	void publish(uint32_t b, uint32_t g, const std::function<void(uint8_t *)> &fill)
 	{
 		const uint32_t slot = place_.slot(b, g);
-		if (!place_.nowait)
-			while (__atomic_load_n(&consumed_[b], __ATOMIC_ACQUIRE) < g * warps_)
-				std::this_thread::yield();
+		wait_free(b, g);
 		uint8_t *buf = staging_ + (size_t)slot * batch_;
 		const auto start = std::chrono::steady_clock::now();
 		fill(buf);
 		work_ += host_work{ms_between(start, std::chrono::steady_clock::now()), batch_};
 		CHECK(ch_.publish(slot, buf, batch_, stream_));
+	}
+
+	/*
+	 * publish_generation() - publishes item g of every stream at once: once their slots are
+	 * free, @pool runs @fill(b, buf) for the streams in parallel (a producer that makes its
+	 * data on every core; the wall time counts as the producer's), then one publish_many()
+	 * hands them all to the channel.
+	 */
+	void publish_generation(uint32_t g, worker_pool &pool, const std::function<void(uint32_t, uint8_t *)> &fill)
+	{
+		for (uint32_t b = 0; b < place_.blocks; b++)
+			wait_free(b, g);
+		const uint32_t first = place_.slot(0, g);
+		uint8_t *batches = staging_ + (size_t)first * batch_;
+		const auto start = std::chrono::steady_clock::now();
+		pool.run(place_.blocks, [&](uint32_t b) { fill(b, batches + (size_t)b * batch_); });
+		work_ += host_work{ms_between(start, std::chrono::steady_clock::now()), batch_ * place_.blocks};
+		CHECK(ch_.publish_many(first, place_.blocks, batches, stream_));
 	}
 
 	/* The producer's work so far. */
@@ -230,6 +338,12 @@ public:
 	void flush() { CHECK(cudaStreamSynchronize(stream_)); }
 
 private:
+	void wait_free(uint32_t b, uint32_t g)
+	{
+		while (__atomic_load_n(&consumed_[b], __ATOMIC_ACQUIRE) < place_.consumed_before(g) * warps_)
+			std::this_thread::yield();
+	}
+
 	wic::host_channel ch_;
 	placement place_;
 	uint32_t warps_;
@@ -242,20 +356,22 @@ private:
 };
 
 /*
- * Runs one streaming execution: @fill(b, g, buf) writes item (b, g)'s batch_bytes into buf;
- * @launch(channel, placement, consumed, stream) starts the consumer kernel.
+ * Runs one streaming execution: @fill(b, g, buf) writes item (b, g)'s batch_bytes into buf, and
+ * may be called from several threads at once; @launch(channel, placement, consumed, stream)
+ * starts the consumer kernel. The producer makes a generation of all streams at a time on
+ * every core and publishes it with one call.
  */
 inline timing run(mode m, uint32_t blocks, uint32_t generations, uint32_t message_bytes, uint32_t warps,
 		  const std::function<void(uint32_t, uint32_t, uint8_t *)> &fill,
 		  const std::function<void(const wic::channel &, placement, unsigned int *, cudaStream_t)> &launch)
 {
 	producer prod(m, blocks, generations, message_bytes, warps);
+	worker_pool pool(std::max(1u, std::thread::hardware_concurrency()));
 	cudaStream_t kernel_stream;
 	CHECK(cudaStreamCreateWithFlags(&kernel_stream, cudaStreamNonBlocking));
 	auto publish_all = [&] {
 		for (uint32_t g = 0; g < generations; g++)
-			for (uint32_t b = 0; b < blocks; b++)
-				prod.publish(b, g, [&](uint8_t *buf) { fill(b, g, buf); });
+			prod.publish_generation(g, pool, [&](uint32_t b, uint8_t *buf) { fill(b, g, buf); });
 	};
 	const auto start = std::chrono::steady_clock::now();
 	if (m == mode::nowait) {
@@ -555,7 +671,10 @@ struct exchange_timing {
 	double total_ms;
 	/* no-wait: host_io::replay_error() of the replay; 0 otherwise */
 	double replay_error;
-	/* no-wait: the recording run's, whose producer made the messages */
+	/*
+	 * The producers' work: no-wait, the bytes the recording run published and, as
+	 * producer_ms, the whole host side replayed alone (its own computation included)
+	 */
 	host_work host;
 };
 
@@ -607,7 +726,8 @@ inline double exchange_run(mode m, const alternating &a, recording *rec, host_wo
  * nowait: the host's messages depend on the kernel's earlier results, so a first, untimed push
  * run records them; then all of them are published before the kernel starts and the kernel
  * alone is timed (a lower bound: no waiting, no host work). The host side is then replayed
- * against the results the kernel left, and must send what was recorded.
+ * against the results the kernel left, and must send what was recorded; its time is the host
+ * side alone (host.producer_ms).
  */
 inline exchange_timing exchange(mode m, const alternating &a)
 {
@@ -645,8 +765,11 @@ inline exchange_timing exchange(mode m, const alternating &a)
 	CHECK(cudaStreamSynchronize(kernel_stream));
 	const auto end = std::chrono::steady_clock::now();
 	CHECK(cudaStreamDestroy(kernel_stream));
+	/* The host side alone: nothing to wait for, every message compared with its recording. */
 	host_io io(&rec, &back);
+	const auto replay_start = std::chrono::steady_clock::now();
 	a.host(io);
+	work.producer_ms = ms_between(replay_start, std::chrono::steady_clock::now());
 	return exchange_timing{ms_between(launched, end), io.replay_error(), work};
 }
 

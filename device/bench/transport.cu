@@ -20,16 +20,23 @@
  *                    waiting) and against WAITERS, the warps waiting at once (each other block
  *                    waits on its own slot, published when the measurement ends), with each
  *                    warp waiting for itself ("warp") or thread 0 for its block ("block", as the
- *                    paper's Algorithm 1; alg1 always waits so).
+ *                    paper's Algorithm 1; alg1 always waits so). For push also against the
+ *                    longest sleep of its backoff (channel::backoff_ns).
  *   peer_latency     (two GPUs) a producer kernel on GPU 1 writes a message of BYTES into a
  *                    peer_channel to GPU 0 and publishes it; the consumer block receives it,
  *                    checks the stamp and stores an acknowledgement into GPU 1's memory on
  *                    which the producer spins; one_way = round trip - peer_one_way.
- *   streaming        one host thread streams TOTAL bytes as batches of BYTES to one consumer
- *                    block per SM (two slots per block, thread 0 waits, every thread reads the
- *                    batch); the host reuses a slot once the block acknowledged the generation
- *                    before. GB/s from the first publish to the kernel's end, its ratio to
+ *   streaming        one host thread streams TOTAL bytes (poll and alg1: TOTAL / 8) as batches
+ *                    of BYTES to one consumer block per SM (two slots per block, thread 0
+ *                    waits, every thread reads the batch); the host reuses a slot once the
+ *                    block acknowledged the generation before. GB/s from the first publish to the kernel's end, its ratio to
  *                    bulk_copy, and the host's time inside publish() per batch.
+ *   waiting_cost     one block per SM: 8 warps of work (an issue-bound FMA loop, or 16-byte
+ *                    loads streaming from device memory) beside 8 warps waiting on a channel
+ *                    of each transport (push also with shorter backoffs), or stalled on
+ *                    faults (each touching host-resident managed pages one after another, as
+ *                    the fault transport's waiters stall on the stock driver): the work's time
+ *                    beside them over its time beside none (median of 3 each).
  *
  * Every wait gives up after 2 s; a measurement whose wait gave up is reported failed and the
  * program exits 1. Prints a table; with OUT, also one JSON object per line into OUT.
@@ -173,12 +180,6 @@ __device__ inline uint64_t load64(const uint8_t *at)
 	return *reinterpret_cast<const volatile uint64_t *>(at);
 }
 
-/* Whether the message of @bytes at @m carries @stamp in its first and last 8 bytes. */
-__device__ inline bool stamped(const uint8_t *m, uint64_t bytes, uint64_t stamp)
-{
-	return load64(m) == stamp && load64(m + bytes - 8) == stamp;
-}
-
 /* Thread 0 of the block waits (@block) or every warp for itself, with a 2 s timeout. */
 __device__ inline int wait_message(const wic::channel &ch, uint32_t slot, uint32_t generation, bool block,
 				   const uint8_t **m)
@@ -191,7 +192,7 @@ __device__ inline int wait_message(const wic::channel &ch, uint32_t slot, uint32
 __global__ void echo(const unsigned int *in, unsigned int *out, uint32_t n)
 {
 	for (uint32_t i = 1; i <= n; i++) {
-		if (wic::detail::wait_past(in, i - 1, false, timeout_ns) != WIC_OK) {
+		if (wic::detail::wait_past(in, i - 1, 0, timeout_ns) != WIC_OK) {
 			wic::detail::store_release(out, ~0u);
 			return;
 		}
@@ -208,29 +209,42 @@ __global__ void ping(unsigned int *there, const unsigned int *here, uint32_t n, 
 	for (uint32_t i = 1; i <= n; i++) {
 		const uint64_t t0 = wic::detail::globaltimer();
 		wic::detail::store_release(there, i);
-		if (wic::detail::wait_past(here, i - 1, false, timeout_ns) != WIC_OK)
+		if (wic::detail::wait_past(here, i - 1, 0, timeout_ns) != WIC_OK)
 			return;
 		rt_ns[i - 1] = wic::detail::globaltimer() - t0;
 	}
 }
 
-/* The block reads all of the message of @bytes at @m, 16 bytes a thread at a time, into @acc. */
-__device__ inline void read_all(const uint8_t *m, uint64_t bytes, uint4 *acc)
+/*
+ * The block reads all of the message of @bytes at @m, 16 bytes a thread at a time, into @acc;
+ * returns whether this thread read a first or last 8 bytes other than @stamp. The stamp is
+ * checked in the loads that read the data, so checking adds no access of its own (which, for a
+ * message in host memory, would be another trip across the link).
+ */
+__device__ inline bool read_stamped(const uint8_t *m, uint64_t bytes, uint64_t stamp, uint4 *acc)
 {
-	for (uint64_t k = threadIdx.x; k < bytes / 16; k += blockDim.x) {
+	const uint64_t last = bytes / 16 - 1;
+	bool wrong = false;
+
+	for (uint64_t k = threadIdx.x; k <= last; k += blockDim.x) {
 		const uint4 v = reinterpret_cast<const uint4 *>(m)[k];
+		if (k == 0)
+			wrong |= ((uint64_t)v.y << 32 | v.x) != stamp;
+		if (k == last)
+			wrong |= ((uint64_t)v.w << 32 | v.z) != stamp;
 		acc->x ^= v.x;
 		acc->y ^= v.y;
 		acc->z ^= v.z;
 		acc->w ^= v.w;
 	}
+	return wrong;
 }
 
 /*
- * Block 0 receives generation 0, 1, ... of slot 0 until a message whose first 8 bytes are 0:
- * the whole block reads each message, thread 0 checks its stamp (generation + 1) and
- * acknowledges it in *@ack. Every other block waits once on its own slot. A failed wait or a
- * wrong stamp stores ~0 into *@ack.
+ * Block 0 receives generation 0, 1, ... of slot 0 until a message stamped 0: the whole block
+ * reads each message, checking its stamp (generation + 1), and thread 0 acknowledges it in
+ * *@ack. Every other block waits once on its own slot. A failed wait or a wrong stamp stores ~0
+ * into *@ack.
  */
 __global__ void latency_consumer(wic::channel ch, bool block, unsigned int *ack, uint4 *sink)
 {
@@ -243,15 +257,12 @@ __global__ void latency_consumer(wic::channel ch, bool block, unsigned int *ack,
 	}
 	for (uint32_t i = 0;; i++) {
 		const int rc = wait_message(ch, 0, i, block, &m);
-		if (__syncthreads_or(threadIdx.x == 0 && rc == WIC_OK && load64(m) == 0))
-			break;
-		if (rc == WIC_OK)
-			read_all(m, ch.message_bytes, &acc);
-		const bool bad = rc != WIC_OK || (threadIdx.x == 0 && !stamped(m, ch.message_bytes, i + 1));
-		if (__syncthreads_or(bad)) {
-			if (threadIdx.x == 0)
+		const bool wrong = rc != WIC_OK || read_stamped(m, ch.message_bytes, i + 1, &acc);
+		if (__syncthreads_or(wrong)) {
+			/* The stop message, or a failure. */
+			if (threadIdx.x == 0 && (rc != WIC_OK || load64(m) != 0))
 				wic::detail::store_release(ack, ~0u);
-			return;
+			break;
 		}
 		if (threadIdx.x == 0)
 			wic::detail::store_release(ack, i + 1);
@@ -278,7 +289,7 @@ __global__ void peer_producer(wic::channel ch, uint32_t iterations, const unsign
 		__syncthreads();
 		if (threadIdx.x == 0) {
 			wic::publish(ch, 0, i);
-			gave_up = wic::detail::wait_past(ack, i, false, timeout_ns) != WIC_OK;
+			gave_up = wic::detail::wait_past(ack, i, 0, timeout_ns) != WIC_OK;
 			if (!gave_up)
 				rt_ns[i] = wic::detail::globaltimer() - t0;
 		}
@@ -288,26 +299,31 @@ __global__ void peer_producer(wic::channel ch, uint32_t iterations, const unsign
 	}
 }
 
-/* GPU 0's side of peer_producer: receive, check, acknowledge into *@ack (GPU 1), report consumed. */
-__global__ void peer_consumer(wic::channel ch, uint32_t iterations, unsigned int *ack)
+/*
+ * GPU 0's side of peer_producer: receive, read and check, acknowledge into *@ack (GPU 1),
+ * report consumed.
+ */
+__global__ void peer_consumer(wic::channel ch, uint32_t iterations, unsigned int *ack, uint4 *sink)
 {
+	uint4 acc = make_uint4(0, 0, 0, 0);
+
 	for (uint32_t i = 0; i < iterations; i++) {
 		const uint8_t *m;
 		const int rc = wic::recv_block(ch, 0, i, &m, timeout_ns);
-		const bool bad = rc != WIC_OK || (threadIdx.x == 0 && !stamped(m, ch.message_bytes, i + 1));
-		if (__syncthreads_or(bad))
+		if (__syncthreads_or(rc != WIC_OK || read_stamped(m, ch.message_bytes, i + 1, &acc)))
 			return;
 		if (threadIdx.x == 0) {
 			wic::consumed(ch, 0, i);
 			wic::detail::store_release(ack, i + 1);
 		}
 	}
+	sink[threadIdx.x] = acc;
 }
 
 /*
  * Block b receives generation g of its stream in slot (g % 2) * gridDim.x + b, every thread
- * reads the batch (16 bytes at a time, summed into @sink), thread 0 checks the stamp
- * (b << 32 | g + 1) and acknowledges in acked[b]; a failure stores ~0 there.
+ * reads the batch (16 bytes at a time, into @sink) checking its stamp (b << 32 | g + 1, in the
+ * first and last 8 bytes), and thread 0 acknowledges in acked[b]; a failure stores ~0 there.
  */
 __global__ void stream_consumer(wic::channel ch, uint32_t generations, unsigned int *acked, uint4 *sink)
 {
@@ -317,9 +333,7 @@ __global__ void stream_consumer(wic::channel ch, uint32_t generations, unsigned 
 	for (uint32_t g = 0; g < generations; g++) {
 		const uint8_t *batch;
 		const int rc = wic::recv_block(ch, (g % 2) * gridDim.x + b, g / 2, &batch, timeout_ns);
-		if (rc == WIC_OK)
-			read_all(batch, ch.batch_bytes, &acc);
-		const bool bad = rc != WIC_OK || (threadIdx.x == 0 && load64(batch) != ((uint64_t)b << 32 | (g + 1)));
+		const bool bad = rc != WIC_OK || read_stamped(batch, ch.batch_bytes, (uint64_t)b << 32 | (g + 1), &acc);
 		if (__syncthreads_or(bad)) {
 			if (threadIdx.x == 0)
 				wic::detail::store_release(&acked[b], ~0u);
@@ -329,6 +343,95 @@ __global__ void stream_consumer(wic::channel ch, uint32_t generations, unsigned 
 			wic::detail::store_release(&acked[b], g + 1);
 	}
 	sink[(size_t)b * blockDim.x + threadIdx.x] = acc;
+}
+
+/* What the warps beside the waiting ones do, and how those wait. */
+enum class work_kind : int { arith, memory };
+enum class wait_kind : int { none, channel, fault };
+
+constexpr uint32_t work_warps = 8, waiting_warps = 8;
+/* Dynamic shared memory of a coresident block: more than half an SM's, so one block per SM. */
+constexpr uint32_t one_block_per_sm_smem = 120 * 1024;
+
+/*
+ * coresident - one block per SM. Warps [0, work_warps) run @rounds rounds of @work: eight
+ * independent FMA chains (issue-bound), or 16-byte loads streaming through the block's @region
+ * bytes of @src (device memory, together far larger than L2). The others wait, as @how says:
+ * not at all; on the block's slot of @ch (lane 0, as wic::recv() does); or touching, one after
+ * another, the host-resident managed pages of @pages (@pages_per_warp each) until the block's
+ * work is done, as a warp of the fault transport stalls on the stock driver. work_ns[b] is the
+ * block's work span (first start to last end, %globaltimer), touched[b * waiting_warps + i] the
+ * pages waiting warp i touched. When its work is done the block adds 1 to *@done (pinned host
+ * memory), which tells the host to publish the slots.
+ */
+__global__ void coresident(wic::channel ch, wait_kind how, work_kind work, uint32_t rounds, const float4 *src,
+			   uint64_t region, const uint8_t *pages, uint32_t pages_per_warp, unsigned int *done,
+			   uint64_t *work_ns, uint32_t *touched, float *sink)
+{
+	__shared__ unsigned long long first_start, last_end;
+	__shared__ volatile int work_over;
+	__shared__ unsigned int finished;
+	const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, b = blockIdx.x;
+
+	if (threadIdx.x == 0) {
+		first_start = ~0ull;
+		last_end = 0;
+		work_over = 0;
+		finished = 0;
+	}
+	__syncthreads();
+	if (warp >= work_warps) {
+		const uint32_t i = warp - work_warps;
+		if (how == wait_kind::channel) {
+			const uint8_t *m;
+			wic::recv(ch, b, 0, 0, &m, timeout_ns);
+		} else if (how == wait_kind::fault && lane == 0) {
+			const uint8_t *mine = pages + ((uint64_t)b * waiting_warps + i) * pages_per_warp * 4096;
+			uint32_t k = 0;
+			uint64_t sum = 0;
+			for (; k < pages_per_warp && !work_over; k++)
+				sum += load64(mine + (uint64_t)k * 4096);
+			touched[b * waiting_warps + i] = k;
+			if (sum == 42) /* never: keeps the loads */
+				sink[0] = 1.0f;
+		}
+		return;
+	}
+	const uint64_t start = wic::detail::globaltimer();
+	float acc = 0.0f;
+	if (work == work_kind::arith) {
+		float x[8];
+		for (int c = 0; c < 8; c++)
+			x[c] = threadIdx.x + c;
+		for (uint32_t r = 0; r < rounds; r++)
+#pragma unroll
+			for (int u = 0; u < 16; u++)
+#pragma unroll
+				for (int c = 0; c < 8; c++)
+					x[c] = fmaf(x[c], 0.999f, 0.5f);
+		for (int c = 0; c < 8; c++)
+			acc += x[c];
+	} else {
+		const float4 *mine = src + b * (region / 16);
+		for (uint32_t r = 0; r < rounds; r++)
+			for (uint64_t k = threadIdx.x; k < region / 16; k += work_warps * 32) {
+				const float4 v = mine[k];
+				acc += v.x + v.y + v.z + v.w;
+			}
+	}
+	const uint64_t end = wic::detail::globaltimer();
+	if (lane == 0) {
+		atomicMin(&first_start, (unsigned long long)start);
+		atomicMax(&last_end, (unsigned long long)end);
+		if (atomicAdd(&finished, 1u) == work_warps - 1) {
+			work_over = 1;
+			work_ns[b] = last_end - first_start;
+			__threadfence_system();
+			atomicAdd_system(done, 1u);
+		}
+	}
+	if (acc == 42.0f) /* never: keeps the work */
+		sink[1] = acc;
 }
 
 /* ---- references ---- */
@@ -450,15 +553,19 @@ double peer_one_way_us()
 /* ---- measurements ---- */
 
 /*
- * latency() - host -> warp: @blocks blocks of @warps warps wait on a channel of @kind; block 0's
- * messages of @bytes are timed, at most cfg.latency_iterations or as many as fit in
- * cfg.point_budget_s (at least 50).
+ * latency() - host -> warp: @blocks blocks of @warps warps wait on a channel of @kind whose
+ * waiters sleep at most @backoff_ns (-1: the transport's default); block 0's messages of @bytes
+ * are timed, at most cfg.latency_iterations or as many as fit in cfg.point_budget_s (at least
+ * 50).
  */
 void latency(wic::transport kind, uint32_t bytes, uint32_t blocks, uint32_t warps, bool block,
-	     double mapped_one_way)
+	     double mapped_one_way, int64_t backoff_ns = -1)
 {
 	wic::host_channel ch;
 	CHECK(ch.create(kind, blocks, bytes, 1));
+	wic::channel dev = ch.device();
+	if (backoff_ns >= 0)
+		dev.backoff_ns = (uint32_t)backoff_ns;
 	uint8_t *staging;
 	CHECK(cudaHostAlloc(&staging, bytes, cudaHostAllocDefault));
 	memset(staging, 0x5a, bytes);
@@ -469,7 +576,7 @@ void latency(wic::transport kind, uint32_t bytes, uint32_t blocks, uint32_t warp
 	CHECK(cudaStreamCreateWithFlags(&kernel_stream, cudaStreamNonBlocking));
 	CHECK(cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking));
 	CHECK(cudaDeviceSynchronize());
-	latency_consumer<<<blocks, warps * 32, 0, kernel_stream>>>(ch.device(), block, ack.dev, sink);
+	latency_consumer<<<blocks, warps * 32, 0, kernel_stream>>>(dev, block, ack.dev, sink);
 	CHECK(cudaGetLastError());
 	char what[96];
 	snprintf(what, sizeof(what), "latency %s %u B %u waiters", wic::transport_name(kind), bytes, blocks * warps);
@@ -505,15 +612,16 @@ void latency(wic::transport kind, uint32_t bytes, uint32_t blocks, uint32_t warp
 	rt.erase(rt.begin(), rt.begin() + rt.size() / 10); /* warm-up */
 	const double median = quantile(rt, 0.5), one_way = median - mapped_one_way;
 	const char *style = block ? "block" : "warp";
-	printf("%-16s %-10s %8u B %5u waiters (%-5s) rt %8.2f us (p10 %.2f p90 %.2f) one_way %8.2f us "
-	       "publish %6.2f us\n",
-	       "latency", wic::transport_name(kind), bytes, blocks * warps, style, median, quantile(rt, 0.1),
-	       quantile(rt, 0.9), one_way, quantile(api, 0.5));
+	printf("%-16s %-10s %8u B %5u waiters (%-5s, backoff %4u ns) rt %8.2f us (p10 %.2f p90 %.2f) one_way "
+	       "%8.2f us publish %6.2f us\n",
+	       "latency", wic::transport_name(kind), bytes, blocks * warps, style, dev.backoff_ns, median,
+	       quantile(rt, 0.1), quantile(rt, 0.9), one_way, quantile(api, 0.5));
 	record("latency")
 		.add("transport", wic::transport_name(kind))
 		.add("bytes", (double)bytes)
 		.add("waiters", (double)(blocks * warps))
 		.add("wait", style)
+		.add("backoff_ns", (double)dev.backoff_ns)
 		.add("rt_p10_us", quantile(rt, 0.1))
 		.add("rt_p50_us", median)
 		.add("rt_p90_us", quantile(rt, 0.9))
@@ -532,6 +640,7 @@ void peer_latency(wic::transport kind, uint32_t bytes, double peer_one_way)
 	CHECK(ch.create(kind, 0, 1, 1, bytes, 1));
 	unsigned int *ack = app::alloc_on<unsigned int>(1, 1);
 	uint64_t *rt_ns = app::alloc_on<uint64_t>(1, iterations);
+	uint4 *sink = app::alloc_on<uint4>(0, 256);
 	{
 		app::on_gpu g(1);
 		CHECK(cudaMemset(ack, 0, sizeof(unsigned int)));
@@ -543,7 +652,7 @@ void peer_latency(wic::transport kind, uint32_t bytes, double peer_one_way)
 	{
 		app::on_gpu g(0);
 		app::load(peer_consumer);
-		peer_consumer<<<1, 256, 0, streams[0]>>>(ch.device(), iterations, ack);
+		peer_consumer<<<1, 256, 0, streams[0]>>>(ch.device(), iterations, ack, sink);
 		CHECK(cudaGetLastError());
 	}
 	{
@@ -559,6 +668,7 @@ void peer_latency(wic::transport kind, uint32_t bytes, double peer_one_way)
 	CHECK(cudaMemcpy(ns.data(), rt_ns, iterations * sizeof(uint64_t), cudaMemcpyDeviceToHost));
 	app::free_on(1, ack);
 	app::free_on(1, rt_ns);
+	app::free_on(0, sink);
 	if (!ns.back())
 		stuck(what);
 	std::vector<double> rt;
@@ -579,13 +689,13 @@ void peer_latency(wic::transport kind, uint32_t bytes, double peer_one_way)
 }
 
 /*
- * streaming() - one host thread streams cfg.stream_total bytes in batches of @bytes through a
+ * streaming() - one host thread streams @stream_total bytes in batches of @bytes through a
  * channel of @kind (@many: a generation of all blocks per publish_many()) to one block per SM.
  */
-void streaming(wic::transport kind, bool many, uint32_t bytes, double bulk_gbps)
+void streaming(wic::transport kind, bool many, uint32_t bytes, uint64_t stream_total, double bulk_gbps)
 {
 	const uint32_t blocks = cfg.sms, slots = 2 * blocks;
-	const uint32_t generations = (uint32_t)std::max<uint64_t>(2, cfg.stream_total / ((uint64_t)bytes * blocks));
+	const uint32_t generations = (uint32_t)std::max<uint64_t>(2, stream_total / ((uint64_t)bytes * blocks));
 	const uint64_t total = (uint64_t)generations * blocks * bytes;
 	wic::host_channel ch;
 	CHECK(ch.create(kind, slots, bytes, 1));
@@ -618,6 +728,7 @@ void streaming(wic::transport kind, bool many, uint32_t bytes, double bulk_gbps)
 			const uint64_t stamp = (uint64_t)b << 32 | (g + 1);
 			uint8_t *src = staging + (size_t)(first + b) * bytes;
 			memcpy(src, &stamp, 8);
+			memcpy(src + bytes - 8, &stamp, 8);
 			if (!many) {
 				const auto t0 = clock_type::now();
 				CHECK(ch.publish(first + b, src, bytes, copy_stream));
@@ -658,6 +769,118 @@ void streaming(wic::transport kind, bool many, uint32_t bytes, double bulk_gbps)
 		.add("calls", publishes)
 		.emit();
 }
+
+/* The cost of waiting: the work beside @how's waiters against the same work beside none. */
+class waiting_cost {
+public:
+	waiting_cost()
+	{
+		CHECK(cudaFuncSetAttribute(coresident, cudaFuncAttributeMaxDynamicSharedMemorySize,
+					   one_block_per_sm_smem));
+		CHECK(cudaMalloc(&src_, region_ * cfg.sms));
+		CHECK(cudaMemset(src_, 0, region_ * cfg.sms));
+		pages_bytes_ = (size_t)cfg.sms * waiting_warps * pages_per_warp_ * 4096;
+		CHECK(cudaMallocManaged(&pages_, pages_bytes_));
+		CHECK(cudaMalloc(&work_ns_, cfg.sms * sizeof(uint64_t)));
+		CHECK(cudaMalloc(&touched_, cfg.sms * waiting_warps * sizeof(uint32_t)));
+		CHECK(cudaMalloc(&sink_, 2 * sizeof(float)));
+	}
+	waiting_cost(const waiting_cost &) = delete;
+	waiting_cost &operator=(const waiting_cost &) = delete;
+	~waiting_cost()
+	{
+		CHECK(cudaFree(src_));
+		CHECK(cudaFree(pages_));
+		CHECK(cudaFree(work_ns_));
+		CHECK(cudaFree(touched_));
+		CHECK(cudaFree(sink_));
+	}
+
+	/*
+	 * measure() - @work beside waiters of @label (@how; a channel of @kind whose waiters sleep
+	 * at most @backoff_ns, -1: its default), against the same work alone, median of 3 each.
+	 */
+	void measure(work_kind work, const char *label, wait_kind how, wic::transport kind = wic::transport::push,
+		     int64_t backoff_ns = -1)
+	{
+		std::vector<double> alone, beside, pages;
+		for (int rep = 0; rep < 3; rep++) {
+			alone.push_back(run(work, wait_kind::none, kind, backoff_ns, nullptr));
+			beside.push_back(run(work, how, kind, backoff_ns, &pages));
+		}
+		const double ratio = quantile(beside, 0.5) / quantile(alone, 0.5);
+		const char *what = work == work_kind::arith ? "arith" : "memory";
+		printf("%-16s %-10s %-8s work %8.1f us alone, %8.1f us beside %u waiting warps per SM: %.3fx",
+		       "waiting_cost", label, what, quantile(alone, 0.5), quantile(beside, 0.5), waiting_warps, ratio);
+		if (how == wait_kind::fault)
+			printf(" (pages touched per waiting warp: median %.0f of %u)", quantile(pages, 0.5),
+			       pages_per_warp_);
+		printf("\n");
+		record r("waiting_cost");
+		r.add("waiters", label)
+			.add("work", what)
+			.add("work_warps_per_sm", (double)work_warps)
+			.add("waiting_warps_per_sm", (double)waiting_warps)
+			.add("alone_us", quantile(alone, 0.5))
+			.add("beside_us", quantile(beside, 0.5))
+			.add("slowdown", ratio);
+		if (how == wait_kind::fault)
+			r.add("pages_touched_median", quantile(pages, 0.5)).add("pages_per_warp", (double)pages_per_warp_);
+		r.emit();
+	}
+
+private:
+	/* One run; the median block's work time in us. @pages gets each fault waiter's pages. */
+	double run(work_kind work, wait_kind how, wic::transport kind, int64_t backoff_ns, std::vector<double> *pages)
+	{
+		wic::host_channel ch;
+		CHECK(ch.create(kind, cfg.sms, 64, 1));
+		wic::channel dev = ch.device();
+		if (backoff_ns >= 0)
+			dev.backoff_ns = (uint32_t)backoff_ns;
+		if (how == wait_kind::fault)
+			memset(pages_, 1, pages_bytes_); /* resident in host memory: every touch faults */
+		mapped_word done;
+		cudaStream_t stream, copy_stream;
+		CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+		CHECK(cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking));
+		CHECK(cudaDeviceSynchronize());
+		const uint32_t rounds = work == work_kind::arith ? 40000 : 16;
+		coresident<<<cfg.sms, (work_warps + waiting_warps) * 32, one_block_per_sm_smem, stream>>>(
+			dev, how, work, rounds, src_, region_, pages_, pages_per_warp_, done.dev, work_ns_, touched_, sink_);
+		CHECK(cudaGetLastError());
+		if (!host_wait(done.host, cfg.sms))
+			stuck("waiting_cost");
+		if (how == wait_kind::channel)
+			for (uint32_t b = 0; b < cfg.sms; b++)
+				CHECK(ch.publish(b, &dev, 16, copy_stream));
+		finish(stream, "waiting_cost");
+		finish(copy_stream, "waiting_cost");
+		CHECK(cudaStreamDestroy(stream));
+		CHECK(cudaStreamDestroy(copy_stream));
+		std::vector<uint64_t> ns(cfg.sms);
+		CHECK(cudaMemcpy(ns.data(), work_ns_, cfg.sms * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+		if (pages) {
+			std::vector<uint32_t> t(cfg.sms * waiting_warps);
+			CHECK(cudaMemcpy(t.data(), touched_, t.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost));
+			for (uint32_t v : t)
+				pages->push_back(v);
+		}
+		std::vector<double> us;
+		for (uint64_t v : ns)
+			us.push_back(v / 1000.0);
+		return quantile(us, 0.5);
+	}
+
+	const uint64_t region_ = 2ull << 20; /* per block: 264 MiB on 132 SMs, beyond any L2 */
+	const uint32_t pages_per_warp_ = 256;
+	float4 *src_ = nullptr;
+	uint8_t *pages_ = nullptr;
+	size_t pages_bytes_ = 0;
+	uint64_t *work_ns_ = nullptr;
+	uint32_t *touched_ = nullptr;
+	float *sink_ = nullptr;
+};
 
 void describe_device()
 {
@@ -726,11 +949,32 @@ int main(int argc, char **argv)
 				if (block || kind != wic::transport::alg1)
 					latency(kind, 64, shape[0], shape[1], block, mapped);
 
+	/* push's backoff: what a shorter longest sleep gains in latency (its cost: waiting_cost). */
+	const uint32_t backoff_shapes[][2] = {{1, 1}, {cfg.sms, 16}};
+	for (int64_t backoff : {0, 256, 512, 1024})
+		for (const auto &shape : backoff_shapes)
+			latency(wic::transport::push, 64, shape[0], shape[1], false, mapped, backoff);
+
+	/* poll and alg1 stream an eighth as much: at tens to thousands of times the bulk copy's time. */
 	for (uint32_t bytes : {4096u, 65536u, 1u << 20}) {
-		streaming(wic::transport::push, false, bytes, bulk);
-		streaming(wic::transport::push, true, bytes, bulk);
-		for (wic::transport kind : {wic::transport::poll, wic::transport::alg1, wic::transport::mapped})
-			streaming(kind, false, bytes, bulk);
+		streaming(wic::transport::push, false, bytes, cfg.stream_total, bulk);
+		streaming(wic::transport::push, true, bytes, cfg.stream_total, bulk);
+		streaming(wic::transport::poll, false, bytes, cfg.stream_total / 8, bulk);
+		streaming(wic::transport::alg1, false, bytes, cfg.stream_total / 8, bulk);
+		streaming(wic::transport::mapped, false, bytes, cfg.stream_total, bulk);
+	}
+
+	{
+		waiting_cost cost;
+		for (work_kind work : {work_kind::arith, work_kind::memory}) {
+			cost.measure(work, "push", wait_kind::channel, wic::transport::push);
+			cost.measure(work, "push_bo256", wait_kind::channel, wic::transport::push, 256);
+			cost.measure(work, "push_spin", wait_kind::channel, wic::transport::push, 0);
+			cost.measure(work, "poll", wait_kind::channel, wic::transport::poll);
+			cost.measure(work, "alg1", wait_kind::channel, wic::transport::alg1);
+			cost.measure(work, "mapped", wait_kind::channel, wic::transport::mapped);
+			cost.measure(work, "fault", wait_kind::fault);
+		}
 	}
 
 	int gpus = 0;

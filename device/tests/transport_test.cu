@@ -253,8 +253,10 @@ void block_delivery(wic::transport kind, bool many)
 	CHECK(cudaHostGetDevicePointer((void **)&consumed_dev, consumed, 0));
 	CHECK(cudaDeviceSynchronize());
 	auto pattern = [](uint32_t b, uint32_t g, uint32_t i) { return (uint8_t)(b * 61 + g * 17 + i * 5 + 2); };
-	cudaStream_t stream;
+	/* The copies may not queue behind the consumer kernel, which ends only after the last of them. */
+	cudaStream_t stream, copy_stream;
 	CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+	CHECK(cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking));
 	block_copy_out<<<blocks, warps * 32, 0, stream>>>(ch.device(), generations, consumed_dev, out, status);
 	CHECK(cudaGetLastError());
 	std::vector<uint8_t> buf((size_t)blocks * batch);
@@ -272,10 +274,10 @@ void block_delivery(wic::transport kind, bool many)
 			for (uint32_t i = 0; i < batch; i++)
 				at[i] = pattern(b, g, i);
 			if (!many)
-				CHECK(ch.publish(b, at, batch, stream));
+				CHECK(ch.publish(b, at, batch, copy_stream));
 		}
 		if (many && !stuck)
-			CHECK(ch.publish_many(0, blocks, buf.data(), stream));
+			CHECK(ch.publish_many(0, blocks, buf.data(), copy_stream));
 	}
 	if (!stuck)
 		CHECK(cudaStreamSynchronize(stream));
@@ -298,6 +300,7 @@ void block_delivery(wic::transport kind, bool many)
 	if (stuck)
 		exit(1); /* the consumer kernel still spins: nothing after it could run */
 	CHECK(cudaStreamDestroy(stream));
+	CHECK(cudaStreamDestroy(copy_stream));
 	CHECK(cudaFreeHost(consumed));
 	CHECK(cudaFree(status));
 	CHECK(cudaFree(out));

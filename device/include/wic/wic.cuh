@@ -77,7 +77,10 @@ inline const char *transport_name(transport kind)
 	return "unknown";
 }
 
-/* The longest __nanosleep of push's backoff, in nanoseconds. */
+/*
+ * The longest __nanosleep of push's backoff, in nanoseconds, unless a channel's backoff_ns says
+ * otherwise; also the producer's backoff in wait_consumed().
+ */
 constexpr unsigned push_max_sleep_ns = 2048;
 
 /*
@@ -95,6 +98,10 @@ constexpr unsigned push_max_sleep_ns = 2048;
  *	memory), mapped (pinned host memory)
  * @consumed: GPU producers only (peer_channel; null otherwise): per slot, generations its
  *	consumers are done with, in the producer GPU's memory
+ * @backoff_ns: the longest __nanosleep between two looks at a ready word; 0 spins. push:
+ *	push_max_sleep_ns as created; the others spin. A waiter that sleeps longer wakes up
+ *	later (about half the cap, on average) but takes fewer issue slots from the warps beside
+ *	it; device/bench/transport.cu measures both.
  */
 struct channel {
 	transport kind;
@@ -106,6 +113,7 @@ struct channel {
 	const uint8_t *data;
 	const unsigned int *ready;
 	unsigned int *consumed;
+	uint32_t backoff_ns;
 };
 
 #ifdef __CUDACC__
@@ -158,21 +166,22 @@ __device__ inline int marker_status(uint64_t word)
 }
 
 /*
- * Waits until @word, which counts generations, passed @generation (with push's backoff if
- * @backoff); WIC_ETIMED_OUT after @timeout_ns (0: never).
+ * Waits until @word, which counts generations, passed @generation, sleeping between looks from
+ * 32 ns doubling up to @backoff_ns (0: spinning); WIC_ETIMED_OUT after @timeout_ns (0: never).
  */
-__device__ inline int wait_past(const unsigned int *word, uint32_t generation, bool backoff, uint64_t timeout_ns)
+__device__ inline int wait_past(const unsigned int *word, uint32_t generation, uint32_t backoff_ns,
+				uint64_t timeout_ns)
 {
 	const uint64_t start = timeout_ns ? globaltimer() : 0;
-	unsigned sleep_ns = 32;
+	unsigned sleep_ns = backoff_ns < 32 ? backoff_ns : 32;
 
 	/* Wrapping difference: generations count modulo 2^32. */
 	while ((int)(load_acquire(word) - generation) <= 0) {
 		if (timeout_ns && globaltimer() - start > timeout_ns)
 			return WIC_ETIMED_OUT;
-		if (backoff) {
+		if (sleep_ns) {
 			__nanosleep(sleep_ns);
-			sleep_ns = sleep_ns < push_max_sleep_ns ? 2 * sleep_ns : push_max_sleep_ns;
+			sleep_ns = 2 * sleep_ns < backoff_ns ? 2 * sleep_ns : backoff_ns;
 		}
 	}
 	return WIC_OK;
@@ -181,7 +190,7 @@ __device__ inline int wait_past(const unsigned int *word, uint32_t generation, b
 /* Lane 0 waits until @slot has published @generation; WIC_ETIMED_OUT after @timeout_ns. */
 __device__ inline int wait_ready(const channel &ch, uint32_t slot, uint32_t generation, uint64_t timeout_ns)
 {
-	return wait_past(&ch.ready[slot], generation, ch.kind == transport::push, timeout_ns);
+	return wait_past(&ch.ready[slot], generation, ch.backoff_ns, timeout_ns);
 }
 
 } /* namespace detail */
@@ -342,7 +351,7 @@ __device__ inline int wait_consumed(const channel &ch, uint32_t slot, uint32_t g
 {
 	if (!ch.consumed)
 		return WIC_OK;
-	return detail::wait_past(&ch.consumed[slot], generation, true, timeout_ns);
+	return detail::wait_past(&ch.consumed[slot], generation, push_max_sleep_ns, timeout_ns);
 }
 
 #endif /* __CUDACC__ */
@@ -364,6 +373,13 @@ static_assert((int)cudaErrorStreamCaptureUnsupported == (int)CUDA_ERROR_STREAM_C
 inline cudaError_t from_driver(CUresult res)
 {
 	return static_cast<cudaError_t>(res);
+}
+
+/* A channel of these sizes with no memory yet, and the transport's default backoff. */
+inline channel empty_channel(transport kind, uint32_t slots, uint32_t message_bytes, uint32_t warps_per_batch)
+{
+	return channel{kind, slots, message_bytes, warps_per_batch, (uint64_t)warps_per_batch * message_bytes,
+		       nullptr, nullptr, nullptr, nullptr, kind == transport::push ? push_max_sleep_ns : 0};
 }
 
 /* The most ready words one cuStreamBatchMemOp() call writes (it takes fewer than 256 operations). */
@@ -395,8 +411,7 @@ public:
 		    !warps_per_batch)
 			return cudaErrorInvalidValue;
 		destroy();
-		ch_ = channel{kind, slots, message_bytes, warps_per_batch,
-			      (uint64_t)warps_per_batch * message_bytes, nullptr, nullptr, nullptr, nullptr};
+		ch_ = detail::empty_channel(kind, slots, message_bytes, warps_per_batch);
 		published_ = new unsigned int[slots]();
 		const size_t data_bytes = ch_.batch_bytes * slots, ready_bytes = slots * sizeof(unsigned int);
 		cudaError_t err;
@@ -647,8 +662,7 @@ public:
 		cudaError_t err = enable_peer_access(consumer, producer);
 		if (err != cudaSuccess)
 			return err;
-		ch_ = channel{kind, slots, message_bytes, warps_per_batch,
-			      (uint64_t)warps_per_batch * message_bytes, nullptr, nullptr, nullptr, nullptr};
+		ch_ = detail::empty_channel(kind, slots, message_bytes, warps_per_batch);
 		consumer_ = consumer;
 		producer_ = producer;
 		if (kind == transport::alg1) {
@@ -721,7 +735,7 @@ private:
 inline channel fault_channel(const struct wic_channel_info *info, const struct wic_slot_info *slots, uint64_t *runs)
 {
 	channel ch{transport::fault, info->slots, info->message_bytes, info->warps_per_batch, info->batch_bytes,
-		   runs, nullptr, nullptr, nullptr};
+		   runs, nullptr, nullptr, nullptr, 0};
 	for (uint32_t s = 0; s < info->slots; s++)
 		if (cudaMemcpy(runs + 2 * s, slots[s].run_va, sizeof(slots[s].run_va), cudaMemcpyHostToDevice) !=
 		    cudaSuccess)
