@@ -28,26 +28,25 @@ __global__ void consume(wic::channel ch, app::placement place, unsigned int *con
 
 	for (uint32_t g = 0; g < place.generations; g++) {
 		const uint8_t *message;
-		int status = app::receive(ch, place.slot(b, g), place.generation(g), w, &message);
+		const int status = app::receive(ch, place.slot(b, g), place.generation(g), w, &message);
 		if (status != WIC_OK) {
 			if (lane == 0)
 				atomicAdd(errors, 1);
-			return;
+		} else {
+			const float *x = reinterpret_cast<const float *>(message);
+			float energy = 0.0f, peak = 0.0f;
+			for (uint32_t i = lane; i < samples; i += 32) {
+				energy = fmaf(x[i], x[i], energy);
+				peak = fmaxf(peak, fabsf(x[i]));
+			}
+			for (int d = 16; d; d /= 2) {
+				energy += __shfl_down_sync(0xffffffff, energy, d);
+				peak = fmaxf(peak, __shfl_down_sync(0xffffffff, peak, d));
+			}
+			if (lane == 0)
+				results[((size_t)b * place.generations + g) * warps + w] = make_float2(energy, peak);
 		}
-		const float *x = reinterpret_cast<const float *>(message);
-		float energy = 0.0f, peak = 0.0f;
-		for (uint32_t i = lane; i < samples; i += 32) {
-			energy = fmaf(x[i], x[i], energy);
-			peak = fmaxf(peak, fabsf(x[i]));
-		}
-		for (int d = 16; d; d /= 2) {
-			energy += __shfl_down_sync(0xffffffff, energy, d);
-			peak = fmaxf(peak, __shfl_down_sync(0xffffffff, peak, d));
-		}
-		if (lane == 0)
-			results[((size_t)b * place.generations + g) * warps + w] = make_float2(energy, peak);
-		__syncwarp();
-		app::mark_consumed(consumed, b);
+		app::mark_block_consumed(consumed, b);
 	}
 }
 

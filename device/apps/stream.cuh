@@ -99,9 +99,9 @@ inline uint32_t sm_count()
 /*
  * Where item (block b, generation g) of @blocks streams lives. Streaming runs give stream b
  * two slots, b and blocks + b, used in turn (generation g / 2), so the producer writes item
- * g + 1 while the consumer reads item g; the no-wait run gives every item its own slot, all
- * published before the kernel starts. Either way a generation's slots are consecutive, so one
- * publish_many() call publishes it.
+ * g + 1 while the consumer reads item g, and a generation's slots are consecutive (one
+ * publish_many() publishes it). The no-wait run gives every item its own slot, b * generations
+ * + g (as peer.cuh's ring does), all published before the kernel starts.
  */
 struct placement {
 	uint32_t blocks;
@@ -112,7 +112,7 @@ struct placement {
 
 	__host__ __device__ uint32_t slot(uint32_t b, uint32_t g) const
 	{
-		return (nowait ? g : g % depth) * blocks + b;
+		return nowait ? b * generations + g : (g % depth) * blocks + b;
 	}
 	__host__ __device__ uint32_t generation(uint32_t g) const { return nowait ? 0 : g / depth; }
 	uint32_t slots() const { return (nowait ? generations : depth) * blocks; }
@@ -217,13 +217,26 @@ __device__ inline int receive(const wic::channel &ch, uint32_t slot, uint32_t ge
 }
 
 /*
- * consumed[b] counts messages of block b's slot the kernel has finished with, in pinned host
- * memory: the producer reuses a slot only after all warps read its previous generation.
+ * consumed[b] counts messages of stream b the kernel has finished with, in pinned host memory:
+ * the producer reuses a slot only after all warps read the item it held. mark_consumed(): this
+ * warp is done with its message.
  */
 __device__ inline void mark_consumed(unsigned int *consumed, uint32_t b)
 {
 	if (threadIdx.x % 32 == 0)
 		atomicAdd_system(&consumed[b], 1u);
+}
+
+/*
+ * mark_block_consumed() - every warp of the block is done with its message of stream @b: after
+ * the block's barrier one atomic counts them all, instead of one atomic across the link per
+ * warp. Called by every thread of the block.
+ */
+__device__ inline void mark_block_consumed(unsigned int *consumed, uint32_t b)
+{
+	__syncthreads();
+	if (threadIdx.x == 0)
+		atomicAdd_system(&consumed[b], blockDim.x / 32);
 }
 
 /*
@@ -317,18 +330,24 @@ public:
 	 * publish_generation() - publishes item g of every stream at once: once their slots are
 	 * free, @pool runs @fill(b, buf) for the streams in parallel (a producer that makes its
 	 * data on every core; the wall time counts as the producer's), then one publish_many()
-	 * hands them all to the channel.
+	 * hands them all to the channel (no-wait, whose slots for g are not consecutive: one
+	 * publish() each).
 	 */
 	void publish_generation(uint32_t g, worker_pool &pool, const std::function<void(uint32_t, uint8_t *)> &fill)
 	{
-		for (uint32_t b = 0; b < place_.blocks; b++)
+		const uint32_t blocks = place_.blocks;
+		for (uint32_t b = 0; b < blocks; b++)
 			wait_free(b, g);
-		const uint32_t first = place_.slot(0, g);
-		uint8_t *batches = staging_ + (size_t)first * batch_;
+		auto buffer = [&](uint32_t b) { return staging_ + (size_t)place_.slot(b, g) * batch_; };
 		const auto start = std::chrono::steady_clock::now();
-		pool.run(place_.blocks, [&](uint32_t b) { fill(b, batches + (size_t)b * batch_); });
-		work_ += host_work{ms_between(start, std::chrono::steady_clock::now()), batch_ * place_.blocks};
-		CHECK(ch_.publish_many(first, place_.blocks, batches, stream_));
+		pool.run(blocks, [&](uint32_t b) { fill(b, buffer(b)); });
+		work_ += host_work{ms_between(start, std::chrono::steady_clock::now()), batch_ * blocks};
+		if (!place_.nowait) {
+			CHECK(ch_.publish_many(place_.slot(0, g), blocks, buffer(0), stream_));
+			return;
+		}
+		for (uint32_t b = 0; b < blocks; b++)
+			CHECK(ch_.publish(place_.slot(b, g), buffer(b), batch_, stream_));
 	}
 
 	/* The producer's work so far. */

@@ -951,7 +951,7 @@ int main(int argc, char **argv)
 
 	/* push's backoff: what a shorter longest sleep gains in latency (its cost: waiting_cost). */
 	const uint32_t backoff_shapes[][2] = {{1, 1}, {cfg.sms, 16}};
-	for (int64_t backoff : {0, 256, 512, 1024})
+	for (int64_t backoff : {0, 512, 1024, 2048})
 		for (const auto &shape : backoff_shapes)
 			latency(wic::transport::push, 64, shape[0], shape[1], false, mapped, backoff);
 
@@ -968,7 +968,7 @@ int main(int argc, char **argv)
 		waiting_cost cost;
 		for (work_kind work : {work_kind::arith, work_kind::memory}) {
 			cost.measure(work, "push", wait_kind::channel, wic::transport::push);
-			cost.measure(work, "push_bo256", wait_kind::channel, wic::transport::push, 256);
+			cost.measure(work, "push_bo2048", wait_kind::channel, wic::transport::push, 2048);
 			cost.measure(work, "push_spin", wait_kind::channel, wic::transport::push, 0);
 			cost.measure(work, "poll", wait_kind::channel, wic::transport::poll);
 			cost.measure(work, "alg1", wait_kind::channel, wic::transport::alg1);

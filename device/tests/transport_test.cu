@@ -320,6 +320,11 @@ void refusals()
 			    h.publish_many(2, 1, nullptr, 0) == cudaErrorInvalidValue &&
 			    h.publish(0, nullptr, 65, 0) == cudaErrorInvalidValue;
 	check(refused && ranges, "create() and publish() refuse what they cannot do, with cudaErrorInvalidValue");
+	const bool picks = wic::pick_host_transport(64, 1) == wic::transport::mapped &&
+			   wic::pick_host_transport(1024, 16) == wic::transport::mapped &&
+			   wic::pick_host_transport(1025, 1) == wic::transport::push &&
+			   wic::pick_host_transport(64, 17) == wic::transport::push;
+	check(picks, "pick_host_transport(): mapped up to 1 KiB and 16 waiters, push beyond");
 }
 
 void timeout(wic::transport kind)

@@ -79,9 +79,12 @@ inline const char *transport_name(transport kind)
 
 /*
  * The longest __nanosleep of push's backoff, in nanoseconds, unless a channel's backoff_ns says
- * otherwise; also the producer's backoff in wait_consumed().
+ * otherwise; also the producer's backoff in wait_consumed(). Measured by device/bench/transport
+ * (2 x H200, stock driver 580.159.04, 2026-11-26): a 64-byte message's round trip is 8.1 us at
+ * 256 ns (8.5 us with 2112 warps waiting), 12.2 us at 2048 ns, and 8 waiting warps per SM slow
+ * an issue-bound neighbour by 1.7% at 256 ns against 0.6% at 2048 ns (memory-bound: none).
  */
-constexpr unsigned push_max_sleep_ns = 2048;
+constexpr unsigned push_max_sleep_ns = 256;
 
 /*
  * channel - what a kernel needs of a channel; passed by value.
@@ -355,6 +358,24 @@ __device__ inline int wait_consumed(const channel &ch, uint32_t slot, uint32_t g
 }
 
 #endif /* __CUDACC__ */
+
+/*
+ * pick_host_transport() - the transport for a host producer's channel, from what
+ * device/bench/transport measured (2 x H200, stock driver 580.159.04, 2026-11-26)
+ * @batch_bytes: bytes of one generation of a slot
+ * @waiting_warps: warps that wait at once on the channel's ready words (with recv_block(), one
+ *	per block)
+ *
+ * mapped for batches of up to 1 KiB with at most 16 waiters: its one-way latency was 1.6x to
+ * 2.8x the physical one (a host store seen by a GPU thread), push's 4.3x; beyond that each
+ * waiter's spin across the link delays the others (132 waiters: 16x) and the consumer's reads
+ * of a large message cross it too. push otherwise: its waiters never leave the GPU, and
+ * publish_many() streams large generations within 1.05x of a bulk copy.
+ */
+inline transport pick_host_transport(uint64_t batch_bytes, uint32_t waiting_warps)
+{
+	return batch_bytes <= 1024 && waiting_warps <= 16 ? transport::mapped : transport::push;
+}
 
 namespace detail {
 
