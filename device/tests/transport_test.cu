@@ -316,10 +316,22 @@ void refusals()
 			     h.create(wic::transport::push, 0, 64, 1) == cudaErrorInvalidValue &&
 			     p.create(wic::transport::mapped, 0, 0, 1, 64, 1) == cudaErrorInvalidValue;
 	CHECK(h.create(wic::transport::push, 2, 64, 1));
-	const bool ranges = h.publish_many(1, 2, nullptr, 0) == cudaErrorInvalidValue &&
-			    h.publish_many(2, 1, nullptr, 0) == cudaErrorInvalidValue &&
-			    h.publish(0, nullptr, 65, 0) == cudaErrorInvalidValue;
-	check(refused && ranges, "create() and publish() refuse what they cannot do, with cudaErrorInvalidValue");
+	cudaStream_t stream;
+	CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+	const uint8_t batch[64] = {};
+	const bool ranges = h.publish_many(1, 2, batch, stream) == cudaErrorInvalidValue &&
+			    h.publish_many(2, 1, batch, stream) == cudaErrorInvalidValue &&
+			    h.publish(0, batch, 65, stream) == cudaErrorInvalidValue;
+	/* The stream rule: the legacy default stream would wait for a running consumer kernel. */
+	const bool legacy = h.publish(0, batch, 64, 0) == cudaErrorInvalidValue &&
+			    h.publish(0, batch, 64, cudaStreamLegacy) == cudaErrorInvalidValue &&
+			    h.next_generation(0) == 0;
+	CHECK(h.publish(0, batch, 64, stream));
+	CHECK(cudaStreamSynchronize(stream));
+	CHECK(cudaStreamDestroy(stream));
+	check(refused && ranges && legacy && h.next_generation(0) == 1,
+	      "create() and publish() refuse what they cannot do (bad sizes, the legacy default stream) with "
+	      "cudaErrorInvalidValue, and a refused publish() publishes nothing");
 	const bool picks = wic::pick_host_transport(64, 1) == wic::transport::mapped &&
 			   wic::pick_host_transport(1024, 16) == wic::transport::mapped &&
 			   wic::pick_host_transport(1025, 1) == wic::transport::push &&

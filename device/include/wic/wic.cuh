@@ -80,9 +80,10 @@ inline const char *transport_name(transport kind)
 /*
  * The longest __nanosleep of push's backoff, in nanoseconds, unless a channel's backoff_ns says
  * otherwise; also the producer's backoff in wait_consumed(). Measured by device/bench/transport
- * (2 x H200, stock driver 580.159.04, 2026-11-26): a 64-byte message's round trip is 8.1 us at
- * 256 ns (8.5 us with 2112 warps waiting), 12.2 us at 2048 ns, and 8 waiting warps per SM slow
- * an issue-bound neighbour by 1.7% at 256 ns against 0.6% at 2048 ns (memory-bound: none).
+ * (H100, stock driver 580.159.04, 2026-11-26): a 64-byte message's round trip is 9.1 us at
+ * 256 ns, with one warp or 2112 waiting, against 12.2 us at 2048 ns and 8.9 us spinning; 8
+ * waiting warps per SM slow an issue-bound neighbour by 1.7% at 256 ns, 0.6% at 2048 ns and
+ * 1.9% spinning, a memory-bound one by 0.2% or less.
  */
 constexpr unsigned push_max_sleep_ns = 256;
 
@@ -361,16 +362,17 @@ __device__ inline int wait_consumed(const channel &ch, uint32_t slot, uint32_t g
 
 /*
  * pick_host_transport() - the transport for a host producer's channel, from what
- * device/bench/transport measured (2 x H200, stock driver 580.159.04, 2026-11-26)
+ * device/bench/transport measured (H100, stock driver 580.159.04, 2026-11-26)
  * @batch_bytes: bytes of one generation of a slot
  * @waiting_warps: warps that wait at once on the channel's ready words (with recv_block(), one
  *	per block)
  *
- * mapped for batches of up to 1 KiB with at most 16 waiters: its one-way latency was 1.6x to
- * 2.8x the physical one (a host store seen by a GPU thread), push's 4.3x; beyond that each
- * waiter's spin across the link delays the others (132 waiters: 16x) and the consumer's reads
- * of a large message cross it too. push otherwise: its waiters never leave the GPU, and
- * publish_many() streams large generations within 1.05x of a bulk copy.
+ * mapped for batches of up to 1 KiB with at most 16 waiters: its one-way latency was 1.7x to
+ * 2.3x the physical one (a host store seen by a GPU thread), push's 3.5x. Beyond that each
+ * waiter's spin across the link delays the others (132 waiters: 13.6x), the consumer's reads of
+ * a large message cross the link too, and spinning waiters slow memory-bound warps on their SM
+ * (8 per SM: 27x). push otherwise: its waiters never leave the GPU and cost their neighbours
+ * 2% at most, and publish_many() streams 1 MiB generations within 1.04x of a bulk copy.
  */
 inline transport pick_host_transport(uint64_t batch_bytes, uint32_t waiting_warps)
 {
@@ -401,6 +403,19 @@ inline channel empty_channel(transport kind, uint32_t slots, uint32_t message_by
 {
 	return channel{kind, slots, message_bytes, warps_per_batch, (uint64_t)warps_per_batch * message_bytes,
 		       nullptr, nullptr, nullptr, nullptr, kind == transport::push ? push_max_sleep_ns : 0};
+}
+
+/*
+ * Whether @stream is the legacy default stream, which waits for the kernels of every blocking
+ * stream: a publish queued there never runs while a persistent consumer kernel does.
+ */
+inline bool legacy_default(cudaStream_t stream)
+{
+#ifdef CUDA_API_PER_THREAD_DEFAULT_STREAM
+	return stream == cudaStreamLegacy;
+#else
+	return stream == cudaStreamLegacy || stream == nullptr;
+#endif
 }
 
 /* The most ready words one cuStreamBatchMemOp() call writes (it takes fewer than 256 operations). */
@@ -487,7 +502,13 @@ public:
 	 * writes the data, then the ready word with a release store (@stream is not used); alg1's
 	 * pages go where nvidia-uvm moves them, mapped's stay in host memory.
 	 *
-	 * Return: cudaSuccess, or the error of the runtime or driver call that failed.
+	 * The stream rule (push and poll): @stream must not wait for the consumer kernel, which runs
+	 * until its last message arrives. Use a stream created with cudaStreamNonBlocking other than
+	 * the kernel's; the legacy default stream (0 unless built with per-thread default streams)
+	 * is refused, since it waits for every blocking stream's kernels.
+	 *
+	 * Return: cudaSuccess; cudaErrorInvalidValue for a bad slot or size, or the legacy default
+	 * stream (push, poll); else the error of the runtime or driver call that failed.
 	 */
 	cudaError_t publish(uint32_t slot, const void *src, size_t bytes, cudaStream_t stream)
 	{
@@ -534,9 +555,12 @@ private:
 	/* Slots first..first + count - 1, @bytes of each (count > 1: batch_bytes) from @src. */
 	cudaError_t publish_range(uint32_t first, uint32_t count, const void *src, size_t bytes, cudaStream_t stream)
 	{
+		const bool host_stores = ch_.kind == transport::alg1 || ch_.kind == transport::mapped;
+		if (!host_stores && detail::legacy_default(stream))
+			return cudaErrorInvalidValue;
 		uint8_t *dst = static_cast<uint8_t *>(data_) + (uint64_t)first * ch_.batch_bytes;
 		const size_t span = (size_t)(count - 1) * ch_.batch_bytes + bytes;
-		if (ch_.kind == transport::alg1 || ch_.kind == transport::mapped) {
+		if (host_stores) {
 			memcpy(dst, src, span);
 			for (uint32_t s = first; s < first + count; s++)
 				__atomic_store_n(&ready_[s], ++published_[s], __ATOMIC_RELEASE);
