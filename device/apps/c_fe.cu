@@ -182,7 +182,7 @@ __global__ void solve(app::forward elements, app::forward directions, app::back_
 			assemble<float>(reinterpret_cast<const element *>(message)[lane], a.row_ptr, a.cols, sums);
 		else if (lane == 0)
 			atomicAdd(errors, 1);
-		app::mark_block_consumed(elements.consumed, b);
+		app::block_consumed(elements.ch, elements.place.slot(b, g), elements.place.generation(g));
 	}
 	grid.sync(); /* the matrix is whole */
 	for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < nnz; i += gridDim.x * blockDim.x)

@@ -91,9 +91,7 @@ __global__ void sweeps(app::forward halo, app::back_view back, uint32_t n, uint3
 				next[i] = v;
 				out[i] = v;
 			}
-			__syncthreads();
-			if (threadIdx.x < 32)
-				app::mark_consumed(halo.consumed, j);
+			app::block_consumed(halo.ch, halo.place.slot(j, t), halo.place.generation(t));
 			app::back_publish(back, t, j);
 		}
 		grid.sync(); /* sweep t + 1 reads what every block wrote */

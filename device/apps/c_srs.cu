@@ -19,8 +19,7 @@ constexpr uint32_t warps = 16;
 constexpr uint32_t samples = 1024; /* floats per warp message */
 constexpr uint32_t message_bytes = samples * sizeof(float);
 
-__global__ void consume(wic::channel ch, app::placement place, unsigned int *consumed, float2 *results,
-			int *errors)
+__global__ void consume(wic::channel ch, app::placement place, float2 *results, int *errors)
 {
 	const uint32_t b = blockIdx.x;
 	const uint32_t w = threadIdx.x / 32;
@@ -46,7 +45,7 @@ __global__ void consume(wic::channel ch, app::placement place, unsigned int *con
 			if (lane == 0)
 				results[((size_t)b * place.generations + g) * warps + w] = make_float2(energy, peak);
 		}
-		app::mark_block_consumed(consumed, b);
+		app::block_consumed(ch, place.slot(b, g), place.generation(g));
 	}
 }
 
@@ -97,8 +96,8 @@ int main(int argc, char **argv)
 			for (uint32_t i = 0; i < warps * samples; i++)
 				x[i] = sample(seed, b, g, i);
 		};
-		auto launch = [&](const wic::channel &ch, app::placement place, unsigned int *consumed, cudaStream_t s) {
-			consume<<<blocks, warps * 32, 0, s>>>(ch, place, consumed, results, errors);
+		auto launch = [&](const wic::channel &ch, app::placement place, cudaStream_t s) {
+			consume<<<blocks, warps * 32, 0, s>>>(ch, place, results, errors);
 		};
 		app::timing t = app::run(mode, blocks, generations, message_bytes, warps, fill, launch);
 		int failed;

@@ -165,10 +165,9 @@ __device__ inline void iterate(const app::forward &fwd, const app::back_view &ba
 		__syncthreads();
 		for (uint32_t i = lo + threadIdx.x; i < hi; i += blockDim.x)
 			pk[i] = message[i - lo];
-		__syncthreads();
-		if (threadIdx.x < 32)
-			app::mark_consumed(fwd.consumed, 0);
-		grid.sync(); /* all of p is in */
+		grid.sync(); /* all of p is in: every block is done with the message */
+		if (b == 0 && threadIdx.x == 0)
+			wic::consumed(fwd.ch, fwd.place.slot(0, k), fwd.place.generation(k));
 
 		float *q = reinterpret_cast<float *>(back.slot(k));
 		float pq = 0.0f;

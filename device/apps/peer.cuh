@@ -211,14 +211,6 @@ __device__ inline const uint8_t *block_recv(const wic::channel &ch, uint32_t slo
 	return message;
 }
 
-/* The block read its message of @slot for the last time: the producer may write the slot again. */
-__device__ inline void block_consumed(const wic::channel &ch, uint32_t slot, uint32_t generation)
-{
-	__syncthreads();
-	if (threadIdx.x == 0)
-		wic::consumed(ch, slot, generation);
-}
-
 /*
  * block_claim() - the buffer the block writes generation @generation of @slot into, once the
  * consumers are done with the generation before it (thread 0 waits, then the barrier).

@@ -116,8 +116,6 @@ struct placement {
 	}
 	__host__ __device__ uint32_t generation(uint32_t g) const { return nowait ? 0 : g / depth; }
 	uint32_t slots() const { return (nowait ? generations : depth) * blocks; }
-	/* Items of a stream its consumers must be done with before item @g is written: its slot's last. */
-	uint32_t consumed_before(uint32_t g) const { return nowait || g < depth ? 0 : g - depth + 1; }
 };
 
 /*
@@ -217,26 +215,16 @@ __device__ inline int receive(const wic::channel &ch, uint32_t slot, uint32_t ge
 }
 
 /*
- * consumed[b] counts messages of stream b the kernel has finished with, in pinned host memory:
- * the producer reuses a slot only after all warps read the item it held. mark_consumed(): this
- * warp is done with its message.
+ * block_consumed() - the block read its messages of generation @generation of @slot for the
+ * last time: after the block's barrier one thread reports it (wic::consumed(), one store
+ * across the link instead of one per warp), and the producer may write the slot again.
+ * Called by every thread of the block.
  */
-__device__ inline void mark_consumed(unsigned int *consumed, uint32_t b)
-{
-	if (threadIdx.x % 32 == 0)
-		atomicAdd_system(&consumed[b], 1u);
-}
-
-/*
- * mark_block_consumed() - every warp of the block is done with its message of stream @b: after
- * the block's barrier one atomic counts them all, instead of one atomic across the link per
- * warp. Called by every thread of the block.
- */
-__device__ inline void mark_block_consumed(unsigned int *consumed, uint32_t b)
+__device__ inline void block_consumed(const wic::channel &ch, uint32_t slot, uint32_t generation)
 {
 	__syncthreads();
 	if (threadIdx.x == 0)
-		atomicAdd_system(&consumed[b], blockDim.x / 32);
+		wic::consumed(ch, slot, generation);
 }
 
 /*
@@ -273,25 +261,23 @@ inline double ms_between(std::chrono::steady_clock::time_point from, std::chrono
 struct forward {
 	wic::channel ch;
 	placement place;
-	unsigned int *consumed;
 };
 
 /*
  * producer - the host end of one run's channel: @blocks streams of @generations items, each
  * item a batch of @warps messages of @message_bytes, in the slots placement gives them. Owns
- * the channel, a pinned staging batch per slot, the consumed counters and the copy stream.
+ * the channel, a pinned staging batch per slot and the copy stream. The consumers report each
+ * item done with block_consumed() (or wic::consumed()); the producer writes a slot again only
+ * after that (host_channel::wait_free()).
  */
 class producer {
 public:
 	producer(mode m, uint32_t blocks, uint32_t generations, uint32_t message_bytes, uint32_t warps)
-		: place_{blocks, generations, m == mode::nowait}, warps_(warps)
+		: place_{blocks, generations, m == mode::nowait}
 	{
 		const uint32_t slots = place_.slots();
 		CHECK(ch_.create(transport_of(m), slots, message_bytes, warps));
 		batch_ = ch_.device().batch_bytes;
-		CHECK(cudaHostAlloc(&consumed_, blocks * sizeof(unsigned), cudaHostAllocMapped));
-		memset(consumed_, 0, blocks * sizeof(unsigned));
-		CHECK(cudaHostGetDevicePointer((void **)&consumed_dev_, consumed_, 0));
 		CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
 		/* One pinned staging buffer per slot, so an async copy's source is not overwritten early. */
 		CHECK(cudaHostAlloc(&staging_, batch_ * slots, cudaHostAllocDefault));
@@ -301,14 +287,12 @@ public:
 	~producer()
 	{
 		CHECK(cudaFreeHost(staging_));
-		CHECK(cudaFreeHost(consumed_));
 		CHECK(cudaStreamDestroy(stream_));
 	}
 
 	wic::channel channel() const { return ch_.device(); }
 	placement place() const { return place_; }
-	unsigned int *consumed() const { return consumed_dev_; }
-	forward view() const { return forward{channel(), place_, consumed_dev_}; }
+	forward view() const { return forward{channel(), place_}; }
 
 	/*
 	 * publish() - publishes item (b, g); @fill writes its batch into pinned staging, and the
@@ -357,18 +341,12 @@ public:
 	void flush() { CHECK(cudaStreamSynchronize(stream_)); }
 
 private:
-	void wait_free(uint32_t b, uint32_t g)
-	{
-		while (__atomic_load_n(&consumed_[b], __ATOMIC_ACQUIRE) < place_.consumed_before(g) * warps_)
-			std::this_thread::yield();
-	}
+	/* Until the consumers are done with what item (b, g)'s slot holds (and so its copy is done). */
+	void wait_free(uint32_t b, uint32_t g) { CHECK(ch_.wait_free(place_.slot(b, g))); }
 
 	wic::host_channel ch_;
 	placement place_;
-	uint32_t warps_;
 	size_t batch_ = 0;
-	unsigned int *consumed_ = nullptr;
-	unsigned int *consumed_dev_ = nullptr;
 	cudaStream_t stream_ = nullptr;
 	uint8_t *staging_ = nullptr;
 	host_work work_{0.0, 0};
@@ -376,13 +354,13 @@ private:
 
 /*
  * Runs one streaming execution: @fill(b, g, buf) writes item (b, g)'s batch_bytes into buf, and
- * may be called from several threads at once; @launch(channel, placement, consumed, stream)
+ * may be called from several threads at once; @launch(channel, placement, stream)
  * starts the consumer kernel. The producer makes a generation of all streams at a time on
  * every core and publishes it with one call.
  */
 inline timing run(mode m, uint32_t blocks, uint32_t generations, uint32_t message_bytes, uint32_t warps,
 		  const std::function<void(uint32_t, uint32_t, uint8_t *)> &fill,
-		  const std::function<void(const wic::channel &, placement, unsigned int *, cudaStream_t)> &launch)
+		  const std::function<void(const wic::channel &, placement, cudaStream_t)> &launch)
 {
 	producer prod(m, blocks, generations, message_bytes, warps);
 	worker_pool pool(std::max(1u, std::thread::hardware_concurrency()));
@@ -398,7 +376,7 @@ inline timing run(mode m, uint32_t blocks, uint32_t generations, uint32_t messag
 		prod.flush();
 	}
 	const auto launched = std::chrono::steady_clock::now();
-	launch(prod.channel(), prod.place(), prod.consumed(), kernel_stream);
+	launch(prod.channel(), prod.place(), kernel_stream);
 	CHECK(cudaGetLastError());
 	if (m != mode::nowait)
 		publish_all();

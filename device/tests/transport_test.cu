@@ -28,8 +28,11 @@ void check(bool ok, const char *what)
 	failures += !ok;
 }
 
-/* Each warp copies its message of every generation to out[(b * G + g) * warps + w]. */
-__global__ void copy_out(wic::channel ch, app::placement place, unsigned int *consumed, uint8_t *out, int *status)
+/*
+ * Each warp copies its message of every generation to out[(b * G + g) * warps + w]; the block
+ * then reports the generation consumed.
+ */
+__global__ void copy_out(wic::channel ch, app::placement place, uint8_t *out, int *status)
 {
 	const uint32_t b = blockIdx.x, w = threadIdx.x / 32, lane = threadIdx.x % 32;
 
@@ -41,8 +44,7 @@ __global__ void copy_out(wic::channel ch, app::placement place, unsigned int *co
 		uint8_t *dst = out + (((size_t)b * place.generations + g) * warps + w) * message_bytes;
 		for (uint32_t i = lane; i < message_bytes; i += 32)
 			dst[i] = message[i];
-		__syncwarp();
-		app::mark_consumed(consumed, b);
+		app::block_consumed(ch, place.slot(b, g), place.generation(g));
 	}
 }
 
@@ -187,8 +189,8 @@ void delivery(app::mode mode)
 		for (uint32_t i = 0; i < warps * message_bytes; i++)
 			buf[i] = pattern(b, g, i);
 	};
-	auto launch = [&](const wic::channel &ch, app::placement place, unsigned int *consumed, cudaStream_t s) {
-		copy_out<<<blocks, warps * 32, 0, s>>>(ch, place, consumed, out, status);
+	auto launch = [&](const wic::channel &ch, app::placement place, cudaStream_t s) {
+		copy_out<<<blocks, warps * 32, 0, s>>>(ch, place, out, status);
 	};
 	app::run(mode, blocks, generations, message_bytes, warps, fill, launch);
 	std::vector<uint8_t> got(bytes);
@@ -211,10 +213,10 @@ void delivery(app::mode mode)
 /*
  * Block b consumes slot b, generation after generation, as Algorithm 1's consumer: recv_block()
  * (thread 0 waits, the block meets), each warp copies its message, the block meets again and
- * thread 0 reports the generation consumed so that the host may write the slot again.
+ * thread 0 reports the generation consumed (wic::consumed()) so that the host may write the
+ * slot again.
  */
-__global__ void block_copy_out(wic::channel ch, uint32_t generations, unsigned int *consumed, uint8_t *out,
-			       int *status)
+__global__ void block_copy_out(wic::channel ch, uint32_t generations, uint8_t *out, int *status)
 {
 	const uint32_t b = blockIdx.x, w = threadIdx.x / 32, lane = threadIdx.x % 32;
 
@@ -226,15 +228,14 @@ __global__ void block_copy_out(wic::channel ch, uint32_t generations, unsigned i
 		uint8_t *dst = out + (((size_t)b * generations + g) * warps + w) * message_bytes;
 		for (uint32_t i = lane; i < message_bytes; i += 32)
 			dst[i] = batch[w * message_bytes + i];
-		__syncthreads();
-		if (threadIdx.x == 0)
-			wic::detail::store_release(&consumed[b], g + 1);
+		app::block_consumed(ch, b, g);
 	}
 }
 
 /*
  * Every block's batches through a host_channel of @kind to block_copy_out(), slot by slot with
- * publish() or, @many, a generation of all slots at once with publish_many().
+ * publish() or, @many, a generation of all slots at once with publish_many(); the host writes
+ * a slot again once wait_free() says its consumers are done with it.
  */
 void block_delivery(wic::transport kind, bool many)
 {
@@ -243,33 +244,27 @@ void block_delivery(wic::transport kind, bool many)
 	wic::host_channel ch;
 	uint8_t *out;
 	int *status, rc = 0;
-	unsigned int *consumed, *consumed_dev;
 	CHECK(ch.create(kind, blocks, message_bytes, warps));
 	CHECK(cudaMalloc(&out, bytes));
 	CHECK(cudaMalloc(&status, sizeof(int)));
 	CHECK(cudaMemset(status, 0, sizeof(int)));
-	CHECK(cudaHostAlloc(&consumed, blocks * sizeof(unsigned), cudaHostAllocMapped));
-	memset(consumed, 0, blocks * sizeof(unsigned));
-	CHECK(cudaHostGetDevicePointer((void **)&consumed_dev, consumed, 0));
 	CHECK(cudaDeviceSynchronize());
 	auto pattern = [](uint32_t b, uint32_t g, uint32_t i) { return (uint8_t)(b * 61 + g * 17 + i * 5 + 2); };
 	/* The copies may not queue behind the consumer kernel, which ends only after the last of them. */
 	cudaStream_t stream, copy_stream;
 	CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 	CHECK(cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking));
-	block_copy_out<<<blocks, warps * 32, 0, stream>>>(ch.device(), generations, consumed_dev, out, status);
+	block_copy_out<<<blocks, warps * 32, 0, stream>>>(ch.device(), generations, out, status);
 	CHECK(cudaGetLastError());
 	std::vector<uint8_t> buf((size_t)blocks * batch);
-	const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
 	bool stuck = false;
-	/* Slot b's generation g once its consumers are done with g - 1 (and its copy, so buf is free). */
-	auto wait_free = [&](uint32_t b, uint32_t g) {
-		while (__atomic_load_n(&consumed[b], __ATOMIC_ACQUIRE) < g && !stuck)
-			stuck = std::chrono::steady_clock::now() > give_up;
-	};
 	for (uint32_t g = 0; g < generations && !stuck; g++) {
 		for (uint32_t b = 0; b < blocks && !stuck; b++) {
-			wait_free(b, g);
+			/* Slot b is free once its consumers are done with g - 1 (and so is buf: the copy is done). */
+			const cudaError_t err = ch.wait_free(b, 20000000000ull);
+			stuck = err == cudaErrorTimeout;
+			if (!stuck)
+				CHECK(err);
 			uint8_t *at = buf.data() + (many ? (size_t)b * batch : 0);
 			for (uint32_t i = 0; i < batch; i++)
 				at[i] = pattern(b, g, i);
@@ -301,7 +296,6 @@ void block_delivery(wic::transport kind, bool many)
 		exit(1); /* the consumer kernel still spins: nothing after it could run */
 	CHECK(cudaStreamDestroy(stream));
 	CHECK(cudaStreamDestroy(copy_stream));
-	CHECK(cudaFreeHost(consumed));
 	CHECK(cudaFree(status));
 	CHECK(cudaFree(out));
 }
@@ -329,9 +323,16 @@ void refusals()
 	CHECK(h.publish(0, batch, 64, stream));
 	CHECK(cudaStreamSynchronize(stream));
 	CHECK(cudaStreamDestroy(stream));
-	check(refused && ranges && legacy && h.next_generation(0) == 1,
+	/* Nothing consumed generation 0: wait_free() times out; reset() forgets it was published. */
+	const bool flow = h.wait_free(0, 1000000) == cudaErrorTimeout && h.wait_free(1, 1000000) == cudaSuccess &&
+			  h.wait_free(2) == cudaErrorInvalidValue;
+	const bool published = h.next_generation(0) == 1;
+	CHECK(h.reset());
+	const bool reset = h.next_generation(0) == 0 && h.wait_free(0, 1000000) == cudaSuccess;
+	check(refused && ranges && legacy && published,
 	      "create() and publish() refuse what they cannot do (bad sizes, the legacy default stream) with "
 	      "cudaErrorInvalidValue, and a refused publish() publishes nothing");
+	check(flow && reset, "wait_free() waits for the consumers' report and times out without it; reset() clears");
 	const bool picks = wic::pick_host_transport(64, 1) == wic::transport::mapped &&
 			   wic::pick_host_transport(1024, 16) == wic::transport::mapped &&
 			   wic::pick_host_transport(1025, 1) == wic::transport::push &&

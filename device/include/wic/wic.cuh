@@ -36,19 +36,22 @@
  *    engine and no driver call; the waiter spins on the word across the link and the consumer
  *    then reads the message there, once per access.
  *
- * A GPU producer learns that the consumers are done with a generation, so that it may write
- * the slot again, through words in its own memory that the consumers set across the link
- * (wic::consumed(), wic::wait_consumed()).
+ * A producer learns that the consumers are done with a generation, so that it may write the
+ * slot again, through a word per slot that one consumer thread sets (wic::consumed()): in the
+ * producer GPU's memory for a GPU producer (wic::wait_consumed()), in pinned host memory for a
+ * host producer (host_channel::wait_free()).
  *
  * Device code includes this header; host code uses wic::host_channel to create push, poll,
- * alg1 and mapped channels with a host producer and to publish, wic::peer_channel for ones whose producer is a
- * kernel on another GPU, and wic::fault_channel() to wrap a libwic channel.
+ * alg1 and mapped channels with a host producer and to publish, wic::peer_channel for ones
+ * whose producer is a kernel on another GPU, and wic::fault_channel() to wrap a libwic channel.
  */
 #ifndef WIC_WIC_CUH
 #define WIC_WIC_CUH
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <thread>
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -100,8 +103,9 @@ constexpr unsigned push_max_sleep_ns = 256;
  * @ready: generations published per slot: push (the consumer GPU's memory), poll (pinned host
  *	memory for a host producer, the producer GPU's memory for a GPU producer), alg1 (managed
  *	memory), mapped (pinned host memory)
- * @consumed: GPU producers only (peer_channel; null otherwise): per slot, generations its
- *	consumers are done with, in the producer GPU's memory
+ * @consumed: per slot, generations its consumers are done with (wic::consumed()): in the
+ *	producer GPU's memory (peer_channel) or pinned host memory (host_channel); null for fault
+ *	channels
  * @backoff_ns: the longest __nanosleep between two looks at a ready word; 0 spins. push:
  *	push_max_sleep_ns as created; the others spin. A waiter that sleeps longer wakes up
  *	later (about half the cap, on average) but takes fewer issue slots from the warps beside
@@ -327,10 +331,13 @@ __device__ inline int publish(const channel &ch, uint32_t slot, uint32_t generat
  * @generation: the generation they read
  *
  * One thread calls it after every warp of the batch read its message for the last time (a
- * __syncthreads() between those reads and this call when they are one block's warps). A
- * release store at system scope of @generation + 1 to the slot's word in the producer GPU's
- * memory: the producer that sees it (wait_consumed()) overwrites the slot only after those
- * reads. Nothing to do for channels without a GPU producer (consumed is null).
+ * __syncthreads() between those reads and this call when they are one block's warps, a grid
+ * barrier when they are several blocks). A release store at system scope of @generation + 1
+ * to the slot's word, in the producer GPU's memory (peer_channel) or pinned host memory
+ * (host_channel): the producer that sees it (wait_consumed() on the GPU, host_channel::
+ * wait_free() on the host) overwrites the slot only after those reads. A plain store, not an
+ * atomic: posted across the link, so it costs the consumer nothing to wait for. Nothing to do
+ * for a fault channel (consumed is null).
  */
 __device__ inline void consumed(const channel &ch, uint32_t slot, uint32_t generation)
 {
@@ -432,7 +439,10 @@ constexpr uint32_t max_batched_writes = 255;
  * memory, as the paper's Algorithm 1 keeps them; mapped, both in pinned host memory mapped
  * into the device, which the consumers read across the link. publish() copies a batch into a
  * slot and marks its next generation ready (push and poll in stream order; alg1 and mapped by
- * the calling thread's stores), so a kernel that sees the ready word sees the data.
+ * the calling thread's stores), so a kernel that sees the ready word sees the data. Every
+ * transport also gets a consumed word per slot in pinned host memory: consumers report a
+ * generation done with wic::consumed(), and wait_free() holds the producer back until the slot
+ * it is about to overwrite is free.
  */
 class host_channel {
 public:
@@ -471,6 +481,12 @@ public:
 				err = cudaHostAlloc(&ready_, ready_bytes, cudaHostAllocMapped);
 			break;
 		}
+		if (err == cudaSuccess)
+			err = cudaHostAlloc(&consumed_, ready_bytes, cudaHostAllocMapped);
+		if (err == cudaSuccess)
+			memset(consumed_, 0, ready_bytes);
+		if (err == cudaSuccess)
+			err = cudaHostGetDevicePointer((void **)&ch_.consumed, consumed_, 0);
 		/* Host-visible words (all but push's) start at generation 0 by the host's stores. */
 		if (err == cudaSuccess && kind != transport::push)
 			memset(ready_, 0, ready_bytes);
@@ -492,6 +508,52 @@ public:
 
 	/* The generation publish() gives @slot next (generations published so far); 0 for a bad slot. */
 	unsigned int next_generation(uint32_t slot) const { return slot < ch_.slots ? published_[slot] : 0; }
+
+	/*
+	 * wait_free() - flow control: waits until the consumers reported every generation of @slot
+	 * published so far done (wic::consumed()), so that the next publish() may overwrite it
+	 * @slot: the slot
+	 * @timeout_ns: give up after this long (0: wait forever)
+	 *
+	 * Spins on the slot's word in pinned host memory, yielding the CPU between looks.
+	 * Return: cudaSuccess; cudaErrorInvalidValue for a bad slot; cudaErrorTimeout.
+	 */
+	cudaError_t wait_free(uint32_t slot, uint64_t timeout_ns = 0) const
+	{
+		if (slot >= ch_.slots)
+			return cudaErrorInvalidValue;
+		const auto start = std::chrono::steady_clock::now();
+		/* Wrapping difference, as the generations on the device. */
+		while ((int)(__atomic_load_n(&consumed_[slot], __ATOMIC_ACQUIRE) - published_[slot]) < 0) {
+			if (timeout_ns && std::chrono::steady_clock::now() - start > std::chrono::nanoseconds(timeout_ns))
+				return cudaErrorTimeout;
+			std::this_thread::yield();
+		}
+		return cudaSuccess;
+	}
+
+	/*
+	 * reset() - back to no generation published or consumed, for another run; no kernel may
+	 * use the channel now, and no publish() may be in flight (push's word is cleared by a
+	 * synchronous memset).
+	 */
+	cudaError_t reset()
+	{
+		if (!published_)
+			return cudaErrorInvalidValue;
+		const size_t words = ch_.slots * sizeof(unsigned int);
+		cudaError_t err = cudaSuccess;
+		if (ch_.kind == transport::push) {
+			err = cudaMemset(ready_, 0, words);
+			if (err == cudaSuccess)
+				err = cudaDeviceSynchronize();
+		} else {
+			memset(ready_, 0, words);
+		}
+		memset(consumed_, 0, words);
+		memset(published_, 0, words);
+		return err;
+	}
 
 	/*
 	 * Publishes the next generation of @slot: @bytes (at most batch_bytes) from @src, which
@@ -545,9 +607,12 @@ public:
 			host_data ? cudaFreeHost(data_) : cudaFree(data_);
 		if (ready_)
 			host_ready ? cudaFreeHost(ready_) : cudaFree(ready_);
+		if (consumed_)
+			cudaFreeHost(consumed_);
 		delete[] published_;
 		data_ = nullptr;
 		ready_ = nullptr;
+		consumed_ = nullptr;
 		published_ = nullptr;
 	}
 
@@ -600,6 +665,7 @@ private:
 	channel ch_{};
 	void *data_ = nullptr;
 	unsigned int *ready_ = nullptr;
+	unsigned int *consumed_ = nullptr;
 	unsigned int *published_ = nullptr;
 };
 
