@@ -26,7 +26,7 @@ namespace {
 
 constexpr uint32_t threads = 256;
 
-__global__ void solve(app::forward fwd, app::back_view back, cg::layout l, cg::csr_view a, float *p,
+__global__ void solve(app::forward fwd, wic::result_view back, cg::layout l, cg::csr_view a, float *p,
 		      uint32_t iterations, app::grid_barrier grid, int *errors)
 {
 	cg::iterate(fwd, back, l, a, p, iterations, grid, errors);
@@ -137,7 +137,7 @@ int main(int argc, char **argv)
 			CHECK(cudaMemset(errors, 0, sizeof(int)));
 			barrier.reset();
 		};
-		run.launch = [&](const std::vector<app::forward> &fwd, const app::back_view &back, cudaStream_t s) {
+		run.launch = [&](const std::vector<app::forward> &fwd, const wic::result_view &back, cudaStream_t s) {
 			app::launch_cooperative(solve, blocks, threads, s, fwd[0], back, l, dev.view(), p, iterations,
 						barrier.barrier(), errors);
 		};

@@ -169,7 +169,7 @@ __host__ __device__ inline void assemble(const element &e, const uint32_t *row_p
  * Streams the elements in (4 warps x 32 per block and generation) and assembles them into
  * @sums, converts the sums to @vals (a.vals), then runs CG.
  */
-__global__ void solve(app::forward elements, app::forward directions, app::back_view back, cg::layout l,
+__global__ void solve(app::forward elements, app::forward directions, wic::result_view back, cg::layout l,
 		      cg::csr_view a, uint32_t nnz, unsigned long long *sums, float *vals, float *p,
 		      uint32_t iterations, app::grid_barrier grid, int *errors)
 {
@@ -177,7 +177,8 @@ __global__ void solve(app::forward elements, app::forward directions, app::back_
 
 	for (uint32_t g = 0; g < elements.place.generations; g++) {
 		const uint8_t *message;
-		int status = app::receive(elements.ch, elements.place.slot(b, g), elements.place.generation(g), w, &message);
+		const int status =
+			app::receive(elements.ch, elements.place.slot(b, g), elements.place.generation(g), w, &message);
 		if (status == WIC_OK)
 			assemble<float>(reinterpret_cast<const element *>(message)[lane], a.row_ptr, a.cols, sums);
 		else if (lane == 0)
@@ -334,7 +335,7 @@ int main(int argc, char **argv)
 			CHECK(cudaMemset(errors, 0, sizeof(int)));
 			barrier.reset();
 		};
-		run.launch = [&](const std::vector<app::forward> &fwd, const app::back_view &back, cudaStream_t s) {
+		run.launch = [&](const std::vector<app::forward> &fwd, const wic::result_view &back, cudaStream_t s) {
 			app::launch_cooperative(solve, blocks, threads, s, fwd[0], fwd[1], back, l, dev.view(), nnz, sums,
 						dev.vals(), p, iterations, barrier.barrier(), errors);
 		};

@@ -52,7 +52,7 @@ __host__ __device__ inline uint32_t band(uint32_t n, uint32_t tiles, uint32_t j)
  * (the host's plane n/2 - 1, rows of band j) is item (j, t) of @halo; the kernel's plane n/2
  * after sweep t is result generation t, band j its part j.
  */
-__global__ void sweeps(app::forward halo, app::back_view back, uint32_t n, uint32_t tiles, float *u,
+__global__ void sweeps(app::forward halo, wic::result_view back, uint32_t n, uint32_t tiles, float *u,
 		       uint32_t iterations, app::grid_barrier grid, int *errors)
 {
 	const uint32_t depth = n - n / 2;
@@ -92,7 +92,7 @@ __global__ void sweeps(app::forward halo, app::back_view back, uint32_t n, uint3
 				out[i] = v;
 			}
 			app::block_consumed(halo.ch, halo.place.slot(j, t), halo.place.generation(t));
-			app::back_publish(back, t, j);
+			wic::post_result(back, t, j);
 		}
 		grid.sync(); /* sweep t + 1 reads what every block wrote */
 	}
@@ -232,7 +232,7 @@ int main(int argc, char **argv)
 			CHECK(cudaMemset(errors, 0, sizeof(int)));
 			barrier.reset();
 		};
-		run.launch = [&](const std::vector<app::forward> &fwd, const app::back_view &back, cudaStream_t s) {
+		run.launch = [&](const std::vector<app::forward> &fwd, const wic::result_view &back, cudaStream_t s) {
 			app::launch_cooperative(sweeps, blocks, threads, s, fwd[0], back, n, tiles, u, iterations,
 						barrier.barrier(), errors);
 		};

@@ -145,7 +145,7 @@ __device__ inline float block_sum(float v)
  * @grid: the kernel's barrier
  * @errors: incremented per failed receive (the block goes on, so no grid barrier waits forever)
  */
-__device__ inline void iterate(const app::forward &fwd, const app::back_view &back, const layout &l, csr_view a,
+__device__ inline void iterate(const app::forward &fwd, const wic::result_view &back, const layout &l, csr_view a,
 			       float *p, uint32_t iterations, app::grid_barrier &grid, int *errors)
 {
 	__shared__ const float *message;
@@ -181,7 +181,7 @@ __device__ inline void iterate(const app::forward &fwd, const app::back_view &ba
 		pq = block_sum(pq);
 		if (threadIdx.x == 0)
 			q[l.rows + b] = pq;
-		app::back_publish(back, k, b);
+		wic::post_result(back, k, b);
 	}
 }
 

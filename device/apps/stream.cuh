@@ -389,85 +389,32 @@ inline timing run(mode m, uint32_t blocks, uint32_t generations, uint32_t messag
 }
 
 /*
- * back_view - the results direction (GPU to host) as kernels see it: @slots slots of
- * @slot_bytes in pinned, mapped host memory, and per slot @parts ready words. Result
- * generation g lives in slot g % slots; a part's word holds g + 1 once the part is written.
- * Streaming runs keep few slots: the kernel writes generation g only after the host's next
- * messages, which the host sends after reading what generation g overwrites. No-wait runs keep
- * one slot per generation.
+ * back_channel - a run's results direction (wic::result_channel), its slots poisoned (NaN) so
+ * that a part never written cannot pass for a result. Streaming runs keep few slots: the kernel
+ * writes generation g only after the host's next messages, which the host sends after reading
+ * what generation g overwrites. No-wait runs keep one slot per generation.
  */
-struct back_view {
-	uint8_t *data;
-	unsigned int *ready;
-	uint64_t slot_bytes;
-	uint32_t slots;
-	uint32_t parts;
-
-	__host__ __device__ uint8_t *slot(uint32_t g) const { return data + (uint64_t)(g % slots) * slot_bytes; }
-	__host__ __device__ unsigned int *word(uint32_t g, uint32_t part) const
-	{
-		return ready + (uint64_t)(g % slots) * parts + part;
-	}
-};
-
-/*
- * back_publish() - marks @part of result generation @g written. Every thread of the block calls
- * it after its own writes to the part: each makes them visible system-wide first
- * (__threadfence_system()), the barrier gathers the block, and one thread then stores the ready
- * word, with release semantics, so the host that reads it reads the part.
- */
-__device__ inline void back_publish(const back_view &back, uint32_t g, uint32_t part)
-{
-	__threadfence_system();
-	__syncthreads();
-	if (threadIdx.x == 0)
-		asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(back.word(g, part)), "r"(g + 1) : "memory");
-}
-
-/* back_channel - the host end of the results direction: poisoned (NaN) slots, zeroed words. */
 class back_channel {
 public:
 	back_channel(uint32_t slots, uint64_t slot_bytes, uint32_t parts)
 	{
-		const size_t words = (size_t)slots * parts * sizeof(unsigned int);
-		CHECK(cudaHostAlloc(&data_, slots * slot_bytes, cudaHostAllocMapped));
-		CHECK(cudaHostAlloc(&ready_, words, cudaHostAllocMapped));
-		memset(data_, 0xff, slots * slot_bytes);
-		memset(ready_, 0, words);
-		host_ = back_view{data_, ready_, slot_bytes, slots, parts};
-		dev_ = host_;
-		CHECK(cudaHostGetDevicePointer((void **)&dev_.data, data_, 0));
-		CHECK(cudaHostGetDevicePointer((void **)&dev_.ready, ready_, 0));
-	}
-	back_channel(const back_channel &) = delete;
-	back_channel &operator=(const back_channel &) = delete;
-	~back_channel()
-	{
-		CHECK(cudaFreeHost(data_));
-		CHECK(cudaFreeHost(ready_));
+		CHECK(ch_.create(slots, slot_bytes, parts));
+		memset(ch_.host().data, 0xff, slots * slot_bytes);
 	}
 
-	back_view view() const { return dev_; }
-	const uint8_t *slot(uint32_t g) const { return host_.slot(g); }
-
-	/* Whether @part of generation @g is written (wrapping difference, as wic's generations). */
-	bool ready(uint32_t g, uint32_t part) const
-	{
-		return (int)(__atomic_load_n(host_.word(g, part), __ATOMIC_ACQUIRE) - g) > 0;
-	}
+	wic::result_view view() const { return ch_.device(); }
+	const uint8_t *slot(uint32_t g) const { return ch_.host().slot(g); }
+	bool ready(uint32_t g, uint32_t part) const { return ch_.ready(g, part); }
 
 	/* Waits until @part of generation @g is written; returns its slot. */
 	const uint8_t *wait(uint32_t g, uint32_t part) const
 	{
-		while (!ready(g, part))
-			std::this_thread::yield();
+		CHECK(ch_.wait(g, part));
 		return slot(g);
 	}
 
 private:
-	uint8_t *data_ = nullptr;
-	unsigned int *ready_ = nullptr;
-	back_view host_{}, dev_{};
+	wic::result_channel ch_;
 };
 
 template <typename T>
@@ -659,7 +606,8 @@ struct alternating {
 	 */
 	std::function<void()> reset;
 	/* Starts the kernel on @stream; @fwd holds one channel per forward spec. */
-	std::function<void(const std::vector<app::forward> &fwd, const back_view &back, cudaStream_t stream)> launch;
+	std::function<void(const std::vector<app::forward> &fwd, const wic::result_view &back, cudaStream_t stream)>
+		launch;
 	/* The host's side of a run, from its first message to its last result. */
 	std::function<void(host_io &io)> host;
 };

@@ -29,11 +29,12 @@
  *   streaming        one host thread streams TOTAL bytes (poll and alg1: TOTAL / 8) as batches
  *                    of BYTES to one consumer block per SM (two slots per block, thread 0
  *                    waits, every thread reads the batch); the host reuses a slot once the
- *                    block acknowledged the generation before. GB/s from the first publish to the kernel's end, its ratio to
- *                    bulk_copy, and the host's time inside publish() per batch.
+ *                    block acknowledged the generation before. GB/s from the first publish
+ *                    to the kernel's end, its ratio to bulk_copy, and the host's time inside
+ *                    publish() per batch.
  *   waiting_cost     one block per SM: 8 warps of work (an issue-bound FMA loop, or 16-byte
  *                    loads streaming from device memory) beside 8 warps waiting on a channel
- *                    of each transport (push also with shorter backoffs), or stalled on
+ *                    of each transport (push also with other backoffs), or stalled on
  *                    faults (each touching host-resident managed pages one after another, as
  *                    the fault transport's waiters stall on the stock driver): the work's time
  *                    beside them over its time beside none (median of 3 each).
@@ -825,7 +826,8 @@ public:
 			.add("beside_us", quantile(beside, 0.5))
 			.add("slowdown", ratio);
 		if (how == wait_kind::fault)
-			r.add("pages_touched_median", quantile(pages, 0.5)).add("pages_per_warp", (double)pages_per_warp_);
+			r.add("pages_touched_median", quantile(pages, 0.5))
+				.add("pages_per_warp", (double)pages_per_warp_);
 		r.emit();
 	}
 
@@ -847,7 +849,8 @@ private:
 		CHECK(cudaDeviceSynchronize());
 		const uint32_t rounds = work == work_kind::arith ? 40000 : 16;
 		coresident<<<cfg.sms, (work_warps + waiting_warps) * 32, one_block_per_sm_smem, stream>>>(
-			dev, how, work, rounds, src_, region_, pages_, pages_per_warp_, done.dev, work_ns_, touched_, sink_);
+			dev, how, work, rounds, src_, region_, pages_, pages_per_warp_, done.dev, work_ns_, touched_,
+			sink_);
 		CHECK(cudaGetLastError());
 		if (!host_wait(done.host, cfg.sms))
 			stuck("waiting_cost");

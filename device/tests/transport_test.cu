@@ -4,7 +4,8 @@
  * every generation to the right warp, and so do alg1 (the paper's Algorithm 1 made correct:
  * managed memory, recv_block(), thread 0 alone waiting) and mapped, and push and alg1 when a
  * whole generation is published with publish_many(); a wait past its timeout returns
- * WIC_ETIMED_OUT; create() and publish() refuse bad arguments; the fault transport addresses
+ * WIC_ETIMED_OUT; create() and publish() refuse bad arguments; wait_free() and reset() keep
+ * count; results posted with post_result() reach the host; the fault transport addresses
  * each warp's message in the run of its generation and turns each error marker into its code
  * (its pages are ordinary device memory here, so nothing stalls); a producer kernel delivers
  * through push, poll and alg1 peer channels, reusing each slot only after its consumers
@@ -300,6 +301,45 @@ void block_delivery(wic::transport kind, bool many)
 	CHECK(cudaFree(out));
 }
 
+/* Block b writes part b of result generations 0..@generations - 1: its index, then post_result(). */
+__global__ void post_results(wic::result_view results, uint32_t generations)
+{
+	for (uint32_t g = 0; g < generations; g++) {
+		uint32_t *part = reinterpret_cast<uint32_t *>(results.slot(g)) + blockIdx.x * blockDim.x;
+		part[threadIdx.x] = g * 1000 + blockIdx.x * blockDim.x + threadIdx.x;
+		wic::post_result(results, g, blockIdx.x);
+	}
+}
+
+/*
+ * The results direction: each part of each generation is there once wait() returns; wait()
+ * times out on a part never written and refuses one that does not exist.
+ */
+void results()
+{
+	const uint32_t parts = 4, threads = 64, generations = 16;
+	wic::result_channel r;
+	CHECK(r.create(generations, parts * threads * sizeof(uint32_t), parts));
+	post_results<<<parts, threads>>>(r.device(), generations);
+	CHECK(cudaGetLastError());
+	size_t wrong = 0;
+	for (uint32_t g = 0; g < generations; g++)
+		for (uint32_t p = 0; p < parts; p++) {
+			CHECK(r.wait(g, p, 2000000000ull));
+			const uint32_t *part = reinterpret_cast<const uint32_t *>(r.host().slot(g)) + p * threads;
+			for (uint32_t t = 0; t < threads; t++)
+				wrong += part[t] != g * 1000 + p * threads + t;
+		}
+	CHECK(cudaDeviceSynchronize());
+	const bool edges = r.wait(generations, 0, 1000000) == cudaErrorTimeout &&
+			   r.wait(0, parts, 1000000) == cudaErrorInvalidValue && !r.ready(generations, 0);
+	char what[160];
+	snprintf(what, sizeof(what),
+		 "results: %u generations x %u parts posted by post_result() and awaited with wait() (%zu wrong)",
+		 generations, parts, wrong);
+	check(wrong == 0 && edges, what);
+}
+
 /* What create() refuses: a fault channel, a transport out of range, empty sizes; mapped for a GPU producer. */
 void refusals()
 {
@@ -415,6 +455,7 @@ int main()
 	timeout(wic::transport::alg1);
 	timeout(wic::transport::mapped);
 	refusals();
+	results();
 	fault_addressing();
 	gpu_producer(wic::transport::push, 0, 0);
 	gpu_producer(wic::transport::poll, 0, 0);

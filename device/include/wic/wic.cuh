@@ -124,6 +124,32 @@ struct channel {
 	uint32_t backoff_ns;
 };
 
+/*
+ * result_view - the results direction (GPU to host) as kernels see it; passed by value.
+ * @data: @slots slots of @slot_bytes in pinned host memory mapped into the GPU
+ * @ready: per slot, @parts ready words
+ * @slot_bytes: bytes of a slot
+ * @slots: slots; result generation g lives in slot g % slots
+ * @parts: parts of a slot, each marked written on its own (post_result())
+ *
+ * A part's word holds g + 1 once the part of generation g is written. With fewer slots than
+ * generations the kernel may write generation g only after the host is done with generation
+ * g - slots, which the application's own protocol must tell it (the host's next message).
+ */
+struct result_view {
+	uint8_t *data;
+	unsigned int *ready;
+	uint64_t slot_bytes;
+	uint32_t slots;
+	uint32_t parts;
+
+	__host__ __device__ uint8_t *slot(uint32_t g) const { return data + (uint64_t)(g % slots) * slot_bytes; }
+	__host__ __device__ unsigned int *word(uint32_t g, uint32_t part) const
+	{
+		return ready + (uint64_t)(g % slots) * parts + part;
+	}
+};
+
 #ifdef __CUDACC__
 
 namespace detail {
@@ -286,6 +312,25 @@ __device__ inline int recv_block(const channel &ch, uint32_t slot, uint32_t gene
 }
 
 /*
+ * post_result() - marks @part of result generation @g written
+ * @results: the results direction
+ * @g: the generation
+ * @part: the part
+ *
+ * Every thread of the block calls it after its own writes to the part: each makes them
+ * visible system-wide first (__threadfence_system()), the barrier gathers the block, and one
+ * thread then stores the ready word with release semantics at system scope, so the host that
+ * reads the word (result_channel::ready(), wait()) reads the part.
+ */
+__device__ inline void post_result(const result_view &results, uint32_t g, uint32_t part)
+{
+	__threadfence_system();
+	__syncthreads();
+	if (threadIdx.x == 0)
+		detail::store_release(results.word(g, part), g + 1);
+}
+
+/*
  * slot_buffer() - where a GPU producer writes the batch of @slot (push, poll and alg1 channels)
  * @ch: the channel
  * @slot: the slot
@@ -394,7 +439,8 @@ namespace detail {
  * assertions below break the build of a toolkit where that stops being true.
  */
 static_assert((int)cudaErrorInvalidValue == (int)CUDA_ERROR_INVALID_VALUE, "runtime and driver errors differ");
-static_assert((int)cudaErrorInvalidResourceHandle == (int)CUDA_ERROR_INVALID_HANDLE, "runtime and driver errors differ");
+static_assert((int)cudaErrorInvalidResourceHandle == (int)CUDA_ERROR_INVALID_HANDLE,
+	      "runtime and driver errors differ");
 static_assert((int)cudaErrorIllegalAddress == (int)CUDA_ERROR_ILLEGAL_ADDRESS, "runtime and driver errors differ");
 static_assert((int)cudaErrorNotSupported == (int)CUDA_ERROR_NOT_SUPPORTED, "runtime and driver errors differ");
 static_assert((int)cudaErrorStreamCaptureUnsupported == (int)CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
@@ -410,6 +456,12 @@ inline channel empty_channel(transport kind, uint32_t slots, uint32_t message_by
 {
 	return channel{kind, slots, message_bytes, warps_per_batch, (uint64_t)warps_per_batch * message_bytes,
 		       nullptr, nullptr, nullptr, nullptr, kind == transport::push ? push_max_sleep_ns : 0};
+}
+
+/* Whether @timeout_ns (0: never) has passed since @start. */
+inline bool past(std::chrono::steady_clock::time_point start, uint64_t timeout_ns)
+{
+	return timeout_ns && std::chrono::steady_clock::now() - start > std::chrono::nanoseconds(timeout_ns);
 }
 
 /*
@@ -525,7 +577,7 @@ public:
 		const auto start = std::chrono::steady_clock::now();
 		/* Wrapping difference, as the generations on the device. */
 		while ((int)(__atomic_load_n(&consumed_[slot], __ATOMIC_ACQUIRE) - published_[slot]) < 0) {
-			if (timeout_ns && std::chrono::steady_clock::now() - start > std::chrono::nanoseconds(timeout_ns))
+			if (detail::past(start, timeout_ns))
 				return cudaErrorTimeout;
 			std::this_thread::yield();
 		}
@@ -667,6 +719,85 @@ private:
 	unsigned int *ready_ = nullptr;
 	unsigned int *consumed_ = nullptr;
 	unsigned int *published_ = nullptr;
+};
+
+/*
+ * result_channel - the host end of the results direction (host code): the slots and ready
+ * words of a result_view in pinned host memory mapped into the current device. Kernels take
+ * device() and call post_result(); the host reads a part once ready() says it is written, or
+ * waits for it (wait()).
+ */
+class result_channel {
+public:
+	result_channel() = default;
+	result_channel(const result_channel &) = delete;
+	result_channel &operator=(const result_channel &) = delete;
+	~result_channel() { destroy(); }
+
+	/* @slots slots of @slot_bytes, @parts parts each; the data is left as allocated. */
+	cudaError_t create(uint32_t slots, uint64_t slot_bytes, uint32_t parts)
+	{
+		if (!slots || !slot_bytes || !parts)
+			return cudaErrorInvalidValue;
+		destroy();
+		const size_t words = (size_t)slots * parts * sizeof(unsigned int);
+		host_ = result_view{nullptr, nullptr, slot_bytes, slots, parts};
+		cudaError_t err = cudaHostAlloc(&host_.data, slots * slot_bytes, cudaHostAllocMapped);
+		if (err == cudaSuccess)
+			err = cudaHostAlloc(&host_.ready, words, cudaHostAllocMapped);
+		if (err == cudaSuccess) {
+			memset(host_.ready, 0, words);
+			dev_ = host_;
+			err = cudaHostGetDevicePointer((void **)&dev_.data, host_.data, 0);
+		}
+		if (err == cudaSuccess)
+			err = cudaHostGetDevicePointer((void **)&dev_.ready, host_.ready, 0);
+		if (err != cudaSuccess)
+			destroy();
+		return err;
+	}
+
+	/* What kernels take. */
+	result_view device() const { return dev_; }
+	/* The same with host addresses: host().slot(g) is where the host reads generation g. */
+	result_view host() const { return host_; }
+
+	/* Whether @part of generation @g is written (wrapping difference, as the generations). */
+	bool ready(uint32_t g, uint32_t part) const
+	{
+		return (int)(__atomic_load_n(host_.word(g, part), __ATOMIC_ACQUIRE) - g) > 0;
+	}
+
+	/*
+	 * Waits until @part of generation @g is written, yielding the CPU between looks.
+	 * Return: cudaSuccess; cudaErrorInvalidValue for a bad part; cudaErrorTimeout after
+	 * @timeout_ns (0: never).
+	 */
+	cudaError_t wait(uint32_t g, uint32_t part, uint64_t timeout_ns = 0) const
+	{
+		if (!host_.ready || part >= host_.parts)
+			return cudaErrorInvalidValue;
+		const auto start = std::chrono::steady_clock::now();
+		while (!ready(g, part)) {
+			if (detail::past(start, timeout_ns))
+				return cudaErrorTimeout;
+			std::this_thread::yield();
+		}
+		return cudaSuccess;
+	}
+
+	void destroy()
+	{
+		if (host_.data)
+			cudaFreeHost(host_.data);
+		if (host_.ready)
+			cudaFreeHost(host_.ready);
+		host_ = result_view{};
+		dev_ = result_view{};
+	}
+
+private:
+	result_view host_{}, dev_{};
 };
 
 namespace detail {
