@@ -16,14 +16,7 @@ out="$(cd "$out" && pwd)"
 build="$repo/target/device-bench"
 mkdir -p "$build"
 
-nvcc="${NVCC:-$(command -v nvcc || true)}"
-if [[ -z "$nvcc" && -x /usr/local/cuda/bin/nvcc ]]; then
-    nvcc=/usr/local/cuda/bin/nvcc
-fi
-if [[ -z "$nvcc" ]]; then
-    echo "run.sh: nvcc not found (put it on PATH or set NVCC)" >&2
-    exit 1
-fi
+source "$here/nvcc.sh" run.sh
 python="${PYTHON:-python3}"
 
 echo "== GPU"

@@ -17,14 +17,7 @@ out="$(cd "$out" && pwd)"
 build="$repo/target/device-bench"
 mkdir -p "$build"
 
-nvcc="${NVCC:-$(command -v nvcc || true)}"
-if [[ -z "$nvcc" && -x /usr/local/cuda/bin/nvcc ]]; then
-    nvcc=/usr/local/cuda/bin/nvcc
-fi
-if [[ -z "$nvcc" ]]; then
-    echo "transport.sh: nvcc not found (put it on PATH or set NVCC)" >&2
-    exit 1
-fi
+source "$here/nvcc.sh" transport.sh
 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/device.txt"
 "$nvcc" -O2 -arch=sm_90 -std=c++17 -I "$repo/device/include" -I "$repo/ffi/include" \
