@@ -7,15 +7,17 @@ APPS files hold the applications' lines ("NAME MODE key=value ... median_ms=... 
 as device/run.sh writes them; TRANSPORT.jsonl is the transport benchmark's output of the same
 run, from which the bulk copy bandwidth is taken.
 
-A CPU-GPU application's bound is the largest of three times no implementation can beat on that
-machine: its bytes at the bulk copy bandwidth (copy), its host side alone (producer: the
-no-wait run's producer_ms, the time the streaming applications spent making their messages, or
-the alternating applications' whole host side replayed against the kernel's recorded results),
-and its consumer alone (the no-wait run's time). Where host and GPU strictly take turns, their
-sum is what the application cannot beat; the table shows it too (serial), but the bound stays
-the larger term. An inter-GPU application's bound is its no-wait run. Prints a Markdown table with the ratio of
-each mode to the bound, the term that binds, and alg1 / push per application with their
-geometric mean. Standard library only.
+A CPU-GPU application's bound is the largest of three times meant as what no implementation can
+beat on that machine: its bytes at the bulk copy bandwidth (copy), its host side alone
+(producer: the no-wait run's producer_ms, the time the streaming applications spent making
+their messages, or the alternating applications' whole host side replayed against the kernel's
+recorded results), and its consumer alone (the no-wait run's time). A replay is not the real
+run: a mode faster than the bound (a ratio below 1) says the host-side term overestimates.
+Where host and GPU strictly take turns, their sum is what the application cannot beat; the
+table shows it (serial; meaningless for a streaming application), but the bound stays the
+larger term. An inter-GPU application's bound is its no-wait run. Prints a Markdown table with
+the ratio of each mode to the bound, the term that binds, and alg1 / push per application with
+their geometric mean. Standard library only.
 """
 
 import json

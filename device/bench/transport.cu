@@ -13,10 +13,11 @@
  * Measurements, for push, poll, alg1 and mapped (push_many: push publishing a whole generation
  * with one publish_many()):
  *   latency          host publishes a message of BYTES into slot 0; the consumer block receives
- *                    it, checks its first and last 8 bytes (the message's stamp), and thread 0
- *                    stores an acknowledgement into pinned mapped memory, on which the host
- *                    spins. round trip = publish() to acknowledgement; one_way = round trip -
- *                    mapped_one_way (the acknowledgement's own trip). Against BYTES (one warp
+ *                    it and reads all of it, checking its first and last 8 bytes (the
+ *                    message's stamp) in those loads, and thread 0 stores an acknowledgement
+ *                    into pinned mapped memory, on which the host spins. round trip =
+ *                    publish() to acknowledgement; one_way = round trip - mapped_one_way
+ *                    (the acknowledgement's own trip). Against BYTES (one warp
  *                    waiting) and against WAITERS, the warps waiting at once (each other block
  *                    waits on its own slot, published when the measurement ends), with each
  *                    warp waiting for itself ("warp") or thread 0 for its block ("block", as the
@@ -30,8 +31,8 @@
  *                    of BYTES to one consumer block per SM (two slots per block, thread 0
  *                    waits, every thread reads the batch); the host reuses a slot once the
  *                    block acknowledged the generation before. GB/s from the first publish
- *                    to the kernel's end, its ratio to bulk_copy, and the host's time inside
- *                    publish() per batch.
+ *                    to the kernel's end, its ratio to bulk_copy, and the host's time per
+ *                    call of publish() (push_many: of publish_many(), one per generation).
  *   waiting_cost     one block per SM: 8 warps of work (an issue-bound FMA loop, or 16-byte
  *                    loads streaming from device memory) beside 8 warps waiting on a channel
  *                    of each transport (push also with other backoffs), or stalled on
@@ -244,16 +245,18 @@ __device__ inline bool read_stamped(const uint8_t *m, uint64_t bytes, uint64_t s
 /*
  * Block 0 receives generation 0, 1, ... of slot 0 until a message stamped 0: the whole block
  * reads each message, checking its stamp (generation + 1), and thread 0 acknowledges it in
- * *@ack. Every other block waits once on its own slot. A failed wait or a wrong stamp stores ~0
- * into *@ack.
+ * *@ack. Every other block waits once on its own slot. A failed wait or a wrong stamp of block
+ * 0 stores ~0 into *@ack; another block's failed wait stores 1 into *@failed.
  */
-__global__ void latency_consumer(wic::channel ch, bool block, unsigned int *ack, uint4 *sink)
+__global__ void latency_consumer(wic::channel ch, bool block, unsigned int *ack, unsigned int *failed, uint4 *sink)
 {
 	const uint8_t *m;
 	uint4 acc = make_uint4(0, 0, 0, 0);
 
 	if (blockIdx.x != 0) {
-		wait_message(ch, blockIdx.x, 0, block, &m);
+		/* A waiter that gave up would leave the measurement without telling: it fails it. */
+		if (wait_message(ch, blockIdx.x, 0, block, &m) != WIC_OK && threadIdx.x % 32 == 0)
+			wic::detail::store_release(failed, 1);
 		return;
 	}
 	for (uint32_t i = 0;; i++) {
@@ -385,7 +388,9 @@ __global__ void coresident(wic::channel ch, wait_kind how, work_kind work, uint3
 		const uint32_t i = warp - work_warps;
 		if (how == wait_kind::channel) {
 			const uint8_t *m;
-			wic::recv(ch, b, 0, 0, &m, timeout_ns);
+			/* A waiter that gave up is marked, and fails the measurement. */
+			if (wic::recv(ch, b, 0, 0, &m, timeout_ns) != WIC_OK && lane == 0)
+				touched[b * waiting_warps + i] = ~0u;
 		} else if (how == wait_kind::fault && lane == 0) {
 			const uint8_t *mine = pages + ((uint64_t)b * waiting_warps + i) * pages_per_warp * 4096;
 			uint32_t k = 0;
@@ -572,12 +577,12 @@ void latency(wic::transport kind, uint32_t bytes, uint32_t blocks, uint32_t warp
 	memset(staging, 0x5a, bytes);
 	uint4 *sink;
 	CHECK(cudaMalloc(&sink, warps * 32 * sizeof(uint4)));
-	mapped_word ack;
+	mapped_word ack, failed;
 	cudaStream_t kernel_stream, copy_stream;
 	CHECK(cudaStreamCreateWithFlags(&kernel_stream, cudaStreamNonBlocking));
 	CHECK(cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking));
 	CHECK(cudaDeviceSynchronize());
-	latency_consumer<<<blocks, warps * 32, 0, kernel_stream>>>(dev, block, ack.dev, sink);
+	latency_consumer<<<blocks, warps * 32, 0, kernel_stream>>>(dev, block, ack.dev, failed.dev, sink);
 	CHECK(cudaGetLastError());
 	char what[96];
 	snprintf(what, sizeof(what), "latency %s %u B %u waiters", wic::transport_name(kind), bytes, blocks * warps);
@@ -606,6 +611,8 @@ void latency(wic::transport kind, uint32_t bytes, uint32_t blocks, uint32_t warp
 		CHECK(ch.publish(b, staging, 16, copy_stream));
 	finish(kernel_stream, what);
 	finish(copy_stream, what);
+	if (__atomic_load_n(failed.host, __ATOMIC_ACQUIRE))
+		stuck(what);
 	CHECK(cudaStreamDestroy(kernel_stream));
 	CHECK(cudaStreamDestroy(copy_stream));
 	CHECK(cudaFree(sink));
@@ -622,6 +629,7 @@ void latency(wic::transport kind, uint32_t bytes, uint32_t blocks, uint32_t warp
 		.add("bytes", (double)bytes)
 		.add("waiters", (double)(blocks * warps))
 		.add("wait", style)
+		.add("spinning", (double)(block ? blocks : blocks * warps))
 		.add("backoff_ns", (double)dev.backoff_ns)
 		.add("rt_p10_us", quantile(rt, 0.1))
 		.add("rt_p50_us", median)
@@ -842,6 +850,7 @@ private:
 			dev.backoff_ns = (uint32_t)backoff_ns;
 		if (how == wait_kind::fault)
 			memset(pages_, 1, pages_bytes_); /* resident in host memory: every touch faults */
+		CHECK(cudaMemset(touched_, 0, cfg.sms * waiting_warps * sizeof(uint32_t)));
 		mapped_word done;
 		cudaStream_t stream, copy_stream;
 		CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -863,10 +872,12 @@ private:
 		CHECK(cudaStreamDestroy(copy_stream));
 		std::vector<uint64_t> ns(cfg.sms);
 		CHECK(cudaMemcpy(ns.data(), work_ns_, cfg.sms * sizeof(uint64_t), cudaMemcpyDeviceToHost));
-		if (pages) {
-			std::vector<uint32_t> t(cfg.sms * waiting_warps);
-			CHECK(cudaMemcpy(t.data(), touched_, t.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost));
-			for (uint32_t v : t)
+		std::vector<uint32_t> t(cfg.sms * waiting_warps);
+		CHECK(cudaMemcpy(t.data(), touched_, t.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost));
+		for (uint32_t v : t) {
+			if (v == ~0u)
+				stuck("waiting_cost");
+			if (pages)
 				pages->push_back(v);
 		}
 		std::vector<double> us;

@@ -10,8 +10,12 @@ set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
-out="${1:-${OUT:-$repo/target/transport}}"
-shift || true
+out=""
+if [[ $# -gt 0 && $1 != -* ]]; then
+    out=$1
+    shift
+fi
+out="${out:-${OUT:-$repo/target/transport}}"
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 build="$repo/target/device-bench"

@@ -236,8 +236,8 @@ __device__ inline int wait_ready(const channel &ch, uint32_t slot, uint32_t gene
  * @generation: the generation, counted from 0 per slot
  * @warp_in_batch: this warp's index among the batch's warps_per_batch
  * @message: receives the address of this warp's message_bytes
- * @timeout_ns: push, poll and alg1: give up after this long (0: wait forever); fault: the channel's
- *	timeout, set at creation, applies instead
+ * @timeout_ns: give up after this long (0: wait forever); fault: the channel's timeout, set
+ *	at creation, applies instead
  *
  * Called by every lane of the warp (the warp must be converged). Return: WIC_OK, or for the
  * fault transport the error wicd or the module completed the request with: WIC_ETIMED_OUT,
@@ -380,9 +380,9 @@ __device__ inline int publish(const channel &ch, uint32_t slot, uint32_t generat
  * barrier when they are several blocks). A release store at system scope of @generation + 1
  * to the slot's word, in the producer GPU's memory (peer_channel) or pinned host memory
  * (host_channel): the producer that sees it (wait_consumed() on the GPU, host_channel::
- * wait_free() on the host) overwrites the slot only after those reads. A plain store, not an
- * atomic: posted across the link, so it costs the consumer nothing to wait for. Nothing to do
- * for a fault channel (consumed is null).
+ * wait_free() on the host) overwrites the slot only after those reads. A store, not an
+ * atomic: posted across the link, the consumer waits for no reply (the release orders its
+ * earlier reads first). Nothing to do for a fault channel (consumed is null).
  */
 __device__ inline void consumed(const channel &ch, uint32_t slot, uint32_t generation)
 {
@@ -416,19 +416,21 @@ __device__ inline int wait_consumed(const channel &ch, uint32_t slot, uint32_t g
  * pick_host_transport() - the transport for a host producer's channel, from what
  * device/bench/transport measured (H100, stock driver 580.159.04, 2026-11-26)
  * @batch_bytes: bytes of one generation of a slot
- * @waiting_warps: warps that wait at once on the channel's ready words (with recv_block(), one
- *	per block)
+ * @spinning_waiters: threads that wait on the channel's ready words at once: one per warp with
+ *	recv(), one per block with recv_block()
  *
- * mapped for batches of up to 1 KiB with at most 16 waiters: its one-way latency was 1.7x to
- * 2.3x the physical one (a host store seen by a GPU thread), push's 3.5x. Beyond that each
- * waiter's spin across the link delays the others (132 waiters: 13.6x), the consumer's reads of
- * a large message cross the link too, and spinning waiters slow memory-bound warps on their SM
- * (8 per SM: 27x). push otherwise: its waiters never leave the GPU and cost their neighbours
- * 2% at most, and publish_many() streams 1 MiB generations within 1.04x of a bulk copy.
+ * mapped for batches of up to 1 KiB with a single waiter: its one-way latency was 1.7x (64
+ * bytes) to 2.3x (1 KiB) the physical one (a host store seen by a GPU thread), push's 3.5x.
+ * With 16 waiters spinning across the link mapped was already 2.4x slower than push (16.9 us
+ * against 7.1 us one way; between 1 and 16 it was not measured), the consumer's reads of a
+ * large message cross the link too, and spinning waiters slow the memory-bound warps of their
+ * SM (8 per SM: 27x). push otherwise: its waiters never leave the GPU and cost their
+ * neighbours 2% at most, and publish_many() streams 1 MiB generations within 1.04x of a bulk
+ * copy.
  */
-inline transport pick_host_transport(uint64_t batch_bytes, uint32_t waiting_warps)
+inline transport pick_host_transport(uint64_t batch_bytes, uint32_t spinning_waiters)
 {
-	return batch_bytes <= 1024 && waiting_warps <= 16 ? transport::mapped : transport::push;
+	return batch_bytes <= 1024 && spinning_waiters <= 1 ? transport::mapped : transport::push;
 }
 
 namespace detail {
@@ -456,6 +458,23 @@ inline channel empty_channel(transport kind, uint32_t slots, uint32_t message_by
 {
 	return channel{kind, slots, message_bytes, warps_per_batch, (uint64_t)warps_per_batch * message_bytes,
 		       nullptr, nullptr, nullptr, nullptr, kind == transport::push ? push_max_sleep_ns : 0};
+}
+
+/*
+ * Zeroes @bytes of device memory at @ptr, done when this returns. On a stream of its own that
+ * does not wait for others: the legacy default stream would wait for every blocking stream's
+ * kernels, a running persistent consumer's among them, and cudaMemset() may return early.
+ */
+inline cudaError_t zero_device(void *ptr, size_t bytes)
+{
+	cudaStream_t stream;
+	cudaError_t err = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+	if (err != cudaSuccess)
+		return err;
+	err = cudaMemsetAsync(ptr, 0, bytes, stream);
+	const cudaError_t synced = cudaStreamSynchronize(stream);
+	const cudaError_t destroyed = cudaStreamDestroy(stream);
+	return err != cudaSuccess ? err : synced != cudaSuccess ? synced : destroyed;
 }
 
 /* Whether @timeout_ns (0: never) has passed since @start. */
@@ -519,7 +538,7 @@ public:
 			if (err == cudaSuccess)
 				err = cudaMalloc(&ready_, ready_bytes);
 			if (err == cudaSuccess)
-				err = cudaMemset(ready_, 0, ready_bytes);
+				err = detail::zero_device(ready_, ready_bytes);
 			break;
 		case transport::alg1:
 			err = cudaMallocManaged(&data_, data_bytes);
@@ -596,9 +615,7 @@ public:
 		const size_t words = ch_.slots * sizeof(unsigned int);
 		cudaError_t err = cudaSuccess;
 		if (ch_.kind == transport::push) {
-			err = cudaMemset(ready_, 0, words);
-			if (err == cudaSuccess)
-				err = cudaDeviceSynchronize();
+			err = detail::zero_device(ready_, words);
 		} else {
 			memset(ready_, 0, words);
 		}
@@ -666,6 +683,7 @@ public:
 		ready_ = nullptr;
 		consumed_ = nullptr;
 		published_ = nullptr;
+		ch_ = channel{};
 	}
 
 private:
@@ -820,10 +838,7 @@ inline cudaError_t on_device(int device, F call)
 /* Zeroes @bytes at @ptr in @device's memory, done when this returns. */
 inline cudaError_t zero_on(int device, void *ptr, size_t bytes)
 {
-	return on_device(device, [&] {
-		cudaError_t err = cudaMemset(ptr, 0, bytes);
-		return err != cudaSuccess ? err : cudaStreamSynchronize(0);
-	});
+	return on_device(device, [&] { return zero_device(ptr, bytes); });
 }
 
 /* @bytes of @device's memory at *@out, zeroed when @zero. */
