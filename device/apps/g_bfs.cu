@@ -360,26 +360,6 @@ std::vector<uint32_t> reference(const std::vector<uint32_t> &offsets, const std:
 	return out;
 }
 
-/*
- * publish_all() - the messages GPU @d took in a recorded run, item g of stream s at (s * @items
- * + g) * words of @recorded, each in its own slot of a push channel in GPU @d's memory, all
- * published.
- */
-std::unique_ptr<app::producer> publish_all(int d, const std::vector<uint32_t> &recorded, uint32_t streams,
-					   uint32_t items, uint32_t words)
-{
-	app::on_gpu g(d);
-	const uint32_t bytes = words * sizeof(uint32_t);
-	std::unique_ptr<app::producer> p(new app::producer(app::mode::nowait, streams, items, bytes, 1));
-	for (uint32_t s = 0; s < streams; s++)
-		for (uint32_t i = 0; i < items; i++)
-			p->publish(s, i, [&](uint8_t *buf) {
-				memcpy(buf, &recorded[((size_t)s * items + i) * words], bytes);
-			});
-	p->flush();
-	return p;
-}
-
 } /* namespace */
 
 int main(int argc, char **argv)
@@ -519,7 +499,7 @@ int main(int argc, char **argv)
 				recorded.resize(logged);
 				CHECK(cudaMemcpy(recorded.data(), log[d], logged * sizeof(uint32_t),
 						 cudaMemcpyDeviceToHost));
-				given[d] = publish_all(d, recorded, streams, capacity, words);
+				given[d] = app::publish_recorded(d, recorded, streams, capacity, words);
 				replay[d] = wire{{given[d]->channel(), nowait}, {}, streams, entries, false};
 			}
 			ms = run(replay, false);

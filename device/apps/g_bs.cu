@@ -294,26 +294,6 @@ std::vector<uint32_t> sorted(const std::vector<uint32_t> &in)
 	return out;
 }
 
-/*
- * publish_all() - the messages GPU @d took in a recorded run, kind @kind's item g of stream b at
- * ((kind * blocks + b) * items + g) * message of @recorded, each in its own slot of a push channel
- * in GPU @d's memory, all published.
- */
-std::unique_ptr<app::producer> publish_all(int d, const std::vector<uint32_t> &recorded, uint32_t kind,
-					   uint32_t blocks, uint32_t items, uint32_t message)
-{
-	app::on_gpu g(d);
-	const uint32_t bytes = message * sizeof(uint32_t);
-	std::unique_ptr<app::producer> p(new app::producer(app::mode::nowait, blocks, items, bytes, 1));
-	for (uint32_t b = 0; b < blocks; b++)
-		for (uint32_t i = 0; i < items; i++)
-			p->publish(b, i, [&](uint8_t *buf) {
-				memcpy(buf, &recorded[((size_t)(kind * blocks + b) * items + i) * message], bytes);
-			});
-	p->flush();
-	return p;
-}
-
 bool power_of_two(uint32_t v)
 {
 	return v && !(v & (v - 1));
@@ -432,7 +412,7 @@ int main(int argc, char **argv)
 				CHECK(cudaMemcpy(recorded.data(), log[d], logged * sizeof(uint32_t),
 						 cudaMemcpyDeviceToHost));
 				for (uint32_t c = 0; c < 2; c++)
-					given[d][c] = publish_all(d, recorded, c, blocks, items, message);
+					given[d][c] = app::publish_recorded(d, recorded, blocks, items, message, c * blocks);
 				replay[d] = links{{given[d][gather]->channel(), nowait},
 						  {given[d][scatter]->channel(), nowait},
 						  {},

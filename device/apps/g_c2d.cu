@@ -219,22 +219,6 @@ void poison(int d, const wic::channel &ch)
 	CHECK(cudaMemset(const_cast<uint8_t *>(ch.data), 0xff, (size_t)ch.slots * ch.batch_bytes));
 }
 
-/*
- * publish_all() - the halo rows of a recorded run, item t at t * n of @recorded, each in its
- * own slot of a push channel in GPU @d's memory, all published.
- */
-std::unique_ptr<app::producer> publish_all(int d, const std::vector<float> &recorded, uint32_t iterations,
-					   uint32_t n)
-{
-	app::on_gpu g(d);
-	const uint32_t bytes = n * sizeof(float);
-	std::unique_ptr<app::producer> p(new app::producer(app::mode::nowait, 1, iterations, bytes, 1));
-	for (uint32_t t = 0; t < iterations; t++)
-		p->publish(0, t, [&](uint8_t *buf) { memcpy(buf, &recorded[(size_t)t * n], bytes); });
-	p->flush();
-	return p;
-}
-
 } /* namespace */
 
 int main(int argc, char **argv)
@@ -310,7 +294,7 @@ int main(int argc, char **argv)
 		const double ms = app::halo_exchange_run(
 			mode, watch, run, exchange_in, exchange_out, log, logged, nowait,
 			[&](int d, const std::vector<float> &recorded) {
-				return publish_all(d, recorded, iterations, n);
+				return app::publish_recorded(d, recorded, 1, iterations, n);
 			},
 			&failed);
 

@@ -178,25 +178,6 @@ std::vector<T> whole_grid(const std::vector<float> &u0, uint32_t n, uint32_t ite
 	return cur;
 }
 
-/*
- * publish_all() - the halo bands of a recorded run, item (j, t) at (j * iterations + t) * most
- * of @recorded, each in its own slot of a push channel in GPU @d's memory, all published.
- */
-std::unique_ptr<app::producer> publish_all(int d, const std::vector<float> &recorded, uint32_t tiles,
-					   uint32_t iterations, uint32_t most)
-{
-	app::on_gpu g(d);
-	const uint32_t bytes = most * sizeof(float);
-	std::unique_ptr<app::producer> p(new app::producer(app::mode::nowait, tiles, iterations, bytes, 1));
-	for (uint32_t t = 0; t < iterations; t++)
-		for (uint32_t j = 0; j < tiles; j++)
-			p->publish(j, t, [&](uint8_t *buf) {
-				memcpy(buf, &recorded[((size_t)j * iterations + t) * most], bytes);
-			});
-	p->flush();
-	return p;
-}
-
 } /* namespace */
 
 int main(int argc, char **argv)
@@ -278,7 +259,7 @@ int main(int argc, char **argv)
 		const double ms = app::halo_exchange_run(
 			mode, watch, run, exchange_in, exchange_out, log, logged, nowait,
 			[&](int d, const std::vector<float> &recorded) {
-				return publish_all(d, recorded, tiles, iterations, most);
+				return app::publish_recorded(d, recorded, tiles, iterations, most);
 			},
 			&failed);
 

@@ -4,7 +4,8 @@
  * where item g of stream b lives in a channel a kernel produces (ring); the block-level steps
  * of a GPU producer (claim a slot, publish it) and of a consumer (receive, report consumed);
  * the watchdog that ends both kernels when a wait times out instead of leaving them waiting
- * for each other; cooperative launches on a given GPU; a parallel loop for CPU references.
+ * for each other; cooperative launches on a given GPU; the recorded messages a no-wait run
+ * publishes; a parallel loop for CPU references.
  */
 #ifndef WIC_APPS_PEER_CUH
 #define WIC_APPS_PEER_CUH
@@ -316,6 +317,28 @@ void parallel_for(size_t n, F body)
 	body(0, 0, n / chunks);
 	for (std::thread &t : pool)
 		t.join();
+}
+
+/*
+ * publish_recorded() - for a no-wait run, the messages GPU @d took in a recorded run: item i of
+ * stream s < @streams at ((@first_stream + s) * @items + i) * @words of @recorded, each in its
+ * own slot of a push channel in GPU @d's memory (placement's no-wait layout, the ring's too),
+ * all published when this returns.
+ */
+template <typename T>
+std::unique_ptr<producer> publish_recorded(int d, const std::vector<T> &recorded, uint32_t streams, uint32_t items,
+					   uint32_t words, uint32_t first_stream = 0)
+{
+	on_gpu g(d);
+	const uint32_t bytes = words * sizeof(T);
+	std::unique_ptr<producer> p(new producer(mode::nowait, streams, items, bytes, 1));
+	for (uint32_t s = 0; s < streams; s++)
+		for (uint32_t i = 0; i < items; i++)
+			p->publish(s, i, [&](uint8_t *buf) {
+				memcpy(buf, &recorded[((size_t)(first_stream + s) * items + i) * words], bytes);
+			});
+	p->flush();
+	return p;
 }
 
 /*
