@@ -9,6 +9,7 @@
  *                    the round trip of a host <-> GPU ping-pong through two such words
  *   peer_one_way     (two GPUs) a store by a thread on GPU 1 into GPU 0's memory seen by a
  *                    thread spinning there: half the round trip of a GPU 1 <-> GPU 0 ping-pong
+ *   peer_copy        (two GPUs) one cudaMemcpyPeerAsync of the streaming total, GPU 1 -> GPU 0
  *
  * Measurements, for push, poll, alg1 and mapped (push_many: push publishing a whole generation
  * with one publish_many()):
@@ -33,6 +34,10 @@
  *                    block acknowledged the generation before. GB/s from the first publish
  *                    to the kernel's end, its ratio to bulk_copy, and the host's time per
  *                    call of publish() (push_many: of publish_many(), one per generation).
+ *   peer_streaming   (two GPUs) a producer kernel on GPU 1 (one block per SM) streams TOTAL
+ *                    bytes (alg1: TOTAL / 8) in batches of BYTES through a peer_channel to one
+ *                    consumer block per SM on GPU 0, two slots per block with flow control;
+ *                    GB/s from the launches to both kernels' end, and its ratio to peer_copy.
  *   waiting_cost     one block per SM: 8 warps of work (an issue-bound FMA loop, or 16-byte
  *                    loads streaming from device memory) beside 8 warps waiting on a channel
  *                    of each transport (push also with other backoffs), or stalled on
@@ -440,6 +445,59 @@ __global__ void coresident(wic::channel ch, wait_kind how, work_kind work, uint3
 		sink[1] = acc;
 }
 
+/*
+ * GPU producer of a stream: block b writes generation g of its stream (@bytes per batch, every
+ * 8-byte word the stamp b << 32 | g + 1) into slot (g % 2) * gridDim.x + b, once the consumers
+ * are done with what the slot held, and publishes it.
+ */
+__global__ void peer_stream_producer(wic::channel ch, uint32_t generations)
+{
+	__shared__ int gave_up;
+	const uint32_t b = blockIdx.x;
+
+	for (uint32_t g = 0; g < generations; g++) {
+		const uint32_t slot = (g % 2) * gridDim.x + b;
+		if (threadIdx.x == 0)
+			gave_up = g >= 2 && wic::wait_consumed(ch, slot, g / 2 - 1, timeout_ns) != WIC_OK;
+		__syncthreads();
+		if (gave_up)
+			return;
+		uint64_t *buf = reinterpret_cast<uint64_t *>(wic::slot_buffer(ch, slot));
+		const uint64_t stamp = (uint64_t)b << 32 | (g + 1);
+		for (uint64_t k = threadIdx.x; k < ch.batch_bytes / 8; k += blockDim.x)
+			buf[k] = stamp;
+		__threadfence_system();
+		__syncthreads();
+		if (threadIdx.x == 0)
+			wic::publish(ch, slot, g / 2);
+	}
+}
+
+/*
+ * GPU 0's side of peer_stream_producer: block b receives its stream, reads every batch checking
+ * its stamp, and reports each generation consumed; a failure stores 1 into *@failed.
+ */
+__global__ void peer_stream_consumer(wic::channel ch, uint32_t generations, unsigned int *failed, uint4 *sink)
+{
+	const uint32_t b = blockIdx.x;
+	uint4 acc = make_uint4(0, 0, 0, 0);
+
+	for (uint32_t g = 0; g < generations; g++) {
+		const uint32_t slot = (g % 2) * gridDim.x + b;
+		const uint8_t *batch;
+		const int rc = wic::recv_block(ch, slot, g / 2, &batch, timeout_ns);
+		const bool bad = rc != WIC_OK || read_stamped(batch, ch.batch_bytes, (uint64_t)b << 32 | (g + 1), &acc);
+		if (__syncthreads_or(bad)) {
+			if (threadIdx.x == 0)
+				wic::detail::store_release(failed, 1);
+			return;
+		}
+		if (threadIdx.x == 0)
+			wic::consumed(ch, slot, g / 2);
+	}
+	sink[(size_t)b * blockDim.x + threadIdx.x] = acc;
+}
+
 /* ---- references ---- */
 
 /* GB/s of one pinned -> device copy of @bytes (median of 5). */
@@ -503,6 +561,39 @@ double mapped_one_way_us()
 	record("mapped_one_way").add("one_way_us", one_way).add("rt_p10_us", quantile(rt, 0.1))
 		.add("rt_p50_us", quantile(rt, 0.5)).add("rt_p90_us", quantile(rt, 0.9)).emit();
 	return one_way;
+}
+
+/* GB/s of one GPU 1 -> GPU 0 copy of @bytes over the peer link (median of 5). */
+double peer_copy_gbps(uint64_t bytes)
+{
+	void *from = app::alloc_on<uint8_t>(1, bytes), *to = app::alloc_on<uint8_t>(0, bytes);
+	app::on_gpu g(0);
+	cudaEvent_t start, end;
+	cudaStream_t stream;
+	CHECK(cudaEventCreate(&start));
+	CHECK(cudaEventCreate(&end));
+	CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+	std::vector<double> gbps;
+	for (int rep = 0; rep <= 5; rep++) {
+		CHECK(cudaEventRecord(start, stream));
+		CHECK(cudaMemcpyPeerAsync(to, 0, from, 1, bytes, stream));
+		CHECK(cudaEventRecord(end, stream));
+		CHECK(cudaEventSynchronize(end));
+		float ms;
+		CHECK(cudaEventElapsedTime(&ms, start, end));
+		if (rep) /* rep 0 warms up */
+			gbps.push_back(bytes / (ms * 1e6));
+	}
+	CHECK(cudaStreamDestroy(stream));
+	CHECK(cudaEventDestroy(start));
+	CHECK(cudaEventDestroy(end));
+	CHECK(cudaFree(to));
+	app::free_on(1, from);
+	const double median = quantile(gbps, 0.5);
+	printf("%-16s %-10s %10.1f GB/s  (%llu MiB, GPU 1 -> GPU 0, median of 5)\n", "peer_copy", "reference", median,
+	       (unsigned long long)(bytes >> 20));
+	record("peer_copy").add("bytes", (double)bytes).add("gbps", median).emit();
+	return median;
 }
 
 /* Half the median GPU 1 <-> GPU 0 round trip through a word in each GPU's memory, in us. */
@@ -779,6 +870,59 @@ void streaming(wic::transport kind, bool many, uint32_t bytes, uint64_t stream_t
 		.emit();
 }
 
+/*
+ * peer_streaming() - a producer kernel on GPU 1 streams @stream_total bytes in batches of
+ * @bytes through a peer_channel of @kind to one consumer block per SM on GPU 0 (two slots per
+ * block), against the peer copy's bandwidth.
+ */
+void peer_streaming(wic::transport kind, uint32_t bytes, uint64_t stream_total, double copy_gbps)
+{
+	const uint32_t blocks = app::common_sms();
+	const uint32_t generations = (uint32_t)std::max<uint64_t>(2, stream_total / ((uint64_t)bytes * blocks));
+	const uint64_t total = (uint64_t)generations * blocks * bytes;
+	wic::peer_channel ch;
+	CHECK(ch.create(kind, 0, 1, 2 * blocks, bytes, 1));
+	uint4 *sink = app::alloc_on<uint4>(0, (size_t)blocks * 256);
+	mapped_word failed;
+	{
+		app::on_gpu g(1);
+		app::load(peer_stream_producer);
+	}
+	app::load(peer_stream_consumer);
+	app::sync_both();
+	app::stream_pair streams;
+	const auto start = clock_type::now();
+	{
+		app::on_gpu g(0);
+		peer_stream_consumer<<<blocks, 256, 0, streams[0]>>>(ch.device(), generations, failed.dev, sink);
+		CHECK(cudaGetLastError());
+	}
+	{
+		app::on_gpu g(1);
+		peer_stream_producer<<<blocks, 256, 0, streams[1]>>>(ch.device(), generations);
+		CHECK(cudaGetLastError());
+	}
+	char what[64];
+	snprintf(what, sizeof(what), "peer_streaming %s %u B", wic::transport_name(kind), bytes);
+	for (int d = 0; d < 2; d++)
+		finish(streams[d], what);
+	const double ms = seconds_since(start) * 1e3;
+	app::free_on(0, sink);
+	if (__atomic_load_n(failed.host, __ATOMIC_ACQUIRE))
+		stuck(what);
+	const double gbps = total / (ms * 1e6);
+	printf("%-16s %-10s %8u B %8.1f GB/s  %5.2fx the peer copy  (%llu MiB)\n", "peer_streaming",
+	       wic::transport_name(kind), bytes, gbps, copy_gbps / gbps, (unsigned long long)(total >> 20));
+	record("peer_streaming")
+		.add("transport", wic::transport_name(kind))
+		.add("bytes", (double)bytes)
+		.add("total_bytes", (double)total)
+		.add("ms", ms)
+		.add("gbps", gbps)
+		.add("time_over_peer_copy", copy_gbps / gbps)
+		.emit();
+}
+
 /* The cost of waiting: the work beside @how's waiters against the same work beside none. */
 class waiting_cost {
 public:
@@ -999,6 +1143,12 @@ int main(int argc, char **argv)
 		for (wic::transport kind : {wic::transport::push, wic::transport::poll, wic::transport::alg1})
 			for (uint32_t bytes = 64; bytes <= (1u << 20); bytes *= 16)
 				peer_latency(kind, bytes, peer_ref);
+		const double peer_copy = peer_copy_gbps(cfg.stream_total);
+		for (uint32_t bytes : {65536u, 1u << 20}) {
+			peer_streaming(wic::transport::push, bytes, cfg.stream_total, peer_copy);
+			peer_streaming(wic::transport::poll, bytes, cfg.stream_total, peer_copy);
+			peer_streaming(wic::transport::alg1, bytes, cfg.stream_total / 8, peer_copy);
+		}
 	} else {
 		printf("peer measurements skipped: %d GPU(s)%s%s\n", gpus, gpus >= 2 ? ", " : "",
 		       gpus >= 2 ? cudaGetErrorString(peer) : "");
