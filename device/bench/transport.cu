@@ -434,7 +434,10 @@ __global__ void coresident(wic::channel ch, wait_kind how, work_kind work, uint3
 	if (lane == 0) {
 		atomicMin(&first_start, (unsigned long long)start);
 		atomicMax(&last_end, (unsigned long long)end);
+		/* The last warp to arrive reads both: every warp's updates come before its arrival. */
+		__threadfence_block();
 		if (atomicAdd(&finished, 1u) == work_warps - 1) {
+			__threadfence_block();
 			work_over = 1;
 			work_ns[b] = last_end - first_start;
 			__threadfence_system();
