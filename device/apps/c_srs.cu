@@ -71,15 +71,19 @@ int main(int argc, char **argv)
 	const uint32_t blocks = cli.size(0, sms);
 	const uint32_t generations = cli.size(1, 64);
 	/*
-	 * Every block must be resident at once: the producer writes a generation only after every
-	 * block is done with the one two before, which a block waiting for a free SM never is.
+	 * Streaming, every block must be resident at once: the producer writes a generation only
+	 * after every block is done with the one two before, which a block waiting for a free SM
+	 * never is. (No-wait publishes everything before the launch.)
 	 */
 	int per_sm = 0;
 	CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, consume, warps * 32, 0));
 	const uint32_t resident = (uint32_t)per_sm * sms;
-	if (reps < 1 || !blocks || !generations || blocks > resident) {
-		fprintf(stderr, "REPS, BLOCKS and GENERATIONS must be positive, BLOCKS at most %u (resident at once)\n",
-			resident);
+	if (reps < 1 || !blocks || !generations) {
+		fprintf(stderr, "REPS, BLOCKS and GENERATIONS must be positive\n");
+		return 2;
+	}
+	if (mode != app::mode::nowait && blocks > resident) {
+		fprintf(stderr, "BLOCKS must be at most %u here (all resident at once) but for nowait\n", resident);
 		return 2;
 	}
 	const size_t items = (size_t)blocks * generations * warps;

@@ -370,14 +370,14 @@ double one_way_run(mode m, const stream_pair &streams, Consumer launch_consumer,
  * one incoming and one outgoing endpoint each. @run(in, out, send, record) runs both kernels once
  * and returns its milliseconds. push, poll: one run through the @exchange_in/@exchange_out
  * channels. nowait: an untimed recording run first; then every message GPU d received
- * (@logged Ts at @log[d]) is published into its memory by @publish_recorded(d, recorded) and
+ * (@logged Ts at @log[d]) is published into its memory by @publish_replayed(d, recorded) and
  * both kernels are timed with nothing to wait for and nothing to send. Sets *@failed when a wait
  * of either run timed out.
  */
 template <typename T, typename Run, typename Publish>
 double halo_exchange_run(mode m, const watch_words &watch, Run run, const endpoint (&exchange_in)[2],
 			 const endpoint (&exchange_out)[2], T *const (&log)[2], size_t logged, const ring &replayed,
-			 Publish publish_recorded, bool *failed)
+			 Publish publish_replayed, bool *failed)
 {
 	if (m != mode::nowait) {
 		const double ms = run(exchange_in, exchange_out, true, false);
@@ -391,7 +391,7 @@ double halo_exchange_run(mode m, const watch_words &watch, Run run, const endpoi
 	std::vector<T> recorded(logged);
 	for (int d = 0; d < 2; d++) {
 		CHECK(cudaMemcpy(recorded.data(), log[d], logged * sizeof(T), cudaMemcpyDeviceToHost));
-		recorded_by[d] = publish_recorded(d, recorded);
+		recorded_by[d] = publish_replayed(d, recorded);
 		given[d] = endpoint{recorded_by[d]->channel(), replayed};
 	}
 	const endpoint none[2] = {};

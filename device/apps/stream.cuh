@@ -530,9 +530,9 @@ struct recording {
 
 /*
  * host_io - what an application's host side sends and receives through. In a run it publishes
- * (keeping a copy of every batch when recording) and waits for results; in the replay after a
- * no-wait run it compares what the host would send with what the kernel was given, and reads
- * the results the kernel left.
+ * (keeping a copy of every batch when recording) and waits for results; in the replays after a
+ * no-wait run it reads the results the kernel left and makes each batch, and when verifying
+ * compares it with what the kernel was given.
  */
 class host_io {
 public:

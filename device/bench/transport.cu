@@ -28,14 +28,16 @@
  *                    peer_channel to GPU 0 and publishes it; the consumer block receives it,
  *                    checks the stamp and stores an acknowledgement into GPU 1's memory on
  *                    which the producer spins; one_way = round trip - peer_one_way.
- *   streaming        one host thread streams TOTAL bytes (poll and alg1: TOTAL / 8) as batches
+ *   streaming        one host thread streams TOTAL bytes (poll and alg1: TOTAL / 8; at least
+ *                    two generations of every block, so more with large batches) as batches
  *                    of BYTES to one consumer block per SM (two slots per block, thread 0
  *                    waits, every thread reads the batch); the host reuses a slot once the
  *                    block acknowledged the generation before. GB/s from the first publish
  *                    to the kernel's end, its ratio to bulk_copy, and the host's time per
  *                    call of publish() (push_many: of publish_many(), one per generation).
  *   peer_streaming   (two GPUs) a producer kernel on GPU 1 (one block per SM) streams TOTAL
- *                    bytes (alg1: TOTAL / 8) in batches of BYTES through a peer_channel to one
+ *                    bytes (alg1: TOTAL / 8; at least two generations of every block) in
+ *                    batches of BYTES through a peer_channel to one
  *                    consumer block per SM on GPU 0, two slots per block with flow control;
  *                    GB/s from the launches to both kernels' end, and its ratio to peer_copy.
  *   waiting_cost     one block per SM: 8 warps of work (an issue-bound FMA loop, or 16-byte
@@ -134,7 +136,8 @@ private:
 /* Exits after a wait gave up: a kernel may still be spinning, so nothing after it is safe. */
 [[noreturn]] void stuck(const char *what)
 {
-	fprintf(stderr, "transport: %s: a wait gave up after %.0f s; stopping\n", what, timeout_s);
+	fprintf(stderr, "transport: %s: a wait gave up after %.0f s or a check failed; stopping\n", what,
+		timeout_s);
 	exit(1);
 }
 
@@ -465,9 +468,10 @@ __global__ void peer_stream_producer(wic::channel ch, uint32_t generations)
 		__syncthreads();
 		if (gave_up)
 			return;
-		uint64_t *buf = reinterpret_cast<uint64_t *>(wic::slot_buffer(ch, slot));
-		const uint64_t stamp = (uint64_t)b << 32 | (g + 1);
-		for (uint64_t k = threadIdx.x; k < ch.batch_bytes / 8; k += blockDim.x)
+		/* 16-byte stores, as wide as the consumers' loads. */
+		uint4 *buf = reinterpret_cast<uint4 *>(wic::slot_buffer(ch, slot));
+		const uint4 stamp = make_uint4(g + 1, b, g + 1, b);
+		for (uint64_t k = threadIdx.x; k < ch.batch_bytes / 16; k += blockDim.x)
 			buf[k] = stamp;
 		__threadfence_system();
 		__syncthreads();

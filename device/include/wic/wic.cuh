@@ -605,8 +605,8 @@ public:
 
 	/*
 	 * reset() - back to no generation published or consumed, for another run; no kernel may
-	 * use the channel now, and no publish() may be in flight (push's word is cleared by a
-	 * synchronous memset).
+	 * use the channel now, and no publish() may be in flight (its stream synchronized): push's
+	 * words are cleared on a stream of their own, which waits for no other.
 	 */
 	cudaError_t reset()
 	{
