@@ -180,6 +180,7 @@ fn run_demo(args: DemoArgs) -> Result<(), String> {
          faults = fault-buffer entries wicd handled; checked = every message compared byte for byte with what its producer wrote."
     );
     println!("{}", wic_emu::compare::calibration_summary(&cal));
+    println!("{}", demo::MODEL_LIMITS);
     println!("Elapsed: {:.1}s", started.elapsed().as_secs_f64());
     if !not_run.is_empty() {
         return Err(format!("{} row(s) did not run: {}", not_run.len(), not_run.join("; ")));

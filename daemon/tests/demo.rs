@@ -40,6 +40,7 @@ fn the_readmes_sweep_runs_every_row_of_every_table_intact() {
         }
         assert!(table.contains("geometric-mean speedup of WIC over naive polling: "), "{table}");
     }
+    assert!(stdout.contains("What this model cannot know"), "the demo says what its model assumes: {stdout}");
     eprintln!("the README's sweep took {took:?}");
 }
 
