@@ -73,7 +73,13 @@ const WARM_UP: usize = 500;
 
 pub fn run(settings: &Settings) -> Row {
     let mut engine = Engine::new(EngineConfig::default()).expect("engine");
-    let spec = ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 256, slots: BATCH, timeout: u64::MAX / 4 };
+    let spec = ChannelSpec {
+        consumer_gpu: 0,
+        producer: Producer::Host,
+        message_bytes: 256,
+        slots: BATCH,
+        timeout: u64::MAX / 4,
+    };
     let layout = engine.open_channel(spec).expect("channel");
     let placement = Placement::new(&layout, 1, PROCESS_BASE);
     let process_runs: Vec<[u64; 2]> =
@@ -110,7 +116,19 @@ pub fn run(settings: &Settings) -> Row {
         for runs in &process_runs {
             let va = runs[side];
             let entry = FaultEntry::replayable_gpc(va, AccessType::Read, seq, 0x1000, 0, 0).encode();
-            memory.write(seq, &Record { seq, space_id: 1, gpu_id: 0, range_id: RANGE_ID, pat: false, expired: false, held_ns: 0, entry });
+            memory.write(
+                seq,
+                &Record {
+                    seq,
+                    space_id: 1,
+                    gpu_id: 0,
+                    range_id: RANGE_ID,
+                    pat: false,
+                    expired: false,
+                    held_ns: 0,
+                    entry,
+                },
+            );
             seq += 1;
         }
         memory.publish(seq);

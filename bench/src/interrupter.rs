@@ -9,8 +9,8 @@ use wic_engine::{PagePool, PageRun};
 
 use crate::bitmap::BitmapFirstFit;
 use crate::measure::{fastest, ns_per_op};
-use wic_emu::payload::Rng;
 use crate::Settings;
+use wic_emu::payload::Rng;
 
 /// Run lengths requested in turn: the runs of channels with 256 B to 4 KiB messages.
 const RUN_LENGTHS: [u32; 5] = [1, 2, 4, 8, 16];
@@ -112,13 +112,17 @@ const SLICES_PER_REP: u32 = 10;
 /// Every configuration's repetitions are spread over the whole run, one pass over all of them at
 /// a time, so that a burst of interference from other tenants cannot spoil all of one's samples.
 pub fn run(settings: &Settings) -> Vec<Row> {
-    let sizes: &[u32] = if settings.quick { &[1 << 10, 1 << 14] } else { &[1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20] };
+    let sizes: &[u32] =
+        if settings.quick { &[1 << 10, 1 << 14] } else { &[1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20] };
     let mut configs: Vec<Pools> = sizes
         .iter()
         .flat_map(|&pages| [false, true].map(|fragmented| (pages, fragmented)))
         .map(|(pages, fragmented)| {
-            let (tree, bitmap) =
-                if fragmented { aged(pages, settings.seed) } else { (PagePool::new(pages).expect("pool"), BitmapFirstFit::new(pages)) };
+            let (tree, bitmap) = if fragmented {
+                aged(pages, settings.seed)
+            } else {
+                (PagePool::new(pages).expect("pool"), BitmapFirstFit::new(pages))
+            };
             Pools { pages, fragmented, tree, bitmap, tree_ns: Vec::new(), bitmap_ns: Vec::new() }
         })
         .collect();
@@ -133,7 +137,13 @@ pub fn run(settings: &Settings) -> Vec<Row> {
         .iter()
         .map(|config| {
             let (segment_tree_ns, bitmap_ns) = (fastest(&config.tree_ns), fastest(&config.bitmap_ns));
-            let row = Row { pages: config.pages, fragmented: config.fragmented, segment_tree_ns, bitmap_ns, speedup: bitmap_ns / segment_tree_ns };
+            let row = Row {
+                pages: config.pages,
+                fragmented: config.fragmented,
+                segment_tree_ns,
+                bitmap_ns,
+                speedup: bitmap_ns / segment_tree_ns,
+            };
             eprintln!(
                 "interrupter: {:>8} pages {:<10} segment tree {:>8.1} ns  bitmap {:>12.1} ns  x{:.1}",
                 row.pages,

@@ -80,7 +80,9 @@ fn verdict(met: bool) -> &'static str {
 /// The results against their targets, one line each, with whether each target is met.
 pub fn summary(results: &Results) -> Vec<String> {
     let mut lines = Vec::new();
-    let find = |pages: u32, fragmented: bool| results.interrupter.iter().find(|r| r.pages == pages && r.fragmented == fragmented);
+    let find = |pages: u32, fragmented: bool| {
+        results.interrupter.iter().find(|r| r.pages == pages && r.fragmented == fragmented)
+    };
     if let (Some(small), Some(target)) = (find(1 << 10, true), find(1 << 14, true)) {
         lines.push(format!(
             "interrupter at 16K pages, fragmented: {:.1} ns per alloc + free (target <= 100: {}), {:.1}x the bitmap (target >= 10: {})",

@@ -57,4 +57,3 @@ fn main() -> ExitCode {
     }
     ExitCode::SUCCESS
 }
-

@@ -21,8 +21,8 @@ use wic_engine::fault::AccessType;
 use wic_engine::{ChannelId, ChannelSpec, Command, Engine, EngineConfig, FaultEntry, Producer, RawFaultEntry, VaWidth};
 
 use crate::measure::{fastest, percentile, sorted};
-use wic_emu::payload::Rng;
 use crate::Settings;
+use wic_emu::payload::Rng;
 
 const BATCH: usize = 256;
 /// Slots with a warp waiting on them at one time.
@@ -85,7 +85,13 @@ impl Workload {
     fn new(pages: u32, slots: Slots, seed: u64) -> Self {
         let config = EngineConfig { pool_pages: pages, max_slots: pages / 2, ..EngineConfig::default() };
         let mut engine = Engine::new(config).expect("engine");
-        let spec = ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: MESSAGE_BYTES, slots: pages / 2, timeout: 500 };
+        let spec = ChannelSpec {
+            consumer_gpu: 0,
+            producer: Producer::Host,
+            message_bytes: MESSAGE_BYTES,
+            slots: pages / 2,
+            timeout: 500,
+        };
         let layout = engine.open_channel(spec).expect("channel");
         let runs: Vec<[u64; 2]> = layout.slots.iter().map(|s| s.runs).collect();
         Self {
@@ -116,7 +122,9 @@ impl Workload {
             self.picked.clear();
             while self.picked.len() < BATCH {
                 let slot = match self.slots {
-                    Slots::ActiveSet => ((self.window + self.rng.next_u64() % ACTIVE_SLOTS.min(slot_count)) % slot_count) as usize,
+                    Slots::ActiveSet => {
+                        ((self.window + self.rng.next_u64() % ACTIVE_SLOTS.min(slot_count)) % slot_count) as usize
+                    }
                     Slots::Uniform => (self.rng.next_u64() % slot_count) as usize,
                 };
                 if self.picked_in[slot] == stamp {
@@ -136,7 +144,9 @@ impl Workload {
             self.engine.handle_faults(self.now, 0, &self.entries, &mut self.out);
             let monitored = Instant::now();
             for &slot in &self.picked {
-                self.engine.publish(self.now, self.channel, slot, &mut self.out).expect("each slot published once a round");
+                self.engine
+                    .publish(self.now, self.channel, slot, &mut self.out)
+                    .expect("each slot published once a round");
                 self.generation[slot as usize] ^= 1;
             }
             let end = Instant::now();
@@ -161,8 +171,10 @@ const SLICES_PER_REP: usize = 40;
 pub fn run(settings: &Settings) -> Vec<Row> {
     let sizes: &[u32] = if settings.quick { &[1 << 10, 1 << 14] } else { &[1 << 10, 1 << 14, 1 << 18, 1 << 20] };
     let slice_rounds = if settings.quick { 10 } else { 100 };
-    let mut workloads: Vec<[Workload; 2]> =
-        sizes.iter().map(|&pages| [Slots::ActiveSet, Slots::Uniform].map(|slots| Workload::new(pages, slots, settings.seed))).collect();
+    let mut workloads: Vec<[Workload; 2]> = sizes
+        .iter()
+        .map(|&pages| [Slots::ActiveSet, Slots::Uniform].map(|slots| Workload::new(pages, slots, settings.seed)))
+        .collect();
     let mut samples: Vec<[Vec<Sample>; 2]> = sizes.iter().map(|_| [Vec::new(), Vec::new()]).collect();
     for _ in 0..settings.reps * SLICES_PER_REP {
         for (pair, taken) in workloads.iter_mut().zip(&mut samples) {

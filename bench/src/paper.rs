@@ -16,7 +16,12 @@ pub struct PaperApp {
     pub host_overhead: Option<f64>,
 }
 
-const fn app(name: &'static str, speedup: Option<f64>, overlap_wic: Option<f64>, host_overhead: Option<f64>) -> PaperApp {
+const fn app(
+    name: &'static str,
+    speedup: Option<f64>,
+    overlap_wic: Option<f64>,
+    host_overhead: Option<f64>,
+) -> PaperApp {
     PaperApp { name, speedup, overlap_wic, host_overhead }
 }
 

@@ -13,9 +13,7 @@ const BOTTOM_ROTATED: f64 = 80.0;
 /// Category labels are rotated once there are more than this many.
 const ROTATE_ABOVE: usize = 8;
 /// Tableau 10 (first 8): distinguishable, assigned by series index and cycled.
-const PALETTE: [&str; 8] = [
-    "#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
-];
+const PALETTE: [&str; 8] = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7"];
 
 /// One named series of values, one per category (None: no value there, nothing drawn).
 pub struct Series {
@@ -93,18 +91,13 @@ pub fn lines(
 
     out.push_str("<g class=\"lines\">\n");
     for (j, s) in series.iter().enumerate() {
-        let points: Vec<Option<(f64, f64, f64)>> = (0..x_labels.len())
-            .map(|i| value_at(s, i).map(|v| (frame.slot_center(i), frame.y_of(v), v)))
-            .collect();
+        let points: Vec<Option<(f64, f64, f64)>> =
+            (0..x_labels.len()).map(|i| value_at(s, i).map(|v| (frame.slot_center(i), frame.y_of(v), v))).collect();
         for segment in points.split(Option::is_none) {
             if segment.is_empty() {
                 continue;
             }
-            let coords: Vec<String> = segment
-                .iter()
-                .flatten()
-                .map(|(x, y, _)| format!("{x:.1},{y:.1}"))
-                .collect();
+            let coords: Vec<String> = segment.iter().flatten().map(|(x, y, _)| format!("{x:.1},{y:.1}")).collect();
             out.push_str(&format!(
                 "<polyline points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"2\"/>\n",
                 coords.join(" "),
@@ -175,9 +168,7 @@ impl Frame {
             w = WIDTH,
             h = HEIGHT,
         );
-        out.push_str(&format!(
-            "<rect x=\"0\" y=\"0\" width=\"{WIDTH}\" height=\"{HEIGHT}\" fill=\"white\"/>\n"
-        ));
+        out.push_str(&format!("<rect x=\"0\" y=\"0\" width=\"{WIDTH}\" height=\"{HEIGHT}\" fill=\"white\"/>\n"));
         out.push_str(&format!(
             "<text x=\"{:.1}\" y=\"22.0\" text-anchor=\"middle\" font-size=\"14\" font-weight=\"bold\">{}</text>\n",
             WIDTH / 2.0,
@@ -464,10 +455,7 @@ mod tests {
 
     #[test]
     fn none_and_non_finite_draw_no_bar() {
-        let series = [
-            s("a", &[Some(1.0), None, Some(f64::NAN)]),
-            s("b", &[None, Some(f64::INFINITY), Some(2.0)]),
-        ];
+        let series = [s("a", &[Some(1.0), None, Some(f64::NAN)]), s("b", &[None, Some(f64::INFINITY), Some(2.0)])];
         let svg = grouped_bars("t", "y", &cats(3), &series, None);
         assert_eq!(svg.matches("<rect class=\"bar\"").count(), 2);
         assert_eq!(svg.matches("<title>").count(), 2);
@@ -493,20 +481,12 @@ mod tests {
 
     #[test]
     fn deterministic() {
-        let make = || {
-            vec![
-                s("a", &[Some(1.25), None, Some(3.0)]),
-                s("b", &[Some(0.1), Some(2.2), Some(f64::NAN)]),
-            ]
-        };
+        let make = || vec![s("a", &[Some(1.25), None, Some(3.0)]), s("b", &[Some(0.1), Some(2.2), Some(f64::NAN)])];
         assert_eq!(
             grouped_bars("t", "y", &cats(3), &make(), Some(1.0)),
             grouped_bars("t", "y", &cats(3), &make(), Some(1.0))
         );
-        assert_eq!(
-            lines("t", "x", "y", &cats(3), &make(), None),
-            lines("t", "x", "y", &cats(3), &make(), None)
-        );
+        assert_eq!(lines("t", "x", "y", &cats(3), &make(), None), lines("t", "x", "y", &cats(3), &make(), None));
     }
 
     #[test]

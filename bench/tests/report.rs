@@ -38,10 +38,20 @@ fn the_quick_report_fills_every_field_and_writes_every_figure() {
     for app in ["C_CG", "G_STN"] {
         assert!(text.lines().any(|l| l.starts_with(&format!("| {app} |"))), "no row for {app}");
     }
-    for needed in ["Geometric-mean speedup", "interrupter at 16K pages", "monitor:", "batch of 256 entries", "not run in this regeneration", "bench/results/"] {
+    for needed in [
+        "Geometric-mean speedup",
+        "interrupter at 16K pages",
+        "monitor:",
+        "batch of 256 entries",
+        "not run in this regeneration",
+        "bench/results/",
+    ] {
         assert!(text.contains(needed), "the report lacks `{needed}`");
     }
-    let linked: Vec<&str> = text.match_indices("](figures/").map(|(i, _)| &text[i + 2..i + 2 + text[i + 2..].find(')').expect("a closed link")]).collect();
+    let linked: Vec<&str> = text
+        .match_indices("](figures/")
+        .map(|(i, _)| &text[i + 2..i + 2 + text[i + 2..].find(')').expect("a closed link")])
+        .collect();
     assert_eq!(linked.len(), 5, "{linked:?}");
     for figure in linked {
         let svg = std::fs::read_to_string(out.join(figure)).unwrap_or_else(|e| panic!("{figure}: {e}"));
@@ -58,6 +68,10 @@ fn a_template_with_an_unknown_field_is_refused() {
     std::fs::write(&template, "{{no_such_field}}\n").expect("template");
     let run = report(&template, &out);
     assert!(!run.status.success());
-    assert!(String::from_utf8_lossy(&run.stderr).contains("unknown field {{no_such_field}}"), "{}", String::from_utf8_lossy(&run.stderr));
+    assert!(
+        String::from_utf8_lossy(&run.stderr).contains("unknown field {{no_such_field}}"),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
     let _ = std::fs::remove_dir_all(&out);
 }

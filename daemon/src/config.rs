@@ -271,10 +271,9 @@ impl Config {
     /// The socket's permission bits.
     pub fn socket_mode(&self) -> Result<u32, String> {
         let text = self.service.socket_mode.trim_start_matches("0o");
-        u32::from_str_radix(text, 8)
-            .ok()
-            .filter(|mode| *mode <= 0o777)
-            .ok_or_else(|| format!("service.socket_mode `{}` is not an octal mode like \"0660\"", self.service.socket_mode))
+        u32::from_str_radix(text, 8).ok().filter(|mode| *mode <= 0o777).ok_or_else(|| {
+            format!("service.socket_mode `{}` is not an octal mode like \"0660\"", self.service.socket_mode)
+        })
     }
 
     /// The engine configuration these settings describe.
@@ -338,7 +337,9 @@ mod tests {
 
     #[test]
     fn engine_sizes_are_bounded_before_anything_is_allocated() {
-        for (key, value) in [("max_slots", 4294967295u64), ("max_slots", 100000000), ("pool_pages", 4294967295), ("warps_per_batch", 0)] {
+        for (key, value) in
+            [("max_slots", 4294967295u64), ("max_slots", 100000000), ("pool_pages", 4294967295), ("warps_per_batch", 0)]
+        {
             let err = Config::parse(&format!("[engine]\n{key} = {value}\n")).unwrap_err();
             assert!(err.contains(&format!("engine.{key} = {value}")) && err.contains("1 to"), "{err}");
         }

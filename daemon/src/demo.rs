@@ -47,11 +47,7 @@ pub fn plan(set: &[Workload], threads: usize, available: Option<u64>) -> Plan {
             let needs = [Mode::Poll, Mode::Fault].map(|mode| memory_estimate(w, mode));
             let largest = needs[0].max(needs[1]);
             if largest > available {
-                return Some(format!(
-                    "a run needs about {} of memory, {} is available",
-                    gib(largest),
-                    gib(available)
-                ));
+                return Some(format!("a run needs about {} of memory, {} is available", gib(largest), gib(available)));
             }
             runs.extend(needs);
             None
@@ -84,7 +80,17 @@ pub fn table(rows: &[Result<Comparison, RowError>]) -> String {
     let mut out = String::new();
     out.push_str(&format!(
         "{:<6} {:>10} {:>10} {:>7} {:>13} {:>13} {:>9} {:>9} {:>8} {:>9} {:>7}\n",
-        "app", "naive ms", "WIC ms", "speedup", "cons.ovh naive", "cons.ovh WIC", "ovl naive", "ovl WIC", "WIC ovh", "faults", "checked"
+        "app",
+        "naive ms",
+        "WIC ms",
+        "speedup",
+        "cons.ovh naive",
+        "cons.ovh WIC",
+        "ovl naive",
+        "ovl WIC",
+        "WIC ovh",
+        "faults",
+        "checked"
     ));
     for row in rows {
         let row = match row {
@@ -163,12 +169,17 @@ mod tests {
 
     #[test]
     fn plan_refuses_a_row_whose_run_does_not_fit_and_runs_the_rest_on_fewer_workers() {
-        let set = vec![by_name("C_SRS").unwrap().with_threads(4 << 20), by_name("G_BFS").unwrap().with_threads(4 << 20)];
+        let set =
+            vec![by_name("C_SRS").unwrap().with_threads(4 << 20), by_name("G_BFS").unwrap().with_threads(4 << 20)];
         let srs = memory_estimate(&set[0], Mode::Fault);
         let bfs = [Mode::Poll, Mode::Fault].map(|m| memory_estimate(&set[1], m));
         assert!(srs > bfs[1]);
         assert_eq!(plan(&set, 8, None), Plan { refused: vec![None, None], workers: 8 });
-        assert_eq!(plan(&set, 8, Some(u64::MAX)), Plan { refused: vec![None, None], workers: 4 }, "no more workers than runs fit");
+        assert_eq!(
+            plan(&set, 8, Some(u64::MAX)),
+            Plan { refused: vec![None, None], workers: 4 },
+            "no more workers than runs fit"
+        );
         // Room for G_BFS's two runs at once but not for C_SRS's fault run.
         let tight = plan(&set, 8, Some(srs - 1));
         let why = tight.refused[0].as_deref().expect("C_SRS refused");
@@ -189,7 +200,10 @@ mod tests {
     fn a_row_that_did_not_run_says_why_and_the_mean_is_over_the_others() {
         let cal = wic_emu::Calibration::built_in();
         let cg = by_name("C_CG").unwrap().with_threads(64);
-        let row = || Comparison { poll: wic_emu::run(&cg, Mode::Poll, &cal, 1), fault: wic_emu::run(&cg, Mode::Fault, &cal, 1) };
+        let row = || Comparison {
+            poll: wic_emu::run(&cg, Mode::Poll, &cal, 1),
+            fault: wic_emu::run(&cg, Mode::Fault, &cal, 1),
+        };
         let speedup = row().speedup();
         let refused = RowError { workload: "G_GEM", reason: "no room".into() };
         let text = table(&[Ok(row()), Err(refused.clone()), Ok(row())]);

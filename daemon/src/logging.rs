@@ -12,8 +12,7 @@ pub struct LevelHandle(reload::Handle<LevelFilter, tracing_subscriber::Registry>
 
 /// Parses a configured level name.
 pub fn parse_level(name: &str) -> Result<LevelFilter, String> {
-    name.parse::<LevelFilter>()
-        .map_err(|_| format!("log level `{name}` is not one of error, warn, info, debug, trace"))
+    name.parse::<LevelFilter>().map_err(|_| format!("log level `{name}` is not one of error, warn, info, debug, trace"))
 }
 
 /// Installs the global subscriber at `level`.

@@ -138,23 +138,34 @@ fn run_demo(args: DemoArgs) -> Result<(), String> {
         workloads.retain(|w| args.only.iter().any(|n| n.eq_ignore_ascii_case(w.name)));
     }
     let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    println!("wic demo: emulated GPU (model of an H100 on the stock UVM fault path; calibration below), seed {}", args.seed);
-    let scales: Vec<Option<u32>> = if args.scale.is_empty() { vec![None] } else { args.scale.iter().copied().map(Some).collect() };
+    println!(
+        "wic demo: emulated GPU (model of an H100 on the stock UVM fault path; calibration below), seed {}",
+        args.seed
+    );
+    let scales: Vec<Option<u32>> =
+        if args.scale.is_empty() { vec![None] } else { args.scale.iter().copied().map(Some).collect() };
     let started = Instant::now();
     let mut not_run = Vec::new();
     for scale in scales {
-        let set: Vec<_> = workloads.iter().cloned().map(|w| match scale {
-            Some(threads) => w.with_threads(threads),
-            None => w,
-        }).collect();
+        let set: Vec<_> = workloads
+            .iter()
+            .cloned()
+            .map(|w| match scale {
+                Some(threads) => w.with_threads(threads),
+                None => w,
+            })
+            .collect();
         if let Some(threads) = scale {
             println!("\n== {threads} consumer threads per kernel ==");
         }
         // A row whose run needs more memory than there is says so; the others run on as many
         // workers as the memory holds.
         let plan = demo::plan(&set, threads, demo::available_memory());
-        let runnable: Vec<_> = set.iter().zip(&plan.refused).filter(|(_, why)| why.is_none()).map(|(w, _)| w.clone()).collect();
-        let mut ran = wic_emu::compare::try_compare(&runnable, &cal, args.seed, plan.workers, demo::stderr_progress(started)).into_iter();
+        let runnable: Vec<_> =
+            set.iter().zip(&plan.refused).filter(|(_, why)| why.is_none()).map(|(w, _)| w.clone()).collect();
+        let mut ran =
+            wic_emu::compare::try_compare(&runnable, &cal, args.seed, plan.workers, demo::stderr_progress(started))
+                .into_iter();
         let rows: Vec<_> = set
             .iter()
             .zip(plan.refused)
@@ -198,7 +209,15 @@ mod tests {
 
     #[test]
     fn scales_from_one_warp_to_16m_threads_are_accepted() {
-        for (text, threads) in [("32", 32), ("64", 64), ("1K", 1024), ("16k", 16 << 10), (" 1M ", 1 << 20), ("16M", 16 << 20), ("16777216", 16 << 20)] {
+        for (text, threads) in [
+            ("32", 32),
+            ("64", 64),
+            ("1K", 1024),
+            ("16k", 16 << 10),
+            (" 1M ", 1 << 20),
+            ("16M", 16 << 20),
+            ("16777216", 16 << 20),
+        ] {
             assert_eq!(parse_count(text), Ok(threads), "{text}");
         }
     }
@@ -206,7 +225,13 @@ mod tests {
     #[test]
     fn absurd_scales_are_refused_naming_the_value_and_the_limit() {
         // 2048M used to be accepted and abort allocating 64 GiB; 512M panicked in the engine.
-        for (text, threads) in [("2048M", "2147483648"), ("512M", "536870912"), ("17M", "17825792"), ("16777217", "16777217"), ("4194304K", "4294967296")] {
+        for (text, threads) in [
+            ("2048M", "2147483648"),
+            ("512M", "536870912"),
+            ("17M", "17825792"),
+            ("16777217", "16777217"),
+            ("4194304K", "4294967296"),
+        ] {
             let e = scale_error(text);
             assert!(e.contains(text) && e.contains(threads) && e.contains("from 32 to 16777216 (16M)"), "{e}");
         }
@@ -224,7 +249,8 @@ mod tests {
         let Err(e) = Cli::try_parse_from(["wicd", "demo", "--scale", "64,1K,2048M"]) else { panic!("2048M accepted") };
         let message = e.to_string();
         assert!(message.contains("2048M") && message.contains("16777216"), "{message}");
-        let Ok(Cli { command: Command::Demo(args) }) = Cli::try_parse_from(["wicd", "demo", "--scale", "64,1K,16K,1M"]) else {
+        let Ok(Cli { command: Command::Demo(args) }) = Cli::try_parse_from(["wicd", "demo", "--scale", "64,1K,16K,1M"])
+        else {
             panic!("the README's sweep is refused")
         };
         assert_eq!(args.scale, [64, 1024, 16384, 1 << 20]);

@@ -186,7 +186,13 @@ pub fn survey() -> Result<Vec<Gpu>, NvmlError> {
                     ERROR_NOT_SUPPORTED => false,
                     code => return Err(NvmlError::Call { what: "nvmlDeviceGetMigMode", code }),
                 };
-                Ok(Gpu { index, name: text(&name_buffer), uuid: text(&uuid_buffer), compute_mode: ComputeMode::from_raw(mode), mig })
+                Ok(Gpu {
+                    index,
+                    name: text(&name_buffer),
+                    uuid: text(&uuid_buffer),
+                    compute_mode: ComputeMode::from_raw(mode),
+                    mig,
+                })
             })
             .collect::<Result<Vec<_>, _>>()
     })();

@@ -103,8 +103,9 @@ fn open_backend(config: &Config) -> Result<(Backend, &'static str, u16), String>
         return Ok((Backend::Emulated { gpus: config.emulated.gpus }, "emulated", config.emulated.gpus));
     }
     let wait = Duration::from_millis(config.shim.open_wait_ms);
-    let backend = ShimBackend::open(device, wait, config.shim.submission(), &config.engine())
-        .map_err(|e| format!("{}: {e} (is wic_shim loaded? service.backend = \"emulated\" runs without it)", device.display()))?;
+    let backend = ShimBackend::open(device, wait, config.shim.submission(), &config.engine()).map_err(|e| {
+        format!("{}: {e} (is wic_shim loaded? service.backend = \"emulated\" runs without it)", device.display())
+    })?;
     tracing::info!("{}: session opened", device.display());
     Ok((Backend::Shim(Box::new(backend)), "shim", 0))
 }
@@ -133,7 +134,8 @@ fn bind(config: &Config) -> Result<(tokio::net::UnixListener, Option<BoundSocket
     let listener = tokio::net::UnixListener::bind(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let bound = BoundSocket(path.clone());
     let mode = config.socket_mode()?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(|e| format!("{}: {e}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| format!("{}: {e}", path.display()))?;
     match nix::unistd::Group::from_name(&config.service.socket_group) {
         Ok(Some(group)) => {
             if let Err(e) = nix::unistd::chown(path, None, Some(group.gid)) {
@@ -161,11 +163,18 @@ fn remove_stale_socket(path: &Path) -> Result<(), String> {
         Err(e) => return Err(format!("{}: {e}", path.display())),
     };
     if !meta.file_type().is_socket() {
-        return Err(format!("{}: exists and is not a socket; refusing to replace it (choose another --socket or service.socket)", path.display()));
+        return Err(format!(
+            "{}: exists and is not a socket; refusing to replace it (choose another --socket or service.socket)",
+            path.display()
+        ));
     }
     let uid = nix::unistd::geteuid().as_raw();
     if meta.uid() != uid && meta.uid() != 0 {
-        return Err(format!("{}: a socket of uid {}, not wicd's (uid {uid}) or root's; refusing to remove it", path.display(), meta.uid()));
+        return Err(format!(
+            "{}: a socket of uid {}, not wicd's (uid {uid}) or root's; refusing to remove it",
+            path.display(),
+            meta.uid()
+        ));
     }
     // Only a refused connection proves nobody listens; a busy or unreachable listener (full
     // backlog, no permission) is left alone. Non-blocking, so a wedged listener cannot hang
@@ -175,7 +184,12 @@ fn remove_stale_socket(path: &Path) -> Result<(), String> {
         Ok(()) | Err(nix::errno::Errno::EAGAIN) => {
             return Err(format!("{}: another wicd is already listening", path.display()));
         }
-        Err(e) => return Err(format!("{}: cannot tell whether another wicd listens ({e}); refusing to remove it", path.display())),
+        Err(e) => {
+            return Err(format!(
+                "{}: cannot tell whether another wicd listens ({e}); refusing to remove it",
+                path.display()
+            ))
+        }
     }
     std::fs::remove_file(path).map_err(|e| format!("stale socket {}: {e}", path.display()))?;
     tracing::info!("{}: removed the stale socket of an earlier wicd", path.display());
@@ -212,7 +226,10 @@ async fn serve(
     let ready = signals()
         .map_err(|e| format!("signal handlers: {e}"))
         .and_then(|signals| {
-            Ok((signals, Shared::new(config.limits, nofile, handle.clone(), backend, gpus, warps_per_batch, gpu_sharing)?))
+            Ok((
+                signals,
+                Shared::new(config.limits, nofile, handle.clone(), backend, gpus, warps_per_batch, gpu_sharing)?,
+            ))
         })
         .and_then(|(signals, shared)| Ok((signals, shared, bind(&config)?)));
     let ((mut terminate, mut interrupt, mut hangup), shared, (listener, bound)) = match ready {

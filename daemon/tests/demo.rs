@@ -71,7 +71,8 @@ fn calibration_file(key: &str, value: &str) -> std::path::PathBuf {
     let header = format!("[{key}]\nvalue = ");
     let start = text.find(&header).unwrap_or_else(|| panic!("no {key} in the built-in file")) + header.len();
     let end = start + text[start..].find('\n').expect("a line");
-    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("calibration-{}-{key}.toml", std::process::id()));
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("calibration-{}-{key}.toml", std::process::id()));
     std::fs::write(&path, format!("{}{value}{}", &text[..start], &text[end..])).expect("write the calibration file");
     path
 }
@@ -97,6 +98,9 @@ fn a_calibration_constant_past_its_range_is_refused_before_anything_runs() {
         assert_eq!(out.status.code(), Some(1), "{key} = {written} after {took:?}: {stderr}");
         let expected = format!("wicd: calibration: {key} = {shown} is outside the allowed range {range}\n");
         assert!(stderr.contains(&expected), "{key}: {stderr}");
-        assert!(!stderr.contains("panicked") && out.stdout.is_empty() && took < Duration::from_secs(10), "{key}: {took:?} {stderr}");
+        assert!(
+            !stderr.contains("panicked") && out.stdout.is_empty() && took < Duration::from_secs(10),
+            "{key}: {took:?} {stderr}"
+        );
     }
 }

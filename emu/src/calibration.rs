@@ -123,7 +123,11 @@ fn within<T: PartialOrd + Debug>(name: &str, value: T, range: &RangeInclusive<T>
     if range.contains(&value) {
         return Ok(());
     }
-    Err(format!("calibration: {name} = {value:?} is outside the allowed range {:?} to {:?}", range.start(), range.end()))
+    Err(format!(
+        "calibration: {name} = {value:?} is outside the allowed range {:?} to {:?}",
+        range.start(),
+        range.end()
+    ))
 }
 
 impl Calibration {
@@ -172,7 +176,11 @@ impl Calibration {
             within(name, *value, &LATENCY_NS)?;
         }
         let l = &self.link;
-        for (name, value) in [("link.pcie_gbps", l.pcie_gbps.value), ("link.nvlink_gbps", l.nvlink_gbps.value), ("host.memcpy_gbps", self.host.memcpy_gbps.value)] {
+        for (name, value) in [
+            ("link.pcie_gbps", l.pcie_gbps.value),
+            ("link.nvlink_gbps", l.nvlink_gbps.value),
+            ("host.memcpy_gbps", self.host.memcpy_gbps.value),
+        ] {
             within(name, value, &GBPS)?;
         }
         within("poll.issue_weight", self.poll.issue_weight.value, &ISSUE_WEIGHT)?;
@@ -181,7 +189,10 @@ impl Calibration {
 
     /// (name, value, source, measured) of every constant, for reports.
     pub fn table(&self) -> Vec<(&'static str, String, &str, bool)> {
-        fn row<'c, T: std::fmt::Display>(name: &'static str, c: &'c Constant<T>) -> (&'static str, String, &'c str, bool) {
+        fn row<'c, T: std::fmt::Display>(
+            name: &'static str,
+            c: &'c Constant<T>,
+        ) -> (&'static str, String, &'c str, bool) {
             (name, c.value.to_string(), c.source.as_str(), c.measured)
         }
         vec![
@@ -292,10 +303,25 @@ mod tests {
     fn ranges() -> Vec<Range> {
         let all = vec![
             ("gpu.sms", ["1", "1024"], vec![("0", "0"), ("1025", "1025"), ("4294967295", "4294967295")], "1 to 1024"),
-            ("gpu.warp_slots_per_sm", ["1", "1024"], vec![("0", "0"), ("1025", "1025"), ("4294967295", "4294967295")], "1 to 1024"),
+            (
+                "gpu.warp_slots_per_sm",
+                ["1", "1024"],
+                vec![("0", "0"), ("1025", "1025"), ("4294967295", "4294967295")],
+                "1 to 1024",
+            ),
             ("gpu.schedulers_per_sm", ["1", "64"], vec![("0", "0"), ("65", "65")], "1 to 64"),
-            ("gpu.clock_ghz", ["0.01", "10.0"], vec![("0.0", "0.0"), ("-1.0", "-1.0"), ("10.5", "10.5"), ("nan", "NaN"), ("inf", "inf")], "0.01 to 10.0"),
-            ("gpu.warp_ipc", ["0.001", "4.0"], vec![("0.0", "0.0"), ("4.5", "4.5"), ("1e-300", "1e-300")], "0.001 to 4.0"),
+            (
+                "gpu.clock_ghz",
+                ["0.01", "10.0"],
+                vec![("0.0", "0.0"), ("-1.0", "-1.0"), ("10.5", "10.5"), ("nan", "NaN"), ("inf", "inf")],
+                "0.01 to 10.0",
+            ),
+            (
+                "gpu.warp_ipc",
+                ["0.001", "4.0"],
+                vec![("0.0", "0.0"), ("4.5", "4.5"), ("1e-300", "1e-300")],
+                "0.001 to 4.0",
+            ),
             ("fault.buffer_entries", ["1", "1048576"], vec![("0", "0"), ("1048577", "1048577")], "1 to 1048576"),
             ("fault.batch_max", ["1", "1048576"], vec![("0", "0"), ("4294967295", "4294967295")], "1 to 1048576"),
             ("poll.issue_weight", ["0.0", "1.0"], vec![("-0.1", "-0.1"), ("1.5", "1.5"), ("nan", "NaN")], "0.0 to 1.0"),
@@ -308,7 +334,11 @@ mod tests {
             let past = vec![("0.0", "0.0"), ("0.009", "0.009"), ("1e6", "1000000.0"), ("-inf", "-inf"), ("nan", "NaN")];
             (key, ["0.01", "100000.0"], past, "0.01 to 100000.0")
         });
-        all.into_iter().chain(latencies).chain(rates).map(|(key, ends, past, shown)| Range { key, ends, past, shown }).collect()
+        all.into_iter()
+            .chain(latencies)
+            .chain(rates)
+            .map(|(key, ends, past, shown)| Range { key, ends, past, shown })
+            .collect()
     }
 
     #[test]
@@ -328,7 +358,9 @@ mod tests {
             }
         }
         // Past what TOML or the field's type holds: a parse error, not a panic.
-        for (key, written) in [("gpu.sms", "4294967296"), ("fault.replay_ns", "18446744073709551615"), ("fault.replay_ns", "-1")] {
+        for (key, written) in
+            [("gpu.sms", "4294967296"), ("fault.replay_ns", "18446744073709551615"), ("fault.replay_ns", "-1")]
+        {
             let e = Calibration::from_toml(&with_value(BUILT_IN, key, written)).expect_err(key);
             assert!(e.starts_with("calibration: "), "{key} = {written}: {e}");
         }

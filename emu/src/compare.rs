@@ -185,6 +185,9 @@ mod tests {
         for (name, _, _, was_measured) in cal.table() {
             assert_eq!(line.contains(name), was_measured, "{name} in {line}");
         }
-        assert!(line.starts_with(&format!("Calibration: {} of {} constants", measured.len(), cal.table().len())), "{line}");
+        assert!(
+            line.starts_with(&format!("Calibration: {} of {} constants", measured.len(), cal.table().len())),
+            "{line}"
+        );
     }
 }

@@ -75,16 +75,41 @@ pub struct RunReport {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Event {
     PhaseStart,
-    SmDone { gpu: u16, sm: u32, version: u64 },
-    SlotProduced { slot: u32 },
-    FlagVisible { slot: u32 },
-    PublishArrives { slot: u32 },
-    BhRun { gpu: u16 },
-    BatchDone { gpu: u16 },
+    SmDone {
+        gpu: u16,
+        sm: u32,
+        version: u64,
+    },
+    SlotProduced {
+        slot: u32,
+    },
+    FlagVisible {
+        slot: u32,
+    },
+    PublishArrives {
+        slot: u32,
+    },
+    BhRun {
+        gpu: u16,
+    },
+    BatchDone {
+        gpu: u16,
+    },
     /// A replay; `resume_bh` when the bottom half waits for it before its next batch.
-    Replay { gpu: u16, resume_bh: bool },
-    Map { gpu: u16, va: u64, pages: u32 },
-    Unmap { gpu: u16, va: u64, pages: u32 },
+    Replay {
+        gpu: u16,
+        resume_bh: bool,
+    },
+    Map {
+        gpu: u16,
+        va: u64,
+        pages: u32,
+    },
+    Unmap {
+        gpu: u16,
+        va: u64,
+        pages: u32,
+    },
     DaemonRun,
     DaemonIdle,
     HostPhaseDone,
@@ -303,7 +328,8 @@ pub fn check(workload: &Workload) -> Result<EngineConfig, String> {
             slots: phase_slots as u32,
             timeout: CHANNEL_TIMEOUT_NS,
         };
-        let bytes = spec.placement_bytes(warps_per_batch).ok_or_else(|| format!("phase {index} cannot be a channel"))?;
+        let bytes =
+            spec.placement_bytes(warps_per_batch).ok_or_else(|| format!("phase {index} cannot be a channel"))?;
         pages += bytes / PAGE_SIZE;
         slots += phase_slots;
     }
@@ -389,7 +415,13 @@ struct Counters {
 }
 
 impl<'a> Sim<'a> {
-    fn new(workload: &'a Workload, mode: Mode, cal: &'a Calibration, seed: u64, config: EngineConfig) -> Result<Self, String> {
+    fn new(
+        workload: &'a Workload,
+        mode: Mode,
+        cal: &'a Calibration,
+        seed: u64,
+        config: EngineConfig,
+    ) -> Result<Self, String> {
         let gpus = (0..workload.gpus())
             .map(|_| Gpu {
                 sms: (0..cal.gpu.sms.value).map(|_| Sm::default()).collect(),
@@ -432,7 +464,13 @@ impl<'a> Sim<'a> {
             stopped: None,
             steps: 0,
             progress_at: 0,
-            stall_steps: workload.phases.iter().map(|p| u64::from(p.ctas) * u64::from(p.warps_per_cta)).max().unwrap_or(0) * STALL_STEPS_PER_WARP
+            stall_steps: workload
+                .phases
+                .iter()
+                .map(|p| u64::from(p.ctas) * u64::from(p.warps_per_cta))
+                .max()
+                .unwrap_or(0)
+                * STALL_STEPS_PER_WARP
                 + STALL_STEPS,
             stats: Counters::default(),
         };
@@ -519,8 +557,7 @@ impl<'a> Sim<'a> {
         if self.runtime.is_none() {
             return Err(format!(
                 "the run stopped at {} ns with nothing left to happen before the workload finished{}",
-                self.now,
-                TIMEOUT_HINT
+                self.now, TIMEOUT_HINT
             ));
         }
         Ok(())
@@ -582,7 +619,15 @@ impl<'a> Sim<'a> {
                 let scale = 1.0 + phase.jitter * (2.0 * self.rng.unit() - 1.0);
                 self.warps.push(Warp { cta, lane, scale, requests: 0, state: WarpState::Computing });
             }
-            self.ctas.push(Cta { gpu, sm: 0, first_warp, communicates, arrived: 0, finished: 0, poll: PollStage::Flag });
+            self.ctas.push(Cta {
+                gpu,
+                sm: 0,
+                first_warp,
+                communicates,
+                arrived: 0,
+                finished: 0,
+                poll: PollStage::Flag,
+            });
             self.gpus[gpu as usize].cta_queue.push_back(cta);
         }
         self.ctas_left = phase.ctas;
@@ -930,18 +975,24 @@ impl<'a> Sim<'a> {
             }
             (Mode::Fault, Endpoint::Gpu(gpu)) => {
                 let layout = state.channel.as_ref().expect("fault mode has channels");
-                let pat = layout.slots[slot as usize].pat.expect("GPU producer has PAT pages")[(generation % 2) as usize];
+                let pat =
+                    layout.slots[slot as usize].pat.expect("GPU producer has PAT pages")[(generation % 2) as usize];
                 let sm = slot % self.cal.gpu.sms.value;
                 if self.access(Agent::Producer(slot), gpu, sm, pat, AccessType::Write) {
                     // A PAT page is write-protected until its fault is served, unless the re-arm
                     // of an earlier generation has not landed yet: the write would go unnoticed.
-                    self.stopped = Some(format!("slot {slot}'s producer found its PAT page still mapped{TIMEOUT_HINT}"));
+                    self.stopped =
+                        Some(format!("slot {slot}'s producer found its PAT page still mapped{TIMEOUT_HINT}"));
                 }
             }
             (Mode::Poll, Endpoint::Host) => {
                 // The CPU's flag write faults if the page sits on the GPU (it does after a poll).
                 let on_gpu = state.flag_loc[slot as usize] != Loc::Host;
-                let cost = if on_gpu { self.cal.fault.cpu_fault_ns.value.saturating_add(self.cal.pcie_ns(batch as u64)) } else { 0 };
+                let cost = if on_gpu {
+                    self.cal.fault.cpu_fault_ns.value.saturating_add(self.cal.pcie_ns(batch as u64))
+                } else {
+                    0
+                };
                 self.schedule(self.after(cost), Event::FlagVisible { slot });
             }
             (Mode::Poll, Endpoint::Gpu(gpu)) => {
@@ -1258,7 +1309,11 @@ impl<'a> Sim<'a> {
         .into_iter()
         .fold(at, u64::saturating_add);
         for event in landing {
-            let when = if matches!(event, Event::Replay { .. }) { done.saturating_add(cal.fault.replay_ns.value) } else { done };
+            let when = if matches!(event, Event::Replay { .. }) {
+                done.saturating_add(cal.fault.replay_ns.value)
+            } else {
+                done
+            };
             self.schedule(when, event);
         }
         done
@@ -1293,7 +1348,6 @@ impl<'a> Sim<'a> {
         }
     }
 }
-
 
 #[cfg(test)]
 mod tests {
@@ -1334,7 +1388,11 @@ mod tests {
         for w in all() {
             let (small, large) = (w.clone().with_threads(1 << 20), w.with_threads(16 << 20));
             let poll = memory_estimate(&large, Mode::Poll);
-            assert!(memory_estimate(&large, Mode::Fault) > poll && poll > memory_estimate(&small, Mode::Poll), "{}", large.name);
+            assert!(
+                memory_estimate(&large, Mode::Fault) > poll && poll > memory_estimate(&small, Mode::Poll),
+                "{}",
+                large.name
+            );
         }
         // C_SRS, the largest, at the 16M threads `wicd demo --scale` allows: measured 1.54 GiB.
         let srs = memory_estimate(&by_name("C_SRS").unwrap().with_threads(16 << 20), Mode::Fault);
@@ -1348,7 +1406,9 @@ mod tests {
 #[cfg(test)]
 mod calibration_tests {
     use super::*;
-    use crate::calibration::{CLOCK_GHZ, FAULT_ENTRIES, GBPS, ISSUE_WEIGHT, LATENCY_NS, SCHEDULERS_PER_SM, SMS, WARP_IPC, WARP_SLOTS_PER_SM};
+    use crate::calibration::{
+        CLOCK_GHZ, FAULT_ENTRIES, GBPS, ISSUE_WEIGHT, LATENCY_NS, SCHEDULERS_PER_SM, SMS, WARP_IPC, WARP_SLOTS_PER_SM,
+    };
     use crate::workload::{all, by_name};
 
     /// The slowest GPU, fault path and links a calibration file may describe (`slow`), or the
@@ -1383,8 +1443,14 @@ mod calibration_tests {
             let cal = extreme(slow);
             for w in all().into_iter().map(|w| w.with_threads(16 << 10)) {
                 for mode in [Mode::Poll, Mode::Fault] {
-                    let report = try_run(&w, mode, &cal, 1).unwrap_or_else(|e| panic!("{} {}: {e}", w.name, mode.name()));
-                    assert!(report.messages_checked > 0 && report.corrupt_messages == 0, "{} {}: {report:?}", w.name, mode.name());
+                    let report =
+                        try_run(&w, mode, &cal, 1).unwrap_or_else(|e| panic!("{} {}: {e}", w.name, mode.name()));
+                    assert!(
+                        report.messages_checked > 0 && report.corrupt_messages == 0,
+                        "{} {}: {report:?}",
+                        w.name,
+                        mode.name()
+                    );
                     assert!(report.pool_restored && report.pfq_empty, "{} {}", w.name, mode.name());
                 }
             }
@@ -1430,6 +1496,9 @@ mod calibration_tests {
         let mut slow_replay = Calibration::built_in();
         slow_replay.fault.replay_ns.value = 1_000_000;
         let e = try_run(&bfs.with_threads(1024), Mode::Poll, &slow_replay, 1).unwrap_err();
-        assert!(e.starts_with("the run is stuck at ") && e.contains(" events and faults without a warp finishing"), "{e}");
+        assert!(
+            e.starts_with("the run is stuck at ") && e.contains(" events and faults without a warp finishing"),
+            "{e}"
+        );
     }
 }

@@ -140,7 +140,13 @@ pub fn all() -> Vec<Workload> {
             model: "alternating",
             iterations: 6,
             phases: vec![
-                Phase { order: ProduceOrder::Shuffled, c1_instr: 24_000, c2_instr: 12_000, produce_ns: 2_500, ..consumer_phase(Host, 0) },
+                Phase {
+                    order: ProduceOrder::Shuffled,
+                    c1_instr: 24_000,
+                    c2_instr: 12_000,
+                    produce_ns: 2_500,
+                    ..consumer_phase(Host, 0)
+                },
                 host_consumer_phase(0, 64, 40_000),
             ],
         },
@@ -151,7 +157,14 @@ pub fn all() -> Vec<Workload> {
             model: "alternating",
             iterations: 6,
             phases: vec![
-                Phase { order: ProduceOrder::Shuffled, c1_instr: 28_000, c2_instr: 16_000, message_bytes: 512, produce_ns: 3_000, ..consumer_phase(Host, 0) },
+                Phase {
+                    order: ProduceOrder::Shuffled,
+                    c1_instr: 28_000,
+                    c2_instr: 16_000,
+                    message_bytes: 512,
+                    produce_ns: 3_000,
+                    ..consumer_phase(Host, 0)
+                },
                 host_consumer_phase(0, 128, 60_000),
             ],
         },
@@ -161,7 +174,14 @@ pub fn all() -> Vec<Workload> {
             pattern: "adjacent",
             model: "multiple",
             iterations: 4,
-            phases: vec![Phase { requests_per_warp: 3, c1_instr: 8_000, c2_instr: 6_000, produce_ns: 1_200, producer_lanes: 12, ..consumer_phase(Host, 0) }],
+            phases: vec![Phase {
+                requests_per_warp: 3,
+                c1_instr: 8_000,
+                c2_instr: 6_000,
+                produce_ns: 1_200,
+                producer_lanes: 12,
+                ..consumer_phase(Host, 0)
+            }],
         },
         Workload {
             name: "G_BFS",
@@ -212,7 +232,13 @@ pub fn all() -> Vec<Workload> {
             pattern: "adjacent",
             model: "multiple",
             iterations: 4,
-            phases: vec![Phase { requests_per_warp: 2, c1_instr: 14_000, c2_instr: 8_000, produce_ns: 1_500, ..consumer_phase(Gpu(1), 0) }],
+            phases: vec![Phase {
+                requests_per_warp: 2,
+                c1_instr: 14_000,
+                c2_instr: 8_000,
+                produce_ns: 1_500,
+                ..consumer_phase(Gpu(1), 0)
+            }],
         },
         Workload {
             name: "G_GEM",
@@ -220,7 +246,14 @@ pub fn all() -> Vec<Workload> {
             pattern: "streaming",
             model: "multiple",
             iterations: 3,
-            phases: vec![Phase { requests_per_warp: 3, c1_instr: 12_000, c2_instr: 9_000, produce_ns: 1_000, producer_lanes: 16, ..consumer_phase(Gpu(1), 0) }],
+            phases: vec![Phase {
+                requests_per_warp: 3,
+                c1_instr: 12_000,
+                c2_instr: 9_000,
+                produce_ns: 1_000,
+                producer_lanes: 16,
+                ..consumer_phase(Gpu(1), 0)
+            }],
         },
         Workload {
             name: "G_KMN",
@@ -228,7 +261,12 @@ pub fn all() -> Vec<Workload> {
             pattern: "streaming",
             model: "unidirectional",
             iterations: 6,
-            phases: vec![Phase { c1_instr: 22_000, c2_instr: 6_000, independent_ctas: 0.1, ..consumer_phase(Gpu(1), 0) }],
+            phases: vec![Phase {
+                c1_instr: 22_000,
+                c2_instr: 6_000,
+                independent_ctas: 0.1,
+                ..consumer_phase(Gpu(1), 0)
+            }],
         },
     ]
 }

@@ -252,7 +252,10 @@ pub fn check_runs(poll: &wic_emu::RunReport, fault: &wic_emu::RunReport, warps_p
     let Some(engine) = fault.engine.as_ref() else { return fail("fault mode ran without the engine".into()) };
     for r in [poll, fault] {
         if r.corrupt_messages != 0 || r.error_markers != 0 {
-            return fail(format!("{:?}: {} corrupted messages, {} failed requests", r.mode, r.corrupt_messages, r.error_markers));
+            return fail(format!(
+                "{:?}: {} corrupted messages, {} failed requests",
+                r.mode, r.corrupt_messages, r.error_markers
+            ));
         }
     }
     if poll.messages_checked != fault.messages_checked {
@@ -262,7 +265,10 @@ pub fn check_runs(poll: &wic_emu::RunReport, fault: &wic_emu::RunReport, warps_p
         return fail(format!("{} requests, {} delivered: a request was lost", engine.requests, engine.delivered));
     }
     if engine.delivered * warps_per_batch != fault.messages_checked {
-        return fail(format!("{} wake-ups for {} messages: a wake-up was lost or duplicated", engine.delivered, fault.messages_checked));
+        return fail(format!(
+            "{} wake-ups for {} messages: a wake-up was lost or duplicated",
+            engine.delivered, fault.messages_checked
+        ));
     }
     if engine.dab_updates != engine.delivered {
         return fail(format!("{} publishes consumed {} times", engine.dab_updates, engine.delivered));
@@ -278,4 +284,3 @@ pub fn check_runs(poll: &wic_emu::RunReport, fault: &wic_emu::RunReport, warps_p
     }
     Ok(())
 }
-

@@ -44,7 +44,11 @@ fn stats(daemon: &Daemon) -> serde_json::Value {
 }
 
 /// Starts the consumer and returns it with the token it printed.
-fn start_consumer(consumer: &Path, daemon: &Daemon, args: &[&str]) -> (std::process::Child, String, BufReader<std::process::ChildStdout>) {
+fn start_consumer(
+    consumer: &Path,
+    daemon: &Daemon,
+    args: &[&str],
+) -> (std::process::Child, String, BufReader<std::process::ChildStdout>) {
     let mut child = Command::new(consumer)
         .args(args)
         .env("WIC_SOCKET", &daemon.socket)
@@ -55,7 +59,8 @@ fn start_consumer(consumer: &Path, daemon: &Daemon, args: &[&str]) -> (std::proc
     let mut stdout = BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
     stdout.read_line(&mut line).expect("consumer output");
-    let token = line.trim().strip_prefix("token ").unwrap_or_else(|| panic!("expected a token, got {line:?}")).to_string();
+    let token =
+        line.trim().strip_prefix("token ").unwrap_or_else(|| panic!("expected a token, got {line:?}")).to_string();
     (child, token, stdout)
 }
 
@@ -80,7 +85,8 @@ fn producer_and_consumer_deliver_every_byte_and_the_counters_agree() {
     let consumer = compile("consumer", &daemon.dir);
     let producer = compile("producer", &daemon.dir);
     let (slots, generations) = (4u64, 60u64);
-    let (child, token, stdout) = start_consumer(&consumer, &daemon, &["256", &slots.to_string(), &generations.to_string()]);
+    let (child, token, stdout) =
+        start_consumer(&consumer, &daemon, &["256", &slots.to_string(), &generations.to_string()]);
     let produced = Command::new(&producer)
         .args([token.as_str(), &generations.to_string()])
         .env("WIC_SOCKET", &daemon.socket)
@@ -99,7 +105,11 @@ fn producer_and_consumer_deliver_every_byte_and_the_counters_agree() {
     assert_eq!(n("host_publishes"), batches);
     assert_eq!(n("dab_updates"), batches);
     assert_eq!((n("faults_timed_out"), n("faults_cancelled"), n("pfq_depth")), (0, 0, 0));
-    assert_eq!(n("faults_captured"), n("faults_completed") + n("faults_ignored"), "every entry is a request or ignored");
+    assert_eq!(
+        n("faults_captured"),
+        n("faults_completed") + n("faults_ignored"),
+        "every entry is a request or ignored"
+    );
     assert!(n("faults_held") <= batches);
     assert_eq!(s["wake_latency_ns"]["count"].as_u64(), Some(batches));
     assert!(n("replays") >= 1 && n("replays") <= n("faults_captured"));
@@ -131,7 +141,9 @@ fn a_channel_in_use_shows_in_wicctl_with_its_owner_and_counters() {
     let _ = finish(child, stdout);
     wait_for("the channel to be reclaimed", || {
         let s = stats(&daemon);
-        s["channels"].as_u64() == Some(0) && s["pool_pages_used"].as_u64() == Some(0) && s["pfq_depth"].as_u64() == Some(0)
+        s["channels"].as_u64() == Some(0)
+            && s["pool_pages_used"].as_u64() == Some(0)
+            && s["pfq_depth"].as_u64() == Some(0)
     });
     assert_eq!(stats(&daemon)["faults_cancelled"].as_u64(), Some(1));
     daemon.stop();
@@ -165,8 +177,14 @@ fn another_uid_is_refused_a_token_bound_to_someone_else() {
     let producer = compile("producer", &daemon.dir);
     let mut owner = Client::connect(&daemon.socket, "test").unwrap();
     let spec = ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 64, slots: 1, timeout_ns: 0 };
-    let Ok(Reply::Channel(info)) = owner.call(&Request::CreateChannel { spec, base_va: None }) else { panic!("create") };
-    let grant = |owner: &mut Client, uid| match owner.call(&Request::Grant { channel: info.channel, role: Role::Producer, uid }) {
+    let Ok(Reply::Channel(info)) = owner.call(&Request::CreateChannel { spec, base_va: None }) else {
+        panic!("create")
+    };
+    let grant = |owner: &mut Client, uid| match owner.call(&Request::Grant {
+        channel: info.channel,
+        role: Role::Producer,
+        uid,
+    }) {
         Ok(Reply::Token { token }) => token,
         other => panic!("grant: {other:?}"),
     };
@@ -192,13 +210,21 @@ fn another_uid_is_refused_a_token_bound_to_someone_else() {
 fn other_users_see_only_their_own_channels_and_the_socket_mode_keeps_strangers_out() {
     const NOBODY: u32 = 65534;
     let wicctl_as_nobody = |daemon: &Daemon, args: &[&str]| {
-        Command::new(binary("wicctl")).arg("--socket").arg(&daemon.socket).args(args).uid(NOBODY).gid(NOBODY).output().expect("run wicctl as nobody")
+        Command::new(binary("wicctl"))
+            .arg("--socket")
+            .arg(&daemon.socket)
+            .args(args)
+            .uid(NOBODY)
+            .gid(NOBODY)
+            .output()
+            .expect("run wicctl as nobody")
     };
     let open = Daemon::start("c-visibility", "[service]\nsocket_mode = \"0666\"\n");
     let mut owner = Client::connect(&open.socket, "test").unwrap();
     let spec = ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 64, slots: 1, timeout_ns: 0 };
     let Ok(Reply::Channel(_)) = owner.call(&Request::CreateChannel { spec, base_va: None }) else { panic!("create") };
-    let listed = |json: &str| serde_json::from_str::<serde_json::Value>(json).expect("JSON").as_array().expect("a list").len();
+    let listed =
+        |json: &str| serde_json::from_str::<serde_json::Value>(json).expect("JSON").as_array().expect("a list").len();
     assert_eq!(listed(&wicctl(&open, &["channels", "--json"])), 1, "root, an operator, sees every channel");
     let stranger = wicctl_as_nobody(&open, &["channels", "--json"]);
     assert!(stranger.status.success(), "{}", String::from_utf8_lossy(&stranger.stderr));
@@ -212,7 +238,11 @@ fn other_users_see_only_their_own_channels_and_the_socket_mode_keeps_strangers_o
     assert_eq!(mode(&strict), 0o660);
     let refused = wicctl_as_nobody(&strict, &["status"]);
     assert!(!refused.status.success());
-    assert!(String::from_utf8_lossy(&refused.stderr).contains("ermission denied"), "{}", String::from_utf8_lossy(&refused.stderr));
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("ermission denied"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
     strict.stop();
 }
 
@@ -236,12 +266,28 @@ fn readme_example_lines(out: &Path) -> Vec<String> {
 fn the_readme_example_pipeline_succeeds_and_reports_failure() {
     let daemon = Daemon::start("c-readme", "");
     let script = readme_example_lines(&daemon.dir).join("\n");
-    let run = |socket: &Path| Command::new("bash").arg("-c").arg(&script).current_dir(workspace()).env("WIC_SOCKET", socket).output().expect("bash");
+    let run = |socket: &Path| {
+        Command::new("bash")
+            .arg("-c")
+            .arg(&script)
+            .current_dir(workspace())
+            .env("WIC_SOCKET", socket)
+            .output()
+            .expect("bash")
+    };
     let served = run(&daemon.socket);
     let stdout = String::from_utf8_lossy(&served.stdout);
-    assert!(served.status.success() && stdout.contains("consumed 400 batches, 0 mismatches"), "{stdout}{}", String::from_utf8_lossy(&served.stderr));
+    assert!(
+        served.status.success() && stdout.contains("consumed 400 batches, 0 mismatches"),
+        "{stdout}{}",
+        String::from_utf8_lossy(&served.stderr)
+    );
     // Both programs fail without a daemon: so must the pipeline.
     let failed = run(&daemon.dir.join("absent.sock"));
-    assert!(!failed.status.success(), "the pipeline exited 0 with both programs failing: {}", String::from_utf8_lossy(&failed.stderr));
+    assert!(
+        !failed.status.success(),
+        "the pipeline exited 0 with both programs failing: {}",
+        String::from_utf8_lossy(&failed.stderr)
+    );
     daemon.stop();
 }

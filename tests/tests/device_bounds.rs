@@ -46,11 +46,7 @@ fn row<'a>(table: &'a str, app: &str) -> Vec<&'a str> {
 #[test]
 fn bounds_take_the_largest_term_and_ratios_follow_from_it() {
     let dir = scratch("device-bounds");
-    let (apps, apps_2gpu, transport) = (
-        dir.join("apps.txt"),
-        dir.join("apps-2gpu.txt"),
-        dir.join("transport.jsonl"),
-    );
+    let (apps, apps_2gpu, transport) = (dir.join("apps.txt"), dir.join("apps-2gpu.txt"), dir.join("transport.jsonl"));
     std::fs::write(&apps, APPS).unwrap();
     std::fs::write(&apps_2gpu, APPS_2GPU).unwrap();
     std::fs::write(&transport, TRANSPORT).unwrap();
@@ -59,26 +55,14 @@ fn bounds_take_the_largest_term_and_ratios_follow_from_it() {
         .args([&apps, &apps_2gpu, &transport])
         .output()
         .expect("run python3 device/bench/bounds.py");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let table = String::from_utf8(out.stdout).unwrap();
 
     // Columns: app, bound, binds, copy, producer, nowait, serial, push/bound, poll/bound,
     // alg1/bound, alg1/push, all correct.
     let a = row(&table, "C_A");
-    assert_eq!(
-        &a[1..7],
-        ["20.00", "producer", "10.00", "20.00", "2.00", "32.00"],
-        "{table}"
-    );
-    assert_eq!(
-        &a[7..12],
-        ["1.25", "5.00", "10.00", "8.00", "yes"],
-        "{table}"
-    );
+    assert_eq!(&a[1..7], ["20.00", "producer", "10.00", "20.00", "2.00", "32.00"], "{table}");
+    assert_eq!(&a[7..12], ["1.25", "5.00", "10.00", "8.00", "yes"], "{table}");
     let b = row(&table, "C_B");
     assert_eq!(&b[1..4], ["50.00", "copy", "50.00"], "{table}");
     assert_eq!(&b[7..12], ["1.20", "-", "2.40", "2.00", "NO"], "{table}");
@@ -90,10 +74,7 @@ fn bounds_take_the_largest_term_and_ratios_follow_from_it() {
     assert_eq!(&x[7..12], ["1.25", "-", "10.00", "8.00", "yes"], "{table}");
 
     // alg1 / push over the four applications: (8 * 2 * 2 * 8)^(1/4) = 4.
-    assert!(
-        table.contains("geometric mean over 4 applications: 4.00"),
-        "{table}"
-    );
+    assert!(table.contains("geometric mean over 4 applications: 4.00"), "{table}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

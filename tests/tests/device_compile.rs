@@ -35,7 +35,9 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
 fn every_cuda_source_compiles_for_hopper_without_warnings() {
     let Some(nvcc) = nvcc() else {
         assert!(std::env::var_os("WIC_REQUIRE_NVCC").is_none(), "WIC_REQUIRE_NVCC is set but no nvcc was found");
-        eprintln!("skipped: no nvcc (set WIC_NVCC, put nvcc on the PATH, or run .ci/run, which installs the CUDA wheels)");
+        eprintln!(
+            "skipped: no nvcc (set WIC_NVCC, put nvcc on the PATH, or run .ci/run, which installs the CUDA wheels)"
+        );
         return;
     };
     let root = workspace();
@@ -46,7 +48,16 @@ fn every_cuda_source_compiles_for_hopper_without_warnings() {
     let out = wic_tests::scratch("device-compile");
     for (i, file) in files.iter().enumerate() {
         let output = Command::new(&nvcc)
-            .args(["-c", "-O2", "-arch=sm_90", "-std=c++17", "-Werror", "all-warnings", "-Xcompiler", "-Wall,-Wextra,-Werror"])
+            .args([
+                "-c",
+                "-O2",
+                "-arch=sm_90",
+                "-std=c++17",
+                "-Werror",
+                "all-warnings",
+                "-Xcompiler",
+                "-Wall,-Wextra,-Werror",
+            ])
             .arg("-I")
             .arg(root.join("device/include"))
             .arg("-I")

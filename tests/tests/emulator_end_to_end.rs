@@ -90,7 +90,12 @@ fn polling_costs_compute_and_stalls_do_not() {
     let costly = run(&w, Mode::Poll, &cal, 1);
     let free = run(&w, Mode::Poll, &free_polling, 1);
     assert!(free.runtime_ns <= costly.runtime_ns, "{} vs {}", free.runtime_ns, costly.runtime_ns);
-    assert!(free.overlap_efficiency > costly.overlap_efficiency, "{} vs {}", free.overlap_efficiency, costly.overlap_efficiency);
+    assert!(
+        free.overlap_efficiency > costly.overlap_efficiency,
+        "{} vs {}",
+        free.overlap_efficiency,
+        costly.overlap_efficiency
+    );
     assert!(free.consumer_overhead < costly.consumer_overhead);
     let wic = run(&w, Mode::Fault, &cal, 1);
     let wic_free = run(&w, Mode::Fault, &free_polling, 1);

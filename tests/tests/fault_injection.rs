@@ -74,7 +74,10 @@ fn an_exhausted_pool_refuses_clearly_keeps_serving_and_recovers() {
     third.close().unwrap();
     let stats = client.stats().unwrap();
     assert_eq!((stats.channels, stats.pool_pages_used, stats.pfq_depth), (0, 0, 0));
-    assert_eq!(stats.faults_completed, 4, "one delivery per generation consumed: two rounds on the first channel, one on the others");
+    assert_eq!(
+        stats.faults_completed, 4,
+        "one delivery per generation consumed: two rounds on the first channel, one on the others"
+    );
     daemon.stop();
 }
 

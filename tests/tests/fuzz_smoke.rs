@@ -84,7 +84,8 @@ fn start(bins: &Path, target: &str) -> (Child, PathBuf) {
 
 /// The figures of a finished run: libFuzzer's last status line and final statistics.
 fn summary(log: &str) -> String {
-    let status = log.lines().rev().find(|line| line.split_whitespace().nth(1) == Some("DONE")).unwrap_or("no DONE line");
+    let status =
+        log.lines().rev().find(|line| line.split_whitespace().nth(1) == Some("DONE")).unwrap_or("no DONE line");
     let stat = |name: &str| {
         log.lines().find_map(|line| line.strip_prefix(&format!("stat::{name}: "))).unwrap_or("?").to_string()
     };

@@ -105,7 +105,11 @@ fn behave(daemon: &Daemon, uid: u32) {
 
 /// `wicctl status` as this process's user (root: an operator).
 fn wicctl_status(daemon: &Daemon) {
-    let output = Command::new(wic_tests::binary("wicctl")).arg("status").env("WIC_SOCKET", &daemon.socket).output().expect("run wicctl");
+    let output = Command::new(wic_tests::binary("wicctl"))
+        .arg("status")
+        .env("WIC_SOCKET", &daemon.socket)
+        .output()
+        .expect("run wicctl");
     assert!(output.status.success(), "wicctl status failed: {}", String::from_utf8_lossy(&output.stderr));
 }
 
@@ -168,7 +172,8 @@ fn silent_connections_of_one_user_lock_out_neither_other_users_nor_root() {
     let mut second = Hostile::start(THIRD_USER, &["silent", socket, "20", "--wait-ms", "20000"]);
     assert_eq!(second.line(), "accepted 5", "16 connections, 2 of them reserved, 9 taken");
     assert_eq!(second.line(), "refused 15 EXHAUSTED");
-    let reserve: Vec<Client> = (0..2).map(|_| Client::connect(&daemon.socket, "operator").expect("root uses the reserve")).collect();
+    let reserve: Vec<Client> =
+        (0..2).map(|_| Client::connect(&daemon.socket, "operator").expect("root uses the reserve")).collect();
     drop(reserve);
     wait_clients(&mut root, 14);
     wicctl_status(&daemon);
@@ -177,10 +182,16 @@ fn silent_connections_of_one_user_lock_out_neither_other_users_nor_root() {
     for (hostile, accepted) in [(attacker, "8"), (second, "5")] {
         let closed = hostile.release();
         let fields: Vec<&str> = closed.split_whitespace().collect();
-        assert!(fields.len() == 3 && fields[..2] == ["closed", accepted], "the silent connections were not all closed: {closed}");
+        assert!(
+            fields.len() == 3 && fields[..2] == ["closed", accepted],
+            "the silent connections were not all closed: {closed}"
+        );
     }
     let log = daemon.log();
-    assert!(log.contains("uid=65534") && log.contains("holds its limit of 8 connections"), "refusals are logged with the uid:\n{log}");
+    assert!(
+        log.contains("uid=65534") && log.contains("holds its limit of 8 connections"),
+        "refusals are logged with the uid:\n{log}"
+    );
     // The refusals came faster than the log takes them: those left out are counted.
     assert!(log.contains("more refusals of this uid not logged uid=65534"), "{log}");
     assert!(log.contains("no hello within 10000 ms"), "{log}");
@@ -214,8 +225,14 @@ fn descriptors_trickled_with_a_request_are_closed_as_they_arrive() {
     let fds = [null.as_raw_fd(); 253];
     for byte in &bytes[..100] {
         let rights = [ControlMessage::ScmRights(&fds)];
-        sendmsg::<()>(stream.as_raw_fd(), &[std::io::IoSlice::new(std::slice::from_ref(byte))], &rights, MsgFlags::empty(), None)
-            .expect("send a byte with descriptors");
+        sendmsg::<()>(
+            stream.as_raw_fd(),
+            &[std::io::IoSlice::new(std::slice::from_ref(byte))],
+            &rights,
+            MsgFlags::empty(),
+            None,
+        )
+        .expect("send a byte with descriptors");
     }
     wait_until_read(&stream);
     let mut other = Client::connect(&daemon.socket, "bystander").expect("another client connects");
@@ -304,24 +321,35 @@ fn the_limits_must_fit_the_descriptor_limit_and_channels_stop_short_of_it() {
     let dir = wic_tests::scratch("hostile-nofile");
     let output = refused_start(&dir.join("wicd.sock"), with_descriptor_limit(600));
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success() && stderr.contains("RLIMIT_NOFILE") && stderr.contains("max_clients = 256"), "{stderr}");
+    assert!(
+        !output.status.success() && stderr.contains("RLIMIT_NOFILE") && stderr.contains("max_clients = 256"),
+        "{stderr}"
+    );
 
     // Room for 4 channels besides 8 connections and the reserve.
     let max_clients = 8;
     let limit = FDS_RESERVED + FDS_PER_CONNECTION * max_clients + 4 * FDS_PER_CHANNEL;
-    let daemon = Daemon::start_with("hostile-budget", &config(&format!("max_clients = {max_clients}\n")), with_descriptor_limit(limit));
+    let daemon = Daemon::start_with(
+        "hostile-budget",
+        &config(&format!("max_clients = {max_clients}\n")),
+        with_descriptor_limit(limit),
+    );
     let mut client = Client::connect(&daemon.socket, "test").expect("connect");
     let before = open_fds(&daemon);
     for _ in 0..4 {
         assert!(matches!(client.call(&Request::CreateChannel { spec: spec(), base_va: None }), Ok(Reply::Channel(_))));
     }
     let held = (open_fds(&daemon) - before) as u64;
-    assert!(held <= 4 * FDS_PER_CHANNEL, "4 channels hold {held} descriptors, more than the budget's {FDS_PER_CHANNEL} each");
+    assert!(
+        held <= 4 * FDS_PER_CHANNEL,
+        "4 channels hold {held} descriptors, more than the budget's {FDS_PER_CHANNEL} each"
+    );
     let (code, message) = refusal(client.call(&Request::CreateChannel { spec: spec(), base_va: None }));
     assert_eq!(code, ErrorCode::Exhausted);
     assert!(message.contains("descriptor limit"), "{message}");
     // Every connection still fits.
-    let clients: Vec<Client> = (1..max_clients).map(|_| Client::connect(&daemon.socket, "test").expect("connect")).collect();
+    let clients: Vec<Client> =
+        (1..max_clients).map(|_| Client::connect(&daemon.socket, "test").expect("connect")).collect();
     assert_eq!(clients.len() as u64, max_clients - 1);
     drop(clients);
     wicctl_status(&daemon);
@@ -352,7 +380,8 @@ fn grant_tokens_are_bounded_per_channel_and_per_uid_freed_with_their_owner_and_r
     again.release();
 
     // Reloaded like the other limits.
-    std::fs::write(daemon.dir.join("wicd.toml"), config("max_grants_per_channel = 3\nmax_grants_per_uid = 25\n")).unwrap();
+    std::fs::write(daemon.dir.join("wicd.toml"), config("max_grants_per_channel = 3\nmax_grants_per_uid = 25\n"))
+        .unwrap();
     daemon.signal(nix::sys::signal::Signal::SIGHUP);
     wait_for_log(&daemon, "configuration reloaded");
     let mut reloaded = grants();
@@ -361,7 +390,8 @@ fn grant_tokens_are_bounded_per_channel_and_per_uid_freed_with_their_owner_and_r
     reloaded.release();
 
     // Limits the descriptor limit cannot hold are refused on reload too.
-    std::fs::write(daemon.dir.join("wicd.toml"), config("max_clients = 4294967295\nmax_clients_per_uid = 4\n")).unwrap();
+    std::fs::write(daemon.dir.join("wicd.toml"), config("max_clients = 4294967295\nmax_clients_per_uid = 4\n"))
+        .unwrap();
     daemon.signal(nix::sys::signal::Signal::SIGHUP);
     wait_for_log(&daemon, "RLIMIT_NOFILE");
     assert!(daemon.alive());
@@ -401,12 +431,19 @@ fn slots_and_pool_pages_every_user_shares_are_bounded_per_uid() {
     // Every slot of the engine in one channel.
     let mut slots = Hostile::start(ATTACKER, &["channels", socket, "1", "1", "--slots", "4096"]);
     let created = slots.line();
-    assert!(created.starts_with("created 0 | EXHAUSTED uid 65534 holds 0 slots; 4096 more would pass its limit of 1024"), "{created}");
+    assert!(
+        created.starts_with("created 0 | EXHAUSTED uid 65534 holds 0 slots; 4096 more would pass its limit of 1024"),
+        "{created}"
+    );
     slots.release();
     // The whole pool in one channel: 2 slots of 2 runs of 4096 pages (16 warps of 1 MiB).
-    let mut pages = Hostile::start(ATTACKER, &["channels", socket, "1", "1", "--slots", "2", "--message-bytes", "1048576"]);
+    let mut pages =
+        Hostile::start(ATTACKER, &["channels", socket, "1", "1", "--slots", "2", "--message-bytes", "1048576"]);
     let created = pages.line();
-    assert!(created.starts_with("created 0 | EXHAUSTED uid 65534 holds 0 pages; 16384 more would pass its limit of 4096"), "{created}");
+    assert!(
+        created.starts_with("created 0 | EXHAUSTED uid 65534 holds 0 pages; 16384 more would pass its limit of 4096"),
+        "{created}"
+    );
     // Within the bounds, channels add up until the next one would pass them.
     let mut many = Hostile::start(ATTACKER, &["channels", socket, "1", "10", "--slots", "300"]);
     let created = many.line();
@@ -420,7 +457,9 @@ fn slots_and_pool_pages_every_user_shares_are_bounded_per_uid() {
 #[test]
 fn requests_that_never_finish_and_replies_never_read_are_cut_off() {
     let daemon = Daemon::start("hostile-slow", &config("request_timeout_ms = 500\n"));
-    let hello = frame::encode(&serde_json::to_vec(&Request::Hello { version: PROTOCOL_VERSION, client: "slow".into() }).unwrap());
+    let hello = frame::encode(
+        &serde_json::to_vec(&Request::Hello { version: PROTOCOL_VERSION, client: "slow".into() }).unwrap(),
+    );
 
     // A request begun and never finished.
     let mut slow = UnixStream::connect(&daemon.socket).unwrap();
@@ -582,13 +621,15 @@ fn a_client_flooding_its_own_fault_ring_keeps_neither_other_channels_nor_request
     }
     let limit = Duration::from_millis(500);
     // The watchdog's view, and another client's channels.
-    let mut operator = Client::connect_with_timeout(&daemon.socket, "watchdog", Timeout::after(limit)).expect("connect");
+    let mut operator =
+        Client::connect_with_timeout(&daemon.socket, "watchdog", Timeout::after(limit)).expect("connect");
     let bystander = wic::Client::connect_with_timeout(Some(&daemon.socket), Timeout::after(limit)).expect("connect");
     let mut attacker = Client::connect(&daemon.socket, "flood").expect("connect");
-    let (info, fds) = match attacker.call_with_fds(&Request::CreateChannel { spec: spec(), base_va: None }).expect("create") {
-        (Reply::Channel(info), fds) => (info, fds),
-        (other, _) => panic!("{other:?}"),
-    };
+    let (info, fds) =
+        match attacker.call_with_fds(&Request::CreateChannel { spec: spec(), base_va: None }).expect("create") {
+            (Reply::Channel(info), fds) => (info, fds),
+            (other, _) => panic!("{other:?}"),
+        };
     assert_eq!(info.fds[..2], [FdKind::ConsumerRegion, FdKind::FaultDoorbell]);
     let layout = ConsumerLayout { slots: info.slots.len() as u32, pages_per_run: info.pages_per_run };
     let mut fds = fds.into_iter();
@@ -612,7 +653,14 @@ fn a_client_flooding_its_own_fault_ring_keeps_neither_other_channels_nor_request
             let bytes = layout.bytes();
             // SAFETY: a new shared mapping of the whole region, unmapped below.
             let base = unsafe {
-                libc::mmap(std::ptr::null_mut(), bytes, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, region.as_raw_fd(), 0)
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    bytes,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    region.as_raw_fd(),
+                    0,
+                )
             };
             assert_ne!(base, libc::MAP_FAILED, "map the consumer region");
             let word = |offset: usize| -> &AtomicU64 {
@@ -686,7 +734,10 @@ fn a_client_flooding_its_own_fault_ring_keeps_neither_other_channels_nor_request
     let rings = during.faults_captured / u64::from(FAULT_RING_ENTRIES);
     assert!(refills >= 16 && rings >= 16, "the flood ran: {refills} refills, {during:?}");
     assert!((16..=rings).contains(&during.fault_buffer_overflows), "{during:?}");
-    assert!(during.faults_ignored >= 16 * u64::from(FAULT_RING_ENTRIES), "the flood's entries name no page of its channel: {during:?}");
+    assert!(
+        during.faults_ignored >= 16 * u64::from(FAULT_RING_ENTRIES),
+        "the flood's entries name no page of its channel: {during:?}"
+    );
     assert_eq!(during.faults_completed, u64::from(rounds), "each round delivered once");
     drop(attacker);
     daemon.stop();

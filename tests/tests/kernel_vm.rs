@@ -27,7 +27,13 @@ fn the_modules_hold_and_complete_faults_in_a_real_kernel() {
             run.report()
         );
     }
-    for scenario in ["deliver", "daemon-death", "hostile", "storms", "overflow", "closing", "max-hold", "preemption", "service"] {
-        assert!(run.console.contains(&format!("PASS {scenario}")), "scenario {scenario} did not pass:\n{}", run.report());
+    for scenario in
+        ["deliver", "daemon-death", "hostile", "storms", "overflow", "closing", "max-hold", "preemption", "service"]
+    {
+        assert!(
+            run.console.contains(&format!("PASS {scenario}")),
+            "scenario {scenario} did not pass:\n{}",
+            run.report()
+        );
     }
 }

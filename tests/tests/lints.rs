@@ -1,7 +1,8 @@
 //! The whole workspace passes clippy with warnings as errors, which includes the crates' own
 //! `deny(clippy::unwrap_used)` outside tests: input reaching the daemon, the libraries and the
 //! tools is answered with errors, not panics. The build goes to its own target directory so it
-//! never waits on the test build's lock.
+//! never waits on the test build's lock. And every Rust file is formatted as `rustfmt.toml`
+//! says.
 
 use std::process::Command;
 
@@ -16,4 +17,19 @@ fn the_workspace_is_clippy_clean_with_warnings_denied() {
         .output()
         .expect("run cargo clippy");
     assert!(output.status.success(), "cargo clippy found problems:\n{}", String::from_utf8_lossy(&output.stderr));
+}
+
+#[test]
+fn every_rust_file_is_formatted_as_rustfmt_toml_says() {
+    let output = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+        .current_dir(workspace())
+        .args(["fmt", "--all", "--", "--check"])
+        .output()
+        .expect("run cargo fmt");
+    assert!(
+        output.status.success(),
+        "cargo fmt --check found files to reformat (run `cargo fmt --all`):\n{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
 }

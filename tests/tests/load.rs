@@ -60,7 +60,9 @@ fn many_clients_with_several_channels_each_stay_bounded_and_lose_nothing() {
     ]);
     let context = format!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "wic-load failed:\n{context}");
-    for named in ["p99", "delivery", "control", "wicd RSS KiB", "wicd descriptors", "a connection past max_clients is refused"] {
+    for named in
+        ["p99", "delivery", "control", "wicd RSS KiB", "wicd descriptors", "a connection past max_clients is refused"]
+    {
         assert!(stdout.contains(named), "the summary does not name {named}:\n{stdout}");
     }
 
@@ -85,7 +87,10 @@ fn many_clients_with_several_channels_each_stay_bounded_and_lose_nothing() {
     assert_eq!(number(&end["pool_pages_used"]), 0, "{context}");
     assert_eq!(end["pool_longest_free_run"], end["pool_pages"], "the pool is whole again: {context}");
     assert_eq!(s["fds"]["end"], s["fds"]["baseline"], "{context}");
-    assert!(number(&s["fds"]["peak"]) > number(&s["fds"]["baseline"]) + 2 * CLIENTS, "the peak saw every connection: {context}");
+    assert!(
+        number(&s["fds"]["peak"]) > number(&s["fds"]["baseline"]) + 2 * CLIENTS,
+        "the peak saw every connection: {context}"
+    );
     let rss = &s["rss_kib"];
     let growth = number(&rss["after_last_round"]).saturating_sub(number(&rss["after_first_round"]));
     assert!(growth <= RSS_GROWTH_KIB, "RSS grew {growth} KiB from round 1 to the last: {context}");
@@ -102,8 +107,18 @@ fn many_clients_with_several_channels_each_stay_bounded_and_lose_nothing() {
 
 #[test]
 fn a_broken_bound_fails_the_run_and_names_it() {
-    let (out, stdout, s) =
-        wic_load(&["--clients", "4", "--channels", "1", "--rounds", "2", "--messages", "4", "--max-control-p99-ms", "0"]);
+    let (out, stdout, s) = wic_load(&[
+        "--clients",
+        "4",
+        "--channels",
+        "1",
+        "--rounds",
+        "2",
+        "--messages",
+        "4",
+        "--max-control-p99-ms",
+        "0",
+    ]);
     assert_eq!(out.status.code(), Some(1), "{stdout}");
     assert!(stdout.contains("FAIL control p99 within bound"), "{stdout}");
     assert_eq!(s["broken"], json!(["control p99 within bound"]), "only that bound is broken:\n{stdout}");
@@ -151,7 +166,13 @@ fn channels_churned_on_many_connections_are_each_destroyed_once() {
     });
     let mut monitor = Client::connect(&daemon.socket, "monitor").expect("connect");
     let Ok(Reply::Stats(stats)) = monitor.call(&Request::Stats {}) else { panic!("no stats") };
-    assert!(lost.is_empty(), "{} of {} channels lost their record, first: {}", lost.len(), CONNECTIONS * CYCLES, lost[0]);
+    assert!(
+        lost.is_empty(),
+        "{} of {} channels lost their record, first: {}",
+        lost.len(),
+        CONNECTIONS * CYCLES,
+        lost[0]
+    );
     assert_eq!((stats.channels, stats.pool_pages_used), (0, 0), "channels left behind in the engine");
     daemon.stop();
 }
@@ -170,8 +191,12 @@ fn wicd_raises_its_soft_descriptor_limit_to_the_hard_one() {
         }
     });
     let limits = std::fs::read_to_string(format!("/proc/{}/limits", daemon.child.id())).expect("wicd's limits");
-    let open_files: Vec<&str> =
-        limits.lines().find(|l| l.starts_with("Max open files")).expect("a descriptor limit line").split_whitespace().collect();
+    let open_files: Vec<&str> = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("a descriptor limit line")
+        .split_whitespace()
+        .collect();
     assert_eq!(open_files[3..5], [hard.to_string(), hard.to_string()], "{limits}");
     assert!(daemon.stop().contains(&format!("descriptor limit raised from 64 to {hard}")));
 }

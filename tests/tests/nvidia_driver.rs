@@ -61,9 +61,14 @@ fn downloaded() -> Result<PathBuf, String> {
         return Ok(dir);
     }
     if !nix::unistd::geteuid().is_root() {
-        return Err(format!("Debian's {} are not in {} and only root downloads them (tests/nvidia/debian-source.sh)", PACKAGES.join(" and "), dir.display()));
+        return Err(format!(
+            "Debian's {} are not in {} and only root downloads them (tests/nvidia/debian-source.sh)",
+            PACKAGES.join(" and "),
+            dir.display()
+        ));
     }
-    let fetch = run(Command::new("bash").arg(workspace().join("tests/nvidia/debian-source.sh")).arg(&dir).args(PACKAGES));
+    let fetch =
+        run(Command::new("bash").arg(workspace().join("tests/nvidia/debian-source.sh")).arg(&dir).args(PACKAGES));
     if !fetch.status.success() || !PACKAGES.iter().all(|p| dir.join(p).is_dir()) {
         return Err(format!("Debian's {} cannot be had here: {}", PACKAGES.join(" and "), text(&fetch).trim()));
     }
@@ -85,17 +90,23 @@ fn the_hook_builds_into_nvidias_real_driver_and_the_shim_links_against_it() {
         println!("SKIPPED: the compile check against NVIDIA's driver source did not run: no kernel headers under /lib/modules/*/build");
         return;
     }
-    let check = run(Command::new("bash").arg(workspace().join("shim/nvidia-uvm/check-driver.sh")).arg("--full").arg(&source));
+    let check =
+        run(Command::new("bash").arg(workspace().join("shim/nvidia-uvm/check-driver.sh")).arg("--full").arg(&source));
     let out = text(&check);
     println!("{out}");
-    assert!(check.status.success() && out.contains("PASS "), "check-driver.sh --full {} failed:\n{out}", source.display());
+    assert!(
+        check.status.success() && out.contains("PASS "),
+        "check-driver.sh --full {} failed:\n{out}",
+        source.display()
+    );
     assert!(out.contains("nvidia.ko, nvidia-uvm.ko and wic_shim.ko built"), "the full build did not run:\n{out}");
 }
 
 /// A fake kernel-open tree: its Kbuild names `version`, and its nvidia-uvm holds `uvm_gpu_h`.
 fn fake_tree(dir: &Path, version: &str, uvm_gpu_h: &str) {
     std::fs::create_dir_all(dir.join("kernel-open/nvidia-uvm")).expect("fake tree");
-    std::fs::write(dir.join("kernel-open/Kbuild"), format!("ccflags-y += -DNV_VERSION_STRING=\\\"{version}\\\"\n")).expect("Kbuild");
+    std::fs::write(dir.join("kernel-open/Kbuild"), format!("ccflags-y += -DNV_VERSION_STRING=\\\"{version}\\\"\n"))
+        .expect("Kbuild");
     std::fs::write(dir.join("kernel-open/nvidia-uvm/uvm_gpu.h"), uvm_gpu_h).expect("uvm_gpu.h");
 }
 
@@ -116,7 +127,10 @@ fn apply_hook_refuses_a_release_it_does_not_support_naming_it() {
         let refused = apply_hook(&tree);
         let out = text(&refused);
         assert_eq!(refused.status.code(), Some(2), "apply-hook.sh on {version}: {out}");
-        assert!(out.contains(why) && out.contains("550, 570 (570.133.07 or later), 575, 580, 590 and 595"), "apply-hook.sh on {version}: {out}");
+        assert!(
+            out.contains(why) && out.contains("550, 570 (570.133.07 or later), 575, 580, 590 and 595"),
+            "apply-hook.sh on {version}: {out}"
+        );
         assert!(!tree.join("kernel-open/nvidia-uvm/uvm_wic.c").exists(), "{version} was patched anyway");
     }
 }
@@ -131,7 +145,11 @@ fn apply_hook_refuses_a_supported_release_the_patch_does_not_fit_and_changes_not
     let out = text(&refused);
     assert_eq!(refused.status.code(), Some(3), "a supported release the patch does not fit: {out}");
     assert!(out.contains("does not apply to NVIDIA 580.142"), "{out}");
-    assert_eq!(std::fs::read(tree.join("kernel-open/nvidia-uvm/uvm_gpu.h")).expect("uvm_gpu.h"), before, "the tree was changed");
+    assert_eq!(
+        std::fs::read(tree.join("kernel-open/nvidia-uvm/uvm_gpu.h")).expect("uvm_gpu.h"),
+        before,
+        "the tree was changed"
+    );
     assert!(!tree.join("kernel-open/nvidia-uvm/uvm_wic.c").exists());
 }
 
@@ -179,7 +197,9 @@ fn kernel_with_headers() -> Option<String> {
         .filter(|d| d.path().join("build").is_dir())
         .filter_map(|d| d.file_name().into_string().ok())
         .collect();
-    kernels.sort_by_key(|k| k.split(|c: char| !c.is_ascii_digit()).filter_map(|n| n.parse::<u64>().ok()).collect::<Vec<_>>());
+    kernels.sort_by_key(|k| {
+        k.split(|c: char| !c.is_ascii_digit()).filter_map(|n| n.parse::<u64>().ok()).collect::<Vec<_>>()
+    });
     kernels.pop()
 }
 
@@ -212,7 +232,8 @@ fn dkms_builds_the_wic_package_against_debians_nvidia_dkms_tree() {
         .map(|d| d.path())
         .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("nvidia-current-open-")))
         .expect("nvidia-current-open-<version> in the DKMS package");
-    let nvidia_version = tree.file_name().unwrap().to_string_lossy().trim_start_matches("nvidia-current-open-").to_string();
+    let nvidia_version =
+        tree.file_name().unwrap().to_string_lossy().trim_start_matches("nvidia-current-open-").to_string();
     let installed_tree = Path::new("/usr/src").join(tree.file_name().unwrap());
     // The wic package under a version of its own, so that a real installation is not touched.
     let wic_version = format!("0.0.0-test{}", std::process::id());
@@ -222,7 +243,11 @@ fn dkms_builds_the_wic_package_against_debians_nvidia_dkms_tree() {
         nvidia: (!installed_tree.exists()).then(|| installed_tree.clone()),
     };
     if installed.nvidia.is_some() {
-        assert!(run(Command::new("cp").arg("-a").arg(&tree).arg(&installed_tree)).status.success(), "copy {} to /usr/src", tree.display());
+        assert!(
+            run(Command::new("cp").arg("-a").arg(&tree).arg(&installed_tree)).status.success(),
+            "copy {} to /usr/src",
+            tree.display()
+        );
         std::fs::write(installed_tree.join(COPIED_MARK), "").expect("mark the copy");
     }
     // As deploy/dkms/README.md installs it.
@@ -231,7 +256,13 @@ fn dkms_builds_the_wic_package_against_debians_nvidia_dkms_tree() {
     let conf = std::fs::read_to_string(repo.join("deploy/dkms/dkms.conf")).expect("dkms.conf");
     let conf: String = conf
         .lines()
-        .map(|l| if l.starts_with("PACKAGE_VERSION=") { format!("PACKAGE_VERSION=\"{wic_version}\"\n") } else { format!("{l}\n") })
+        .map(|l| {
+            if l.starts_with("PACKAGE_VERSION=") {
+                format!("PACKAGE_VERSION=\"{wic_version}\"\n")
+            } else {
+                format!("{l}\n")
+            }
+        })
         .collect();
     std::fs::write(wic_dir.join("dkms.conf"), conf).expect("dkms.conf");
     assert!(run(Command::new("cp").arg(repo.join("deploy/dkms/dkms-build.sh")).arg(&wic_dir)).status.success());
@@ -242,15 +273,29 @@ fn dkms_builds_the_wic_package_against_debians_nvidia_dkms_tree() {
     let add = run(Command::new("dkms").args(["add", "-m", "wic", "-v", &wic_version]));
     assert!(add.status.success(), "dkms add: {}", text(&add));
     // Only the DKMS tree: WIC_NVIDIA_SRC and /etc/wic/nvidia-src would override the search.
-    let build = run(Command::new("dkms").args(["build", "-m", "wic", "-v", &wic_version, "-k", &kver]).env_remove("WIC_NVIDIA_SRC"));
+    let build = run(Command::new("dkms")
+        .args(["build", "-m", "wic", "-v", &wic_version, "-k", &kver])
+        .env_remove("WIC_NVIDIA_SRC"));
     // In the build directory while it builds and after a failure; moved under the kernel's
     // directory after a success.
-    let log = [format!("/var/lib/dkms/wic/{wic_version}/{kver}/{}/log/make.log", std::env::consts::ARCH), format!("/var/lib/dkms/wic/{wic_version}/build/make.log")]
-        .iter()
-        .find_map(|path| std::fs::read_to_string(path).ok())
-        .unwrap_or_default();
-    assert!(build.status.success(), "dkms build: {}\nmake.log:\n{}", text(&build), log.lines().rev().take(40).collect::<Vec<_>>().join("\n"));
-    assert!(log.contains(&format!("NVIDIA {nvidia_version}")), "the build did not use NVIDIA {nvidia_version} from {}:\n{log}", installed_tree.display());
+    let log = [
+        format!("/var/lib/dkms/wic/{wic_version}/{kver}/{}/log/make.log", std::env::consts::ARCH),
+        format!("/var/lib/dkms/wic/{wic_version}/build/make.log"),
+    ]
+    .iter()
+    .find_map(|path| std::fs::read_to_string(path).ok())
+    .unwrap_or_default();
+    assert!(
+        build.status.success(),
+        "dkms build: {}\nmake.log:\n{}",
+        text(&build),
+        log.lines().rev().take(40).collect::<Vec<_>>().join("\n")
+    );
+    assert!(
+        log.contains(&format!("NVIDIA {nvidia_version}")),
+        "the build did not use NVIDIA {nvidia_version} from {}:\n{log}",
+        installed_tree.display()
+    );
 
     let modules = PathBuf::from(format!("/var/lib/dkms/wic/{wic_version}/{kver}/{}/module", std::env::consts::ARCH));
     let module = |name: &str| {
@@ -261,11 +306,21 @@ fn dkms_builds_the_wic_package_against_debians_nvidia_dkms_tree() {
             .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(&format!("{name}.ko"))))
             .unwrap_or_else(|| panic!("dkms built no {name}.ko in {}", modules.display()))
     };
-    let modinfo = |path: &Path, field: &str| text(&run(Command::new("modinfo").args(["-F", field]).arg(path))).trim().to_string();
+    let modinfo =
+        |path: &Path, field: &str| text(&run(Command::new("modinfo").args(["-F", field]).arg(path))).trim().to_string();
     let uvm = module("nvidia-uvm");
     let shim = module("wic_shim");
     assert_eq!(modinfo(&uvm, "version"), nvidia_version, "{}", uvm.display());
-    assert!(modinfo(&shim, "depends").split(',').any(|d| d == "nvidia-uvm"), "wic_shim.ko does not depend on nvidia-uvm: {}", modinfo(&shim, "depends"));
-    println!("dkms built {} and {} for {kver} from NVIDIA {nvidia_version} ({})", uvm.display(), shim.display(), installed_tree.display());
+    assert!(
+        modinfo(&shim, "depends").split(',').any(|d| d == "nvidia-uvm"),
+        "wic_shim.ko does not depend on nvidia-uvm: {}",
+        modinfo(&shim, "depends")
+    );
+    println!(
+        "dkms built {} and {} for {kver} from NVIDIA {nvidia_version} ({})",
+        uvm.display(),
+        shim.display(),
+        installed_tree.display()
+    );
     drop(installed);
 }

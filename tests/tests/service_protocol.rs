@@ -8,7 +8,9 @@ use wic_engine::fault::AccessType;
 use wic_engine::{ErrorMarker, FaultEntry, PAGE_SIZE};
 use wic_proto::client::{Client, ClientError};
 use wic_proto::frame;
-use wic_proto::message::{ChannelInfo, ChannelSpec, ErrorCode, FdKind, Producer, Reply, Request, Response, Role, Stats};
+use wic_proto::message::{
+    ChannelInfo, ChannelSpec, ErrorCode, FdKind, Producer, Reply, Request, Response, Role, Stats,
+};
 use wic_proto::shm::{ConsumerLayout, ConsumerRegion, RingFull, FAULT_RING_ENTRIES, PAGE_MAPPED};
 use wic_tests::Daemon;
 
@@ -134,10 +136,16 @@ fn clients_act_only_on_their_own_channels_and_granted_roles() {
     let mut owner = connect(&daemon);
     let mut other = connect(&daemon);
     let (channel, fds) = create(&mut owner, 2);
-    assert_eq!(fds, vec![FdKind::ConsumerRegion, FdKind::FaultDoorbell, FdKind::ProducerRegion, FdKind::PublishDoorbell]);
+    assert_eq!(
+        fds,
+        vec![FdKind::ConsumerRegion, FdKind::FaultDoorbell, FdKind::ProducerRegion, FdKind::PublishDoorbell]
+    );
 
     assert_eq!(refused(other.call(&Request::DestroyChannel { channel })), ErrorCode::Permission);
-    assert_eq!(refused(other.call(&Request::Grant { channel, role: Role::Producer, uid: None })), ErrorCode::Permission);
+    assert_eq!(
+        refused(other.call(&Request::Grant { channel, role: Role::Producer, uid: None })),
+        ErrorCode::Permission
+    );
     assert_eq!(refused(other.call(&Request::Publish { channel, slot: 0 })), ErrorCode::Permission);
     assert_eq!(refused(other.call(&Request::Attach { token: "00".repeat(16) })), ErrorCode::NotFound);
     assert_eq!(refused(other.call(&Request::DestroyChannel { channel: 999 })), ErrorCode::NotFound);
@@ -151,7 +159,8 @@ fn clients_act_only_on_their_own_channels_and_granted_roles() {
     };
     assert_eq!(refused(other.call(&Request::Attach { token: bound.clone() })), ErrorCode::Permission);
 
-    let Reply::Token { token } = owner.call(&Request::Grant { channel, role: Role::Producer, uid: None }).unwrap() else {
+    let Reply::Token { token } = owner.call(&Request::Grant { channel, role: Role::Producer, uid: None }).unwrap()
+    else {
         panic!("grant returns a token")
     };
     let (reply, passed) = other.call_with_fds(&Request::Attach { token: token.clone() }).unwrap();
@@ -215,14 +224,18 @@ fn limits_apply_and_reload_on_sighup() {
     let big = client.call(&Request::CreateChannel { spec: spec(1, 8192), base_va: None });
     assert_eq!(refused(big), ErrorCode::Invalid);
 
-    std::fs::write(daemon.dir.join("wicd.toml"), "[limits]\nmax_channels_per_client = 3\nmax_message_bytes = 16384\n").unwrap();
+    std::fs::write(daemon.dir.join("wicd.toml"), "[limits]\nmax_channels_per_client = 3\nmax_message_bytes = 16384\n")
+        .unwrap();
     daemon.signal(nix::sys::signal::Signal::SIGHUP);
     let deadline = Instant::now() + Duration::from_secs(5);
     while !daemon.log().contains("configuration reloaded") {
         assert!(Instant::now() < deadline, "no reload:\n{}", daemon.log());
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert!(matches!(client.call(&Request::CreateChannel { spec: spec(1, 8192), base_va: None }), Ok(Reply::Channel(_))));
+    assert!(matches!(
+        client.call(&Request::CreateChannel { spec: spec(1, 8192), base_va: None }),
+        Ok(Reply::Channel(_))
+    ));
 
     // A broken file is reported and the running configuration kept.
     std::fs::write(daemon.dir.join("wicd.toml"), "[limits]\nmax_clients = \"many\"\n").unwrap();
@@ -232,7 +245,10 @@ fn limits_apply_and_reload_on_sighup() {
         assert!(Instant::now() < deadline, "no reload error:\n{}", daemon.log());
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert_eq!(refused(client.call(&Request::CreateChannel { spec: spec(1, 64), base_va: None })), ErrorCode::Exhausted);
+    assert_eq!(
+        refused(client.call(&Request::CreateChannel { spec: spec(1, 64), base_va: None })),
+        ErrorCode::Exhausted
+    );
     daemon.stop();
 }
 
@@ -242,7 +258,9 @@ fn channels_on_missing_gpus_or_with_gpu_producers_are_refused_clearly() {
     let mut client = connect(&daemon);
     let mut bad = spec(1, 64);
     bad.consumer_gpu = 2;
-    let Err(ClientError::Refused(e)) = client.call(&Request::CreateChannel { spec: bad, base_va: None }) else { panic!("refused") };
+    let Err(ClientError::Refused(e)) = client.call(&Request::CreateChannel { spec: bad, base_va: None }) else {
+        panic!("refused")
+    };
     assert_eq!(e.code, ErrorCode::Invalid);
     assert!(e.message.contains("2 GPUs"), "{e}");
     let mut gpu = spec(1, 64);
@@ -268,7 +286,11 @@ fn descriptors_come_only_with_attach_space_and_the_emulated_backend_has_no_space
         }
     }
     assert_eq!(refused_passing(&mut client, &Request::Stats {}, &[fd]), ErrorCode::Invalid, "a descriptor with stats");
-    assert_eq!(refused_passing(&mut client, &Request::AttachSpace {}, &[]), ErrorCode::Invalid, "attach_space without one");
+    assert_eq!(
+        refused_passing(&mut client, &Request::AttachSpace {}, &[]),
+        ErrorCode::Invalid,
+        "attach_space without one"
+    );
     assert_eq!(refused_passing(&mut client, &Request::AttachSpace {}, &[fd, fd]), ErrorCode::Invalid, "two");
     let many = [fd; 200];
     assert_eq!(refused_passing(&mut client, &Request::AttachSpace {}, &many), ErrorCode::Invalid, "200");
@@ -298,17 +320,27 @@ fn a_fault_ring_reaches_every_page_of_its_own_channels_runs_and_nothing_of_anoth
     let region = ConsumerRegion::open(&fds[0], layout).expect("the consumer region maps");
     // What a consumer warp does, written by hand: an entry in the ring, then the doorbell.
     let fault = |va: u64| {
-        region.post_fault(&FaultEntry::replayable_gpc(va, AccessType::Read, 0, 0, 0, 0).encode()).expect("room in the ring");
+        region
+            .post_fault(&FaultEntry::replayable_gpc(va, AccessType::Read, 0, 0, 0, 0).encode())
+            .expect("room in the ring");
         nix::unistd::write(&fds[1], &1u64.to_ne_bytes()).expect("ring the doorbell");
     };
 
     fault(theirs.slots[0].runs[0]);
     let after_theirs = wait_stats(&mut owner, "the misdirected entry", |s| s.faults_captured == 1);
-    assert_eq!((after_theirs.faults_ignored, after_theirs.faults_held), (1, 0), "another channel's page is not ours to request");
+    assert_eq!(
+        (after_theirs.faults_ignored, after_theirs.faults_held),
+        (1, 0),
+        "another channel's page is not ours to request"
+    );
     let last_page = mine.slots[0].runs[0] + u64::from(mine.pages_per_run - 1) * PAGE_SIZE;
     fault(last_page);
     let held = wait_stats(&mut owner, "the request on the run's last page", |s| s.faults_captured == 2);
-    assert_eq!((held.faults_ignored, held.faults_held, held.pfq_depth), (1, 1, 1), "any page of its own run is a request");
+    assert_eq!(
+        (held.faults_ignored, held.faults_held, held.pfq_depth),
+        (1, 1, 1),
+        "any page of its own run is a request"
+    );
 
     // Their slot has no request held, so its publish completes nothing; ours completes ours.
     assert!(matches!(other.call(&Request::Publish { channel: theirs.channel, slot: 0 }), Ok(Reply::Done)));
@@ -333,7 +365,11 @@ fn a_fault_posted_but_not_yet_read_at_shutdown_gets_the_stopping_marker() {
     // Stopped with its owner still connected: a departing owner would close the channel.
     daemon.stop();
     let page = layout.run_page(0, 0);
-    assert_eq!(region.page_state(page).load(std::sync::atomic::Ordering::Acquire), PAGE_MAPPED, "the held warp was woken");
+    assert_eq!(
+        region.page_state(page).load(std::sync::atomic::Ordering::Acquire),
+        PAGE_MAPPED,
+        "the held warp was woken"
+    );
     let mut word = [0u8; 8];
     region.read_pages(page, &mut word);
     assert_eq!(u64::from_ne_bytes(word), ErrorMarker::DaemonStopping.word(), "with the stopping marker");

@@ -462,7 +462,8 @@ mod tests {
         fake_daemon(name, move |request| {
             assert_eq!(request, &Request::Stats {});
             let n = served.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-            (Some(n) != stop_at).then(|| Response::Ok(Reply::Stats(Box::new(Stats { faults_completed: 10 * n, ..Stats::default() }))))
+            (Some(n) != stop_at)
+                .then(|| Response::Ok(Reply::Stats(Box::new(Stats { faults_completed: 10 * n, ..Stats::default() }))))
         })
     }
 
@@ -472,11 +473,8 @@ mod tests {
         let socket = path.to_str().unwrap();
         let text = run_args(&["--socket", socket, "stats", "--json", "--watch", "0.01", "--count", "3"]);
         let _ = std::fs::remove_file(&path);
-        let completed: Vec<u64> = text
-            .unwrap()
-            .lines()
-            .map(|line| serde_json::from_str::<Stats>(line).unwrap().faults_completed)
-            .collect();
+        let completed: Vec<u64> =
+            text.unwrap().lines().map(|line| serde_json::from_str::<Stats>(line).unwrap().faults_completed).collect();
         assert_eq!(completed, [10, 20, 30]);
     }
 
@@ -494,21 +492,21 @@ mod tests {
     fn metrics_and_refusals_through_a_daemon() {
         let path = fake_daemon("metrics", |request| {
             Some(match request {
-            Request::Stats {} => Response::Ok(Reply::Stats(Box::new(Stats { replays: 77, ..Stats::default() }))),
-            Request::Status {} => Response::Ok(Reply::Status(Status {
-                version: "9.9.9".into(),
-                protocol: 1,
-                pid: 1,
-                backend: "shim".into(),
-                gpus: 1,
-                uptime_ns: 5_000_000_000,
-                clients: 1,
-                channels: 0,
-                held: 0,
-                pool_pages: 0,
-                pool_pages_used: 0,
-            })),
-            _ => Response::Error(WireError::new(ErrorCode::Permission, "not for you")),
+                Request::Stats {} => Response::Ok(Reply::Stats(Box::new(Stats { replays: 77, ..Stats::default() }))),
+                Request::Status {} => Response::Ok(Reply::Status(Status {
+                    version: "9.9.9".into(),
+                    protocol: 1,
+                    pid: 1,
+                    backend: "shim".into(),
+                    gpus: 1,
+                    uptime_ns: 5_000_000_000,
+                    clients: 1,
+                    channels: 0,
+                    held: 0,
+                    pool_pages: 0,
+                    pool_pages_used: 0,
+                })),
+                _ => Response::Error(WireError::new(ErrorCode::Permission, "not for you")),
             })
         });
         let socket = path.to_str().unwrap();
@@ -525,7 +523,9 @@ mod tests {
     #[test]
     fn stats_watch_says_when_wicd_stops() {
         let path = counting_daemon("stops", Some(3));
-        let cli = Cli::try_parse_from(["wicctl", "--socket", path.to_str().unwrap(), "stats", "--json", "--watch", "0.01"]).unwrap();
+        let cli =
+            Cli::try_parse_from(["wicctl", "--socket", path.to_str().unwrap(), "stats", "--json", "--watch", "0.01"])
+                .unwrap();
         let mut out = Vec::new();
         let failure = run(cli, &mut out).unwrap_err();
         let _ = std::fs::remove_file(&path);
@@ -536,7 +536,8 @@ mod tests {
 
     #[test]
     fn a_daemon_that_is_stopping_is_said_to_be() {
-        let path = fake_daemon("stopping", |_| Some(Response::Error(WireError::new(ErrorCode::Stopping, "shutting down"))));
+        let path =
+            fake_daemon("stopping", |_| Some(Response::Error(WireError::new(ErrorCode::Stopping, "shutting down"))));
         let failure = run_args(&["--socket", path.to_str().unwrap(), "status"]).unwrap_err();
         let _ = std::fs::remove_file(&path);
         assert_eq!(failure.to_string(), format!("wicd is stopping (socket {})", path.display()));
@@ -546,7 +547,10 @@ mod tests {
     #[test]
     fn timeouts_are_checked_and_bound_the_whole_command() {
         let parse = |args: &[&str]| Cli::try_parse_from(std::iter::once("wicctl").chain(args.iter().copied()));
-        assert_eq!(parse(&["status", "--timeout-ms", "250"]).unwrap().timeout_ms, Some(Timeout::after(Duration::from_millis(250))));
+        assert_eq!(
+            parse(&["status", "--timeout-ms", "250"]).unwrap().timeout_ms,
+            Some(Timeout::after(Duration::from_millis(250)))
+        );
         assert_eq!(parse(&["--timeout-ms", "0", "metrics"]).unwrap().timeout_ms, Some(Timeout::NEVER));
         assert_eq!(parse(&["metrics"]).unwrap().timeout_ms, None, "the environment decides");
         for bad in ["-1", "ten", "3600001", ""] {

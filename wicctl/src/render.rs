@@ -91,7 +91,13 @@ fn scalars(s: &Stats) -> [Scalar; 24] {
         row("uvm", "uvm_faults_other", Counter, "Observed GPU faults on other pages.", s.uvm_faults_other),
         row("uvm", "uvm_replays", Counter, "Fault replays the driver reported.", s.uvm_replays),
         row("uvm", "uvm_faults_unpaired", Counter, "Watched faults whose replay was not seen.", s.uvm_faults_unpaired),
-        row("uvm", "uvm_events_dropped", Counter, "Fault events the driver dropped (queue full).", s.uvm_events_dropped),
+        row(
+            "uvm",
+            "uvm_events_dropped",
+            Counter,
+            "Fault events the driver dropped (queue full).",
+            s.uvm_events_dropped,
+        ),
         row("service", "channels", Gauge, "Channels open.", u64::from(s.channels)),
         row("service", "clients", Gauge, "Clients connected.", u64::from(s.clients)),
     ]
@@ -835,8 +841,18 @@ mod tests {
         assert_eq!(
             header,
             [
-                "ID", "OWNER", "GPU", "PRODUCER", "MSG_BYTES", "SLOTS", "PAGES", "ATTACHED", "PUBLISHES",
-                "DELIVERIES", "TIMEOUTS", "CLIENT_OVERFLOWS"
+                "ID",
+                "OWNER",
+                "GPU",
+                "PRODUCER",
+                "MSG_BYTES",
+                "SLOTS",
+                "PAGES",
+                "ATTACHED",
+                "PUBLISHES",
+                "DELIVERIES",
+                "TIMEOUTS",
+                "CLIENT_OVERFLOWS"
             ]
         );
         let first: Vec<&str> = lines[1].split_whitespace().collect();

@@ -19,7 +19,12 @@ struct Outcome {
 /// wic variables); kills it and fails the test if it runs for more than 5 s.
 fn wicctl(args: &[&str], env: &[(&str, &str)]) -> Outcome {
     let mut command = Command::new(env!("CARGO_BIN_EXE_wicctl"));
-    command.args(args).env_remove("WIC_SOCKET").env_remove("WIC_TIMEOUT_MS").stdout(Stdio::null()).stderr(Stdio::piped());
+    command
+        .args(args)
+        .env_remove("WIC_SOCKET")
+        .env_remove("WIC_TIMEOUT_MS")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
     for (name, value) in env {
         command.env(name, value);
     }
@@ -71,14 +76,19 @@ fn status_gives_up_on_a_silent_daemon_after_wic_timeout_ms() {
     assert_eq!(outcome.status, Some(1), "{}", outcome.stderr);
     assert!(outcome.stderr.starts_with("wicctl: timed out: wicd at "), "{}", outcome.stderr);
     assert!(outcome.stderr.contains("did not answer within 300 ms"), "{}", outcome.stderr);
-    assert!(outcome.took >= Duration::from_millis(300) && outcome.took < Duration::from_secs(3), "took {:?}", outcome.took);
+    assert!(
+        outcome.took >= Duration::from_millis(300) && outcome.took < Duration::from_secs(3),
+        "took {:?}",
+        outcome.took
+    );
 }
 
 #[test]
 fn metrics_gives_up_within_its_timeout_option() {
     let path = silent_daemon("metrics");
     // The option wins over the environment.
-    let outcome = wicctl(&["metrics", "--socket", socket_arg(&path), "--timeout-ms", "300"], &[("WIC_TIMEOUT_MS", "60000")]);
+    let outcome =
+        wicctl(&["metrics", "--socket", socket_arg(&path), "--timeout-ms", "300"], &[("WIC_TIMEOUT_MS", "60000")]);
     assert_eq!(outcome.status, Some(1), "{}", outcome.stderr);
     assert!(outcome.stderr.contains("did not answer within 300 ms"), "{}", outcome.stderr);
     assert!(outcome.took < Duration::from_secs(3), "took {:?}", outcome.took);

@@ -66,7 +66,11 @@ fn run(args: &Args) -> Result<(), String> {
     let started = Instant::now();
     let mut fields = Fields::default();
 
-    let apps = if args.quick { pick(&["C_CG", "G_STN"])?.into_iter().map(|w| w.with_threads(1 << 10)).collect() } else { workload::all() };
+    let apps = if args.quick {
+        pick(&["C_CG", "G_STN"])?.into_iter().map(|w| w.with_threads(1 << 10)).collect()
+    } else {
+        workload::all()
+    };
     eprintln!("wic-report: {} applications, naive and WIC, on the emulator", apps.len());
     let rows = compare(&apps, &cal, args.seed, threads, progress("applications"));
     check_messages(&rows)?;
@@ -116,20 +120,31 @@ fn run(args: &Args) -> Result<(), String> {
     fields.set("bench_interrupter", interrupter_table(&results));
     fields.set("bench_monitor", monitor_table(&results));
     fields.set("bench_batch", batch_table(&results));
-    fields.set("vm_where", vm.as_ref().map_or("not run in this regeneration (`--no-vm` or `--quick`)".into(), |vm| vm.place.clone()));
+    fields.set(
+        "vm_where",
+        vm.as_ref().map_or("not run in this regeneration (`--no-vm` or `--quick`)".into(), |vm| vm.place.clone()),
+    );
     fields.set("vm_table", vm.as_ref().map_or(String::new(), vm_table));
     fields.set("total_seconds", format!("{:.0}", started.elapsed().as_secs_f64()));
     let text = fields.fill(&template)?;
     let out = args.out.join("evaluation.md");
     std::fs::write(&out, text).map_err(|e| format!("{}: {e}", out.display()))?;
-    eprintln!("wic-report: wrote {} and {} in {:.0} s", out.display(), figures.display(), started.elapsed().as_secs_f64());
+    eprintln!(
+        "wic-report: wrote {} and {} in {:.0} s",
+        out.display(),
+        figures.display(),
+        started.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 
 /// The verdicts of every run recorded in `dir` (`wic-bench --json`), file by file.
 fn recorded(dir: &Path) -> Result<String, String> {
     let mut files: Vec<PathBuf> = match std::fs::read_dir(dir) {
-        Ok(entries) => entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "json")).collect(),
+        Ok(entries) => entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "json"))
+            .collect(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
         Err(e) => return Err(format!("{}: {e}", dir.display())),
     };
@@ -142,11 +157,17 @@ fn recorded(dir: &Path) -> Result<String, String> {
         let json = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         let results: Results = serde_json::from_str(&json).map_err(|e| format!("{}: {e}", path.display()))?;
         let name = path.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-        text += &format!("- {} (`{}/{name}`):
-", results.machine, dir.display());
+        text += &format!(
+            "- {} (`{}/{name}`):
+",
+            results.machine,
+            dir.display()
+        );
         for line in summary(&results) {
-            text += &format!("  - {line}
-");
+            text += &format!(
+                "  - {line}
+"
+            );
         }
     }
     Ok(text)
@@ -202,7 +223,8 @@ fn vm_table(vm: &VmBench) -> String {
         text += &format!(" batch {batch} p50 / p99 |");
     }
     text += &format!("\n|---|{}\n", "---|".repeat(batches.len()));
-    for (submission, name) in [("io_uring", "io_uring (`IORING_OP_URING_CMD`)"), ("ioctl", "ioctl (`WIC_IOC_SUBMIT`)")] {
+    for (submission, name) in [("io_uring", "io_uring (`IORING_OP_URING_CMD`)"), ("ioctl", "ioctl (`WIC_IOC_SUBMIT`)")]
+    {
         text += &format!("| {name} |");
         for batch in &batches {
             let cell = rows.iter().find(|r| r["submission"] == submission && r["batch"].as_u64() == Some(*batch));
@@ -235,12 +257,13 @@ fn progress(what: &'static str) -> impl FnMut(usize, usize, &wic_emu::RunReport)
 
 /// A report built on corrupted deliveries would be worthless: refuse it.
 fn check_messages(rows: &[Comparison]) -> Result<(), String> {
-    match rows.iter().find(|r| r.poll.corrupt_messages + r.fault.corrupt_messages > 0 || !r.fault.pool_restored || !r.fault.pfq_empty) {
+    match rows.iter().find(|r| {
+        r.poll.corrupt_messages + r.fault.corrupt_messages > 0 || !r.fault.pool_restored || !r.fault.pfq_empty
+    }) {
         Some(bad) => Err(format!("{}: corrupted messages or state left behind in the emulator", bad.poll.workload)),
         None => Ok(()),
     }
 }
-
 
 fn or_dash(x: Option<f64>, show: impl Fn(f64) -> String) -> String {
     x.map_or_else(|| "–".into(), show)
@@ -301,7 +324,8 @@ fn write_figures(dir: &Path, rows: &[Comparison], sweep: &[(u32, Vec<Comparison>
     let apps: Vec<String> = rows.iter().map(|r| r.poll.workload.to_string()).collect();
     let of = |f: &dyn Fn(&Comparison) -> Option<f64>| rows.iter().map(f).collect::<Vec<_>>();
     let series = |name: &str, values: Vec<Option<f64>>| Series { name: name.into(), values };
-    let paper_series = |name: &str, f: &dyn Fn(&PaperApp) -> Option<f64>| series(name, of(&|r| paper_of(r).and_then(f)));
+    let paper_series =
+        |name: &str, f: &dyn Fn(&PaperApp) -> Option<f64>| series(name, of(&|r| paper_of(r).and_then(f)));
     let figures = [
         (
             "fig12-speedup.svg",
@@ -309,7 +333,10 @@ fn write_figures(dir: &Path, rows: &[Comparison], sweep: &[(u32, Vec<Comparison>
                 "Speedup of WIC over naive polling (paper Fig. 12a)",
                 "speedup",
                 &apps,
-                &[series("emulator", of(&|r| Some(r.speedup()))), paper_series("paper (its text, approximate)", &|p| p.speedup)],
+                &[
+                    series("emulator", of(&|r| Some(r.speedup()))),
+                    paper_series("paper (its text, approximate)", &|p| p.speedup),
+                ],
                 Some(1.0),
             ),
         ),
@@ -319,7 +346,10 @@ fn write_figures(dir: &Path, rows: &[Comparison], sweep: &[(u32, Vec<Comparison>
                 "Consumer SM time lost waiting for data (paper Fig. 12b), emulator",
                 "share of consumer time",
                 &apps,
-                &[series("naive", of(&|r| Some(r.poll.consumer_overhead))), series("WIC", of(&|r| Some(r.fault.consumer_overhead)))],
+                &[
+                    series("naive", of(&|r| Some(r.poll.consumer_overhead))),
+                    series("WIC", of(&|r| Some(r.fault.consumer_overhead))),
+                ],
                 None,
             ),
         ),
@@ -343,7 +373,10 @@ fn write_figures(dir: &Path, rows: &[Comparison], sweep: &[(u32, Vec<Comparison>
                 "Host-side cost of WIC: wicd busy share of the runtime (paper Fig. 15)",
                 "share of runtime",
                 &apps,
-                &[series("emulator: wicd busy", of(&|r| Some(r.fault.daemon_share))), paper_series("paper host-side overhead", &|p| p.host_overhead)],
+                &[
+                    series("emulator: wicd busy", of(&|r| Some(r.fault.daemon_share))),
+                    paper_series("paper host-side overhead", &|p| p.host_overhead),
+                ],
                 Some(paper::HOST_OVERHEAD),
             ),
         ),
@@ -358,17 +391,30 @@ fn write_figures(dir: &Path, rows: &[Comparison], sweep: &[(u32, Vec<Comparison>
 
 fn sweep_figure(sweep: &[(u32, Vec<Comparison>)]) -> String {
     let labels: Vec<String> = sweep.iter().map(|(t, _)| thread_label(*t)).collect();
-    let names: Vec<&str> = sweep.first().map(|(_, rows)| rows.iter().map(|r| r.poll.workload).collect()).unwrap_or_default();
+    let names: Vec<&str> =
+        sweep.first().map(|(_, rows)| rows.iter().map(|r| r.poll.workload).collect()).unwrap_or_default();
     let series: Vec<Series> = names
         .iter()
         .enumerate()
-        .map(|(i, name)| Series { name: (*name).into(), values: sweep.iter().map(|(_, rows)| Some(rows[i].speedup())).collect() })
+        .map(|(i, name)| Series {
+            name: (*name).into(),
+            values: sweep.iter().map(|(_, rows)| Some(rows[i].speedup())).collect(),
+        })
         .collect();
-    svg::lines("Speedup of WIC over naive polling by consumer threads (paper Fig. 16), emulator", "consumer threads per kernel", "speedup", &labels, &series, Some(1.0))
+    svg::lines(
+        "Speedup of WIC over naive polling by consumer threads (paper Fig. 16), emulator",
+        "consumer threads per kernel",
+        "speedup",
+        &labels,
+        &series,
+        Some(1.0),
+    )
 }
 
 fn interrupter_table(results: &Results) -> String {
-    let mut t = String::from("| pages | pool | segment tree ns | bitmap first fit ns | bitmap / segment tree |\n|---|---|---|---|---|\n");
+    let mut t = String::from(
+        "| pages | pool | segment tree ns | bitmap first fit ns | bitmap / segment tree |\n|---|---|---|---|---|\n",
+    );
     for r in &results.interrupter {
         t.push_str(&format!(
             "| {} | {} | {:.1} | {:.1} | {:.1}x |\n",
@@ -446,7 +492,9 @@ impl Fields {
         while let Some(open) = rest.find("{{") {
             out.push_str(&rest[..open]);
             let after = &rest[open + 2..];
-            let close = after.find("}}").ok_or_else(|| format!("unclosed {{{{ in the template near `{}`", &after[..after.len().min(30)]))?;
+            let close = after
+                .find("}}")
+                .ok_or_else(|| format!("unclosed {{{{ in the template near `{}`", &after[..after.len().min(30)]))?;
             let name = &after[..close];
             let text = self.0.get(name).ok_or_else(|| format!("the template names an unknown field {{{{{name}}}}}"))?;
             out.push_str(text);

@@ -165,13 +165,28 @@ mod tests {
     fn a_completion_carries_its_run_companion_and_fill_and_replays_once_per_gpu() {
         let mut act = Activator::default();
         let mut out = Vec::new();
-        let wake = |gpu, run_va| Wake { gpu, channel: ChannelId(4), slot: 3, run_va, companion_va: run_va + 0x10000, pages: 2 };
+        let wake = |gpu, run_va| Wake {
+            gpu,
+            channel: ChannelId(4),
+            slot: 3,
+            run_va,
+            companion_va: run_va + 0x10000,
+            pages: 2,
+        };
         act.deliver(wake(0, 0x1000), 100, DataSource::Host { offset: 0 }, &mut out);
         act.fail(wake(0, 0x4000), ErrorMarker::Timeout, &mut out);
         act.deliver(wake(1, 0x8000), 100, DataSource::Gpu { gpu: 2, va: 0 }, &mut out);
         act.flush_replays(&mut out);
         let data = Fill::Data { len: 100, source: DataSource::Host { offset: 0 } };
-        let complete = Command::Complete { gpu: 0, channel: ChannelId(4), slot: 3, run_va: 0x1000, companion_va: 0x11000, pages: 2, fill: data };
+        let complete = Command::Complete {
+            gpu: 0,
+            channel: ChannelId(4),
+            slot: 3,
+            run_va: 0x1000,
+            companion_va: 0x11000,
+            pages: 2,
+            fill: data,
+        };
         assert_eq!(out[0], complete);
         assert!(matches!(out[1], Command::Complete { run_va: 0x4000, fill: Fill::Marker(ErrorMarker::Timeout), .. }));
         assert_eq!(&out[3..], [Command::Replay { gpu: 0 }, Command::Replay { gpu: 1 }]);

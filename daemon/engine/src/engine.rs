@@ -141,13 +141,23 @@ pub enum EngineError {
     Pool(PoolError),
     Tags(TagError),
     /// Every slot of the engine is in use.
-    SlotsExhausted { requested: u32, free: u32 },
+    SlotsExhausted {
+        requested: u32,
+        free: u32,
+    },
     UnknownChannel(ChannelId),
-    SlotOutOfRange { channel: ChannelId, slot: u32, slots: u32 },
+    SlotOutOfRange {
+        channel: ChannelId,
+        slot: u32,
+        slots: u32,
+    },
     /// [`Engine::publish`] on a channel whose producer is a GPU.
     NotHostProducer(ChannelId),
     /// The slot's data is already available and not consumed yet.
-    AlreadyPublished { channel: ChannelId, slot: u32 },
+    AlreadyPublished {
+        channel: ChannelId,
+        slot: u32,
+    },
 }
 
 impl std::fmt::Display for EngineError {
@@ -163,7 +173,9 @@ impl std::fmt::Display for EngineError {
             Self::SlotOutOfRange { channel, slot, slots } => {
                 write!(f, "slot {slot} out of range for channel {} ({slots} slots)", channel.0)
             }
-            Self::NotHostProducer(id) => write!(f, "channel {} has a GPU producer: it publishes through PAT faults", id.0),
+            Self::NotHostProducer(id) => {
+                write!(f, "channel {} has a GPU producer: it publishes through PAT faults", id.0)
+            }
             Self::AlreadyPublished { channel, slot } => {
                 write!(f, "channel {} slot {slot} is already published and not consumed yet", channel.0)
             }
@@ -314,7 +326,17 @@ impl Engine {
             dab: Dab::new(config.max_slots),
             pfq: Pfq::new(config.max_slots, config.max_slots),
             pages: vec![PageUse::Free; config.pool_pages as usize],
-            slots: vec![SlotState { held_since: NOT_HELD, generation: 0, timeout: 0, tag: TagId(0), consumer_gpu: 0, producer_gpu: 0 }; config.max_slots as usize],
+            slots: vec![
+                SlotState {
+                    held_since: NOT_HELD,
+                    generation: 0,
+                    timeout: 0,
+                    tag: TagId(0),
+                    consumer_gpu: 0,
+                    producer_gpu: 0
+                };
+                config.max_slots as usize
+            ],
             routes: (0..config.max_slots).map(|_| None).collect(),
             free_slots: (0..config.max_slots).rev().collect(),
             channels: Vec::new(),
@@ -452,7 +474,8 @@ impl Engine {
                 consumer_gpu: spec.consumer_gpu,
                 producer_gpu: producer_gpu.unwrap_or(spec.consumer_gpu),
             };
-            self.routes[slot_id as usize] = Some(SlotRoute { channel: id, index: index as u32, runs: pcm, pat, source, len: batch_bytes });
+            self.routes[slot_id as usize] =
+                Some(SlotRoute { channel: id, index: index as u32, runs: pcm, pat, source, len: batch_bytes });
             self.channel_mut(id).expect("inserted above").slot_ids.push(slot_id);
         }
         Ok(layout)
@@ -521,7 +544,8 @@ impl Engine {
     }
 
     fn close_with(&mut self, id: ChannelId, marker: ErrorMarker, out: &mut Vec<Command>) -> Result<(), EngineError> {
-        let channel = self.channels.get_mut(id.0 as usize).and_then(Option::take).ok_or(EngineError::UnknownChannel(id))?;
+        let channel =
+            self.channels.get_mut(id.0 as usize).and_then(Option::take).ok_or(EngineError::UnknownChannel(id))?;
         for slot_id in channel.slot_ids {
             let route = self.routes[slot_id as usize].take().expect("channel slots are live");
             let slot = self.slots[slot_id as usize];
@@ -578,7 +602,9 @@ impl Engine {
     /// are prefetched.
     fn prefetch_page_map(&self, chunk: &[RawFaultEntry], pages: &mut [Option<usize>; LOOKAHEAD]) {
         for (i, page) in pages.iter_mut().enumerate() {
-            *page = chunk.get(i).and_then(|raw| pool_page(self.config.pool_base, FaultEntry::decode_va(raw, self.config.va_width), &self.pages));
+            *page = chunk.get(i).and_then(|raw| {
+                pool_page(self.config.pool_base, FaultEntry::decode_va(raw, self.config.va_width), &self.pages)
+            });
             if let Some(page) = *page {
                 prefetch(&self.pages[page]);
             }
@@ -679,7 +705,13 @@ impl Engine {
     }
 
     /// A host producer's data for `slot` of `channel` is in the shared buffer.
-    pub fn publish(&mut self, now: Nanos, channel: ChannelId, slot: u32, out: &mut Vec<Command>) -> Result<(), EngineError> {
+    pub fn publish(
+        &mut self,
+        now: Nanos,
+        channel: ChannelId,
+        slot: u32,
+        out: &mut Vec<Command>,
+    ) -> Result<(), EngineError> {
         let ch = self.channel(channel)?;
         if !matches!(ch.spec.producer, Producer::Host) {
             return Err(EngineError::NotHostProducer(channel));
@@ -789,7 +821,11 @@ impl Engine {
 /// Whether a deadline entry belongs to its slot's current hold. A delivered hold leaves its
 /// entry behind, and slot ids and generations restart when a closed channel's slot is reused,
 /// so only a deadline equal to the current hold's own one may end it.
-fn ends_current_hold(slots: &[SlotState], routes: &[Option<SlotRoute>], (deadline, slot_id, generation): (Nanos, u32, u64)) -> bool {
+fn ends_current_hold(
+    slots: &[SlotState],
+    routes: &[Option<SlotRoute>],
+    (deadline, slot_id, generation): (Nanos, u32, u64),
+) -> bool {
     let slot = &slots[slot_id as usize];
     routes[slot_id as usize].is_some()
         && slot.held_since != NOT_HELD
@@ -801,7 +837,13 @@ fn ends_current_hold(slots: &[SlotState], routes: &[Option<SlotRoute>], (deadlin
 /// generation before it, which is the next one's, not this generation's own. That page stays
 /// mapped until the next generation ends, so a late duplicate of the producer's fault can
 /// never map a page that must fault for generation + 2.
-fn rearm_previous_pat(slot: &SlotState, route: &SlotRoute, generation: u64, config: &EngineConfig, out: &mut Vec<Command>) {
+fn rearm_previous_pat(
+    slot: &SlotState,
+    route: &SlotRoute,
+    generation: u64,
+    config: &EngineConfig,
+    out: &mut Vec<Command>,
+) {
     if let Some(pat) = route.pat {
         let side = (generation % 2) as usize;
         out.push(Command::RearmPat { gpu: slot.producer_gpu, va: config.page_va(pat[1 - side]) });
@@ -885,12 +927,28 @@ mod tests {
         e.publish(30, layout.id, 1, &mut out).unwrap();
         assert_eq!(kinds(&out), ["deliver", "replay"]);
         let data = Fill::Data { len: 4096, source: DataSource::Host { offset: 4096 } };
-        assert_eq!(out[0], Command::Complete { gpu: 0, channel: layout.id, slot: 1, run_va: slot.runs[0], companion_va: slot.runs[1], pages: 1, fill: data });
+        assert_eq!(
+            out[0],
+            Command::Complete {
+                gpu: 0,
+                channel: layout.id,
+                slot: 1,
+                run_va: slot.runs[0],
+                companion_va: slot.runs[1],
+                pages: 1,
+                fill: data
+            }
+        );
         assert_eq!(e.held(), 0);
         assert_eq!(e.stats().wake_latency_ns.max(), 20);
         // Generation 1: a refault on P is stale, the request comes on P'.
         out.clear();
-        e.handle_faults(40, 0, &[fault(slot.runs[0], AccessType::Read), fault(slot.runs[1], AccessType::Read)], &mut out);
+        e.handle_faults(
+            40,
+            0,
+            &[fault(slot.runs[0], AccessType::Read), fault(slot.runs[1], AccessType::Read)],
+            &mut out,
+        );
         assert_eq!(e.stats().stale, 1);
         assert_eq!(e.held(), 1);
     }
@@ -902,7 +960,10 @@ mod tests {
         let mut out = Vec::new();
         e.publish(0, layout.id, 0, &mut out).unwrap();
         assert!(out.is_empty());
-        assert_eq!(e.publish(1, layout.id, 0, &mut out), Err(EngineError::AlreadyPublished { channel: layout.id, slot: 0 }));
+        assert_eq!(
+            e.publish(1, layout.id, 0, &mut out),
+            Err(EngineError::AlreadyPublished { channel: layout.id, slot: 0 })
+        );
         let p = layout.slots[0].runs[0];
         e.handle_faults(5, 0, &[fault(p, AccessType::Read), fault(p, AccessType::Read)], &mut out);
         assert_eq!(kinds(&out), ["deliver", "replay"]);
@@ -932,7 +993,10 @@ mod tests {
         assert_eq!(s.wake_latency_ns.count(), s.delivered);
         assert_eq!(s.batch_sizes.count(), s.batches);
         assert_eq!(s.wake_latency_ns.buckets().collect::<Vec<_>>(), [(0, 1), (2047, 1)]);
-        assert_eq!((s.wake_latency_ns.min(), s.wake_latency_ns.max(), s.wake_latency_ns.sum()), (Some(0), 1_134, 1_134));
+        assert_eq!(
+            (s.wake_latency_ns.min(), s.wake_latency_ns.max(), s.wake_latency_ns.sum()),
+            (Some(0), 1_134, 1_134)
+        );
         assert_eq!(s.batch_sizes.buckets().collect::<Vec<_>>(), [(0, 1), (1, 3), (3, 1)]);
         assert_eq!((s.batch_sizes.sum(), u64::from(s.largest_batch)), (s.entries, s.batch_sizes.max()));
     }
@@ -976,13 +1040,35 @@ mod tests {
         e.expire(1_100, &mut out);
         assert_eq!(kinds(&out), ["error", "replay"]);
         let timeout = Fill::Marker(ErrorMarker::Timeout);
-        assert_eq!(out[0], Command::Complete { gpu: 0, channel: layout.id, slot: 0, run_va: p[0], companion_va: p[1], pages: 1, fill: timeout });
+        assert_eq!(
+            out[0],
+            Command::Complete {
+                gpu: 0,
+                channel: layout.id,
+                slot: 0,
+                run_va: p[0],
+                companion_va: p[1],
+                pages: 1,
+                fill: timeout
+            }
+        );
         assert_eq!((e.held(), e.stats().timed_out), (0, 1));
         out.clear();
         e.handle_faults(2_000, 0, &[fault(p[1], AccessType::Read)], &mut out);
         e.publish(2_001, layout.id, 0, &mut out).unwrap();
         let data = Fill::Data { len: 4096, source: DataSource::Host { offset: 0 } };
-        assert_eq!(out[0], Command::Complete { gpu: 0, channel: layout.id, slot: 0, run_va: p[1], companion_va: p[0], pages: 1, fill: data });
+        assert_eq!(
+            out[0],
+            Command::Complete {
+                gpu: 0,
+                channel: layout.id,
+                slot: 0,
+                run_va: p[1],
+                companion_va: p[0],
+                pages: 1,
+                fill: data
+            }
+        );
         assert_eq!(e.next_deadline(), None, "the delivered hold's deadline is not waited for");
         out.clear();
         e.expire(10_000, &mut out);
@@ -1008,7 +1094,18 @@ mod tests {
         assert_eq!((e.held(), e.stats().stale), (1, 0));
         e.publish(2_001, layout.id, 0, &mut out).unwrap();
         let data = Fill::Data { len: 4096, source: DataSource::Host { offset: 0 } };
-        assert_eq!(out[0], Command::Complete { gpu: 0, channel: layout.id, slot: 0, run_va: p[1], companion_va: p[0], pages: 1, fill: data });
+        assert_eq!(
+            out[0],
+            Command::Complete {
+                gpu: 0,
+                channel: layout.id,
+                slot: 0,
+                run_va: p[1],
+                companion_va: p[0],
+                pages: 1,
+                fill: data
+            }
+        );
         assert!(!e.expired_elsewhere(0, 0xdead_0000, &mut Vec::new()), "a page of no slot");
     }
 
@@ -1027,7 +1124,10 @@ mod tests {
             e.publish(now, b.id, 0, &mut out).unwrap();
             assert!(matches!(out.last(), Some(Command::Replay { .. })));
             let delivered = out[out.len() - 2];
-            assert!(matches!(delivered, Command::Complete { channel, slot: 0, .. } if channel == b.id), "B's own slot 0, not the engine's slot id: {delivered:?}");
+            assert!(
+                matches!(delivered, Command::Complete { channel, slot: 0, .. } if channel == b.id),
+                "B's own slot 0, not the engine's slot id: {delivered:?}"
+            );
             assert!(e.deadlines.len() <= 2 * e.config.max_slots as usize, "{} deadlines kept", e.deadlines.len());
         }
         assert_eq!(e.stats().delivered, 1_000);
@@ -1077,7 +1177,18 @@ mod tests {
         e.handle_faults(7, 1, &[fault(pat[0], AccessType::Write)], &mut out);
         assert_eq!(kinds(&out), ["service-pat", "deliver", "rearm-pat", "replay", "replay"]);
         let data = Fill::Data { len: 4096, source: DataSource::Gpu { gpu: 1, va: 0x9000_1000 } };
-        assert_eq!(out[1], Command::Complete { gpu: 0, channel: layout.id, slot: 1, run_va: slot.runs[0], companion_va: slot.runs[1], pages: 1, fill: data });
+        assert_eq!(
+            out[1],
+            Command::Complete {
+                gpu: 0,
+                channel: layout.id,
+                slot: 1,
+                run_va: slot.runs[0],
+                companion_va: slot.runs[1],
+                pages: 1,
+                fill: data
+            }
+        );
         assert_eq!(out[2], Command::RearmPat { gpu: 1, va: pat[1] });
         assert_eq!(e.stats().pat_publishes, 1);
 
@@ -1099,7 +1210,8 @@ mod tests {
     fn close_completes_held_faults_and_returns_every_page_and_tag() {
         let mut e = engine();
         let a = e.open_channel(host_spec(3)).unwrap();
-        let _b = e.open_channel(ChannelSpec { producer: Producer::Gpu { gpu: 1, base_va: 0 }, ..host_spec(2) }).unwrap();
+        let _b =
+            e.open_channel(ChannelSpec { producer: Producer::Gpu { gpu: 1, base_va: 0 }, ..host_spec(2) }).unwrap();
         assert_eq!(e.pool().free_pages(), 64 - 6 - 4 - 4);
         let mut out = Vec::new();
         e.handle_faults(0, 0, &[fault(a.slots[2].runs[0], AccessType::Read)], &mut out);
@@ -1133,7 +1245,10 @@ mod tests {
         assert_eq!(all.slots.len(), 8);
         assert!(EngineError::SlotsExhausted { requested: 9, free: 8 }.to_string().contains('9'));
         let too_many_pages = EngineConfig { pool_pages: (1 << 30) + 1, ..EngineConfig::default() };
-        assert!(matches!(Engine::new(too_many_pages), Err(EngineError::Pool(PoolError::TooLarge { .. }))), "refused, not a panic");
+        assert!(
+            matches!(Engine::new(too_many_pages), Err(EngineError::Pool(PoolError::TooLarge { .. }))),
+            "refused, not a panic"
+        );
     }
 
     #[test]
@@ -1148,7 +1263,13 @@ mod tests {
         let refused = e.open_channel(big).unwrap_err();
         assert_eq!(
             refused,
-            EngineError::Pool(PoolError::Exhausted { runs: 4, pages_per_run: 31, pat_pages: 0, longest_free: 62, free: 62 })
+            EngineError::Pool(PoolError::Exhausted {
+                runs: 4,
+                pages_per_run: 31,
+                pat_pages: 0,
+                longest_free: 62,
+                free: 62
+            })
         );
         assert_eq!(
             refused.to_string(),
@@ -1160,11 +1281,21 @@ mod tests {
 
         // Failing on the PAT run, after every PCM run fitted, reads the same: ten runs of 6 pages
         // fit in the 62 free pages, the run of 10 PAT pages after them does not.
-        let gpu = ChannelSpec { producer: Producer::Gpu { gpu: 1, base_va: 0 }, message_bytes: 6 * 4096 / 16, ..host_spec(5) };
+        let gpu = ChannelSpec {
+            producer: Producer::Gpu { gpu: 1, base_va: 0 },
+            message_bytes: 6 * 4096 / 16,
+            ..host_spec(5)
+        };
         let refused = e.open_channel(gpu).unwrap_err();
         assert_eq!(
             refused,
-            EngineError::Pool(PoolError::Exhausted { runs: 10, pages_per_run: 6, pat_pages: 10, longest_free: 62, free: 62 })
+            EngineError::Pool(PoolError::Exhausted {
+                runs: 10,
+                pages_per_run: 6,
+                pat_pages: 10,
+                longest_free: 62,
+                free: 62
+            })
         );
         assert_eq!(
             refused.to_string(),

@@ -145,10 +145,7 @@ impl RawFaultEntry {
             if ch.is_ascii_whitespace() || ch == '_' || ch == ':' {
                 continue;
             }
-            let nibble = ch.to_digit(16).ok_or(HexError::BadDigit {
-                ch,
-                position: skipped + i,
-            })?;
+            let nibble = ch.to_digit(16).ok_or(HexError::BadDigit { ch, position: skipped + i })?;
             if let Some(b) = bytes.get_mut(digits / 2) {
                 // Each byte starts at 0 and takes its high nibble, then its low one.
                 // `to_digit(16)` is < 16, so the cast is lossless.
@@ -184,15 +181,11 @@ pub enum HexError {
 impl fmt::Display for HexError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
-            Self::WrongLength { digits } => write!(
-                f,
-                "a fault entry is {ENTRY_HEX_DIGITS} hex digits ({ENTRY_BYTES} bytes), got {digits}"
-            ),
+            Self::WrongLength { digits } => {
+                write!(f, "a fault entry is {ENTRY_HEX_DIGITS} hex digits ({ENTRY_BYTES} bytes), got {digits}")
+            }
             Self::BadDigit { ch, position } => {
-                write!(
-                    f,
-                    "invalid hex digit {ch:?} at character {position} (0-based)"
-                )
+                write!(f, "invalid hex digit {ch:?} at character {position} (0-based)")
             }
         }
     }
@@ -416,14 +409,7 @@ impl AccessType {
     /// Whether the access modifies memory: writes and atomics, virtual or physical.
     #[inline]
     pub const fn is_write(self) -> bool {
-        matches!(
-            self,
-            Self::Write
-                | Self::AtomicStrong
-                | Self::AtomicWeak
-                | Self::PhysWrite
-                | Self::PhysAtomic
-        )
+        matches!(self, Self::Write | Self::AtomicStrong | Self::AtomicWeak | Self::PhysWrite | Self::PhysAtomic)
     }
 }
 
@@ -505,7 +491,14 @@ pub struct FaultEntry {
 impl FaultEntry {
     /// The entry a GPC client writes for a replayable fault on `va`: what the emulated GPUs
     /// produce, with the instance block and SM placement the caller chose.
-    pub fn replayable_gpc(va: u64, access_type: AccessType, timestamp: u64, instance_ptr: u64, gpc_id: u8, client_id: u8) -> Self {
+    pub fn replayable_gpc(
+        va: u64,
+        access_type: AccessType,
+        timestamp: u64,
+        instance_ptr: u64,
+        gpc_id: u8,
+        client_id: u8,
+    ) -> Self {
         Self {
             instance_aperture: Aperture::Video,
             instance_ptr,
@@ -541,20 +534,11 @@ impl FaultEntry {
         let dw0 = raw.dword(0);
         let dw2 = raw.dword(2);
         let dw7 = raw.dword(7);
-        let instance_ptr =
-            (u64::from(raw.dword(1)) << HI_DWORD_SHIFT) | u64::from(dw0 & DW0_INST_LO_MASK);
-        let client_type = if dw7 & DW7_MMU_CLIENT_TYPE_HUB != 0 {
-            MmuClientType::Hub
-        } else {
-            MmuClientType::Gpc
-        };
+        let instance_ptr = (u64::from(raw.dword(1)) << HI_DWORD_SHIFT) | u64::from(dw0 & DW0_INST_LO_MASK);
+        let client_type = if dw7 & DW7_MMU_CLIENT_TYPE_HUB != 0 { MmuClientType::Hub } else { MmuClientType::Gpc };
         // Every `as u8`/`as u16` below narrows a value already masked to its field width.
         Self {
-            instance_aperture: Aperture::from_raw(get(
-                dw0,
-                DW0_INST_APERTURE_MASK,
-                DW0_INST_APERTURE_SHIFT,
-            ) as u8),
+            instance_aperture: Aperture::from_raw(get(dw0, DW0_INST_APERTURE_MASK, DW0_INST_APERTURE_SHIFT) as u8),
             instance_ptr,
             address_aperture: (dw2 & DW2_ADDR_PHYS_APERTURE_MASK) as u8,
             va: Self::decode_va(raw, width),
@@ -563,9 +547,7 @@ impl FaultEntry {
             fault_type: FaultType::from_raw((dw7 & DW7_FAULT_TYPE_MASK) as u8),
             replayable: dw7 & DW7_REPLAYABLE_FAULT != 0,
             client_id: get(dw7, DW7_CLIENT_MASK, DW7_CLIENT_SHIFT) as u8,
-            access_type: AccessType::from_raw(
-                get(dw7, DW7_ACCESS_TYPE_MASK, DW7_ACCESS_TYPE_SHIFT) as u8,
-            ),
+            access_type: AccessType::from_raw(get(dw7, DW7_ACCESS_TYPE_MASK, DW7_ACCESS_TYPE_SHIFT) as u8),
             client_type,
             gpc_id: get(dw7, DW7_GPC_ID_MASK, DW7_GPC_ID_SHIFT) as u8,
             protected_mode: dw7 & DW7_PROTECTED_MODE != 0,
@@ -585,25 +567,15 @@ impl FaultEntry {
     /// sign-extended in `ADDR_HI`; `decode` discards the bits above the VA width either way.
     #[inline]
     pub fn encode(&self) -> RawFaultEntry {
-        let dw0 = put(
-            u32::from(self.instance_aperture.raw()),
-            DW0_INST_APERTURE_MASK,
-            DW0_INST_APERTURE_SHIFT,
-        ) | (self.instance_ptr as u32 & DW0_INST_LO_MASK);
-        let dw2 = (u32::from(self.address_aperture) & DW2_ADDR_PHYS_APERTURE_MASK)
-            | (self.va as u32 & DW2_ADDR_LO_MASK);
+        let dw0 = put(u32::from(self.instance_aperture.raw()), DW0_INST_APERTURE_MASK, DW0_INST_APERTURE_SHIFT)
+            | (self.instance_ptr as u32 & DW0_INST_LO_MASK);
+        let dw2 =
+            (u32::from(self.address_aperture) & DW2_ADDR_PHYS_APERTURE_MASK) | (self.va as u32 & DW2_ADDR_LO_MASK);
         let dw7 = (u32::from(self.fault_type.raw()) & DW7_FAULT_TYPE_MASK)
             | bit(self.replayable, DW7_REPLAYABLE_FAULT)
             | put(u32::from(self.client_id), DW7_CLIENT_MASK, DW7_CLIENT_SHIFT)
-            | put(
-                u32::from(self.access_type.raw()),
-                DW7_ACCESS_TYPE_MASK,
-                DW7_ACCESS_TYPE_SHIFT,
-            )
-            | bit(
-                self.client_type == MmuClientType::Hub,
-                DW7_MMU_CLIENT_TYPE_HUB,
-            )
+            | put(u32::from(self.access_type.raw()), DW7_ACCESS_TYPE_MASK, DW7_ACCESS_TYPE_SHIFT)
+            | bit(self.client_type == MmuClientType::Hub, DW7_MMU_CLIENT_TYPE_HUB)
             | put(u32::from(self.gpc_id), DW7_GPC_ID_MASK, DW7_GPC_ID_SHIFT)
             | bit(self.protected_mode, DW7_PROTECTED_MODE)
             | bit(self.replayable_fault_enabled, DW7_REPLAYABLE_FAULT_EN)
@@ -633,43 +605,16 @@ impl fmt::Display for FaultEntry {
     /// A human multi-line description of every field, one per line (for `wicctl decode-fault`).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let yes_no = |b: bool| if b { "yes" } else { "no" };
-        let fatal = if self.fault_type.is_fatal() {
-            "fatal"
-        } else {
-            "serviceable"
-        };
-        let direction = if self.access_type.is_write() {
-            "write"
-        } else {
-            "read"
-        };
+        let fatal = if self.fault_type.is_fatal() { "fatal" } else { "serviceable" };
+        let direction = if self.access_type.is_write() { "write" } else { "read" };
         writeln!(f, "valid:               {}", yes_no(self.valid))?;
         writeln!(f, "va:                  {:#018x}", self.va)?;
-        writeln!(
-            f,
-            "fault type:          {} ({:#04x}, {fatal})",
-            self.fault_type,
-            self.fault_type.raw()
-        )?;
-        writeln!(
-            f,
-            "access type:         {} ({:#x}, {direction})",
-            self.access_type,
-            self.access_type.raw()
-        )?;
+        writeln!(f, "fault type:          {} ({:#04x}, {fatal})", self.fault_type, self.fault_type.raw())?;
+        writeln!(f, "access type:         {} ({:#x}, {direction})", self.access_type, self.access_type.raw())?;
         writeln!(f, "replayable:          {}", yes_no(self.replayable))?;
-        writeln!(
-            f,
-            "replayable fault en: {}",
-            yes_no(self.replayable_fault_enabled)
-        )?;
+        writeln!(f, "replayable fault en: {}", yes_no(self.replayable_fault_enabled))?;
         writeln!(f, "instance ptr:        {:#018x}", self.instance_ptr)?;
-        writeln!(
-            f,
-            "instance aperture:   {} ({})",
-            self.instance_aperture,
-            self.instance_aperture.raw()
-        )?;
+        writeln!(f, "instance aperture:   {} ({})", self.instance_aperture, self.instance_aperture.raw())?;
         writeln!(f, "address aperture:    {}", self.address_aperture)?;
         writeln!(f, "timestamp:           {} ns", self.timestamp)?;
         writeln!(f, "engine id:           {:#05x}", self.engine_id)?;
@@ -795,11 +740,7 @@ mod tests {
                 11 => AccessType::PhysPrefetch,
                 x => AccessType::Reserved(x),
             },
-            client_type: if f.hub {
-                MmuClientType::Hub
-            } else {
-                MmuClientType::Gpc
-            },
+            client_type: if f.hub { MmuClientType::Hub } else { MmuClientType::Gpc },
             gpc_id: f.gpc,
             protected_mode: f.protected,
             replayable_fault_enabled: f.replayable_en,
@@ -917,10 +858,8 @@ mod tests {
 
     #[test]
     fn hopper_read_invalid_pte() {
-        let raw = RawFaultEntry::from_hex(
-            "00b2dcfe 01000000 00705634 127f0000 efcdab89 23010000 40000000 821500c3",
-        )
-        .unwrap();
+        let raw =
+            RawFaultEntry::from_hex("00b2dcfe 01000000 00705634 127f0000 efcdab89 23010000 40000000 821500c3").unwrap();
         let e = FaultEntry::decode(&raw, VaWidth::Bits57);
         assert_eq!(e.instance_aperture, Aperture::SysCoherent);
         assert_eq!(e.instance_ptr, 0x0000_0001_fedc_b000);
@@ -947,10 +886,8 @@ mod tests {
 
     #[test]
     fn bit_48_sign_extends_for_49_bit_vas() {
-        let raw = RawFaultEntry::from_hex(
-            "0x00000000_00000000_00200000_00000100_00000000_00000000_00000000_860001c0",
-        )
-        .unwrap();
+        let raw = RawFaultEntry::from_hex("0x00000000_00000000_00200000_00000100_00000000_00000000_00000000_860001c0")
+            .unwrap();
         let e = FaultEntry::decode(&raw, VaWidth::Bits49);
         assert_eq!(e.va, 0xffff_0000_0000_2000);
         assert_eq!(e.fault_type, FaultType::WriteViolation);
@@ -958,10 +895,7 @@ mod tests {
         assert!(e.access_type.is_write());
         assert!(e.replayable && e.replayable_fault_enabled && e.valid);
         // Bit 48 is an ordinary address bit of a 57-bit VA.
-        assert_eq!(
-            FaultEntry::decode(&raw, VaWidth::Bits57).va,
-            0x0001_0000_0000_2000
-        );
+        assert_eq!(FaultEntry::decode(&raw, VaWidth::Bits57).va, 0x0001_0000_0000_2000);
     }
 
     #[test]
@@ -1004,16 +938,8 @@ mod tests {
         for raw in 0u8..16 {
             let a = AccessType::from_raw(raw);
             assert_eq!(a.raw(), raw);
-            assert_eq!(
-                a.is_write(),
-                matches!(raw, 1 | 2 | 4 | 9 | 10),
-                "access {raw}"
-            );
-            assert_eq!(
-                matches!(a, AccessType::Reserved(_)),
-                matches!(raw, 5..=7 | 12..),
-                "{raw}"
-            );
+            assert_eq!(a.is_write(), matches!(raw, 1 | 2 | 4 | 9 | 10), "access {raw}");
+            assert_eq!(matches!(a, AccessType::Reserved(_)), matches!(raw, 5..=7 | 12..), "{raw}");
         }
     }
 
@@ -1045,58 +971,32 @@ mod tests {
     #[test]
     fn from_hex_errors() {
         let digits63 = "0".repeat(63);
-        assert_eq!(
-            RawFaultEntry::from_hex(&digits63),
-            Err(HexError::WrongLength { digits: 63 })
-        );
+        assert_eq!(RawFaultEntry::from_hex(&digits63), Err(HexError::WrongLength { digits: 63 }));
         let msg = HexError::WrongLength { digits: 63 }.to_string();
         assert!(msg.contains("63") && msg.contains("64"), "{msg}");
-        assert_eq!(
-            RawFaultEntry::from_hex(&"0".repeat(65)),
-            Err(HexError::WrongLength { digits: 65 })
-        );
-        assert_eq!(
-            RawFaultEntry::from_hex(""),
-            Err(HexError::WrongLength { digits: 0 })
-        );
+        assert_eq!(RawFaultEntry::from_hex(&"0".repeat(65)), Err(HexError::WrongLength { digits: 65 }));
+        assert_eq!(RawFaultEntry::from_hex(""), Err(HexError::WrongLength { digits: 0 }));
 
         let mut bad = "0".repeat(64);
         bad.replace_range(10..11, "g");
         let err = RawFaultEntry::from_hex(&bad).unwrap_err();
-        assert_eq!(
-            err,
-            HexError::BadDigit {
-                ch: 'g',
-                position: 10
-            }
-        );
+        assert_eq!(err, HexError::BadDigit { ch: 'g', position: 10 });
         let msg = err.to_string();
         assert!(msg.contains("'g'") && msg.contains("10"), "{msg}");
         // Positions count from the start of the input, prefix included.
         let err = RawFaultEntry::from_hex(&format!(" 0x{}z", "0".repeat(64))).unwrap_err();
-        assert_eq!(
-            err,
-            HexError::BadDigit {
-                ch: 'z',
-                position: 67
-            }
-        );
+        assert_eq!(err, HexError::BadDigit { ch: 'z', position: 67 });
         // "0x" is only a prefix, not a separator.
         assert!(matches!(
             RawFaultEntry::from_hex(&format!("00x{}", "0".repeat(62))),
-            Err(HexError::BadDigit {
-                ch: 'x',
-                position: 2
-            })
+            Err(HexError::BadDigit { ch: 'x', position: 2 })
         ));
     }
 
     #[test]
     fn display_names_the_fields() {
-        let raw = RawFaultEntry::from_hex(
-            "00b2dcfe 01000000 00705634 127f0000 efcdab89 23010000 40000000 821500c3",
-        )
-        .unwrap();
+        let raw =
+            RawFaultEntry::from_hex("00b2dcfe 01000000 00705634 127f0000 efcdab89 23010000 40000000 821500c3").unwrap();
         let text = FaultEntry::decode(&raw, VaWidth::Bits57).to_string();
         assert!(text.contains("0x00007f1234567000"), "{text}");
         assert!(text.contains("INVALID_PTE"), "{text}");

@@ -80,11 +80,7 @@ impl Histogram {
     /// The non-empty buckets, ascending, as (inclusive upper bound, count): what an exporter
     /// needs without knowing the bucket layout.
     pub fn buckets(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
-        self.counts
-            .iter()
-            .enumerate()
-            .filter(|(_, &n)| n > 0)
-            .map(|(index, &n)| (Self::bucket_upper_bound(index), n))
+        self.counts.iter().enumerate().filter(|(_, &n)| n > 0).map(|(index, &n)| (Self::bucket_upper_bound(index), n))
     }
 
     /// An upper estimate of the `q`-quantile (nearest rank): the inclusive upper bound of the

@@ -73,26 +73,16 @@ impl fmt::Display for PoolError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::EmptyPool => write!(f, "PCM pool must have at least one page"),
-            Self::TooLarge { pages, max } => write!(f, "a PCM pool of {pages} pages exceeds the {max} pages the allocator supports"),
+            Self::TooLarge { pages, max } => {
+                write!(f, "a PCM pool of {pages} pages exceeds the {max} pages the allocator supports")
+            }
             Self::ZeroLength => write!(f, "cannot allocate a run of zero PCM pages"),
-            Self::Exhausted {
-                runs: 1,
-                pages_per_run,
-                pat_pages: 0,
-                longest_free,
-                free,
-            } => write!(
+            Self::Exhausted { runs: 1, pages_per_run, pat_pages: 0, longest_free, free } => write!(
                 f,
                 "PCM pool exhausted: {pages_per_run} contiguous pages requested, \
                  longest free run is {longest_free} ({free} pages free)"
             ),
-            Self::Exhausted {
-                runs,
-                pages_per_run,
-                pat_pages,
-                longest_free,
-                free,
-            } => {
+            Self::Exhausted { runs, pages_per_run, pat_pages, longest_free, free } => {
                 let total = u64::from(*runs) * u64::from(*pages_per_run) + u64::from(*pat_pages);
                 let plural = |n: u32, one: &'static str, many: &'static str| if n == 1 { one } else { many };
                 write!(
@@ -104,10 +94,7 @@ impl fmt::Display for PoolError {
                 if *pat_pages > 0 {
                     write!(f, " and a run of {pat_pages} PAT {}", plural(*pat_pages, "page", "pages"))?;
                 }
-                write!(
-                    f,
-                    " requested ({total} pages in all), longest free run is {longest_free} ({free} pages free)"
-                )
+                write!(f, " requested ({total} pages in all), longest free run is {longest_free} ({free} pages free)")
             }
             Self::NotAllocated { start, len } => write!(
                 f,
@@ -140,39 +127,20 @@ impl Node {
     /// A range of `size` pages that are all free or all allocated.
     fn uniform(size: u32, free: bool) -> Self {
         let run = if free { size } else { 0 };
-        Self {
-            longest: run,
-            prefix: run,
-            suffix: run,
-        }
+        Self { longest: run, prefix: run, suffix: run }
     }
 
     /// The summary of a leaf's bitmap word (bit `i` set: page `i` of the word is free).
     fn of_word(word: u64) -> Self {
-        Self {
-            longest: longest_ones(word),
-            prefix: word.trailing_ones(),
-            suffix: word.leading_ones(),
-        }
+        Self { longest: longest_ones(word), prefix: word.trailing_ones(), suffix: word.leading_ones() }
     }
 
     /// The summary of two adjacent ranges of `half` pages each.
     fn combine(left: Self, right: Self, half: u32) -> Self {
         Self {
-            longest: left
-                .longest
-                .max(right.longest)
-                .max(left.suffix + right.prefix),
-            prefix: if left.prefix == half {
-                half + right.prefix
-            } else {
-                left.prefix
-            },
-            suffix: if right.suffix == half {
-                half + left.suffix
-            } else {
-                right.suffix
-            },
+            longest: left.longest.max(right.longest).max(left.suffix + right.prefix),
+            prefix: if left.prefix == half { half + right.prefix } else { left.prefix },
+            suffix: if right.suffix == half { half + left.suffix } else { right.suffix },
         }
     }
 }
@@ -253,10 +221,7 @@ impl SegmentTree {
     /// # Panics
     /// If `pages` exceeds 2^30.
     pub fn new(pages: u32) -> Self {
-        assert!(
-            pages <= Self::MAX_PAGES,
-            "segment tree of {pages} pages exceeds 2^30"
-        );
+        assert!(pages <= Self::MAX_PAGES, "segment tree of {pages} pages exceeds 2^30");
         let full_words = (pages / LEAF_PAGES) as usize;
         let tail_pages = pages % LEAF_PAGES;
         let mut words = vec![u64::MAX; full_words];
@@ -268,13 +233,7 @@ impl SegmentTree {
         for (leaf, &word) in nodes[leaves..].iter_mut().zip(&words) {
             *leaf = Node::of_word(word);
         }
-        let mut tree = Self {
-            pages,
-            words,
-            leaves,
-            height: leaves.trailing_zeros(),
-            nodes,
-        };
+        let mut tree = Self { pages, words, leaves, height: leaves.trailing_zeros(), nodes };
         for level in 1..=tree.height {
             for index in (leaves >> level)..(leaves >> (level - 1)) {
                 tree.pull_up(index, level);
@@ -329,28 +288,19 @@ impl SegmentTree {
             // Uniform nodes may have stale children, so stop at one; a fully free node fits at
             // its left edge. Since `longest >= k >= 1` here, the node is never fully allocated.
             if self.nodes[index].longest == size {
-                return Some(Fit {
-                    start,
-                    within_leaf: None,
-                });
+                return Some(Fit { start, within_leaf: None });
             }
             if index >= self.leaves {
                 let word = self.words[index - self.leaves];
                 // The descent only enters a leaf whose own word holds a run of `k`.
-                return Some(Fit {
-                    start: start + run_starts(word, k).trailing_zeros(),
-                    within_leaf: Some(index),
-                });
+                return Some(Fit { start: start + run_starts(word, k).trailing_zeros(), within_leaf: Some(index) });
             }
             size /= 2;
             let (left, right) = (self.nodes[2 * index], self.nodes[2 * index + 1]);
             if left.longest >= k {
                 index *= 2;
             } else if left.suffix + right.prefix >= k {
-                return Some(Fit {
-                    start: start + size - left.suffix,
-                    within_leaf: None,
-                });
+                return Some(Fit { start: start + size - left.suffix, within_leaf: None });
             } else {
                 index = 2 * index + 1;
                 start += size;
@@ -466,11 +416,7 @@ impl SegmentTree {
             LEAF_PAGES => u64::MAX,
             _ => self.words[word_index],
         };
-        let word = if free {
-            current | mask
-        } else {
-            current & !mask
-        };
+        let word = if free { current | mask } else { current & !mask };
         self.words[word_index] = word;
         self.nodes[leaf] = Node::of_word(word);
     }
@@ -490,11 +436,7 @@ impl SegmentTree {
         }
         while child > 1 {
             let sibling = self.nodes[child ^ 1];
-            let (left, right) = if child & 1 == 0 {
-                (node, sibling)
-            } else {
-                (sibling, node)
-            };
+            let (left, right) = if child & 1 == 0 { (node, sibling) } else { (sibling, node) };
             let parent = child >> 1;
             node = Node::combine(left, right, half);
             if node == self.nodes[parent] {
@@ -589,10 +531,7 @@ impl PagePool {
     pub fn free(&mut self, run: PageRun) -> Result<(), PoolError> {
         let recorded_len = self.run_len_at.get(run.start as usize).copied();
         if run.len == 0 || recorded_len != Some(run.len) {
-            return Err(PoolError::NotAllocated {
-                start: run.start,
-                len: run.len,
-            });
+            return Err(PoolError::NotAllocated { start: run.start, len: run.len });
         }
         self.run_len_at[run.start as usize] = 0;
         self.tree.assign(run.start, run.len, true);
@@ -655,11 +594,7 @@ pub struct TagAllocator {
 impl TagAllocator {
     /// An allocator of `capacity` tags, all free.
     pub fn new(capacity: u32) -> Self {
-        Self {
-            allocated: BitVec::repeat(false, capacity as usize),
-            in_use: 0,
-            search_from: 0,
-        }
+        Self { allocated: BitVec::repeat(false, capacity as usize), in_use: 0, search_from: 0 }
     }
 
     /// Number of tags managed.
@@ -675,9 +610,7 @@ impl TagAllocator {
 
     /// Allocates the lowest free tag; the search is a word-wise scan from the lowest free hint.
     pub fn alloc(&mut self) -> Result<TagId, TagError> {
-        let exhausted = TagError::Exhausted {
-            capacity: self.capacity(),
-        };
+        let exhausted = TagError::Exhausted { capacity: self.capacity() };
         if self.in_use == self.capacity() {
             return Err(exhausted);
         }
@@ -722,10 +655,7 @@ mod tests {
 
     impl Reference {
         fn new(pages: u32) -> Self {
-            Self {
-                free: vec![true; pages as usize],
-                runs: Vec::new(),
-            }
+            Self { free: vec![true; pages as usize], runs: Vec::new() }
         }
 
         fn first_fit(&self, k: u32) -> Option<u32> {
@@ -777,10 +707,7 @@ mod tests {
 
         fn free(&mut self, run: PageRun) -> Result<(), PoolError> {
             let Some(position) = self.runs.iter().position(|&live| live == run) else {
-                return Err(PoolError::NotAllocated {
-                    start: run.start,
-                    len: run.len,
-                });
+                return Err(PoolError::NotAllocated { start: run.start, len: run.len });
             };
             self.runs.swap_remove(position);
             self.mark(run, true);
@@ -858,22 +785,10 @@ mod tests {
                 Op::FreeAltered(index, alteration) => {
                     let PageRun { start, len } = live(index);
                     let bogus = match alteration {
-                        Alteration::Shorter => PageRun {
-                            start,
-                            len: len - 1,
-                        },
-                        Alteration::Longer => PageRun {
-                            start,
-                            len: len + 1,
-                        },
-                        Alteration::ShiftedLeft => PageRun {
-                            start: start.wrapping_sub(1),
-                            len,
-                        },
-                        Alteration::ShiftedRight => PageRun {
-                            start: start + 1,
-                            len,
-                        },
+                        Alteration::Shorter => PageRun { start, len: len - 1 },
+                        Alteration::Longer => PageRun { start, len: len + 1 },
+                        Alteration::ShiftedLeft => PageRun { start: start.wrapping_sub(1), len },
+                        Alteration::ShiftedRight => PageRun { start: start + 1, len },
                         Alteration::Empty => PageRun { start, len: 0 },
                     };
                     self.free(bogus)
@@ -886,19 +801,13 @@ mod tests {
                     };
                     self.free(stale)
                 }
-                Op::FreeArbitrary(start, len) => self.free(PageRun {
-                    start: *start,
-                    len: *len,
-                }),
+                Op::FreeArbitrary(start, len) => self.free(PageRun { start: *start, len: *len }),
             }
         }
 
         fn check(&self) -> Result<(), TestCaseError> {
             prop_assert_eq!(self.pool.free_pages(), self.reference.free_pages());
-            prop_assert_eq!(
-                self.pool.longest_free_run(),
-                self.reference.longest_free_run()
-            );
+            prop_assert_eq!(self.pool.longest_free_run(), self.reference.longest_free_run());
             prop_assert_eq!(self.pool.allocated_runs(), self.reference.runs.len() as u32);
             for (page, &free) in self.reference.free.iter().enumerate() {
                 prop_assert_eq!(self.pool.tree.is_free(page as u32), free, "page {}", page);
@@ -930,18 +839,14 @@ mod tests {
     fn small_pool_ops() -> impl Strategy<Value = (u32, Vec<Op>)> {
         (1..=300u32).prop_flat_map(|pages| {
             let alloc_len = prop_oneof![3 => 0..=8u32, 1 => 1..=pages + 2];
-            (
-                Just(pages),
-                prop::collection::vec(op(alloc_len, pages), 1..200),
-            )
+            (Just(pages), prop::collection::vec(op(alloc_len, pages), 1..200))
         })
     }
 
     const PAPER_POOL_PAGES: u32 = 16_384;
 
     fn paper_pool_ops() -> impl Strategy<Value = Vec<Op>> {
-        let alloc_len =
-            prop_oneof![2 => 1..=64u32, 2 => 1..=2048u32, 1 => 1..=PAPER_POOL_PAGES + 1];
+        let alloc_len = prop_oneof![2 => 1..=64u32, 2 => 1..=2048u32, 1 => 1..=PAPER_POOL_PAGES + 1];
         prop::collection::vec(op(alloc_len, PAPER_POOL_PAGES), 1..60)
     }
 
@@ -995,11 +900,7 @@ mod tests {
                 let (start, end) = (a.min(b), a.max(b).min(pages));
                 (start, end - start, free)
             });
-            (
-                Just(pages),
-                prop::collection::vec(assign, 1..100),
-                prop::collection::vec(1..=pages + 1, 4),
-            )
+            (Just(pages), prop::collection::vec(assign, 1..100), prop::collection::vec(1..=pages + 1, 4))
         })
     }
 
@@ -1062,17 +963,11 @@ mod tests {
     #[test]
     fn tree_edges() {
         let mut tree = SegmentTree::new(5);
-        assert_eq!(
-            (tree.pages(), tree.longest_free_run()),
-            (5, 5)
-        );
+        assert_eq!((tree.pages(), tree.longest_free_run()), (5, 5));
         assert_eq!(tree.first_fit(5), Some(0));
         assert_eq!(tree.first_fit(6), None);
         assert_eq!(tree.first_fit(0), Some(0));
-        assert!(
-            !tree.is_free(5),
-            "padding and out-of-range pages are never free"
-        );
+        assert!(!tree.is_free(5), "padding and out-of-range pages are never free");
         tree.assign(1, 3, false);
         assert_eq!(tree.first_fit(1), Some(0));
         assert_eq!(tree.first_fit(2), None);
@@ -1107,26 +1002,14 @@ mod tests {
         let runs: Vec<PageRun> = (0..64).map(|_| pool.alloc(1).expect("fits")).collect();
         assert_eq!(
             pool.alloc(1),
-            Err(PoolError::Exhausted {
-                runs: 1,
-                pages_per_run: 1,
-                pat_pages: 0,
-                longest_free: 0,
-                free: 0
-            })
+            Err(PoolError::Exhausted { runs: 1, pages_per_run: 1, pat_pages: 0, longest_free: 0, free: 0 })
         );
         for &run in runs.iter().step_by(2) {
             pool.free(run).expect("allocated");
         }
         assert_eq!(
             pool.alloc(2),
-            Err(PoolError::Exhausted {
-                runs: 1,
-                pages_per_run: 2,
-                pat_pages: 0,
-                longest_free: 1,
-                free: 32
-            })
+            Err(PoolError::Exhausted { runs: 1, pages_per_run: 2, pat_pages: 0, longest_free: 1, free: 32 })
         );
         pool.free(runs[41]).expect("allocated");
         assert_eq!(pool.alloc(3), Ok(PageRun { start: 40, len: 3 }));
@@ -1136,7 +1019,10 @@ mod tests {
     #[test]
     fn empty_pool_and_zero_length_are_errors() {
         assert_eq!(PagePool::new(0).err(), Some(PoolError::EmptyPool));
-        assert_eq!(PagePool::new((1 << 30) + 1).err(), Some(PoolError::TooLarge { pages: (1 << 30) + 1, max: 1 << 30 }));
+        assert_eq!(
+            PagePool::new((1 << 30) + 1).err(),
+            Some(PoolError::TooLarge { pages: (1 << 30) + 1, max: 1 << 30 })
+        );
         let mut pool = PagePool::new(4).expect("nonzero pool");
         assert_eq!(pool.alloc(0), Err(PoolError::ZeroLength));
         assert_eq!(pool.capacity(), 4);
@@ -1148,10 +1034,7 @@ mod tests {
         let mut pool = PagePool::new(16).expect("nonzero pool");
         let run = pool.alloc(4).expect("fits");
         assert_eq!(pool.free(run), Ok(()));
-        assert_eq!(
-            pool.free(run),
-            Err(PoolError::NotAllocated { start: 0, len: 4 })
-        );
+        assert_eq!(pool.free(run), Err(PoolError::NotAllocated { start: 0, len: 4 }));
         assert_eq!(pool.free_pages(), 16);
         assert_eq!(pool.allocated_runs(), 0);
     }
@@ -1169,17 +1052,11 @@ mod tests {
             PageRun { start: 0, len: 6 },
             PageRun { start: 2, len: 0 },
             PageRun { start: 16, len: 1 },
-            PageRun {
-                start: u32::MAX,
-                len: u32::MAX,
-            },
+            PageRun { start: u32::MAX, len: u32::MAX },
         ] {
             assert_eq!(
                 pool.free(bogus),
-                Err(PoolError::NotAllocated {
-                    start: bogus.start,
-                    len: bogus.len
-                }),
+                Err(PoolError::NotAllocated { start: bogus.start, len: bogus.len }),
                 "{bogus:?}"
             );
         }
@@ -1193,14 +1070,7 @@ mod tests {
         assert_eq!(run.end(), 5);
         assert!(!run.contains(2) && run.contains(3) && run.contains(4) && !run.contains(5));
         assert!(!PageRun { start: 3, len: 0 }.contains(3));
-        assert_eq!(
-            PageRun {
-                start: u32::MAX,
-                len: 2
-            }
-            .end(),
-            u32::MAX
-        );
+        assert_eq!(PageRun { start: u32::MAX, len: 2 }.end(), u32::MAX);
     }
 
     #[test]
@@ -1245,23 +1115,13 @@ mod tests {
         assert_eq!(tags.free(TagId(8)), Err(TagError::NotAllocated(TagId(8))));
         assert!(!tags.is_allocated(TagId(u32::MAX)));
         assert_eq!(tags.in_use(), 0);
-        assert_eq!(
-            TagAllocator::new(0).alloc(),
-            Err(TagError::Exhausted { capacity: 0 })
-        );
+        assert_eq!(TagAllocator::new(0).alloc(), Err(TagError::Exhausted { capacity: 0 }));
     }
 
     #[test]
     fn error_messages_name_the_numbers() {
         let exhausted = |runs, pages_per_run, pat_pages| {
-            PoolError::Exhausted {
-                runs,
-                pages_per_run,
-                pat_pages,
-                longest_free: 3,
-                free: 12,
-            }
-            .to_string()
+            PoolError::Exhausted { runs, pages_per_run, pat_pages, longest_free: 3, free: 12 }.to_string()
         };
         assert_eq!(
             exhausted(1, 5, 0),
@@ -1281,15 +1141,10 @@ mod tests {
         let most = u64::from(u32::MAX) * u64::from(u32::MAX) + u64::from(u32::MAX);
         assert!(exhausted(u32::MAX, u32::MAX, u32::MAX).contains(&format!("({most} pages in all)")));
         let not_allocated = PoolError::NotAllocated { start: 7, len: 3 }.to_string();
-        assert!(
-            not_allocated.contains("7..10") && not_allocated.contains('3'),
-            "{not_allocated}"
-        );
+        assert!(not_allocated.contains("7..10") && not_allocated.contains('3'), "{not_allocated}");
         assert!(!PoolError::EmptyPool.to_string().is_empty());
         assert!(!PoolError::ZeroLength.to_string().is_empty());
-        assert!(TagError::Exhausted { capacity: 42 }
-            .to_string()
-            .contains("42"));
+        assert!(TagError::Exhausted { capacity: 42 }.to_string().contains("42"));
         assert!(TagError::NotAllocated(TagId(9)).to_string().contains('9'));
     }
 }

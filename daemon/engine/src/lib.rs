@@ -19,7 +19,8 @@ pub mod runs;
 
 pub use activator::{Command, DataSource, ErrorMarker, Fill};
 pub use engine::{
-    pool_page, ChannelId, ChannelLayout, ChannelSpec, Engine, EngineConfig, EngineError, EngineStats, Producer, SlotLayout,
+    pool_page, ChannelId, ChannelLayout, ChannelSpec, Engine, EngineConfig, EngineError, EngineStats, Producer,
+    SlotLayout,
 };
 pub use fault::{FaultEntry, RawFaultEntry, VaWidth};
 pub use histogram::Histogram;

@@ -10,7 +10,10 @@ use std::collections::HashMap;
 
 use proptest::prelude::*;
 use wic_engine::fault::AccessType;
-use wic_engine::{ChannelId, ChannelLayout, ChannelSpec, Command, DataSource, Engine, EngineConfig, EngineError, ErrorMarker, FaultEntry, Fill, PoolError, Producer, RawFaultEntry};
+use wic_engine::{
+    ChannelId, ChannelLayout, ChannelSpec, Command, DataSource, Engine, EngineConfig, EngineError, ErrorMarker,
+    FaultEntry, Fill, PoolError, Producer, RawFaultEntry,
+};
 
 const WARPS: u32 = 16;
 /// Entries in one batch of a GPU's fault buffer.
@@ -83,7 +86,8 @@ impl Harness {
     /// Opens one host-producer channel per (slots, message bytes, timeout); one the pool cannot
     /// hold any more is refused and leaves the pool as it was.
     fn new(channels: &[(u32, u32, u64)]) -> Self {
-        let config = EngineConfig { pool_pages: POOL_PAGES, max_slots: 2048, warps_per_batch: WARPS, ..EngineConfig::default() };
+        let config =
+            EngineConfig { pool_pages: POOL_PAGES, max_slots: 2048, warps_per_batch: WARPS, ..EngineConfig::default() };
         let mut engine = Engine::new(config).unwrap();
         let mut slots = Vec::new();
         let mut runs = HashMap::new();
@@ -112,7 +116,17 @@ impl Harness {
             }
         }
         let model = vec![SlotModel::default(); slots.len()];
-        Self { engine, slots, model, runs, now: 0, out: Vec::new(), expected: Vec::new(), replay_pending: false, max_held: 0 }
+        Self {
+            engine,
+            slots,
+            model,
+            runs,
+            now: 0,
+            out: Vec::new(),
+            expected: Vec::new(),
+            replay_pending: false,
+            max_held: 0,
+        }
     }
 
     fn complete(&mut self, slot: usize, how: Completion) {
@@ -165,7 +179,8 @@ impl Harness {
                 }
                 // The GPU hands its buffer over in batches of at most 256 entries, per GPU.
                 for gpu in [0, 1] {
-                    let entries: Vec<RawFaultEntry> = batch.iter().filter(|(g, _)| *g == gpu).map(|(_, e)| *e).collect();
+                    let entries: Vec<RawFaultEntry> =
+                        batch.iter().filter(|(g, _)| *g == gpu).map(|(_, e)| *e).collect();
                     for chunk in entries.chunks(FAULT_BATCH) {
                         self.engine.handle_faults(self.now, gpu, chunk, &mut self.out);
                     }
@@ -240,15 +255,18 @@ impl Harness {
         seen.sort_by_key(|&(slot, side, how)| (slot, side, how.word()));
         prop_assert_eq!(&seen, &expected, "completions (slot, side, how)");
         // Each completion maps its run and unmaps the companion.
-        let mut expected_wakes: Vec<(u64, u64)> =
-            expected.iter().map(|&(slot, side, _)| (self.slots[slot].runs[side], self.slots[slot].runs[1 - side])).collect();
+        let mut expected_wakes: Vec<(u64, u64)> = expected
+            .iter()
+            .map(|&(slot, side, _)| (self.slots[slot].runs[side], self.slots[slot].runs[1 - side]))
+            .collect();
         expected_wakes.sort();
         wakes.sort();
         prop_assert_eq!(wakes, expected_wakes);
         self.replay_pending = !expected.is_empty();
         let held = self.model.iter().filter(|m| m.held_since.is_some()).count() as u32;
         prop_assert_eq!(self.engine.held(), held);
-        let next_deadline = self.model.iter().zip(&self.slots).filter_map(|(m, s)| Some(m.held_since?.saturating_add(s.timeout))).min();
+        let next_deadline =
+            self.model.iter().zip(&self.slots).filter_map(|(m, s)| Some(m.held_since?.saturating_add(s.timeout))).min();
         prop_assert_eq!(self.engine.next_deadline(), next_deadline, "the earliest deadline of a held request");
         prop_assert_eq!(self.engine.available_tags(), self.model.iter().filter(|m| m.published).count());
         self.max_held = self.max_held.max(held);
@@ -264,7 +282,10 @@ impl Harness {
         for id in channels {
             self.engine.close_channel(id, &mut out).unwrap();
         }
-        let markers = out.iter().filter(|c| matches!(c, Command::Complete { fill: Fill::Marker(ErrorMarker::ChannelClosed), .. })).count();
+        let markers = out
+            .iter()
+            .filter(|c| matches!(c, Command::Complete { fill: Fill::Marker(ErrorMarker::ChannelClosed), .. }))
+            .count();
         prop_assert_eq!(markers, held);
         prop_assert_eq!(self.engine.held(), 0);
         prop_assert_eq!(self.engine.pool().free_pages(), POOL_PAGES);
@@ -276,7 +297,11 @@ impl Harness {
 }
 
 fn channels() -> impl Strategy<Value = Vec<(u32, u32, u64)>> {
-    let channel = (1u32..96, prop::sample::select(vec![64u32, 256, 4096, 16384]), prop::sample::select(vec![500u64, 50_000, u64::MAX / 4]));
+    let channel = (
+        1u32..96,
+        prop::sample::select(vec![64u32, 256, 4096, 16384]),
+        prop::sample::select(vec![500u64, 50_000, u64::MAX / 4]),
+    );
     prop::collection::vec(channel, 1..8)
 }
 
@@ -309,7 +334,8 @@ proptest! {
 fn a_thousand_outstanding_requests_survive_storms_and_deliver_once_each() {
     let mut h = Harness::new(&[(512, 1024, u64::MAX / 4), (512, 256, u64::MAX / 4)]);
     assert_eq!(h.slots.len(), 1024);
-    let all: Vec<(usize, u32, bool, bool)> = (0..h.slots.len()).map(|slot| (slot, slot as u32 % WARPS, false, false)).collect();
+    let all: Vec<(usize, u32, bool, bool)> =
+        (0..h.slots.len()).map(|slot| (slot, slot as u32 % WARPS, false, false)).collect();
     h.step(&Step::Faults(all)).unwrap();
     assert_eq!(h.engine.held(), 1024);
     // 7 is coprime with 1024: every slot is published once, in a scrambled order, each
@@ -345,7 +371,11 @@ fn a_gpu_producers_tag_is_published_once_whoever_else_tries() {
     let mut out = Vec::new();
     engine.handle_faults(0, 0, &[fault(slot.runs[0])], &mut out);
     assert_eq!(engine.publish(1, layout.id, 0, &mut out), Err(EngineError::NotHostProducer(layout.id)));
-    assert_eq!((engine.available_tags(), engine.stats().host_publishes, engine.held()), (0, 0, 1), "the host's attempt set nothing");
+    assert_eq!(
+        (engine.available_tags(), engine.stats().host_publishes, engine.held()),
+        (0, 0, 1),
+        "the host's attempt set nothing"
+    );
     for round in 0..4 {
         engine.handle_faults(2 + round, 1, &[write(pat[0]), write(pat[0])], &mut out);
     }

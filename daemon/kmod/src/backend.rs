@@ -6,7 +6,10 @@ use std::ops::Range;
 use std::path::Path;
 use std::time::Duration;
 
-use wic_engine::{ChannelId, ChannelLayout, Command, DataSource, Engine, EngineConfig, GpuId, Nanos, Producer, RawFaultEntry, PAGE_SIZE};
+use wic_engine::{
+    ChannelId, ChannelLayout, Command, DataSource, Engine, EngineConfig, GpuId, Nanos, Producer, RawFaultEntry,
+    PAGE_SIZE,
+};
 use wic_proto::kabi::{self, WicCommand};
 
 use crate::commands::{CommandError, Placement, Translator};
@@ -115,7 +118,13 @@ impl BatchPath {
     /// Reads `ring` and feeds every held fault to the engine, GPU by GPU, and every hold the
     /// module ended itself ([`kabi::WIC_RECORD_EXPIRED`]) where it comes in the ring, after
     /// the faults before it. Returns how many records were read.
-    pub fn take_faults(&mut self, ring: &mut FaultRing, engine: &mut Engine, now: Nanos, out: &mut Vec<Command>) -> usize {
+    pub fn take_faults(
+        &mut self,
+        ring: &mut FaultRing,
+        engine: &mut Engine,
+        now: Nanos,
+        out: &mut Vec<Command>,
+    ) -> usize {
         let Self { translator, width, entries, gpus, expired, stray_records, .. } = self;
         entries.clear();
         gpus.clear();
@@ -123,7 +132,10 @@ impl BatchPath {
         // Each record becomes an engine entry as it is copied out of the ring.
         let read = ring.read_with(usize::MAX, |_, record| {
             let entry = RawFaultEntry(record.entry);
-            let (Ok(gpu), Some(va)) = (GpuId::try_from(record.gpu_id), translator.engine_va(record.space_id, record.range_id, &entry, *width)) else {
+            let (Ok(gpu), Some(va)) = (
+                GpuId::try_from(record.gpu_id),
+                translator.engine_va(record.space_id, record.range_id, &entry, *width),
+            ) else {
                 *stray_records += 1;
                 return;
             };
@@ -157,7 +169,9 @@ impl BatchPath {
         // A batch almost always comes from one GPU.
         match gpus.first() {
             None => {}
-            Some(&gpu) if gpus.iter().all(|&other| other == gpu) => engine.handle_faults(now, gpu, &self.entries[range], out),
+            Some(&gpu) if gpus.iter().all(|&other| other == gpu) => {
+                engine.handle_faults(now, gpu, &self.entries[range], out)
+            }
             Some(_) => self.take_from_several_gpus(engine, now, range, out),
         }
     }
@@ -168,7 +182,8 @@ impl BatchPath {
     #[cold]
     fn take_from_several_gpus(&mut self, engine: &mut Engine, now: Nanos, range: Range<usize>, out: &mut Vec<Command>) {
         self.order.clear();
-        self.order.extend(self.gpus[range.clone()].iter().zip(range.start as u32..).map(|(&gpu, position)| (gpu, position)));
+        self.order
+            .extend(self.gpus[range.clone()].iter().zip(range.start as u32..).map(|(&gpu, position)| (gpu, position)));
         self.order.sort_unstable();
         self.grouped.clear();
         self.grouped.extend(self.order.iter().map(|&(_, position)| self.entries[position as usize]));
@@ -209,7 +224,12 @@ impl BatchPath {
     }
 
     /// After the batch ran: every translated command with the module's result.
-    fn report(&self, commands: &[Command], done: &mut Executed, outcome: &mut impl FnMut(&Command, Result<i32, CommandError>)) {
+    fn report(
+        &self,
+        commands: &[Command],
+        done: &mut Executed,
+        outcome: &mut impl FnMut(&Command, Result<i32, CommandError>),
+    ) {
         for (kernel, &index) in self.batch.iter().zip(&self.origin) {
             if kernel.result != 0 {
                 done.failed += 1;
@@ -228,10 +248,18 @@ pub struct ShimBackend {
 
 impl ShimBackend {
     /// Opens a session on `path` for an engine configured as `config`.
-    pub fn open(path: &Path, busy_wait: Duration, submission: Submission, config: &EngineConfig) -> Result<Self, DeviceError> {
+    pub fn open(
+        path: &Path,
+        busy_wait: Duration,
+        submission: Submission,
+        config: &EngineConfig,
+    ) -> Result<Self, DeviceError> {
         let device = Device::open(path, busy_wait)?;
         let uring = match submission {
-            Submission::Uring => Some(UringSubmitter::new(device.limits().max_commands).map_err(|e| DeviceError::Ring(format!("io_uring: {e}")))?),
+            Submission::Uring => Some(
+                UringSubmitter::new(device.limits().max_commands)
+                    .map_err(|e| DeviceError::Ring(format!("io_uring: {e}")))?,
+            ),
             Submission::Ioctl => None,
         };
         Ok(Self { device, uring, path: BatchPath::new(config) })
@@ -245,7 +273,13 @@ impl ShimBackend {
     /// Places a channel at `base` in an attached space and registers its ranges: PCM, then for
     /// a GPU `producer` PAT and the pages holding the producer's bytes for every slot, which
     /// the module copies from.
-    pub fn place(&mut self, layout: &ChannelLayout, producer: Producer, space_id: u32, base: u64) -> Result<PlacedChannel, DeviceError> {
+    pub fn place(
+        &mut self,
+        layout: &ChannelLayout,
+        producer: Producer,
+        space_id: u32,
+        base: u64,
+    ) -> Result<PlacedChannel, DeviceError> {
         let placement = Placement::new(layout, space_id, base);
         // The runs' size lets the module's own expiry complete a whole run, as the engine would.
         let mut wanted = vec![(kabi::WIC_RANGE_PCM, base, placement.pcm_bytes, layout.pages_per_run)];
@@ -281,7 +315,8 @@ impl ShimBackend {
     /// refused stay registered, their faults held, until an unregister of them succeeds.
     pub fn unplace(&mut self, channel: &PlacedChannel) -> Result<(), UnplaceError> {
         self.path.remove(&channel.placement);
-        let refused: Vec<_> = channel.ranges.iter().filter_map(|&id| self.device.unregister(id).err().map(|e| (id, e))).collect();
+        let refused: Vec<_> =
+            channel.ranges.iter().filter_map(|&id| self.device.unregister(id).err().map(|e| (id, e))).collect();
         if refused.is_empty() {
             Ok(())
         } else {
@@ -315,7 +350,9 @@ impl ShimBackend {
             return Ok(done);
         }
         done.succeeded = match &mut self.uring {
-            Some(uring) => uring.submit(self.device.fd(), batch).map_err(|e| DeviceError::Ring(format!("io_uring submission: {e}")))?,
+            Some(uring) => uring
+                .submit(self.device.fd(), batch)
+                .map_err(|e| DeviceError::Ring(format!("io_uring submission: {e}")))?,
             None => self.device.submit(batch)?,
         };
         self.path.report(commands, &mut done, &mut outcome);
@@ -336,7 +373,13 @@ mod tests {
         let mut path = BatchPath::new(engine.config());
         let mut placed = Vec::new();
         for gpu in [0, 1] {
-            let spec = ChannelSpec { consumer_gpu: gpu, producer: Producer::Host, message_bytes: 256, slots: 3, timeout: 1_000 };
+            let spec = ChannelSpec {
+                consumer_gpu: gpu,
+                producer: Producer::Host,
+                message_bytes: 256,
+                slots: 3,
+                timeout: 1_000,
+            };
             let layout = engine.open_channel(spec).unwrap();
             let placement = Placement::new(&layout, 1, 0x7000_0000_0000 + u64::from(gpu) * 0x100_0000);
             path.add(&placement, &[1]);
@@ -357,13 +400,31 @@ mod tests {
             let (layout, placement) = &placed[gpu];
             let va = placement.process_va(layout.slots[slot].runs[0]).unwrap();
             let entry = FaultEntry::replayable_gpc(va, AccessType::Read, 0, 0x1000, 0, 0).encode();
-            memory.write(seq as u64, &Record { seq: seq as u64, space_id: 1, gpu_id: gpu as u32, range_id: 1, pat: false, expired: false, held_ns: 0, entry });
+            memory.write(
+                seq as u64,
+                &Record {
+                    seq: seq as u64,
+                    space_id: 1,
+                    gpu_id: gpu as u32,
+                    range_id: 1,
+                    pat: false,
+                    expired: false,
+                    held_ns: 0,
+                    entry,
+                },
+            );
         }
         memory.publish(order.len() as u64);
         out.clear();
         assert_eq!(path.take_faults(&mut ring, &mut engine, 1, &mut out), order.len());
-        let written: Vec<u64> = out.iter().filter_map(|c| if let Command::Complete { run_va, .. } = c { Some(*run_va) } else { None }).collect();
-        let expected: Vec<u64> = [(0, 1), (0, 2), (0, 0), (1, 2), (1, 0), (1, 1)].iter().map(|&(gpu, slot)| placed[gpu].0.slots[slot].runs[0]).collect();
+        let written: Vec<u64> = out
+            .iter()
+            .filter_map(|c| if let Command::Complete { run_va, .. } = c { Some(*run_va) } else { None })
+            .collect();
+        let expected: Vec<u64> = [(0, 1), (0, 2), (0, 0), (1, 2), (1, 0), (1, 1)]
+            .iter()
+            .map(|&(gpu, slot)| placed[gpu].0.slots[slot].runs[0])
+            .collect();
         assert_eq!(written, expected);
         assert_eq!(path.stray_records, 0);
     }
@@ -371,7 +432,8 @@ mod tests {
     #[test]
     fn a_hold_the_module_ended_moves_its_slot_on_between_the_faults_around_it() {
         let mut engine = Engine::new(EngineConfig::default()).unwrap();
-        let spec = ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 256, slots: 1, timeout: 1_000 };
+        let spec =
+            ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 256, slots: 1, timeout: 1_000 };
         let layout = engine.open_channel(spec).unwrap();
         let placement = Placement::new(&layout, 1, 0x7000_0000_0000);
         let mut path = BatchPath::new(engine.config());
@@ -385,7 +447,19 @@ mod tests {
         let mut ring = unsafe { FaultRing::new(memory.base(), memory.bytes()) }.unwrap();
         for (seq, &(va, expired)) in records.iter().enumerate() {
             let entry = FaultEntry::replayable_gpc(va, AccessType::Read, 0, 0x1000, 0, 0).encode();
-            memory.write(seq as u64, &Record { seq: seq as u64, space_id: 1, gpu_id: 0, range_id: 1, pat: false, expired, held_ns: 0, entry });
+            memory.write(
+                seq as u64,
+                &Record {
+                    seq: seq as u64,
+                    space_id: 1,
+                    gpu_id: 0,
+                    range_id: 1,
+                    pat: false,
+                    expired,
+                    held_ns: 0,
+                    entry,
+                },
+            );
         }
         memory.publish(records.len() as u64);
         let mut out = Vec::new();
@@ -394,13 +468,16 @@ mod tests {
         assert_eq!((engine.held(), stats.timed_out, stats.stale), (1, 1, 0));
         assert!(out.iter().all(|c| !matches!(c, Command::Complete { .. })), "the module completed the run: {out:?}");
         engine.publish(2, layout.id, 0, &mut out).unwrap();
-        assert!(out.iter().any(|c| matches!(c, Command::Complete { run_va, .. } if *run_va == layout.slots[0].runs[1])));
+        assert!(out
+            .iter()
+            .any(|c| matches!(c, Command::Complete { run_va, .. } if *run_va == layout.slots[0].runs[1])));
     }
 
     #[test]
     fn records_of_unknown_gpus_or_unplaced_pages_are_counted_and_the_rest_delivered() {
         let mut engine = Engine::new(EngineConfig::default()).unwrap();
-        let spec = ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 256, slots: 2, timeout: 1_000 };
+        let spec =
+            ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 256, slots: 2, timeout: 1_000 };
         let layout = engine.open_channel(spec).unwrap();
         let placement = Placement::new(&layout, 1, 0x7000_0000_0000);
         let mut path = BatchPath::new(engine.config());
@@ -418,28 +495,53 @@ mod tests {
         let mut ring = unsafe { FaultRing::new(memory.base(), memory.bytes()) }.unwrap();
         for (seq, &(gpu_id, space_id, va)) in records.iter().enumerate() {
             let entry = FaultEntry::replayable_gpc(va, AccessType::Read, 0, 0x1000, 0, 0).encode();
-            memory.write(seq as u64, &Record { seq: seq as u64, space_id, gpu_id, range_id: 1, pat: false, expired: false, held_ns: 0, entry });
+            memory.write(
+                seq as u64,
+                &Record {
+                    seq: seq as u64,
+                    space_id,
+                    gpu_id,
+                    range_id: 1,
+                    pat: false,
+                    expired: false,
+                    held_ns: 0,
+                    entry,
+                },
+            );
         }
         memory.publish(records.len() as u64);
         out.clear();
         assert_eq!(path.take_faults(&mut ring, &mut engine, 1, &mut out), records.len());
         assert_eq!(path.stray_records, 3);
-        let delivered: Vec<u64> = out.iter().filter_map(|c| if let Command::Complete { run_va, .. } = c { Some(*run_va) } else { None }).collect();
+        let delivered: Vec<u64> = out
+            .iter()
+            .filter_map(|c| if let Command::Complete { run_va, .. } = c { Some(*run_va) } else { None })
+            .collect();
         assert_eq!(delivered, [layout.slots[0].runs[0], layout.slots[1].runs[0]]);
     }
 
     #[test]
     fn results_go_back_to_their_engine_commands_past_the_untranslatable() {
         let mut engine = Engine::new(EngineConfig::default()).unwrap();
-        let spec = ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 256, slots: 2, timeout: 1_000 };
+        let spec =
+            ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 256, slots: 2, timeout: 1_000 };
         let layout = engine.open_channel(spec).unwrap();
         let mut path = BatchPath::new(engine.config());
         path.add(&Placement::new(&layout, 1, 0x7000_0000_0000), &[1]);
         let fill = wic_engine::Fill::Marker(wic_engine::ErrorMarker::Timeout);
-        let complete = |run_va, companion_va| Command::Complete { gpu: 0, channel: layout.id, slot: 0, run_va, companion_va, pages: 1, fill };
+        let complete = |run_va, companion_va| Command::Complete {
+            gpu: 0,
+            channel: layout.id,
+            slot: 0,
+            run_va,
+            companion_va,
+            pages: 1,
+            fill,
+        };
         let [slot0, slot1] = [0, 1].map(|slot| layout.slots[slot].runs);
         let unplaced = complete(0x10, slot0[1]);
-        let commands = [complete(slot0[0], slot0[1]), unplaced, complete(slot1[0], slot1[1]), Command::Replay { gpu: 0 }];
+        let commands =
+            [complete(slot0[0], slot0[1]), unplaced, complete(slot1[0], slot1[1]), Command::Replay { gpu: 0 }];
         let (mut untranslatable, mut refused) = (0, Vec::new());
         let batch = path.translate(&commands, |_, _, _| None, &mut |c, e| refused.push((*c, e)), &mut untranslatable);
         assert_eq!(batch.len(), 3, "one kernel command per translated engine command");

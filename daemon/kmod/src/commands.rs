@@ -6,7 +6,10 @@
 //! [`Translator`] gives ring records' pages their engine addresses and turns engine commands
 //! into kernel commands, refusing anything that does not belong to a placed channel.
 
-use wic_engine::{pool_page, ChannelId, ChannelLayout, Command, DataSource, EngineConfig, FaultEntry, Fill, GpuId, RawFaultEntry, VaWidth, PAGE_SIZE};
+use wic_engine::{
+    pool_page, ChannelId, ChannelLayout, Command, DataSource, EngineConfig, FaultEntry, Fill, GpuId, RawFaultEntry,
+    VaWidth, PAGE_SIZE,
+};
 use wic_proto::kabi::{self, WicCommand};
 
 /// Why a command or record could not be translated.
@@ -112,7 +115,11 @@ pub struct Translator {
 impl Translator {
     /// A translator for an engine configured as `config`.
     pub fn new(config: &EngineConfig) -> Self {
-        Self { pool_base: config.pool_base, pool: vec![PageMapping::default(); config.pool_pages as usize], ranges: Vec::new() }
+        Self {
+            pool_base: config.pool_base,
+            pool: vec![PageMapping::default(); config.pool_pages as usize],
+            ranges: Vec::new(),
+        }
     }
 
     /// Adds a placed channel, registered with the module as the ranges `range_ids` (PCM, then
@@ -124,16 +131,30 @@ impl Translator {
         for (id, &range_id) in ids.iter_mut().zip(range_ids) {
             *id = range_id;
         }
-        let mut range = PlacedRange { space_id: placement.space_id, base: placement.base, range_ids: ids, pages: vec![PageMapping::default(); total_pages as usize] };
+        let mut range = PlacedRange {
+            space_id: placement.space_id,
+            base: placement.base,
+            range_ids: ids,
+            pages: vec![PageMapping::default(); total_pages as usize],
+        };
         for &(engine_start, process_start, pages) in &placement.runs {
             let last = u64::from(pages.max(1) - 1) * PAGE_SIZE;
-            let (Some(first_pool), Some(_)) = (pool_page(self.pool_base, engine_start, &self.pool), pool_page(self.pool_base, engine_start + last, &self.pool)) else { continue };
-            let Some(first) = process_start.checked_sub(placement.base).map(|offset| (offset / PAGE_SIZE) as usize) else { continue };
+            let (Some(first_pool), Some(_)) = (
+                pool_page(self.pool_base, engine_start, &self.pool),
+                pool_page(self.pool_base, engine_start + last, &self.pool),
+            ) else {
+                continue;
+            };
+            let Some(first) = process_start.checked_sub(placement.base).map(|offset| (offset / PAGE_SIZE) as usize)
+            else {
+                continue;
+            };
             let Some(process_pages) = range.pages.get_mut(first..first + pages as usize) else { continue };
             for (i, page) in process_pages.iter_mut().enumerate() {
                 let (step, pages_left) = (i as u64 * PAGE_SIZE, pages - i as u32);
                 *page = PageMapping { other_va: engine_start + step, pages_left, space_id: 0 };
-                self.pool[first_pool + i] = PageMapping { other_va: process_start + step, pages_left, space_id: placement.space_id };
+                self.pool[first_pool + i] =
+                    PageMapping { other_va: process_start + step, pages_left, space_id: placement.space_id };
             }
         }
         let at = self.ranges.partition_point(|r| (r.space_id, r.base) < (range.space_id, range.base));
@@ -153,7 +174,8 @@ impl Translator {
 
     #[inline]
     fn to_process(&self, engine_va: u64, pages: u32) -> Result<(u32, u64), CommandError> {
-        let mapping = pool_page(self.pool_base, engine_va, &self.pool).map(|index| self.pool[index]).unwrap_or_default();
+        let mapping =
+            pool_page(self.pool_base, engine_va, &self.pool).map(|index| self.pool[index]).unwrap_or_default();
         let process_va = mapping.translate(engine_va, pages).ok_or(CommandError::Unplaced { va: engine_va })?;
         Ok((mapping.space_id, process_va))
     }
@@ -179,7 +201,11 @@ impl Translator {
     /// the application (its buffer is the channel's source range). `host_data(channel, source,
     /// len)` gives the daemon's address of the `len` bytes `source` names in the host producer
     /// buffer of `channel`.
-    pub fn to_kernel(&self, command: &Command, host_data: impl Fn(ChannelId, DataSource, u64) -> Option<u64>) -> Result<WicCommand, CommandError> {
+    pub fn to_kernel(
+        &self,
+        command: &Command,
+        host_data: impl Fn(ChannelId, DataSource, u64) -> Option<u64>,
+    ) -> Result<WicCommand, CommandError> {
         let kernel = |opcode, gpu: GpuId, (space_id, va): (u32, u64), pages| WicCommand {
             opcode,
             space_id,
@@ -192,9 +218,11 @@ impl Translator {
             Command::Complete { gpu, channel, run_va, companion_va, pages, fill, .. } => {
                 let (opcode, length, arg) = match fill {
                     Fill::Data { len, source: DataSource::Gpu { va, .. } } => (kabi::WIC_CMD_COMPLETE_COPY, len, va),
-                    Fill::Data { len, source } => {
-                        (kabi::WIC_CMD_COMPLETE, len, host_data(channel, source, len).ok_or(CommandError::NoHostData { va: run_va })?)
-                    }
+                    Fill::Data { len, source } => (
+                        kabi::WIC_CMD_COMPLETE,
+                        len,
+                        host_data(channel, source, len).ok_or(CommandError::NoHostData { va: run_va })?,
+                    ),
                     Fill::Marker(marker) => (kabi::WIC_CMD_COMPLETE, 0, marker.word()),
                 };
                 // Data longer than the run is refused here rather than by the module.
@@ -221,7 +249,10 @@ mod tests {
             id: ChannelId(1),
             pages_per_run: 2,
             batch_bytes: 8192,
-            slots: vec![slot([0x10_0000, 0x10_2000], Some([0x20_0000, 0x20_1000])), slot([0x30_0000, 0x30_2000], Some([0x20_2000, 0x20_3000]))],
+            slots: vec![
+                slot([0x10_0000, 0x10_2000], Some([0x20_0000, 0x20_1000])),
+                slot([0x30_0000, 0x30_2000], Some([0x20_2000, 0x20_3000])),
+            ],
         }
     }
 
@@ -242,14 +273,22 @@ mod tests {
 
     #[test]
     fn a_placement_takes_what_the_spec_says_it_needs() {
-        for (producer, message_bytes, slots) in [(Producer::Host, 100, 3), (Producer::Gpu { gpu: 1, base_va: 0 }, 5000, 2)] {
+        for (producer, message_bytes, slots) in
+            [(Producer::Host, 100, 3), (Producer::Gpu { gpu: 1, base_va: 0 }, 5000, 2)]
+        {
             let spec = ChannelSpec { consumer_gpu: 0, producer, message_bytes, slots, timeout: 1 };
             let mut engine = Engine::new(EngineConfig::default()).unwrap();
             let layout = engine.open_channel(spec).unwrap();
             let p = Placement::new(&layout, 1, 0x1000_0000);
             assert_eq!(Some(p.pcm_bytes + p.pat_bytes), spec.placement_bytes(engine.config().warps_per_batch));
         }
-        let host = |message_bytes, slots| ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes, slots, timeout: 1 };
+        let host = |message_bytes, slots| ChannelSpec {
+            consumer_gpu: 0,
+            producer: Producer::Host,
+            message_bytes,
+            slots,
+            timeout: 1,
+        };
         assert_eq!(host(0, 1).placement_bytes(16), None, "no message byte");
         assert_eq!(host(64, 0).placement_bytes(16), None, "no slot");
         // 2^24 pages per run: 2^27 slots would need 2^64 bytes.
@@ -259,16 +298,32 @@ mod tests {
 
     #[test]
     fn commands_translate_page_by_page_and_stay_inside_their_run() {
-        let mut t = Translator::new(&EngineConfig { pool_base: 0x10_0000, pool_pages: 0x30_0000 / 4096, ..EngineConfig::default() });
+        let mut t = Translator::new(&EngineConfig {
+            pool_base: 0x10_0000,
+            pool_pages: 0x30_0000 / 4096,
+            ..EngineConfig::default()
+        });
         t.add(&Placement::new(&layout(), 7, 0x7000_0000), &[1, 2]);
         let host = |channel, _: DataSource, _: u64| (channel == ChannelId(3)).then_some(0xdead_0000);
         let data = |len| Fill::Data { len, source: DataSource::Host { offset: 0 } };
-        let complete = |run_va, companion_va, fill| Command::Complete { gpu: 1, channel: ChannelId(3), slot: 0, run_va, companion_va, pages: 2, fill };
+        let complete = |run_va, companion_va, fill| Command::Complete {
+            gpu: 1,
+            channel: ChannelId(3),
+            slot: 0,
+            run_va,
+            companion_va,
+            pages: 2,
+            fill,
+        };
         let commands = [
             complete(0x30_2000, 0x30_0000, data(5000)),
             complete(0x10_0000, 0x10_2000, Fill::Marker(ErrorMarker::Timeout)),
             // A GPU producer's bytes stay at the application's address: the module copies them.
-            complete(0x10_2000, 0x10_0000, Fill::Data { len: 4100, source: DataSource::Gpu { gpu: 2, va: 0x5000_0123 } }),
+            complete(
+                0x10_2000,
+                0x10_0000,
+                Fill::Data { len: 4100, source: DataSource::Gpu { gpu: 2, va: 0x5000_0123 } },
+            ),
             Command::ServicePat { gpu: 1, va: 0x20_3000 },
             Command::Replay { gpu: 1 },
         ];
@@ -303,7 +358,11 @@ mod tests {
 
     #[test]
     fn records_map_to_engine_addresses_and_strangers_are_dropped() {
-        let mut t = Translator::new(&EngineConfig { pool_base: 0x10_0000, pool_pages: 0x30_0000 / 4096, ..EngineConfig::default() });
+        let mut t = Translator::new(&EngineConfig {
+            pool_base: 0x10_0000,
+            pool_pages: 0x30_0000 / 4096,
+            ..EngineConfig::default()
+        });
         let placement = Placement::new(&layout(), 7, 0x7000_0000);
         t.add(&placement, &[1, 2]);
         let width = VaWidth::Bits57;
@@ -322,16 +381,32 @@ mod tests {
 
     #[test]
     fn a_removed_channels_runs_make_room_for_the_next_without_crossing_over() {
-        let mut t = Translator::new(&EngineConfig { pool_base: 0x10_0000, pool_pages: 0x30_0000 / 4096, ..EngineConfig::default() });
+        let mut t = Translator::new(&EngineConfig {
+            pool_base: 0x10_0000,
+            pool_pages: 0x30_0000 / 4096,
+            ..EngineConfig::default()
+        });
         let (first, second) = (Placement::new(&layout(), 7, 0x7000_0000), Placement::new(&layout(), 8, 0x9000_0000));
         t.add(&first, &[1, 2]);
         t.remove(&first);
         t.add(&second, &[3, 4]);
         let host = |_: ChannelId, _: DataSource, _: u64| None;
-        let complete = Command::Complete { gpu: 1, channel: ChannelId(0), slot: 1, run_va: 0x30_2000, companion_va: 0x30_0000, pages: 2, fill: Fill::Marker(ErrorMarker::Timeout) };
+        let complete = Command::Complete {
+            gpu: 1,
+            channel: ChannelId(0),
+            slot: 1,
+            run_va: 0x30_2000,
+            companion_va: 0x30_0000,
+            pages: 2,
+            fill: Fill::Marker(ErrorMarker::Timeout),
+        };
         let kernel = t.to_kernel(&complete, host).unwrap();
         assert_eq!((kernel.space_id, kernel.va), (8, 0x9000_6000), "the engine run now belongs to the second channel");
         assert_eq!(t.engine_va(7, 1, &fault(0x7000_6000), VaWidth::Bits57), None, "the first channel is gone");
-        assert_eq!(t.engine_va(8, 4, &fault(0x9000_8000), VaWidth::Bits57), Some(0x20_0000), "a PAT page of the second channel");
+        assert_eq!(
+            t.engine_va(8, 4, &fault(0x9000_8000), VaWidth::Bits57),
+            Some(0x20_0000),
+            "a PAT page of the second channel"
+        );
     }
 }

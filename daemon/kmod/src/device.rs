@@ -157,8 +157,10 @@ impl Device {
         let len = std::num::NonZeroUsize::new(ring_len).expect("a ring has a header page");
         // SAFETY: a new shared mapping of the session's ring, which nothing else aliases in
         // this process; unmapped in Drop.
-        let map = unsafe { mmap(None, len, ProtFlags::PROT_READ | ProtFlags::PROT_WRITE, MapFlags::MAP_SHARED, file.as_fd(), 0) }
-            .map_err(|errno| DeviceError::Call { call: "mmap of the fault ring", errno })?;
+        let map = unsafe {
+            mmap(None, len, ProtFlags::PROT_READ | ProtFlags::PROT_WRITE, MapFlags::MAP_SHARED, file.as_fd(), 0)
+        }
+        .map_err(|errno| DeviceError::Call { call: "mmap of the fault ring", errno })?;
         let ring_map = map.cast::<u8>();
         // SAFETY: `ring_len` bytes were just mapped at `ring_map`, page aligned, and stay
         // mapped until `self` drops (the ring is dropped with it).
@@ -204,7 +206,14 @@ impl Device {
 
     /// Registers `[start, start + length)` of a space as `kind` (`WIC_RANGE_*`), a PCM range
     /// made of pairs of `run_pages`-page runs (0: not said); returns its id.
-    pub fn register(&self, space_id: u32, kind: u32, start: u64, length: u64, run_pages: u32) -> Result<u32, DeviceError> {
+    pub fn register(
+        &self,
+        space_id: u32,
+        kind: u32,
+        start: u64,
+        length: u64,
+        run_pages: u32,
+    ) -> Result<u32, DeviceError> {
         let mut arg = WicRange { space_id, kind, start, length, range_id: 0, run_pages };
         // SAFETY: checked ABI; `arg` is valid for reads and writes.
         call("WIC_IOC_REGISTER", unsafe { ioc_register(self.file.as_raw_fd(), &mut arg) })?;

@@ -351,7 +351,8 @@ impl FakeGpu {
     /// Moves up to `capacity` logged events out, waiting up to `timeout_ms` for the first.
     pub fn events(&self, capacity: usize, timeout_ms: u32) -> io::Result<(Vec<Event>, u64)> {
         let mut events = vec![Event::default(); capacity];
-        let mut arg = Events { buffer: events.as_mut_ptr() as u64, capacity: capacity as u32, timeout_ms, ..Default::default() };
+        let mut arg =
+            Events { buffer: events.as_mut_ptr() as u64, capacity: capacity as u32, timeout_ms, ..Default::default() };
         // SAFETY: checked ABI; `events` holds `capacity` elements for the call.
         check(unsafe { ioc_events(self.file.as_raw_fd(), &mut arg) })?;
         events.truncate(arg.count as usize);
@@ -393,7 +394,8 @@ impl FakeGpu {
     /// Warps of `gpu` stall on `entries`' pages, one per entry, and write them into its fault
     /// buffer (dropped once it is full); the bottom half does not run yet.
     pub fn warps(&self, gpu: u32, entries: &[RawFaultEntry]) -> io::Result<Warps> {
-        let mut arg = Warps { gpu_id: gpu, count: entries.len() as u32, entries: entries.as_ptr() as u64, ..Default::default() };
+        let mut arg =
+            Warps { gpu_id: gpu, count: entries.len() as u32, entries: entries.as_ptr() as u64, ..Default::default() };
         // SAFETY: checked ABI; `entries` holds `count` elements for the call.
         check(unsafe { ioc_warps(self.file.as_raw_fd(), &mut arg) })?;
         Ok(arg)

@@ -10,7 +10,9 @@ use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 
 use wic_engine::RawFaultEntry;
-use wic_proto::kabi::{WicFaultRecord, WicRingHeader, WIC_RECORD_EXPIRED, WIC_RECORD_PAT, WIC_RING_MAGIC, WIC_RING_RECORDS_OFFSET};
+use wic_proto::kabi::{
+    WicFaultRecord, WicRingHeader, WIC_RECORD_EXPIRED, WIC_RECORD_PAT, WIC_RING_MAGIC, WIC_RING_RECORDS_OFFSET,
+};
 
 /// A record as the 8-byte words the reader copies it in.
 const RECORD_WORDS: usize = std::mem::size_of::<WicFaultRecord>() / 8;
@@ -273,8 +275,16 @@ mod tests {
     use super::*;
 
     fn write(fake: &mut MemoryRing, seq: u64, stored_seq: u64, va_byte: u8) {
-        let record =
-            Record { seq: stored_seq, space_id: 1, gpu_id: 2, range_id: 3, pat: false, expired: false, held_ns: 9, entry: RawFaultEntry([va_byte; 32]) };
+        let record = Record {
+            seq: stored_seq,
+            space_id: 1,
+            gpu_id: 2,
+            range_id: 3,
+            pat: false,
+            expired: false,
+            held_ns: 9,
+            entry: RawFaultEntry([va_byte; 32]),
+        };
         fake.write(seq, &record);
     }
 
@@ -374,8 +384,11 @@ mod tests {
         // SAFETY: as in `reader`.
         assert!(matches!(unsafe { FaultRing::new(fake.base(), len - 8) }, Err(RingError::TooSmall { .. })));
         fake.mem[1] = 300 | (64 << 32); // entries 300, record_size 64
-        // SAFETY: as in `reader`.
-        assert_eq!(unsafe { FaultRing::new(fake.base(), len) }.err(), Some(RingError::BadHeader("entry count is not a power of two")));
+                                        // SAFETY: as in `reader`.
+        assert_eq!(
+            unsafe { FaultRing::new(fake.base(), len) }.err(),
+            Some(RingError::BadHeader("entry count is not a power of two"))
+        );
         fake.mem[0] = 0;
         // SAFETY: as in `reader`.
         assert_eq!(unsafe { FaultRing::new(fake.base(), len) }.err(), Some(RingError::BadHeader("wrong magic")));

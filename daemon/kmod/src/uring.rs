@@ -39,7 +39,8 @@ impl UringSubmitter {
                 let entry = opcode::UringCmd16::new(types::Fd(fd.as_raw_fd()), WIC_IOC_SUBMIT).cmd(cmd).build();
                 // SAFETY: the entry carries its payload by value; the commands it points to
                 // are borrowed mutably until every completion is reaped below.
-                unsafe { self.ring.submission().push(&entry) }.map_err(|_| io::Error::other("submission queue full"))?;
+                unsafe { self.ring.submission().push(&entry) }
+                    .map_err(|_| io::Error::other("submission queue full"))?;
             }
             // Every completion is reaped, refusals included, so none is left for the next batch.
             let mut reaped = 0;

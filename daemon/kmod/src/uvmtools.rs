@@ -755,8 +755,10 @@ impl QueueMemory {
         let nonzero = NonZeroUsize::new(len).expect("the control block is not empty");
         // SAFETY: a new private anonymous mapping at an address of the kernel's choosing:
         // it aliases nothing, and it is unmapped in Drop.
-        let map = unsafe { mmap_anonymous(None, nonzero, ProtFlags::PROT_READ | ProtFlags::PROT_WRITE, MapFlags::MAP_PRIVATE) }
-            .map_err(|errno| UvmToolsError::Ioctl { call: "mmap of the event queue", errno })?;
+        let map = unsafe {
+            mmap_anonymous(None, nonzero, ProtFlags::PROT_READ | ProtFlags::PROT_WRITE, MapFlags::MAP_PRIVATE)
+        }
+        .map_err(|errno| UvmToolsError::Ioctl { call: "mmap of the event queue", errno })?;
         let memory = Self { base: map.cast(), len, queue_offset };
         // The driver pins these pages; a fork would otherwise have to copy them for the child.
         // SAFETY: advice on the mapping made above, which only this process uses.
@@ -1202,7 +1204,12 @@ mod tests {
         type F = GpuFaultInfoV2;
         assert_eq!(size_of::<F>(), 40);
         assert_eq!(
-            [offset_of!(F, event_type), offset_of!(F, fault_type), offset_of!(F, gpu_index), offset_of!(F, gpc_or_channel_id)],
+            [
+                offset_of!(F, event_type),
+                offset_of!(F, fault_type),
+                offset_of!(F, gpu_index),
+                offset_of!(F, gpc_or_channel_id)
+            ],
             [0, 1, 2, 4]
         );
         assert_eq!([offset_of!(F, client_id), offset_of!(F, address), offset_of!(F, time_stamp)], [6, 8, 16]);
@@ -1396,7 +1403,13 @@ mod tests {
                     cpu_ns: 1_000,
                     gpu_ns: 50_000,
                 }),
-                Event::Replay(GpuReplay { gpu_index: 1, client: ClientType::Gpc, batch_id: 5, cpu_ns: 1_600, gpu_ns: 52_000 }),
+                Event::Replay(GpuReplay {
+                    gpu_index: 1,
+                    client: ClientType::Gpc,
+                    batch_id: 5,
+                    cpu_ns: 1_600,
+                    gpu_ns: 52_000
+                }),
                 Event::Fatal(FatalFault {
                     processor_index: 2,
                     address: 0xdead_0000,
@@ -1441,7 +1454,10 @@ mod tests {
             assert_eq!(queued, address < 3, "event {address}");
         }
         assert!(!fake.enqueue(EventEntryV2::from_info(replay(1, 0, 0, 0))));
-        assert_eq!((queue.dropped(), queue.dropped_of(EVENT_TYPE_GPU_FAULT), queue.dropped_of(EVENT_TYPE_GPU_FAULT_REPLAY)), (3, 2, 1));
+        assert_eq!(
+            (queue.dropped(), queue.dropped_of(EVENT_TYPE_GPU_FAULT), queue.dropped_of(EVENT_TYPE_GPU_FAULT_REPLAY)),
+            (3, 2, 1)
+        );
         let mut out = Vec::new();
         assert_eq!(queue.read(&mut out), 3);
         assert_eq!(addresses(&out), [0, 1, 2]);

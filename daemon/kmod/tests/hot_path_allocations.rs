@@ -9,7 +9,9 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
 use wic_engine::fault::AccessType;
-use wic_engine::{ChannelId, ChannelSpec, Command, DataSource, Engine, EngineConfig, FaultEntry, Producer, RawFaultEntry};
+use wic_engine::{
+    ChannelId, ChannelSpec, Command, DataSource, Engine, EngineConfig, FaultEntry, Producer, RawFaultEntry,
+};
 use wic_kmod::{BatchPath, FaultRing, MemoryRing, Placement, Record};
 
 struct Counting;
@@ -69,11 +71,20 @@ fn allocations_once_warm(mut round: impl FnMut(u64)) -> u64 {
 /// One round of traffic on every slot: a 256-entry batch of first faults (held), its duplicate
 /// storm, a publish per slot (delivered), a batch whose data was published first (delivered at
 /// once), and a round of timeouts.
-fn round(engine: &mut Engine, runs: &[[u64; 2]], generation: &mut u64, now: &mut u64, faults: &mut Vec<RawFaultEntry>, out: &mut Vec<Command>) {
+fn round(
+    engine: &mut Engine,
+    runs: &[[u64; 2]],
+    generation: &mut u64,
+    now: &mut u64,
+    faults: &mut Vec<RawFaultEntry>,
+    out: &mut Vec<Command>,
+) {
     let channel = wic_engine::ChannelId(0);
     let entries = |faults: &mut Vec<RawFaultEntry>, side: usize| {
         faults.clear();
-        faults.extend(runs.iter().map(|r| FaultEntry::replayable_gpc(r[side], AccessType::Read, 0, 0x1000, 0, 0).encode()));
+        faults.extend(
+            runs.iter().map(|r| FaultEntry::replayable_gpc(r[side], AccessType::Read, 0, 0x1000, 0, 0).encode()),
+        );
     };
     for phase in 0..3 {
         let side = (*generation % 2) as usize;
@@ -108,13 +119,15 @@ fn round(engine: &mut Engine, runs: &[[u64; 2]], generation: &mut u64, now: &mut
 #[test]
 fn a_warm_engine_handles_faults_publishes_and_timeouts_without_allocating() {
     let mut engine = Engine::new(EngineConfig::default()).expect("engine");
-    let spec = ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 256, slots: SLOTS, timeout: 500_000 };
+    let spec =
+        ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 256, slots: SLOTS, timeout: 500_000 };
     let layout = engine.open_channel(spec).expect("channel");
     let runs: Vec<[u64; 2]> = layout.slots.iter().map(|s| s.runs).collect();
     let (mut generation, mut now) = (0, 0);
     let mut faults = Vec::with_capacity(SLOTS as usize);
     let mut out = Vec::new();
-    let allocations = allocations_once_warm(|_| round(&mut engine, &runs, &mut generation, &mut now, &mut faults, &mut out));
+    let allocations =
+        allocations_once_warm(|_| round(&mut engine, &runs, &mut generation, &mut now, &mut faults, &mut out));
     let stats = engine.stats();
     let rounds = WARM_ROUNDS + COUNTED_ROUNDS;
     assert_eq!(stats.delivered, rounds * 2 * u64::from(SLOTS), "the rounds did their work");
@@ -125,7 +138,13 @@ fn a_warm_engine_handles_faults_publishes_and_timeouts_without_allocating() {
 #[test]
 fn holds_delivered_long_before_their_timeout_do_not_grow_the_deadline_heap() {
     let mut engine = Engine::new(EngineConfig::default()).expect("engine");
-    let spec = ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 256, slots: SLOTS, timeout: u64::MAX / 4 };
+    let spec = ChannelSpec {
+        consumer_gpu: 0,
+        producer: Producer::Host,
+        message_bytes: 256,
+        slots: SLOTS,
+        timeout: u64::MAX / 4,
+    };
     let layout = engine.open_channel(spec).expect("channel");
     let mut out = Vec::new();
     let mut faults = Vec::with_capacity(SLOTS as usize);
@@ -133,7 +152,12 @@ fn holds_delivered_long_before_their_timeout_do_not_grow_the_deadline_heap() {
     let mut hold_and_deliver = |generation: u64, out: &mut Vec<Command>| {
         faults.clear();
         let side = (generation % 2) as usize;
-        faults.extend(layout.slots.iter().map(|s| FaultEntry::replayable_gpc(s.runs[side], AccessType::Read, 0, 0x1000, 0, 0).encode()));
+        faults.extend(
+            layout
+                .slots
+                .iter()
+                .map(|s| FaultEntry::replayable_gpc(s.runs[side], AccessType::Read, 0, 0x1000, 0, 0).encode()),
+        );
         out.clear();
         engine.handle_faults(generation, 0, &faults, out);
         assert_eq!(engine.held(), SLOTS);
@@ -149,10 +173,12 @@ fn holds_delivered_long_before_their_timeout_do_not_grow_the_deadline_heap() {
 #[test]
 fn a_warm_batch_path_reads_translates_and_builds_commands_without_allocating() {
     let mut engine = Engine::new(EngineConfig::default()).expect("engine");
-    let spec = ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 256, slots: SLOTS, timeout: 500_000 };
+    let spec =
+        ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 256, slots: SLOTS, timeout: 500_000 };
     let layout = engine.open_channel(spec).expect("channel");
     let placement = Placement::new(&layout, 1, 0x7000_0000_0000);
-    let process_runs: Vec<[u64; 2]> = layout.slots.iter().map(|s| s.runs.map(|run| placement.process_va(run).expect("placed"))).collect();
+    let process_runs: Vec<[u64; 2]> =
+        layout.slots.iter().map(|s| s.runs.map(|run| placement.process_va(run).expect("placed"))).collect();
     let mut path = BatchPath::new(engine.config());
     path.add(&placement, &[1]);
     let mut memory = MemoryRing::new(1024);
@@ -169,14 +195,20 @@ fn a_warm_batch_path_reads_translates_and_builds_commands_without_allocating() {
             engine.publish(generation, layout.id, slot, out).expect("publish");
         }
         for runs in &process_runs {
-            let entry = FaultEntry::replayable_gpc(runs[(generation % 2) as usize], AccessType::Read, seq, 0x1000, 0, 0).encode();
-            memory.write(seq, &Record { seq, space_id: 1, gpu_id: 0, range_id: 1, pat: false, expired: false, held_ns: 0, entry });
+            let entry =
+                FaultEntry::replayable_gpc(runs[(generation % 2) as usize], AccessType::Read, seq, 0x1000, 0, 0)
+                    .encode();
+            memory.write(
+                seq,
+                &Record { seq, space_id: 1, gpu_id: 0, range_id: 1, pat: false, expired: false, held_ns: 0, entry },
+            );
             seq += 1;
         }
         memory.publish(seq);
         out.clear();
         path.take_faults(&mut ring, &mut engine, generation, out);
-        kernel_commands += path.translate(out, host_data, &mut |command, _| panic!("{command:?} did not translate"), &mut 0).len();
+        kernel_commands +=
+            path.translate(out, host_data, &mut |command, _| panic!("{command:?} did not translate"), &mut 0).len();
     };
     let allocations = allocations_once_warm(|generation| batch(generation, &mut out));
     let batches = (WARM_ROUNDS + COUNTED_ROUNDS) as usize;

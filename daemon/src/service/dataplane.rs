@@ -22,7 +22,9 @@ use wic_engine::{
 };
 use wic_kmod::ShimBackend;
 use wic_proto::message::{ErrorCode, Histogram, Stats, WireError};
-use wic_proto::shm::{ChannelState, ConsumerLayout, ConsumerRegion, ProducerLayout, ProducerRegion, FAULT_RING_ENTRIES};
+use wic_proto::shm::{
+    ChannelState, ConsumerLayout, ConsumerRegion, ProducerLayout, ProducerRegion, FAULT_RING_ENTRIES,
+};
 
 use super::emulated::{EmulatedChannel, EmulatedGpus};
 use super::gpus::{marker_retries, ChannelMap, Executed, ExecutionLog};
@@ -57,18 +59,44 @@ pub struct Placement {
 
 /// What the control side asks of the fast path.
 pub enum Control {
-    Create { spec: ChannelSpec, placement: Option<Placement>, reply: oneshot::Sender<Result<Created, WireError>> },
+    Create {
+        spec: ChannelSpec,
+        placement: Option<Placement>,
+        reply: oneshot::Sender<Result<Created, WireError>>,
+    },
     /// Attaches the address space of an application's UVM file (shim backend).
-    AttachSpace { uvm: OwnedFd, reply: oneshot::Sender<Result<u32, WireError>> },
+    AttachSpace {
+        uvm: OwnedFd,
+        reply: oneshot::Sender<Result<u32, WireError>>,
+    },
     /// Detaches a space once its connection's channels are destroyed.
-    DetachSpace { space: u32, reply: oneshot::Sender<()> },
+    DetachSpace {
+        space: u32,
+        reply: oneshot::Sender<()>,
+    },
     /// Watches `start..end` of an observed space (emulated backend).
-    Watch { space: u32, start: u64, end: u64, reply: oneshot::Sender<Result<(), WireError>> },
-    Destroy { channel: u32, reply: oneshot::Sender<Result<(), WireError>> },
-    Publish { channel: u32, slot: u32, reply: oneshot::Sender<Result<(), WireError>> },
-    Snapshot { reply: oneshot::Sender<Snapshot> },
+    Watch {
+        space: u32,
+        start: u64,
+        end: u64,
+        reply: oneshot::Sender<Result<(), WireError>>,
+    },
+    Destroy {
+        channel: u32,
+        reply: oneshot::Sender<Result<(), WireError>>,
+    },
+    Publish {
+        channel: u32,
+        slot: u32,
+        reply: oneshot::Sender<Result<(), WireError>>,
+    },
+    Snapshot {
+        reply: oneshot::Sender<Snapshot>,
+    },
     /// Completes every held fault with the stopping marker and ends the thread.
-    Shutdown { reply: oneshot::Sender<()> },
+    Shutdown {
+        reply: oneshot::Sender<()>,
+    },
 }
 
 /// A new channel: its layout with the addresses its consumers use, and the descriptors to
@@ -339,7 +367,9 @@ impl Dataplane {
     /// Polls an observed space's event queue (one-shot, re-armed after each completion).
     fn arm_observer(&mut self, space: u32) -> io::Result<()> {
         let Some(fd) = self.observer.fd(space) else { return Ok(()) };
-        let poll = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32).build().user_data(OBSERVER_TOKEN | u64::from(space));
+        let poll = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32)
+            .build()
+            .user_data(OBSERVER_TOKEN | u64::from(space));
         self.push(poll)
     }
 
@@ -428,7 +458,11 @@ impl Dataplane {
                 token if token & OBSERVER_TOKEN != 0 && token != RING_TOKEN => {
                     let space = token as u32;
                     if result < 0 && result != -libc::ECANCELED {
-                        tracing::warn!(space, "polling the observed space failed: {}", io::Error::from_raw_os_error(-result));
+                        tracing::warn!(
+                            space,
+                            "polling the observed space failed: {}",
+                            io::Error::from_raw_os_error(-result)
+                        );
                     }
                     if result != -libc::ECANCELED {
                         self.observer.drain(space);
@@ -439,7 +473,10 @@ impl Dataplane {
                 }
                 RING_TOKEN => {
                     if result < 0 {
-                        tracing::error!("fast path: polling the fault ring failed: {}", io::Error::from_raw_os_error(-result));
+                        tracing::error!(
+                            "fast path: polling the fault ring failed: {}",
+                            io::Error::from_raw_os_error(-result)
+                        );
                     }
                     self.take_ring();
                     if let Err(e) = self.arm_ring() {
@@ -561,7 +598,10 @@ impl Dataplane {
         // Once: a marker completion that fails too is not retried (`marker_retries` takes
         // data completions only); the module completes it when the channel closes.
         let mut unfilled = std::mem::take(&mut self.counters.unfilled);
-        tracing::warn!("{} completions could not write their data: completing them with the timeout marker", unfilled.len());
+        tracing::warn!(
+            "{} completions could not write their data: completing them with the timeout marker",
+            unfilled.len()
+        );
         marker_retries(&unfilled, &mut self.commands);
         self.run_commands();
         unfilled.clear();
@@ -598,7 +638,9 @@ impl Dataplane {
                         Gpus::Shim(shim) => shim.detach(space),
                         Gpus::Emulated { .. } => {
                             if self.observer.detach(space) {
-                                let cancel = opcode::AsyncCancel::new(OBSERVER_TOKEN | u64::from(space)).build().user_data(CANCEL_TOKEN);
+                                let cancel = opcode::AsyncCancel::new(OBSERVER_TOKEN | u64::from(space))
+                                    .build()
+                                    .user_data(CANCEL_TOKEN);
                                 if let Err(e) = self.push(cancel) {
                                     tracing::error!(space, "cannot cancel the observed space's poll: {e}");
                                 }
@@ -660,20 +702,24 @@ impl Dataplane {
                 ))
             }
             (Gpus::Emulated { .. }, Some(_)) => {
-                return Err(WireError::new(ErrorCode::Unsupported, "the emulated backend places channels itself: drop base_va"))
-            }
-            (Gpus::Shim(_), None) => {
                 return Err(WireError::new(
-                    ErrorCode::Invalid,
-                    "the shim backend places channels in the application's managed memory: attach_space, then give base_va",
+                    ErrorCode::Unsupported,
+                    "the emulated backend places channels itself: drop base_va",
                 ))
             }
+            (Gpus::Shim(_), None) => return Err(WireError::new(
+                ErrorCode::Invalid,
+                "the shim backend places channels in the application's managed memory: attach_space, then give base_va",
+            )),
             _ => {}
         }
         if matches!((&self.backend, spec.producer), (Gpus::Emulated { .. }, wic_engine::Producer::Gpu { .. })) {
             // The emulator models GPU producers itself (wicd demo); the emulated backend has no
             // GPU memory to copy a producer's bytes from.
-            return Err(WireError::new(ErrorCode::Unsupported, format!("the {backend} backend serves host producers only")));
+            return Err(WireError::new(
+                ErrorCode::Unsupported,
+                format!("the {backend} backend serves host producers only"),
+            ));
         }
         let layout = self.engine.open_channel(spec).map_err(engine_error)?;
         match self.attach_regions(&spec, &layout, placement) {
@@ -687,9 +733,15 @@ impl Dataplane {
         }
     }
 
-    fn attach_regions(&mut self, spec: &ChannelSpec, layout: &ChannelLayout, placement: Option<Placement>) -> Result<Created, WireError> {
+    fn attach_regions(
+        &mut self,
+        spec: &ChannelSpec,
+        layout: &ChannelLayout,
+        placement: Option<Placement>,
+    ) -> Result<Created, WireError> {
         let id = layout.id.0;
-        let io = |e: io::Error| WireError::new(ErrorCode::Io, format!("cannot set up the channel's shared memory: {e}"));
+        let io =
+            |e: io::Error| WireError::new(ErrorCode::Io, format!("cannot set up the channel's shared memory: {e}"));
         let (producer, producer_fd) = match spec.producer {
             wic_engine::Producer::Host => {
                 let layout = ProducerLayout { slots: spec.slots, batch_bytes: layout.batch_bytes };
@@ -774,12 +826,21 @@ impl Dataplane {
     fn publish(&mut self, channel: u32, slot: u32) -> Result<(), WireError> {
         let spec = self.engine.channel_spec(ChannelId(channel)).map_err(engine_error)?;
         if slot >= spec.slots {
-            return Err(WireError::new(ErrorCode::NotFound, format!("channel {channel} has {} slots, no slot {slot}", spec.slots)));
+            return Err(WireError::new(
+                ErrorCode::NotFound,
+                format!("channel {channel} has {} slots, no slot {slot}", spec.slots),
+            ));
         }
-        let producer = self.backend.producer(channel).ok_or_else(|| WireError::new(ErrorCode::Invalid, format!("channel {channel} has no host producer")))?;
+        let producer = self
+            .backend
+            .producer(channel)
+            .ok_or_else(|| WireError::new(ErrorCode::Invalid, format!("channel {channel} has no host producer")))?;
         // The same step as libwic's fast path, then the same scan a doorbell triggers.
         if !producer.publish(slot) {
-            return Err(WireError::new(ErrorCode::Busy, format!("channel {channel} slot {slot}: previous data not yet delivered")));
+            return Err(WireError::new(
+                ErrorCode::Busy,
+                format!("channel {channel} slot {slot}: previous data not yet delivered"),
+            ));
         }
         self.take_published(channel);
         Ok(())
@@ -843,7 +904,11 @@ impl Dataplane {
             ..Stats::default()
         };
         self.observer.report(&mut stats);
-        Snapshot { stats, channels: self.counters.channels.iter().map(|(id, counters)| (*id, *counters)).collect(), held: self.engine.held() }
+        Snapshot {
+            stats,
+            channels: self.counters.channels.iter().map(|(id, counters)| (*id, *counters)).collect(),
+            held: self.engine.held(),
+        }
     }
 }
 

@@ -165,16 +165,32 @@ mod tests {
     #[test]
     fn a_completion_that_cannot_be_filled_is_counted_failed_and_leaves_its_run_unmapped() {
         let mut engine = Engine::new(EngineConfig::default()).unwrap();
-        let spec = ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 64, slots: 1, timeout: 1_000 };
+        let spec =
+            ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 64, slots: 1, timeout: 1_000 };
         let layout = engine.open_channel(spec).unwrap();
-        let (consumer, _fd) = ConsumerRegion::create(ConsumerLayout { slots: 1, pages_per_run: layout.pages_per_run }).unwrap();
+        let (consumer, _fd) =
+            ConsumerRegion::create(ConsumerLayout { slots: 1, pages_per_run: layout.pages_per_run }).unwrap();
         let mut gpus = EmulatedGpus::new(engine.config());
         // No producer region: there are no bytes to copy.
-        gpus.add(layout.id.0, EmulatedChannel { consumer_gpu: 0, consumer, producer: None }, layout.slots.iter().map(|s| s.runs));
+        gpus.add(
+            layout.id.0,
+            EmulatedChannel { consumer_gpu: 0, consumer, producer: None },
+            layout.slots.iter().map(|s| s.runs),
+        );
         let [run, companion] = layout.slots[0].runs;
-        let complete = |run_va, fill| Command::Complete { gpu: 0, channel: layout.id, slot: 0, run_va, companion_va: companion, pages: 1, fill };
+        let complete = |run_va, fill| Command::Complete {
+            gpu: 0,
+            channel: layout.id,
+            slot: 0,
+            run_va,
+            companion_va: companion,
+            pages: 1,
+            fill,
+        };
         let data = Fill::Data { len: 64, source: DataSource::Host { offset: 0 } };
-        let mapped = |gpus: &EmulatedGpus| gpus.consumer(layout.id.0).unwrap().page_state(0).load(std::sync::atomic::Ordering::Acquire) == PAGE_MAPPED;
+        let mapped = |gpus: &EmulatedGpus| {
+            gpus.consumer(layout.id.0).unwrap().page_state(0).load(std::sync::atomic::Ordering::Acquire) == PAGE_MAPPED
+        };
         let mut log = Log::default();
 
         let done = gpus.execute(&[complete(run, data), complete(run + 64 * PAGE_SIZE, data)], &mut log);

@@ -61,8 +61,17 @@ pub trait ExecutionLog {
 pub fn marker_retries(unfilled: &[Command], out: &mut Vec<Command>) {
     let mut gpus = Vec::new();
     for &command in unfilled {
-        if let Command::Complete { gpu, channel, slot, run_va, companion_va, pages, fill: Fill::Data { .. } } = command {
-            out.push(Command::Complete { gpu, channel, slot, run_va, companion_va, pages, fill: Fill::Marker(ErrorMarker::Timeout) });
+        if let Command::Complete { gpu, channel, slot, run_va, companion_va, pages, fill: Fill::Data { .. } } = command
+        {
+            out.push(Command::Complete {
+                gpu,
+                channel,
+                slot,
+                run_va,
+                companion_va,
+                pages,
+                fill: Fill::Marker(ErrorMarker::Timeout),
+            });
             if !gpus.contains(&gpu) {
                 gpus.push(gpu);
             }
@@ -78,13 +87,32 @@ mod tests {
 
     #[test]
     fn unfilled_data_completions_are_completed_again_with_the_timeout_marker_then_replayed() {
-        let complete = |gpu, slot, fill| Command::Complete { gpu, channel: ChannelId(3), slot, run_va: 0x1000 * u64::from(slot), companion_va: 0, pages: 1, fill };
+        let complete = |gpu, slot, fill| Command::Complete {
+            gpu,
+            channel: ChannelId(3),
+            slot,
+            run_va: 0x1000 * u64::from(slot),
+            companion_va: 0,
+            pages: 1,
+            fill,
+        };
         let data = Fill::Data { len: 64, source: DataSource::Host { offset: 0 } };
         let timeout = Fill::Marker(ErrorMarker::Timeout);
-        let unfilled = [complete(0, 1, data), complete(1, 2, data), complete(0, 3, data), complete(0, 4, Fill::Marker(ErrorMarker::ChannelClosed))];
+        let unfilled = [
+            complete(0, 1, data),
+            complete(1, 2, data),
+            complete(0, 3, data),
+            complete(0, 4, Fill::Marker(ErrorMarker::ChannelClosed)),
+        ];
         let mut out = Vec::new();
         marker_retries(&unfilled, &mut out);
-        let expected = [complete(0, 1, timeout), complete(1, 2, timeout), complete(0, 3, timeout), Command::Replay { gpu: 0 }, Command::Replay { gpu: 1 }];
+        let expected = [
+            complete(0, 1, timeout),
+            complete(1, 2, timeout),
+            complete(0, 3, timeout),
+            Command::Replay { gpu: 0 },
+            Command::Replay { gpu: 1 },
+        ];
         assert_eq!(out, expected, "a marker completion is never retried");
     }
 }

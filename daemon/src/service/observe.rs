@@ -76,7 +76,10 @@ impl Observer {
         if !self.tools.exists() {
             return Err(WireError::new(
                 ErrorCode::Unsupported,
-                format!("the emulated backend has no GPU address spaces, and {} is absent: no GPU faults to observe", self.tools.display()),
+                format!(
+                    "the emulated backend has no GPU address spaces, and {} is absent: no GPU faults to observe",
+                    self.tools.display()
+                ),
             ));
         }
         let tracker = EventTracker::attach(uvm.as_fd(), &self.tools, QUEUE_ENTRIES).map_err(tools_error)?;
@@ -96,7 +99,8 @@ impl Observer {
         if start >= end {
             return Err(WireError::new(ErrorCode::Invalid, "an empty range"));
         }
-        let observed = self.spaces.get_mut(&space).ok_or_else(|| WireError::new(ErrorCode::NotFound, "no observed space"))?;
+        let observed =
+            self.spaces.get_mut(&space).ok_or_else(|| WireError::new(ErrorCode::NotFound, "no observed space"))?;
         if !observed.stats.watch(start..end) {
             return Err(WireError::new(
                 ErrorCode::Exhausted,

@@ -25,12 +25,12 @@ use std::time::{Duration, Instant};
 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::{UnixListener, UnixStream};
+use wic_engine::PAGE_SIZE;
 use wic_proto::frame::{self, FrameError};
 use wic_proto::message::{
-    ChannelInfo, ChannelSpec, ChannelSummary, ErrorCode, FdKind, Reply, Request, Response, Role, SlotInfo,
-    Status, WireError,
+    ChannelInfo, ChannelSpec, ChannelSummary, ErrorCode, FdKind, Reply, Request, Response, Role, SlotInfo, Status,
+    WireError,
 };
-use wic_engine::PAGE_SIZE;
 use wic_proto::PROTOCOL_VERSION;
 
 use super::dataplane::{Control, Created, DataplaneHandle, Placement};
@@ -80,7 +80,10 @@ impl Record {
     /// Whether `peer` on `conn` may see this channel in `channels`: operators see all, a user
     /// the channels of its own uid and those it attached to through a grant.
     fn visible_to(&self, conn: ConnId, peer: Peer, operator_uid: u32) -> bool {
-        peer.uid == 0 || peer.uid == operator_uid || self.owner_peer.uid == peer.uid || self.attached.contains_key(&conn)
+        peer.uid == 0
+            || peer.uid == operator_uid
+            || self.owner_peer.uid == peer.uid
+            || self.attached.contains_key(&conn)
     }
 
     fn role_of(&self, conn: ConnId) -> Option<Role> {
@@ -231,7 +234,9 @@ impl Shared {
         }
         match e.code {
             // Bounds reached and broken protocol: what a misbehaving or hostile client causes.
-            ErrorCode::Exhausted | ErrorCode::Protocol => tracing::warn!(uid = peer.uid, pid = peer.pid, "{what} refused: {}", e.message),
+            ErrorCode::Exhausted | ErrorCode::Protocol => {
+                tracing::warn!(uid = peer.uid, pid = peer.pid, "{what} refused: {}", e.message)
+            }
             _ => tracing::info!(uid = peer.uid, pid = peer.pid, "{what} refused ({}): {}", e.code.name(), e.message),
         }
     }
@@ -308,7 +313,9 @@ async fn within<T>(
     what: impl FnOnce() -> String,
     work: impl std::future::Future<Output = io::Result<T>>,
 ) -> io::Result<T> {
-    tokio::time::timeout_at(deadline, work).await.unwrap_or_else(|_| Err(io::Error::new(io::ErrorKind::TimedOut, what())))
+    tokio::time::timeout_at(deadline, work)
+        .await
+        .unwrap_or_else(|_| Err(io::Error::new(io::ErrorKind::TimedOut, what())))
 }
 
 async fn serve_connection(shared: Arc<Shared>, mut stream: UnixStream) {
@@ -346,19 +353,28 @@ fn register(shared: &Shared, peer: Peer, limits: &Limits) -> Result<ConnId, Wire
     let mut registry = shared.registry();
     let connected = registry.clients.len();
     if connected >= limits.max_clients as usize {
-        return Err(error(ErrorCode::Exhausted, format!("too many clients: wicd serves at most {}", limits.max_clients)));
+        return Err(error(
+            ErrorCode::Exhausted,
+            format!("too many clients: wicd serves at most {}", limits.max_clients),
+        ));
     }
     if !shared.is_operator(peer) {
         if connected >= (limits.max_clients - limits.reserved_clients) as usize {
             return Err(error(
                 ErrorCode::Exhausted,
-                format!("too many clients: the last {} of {} connections are reserved for operators", limits.reserved_clients, limits.max_clients),
+                format!(
+                    "too many clients: the last {} of {} connections are reserved for operators",
+                    limits.reserved_clients, limits.max_clients
+                ),
             ));
         }
         if registry.clients_of(peer.uid) >= limits.max_clients_per_uid as usize {
             return Err(error(
                 ErrorCode::Exhausted,
-                format!("too many clients: uid {} holds its limit of {} connections", peer.uid, limits.max_clients_per_uid),
+                format!(
+                    "too many clients: uid {} holds its limit of {} connections",
+                    peer.uid, limits.max_clients_per_uid
+                ),
             ));
         }
     }
@@ -448,7 +464,9 @@ impl Inbound {
         }
         if msg.msg_flags & libc::MSG_CTRUNC != 0 {
             // Descriptors were lost: the request cannot be served as sent.
-            return Err(io::Error::other("descriptors passed with a request were cut off (wicd is out of descriptors)"));
+            return Err(io::Error::other(
+                "descriptors passed with a request were cut off (wicd is out of descriptors)",
+            ));
         }
         Ok(got as usize)
     }
@@ -502,7 +520,15 @@ async fn session(shared: &Shared, stream: &mut UnixStream, conn: ConnId, peer: P
         let request = match serde_json::from_slice::<Request>(&body) {
             Ok(request) => request,
             Err(e) => {
-                refuse(shared, stream, peer, "request", error(ErrorCode::Invalid, format!("malformed request: {e}")), &limits).await?;
+                refuse(
+                    shared,
+                    stream,
+                    peer,
+                    "request",
+                    error(ErrorCode::Invalid, format!("malformed request: {e}")),
+                    &limits,
+                )
+                .await?;
                 continue;
             }
         };
@@ -538,7 +564,14 @@ async fn session(shared: &Shared, stream: &mut UnixStream, conn: ConnId, peer: P
 }
 
 /// Logs a refusal and sends it.
-async fn refuse(shared: &Shared, stream: &mut UnixStream, peer: Peer, what: &str, e: WireError, limits: &Limits) -> io::Result<()> {
+async fn refuse(
+    shared: &Shared,
+    stream: &mut UnixStream,
+    peer: Peer,
+    what: &str,
+    e: WireError,
+    limits: &Limits,
+) -> io::Result<()> {
     shared.log_refusal(peer, what, &e);
     send_error(stream, e, limits).await
 }
@@ -584,7 +617,9 @@ async fn handle(shared: &Shared, conn: ConnId, peer: Peer, request: Request, fds
         Request::AttachSpace {} => attach_space(shared, conn, peer, fds).await,
         Request::Watch { base_va, length } => {
             let space = shared.registry().spaces.get(&conn).copied();
-            let space = space.ok_or_else(|| error(ErrorCode::Invalid, "watch names pages of an attached address space: attach_space first"))?;
+            let space = space.ok_or_else(|| {
+                error(ErrorCode::Invalid, "watch names pages of an attached address space: attach_space first")
+            })?;
             let end = base_va.checked_add(length).ok_or_else(|| error(ErrorCode::Invalid, "the range wraps around"))?;
             shared.dataplane.ask(|reply| Control::Watch { space, start: base_va, end, reply }).await??;
             tracing::debug!(space, pid = peer.pid, uid = peer.uid, "watching {length} bytes at {base_va:#x}");
@@ -702,9 +737,9 @@ const ATTACHING: u32 = u32::MAX;
 
 /// Attaches the address space of the UVM file passed with the request.
 async fn attach_space(shared: &Shared, conn: ConnId, peer: Peer, fds: Vec<OwnedFd>) -> Handled {
-    let [uvm]: [OwnedFd; 1] = fds
-        .try_into()
-        .map_err(|fds: Vec<OwnedFd>| error(ErrorCode::Invalid, format!("attach_space takes one descriptor (the UVM file), got {}", fds.len())))?;
+    let [uvm]: [OwnedFd; 1] = fds.try_into().map_err(|fds: Vec<OwnedFd>| {
+        error(ErrorCode::Invalid, format!("attach_space takes one descriptor (the UVM file), got {}", fds.len()))
+    })?;
     {
         let mut registry = shared.registry();
         if registry.spaces.contains_key(&conn) {
@@ -714,7 +749,10 @@ async fn attach_space(shared: &Shared, conn: ConnId, peer: Peer, fds: Vec<OwnedF
         // driver event queue of several MiB.
         let limit = shared.limits().max_spaces_per_uid;
         if !shared.is_operator(peer) && registry.spaces_of(peer.uid) >= limit as usize {
-            return Err(error(ErrorCode::Exhausted, format!("uid {} has attached its limit of {limit} address spaces", peer.uid)));
+            return Err(error(
+                ErrorCode::Exhausted,
+                format!("uid {} has attached its limit of {limit} address spaces", peer.uid),
+            ));
         }
         // Counted from now on, so that concurrent attachments cannot overshoot the bound.
         registry.spaces.insert(conn, ATTACHING);
@@ -786,7 +824,10 @@ fn reserve_creation(shared: &Shared, conn: ConnId, peer: Peer, new: Holding, lim
     let mut registry = shared.registry();
     let owned = registry.channels.values().filter(|r| r.owner == conn).count();
     if owned >= limits.max_channels_per_client as usize {
-        return Err(error(ErrorCode::Exhausted, format!("a client may own at most {} channels", limits.max_channels_per_client)));
+        return Err(error(
+            ErrorCode::Exhausted,
+            format!("a client may own at most {} channels", limits.max_channels_per_client),
+        ));
     }
     if !shared.is_operator(peer) {
         // Slots (the engine's tags) and pool pages are shared by every user: one channel asking
@@ -794,18 +835,27 @@ fn reserve_creation(shared: &Shared, conn: ConnId, peer: Peer, new: Holding, lim
         let (channels, slots, pages) = registry.holdings_of(peer.uid);
         let uid = peer.uid;
         if channels >= limits.max_channels_per_uid as usize {
-            return Err(error(ErrorCode::Exhausted, format!("uid {uid} owns its limit of {} channels", limits.max_channels_per_uid)));
+            return Err(error(
+                ErrorCode::Exhausted,
+                format!("uid {uid} owns its limit of {} channels", limits.max_channels_per_uid),
+            ));
         }
         if slots.saturating_add(new.slots) > u64::from(limits.max_slots_per_uid) {
             return Err(error(
                 ErrorCode::Exhausted,
-                format!("uid {uid} holds {slots} slots; {} more would pass its limit of {}", new.slots, limits.max_slots_per_uid),
+                format!(
+                    "uid {uid} holds {slots} slots; {} more would pass its limit of {}",
+                    new.slots, limits.max_slots_per_uid
+                ),
             ));
         }
         if pages.saturating_add(new.pages) > u64::from(limits.max_pages_per_uid) {
             return Err(error(
                 ErrorCode::Exhausted,
-                format!("uid {uid} holds {pages} pages; {} more would pass its limit of {}", new.pages, limits.max_pages_per_uid),
+                format!(
+                    "uid {uid} holds {pages} pages; {} more would pass its limit of {}",
+                    new.pages, limits.max_pages_per_uid
+                ),
             ));
         }
     }
@@ -813,7 +863,10 @@ fn reserve_creation(shared: &Shared, conn: ConnId, peer: Peer, new: Holding, lim
     // them, accept() would fail with EMFILE and lock everyone out, operators included.
     let capacity = quota::channel_capacity(limits, shared.nofile).unwrap_or(0);
     if (registry.channels.len() + registry.creating.len()) as u64 >= capacity {
-        return Err(error(ErrorCode::Exhausted, format!("wicd holds {capacity} channels, all its descriptor limit allows")));
+        return Err(error(
+            ErrorCode::Exhausted,
+            format!("wicd holds {capacity} channels, all its descriptor limit allows"),
+        ));
     }
     registry.creating.insert(conn, new);
     Ok(())
@@ -864,10 +917,16 @@ async fn create_reserved(
         None => None,
         Some(base_va) => match shared.registry().spaces.get(&conn) {
             Some(&space) => Some(Placement { space, base_va }),
-            None => return Err(error(ErrorCode::Invalid, "base_va names a place in an attached address space: attach_space first")),
+            None => {
+                return Err(error(
+                    ErrorCode::Invalid,
+                    "base_va names a place in an attached address space: attach_space first",
+                ))
+            }
         },
     };
-    let created: Created = shared.dataplane.ask(|reply| Control::Create { spec: engine_spec, placement, reply }).await??;
+    let created: Created =
+        shared.dataplane.ask(|reply| Control::Create { spec: engine_spec, placement, reply }).await??;
     let layout = &created.layout;
     let info = ChannelInfo {
         channel: layout.id.0,

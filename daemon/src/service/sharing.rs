@@ -78,7 +78,10 @@ mod tests {
         assert_eq!(warnings.len(), 1);
         assert!(warnings[0].starts_with("GPU 1 "), "{warnings:?}");
         let refused = check(SharingPolicy::Refuse, &survey).expect_err("refused");
-        assert!(refused.contains("GPU 1 ") && !refused.contains("GPU 0 ") && refused.contains("gpu_sharing"), "{refused}");
+        assert!(
+            refused.contains("GPU 1 ") && !refused.contains("GPU 0 ") && refused.contains("gpu_sharing"),
+            "{refused}"
+        );
         assert_eq!(check(SharingPolicy::Ignore, &survey), Ok(Vec::new()));
         let safe = Ok(vec![gpu(0, ComputeMode::ExclusiveProcess, false), gpu(1, ComputeMode::Default, true)]);
         assert_eq!(check(SharingPolicy::Refuse, &safe), Ok(Vec::new()));

@@ -46,7 +46,10 @@ fn wire_error(what: &str, e: DeviceError) -> WireError {
     let code = match &e {
         DeviceError::Call { errno: Errno::EEXIST, .. } => ErrorCode::Busy,
         DeviceError::Call { errno: Errno::ENOSPC, .. } => ErrorCode::Exhausted,
-        DeviceError::Call { errno: Errno::EINVAL | Errno::EBADF | Errno::ENOTTY | Errno::EFAULT | Errno::EMEDIUMTYPE, .. } => ErrorCode::Invalid,
+        DeviceError::Call {
+            errno: Errno::EINVAL | Errno::EBADF | Errno::ENOTTY | Errno::EFAULT | Errno::EMEDIUMTYPE,
+            ..
+        } => ErrorCode::Invalid,
         _ => ErrorCode::Io,
     };
     WireError::new(code, format!("{what}: {e}"))
@@ -55,7 +58,13 @@ fn wire_error(what: &str, e: DeviceError) -> WireError {
 impl ShimGpus {
     /// Drives `backend`.
     pub fn new(backend: ShimBackend) -> Self {
-        Self { backend, channels: ChannelMap::default(), spaces: HashSet::new(), stuck: Vec::new(), last_retry: Instant::now() }
+        Self {
+            backend,
+            channels: ChannelMap::default(),
+            spaces: HashSet::new(),
+            stuck: Vec::new(),
+            last_retry: Instant::now(),
+        }
     }
 
     /// The descriptor to poll for fault records.
@@ -136,7 +145,8 @@ impl ShimGpus {
         if !self.spaces.contains(&space) {
             return Err(WireError::new(ErrorCode::Invalid, "the address space is not attached"));
         }
-        let placed = self.backend.place(layout, producer, space, base).map_err(|e| wire_error("placing the channel", e))?;
+        let placed =
+            self.backend.place(layout, producer, space, base).map_err(|e| wire_error("placing the channel", e))?;
         let mut seen = layout.clone();
         let process = |va: u64| placed.placement.process_va(va).expect("every run and PAT page is placed");
         for slot in &mut seen.slots {

@@ -154,7 +154,12 @@ pub unsafe extern "C" fn wic_channel_create(
 ///
 /// # Safety
 /// `client` is a live handle, `spec` points to a `struct wic_channel_spec`, `out` is writable.
-unsafe fn create(client: *mut Client, spec: *const WicChannelSpec, base_va: Option<u64>, out: *mut *mut Channel) -> c_int {
+unsafe fn create(
+    client: *mut Client,
+    spec: *const WicChannelSpec,
+    base_va: Option<u64>,
+    out: *mut *mut Channel,
+) -> c_int {
     guard(|| {
         if out.is_null() {
             return WIC_EINVALID;
@@ -222,10 +227,15 @@ pub unsafe extern "C" fn wic_watch_range(client: *mut Client, base_va: u64, leng
 /// # Safety
 /// `client` is a live handle, `spec` points to a `struct wic_channel_spec`, `bytes` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn wic_placement_bytes(client: *mut Client, spec: *const WicChannelSpec, bytes: *mut u64) -> c_int {
+pub unsafe extern "C" fn wic_placement_bytes(
+    client: *mut Client,
+    spec: *const WicChannelSpec,
+    bytes: *mut u64,
+) -> c_int {
     guard(|| {
         // SAFETY: the caller guarantees all three are NULL or valid.
-        let (Some(client), Some(spec), false) = (unsafe { client.as_ref() }, unsafe { spec.as_ref() }, bytes.is_null()) else {
+        let (Some(client), Some(spec), false) = (unsafe { client.as_ref() }, unsafe { spec.as_ref() }, bytes.is_null())
+        else {
             return WIC_EINVALID;
         };
         match spec_from_abi(spec).and_then(|spec| client.placement_bytes(&spec)) {
@@ -295,7 +305,11 @@ pub unsafe extern "C" fn wic_channel_grant(ch: *mut Channel, role: c_int, uid: i
 /// # Safety
 /// `client` is a live handle, `token` a NUL-terminated string and `out` writable.
 #[no_mangle]
-pub unsafe extern "C" fn wic_channel_attach(client: *mut Client, token: *const c_char, out: *mut *mut Channel) -> c_int {
+pub unsafe extern "C" fn wic_channel_attach(
+    client: *mut Client,
+    token: *const c_char,
+    out: *mut *mut Channel,
+) -> c_int {
     guard(|| {
         if out.is_null() || token.is_null() {
             return WIC_EINVALID;

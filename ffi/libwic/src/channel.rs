@@ -225,7 +225,11 @@ impl Channel {
             return Err(Error::Protocol(format!("{} descriptors announced, {} received", info.fds.len(), fds.len())));
         }
         if info.slots.len() != info.spec.slots as usize {
-            return Err(Error::Protocol(format!("{} slots described for a channel of {}", info.slots.len(), info.spec.slots)));
+            return Err(Error::Protocol(format!(
+                "{} slots described for a channel of {}",
+                info.slots.len(),
+                info.spec.slots
+            )));
         }
         if info.batch_bytes > u64::from(info.pages_per_run) * PAGE_SIZE {
             return Err(Error::Protocol(format!(

@@ -86,7 +86,9 @@ impl Connection {
     fn lock(&self) -> Result<MutexGuard<'_, ProtoClient>, ClientError> {
         // A poisoned lock means a request panicked halfway: the stream may hold half a frame,
         // so the connection cannot be trusted any more.
-        self.0.lock().map_err(|_| ClientError::Io(io::Error::other("an earlier request on this connection failed mid-way")))
+        self.0
+            .lock()
+            .map_err(|_| ClientError::Io(io::Error::other("an earlier request on this connection failed mid-way")))
     }
 
     /// Sends `request` and returns the reply.
@@ -226,7 +228,11 @@ pub fn spec_from_abi(spec: &WicChannelSpec) -> Result<ChannelSpec, Error> {
     let producer = match spec.producer_kind {
         WIC_PRODUCER_HOST => Producer::Host,
         WIC_PRODUCER_GPU => Producer::Gpu { gpu: spec.producer_gpu, base_va: spec.producer_base_va },
-        _ => return Err(Error::Invalid("wic_channel_spec.producer_kind is neither WIC_PRODUCER_HOST nor WIC_PRODUCER_GPU")),
+        _ => {
+            return Err(Error::Invalid(
+                "wic_channel_spec.producer_kind is neither WIC_PRODUCER_HOST nor WIC_PRODUCER_GPU",
+            ))
+        }
     };
     Ok(ChannelSpec {
         consumer_gpu: spec.consumer_gpu,
@@ -364,7 +370,10 @@ mod tests {
         // On a thread, so that a connect without a deadline fails the test instead of hanging it.
         let (done, result) = std::sync::mpsc::channel();
         std::thread::spawn(move || done.send(Client::connect_with_timeout(Some(&path), Timeout::after(limit)).err()));
-        let err = result.recv_timeout(std::time::Duration::from_secs(5)).expect("connect returned within 5 s").expect("no daemon answered");
+        let err = result
+            .recv_timeout(std::time::Duration::from_secs(5))
+            .expect("connect returned within 5 s")
+            .expect("no daemon answered");
         let took = start.elapsed();
         assert_eq!(err.code(), ErrorCode::TimedOut, "{err}");
         assert_eq!(err.to_string(), "wicd did not answer within 300 ms");

@@ -27,8 +27,8 @@ mod testing;
 
 pub use channel::Channel;
 pub use client::Client;
-pub use wic_proto::message::{ChannelInfo, ChannelSpec, ErrorCode, Producer, Role, SlotInfo, Stats};
 pub use wic_proto::client::Timeout;
+pub use wic_proto::message::{ChannelInfo, ChannelSpec, ErrorCode, Producer, Role, SlotInfo, Stats};
 
 #[cfg(test)]
 mod tests {

@@ -28,7 +28,9 @@ const WARPS_PER_BATCH: u32 = 4;
 
 /// The test pattern: byte `i` of slot `slot`, generation `generation`, as the C examples use it.
 pub(crate) fn pattern(slot: u32, generation: u32, len: usize) -> Vec<u8> {
-    (0..len).map(|i| (i as u32).wrapping_mul(31).wrapping_add(slot * 7).wrapping_add(generation.wrapping_mul(13)) as u8).collect()
+    (0..len)
+        .map(|i| (i as u32).wrapping_mul(31).wrapping_add(slot * 7).wrapping_add(generation.wrapping_mul(13)) as u8)
+        .collect()
 }
 
 struct FakeChannel {
@@ -73,8 +75,11 @@ impl FakeDaemon {
     /// Listens on a fresh socket and serves until dropped or killed.
     pub(crate) fn start() -> Self {
         static NEXT: AtomicU64 = AtomicU64::new(0);
-        let dir = std::env::temp_dir()
-            .join(format!("libwic-fake-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
+        let dir = std::env::temp_dir().join(format!(
+            "libwic-fake-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("wicd.sock");
         let listener = UnixListener::bind(&path).unwrap();
@@ -228,8 +233,7 @@ fn create(state: &mut State, conn: u64, spec: ChannelSpec) -> FakeChannel {
             tag: s + 1,
         })
         .collect();
-    let (consumer, consumer_fd) =
-        ConsumerRegion::create(ConsumerLayout { slots: spec.slots, pages_per_run }).unwrap();
+    let (consumer, consumer_fd) = ConsumerRegion::create(ConsumerLayout { slots: spec.slots, pages_per_run }).unwrap();
     let bell = || EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC).unwrap();
     let producer = (spec.producer == Producer::Host).then(|| {
         let (region, fd) = ProducerRegion::create(ProducerLayout { slots: spec.slots, batch_bytes }).unwrap();
@@ -261,9 +265,12 @@ fn create(state: &mut State, conn: u64, spec: ChannelSpec) -> FakeChannel {
 fn handle(state: &mut State, conn: u64, request: Request, fds: &mut Vec<RawFd>) -> Result<Reply, WireError> {
     let not_found = || WireError::new(ErrorCode::NotFound, "no such channel");
     match request {
-        Request::Hello { .. } => {
-            Ok(Reply::Hello { version: wic_proto::PROTOCOL_VERSION, daemon: "fake".into(), backend: "emulated".into(), warps_per_batch: 16 })
-        }
+        Request::Hello { .. } => Ok(Reply::Hello {
+            version: wic_proto::PROTOCOL_VERSION,
+            daemon: "fake".into(),
+            backend: "emulated".into(),
+            warps_per_batch: 16,
+        }),
         Request::CreateChannel { spec, .. } => {
             let channel = create(state, conn, spec);
             let reply = channel_reply(&channel, Role::Owner, fds);
@@ -337,7 +344,10 @@ fn worker_loop(shared: &Shared) {
 /// The slot and side a fault entry touches.
 fn locate(info: &ChannelInfo, entry: &RawFaultEntry) -> Option<(u32, usize)> {
     let va = FaultEntry::decode(entry, VaWidth::Bits49).va;
-    info.slots.iter().enumerate().find_map(|(slot, s)| s.runs.iter().position(|run| *run == va).map(|side| (slot as u32, side)))
+    info.slots
+        .iter()
+        .enumerate()
+        .find_map(|(slot, s)| s.runs.iter().position(|run| *run == va).map(|side| (slot as u32, side)))
 }
 
 /// Fills, maps and delivers the run of `slot` on `side`; false while there is nothing to deliver.

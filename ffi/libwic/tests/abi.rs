@@ -106,7 +106,8 @@ fn header_compiles_as_cxx() {
     let include = format!("-I{}", arg(&include_dir()));
     let object = dir.join("strict.o");
     let compiler = cxx_compiler();
-    let args = ["-Wall", "-Wextra", "-Werror", "-std=c++11", "-pedantic", &include, "-c", "-o", arg(&object), arg(&source)];
+    let args =
+        ["-Wall", "-Wextra", "-Werror", "-std=c++11", "-pedantic", &include, "-c", "-o", arg(&object), arg(&source)];
     match try_compile(&compiler, &args) {
         Some(output) => check_success(&compiler, &args, &output),
         None => println!("note: `{compiler}` not found, skipping the C++ check of wic.h"),

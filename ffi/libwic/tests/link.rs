@@ -43,7 +43,8 @@ fn artifact(name: &str) -> PathBuf {
 
 /// `Libs.private` of `wic.pc.in`: what a static link needs besides libwic.a.
 fn libs_private() -> Vec<String> {
-    let pc = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../wic.pc.in")).expect("ffi/wic.pc.in");
+    let pc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../wic.pc.in")).expect("ffi/wic.pc.in");
     let line = pc.lines().find_map(|l| l.strip_prefix("Libs.private:")).expect("wic.pc.in has Libs.private");
     line.split_whitespace().map(str::to_owned).collect()
 }
@@ -70,7 +71,8 @@ fn static_library_links_and_runs() {
     let program = dir.join("link-static");
     let include = format!("-I{}", arg(&include_dir()));
     let archive = artifact("libwic.a");
-    let mut args = vec!["-std=c11", "-Wall", "-Wextra", "-Werror", &include, "-o", arg(&program), arg(&source), arg(&archive)];
+    let mut args =
+        vec!["-std=c11", "-Wall", "-Wextra", "-Werror", &include, "-o", arg(&program), arg(&source), arg(&archive)];
     let private = libs_private();
     args.extend(private.iter().map(String::as_str));
     compile(&c_compiler(), &args);
@@ -88,7 +90,19 @@ fn shared_library_links_and_runs() {
     let rpath = format!("-Wl,-rpath,{}", arg(&lib_dir));
     compile(
         &c_compiler(),
-        &["-std=c11", "-Wall", "-Wextra", "-Werror", &include, "-o", arg(&program), arg(&source), &search, "-lwic", &rpath],
+        &[
+            "-std=c11",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            &include,
+            "-o",
+            arg(&program),
+            arg(&source),
+            &search,
+            "-lwic",
+            &rpath,
+        ],
     );
     let binary = std::fs::read(&program).unwrap();
     assert!(
@@ -111,7 +125,19 @@ fn c_examples_build_cleanly() {
         let program = dir.join(name);
         compile(
             &c_compiler(),
-            &["-std=c11", "-pedantic", "-Wall", "-Wextra", "-Werror", &include, "-o", arg(&program), arg(&source), &search, "-lwic"],
+            &[
+                "-std=c11",
+                "-pedantic",
+                "-Wall",
+                "-Wextra",
+                "-Werror",
+                &include,
+                "-o",
+                arg(&program),
+                arg(&source),
+                &search,
+                "-lwic",
+            ],
         );
     }
 }

@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 use nix::errno::Errno;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::socket::{
-    connect, recv, recvmsg, send, sendmsg, socket, AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType, UnixAddr,
+    connect, recv, recvmsg, send, sendmsg, socket, AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType,
+    UnixAddr,
 };
 
 use crate::frame::{self, FrameError, MAX_REPLY_BYTES};
@@ -175,7 +176,13 @@ impl ClientError {
 }
 
 fn is_hang_up(e: &io::Error) -> bool {
-    matches!(e.kind(), io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset | io::ErrorKind::UnexpectedEof | io::ErrorKind::NotConnected)
+    matches!(
+        e.kind(),
+        io::ErrorKind::BrokenPipe
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::UnexpectedEof
+            | io::ErrorKind::NotConnected
+    )
 }
 
 impl fmt::Display for ClientError {
@@ -238,7 +245,9 @@ impl Client {
         let mut client = Self { stream, daemon, timeout, broken: false };
         let hello = Request::Hello { version: PROTOCOL_VERSION, client: name.to_owned() };
         match client.call_by(&hello, &[], deadline)?.0 {
-            Reply::Hello { daemon, backend, warps_per_batch, .. } => client.daemon = Daemon { version: daemon, backend, warps_per_batch },
+            Reply::Hello { daemon, backend, warps_per_batch, .. } => {
+                client.daemon = Daemon { version: daemon, backend, warps_per_batch }
+            }
             other => return Err(ClientError::Decode(format!("expected hello, got {other:?}"))),
         }
         Ok(client)
@@ -275,13 +284,25 @@ impl Client {
     /// A request that fails partway, sent in part or its reply read in part, or that times
     /// out, leaves bytes on the stream that would be taken for the next reply: the connection
     /// is shut down, so every later call and [`Client::daemon_gone`] report a hang-up instead.
-    pub fn call_passing(&mut self, request: &Request, pass: &[BorrowedFd<'_>]) -> Result<(Reply, Vec<OwnedFd>), ClientError> {
+    pub fn call_passing(
+        &mut self,
+        request: &Request,
+        pass: &[BorrowedFd<'_>],
+    ) -> Result<(Reply, Vec<OwnedFd>), ClientError> {
         self.call_by(request, pass, Deadline::start(self.timeout))
     }
 
-    fn call_by(&mut self, request: &Request, pass: &[BorrowedFd<'_>], deadline: Option<Deadline>) -> Result<(Reply, Vec<OwnedFd>), ClientError> {
+    fn call_by(
+        &mut self,
+        request: &Request,
+        pass: &[BorrowedFd<'_>],
+        deadline: Option<Deadline>,
+    ) -> Result<(Reply, Vec<OwnedFd>), ClientError> {
         if self.broken {
-            return Err(ClientError::Io(io::Error::new(io::ErrorKind::NotConnected, "an earlier request failed partway")));
+            return Err(ClientError::Io(io::Error::new(
+                io::ErrorKind::NotConnected,
+                "an earlier request failed partway",
+            )));
         }
         let exchanged = self.exchange(request, pass, deadline);
         if let Err(ClientError::Io(_) | ClientError::Frame(_) | ClientError::TimedOut(_)) = exchanged {
@@ -303,7 +324,12 @@ impl Client {
     }
 
     /// Sends one request frame and reads its reply frame.
-    fn exchange(&mut self, request: &Request, pass: &[BorrowedFd<'_>], deadline: Option<Deadline>) -> Result<(Vec<u8>, Vec<OwnedFd>), ClientError> {
+    fn exchange(
+        &mut self,
+        request: &Request,
+        pass: &[BorrowedFd<'_>],
+        deadline: Option<Deadline>,
+    ) -> Result<(Vec<u8>, Vec<OwnedFd>), ClientError> {
         let body = serde_json::to_vec(request).expect("requests always serialize");
         let bytes = frame::encode(&body);
         match self.send_by(&bytes, pass, deadline) {
@@ -369,24 +395,33 @@ impl Client {
         Ok((body, fds))
     }
 
-    fn recv_exact(&self, buf: &mut [u8], fds: &mut Vec<OwnedFd>, deadline: Option<Deadline>) -> Result<(), ClientError> {
+    fn recv_exact(
+        &self,
+        buf: &mut [u8],
+        fds: &mut Vec<OwnedFd>,
+        deadline: Option<Deadline>,
+    ) -> Result<(), ClientError> {
         let mut filled = 0;
         while filled < buf.len() {
             let mut space = nix::cmsg_space!([RawFd; MAX_FDS]);
             let mut iov = [IoSliceMut::new(&mut buf[filled..])];
-            let received = match recvmsg::<()>(self.stream.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC) {
-                Ok(msg) => {
-                    frame::take_passed_fds(&msg, fds).map_err(|e| ClientError::Io(e.into()))?;
-                    msg.bytes
-                }
-                Err(Errno::EAGAIN) => {
-                    self.wait_for(PollFlags::POLLIN, deadline)?;
-                    continue;
-                }
-                Err(e) => return Err(ClientError::Io(e.into())),
-            };
+            let received =
+                match recvmsg::<()>(self.stream.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC) {
+                    Ok(msg) => {
+                        frame::take_passed_fds(&msg, fds).map_err(|e| ClientError::Io(e.into()))?;
+                        msg.bytes
+                    }
+                    Err(Errno::EAGAIN) => {
+                        self.wait_for(PollFlags::POLLIN, deadline)?;
+                        continue;
+                    }
+                    Err(e) => return Err(ClientError::Io(e.into())),
+                };
             if received == 0 {
-                return Err(ClientError::Io(io::Error::new(io::ErrorKind::UnexpectedEof, "wicd closed the connection")));
+                return Err(ClientError::Io(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "wicd closed the connection",
+                )));
             }
             filled += received;
         }
@@ -398,7 +433,9 @@ impl Client {
     fn wait_for(&self, events: PollFlags, deadline: Option<Deadline>) -> Result<(), ClientError> {
         let timeout = match deadline {
             // Rounded up, so that a wait never ends just before the deadline and spins.
-            Some(deadline) => PollTimeout::try_from(deadline.remaining()?.as_nanos().div_ceil(1_000_000)).unwrap_or(PollTimeout::MAX),
+            Some(deadline) => {
+                PollTimeout::try_from(deadline.remaining()?.as_nanos().div_ceil(1_000_000)).unwrap_or(PollTimeout::MAX)
+            }
             None => PollTimeout::NONE,
         };
         match poll(&mut [PollFd::new(self.stream.as_fd(), events)], timeout) {
@@ -433,7 +470,8 @@ fn connect_by(path: &Path, deadline: Option<Deadline>) -> Result<UnixStream, Cli
         ClientError::Connect(io::Error::new(e.kind(), format!("{}: {e}", path.display())))
     };
     let addr = UnixAddr::new(path).map_err(failed)?;
-    let fd = socket(AddressFamily::Unix, SockType::Stream, SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC, None).map_err(failed)?;
+    let fd = socket(AddressFamily::Unix, SockType::Stream, SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC, None)
+        .map_err(failed)?;
     let mut pause = Duration::from_millis(1);
     loop {
         match connect(fd.as_raw_fd(), &addr) {
@@ -484,7 +522,12 @@ mod tests {
         let server = thread::spawn(move || {
             let (mut stream, _) = listener.accept().unwrap();
             assert!(matches!(read_request(&mut stream), Some(Request::Hello { .. })));
-            let hello = Reply::Hello { version: PROTOCOL_VERSION, daemon: "stand-in".into(), backend: "emulated".into(), warps_per_batch: 16 };
+            let hello = Reply::Hello {
+                version: PROTOCOL_VERSION,
+                daemon: "stand-in".into(),
+                backend: "emulated".into(),
+                warps_per_batch: 16,
+            };
             stream.write_all(&reply_bytes(hello)).unwrap();
             serve(&mut stream);
         });
@@ -674,13 +717,18 @@ mod tests {
         const ATTEMPTS: usize = 50;
         // As wicd at max_clients: answer at once, without reading the hello, and hang up.
         thread::spawn(move || {
-            let refusal = frame::encode(&serde_json::to_vec(&Response::Error(WireError::new(ErrorCode::Exhausted, "too many clients"))).unwrap());
+            let refusal = frame::encode(
+                &serde_json::to_vec(&Response::Error(WireError::new(ErrorCode::Exhausted, "too many clients")))
+                    .unwrap(),
+            );
             for stream in listener.incoming().take(ATTEMPTS) {
                 let _ = stream.unwrap().write_all(&refusal);
             }
         });
         let (outcomes, _) = bounded(move || {
-            (0..ATTEMPTS).map(|_| Client::connect_with_timeout(&path, "test", Timeout::after(Duration::from_secs(2)))).collect::<Vec<_>>()
+            (0..ATTEMPTS)
+                .map(|_| Client::connect_with_timeout(&path, "test", Timeout::after(Duration::from_secs(2))))
+                .collect::<Vec<_>>()
         });
         let refused = outcomes
             .iter()

@@ -54,7 +54,10 @@ pub fn body_len(header: [u8; HEADER_BYTES], max: usize) -> Result<usize, FrameEr
 
 /// Takes ownership of the descriptors passed as `SCM_RIGHTS` with `msg`, appending them to `out`.
 /// Fails with `ENOBUFS` if the control data was truncated.
-pub fn take_passed_fds<S>(msg: &nix::sys::socket::RecvMsg<'_, '_, S>, out: &mut Vec<std::os::fd::OwnedFd>) -> nix::Result<()> {
+pub fn take_passed_fds<S>(
+    msg: &nix::sys::socket::RecvMsg<'_, '_, S>,
+    out: &mut Vec<std::os::fd::OwnedFd>,
+) -> nix::Result<()> {
     use std::os::fd::{FromRawFd, OwnedFd};
     for cmsg in msg.cmsgs()? {
         if let nix::sys::socket::ControlMessageOwned::ScmRights(received) = cmsg {

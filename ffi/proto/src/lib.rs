@@ -67,7 +67,6 @@ macro_rules! c_struct {
     };
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

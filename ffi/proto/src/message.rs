@@ -273,14 +273,25 @@ pub struct Stats {
 pub enum Reply {
     /// `warps_per_batch` sizes a channel's placement: see
     /// `wic_engine::ChannelSpec::placement_bytes`.
-    Hello { version: u32, daemon: String, backend: String, warps_per_batch: u32 },
+    Hello {
+        version: u32,
+        daemon: String,
+        backend: String,
+        warps_per_batch: u32,
+    },
     Channel(ChannelInfo),
     /// The space attached by [`Request::AttachSpace`].
-    Space { space: u32 },
-    Token { token: String },
+    Space {
+        space: u32,
+    },
+    Token {
+        token: String,
+    },
     Done,
     Status(Status),
-    Channels { channels: Vec<ChannelSummary> },
+    Channels {
+        channels: Vec<ChannelSummary>,
+    },
     Stats(Box<Stats>),
 }
 
@@ -388,7 +399,9 @@ impl ErrorCode {
             Self::NotFound => "no such channel, slot or token",
             Self::Exhausted => "resources exhausted",
             Self::Busy => "slot busy: previous data not yet delivered",
-            Self::TimedOut => "timed out: no data within the channel's timeout, or no answer from wicd within $WIC_TIMEOUT_MS",
+            Self::TimedOut => {
+                "timed out: no data within the channel's timeout, or no answer from wicd within $WIC_TIMEOUT_MS"
+            }
             Self::Closed => "channel closed",
             Self::Stopping => "daemon stopping",
             Self::Protocol => "protocol error",
@@ -495,7 +508,13 @@ mod reference {
         let requests = [
             Request::Hello { version: 1, client: String::new() },
             Request::CreateChannel {
-                spec: ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 1, slots: 1, timeout_ns: 0 },
+                spec: ChannelSpec {
+                    consumer_gpu: 0,
+                    producer: Producer::Host,
+                    message_bytes: 1,
+                    slots: 1,
+                    timeout_ns: 0,
+                },
                 base_va: None,
             },
             Request::AttachSpace {},
@@ -508,10 +527,8 @@ mod reference {
             Request::Channels {},
             Request::Stats {},
         ];
-        let mut ops: Vec<String> = requests
-            .iter()
-            .map(|r| serde_json::to_value(r).unwrap()["op"].as_str().unwrap().to_owned())
-            .collect();
+        let mut ops: Vec<String> =
+            requests.iter().map(|r| serde_json::to_value(r).unwrap()["op"].as_str().unwrap().to_owned()).collect();
         ops.sort();
         let mut documented = documented_ops();
         documented.sort();

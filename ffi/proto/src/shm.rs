@@ -20,8 +20,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use nix::fcntl::{fcntl, FcntlArg, SealFlag};
-use nix::sys::mman::{mmap, munmap, MapFlags, ProtFlags};
 use nix::sys::memfd::{memfd_create, MFdFlags};
+use nix::sys::mman::{mmap, munmap, MapFlags, ProtFlags};
 use wic_engine::{RawFaultEntry, PAGE_SIZE};
 
 /// Bytes of every region header.
@@ -175,7 +175,8 @@ impl Mapping {
         let length = std::num::NonZeroUsize::new(len).ok_or_else(|| io::Error::other("empty region"))?;
         // SAFETY: a fresh shared mapping at an address the kernel picks; it aliases nothing in
         // this process, and the fd's size was checked (or set and sealed) to be at least `len`.
-        let base = unsafe { mmap(None, length, ProtFlags::PROT_READ | ProtFlags::PROT_WRITE, MapFlags::MAP_SHARED, fd, 0) }?;
+        let base =
+            unsafe { mmap(None, length, ProtFlags::PROT_READ | ProtFlags::PROT_WRITE, MapFlags::MAP_SHARED, fd, 0) }?;
         Ok(Self { base: base.cast(), len })
     }
 
@@ -287,7 +288,8 @@ impl Header {
         if map.u32_at(word::VERSION).load(Ordering::Acquire) != LAYOUT_VERSION {
             return Err(ShmError::BadHeader("unsupported layout version"));
         }
-        let params = [map.u32_at(word::PARAM_LO).load(Ordering::Relaxed), map.u32_at(word::PARAM_HI).load(Ordering::Relaxed)];
+        let params =
+            [map.u32_at(word::PARAM_LO).load(Ordering::Relaxed), map.u32_at(word::PARAM_HI).load(Ordering::Relaxed)];
         if map.u32_at(word::SLOTS).load(Ordering::Relaxed) != self.slots || params != self.params {
             return Err(ShmError::BadHeader("layout differs from the channel reply"));
         }
@@ -653,6 +655,9 @@ mod tests {
         let other = ConsumerLayout { slots: 1, pages_per_run: 1 };
         assert!(ConsumerRegion::open(&fd, other).is_err());
         let (_p, pfd) = ProducerRegion::create(ProducerLayout { slots: 2, batch_bytes: 8 }).unwrap();
-        assert!(matches!(ConsumerRegion::open(&pfd, ConsumerLayout { slots: 1, pages_per_run: 1 }), Err(ShmError::BadHeader(_))));
+        assert!(matches!(
+            ConsumerRegion::open(&pfd, ConsumerLayout { slots: 1, pages_per_run: 1 }),
+            Err(ShmError::BadHeader(_))
+        ));
     }
 }

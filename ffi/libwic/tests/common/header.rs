@@ -130,4 +130,3 @@ pub fn c_program(header: &Header, include: &str) -> String {
     c.push_str("\treturn 0;\n}\n");
     c
 }
-

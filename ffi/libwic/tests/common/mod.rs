@@ -35,8 +35,11 @@ impl Drop for ScratchDir {
 /// A fresh [`ScratchDir`] under cargo's temporary directory for tests.
 pub fn scratch_dir(name: &str) -> ScratchDir {
     static NEXT: AtomicU32 = AtomicU32::new(0);
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("{name}-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "{name}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     ScratchDir(dir)

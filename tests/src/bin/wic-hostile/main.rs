@@ -75,7 +75,8 @@ enum Silent {
 fn peek(stream: &UnixStream) -> Result<Silent, String> {
     let mut byte = [0u8; 1];
     // SAFETY: recv into a live one-byte buffer of a socket this function borrows.
-    let got = unsafe { libc::recv(stream.as_raw_fd(), byte.as_mut_ptr().cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+    let got =
+        unsafe { libc::recv(stream.as_raw_fd(), byte.as_mut_ptr().cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
     match got {
         0 => Ok(Silent::Closed),
         1 => {
@@ -102,7 +103,8 @@ fn peek(stream: &UnixStream) -> Result<Silent, String> {
 fn has_bytes(stream: &UnixStream) -> bool {
     let mut byte = [0u8; 1];
     // SAFETY: recv into a live one-byte buffer of a socket this function borrows.
-    let got = unsafe { libc::recv(stream.as_raw_fd(), byte.as_mut_ptr().cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+    let got =
+        unsafe { libc::recv(stream.as_raw_fd(), byte.as_mut_ptr().cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
     got >= 0 || std::io::Error::last_os_error().kind() != std::io::ErrorKind::WouldBlock
 }
 

@@ -78,7 +78,8 @@ enum Phase {
 
 impl Phase {
     /// Names in the order of the variants.
-    const NAMES: [&'static str; 7] = ["connecting", "idle", "creating", "attaching", "exchanging", "destroying", "reconnecting"];
+    const NAMES: [&'static str; 7] =
+        ["connecting", "idle", "creating", "attaching", "exchanging", "destroying", "reconnecting"];
 }
 
 impl Progress {
@@ -326,8 +327,9 @@ impl Round<'_> {
             let token = latencies
                 .time(Kind::Grant, || channel.grant(Role::Consumer, None))
                 .map_err(|e| format!("granting channel {index}: {e}"))?;
-            let handle =
-                latencies.time(Kind::Attach, || consumer.attach(&token)).map_err(|e| format!("attaching to channel {index}: {e}"))?;
+            let handle = latencies
+                .time(Kind::Attach, || consumer.attach(&token))
+                .map_err(|e| format!("attaching to channel {index}: {e}"))?;
             attached.push(handle);
         }
         Ok(attached)
@@ -342,7 +344,11 @@ impl Round<'_> {
         self.progress.enter(Phase::Destroying);
         for (index, channel) in owned.into_iter().enumerate() {
             if let Err(e) = tally.latencies.time(Kind::Destroy, || channel.close()) {
-                fail(self.ctx, tally, format!("client {}, round {}: destroying channel {index}: {e}", self.index, self.round));
+                fail(
+                    self.ctx,
+                    tally,
+                    format!("client {}, round {}: destroying channel {index}: {e}", self.index, self.round),
+                );
             }
         }
     }
@@ -371,7 +377,9 @@ impl Round<'_> {
             }
             for (index, channel) in owned.iter().enumerate() {
                 let slot = message % shape.slots;
-                let sent = self.wait_delivered(channel, slot, gave_up).and_then(|()| self.publish(channel, index, message, &mut buf));
+                let sent = self
+                    .wait_delivered(channel, slot, gave_up)
+                    .and_then(|()| self.publish(channel, index, message, &mut buf));
                 sent.map_err(|e| format!("channel {index} (wicd's {}), message {message}: {e}", channel.id()))?;
                 published += 1;
             }
@@ -386,7 +394,8 @@ impl Round<'_> {
     fn abort(&self, owned: &[Channel], message: u32, buf: &mut [u8], gave_up: &AtomicBool) -> Result<u64, String> {
         for (index, channel) in owned.iter().enumerate() {
             for slot in 0..self.shape().slots {
-                self.wait_delivered(channel, slot, gave_up).map_err(|e| format!("channel {index} before the abort: {e}"))?;
+                self.wait_delivered(channel, slot, gave_up)
+                    .map_err(|e| format!("channel {index} before the abort: {e}"))?;
             }
         }
         for (index, channel) in owned.iter().enumerate().skip(1) {
@@ -412,7 +421,9 @@ impl Round<'_> {
                 Ok(()) => return Ok(()),
                 Err(e) if e.code() != ErrorCode::TimedOut => return Err(e.to_string()),
                 Err(_) if gave_up.load(Ordering::Relaxed) => return Err("its consumer gave up".into()),
-                Err(_) if Instant::now() > deadline => return Err(format!("slot {slot} not delivered within {patience:?}")),
+                Err(_) if Instant::now() > deadline => {
+                    return Err(format!("slot {slot} not delivered within {patience:?}"))
+                }
                 Err(_) => {}
             }
         }
@@ -422,8 +433,12 @@ impl Round<'_> {
     /// the first channel closed under it or the first wrong message.
     fn consume(&self, attached: &[Channel], gave_up: &AtomicBool) -> Consumed {
         let shape = self.shape();
-        let mut got =
-            Consumed { per_channel: vec![0; attached.len()], bytes: 0, latencies: Latencies::default(), ending: Ending::Complete };
+        let mut got = Consumed {
+            per_channel: vec![0; attached.len()],
+            bytes: 0,
+            latencies: Latencies::default(),
+            ending: Ending::Complete,
+        };
         let Some(first) = attached.first() else { return got };
         let mut buf = vec![0u8; first.info().batch_bytes as usize];
         for message in 0..shape.messages {
@@ -439,13 +454,17 @@ impl Round<'_> {
                 };
                 match checked {
                     Ok(published_ns) => {
-                        got.latencies.record(Kind::Delivery, payload::stamp(self.ctx.epoch).saturating_sub(published_ns));
+                        got.latencies
+                            .record(Kind::Delivery, payload::stamp(self.ctx.epoch).saturating_sub(published_ns));
                         got.per_channel[index] += 1;
                         got.bytes += buf.len() as u64;
                         self.progress.consumed.fetch_add(1, Ordering::Relaxed);
                     }
                     Err(e) => {
-                        got.ending = Ending::Failed(format!("channel {index} (wicd's {}), message {message}: {e}", channel.id()));
+                        got.ending = Ending::Failed(format!(
+                            "channel {index} (wicd's {}), message {message}: {e}",
+                            channel.id()
+                        ));
                         gave_up.store(true, Ordering::Relaxed);
                         return got;
                     }
@@ -471,10 +490,15 @@ impl Round<'_> {
             (_, Ending::Failed(e)) => return Err(format!("consumer: {e}")),
             (Some(e), _) => return Err(format!("producer: {e}")),
             (None, Ending::Complete) if !aborting => {}
-            (None, Ending::Closed { message, channel: 0 }) if aborting && message == shape.abort_at() => tally.closed_as_expected += 1,
+            (None, Ending::Closed { message, channel: 0 }) if aborting && message == shape.abort_at() => {
+                tally.closed_as_expected += 1
+            }
             (None, ending) => {
-                let expected =
-                    if aborting { format!("the first channel closed at message {}", shape.abort_at()) } else { "all messages".into() };
+                let expected = if aborting {
+                    format!("the first channel closed at message {}", shape.abort_at())
+                } else {
+                    "all messages".into()
+                };
                 return Err(format!("the consumer ended with {ending:?}, expected {expected}"));
             }
         }

@@ -66,7 +66,10 @@ impl Target {
         let deadline = Instant::now() + START_STOP_WAIT;
         while UnixStream::connect(&socket).is_err() {
             if let Ok(Some(status)) = spawned.child.try_wait() {
-                return Err(format!("wicd exited during start-up ({status}); its log is {}", spawned.dir.join("wicd.log").display()));
+                return Err(format!(
+                    "wicd exited during start-up ({status}); its log is {}",
+                    spawned.dir.join("wicd.log").display()
+                ));
             }
             if Instant::now() > deadline {
                 return Err(format!("wicd did not listen within {START_STOP_WAIT:?}"));
@@ -109,7 +112,11 @@ impl Target {
 
     /// Polls the status until `done` holds or `timeout` passes; returns the last status and
     /// how long it took.
-    pub fn wait_for(&mut self, timeout: Duration, done: impl Fn(&Status) -> bool) -> Result<(Status, Duration, bool), String> {
+    pub fn wait_for(
+        &mut self,
+        timeout: Duration,
+        done: impl Fn(&Status) -> bool,
+    ) -> Result<(Status, Duration, bool), String> {
         let start = Instant::now();
         loop {
             let status = self.status()?;

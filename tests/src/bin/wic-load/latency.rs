@@ -114,7 +114,10 @@ mod tests {
         }
         l.record(Kind::Delivery, 5);
         let s = l.summary(Kind::Create);
-        assert_eq!((s.count, s.p50, s.p99, s.max), (200, Duration::from_nanos(100), Duration::from_nanos(198), Duration::from_nanos(200)));
+        assert_eq!(
+            (s.count, s.p50, s.p99, s.max),
+            (200, Duration::from_nanos(100), Duration::from_nanos(198), Duration::from_nanos(200))
+        );
         assert_eq!(l.control().count, 200, "deliveries are not control requests");
         assert_eq!(l.summary(Kind::Stats), Summary::default());
     }

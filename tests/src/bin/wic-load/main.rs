@@ -136,8 +136,10 @@ impl Args {
         let slots = u64::from(self.clients) * u64::from(self.channels) * u64::from(self.slots);
         let pages = slots * 2 * pages_per_run;
         let emulated = self.gpus.map_or_else(String::new, |gpus| format!("[emulated]\ngpus = {gpus}\n\n"));
-        let group =
-            nix::unistd::Group::from_gid(nix::unistd::getgid()).ok().flatten().ok_or("this user's group has no name to give wicd")?;
+        let group = nix::unistd::Group::from_gid(nix::unistd::getgid())
+            .ok()
+            .flatten()
+            .ok_or("this user's group has no name to give wicd")?;
         Ok(format!(
             "[service]\nsocket_group = \"{}\"\n\n{emulated}\
              [engine]\npool_pages = {}\nmax_slots = {}\n\n\
@@ -341,7 +343,10 @@ fn run(args: &Args) -> Result<Report, String> {
         message_bytes: args.message_bytes,
         published: totals.published,
         consumed: totals.consumed,
-        consumed_due: due(channels * u64::from(shape.consumed_per_channel(true)), channels * u64::from(shape.consumed_per_channel(false))),
+        consumed_due: due(
+            channels * u64::from(shape.consumed_per_channel(true)),
+            channels * u64::from(shape.consumed_per_channel(false)),
+        ),
         bytes_checked: totals.bytes_checked,
         aborts: totals.aborts,
         aborts_due: due(1, 0),
@@ -376,7 +381,9 @@ fn run(args: &Args) -> Result<Report, String> {
 fn stuck(ctx: &Context, target: &mut Target, what: &str, timeout: Duration) -> String {
     let mut report = format!("{what} did not finish within {timeout:?}; ");
     match target.status() {
-        Ok(s) => report.push_str(&format!("wicd has {} clients, {} channels, {} held faults", s.clients, s.channels, s.held)),
+        Ok(s) => {
+            report.push_str(&format!("wicd has {} clients, {} channels, {} held faults", s.clients, s.channels, s.held))
+        }
         Err(e) => report.push_str(&format!("wicd does not answer: {e}")),
     }
     if let Some(path) = target.log_path() {
@@ -390,7 +397,12 @@ fn stuck(ctx: &Context, target: &mut Target, what: &str, timeout: Duration) -> S
 
 /// With every client connected (`connected` in all), opens connections up to `max_clients`,
 /// checks that one more is refused, and closes them again.
-fn fill_to_the_limit(target: &mut Target, connected: u32, max_clients: u32, timeout: Duration) -> Result<Result<(), String>, String> {
+fn fill_to_the_limit(
+    target: &mut Target,
+    connected: u32,
+    max_clients: u32,
+    timeout: Duration,
+) -> Result<Result<(), String>, String> {
     let (status, _, all_in) = target.wait_for(timeout, |s| s.clients == connected)?;
     if !all_in {
         return Ok(Err(format!("{} clients registered, {connected} expected", status.clients)));

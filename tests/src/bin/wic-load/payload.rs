@@ -55,7 +55,8 @@ pub fn fill(buf: &mut [u8], stream: Stream, sequence: u64, published_ns: u64) {
 /// Checks that `buf` is message `sequence` of `stream`, byte for byte, and returns its publish
 /// time.
 pub fn check(buf: &[u8], stream: Stream, sequence: u64) -> Result<u64, String> {
-    let words: Vec<u64> = buf.chunks_exact(8).map(|w| u64::from_le_bytes(w.try_into().expect("chunks of 8 bytes"))).collect();
+    let words: Vec<u64> =
+        buf.chunks_exact(8).map(|w| u64::from_le_bytes(w.try_into().expect("chunks of 8 bytes"))).collect();
     if words.len() < HEADER_WORDS {
         return Err(format!("{} bytes, too short for a message", buf.len()));
     }

@@ -106,7 +106,10 @@ impl Report {
             check(
                 "each abort closed the channel its consumer waited on",
                 self.aborts == self.aborts_due && self.closed_as_expected == self.aborts,
-                format!("{} aborts of {} due, {} consumers woken with CLOSED", self.aborts, self.aborts_due, self.closed_as_expected),
+                format!(
+                    "{} aborts of {} due, {} consumers woken with CLOSED",
+                    self.aborts, self.aborts_due, self.closed_as_expected
+                ),
             ),
             check(
                 "wicd delivered each consumed message once",
@@ -116,7 +119,10 @@ impl Report {
             check(
                 "wicd saw the publishes",
                 publishes <= self.published && publishes + self.publishes_at_aborts >= self.published,
-                format!("host_publishes +{publishes}, {} published ({} just before aborts)", self.published, self.publishes_at_aborts),
+                format!(
+                    "host_publishes +{publishes}, {} published ({} just before aborts)",
+                    self.published, self.publishes_at_aborts
+                ),
             ),
             check("no held consumer timed out", timed_out == 0, format!("faults_timed_out +{timed_out}")),
             check(
@@ -131,7 +137,13 @@ impl Report {
             check(
                 "clients, channels, held faults back to baseline",
                 (end.status.clients, end.status.channels, end.stats.channels, end.status.held, end.stats.pfq_depth)
-                    == (base.status.clients, base.status.channels, base.stats.channels, base.status.held, base.stats.pfq_depth),
+                    == (
+                        base.status.clients,
+                        base.status.channels,
+                        base.stats.channels,
+                        base.status.held,
+                        base.stats.pfq_depth,
+                    ),
                 format!(
                     // The control plane's channel records and the engine's channels are counted apart.
                     "clients {} -> {}, channels {} -> {} (in the engine {} -> {}), held {} -> {}, PFQ {} -> {}",
@@ -195,7 +207,10 @@ impl Report {
             checks.push(check(
                 "wicd logged no warning or error",
                 problems.is_empty(),
-                problems.first().cloned().map_or_else(|| "none".into(), |first| format!("{} lines, first: {first}", problems.len())),
+                problems
+                    .first()
+                    .cloned()
+                    .map_or_else(|| "none".into(), |first| format!("{} lines, first: {first}", problems.len())),
             ));
         }
         checks.push(check(
@@ -264,7 +279,8 @@ impl Report {
 
     /// The summary for scripts: one line of JSON.
     pub fn json(&self, checks: &[Check]) -> Value {
-        let latency = |s: Summary| json!({"count": s.count, "p50_ms": ms(s.p50), "p99_ms": ms(s.p99), "max_ms": ms(s.max)});
+        let latency =
+            |s: Summary| json!({"count": s.count, "p50_ms": ms(s.p50), "p99_ms": ms(s.p99), "max_ms": ms(s.max)});
         let mut latencies = serde_json::Map::new();
         for kind in Kind::CONTROL.into_iter().chain([Kind::Delivery]) {
             latencies.insert(kind.name().into(), latency(self.latencies.summary(kind)));

@@ -105,7 +105,8 @@ fn main() -> ExitCode {
                     let (poll, fault) = (run(&w, Mode::Poll, &cal, run_seed), run(&w, Mode::Fault, &cal, run_seed));
                     let warps_per_batch = u64::from(w.phases[0].warps_per_cta);
                     if let Err(e) = wic_tests::check_runs(&poll, &fault, warps_per_batch) {
-                        *failure.lock().expect("failure lock") = Some(format!("run {index} (seed {}): {e}", options.seed));
+                        *failure.lock().expect("failure lock") =
+                            Some(format!("run {index} (seed {}): {e}", options.seed));
                         stop.store(true, Ordering::Relaxed);
                         return;
                     }

@@ -76,7 +76,10 @@ fn parse_range(text: &str) -> Result<Range<u64>, String> {
         Ok(start..end)
     } else if let Some((start, len)) = text.split_once('+') {
         let (start, len) = (parse_u64(start)?, parse_u64(len)?);
-        let end = start.checked_add(len).filter(|&end| end > start).ok_or_else(|| format!("range {text:?} is empty or overflows"))?;
+        let end = start
+            .checked_add(len)
+            .filter(|&end| end > start)
+            .ok_or_else(|| format!("range {text:?} is empty or overflows"))?;
         Ok(start..end)
     } else {
         Err(format!("range {text:?}: START-END or START+LEN"))
@@ -240,7 +243,10 @@ fn describe(event: &Event) -> String {
             f.gpu_ns
         ),
         Event::Replay(r) => {
-            format!("replay gpu={} client={:?} batch={} cpu_ns={} gpu_ns={}", r.gpu_index, r.client, r.batch_id, r.cpu_ns, r.gpu_ns)
+            format!(
+                "replay gpu={} client={:?} batch={} cpu_ns={} gpu_ns={}",
+                r.gpu_index, r.client, r.batch_id, r.cpu_ns, r.gpu_ns
+            )
         }
         Event::Fatal(f) => format!(
             "fatal processor={} addr={:#x} access={} type={} reason={} cpu_ns={}",
@@ -348,7 +354,8 @@ fn watch(options: &Options, child: Option<&mut Child>) -> Result<(), String> {
                 Ok(_) | Err(Errno::EINTR) => {}
                 Err(e) => return Err(format!("poll: {e}")),
             }
-            let ready = |fd: &PollFd<'_>| fd.revents().is_some_and(|r| r.intersects(PollFlags::POLLIN | PollFlags::POLLERR));
+            let ready =
+                |fd: &PollFd<'_>| fd.revents().is_some_and(|r| r.intersects(PollFlags::POLLIN | PollFlags::POLLERR));
             (ready(&fds[0]), ready(&fds[1]))
         };
         if events_ready {
@@ -488,7 +495,8 @@ mod tests {
 
     #[test]
     fn parses_options() {
-        let args: Vec<String> = ["--pid", "42", "--range", "0x1000+0x1000", "--for", "2.5", "--events"].map(String::from).into();
+        let args: Vec<String> =
+            ["--pid", "42", "--range", "0x1000+0x1000", "--for", "2.5", "--events"].map(String::from).into();
         let options = parse_options(&args, false).unwrap();
         assert_eq!((options.pid, options.fd, options.entries), (42, None, 1 << 14));
         assert_eq!(options.ranges.len(), 1);
@@ -503,6 +511,8 @@ mod tests {
         assert_eq!(options.command, ["./app", "--for", "x"]);
         assert_eq!(options.duration, Some(Duration::from_secs(1)));
         assert!(parse_options(&["--for".to_string(), "1".to_string()], true).is_err(), "run needs a program");
-        assert!(parse_options(&["--pid".to_string(), "1".to_string(), "--".to_string(), "x".to_string()], true).is_err());
+        assert!(
+            parse_options(&["--pid".to_string(), "1".to_string(), "--".to_string(), "x".to_string()], true).is_err()
+        );
     }
 }

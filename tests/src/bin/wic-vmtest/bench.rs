@@ -66,11 +66,8 @@ fn measure(submission: Submission, batch: usize, rounds: usize) -> Result<Vec<u6
         let now = daemon.now();
         daemon.engine.publish(now, layout.id, slot, &mut daemon.commands).map_err(|e| e.to_string())?;
     }
-    let runs: Vec<[u64; 2]> = layout
-        .slots
-        .iter()
-        .map(|s| s.runs.map(|va| placed.placement.process_va(va).expect("placed")))
-        .collect();
+    let runs: Vec<[u64; 2]> =
+        layout.slots.iter().map(|s| s.runs.map(|va| placed.placement.process_va(va).expect("placed"))).collect();
 
     let stop = Arc::new(AtomicBool::new(false));
     let server = {
@@ -88,7 +85,9 @@ fn measure(submission: Submission, batch: usize, rounds: usize) -> Result<Vec<u6
                 seen.iter().filter(|e| e.kind == fakegpu::EVENT_MAP).count() == batch
             })?;
             if round >= WARMUP {
-                latencies.extend(events.iter().filter(|e| e.kind == fakegpu::EVENT_MAP).map(|e| e.ns.saturating_sub(injected)));
+                latencies.extend(
+                    events.iter().filter(|e| e.kind == fakegpu::EVENT_MAP).map(|e| e.ns.saturating_sub(injected)),
+                );
             }
             generation[..batch].iter_mut().for_each(|g| *g += 1);
         }
@@ -102,7 +101,12 @@ fn measure(submission: Submission, batch: usize, rounds: usize) -> Result<Vec<u6
 
 /// The daemon thread: waits in poll() for records, runs the engine, publishes the next
 /// generation of every slot just delivered (so the next batch finds its data), submits.
-fn serve(mut daemon: Daemon, slot_of: HashMap<u64, u32>, channel: wic_engine::ChannelId, stop: &AtomicBool) -> Result<(), String> {
+fn serve(
+    mut daemon: Daemon,
+    slot_of: HashMap<u64, u32>,
+    channel: wic_engine::ChannelId,
+    stop: &AtomicBool,
+) -> Result<(), String> {
     let fd = daemon.backend.device().fd().as_raw_fd();
     let mut delivered = Vec::new();
     while !stop.load(Ordering::Relaxed) {

@@ -32,21 +32,31 @@ pub fn run() -> Result<(), String> {
     let fake = FakeGpu::open().map_err(|e| format!("open {}: {e}", fakegpu::DEVICE))?;
     // The held table's worth of pages, and room for the other steps' ranges.
     let mut memory = Memory::new(&fake, (u64::from(kabi::WIC_MAX_HELD) * PAGE + (1 << 20)) as usize)?;
-    let mut device = Device::open(Path::new(DEVICE), Duration::from_secs(5)).map_err(|e| format!("open {DEVICE}: {e}"))?;
+    let mut device =
+        Device::open(Path::new(DEVICE), Duration::from_secs(5)).map_err(|e| format!("open {DEVICE}: {e}"))?;
     let space = device.attach(fake.fd()).map_err(|e| format!("attach: {e}"))?;
     let mut step = Step { fake: &fake, device: &mut device, space };
 
     // Each step works on ranges of its own: all run, and every failure is reported. The last
     // detaches the space.
     let results = [
-        step.unregister_refused("write", Fail { writes: 1, error: Errno::EAGAIN as u32, ..Default::default() }, &mut memory)
-            .map_err(|e| format!("unregister with the marker's write refused: {e}")),
-        step.unregister_refused("map", Fail { maps: 1, error: Errno::ENOMEM as u32, ..Default::default() }, &mut memory)
-            .map_err(|e| format!("unregister with the marker page's map refused: {e}")),
+        step.unregister_refused(
+            "write",
+            Fail { writes: 1, error: Errno::EAGAIN as u32, ..Default::default() },
+            &mut memory,
+        )
+        .map_err(|e| format!("unregister with the marker's write refused: {e}")),
+        step.unregister_refused(
+            "map",
+            Fail { maps: 1, error: Errno::ENOMEM as u32, ..Default::default() },
+            &mut memory,
+        )
+        .map_err(|e| format!("unregister with the marker page's map refused: {e}")),
         step.page_gone(&mut memory).map_err(|e| format!("unregister of a page that is gone: {e}")),
         step.fault_while_unregistering(&mut memory).map_err(|e| format!("a fault while unregistering: {e}")),
         step.unmappable(&mut memory).map_err(|e| format!("a held page the GPU cannot map: {e}")),
-        step.unrecorded_fault_replayed(&mut memory).map_err(|e| format!("a fault held unrecorded on an unregistered range: {e}")),
+        step.unrecorded_fault_replayed(&mut memory)
+            .map_err(|e| format!("a fault held unrecorded on an unregistered range: {e}")),
         step.detach_refused(&mut memory).map_err(|e| format!("detach with a marker's write refused: {e}")),
     ];
     fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
@@ -65,13 +75,17 @@ impl Step<'_> {
     fn range(&mut self, memory: &mut Memory) -> Result<(u64, u32), String> {
         self.fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
         let base = memory.take(PAGES * PAGE)?;
-        let id = self.device.register(self.space, kabi::WIC_RANGE_PCM, base, PAGES * PAGE, 0).map_err(|e| format!("register: {e}"))?;
+        let id = self
+            .device
+            .register(self.space, kabi::WIC_RANGE_PCM, base, PAGES * PAGE, 0)
+            .map_err(|e| format!("register: {e}"))?;
         Ok((base, id))
     }
 
     /// Injects a read of `va` and expects `verdict`.
     fn inject(&self, va: u64, verdict: u8) -> Result<(), String> {
-        let (verdicts, _) = self.fake.inject(GPU, &[fault(va, AccessType::Read)]).map_err(|e| format!("inject: {e}"))?;
+        let (verdicts, _) =
+            self.fake.inject(GPU, &[fault(va, AccessType::Read)]).map_err(|e| format!("inject: {e}"))?;
         ensure(verdicts == [verdict], || {
             let want = if verdict == fakegpu::VERDICT_HOLD { "held" } else { "passed" };
             format!("the fault at {va:#x} was not {want} (verdict {verdicts:?})")
@@ -95,7 +109,9 @@ impl Step<'_> {
     /// without the marker), and a replay's fault on it is held again rather than serviced.
     fn still_held(&self, memory: &Memory, va: u64, unwritten: bool) -> Result<(), String> {
         ensure(!self.mapped(va)?, || format!("page {va:#x} is mapped on the GPU"))?;
-        ensure(!unwritten || marker(memory, va) != WIC_MARKER_CHANNEL_CLOSED, || format!("page {va:#x} holds the marker already"))?;
+        ensure(!unwritten || marker(memory, va) != WIC_MARKER_CHANNEL_CLOSED, || {
+            format!("page {va:#x} holds the marker already")
+        })?;
         self.replay()?;
         self.inject(va, fakegpu::VERDICT_HOLD)?;
         let events = self.events()?;
@@ -107,7 +123,9 @@ impl Step<'_> {
     /// The page was completed with the marker: written, then mapped on the GPU, and the GPU
     /// replayed after the map.
     fn completed(&self, memory: &Memory, events: &[Event], va: u64) -> Result<(), String> {
-        let write = events.iter().position(|e| e.kind == fakegpu::EVENT_WRITE && e.va == va && e.data0 == WIC_MARKER_CHANNEL_CLOSED);
+        let write = events
+            .iter()
+            .position(|e| e.kind == fakegpu::EVENT_WRITE && e.va == va && e.data0 == WIC_MARKER_CHANNEL_CLOSED);
         let map = events.iter().rposition(|e| is_map(e) && e.gpu_id == GPU && e.va <= va && va < e.va + e.length);
         let replay = events.iter().rposition(|e| e.kind == fakegpu::EVENT_REPLAY && e.gpu_id == GPU);
         ensure(matches!((write, map, replay), (Some(w), Some(m), Some(r)) if w < m && m < r), || {
@@ -155,10 +173,14 @@ impl Step<'_> {
     fn page_gone(&mut self, memory: &mut Memory) -> Result<(), String> {
         let (base, id) = self.range(memory)?;
         self.inject(base, fakegpu::VERDICT_HOLD)?;
-        self.fake.fail(Fail { writes: 1, error: Errno::EFAULT as u32, ..Default::default() }).map_err(|e| format!("arm: {e}"))?;
+        self.fake
+            .fail(Fail { writes: 1, error: Errno::EFAULT as u32, ..Default::default() })
+            .map_err(|e| format!("arm: {e}"))?;
         self.device.unregister(id).map_err(|e| format!("UNREGISTER: {e}"))?;
         let events = self.events()?;
-        ensure(events.iter().any(|e| e.kind == fakegpu::EVENT_REPLAY && e.gpu_id == GPU), || format!("no replay: {events:?}"))?;
+        ensure(events.iter().any(|e| e.kind == fakegpu::EVENT_REPLAY && e.gpu_id == GPU), || {
+            format!("no replay: {events:?}")
+        })?;
         self.inject(base, fakegpu::VERDICT_PASS)
     }
 
@@ -168,26 +190,39 @@ impl Step<'_> {
         let (base, id) = self.range(memory)?;
         self.inject(base, fakegpu::VERDICT_HOLD)?;
         self.drain();
-        self.fake.fail(Fail { writes: 1, flags: fakegpu::FAIL_STALL, ..Default::default() }).map_err(|e| format!("arm the stall: {e}"))?;
+        self.fake
+            .fail(Fail { writes: 1, flags: fakegpu::FAIL_STALL, ..Default::default() })
+            .map_err(|e| format!("arm the stall: {e}"))?;
         let fd = self.device.fd().as_raw_fd();
         let fake = self.fake;
         let (stalled, verdicts, unregistered) = std::thread::scope(|scope| {
             // SAFETY: checked ABI; the module reads one u32; the session outlives the scope.
             let unregister = scope.spawn(move || unsafe { ioc_unregister(fd, &id) });
-            let stalled = wait_events(fake, Duration::from_secs(5), |seen| seen.iter().any(|e| e.kind == fakegpu::EVENT_STALLED));
+            let stalled =
+                wait_events(fake, Duration::from_secs(5), |seen| seen.iter().any(|e| e.kind == fakegpu::EVENT_STALLED));
             let verdicts = fake.inject(GPU, &[fault(base + PAGE, AccessType::Read)]);
             let released = fake.fail(Fail::default());
             let unregistered = unregister.join().map_err(|_| "the UNREGISTER thread panicked".to_string());
-            (stalled.and_then(|s| released.map(|_| s).map_err(|e| format!("release the stall: {e}"))), verdicts, unregistered)
+            (
+                stalled.and_then(|s| released.map(|_| s).map_err(|e| format!("release the stall: {e}"))),
+                verdicts,
+                unregistered,
+            )
         });
         let stalled = stalled?;
-        ensure(stalled.iter().any(|e| e.kind == fakegpu::EVENT_STALLED && e.va == base), || format!("not the marker's write stalled: {stalled:?}"))?;
+        ensure(stalled.iter().any(|e| e.kind == fakegpu::EVENT_STALLED && e.va == base), || {
+            format!("not the marker's write stalled: {stalled:?}")
+        })?;
         let (verdicts, _) = verdicts.map_err(|e| format!("inject: {e}"))?;
-        ensure(verdicts == [fakegpu::VERDICT_HOLD], || format!("the fault during UNREGISTER was not held (verdict {verdicts:?})"))?;
+        ensure(verdicts == [fakegpu::VERDICT_HOLD], || {
+            format!("the fault during UNREGISTER was not held (verdict {verdicts:?})")
+        })?;
         unregistered?.map_err(|errno| format!("UNREGISTER: {errno}"))?;
         ensure(self.drain() == 0, || "the fault during UNREGISTER was recorded".into())?;
         let events = [stalled, self.events()?].concat();
-        ensure(!events.iter().any(|e| e.kind == fakegpu::EVENT_SERVICED), || format!("a fault was serviced: {events:?}"))?;
+        ensure(!events.iter().any(|e| e.kind == fakegpu::EVENT_SERVICED), || {
+            format!("a fault was serviced: {events:?}")
+        })?;
         self.completed(memory, &events, base)?;
         self.completed(memory, &events, base + PAGE)
     }
@@ -200,7 +235,14 @@ impl Step<'_> {
         self.inject(base, fakegpu::VERDICT_HOLD)?;
         ensure(self.drain() == 1, || "the held fault was not recorded".into())?;
         self.fake.reside(GPU, base, true).map_err(|e| format!("reside: {e}"))?;
-        let map = WicCommand { opcode: kabi::WIC_CMD_MAP, space_id: self.space, gpu_id: GPU, pages: 1, va: base, ..Default::default() };
+        let map = WicCommand {
+            opcode: kabi::WIC_CMD_MAP,
+            space_id: self.space,
+            gpu_id: GPU,
+            pages: 1,
+            va: base,
+            ..Default::default()
+        };
         let mut cmds = [map];
         let done = self.device.submit(&mut cmds).map_err(|e| format!("MAP: {e}"))?;
         ensure(done == 0 && cmds[0].result == -(Errno::EXDEV as i32), || {
@@ -223,9 +265,13 @@ impl Step<'_> {
         self.events()?;
         self.device.unregister(id).map_err(|e| format!("UNREGISTER with a held page the GPU cannot reach: {e}"))?;
         let events = self.events()?;
-        let write = events.iter().position(|e| e.kind == fakegpu::EVENT_WRITE && e.va == va && e.data0 == WIC_MARKER_CHANNEL_CLOSED);
+        let write = events
+            .iter()
+            .position(|e| e.kind == fakegpu::EVENT_WRITE && e.va == va && e.data0 == WIC_MARKER_CHANNEL_CLOSED);
         let replay = events.iter().rposition(|e| e.kind == fakegpu::EVENT_REPLAY && e.gpu_id == GPU);
-        ensure(matches!((write, replay), (Some(w), Some(r)) if w < r), || format!("no marker write then replay: {events:?}"))?;
+        ensure(matches!((write, replay), (Some(w), Some(r)) if w < r), || {
+            format!("no marker write then replay: {events:?}")
+        })?;
         ensure(marker(memory, va) == WIC_MARKER_CHANNEL_CLOSED, || format!("page {va:#x} does not hold the marker"))?;
         ensure(!self.mapped(va)?, || format!("page {va:#x} is mapped"))?;
         // Its fault comes back and is nvidia-uvm's to service.
@@ -237,17 +283,24 @@ impl Step<'_> {
     fn detach_refused(&mut self, memory: &mut Memory) -> Result<(), String> {
         let (first, _) = self.range(memory)?;
         let second = memory.take(PAGES * PAGE)?;
-        self.device.register(self.space, kabi::WIC_RANGE_PCM, second, PAGES * PAGE, 0).map_err(|e| format!("register: {e}"))?;
+        self.device
+            .register(self.space, kabi::WIC_RANGE_PCM, second, PAGES * PAGE, 0)
+            .map_err(|e| format!("register: {e}"))?;
         self.inject(first, fakegpu::VERDICT_HOLD)?;
         self.inject(second + PAGE, fakegpu::VERDICT_HOLD)?;
-        self.fake.fail(Fail { writes: 1, error: Errno::EAGAIN as u32, ..Default::default() }).map_err(|e| format!("arm: {e}"))?;
+        self.fake
+            .fail(Fail { writes: 1, error: Errno::EAGAIN as u32, ..Default::default() })
+            .map_err(|e| format!("arm: {e}"))?;
         expect_errno("DETACH", self.device.detach(self.space), Errno::EAGAIN)?;
         // The step that met the refusal wrote the other page's marker (one call to nvidia-uvm
         // for both); neither page is mapped, the refused one is unwritten.
         self.still_held(memory, first, false)?;
         self.still_held(memory, second + PAGE, false)?;
-        let unwritten = [first, second + PAGE].iter().filter(|va| marker(memory, **va) != WIC_MARKER_CHANNEL_CLOSED).count();
-        ensure(unwritten == 1, || format!("{unwritten} of the two held pages lack the marker after one refused write"))?;
+        let unwritten =
+            [first, second + PAGE].iter().filter(|va| marker(memory, **va) != WIC_MARKER_CHANNEL_CLOSED).count();
+        ensure(unwritten == 1, || {
+            format!("{unwritten} of the two held pages lack the marker after one refused write")
+        })?;
         self.device.detach(self.space).map_err(|e| format!("DETACH once nvidia-uvm accepts again: {e}"))?;
         let events = self.events()?;
         self.completed(memory, &events, first)?;
@@ -266,22 +319,31 @@ impl Step<'_> {
         let held = u64::from(kabi::WIC_MAX_HELD);
         let (va, small) = self.range(memory)?;
         let big = memory.take(held * PAGE)?;
-        let big_id = self.device.register(self.space, kabi::WIC_RANGE_PCM, big, held * PAGE, 0).map_err(|e| format!("register: {e}"))?;
+        let big_id = self
+            .device
+            .register(self.space, kabi::WIC_RANGE_PCM, big, held * PAGE, 0)
+            .map_err(|e| format!("register: {e}"))?;
         let pages: Vec<u64> = (0..held).map(|p| big + p * PAGE).collect();
         // In chunks the ring holds, read as they come: the held table fills, not the ring.
         for chunk in pages.chunks(256) {
             let entries: Vec<_> = chunk.iter().map(|va| fault(*va, AccessType::Read)).collect();
             let (verdicts, _) = self.fake.inject(GPU, &entries).map_err(|e| format!("inject: {e}"))?;
-            ensure(verdicts.iter().all(|v| *v == fakegpu::VERDICT_HOLD), || "a fault filling the held table was not held".into())?;
+            ensure(verdicts.iter().all(|v| *v == fakegpu::VERDICT_HOLD), || {
+                "a fault filling the held table was not held".into()
+            })?;
             self.drain();
         }
         let dropped = self.device.ring().dropped();
         self.inject(va, fakegpu::VERDICT_HOLD)?;
-        ensure(self.device.ring().dropped() == dropped + 1, || "the fault past the full held table was recorded".into())?;
+        ensure(self.device.ring().dropped() == dropped + 1, || {
+            "the fault past the full held table was recorded".into()
+        })?;
         self.fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
         self.device.unregister(small).map_err(|e| format!("UNREGISTER: {e}"))?;
         let events = self.events()?;
-        ensure(events.iter().any(|e| e.kind == fakegpu::EVENT_REPLAY && e.gpu_id == GPU), || format!("UNREGISTER did not replay GPU {GPU}: {events:?}"))?;
+        ensure(events.iter().any(|e| e.kind == fakegpu::EVENT_REPLAY && e.gpu_id == GPU), || {
+            format!("UNREGISTER did not replay GPU {GPU}: {events:?}")
+        })?;
         self.inject(va, fakegpu::VERDICT_PASS)?;
         self.device.unregister(big_id).map_err(|e| format!("UNREGISTER of the full range: {e}"))
     }

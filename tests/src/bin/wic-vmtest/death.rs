@@ -37,7 +37,8 @@ pub fn run() -> Result<(), String> {
     let fake = FakeGpu::open().map_err(|e| format!("open {}: {e}", fakegpu::DEVICE))?;
     let mut memory = Memory::new(&fake, 16 << 20)?;
     let config = wic_engine::EngineConfig::default();
-    let bytes = host_spec(SLOTS, MESSAGE_BYTES).placement_bytes(config.warps_per_batch).ok_or("the spec has no placement")?;
+    let bytes =
+        host_spec(SLOTS, MESSAGE_BYTES).placement_bytes(config.warps_per_batch).ok_or("the spec has no placement")?;
     let region = memory.take(bytes)?;
     fcntl(fake.fd(), FcntlArg::F_SETFD(FdFlag::empty())).map_err(|e| format!("fcntl: {e}"))?;
     let exe = std::env::current_exe().map_err(|e| format!("own executable: {e}"))?;
@@ -48,7 +49,12 @@ pub fn run() -> Result<(), String> {
         .map_err(|e| format!("cannot start the holding daemon: {e}"))?;
     let mut lines = BufReader::new(holder.stdout.take().unwrap()).lines();
     let ready = lines.next().and_then(Result::ok).unwrap_or_default();
-    let runs: Vec<u64> = ready.strip_prefix("ready ").ok_or(format!("holder said {ready:?}"))?.split(' ').filter_map(|v| v.parse().ok()).collect();
+    let runs: Vec<u64> = ready
+        .strip_prefix("ready ")
+        .ok_or(format!("holder said {ready:?}"))?
+        .split(' ')
+        .filter_map(|v| v.parse().ok())
+        .collect();
     ensure(runs.len() == SLOTS as usize, || format!("holder said {ready:?}"))?;
 
     // Every warp of every slot's batch faults: 16 pages x 4 slots held.
@@ -70,14 +76,18 @@ pub fn run() -> Result<(), String> {
     let took = killed.elapsed();
     ensure(took <= BOUND, || format!("held faults completed {took:?} after the kill, bound {BOUND:?}"))?;
     for va in &pages {
-        ensure(events.iter().any(|e| e.kind == fakegpu::EVENT_MAP && e.va == *va), || format!("page {va:#x} never mapped"))?;
+        ensure(events.iter().any(|e| e.kind == fakegpu::EVENT_MAP && e.va == *va), || {
+            format!("page {va:#x} never mapped")
+        })?;
         let word = u64::from_le_bytes(memory.read(*va, 8).try_into().unwrap());
         ensure(word == WIC_MARKER_DAEMON_GONE, || format!("page {va:#x} holds {word:#x}, not the daemon-gone marker"))?;
     }
     // The markers, then the maps, went to nvidia-uvm in calls of up to SWEEP_BATCH pages each.
     let calls = events.iter().filter(|e| e.kind == fakegpu::EVENT_COMPLETE).count();
     let most = 2 * pages.len().div_ceil(SWEEP_BATCH);
-    ensure((2..=most).contains(&calls), || format!("{} held pages completed in {calls} uvm_wic_complete() calls, expected 2 to {most}", pages.len()))?;
+    ensure((2..=most).contains(&calls), || {
+        format!("{} held pages completed in {calls} uvm_wic_complete() calls, expected 2 to {most}", pages.len())
+    })?;
     println!("daemon-death: {} held faults completed {took:?} after kill -9 (bound {BOUND:?}), in {calls} calls to nvidia-uvm", pages.len());
 
     // A new daemon takes the device over and works.
@@ -99,7 +109,8 @@ fn unrecorded_faults_are_replayed(fake: &FakeGpu, memory: &mut Memory) -> Result
     // 16-page runs: one slot more than the ring holds, so that GPU 1's faults fill it.
     let (layout, placed) = daemon.channel(host_spec((ring_entries / 16 + 1) as u32, 4096), space, memory)?;
     let runs: Vec<u64> = layout.slots.iter().filter_map(|s| placed.placement.process_va(s.runs[0])).collect();
-    let pages: Vec<u64> = runs.iter().flat_map(|run| (0..u64::from(layout.pages_per_run)).map(move |p| run + p * 4096)).collect();
+    let pages: Vec<u64> =
+        runs.iter().flat_map(|run| (0..u64::from(layout.pages_per_run)).map(move |p| run + p * 4096)).collect();
     fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
     for chunk in pages.chunks(fakegpu::MAX_INJECT as usize) {
         let entries: Vec<_> = chunk.iter().map(|va| fault(*va, AccessType::Read)).collect();
@@ -111,9 +122,13 @@ fn unrecorded_faults_are_replayed(fake: &FakeGpu, memory: &mut Memory) -> Result
     // The other GPU's warps fault on the same pages: held, but the ring has no room.
     let entries: Vec<_> = pages[..8].iter().map(|va| fault(*va, AccessType::Read)).collect();
     let (verdicts, _) = fake.inject(OTHER_GPU, &entries).map_err(|e| format!("inject: {e}"))?;
-    ensure(verdicts.iter().all(|v| *v == fakegpu::VERDICT_HOLD), || format!("GPU {OTHER_GPU}'s faults were {verdicts:?}"))?;
+    ensure(verdicts.iter().all(|v| *v == fakegpu::VERDICT_HOLD), || {
+        format!("GPU {OTHER_GPU}'s faults were {verdicts:?}")
+    })?;
     let now_dropped = daemon.backend.device().ring().dropped();
-    ensure(now_dropped == dropped + 8, || format!("GPU {OTHER_GPU}'s faults: {} dropped, expected 8", now_dropped - dropped))?;
+    ensure(now_dropped == dropped + 8, || {
+        format!("GPU {OTHER_GPU}'s faults: {} dropped, expected 8", now_dropped - dropped)
+    })?;
 
     drop(daemon);
     let deadline = Instant::now() + BOUND * 5;
@@ -151,7 +166,8 @@ fn hold(args: &[String]) -> Result<(), String> {
     let mut daemon = Daemon::open(Submission::Ioctl)?;
     let space = daemon.backend.device().attach(uvm).map_err(|e| e.to_string())?;
     let (layout, placed) = daemon.channel_at(host_spec(SLOTS, MESSAGE_BYTES), space, base)?;
-    let runs: Vec<String> = layout.slots.iter().filter_map(|s| placed.placement.process_va(s.runs[0])).map(|va| va.to_string()).collect();
+    let runs: Vec<String> =
+        layout.slots.iter().filter_map(|s| placed.placement.process_va(s.runs[0])).map(|va| va.to_string()).collect();
     println!("ready {}", runs.join(" "));
     let mut held = 0;
     let mut told = false;

@@ -61,12 +61,15 @@ pub fn deliver_one(
     fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
 
     // The last warp of the batch reads the run's last page: held, recorded, not serviced.
-    let (verdicts, _) = fake.inject(gpu, &[fault(run + run_bytes - 4096, AccessType::Read)]).map_err(|e| format!("inject: {e}"))?;
+    let (verdicts, _) =
+        fake.inject(gpu, &[fault(run + run_bytes - 4096, AccessType::Read)]).map_err(|e| format!("inject: {e}"))?;
     ensure(verdicts == [fakegpu::VERDICT_HOLD], || format!("the PCM fault was {verdicts:?}, not held"))?;
     let held_before = daemon.engine.held();
     ensure(daemon.take_faults() == 1, || "no record in the fault ring".into())?;
     ensure(daemon.engine.held() == held_before + 1, || "the engine does not hold the request".into())?;
-    ensure(fake.page_state(gpu, run).map_err(|e| format!("page state: {e}"))? & fakegpu::PAGE_MAPPED == 0, || "held page is mapped".into())?;
+    ensure(fake.page_state(gpu, run).map_err(|e| format!("page state: {e}"))? & fakegpu::PAGE_MAPPED == 0, || {
+        "held page is mapped".into()
+    })?;
 
     // The host publishes: the engine asks for the data, the companion unmap, the map, a replay.
     let now = daemon.now();
@@ -80,16 +83,29 @@ pub fn deliver_one(
     daemon.host_data[offset as usize..(offset + len) as usize].copy_from_slice(&bytes);
     daemon.execute()?;
 
-    let events = wait_events(fake, Duration::from_secs(5), |seen| seen.iter().any(|e| e.kind == fakegpu::EVENT_REPLAY))?;
+    let events =
+        wait_events(fake, Duration::from_secs(5), |seen| seen.iter().any(|e| e.kind == fakegpu::EVENT_REPLAY))?;
     let kinds: Vec<u32> = events.iter().map(|e| e.kind).collect();
-    let expected = [fakegpu::EVENT_COMPLETE, fakegpu::EVENT_WRITE, fakegpu::EVENT_UNMAP, fakegpu::EVENT_MAP, fakegpu::EVENT_REPLAY];
+    let expected = [
+        fakegpu::EVENT_COMPLETE,
+        fakegpu::EVENT_WRITE,
+        fakegpu::EVENT_UNMAP,
+        fakegpu::EVENT_MAP,
+        fakegpu::EVENT_REPLAY,
+    ];
     ensure(kinds == expected, || format!("fake GPU saw {events:?}, expected kinds {expected:?}"))?;
     ensure(events[0].length == 1, || format!("one completion in {:?}", events[0]))?;
     let events = &events[1..];
     let first_word = u64::from_le_bytes(bytes[..8].try_into().unwrap());
-    ensure(events[0].va == run && events[0].length == len && events[0].data0 == first_word, || format!("write {:?}", events[0]))?;
-    ensure(events[1].va == companion && events[1].length == run_bytes && events[1].gpu_id == gpu, || format!("unmap {:?}", events[1]))?;
-    ensure(events[2].va == run && events[2].length == run_bytes && events[2].gpu_id == gpu, || format!("map {:?}", events[2]))?;
+    ensure(events[0].va == run && events[0].length == len && events[0].data0 == first_word, || {
+        format!("write {:?}", events[0])
+    })?;
+    ensure(events[1].va == companion && events[1].length == run_bytes && events[1].gpu_id == gpu, || {
+        format!("unmap {:?}", events[1])
+    })?;
+    ensure(events[2].va == run && events[2].length == run_bytes && events[2].gpu_id == gpu, || {
+        format!("map {:?}", events[2])
+    })?;
     ensure(events[3].gpu_id == gpu, || format!("replay {:?}", events[3]))?;
     ensure(memory.read(run, len as usize) == bytes, || "the page does not hold exactly the producer's bytes".into())?;
     let state = |va| fake.page_state(gpu, va).map_err(|e| format!("page state: {e}"));
@@ -101,10 +117,19 @@ pub fn deliver_one(
 /// Wake-ups of one batch run by one call into nvidia-uvm: one acquisition of its locks and one
 /// wait for the TLB invalidates, not three of each per wake-up. Their 1 MiB of data fills the
 /// module's bounce buffer exactly.
-fn completions_share_one_call(fake: &FakeGpu, daemon: &mut Daemon, space: u32, memory: &mut Memory) -> Result<(), String> {
+fn completions_share_one_call(
+    fake: &FakeGpu,
+    daemon: &mut Daemon,
+    space: u32,
+    memory: &mut Memory,
+) -> Result<(), String> {
     // 16 slots of 64 KiB batches: 1 MiB of data, the bounce buffer's size, so one call.
     let (layout, placed) = daemon.channel(host_spec(16, 4096), space, memory)?;
-    let runs: Vec<u64> = layout.slots.iter().map(|s| placed.placement.process_va(s.runs[0]).ok_or("a run not placed")).collect::<Result<_, _>>()?;
+    let runs: Vec<u64> = layout
+        .slots
+        .iter()
+        .map(|s| placed.placement.process_va(s.runs[0]).ok_or("a run not placed"))
+        .collect::<Result<_, _>>()?;
     // Published first, the batches are there when the warps' faults come: the engine
     // completes every one from that batch of faults, with one replay after them.
     let now = daemon.now();
@@ -117,7 +142,8 @@ fn completions_share_one_call(fake: &FakeGpu, daemon: &mut Daemon, space: u32, m
     ensure(verdicts.iter().all(|v| *v == fakegpu::VERDICT_HOLD), || format!("not all held: {verdicts:?}"))?;
     ensure(daemon.take_faults() == runs.len(), || "not every fault recorded".into())?;
     daemon.execute()?;
-    let events = wait_events(fake, Duration::from_secs(5), |seen| seen.iter().any(|e| e.kind == fakegpu::EVENT_REPLAY))?;
+    let events =
+        wait_events(fake, Duration::from_secs(5), |seen| seen.iter().any(|e| e.kind == fakegpu::EVENT_REPLAY))?;
     let calls: Vec<u64> = events.iter().filter(|e| e.kind == fakegpu::EVENT_COMPLETE).map(|e| e.length).collect();
     ensure(calls == [runs.len() as u64], || format!("{} wake-ups took the calls {calls:?}", runs.len()))?;
     let maps = events.iter().filter(|e| e.kind == fakegpu::EVENT_MAP).count();
@@ -128,31 +154,49 @@ fn completions_share_one_call(fake: &FakeGpu, daemon: &mut Daemon, space: u32, m
 /// A prefetch of a wic page is held (serviced, it would map the page before its data) but not
 /// recorded: no warp waits on it and the GPU never replays it. The warp's real read of the
 /// page, later, is recorded and delivered.
-fn prefetch_is_held_unrecorded(fake: &FakeGpu, daemon: &mut Daemon, space: u32, memory: &mut Memory) -> Result<(), String> {
+fn prefetch_is_held_unrecorded(
+    fake: &FakeGpu,
+    daemon: &mut Daemon,
+    space: u32,
+    memory: &mut Memory,
+) -> Result<(), String> {
     let (layout, placed) = daemon.channel(host_spec(1, 512), space, memory)?;
     let run = placed.placement.process_va(layout.slots[0].runs[0]).ok_or("run not placed")?;
     let last = run + u64::from(layout.pages_per_run) * 4096 - 4096;
     fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
     let dropped = daemon.backend.device().ring().dropped();
-    let prefetches = [fault(last, AccessType::Prefetch), fault(last, AccessType::PhysPrefetch), fault(run, AccessType::Prefetch)];
+    let prefetches =
+        [fault(last, AccessType::Prefetch), fault(last, AccessType::PhysPrefetch), fault(run, AccessType::Prefetch)];
     let (verdicts, _) = fake.inject(GPU, &prefetches).map_err(|e| format!("inject: {e}"))?;
-    ensure(verdicts.iter().all(|v| *v == fakegpu::VERDICT_HOLD), || format!("prefetches of wic pages were {verdicts:?}, not held"))?;
+    ensure(verdicts.iter().all(|v| *v == fakegpu::VERDICT_HOLD), || {
+        format!("prefetches of wic pages were {verdicts:?}, not held")
+    })?;
     let records = daemon.take_faults();
     ensure(records == 0, || format!("{records} prefetch faults were recorded"))?;
     ensure(daemon.backend.device().ring().dropped() == dropped, || "prefetch faults were counted as dropped".into())?;
-    ensure(fake.page_state(GPU, last).map_err(|e| format!("page state: {e}"))? == 0, || "a prefetched page is mapped".into())?;
+    ensure(fake.page_state(GPU, last).map_err(|e| format!("page state: {e}"))? == 0, || {
+        "a prefetched page is mapped".into()
+    })?;
     // The real read of the prefetched page: recorded (no held entry hides it) and delivered.
-    deliver_one(fake, daemon, memory, &layout, &placed, 0, GPU).map_err(|e| format!("the read after the prefetch: {e}"))?;
+    deliver_one(fake, daemon, memory, &layout, &placed, 0, GPU)
+        .map_err(|e| format!("the read after the prefetch: {e}"))?;
     daemon.backend.unplace(&placed).map_err(|e| e.to_string())
 }
 
-fn pat_marks_the_tag_available(fake: &FakeGpu, daemon: &mut Daemon, space: u32, memory: &mut Memory) -> Result<(), String> {
+fn pat_marks_the_tag_available(
+    fake: &FakeGpu,
+    daemon: &mut Daemon,
+    space: u32,
+    memory: &mut Memory,
+) -> Result<(), String> {
     // The producer's batch is managed memory: the module copies it from there.
     let batch = u64::from(daemon.engine.config().warps_per_batch) * 512;
     let source = memory.take(batch.next_multiple_of(4096))?;
-    let spec = ChannelSpec { producer: Producer::Gpu { gpu: PRODUCER_GPU as u16, base_va: source }, ..host_spec(1, 512) };
+    let spec =
+        ChannelSpec { producer: Producer::Gpu { gpu: PRODUCER_GPU as u16, base_va: source }, ..host_spec(1, 512) };
     let (layout, placed) = daemon.channel(spec, space, memory)?;
-    let pat = placed.placement.process_va(layout.slots[0].pat.ok_or("no PAT pages")?[0]).ok_or("PAT page not placed")?;
+    let pat =
+        placed.placement.process_va(layout.slots[0].pat.ok_or("no PAT pages")?[0]).ok_or("PAT page not placed")?;
     fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
     let (before, tags_before) = (daemon.engine.stats().pat_publishes, daemon.engine.available_tags());
     let (verdicts, _) = fake.inject(PRODUCER_GPU, &[fault(pat, AccessType::Write)]).map_err(|e| e.to_string())?;
@@ -161,11 +205,14 @@ fn pat_marks_the_tag_available(fake: &FakeGpu, daemon: &mut Daemon, space: u32, 
     ensure(daemon.engine.stats().pat_publishes == before + 1, || "the PAT fault published nothing".into())?;
     ensure(daemon.engine.available_tags() == tags_before + 1, || "the slot's tag is not available".into())?;
     daemon.execute()?;
-    let events = wait_events(fake, Duration::from_secs(5), |seen| seen.iter().any(|e| e.kind == fakegpu::EVENT_REPLAY))?;
+    let events =
+        wait_events(fake, Duration::from_secs(5), |seen| seen.iter().any(|e| e.kind == fakegpu::EVENT_REPLAY))?;
     ensure(
         events.iter().any(|e| e.kind == fakegpu::EVENT_MAP_WRITABLE && e.va == pat && e.gpu_id == PRODUCER_GPU),
         || format!("the PAT page was not released writable: {events:?}"),
     )?;
-    ensure(fake.page_state(PRODUCER_GPU, pat).map_err(|e| e.to_string())? & fakegpu::PAGE_WRITABLE != 0, || "PAT page not writable".into())?;
+    ensure(fake.page_state(PRODUCER_GPU, pat).map_err(|e| e.to_string())? & fakegpu::PAGE_WRITABLE != 0, || {
+        "PAT page not writable".into()
+    })?;
     daemon.backend.unplace(&placed).map_err(|e| e.to_string())
 }

@@ -239,7 +239,14 @@ fn submit(fd: RawFd, mut cmds: Cmds<'_>, count: u32, flags: u32) -> Result<i32, 
 
 /// One `IORING_OP_URING_CMD` on the session: `cmd_op` and a `struct wic_submit` as payload.
 /// Returns the CQE's result.
-fn uring_submit(ring: &mut IoUring, fd: RawFd, cmd_op: u32, mut cmds: Cmds<'_>, count: u32, flags: u32) -> Result<i32, String> {
+fn uring_submit(
+    ring: &mut IoUring,
+    fd: RawFd,
+    cmd_op: u32,
+    mut cmds: Cmds<'_>,
+    count: u32,
+    flags: u32,
+) -> Result<i32, String> {
     let sub = cmds.payload(count, flags);
     let mut payload = [0u8; 16];
     payload[..8].copy_from_slice(&sub.commands.to_ne_bytes());
@@ -305,7 +312,9 @@ impl Mapping {
     /// A shared mapping of the session's file.
     fn device(fd: RawFd, len: usize, offset: i64) -> Result<Self, Errno> {
         // SAFETY: a new shared mapping at an address the kernel picks: it aliases nothing.
-        let addr = unsafe { libc::mmap(ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, offset) };
+        let addr = unsafe {
+            libc::mmap(ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, offset)
+        };
         if addr == libc::MAP_FAILED {
             return Err(Errno::last());
         }
@@ -355,7 +364,9 @@ impl Drop for Mapping {
                 if i > start {
                     // SAFETY: pages [start, i) of this mapping, still mapped (not punched) and
                     // used by nothing after this.
-                    unsafe { libc::munmap(self.addr.wrapping_add(start * PAGE_BYTES).cast(), (i - start) * PAGE_BYTES) };
+                    unsafe {
+                        libc::munmap(self.addr.wrapping_add(start * PAGE_BYTES).cast(), (i - start) * PAGE_BYTES)
+                    };
                 }
                 start = i + 1;
             }
@@ -372,7 +383,11 @@ fn device_mode(c: &mut Checker) -> Result<(), String> {
     let meta = std::fs::metadata(DEVICE).map_err(|e| format!("stat {DEVICE}: {e}"))?;
     let mode = meta.mode() & 0o7777;
     if !meta.file_type().is_char_device() || mode != 0o600 || meta.uid() != 0 {
-        return Err(format!("{DEVICE} is mode {mode:o}, uid {}, char device {}: expected 600 root", meta.uid(), meta.file_type().is_char_device()));
+        return Err(format!(
+            "{DEVICE} is mode {mode:o}, uid {}, char device {}: expected 600 root",
+            meta.uid(),
+            meta.file_type().is_char_device()
+        ));
     }
     c.pass();
     const NOBODY: u32 = 65534;
@@ -412,7 +427,8 @@ fn exclusive_open(c: &mut Checker) -> Result<File, String> {
 fn negotiate(c: &mut Checker, fd: RawFd, fake: &FakeGpu, ring: &mut IoUring) -> Result<WicVersion, String> {
     let fake_fd = fake.fd().as_raw_fd();
     let scratch = Mapping::anonymous(1)?;
-    let mut range = WicRange { space_id: 1, kind: PCM, start: scratch.page(0), length: PAGE, range_id: 0, run_pages: 0 };
+    let mut range =
+        WicRange { space_id: 1, kind: PCM, start: scratch.page(0), length: PAGE, range_id: 0, run_pages: 0 };
     let before = |c: &mut Checker, when: &str, range: &mut WicRange| -> Result<(), String> {
         c.refused(&format!("ATTACH {when}"), attach(fd, fake_fd, 0), Errno::EPROTO)?;
         c.refused(&format!("DETACH {when}"), detach(fd, 1), Errno::EPROTO)?;
@@ -479,7 +495,11 @@ fn unknown_and_unmapped(c: &mut Checker, fd: RawFd) -> Result<(), String> {
     ];
     for (name, request) in requests {
         c.refused(&format!("{name} with argument address 0"), ioctl_at(fd, request, 0), Errno::EFAULT)?;
-        c.refused(&format!("{name} with a kernel address as argument"), ioctl_at(fd, request, KERNEL_ADDR), Errno::EFAULT)?;
+        c.refused(
+            &format!("{name} with a kernel address as argument"),
+            ioctl_at(fd, request, KERNEL_ADDR),
+            Errno::EFAULT,
+        )?;
     }
     Ok(())
 }
@@ -498,7 +518,11 @@ fn attach_cases(c: &mut Checker, fd: RawFd, fake: &FakeGpu, limits: &WicVersion)
         .custom_flags(libc::O_PATH | libc::O_CLOEXEC)
         .open(fakegpu::DEVICE)
         .map_err(|e| format!("open {} with O_PATH: {e}", fakegpu::DEVICE))?;
-    c.refused("ATTACH of an O_PATH descriptor of the fake GPU device", attach(fd, path_only.as_raw_fd(), 0), Errno::EBADF)?;
+    c.refused(
+        "ATTACH of an O_PATH descriptor of the fake GPU device",
+        attach(fd, path_only.as_raw_fd(), 0),
+        Errno::EBADF,
+    )?;
     c.refused("ATTACH with space_id preset nonzero", attach(fd, fake_fd, 7), Errno::EINVAL)?;
     c.refused("ATTACH with space_id preset u32::MAX", attach(fd, fake_fd, u32::MAX), Errno::EINVAL)?;
 
@@ -513,8 +537,9 @@ fn attach_cases(c: &mut Checker, fd: RawFd, fake: &FakeGpu, limits: &WicVersion)
     let mut ids = Vec::new();
     for n in 1..limits.max_spaces {
         let other = FakeGpu::open().map_err(|e| format!("open {}: {e}", fakegpu::DEVICE))?;
-        let id = attach(fd, other.fd().as_raw_fd(), 0)
-            .map_err(|errno| format!("ATTACH of space {} of {}: expected Ok, got {errno:?}", n + 1, limits.max_spaces))?;
+        let id = attach(fd, other.fd().as_raw_fd(), 0).map_err(|errno| {
+            format!("ATTACH of space {} of {}: expected Ok, got {errno:?}", n + 1, limits.max_spaces)
+        })?;
         ids.push(id);
         others.push(other);
     }
@@ -589,8 +614,16 @@ fn register_cases(c: &mut Checker, fd: RawFd, fake: &FakeGpu, s1: u32) -> Result
         ("REGISTER kind 0", WicRange { kind: 0, ..good }, Errno::EINVAL),
         ("REGISTER unknown kind 4", WicRange { kind: 4, ..good }, Errno::EINVAL),
         ("REGISTER kind u32::MAX", WicRange { kind: u32::MAX, ..good }, Errno::EINVAL),
-        ("REGISTER run_pages not dividing the range into pairs of runs", WicRange { run_pages: 3, ..good }, Errno::EINVAL),
-        ("REGISTER run_pages on a PAT range", WicRange { kind: PAT, run_pages: 1, length: 2 * PAGE, ..good }, Errno::EINVAL),
+        (
+            "REGISTER run_pages not dividing the range into pairs of runs",
+            WicRange { run_pages: 3, ..good },
+            Errno::EINVAL,
+        ),
+        (
+            "REGISTER run_pages on a PAT range",
+            WicRange { kind: PAT, run_pages: 1, length: 2 * PAGE, ..good },
+            Errno::EINVAL,
+        ),
         ("REGISTER run_pages past WIC_MAX_RANGE_BYTES", WicRange { run_pages: u32::MAX, ..good }, Errno::EINVAL),
         ("REGISTER range_id preset != 0", WicRange { range_id: 5, ..good }, Errno::EINVAL),
         ("REGISTER space id 0", WicRange { space_id: 0, ..good }, Errno::ENOENT),
@@ -661,24 +694,34 @@ fn register_cases(c: &mut Checker, fd: RawFd, fake: &FakeGpu, s1: u32) -> Result
         c.refused(what, register(fd, s1, kind, region.page(page), pages * PAGE), Errno::EEXIST)?;
     }
     let range_b = c.accepted("REGISTER the adjacent page after it", register(fd, s1, PCM, region.page(8), PAGE))?;
-    let range_p = c.accepted("REGISTER the adjacent page before it, as PAT", register(fd, s1, PAT, region.page(3), PAGE))?;
+    let range_p =
+        c.accepted("REGISTER the adjacent page before it, as PAT", register(fd, s1, PAT, region.page(3), PAGE))?;
     c.ensure(
         "REGISTER: fresh ids",
-        [range_a, range_b, range_p].iter().all(|id| *id != 0) && range_a != range_b && range_b != range_p && range_a != range_p,
+        [range_a, range_b, range_p].iter().all(|id| *id != 0)
+            && range_a != range_b
+            && range_b != range_p
+            && range_a != range_p,
         || format!("ids {range_a}, {range_b}, {range_p}"),
     )?;
     c.refused("REGISTER across two adjacent ranges", register(fd, s1, PCM, region.page(7), 2 * PAGE), Errno::EEXIST)?;
-    c.refused("REGISTER a range overlapping the PAT page", register(fd, s1, PCM, region.page(2), 2 * PAGE), Errno::EEXIST)?;
+    c.refused(
+        "REGISTER a range overlapping the PAT page",
+        register(fd, s1, PCM, region.page(2), 2 * PAGE),
+        Errno::EEXIST,
+    )?;
     let long = Mapping::anonymous(LONG_PAGES)?;
     long.manage(fake, 0, LONG_PAGES)?;
-    let range_long = c.accepted("REGISTER a 264-page range", register(fd, s1, PCM, long.page(0), LONG_PAGES as u64 * PAGE))?;
+    let range_long =
+        c.accepted("REGISTER a 264-page range", register(fd, s1, PCM, long.page(0), LONG_PAGES as u64 * PAGE))?;
 
     // A second space may register what the first has; detaching it takes its ranges along.
     let other = FakeGpu::open().map_err(|e| format!("open {}: {e}", fakegpu::DEVICE))?;
     region.manage(&other, 0, REGION_PAGES)?;
     let s2 = c.accepted("ATTACH a second fake GPU file", attach(fd, other.fd().as_raw_fd(), 0))?;
     c.ensure("ATTACH: a second space id", s2 != 0 && s2 != s1, || format!("got {s2} (first {s1})"))?;
-    let theirs = c.accepted("REGISTER in a second space a range the first space has", register(fd, s2, PCM, a, 4 * PAGE))?;
+    let theirs =
+        c.accepted("REGISTER in a second space a range the first space has", register(fd, s2, PCM, a, 4 * PAGE))?;
     c.accepted("DETACH of a space with a registered range", detach(fd, s2))?;
     c.refused("UNREGISTER a range of a detached space", unregister(fd, theirs), Errno::ENOENT)?;
     c.refused("REGISTER in a detached space", register(fd, s2, PCM, region.page(20), PAGE), Errno::ENOENT)?;
@@ -742,8 +785,13 @@ fn batch_cases(c: &mut Checker, fd: RawFd, fake: &FakeGpu) -> Result<(), String>
     // else refers to; the module writes only the result field in it.
     unsafe { ptr::write(at as *mut WicCommand, replay(GPU)) };
     c.equal("SUBMIT of 2 commands, the second unmapped: the count", submit(fd, Cmds::Raw(at), 2, 0), Ok(1))?;
-    let result = edge.read(PAGE_BYTES - std::mem::size_of::<WicCommand>() + std::mem::offset_of!(WicCommand, result), 4);
-    c.status("SUBMIT of 2 commands, the second unmapped: the first's result", i32::from_ne_bytes(result.try_into().unwrap()), 0)?;
+    let result =
+        edge.read(PAGE_BYTES - std::mem::size_of::<WicCommand>() + std::mem::offset_of!(WicCommand, result), 4);
+    c.status(
+        "SUBMIT of 2 commands, the second unmapped: the first's result",
+        i32::from_ne_bytes(result.try_into().unwrap()),
+        0,
+    )?;
     Ok(())
 }
 
@@ -793,7 +841,11 @@ fn command_cases(c: &mut Checker, fd: RawFd, fake: &FakeGpu, ring: &mut IoUring,
         ("pages 0", WicCommand { pages: 0, ..map }, einval),
         ("pages u32::MAX", WicCommand { pages: u32::MAX, ..map }, einval),
         ("pages WIC_MAX_RANGE_BYTES / 4096 + 1", WicCommand { pages: max_pages + 1, ..map }, einval),
-        ("pages WIC_MAX_RANGE_BYTES / 4096, past the range", WicCommand { pages: max_pages, ..map }, neg(Errno::ERANGE)),
+        (
+            "pages WIC_MAX_RANGE_BYTES / 4096, past the range",
+            WicCommand { pages: max_pages, ..map },
+            neg(Errno::ERANGE),
+        ),
         ("va + pages overflowing u64", WicCommand { va: u64::MAX - PAGE + 1, pages: 2, ..map }, einval),
         ("pages across two adjacent ranges", WicCommand { va: st.region.page(7), pages: 2, ..map }, neg(Errno::ERANGE)),
         ("WRITE_DATA length > pages * 4096", WicCommand { length: PAGE + 1, ..write }, einval),
@@ -807,8 +859,16 @@ fn command_cases(c: &mut Checker, fd: RawFd, fake: &FakeGpu, ring: &mut IoUring,
         ("WRITE_DATA from a kernel address", WicCommand { arg: KERNEL_ADDR, ..write }, neg(Errno::EFAULT)),
         ("WRITE_MARKER 0x1234 (not a marker)", WicCommand { arg: 0x1234, ..marker }, einval),
         ("WRITE_MARKER 0", WicCommand { arg: 0, ..marker }, einval),
-        ("WRITE_MARKER of the magic alone (not a marker)", WicCommand { arg: kabi::WIC_MARKER_MAGIC, ..marker }, einval),
-        ("WRITE_MARKER of the magic with code 5 (not a marker)", WicCommand { arg: kabi::WIC_MARKER_MAGIC | 5, ..marker }, einval),
+        (
+            "WRITE_MARKER of the magic alone (not a marker)",
+            WicCommand { arg: kabi::WIC_MARKER_MAGIC, ..marker },
+            einval,
+        ),
+        (
+            "WRITE_MARKER of the magic with code 5 (not a marker)",
+            WicCommand { arg: kabi::WIC_MARKER_MAGIC | 5, ..marker },
+            einval,
+        ),
         ("WRITE_MARKER with length != 0", WicCommand { length: 8, ..marker }, einval),
         ("SERVICE_PAT on a PCM range", WicCommand { opcode: kabi::WIC_CMD_SERVICE_PAT, ..map }, neg(Errno::ERANGE)),
         ("REARM_PAT on a PCM range", WicCommand { opcode: kabi::WIC_CMD_REARM_PAT, ..map }, neg(Errno::ERANGE)),
@@ -824,9 +884,17 @@ fn command_cases(c: &mut Checker, fd: RawFd, fake: &FakeGpu, ring: &mut IoUring,
         ("COMPLETE with an unaligned companion", WicCommand { companion: st.region.page(5) + 8, ..complete }, einval),
         ("COMPLETE with its own run as companion", WicCommand { companion: a, ..complete }, einval),
         ("COMPLETE with a companion overlapping its run", WicCommand { pages: 2, ..complete }, einval),
-        ("COMPLETE with a companion overflowing u64", WicCommand { companion: u64::MAX - PAGE + 1, pages: 2, ..complete }, einval),
+        (
+            "COMPLETE with a companion overflowing u64",
+            WicCommand { companion: u64::MAX - PAGE + 1, pages: 2, ..complete },
+            einval,
+        ),
         ("COMPLETE with the companion on a PAT page", WicCommand { companion: p, ..complete }, neg(Errno::ERANGE)),
-        ("COMPLETE with the companion outside every range", WicCommand { companion: st.region.page(40), ..complete }, neg(Errno::ERANGE)),
+        (
+            "COMPLETE with the companion outside every range",
+            WicCommand { companion: st.region.page(40), ..complete },
+            neg(Errno::ERANGE),
+        ),
         (
             "COMPLETE with the companion across two adjacent ranges",
             WicCommand { pages: 2, companion: st.region.page(7), ..complete },
@@ -834,15 +902,51 @@ fn command_cases(c: &mut Checker, fd: RawFd, fake: &FakeGpu, ring: &mut IoUring,
         ),
         ("COMPLETE on a PAT page", WicCommand { va: p, ..complete }, neg(Errno::ERANGE)),
         ("COMPLETE of 0x1234 (not a marker)", WicCommand { arg: 0x1234, ..complete }, einval),
-        ("COMPLETE with data longer than its run", WicCommand { length: PAGE + 1, arg: data.as_ptr() as u64, ..complete }, einval),
-        ("COMPLETE with data from a kernel address", WicCommand { length: 16, arg: KERNEL_ADDR, ..complete }, neg(Errno::EFAULT)),
-        ("COMPLETE_COPY without length", WicCommand { opcode: kabi::WIC_CMD_COMPLETE_COPY, arg: a, ..complete }, einval),
-        ("COMPLETE_COPY from a PCM page", WicCommand { opcode: kabi::WIC_CMD_COMPLETE_COPY, length: 16, arg: a, ..complete }, neg(Errno::ERANGE)),
-        ("COMPLETE_COPY from outside every range", WicCommand { opcode: kabi::WIC_CMD_COMPLETE_COPY, length: 16, arg: st.region.page(40), ..complete }, neg(Errno::ERANGE)),
-        ("COMPLETE_COPY from its source range past the range's end", WicCommand { arg: st.region.page(12) - 8, ..copy }, neg(Errno::ERANGE)),
-        ("COMPLETE_COPY from its source range wrapping past 2^64", WicCommand { arg: u64::MAX - 7, ..copy }, neg(Errno::ERANGE)),
-        ("COMPLETE_COPY into its source range", WicCommand { va: st.region.page(10), companion: st.region.page(4), ..copy }, neg(Errno::ERANGE)),
-        ("COMPLETE on a source range", WicCommand { va: st.region.page(10), companion: st.region.page(4), ..complete }, neg(Errno::ERANGE)),
+        (
+            "COMPLETE with data longer than its run",
+            WicCommand { length: PAGE + 1, arg: data.as_ptr() as u64, ..complete },
+            einval,
+        ),
+        (
+            "COMPLETE with data from a kernel address",
+            WicCommand { length: 16, arg: KERNEL_ADDR, ..complete },
+            neg(Errno::EFAULT),
+        ),
+        (
+            "COMPLETE_COPY without length",
+            WicCommand { opcode: kabi::WIC_CMD_COMPLETE_COPY, arg: a, ..complete },
+            einval,
+        ),
+        (
+            "COMPLETE_COPY from a PCM page",
+            WicCommand { opcode: kabi::WIC_CMD_COMPLETE_COPY, length: 16, arg: a, ..complete },
+            neg(Errno::ERANGE),
+        ),
+        (
+            "COMPLETE_COPY from outside every range",
+            WicCommand { opcode: kabi::WIC_CMD_COMPLETE_COPY, length: 16, arg: st.region.page(40), ..complete },
+            neg(Errno::ERANGE),
+        ),
+        (
+            "COMPLETE_COPY from its source range past the range's end",
+            WicCommand { arg: st.region.page(12) - 8, ..copy },
+            neg(Errno::ERANGE),
+        ),
+        (
+            "COMPLETE_COPY from its source range wrapping past 2^64",
+            WicCommand { arg: u64::MAX - 7, ..copy },
+            neg(Errno::ERANGE),
+        ),
+        (
+            "COMPLETE_COPY into its source range",
+            WicCommand { va: st.region.page(10), companion: st.region.page(4), ..copy },
+            neg(Errno::ERANGE),
+        ),
+        (
+            "COMPLETE on a source range",
+            WicCommand { va: st.region.page(10), companion: st.region.page(4), ..complete },
+            neg(Errno::ERANGE),
+        ),
         ("COMPLETE_COPY longer than its run", WicCommand { length: PAGE + 1, ..copy }, einval),
         ("a REPLAY of GPU 1 (valid)", replay(GPU), 0),
     ];
@@ -862,7 +966,11 @@ fn command_cases(c: &mut Checker, fd: RawFd, fake: &FakeGpu, ring: &mut IoUring,
     let mut by_ioctl: Vec<WicCommand> = table.iter().map(|(_, cmd, _)| *cmd).collect();
     let len = by_ioctl.len() as u32;
     fake.reset().map_err(|e| format!("fake GPU reset: {e}"))?;
-    c.equal("SUBMIT of every bad command and one valid: the count", submit(fd, Cmds::Live(&mut by_ioctl), len, 0), Ok(valid))?;
+    c.equal(
+        "SUBMIT of every bad command and one valid: the count",
+        submit(fd, Cmds::Live(&mut by_ioctl), len, 0),
+        Ok(valid),
+    )?;
     for ((what, _, want), got) in table.iter().zip(&by_ioctl) {
         c.status(&format!("SUBMIT {what}, in a batch"), got.result, *want)?;
     }
@@ -879,17 +987,28 @@ fn command_cases(c: &mut Checker, fd: RawFd, fake: &FakeGpu, ring: &mut IoUring,
         c.status(&format!("io_uring SUBMIT {what}, as by ioctl"), got.result, ioctl.result)?;
     }
     // A fault on a source page is the producer's own write: never held.
-    let (verdicts, _) = fake.inject(GPU, &[fault(st.region.page(10), AccessType::Write)]).map_err(|e| format!("inject: {e}"))?;
-    c.ensure("a fault on a source range is held", verdicts == [fakegpu::VERDICT_PASS], || format!("verdict {verdicts:?}"))?;
+    let (verdicts, _) =
+        fake.inject(GPU, &[fault(st.region.page(10), AccessType::Write)]).map_err(|e| format!("inject: {e}"))?;
+    c.ensure("a fault on a source range is held", verdicts == [fakegpu::VERDICT_PASS], || {
+        format!("verdict {verdicts:?}")
+    })?;
     c.accepted("UNREGISTER the source range", unregister(fd, source))?;
 
     // Batch refusals through io_uring, as through ioctl.
     let mut one = [replay(GPU)];
-    c.status("io_uring SUBMIT count 0", uring_submit(ring, fd, kabi::WIC_IOC_SUBMIT, Cmds::Live(&mut one), 0, 0)?, einval)?;
+    c.status(
+        "io_uring SUBMIT count 0",
+        uring_submit(ring, fd, kabi::WIC_IOC_SUBMIT, Cmds::Live(&mut one), 0, 0)?,
+        einval,
+    )?;
     let mut many = vec![replay(GPU); kabi::WIC_MAX_COMMANDS as usize + 1];
     let cqe = uring_submit(ring, fd, kabi::WIC_IOC_SUBMIT, Cmds::Live(&mut many), kabi::WIC_MAX_COMMANDS + 1, 0)?;
     c.status("io_uring SUBMIT count WIC_MAX_COMMANDS + 1", cqe, einval)?;
-    c.status("io_uring SUBMIT flags 1", uring_submit(ring, fd, kabi::WIC_IOC_SUBMIT, Cmds::Live(&mut one), 1, 1)?, einval)?;
+    c.status(
+        "io_uring SUBMIT flags 1",
+        uring_submit(ring, fd, kabi::WIC_IOC_SUBMIT, Cmds::Live(&mut one), 1, 1)?,
+        einval,
+    )?;
     c.status(
         "io_uring SUBMIT commands pointer 0",
         uring_submit(ring, fd, kabi::WIC_IOC_SUBMIT, Cmds::Raw(0), 1, 0)?,
@@ -905,7 +1024,11 @@ fn command_cases(c: &mut Checker, fd: RawFd, fake: &FakeGpu, ring: &mut IoUring,
         uring_submit(ring, fd, URING_UNKNOWN_OP, Cmds::Live(&mut one), 1, 0)?,
         neg(Errno::ENOTTY),
     )?;
-    c.status("io_uring SUBMIT of a valid REPLAY", uring_submit(ring, fd, kabi::WIC_IOC_SUBMIT, Cmds::Live(&mut one), 1, 0)?, 1)?;
+    c.status(
+        "io_uring SUBMIT of a valid REPLAY",
+        uring_submit(ring, fd, kabi::WIC_IOC_SUBMIT, Cmds::Live(&mut one), 1, 0)?,
+        1,
+    )?;
     c.status("io_uring SUBMIT of a valid REPLAY: its result", one[0].result, 0)?;
 
     // Mixed batches: 3 bad and 2 good commands, the good ones take effect.
@@ -922,7 +1045,11 @@ fn command_cases(c: &mut Checker, fd: RawFd, fake: &FakeGpu, ring: &mut IoUring,
     let mut batch = mixed(4, &data[..16], kabi::WIC_MARKER_TIMEOUT);
     c.equal("SUBMIT of 3 bad and 2 good commands: the count", submit(fd, Cmds::Live(&mut batch), 5, 0), Ok(2))?;
     c.equal("SUBMIT of 3 bad and 2 good commands: the results", batch.map(|cmd| cmd.result), want)?;
-    c.equal("SUBMIT of 3 bad and 2 good commands: the data written", st.region.read(4 * PAGE_BYTES, 16), data[..16].to_vec())?;
+    c.equal(
+        "SUBMIT of 3 bad and 2 good commands: the data written",
+        st.region.read(4 * PAGE_BYTES, 16),
+        data[..16].to_vec(),
+    )?;
     c.equal(
         "SUBMIT of 3 bad and 2 good commands: the marker written",
         st.region.read(5 * PAGE_BYTES, 8),
@@ -965,10 +1092,16 @@ fn command_cases(c: &mut Checker, fd: RawFd, fake: &FakeGpu, ring: &mut IoUring,
     c.status("SUBMIT WRITE_MARKER to a registered page the process unmapped", cmds[0].result, neg(Errno::EFAULT))?;
     fake.reset().map_err(|e| format!("fake GPU reset: {e}"))?;
     let mut cmds = [WicCommand { va: st.region.page(48), ..complete }];
-    c.equal("SUBMIT COMPLETE to a registered page the process unmapped: the count", submit(fd, Cmds::Live(&mut cmds), 1, 0), Ok(0))?;
+    c.equal(
+        "SUBMIT COMPLETE to a registered page the process unmapped: the count",
+        submit(fd, Cmds::Live(&mut cmds), 1, 0),
+        Ok(0),
+    )?;
     c.status("SUBMIT COMPLETE to a registered page the process unmapped", cmds[0].result, neg(Errno::EFAULT))?;
     let events = gpu_events(fake)?;
-    c.ensure("a COMPLETE whose fill failed reaches the GPU", events.is_empty(), || format!("expected no GPU events, got {events:?}"))?;
+    c.ensure("a COMPLETE whose fill failed reaches the GPU", events.is_empty(), || {
+        format!("expected no GPU events, got {events:?}")
+    })?;
     c.accepted("UNREGISTER the unmapped page's range", unregister(fd, gone))?;
     Ok(())
 }
@@ -1048,7 +1181,8 @@ fn teardown(c: &mut Checker, fd: RawFd, st: &State) -> Result<(), String> {
 
 /// After all of it, the module serves a normal session.
 fn healthy_after(c: &mut Checker, fake: &FakeGpu) -> Result<(), String> {
-    let device = Device::open(Path::new(DEVICE), Duration::from_secs(5)).map_err(|e| format!("a fresh session: {e}"))?;
+    let device =
+        Device::open(Path::new(DEVICE), Duration::from_secs(5)).map_err(|e| format!("a fresh session: {e}"))?;
     c.pass();
     let space = device.attach(fake.fd()).map_err(|e| format!("a fresh session: {e}"))?;
     let region = Mapping::anonymous(1)?;

@@ -28,7 +28,17 @@ fn main() -> ExitCode {
     }
     let mut scenarios: Vec<&str> = args.iter().map(String::as_str).collect();
     if scenarios.is_empty() || scenarios == ["all"] {
-        scenarios = vec!["deliver", "daemon-death", "hostile", "storms", "overflow", "closing", "max-hold", "preemption", "service"];
+        scenarios = vec![
+            "deliver",
+            "daemon-death",
+            "hostile",
+            "storms",
+            "overflow",
+            "closing",
+            "max-hold",
+            "preemption",
+            "service",
+        ];
     }
     let mut failed = 0;
     for name in scenarios {

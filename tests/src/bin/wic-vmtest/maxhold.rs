@@ -27,7 +27,8 @@ const SLACK: Duration = Duration::from_millis(800);
 const IDLE_PERIOD: Duration = Duration::from_secs(1);
 
 pub fn run() -> Result<(), String> {
-    let old = std::fs::read_to_string(PARAM).map_err(|e| format!("read {PARAM}: {e} (the module has no hold bound)"))?;
+    let old =
+        std::fs::read_to_string(PARAM).map_err(|e| format!("read {PARAM}: {e} (the module has no hold bound)"))?;
     let result = steps();
     let restored = set(old.trim().parse().unwrap_or(0));
     result?;
@@ -64,8 +65,12 @@ fn steps() -> Result<(), String> {
     read_ring(&mut device);
     std::thread::sleep(BOUND * 3);
     let (events, _) = fake.events(4096, 0).map_err(|e| format!("events: {e}"))?;
-    ensure(!events.iter().any(|e| e.va == va && matches!(e.kind, fakegpu::EVENT_WRITE | fakegpu::EVENT_MAP)), || format!("with max_hold_ms 0 the held fault was touched: {events:?}"))?;
-    ensure(fake.page_state(GPU, va).map_err(|e| format!("page state: {e}"))? & fakegpu::PAGE_MAPPED == 0, || "with max_hold_ms 0 the held page was mapped".into())?;
+    ensure(!events.iter().any(|e| e.va == va && matches!(e.kind, fakegpu::EVENT_WRITE | fakegpu::EVENT_MAP)), || {
+        format!("with max_hold_ms 0 the held fault was touched: {events:?}")
+    })?;
+    ensure(fake.page_state(GPU, va).map_err(|e| format!("page state: {e}"))? & fakegpu::PAGE_MAPPED == 0, || {
+        "with max_hold_ms 0 the held page was mapped".into()
+    })?;
     set(BOUND.as_millis() as u32)?;
     let again = Instant::now();
     let events = wait_events(&fake, IDLE_PERIOD + BOUND + SLACK * 4, |seen| completed(seen, va).is_some())?;
@@ -96,33 +101,55 @@ fn steps() -> Result<(), String> {
 /// hold as wicd's own timeout would: the marker at the start of every page of the fault's run,
 /// the slot's other run (mapped with the previous generation's bytes) unmapped, the run
 /// mapped; and it tells wicd, with a record of its own, so that the slot moves on.
-fn a_whole_run_expires_as_wicd_would_end_it(fake: &FakeGpu, memory: &Memory, device: &mut Device, space: u32) -> Result<(), String> {
+fn a_whole_run_expires_as_wicd_would_end_it(
+    fake: &FakeGpu,
+    memory: &Memory,
+    device: &mut Device,
+    space: u32,
+) -> Result<(), String> {
     const RUN_PAGES: u32 = 2;
     set(0)?;
     fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
     let run = memory.base() + 40 * PAGE;
     let companion = run + u64::from(RUN_PAGES) * PAGE;
-    let range = device.register(space, kabi::WIC_RANGE_PCM, run, 2 * u64::from(RUN_PAGES) * PAGE, RUN_PAGES).map_err(|e| format!("register: {e}"))?;
-    let mut map = [WicCommand { opcode: kabi::WIC_CMD_MAP, space_id: space, gpu_id: GPU, pages: RUN_PAGES, va: companion, ..WicCommand::default() }];
+    let range = device
+        .register(space, kabi::WIC_RANGE_PCM, run, 2 * u64::from(RUN_PAGES) * PAGE, RUN_PAGES)
+        .map_err(|e| format!("register: {e}"))?;
+    let mut map = [WicCommand {
+        opcode: kabi::WIC_CMD_MAP,
+        space_id: space,
+        gpu_id: GPU,
+        pages: RUN_PAGES,
+        va: companion,
+        ..WicCommand::default()
+    }];
     device.submit(&mut map).map_err(|e| format!("map: {e}"))?;
     ensure(map[0].result == 0, || format!("map of the companion: {}", map[0].result))?;
     let va = run + PAGE;
     inject(fake, va)?;
     read_ring(device);
     set(BOUND.as_millis() as u32)?;
-    let events = wait_events(fake, BOUND + SLACK * 4, |seen| completed(seen, run).is_some() && seen.iter().any(|e| e.kind == fakegpu::EVENT_UNMAP))?;
+    let events = wait_events(fake, BOUND + SLACK * 4, |seen| {
+        completed(seen, run).is_some() && seen.iter().any(|e| e.kind == fakegpu::EVENT_UNMAP)
+    })?;
     set(0)?;
     for page in [run, va] {
         let word = u64::from_le_bytes(memory.read(page, 8).try_into().expect("8 bytes"));
-        ensure(word == WIC_MARKER_TIMEOUT, || format!("page {page:#x} of the run holds {word:#x}, not the timeout marker: {events:?}"))?;
+        ensure(word == WIC_MARKER_TIMEOUT, || {
+            format!("page {page:#x} of the run holds {word:#x}, not the timeout marker: {events:?}")
+        })?;
     }
-    let unmapped = events.iter().any(|e| e.kind == fakegpu::EVENT_UNMAP && e.va == companion && e.length == u64::from(RUN_PAGES) * PAGE);
+    let unmapped = events
+        .iter()
+        .any(|e| e.kind == fakegpu::EVENT_UNMAP && e.va == companion && e.length == u64::from(RUN_PAGES) * PAGE);
     ensure(unmapped, || format!("the slot's other run was not unmapped: {events:?}"))?;
     let state = fake.page_state(GPU, companion).map_err(|e| format!("page state: {e}"))?;
     ensure(state & fakegpu::PAGE_MAPPED == 0, || "the slot's other run is still mapped".into())?;
     let mut records = Vec::new();
     device.ring().read(&mut records, 16);
-    let told = records.iter().any(|r| r.expired && r.range_id == range && r.gpu_id == GPU && FaultEntry::decode_va(&r.entry, VaWidth::Bits57) == va);
+    let told = records.iter().any(|r| {
+        r.expired && r.range_id == range && r.gpu_id == GPU && FaultEntry::decode_va(&r.entry, VaWidth::Bits57) == va
+    });
     ensure(told, || format!("no expiry record for wicd: {records:?}"))?;
     fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))
 }
@@ -131,7 +158,12 @@ fn a_whole_run_expires_as_wicd_would_end_it(fake: &FakeGpu, memory: &Memory, dev
 /// without peer access) gets its marker and is released unmapped; held again when it comes
 /// back, it would expire again every period and its warp never reach the marker. Its next
 /// fault is passed instead, for nvidia-uvm to service, once: later faults there are held.
-fn an_unmappable_page_is_passed_once(fake: &FakeGpu, memory: &Memory, device: &mut Device, space: u32) -> Result<(), String> {
+fn an_unmappable_page_is_passed_once(
+    fake: &FakeGpu,
+    memory: &Memory,
+    device: &mut Device,
+    space: u32,
+) -> Result<(), String> {
     set(0)?;
     fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
     let va = memory.base() + 32 * PAGE;
@@ -141,14 +173,19 @@ fn an_unmappable_page_is_passed_once(fake: &FakeGpu, memory: &Memory, device: &m
     read_ring(device);
     set(BOUND.as_millis() as u32)?;
     wait_events(fake, BOUND + SLACK * 4, |seen| {
-        let marker = seen.iter().position(|e| e.kind == fakegpu::EVENT_WRITE && e.va == va && e.data0 == WIC_MARKER_TIMEOUT);
+        let marker =
+            seen.iter().position(|e| e.kind == fakegpu::EVENT_WRITE && e.va == va && e.data0 == WIC_MARKER_TIMEOUT);
         marker.is_some_and(|at| seen[at..].iter().any(|e| e.kind == fakegpu::EVENT_REPLAY && e.gpu_id == GPU))
     })?;
     set(0)?;
     let (again, _) = fake.inject(GPU, &[fault(va, AccessType::Read)]).map_err(|e| format!("inject: {e}"))?;
-    ensure(again == [fakegpu::VERDICT_PASS], || format!("the unmappable page's fault after its expiry was {again:?}, not passed"))?;
+    ensure(again == [fakegpu::VERDICT_PASS], || {
+        format!("the unmappable page's fault after its expiry was {again:?}, not passed")
+    })?;
     let (later, _) = fake.inject(GPU, &[fault(va, AccessType::Read)]).map_err(|e| format!("inject: {e}"))?;
-    ensure(later == [fakegpu::VERDICT_HOLD], || format!("a later fault on the page was {later:?}: passed more than once"))?;
+    ensure(later == [fakegpu::VERDICT_HOLD], || {
+        format!("a later fault on the page was {later:?}: passed more than once")
+    })?;
     fake.reside(GPU, va, false).map_err(|e| format!("reside: {e}"))?;
     fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))
 }
@@ -156,17 +193,30 @@ fn an_unmappable_page_is_passed_once(fake: &FakeGpu, memory: &Memory, device: &m
 /// A held fault whose marker nvidia-uvm keeps refusing (its page is mapped on another GPU: a
 /// write would not reach that GPU's view) stays held, retried at each run, and the faults held
 /// beside it still expire within the bound.
-fn one_refused_fault_holds_back_no_other(fake: &FakeGpu, memory: &Memory, device: &mut Device, space: u32) -> Result<(), String> {
+fn one_refused_fault_holds_back_no_other(
+    fake: &FakeGpu,
+    memory: &Memory,
+    device: &mut Device,
+    space: u32,
+) -> Result<(), String> {
     const OTHER_GPU: u32 = 2;
     set(0)?;
     fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
     let base = memory.base() + 8 * PAGE;
     device.register(space, kabi::WIC_RANGE_PCM, base, 16 * PAGE, 0).map_err(|e| format!("register: {e}"))?;
     let refused = base;
-    let mut map = [WicCommand { opcode: kabi::WIC_CMD_MAP, space_id: space, gpu_id: GPU, pages: 1, va: refused, ..WicCommand::default() }];
+    let mut map = [WicCommand {
+        opcode: kabi::WIC_CMD_MAP,
+        space_id: space,
+        gpu_id: GPU,
+        pages: 1,
+        va: refused,
+        ..WicCommand::default()
+    }];
     device.submit(&mut map).map_err(|e| format!("map: {e}"))?;
     ensure(map[0].result == 0, || format!("map: {}", map[0].result))?;
-    let (verdicts, _) = fake.inject(OTHER_GPU, &[fault(refused, AccessType::Read)]).map_err(|e| format!("inject: {e}"))?;
+    let (verdicts, _) =
+        fake.inject(OTHER_GPU, &[fault(refused, AccessType::Read)]).map_err(|e| format!("inject: {e}"))?;
     ensure(verdicts == [fakegpu::VERDICT_HOLD], || format!("the other GPU's fault was {verdicts:?}"))?;
     let others: Vec<u64> = (1..16).map(|page| base + page * PAGE).collect();
     for va in &others {
@@ -200,14 +250,20 @@ fn read_ring(device: &mut Device) -> usize {
 /// The positions of the timeout marker's write into `va`, then a map of it on [`GPU`], then a
 /// replay of that GPU, if all three were logged in that order.
 fn completed(events: &[Event], va: u64) -> Option<(usize, usize, usize)> {
-    let write = events.iter().position(|e| e.kind == fakegpu::EVENT_WRITE && e.va == va && e.data0 == WIC_MARKER_TIMEOUT)?;
-    let map = write + events[write..].iter().position(|e| e.kind == fakegpu::EVENT_MAP && e.gpu_id == GPU && e.va <= va && va < e.va + e.length)?;
+    let write =
+        events.iter().position(|e| e.kind == fakegpu::EVENT_WRITE && e.va == va && e.data0 == WIC_MARKER_TIMEOUT)?;
+    let map = write
+        + events[write..]
+            .iter()
+            .position(|e| e.kind == fakegpu::EVENT_MAP && e.gpu_id == GPU && e.va <= va && va < e.va + e.length)?;
     let replay = map + events[map..].iter().position(|e| e.kind == fakegpu::EVENT_REPLAY && e.gpu_id == GPU)?;
     Some((write, map, replay))
 }
 
 fn check_page(fake: &FakeGpu, memory: &Memory, events: &[Event], va: u64) -> Result<(), String> {
-    ensure(completed(events, va).is_some(), || format!("page {va:#x} not written with the timeout marker, mapped and replayed: {events:?}"))?;
+    ensure(completed(events, va).is_some(), || {
+        format!("page {va:#x} not written with the timeout marker, mapped and replayed: {events:?}")
+    })?;
     let word = u64::from_le_bytes(memory.read(va, 8).try_into().expect("8 bytes"));
     ensure(word == WIC_MARKER_TIMEOUT, || format!("page {va:#x} holds {word:#x}, not the timeout marker"))?;
     let state = fake.page_state(GPU, va).map_err(|e| format!("page state: {e}"))?;

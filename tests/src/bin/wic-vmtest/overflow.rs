@@ -8,8 +8,8 @@
 //! next); completing them resumes their warps.
 
 use wic_engine::fault::AccessType;
-use wic_kmod::fakegpu::{self, FakeGpu};
 use wic_engine::Command;
+use wic_kmod::fakegpu::{self, FakeGpu};
 use wic_kmod::Submission;
 
 use crate::rig::{ensure, fault, host_spec, Daemon, Memory, GPU};
@@ -53,7 +53,9 @@ pub fn run() -> Result<(), String> {
     // The held faults came back at each replay and are still held, each recorded once.
     for va in &runs {
         let state = fake.page_state(GPU, *va).map_err(|e| e.to_string())?;
-        ensure(state & fakegpu::PAGE_STALLED != 0 && state & fakegpu::PAGE_MAPPED == 0, || format!("wic page {va:#x}: {state:#x}"))?;
+        ensure(state & fakegpu::PAGE_STALLED != 0 && state & fakegpu::PAGE_MAPPED == 0, || {
+            format!("wic page {va:#x}: {state:#x}")
+        })?;
     }
     let records = daemon.take_faults();
     ensure(records == runs.len(), || format!("{records} records for {} held faults", runs.len()))?;

@@ -25,7 +25,8 @@ const DEFAULT_BOUND_MS: u32 = 3000;
 const SHORT_SWITCH_TIMEOUT: Duration = Duration::from_millis(300);
 
 pub fn run() -> Result<(), String> {
-    let old = std::fs::read_to_string(PARAM).map_err(|e| format!("read {PARAM}: {e} (the module has no hold bound)"))?;
+    let old =
+        std::fs::read_to_string(PARAM).map_err(|e| format!("read {PARAM}: {e} (the module has no hold bound)"))?;
     let result = steps(old.trim());
     let restored = std::fs::write(PARAM, &old).map_err(|e| format!("restore {PARAM}: {e}"));
     result?;
@@ -33,7 +34,9 @@ pub fn run() -> Result<(), String> {
 }
 
 fn steps(bound: &str) -> Result<(), String> {
-    ensure(bound == DEFAULT_BOUND_MS.to_string(), || format!("max_hold_ms is {bound}, not the default {DEFAULT_BOUND_MS}"))?;
+    ensure(bound == DEFAULT_BOUND_MS.to_string(), || {
+        format!("max_hold_ms is {bound}, not the default {DEFAULT_BOUND_MS}")
+    })?;
     let Direct { fake, memory, mut device, .. } = Direct::open(4)?;
     let base = memory.base();
 
@@ -46,12 +49,18 @@ fn steps(bound: &str) -> Result<(), String> {
         format!("with no bound, a switch waiting on a held fault: {unbounded:?}")
     })?;
     let (events, _) = fake.events(4096, 0).map_err(|e| format!("events: {e}"))?;
-    ensure(events.iter().any(|e| e.kind == fakegpu::EVENT_CHANNEL_RESET && e.va == va), || format!("no channel reset logged: {events:?}"))?;
-    println!("preemption: with no bound, a switch waited {:?} on a held fault, then the channel was reset", Duration::from_nanos(unbounded.waited_ns));
+    ensure(events.iter().any(|e| e.kind == fakegpu::EVENT_CHANNEL_RESET && e.va == va), || {
+        format!("no channel reset logged: {events:?}")
+    })?;
+    println!(
+        "preemption: with no bound, a switch waited {:?} on a held fault, then the channel was reset",
+        Duration::from_nanos(unbounded.waited_ns)
+    );
 
     // The default bound: the module completes the hold, the warp resumes at the replay, and the
     // switch is done before RM's timeout. (The killed warp's fault, still held, expires too.)
-    std::fs::write(PARAM, format!("{DEFAULT_BOUND_MS}\n")).map_err(|e| format!("write {DEFAULT_BOUND_MS} to {PARAM}: {e}"))?;
+    std::fs::write(PARAM, format!("{DEFAULT_BOUND_MS}\n"))
+        .map_err(|e| format!("write {DEFAULT_BOUND_MS} to {PARAM}: {e}"))?;
     fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
     let va = base + 2 * PAGE;
     // Taken before the fault is held: the module measures from the hold itself.
@@ -60,10 +69,16 @@ fn steps(bound: &str) -> Result<(), String> {
     let bounded = fake.preempt(GPU, RM_SWITCH_TIMEOUT).map_err(|e| format!("preempt: {e}"))?;
     let waited = Duration::from_nanos(bounded.waited_ns);
     let since_held = held.elapsed();
-    ensure(bounded.killed == 0, || format!("under the default max_hold_ms the channel was reset after {waited:?}: {bounded:?}"))?;
-    ensure(since_held >= Duration::from_millis(DEFAULT_BOUND_MS.into()), || format!("the switch was done {since_held:?} after the hold, before the bound"))?;
+    ensure(bounded.killed == 0, || {
+        format!("under the default max_hold_ms the channel was reset after {waited:?}: {bounded:?}")
+    })?;
+    ensure(since_held >= Duration::from_millis(DEFAULT_BOUND_MS.into()), || {
+        format!("the switch was done {since_held:?} after the hold, before the bound")
+    })?;
     let (events, _) = fake.events(4096, 0).map_err(|e| format!("events: {e}"))?;
-    ensure(events.iter().any(|e| e.kind == fakegpu::EVENT_RESUMED && e.va == va), || format!("the held warp did not resume: {events:?}"))?;
+    ensure(events.iter().any(|e| e.kind == fakegpu::EVENT_RESUMED && e.va == va), || {
+        format!("the held warp did not resume: {events:?}")
+    })?;
     ensure(events.iter().any(|e| e.kind == fakegpu::EVENT_SWITCHED), || format!("no switch logged: {events:?}"))?;
     println!("preemption: under the default max_hold_ms {DEFAULT_BOUND_MS}, the switch waited {waited:?} (RM's default timeout {RM_SWITCH_TIMEOUT:?})");
     Ok(())

@@ -8,7 +8,10 @@ use std::time::{Duration, Instant};
 
 use nix::sys::mman::{mmap_anonymous, munmap, MapFlags, ProtFlags};
 use wic_engine::fault::AccessType;
-use wic_engine::{ChannelId, ChannelLayout, ChannelSpec, Command, DataSource, Engine, EngineConfig, FaultEntry, Producer, RawFaultEntry};
+use wic_engine::{
+    ChannelId, ChannelLayout, ChannelSpec, Command, DataSource, Engine, EngineConfig, FaultEntry, Producer,
+    RawFaultEntry,
+};
 use wic_kmod::fakegpu::{Event, FakeGpu};
 use wic_kmod::{PlacedChannel, ShimBackend, Submission};
 
@@ -32,7 +35,8 @@ impl Direct {
     pub fn open(pages: u64) -> Result<Self, String> {
         let fake = FakeGpu::open().map_err(|e| format!("open {}: {e}", wic_kmod::fakegpu::DEVICE))?;
         let memory = Memory::new(&fake, 1 << 20)?;
-        let device = wic_kmod::Device::open(Path::new(DEVICE), Duration::from_secs(5)).map_err(|e| format!("open {DEVICE}: {e}"))?;
+        let device = wic_kmod::Device::open(Path::new(DEVICE), Duration::from_secs(5))
+            .map_err(|e| format!("open {DEVICE}: {e}"))?;
         let space = device.attach(fake.fd()).map_err(|e| format!("attach: {e}"))?;
         device
             .register(space, wic_proto::kabi::WIC_RANGE_PCM, memory.base(), pages * 4096, 0)
@@ -56,7 +60,12 @@ impl Memory {
         let size = NonZeroUsize::new(len).ok_or("empty memory")?;
         // SAFETY: a fresh private anonymous mapping owned by this value, unmapped in Drop.
         let base = unsafe {
-            mmap_anonymous(None, size, ProtFlags::PROT_READ | ProtFlags::PROT_WRITE, MapFlags::MAP_PRIVATE | MapFlags::MAP_POPULATE)
+            mmap_anonymous(
+                None,
+                size,
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                MapFlags::MAP_PRIVATE | MapFlags::MAP_POPULATE,
+            )
         }
         .map_err(|e| format!("mmap: {e}"))?;
         let memory = Self { base, len, used: 0 };
@@ -128,15 +137,28 @@ impl Daemon {
     }
 
     /// Opens a channel and places it in `memory` of the attached `space`.
-    pub fn channel(&mut self, spec: ChannelSpec, space: u32, memory: &mut Memory) -> Result<(ChannelLayout, PlacedChannel), String> {
-        let bytes = spec.placement_bytes(self.engine.config().warps_per_batch).ok_or_else(|| format!("{spec:?} has no placement"))?;
+    pub fn channel(
+        &mut self,
+        spec: ChannelSpec,
+        space: u32,
+        memory: &mut Memory,
+    ) -> Result<(ChannelLayout, PlacedChannel), String> {
+        let bytes = spec
+            .placement_bytes(self.engine.config().warps_per_batch)
+            .ok_or_else(|| format!("{spec:?} has no placement"))?;
         self.channel_at(spec, space, memory.take(bytes)?)
     }
 
     /// Opens a channel and places it at `base` of the attached `space`.
-    pub fn channel_at(&mut self, spec: ChannelSpec, space: u32, base: u64) -> Result<(ChannelLayout, PlacedChannel), String> {
+    pub fn channel_at(
+        &mut self,
+        spec: ChannelSpec,
+        space: u32,
+        base: u64,
+    ) -> Result<(ChannelLayout, PlacedChannel), String> {
         let layout = self.engine.open_channel(spec).map_err(|e| format!("open channel: {e}"))?;
-        let placed = self.backend.place(&layout, spec.producer, space, base).map_err(|e| format!("place channel: {e}"))?;
+        let placed =
+            self.backend.place(&layout, spec.producer, space, base).map_err(|e| format!("place channel: {e}"))?;
         Ok((layout, placed))
     }
 
@@ -181,7 +203,11 @@ pub fn fault(va: u64, access: AccessType) -> RawFaultEntry {
 
 /// Waits until `want` events satisfying `pred` were logged (others are kept too); returns
 /// every event seen.
-pub fn wait_events(fake: &FakeGpu, timeout: Duration, mut done: impl FnMut(&[Event]) -> bool) -> Result<Vec<Event>, String> {
+pub fn wait_events(
+    fake: &FakeGpu,
+    timeout: Duration,
+    mut done: impl FnMut(&[Event]) -> bool,
+) -> Result<Vec<Event>, String> {
     let deadline = Instant::now() + timeout;
     let mut seen = Vec::new();
     while !done(&seen) {
@@ -189,7 +215,8 @@ pub fn wait_events(fake: &FakeGpu, timeout: Duration, mut done: impl FnMut(&[Eve
         if left.is_zero() {
             return Err(format!("timed out waiting for fake-GPU events; saw {seen:?}"));
         }
-        let (events, overflow) = fake.events(4096, left.as_millis().max(1) as u32).map_err(|e| format!("events: {e}"))?;
+        let (events, overflow) =
+            fake.events(4096, left.as_millis().max(1) as u32).map_err(|e| format!("events: {e}"))?;
         if overflow != 0 {
             return Err(format!("{overflow} fake-GPU events lost"));
         }

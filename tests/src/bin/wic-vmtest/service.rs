@@ -19,7 +19,9 @@ use nix::unistd::Pid;
 use wic::{abi, capi, Channel, Client};
 use wic_engine::fault::AccessType;
 use wic_kmod::fakegpu::{self, FakeGpu};
-use wic_proto::kabi::{WIC_MARKER_CHANNEL_CLOSED, WIC_MARKER_DAEMON_GONE, WIC_MARKER_DAEMON_STOPPING, WIC_MARKER_TIMEOUT};
+use wic_proto::kabi::{
+    WIC_MARKER_CHANNEL_CLOSED, WIC_MARKER_DAEMON_GONE, WIC_MARKER_DAEMON_STOPPING, WIC_MARKER_TIMEOUT,
+};
 use wic_proto::message::{ChannelSpec, ErrorCode, Producer, Stats};
 
 use crate::death::BOUND;
@@ -123,8 +125,9 @@ fn gpu_spec(client: &Client, memory: &mut Memory, slots: u32, timeout_ns: u64) -
 /// held.
 fn signal(fake: &FakeGpu, channel: &Channel, slot: usize, generation: usize) -> Result<(), String> {
     let pat = channel.info().slots[slot].pat.ok_or("a GPU producer's slot without PAT pages")?;
-    let (verdicts, _) =
-        fake.inject(PRODUCER_GPU.into(), &[fault(pat[generation % 2], AccessType::Write)]).map_err(|e| format!("inject: {e}"))?;
+    let (verdicts, _) = fake
+        .inject(PRODUCER_GPU.into(), &[fault(pat[generation % 2], AccessType::Write)])
+        .map_err(|e| format!("inject: {e}"))?;
     ensure(verdicts == [fakegpu::VERDICT_HOLD], || format!("the PAT write was {verdicts:?}"))
 }
 
@@ -142,7 +145,9 @@ fn placed(client: &Client, memory: &mut Memory, spec: &ChannelSpec) -> Result<(C
     let base = memory.take(bytes)?;
     let channel = client.create_channel_at(spec, base).map_err(|e| format!("create_channel_at: {e}"))?;
     let runs: Vec<u64> = channel.info().slots.iter().map(|s| s.runs[0]).collect();
-    ensure(runs.iter().all(|va| (base..base + bytes).contains(va)), || format!("runs {runs:x?} are not in the placement at {base:#x}"))?;
+    ensure(runs.iter().all(|va| (base..base + bytes).contains(va)), || {
+        format!("runs {runs:x?} are not in the placement at {base:#x}")
+    })?;
     Ok((channel, runs))
 }
 
@@ -176,7 +181,9 @@ fn stats_until(client: &Client, what: &str, done: impl Fn(&Stats) -> bool) -> Re
 /// Waits until every page of `pages` was mapped and a replay followed; the events seen.
 fn completed(fake: &FakeGpu, pages: &[u64], timeout: Duration) -> Result<Vec<fakegpu::Event>, String> {
     wait_events(fake, timeout, |seen| {
-        let mapped = pages.iter().all(|va| seen.iter().any(|e| e.kind == fakegpu::EVENT_MAP && e.va <= *va && *va < e.va + e.length));
+        let mapped = pages
+            .iter()
+            .all(|va| seen.iter().any(|e| e.kind == fakegpu::EVENT_MAP && e.va <= *va && *va < e.va + e.length));
         mapped && seen.last().is_some_and(|e| e.kind == fakegpu::EVENT_REPLAY)
     })
 }
@@ -211,13 +218,19 @@ fn scenario() -> Result<(), String> {
     completed(&fake, &[runs[0]], PATIENCE)?;
     ensure(memory.read(runs[0], batch) == data, || "the consumer's run does not hold the published bytes".into())?;
     let stats = held_by_wicd(&client, 0)?;
-    ensure(stats.faults_held == 1 && stats.faults_completed == 1 && stats.host_publishes == 1 && stats.commands_failed == 0, || {
-        format!("stats: {stats:?}")
-    })?;
+    ensure(
+        stats.faults_held == 1
+            && stats.faults_completed == 1
+            && stats.host_publishes == 1
+            && stats.commands_failed == 0,
+        || format!("stats: {stats:?}"),
+    )?;
     println!("service: a held warp got the {batch} published bytes through wicd");
     // Consumers are the GPU's warps here: the host has no consume path.
     let consumed = channel.consume(0, &mut vec![0; batch]);
-    ensure(consumed.as_ref().is_err_and(|e| e.code() == ErrorCode::Unsupported), || format!("a host consume on the shim backend: {consumed:?}"))?;
+    ensure(consumed.as_ref().is_err_and(|e| e.code() == ErrorCode::Unsupported), || {
+        format!("a host consume on the shim backend: {consumed:?}")
+    })?;
 
     // A late duplicate of generation 0's fault, fetched after its run was mapped, is held and
     // recorded, and wicd drops it as stale. Its held entry must not hide generation 2's fault
@@ -260,15 +273,23 @@ fn scenario() -> Result<(), String> {
     held_by_wicd(&client, 1)?;
     let stored: Vec<u8> = (0..gpu_batch).map(|i| (i * 13 + 5) as u8).collect();
     fake.gpu_store(PRODUCER_GPU.into(), batches, &stored).map_err(|e| format!("gpu_store: {e}"))?;
-    ensure(memory.read(batches, gpu_batch) != stored, || "the process sees the GPU's bytes: the copy would prove nothing".into())?;
+    ensure(memory.read(batches, gpu_batch) != stored, || {
+        "the process sees the GPU's bytes: the copy would prove nothing".into()
+    })?;
     signal(&fake, &from_gpu, 0, 0)?;
     let seen = completed(&fake, &[gpu_runs[0]], PATIENCE)?;
-    ensure(memory.read(gpu_runs[0], gpu_batch) == stored, || "the consumer's run does not hold the producer GPU's bytes".into())?;
+    ensure(memory.read(gpu_runs[0], gpu_batch) == stored, || {
+        "the consumer's run does not hold the producer GPU's bytes".into()
+    })?;
     let copied_from = seen.iter().find(|e| e.kind == fakegpu::EVENT_COPY && e.va == gpu_runs[0]).map(|e| e.gpu_id);
-    ensure(copied_from == Some(PRODUCER_GPU.into()), || format!("the run was copied from GPU {copied_from:?}: {seen:?}"))?;
+    ensure(copied_from == Some(PRODUCER_GPU.into()), || {
+        format!("the run was copied from GPU {copied_from:?}: {seen:?}")
+    })?;
     let pat = from_gpu.info().slots[0].pat.expect("checked by signal");
     let pat_state = fake.page_state(PRODUCER_GPU.into(), pat[0]).map_err(|e| e.to_string())?;
-    ensure(pat_state & fakegpu::PAGE_WRITABLE != 0, || format!("the producer's PAT write was not let through: {pat_state:#x}"))?;
+    ensure(pat_state & fakegpu::PAGE_WRITABLE != 0, || {
+        format!("the producer's PAT write was not let through: {pat_state:#x}")
+    })?;
     let stats = held_by_wicd(&client, 0)?;
     ensure(stats.pat_faults >= 1 && stats.commands_failed == 0, || format!("stats: {stats:?}"))?;
     println!("service: a held warp got the {gpu_batch} bytes GPU {PRODUCER_GPU} stored, copied from its memory");
@@ -279,7 +300,9 @@ fn scenario() -> Result<(), String> {
     fake.reset().map_err(|e| e.to_string())?;
     hold(&fake, &[silent_runs[0]])?;
     completed(&fake, &[silent_runs[0]], PATIENCE)?;
-    ensure(word_at(&memory, silent_runs[0]) == WIC_MARKER_TIMEOUT, || "no timeout marker for a GPU producer's channel".into())?;
+    ensure(word_at(&memory, silent_runs[0]) == WIC_MARKER_TIMEOUT, || {
+        "no timeout marker for a GPU producer's channel".into()
+    })?;
 
     // A client that goes away takes its channels and space with it.
     let other_fake = FakeGpu::open().map_err(|e| e.to_string())?;
@@ -290,7 +313,8 @@ fn scenario() -> Result<(), String> {
     drop(other);
     let deadline = Instant::now() + PATIENCE;
     loop {
-        let (verdicts, _) = other_fake.inject(GPU, &[fault(orphan_runs[0], AccessType::Read)]).map_err(|e| e.to_string())?;
+        let (verdicts, _) =
+            other_fake.inject(GPU, &[fault(orphan_runs[0], AccessType::Read)]).map_err(|e| e.to_string())?;
         if verdicts == [fakegpu::VERDICT_PASS] {
             break;
         }
@@ -315,7 +339,9 @@ fn scenario() -> Result<(), String> {
     let took = killed.elapsed();
     ensure(took <= BOUND, || format!("held faults completed {took:?} after kill -9, bound {BOUND:?}"))?;
     for va in &pages {
-        ensure(word_at(&memory, *va) == WIC_MARKER_DAEMON_GONE, || format!("page {va:#x} lacks the daemon-gone marker"))?;
+        ensure(word_at(&memory, *va) == WIC_MARKER_DAEMON_GONE, || {
+            format!("page {va:#x} lacks the daemon-gone marker")
+        })?;
     }
     println!("service: kill -9 wicd: {} held faults completed {took:?} later (bound {BOUND:?})", pages.len());
     drop(from_gpu);
@@ -370,10 +396,14 @@ fn refused_unregister_asked_again(fake: &FakeGpu, memory: &mut Memory) -> Result
         if verdicts == [fakegpu::VERDICT_PASS] {
             break;
         }
-        ensure(Instant::now() < deadline, || format!("the range is still registered after {PATIENCE:?}:\n{}", log_tail()))?;
+        ensure(Instant::now() < deadline, || {
+            format!("the range is still registered after {PATIENCE:?}:\n{}", log_tail())
+        })?;
         std::thread::sleep(Duration::from_millis(20));
     }
-    ensure(word_at(memory, runs[0]) == WIC_MARKER_CHANNEL_CLOSED, || "the held fault did not get the closed marker".into())?;
+    ensure(word_at(memory, runs[0]) == WIC_MARKER_CHANNEL_CLOSED, || {
+        "the held fault did not get the closed marker".into()
+    })?;
     drop(client);
     wicd.stop()
 }
@@ -390,8 +420,14 @@ fn timeouts_below_the_module_bound(fake: &FakeGpu, memory: &mut Memory) -> Resul
         for &timeout_ns in timeouts {
             let refused = client.create_channel_at(&spec(1, timeout_ns), memory.take(bytes)?);
             ensure(
-                refused.as_ref().is_err_and(|e| e.code() == ErrorCode::Invalid && e.to_string().contains("max_hold_ms")),
-                || format!("a {timeout_ns} ns timeout (0: the default of 1 s) with max_hold_ms {bound_ms}: {refused:?}"),
+                refused
+                    .as_ref()
+                    .is_err_and(|e| e.code() == ErrorCode::Invalid && e.to_string().contains("max_hold_ms")),
+                || {
+                    format!(
+                        "a {timeout_ns} ns timeout (0: the default of 1 s) with max_hold_ms {bound_ms}: {refused:?}"
+                    )
+                },
             )?;
         }
         Ok(())
@@ -399,7 +435,8 @@ fn timeouts_below_the_module_bound(fake: &FakeGpu, memory: &mut Memory) -> Resul
     let wicd = Wicd::start()?;
     let client = connect(fake)?;
     refused_above(&client, memory, 3000, &[10_000_000_000, LONG_NS + 1])?;
-    placed(&client, memory, &spec(1, LONG_NS)).map_err(|e| format!("a {LONG_NS} ns timeout with max_hold_ms 3000: {e}"))?;
+    placed(&client, memory, &spec(1, LONG_NS))
+        .map_err(|e| format!("a {LONG_NS} ns timeout with max_hold_ms 3000: {e}"))?;
     drop(client);
     wicd.stop()?;
 
@@ -409,9 +446,12 @@ fn timeouts_below_the_module_bound(fake: &FakeGpu, memory: &mut Memory) -> Resul
         let client = connect(fake)?;
         // The margin below the bound: a quarter of it, 125 ms, at least 100 ms.
         refused_above(&client, memory, 500, &[10_000_000_000, 500_000_000, 400_000_000, 0])?;
-        placed(&client, memory, &spec(1, 100_000_000)).map_err(|e| format!("a 100 ms timeout with max_hold_ms 500: {e}"))?;
+        placed(&client, memory, &spec(1, 100_000_000))
+            .map_err(|e| format!("a 100 ms timeout with max_hold_ms 500: {e}"))?;
         let log = std::fs::read_to_string(LOG).unwrap_or_default();
-        ensure(log.contains("channels created without a timeout are refused"), || "no warning about the default timeout at start".into())?;
+        ensure(log.contains("channels created without a timeout are refused"), || {
+            "no warning about the default timeout at start".into()
+        })?;
         drop(client);
         wicd.stop()
     })();
@@ -424,7 +464,9 @@ fn timeouts_below_the_module_bound(fake: &FakeGpu, memory: &mut Memory) -> Resul
 /// the attachment with the reason.
 fn gpu_sharing(fake: &FakeGpu) -> Result<(), String> {
     let log = std::fs::read_to_string(LOG).unwrap_or_default();
-    ensure(log.contains("cannot check how the GPUs are shared"), || format!("no warning about the unchecked GPUs:\n{}", log_tail()))?;
+    ensure(log.contains("cannot check how the GPUs are shared"), || {
+        format!("no warning about the unchecked GPUs:\n{}", log_tail())
+    })?;
     let config = "/tmp/wicd-refuse.toml";
     std::fs::write(config, "[shim]\ngpu_sharing = \"refuse\"\n").map_err(|e| format!("{config}: {e}"))?;
     attach_refused(fake, &["--config", config], "gpu_sharing")
@@ -443,10 +485,9 @@ fn attach_refused(fake: &FakeGpu, wicd_args: &[&str], why: &str) -> Result<(), S
     let wicd = Wicd::start_with(wicd_args)?;
     let client = Client::connect(Some(Path::new(SOCKET))).map_err(|e| format!("connect: {e}"))?;
     let refused = client.attach_space(fake.fd());
-    ensure(
-        refused.as_ref().is_err_and(|e| e.code() == ErrorCode::Unsupported && e.to_string().contains(why)),
-        || format!("attach_space refused, saying {why:?}: {refused:?}"),
-    )?;
+    ensure(refused.as_ref().is_err_and(|e| e.code() == ErrorCode::Unsupported && e.to_string().contains(why)), || {
+        format!("attach_space refused, saying {why:?}: {refused:?}")
+    })?;
     drop(client);
     wicd.stop()
 }
@@ -476,7 +517,9 @@ fn c_placed(fake: &FakeGpu, memory: &mut Memory) -> Result<(*mut Client, *mut Ch
         let base = memory.take(bytes)?;
         check("wic_channel_create_at", capi::wic_channel_create_at(client, &spec, base, &mut channel))?;
         check("wic_channel_slot", capi::wic_channel_slot(channel, 0, &mut slot))?;
-        ensure(space != 0 && (base..base + bytes).contains(&slot.run_va[0]), || format!("space {space}, run {:#x}", slot.run_va[0]))?;
+        ensure(space != 0 && (base..base + bytes).contains(&slot.run_va[0]), || {
+            format!("space {space}, run {:#x}", slot.run_va[0])
+        })?;
     }
     Ok((client, channel, slot.run_va[0]))
 }

@@ -42,7 +42,11 @@ pub fn run() -> Result<(), String> {
     daemon.backend.device().detach(space).map_err(|e| e.to_string())?;
     let (leftovers, _) = fake.events(fakegpu::LOG_EVENTS as usize, 200).map_err(|e| format!("events: {e}"))?;
     ensure(leftovers.iter().all(|e| e.kind != fakegpu::EVENT_WRITE), || {
-        let markers: Vec<_> = leftovers.iter().filter(|e| e.kind == fakegpu::EVENT_WRITE).map(|e| ErrorMarker::from_word(e.data0)).collect();
+        let markers: Vec<_> = leftovers
+            .iter()
+            .filter(|e| e.kind == fakegpu::EVENT_WRITE)
+            .map(|e| ErrorMarker::from_word(e.data0))
+            .collect();
         format!("{} faults were still held at detach: {markers:?}", markers.len())
     })
 }
@@ -65,7 +69,8 @@ fn storm(
         .iter()
         .map(|s| placed.placement.process_va(s.runs[0]).ok_or_else(|| "run not placed".to_string()))
         .collect::<Result<_, _>>()?;
-    let faults: Vec<RawFaultEntry> = runs.iter().flat_map(|&run| (0..pages).map(move |p| fault(run + p * PAGE, AccessType::Read))).collect();
+    let faults: Vec<RawFaultEntry> =
+        runs.iter().flat_map(|&run| (0..pages).map(move |p| fault(run + p * PAGE, AccessType::Read))).collect();
     let excess = faults.len() - recordable;
     ensure(excess > 0, || "the storm must overflow".into())?;
 
@@ -92,7 +97,9 @@ fn storm(
     records += daemon.take_faults();
     ensure(records == recordable, || format!("{records} records read, expected {recordable}"))?;
     let recorded_slots = recordable as u64 / pages;
-    ensure(u64::from(daemon.engine.held()) == recorded_slots, || format!("engine holds {} requests, expected {recorded_slots}", daemon.engine.held()))?;
+    ensure(u64::from(daemon.engine.held()) == recorded_slots, || {
+        format!("engine holds {} requests, expected {recorded_slots}", daemon.engine.held())
+    })?;
 
     // The producer publishes every slot; the recorded ones are delivered, the others become
     // available and are delivered when their warps fault again after the replay.
@@ -114,7 +121,9 @@ fn storm(
     daemon.execute()?;
     ensure(daemon.engine.held() == 0, || format!("{} requests still held", daemon.engine.held()))?;
 
-    let events = wait_events(fake, Duration::from_secs(20), |seen| seen.iter().filter(|e| e.kind == fakegpu::EVENT_WRITE).count() >= runs.len())?;
+    let events = wait_events(fake, Duration::from_secs(20), |seen| {
+        seen.iter().filter(|e| e.kind == fakegpu::EVENT_WRITE).count() >= runs.len()
+    })?;
     let mut writes: HashMap<u64, usize> = HashMap::new();
     for event in events.iter().filter(|e| e.kind == fakegpu::EVENT_WRITE) {
         *writes.entry(event.va).or_default() += 1;
@@ -123,7 +132,9 @@ fn storm(
         format!("{} runs written, expected each of {} once", writes.len(), runs.len())
     })?;
     for (run, bytes) in &expected {
-        ensure(memory.read(*run, bytes.len()) == *bytes, || format!("run {run:#x} does not hold its producer's bytes"))?;
+        ensure(memory.read(*run, bytes.len()) == *bytes, || {
+            format!("run {run:#x} does not hold its producer's bytes")
+        })?;
         for page in 0..pages {
             let state = fake.page_state(GPU, run + page * PAGE).map_err(|e| format!("page state: {e}"))?;
             ensure(state & fakegpu::PAGE_MAPPED != 0, || format!("page {page} of run {run:#x} is not mapped"))?;
@@ -136,6 +147,10 @@ fn storm(
 fn inject_held(fake: &FakeGpu, faults: &[RawFaultEntry]) -> Result<(), String> {
     let (verdicts, _) = fake.inject(GPU, faults).map_err(|e| format!("inject: {e}"))?;
     ensure(verdicts.iter().all(|&v| v == fakegpu::VERDICT_HOLD), || {
-        format!("{} of {} faults not held", verdicts.iter().filter(|&&v| v != fakegpu::VERDICT_HOLD).count(), faults.len())
+        format!(
+            "{} of {} faults not held",
+            verdicts.iter().filter(|&&v| v != fakegpu::VERDICT_HOLD).count(),
+            faults.len()
+        )
     })
 }
