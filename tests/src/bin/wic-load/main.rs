@@ -316,11 +316,20 @@ fn run(args: &Args) -> Result<Report, String> {
     if let Some(e) = peaks.error.take() {
         totals.failures.push(format!("sampling wicd: {e}"));
     }
-    // Every client is gone: wicd must come back to where it started.
+    // Every client is gone: wicd must come back to where it started. Its status counts a client
+    // gone before the last of its descriptors is closed, so the descriptors get the same time to
+    // follow; one still open after it is a leak.
     target.wait_for(reclaim_timeout, |s| {
         (s.clients, s.channels, s.pool_pages_used, s.held)
             == (baseline.status.clients, baseline.status.channels, baseline.status.pool_pages_used, 0)
     })?;
+    let closing = Instant::now();
+    while let (Some(now), Some(base)) = (target.usage()?.fds, baseline.usage.fds) {
+        if now <= base + args.fd_slack || closing.elapsed() > reclaim_timeout {
+            break;
+        }
+        std::thread::sleep(SAMPLE_PERIOD);
+    }
     let end = snapshot(&mut target)?;
     let shape = ctx.shape;
     let due = |per_abort: u64, per_round: u64| {
