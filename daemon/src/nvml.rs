@@ -147,7 +147,7 @@ fn text(buffer: &[c_char]) -> String {
 /// Every GPU NVML sees, with how it is shared.
 pub fn survey() -> Result<Vec<Gpu>, NvmlError> {
     let library = Library::open()?;
-    // SAFETY (each `function`): the types are those of nvml.h for these names.
+    // SAFETY: each `function` is given the type nvml.h declares for that name.
     let (init, shutdown, count, handle, name, uuid, compute_mode, mig_mode) = unsafe {
         (
             library.function::<Init>(c"nvmlInit_v2")?,
@@ -174,7 +174,7 @@ pub fn survey() -> Result<Vec<Gpu>, NvmlError> {
                 let mut name_buffer = [0 as c_char; TEXT_BYTES];
                 let mut uuid_buffer = [0 as c_char; TEXT_BYTES];
                 let (mut mode, mut mig_now, mut mig_pending): (c_uint, c_uint, c_uint) = (0, 0, 0);
-                // SAFETY (each call): a live device handle and buffers of the lengths given.
+                // SAFETY: each call gets a live device handle and buffers of the lengths given.
                 unsafe {
                     check("nvmlDeviceGetName", name(device, name_buffer.as_mut_ptr(), TEXT_BYTES as c_uint))?;
                     check("nvmlDeviceGetUUID", uuid(device, uuid_buffer.as_mut_ptr(), TEXT_BYTES as c_uint))?;

@@ -309,7 +309,7 @@ pub struct Engine {
 impl Engine {
     /// An engine with an empty pool.
     pub fn new(config: EngineConfig) -> Result<Self, EngineError> {
-        // A mask, not `is_multiple_of` (Rust 1.87, past the workspace's 1.80): PAGE_SIZE is a power of two.
+        // A mask, not `is_multiple_of` (Rust 1.87, past the workspace's 1.82): PAGE_SIZE is a power of two.
         if config.pool_base & (PAGE_SIZE - 1) != 0 {
             return Err(EngineError::Invalid("pool base is not page aligned"));
         }

@@ -383,9 +383,10 @@ mod tests {
         assert!(matches!(unsafe { FaultRing::new(fake.base(), 64) }, Err(RingError::TooSmall { .. })));
         // SAFETY: as in `reader`.
         assert!(matches!(unsafe { FaultRing::new(fake.base(), len - 8) }, Err(RingError::TooSmall { .. })));
-        fake.mem[1] = 300 | (64 << 32); // entries 300, record_size 64
-                                        // SAFETY: as in `reader`.
+        // Entries 300, record_size 64.
+        fake.mem[1] = 300 | (64 << 32);
         assert_eq!(
+            // SAFETY: as in `reader`.
             unsafe { FaultRing::new(fake.base(), len) }.err(),
             Some(RingError::BadHeader("entry count is not a power of two"))
         );

@@ -98,9 +98,9 @@ impl Memory {
         let offset = (va - self.base()) as usize;
         assert!(offset + len <= self.len, "read outside the application memory");
         let mut out = vec![0u8; len];
-        // SAFETY: inside the mapping (checked above); the kernel wrote it through the mm, so
-        // volatile reads see its bytes.
         for (i, byte) in out.iter_mut().enumerate() {
+            // SAFETY: inside the mapping (checked above); the kernel wrote it through the mm, so
+            // volatile reads see its bytes.
             *byte = unsafe { std::ptr::read_volatile(self.base.as_ptr().cast::<u8>().add(offset + i)) };
         }
         out
