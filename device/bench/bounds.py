@@ -22,6 +22,7 @@ their geometric mean. Standard library only.
 
 import json
 import math
+import os
 import sys
 
 MODES = ("nowait", "push", "poll", "alg1")
@@ -58,7 +59,7 @@ def main(argv):
     for path in app_files:
         runs.update(parse_apps(path))
     apps = sorted({name for name, _ in runs}, key=lambda n: (not n.startswith("C_"), n))
-    print(f"bulk copy: {gbps:.1f} GB/s (from {transport})\n")
+    print(f"bulk copy: {gbps:.1f} GB/s (from {os.path.basename(transport)} of the same run)\n")
     print("| app | bound ms | binds | copy ms | producer ms | nowait ms | serial ms | push / bound "
           "| poll / bound | alg1 / bound | alg1 / push | all correct |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
