@@ -894,6 +894,11 @@ mod tests {
         .encode()
     }
 
+    /// The completion of a one-page run of GPU 0's: what a single request's delivery or error is.
+    fn one_page(channel: ChannelId, slot: u32, run_va: u64, companion_va: u64, fill: Fill) -> Command {
+        Command::Complete { gpu: 0, channel, slot, run_va, companion_va, pages: 1, fill }
+    }
+
     fn engine() -> Engine {
         Engine::new(EngineConfig { pool_pages: 64, max_slots: 8, ..EngineConfig::default() }).unwrap()
     }
@@ -927,18 +932,7 @@ mod tests {
         e.publish(30, layout.id, 1, &mut out).unwrap();
         assert_eq!(kinds(&out), ["deliver", "replay"]);
         let data = Fill::Data { len: 4096, source: DataSource::Host { offset: 4096 } };
-        assert_eq!(
-            out[0],
-            Command::Complete {
-                gpu: 0,
-                channel: layout.id,
-                slot: 1,
-                run_va: slot.runs[0],
-                companion_va: slot.runs[1],
-                pages: 1,
-                fill: data
-            }
-        );
+        assert_eq!(out[0], one_page(layout.id, 1, slot.runs[0], slot.runs[1], data));
         assert_eq!(e.held(), 0);
         assert_eq!(e.stats().wake_latency_ns.max(), 20);
         // Generation 1: a refault on P is stale, the request comes on P'.
@@ -1040,35 +1034,13 @@ mod tests {
         e.expire(1_100, &mut out);
         assert_eq!(kinds(&out), ["error", "replay"]);
         let timeout = Fill::Marker(ErrorMarker::Timeout);
-        assert_eq!(
-            out[0],
-            Command::Complete {
-                gpu: 0,
-                channel: layout.id,
-                slot: 0,
-                run_va: p[0],
-                companion_va: p[1],
-                pages: 1,
-                fill: timeout
-            }
-        );
+        assert_eq!(out[0], one_page(layout.id, 0, p[0], p[1], timeout));
         assert_eq!((e.held(), e.stats().timed_out), (0, 1));
         out.clear();
         e.handle_faults(2_000, 0, &[fault(p[1], AccessType::Read)], &mut out);
         e.publish(2_001, layout.id, 0, &mut out).unwrap();
         let data = Fill::Data { len: 4096, source: DataSource::Host { offset: 0 } };
-        assert_eq!(
-            out[0],
-            Command::Complete {
-                gpu: 0,
-                channel: layout.id,
-                slot: 0,
-                run_va: p[1],
-                companion_va: p[0],
-                pages: 1,
-                fill: data
-            }
-        );
+        assert_eq!(out[0], one_page(layout.id, 0, p[1], p[0], data));
         assert_eq!(e.next_deadline(), None, "the delivered hold's deadline is not waited for");
         out.clear();
         e.expire(10_000, &mut out);
@@ -1094,18 +1066,7 @@ mod tests {
         assert_eq!((e.held(), e.stats().stale), (1, 0));
         e.publish(2_001, layout.id, 0, &mut out).unwrap();
         let data = Fill::Data { len: 4096, source: DataSource::Host { offset: 0 } };
-        assert_eq!(
-            out[0],
-            Command::Complete {
-                gpu: 0,
-                channel: layout.id,
-                slot: 0,
-                run_va: p[1],
-                companion_va: p[0],
-                pages: 1,
-                fill: data
-            }
-        );
+        assert_eq!(out[0], one_page(layout.id, 0, p[1], p[0], data));
         assert!(!e.expired_elsewhere(0, 0xdead_0000, &mut Vec::new()), "a page of no slot");
     }
 
@@ -1177,18 +1138,7 @@ mod tests {
         e.handle_faults(7, 1, &[fault(pat[0], AccessType::Write)], &mut out);
         assert_eq!(kinds(&out), ["service-pat", "deliver", "rearm-pat", "replay", "replay"]);
         let data = Fill::Data { len: 4096, source: DataSource::Gpu { gpu: 1, va: 0x9000_1000 } };
-        assert_eq!(
-            out[1],
-            Command::Complete {
-                gpu: 0,
-                channel: layout.id,
-                slot: 1,
-                run_va: slot.runs[0],
-                companion_va: slot.runs[1],
-                pages: 1,
-                fill: data
-            }
-        );
+        assert_eq!(out[1], one_page(layout.id, 1, slot.runs[0], slot.runs[1], data));
         assert_eq!(out[2], Command::RearmPat { gpu: 1, va: pat[1] });
         assert_eq!(e.stats().pat_publishes, 1);
 
