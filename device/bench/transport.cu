@@ -507,22 +507,19 @@ __global__ void peer_stream_consumer(wic::channel ch, uint32_t generations, unsi
 
 /* ---- references ---- */
 
-/* GB/s of one pinned -> device copy of @bytes (median of 5). */
-double bulk_copy_gbps(uint64_t bytes)
+/* The median GB/s of 5 runs, after a warm-up, of @queue(stream), which queues a copy of @bytes. */
+template <typename Queue>
+double copy_gbps(uint64_t bytes, Queue queue)
 {
-	void *host, *dev;
 	cudaEvent_t start, end;
 	cudaStream_t stream;
-	CHECK(cudaHostAlloc(&host, bytes, cudaHostAllocDefault));
-	memset(host, 1, bytes);
-	CHECK(cudaMalloc(&dev, bytes));
 	CHECK(cudaEventCreate(&start));
 	CHECK(cudaEventCreate(&end));
 	CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 	std::vector<double> gbps;
 	for (int rep = 0; rep <= 5; rep++) {
 		CHECK(cudaEventRecord(start, stream));
-		CHECK(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, stream));
+		queue(stream);
 		CHECK(cudaEventRecord(end, stream));
 		CHECK(cudaEventSynchronize(end));
 		float ms;
@@ -533,9 +530,21 @@ double bulk_copy_gbps(uint64_t bytes)
 	CHECK(cudaStreamDestroy(stream));
 	CHECK(cudaEventDestroy(start));
 	CHECK(cudaEventDestroy(end));
+	return quantile(gbps, 0.5);
+}
+
+/* GB/s of one pinned -> device copy of @bytes (median of 5). */
+double bulk_copy_gbps(uint64_t bytes)
+{
+	void *host, *dev;
+	CHECK(cudaHostAlloc(&host, bytes, cudaHostAllocDefault));
+	memset(host, 1, bytes);
+	CHECK(cudaMalloc(&dev, bytes));
+	const double median = copy_gbps(bytes, [&](cudaStream_t stream) {
+		CHECK(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, stream));
+	});
 	CHECK(cudaFree(dev));
 	CHECK(cudaFreeHost(host));
-	const double median = quantile(gbps, 0.5);
 	printf("%-16s %-10s %10.1f GB/s  (%llu MiB, median of 5)\n", "bulk_copy", "reference", median,
 	       (unsigned long long)(bytes >> 20));
 	record("bulk_copy").add("bytes", (double)bytes).add("gbps", median).emit();
@@ -574,29 +583,15 @@ double mapped_one_way_us()
 double peer_copy_gbps(uint64_t bytes)
 {
 	void *from = app::alloc_on<uint8_t>(1, bytes), *to = app::alloc_on<uint8_t>(0, bytes);
-	app::on_gpu g(0);
-	cudaEvent_t start, end;
-	cudaStream_t stream;
-	CHECK(cudaEventCreate(&start));
-	CHECK(cudaEventCreate(&end));
-	CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-	std::vector<double> gbps;
-	for (int rep = 0; rep <= 5; rep++) {
-		CHECK(cudaEventRecord(start, stream));
-		CHECK(cudaMemcpyPeerAsync(to, 0, from, 1, bytes, stream));
-		CHECK(cudaEventRecord(end, stream));
-		CHECK(cudaEventSynchronize(end));
-		float ms;
-		CHECK(cudaEventElapsedTime(&ms, start, end));
-		if (rep) /* rep 0 warms up */
-			gbps.push_back(bytes / (ms * 1e6));
+	double median;
+	{
+		app::on_gpu g(0);
+		median = copy_gbps(bytes, [&](cudaStream_t stream) {
+			CHECK(cudaMemcpyPeerAsync(to, 0, from, 1, bytes, stream));
+		});
 	}
-	CHECK(cudaStreamDestroy(stream));
-	CHECK(cudaEventDestroy(start));
-	CHECK(cudaEventDestroy(end));
-	CHECK(cudaFree(to));
+	app::free_on(0, to);
 	app::free_on(1, from);
-	const double median = quantile(gbps, 0.5);
 	printf("%-16s %-10s %10.1f GB/s  (%llu MiB, GPU 1 -> GPU 0, median of 5)\n", "peer_copy", "reference", median,
 	       (unsigned long long)(bytes >> 20));
 	record("peer_copy").add("bytes", (double)bytes).add("gbps", median).emit();
