@@ -30,6 +30,23 @@ void check(bool ok, const char *what)
 }
 
 /*
+ * Bytes of @out (device memory: @blocks x @generations batches of @batch, block-major) that differ
+ * from @pattern(b, g, i), the byte i of batch (b, g) that was sent.
+ */
+template <typename Pattern>
+size_t wrong_bytes(const uint8_t *out, uint32_t blocks, uint32_t generations, size_t batch, Pattern pattern)
+{
+	std::vector<uint8_t> got((size_t)blocks * generations * batch);
+	CHECK(cudaMemcpy(got.data(), out, got.size(), cudaMemcpyDeviceToHost));
+	size_t wrong = 0;
+	for (uint32_t b = 0; b < blocks; b++)
+		for (uint32_t g = 0; g < generations; g++)
+			for (size_t i = 0; i < batch; i++)
+				wrong += got[((size_t)b * generations + g) * batch + i] != pattern(b, g, i);
+	return wrong;
+}
+
+/*
  * Each warp copies its message of every generation to out[(b * G + g) * warps + w]; the block
  * then reports the generation consumed.
  */
@@ -148,14 +165,8 @@ void gpu_producer(wic::transport kind, int consumer, int producer)
 	for (int side = 0; side < 2; side++)
 		CHECK(cudaStreamSynchronize(stream[side]));
 	CHECK(cudaSetDevice(consumer));
-	std::vector<uint8_t> got(bytes);
-	CHECK(cudaMemcpy(got.data(), out, bytes, cudaMemcpyDeviceToHost));
 	CHECK(cudaMemcpy(&rc, status, sizeof(int), cudaMemcpyDeviceToHost));
-	size_t wrong = 0;
-	for (uint32_t b = 0; b < blocks; b++)
-		for (uint32_t g = 0; g < generations; g++)
-			for (uint32_t i = 0; i < batch; i++)
-				wrong += got[((size_t)b * generations + g) * batch + i] != peer_pattern(b, g, i);
+	const size_t wrong = wrong_bytes(out, blocks, generations, batch, peer_pattern);
 	char what[160];
 	snprintf(what, sizeof(what),
 		 "peer %s: a kernel on GPU %d delivers %u x %u batches to GPU %d byte for byte, slots reused after "
@@ -194,15 +205,9 @@ void delivery(app::mode mode)
 		copy_out<<<blocks, warps * 32, 0, s>>>(ch, place, out, status);
 	};
 	app::run(mode, blocks, generations, message_bytes, warps, fill, launch);
-	std::vector<uint8_t> got(bytes);
 	int rc;
-	CHECK(cudaMemcpy(got.data(), out, bytes, cudaMemcpyDeviceToHost));
 	CHECK(cudaMemcpy(&rc, status, sizeof(int), cudaMemcpyDeviceToHost));
-	size_t wrong = 0;
-	for (uint32_t b = 0; b < blocks; b++)
-		for (uint32_t g = 0; g < generations; g++)
-			for (uint32_t i = 0; i < warps * message_bytes; i++)
-				wrong += got[((size_t)b * generations + g) * warps * message_bytes + i] != pattern(b, g, i);
+	const size_t wrong = wrong_bytes(out, blocks, generations, (size_t)warps * message_bytes, pattern);
 	char what[96];
 	snprintf(what, sizeof(what), "%s: %u x %u batches byte for byte (%zu wrong, status %d)", app::mode_name(mode),
 		 blocks, generations, wrong, rc);
@@ -279,13 +284,8 @@ void block_delivery(wic::transport kind, bool many)
 		CHECK(cudaStreamSynchronize(stream));
 	size_t wrong = 0;
 	if (!stuck) {
-		std::vector<uint8_t> got(bytes);
-		CHECK(cudaMemcpy(got.data(), out, bytes, cudaMemcpyDeviceToHost));
 		CHECK(cudaMemcpy(&rc, status, sizeof(int), cudaMemcpyDeviceToHost));
-		for (uint32_t b = 0; b < blocks; b++)
-			for (uint32_t g = 0; g < generations; g++)
-				for (uint32_t i = 0; i < batch; i++)
-					wrong += got[((size_t)b * generations + g) * batch + i] != pattern(b, g, i);
+		wrong = wrong_bytes(out, blocks, generations, batch, pattern);
 	}
 	char what[192];
 	snprintf(what, sizeof(what),
