@@ -39,7 +39,7 @@
  * ended is measured (the search and the reads of the messages, without any waiting or link
  * traffic). The result is checked as in the other modes.
  *
- * Usage: g_bfs MODE [REPS] [VERTICES] [DEGREE] [ENTRIES]   (MODE: push, poll, alg1, nowait; VERTICES
+ * Usage: g_bfs MODE [REPS] [VERTICES] [DEGREE] [ENTRIES]   (MODE: push, poll, alg1, tagged, nowait; VERTICES
  * defaults to 4194304, DEGREE to 8, ENTRIES to 1021 (messages of 4 KiB), REPS to 7; one block
  * of 1024 threads per SM on each GPU, half of them with one warp waiting, so poll spins with one
  * warp per two SMs)
@@ -205,7 +205,7 @@ __device__ void send_level(const wire &ln, uint32_t s, const uint32_t *outbox, u
 			to[header_words + e] = outbox[first + e];
 		if (threadIdx.x == 0)
 			*reinterpret_cast<header *>(to) = header{n, m + ln.streams >= messages, frontier};
-		app::block_publish(ln.out.ch, slot, gen);
+		wic::publish_block(ln.out.ch, slot, gen);
 	}
 }
 
@@ -365,7 +365,7 @@ std::vector<uint32_t> reference(const std::vector<uint32_t> &offsets, const std:
 int main(int argc, char **argv)
 {
 	app::command_line cli;
-	if (!app::parse_command_line(argc, argv, "[VERTICES] [DEGREE] [ENTRIES]", &cli))
+	if (!app::parse_command_line(argc, argv, "[VERTICES] [DEGREE] [ENTRIES]", &cli, true))
 		return 2;
 	const int reps = cli.reps;
 	const app::mode mode = cli.m;

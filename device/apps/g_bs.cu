@@ -42,7 +42,7 @@
  * reads of the messages, without any waiting or link traffic). The result is checked as in the
  * other modes.
  *
- * Usage: g_bs MODE [REPS] [KEYS] [CHUNKS] [MESSAGE]   (MODE: push, poll, alg1, nowait; KEYS defaults
+ * Usage: g_bs MODE [REPS] [KEYS] [CHUNKS] [MESSAGE]   (MODE: push, poll, alg1, tagged, nowait; KEYS defaults
  * to 16777216, CHUNKS to 16 (so 4 global merge steps), MESSAGE to 4096 keys, REPS to 7; powers
  * of two with KEYS / CHUNKS at least 8192; one block of 1024 threads per SM on each GPU, each
  * with one warp waiting at a time, so poll spins with one warp per SM)
@@ -191,7 +191,7 @@ __device__ void merge_across(const layout &h, uint32_t *x, const links &ln, uint
 			uint32_t *to = reinterpret_cast<uint32_t *>(app::block_claim(ln.gather_out.ch, slot, gen, wd));
 			for (uint32_t e = threadIdx.x; e < m; e += blockDim.x)
 				to[e] = from[e];
-			app::block_publish(ln.gather_out.ch, slot, gen);
+			wic::publish_block(ln.gather_out.ch, slot, gen);
 		}
 
 	/* This GPU's messages: compare and swap, keep this side, scatter the other side back. */
@@ -217,7 +217,7 @@ __device__ void merge_across(const layout &h, uint32_t *x, const links &ln, uint
 				record[e] = other;
 		}
 		if (back) /* first: the other GPU waits for it */
-			app::block_publish(ln.scatter_out.ch, back_slot, back_gen);
+			wic::publish_block(ln.scatter_out.ch, back_slot, back_gen);
 		app::block_consumed(ln.gather_in.ch, slot, gen);
 	}
 
@@ -304,7 +304,7 @@ bool power_of_two(uint32_t v)
 int main(int argc, char **argv)
 {
 	app::command_line cli;
-	if (!app::parse_command_line(argc, argv, "[KEYS] [CHUNKS] [MESSAGE]", &cli))
+	if (!app::parse_command_line(argc, argv, "[KEYS] [CHUNKS] [MESSAGE]", &cli, true))
 		return 2;
 	const int reps = cli.reps;
 	const app::mode mode = cli.m;

@@ -47,7 +47,7 @@
  * into each GPU's memory before the kernels start, the kernels send nothing, and the time from
  * the first launch until both ended is measured. The result is checked as in the other modes.
  *
- * Usage: g_c2d MODE [REPS] [N] [ITERATIONS]   (MODE: push, poll, alg1, nowait; N (even, 8 to 16384)
+ * Usage: g_c2d MODE [REPS] [N] [ITERATIONS]   (MODE: push, poll, alg1, tagged, nowait; N (even, 8 to 16384)
  * defaults to 4096, ITERATIONS (1 to 64) to 64, REPS to 7; one block of 256 threads per SM on
  * each GPU; only block 0 waits, with one warp, so poll spins with one warp per GPU)
  * Prints the two GPUs, then the median wall time of REPS runs and whether every result
@@ -126,7 +126,7 @@ __device__ inline void send_row(const app::endpoint &out, uint32_t g, const floa
 
 	for (uint32_t x = threadIdx.x; x < n; x += blockDim.x)
 		to[x] = row[x];
-	app::block_publish(out.ch, slot, gen);
+	wic::publish_block(out.ch, slot, gen);
 }
 
 /*
@@ -224,7 +224,7 @@ void poison(int d, const wic::channel &ch)
 int main(int argc, char **argv)
 {
 	app::command_line cli;
-	if (!app::parse_command_line(argc, argv, "[N] [ITERATIONS]", &cli))
+	if (!app::parse_command_line(argc, argv, "[N] [ITERATIONS]", &cli, true))
 		return 2;
 	const int reps = cli.reps;
 	const app::mode mode = cli.m;

@@ -36,7 +36,7 @@
  * nowait: GPU 1's kernel runs to its end first, each message in a slot of its own; then GPU 0's
  * kernel starts and is timed alone (the consumer with every message already there).
  *
- * Usage: g_gem MODE [REPS] [N] [ITERATIONS]   (MODE: push, poll, alg1, nowait; N (a multiple of 64,
+ * Usage: g_gem MODE [REPS] [N] [ITERATIONS]   (MODE: push, poll, alg1, tagged, nowait; N (a multiple of 64,
  * 64 to 8192) defaults to 2048, ITERATIONS (1 to 64) to 8, REPS to 7; one block of 256 threads
  * per SM on each GPU, one warp of each of GPU 0's blocks waiting, so poll spins with one warp
  * per SM)
@@ -130,7 +130,7 @@ __global__ void produce(app::endpoint out, const float *a, const float *b, uint3
 			for (uint32_t r = 0; r < 4; r++)
 				for (uint32_t c = 0; c < 4; c++)
 					to[in_tile(r, c)] = acc[r][c];
-			app::block_publish(out.ch, slot, gen);
+			wic::publish_block(out.ch, slot, gen);
 		}
 }
 
@@ -220,7 +220,7 @@ void random_matrix(uint64_t seed, std::vector<float> &m)
 int main(int argc, char **argv)
 {
 	app::command_line cli;
-	if (!app::parse_command_line(argc, argv, "[N] [ITERATIONS]", &cli))
+	if (!app::parse_command_line(argc, argv, "[N] [ITERATIONS]", &cli, true))
 		return 2;
 	const int reps = cli.reps;
 	const app::mode mode = cli.m;

@@ -30,7 +30,7 @@
  * nowait: GPU 1's kernel runs to its end first, each message in a slot of its own; then GPU 0's
  * kernel starts and is timed alone (the consumer with every message already there).
  *
- * Usage: g_kmn MODE [REPS] [POINTS] [ROUNDS] [BATCH]   (MODE: push, poll, alg1, nowait; POINTS
+ * Usage: g_kmn MODE [REPS] [POINTS] [ROUNDS] [BATCH]   (MODE: push, poll, alg1, tagged, nowait; POINTS
  * defaults to 1048576, ROUNDS to 16, BATCH to 512 (32 to 1024), REPS to 7; one block of 512
  * threads per SM on each GPU, one warp of each of GPU 0's blocks waiting, so poll spins with one
  * warp per SM)
@@ -170,7 +170,7 @@ __global__ void produce(app::endpoint out, const float *points, uint32_t count, 
 			const uint32_t *from = reinterpret_cast<const uint32_t *>(&part);
 			for (uint32_t w = threadIdx.x; w < message_bytes / sizeof(uint32_t); w += blockDim.x)
 				to[w] = from[w];
-			app::block_publish(out.ch, slot, gen);
+			wic::publish_block(out.ch, slot, gen);
 		}
 	}
 }
@@ -372,7 +372,7 @@ void make_input(std::mt19937_64 &rng, uint32_t points, uint32_t rounds, std::vec
 int main(int argc, char **argv)
 {
 	app::command_line cli;
-	if (!app::parse_command_line(argc, argv, "[POINTS] [ROUNDS] [BATCH]", &cli))
+	if (!app::parse_command_line(argc, argv, "[POINTS] [ROUNDS] [BATCH]", &cli, true))
 		return 2;
 	const int reps = cli.reps;
 	const app::mode mode = cli.m;

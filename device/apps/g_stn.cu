@@ -29,7 +29,7 @@
  * first launch until both ended is measured (the sweeps and the reads of the halos, without
  * any waiting or link traffic). The result is checked as in the other modes.
  *
- * Usage: g_stn MODE [REPS] [N] [ITERATIONS] [TILES]   (MODE: push, poll, alg1, nowait; N (even)
+ * Usage: g_stn MODE [REPS] [N] [ITERATIONS] [TILES]   (MODE: push, poll, alg1, tagged, nowait; N (even)
  * defaults to 1024, ITERATIONS to 500, TILES to 8, REPS to 7; one block of 256 threads per SM
  * on each GPU; only the TILES blocks of the edge row wait, with one warp each, so poll spins
  * with TILES warps per GPU)
@@ -101,7 +101,7 @@ __device__ inline void send_band(const app::endpoint &out, uint32_t j, uint32_t 
 
 	for (uint32_t x = x0 + threadIdx.x; x < x1; x += blockDim.x)
 		to[x - x0] = row[x];
-	app::block_publish(out.ch, slot, gen);
+	wic::publish_block(out.ch, slot, gen);
 }
 
 /*
@@ -183,7 +183,7 @@ std::vector<T> whole_grid(const std::vector<float> &u0, uint32_t n, uint32_t ite
 int main(int argc, char **argv)
 {
 	app::command_line cli;
-	if (!app::parse_command_line(argc, argv, "[N] [ITERATIONS] [TILES]", &cli))
+	if (!app::parse_command_line(argc, argv, "[N] [ITERATIONS] [TILES]", &cli, true))
 		return 2;
 	const int reps = cli.reps;
 	const app::mode mode = cli.m;

@@ -2,7 +2,7 @@
 /*
  * peer.cuh - what the inter-GPU applications share: the two GPUs (peer access, or exit 77);
  * where item g of stream b lives in a channel a kernel produces (ring); the block-level steps
- * of a GPU producer (claim a slot, publish it) and of a consumer (receive, report consumed);
+ * of a GPU producer (claim a slot; wic::publish_block() publishes it) and of a consumer (receive, report consumed);
  * the watchdog that ends both kernels when a wait times out instead of leaving them waiting
  * for each other; cooperative launches on a given GPU; the recorded messages a no-wait run
  * publishes; a parallel loop for CPU references.
@@ -224,19 +224,6 @@ __device__ inline uint8_t *block_claim(const wic::channel &ch, uint32_t slot, ui
 		wd.raise();
 	__syncthreads();
 	return wic::slot_buffer(ch, slot);
-}
-
-/*
- * block_publish() - every thread calls it after its writes to the claimed buffer: each makes
- * them visible system-wide (they crossed the link), the barrier gathers the block, and thread 0
- * publishes the generation (wic::publish()).
- */
-__device__ inline void block_publish(const wic::channel &ch, uint32_t slot, uint32_t generation)
-{
-	__threadfence_system();
-	__syncthreads();
-	if (threadIdx.x == 0)
-		wic::publish(ch, slot, generation);
 }
 
 /*

@@ -32,15 +32,25 @@ namespace app {
 
 /*
  * How a run gets its data: through a channel of that transport (push, poll, alg1: the WIC
- * paper's Algorithm 1 made correct on this hardware), or (nowait) all of it in device memory
- * before the kernel starts, the lower bound on the consumer's time.
+ * paper's Algorithm 1 made correct on this hardware; tagged, where the producer is a kernel on
+ * another GPU), or (nowait) all of it in device memory before the kernel starts, the lower
+ * bound on the consumer's time.
  */
-enum class mode { push, poll, alg1, nowait };
+enum class mode { push, poll, alg1, tagged, nowait };
 
 /* The transport of a run's channels; nowait runs publish through push channels before the launch. */
 inline wic::transport transport_of(mode m)
 {
-	return m == mode::poll ? wic::transport::poll : m == mode::alg1 ? wic::transport::alg1 : wic::transport::push;
+	switch (m) {
+	case mode::poll:
+		return wic::transport::poll;
+	case mode::alg1:
+		return wic::transport::alg1;
+	case mode::tagged:
+		return wic::transport::tagged;
+	default:
+		return wic::transport::push;
+	}
 }
 
 inline const char *mode_name(mode m)
@@ -48,10 +58,11 @@ inline const char *mode_name(mode m)
 	return m == mode::nowait ? "nowait" : wic::transport_name(transport_of(m));
 }
 
-inline bool parse_mode(const char *text, mode *out)
+/* @text as a mode; tagged only for an application whose producer is a GPU (@gpu_producer). */
+inline bool parse_mode(const char *text, bool gpu_producer, mode *out)
 {
-	for (mode m : {mode::push, mode::poll, mode::alg1, mode::nowait})
-		if (!strcmp(text, mode_name(m))) {
+	for (mode m : {mode::push, mode::poll, mode::alg1, mode::tagged, mode::nowait})
+		if (!strcmp(text, mode_name(m)) && (m != mode::tagged || gpu_producer)) {
 			*out = m;
 			return true;
 		}
@@ -75,11 +86,15 @@ struct command_line {
 	}
 };
 
-/* Parses MODE and REPS; prints the usage, naming @sizes, and returns false on a bad MODE. */
-inline bool parse_command_line(int argc, char **argv, const char *sizes, command_line *out)
+/*
+ * Parses MODE and REPS; prints the usage, naming @sizes, and returns false on a bad MODE.
+ * @gpu_producer: the application's producers are kernels on another GPU, which tagged needs.
+ */
+inline bool parse_command_line(int argc, char **argv, const char *sizes, command_line *out, bool gpu_producer = false)
 {
-	if (argc < 2 || !parse_mode(argv[1], &out->m)) {
-		fprintf(stderr, "usage: %s push|poll|alg1|nowait [REPS] %s\n", argv[0], sizes);
+	if (argc < 2 || !parse_mode(argv[1], gpu_producer, &out->m)) {
+		fprintf(stderr, "usage: %s push|poll|alg1|%snowait [REPS] %s\n", argv[0], gpu_producer ? "tagged|" : "",
+			sizes);
 		return false;
 	}
 	out->reps = argc > 2 ? atoi(argv[2]) : 7;

@@ -24,10 +24,14 @@
  *                    warp waiting for itself ("warp") or thread 0 for its block ("block", as the
  *                    paper's Algorithm 1; alg1 always waits so). For push also against the
  *                    longest sleep of its backoff (channel::backoff_ns).
+ *   peer_fence       (two GPUs) what __threadfence_system() costs a thread on GPU 1 after
+ *                    its stores of BYTES into GPU 0's memory: the wait for them to be
+ *                    performed, which push, poll and alg1 publishing pays before its flag.
  *   peer_latency     (two GPUs) a producer kernel on GPU 1 writes a message of BYTES into a
- *                    peer_channel to GPU 0 and publishes it; the consumer block receives it,
- *                    checks the stamp and stores an acknowledgement into GPU 1's memory on
- *                    which the producer spins; one_way = round trip - peer_one_way.
+ *                    peer_channel to GPU 0 and publishes it (publish_block()); the consumer
+ *                    block receives it, checks the stamp and reports it consumed into GPU 1's
+ *                    memory, which the producer waits for before the next message; one_way =
+ *                    round trip - peer_one_way (the report's own trip).
  *   streaming        one host thread streams TOTAL bytes (poll and alg1: TOTAL / 8; at least
  *                    two generations of every block, so more with large batches) as batches
  *                    of BYTES to one consumer block per SM (two slots per block, thread 0
@@ -284,10 +288,11 @@ __global__ void latency_consumer(wic::channel ch, bool block, unsigned int *ack,
 
 /*
  * GPU producer: writes message i (@bytes, stamped i + 1) with the whole block, publishes it,
- * and waits for the consumer's acknowledgement in *@ack (this GPU's memory);
- * rt_ns[i] = first write to acknowledgement (left 0 once a wait gave up).
+ * and waits until the consumer reported it consumed (a word in this GPU's memory), as every
+ * producer must before it writes the slot again; rt_ns[i] = first write to that report (left
+ * 0 once a wait gave up).
  */
-__global__ void peer_producer(wic::channel ch, uint32_t iterations, const unsigned int *ack, uint64_t *rt_ns)
+__global__ void peer_producer(wic::channel ch, uint32_t iterations, uint64_t *rt_ns)
 {
 	__shared__ int gave_up;
 	uint8_t *buf = wic::slot_buffer(ch, 0);
@@ -297,11 +302,9 @@ __global__ void peer_producer(wic::channel ch, uint32_t iterations, const unsign
 		const uint64_t t0 = wic::detail::globaltimer();
 		for (uint64_t k = threadIdx.x; k < words; k += blockDim.x)
 			reinterpret_cast<uint64_t *>(buf)[k] = i + 1;
-		__threadfence_system();
-		__syncthreads();
+		wic::publish_block(ch, 0, i);
 		if (threadIdx.x == 0) {
-			wic::publish(ch, 0, i);
-			gave_up = wic::detail::wait_past(ack, i, 0, timeout_ns) != WIC_OK;
+			gave_up = wic::wait_consumed(ch, 0, i, timeout_ns) != WIC_OK;
 			if (!gave_up)
 				rt_ns[i] = wic::detail::globaltimer() - t0;
 		}
@@ -311,11 +314,8 @@ __global__ void peer_producer(wic::channel ch, uint32_t iterations, const unsign
 	}
 }
 
-/*
- * GPU 0's side of peer_producer: receive, read and check, acknowledge into *@ack (GPU 1),
- * report consumed.
- */
-__global__ void peer_consumer(wic::channel ch, uint32_t iterations, unsigned int *ack, uint4 *sink)
+/* GPU 0's side of peer_producer: receive, read and check, report consumed. */
+__global__ void peer_consumer(wic::channel ch, uint32_t iterations, uint4 *sink)
 {
 	uint4 acc = make_uint4(0, 0, 0, 0);
 
@@ -324,12 +324,26 @@ __global__ void peer_consumer(wic::channel ch, uint32_t iterations, unsigned int
 		const int rc = wic::recv_block(ch, 0, i, &m, timeout_ns);
 		if (__syncthreads_or(rc != WIC_OK || read_stamped(m, ch.message_bytes, i + 1, &acc)))
 			return;
-		if (threadIdx.x == 0) {
+		if (threadIdx.x == 0)
 			wic::consumed(ch, 0, i);
-			wic::detail::store_release(ack, i + 1);
-		}
 	}
 	sink[threadIdx.x] = acc;
+}
+
+/*
+ * What a producer's fence costs once its stores crossed the link: thread 0 stores @bytes into
+ * @there (the other GPU's memory), then times __threadfence_system(), which returns once the
+ * stores are performed system-wide; ns[i] for round i.
+ */
+__global__ void fence_after_stores(uint64_t *there, uint32_t bytes, uint32_t rounds, uint64_t *ns)
+{
+	for (uint32_t i = 0; i < rounds; i++) {
+		for (uint32_t k = 0; k < bytes / 8; k++)
+			there[k] = i;
+		const uint64_t t0 = wic::detail::globaltimer();
+		__threadfence_system();
+		ns[i] = wic::detail::globaltimer() - t0;
+	}
 }
 
 /*
@@ -473,10 +487,7 @@ __global__ void peer_stream_producer(wic::channel ch, uint32_t generations)
 		const uint4 stamp = make_uint4(g + 1, b, g + 1, b);
 		for (uint64_t k = threadIdx.x; k < ch.batch_bytes / 16; k += blockDim.x)
 			buf[k] = stamp;
-		__threadfence_system();
-		__syncthreads();
-		if (threadIdx.x == 0)
-			wic::publish(ch, slot, g / 2);
+		wic::publish_block(ch, slot, g / 2);
 	}
 }
 
@@ -734,18 +745,44 @@ void latency(wic::transport kind, uint32_t bytes, uint32_t blocks, uint32_t warp
 		.emit();
 }
 
+/* peer_fence() - the median time of a fence after @bytes of stores across the link, GPU 1 -> GPU 0. */
+void peer_fence(uint32_t bytes)
+{
+	const uint32_t rounds = cfg.quick ? 200 : 2000;
+	uint64_t *there = app::alloc_on<uint64_t>(0, bytes / 8);
+	uint64_t *ns = app::alloc_on<uint64_t>(1, rounds);
+	std::vector<uint64_t> got(rounds);
+	{
+		app::on_gpu g(1);
+		fence_after_stores<<<1, 1>>>(there, bytes, rounds, ns);
+		CHECK(cudaGetLastError());
+		CHECK(cudaMemcpy(got.data(), ns, rounds * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+	}
+	app::free_on(0, there);
+	app::free_on(1, ns);
+	std::vector<double> us;
+	for (uint32_t i = rounds / 10; i < rounds; i++)
+		us.push_back(got[i] / 1000.0);
+	printf("%-16s %-10s %8u B %8.2f us  (p10 %.2f p90 %.2f)\n", "peer_fence", "reference", bytes, quantile(us, 0.5),
+	       quantile(us, 0.1), quantile(us, 0.9));
+	record("peer_fence")
+		.add("bytes", (double)bytes)
+		.add("fence_p10_us", quantile(us, 0.1))
+		.add("fence_p50_us", quantile(us, 0.5))
+		.add("fence_p90_us", quantile(us, 0.9))
+		.emit();
+}
+
 /* peer_latency() - GPU 1 -> GPU 0 through a peer_channel of @kind, messages of @bytes. */
 void peer_latency(wic::transport kind, uint32_t bytes, double peer_one_way)
 {
 	const uint32_t iterations = cfg.quick ? 200 : 2000;
 	wic::peer_channel ch;
 	CHECK(ch.create(kind, 0, 1, 1, bytes, 1));
-	unsigned int *ack = app::alloc_on<unsigned int>(1, 1);
 	uint64_t *rt_ns = app::alloc_on<uint64_t>(1, iterations);
 	uint4 *sink = app::alloc_on<uint4>(0, 256);
 	{
 		app::on_gpu g(1);
-		CHECK(cudaMemset(ack, 0, sizeof(unsigned int)));
 		CHECK(cudaMemset(rt_ns, 0, iterations * sizeof(uint64_t)));
 		app::load(peer_producer);
 	}
@@ -754,12 +791,12 @@ void peer_latency(wic::transport kind, uint32_t bytes, double peer_one_way)
 	{
 		app::on_gpu g(0);
 		app::load(peer_consumer);
-		peer_consumer<<<1, 256, 0, streams[0]>>>(ch.device(), iterations, ack, sink);
+		peer_consumer<<<1, 256, 0, streams[0]>>>(ch.device(), iterations, sink);
 		CHECK(cudaGetLastError());
 	}
 	{
 		app::on_gpu g(1);
-		peer_producer<<<1, 256, 0, streams[1]>>>(ch.device(), iterations, ack, rt_ns);
+		peer_producer<<<1, 256, 0, streams[1]>>>(ch.device(), iterations, rt_ns);
 		CHECK(cudaGetLastError());
 	}
 	char what[64];
@@ -768,7 +805,6 @@ void peer_latency(wic::transport kind, uint32_t bytes, double peer_one_way)
 		finish(streams[d], what);
 	std::vector<uint64_t> ns(iterations);
 	CHECK(cudaMemcpy(ns.data(), rt_ns, iterations * sizeof(uint64_t), cudaMemcpyDeviceToHost));
-	app::free_on(1, ack);
 	app::free_on(1, rt_ns);
 	app::free_on(0, sink);
 	if (!ns.back())
@@ -1142,12 +1178,16 @@ int main(int argc, char **argv)
 	const cudaError_t peer = gpus >= 2 ? wic::enable_peer_access(0, 1) : cudaErrorInvalidDevice;
 	if (peer == cudaSuccess) {
 		const double peer_ref = peer_one_way_us();
-		for (wic::transport kind : {wic::transport::push, wic::transport::poll, wic::transport::alg1})
+		for (uint32_t bytes : {64u, 4096u})
+			peer_fence(bytes);
+		for (wic::transport kind :
+		     {wic::transport::push, wic::transport::tagged, wic::transport::poll, wic::transport::alg1})
 			for (uint32_t bytes = 64; bytes <= (1u << 20); bytes *= 16)
 				peer_latency(kind, bytes, peer_ref);
 		const double peer_copy = peer_copy_gbps(cfg.stream_total);
-		for (uint32_t bytes : {65536u, 1u << 20}) {
+		for (uint32_t bytes : {4096u, 65536u, 1u << 20}) {
 			peer_streaming(wic::transport::push, bytes, cfg.stream_total, peer_copy);
+			peer_streaming(wic::transport::tagged, bytes, cfg.stream_total, peer_copy);
 			peer_streaming(wic::transport::poll, bytes, cfg.stream_total, peer_copy);
 			peer_streaming(wic::transport::alg1, bytes, cfg.stream_total / 8, peer_copy);
 		}

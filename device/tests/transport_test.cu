@@ -8,8 +8,9 @@
  * count; results posted with post_result() reach the host; the fault transport addresses
  * each warp's message in the run of its generation and turns each error marker into its code
  * (its pages are ordinary device memory here, so nothing stalls); a producer kernel delivers
- * through push, poll and alg1 peer channels, reusing each slot only after its consumers
- * reported it consumed: on one GPU (producer and consumer kernels side by side), and from GPU 1
+ * through push, poll, alg1 and tagged peer channels (publish_block(); recv() and recv_block()),
+ * reusing each slot only after its consumers reported it consumed, and a wait for a generation
+ * never published times out: on one GPU (producer and consumer kernels side by side), and from GPU 1
  * to GPU 0 where there are two with peer access.
  * Exits 0 when every check passed; prints one line per check.
  */
@@ -74,6 +75,19 @@ __global__ void wait_once(wic::channel ch, uint64_t timeout_ns, int *status)
 		*status = rc;
 }
 
+/*
+ * Block 0 waits for generation @generation of slot 0 in recv(), block 1 in recv_block(); the
+ * codes they return are added up in *@sum.
+ */
+__global__ void wait_next(wic::channel ch, uint32_t generation, uint64_t timeout_ns, int *sum)
+{
+	const uint8_t *message;
+	const int rc = blockIdx.x ? wic::recv_block(ch, 0, generation, &message, timeout_ns)
+				  : wic::recv(ch, 0, generation, threadIdx.x / 32, &message, timeout_ns);
+	if (threadIdx.x == 0)
+		atomicAdd(sum, rc);
+}
+
 /* Warp w of generation g reports its message's first byte, or the error code. */
 __global__ void fault_probe(wic::channel ch, uint32_t generation, int *out)
 {
@@ -106,22 +120,28 @@ __global__ void peer_produce(wic::channel ch, uint32_t generations, uint64_t tim
 		uint8_t *batch = wic::slot_buffer(ch, b);
 		for (uint32_t i = threadIdx.x; i < ch.batch_bytes; i += blockDim.x)
 			batch[i] = peer_pattern(b, g, i);
-		__threadfence_system();
-		__syncthreads();
-		if (threadIdx.x == 0)
-			wic::publish(ch, b, g);
+		wic::publish_block(ch, b, g);
 	}
 }
 
-/* The consumers: warp w of block b copies its message of every generation of slot b to out. */
+/*
+ * The consumers: warp w of block b copies its message of every generation of slot b to out.
+ * Even blocks' warps each wait in recv(), odd blocks wait together in recv_block().
+ */
 __global__ void peer_consume(wic::channel ch, uint32_t generations, uint64_t timeout_ns, uint8_t *out, int *status)
 {
 	const uint32_t b = blockIdx.x, w = threadIdx.x / 32, lane = threadIdx.x % 32;
 
 	for (uint32_t g = 0; g < generations; g++) {
 		const uint8_t *message;
-		const int gave_up = __shfl_sync(0xffffffff, lane == 0 && *(volatile int *)status, 0);
-		const int rc = wic::recv(ch, b, g, w, &message, gave_up ? 1 : timeout_ns);
+		const bool gave_up = *(volatile int *)status != 0;
+		int rc;
+		if (b % 2) {
+			rc = wic::recv_block(ch, b, g, &message, gave_up ? 1 : timeout_ns);
+			message += w * ch.message_bytes;
+		} else {
+			rc = wic::recv(ch, b, g, w, &message, gave_up ? 1 : timeout_ns);
+		}
 		if (rc != WIC_OK && lane == 0 && !gave_up)
 			*(volatile int *)status = rc;
 		uint8_t *dst = out + (((size_t)b * generations + g) * ch.warps_per_batch + w) * ch.message_bytes;
@@ -173,6 +193,15 @@ void gpu_producer(wic::transport kind, int consumer, int producer)
 		 "consumed() (%zu wrong, status %d)",
 		 wic::transport_name(kind), producer, blocks, generations, consumer, wrong, rc);
 	check(wrong == 0 && rc == WIC_OK, what);
+	/* Nothing more is published: the next generation's wait ends at its timeout. */
+	CHECK(cudaMemsetAsync(status, 0, sizeof(int), stream[0]));
+	wait_next<<<2, peer_warps * 32, 0, stream[0]>>>(ch.device(), generations, 1000000, status);
+	CHECK(cudaGetLastError());
+	CHECK(cudaStreamSynchronize(stream[0]));
+	CHECK(cudaMemcpy(&rc, status, sizeof(int), cudaMemcpyDeviceToHost));
+	snprintf(what, sizeof(what), "peer %s: recv() and recv_block() of an unpublished generation time out after 1 ms",
+		 wic::transport_name(kind));
+	check(rc == 2 * WIC_ETIMED_OUT, what);
 	for (int side = 0; side < 2; side++) {
 		CHECK(cudaSetDevice(side ? producer : consumer));
 		CHECK(cudaStreamDestroy(stream[side]));
@@ -340,15 +369,21 @@ void results()
 	check(wrong == 0 && edges, what);
 }
 
-/* What create() refuses: a fault channel, a transport out of range, empty sizes; mapped for a GPU producer. */
+/*
+ * What create() refuses: a fault channel, a transport out of range, empty sizes; tagged for a
+ * host producer, mapped for a GPU producer, tagged messages not made of 8-byte words.
+ */
 void refusals()
 {
 	wic::host_channel h;
 	wic::peer_channel p;
 	const bool refused = h.create(wic::transport::fault, 1, 64, 1) == cudaErrorInvalidValue &&
-			     h.create((wic::transport)5, 1, 64, 1) == cudaErrorInvalidValue &&
+			     h.create(wic::transport::tagged, 1, 64, 1) == cudaErrorInvalidValue &&
+			     h.create((wic::transport)6, 1, 64, 1) == cudaErrorInvalidValue &&
 			     h.create(wic::transport::push, 0, 64, 1) == cudaErrorInvalidValue &&
-			     p.create(wic::transport::mapped, 0, 0, 1, 64, 1) == cudaErrorInvalidValue;
+			     p.create(wic::transport::mapped, 0, 0, 1, 64, 1) == cudaErrorInvalidValue &&
+			     p.create(wic::transport::tagged, 0, 0, 1, 60, 1) == cudaErrorInvalidValue &&
+			     p.create((wic::transport)6, 0, 0, 1, 64, 1) == cudaErrorInvalidValue;
 	CHECK(h.create(wic::transport::push, 2, 64, 1));
 	cudaStream_t stream;
 	CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -460,6 +495,7 @@ int main()
 	gpu_producer(wic::transport::push, 0, 0);
 	gpu_producer(wic::transport::poll, 0, 0);
 	gpu_producer(wic::transport::alg1, 0, 0);
+	gpu_producer(wic::transport::tagged, 0, 0);
 	int gpus = 0;
 	CHECK(cudaGetDeviceCount(&gpus));
 	const cudaError_t peer = gpus >= 2 ? wic::enable_peer_access(0, 1) : cudaErrorInvalidDevice;
@@ -467,6 +503,7 @@ int main()
 		gpu_producer(wic::transport::push, 0, 1);
 		gpu_producer(wic::transport::poll, 0, 1);
 		gpu_producer(wic::transport::alg1, 0, 1);
+		gpu_producer(wic::transport::tagged, 0, 1);
 	} else {
 		printf("-- peer channels between two GPUs not checked: %d GPU(s)%s%s\n", gpus, gpus >= 2 ? ", " : "",
 		       gpus >= 2 ? cudaGetErrorString(peer) : "");

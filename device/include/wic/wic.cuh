@@ -6,7 +6,7 @@
  * message_bytes each; warp w of the batch reads bytes [w * message_bytes, (w + 1) *
  * message_bytes). Generation g of slot s is published once; its consumers call wic::recv().
  *
- * Five transports, chosen per channel:
+ * Six transports, chosen per channel:
  *  - fault: the batch's run is an unmapped managed page; reading it stalls the warp in hardware
  *    until wicd (shim backend, patched nvidia-uvm) writes the data, maps the run and replays.
  *    Needs the patched driver. The channel comes from libwic (wic_channel_create_at). A GPU
@@ -35,6 +35,13 @@
  *    pinned host memory mapped into the GPU. The host writes both with plain stores, no copy
  *    engine and no driver call; the waiter spins on the word across the link and the consumer
  *    then reads the message there, once per access.
+ *  - tagged: for small messages from a kernel on another GPU (peer_channel): no ready word;
+ *    every 4 bytes of data cross the link next to the generation's tag, in 16-byte lines of two
+ *    64-bit words (NCCL's LL protocol). A 64-bit store is single-copy atomic, so a consumer
+ *    that reads a word carrying the tag reads the data beside it, and the producer needs no
+ *    fence before a flag: push's __threadfence_system() waits for its data's stores to be
+ *    acknowledged across the link before the ready word may follow. The price: twice the
+ *    bytes on the link, and the consumers unpack the lines into the consumer GPU's memory.
  *
  * A producer learns that the consumers are done with a generation, so that it may write the
  * slot again, through a word per slot that one consumer thread sets (wic::consumed()): in the
@@ -60,7 +67,7 @@
 namespace wic {
 
 /* How a channel's consumers wait. */
-enum class transport : uint32_t { fault = 0, push = 1, poll = 2, alg1 = 3, mapped = 4 };
+enum class transport : uint32_t { fault = 0, push = 1, poll = 2, alg1 = 3, mapped = 4, tagged = 5 };
 
 /* The transport's name, as the benchmarks and applications print it. */
 inline const char *transport_name(transport kind)
@@ -76,6 +83,8 @@ inline const char *transport_name(transport kind)
 		return "alg1";
 	case transport::mapped:
 		return "mapped";
+	case transport::tagged:
+		return "tagged";
 	}
 	return "unknown";
 }
@@ -98,16 +107,20 @@ constexpr unsigned push_max_sleep_ns = 256;
  * @warps_per_batch: warps served by one generation of a slot
  * @batch_bytes: warps_per_batch * message_bytes
  * @runs: fault: device array of 2 * slots run addresses, runs[2 * s + g % 2]
- * @data: push, poll: the consumer GPU's memory; alg1: managed memory; mapped: pinned host
- *	memory; slot s at data + s * batch_bytes
+ * @data: push, poll, tagged: the consumer GPU's memory (tagged: where consumers unpack the
+ *	lines); alg1: managed memory; mapped: pinned host memory; slot s at data + s * batch_bytes
  * @ready: generations published per slot: push (the consumer GPU's memory), poll (pinned host
  *	memory for a host producer, the producer GPU's memory for a GPU producer), alg1 (managed
  *	memory), mapped (pinned host memory)
  * @consumed: per slot, generations its consumers are done with (wic::consumed()): in the
  *	producer GPU's memory (peer_channel) or pinned host memory (host_channel); null for fault
  *	channels
- * @backoff_ns: the longest __nanosleep between two looks at a ready word; 0 spins. push:
- *	push_max_sleep_ns as created; the others spin. A waiter that sleeps longer wakes up
+ * @lines: tagged: 2 * batch_bytes per slot in the consumer GPU's memory, 16-byte line i of
+ *	slot s (data bytes 8i to 8i + 7) at lines + 2 * (s * batch_bytes / 8 + i)
+ * @staging: tagged: batch_bytes per slot in the producer GPU's memory, where it writes a batch
+ *	(slot_buffer()) before publish_block() sends it as lines
+ * @backoff_ns: the longest __nanosleep between two looks at a ready word (tagged: a line); 0
+ *	spins. push, tagged: push_max_sleep_ns as created; the others spin. A waiter that sleeps longer wakes up
  *	later (about half the cap, on average) but takes fewer issue slots from the warps beside
  *	it; device/bench/transport.cu measures both.
  */
@@ -121,6 +134,8 @@ struct channel {
 	const uint8_t *data;
 	const unsigned int *ready;
 	unsigned int *consumed;
+	uint64_t *lines;
+	uint8_t *staging;
 	uint32_t backoff_ns;
 };
 
@@ -200,25 +215,117 @@ __device__ inline int marker_status(uint64_t word)
 }
 
 /*
- * Waits until @word, which counts generations, passed @generation, sleeping between looks from
- * 32 ns doubling up to @backoff_ns (0: spinning); WIC_ETIMED_OUT after @timeout_ns (0: never).
+ * backoff - the pauses of a waiter that looks at a word again and again: sleeps from 32 ns
+ * doubling up to @cap_ns (0: spinning), gives up once @timeout_ns (0: never) have passed.
  */
+class backoff {
+public:
+	__device__ backoff(uint32_t cap_ns, uint64_t timeout_ns)
+		: start_(timeout_ns ? globaltimer() : 0), timeout_ns_(timeout_ns), cap_ns_(cap_ns),
+		  sleep_ns_(cap_ns < 32 ? cap_ns : 32)
+	{
+	}
+
+	/* After a look that found nothing: false once the time is up, else true after a pause. */
+	__device__ bool pause()
+	{
+		if (timeout_ns_ && globaltimer() - start_ > timeout_ns_)
+			return false;
+		if (sleep_ns_) {
+			__nanosleep(sleep_ns_);
+			sleep_ns_ = 2 * sleep_ns_ < cap_ns_ ? 2 * sleep_ns_ : cap_ns_;
+		}
+		return true;
+	}
+
+private:
+	uint64_t start_;
+	uint64_t timeout_ns_;
+	uint32_t cap_ns_;
+	uint32_t sleep_ns_;
+};
+
+/* Waits until @word, which counts generations, passed @generation; WIC_ETIMED_OUT if not. */
 __device__ inline int wait_past(const unsigned int *word, uint32_t generation, uint32_t backoff_ns,
 				uint64_t timeout_ns)
 {
-	const uint64_t start = timeout_ns ? globaltimer() : 0;
-	unsigned sleep_ns = backoff_ns < 32 ? backoff_ns : 32;
+	backoff pause(backoff_ns, timeout_ns);
 
 	/* Wrapping difference: generations count modulo 2^32. */
-	while ((int)(load_acquire(word) - generation) <= 0) {
-		if (timeout_ns && globaltimer() - start > timeout_ns)
+	while ((int)(load_acquire(word) - generation) <= 0)
+		if (!pause.pause())
 			return WIC_ETIMED_OUT;
-		if (sleep_ns) {
-			__nanosleep(sleep_ns);
-			sleep_ns = 2 * sleep_ns < backoff_ns ? 2 * sleep_ns : backoff_ns;
-		}
-	}
 	return WIC_OK;
+}
+
+/*
+ * The tagged transport's lines. Generation g's tag is g + 1, so the zeroed lines of a new slot
+ * carry none; a slot's line holds the tag of its last generation until the next one's
+ * arrives, and the producer writes generation g + 1 only after generation g was consumed.
+ */
+__device__ inline uint64_t *line_at(const channel &ch, uint32_t slot, uint64_t line)
+{
+	return ch.lines + 2 * ((uint64_t)slot * (ch.batch_bytes / 8) + line);
+}
+
+/* Sends data bytes 8 * @line to 8 * @line + 7 of @slot's staged batch as generation @generation. */
+__device__ inline void send_line(const channel &ch, uint32_t slot, uint32_t generation, uint64_t line)
+{
+	const uint64_t data = *reinterpret_cast<const uint64_t *>(ch.staging + (uint64_t)slot * ch.batch_bytes + 8 * line);
+	const uint64_t tag = (uint64_t)(generation + 1) << 32;
+
+	asm volatile("st.relaxed.sys.global.v2.u64 [%0], {%1, %2};" ::"l"(line_at(ch, slot, line)),
+		     "l"(tag | (data & 0xffffffffULL)), "l"(tag | data >> 32)
+		     : "memory");
+}
+
+/*
+ * Waits until line @line of @slot carries generation @generation's tag, then unpacks its 8
+ * data bytes into the slot's place in ch.data; WIC_ETIMED_OUT if @pause's time was up first.
+ */
+__device__ inline int receive_line(const channel &ch, uint32_t slot, uint32_t generation, uint64_t line,
+				   backoff &pause)
+{
+	const uint64_t *at = line_at(ch, slot, line);
+	const uint32_t tag = generation + 1;
+	uint64_t lo, hi;
+
+	for (;;) {
+		asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];" : "=l"(lo), "=l"(hi) : "l"(at) : "memory");
+		if ((uint32_t)(lo >> 32) == tag && (uint32_t)(hi >> 32) == tag)
+			break;
+		if (!pause.pause())
+			return WIC_ETIMED_OUT;
+	}
+	uint8_t *to = const_cast<uint8_t *>(ch.data) + (uint64_t)slot * ch.batch_bytes + 8 * line;
+	*reinterpret_cast<uint64_t *>(to) = (lo & 0xffffffffULL) | hi << 32;
+	return WIC_OK;
+}
+
+/*
+ * Lines [@first, @end) of @slot, every @stride-th from @first: WIC_OK once all are unpacked,
+ * WIC_ETIMED_OUT once @timeout_ns (0: never) passed before.
+ */
+__device__ inline int receive_lines(const channel &ch, uint32_t slot, uint32_t generation, uint64_t first,
+				    uint64_t end, uint32_t stride, uint64_t timeout_ns)
+{
+	backoff pause(ch.backoff_ns, timeout_ns);
+
+	for (uint64_t line = first; line < end; line += stride)
+		if (receive_line(ch, slot, generation, line, pause) != WIC_OK)
+			return WIC_ETIMED_OUT;
+	return WIC_OK;
+}
+
+/* This thread's index in its block, and the block's threads. */
+__device__ inline uint32_t thread_in_block()
+{
+	return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+}
+
+__device__ inline uint32_t block_threads()
+{
+	return blockDim.x * blockDim.y * blockDim.z;
 }
 
 /* Lane 0 waits until @slot has published @generation; WIC_ETIMED_OUT after @timeout_ns. */
@@ -259,6 +366,12 @@ __device__ inline int recv(const channel &ch, uint32_t slot, uint32_t generation
 
 			status = detail::marker_status(detail::load_volatile(reinterpret_cast<const void *>(page)));
 		}
+	} else if (ch.kind == transport::tagged) {
+		/* Every lane unpacks every 32nd line of the message. */
+		at = ch.data + (uint64_t)slot * ch.batch_bytes + offset;
+		const int rc = detail::receive_lines(ch, slot, generation, offset / 8 + lane,
+						     (offset + ch.message_bytes) / 8, 32, timeout_ns);
+		status = __any_sync(0xffffffff, rc != WIC_OK) ? WIC_ETIMED_OUT : WIC_OK;
 	} else {
 		at = ch.data + (uint64_t)slot * ch.batch_bytes + offset;
 		if (lane == 0)
@@ -285,7 +398,8 @@ __device__ inline int recv(const channel &ch, uint32_t slot, uint32_t generation
  * at system scope, or for a fault channel stalls on the batch's first page; (8) the batch is
  * then read through the returned address; (10) __syncthreads(), after which every thread has
  * the status. A trailing barrier lets the next call's thread 0 overwrite the shared status
- * safely.
+ * safely. tagged has no word to wait on: every thread unpacks its share of the batch's lines,
+ * then the barrier.
  *
  * Return: as recv(), the same in every thread.
  */
@@ -300,6 +414,13 @@ __device__ inline int recv_block(const channel &ch, uint32_t slot, uint32_t gene
 	else
 		at = ch.data + (uint64_t)slot * ch.batch_bytes;
 	__syncthreads();
+	if (ch.kind == transport::tagged) {
+		/* No word to wait on: the block unpacks the batch's lines, each thread every n-th. */
+		const int rc = detail::receive_lines(ch, slot, generation, detail::thread_in_block(),
+						     ch.batch_bytes / 8, detail::block_threads(), timeout_ns);
+		*batch = at;
+		return __syncthreads_or(rc != WIC_OK) ? WIC_ETIMED_OUT : WIC_OK;
+	}
 	if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0)
 		status = ch.kind == transport::fault
 				 ? detail::marker_status(detail::load_volatile(at))
@@ -331,31 +452,37 @@ __device__ inline void post_result(const result_view &results, uint32_t g, uint3
 }
 
 /*
- * slot_buffer() - where a GPU producer writes the batch of @slot (push, poll and alg1 channels)
+ * slot_buffer() - where a GPU producer writes the batch of @slot (push, poll, alg1, tagged)
  * @ch: the channel
  * @slot: the slot
  *
- * The slot's batch_bytes in the consumer GPU's memory (alg1: managed memory); a producer on
- * another GPU reaches them over the peer link. Warp w's message is at offset w * message_bytes.
+ * The slot's batch_bytes in the consumer GPU's memory (alg1: managed memory), which a producer
+ * on another GPU reaches over the peer link; tagged: in the producer GPU's own memory, from
+ * where publish() or publish_block() sends the batch. Warp w's message is at offset
+ * w * message_bytes.
  */
 __device__ inline uint8_t *slot_buffer(const channel &ch, uint32_t slot)
 {
+	if (ch.kind == transport::tagged)
+		return ch.staging + (uint64_t)slot * ch.batch_bytes;
 	return const_cast<uint8_t *>(ch.data) + (uint64_t)slot * ch.batch_bytes;
 }
 
 /*
  * publish() - a GPU producer marks generation @generation of @slot ready
- * @ch: the channel (push, poll or alg1)
+ * @ch: the channel (push, poll, alg1 or tagged)
  * @slot: the slot
  * @generation: the generation, counted from 0 per slot; the one after the slot's last
  *
- * One thread calls it once the whole batch is written. Before it, every thread that wrote part
- * of the batch executes __threadfence_system(), so its stores across the link are performed
- * system-wide, and then meets the calling thread at a barrier (__syncthreads(), or
- * __syncwarp() when one warp wrote the batch). publish() fences again and stores
- * @generation + 1 to the slot's ready word with release semantics at system scope: a consumer
- * whose acquire load sees it reads the batch. Before writing generation g > 0 of a slot, the
- * producer waits for wait_consumed(ch, slot, g - 1).
+ * One thread calls it once the whole batch is written; publish_block() does the same with
+ * every thread of the block. Before it, every thread that wrote part of the batch executes
+ * __threadfence_system(), so its stores across the link are performed system-wide, and then
+ * meets the calling thread at a barrier (__syncthreads(), or __syncwarp() when one warp wrote
+ * the batch). publish() fences again and stores @generation + 1 to the slot's ready word with
+ * release semantics at system scope: a consumer whose acquire load sees it reads the batch.
+ * tagged needs no fence, only the barrier: the calling thread sends the whole batch as lines,
+ * which for more than a few lines publish_block() does faster. Before writing generation
+ * g > 0 of a slot, the producer waits for wait_consumed(ch, slot, g - 1).
  *
  * Return: WIC_OK; WIC_EUNSUPPORTED for a fault channel, whose GPU producer publishes by writing
  * the slot's PAT page (needs the patched driver).
@@ -364,8 +491,45 @@ __device__ inline int publish(const channel &ch, uint32_t slot, uint32_t generat
 {
 	if (ch.kind == transport::fault)
 		return WIC_EUNSUPPORTED;
+	if (ch.kind == transport::tagged) {
+		for (uint64_t line = 0; line < ch.batch_bytes / 8; line++)
+			detail::send_line(ch, slot, generation, line);
+		return WIC_OK;
+	}
 	__threadfence_system();
 	detail::store_release(const_cast<unsigned int *>(&ch.ready[slot]), generation + 1);
+	return WIC_OK;
+}
+
+/*
+ * publish_block() - the block that wrote generation @generation of @slot publishes it
+ * @ch: the channel (push, poll, alg1 or tagged)
+ * @slot: the slot
+ * @generation: as publish()
+ *
+ * Every thread of the block calls it after its own writes to slot_buffer(), none of them
+ * inside a divergent branch. push, poll, alg1: each thread makes its writes visible
+ * system-wide (they crossed the link), the barrier gathers the block, and thread 0
+ * publish()es. tagged: after the barrier, each thread sends every n-th line of the batch;
+ * no fence, so the block is on its way once its stores are issued.
+ *
+ * Return: as publish(), in every thread.
+ */
+__device__ inline int publish_block(const channel &ch, uint32_t slot, uint32_t generation)
+{
+	if (ch.kind == transport::fault)
+		return WIC_EUNSUPPORTED;
+	if (ch.kind == transport::tagged) {
+		__syncthreads();
+		for (uint64_t line = detail::thread_in_block(); line < ch.batch_bytes / 8;
+		     line += detail::block_threads())
+			detail::send_line(ch, slot, generation, line);
+		return WIC_OK;
+	}
+	__threadfence_system();
+	__syncthreads();
+	if (detail::thread_in_block() == 0)
+		publish(ch, slot, generation);
 	return WIC_OK;
 }
 
@@ -457,7 +621,8 @@ inline cudaError_t from_driver(CUresult res)
 inline channel empty_channel(transport kind, uint32_t slots, uint32_t message_bytes, uint32_t warps_per_batch)
 {
 	return channel{kind, slots, message_bytes, warps_per_batch, (uint64_t)warps_per_batch * message_bytes,
-		       nullptr, nullptr, nullptr, nullptr, kind == transport::push ? push_max_sleep_ns : 0};
+		       nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+		       kind == transport::push || kind == transport::tagged ? push_max_sleep_ns : 0};
 }
 
 /*
@@ -889,17 +1054,18 @@ inline cudaError_t enable_peer_access(int a, int b)
 }
 
 /*
- * peer_channel - a push, poll or alg1 channel whose producer is a kernel on GPU @producer and
- * whose consumers run on GPU @consumer (host code; the GPUs may be the same one).
+ * peer_channel - a push, poll, alg1 or tagged channel whose producer is a kernel on GPU
+ * @producer and whose consumers run on GPU @consumer (host code; the GPUs may be the same one).
  *
  * create() enables peer access both ways and allocates the slots' data and (push) the ready
  * words in the consumer's memory, (poll) the ready words in the producer's memory, where the
- * consumers spin on them across the link, (alg1) data and ready words in managed memory, and
- * the consumed words in the producer's memory. Algorithm 1 runs once and has no way back; the
- * consumed words are the flow control every repeated exchange needs, the same for all three.
- * The producer kernel writes a batch into slot_buffer(), publish()es it, and waits for
- * wait_consumed() before it writes the slot again; consumers recv() and report consumed().
- * No generation is published or consumed after create() or reset().
+ * consumers spin on them across the link, (alg1) data and ready words in managed memory,
+ * (tagged) the lines and the unpacked data in the consumer's memory and the staging in the
+ * producer's, and the consumed words in the producer's memory. Algorithm 1 runs once and has
+ * no way back; the consumed words are the flow control every repeated exchange needs, the same
+ * for all four. The producer kernel writes a batch into slot_buffer(), publish()es it, and
+ * waits for wait_consumed() before it writes the slot again; consumers recv() and report
+ * consumed(). No generation is published or consumed after create() or reset().
  */
 class peer_channel {
 public:
@@ -908,12 +1074,16 @@ public:
 	peer_channel &operator=(const peer_channel &) = delete;
 	~peer_channel() { destroy(); }
 
+	/*
+	 * Return: cudaSuccess; cudaErrorInvalidValue for fault and mapped (host_channel), a zero
+	 * size, or tagged messages of a size that is not a multiple of 8 bytes; else the failed
+	 * call's error.
+	 */
 	cudaError_t create(transport kind, int consumer, int producer, uint32_t slots, uint32_t message_bytes,
 			   uint32_t warps_per_batch)
 	{
-		/* mapped is for host producers (host_channel). */
-		if (kind == transport::fault || kind > transport::alg1 || !slots || !message_bytes ||
-		    !warps_per_batch)
+		if (kind == transport::fault || kind == transport::mapped || kind > transport::tagged || !slots ||
+		    !message_bytes || !warps_per_batch || (kind == transport::tagged && message_bytes % 8))
 			return cudaErrorInvalidValue;
 		destroy();
 		cudaError_t err = enable_peer_access(consumer, producer);
@@ -922,20 +1092,30 @@ public:
 		ch_ = detail::empty_channel(kind, slots, message_bytes, warps_per_batch);
 		consumer_ = consumer;
 		producer_ = producer;
-		if (kind == transport::alg1) {
-			err = cudaMallocManaged(&data_, ch_.batch_bytes * slots);
+		const size_t data_bytes = ch_.batch_bytes * slots, word_bytes = slots * sizeof(unsigned int);
+		switch (kind) {
+		case transport::alg1:
+			err = cudaMallocManaged(&data_, data_bytes);
 			if (err == cudaSuccess)
-				err = cudaMallocManaged((void **)&ready_, slots * sizeof(unsigned int));
+				err = cudaMallocManaged((void **)&ready_, word_bytes);
 			if (err == cudaSuccess)
-				memset(ready_, 0, slots * sizeof(unsigned int));
-		} else {
-			err = detail::alloc_on(consumer, ch_.batch_bytes * slots, false, &data_);
+				memset(ready_, 0, word_bytes);
+			break;
+		case transport::tagged:
+			err = detail::alloc_on(consumer, data_bytes, false, &data_);
 			if (err == cudaSuccess)
-				err = detail::alloc_on(ready_device(), slots * sizeof(unsigned int), true,
-						       (void **)&ready_);
+				err = detail::alloc_on(consumer, 2 * data_bytes, true, (void **)&lines_);
+			if (err == cudaSuccess)
+				err = detail::alloc_on(producer, data_bytes, false, (void **)&staging_);
+			break;
+		default: /* push, poll */
+			err = detail::alloc_on(consumer, data_bytes, false, &data_);
+			if (err == cudaSuccess)
+				err = detail::alloc_on(ready_device(), word_bytes, true, (void **)&ready_);
+			break;
 		}
 		if (err == cudaSuccess)
-			err = detail::alloc_on(producer, slots * sizeof(unsigned int), true, (void **)&consumed_);
+			err = detail::alloc_on(producer, word_bytes, true, (void **)&consumed_);
 		if (err != cudaSuccess) {
 			destroy();
 			return err;
@@ -943,6 +1123,8 @@ public:
 		ch_.data = static_cast<const uint8_t *>(data_);
 		ch_.ready = ready_;
 		ch_.consumed = consumed_;
+		ch_.lines = lines_;
+		ch_.staging = staging_;
 		return cudaSuccess;
 	}
 
@@ -952,10 +1134,11 @@ public:
 	/* Back to no generation published or consumed, for another run; no kernel may use it now. */
 	cudaError_t reset()
 	{
-		if (!ready_)
+		if (!consumed_)
 			return cudaErrorInvalidValue;
 		const size_t bytes = ch_.slots * sizeof(unsigned int);
-		const cudaError_t err = detail::zero_on(ready_device(), ready_, bytes);
+		const cudaError_t err = lines_ ? detail::zero_on(consumer_, lines_, 2 * ch_.batch_bytes * ch_.slots)
+					       : detail::zero_on(ready_device(), ready_, bytes);
 		return err != cudaSuccess ? err : detail::zero_on(producer_, consumed_, bytes);
 	}
 
@@ -963,9 +1146,13 @@ public:
 	{
 		detail::free_on(consumer_, data_);
 		detail::free_on(ready_device(), ready_);
+		detail::free_on(consumer_, lines_);
+		detail::free_on(producer_, staging_);
 		detail::free_on(producer_, consumed_);
 		data_ = nullptr;
 		ready_ = nullptr;
+		lines_ = nullptr;
+		staging_ = nullptr;
 		consumed_ = nullptr;
 		ch_ = channel{};
 	}
@@ -978,6 +1165,8 @@ private:
 	int producer_ = 0;
 	void *data_ = nullptr;
 	unsigned int *ready_ = nullptr;
+	uint64_t *lines_ = nullptr;
+	uint8_t *staging_ = nullptr;
 	unsigned int *consumed_ = nullptr;
 };
 
@@ -992,7 +1181,7 @@ private:
 inline channel fault_channel(const struct wic_channel_info *info, const struct wic_slot_info *slots, uint64_t *runs)
 {
 	channel ch{transport::fault, info->slots, info->message_bytes, info->warps_per_batch, info->batch_bytes,
-		   runs, nullptr, nullptr, nullptr, 0};
+		   runs, nullptr, nullptr, nullptr, nullptr, nullptr, 0};
 	for (uint32_t s = 0; s < info->slots; s++)
 		if (cudaMemcpy(runs + 2 * s, slots[s].run_va, sizeof(slots[s].run_va), cudaMemcpyHostToDevice) !=
 		    cudaSuccess)
