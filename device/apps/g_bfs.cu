@@ -15,7 +15,7 @@
  * as messages of ENTRIES vertices, message m on stream m % S, S being half the blocks, through
  * a channel each way: block s < S sends stream s, writing each message over the peer link and
  * wic::publish()ing it once the slot is free (wic::wait_consumed(), four slots per stream),
- * and block S + s takes the other GPU's stream s with wic::recv(), gives each vertex without a
+ * and block S + s takes the other GPU's stream s with wic::recv_block(), gives each vertex without a
  * level l + 1, adds it to the next frontier and reports the message consumed
  * (wic::consumed()). How many messages a level has depends on the graph and the level: the
  * probabilistic model. So each message tells its number of vertices, and each stream sends at

@@ -21,7 +21,7 @@
  * sends the other side back (scatter: a second channel each way), which the other writes over
  * its keys. Block b of each GPU sends and takes messages b, b + blocks, ... of each kind: the
  * sending block writes a message over the peer link and wic::publish()es it, the receiving
- * block waits in wic::recv() and reports it consumed (wic::consumed()), which the sender waits
+ * block waits in wic::recv_block() and reports it consumed (wic::consumed()), which the sender waits
  * for before it reuses the slot. Every message of a step has a slot of its own, used once per
  * step, and a block first sends all its gathers, then takes the other GPU's and sends their
  * scatters, then takes the other GPU's scatters. So in a step a block waits only for slots its

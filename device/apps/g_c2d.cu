@@ -20,7 +20,7 @@
  * per direction and pass (a 3 x 3 filter's band of a row needs its neighbours' edge columns, so
  * bands as in G_STN would each wait for three messages). It goes through a channel (one each
  * way) into the other GPU's memory: block 0 writes the row over the peer link and
- * wic::publish()es it; the other GPU's block 0 waits in wic::recv(), filters its edge row and
+ * wic::publish()es it; the other GPU's block 0 waits in wic::recv_block(), filters its edge row and
  * reports the message consumed (wic::consumed()), which the sender waits for before it reuses
  * the slot. The other rows of a half need nothing from the other GPU: every block filters
  * them first, then block 0 does the edge row. GPU 0 sends its last row after every pass; GPU 1

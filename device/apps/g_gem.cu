@@ -17,7 +17,7 @@
  * and wic::publish()es it in slot b's ring of 4 (so it runs at most 4 tiles ahead), after
  * wic::wait_consumed(). GPU 0, the consumer, computes its own half of the same tile's product
  * (work that needs nothing from GPU 1), then its block b takes block b's next message with
- * wic::recv(), writes C's tile, alpha (its half + GPU 1's half) + beta C_t, and reports the
+ * wic::recv_block(), writes C's tile, alpha (its half + GPU 1's half) + beta C_t, and reports the
  * message consumed (wic::consumed()). So every pass streams all N^2 / 4096 tiles from GPU 1 to
  * GPU 0, several messages per block and pass, and nothing goes back but the consumed reports.
  * Both halves are a simple shared-memory tiled float GEMM (no cuBLAS): 256 threads per block,

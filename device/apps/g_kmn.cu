@@ -18,7 +18,7 @@
  * peer link and wic::publish()es them in slot b's ring of 4 (so it runs at most 4 batches
  * ahead), after wic::wait_consumed(). GPU 0, the consumer, adds up its own batches' sums (work
  * that needs nothing from GPU 1) and, in between, GPU 1's: its block b takes block b's messages
- * with wic::recv() and reports each consumed (wic::consumed()). After the last round GPU 0
+ * with wic::recv_block() and reports each consumed (wic::consumed()). After the last round GPU 0
  * computes every round's new centroids: the mean of the points that chose a centroid, or the
  * centroid itself where none did. Features are integers, so every distance and per-batch sum is
  * an integer below 2^24, exact in float: the GPUs assign every point as the CPU reference (in

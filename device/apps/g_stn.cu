@@ -8,7 +8,7 @@
  * needs the other GPU's row next to a GPU's own (its halo), so each GPU sends its edge row as
  * TILES messages, one per band of columns, into the other GPU's memory through a channel (one
  * each way): the sending block writes the band over the peer link and wic::publish()es it,
- * the receiving block waits in wic::recv() and reports it consumed (wic::consumed()), which
+ * the receiving block waits in wic::recv_block() and reports it consumed (wic::consumed()), which
  * the sender waits for before it reuses the slot. Each kernel first sweeps its rows that need
  * no halo; then block j sweeps band j of its edge row as soon as the other GPU's band j is
  * there and sends its new band j at once. Two slots per band: a GPU may send two sweeps ahead

@@ -189,26 +189,18 @@ private:
 
 /*
  * block_recv() - the block's message of generation @generation of @slot (one message per
- * batch): warp 0 waits for it, every thread gets its address. The next block_recv() must come
- * after block_consumed() or another __syncthreads().
+ * batch), through wic::recv_block(): thread 0 waits for it (tagged: every thread unpacks its
+ * share), every thread gets its address.
  */
 __device__ inline const uint8_t *block_recv(const wic::channel &ch, uint32_t slot, uint32_t generation,
 					    const watchdog &wd)
 {
-	__shared__ const uint8_t *message;
-
-	if (threadIdx.x < 32) {
-		/* After a failure nothing waits: the run is wrong already and only has to end. */
-		const int gave_up = __shfl_sync(0xffffffff, threadIdx.x == 0 && wd.raised(), 0);
-		const uint8_t *m;
-		const int rc = wic::recv(ch, slot, generation, 0, &m, gave_up ? 1 : wd.timeout_ns);
-		if (threadIdx.x == 0) {
-			if (rc != WIC_OK && !gave_up)
-				wd.raise();
-			message = m;
-		}
-	}
-	__syncthreads();
+	/* After a failure nothing waits: the run is wrong already and only has to end. */
+	const bool gave_up = wd.raised();
+	const uint8_t *message;
+	const int rc = wic::recv_block(ch, slot, generation, &message, gave_up ? 1 : wd.timeout_ns);
+	if (threadIdx.x == 0 && rc != WIC_OK && !gave_up)
+		wd.raise();
 	return message;
 }
 

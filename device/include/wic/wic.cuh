@@ -268,52 +268,80 @@ __device__ inline uint64_t *line_at(const channel &ch, uint32_t slot, uint64_t l
 	return ch.lines + 2 * ((uint64_t)slot * (ch.batch_bytes / 8) + line);
 }
 
-/* Sends data bytes 8 * @line to 8 * @line + 7 of @slot's staged batch as generation @generation. */
-__device__ inline void send_line(const channel &ch, uint32_t slot, uint32_t generation, uint64_t line)
-{
-	const uint64_t data = *reinterpret_cast<const uint64_t *>(ch.staging + (uint64_t)slot * ch.batch_bytes + 8 * line);
-	const uint64_t tag = (uint64_t)(generation + 1) << 32;
+/*
+ * A thread sends or receives its lines this many at a time: the loads of a round are
+ * independent, so their latencies overlap instead of adding up line after line.
+ */
+constexpr uint32_t lines_per_round = 8;
 
-	asm volatile("st.relaxed.sys.global.v2.u64 [%0], {%1, %2};" ::"l"(line_at(ch, slot, line)),
-		     "l"(tag | (data & 0xffffffffULL)), "l"(tag | data >> 32)
+__device__ inline void store_line(uint64_t *at, uint64_t data, uint32_t tag)
+{
+	const uint64_t tagged = (uint64_t)tag << 32;
+
+	asm volatile("st.relaxed.sys.global.v2.u64 [%0], {%1, %2};" ::"l"(at), "l"(tagged | (data & 0xffffffffULL)),
+		     "l"(tagged | data >> 32)
 		     : "memory");
 }
 
-/*
- * Waits until line @line of @slot carries generation @generation's tag, then unpacks its 8
- * data bytes into the slot's place in ch.data; WIC_ETIMED_OUT if @pause's time was up first.
- */
-__device__ inline int receive_line(const channel &ch, uint32_t slot, uint32_t generation, uint64_t line,
-				   backoff &pause)
+__device__ inline void load_line(const uint64_t *at, uint64_t *lo, uint64_t *hi)
 {
-	const uint64_t *at = line_at(ch, slot, line);
-	const uint32_t tag = generation + 1;
-	uint64_t lo, hi;
-
-	for (;;) {
-		asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];" : "=l"(lo), "=l"(hi) : "l"(at) : "memory");
-		if ((uint32_t)(lo >> 32) == tag && (uint32_t)(hi >> 32) == tag)
-			break;
-		if (!pause.pause())
-			return WIC_ETIMED_OUT;
-	}
-	uint8_t *to = const_cast<uint8_t *>(ch.data) + (uint64_t)slot * ch.batch_bytes + 8 * line;
-	*reinterpret_cast<uint64_t *>(to) = (lo & 0xffffffffULL) | hi << 32;
-	return WIC_OK;
+	asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];" : "=l"(*lo), "=l"(*hi) : "l"(at) : "memory");
 }
 
 /*
- * Lines [@first, @end) of @slot, every @stride-th from @first: WIC_OK once all are unpacked,
- * WIC_ETIMED_OUT once @timeout_ns (0: never) passed before.
+ * Sends lines [@first, @end) of @slot's staged batch, every @stride-th from @first, as
+ * generation @generation: line i carries data bytes 8i to 8i + 7.
+ */
+__device__ inline void send_lines(const channel &ch, uint32_t slot, uint32_t generation, uint64_t first, uint64_t end,
+				  uint32_t stride)
+{
+	const uint64_t *staged = reinterpret_cast<const uint64_t *>(ch.staging + (uint64_t)slot * ch.batch_bytes);
+
+	for (uint64_t line = first; line < end; line += lines_per_round * stride) {
+		uint64_t data[lines_per_round];
+#pragma unroll
+		for (uint32_t j = 0; j < lines_per_round; j++)
+			if (line + j * stride < end)
+				data[j] = staged[line + j * stride];
+#pragma unroll
+		for (uint32_t j = 0; j < lines_per_round; j++)
+			if (line + j * stride < end)
+				store_line(line_at(ch, slot, line + j * stride), data[j], generation + 1);
+	}
+}
+
+/*
+ * Lines [@first, @end) of @slot, every @stride-th from @first: each waited for until it
+ * carries generation @generation's tag, its 8 data bytes then unpacked into the slot's place
+ * in ch.data. WIC_OK once all are; WIC_ETIMED_OUT once @timeout_ns (0: never) passed before.
  */
 __device__ inline int receive_lines(const channel &ch, uint32_t slot, uint32_t generation, uint64_t first,
 				    uint64_t end, uint32_t stride, uint64_t timeout_ns)
 {
+	uint64_t *to = reinterpret_cast<uint64_t *>(const_cast<uint8_t *>(ch.data) + (uint64_t)slot * ch.batch_bytes);
+	const uint32_t tag = generation + 1;
 	backoff pause(ch.backoff_ns, timeout_ns);
 
-	for (uint64_t line = first; line < end; line += stride)
-		if (receive_line(ch, slot, generation, line, pause) != WIC_OK)
-			return WIC_ETIMED_OUT;
+	for (uint64_t line = first; line < end; line += lines_per_round * stride) {
+		uint64_t lo[lines_per_round], hi[lines_per_round];
+#pragma unroll
+		for (uint32_t j = 0; j < lines_per_round; j++)
+			if (line + j * stride < end)
+				load_line(line_at(ch, slot, line + j * stride), &lo[j], &hi[j]);
+#pragma unroll
+		for (uint32_t j = 0; j < lines_per_round; j++) {
+			const uint64_t at = line + j * stride;
+			if (at >= end)
+				break;
+			/* Not there yet: this one line is waited for, the round's later ones were loaded early. */
+			while ((uint32_t)(lo[j] >> 32) != tag || (uint32_t)(hi[j] >> 32) != tag) {
+				if (!pause.pause())
+					return WIC_ETIMED_OUT;
+				load_line(line_at(ch, slot, at), &lo[j], &hi[j]);
+			}
+			to[at] = (lo[j] & 0xffffffffULL) | hi[j] << 32;
+		}
+	}
 	return WIC_OK;
 }
 
@@ -492,8 +520,7 @@ __device__ inline int publish(const channel &ch, uint32_t slot, uint32_t generat
 	if (ch.kind == transport::fault)
 		return WIC_EUNSUPPORTED;
 	if (ch.kind == transport::tagged) {
-		for (uint64_t line = 0; line < ch.batch_bytes / 8; line++)
-			detail::send_line(ch, slot, generation, line);
+		detail::send_lines(ch, slot, generation, 0, ch.batch_bytes / 8, 1);
 		return WIC_OK;
 	}
 	__threadfence_system();
@@ -521,9 +548,8 @@ __device__ inline int publish_block(const channel &ch, uint32_t slot, uint32_t g
 		return WIC_EUNSUPPORTED;
 	if (ch.kind == transport::tagged) {
 		__syncthreads();
-		for (uint64_t line = detail::thread_in_block(); line < ch.batch_bytes / 8;
-		     line += detail::block_threads())
-			detail::send_line(ch, slot, generation, line);
+		detail::send_lines(ch, slot, generation, detail::thread_in_block(), ch.batch_bytes / 8,
+				   detail::block_threads());
 		return WIC_OK;
 	}
 	__threadfence_system();
