@@ -58,7 +58,7 @@ if wanted apps; then
 	if ((gpus >= 2)); then
 		: >"$out/apps-2gpu.txt"
 		for app in g_stn g_kmn g_c2d g_gem g_bs g_bfs; do
-			for mode in nowait push tagged poll alg1; do
+			for mode in nowait push tagged picked poll alg1; do
 				# 77: the application found no two GPUs with peer access, and says so.
 				rc=0
 				timeout "$app_limit" "$work/build/$app" "$mode" "$reps" | tee -a "$out/apps-2gpu.txt" || rc=$?

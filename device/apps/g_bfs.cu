@@ -39,7 +39,7 @@
  * ended is measured (the search and the reads of the messages, without any waiting or link
  * traffic). The result is checked as in the other modes.
  *
- * Usage: g_bfs MODE [REPS] [VERTICES] [DEGREE] [ENTRIES]   (MODE: push, poll, alg1, tagged, nowait; VERTICES
+ * Usage: g_bfs MODE [REPS] [VERTICES] [DEGREE] [ENTRIES]   (MODE: push, poll, alg1, tagged, picked, nowait; VERTICES
  * defaults to 4194304, DEGREE to 8, ENTRIES to 1021 (messages of 4 KiB), REPS to 7; one block
  * of 1024 threads per SM on each GPU, half of them with one warp waiting, so poll spins with one
  * warp per two SMs)
@@ -407,7 +407,7 @@ int main(int argc, char **argv)
 	wic::peer_channel to[2];
 	const app::ring streaming{depth, 0, false};
 	for (int d = 0; d < 2; d++)
-		CHECK(to[d].create(app::transport_of(mode), 1 - d, d,
+		CHECK(to[d].create(app::transport_of(mode, words * sizeof(uint32_t)), 1 - d, d,
 				   streaming.slots(streams), words * sizeof(uint32_t), 1));
 	std::vector<uint32_t> csr, edge, got(vertices), recorded, counts(streams);
 	std::vector<double> times;

@@ -42,7 +42,7 @@
  * reads of the messages, without any waiting or link traffic). The result is checked as in the
  * other modes.
  *
- * Usage: g_bs MODE [REPS] [KEYS] [CHUNKS] [MESSAGE]   (MODE: push, poll, alg1, tagged, nowait; KEYS defaults
+ * Usage: g_bs MODE [REPS] [KEYS] [CHUNKS] [MESSAGE]   (MODE: push, poll, alg1, tagged, picked, nowait; KEYS defaults
  * to 16777216, CHUNKS to 16 (so 4 global merge steps), MESSAGE to 4096 keys, REPS to 7; powers
  * of two with KEYS / CHUNKS at least 8192; one block of 1024 threads per SM on each GPU, each
  * with one warp waiting at a time, so poll spins with one warp per SM)
@@ -343,7 +343,7 @@ int main(int argc, char **argv)
 	/* gathers[d], scatters[d] carry GPU d's messages to GPU 1 - d. nowait records with push. */
 	wic::peer_channel gathers[2], scatters[2];
 	const app::ring streaming{per_block, items, false}, nowait{per_block, items, true};
-	const wic::transport kind = app::transport_of(mode);
+	const wic::transport kind = app::transport_of(mode, message * sizeof(uint32_t));
 	for (int d = 0; d < 2; d++) {
 		CHECK(gathers[d].create(kind, 1 - d, d, streaming.slots(blocks), message * sizeof(uint32_t), 1));
 		CHECK(scatters[d].create(kind, 1 - d, d, streaming.slots(blocks), message * sizeof(uint32_t), 1));

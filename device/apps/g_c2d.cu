@@ -47,7 +47,7 @@
  * into each GPU's memory before the kernels start, the kernels send nothing, and the time from
  * the first launch until both ended is measured. The result is checked as in the other modes.
  *
- * Usage: g_c2d MODE [REPS] [N] [ITERATIONS]   (MODE: push, poll, alg1, tagged, nowait; N (even, 8 to 16384)
+ * Usage: g_c2d MODE [REPS] [N] [ITERATIONS]   (MODE: push, poll, alg1, tagged, picked, nowait; N (even, 8 to 16384)
  * defaults to 4096, ITERATIONS (1 to 64) to 64, REPS to 7; one block of 256 threads per SM on
  * each GPU; only block 0 waits, with one warp, so poll spins with one warp per GPU)
  * Prints the two GPUs, then the median wall time of REPS runs and whether every result
@@ -254,7 +254,7 @@ int main(int argc, char **argv)
 	wic::peer_channel to[2];
 	const app::ring streaming{depth, iterations, false}, nowait{depth, iterations, true};
 	for (int d = 0; d < 2; d++)
-		CHECK(to[d].create(app::transport_of(mode), 1 - d, d,
+		CHECK(to[d].create(app::transport_of(mode, n * sizeof(float)), 1 - d, d,
 				   streaming.slots(1), n * sizeof(float), 1));
 	std::vector<float> u0((size_t)n * n), got(u0.size());
 	std::vector<double> times;

@@ -36,7 +36,7 @@
  * nowait: GPU 1's kernel runs to its end first, each message in a slot of its own; then GPU 0's
  * kernel starts and is timed alone (the consumer with every message already there).
  *
- * Usage: g_gem MODE [REPS] [N] [ITERATIONS]   (MODE: push, poll, alg1, tagged, nowait; N (a multiple of 64,
+ * Usage: g_gem MODE [REPS] [N] [ITERATIONS]   (MODE: push, poll, alg1, tagged, picked, nowait; N (a multiple of 64,
  * 64 to 8192) defaults to 2048, ITERATIONS (1 to 64) to 8, REPS to 7; one block of 256 threads
  * per SM on each GPU, one warp of each of GPU 0's blocks waiting, so poll spins with one warp
  * per SM)
@@ -257,7 +257,7 @@ int main(int argc, char **argv)
 	app::stream_pair streams;
 	const app::ring place{depth, items, mode == app::mode::nowait};
 	wic::peer_channel ch;
-	const wic::transport kind = app::transport_of(mode);
+	const wic::transport kind = app::transport_of(mode, message_bytes);
 	CHECK(ch.create(kind, 0, 1, place.slots(blocks), message_bytes, 1));
 	const app::endpoint link{ch.device(), place};
 	std::vector<float> am(cells), bm(cells), cm(cells), split(part), got(cells);

@@ -30,7 +30,7 @@
  * nowait: GPU 1's kernel runs to its end first, each message in a slot of its own; then GPU 0's
  * kernel starts and is timed alone (the consumer with every message already there).
  *
- * Usage: g_kmn MODE [REPS] [POINTS] [ROUNDS] [BATCH]   (MODE: push, poll, alg1, tagged, nowait; POINTS
+ * Usage: g_kmn MODE [REPS] [POINTS] [ROUNDS] [BATCH]   (MODE: push, poll, alg1, tagged, picked, nowait; POINTS
  * defaults to 1048576, ROUNDS to 16, BATCH to 512 (32 to 1024), REPS to 7; one block of 512
  * threads per SM on each GPU, one warp of each of GPU 0's blocks waiting, so poll spins with one
  * warp per SM)
@@ -418,7 +418,7 @@ int main(int argc, char **argv)
 	app::stream_pair streams;
 	const app::ring place{depth, items, mode == app::mode::nowait};
 	wic::peer_channel ch;
-	const wic::transport kind = app::transport_of(mode);
+	const wic::transport kind = app::transport_of(mode, message_bytes);
 	CHECK(ch.create(kind, 0, 1, place.slots(blocks), message_bytes, 1));
 	const app::endpoint link{ch.device(), place};
 	std::vector<uint8_t> x8((size_t)points * features), initial8(centroid_floats);

@@ -29,7 +29,7 @@
  * first launch until both ended is measured (the sweeps and the reads of the halos, without
  * any waiting or link traffic). The result is checked as in the other modes.
  *
- * Usage: g_stn MODE [REPS] [N] [ITERATIONS] [TILES]   (MODE: push, poll, alg1, tagged, nowait; N (even)
+ * Usage: g_stn MODE [REPS] [N] [ITERATIONS] [TILES]   (MODE: push, poll, alg1, tagged, picked, nowait; N (even)
  * defaults to 1024, ITERATIONS to 500, TILES to 8, REPS to 7; one block of 256 threads per SM
  * on each GPU; only the TILES blocks of the edge row wait, with one warp each, so poll spins
  * with TILES warps per GPU)
@@ -216,7 +216,7 @@ int main(int argc, char **argv)
 	wic::peer_channel to[2];
 	const app::ring streaming{depth, iterations, false}, nowait{depth, iterations, true};
 	for (int d = 0; d < 2; d++)
-		CHECK(to[d].create(app::transport_of(mode), 1 - d, d,
+		CHECK(to[d].create(app::transport_of(mode, most * sizeof(float)), 1 - d, d,
 				   streaming.slots(tiles), most * sizeof(float), 1));
 	std::vector<float> u0((size_t)n * n), got(u0.size());
 	std::vector<double> times;

@@ -32,14 +32,18 @@ namespace app {
 
 /*
  * How a run gets its data: through a channel of that transport (push, poll, alg1: the WIC
- * paper's Algorithm 1 made correct on this hardware; tagged, where the producer is a kernel on
+ * paper's Algorithm 1 made correct on this hardware; tagged, and picked: the transport
+ * wic::pick_peer_transport() picks for the run's messages, where the producer is a kernel on
  * another GPU), or (nowait) all of it in device memory before the kernel starts, the lower
  * bound on the consumer's time.
  */
-enum class mode { push, poll, alg1, tagged, nowait };
+enum class mode { push, poll, alg1, tagged, picked, nowait };
 
-/* The transport of a run's channels; nowait runs publish through push channels before the launch. */
-inline wic::transport transport_of(mode m)
+/*
+ * The transport of a run's channels, whose batches are @batch_bytes; nowait runs publish
+ * through push channels before the launch.
+ */
+inline wic::transport transport_of(mode m, uint64_t batch_bytes)
 {
 	switch (m) {
 	case mode::poll:
@@ -48,6 +52,8 @@ inline wic::transport transport_of(mode m)
 		return wic::transport::alg1;
 	case mode::tagged:
 		return wic::transport::tagged;
+	case mode::picked:
+		return wic::pick_peer_transport(batch_bytes);
 	default:
 		return wic::transport::push;
 	}
@@ -55,14 +61,21 @@ inline wic::transport transport_of(mode m)
 
 inline const char *mode_name(mode m)
 {
-	return m == mode::nowait ? "nowait" : wic::transport_name(transport_of(m));
+	switch (m) {
+	case mode::nowait:
+		return "nowait";
+	case mode::picked:
+		return "picked";
+	default:
+		return wic::transport_name(transport_of(m, 0));
+	}
 }
 
-/* @text as a mode; tagged only for an application whose producer is a GPU (@gpu_producer). */
+/* @text as a mode; tagged and picked only for an application whose producer is a GPU (@gpu_producer). */
 inline bool parse_mode(const char *text, bool gpu_producer, mode *out)
 {
-	for (mode m : {mode::push, mode::poll, mode::alg1, mode::tagged, mode::nowait})
-		if (!strcmp(text, mode_name(m)) && (m != mode::tagged || gpu_producer)) {
+	for (mode m : {mode::push, mode::poll, mode::alg1, mode::tagged, mode::picked, mode::nowait})
+		if (!strcmp(text, mode_name(m)) && (gpu_producer || (m != mode::tagged && m != mode::picked))) {
 			*out = m;
 			return true;
 		}
@@ -88,12 +101,13 @@ struct command_line {
 
 /*
  * Parses MODE and REPS; prints the usage, naming @sizes, and returns false on a bad MODE.
- * @gpu_producer: the application's producers are kernels on another GPU, which tagged needs.
+ * @gpu_producer: the application's producers are kernels on another GPU, which tagged and
+ *	picked need.
  */
 inline bool parse_command_line(int argc, char **argv, const char *sizes, command_line *out, bool gpu_producer = false)
 {
 	if (argc < 2 || !parse_mode(argv[1], gpu_producer, &out->m)) {
-		fprintf(stderr, "usage: %s push|poll|alg1|%snowait [REPS] %s\n", argv[0], gpu_producer ? "tagged|" : "",
+		fprintf(stderr, "usage: %s push|poll|alg1|%snowait [REPS] %s\n", argv[0], gpu_producer ? "tagged|picked|" : "",
 			sizes);
 		return false;
 	}
@@ -291,7 +305,7 @@ public:
 		: place_{blocks, generations, m == mode::nowait}
 	{
 		const uint32_t slots = place_.slots();
-		CHECK(ch_.create(transport_of(m), slots, message_bytes, warps));
+		CHECK(ch_.create(transport_of(m, (uint64_t)message_bytes * warps), slots, message_bytes, warps));
 		batch_ = ch_.device().batch_bytes;
 		CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
 		/* One pinned staging buffer per slot, so an async copy's source is not overwritten early. */

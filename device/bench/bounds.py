@@ -15,9 +15,10 @@ recorded results), and its consumer alone (the no-wait run's time). A replay is 
 run: a mode faster than the bound (a ratio below 1) says the host-side term overestimates.
 Where host and GPU strictly take turns, their sum is what the application cannot beat; the
 table shows it (serial; meaningless for a streaming application), but the bound stays the
-larger term. An inter-GPU application's bound is its no-wait run (tagged is a mode of these
-only). Prints a Markdown table with the ratio of each mode to the bound, the term that binds, and alg1 / push per application with
-their geometric mean. Standard library only.
+larger term. An inter-GPU application's bound is its no-wait run (tagged, and picked: the
+transport wic::pick_peer_transport() picks, are modes of these only). Prints a Markdown table
+with the ratio of each mode to the bound, the term that binds, and alg1 / push per application
+with their geometric mean. Standard library only.
 """
 
 import json
@@ -25,7 +26,7 @@ import math
 import os
 import sys
 
-MODES = ("nowait", "push", "tagged", "poll", "alg1")
+MODES = ("nowait", "push", "tagged", "picked", "poll", "alg1")
 
 
 def parse_apps(path):
@@ -61,8 +62,8 @@ def main(argv):
     apps = sorted({name for name, _ in runs}, key=lambda n: (not n.startswith("C_"), n))
     print(f"bulk copy: {gbps:.1f} GB/s (from {os.path.basename(transport)} of the same run)\n")
     print("| app | bound ms | binds | copy ms | producer ms | nowait ms | serial ms | push / bound "
-          "| tagged / bound | poll / bound | alg1 / bound | alg1 / push | all correct |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| tagged / bound | picked / bound | poll / bound | alg1 / bound | alg1 / push | all correct |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     ratios = []
     for app in apps:
         got = {m: runs.get((app, m)) for m in MODES}
@@ -92,7 +93,7 @@ def main(argv):
         serial = "-" if producer is None else f"{producer + nowait + copy:.2f}"
         print(f"| {app} | {bound:.2f} | {binds} | {'-' if copy is None else f'{copy:.2f}'} | "
               f"{'-' if producer is None else f'{producer:.2f}'} | {nowait:.2f} | {serial} | {over('push')} | "
-              f"{over('tagged')} | {over('poll')} | {over('alg1')} | {alg1_push} | {'yes' if correct else 'NO'} |")
+              f"{over('tagged')} | {over('picked')} | {over('poll')} | {over('alg1')} | {alg1_push} | {'yes' if correct else 'NO'} |")
     if ratios:
         geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
         print(f"\nalg1 / push, geometric mean over {len(ratios)} applications: {geo:.2f}")

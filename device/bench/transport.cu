@@ -1182,7 +1182,7 @@ int main(int argc, char **argv)
 			peer_fence(bytes);
 		for (wic::transport kind :
 		     {wic::transport::push, wic::transport::tagged, wic::transport::poll, wic::transport::alg1})
-			for (uint32_t bytes = 64; bytes <= (1u << 20); bytes *= 16)
+			for (uint32_t bytes = 64; bytes <= (1u << 20); bytes *= 4)
 				peer_latency(kind, bytes, peer_ref);
 		const double peer_copy = peer_copy_gbps(cfg.stream_total);
 		for (uint32_t bytes : {4096u, 65536u, 1u << 20}) {

@@ -27,6 +27,7 @@ G_X: GPU 0 (H100, 0000:00:06.0) and GPU 1 (H100, 0000:00:07.0), peer access both
 G_X nowait n=4 gpus=0,1 median_ms=4.000 min_ms=1 max_ms=5 correct=yes
 G_X push n=4 gpus=0,1 median_ms=5.000 min_ms=1 max_ms=6 correct=yes
 G_X tagged n=4 gpus=0,1 median_ms=4.400 min_ms=1 max_ms=6 correct=yes
+G_X picked n=4 gpus=0,1 median_ms=4.600 min_ms=1 max_ms=6 correct=yes
 G_X alg1 n=4 gpus=0,1 median_ms=40.000 min_ms=1 max_ms=41 correct=yes
 ";
 
@@ -60,19 +61,19 @@ fn bounds_take_the_largest_term_and_ratios_follow_from_it() {
     let table = String::from_utf8(out.stdout).unwrap();
 
     // Columns: app, bound, binds, copy, producer, nowait, serial, push/bound, tagged/bound,
-    // poll/bound, alg1/bound, alg1/push, all correct.
+    // picked/bound, poll/bound, alg1/bound, alg1/push, all correct.
     let a = row(&table, "C_A");
     assert_eq!(&a[1..7], ["20.00", "producer", "10.00", "20.00", "2.00", "32.00"], "{table}");
-    assert_eq!(&a[7..13], ["1.25", "-", "5.00", "10.00", "8.00", "yes"], "{table}");
+    assert_eq!(&a[7..14], ["1.25", "-", "-", "5.00", "10.00", "8.00", "yes"], "{table}");
     let b = row(&table, "C_B");
     assert_eq!(&b[1..4], ["50.00", "copy", "50.00"], "{table}");
-    assert_eq!(&b[7..13], ["1.20", "-", "-", "2.40", "2.00", "NO"], "{table}");
+    assert_eq!(&b[7..14], ["1.20", "-", "-", "-", "2.40", "2.00", "NO"], "{table}");
     let c = row(&table, "C_C");
     assert_eq!(&c[1..3], ["40.00", "consumer"], "{table}");
     assert_eq!(c[7], "1.10", "{table}");
     let x = row(&table, "G_X");
     assert_eq!(&x[1..4], ["4.00", "consumer", "-"], "{table}");
-    assert_eq!(&x[7..13], ["1.25", "1.10", "-", "10.00", "8.00", "yes"], "{table}");
+    assert_eq!(&x[7..14], ["1.25", "1.10", "1.15", "-", "10.00", "8.00", "yes"], "{table}");
 
     // alg1 / push over the four applications: (8 * 2 * 2 * 8)^(1/4) = 4.
     assert!(table.contains("geometric mean over 4 applications: 4.00"), "{table}");

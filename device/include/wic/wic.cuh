@@ -623,6 +623,26 @@ inline transport pick_host_transport(uint64_t batch_bytes, uint32_t spinning_wai
 	return batch_bytes <= 1024 && spinning_waiters <= 1 ? transport::mapped : transport::push;
 }
 
+/*
+ * pick_peer_transport() - the transport for a channel whose producer is a kernel on another GPU,
+ * from what device/bench/transport measured (2 x H200 over NVLink, stock driver 580.159.04,
+ * 2026-11-26)
+ * @batch_bytes: bytes of one generation of a slot
+ *
+ * tagged up to 4 KiB: its lines need no fence, so a 64-byte to 1 KiB message arrived 1.8 us
+ * after the producer began (the link's own one-way: 1.2 us), push's 4.3 us, of which 0.9 us is
+ * the fence after the data; streaming 4 KiB batches from one block per SM, tagged moved 166
+ * GB/s, push 91. push beyond: tagged carries each byte twice over the link and unpacks it
+ * again, so at 16 KiB it arrived later than push (5.9 us against 4.3) and streamed half as
+ * fast from 64 KiB on. Between 4 and 16 KiB it was not measured. An exchange that moves many
+ * 4 KiB messages at once is bound by the link's bandwidth, not its latency, and is faster with
+ * push (G_BS: 1.29x its bound with tagged, 1.22x with push).
+ */
+inline transport pick_peer_transport(uint64_t batch_bytes)
+{
+	return batch_bytes <= 4096 ? transport::tagged : transport::push;
+}
+
 namespace detail {
 
 /*
