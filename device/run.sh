@@ -3,9 +3,10 @@
 # the CMake build and install, a project that finds the installed package, the transport test,
 # the transport benchmark, the applications in every mode (median of REPS runs each), the
 # inter-GPU applications where there are two GPUs, each application's bound
-# (bench/bounds.py), and the calibration benchmarks.
+# (bench/bounds.py), the cost of fault-stalled warps to the warps beside them
+# (bench/stall_cost.cu), and the calibration benchmarks.
 # Usage: device/run.sh [OUT_DIR] [REPS]    Results and logs go to OUT_DIR (default target/device).
-# SKIP (environment): steps to leave out, among transport (the benchmark), apps and calibration,
+# SKIP (environment): steps to leave out, among transport (the benchmark), apps, stall and calibration,
 # e.g. SKIP="calibration" to stay within a shorter time limit. APP_LIMIT: seconds after which an
 # application counts as stuck (default 600).
 # Reads the GPU's state; never changes its settings.
@@ -79,6 +80,11 @@ if wanted apps; then
 	else
 		echo "skipped: they need the transport benchmark's bulk copy of the same run"
 	fi
+fi
+
+if wanted stall; then
+	echo "== stall cost"
+	bash "$here/bench/microbench.sh" stall_cost "$out/stall_cost"
 fi
 
 if wanted calibration; then

@@ -66,6 +66,7 @@
 #include <vector>
 
 #include "../apps/peer.cuh"
+#include "report.cuh"
 
 namespace {
 
@@ -76,7 +77,6 @@ using clock_type = std::chrono::steady_clock;
 
 struct settings {
 	bool quick = false;
-	FILE *json = nullptr;
 	uint32_t sms = 0;
 	uint64_t stream_total = 512ull << 20;
 	uint32_t latency_iterations = 2000;
@@ -95,47 +95,8 @@ double us_between(clock_type::time_point a, clock_type::time_point b)
 	return std::chrono::duration<double, std::micro>(b - a).count();
 }
 
-double quantile(std::vector<double> v, double q)
-{
-	if (v.empty())
-		return 0.0;
-	std::sort(v.begin(), v.end());
-	return v[std::min(v.size() - 1, (size_t)(q * v.size()))];
-}
-
-/* One result line: the JSON object's fields, also printed. */
-class record {
-public:
-	explicit record(const char *measurement) { add("measurement", measurement); }
-	record &add(const char *key, const std::string &value)
-	{
-		fields_ += (fields_.empty() ? "" : ",") + std::string("\"") + key + "\":\"" + value + "\"";
-		return *this;
-	}
-	record &add(const char *key, const char *value) { return add(key, std::string(value)); }
-	record &add(const char *key, double value)
-	{
-		char text[64];
-		snprintf(text, sizeof(text), "%.4g", value);
-		fields_ += (fields_.empty() ? "" : ",") + std::string("\"") + key + "\":" + text;
-		return *this;
-	}
-	record &add(const char *key, bool value)
-	{
-		fields_ += (fields_.empty() ? "" : ",") + std::string("\"") + key + "\":" + (value ? "true" : "false");
-		return *this;
-	}
-	void emit()
-	{
-		if (cfg.json) {
-			fprintf(cfg.json, "{%s}\n", fields_.c_str());
-			fflush(cfg.json);
-		}
-	}
-
-private:
-	std::string fields_;
-};
+using bench::quantile;
+using bench::record;
 
 /* Exits after a wait gave up: a kernel may still be spinning, so nothing after it is safe. */
 [[noreturn]] void stuck(const char *what)
@@ -1116,7 +1077,7 @@ int main(int argc, char **argv)
 		} else
 			out = argv[i];
 	}
-	if (out && !(cfg.json = fopen(out, "w"))) {
+	if (out && !(bench::json = fopen(out, "w"))) {
 		perror(out);
 		return 2;
 	}
@@ -1196,7 +1157,7 @@ int main(int argc, char **argv)
 		       gpus >= 2 ? cudaGetErrorString(peer) : "");
 		record("peer_skipped").add("gpus", (double)gpus).emit();
 	}
-	if (cfg.json)
-		fclose(cfg.json);
+	if (bench::json)
+		fclose(bench::json);
 	return 0;
 }
