@@ -19,7 +19,9 @@
  * of an interleaved range (at most half of any 2 MiB region is ever touched, below nvidia-uvm's
  * prefetch threshold of 51%), resident in host memory (the CPU wrote them before the run:
  * each fault migrates a page) or, for "fresh", never touched (each fault populates one).
- * Measured besides: the share of the work span each stalled warp spent stalled (coverage), the
+ * Measured besides: the share of the block's work span during which at least one of its warps
+ * was stalled (coverage), and from it how fast the work went on meanwhile (progress while
+ * stalled: 1 = as fast as alone, 0 = not at all, assuming full speed outside the stalls); the
  * mean stall of one fault, how many pages a stalled warp got through and how many ran out of
  * pages before the work ended; for S = 1 and 2 the work warps on the schedulers of the stalled
  * warps against the others (assuming warp w issues from scheduler w % 4); and with S = 8 on the even
@@ -100,11 +102,13 @@ struct stall_plan {
 };
 
 /*
- * What a run leaves per block and per warp: the block's work span, each work warp's time, and
- * for each stalled warp the pages it read and the time it spent stalled.
+ * What a run leaves per block and per warp: the block's work span and the part of it during
+ * which a warp of the block was stalled, each work warp's time, and for each stalled warp the
+ * pages it read and the time it spent stalled.
  */
 struct run_record {
 	uint64_t *span_ns;
+	uint64_t *stalled_span_ns;
 	uint64_t *warp_ns;
 	uint32_t *touched;
 	uint64_t *stalled_ns;
@@ -194,16 +198,19 @@ __global__ void beside_stalls(work kind, uint32_t rounds, const uint4 *data, uin
 			      run_record rec, uint32_t *sink)
 {
 	extern __shared__ uint4 smem[];
-	__shared__ unsigned long long first_start, last_end;
+	__shared__ unsigned long long first_start, last_end, stalled_since, stalled_span;
 	__shared__ volatile int work_over;
-	__shared__ unsigned int finished;
+	__shared__ unsigned int finished, outstanding, stall_warps_done;
 	const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, b = blockIdx.x;
 
 	if (threadIdx.x == 0) {
 		first_start = ~0ull;
 		last_end = 0;
+		stalled_span = 0;
 		work_over = 0;
 		finished = 0;
+		outstanding = 0;
+		stall_warps_done = 0;
 	}
 	__syncthreads();
 	if (warp >= work_warps) {
@@ -215,11 +222,26 @@ __global__ void beside_stalls(work kind, uint32_t rounds, const uint4 *data, uin
 		for (; k < plan.per_warp && !work_over; k++) {
 			const uint8_t *at = plan.pages + 2 * ((uint64_t)k * plan.grid_warps + g) * page_bytes;
 			const uint64_t t0 = wic::detail::globaltimer();
+			/* The first warp of the block to stall opens an interval, the last to resume closes it. */
+			if (atomicAdd(&outstanding, 1u) == 0)
+				atomicExch(&stalled_since, (unsigned long long)t0);
 			sum += wic::detail::load_volatile(at);
-			stalled += wic::detail::globaltimer() - t0;
+			const uint64_t t1 = wic::detail::globaltimer();
+			stalled += t1 - t0;
+			if (atomicSub(&outstanding, 1u) == 1) {
+				/* Only what lies within the work span counts. */
+				const uint64_t from = max((unsigned long long)atomicAdd(&stalled_since, 0ull),
+							  (unsigned long long)atomicAdd(&first_start, 0ull));
+				const uint64_t to = work_over ? min((unsigned long long)t1, atomicAdd(&last_end, 0ull)) : t1;
+				if (to > from)
+					atomicAdd(&stalled_span, (unsigned long long)(to - from));
+			}
 		}
 		rec.touched[g] = k;
 		rec.stalled_ns[g] = stalled;
+		/* The last stalled warp of the block to end leaves the block's stalled span. */
+		if (atomicAdd(&stall_warps_done, 1u) == plan.warps - 1)
+			rec.stalled_span_ns[b] = atomicAdd(&stalled_span, 0ull);
 		if (sum == 42) /* never: keeps the loads */
 			sink[0] = 1;
 		return;
@@ -229,13 +251,14 @@ __global__ void beside_stalls(work kind, uint32_t rounds, const uint4 *data, uin
 		smem[k] = make_uint4(k, k, k, k);
 	asm volatile("bar.sync 1, %0;" ::"r"(work_threads) : "memory");
 	const uint64_t start = wic::detail::globaltimer();
+	if (lane == 0) /* now: the stalled warps clip their intervals to it */
+		atomicMin(&first_start, (unsigned long long)start);
 	const uint32_t result = do_work(kind, rounds, data, data_bytes, threadIdx.x, b, smem);
 	const uint64_t end = wic::detail::globaltimer();
 	if (result == 42)
 		sink[1] = result;
 	if (lane == 0) {
 		rec.warp_ns[b * work_warps + warp] = end - start;
-		atomicMin(&first_start, (unsigned long long)start);
 		atomicMax(&last_end, (unsigned long long)end);
 		__threadfence_block();
 		if (atomicAdd(&finished, 1u) == work_warps - 1) {
@@ -250,7 +273,7 @@ __global__ void beside_stalls(work kind, uint32_t rounds, const uint4 *data, uin
 struct outcome {
 	std::vector<double> span_us;	  /* per block */
 	std::vector<double> warp_us;	  /* per work warp, block-major */
-	std::vector<double> coverage;	  /* per stalled warp: stalled time / its block's span */
+	std::vector<double> coverage;	  /* per block with stalled warps: stalled span / work span */
 	std::vector<double> stall_us;	  /* per stalled warp that read a page: mean stall of a fault */
 	std::vector<double> touched;	  /* per stalled warp */
 	double ran_out = 0;		  /* share of stalled warps that read every page they had */
@@ -271,6 +294,7 @@ public:
 		pages_bytes_ = 2 * fault_budget_pages * page_bytes;
 		CHECK(cudaMallocManaged(&pages_, pages_bytes_));
 		CHECK(cudaMalloc(&span_, sms_ * sizeof(uint64_t)));
+		CHECK(cudaMalloc(&stalled_span_, sms_ * sizeof(uint64_t)));
 		CHECK(cudaMalloc(&warp_, sms_ * work_warps * sizeof(uint64_t)));
 		CHECK(cudaMalloc(&touched_, sms_ * max_stalled_warps * sizeof(uint32_t)));
 		CHECK(cudaMalloc(&stalled_, sms_ * max_stalled_warps * sizeof(uint64_t)));
@@ -285,6 +309,7 @@ public:
 		CHECK(cudaFree(data_));
 		CHECK(cudaFree(pages_));
 		CHECK(cudaFree(span_));
+		CHECK(cudaFree(stalled_span_));
 		CHECK(cudaFree(warp_));
 		CHECK(cudaFree(touched_));
 		CHECK(cudaFree(stalled_));
@@ -321,16 +346,18 @@ public:
 		}
 		CHECK(cudaMemset(touched_, 0, sms_ * max_stalled_warps * sizeof(uint32_t)));
 		CHECK(cudaMemset(stalled_, 0, sms_ * max_stalled_warps * sizeof(uint64_t)));
+		CHECK(cudaMemset(stalled_span_, 0, sms_ * sizeof(uint64_t)));
 		CHECK(cudaDeviceSynchronize());
 		const stall_plan plan{pages_, stalled, grid_warps, per_warp, even_only};
-		const run_record rec{span_, warp_, touched_, stalled_};
+		const run_record rec{span_, stalled_span_, warp_, touched_, stalled_};
 		beside_stalls<<<sms_, (work_warps + stalled) * 32, smem_bytes>>>(kind, rounds, data_, data_bytes_, plan,
 										    rec, sink_);
 		CHECK(cudaGetLastError());
 		CHECK(cudaDeviceSynchronize());
-		std::vector<uint64_t> span(sms_), warp(sms_ * work_warps), stalled_ns(grid_warps);
+		std::vector<uint64_t> span(sms_), stalled_span(sms_), warp(sms_ * work_warps), stalled_ns(grid_warps);
 		std::vector<uint32_t> touched(grid_warps);
 		CHECK(cudaMemcpy(span.data(), span_, span.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+		CHECK(cudaMemcpy(stalled_span.data(), stalled_span_, sms_ * sizeof(uint64_t), cudaMemcpyDeviceToHost));
 		CHECK(cudaMemcpy(warp.data(), warp_, warp.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
 		CHECK(cudaMemcpy(touched.data(), touched_, grid_warps * sizeof(uint32_t), cudaMemcpyDeviceToHost));
 		CHECK(cudaMemcpy(stalled_ns.data(), stalled_, grid_warps * sizeof(uint64_t), cudaMemcpyDeviceToHost));
@@ -347,11 +374,13 @@ public:
 			active++;
 			ran_out += touched[g] == per_warp;
 			o.touched.push_back(touched[g]);
-			o.coverage.push_back(stalled_ns[g] / std::max(1.0, (double)span[b]));
 			if (touched[g])
 				o.stall_us.push_back(stalled_ns[g] / 1000.0 / touched[g]);
 		}
 		o.ran_out = active ? (double)ran_out / active : 0;
+		for (int b = 0; stalled && b < sms_; b++)
+			if (!(even_only && b % 2))
+				o.coverage.push_back(std::min(1.0, stalled_span[b] / std::max(1.0, (double)span[b])));
 		return o;
 	}
 
@@ -362,6 +391,7 @@ private:
 	uint64_t pages_bytes_ = 0;
 	uint8_t *pages_ = nullptr;
 	uint64_t *span_ = nullptr;
+	uint64_t *stalled_span_ = nullptr;
 	uint64_t *warp_ = nullptr;
 	uint32_t *touched_ = nullptr;
 	uint64_t *stalled_ = nullptr;
@@ -413,12 +443,13 @@ void measure(bench_state &st, work kind, uint32_t rounds, uint32_t stalled, bool
 		touched.push_back(quantile(s.touched, 0.5));
 		ran_out.push_back(s.ran_out);
 	}
-	const double a = quantile(alone, 0.5), slowdown = quantile(beside, 0.5) / a;
-	printf("stall_cost  %-12s S=%2u%s%s  alone %8.1f us  beside %9.1f us  %7.3fx  coverage %.2f  stall %7.1f us/fault"
-	       "  pages %4.0f  ran out %3.0f%%",
+	const double a = quantile(alone, 0.5), slowdown = quantile(beside, 0.5) / a, u = quantile(coverage, 0.5);
+	/* Full speed outside the stalls, speed p during them: 1 / slowdown = (1 - u) + p u. */
+	const double progress = u > 0 ? std::max(0.0, (1 / slowdown - (1 - u)) / u) : 1.0;
+	printf("stall_cost  %-12s S=%2u%s%s  alone %8.1f us  beside %9.1f us  %7.3fx  coverage %.3f  progress %.3f"
+	       "  stall %7.1f us/fault  pages %4.0f  ran out %3.0f%%",
 	       work_name(kind), stalled, fresh ? " fresh" : "", even_only ? " even" : "", a, quantile(beside, 0.5),
-	       slowdown, quantile(coverage, 0.5), quantile(stall, 0.5), quantile(touched, 0.5),
-	       100 * quantile(ran_out, 0.5));
+	       slowdown, u, progress, quantile(stall, 0.5), quantile(touched, 0.5), 100 * quantile(ran_out, 0.5));
 	record rec("stall_cost");
 	rec.add("work", work_name(kind))
 		.add("stalled_warps_per_sm", (double)stalled)
@@ -427,7 +458,8 @@ void measure(bench_state &st, work kind, uint32_t rounds, uint32_t stalled, bool
 		.add("alone_us", a)
 		.add("beside_us", quantile(beside, 0.5))
 		.add("slowdown", slowdown)
-		.add("coverage", quantile(coverage, 0.5))
+		.add("coverage", u)
+		.add("progress_while_stalled", progress)
 		.add("stall_us_per_fault", quantile(stall, 0.5))
 		.add("pages_touched", quantile(touched, 0.5))
 		.add("ran_out", quantile(ran_out, 0.5))
