@@ -228,10 +228,13 @@ __global__ void beside_stalls(work kind, uint32_t rounds, const uint4 *data, uin
 			sum += wic::detail::load_volatile(at);
 			const uint64_t t1 = wic::detail::globaltimer();
 			stalled += t1 - t0;
+			/*
+			 * Read before this warp stops counting: once it has, another warp may open the
+			 * next interval. Only what lies within the work span counts.
+			 */
+			const unsigned long long since = atomicAdd(&stalled_since, 0ull);
 			if (atomicSub(&outstanding, 1u) == 1) {
-				/* Only what lies within the work span counts. */
-				const uint64_t from = max((unsigned long long)atomicAdd(&stalled_since, 0ull),
-							  (unsigned long long)atomicAdd(&first_start, 0ull));
+				const uint64_t from = max(since, (unsigned long long)atomicAdd(&first_start, 0ull));
 				const uint64_t to = work_over ? min((unsigned long long)t1, atomicAdd(&last_end, 0ull)) : t1;
 				if (to > from)
 					atomicAdd(&stalled_span, (unsigned long long)(to - from));
