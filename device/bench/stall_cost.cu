@@ -24,9 +24,10 @@
  * stalled: 1 = as fast as alone, 0 = not at all, assuming full speed outside the stalls); the
  * mean stall of one fault, how many pages a stalled warp got through and how many ran out of
  * pages before the work ended; for S = 1 and 2 the work warps on the schedulers of the stalled
- * warps against the others (assuming warp w issues from scheduler w % 4); and with S = 8 on the even
- * blocks only, the blocks with stalled warps against the blocks without (is the cost local to
- * the SM?).
+ * warps against the others (assuming warp w issues from scheduler w % 4); and with S = 8 only
+ * on the SMs of even %smid, the SMs with stalled warps against the SMs without: is the cost
+ * local to the SM, or shared with the other SM of its TPC (SMs 2t and 2t + 1, as far as
+ * %smid numbers them so)?
  *
  * Usage: stall_cost [--quick] [OUT.jsonl]   (--quick: S = 1 and 8, one run each)
  * Prints one line per configuration; writes one JSON object per configuration to OUT.jsonl,
@@ -91,14 +92,14 @@ constexpr uint32_t max_pages_per_warp = 512;
  * @warps: stalled warps per block
  * @grid_warps: stalled warps of the grid
  * @per_warp: the most pages one reads
- * @even_blocks_only: odd blocks have no stalled warps (their stalled warps end at once)
+ * @even_sms_only: blocks on an SM of odd %smid have no stalled warps (theirs end at once)
  */
 struct stall_plan {
 	const uint8_t *pages;
 	uint32_t warps;
 	uint32_t grid_warps;
 	uint32_t per_warp;
-	bool even_blocks_only;
+	bool even_sms_only;
 };
 
 /*
@@ -107,6 +108,7 @@ struct stall_plan {
  * pages it read and the time it spent stalled.
  */
 struct run_record {
+	uint32_t *smid;
 	uint64_t *span_ns;
 	uint64_t *stalled_span_ns;
 	uint64_t *warp_ns;
@@ -212,10 +214,14 @@ __global__ void beside_stalls(work kind, uint32_t rounds, const uint4 *data, uin
 		outstanding = 0;
 		stall_warps_done = 0;
 	}
+	uint32_t sm;
+	asm("mov.u32 %0, %%smid;" : "=r"(sm));
+	if (threadIdx.x == 0)
+		rec.smid[b] = sm;
 	__syncthreads();
 	if (warp >= work_warps) {
 		const uint32_t g = b * plan.warps + (warp - work_warps);
-		if (lane != 0 || (plan.even_blocks_only && b % 2))
+		if (lane != 0 || (plan.even_sms_only && sm % 2))
 			return;
 		uint64_t stalled = 0, sum = 0;
 		uint32_t k = 0;
@@ -274,6 +280,7 @@ __global__ void beside_stalls(work kind, uint32_t rounds, const uint4 *data, uin
 
 /* What one run measured. */
 struct outcome {
+	std::vector<uint32_t> smid;	  /* per block: the SM it ran on */
 	std::vector<double> span_us;	  /* per block */
 	std::vector<double> warp_us;	  /* per work warp, block-major */
 	std::vector<double> coverage;	  /* per block with stalled warps: stalled span / work span */
@@ -296,6 +303,7 @@ public:
 		CHECK(cudaMemset(data_, 1, data_bytes_));
 		pages_bytes_ = 2 * fault_budget_pages * page_bytes;
 		CHECK(cudaMallocManaged(&pages_, pages_bytes_));
+		CHECK(cudaMalloc(&smid_, sms_ * sizeof(uint32_t)));
 		CHECK(cudaMalloc(&span_, sms_ * sizeof(uint64_t)));
 		CHECK(cudaMalloc(&stalled_span_, sms_ * sizeof(uint64_t)));
 		CHECK(cudaMalloc(&warp_, sms_ * work_warps * sizeof(uint64_t)));
@@ -311,6 +319,7 @@ public:
 	{
 		CHECK(cudaFree(data_));
 		CHECK(cudaFree(pages_));
+		CHECK(cudaFree(smid_));
 		CHECK(cudaFree(span_));
 		CHECK(cudaFree(stalled_span_));
 		CHECK(cudaFree(warp_));
@@ -331,8 +340,8 @@ public:
 	}
 
 	/*
-	 * run() - @kind for @rounds beside @stalled warps per block (on the even blocks only with
-	 * @even_only), whose pages are fresh (@fresh) or host-resident.
+	 * run() - @kind for @rounds beside @stalled warps per block (only on SMs of even %smid
+	 * with @even_only), whose pages are fresh (@fresh) or host-resident.
 	 */
 	outcome run(work kind, uint32_t rounds, uint32_t stalled, bool even_only, bool fresh)
 	{
@@ -352,19 +361,21 @@ public:
 		CHECK(cudaMemset(stalled_span_, 0, sms_ * sizeof(uint64_t)));
 		CHECK(cudaDeviceSynchronize());
 		const stall_plan plan{pages_, stalled, grid_warps, per_warp, even_only};
-		const run_record rec{span_, stalled_span_, warp_, touched_, stalled_};
+		const run_record rec{smid_, span_, stalled_span_, warp_, touched_, stalled_};
 		beside_stalls<<<sms_, (work_warps + stalled) * 32, smem_bytes>>>(kind, rounds, data_, data_bytes_, plan,
 										    rec, sink_);
 		CHECK(cudaGetLastError());
 		CHECK(cudaDeviceSynchronize());
 		std::vector<uint64_t> span(sms_), stalled_span(sms_), warp(sms_ * work_warps), stalled_ns(grid_warps);
-		std::vector<uint32_t> touched(grid_warps);
+		std::vector<uint32_t> touched(grid_warps), smid(sms_);
+		CHECK(cudaMemcpy(smid.data(), smid_, sms_ * sizeof(uint32_t), cudaMemcpyDeviceToHost));
 		CHECK(cudaMemcpy(span.data(), span_, span.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
 		CHECK(cudaMemcpy(stalled_span.data(), stalled_span_, sms_ * sizeof(uint64_t), cudaMemcpyDeviceToHost));
 		CHECK(cudaMemcpy(warp.data(), warp_, warp.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
 		CHECK(cudaMemcpy(touched.data(), touched_, grid_warps * sizeof(uint32_t), cudaMemcpyDeviceToHost));
 		CHECK(cudaMemcpy(stalled_ns.data(), stalled_, grid_warps * sizeof(uint64_t), cudaMemcpyDeviceToHost));
 		outcome o;
+		o.smid = smid;
 		for (uint64_t v : span)
 			o.span_us.push_back(v / 1000.0);
 		for (uint64_t v : warp)
@@ -372,7 +383,7 @@ public:
 		uint32_t ran_out = 0, active = 0;
 		for (uint32_t g = 0; g < grid_warps; g++) {
 			const uint32_t b = g / stalled;
-			if (even_only && b % 2)
+			if (even_only && smid[b] % 2)
 				continue;
 			active++;
 			ran_out += touched[g] == per_warp;
@@ -382,7 +393,7 @@ public:
 		}
 		o.ran_out = active ? (double)ran_out / active : 0;
 		for (int b = 0; stalled && b < sms_; b++)
-			if (!(even_only && b % 2))
+			if (!(even_only && smid[b] % 2))
 				o.coverage.push_back(std::min(1.0, stalled_span[b] / std::max(1.0, (double)span[b])));
 		return o;
 	}
@@ -393,6 +404,7 @@ private:
 	uint4 *data_ = nullptr;
 	uint64_t pages_bytes_ = 0;
 	uint8_t *pages_ = nullptr;
+	uint32_t *smid_ = nullptr;
 	uint64_t *span_ = nullptr;
 	uint64_t *stalled_span_ = nullptr;
 	uint64_t *warp_ = nullptr;
@@ -401,12 +413,12 @@ private:
 	uint32_t *sink_ = nullptr;
 };
 
-/* Medians of the blocks (@even: even blocks only, @odd: odd only, else all) of one run. */
+/* The median span of the blocks on SMs of %smid parity @parity (-1: all) of one run. */
 double median_span(const outcome &o, int parity)
 {
 	std::vector<double> v;
 	for (size_t b = 0; b < o.span_us.size(); b++)
-		if (parity < 0 || (int)(b % 2) == parity)
+		if (parity < 0 || (int)(o.smid[b] % 2) == parity)
 			v.push_back(o.span_us[b]);
 	return quantile(v, 0.5);
 }
@@ -451,7 +463,7 @@ void measure(bench_state &st, work kind, uint32_t rounds, uint32_t stalled, bool
 	const double progress = u > 0 ? std::max(0.0, (1 / slowdown - (1 - u)) / u) : 1.0;
 	printf("stall_cost  %-12s S=%2u%s%s  alone %8.1f us  beside %9.1f us  %7.3fx  coverage %.3f  progress %.3f"
 	       "  stall %7.1f us/fault  pages %4.0f  ran out %3.0f%%",
-	       work_name(kind), stalled, fresh ? " fresh" : "", even_only ? " even" : "", a, quantile(beside, 0.5),
+	       work_name(kind), stalled, fresh ? " fresh" : "", even_only ? " even SMs" : "", a, quantile(beside, 0.5),
 	       slowdown, u, progress, quantile(stall, 0.5), quantile(touched, 0.5), 100 * quantile(ran_out, 0.5));
 	record rec("stall_cost");
 	rec.add("work", work_name(kind))
@@ -469,8 +481,8 @@ void measure(bench_state &st, work kind, uint32_t rounds, uint32_t stalled, bool
 		.add("reps", (double)reps);
 	if (even_only) {
 		const double odd = quantile(beside_odd, 0.5) / a;
-		printf("  blocks without stalled warps %.3fx", odd);
-		rec.add("stalls_on", "even_blocks").add("slowdown_blocks_without_stalls", odd);
+		printf("  SMs without stalled warps %.3fx", odd);
+		rec.add("stalls_on", "even_smid").add("slowdown_blocks_without_stalls", odd);
 	}
 	if (stalled <= 2) {
 		const double aw = quantile(alone_warp, 0.5), s = quantile(same, 0.5) / aw, o = quantile(other, 0.5) / aw;
