@@ -626,17 +626,16 @@ inline transport pick_host_transport(uint64_t batch_bytes, uint32_t spinning_wai
 /*
  * pick_peer_transport() - the transport for a channel whose producer is a kernel on another GPU,
  * from what device/bench/transport measured (2 x H200 over NVLink, stock driver 580.159.04,
- * 2026-11-26)
+ * 2026-11-26; device/bench/results/transport-h200x2-2026-11-26-peer.jsonl)
  * @batch_bytes: bytes of one generation of a slot
  *
- * tagged up to 4 KiB: its lines need no fence, so a 64-byte to 1 KiB message arrived 1.8 us
- * after the producer began (the link's own one-way: 1.2 us), push's 4.3 us, of which 0.9 us is
- * the fence after the data; streaming 4 KiB batches from one block per SM, tagged moved 166
- * GB/s, push 91. push beyond: tagged carries each byte twice over the link and unpacks it
- * again, so at 16 KiB it arrived later than push (5.9 us against 4.3) and streamed half as
- * fast from 64 KiB on. Between 4 and 16 KiB it was not measured. An exchange that moves many
- * 4 KiB messages at once is bound by the link's bandwidth, not its latency, and is faster with
- * push (G_BS: 1.29x its bound with tagged, 1.22x with push).
+ * tagged up to 4 KiB: its lines need no fence, so a message of 64 bytes to 1 KiB arrived 1.8 us
+ * after the producer began and one of 4 KiB 2.3 us (a store's own trip: 1.2 us), push's 3.8 us,
+ * of which 0.9 us is the fence that waits for the data's stores before the ready word; and one
+ * block per SM streaming 4 KiB batches moved 162 GB/s tagged, 90 GB/s push. push beyond:
+ * tagged carries each byte twice over the link and unpacks it again, so a 16 KiB message
+ * arrived later (5.9 us against 4.8) and 64 KiB batches streamed half as fast (182 GB/s against
+ * 341). Between 4 and 16 KiB it was not measured.
  */
 inline transport pick_peer_transport(uint64_t batch_bytes)
 {
