@@ -27,7 +27,8 @@
  * warps against the others (assuming warp w issues from scheduler w % 4); and with S = 8 only
  * on the SMs of even %smid, the SMs with stalled warps against the SMs without: is the cost
  * local to the SM, or shared with the other SM of its TPC (SMs 2t and 2t + 1, as far as
- * %smid numbers them so)?
+ * %smid numbers them so)? And with the stalled warps first in the block (warps 0 to S - 1,
+ * "first") rather than last: does a stalled warp's cost depend on where the scheduler ranks it?
  *
  * Usage: stall_cost [--quick] [OUT.jsonl]   (--quick: S = 1 and 8, one run each)
  * Prints one line per configuration; writes one JSON object per configuration to OUT.jsonl,
@@ -93,6 +94,7 @@ constexpr uint32_t max_pages_per_warp = 512;
  * @grid_warps: stalled warps of the grid
  * @per_warp: the most pages one reads
  * @even_sms_only: blocks on an SM of odd %smid have no stalled warps (theirs end at once)
+ * @stalled_first: the stalled warps are the block's first (warps 0 to @warps - 1), not its last
  */
 struct stall_plan {
 	const uint8_t *pages;
@@ -100,6 +102,7 @@ struct stall_plan {
 	uint32_t grid_warps;
 	uint32_t per_warp;
 	bool even_sms_only;
+	bool stalled_first;
 };
 
 /*
@@ -203,7 +206,15 @@ __global__ void beside_stalls(work kind, uint32_t rounds, const uint4 *data, uin
 	__shared__ unsigned long long first_start, last_end, stalled_since, stalled_span;
 	__shared__ volatile int work_over;
 	__shared__ unsigned int finished, outstanding, stall_warps_done;
-	const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, b = blockIdx.x;
+	const uint32_t lane = threadIdx.x % 32, b = blockIdx.x;
+	const bool stalls = plan.stalled_first ? threadIdx.x / 32 < plan.warps : threadIdx.x / 32 >= work_warps;
+	/* The warp's index among the work warps, or among the stalled ones. */
+	uint32_t warp = threadIdx.x / 32;
+	if (stalls && !plan.stalled_first)
+		warp -= work_warps;
+	else if (!stalls && plan.stalled_first)
+		warp -= plan.warps;
+	const uint32_t t = warp * 32 + lane;
 
 	if (threadIdx.x == 0) {
 		first_start = ~0ull;
@@ -219,8 +230,8 @@ __global__ void beside_stalls(work kind, uint32_t rounds, const uint4 *data, uin
 	if (threadIdx.x == 0)
 		rec.smid[b] = sm;
 	__syncthreads();
-	if (warp >= work_warps) {
-		const uint32_t g = b * plan.warps + (warp - work_warps);
+	if (stalls) {
+		const uint32_t g = b * plan.warps + warp;
 		if (lane != 0 || (plan.even_sms_only && sm % 2))
 			return;
 		uint64_t stalled = 0, sum = 0;
@@ -256,13 +267,13 @@ __global__ void beside_stalls(work kind, uint32_t rounds, const uint4 *data, uin
 		return;
 	}
 	/* Only the work warps meet here: the stalled ones never come to a block-wide barrier. */
-	for (uint32_t k = threadIdx.x; k < l1_bytes / 16; k += work_threads)
+	for (uint32_t k = t; k < l1_bytes / 16; k += work_threads)
 		smem[k] = make_uint4(k, k, k, k);
 	asm volatile("bar.sync 1, %0;" ::"r"(work_threads) : "memory");
 	const uint64_t start = wic::detail::globaltimer();
 	if (lane == 0) /* now: the stalled warps clip their intervals to it */
 		atomicMin(&first_start, (unsigned long long)start);
-	const uint32_t result = do_work(kind, rounds, data, data_bytes, threadIdx.x, b, smem);
+	const uint32_t result = do_work(kind, rounds, data, data_bytes, t, b, smem);
 	const uint64_t end = wic::detail::globaltimer();
 	if (result == 42)
 		sink[1] = result;
@@ -341,9 +352,10 @@ public:
 
 	/*
 	 * run() - @kind for @rounds beside @stalled warps per block (only on SMs of even %smid
-	 * with @even_only), whose pages are fresh (@fresh) or host-resident.
+	 * with @even_only; the block's first warps with @first, else its last), whose pages are
+	 * fresh (@fresh) or host-resident.
 	 */
-	outcome run(work kind, uint32_t rounds, uint32_t stalled, bool even_only, bool fresh)
+	outcome run(work kind, uint32_t rounds, uint32_t stalled, bool even_only, bool fresh, bool first = false)
 	{
 		const uint32_t grid_warps = stalled * sms_;
 		const uint32_t per_warp =
@@ -360,7 +372,7 @@ public:
 		CHECK(cudaMemset(stalled_, 0, sms_ * max_stalled_warps * sizeof(uint64_t)));
 		CHECK(cudaMemset(stalled_span_, 0, sms_ * sizeof(uint64_t)));
 		CHECK(cudaDeviceSynchronize());
-		const stall_plan plan{pages_, stalled, grid_warps, per_warp, even_only};
+		const stall_plan plan{pages_, stalled, grid_warps, per_warp, even_only, first};
 		const run_record rec{smid_, span_, stalled_span_, warp_, touched_, stalled_};
 		beside_stalls<<<sms_, (work_warps + stalled) * 32, smem_bytes>>>(kind, rounds, data_, data_bytes_, plan,
 										    rec, sink_);
@@ -423,35 +435,42 @@ double median_span(const outcome &o, int parity)
 	return quantile(v, 0.5);
 }
 
-/* The median time of the work warps on the schedulers of @stalled stalled warps (@same) or the others. */
-double median_warps(const outcome &o, uint32_t stalled, bool same)
+/*
+ * The median time of the work warps on the schedulers of @stalled (at most 4) stalled warps
+ * (@same) or the others; @first: the stalled warps come first in the block.
+ */
+double median_warps(const outcome &o, uint32_t stalled, bool first, bool same)
 {
 	std::vector<double> v;
 	for (size_t i = 0; i < o.warp_us.size(); i++) {
-		const uint32_t w = i % work_warps;
-		/* Stalled warp j is warp work_warps + j, on scheduler (work_warps + j) % 4 = j % 4. */
-		const bool shares = w % 4 < stalled;
+		/* Warp k of the block issues from scheduler k % 4; stalled warp j is warp j or work_warps + j. */
+		const uint32_t w = i % work_warps, k = first ? stalled + w : w;
+		const bool shares = k % 4 < stalled;
 		if (shares == same)
 			v.push_back(o.warp_us[i]);
 	}
 	return quantile(v, 0.5);
 }
 
-/* One configuration, against @kind alone: median of @reps runs each. */
-void measure(bench_state &st, work kind, uint32_t rounds, uint32_t stalled, bool even_only, bool fresh, int reps)
+/*
+ * One configuration, against @kind alone: median of @reps runs each. @first: the stalled warps
+ * are the block's first.
+ */
+void measure(bench_state &st, work kind, uint32_t rounds, uint32_t stalled, bool even_only, bool fresh, int reps,
+	     bool first = false)
 {
 	std::vector<double> alone, beside, beside_odd, same, other, alone_warp, coverage, stall, touched, ran_out;
 	for (int r = 0; r < reps; r++) {
 		const outcome a = st.run(kind, rounds, 0, false, false);
-		const outcome s = st.run(kind, rounds, stalled, even_only, fresh);
+		const outcome s = st.run(kind, rounds, stalled, even_only, fresh, first);
 		alone.push_back(median_span(a, -1));
 		alone_warp.push_back(quantile(a.warp_us, 0.5));
 		beside.push_back(median_span(s, even_only ? 0 : -1));
 		if (even_only)
 			beside_odd.push_back(median_span(s, 1));
 		if (stalled <= 2) {
-			same.push_back(median_warps(s, stalled, true));
-			other.push_back(median_warps(s, stalled, false));
+			same.push_back(median_warps(s, stalled, first, true));
+			other.push_back(median_warps(s, stalled, first, false));
 		}
 		coverage.push_back(quantile(s.coverage, 0.5));
 		stall.push_back(quantile(s.stall_us, 0.5));
@@ -463,13 +482,14 @@ void measure(bench_state &st, work kind, uint32_t rounds, uint32_t stalled, bool
 	const double progress = u > 0 ? std::max(0.0, (1 / slowdown - (1 - u)) / u) : 1.0;
 	printf("stall_cost  %-12s S=%2u%s%s  alone %8.1f us  beside %9.1f us  %7.3fx  coverage %.3f  progress %.3f"
 	       "  stall %7.1f us/fault  pages %4.0f  ran out %3.0f%%",
-	       work_name(kind), stalled, fresh ? " fresh" : "", even_only ? " even SMs" : "", a, quantile(beside, 0.5),
+	       work_name(kind), stalled, fresh ? " fresh" : first ? " first" : "", even_only ? " even SMs" : "", a, quantile(beside, 0.5),
 	       slowdown, u, progress, quantile(stall, 0.5), quantile(touched, 0.5), 100 * quantile(ran_out, 0.5));
 	record rec("stall_cost");
 	rec.add("work", work_name(kind))
 		.add("stalled_warps_per_sm", (double)stalled)
 		.add("work_warps_per_sm", (double)work_warps)
 		.add("pages", fresh ? "fresh" : "host_resident")
+		.add("stalled_warps_first", first)
 		.add("alone_us", a)
 		.add("beside_us", quantile(beside, 0.5))
 		.add("slowdown", slowdown)
@@ -545,6 +565,10 @@ int main(int argc, char **argv)
 		for (uint32_t s : counts)
 			if (s == 1 || s == 8 || s == 24)
 				measure(st, kind, st.rounds_for(kind), s, false, true, reps);
+	/* Does a stalled warp cost more issue slots when it is among the block's first warps? */
+	for (work kind : {work::fma_ilp, work::fma_chain, work::dram_loads})
+		for (uint32_t s : {1u, 4u})
+			measure(st, kind, st.rounds_for(kind), s, false, false, reps, true);
 	if (bench::json)
 		fclose(bench::json);
 	return 0;

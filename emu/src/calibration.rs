@@ -63,6 +63,25 @@ pub struct Poll {
     pub issue_weight: Constant<f64>,
 }
 
+/// What a warp stalled on a replayable fault costs the other warps of its SM (see `sim`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Stall {
+    /// Speed of arithmetic work, relative to alone, while a warp of its SM is fault-stalled.
+    pub compute_progress: Constant<f64>,
+    /// Speed of work on memory accesses that leave the SM (L1 misses), likewise.
+    pub memory_progress: Constant<f64>,
+}
+
+impl Stall {
+    /// Speed, relative to alone, of work that spends `memory_share` of its time alone on memory
+    /// accesses leaving the SM, while a warp of its SM is fault-stalled: the two parts slow down
+    /// each by its own measured factor, one after the other.
+    pub fn progress(&self, memory_share: f64) -> f64 {
+        1.0 / ((1.0 - memory_share) / self.compute_progress.value + memory_share / self.memory_progress.value)
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Daemon {
@@ -82,6 +101,7 @@ pub struct Calibration {
     pub link: Link,
     pub host: Host,
     pub poll: Poll,
+    pub stall: Stall,
     pub daemon: Daemon,
 }
 
@@ -115,6 +135,8 @@ pub const LATENCY_NS: RangeInclusive<u64> = 0..=1_000_000_000;
 pub const GBPS: RangeInclusive<f64> = 0.01..=100_000.0;
 /// The issue-slot share of a polling warp relative to a computing one.
 pub const ISSUE_WEIGHT: RangeInclusive<f64> = 0.0..=1.0;
+/// Speed beside a fault-stalled warp, relative to alone: above zero (a run must end) to 1.
+pub const PROGRESS: RangeInclusive<f64> = 1e-6..=1.0;
 
 /// `value` of constant `name` if it lies within `range`; an error naming all three otherwise (a
 /// float that is not a number lies in no range). Floats are shown as `Debug` writes them: `10.0`,
@@ -133,7 +155,7 @@ fn within<T: PartialOrd + Debug>(name: &str, value: T, range: &RangeInclusive<T>
 impl Calibration {
     /// Parses and checks a calibration file: every constant must be present, known and within its
     /// range ([`SMS`], [`WARP_SLOTS_PER_SM`], [`SCHEDULERS_PER_SM`], [`CLOCK_GHZ`], [`WARP_IPC`],
-    /// [`FAULT_ENTRIES`], [`LATENCY_NS`], [`GBPS`], [`ISSUE_WEIGHT`]).
+    /// [`FAULT_ENTRIES`], [`LATENCY_NS`], [`GBPS`], [`ISSUE_WEIGHT`], [`PROGRESS`]).
     pub fn from_toml(text: &str) -> Result<Self, String> {
         let cal: Self = toml::from_str(text).map_err(|e| format!("calibration: {e}"))?;
         cal.checked()
@@ -184,6 +206,8 @@ impl Calibration {
             within(name, value, &GBPS)?;
         }
         within("poll.issue_weight", self.poll.issue_weight.value, &ISSUE_WEIGHT)?;
+        within("stall.compute_progress", self.stall.compute_progress.value, &PROGRESS)?;
+        within("stall.memory_progress", self.stall.memory_progress.value, &PROGRESS)?;
         Ok(self)
     }
 
@@ -214,6 +238,8 @@ impl Calibration {
             row("link.nvlink_latency_ns", &self.link.nvlink_latency_ns),
             row("host.memcpy_gbps", &self.host.memcpy_gbps),
             row("poll.issue_weight", &self.poll.issue_weight),
+            row("stall.compute_progress", &self.stall.compute_progress),
+            row("stall.memory_progress", &self.stall.memory_progress),
             row("daemon.wakeup_ns", &self.daemon.wakeup_ns),
             row("daemon.engine_per_entry_ns", &self.daemon.engine_per_entry_ns),
             row("daemon.submission_ns", &self.daemon.submission_ns),
@@ -250,7 +276,7 @@ mod tests {
     #[test]
     fn built_in_parses_and_every_constant_has_a_source() {
         let cal = Calibration::built_in();
-        assert_eq!(cal.table().len(), 23);
+        assert_eq!(cal.table().len(), 25);
         assert!(cal.table().iter().all(|(_, _, source, _)| source.len() > 10));
     }
 
@@ -325,6 +351,18 @@ mod tests {
             ("fault.buffer_entries", ["1", "1048576"], vec![("0", "0"), ("1048577", "1048577")], "1 to 1048576"),
             ("fault.batch_max", ["1", "1048576"], vec![("0", "0"), ("4294967295", "4294967295")], "1 to 1048576"),
             ("poll.issue_weight", ["0.0", "1.0"], vec![("-0.1", "-0.1"), ("1.5", "1.5"), ("nan", "NaN")], "0.0 to 1.0"),
+            (
+                "stall.compute_progress",
+                ["0.000001", "1.0"],
+                vec![("0.0", "0.0"), ("1.5", "1.5"), ("nan", "NaN")],
+                "1e-6 to 1.0",
+            ),
+            (
+                "stall.memory_progress",
+                ["0.000001", "1.0"],
+                vec![("0.0", "0.0"), ("-1.0", "-1.0"), ("inf", "inf")],
+                "1e-6 to 1.0",
+            ),
         ];
         let latencies = LATENCIES.map(|key| {
             let past = vec![("1000000001", "1000000001"), ("9223372036854775807", "9223372036854775807")];

@@ -4,8 +4,11 @@
 //!
 //! SM issue is processor sharing: every computing warp progresses at
 //! `min(warp_ipc, schedulers / (computing + issue_weight x polling))` instructions per cycle, so a
-//! polling warp costs co-resident compute and a fault-stalled warp costs nothing. Time is integer
-//! nanoseconds; the run is deterministic for a seed.
+//! polling warp costs co-resident compute. While any warp of an SM is stalled on a fault, that
+//! rate is multiplied by the work's progress beside a stalled warp (`Stall::progress` of the
+//! phase's memory share): on an H100 the SM's memory accesses that miss L1 make almost no
+//! progress during the stall, its arithmetic nearly full progress (`device/bench/stall_cost.cu`).
+//! Time is integer nanoseconds; the run is deterministic for a seed.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
@@ -164,6 +167,8 @@ struct Sm {
     computing: u32,
     polling: u32,
     waiting: u32,
+    /// Warps of the SM stalled on a fault (waiting for a replay), in any mode.
+    fault_stalled: u32,
     resident_ctas: u32,
     occupied_ns: f64,
     wait_ns: f64,
@@ -302,6 +307,9 @@ pub fn check(workload: &Workload) -> Result<EngineConfig, String> {
         let phase_slots = u64::from(phase.ctas) * u64::from(phase.requests_per_warp);
         if phase_slots == 0 || phase.warps_per_cta == 0 || phase.message_bytes == 0 {
             return Err(format!("phase {index} has no CTA, warp, request or message byte"));
+        }
+        if !(0.0..=1.0).contains(&phase.memory_share) {
+            return Err(format!("phase {index}'s memory share {} is not a share (0 to 1)", phase.memory_share));
         }
         if phase_slots > MAX_PHASE_SLOTS {
             return Err(format!(
@@ -698,11 +706,20 @@ impl<'a> Sim<'a> {
         let g = &self.cal.gpu;
         let demand = f64::from(sm.computing) + self.cal.poll.issue_weight.value * f64::from(sm.polling);
         let ipc = if demand > 0.0 { g.warp_ipc.value.min(f64::from(g.schedulers_per_sm.value) / demand) } else { 0.0 };
-        ipc * g.clock_ghz.value
+        ipc * g.clock_ghz.value * self.stall_progress(sm)
+    }
+
+    /// The computing warps' speed relative to no warp stalled on a fault: below 1 while one is.
+    fn stall_progress(&self, sm: &Sm) -> f64 {
+        if sm.fault_stalled == 0 {
+            return 1.0;
+        }
+        self.cal.stall.progress(self.current().phase.memory_share)
     }
 
     fn advance(&mut self, gpu: u16, sm: u32) {
         let rate = self.rate(&self.gpus[gpu as usize].sms[sm as usize]);
+        let progress = self.stall_progress(&self.gpus[gpu as usize].sms[sm as usize]);
         let weight = self.cal.poll.issue_weight.value;
         let now = self.now;
         let s = &mut self.gpus[gpu as usize].sms[sm as usize];
@@ -717,8 +734,9 @@ impl<'a> Sim<'a> {
         if s.waiting + s.polling > 0 {
             s.wait_ns += dt;
             if s.computing > 0 {
+                // Useful work: the computing warps' share of issue, at their speed beside stalls.
                 let c = f64::from(s.computing);
-                s.overlap_ns += dt * c / (c + weight * f64::from(s.polling));
+                s.overlap_ns += dt * progress * c / (c + weight * f64::from(s.polling));
             }
         }
     }
@@ -1014,6 +1032,11 @@ impl<'a> Sim<'a> {
         if self.accessible(gpu, va) {
             return true;
         }
+        if let Agent::Warp(_) = agent {
+            self.advance(gpu, sm);
+            self.gpus[gpu as usize].sms[sm as usize].fault_stalled += 1;
+            self.reschedule(gpu, sm);
+        }
         self.gpus[gpu as usize].faults.stalled.entry(va).or_default().push((agent, sm));
         self.raise(gpu, sm, va, access);
         false
@@ -1180,6 +1203,7 @@ impl<'a> Sim<'a> {
                 let cta = &self.ctas[self.warps[warp as usize].cta as usize];
                 let (gpu, sm, id) = (cta.gpu, cta.sm, self.warps[warp as usize].cta);
                 self.advance(gpu, sm);
+                self.gpus[gpu as usize].sms[sm as usize].fault_stalled -= 1;
                 match self.mode {
                     Mode::Fault => {
                         self.set_waiting(warp, WarpState::Computing);
@@ -1407,7 +1431,8 @@ mod tests {
 mod calibration_tests {
     use super::*;
     use crate::calibration::{
-        CLOCK_GHZ, FAULT_ENTRIES, GBPS, ISSUE_WEIGHT, LATENCY_NS, SCHEDULERS_PER_SM, SMS, WARP_IPC, WARP_SLOTS_PER_SM,
+        CLOCK_GHZ, FAULT_ENTRIES, GBPS, ISSUE_WEIGHT, LATENCY_NS, PROGRESS, SCHEDULERS_PER_SM, SMS, WARP_IPC,
+        WARP_SLOTS_PER_SM,
     };
     use crate::workload::{all, by_name};
 
@@ -1431,6 +1456,8 @@ mod calibration_tests {
             *rate = endf(&GBPS, slow);
         }
         cal.poll.issue_weight.value = endf(&ISSUE_WEIGHT, !slow);
+        cal.stall.compute_progress.value = endf(&PROGRESS, slow);
+        cal.stall.memory_progress.value = endf(&PROGRESS, slow);
         cal
     }
 
@@ -1479,6 +1506,82 @@ mod calibration_tests {
         assert!(try_run(&w, Mode::Poll, &cal, 1).is_err(), "compute that takes forever");
     }
 
+    /// device/bench/stall_cost.cu's measurement on an H100 (committed with the calibration it
+    /// gave): the median progress, beside fault-stalled warps, of the work kinds in `works`.
+    fn measured_progress(works: &[&str]) -> f64 {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../device/bench/results/stall-cost-h100-2026-11-26.jsonl");
+        let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let mut progress: Vec<f64> = text
+            .lines()
+            .map(|line| serde_json::from_str::<serde_json::Value>(line).expect("a JSON line"))
+            .filter(|r| {
+                r["measurement"] == "stall_cost"
+                    && r["pages"] == "host_resident"
+                    && r.get("stalls_on").is_none()
+                    && works.iter().any(|w| r["work"] == *w)
+            })
+            .map(|r| r["progress_while_stalled"].as_f64().expect("a number"))
+            .collect();
+        assert!(!progress.is_empty(), "no {works:?} in {path}");
+        progress.sort_by(f64::total_cmp);
+        let n = progress.len();
+        if n % 2 == 1 {
+            progress[n / 2]
+        } else {
+            (progress[n / 2 - 1] + progress[n / 2]) / 2.0
+        }
+    }
+
+    /// The measurement the stall model is built from, run through the model: one SM, 8 warps
+    /// of work (a CTA that never waits) beside 8 warps stalled on a fault (a CTA whose data
+    /// comes late), for work of no memory share (the benchmark's eight FMA chains) and of all
+    /// memory (its L2, DRAM and TLB-missing loads). The work's speed while the others are
+    /// stalled (the overlap efficiency: useful work per waiting time) is the measured one, and
+    /// the built-in constants are the measurement's medians.
+    #[test]
+    fn work_beside_fault_stalled_warps_goes_at_the_measured_speed() {
+        let compute = measured_progress(&["fma_ilp"]);
+        let memory = measured_progress(&["l2_loads", "dram_loads", "tlb_misses"]);
+        let built_in = Calibration::built_in();
+        assert!((built_in.stall.compute_progress.value - compute).abs() < 5e-4, "{compute}");
+        assert!((built_in.stall.memory_progress.value - memory).abs() < 5e-4, "{memory}");
+        for (memory_share, measured) in [(0.0, compute), (1.0, memory)] {
+            let mut cal = Calibration::built_in();
+            cal.gpu.sms.value = 1;
+            cal.gpu.warp_slots_per_sm.value = 16;
+            let phase = Phase {
+                producer: Endpoint::Host,
+                consumer: Endpoint::Gpu(0),
+                ctas: 2,
+                warps_per_cta: 8,
+                requests_per_warp: 1,
+                c1_instr: 1_000,
+                c2_instr: 10_000_000,
+                memory_share,
+                jitter: 0.0,
+                independent_ctas: 0.5,
+                request_probability: 1.0,
+                message_bytes: 256,
+                order: ProduceOrder::Sequential,
+                produce_ns: 50_000,
+                producer_lanes: 1,
+                producer_start_ns: 0,
+                host_compute_ns: 0,
+            };
+            let w = Workload {
+                name: "stall_cost",
+                title: "work beside fault-stalled warps",
+                pattern: "-",
+                model: "-",
+                iterations: 1,
+                phases: vec![phase],
+            };
+            let report = try_run(&w, Mode::Fault, &cal, 1).expect("the run ends");
+            let modelled = report.overlap_efficiency;
+            assert!((modelled / measured - 1.0).abs() < 0.02, "memory share {memory_share}: {modelled} vs {measured}");
+        }
+    }
+
     /// Calibrations a file may hold can still lead the model where it cannot follow; the run
     /// says so. A fault path slower than the channels' 1 s timeout used to panic (a GPU producer
     /// found its PAT page still mapped after a timed-out wait); a replay slower than the other
@@ -1486,7 +1589,10 @@ mod calibration_tests {
     #[test]
     fn a_run_the_model_cannot_follow_ends_as_an_error_not_a_panic_or_a_hang() {
         let bfs = by_name("G_BFS").unwrap();
+        // As the case was found: before a stalled warp slowed the others of its SM.
         let mut slow_faults = Calibration::built_in();
+        slow_faults.stall.compute_progress.value = 1.0;
+        slow_faults.stall.memory_progress.value = 1.0;
         for (_, latency) in slow_faults.latencies_mut().into_iter().take(5) {
             *latency = 1_000_000_000;
         }

@@ -38,6 +38,11 @@ pub struct Phase {
     /// Instructions per warp before the first request, and after each request.
     pub c1_instr: u64,
     pub c2_instr: u64,
+    /// Share of C1's and C2's time alone spent on memory accesses that leave the SM (L1 misses),
+    /// which make no progress while a warp of the SM is stalled on a fault (`Calibration::stall`):
+    /// `1 / (1 + intensity / balance)`, the kernel's arithmetic intensity (flop per byte of device
+    /// memory) against the H100's balance, [`H100_BALANCE`] flop per byte.
+    pub memory_share: f64,
     /// Each warp's work is scaled by a uniform factor in [1 - jitter, 1 + jitter].
     pub jitter: f64,
     /// Fraction of CTAs that never communicate (independent threads, paper Fig. 7).
@@ -88,6 +93,15 @@ impl Workload {
     }
 }
 
+/// The H100 SXM5's FP32 rate over its memory bandwidth (datasheet: 67 TFLOP/s, 3.35 TB/s): the
+/// arithmetic intensity at which a kernel's memory and arithmetic take equally long.
+pub const H100_BALANCE: f64 = 67.0 / 3.35;
+
+/// [`Phase::memory_share`] of a kernel of `intensity` flop per byte of device memory.
+fn memory_share(intensity: f64) -> f64 {
+    1.0 / (1.0 + intensity / H100_BALANCE)
+}
+
 /// A GPU-consumer phase with the defaults shared by the models below.
 fn consumer_phase(producer: Endpoint, consumer: u16) -> Phase {
     Phase {
@@ -98,6 +112,7 @@ fn consumer_phase(producer: Endpoint, consumer: u16) -> Phase {
         requests_per_warp: 1,
         c1_instr: 20_000,
         c2_instr: 10_000,
+        memory_share: memory_share(0.0),
         jitter: 0.3,
         independent_ctas: 0.0,
         request_probability: 1.0,
@@ -131,7 +146,14 @@ pub fn all() -> Vec<Workload> {
             pattern: "streaming",
             model: "unidirectional",
             iterations: 6,
-            phases: vec![Phase { message_bytes: 1024, c1_instr: 16_000, produce_ns: 3_000, ..consumer_phase(Host, 0) }],
+            // Each 4-byte pixel read once and transformed with a few operations: 0.5 flop/B.
+            phases: vec![Phase {
+                message_bytes: 1024,
+                c1_instr: 16_000,
+                produce_ns: 3_000,
+                memory_share: memory_share(0.5),
+                ..consumer_phase(Host, 0)
+            }],
         },
         Workload {
             name: "C_CG",
@@ -140,11 +162,13 @@ pub fn all() -> Vec<Workload> {
             model: "alternating",
             iterations: 6,
             phases: vec![
+                // Sparse matrix-vector product: 2 flop per 12-byte nonzero (value and column).
                 Phase {
                     order: ProduceOrder::Shuffled,
                     c1_instr: 24_000,
                     c2_instr: 12_000,
                     produce_ns: 2_500,
+                    memory_share: memory_share(2.0 / 12.0),
                     ..consumer_phase(Host, 0)
                 },
                 host_consumer_phase(0, 64, 40_000),
@@ -157,12 +181,14 @@ pub fn all() -> Vec<Workload> {
             model: "alternating",
             iterations: 6,
             phases: vec![
+                // Element assembly (a few hundred flop per element's ~100 bytes), then CG.
                 Phase {
                     order: ProduceOrder::Shuffled,
                     c1_instr: 28_000,
                     c2_instr: 16_000,
                     message_bytes: 512,
                     produce_ns: 3_000,
+                    memory_share: memory_share(3.0),
                     ..consumer_phase(Host, 0)
                 },
                 host_consumer_phase(0, 128, 60_000),
@@ -174,12 +200,14 @@ pub fn all() -> Vec<Workload> {
             pattern: "adjacent",
             model: "multiple",
             iterations: 4,
+            // 7-point stencil: 8 flop per point read and written (8 bytes).
             phases: vec![Phase {
                 requests_per_warp: 3,
                 c1_instr: 8_000,
                 c2_instr: 6_000,
                 produce_ns: 1_200,
                 producer_lanes: 12,
+                memory_share: memory_share(1.0),
                 ..consumer_phase(Host, 0)
             }],
         },
@@ -189,12 +217,14 @@ pub fn all() -> Vec<Workload> {
             pattern: "random",
             model: "probabilistic",
             iterations: 8,
+            // Graph traversal: loads and compare-and-swaps, no arithmetic to speak of.
             phases: vec![Phase {
                 order: ProduceOrder::Shuffled,
                 request_probability: 0.4,
                 c1_instr: 10_000,
                 c2_instr: 6_000,
                 produce_ns: 800,
+                memory_share: memory_share(0.0),
                 ..consumer_phase(Gpu(1), 0)
             }],
         },
@@ -205,6 +235,7 @@ pub fn all() -> Vec<Workload> {
             model: "multiple",
             iterations: 4,
             // Scenario 1: the other GPU's sorted runs exist before the merge kernel needs them.
+            // Compare-and-swap passes: one comparison per 8 bytes read and written.
             phases: vec![Phase {
                 order: ProduceOrder::Shuffled,
                 requests_per_warp: 2,
@@ -212,6 +243,7 @@ pub fn all() -> Vec<Workload> {
                 c2_instr: 8_000,
                 produce_ns: 100,
                 producer_lanes: 64,
+                memory_share: memory_share(1.0 / 8.0),
                 ..consumer_phase(Gpu(1), 0)
             }],
         },
@@ -221,9 +253,20 @@ pub fn all() -> Vec<Workload> {
             pattern: "adjacent",
             model: "alternating",
             iterations: 4,
+            // 3 x 3 filter: 17 flop per output point, 8 bytes read and written (neighbours cached).
             phases: vec![
-                Phase { c1_instr: 18_000, c2_instr: 12_000, ..consumer_phase(Gpu(0), 1) },
-                Phase { c1_instr: 18_000, c2_instr: 12_000, ..consumer_phase(Gpu(1), 0) },
+                Phase {
+                    c1_instr: 18_000,
+                    c2_instr: 12_000,
+                    memory_share: memory_share(17.0 / 8.0),
+                    ..consumer_phase(Gpu(0), 1)
+                },
+                Phase {
+                    c1_instr: 18_000,
+                    c2_instr: 12_000,
+                    memory_share: memory_share(17.0 / 8.0),
+                    ..consumer_phase(Gpu(1), 0)
+                },
             ],
         },
         Workload {
@@ -232,11 +275,13 @@ pub fn all() -> Vec<Workload> {
             pattern: "adjacent",
             model: "multiple",
             iterations: 4,
+            // 5-point Jacobi: 5 flop per point read and written (8 bytes).
             phases: vec![Phase {
                 requests_per_warp: 2,
                 c1_instr: 14_000,
                 c2_instr: 8_000,
                 produce_ns: 1_500,
+                memory_share: memory_share(5.0 / 8.0),
                 ..consumer_phase(Gpu(1), 0)
             }],
         },
@@ -246,12 +291,14 @@ pub fn all() -> Vec<Workload> {
             pattern: "streaming",
             model: "multiple",
             iterations: 3,
+            // 64 x 64 tiles through shared memory: 2 * 64^3 flop per 2 * 64^2 floats loaded, 16 flop/B.
             phases: vec![Phase {
                 requests_per_warp: 3,
                 c1_instr: 12_000,
                 c2_instr: 9_000,
                 produce_ns: 1_000,
                 producer_lanes: 16,
+                memory_share: memory_share(16.0),
                 ..consumer_phase(Gpu(1), 0)
             }],
         },
@@ -261,10 +308,12 @@ pub fn all() -> Vec<Workload> {
             pattern: "streaming",
             model: "unidirectional",
             iterations: 6,
+            // Each 128-byte point against 16 centroids of 32 features: 3 flop each, 12 flop/B.
             phases: vec![Phase {
                 c1_instr: 22_000,
                 c2_instr: 6_000,
                 independent_ctas: 0.1,
+                memory_share: memory_share(1536.0 / 128.0),
                 ..consumer_phase(Gpu(1), 0)
             }],
         },
