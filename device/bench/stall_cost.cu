@@ -7,6 +7,8 @@
  * block's work is done. The work is one of
  *   fma_chain     one dependent FMA chain per thread (issue latency-bound, low ILP)
  *   fma_ilp       eight independent FMA chains per thread (issue-bound, high ILP)
+ *   fma_params    the same with the FMAs' operands kernel parameters, as the calibration's
+ *                 loop has them: each FMA reads the constant bank
  *   shared_loads  16-byte loads from shared memory (no address translation at all)
  *   l1_loads      16-byte global loads of the block's 16 KiB, again and again (L1 and TLB hits)
  *   l2_loads      16-byte global loads bypassing L1 (ld.global.cg) of the block's 256 KiB (L2 hits)
@@ -48,10 +50,10 @@ namespace {
 using bench::quantile;
 using bench::record;
 
-enum class work : int { fma_chain, fma_ilp, shared_loads, l1_loads, l2_loads, dram_loads, tlb_misses };
+enum class work : int { fma_chain, fma_ilp, fma_params, shared_loads, l1_loads, l2_loads, dram_loads, tlb_misses };
 
-const work every_work[] = {work::fma_chain,  work::fma_ilp,    work::shared_loads, work::l1_loads,
-			   work::l2_loads,   work::dram_loads, work::tlb_misses};
+const work every_work[] = {work::fma_chain, work::fma_ilp,  work::fma_params, work::shared_loads,
+			   work::l1_loads,  work::l2_loads, work::dram_loads, work::tlb_misses};
 
 const char *work_name(work w)
 {
@@ -60,6 +62,8 @@ const char *work_name(work w)
 		return "fma_chain";
 	case work::fma_ilp:
 		return "fma_ilp";
+	case work::fma_params:
+		return "fma_params";
 	case work::shared_loads:
 		return "shared_loads";
 	case work::l1_loads:
@@ -124,14 +128,17 @@ __device__ inline uint4 add4(uint4 a, uint4 b)
 	return make_uint4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
 }
 
-/* The work warps' @rounds rounds of @kind (thread @t of work_threads in block @b). */
+/*
+ * The work warps' @rounds rounds of @kind (thread @t of work_threads in block @b); fma_params
+ * multiplies by @m and adds @c, which the kernel takes as parameters.
+ */
 __device__ inline uint32_t do_work(work kind, uint32_t rounds, const uint4 *data, uint64_t data_bytes, uint32_t t,
-				   uint32_t b, uint4 *smem)
+				   uint32_t b, uint4 *smem, float m, float c)
 {
 	uint4 acc = make_uint4(0, 0, 0, 0);
 	float x[8];
-	for (int c = 0; c < 8; c++)
-		x[c] = t + c;
+	for (int k = 0; k < 8; k++)
+		x[k] = t + k;
 	switch (kind) {
 	case work::fma_chain:
 		for (uint32_t r = 0; r < rounds; r++)
@@ -144,8 +151,16 @@ __device__ inline uint32_t do_work(work kind, uint32_t rounds, const uint4 *data
 #pragma unroll
 			for (int u = 0; u < 8; u++)
 #pragma unroll
-				for (int c = 0; c < 8; c++)
-					x[c] = fmaf(x[c], 0.999f, 0.5f);
+				for (int k = 0; k < 8; k++)
+					x[k] = fmaf(x[k], 0.999f, 0.5f);
+		break;
+	case work::fma_params:
+		for (uint32_t r = 0; r < rounds; r++)
+#pragma unroll
+			for (int u = 0; u < 8; u++)
+#pragma unroll
+				for (int k = 0; k < 8; k++)
+					x[k] = fmaf(x[k], m, c);
 		break;
 	case work::shared_loads: {
 		const uint32_t mask = l1_bytes / 16 - 1;
@@ -189,8 +204,8 @@ __device__ inline uint32_t do_work(work kind, uint32_t rounds, const uint4 *data
 		break;
 	}
 	}
-	for (int c = 0; c < 8; c++)
-		acc.x += __float_as_uint(x[c]);
+	for (int k = 0; k < 8; k++)
+		acc.x += __float_as_uint(x[k]);
 	return acc.x ^ acc.y ^ acc.z ^ acc.w;
 }
 
@@ -200,7 +215,7 @@ __device__ inline uint32_t do_work(work kind, uint32_t rounds, const uint4 *data
  * block's work is done.
  */
 __global__ void beside_stalls(work kind, uint32_t rounds, const uint4 *data, uint64_t data_bytes, stall_plan plan,
-			      run_record rec, uint32_t *sink)
+			      run_record rec, uint32_t *sink, float m, float c)
 {
 	extern __shared__ uint4 smem[];
 	__shared__ unsigned long long first_start, last_end, stalled_since, stalled_span;
@@ -273,7 +288,7 @@ __global__ void beside_stalls(work kind, uint32_t rounds, const uint4 *data, uin
 	const uint64_t start = wic::detail::globaltimer();
 	if (lane == 0) /* now: the stalled warps clip their intervals to it */
 		atomicMin(&first_start, (unsigned long long)start);
-	const uint32_t result = do_work(kind, rounds, data, data_bytes, t, b, smem);
+	const uint32_t result = do_work(kind, rounds, data, data_bytes, t, b, smem, m, c);
 	const uint64_t end = wic::detail::globaltimer();
 	if (result == 42)
 		sink[1] = result;
@@ -375,7 +390,7 @@ public:
 		const stall_plan plan{pages_, stalled, grid_warps, per_warp, even_only, first};
 		const run_record rec{smid_, span_, stalled_span_, warp_, touched_, stalled_};
 		beside_stalls<<<sms_, (work_warps + stalled) * 32, smem_bytes>>>(kind, rounds, data_, data_bytes_, plan,
-										    rec, sink_);
+										    rec, sink_, 0.999f, 0.5f);
 		CHECK(cudaGetLastError());
 		CHECK(cudaDeviceSynchronize());
 		std::vector<uint64_t> span(sms_), stalled_span(sms_), warp(sms_ * work_warps), stalled_ns(grid_warps);
