@@ -385,7 +385,6 @@ int main(int argc, char **argv)
 	const part parts[2] = {make_part(vertices, 0), make_part(vertices, 1)};
 	uint32_t *offsets[2], *targets[2], *log_count[2];
 	search st[2];
-	std::unique_ptr<app::grid_counter> barrier[2];
 	for (int d = 0; d < 2; d++) {
 		const part &p = parts[d];
 		offsets[d] = app::alloc_on<uint32_t>(d, (size_t)p.count + 1);
@@ -398,11 +397,9 @@ int main(int argc, char **argv)
 		st[d].sent = app::alloc_on<uint32_t>(d, (p.others + 31) / 32);
 		st[d].c = app::alloc_on<counters>(d, 1);
 		app::on_gpu g(d);
-		barrier[d].reset(new app::grid_counter());
 		app::load(bfs);
 	}
-	app::watch_words watch;
-	app::stream_pair gpu_streams;
+	app::exchange_pair pair;
 	/* to[d] carries GPU d's messages to GPU 1 - d. nowait records with push. */
 	wic::peer_channel to[2];
 	const app::ring streaming{depth, 0, false};
@@ -410,11 +407,9 @@ int main(int argc, char **argv)
 		CHECK(to[d].create(app::transport_of(mode, words * sizeof(uint32_t)), 1 - d, d,
 				   streaming.slots(streams), words * sizeof(uint32_t), 1));
 	std::vector<uint32_t> csr, edge, got(vertices), recorded, counts(streams);
-	std::vector<double> times;
-	bool correct = true;
 	std::random_device entropy;
 
-	for (int rep = 0; rep <= reps; rep++) { /* rep 0 warms up */
+	auto one = [&](int rep) {
 		std::mt19937_64 rng(((uint64_t)entropy() << 32) | entropy());
 		make_graph(rng(), vertices, degree, csr, edge);
 		const uint32_t source = std::uniform_int_distribution<uint32_t>(0, vertices - 1)(rng);
@@ -451,30 +446,22 @@ int main(int argc, char **argv)
 			for (int d = 0; d < 2; d++)
 				log[d] = app::alloc_on<uint32_t>(d, logged);
 
-		/* One run of both kernels, from the first launch until both ended. */
 		auto run = [&](const wire (&ln)[2], bool record) {
-			for (int d = 0; d < 2; d++) {
-				app::on_gpu g(d);
+			auto prepare = [&](int d) {
 				CHECK(cudaMemset(st[d].level, 0xfe, parts[d].count * sizeof(uint32_t))); /* poison */
 				if (record) {
 					CHECK(cudaMemset(log[d], 0, logged * sizeof(uint32_t)));
 					CHECK(cudaMemset(log_count[d], 0, streams * sizeof(uint32_t)));
 				}
-				barrier[d]->reset();
 				CHECK(to[d].reset());
-			}
-			watch.reset();
-			app::sync_both(); /* the kernels' streams do not wait for the set-up */
-			const auto start = std::chrono::steady_clock::now();
-			for (int d = 0; d < 2; d++) {
+			};
+			auto launch = [&](int d, cudaStream_t stream, app::grid_barrier barrier, app::watchdog wd) {
 				const recorder rec{record ? log[d] : nullptr, capacity,
 						   record ? log_count[d] : nullptr};
-				app::launch_on(d, bfs, blocks, threads, gpu_streams[d], parts[d],
-					       edges{offsets[d], targets[d]}, source, st[d], ln[d], vertices + 2,
-					       barrier[d]->barrier(), watch.on(d), rec);
-			}
-			gpu_streams.sync();
-			return app::ms_between(start, std::chrono::steady_clock::now());
+				app::launch_on(d, bfs, blocks, threads, stream, parts[d], edges{offsets[d], targets[d]},
+					       source, st[d], ln[d], vertices + 2, barrier, wd, rec);
+			};
+			return pair.run(prepare, launch);
 		};
 		const wire exchange[2] = {
 			{{to[1].device(), streaming}, {to[0].device(), streaming}, streams, entries, true},
@@ -483,10 +470,10 @@ int main(int argc, char **argv)
 		bool failed, overflow = false;
 		if (mode != app::mode::nowait) {
 			ms = run(exchange, false);
-			failed = watch.raised();
+			failed = pair.timed_out();
 		} else {
 			run(exchange, true);
-			failed = watch.raised();
+			failed = pair.timed_out();
 			/* Every message GPU d took, published into its memory before its kernel starts. */
 			std::unique_ptr<app::producer> given[2];
 			wire replay[2];
@@ -503,7 +490,7 @@ int main(int argc, char **argv)
 				replay[d] = wire{{given[d]->channel(), nowait}, {}, streams, entries, false};
 			}
 			ms = run(replay, false);
-			failed |= watch.raised();
+			failed |= pair.timed_out();
 			for (int d = 0; d < 2; d++) {
 				app::on_gpu g(d);
 				given[d].reset();
@@ -517,30 +504,26 @@ int main(int argc, char **argv)
 		size_t differ = 0;
 		for (size_t v = 0; v < vertices; v++)
 			differ += got[v] != want[v];
-		if (failed || overflow || differ) {
-			correct = false;
+		if (failed || overflow || differ)
 			fprintf(stderr,
 				"G_BFS %s rep %d: %s%s, %zu of %u levels differ from the CPU's (%u levels, source "
 				"%u)\n",
 				app::mode_name(mode), rep, failed ? "a wait timed out" : "no wait timed out",
 				overflow ? ", more messages than recorded" : "", differ, vertices, deepest + 1, source);
-		}
-		if (rep)
-			times.push_back(ms);
-	}
-	app::report("G_BFS", mode,
-		    "vertices=" + std::to_string(vertices) + " degree=" + std::to_string(degree) +
-			    " entries=" + std::to_string(entries) + " streams=" + std::to_string(streams) +
-			    " blocks=" + std::to_string(blocks) + " gpus=0,1",
-		    times, correct);
+		return app::rep_result{ms, !failed && !overflow && !differ};
+	};
+	const int status = app::repeat_runs("G_BFS", mode,
+					    "vertices=" + std::to_string(vertices) + " degree=" + std::to_string(degree) +
+						    " entries=" + std::to_string(entries) +
+						    " streams=" + std::to_string(streams) +
+						    " blocks=" + std::to_string(blocks) + " gpus=0,1",
+					    reps, one);
 	for (int d = 0; d < 2; d++) {
 		to[d].destroy();
 		for (void *ptr : {(void *)offsets[d], (void *)targets[d], (void *)log_count[d], (void *)st[d].level,
 				  (void *)st[d].frontier[0], (void *)st[d].frontier[1], (void *)st[d].outbox,
 				  (void *)st[d].sent, (void *)st[d].c})
 			app::free_on(d, ptr);
-		app::on_gpu g(d);
-		barrier[d].reset();
 	}
-	return correct ? 0 : 1;
+	return status;
 }

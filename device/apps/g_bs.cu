@@ -329,17 +329,14 @@ int main(int argc, char **argv)
 	const layout halves[2] = {{keys, chunk, 0}, {keys, chunk, 1}};
 	const size_t logged = (size_t)2 * blocks * items * message;
 	uint32_t *input[2], *x[2], *log[2];
-	std::unique_ptr<app::grid_counter> barrier[2];
 	for (int d = 0; d < 2; d++) {
 		input[d] = app::alloc_on<uint32_t>(d, local);
 		x[d] = app::alloc_on<uint32_t>(d, local);
 		log[d] = mode == app::mode::nowait ? app::alloc_on<uint32_t>(d, logged) : nullptr;
 		app::on_gpu g(d);
-		barrier[d].reset(new app::grid_counter());
 		app::load(bitonic);
 	}
-	app::watch_words watch;
-	app::stream_pair streams;
+	app::exchange_pair pair;
 	/* gathers[d], scatters[d] carry GPU d's messages to GPU 1 - d. nowait records with push. */
 	wic::peer_channel gathers[2], scatters[2];
 	const app::ring streaming{per_block, items, false}, nowait{per_block, items, true};
@@ -350,11 +347,9 @@ int main(int argc, char **argv)
 	}
 	std::vector<uint32_t> in(keys), got(keys), recorded;
 	std::vector<uint32_t> half[2] = {std::vector<uint32_t>(local), std::vector<uint32_t>(local)};
-	std::vector<double> times;
-	bool correct = true;
 	std::random_device entropy;
 
-	for (int rep = 0; rep <= reps; rep++) { /* rep 0 warms up */
+	auto one = [&](int rep) {
 		std::mt19937_64 rng(((uint64_t)entropy() << 32) | entropy());
 		const uint64_t seed = rng();
 		app::parallel_for(keys, [&](uint32_t, size_t begin, size_t end) {
@@ -364,27 +359,21 @@ int main(int argc, char **argv)
 		for (uint32_t c = 0; c < chunks; c++) /* global chunk c is GPU c % 2's local chunk c / 2 */
 			memcpy(&half[c % 2][(size_t)(c / 2) * chunk], &in[(size_t)c * chunk], chunk * sizeof(uint32_t));
 
-		/* One run of both kernels, from the first launch until both ended. */
 		auto run = [&](const links (&ln)[2], bool record) {
-			for (int d = 0; d < 2; d++) {
-				app::on_gpu g(d);
+			auto prepare = [&](int d) {
 				CHECK(cudaMemcpy(input[d], half[d].data(), local * sizeof(uint32_t),
 						 cudaMemcpyHostToDevice));
 				CHECK(cudaMemset(x[d], 0xff, local * sizeof(uint32_t))); /* poison */
 				if (record)
 					CHECK(cudaMemset(log[d], 0, logged * sizeof(uint32_t)));
-				barrier[d]->reset();
 				CHECK(gathers[d].reset());
 				CHECK(scatters[d].reset());
-			}
-			watch.reset();
-			app::sync_both(); /* the kernels' streams do not wait for the set-up */
-			const auto start = std::chrono::steady_clock::now();
-			for (int d = 0; d < 2; d++)
-				app::launch_on(d, bitonic, blocks, threads, streams[d], halves[d], input[d], x[d],
-					       ln[d], barrier[d]->barrier(), watch.on(d), record ? log[d] : nullptr);
-			streams.sync();
-			return app::ms_between(start, std::chrono::steady_clock::now());
+			};
+			auto launch = [&](int d, cudaStream_t stream, app::grid_barrier barrier, app::watchdog wd) {
+				app::launch_on(d, bitonic, blocks, threads, stream, halves[d], input[d], x[d], ln[d],
+					       barrier, wd, record ? log[d] : nullptr);
+			};
+			return pair.run(prepare, launch);
 		};
 		links exchange[2];
 		for (int d = 0; d < 2; d++)
@@ -400,10 +389,10 @@ int main(int argc, char **argv)
 		bool failed;
 		if (mode != app::mode::nowait) {
 			ms = run(exchange, false);
-			failed = watch.raised();
+			failed = pair.timed_out();
 		} else {
 			run(exchange, true);
-			failed = watch.raised();
+			failed = pair.timed_out();
 			/* Every message GPU d took, published into its memory before its kernel starts. */
 			std::unique_ptr<app::producer> given[2][2];
 			links replay[2];
@@ -423,7 +412,7 @@ int main(int argc, char **argv)
 						  false};
 			}
 			ms = run(replay, false);
-			failed |= watch.raised();
+			failed |= pair.timed_out();
 			for (int d = 0; d < 2; d++) {
 				app::on_gpu g(d);
 				given[d][gather].reset();
@@ -440,20 +429,18 @@ int main(int argc, char **argv)
 		size_t differ = 0;
 		for (size_t i = 0; i < keys; i++)
 			differ += got[i] != want[i];
-		if (failed || differ) {
-			correct = false;
+		if (failed || differ)
 			fprintf(stderr, "G_BS %s rep %d: %s, %zu of %u keys differ from std::sort's\n",
 				app::mode_name(mode), rep, failed ? "a wait timed out" : "no wait timed out", differ,
 				keys);
-		}
-		if (rep)
-			times.push_back(ms);
-	}
-	app::report("G_BS", mode,
-		    "keys=" + std::to_string(keys) + " chunks=" + std::to_string(chunks) +
-			    " message=" + std::to_string(message) + " merges=" + std::to_string(phases) +
-			    " blocks=" + std::to_string(blocks) + " gpus=0,1",
-		    times, correct);
+		return app::rep_result{ms, !failed && !differ};
+	};
+	const int status = app::repeat_runs("G_BS", mode,
+					    "keys=" + std::to_string(keys) + " chunks=" + std::to_string(chunks) +
+						    " message=" + std::to_string(message) +
+						    " merges=" + std::to_string(phases) +
+						    " blocks=" + std::to_string(blocks) + " gpus=0,1",
+					    reps, one);
 	for (int d = 0; d < 2; d++) {
 		gathers[d].destroy();
 		scatters[d].destroy();
@@ -461,8 +448,6 @@ int main(int argc, char **argv)
 		app::free_on(d, x[d]);
 		if (log[d])
 			app::free_on(d, log[d]);
-		app::on_gpu g(d);
-		barrier[d].reset();
 	}
-	return correct ? 0 : 1;
+	return status;
 }

@@ -60,7 +60,6 @@
 namespace {
 
 constexpr uint32_t threads = 256;
-constexpr uint32_t depth = 2;		  /* slots per direction */
 constexpr uint32_t most_iterations = 64; /* 3.1^64 = 3e31: float's range holds it */
 
 /*
@@ -203,22 +202,6 @@ std::vector<double> whole_image(const std::vector<float> &u0, uint32_t n, uint32
 	return cur;
 }
 
-/* @u uniform in [0, 1), multiples of 2^-24 (exact floats), from @seed. */
-void random_image(uint64_t seed, std::vector<float> &u)
-{
-	app::parallel_for(u.size(), [&](uint32_t, size_t begin, size_t end) {
-		for (size_t i = begin; i < end; i++)
-			u[i] = (float)(app::mix(seed ^ i) >> 40) * 0x1p-24f;
-	});
-}
-
-/* NaN in every slot of @ch, in GPU @d's memory: a row read before it was written shows. */
-void poison(int d, const wic::channel &ch)
-{
-	app::on_gpu g(d);
-	CHECK(cudaMemset(const_cast<uint8_t *>(ch.data), 0xff, (size_t)ch.slots * ch.batch_bytes));
-}
-
 } /* namespace */
 
 int main(int argc, char **argv)
@@ -238,96 +221,32 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	const half halves[2] = {make_half(n, 0), make_half(n, 1)};
-	const size_t logged = (size_t)iterations * n;
-	float *u[2], *log[2];
-	std::unique_ptr<app::grid_counter> barrier[2];
-	for (int d = 0; d < 2; d++) {
-		u[d] = app::alloc_on<float>(d, 2 * halves[d].cells());
-		log[d] = mode == app::mode::nowait ? app::alloc_on<float>(d, logged) : nullptr;
-		app::on_gpu g(d);
-		barrier[d].reset(new app::grid_counter());
-		app::load(passes);
-	}
-	app::watch_words watch;
-	app::stream_pair streams;
-	/* to[d] carries GPU d's edge row to GPU 1 - d. nowait records with push. */
-	wic::peer_channel to[2];
-	const app::ring streaming{depth, iterations, false}, nowait{depth, iterations, true};
-	for (int d = 0; d < 2; d++)
-		CHECK(to[d].create(app::transport_of(mode, n * sizeof(float)), 1 - d, d,
-				   streaming.slots(1), n * sizeof(float), 1));
+	app::halo_exchange<half> exchange(mode, passes, halves, n, iterations, 1, n, blocks, threads);
 	std::vector<float> u0((size_t)n * n), got(u0.size());
-	std::vector<double> times;
-	bool correct = true;
 	std::random_device entropy;
 
-	for (int rep = 0; rep <= reps; rep++) { /* rep 0 warms up */
-		random_image(((uint64_t)entropy() << 32) | entropy(), u0);
+	auto one = [&](int rep) {
+		app::random_unit(((uint64_t)entropy() << 32) | entropy(), u0);
 
-		/* One run of both kernels, from the first launch until both ended. */
-		auto run = [&](const app::endpoint (&in)[2], const app::endpoint (&out)[2], bool send, bool record) {
-			for (int d = 0; d < 2; d++) {
-				app::on_gpu g(d);
-				const size_t cells = halves[d].cells();
-				CHECK(cudaMemcpy(u[d], &u0[(size_t)halves[d].row0 * n], cells * sizeof(float),
-						 cudaMemcpyHostToDevice));
-				CHECK(cudaMemset(u[d] + cells, 0xff, cells * sizeof(float))); /* poison: NaN */
-				if (record)
-					CHECK(cudaMemset(log[d], 0, logged * sizeof(float)));
-				barrier[d]->reset();
-				CHECK(to[d].reset());
-				poison(1 - d, to[d].device());
-			}
-			watch.reset();
-			app::sync_both(); /* the kernels' streams do not wait for the set-up */
-			const auto start = std::chrono::steady_clock::now();
-			for (int d = 0; d < 2; d++)
-				app::launch_on(d, passes, blocks, threads, streams[d], in[d], out[d], send, halves[d], u[d],
-					       iterations, barrier[d]->barrier(), watch.on(d), record ? log[d] : nullptr);
-			streams.sync();
-			return app::ms_between(start, std::chrono::steady_clock::now());
-		};
-		const app::endpoint exchange_in[2] = {{to[1].device(), streaming}, {to[0].device(), streaming}};
-		const app::endpoint exchange_out[2] = {{to[0].device(), streaming}, {to[1].device(), streaming}};
 		bool failed;
-		/* nowait: every row GPU d received, published into its memory before its kernel starts. */
-		const double ms = app::halo_exchange_run(
-			mode, watch, run, exchange_in, exchange_out, log, logged, nowait,
-			[&](int d, const std::vector<float> &recorded) {
-				return app::publish_recorded(d, recorded, 1, iterations, n);
-			},
-			&failed);
-
-		for (int d = 0; d < 2; d++)
-			CHECK(cudaMemcpy(&got[(size_t)halves[d].row0 * n], u[d] + (iterations % 2) * halves[d].cells(),
-					 halves[d].cells() * sizeof(float), cudaMemcpyDeviceToHost));
+		const double ms = exchange.run(u0, got, &failed);
 		const std::vector<double> ref = whole_image(u0, n, iterations);
 		const size_t split = halves[0].cells();
 		const double top = app::relative_error(got.data(), ref.data(), split);
 		const double bottom = app::relative_error(&got[split], &ref[split], halves[1].cells());
 		/* float rounding stays below 1e-6 here; a late or stale row leaves far more */
 		const double tolerance = 1e-5;
-		if (failed || !(top < tolerance) || !(bottom < tolerance)) {
-			correct = false;
+		const bool correct = !failed && top < tolerance && bottom < tolerance;
+		if (!correct)
 			fprintf(stderr,
 				"G_C2D %s rep %d: %s, relative error GPU 0's half %g, GPU 1's half %g (tolerance %g)\n",
 				app::mode_name(mode), rep, failed ? "a wait timed out" : "no wait timed out", top, bottom,
 				tolerance);
-		}
-		if (rep)
-			times.push_back(ms);
-	}
-	app::report("G_C2D", mode,
-		    "n=" + std::to_string(n) + " blocks=" + std::to_string(blocks) +
-			    " iterations=" + std::to_string(iterations) + " gpus=0,1",
-		    times, correct);
-	for (int d = 0; d < 2; d++) {
-		to[d].destroy();
-		app::free_on(d, u[d]);
-		if (log[d])
-			app::free_on(d, log[d]);
-		app::on_gpu g(d);
-		barrier[d].reset();
-	}
-	return correct ? 0 : 1;
+		return app::rep_result{ms, correct};
+	};
+	const int status = app::repeat_runs("G_C2D", mode,
+					    "n=" + std::to_string(n) + " blocks=" + std::to_string(blocks) +
+						    " iterations=" + std::to_string(iterations) + " gpus=0,1",
+					    reps, one);
+	return status;
 }

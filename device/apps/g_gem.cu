@@ -206,15 +206,6 @@ std::vector<double> reference(const std::vector<float> &a, const std::vector<flo
 	return c;
 }
 
-/* @m uniform in [0, 1), multiples of 2^-24 (exact floats), from @seed. */
-void random_matrix(uint64_t seed, std::vector<float> &m)
-{
-	app::parallel_for(m.size(), [&](uint32_t, size_t begin, size_t end) {
-		for (size_t i = begin; i < end; i++)
-			m[i] = (float)(app::mix(seed ^ i) >> 40) * 0x1p-24f;
-	});
-}
-
 } /* namespace */
 
 int main(int argc, char **argv)
@@ -253,23 +244,16 @@ int main(int argc, char **argv)
 		app::on_gpu g(1);
 		app::load(produce);
 	}
-	app::watch_words watch;
-	app::stream_pair streams;
-	const app::ring place{depth, items, mode == app::mode::nowait};
-	wic::peer_channel ch;
-	const wic::transport kind = app::transport_of(mode, message_bytes);
-	CHECK(ch.create(kind, 0, 1, place.slots(blocks), message_bytes, 1));
-	const app::endpoint link{ch.device(), place};
+	app::one_way_pair pair(mode, blocks, items, depth, message_bytes);
+	const app::endpoint link = pair.link();
 	std::vector<float> am(cells), bm(cells), cm(cells), split(part), got(cells);
-	std::vector<double> times;
-	bool correct = true;
 	std::random_device entropy;
 
-	for (int rep = 0; rep <= reps; rep++) { /* rep 0 warms up */
+	auto one = [&](int rep) {
 		std::mt19937_64 rng(((uint64_t)entropy() << 32) | entropy());
-		random_matrix(rng(), am);
-		random_matrix(rng(), bm);
-		random_matrix(rng(), cm);
+		app::random_unit(rng(), am);
+		app::random_unit(rng(), bm);
+		app::random_unit(rng(), cm);
 		for (int d = 0; d < 2; d++) {
 			/* GPU d's columns of A, and its rows of B (contiguous) */
 			for (size_t i = 0; i < n; i++)
@@ -285,20 +269,14 @@ int main(int argc, char **argv)
 			CHECK(cudaMemset(const_cast<uint8_t *>(link.ch.data), 0xff,
 					 (size_t)link.ch.slots * link.ch.batch_bytes));
 		}
-		CHECK(ch.reset());
-		watch.reset();
-		app::sync_both(); /* the kernels' streams do not wait for the set-up */
-
-		auto launch_consumer = [&] {
-			app::launch_on(0, consume, blocks, threads, streams[0], link, a[0], b[0], c0, c, n, kc, iterations,
-				       watch.on(0));
+		auto consumer = [&](cudaStream_t stream, app::watchdog wd) {
+			app::launch_on(0, consume, blocks, threads, stream, link, a[0], b[0], c0, c, n, kc, iterations, wd);
 		};
-		auto launch_producer = [&] {
-			app::launch_on(1, produce, blocks, threads, streams[1], link, a[1], b[1], n, kc, iterations,
-				       watch.on(1));
+		auto producer = [&](cudaStream_t stream, app::watchdog wd) {
+			app::launch_on(1, produce, blocks, threads, stream, link, a[1], b[1], n, kc, iterations, wd);
 		};
-		const double ms = app::one_way_run(mode, streams, launch_consumer, launch_producer);
-		const bool failed = watch.raised();
+		const double ms = pair.run(consumer, producer);
+		const bool failed = pair.timed_out();
 
 		CHECK(cudaMemcpy(got.data(), c, cells * sizeof(float), cudaMemcpyDeviceToHost));
 		const std::vector<double> ref = reference(am, bm, cm, n, iterations);
@@ -310,25 +288,23 @@ int main(int argc, char **argv)
 		}
 		/* positive terms: a float sum of m products is within m 2^-24; a pass adds a few roundings */
 		const double tolerance = (n + 4.0 * iterations) * 0x1p-24;
-		if (failed || !(worst < tolerance)) {
-			correct = false;
+		const bool correct = !failed && worst < tolerance;
+		if (!correct)
 			fprintf(stderr, "G_GEM %s rep %d: %s, largest relative error of an element %g (tolerance %g)\n",
 				app::mode_name(mode), rep, failed ? "a wait timed out" : "no wait timed out", worst,
 				tolerance);
-		}
-		if (rep)
-			times.push_back(ms);
-	}
-	app::report("G_GEM", mode,
-		    "n=" + std::to_string(n) + " tile=" + std::to_string(tile) + " blocks=" + std::to_string(blocks) +
-			    " iterations=" + std::to_string(iterations) + " gpus=0,1",
-		    times, correct);
-	ch.destroy();
+		return app::rep_result{ms, correct};
+	};
+	const int status = app::repeat_runs("G_GEM", mode,
+					    "n=" + std::to_string(n) + " tile=" + std::to_string(tile) +
+						    " blocks=" + std::to_string(blocks) +
+						    " iterations=" + std::to_string(iterations) + " gpus=0,1",
+					    reps, one);
 	for (int d = 0; d < 2; d++) {
 		app::free_on(d, a[d]);
 		app::free_on(d, b[d]);
 	}
 	app::free_on(0, c0);
 	app::free_on(0, c);
-	return correct ? 0 : 1;
+	return status;
 }

@@ -414,21 +414,14 @@ int main(int argc, char **argv)
 		app::on_gpu g(1);
 		app::load(produce);
 	}
-	app::watch_words watch;
-	app::stream_pair streams;
-	const app::ring place{depth, items, mode == app::mode::nowait};
-	wic::peer_channel ch;
-	const wic::transport kind = app::transport_of(mode, message_bytes);
-	CHECK(ch.create(kind, 0, 1, place.slots(blocks), message_bytes, 1));
-	const app::endpoint link{ch.device(), place};
+	app::one_way_pair pair(mode, blocks, items, depth, message_bytes);
+	const app::endpoint link = pair.link();
 	std::vector<uint8_t> x8((size_t)points * features), initial8(centroid_floats);
 	std::vector<float> xf(x8.size()), initialf(initial8.size()), centroids(centroid_floats);
 	std::vector<unsigned long long> counts((size_t)rounds * clusters), sses(rounds);
-	std::vector<double> times;
-	bool correct = true;
 	std::random_device entropy;
 
-	for (int rep = 0; rep <= reps; rep++) { /* rep 0 warms up */
+	auto one = [&](int rep) {
 		std::mt19937_64 rng(((uint64_t)entropy() << 32) | entropy());
 		make_input(rng, points, rounds, x8, initial8);
 		std::copy(x8.begin(), x8.end(), xf.begin());
@@ -450,20 +443,16 @@ int main(int argc, char **argv)
 			CHECK(cudaMemset(res.sse, 0xff, rounds * sizeof(unsigned long long)));
 			barrier->reset();
 		}
-		CHECK(ch.reset());
-		watch.reset();
-		app::sync_both(); /* the kernels' streams do not wait for the set-up */
-
-		auto launch_consumer = [&] {
-			app::launch_on(0, consume, blocks, threads, streams[0], link, x[0], count[0], count[1], batch,
-				       initial[0], rounds, sum, res, barrier->barrier(), watch.on(0));
+		auto consumer = [&](cudaStream_t stream, app::watchdog wd) {
+			app::launch_on(0, consume, blocks, threads, stream, link, x[0], count[0], count[1], batch,
+				       initial[0], rounds, sum, res, barrier->barrier(), wd);
 		};
-		auto launch_producer = [&] {
-			app::launch_on(1, produce, blocks, threads, streams[1], link, x[1], count[1], batch, initial[1],
-				       rounds, watch.on(1));
+		auto producer = [&](cudaStream_t stream, app::watchdog wd) {
+			app::launch_on(1, produce, blocks, threads, stream, link, x[1], count[1], batch, initial[1], rounds,
+				       wd);
 		};
-		const double ms = app::one_way_run(mode, streams, launch_consumer, launch_producer);
-		const bool failed = watch.raised();
+		const double ms = pair.run(consumer, producer);
+		const bool failed = pair.timed_out();
 
 		const size_t ull = sizeof(unsigned long long);
 		CHECK(cudaMemcpy(centroids.data(), res.centroids, centroid_floats * sizeof(float),
@@ -483,23 +472,21 @@ int main(int argc, char **argv)
 			sse_errors += sses[r] != ref[r].sse;
 		}
 		/* the centroids: a double mean rounded to float */
-		if (failed || count_errors || sse_errors || !(worst < 1e-6)) {
-			correct = false;
+		const bool correct = !failed && !count_errors && !sse_errors && worst < 1e-6;
+		if (!correct)
 			fprintf(stderr,
 				"G_KMN %s rep %d: %s, %zu counts and %zu squared-distance sums differ, centroids' "
 				"relative error %g\n",
 				app::mode_name(mode), rep, failed ? "a wait timed out" : "no wait timed out",
 				count_errors, sse_errors, worst);
-		}
-		if (rep)
-			times.push_back(ms);
-	}
-	app::report("G_KMN", mode,
-		    "points=" + std::to_string(points) + " features=" + std::to_string(features) +
-			    " clusters=" + std::to_string(clusters) + " rounds=" + std::to_string(rounds) +
-			    " batch=" + std::to_string(batch) + " blocks=" + std::to_string(blocks) + " gpus=0,1",
-		    times, correct);
-	ch.destroy();
+		return app::rep_result{ms, correct};
+	};
+	const int status = app::repeat_runs("G_KMN", mode,
+					    "points=" + std::to_string(points) + " features=" + std::to_string(features) +
+						    " clusters=" + std::to_string(clusters) +
+						    " rounds=" + std::to_string(rounds) + " batch=" + std::to_string(batch) +
+						    " blocks=" + std::to_string(blocks) + " gpus=0,1",
+					    reps, one);
 	for (int d = 0; d < 2; d++) {
 		app::free_on(d, x[d]);
 		app::free_on(d, initial[d]);
@@ -511,5 +498,5 @@ int main(int argc, char **argv)
 		app::on_gpu g(0);
 		barrier.reset();
 	}
-	return correct ? 0 : 1;
+	return status;
 }

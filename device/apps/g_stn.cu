@@ -43,7 +43,6 @@
 namespace {
 
 constexpr uint32_t threads = 256;
-constexpr uint32_t depth = 2; /* slots per band and direction */
 
 /*
  * Polybench's update of column @x of @row, given the points below (row + 1) and above (row - 1)
@@ -199,73 +198,18 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	const half halves[2] = {make_half(n, tiles, 0), make_half(n, tiles, 1)};
-	const uint32_t most = halves[0].most();
-	const size_t logged = (size_t)tiles * iterations * most;
-	float *u[2], *log[2];
-	std::unique_ptr<app::grid_counter> barrier[2];
-	for (int d = 0; d < 2; d++) {
-		u[d] = app::alloc_on<float>(d, 2 * halves[d].cells());
-		log[d] = mode == app::mode::nowait ? app::alloc_on<float>(d, logged) : nullptr;
-		app::on_gpu g(d);
-		barrier[d].reset(new app::grid_counter());
-		app::load(sweeps);
-	}
-	app::watch_words watch;
-	app::stream_pair streams;
-	/* to[d] carries GPU d's edge row to GPU 1 - d. nowait records with push. */
-	wic::peer_channel to[2];
-	const app::ring streaming{depth, iterations, false}, nowait{depth, iterations, true};
-	for (int d = 0; d < 2; d++)
-		CHECK(to[d].create(app::transport_of(mode, most * sizeof(float)), 1 - d, d,
-				   streaming.slots(tiles), most * sizeof(float), 1));
+	app::halo_exchange<half> exchange(mode, sweeps, halves, n, iterations, tiles, halves[0].most(), blocks, threads);
 	std::vector<float> u0((size_t)n * n), got(u0.size());
-	std::vector<double> times;
-	bool correct = true;
 	std::random_device entropy;
 
-	for (int rep = 0; rep <= reps; rep++) { /* rep 0 warms up */
+	auto one = [&](int rep) {
 		std::mt19937_64 rng(((uint64_t)entropy() << 32) | entropy());
 		std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
 		for (float &v : u0)
 			v = uniform(rng);
 
-		/* One run of both kernels, from the first launch until both ended. */
-		auto run = [&](const app::endpoint (&in)[2], const app::endpoint (&out)[2], bool send, bool record) {
-			for (int d = 0; d < 2; d++) {
-				app::on_gpu g(d);
-				const size_t cells = halves[d].cells();
-				CHECK(cudaMemcpy(u[d], &u0[(size_t)halves[d].row0 * n], cells * sizeof(float),
-						 cudaMemcpyHostToDevice));
-				CHECK(cudaMemset(u[d] + cells, 0xff, cells * sizeof(float))); /* poison: NaN */
-				if (record)
-					CHECK(cudaMemset(log[d], 0, logged * sizeof(float)));
-				barrier[d]->reset();
-				CHECK(to[d].reset());
-			}
-			watch.reset();
-			app::sync_both(); /* the kernels' streams do not wait for the set-up */
-			const auto start = std::chrono::steady_clock::now();
-			for (int d = 0; d < 2; d++)
-				app::launch_on(d, sweeps, blocks, threads, streams[d], in[d], out[d], send, halves[d],
-					       u[d], iterations, barrier[d]->barrier(), watch.on(d),
-					       record ? log[d] : nullptr);
-			streams.sync();
-			return app::ms_between(start, std::chrono::steady_clock::now());
-		};
-		const app::endpoint exchange_in[2] = {{to[1].device(), streaming}, {to[0].device(), streaming}};
-		const app::endpoint exchange_out[2] = {{to[0].device(), streaming}, {to[1].device(), streaming}};
 		bool failed;
-		/* nowait: every band GPU d received, published into its memory before its kernel starts. */
-		const double ms = app::halo_exchange_run(
-			mode, watch, run, exchange_in, exchange_out, log, logged, nowait,
-			[&](int d, const std::vector<float> &recorded) {
-				return app::publish_recorded(d, recorded, tiles, iterations, most);
-			},
-			&failed);
-
-		for (int d = 0; d < 2; d++)
-			CHECK(cudaMemcpy(&got[(size_t)halves[d].row0 * n], u[d] + (iterations % 2) * halves[d].cells(),
-					 halves[d].cells() * sizeof(float), cudaMemcpyDeviceToHost));
+		const double ms = exchange.run(u0, got, &failed);
 		const std::vector<double> ref = whole_grid<double>(u0, n, iterations);
 		const std::vector<float> same = whole_grid<float>(u0, n, iterations);
 		const size_t split = halves[0].cells();
@@ -279,28 +223,19 @@ int main(int argc, char **argv)
 		 * band can hide below that, but not from the bitwise comparison with the float run
 		 */
 		const double tolerance = 1e-6 + 2e-8 * iterations;
-		if (failed || differ || !(top < tolerance) || !(bottom < tolerance)) {
-			correct = false;
+		const bool correct = !failed && !differ && top < tolerance && bottom < tolerance;
+		if (!correct)
 			fprintf(stderr,
 				"G_STN %s rep %d: %s, %zu values differ from the CPU's float run, relative error "
 				"GPU 0's half %g, GPU 1's half %g (tolerance %g)\n",
 				app::mode_name(mode), rep, failed ? "a wait timed out" : "no wait timed out", differ,
 				top, bottom, tolerance);
-		}
-		if (rep)
-			times.push_back(ms);
-	}
-	app::report("G_STN", mode,
-		    "n=" + std::to_string(n) + " tiles=" + std::to_string(tiles) + " blocks=" + std::to_string(blocks) +
-			    " iterations=" + std::to_string(iterations) + " gpus=0,1",
-		    times, correct);
-	for (int d = 0; d < 2; d++) {
-		to[d].destroy();
-		app::free_on(d, u[d]);
-		if (log[d])
-			app::free_on(d, log[d]);
-		app::on_gpu g(d);
-		barrier[d].reset();
-	}
-	return correct ? 0 : 1;
+		return app::rep_result{ms, correct};
+	};
+	const int status = app::repeat_runs("G_STN", mode,
+					    "n=" + std::to_string(n) + " tiles=" + std::to_string(tiles) +
+						    " blocks=" + std::to_string(blocks) +
+						    " iterations=" + std::to_string(iterations) + " gpus=0,1",
+					    reps, one);
+	return status;
 }

@@ -2,10 +2,13 @@
 /*
  * peer.cuh - what the inter-GPU applications share: the two GPUs (peer access, or exit 77);
  * where item g of stream b lives in a channel a kernel produces (ring); the block-level steps
- * of a GPU producer (claim a slot; wic::publish_block() publishes it) and of a consumer (receive, report consumed);
- * the watchdog that ends both kernels when a wait times out instead of leaving them waiting
- * for each other; cooperative launches on a given GPU; the recorded messages a no-wait run
- * publishes; a parallel loop for CPU references.
+ * of a GPU producer (claim a slot; wic::publish_block() publishes it) and of a consumer
+ * (receive, report consumed); the watchdog that ends both kernels when a wait times out instead
+ * of leaving them waiting for each other; cooperative launches on a given GPU; the recorded
+ * messages a no-wait run publishes; a parallel loop and random inputs for CPU references; and
+ * the harness: one timed run of both GPUs' kernels (one_way_pair for GPU 1 streaming to GPU 0,
+ * exchange_pair for GPUs that wait for each other, halo_exchange for a grid split by rows) and
+ * the repetitions with their report (repeat_runs()).
  */
 #ifndef WIC_APPS_PEER_CUH
 #define WIC_APPS_PEER_CUH
@@ -298,6 +301,15 @@ void parallel_for(size_t n, F body)
 		t.join();
 }
 
+/* @v uniform in [0, 1), multiples of 2^-24 (exact floats), from @seed; on every core. */
+inline void random_unit(uint64_t seed, std::vector<float> &v)
+{
+	parallel_for(v.size(), [&](uint32_t, size_t begin, size_t end) {
+		for (size_t i = begin; i < end; i++)
+			v[i] = (float)(mix(seed ^ i) >> 40) * 0x1p-24f;
+	});
+}
+
 /*
  * publish_recorded() - for a no-wait run, the messages GPU @d took in a recorded run: item i of
  * stream s < @streams at ((@first_stream + s) * @items + i) * @words of @recorded, each in its
@@ -345,26 +357,153 @@ double one_way_run(mode m, const stream_pair &streams, Consumer launch_consumer,
 }
 
 /*
+ * one_way_pair - what a run of the applications whose GPU 1 streams to GPU 0 (G_GEM, G_KMN)
+ * needs besides their data: the channel from a producer kernel on GPU 1 to a consumer kernel on
+ * GPU 0 in mode @m (@streams streams of @items items of @message_bytes, placed by a ring of
+ * @depth slots each, or a slot per item for nowait), a stream and a watchdog word on each GPU.
+ */
+class one_way_pair {
+public:
+	one_way_pair(mode m, uint32_t streams, uint32_t items, uint32_t depth, uint32_t message_bytes)
+		: m_(m), place_{depth, items, m == mode::nowait}
+	{
+		CHECK(ch_.create(transport_of(m, message_bytes), 0, 1, place_.slots(streams), message_bytes, 1));
+	}
+
+	/* What both kernels take of the channel. */
+	endpoint link() const { return endpoint{ch_.device(), place_}; }
+
+	/*
+	 * run() - one run: the channel and the watchdog reset and every GPU's set-up waited for,
+	 * then one_way_run() of @consumer(stream, watchdog) on GPU 0 and @producer(stream, watchdog)
+	 * on GPU 1, which launch the kernels. Returns its milliseconds.
+	 */
+	template <typename Consumer, typename Producer>
+	double run(Consumer consumer, Producer producer)
+	{
+		CHECK(ch_.reset());
+		watch_.reset();
+		sync_both();
+		return one_way_run(
+			m_, streams_, [&] { consumer(streams_[0], watch_.on(0)); },
+			[&] { producer(streams_[1], watch_.on(1)); });
+	}
+
+	/* Whether a wait of the last run timed out. */
+	bool timed_out() const { return watch_.raised(); }
+
+private:
+	mode m_;
+	watch_words watch_;
+	stream_pair streams_;
+	ring place_;
+	wic::peer_channel ch_;
+};
+
+/*
+ * exchange_pair - what a run of the applications whose GPUs both wait for each other (G_STN,
+ * G_C2D, G_BS, G_BFS) needs besides their data: a stream, a grid barrier and a watchdog word on
+ * each of GPUs 0 and 1.
+ */
+class exchange_pair {
+public:
+	exchange_pair()
+	{
+		for (int d = 0; d < 2; d++) {
+			on_gpu g(d);
+			barrier_[d].reset(new grid_counter());
+		}
+	}
+	exchange_pair(const exchange_pair &) = delete;
+	exchange_pair &operator=(const exchange_pair &) = delete;
+	~exchange_pair()
+	{
+		for (int d = 0; d < 2; d++) {
+			on_gpu g(d);
+			barrier_[d].reset();
+		}
+	}
+
+	/*
+	 * run() - one run of both kernels: @prepare(d) readies GPU d (inputs, poison, channel resets;
+	 * GPU d is current), the barriers and the watchdog are reset and all of it waited for (the
+	 * kernels' streams do not wait for it), then @launch(d, stream, barrier, watchdog) starts GPU
+	 * d's kernel. Returns the milliseconds from the first launch until both kernels ended.
+	 */
+	template <typename Prepare, typename Launch>
+	double run(Prepare prepare, Launch launch)
+	{
+		for (int d = 0; d < 2; d++) {
+			on_gpu g(d);
+			prepare(d);
+			barrier_[d]->reset();
+		}
+		watch_.reset();
+		sync_both();
+		const auto start = std::chrono::steady_clock::now();
+		for (int d = 0; d < 2; d++)
+			launch(d, streams_[d], barrier_[d]->barrier(), watch_.on(d));
+		streams_.sync();
+		return ms_between(start, std::chrono::steady_clock::now());
+	}
+
+	/* Whether a wait of the last run timed out. */
+	bool timed_out() const { return watch_.raised(); }
+	const watch_words &watch() const { return watch_; }
+
+private:
+	watch_words watch_;
+	stream_pair streams_;
+	std::unique_ptr<grid_counter> barrier_[2];
+};
+
+/* What one repetition of an application gave: its time, and whether its result was right. */
+struct rep_result {
+	double ms;
+	bool correct;
+};
+
+/*
+ * repeat_runs() - runs @one(rep) for rep = 0 (a warm-up, not timed) to @reps, then prints the
+ * application's line (report(): @name, @m, @params, the median time of the timed repetitions,
+ * whether all were right). Returns the exit status: 0 when every repetition was right, 1 if not.
+ */
+template <typename One>
+int repeat_runs(const char *name, mode m, const std::string &params, int reps, One one)
+{
+	std::vector<double> times;
+	bool correct = true;
+	for (int rep = 0; rep <= reps; rep++) {
+		const rep_result r = one(rep);
+		correct &= r.correct;
+		if (rep)
+			times.push_back(r.ms);
+	}
+	report(name, m, params, times, correct);
+	return correct ? 0 : 1;
+}
+
+/*
  * halo_exchange_run() - the timed run of a halo exchange between GPUs 0 and 1 whose kernels take
  * one incoming and one outgoing endpoint each. @run(in, out, send, record) runs both kernels once
- * and returns its milliseconds. push, poll: one run through the @exchange_in/@exchange_out
- * channels. nowait: an untimed recording run first; then every message GPU d received
- * (@logged Ts at @log[d]) is published into its memory by @publish_replayed(d, recorded) and
- * both kernels are timed with nothing to wait for and nothing to send. Sets *@failed when a wait
- * of either run timed out.
+ * through @pair and returns its milliseconds. push, poll, tagged: one run through the
+ * @exchange_in/@exchange_out channels. nowait: an untimed recording run first; then every
+ * message GPU d received (@logged Ts at @log[d]) is published into its memory by
+ * @publish_replayed(d, recorded) and both kernels are timed with nothing to wait for and nothing
+ * to send. Sets *@failed when a wait of either run timed out.
  */
 template <typename T, typename Run, typename Publish>
-double halo_exchange_run(mode m, const watch_words &watch, Run run, const endpoint (&exchange_in)[2],
+double halo_exchange_run(mode m, const exchange_pair &pair, Run run, const endpoint (&exchange_in)[2],
 			 const endpoint (&exchange_out)[2], T *const (&log)[2], size_t logged, const ring &replayed,
 			 Publish publish_replayed, bool *failed)
 {
 	if (m != mode::nowait) {
 		const double ms = run(exchange_in, exchange_out, true, false);
-		*failed = watch.raised();
+		*failed = pair.timed_out();
 		return ms;
 	}
 	run(exchange_in, exchange_out, true, true);
-	*failed = watch.raised();
+	*failed = pair.timed_out();
 	std::unique_ptr<producer> recorded_by[2];
 	endpoint given[2];
 	std::vector<T> recorded(logged);
@@ -375,13 +514,111 @@ double halo_exchange_run(mode m, const watch_words &watch, Run run, const endpoi
 	}
 	const endpoint none[2] = {};
 	const double ms = run(given, none, false, false);
-	*failed |= watch.raised();
+	*failed |= pair.timed_out();
 	for (int d = 0; d < 2; d++) {
 		on_gpu g(d);
 		recorded_by[d].reset();
 	}
 	return ms;
 }
+
+/*
+ * halo_exchange - the host side of the applications that split an n x n grid by rows between
+ * GPUs 0 and 1 and exchange the rows next to the split at every step (G_STN, G_C2D): on each GPU
+ * its half twice (before and after a step), what a recording run received, and the channel
+ * carrying its edge row to the other GPU, @streams messages of @words floats per step, @depth
+ * slots each; one run of @kernel on both. A Half tells a GPU's rows: row0, cells().
+ */
+template <typename Half>
+class halo_exchange {
+public:
+	using kernel_type = void (*)(endpoint, endpoint, bool, Half, float *, uint32_t, grid_barrier, watchdog, float *);
+	/* Slots per stream and direction: a GPU may send two steps ahead of the other's reads. */
+	static constexpr uint32_t depth = 2;
+
+	halo_exchange(mode m, kernel_type kernel, const Half (&halves)[2], uint32_t n, uint32_t steps, uint32_t streams,
+		      uint32_t words, uint32_t blocks, uint32_t threads)
+		: m_(m), kernel_(kernel), halves_{halves[0], halves[1]}, n_(n), steps_(steps), streams_(streams),
+		  words_(words), blocks_(blocks), threads_(threads), logged_((size_t)streams * steps * words),
+		  live_{depth, steps, false}, replayed_{depth, steps, true}
+	{
+		for (int d = 0; d < 2; d++) {
+			u_[d] = alloc_on<float>(d, 2 * halves_[d].cells());
+			log_[d] = m == mode::nowait ? alloc_on<float>(d, logged_) : nullptr;
+			on_gpu g(d);
+			load(kernel);
+		}
+		/* to_[d] carries GPU d's edge row to GPU 1 - d. nowait records with push. */
+		for (int d = 0; d < 2; d++)
+			CHECK(to_[d].create(transport_of(m, words * sizeof(float)), 1 - d, d, live_.slots(streams),
+					    words * sizeof(float), 1));
+	}
+	halo_exchange(const halo_exchange &) = delete;
+	halo_exchange &operator=(const halo_exchange &) = delete;
+	~halo_exchange()
+	{
+		for (int d = 0; d < 2; d++) {
+			to_[d].destroy();
+			free_on(d, u_[d]);
+			if (log_[d])
+				free_on(d, log_[d]);
+		}
+	}
+
+	/*
+	 * run() - the steps from the grid @u0 (row-major), the result in @got; in nowait mode
+	 * through halo_exchange_run(). The other buffer of each half and every slot are poisoned
+	 * (NaN) first, so a row read before it was written shows. Sets *@failed when a wait timed
+	 * out; returns the milliseconds of the timed run.
+	 */
+	double run(const std::vector<float> &u0, std::vector<float> &got, bool *failed)
+	{
+		auto once = [&](const endpoint (&in)[2], const endpoint (&out)[2], bool send, bool record) {
+			auto prepare = [&](int d) {
+				const size_t cells = halves_[d].cells();
+				CHECK(cudaMemcpy(u_[d], &u0[(size_t)halves_[d].row0 * n_], cells * sizeof(float),
+						 cudaMemcpyHostToDevice));
+				CHECK(cudaMemset(u_[d] + cells, 0xff, cells * sizeof(float)));
+				if (record)
+					CHECK(cudaMemset(log_[d], 0, logged_ * sizeof(float)));
+				CHECK(to_[d].reset());
+				const wic::channel ch = to_[d].device();
+				on_gpu consumer(1 - d);
+				CHECK(cudaMemset(const_cast<uint8_t *>(ch.data), 0xff, (size_t)ch.slots * ch.batch_bytes));
+			};
+			auto launch = [&](int d, cudaStream_t stream, grid_barrier barrier, watchdog wd) {
+				launch_on(d, kernel_, blocks_, threads_, stream, in[d], out[d], send, halves_[d], u_[d],
+					  steps_, barrier, wd, record ? log_[d] : nullptr);
+			};
+			return pair_.run(prepare, launch);
+		};
+		const endpoint in[2] = {{to_[1].device(), live_}, {to_[0].device(), live_}};
+		const endpoint out[2] = {{to_[0].device(), live_}, {to_[1].device(), live_}};
+		/* nowait: every row GPU d received, published into its memory before its kernel starts. */
+		const double ms = halo_exchange_run(
+			m_, pair_, once, in, out, log_, logged_, replayed_,
+			[&](int d, const std::vector<float> &recorded) {
+				return publish_recorded(d, recorded, streams_, steps_, words_);
+			},
+			failed);
+		for (int d = 0; d < 2; d++)
+			CHECK(cudaMemcpy(&got[(size_t)halves_[d].row0 * n_], u_[d] + (steps_ % 2) * halves_[d].cells(),
+					 halves_[d].cells() * sizeof(float), cudaMemcpyDeviceToHost));
+		return ms;
+	}
+
+private:
+	mode m_;
+	kernel_type kernel_;
+	Half halves_[2];
+	uint32_t n_, steps_, streams_, words_, blocks_, threads_;
+	size_t logged_;
+	ring live_, replayed_;
+	exchange_pair pair_;
+	float *u_[2] = {nullptr, nullptr};
+	float *log_[2] = {nullptr, nullptr};
+	wic::peer_channel to_[2];
+};
 
 } /* namespace app */
 
