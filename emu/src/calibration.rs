@@ -63,6 +63,20 @@ pub struct Poll {
     pub issue_weight: Constant<f64>,
 }
 
+/// wic.cuh's push transport on the stock driver (see `sim::Mode::Push`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Push {
+    /// From a host thread's publish of a small message to the waiting warp having it.
+    pub host_one_way_ns: Constant<u64>,
+    /// The host thread's own time in one publish (the driver calls): a host producer
+    /// publishes no faster than one batch per this long.
+    pub host_publish_ns: Constant<u64>,
+    /// From a producer kernel on another GPU starting to write a small message to the warp
+    /// having it.
+    pub peer_one_way_ns: Constant<u64>,
+}
+
 /// What a warp stalled on a replayable fault costs the other warps of its SM (see `sim`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -101,6 +115,7 @@ pub struct Calibration {
     pub link: Link,
     pub host: Host,
     pub poll: Poll,
+    pub push: Push,
     pub stall: Stall,
     pub daemon: Daemon,
 }
@@ -167,8 +182,8 @@ impl Calibration {
     }
 
     /// Every latency constant with its key, the fault path's five first.
-    pub(crate) fn latencies_mut(&mut self) -> [(&'static str, &mut u64); 12] {
-        let (f, l, d) = (&mut self.fault, &mut self.link, &mut self.daemon);
+    pub(crate) fn latencies_mut(&mut self) -> [(&'static str, &mut u64); 15] {
+        let (f, l, d, p) = (&mut self.fault, &mut self.link, &mut self.daemon, &mut self.push);
         [
             ("fault.interrupt_to_bh_ns", &mut f.interrupt_to_bh_ns.value),
             ("fault.batch_fixed_ns", &mut f.batch_fixed_ns.value),
@@ -182,6 +197,9 @@ impl Calibration {
             ("daemon.submission_ns", &mut d.submission_ns.value),
             ("daemon.per_page_ns", &mut d.per_page_ns.value),
             ("daemon.publish_ns", &mut d.publish_ns.value),
+            ("push.host_one_way_ns", &mut p.host_one_way_ns.value),
+            ("push.host_publish_ns", &mut p.host_publish_ns.value),
+            ("push.peer_one_way_ns", &mut p.peer_one_way_ns.value),
         ]
     }
 
@@ -238,6 +256,9 @@ impl Calibration {
             row("link.nvlink_latency_ns", &self.link.nvlink_latency_ns),
             row("host.memcpy_gbps", &self.host.memcpy_gbps),
             row("poll.issue_weight", &self.poll.issue_weight),
+            row("push.host_one_way_ns", &self.push.host_one_way_ns),
+            row("push.host_publish_ns", &self.push.host_publish_ns),
+            row("push.peer_one_way_ns", &self.push.peer_one_way_ns),
             row("stall.compute_progress", &self.stall.compute_progress),
             row("stall.memory_progress", &self.stall.memory_progress),
             row("daemon.wakeup_ns", &self.daemon.wakeup_ns),
@@ -265,7 +286,7 @@ impl Calibration {
 }
 
 /// GB/s is bytes per nanosecond. Saturates at `u64::MAX` (a cast from `f64` does).
-fn transfer_ns(bytes: u64, gbps: f64) -> u64 {
+pub(crate) fn transfer_ns(bytes: u64, gbps: f64) -> u64 {
     (bytes as f64 / gbps).ceil() as u64
 }
 
@@ -276,7 +297,7 @@ mod tests {
     #[test]
     fn built_in_parses_and_every_constant_has_a_source() {
         let cal = Calibration::built_in();
-        assert_eq!(cal.table().len(), 25);
+        assert_eq!(cal.table().len(), 28);
         assert!(cal.table().iter().all(|(_, _, source, _)| source.len() > 10));
     }
 
@@ -298,7 +319,7 @@ mod tests {
         format!("{}{value}{}", &text[..start], &text[end..])
     }
 
-    const LATENCIES: [&str; 12] = [
+    const LATENCIES: [&str; 15] = [
         "fault.interrupt_to_bh_ns",
         "fault.batch_fixed_ns",
         "fault.per_fault_ns",
@@ -311,6 +332,9 @@ mod tests {
         "daemon.submission_ns",
         "daemon.per_page_ns",
         "daemon.publish_ns",
+        "push.host_one_way_ns",
+        "push.host_publish_ns",
+        "push.peer_one_way_ns",
     ];
     const RATES: [&str; 3] = ["link.pcie_gbps", "link.nvlink_gbps", "host.memcpy_gbps"];
 

@@ -1,19 +1,29 @@
-//! Every workload both ways, naive polling and WIC, on worker threads: the comparison that
-//! `wicd demo` prints and the evaluation report plots.
+//! Every workload three ways, naive polling, wic.cuh's push and WIC, on worker threads: the
+//! comparison that `wicd demo` prints and the evaluation report plots.
 
 use crossbeam::channel;
 
 use crate::{try_run, Calibration, Mode, RunReport, Workload};
 
-/// The same workload both ways.
+/// The modes of a comparison, in the order its runs are reported.
+pub const MODES: [Mode; 3] = [Mode::Poll, Mode::Push, Mode::Fault];
+
+/// The same workload three ways.
 pub struct Comparison {
     pub poll: RunReport,
+    pub push: RunReport,
     pub fault: RunReport,
 }
 
 impl Comparison {
+    /// WIC's speedup over naive polling.
     pub fn speedup(&self) -> f64 {
         self.poll.runtime_ns as f64 / self.fault.runtime_ns as f64
+    }
+
+    /// WIC's speedup over push, what the stock driver runs today.
+    pub fn speedup_over_push(&self) -> f64 {
+        self.push.runtime_ns as f64 / self.fault.runtime_ns as f64
     }
 }
 
@@ -22,14 +32,23 @@ pub fn percent(share: f64) -> String {
     format!("{:.1}%", 100.0 * share)
 }
 
-/// The geometric mean of the rows' speedups (1 for no rows): of a slice (`&rows`), or of the
-/// rows that ran (`rows.iter().flatten()` over results).
+/// The geometric mean of the rows' speedups over naive polling (1 for no rows): of a slice
+/// (`&rows`), or of the rows that ran (`rows.iter().flatten()` over results).
 pub fn geomean_speedup<'a>(rows: impl IntoIterator<Item = &'a Comparison>) -> f64 {
-    let (sum, n) = rows.into_iter().fold((0.0, 0u32), |(sum, n), r| (sum + r.speedup().ln(), n + 1));
+    geomean(rows, Comparison::speedup)
+}
+
+/// The same over push.
+pub fn geomean_speedup_over_push<'a>(rows: impl IntoIterator<Item = &'a Comparison>) -> f64 {
+    geomean(rows, Comparison::speedup_over_push)
+}
+
+fn geomean<'a>(rows: impl IntoIterator<Item = &'a Comparison>, ratio: fn(&Comparison) -> f64) -> f64 {
+    let (sum, n) = rows.into_iter().fold((0.0, 0u32), |(sum, n), r| (sum + ratio(r).ln(), n + 1));
     (sum / f64::from(n.max(1))).exp()
 }
 
-/// Runs every workload in both modes on `threads` workers; `progress` sees each finished run.
+/// Runs every workload in every mode on `threads` workers; `progress` sees each finished run.
 ///
 /// # Panics
 /// If the model cannot hold a workload ([`try_compare`] reports it as that row's error instead).
@@ -67,8 +86,8 @@ impl std::error::Error for RowError {}
 /// could not run and why.
 pub type RunOutcome = Result<RunReport, (&'static str, Mode, String)>;
 
-/// Runs every workload in both modes on `threads` workers (no more than there are runs), one
-/// row per workload in order; a workload the model cannot hold is that row's error and the
+/// Runs every workload in every mode ([`MODES`]) on `threads` workers (no more than there are
+/// runs), one row per workload in order; a workload the model cannot hold is that row's error and the
 /// others still run. `progress` sees each finished run.
 pub fn try_compare(
     workloads: &[Workload],
@@ -77,15 +96,14 @@ pub fn try_compare(
     threads: usize,
     mut progress: impl FnMut(usize, usize, &RunOutcome),
 ) -> Vec<Result<Comparison, RowError>> {
-    let jobs: Vec<(usize, Mode)> =
-        (0..workloads.len()).flat_map(|i| [Mode::Poll, Mode::Fault].map(|m| (i, m))).collect();
+    let jobs: Vec<(usize, Mode)> = (0..workloads.len()).flat_map(|i| MODES.map(|m| (i, m))).collect();
     let (job_tx, job_rx) = channel::unbounded();
     for job in &jobs {
         job_tx.send(*job).expect("receiver alive");
     }
     drop(job_tx);
     let (done_tx, done_rx) = channel::unbounded();
-    let mut results: Vec<[Option<RunOutcome>; 2]> = (0..workloads.len()).map(|_| [None, None]).collect();
+    let mut results: Vec<[Option<RunOutcome>; 3]> = (0..workloads.len()).map(|_| [None, None, None]).collect();
     crossbeam::scope(|scope| {
         for _ in 0..threads.clamp(1, jobs.len().max(1)) {
             let (job_rx, done_tx) = (job_rx.clone(), done_tx.clone());
@@ -102,16 +120,21 @@ pub fn try_compare(
         drop(done_tx);
         for (finished, (index, mode, outcome)) in done_rx.iter().enumerate() {
             progress(finished + 1, jobs.len(), &outcome);
-            results[index][usize::from(mode == Mode::Fault)] = Some(outcome);
+            results[index][MODES.iter().position(|m| *m == mode).expect("one of MODES")] = Some(outcome);
         }
     })
     .expect("a worker panicked");
     results
         .into_iter()
-        .map(|[poll, fault]| match (poll.expect("poll run"), fault.expect("fault run")) {
-            (Ok(poll), Ok(fault)) => Ok(Comparison { poll, fault }),
-            // Poll's reason first, whichever run finished first, so the row reads the same every time.
-            (Err((workload, _, reason)), _) | (_, Err((workload, _, reason))) => Err(RowError { workload, reason }),
+        .map(|[poll, push, fault]| {
+            match (poll.expect("poll run"), push.expect("push run"), fault.expect("fault run")) {
+                (Ok(poll), Ok(push), Ok(fault)) => Ok(Comparison { poll, push, fault }),
+                // The first mode's reason, whichever run finished first, so the row reads the same
+                // every time.
+                (Err((workload, _, reason)), _, _)
+                | (_, Err((workload, _, reason)), _)
+                | (_, _, Err((workload, _, reason))) => Err(RowError { workload, reason }),
+            }
         })
         .collect()
 }
@@ -147,9 +170,9 @@ mod tests {
         let rows = try_compare(&set, &Calibration::built_in(), 1, 1000, |done, total, outcome| {
             seen.push((done, total, outcome.as_ref().map(|r| r.workload).unwrap_or_else(|e| e.0)));
         });
-        assert_eq!(seen.len(), 6);
-        assert!(seen.iter().enumerate().all(|(i, (done, total, _))| (*done, *total) == (i + 1, 6)));
-        assert_eq!(seen.iter().filter(|s| s.2 == "G_GEM").count(), 2);
+        assert_eq!(seen.len(), 9);
+        assert!(seen.iter().enumerate().all(|(i, (done, total, _))| (*done, *total) == (i + 1, 9)));
+        assert_eq!(seen.iter().filter(|s| s.2 == "G_GEM").count(), 3);
         assert_eq!(rows[0].as_ref().unwrap().fault.workload, "C_CG");
         assert_eq!(rows[2].as_ref().unwrap().poll.workload, "G_STN");
         let refused = rows[1].as_ref().err().expect("G_GEM at 512M threads is refused");
@@ -163,11 +186,15 @@ mod tests {
         let cal = Calibration::built_in();
         let row = |name| {
             let w = by_name(name).unwrap().with_threads(64);
-            Comparison { poll: crate::run(&w, Mode::Poll, &cal, 1), fault: crate::run(&w, Mode::Fault, &cal, 1) }
+            let [poll, push, fault] = MODES.map(|m| crate::run(&w, m, &cal, 1));
+            Comparison { poll, push, fault }
         };
         let rows = vec![row("C_CG"), row("G_STN")];
         let (a, b) = (rows[0].speedup(), rows[1].speedup());
         assert!((geomean_speedup(&rows) - (a * b).sqrt()).abs() < 1e-12);
+        let (c, d) = (rows[0].speedup_over_push(), rows[1].speedup_over_push());
+        assert!((geomean_speedup_over_push(&rows) - (c * d).sqrt()).abs() < 1e-12);
+        assert!(a != c, "over push is not over polling");
         let results = [Ok(row("C_CG")), Err(RowError { workload: "G_GEM", reason: "no room".into() })];
         assert!((geomean_speedup(results.iter().flatten()) - a).abs() < 1e-12, "only the rows that ran");
         assert_eq!(geomean_speedup(&[]), 1.0);

@@ -13,7 +13,9 @@ use clap::Parser;
 use wic_bench::paper::{self, PaperApp};
 use wic_bench::svg::{self, Series};
 use wic_bench::{summary, Results, Settings};
-use wic_emu::compare::{calibration_summary, compare, geomean_speedup, percent, Comparison};
+use wic_emu::compare::{
+    calibration_summary, compare, geomean_speedup, geomean_speedup_over_push, percent, Comparison, MODES,
+};
 use wic_emu::{workload, Calibration, Workload};
 
 /// The sweep's thread counts and applications (the paper's Fig. 16).
@@ -109,12 +111,13 @@ fn run(args: &Args) -> Result<(), String> {
     fields.set("seed", args.seed.to_string());
     fields.set("apps_table", apps_table(&rows));
     fields.set("apps_seconds", format!("{apps_seconds:.0}"));
-    fields.set("apps_runs", (2 * rows.len()).to_string());
+    fields.set("apps_runs", (MODES.len() * rows.len()).to_string());
     fields.set("geomean", format!("{:.2}x", geomean_speedup(&rows)));
+    fields.set("geomean_over_push", format!("{:.2}x", geomean_speedup_over_push(&rows)));
     fields.set("paper_geomean", format!("{:.2}x", paper::MEAN_SPEEDUP));
     fields.set("sweep_table", sweep_table(&sweep));
     fields.set("sweep_seconds", format!("{sweep_seconds:.0}"));
-    fields.set("sweep_runs", (2 * sweep.iter().map(|(_, rows)| rows.len()).sum::<usize>()).to_string());
+    fields.set("sweep_runs", (MODES.len() * sweep.iter().map(|(_, rows)| rows.len()).sum::<usize>()).to_string());
     fields.set("bench_summary", summary(&results).iter().map(|l| format!("- {l}\n")).collect());
     fields.set("bench_recorded", recorded(&args.recorded)?);
     fields.set("bench_interrupter", interrupter_table(&results));
@@ -275,18 +278,20 @@ fn paper_of(row: &Comparison) -> Option<&'static PaperApp> {
 
 fn apps_table(rows: &[Comparison]) -> String {
     let mut t = String::from(
-        "| app | naive ms | WIC ms | speedup | paper speedup | consumer overhead naive / WIC | overlap naive / WIC | paper overlap WIC | wicd busy | paper host overhead | faults handled |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| app | naive ms | push ms | WIC ms | speedup | WIC over push | paper speedup | consumer overhead naive / WIC | overlap naive / WIC | paper overlap WIC | wicd busy | paper host overhead | faults handled |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for row in rows {
         let paper = paper_of(row);
         let faults = row.fault.engine.as_ref().map_or(0, |e| e.entries);
         t.push_str(&format!(
-            "| {} | {:.3} | {:.3} | {:.2}x | {} | {} / {} | {} / {} | {} | {} | {} | {} |\n",
+            "| {} | {:.3} | {:.3} | {:.3} | {:.2}x | {:.2}x | {} | {} / {} | {} / {} | {} | {} | {} | {} |\n",
             row.poll.workload,
             row.poll.runtime_ns as f64 / 1e6,
+            row.push.runtime_ns as f64 / 1e6,
             row.fault.runtime_ns as f64 / 1e6,
             row.speedup(),
+            row.speedup_over_push(),
             or_dash(paper.and_then(|p| p.speedup), |s| format!("≈{s:.2}x")),
             percent(row.poll.consumer_overhead),
             percent(row.fault.consumer_overhead),
