@@ -43,6 +43,7 @@ fn the_quick_report_fills_every_field_and_writes_every_figure() {
         "interrupter at 16K pages",
         "monitor:",
         "batch of 256 entries",
+        "| memory progress beside a stalled warp",
         "not run in this regeneration",
         "bench/results/",
     ] {
@@ -52,7 +53,7 @@ fn the_quick_report_fills_every_field_and_writes_every_figure() {
         .match_indices("](figures/")
         .map(|(i, _)| &text[i + 2..i + 2 + text[i + 2..].find(')').expect("a closed link")])
         .collect();
-    assert_eq!(linked.len(), 5, "{linked:?}");
+    assert_eq!(linked.len(), 6, "{linked:?}");
     for figure in linked {
         let svg = std::fs::read_to_string(out.join(figure)).unwrap_or_else(|e| panic!("{figure}: {e}"));
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"), "{figure} is not an SVG document");

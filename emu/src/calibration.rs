@@ -181,6 +181,15 @@ impl Calibration {
         Self::from_toml(BUILT_IN).expect("the built-in calibration is valid")
     }
 
+    /// Multiplies the fault path's latencies (the GPU's and nvidia-uvm's part of serving a
+    /// fault: interrupt to bottom half, batch, per fault, replay, CPU fault) by `factor`,
+    /// saturating; wicd's own costs stay.
+    pub fn scale_fault_path(&mut self, factor: f64) {
+        for (_, latency) in self.latencies_mut().into_iter().take(5) {
+            *latency = (*latency as f64 * factor).round() as u64;
+        }
+    }
+
     /// Every latency constant with its key, the fault path's five first.
     pub(crate) fn latencies_mut(&mut self) -> [(&'static str, &mut u64); 15] {
         let (f, l, d, p) = (&mut self.fault, &mut self.link, &mut self.daemon, &mut self.push);
@@ -435,6 +444,17 @@ mod tests {
             let cal = Calibration::from_toml(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
             assert_eq!(cal.gpu.sms.value, [1, 1024][end]);
         }
+    }
+
+    #[test]
+    fn scaling_the_fault_path_leaves_wicds_costs() {
+        let mut cal = Calibration::built_in();
+        cal.scale_fault_path(0.5);
+        let built_in = Calibration::built_in();
+        assert_eq!(cal.fault.replay_ns.value, (built_in.fault.replay_ns.value as f64 * 0.5).round() as u64);
+        assert_eq!(cal.fault.per_fault_ns.value, (built_in.fault.per_fault_ns.value as f64 * 0.5).round() as u64);
+        assert_eq!(cal.daemon.wakeup_ns.value, built_in.daemon.wakeup_ns.value);
+        assert_eq!(cal.link.pcie_latency_ns.value, built_in.link.pcie_latency_ns.value);
     }
 
     #[test]

@@ -21,6 +21,20 @@ use wic_emu::{workload, Calibration, Workload};
 /// The sweep's thread counts and applications (the paper's Fig. 16).
 const SWEEP_THREADS: [u32; 4] = [64, 1 << 10, 1 << 14, 1 << 20];
 const SWEEP_APPS: [&str; 4] = ["C_CG", "C_H3D", "G_BFS", "G_STN"];
+/// The plane of the two things the hardware decides and the stock driver cannot show for WIC:
+/// the fault path's latencies, as factors of the calibration's, and what a fault-stalled warp
+/// costs, as the memory progress beside it (`None`: the measured one; 1.0: a free stall,
+/// arithmetic included).
+const PLANE_LATENCY: [f64; 4] = [0.1, 0.3, 1.0, 3.0];
+const PLANE_STALL: [Option<f64>; 4] = [None, Some(0.1), Some(0.5), Some(1.0)];
+
+/// One point of the plane: WIC's geometric-mean speedup over push and over naive polling.
+struct PlanePoint {
+    latency: f64,
+    stall: Option<f64>,
+    over_push: f64,
+    over_naive: f64,
+}
 
 #[derive(Debug, Parser)]
 #[command(about = "Regenerates docs/evaluation.md and its figures from the emulator and the benchmarks")]
@@ -91,6 +105,25 @@ fn run(args: &Args) -> Result<(), String> {
     }
     let sweep_seconds = sweep_started.elapsed().as_secs_f64();
 
+    let plane_started = Instant::now();
+    let (plane_latency, plane_stall) =
+        if args.quick { (&PLANE_LATENCY[1..3], &PLANE_STALL[..2]) } else { (&PLANE_LATENCY[..], &PLANE_STALL[..]) };
+    let mut plane = Vec::new();
+    for &stall in plane_stall {
+        for &latency in plane_latency {
+            eprintln!("wic-report: plane, fault path x{latency}, stall {}", stall_label(stall, &cal));
+            let rows = compare(&apps, &plane_calibration(&cal, latency, stall), args.seed, threads, progress("plane"));
+            check_messages(&rows)?;
+            plane.push(PlanePoint {
+                latency,
+                stall,
+                over_push: geomean_speedup_over_push(&rows),
+                over_naive: geomean_speedup(&rows),
+            });
+        }
+    }
+    let plane_seconds = plane_started.elapsed().as_secs_f64();
+
     eprintln!("wic-report: fast-path benchmarks");
     let bench_settings = Settings::new(args.quick, if args.quick { 1 } else { 5 }, args.seed);
     let results = wic_bench::run(&bench_settings, &[]);
@@ -104,7 +137,7 @@ fn run(args: &Args) -> Result<(), String> {
 
     let figures = args.out.join("figures");
     std::fs::create_dir_all(&figures).map_err(|e| format!("{}: {e}", figures.display()))?;
-    write_figures(&figures, &rows, &sweep)?;
+    write_figures(&figures, &rows, &sweep, &plane)?;
 
     fields.set("machine", results.machine.clone());
     fields.set("calibration", calibration_summary(&cal));
@@ -118,6 +151,9 @@ fn run(args: &Args) -> Result<(), String> {
     fields.set("sweep_table", sweep_table(&sweep));
     fields.set("sweep_seconds", format!("{sweep_seconds:.0}"));
     fields.set("sweep_runs", (MODES.len() * sweep.iter().map(|(_, rows)| rows.len()).sum::<usize>()).to_string());
+    fields.set("plane_table", plane_table(&plane, &cal));
+    fields.set("plane_runs", (MODES.len() * apps.len() * plane.len()).to_string());
+    fields.set("plane_seconds", format!("{plane_seconds:.0}"));
     fields.set("bench_summary", summary(&results).iter().map(|l| format!("- {l}\n")).collect());
     fields.set("bench_recorded", recorded(&args.recorded)?);
     fields.set("bench_interrupter", interrupter_table(&results));
@@ -325,7 +361,84 @@ fn sweep_table(sweep: &[(u32, Vec<Comparison>)]) -> String {
     t
 }
 
-fn write_figures(dir: &Path, rows: &[Comparison], sweep: &[(u32, Vec<Comparison>)]) -> Result<(), String> {
+/// The calibration at a point of the plane.
+fn plane_calibration(cal: &Calibration, latency: f64, stall: Option<f64>) -> Calibration {
+    let mut c = cal.clone();
+    c.scale_fault_path(latency);
+    if let Some(progress) = stall {
+        c.stall.memory_progress.value = progress.max(cal.stall.memory_progress.value);
+        if progress >= 1.0 {
+            c.stall.compute_progress.value = 1.0;
+        }
+    }
+    c
+}
+
+fn stall_label(stall: Option<f64>, cal: &Calibration) -> String {
+    match stall {
+        None => format!("measured ({})", cal.stall.memory_progress.value),
+        Some(p) if p >= 1.0 => "free".into(),
+        Some(p) => p.to_string(),
+    }
+}
+
+fn latency_label(latency: f64) -> String {
+    if latency == 1.0 {
+        "x1 (calibration)".into()
+    } else {
+        format!("x{latency}")
+    }
+}
+
+/// The plane's points of its first stall cost: one per fault-path factor (the points run stall
+/// by stall, every factor for each).
+fn plane_row(plane: &[PlanePoint]) -> &[PlanePoint] {
+    let n = plane.iter().take_while(|p| p.stall == plane[0].stall).count();
+    &plane[..n]
+}
+
+/// WIC over push (over naive polling), one row per stall cost, one column per fault-path factor.
+fn plane_table(plane: &[PlanePoint], cal: &Calibration) -> String {
+    let columns = plane_row(plane);
+    let header: Vec<String> = columns.iter().map(|p| latency_label(p.latency)).collect();
+    let mut t = format!(
+        "| memory progress beside a stalled warp \\ fault path | {} |\n|---|{}\n",
+        header.join(" | "),
+        "---|".repeat(header.len())
+    );
+    for row in plane.chunks(columns.len().max(1)) {
+        let cells: Vec<String> = row.iter().map(|p| format!("{:.2}x ({:.2}x)", p.over_push, p.over_naive)).collect();
+        t.push_str(&format!("| {} | {} |\n", stall_label(row[0].stall, cal), cells.join(" | ")));
+    }
+    t
+}
+
+fn plane_figure(plane: &[PlanePoint], cal: &Calibration) -> String {
+    let columns = plane_row(plane);
+    let labels: Vec<String> = columns.iter().map(|p| latency_label(p.latency)).collect();
+    let series: Vec<Series> = plane
+        .chunks(columns.len().max(1))
+        .map(|row| Series {
+            name: format!("stall: {}", stall_label(row[0].stall, cal)),
+            values: row.iter().map(|p| Some(p.over_push)).collect(),
+        })
+        .collect();
+    svg::lines(
+        "WIC over push (geometric mean, ten applications) by fault-path latency and stall cost, emulator",
+        "fault-path latencies, factor of the calibration's",
+        "WIC over push",
+        &labels,
+        &series,
+        Some(1.0),
+    )
+}
+
+fn write_figures(
+    dir: &Path,
+    rows: &[Comparison],
+    sweep: &[(u32, Vec<Comparison>)],
+    plane: &[PlanePoint],
+) -> Result<(), String> {
     let apps: Vec<String> = rows.iter().map(|r| r.poll.workload.to_string()).collect();
     let of = |f: &dyn Fn(&Comparison) -> Option<f64>| rows.iter().map(f).collect::<Vec<_>>();
     let series = |name: &str, values: Vec<Option<f64>>| Series { name: name.into(), values };
@@ -386,6 +499,7 @@ fn write_figures(dir: &Path, rows: &[Comparison], sweep: &[(u32, Vec<Comparison>
             ),
         ),
         ("fig16-sweep.svg", sweep_figure(sweep)),
+        ("plane-wic-over-push.svg", plane_figure(plane, &Calibration::built_in())),
     ];
     for (name, text) in figures {
         let path = dir.join(name);
