@@ -198,8 +198,11 @@ private:
 __device__ inline const uint8_t *block_recv(const wic::channel &ch, uint32_t slot, uint32_t generation,
 					    const watchdog &wd)
 {
-	/* After a failure nothing waits: the run is wrong already and only has to end. */
-	const bool gave_up = wd.raised();
+	/*
+	 * After a failure nothing waits: the run is wrong already and only has to end. One decision
+	 * for the whole block, since with tagged every thread waits.
+	 */
+	const bool gave_up = __syncthreads_or(threadIdx.x == 0 && wd.raised());
 	const uint8_t *message;
 	const int rc = wic::recv_block(ch, slot, generation, &message, gave_up ? 1 : wd.timeout_ns);
 	if (threadIdx.x == 0 && rc != WIC_OK && !gave_up)

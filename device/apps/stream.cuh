@@ -40,10 +40,11 @@ namespace app {
 enum class mode { push, poll, alg1, tagged, picked, nowait };
 
 /*
- * The transport of a run's channels, whose batches are @batch_bytes; nowait runs publish
- * through push channels before the launch.
+ * The transport of a run's channels, whose batches are @warps messages of @message_bytes;
+ * nowait runs publish through push channels before the launch. tagged carries whole 8-byte
+ * words only: a run that asks for it with other messages ends here, saying so (exit status 2).
  */
-inline wic::transport transport_of(mode m, uint64_t batch_bytes)
+inline wic::transport transport_of(mode m, uint32_t message_bytes, uint32_t warps = 1)
 {
 	switch (m) {
 	case mode::poll:
@@ -51,9 +52,13 @@ inline wic::transport transport_of(mode m, uint64_t batch_bytes)
 	case mode::alg1:
 		return wic::transport::alg1;
 	case mode::tagged:
+		if (message_bytes % 8) {
+			fprintf(stderr, "tagged carries messages of whole 8-byte words, not %u bytes\n", message_bytes);
+			exit(2);
+		}
 		return wic::transport::tagged;
 	case mode::picked:
-		return wic::pick_peer_transport(batch_bytes);
+		return wic::pick_peer_transport(message_bytes, warps);
 	default:
 		return wic::transport::push;
 	}
@@ -67,7 +72,7 @@ inline const char *mode_name(mode m)
 	case mode::picked:
 		return "picked";
 	default:
-		return wic::transport_name(transport_of(m, 0));
+		return wic::transport_name(transport_of(m, 8));
 	}
 }
 
@@ -305,7 +310,7 @@ public:
 		: place_{blocks, generations, m == mode::nowait}
 	{
 		const uint32_t slots = place_.slots();
-		CHECK(ch_.create(transport_of(m, (uint64_t)message_bytes * warps), slots, message_bytes, warps));
+		CHECK(ch_.create(transport_of(m, message_bytes, warps), slots, message_bytes, warps));
 		batch_ = ch_.device().batch_bytes;
 		CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
 		/* One pinned staging buffer per slot, so an async copy's source is not overwritten early. */

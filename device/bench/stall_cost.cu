@@ -267,7 +267,8 @@ __global__ void beside_stalls(work kind, uint32_t rounds, const uint4 *data, uin
 			const unsigned long long since = atomicAdd(&stalled_since, 0ull);
 			if (atomicSub(&outstanding, 1u) == 1) {
 				const uint64_t from = max(since, (unsigned long long)atomicAdd(&first_start, 0ull));
-				const uint64_t to = work_over ? min((unsigned long long)t1, atomicAdd(&last_end, 0ull)) : t1;
+				const bool work_done = atomicAdd(&finished, 0u) == work_warps;
+				const uint64_t to = work_done ? min((unsigned long long)t1, atomicAdd(&last_end, 0ull)) : t1;
 				if (to > from)
 					atomicAdd(&stalled_span, (unsigned long long)(to - from));
 			}

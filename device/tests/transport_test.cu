@@ -413,10 +413,12 @@ void refusals()
 			   wic::pick_host_transport(1025, 1) == wic::transport::push &&
 			   wic::pick_host_transport(64, 2) == wic::transport::push;
 	check(picks, "pick_host_transport(): mapped up to 1 KiB and one spinning waiter, push beyond");
-	const bool peer_picks = wic::pick_peer_transport(64) == wic::transport::tagged &&
-				wic::pick_peer_transport(4096) == wic::transport::tagged &&
-				wic::pick_peer_transport(4097) == wic::transport::push;
-	check(peer_picks, "pick_peer_transport(): tagged up to 4 KiB, push beyond");
+	const bool peer_picks = wic::pick_peer_transport(64, 1) == wic::transport::tagged &&
+				wic::pick_peer_transport(1024, 4) == wic::transport::tagged &&
+				wic::pick_peer_transport(1024, 5) == wic::transport::push &&
+				wic::pick_peer_transport(4104, 1) == wic::transport::push &&
+				wic::pick_peer_transport(500, 1) == wic::transport::push;
+	check(peer_picks, "pick_peer_transport(): tagged up to 4 KiB of whole 8-byte words, push otherwise");
 }
 
 void timeout(wic::transport kind)

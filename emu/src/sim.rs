@@ -417,6 +417,8 @@ struct Sim<'a> {
     progress_at: u64,
     /// push: when the host thread is done with its last publish.
     host_publish_free_at: Nanos,
+    /// push: per producer GPU, when its link is done with the batches it carries.
+    peer_link_free_at: Vec<Nanos>,
     /// Steps past `progress_at` that make the run stuck.
     stall_steps: u64,
     stats: Counters,
@@ -487,6 +489,7 @@ impl<'a> Sim<'a> {
             steps: 0,
             progress_at: 0,
             host_publish_free_at: 0,
+            peer_link_free_at: vec![0; usize::from(workload.gpus())],
             stall_steps: workload
                 .phases
                 .iter()
@@ -1070,11 +1073,13 @@ impl<'a> Sim<'a> {
                     .saturating_add(transfer_ns(batch as u64, self.cal.link.pcie_gbps.value));
                 self.schedule(at, Event::ReadyArrives { slot });
             }
-            (Mode::Push, Endpoint::Gpu(_)) => {
-                // The producer kernel's stores over the link, its fence and the ready word.
-                let at = self
-                    .after(self.cal.push.peer_one_way_ns.value)
-                    .saturating_add(transfer_ns(batch as u64, self.cal.link.nvlink_gbps.value));
+            (Mode::Push, Endpoint::Gpu(gpu)) => {
+                // The producer kernel's stores over the link, one batch after another at the
+                // link's bandwidth, then its fence and the ready word.
+                let link = &mut self.peer_link_free_at[gpu as usize];
+                let start = self.now.max(*link);
+                *link = start.saturating_add(transfer_ns(batch as u64, self.cal.link.nvlink_gbps.value));
+                let at = link.saturating_add(self.cal.push.peer_one_way_ns.value);
                 self.schedule(at, Event::ReadyArrives { slot });
             }
             (Mode::Poll, Endpoint::Host) => {
