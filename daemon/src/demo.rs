@@ -145,7 +145,7 @@ other warps of its SM what an H100 measured (stock driver, device/bench/stall_co
 arithmetic goes on at 0.956 of its speed, their memory accesses that leave the SM at 0.00385,
 so memory-bound work all but stops while a fault is outstanding. How much of each application's
 work is memory is derived from its arithmetic intensity, not measured. push's waits take its
-measured one-way time (7100 ns from a host thread, 3810 ns from a kernel on another GPU) plus
+measured one-way time (7100 ns from a host thread, 3820 ns from a kernel on another GPU) plus
 the transfer, and a host thread publishes one batch per 2825 ns. A polling warp is taken to cost
 a computing warp's issue share, an estimate: on H100s 8 warps spinning on a managed flag slowed
 the arithmetic beside them only 1.02x, so the naive baseline is likely slower here than on a

@@ -626,18 +626,18 @@ inline transport pick_host_transport(uint64_t batch_bytes, uint32_t spinning_wai
 /*
  * pick_peer_transport() - the transport for a channel whose producer is a kernel on another GPU,
  * from what device/bench/transport measured (2 x H200 over NVLink, stock driver 580.159.04,
- * 2026-11-26; device/bench/results/transport-h200x2-2026-11-26-peer.jsonl)
+ * 2026-11-26; device/bench/results/transport-h200x2-2026-11-26-spin.jsonl)
  * @message_bytes: bytes of one warp's message
  * @warps_per_batch: messages in one generation of a slot
  *
  * tagged for batches of up to 4 KiB made of whole 8-byte words (what tagged carries; push
- * otherwise): its lines need no fence, so a message of 64 bytes to 1 KiB arrived 1.8 us
- * after the producer began and one of 4 KiB 2.3 us (a store's own trip: 1.2 us), push's 3.8 us,
- * of which 0.9 us is the fence that waits for the data's stores before the ready word; and one
- * block per SM streaming 4 KiB batches moved 162 GB/s tagged, 90 GB/s push. push beyond:
- * tagged carries each byte twice over the link and unpacks it again, so a 16 KiB message
- * arrived later (5.9 us against 4.8) and 64 KiB batches streamed half as fast (182 GB/s against
- * 341). Between 4 and 16 KiB it was not measured.
+ * otherwise): its lines need no fence, so a message of 64 bytes to 1 KiB arrived 1.4 to 1.8 us
+ * after the producer began and one of 4 KiB 2.2 us (a store's own trip: 1.2 us), push's 3.8 to
+ * 3.9 us, of which 0.9 us is the fence that waits for the data's stores before the ready word;
+ * and one block per SM streaming 4 KiB batches moved 164 GB/s tagged, 91 GB/s push. push
+ * beyond: tagged carries each byte twice over the link and unpacks it again, so a 16 KiB
+ * message arrived later (5.9 us against 4.5) and 64 KiB batches streamed half as fast (182 GB/s
+ * against 340). Between 4 and 16 KiB it was not measured.
  */
 inline transport pick_peer_transport(uint32_t message_bytes, uint32_t warps_per_batch)
 {
