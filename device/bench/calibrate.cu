@@ -903,7 +903,7 @@ static void measure_stalled_warps(Obj& results, const Device& dev) {
 // ---------------------------------------------------------------------------------------------
 // poll_issue_weight
 //
-// Model (emu/src/sim.rs): each computing warp of an SM runs at
+// Model (emu/src/sim/sm.rs): each computing warp of an SM runs at
 //   min(warp_ipc, schedulers / (computing + issue_weight * polling))  instructions per cycle.
 // When compute is issue-bound the second term applies, so with c compute and p polling warps per
 // SM the compute time grows by  slowdown = (c + w * p) / c,  hence  w = (slowdown - 1) * c / p.

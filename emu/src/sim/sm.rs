@@ -1,0 +1,169 @@
+//! SMs: issue shared among the resident warps, and what a fault-stalled warp costs the others;
+//! a warp's compute segments, its requests, and the messages it receives.
+
+use super::*;
+
+impl Sim<'_> {
+    pub(super) fn rate(&self, sm: &Sm) -> f64 {
+        let g = &self.cal.gpu;
+        let demand = f64::from(sm.computing) + self.cal.poll.issue_weight.value * f64::from(sm.polling);
+        let ipc = if demand > 0.0 { g.warp_ipc.value.min(f64::from(g.schedulers_per_sm.value) / demand) } else { 0.0 };
+        ipc * g.clock_ghz.value * self.stall_progress(sm)
+    }
+
+    /// The computing warps' speed relative to no warp stalled on a fault: below 1 while one is.
+    pub(super) fn stall_progress(&self, sm: &Sm) -> f64 {
+        if sm.fault_stalled == 0 {
+            return 1.0;
+        }
+        self.cal.stall.progress(self.current().phase.memory_share)
+    }
+
+    pub(super) fn advance(&mut self, gpu: u16, sm: u32) {
+        let rate = self.rate(&self.gpus[gpu as usize].sms[sm as usize]);
+        let progress = self.stall_progress(&self.gpus[gpu as usize].sms[sm as usize]);
+        let weight = self.cal.poll.issue_weight.value;
+        let now = self.now;
+        let s = &mut self.gpus[gpu as usize].sms[sm as usize];
+        let dt = (now - s.last) as f64;
+        s.last = now;
+        if s.computing > 0 {
+            s.vtime += rate * dt;
+        }
+        if s.resident_ctas > 0 {
+            s.occupied_ns += dt;
+        }
+        if s.waiting + s.polling > 0 {
+            s.wait_ns += dt;
+            if s.computing > 0 {
+                // Useful work: the computing warps' share of issue, at their speed beside stalls.
+                let c = f64::from(s.computing);
+                s.overlap_ns += dt * progress * c / (c + weight * f64::from(s.polling));
+            }
+        }
+    }
+
+    pub(super) fn reschedule(&mut self, gpu: u16, sm: u32) {
+        let rate = self.rate(&self.gpus[gpu as usize].sms[sm as usize]);
+        let now = self.now;
+        let s = &mut self.gpus[gpu as usize].sms[sm as usize];
+        s.version += 1;
+        let version = s.version;
+        if let Some(Reverse((finish, _))) = s.heap.peek() {
+            let left = (f64::from_bits(*finish) - s.vtime).max(0.0);
+            let at = now.saturating_add((left / rate).ceil() as u64);
+            self.schedule(at, Event::SmDone { gpu, sm, version });
+        }
+    }
+
+    pub(super) fn start_compute(&mut self, warp: u32, instr: u64) {
+        let cta = &self.ctas[self.warps[warp as usize].cta as usize];
+        let (gpu, sm) = (cta.gpu, cta.sm);
+        let w = &mut self.warps[warp as usize];
+        w.state = WarpState::Computing;
+        let s = &mut self.gpus[gpu as usize].sms[sm as usize];
+        let finish = s.vtime + instr as f64 * w.scale;
+        s.heap.push(Reverse((finish.to_bits(), warp)));
+        s.computing += 1;
+    }
+
+    pub(super) fn sm_done(&mut self, gpu: u16, sm: u32, version: u64) {
+        if self.gpus[gpu as usize].sms[sm as usize].version != version {
+            return;
+        }
+        self.advance(gpu, sm);
+        let mut done = Vec::new();
+        let s = &mut self.gpus[gpu as usize].sms[sm as usize];
+        while let Some(Reverse((finish, warp))) = s.heap.peek().copied() {
+            if f64::from_bits(finish) > s.vtime + 1e-3 {
+                break;
+            }
+            s.heap.pop();
+            s.computing -= 1;
+            done.push(warp);
+        }
+        for warp in done {
+            self.segment_done(warp);
+        }
+        self.reschedule(gpu, sm);
+    }
+
+    pub(super) fn set_waiting(&mut self, warp: u32, state: WarpState) {
+        let cta = &self.ctas[self.warps[warp as usize].cta as usize];
+        let s = &mut self.gpus[cta.gpu as usize].sms[cta.sm as usize];
+        match self.warps[warp as usize].state {
+            WarpState::Waiting => s.waiting -= 1,
+            WarpState::Polling => s.polling -= 1,
+            WarpState::Computing | WarpState::Done => {}
+        }
+        match state {
+            WarpState::Waiting => s.waiting += 1,
+            WarpState::Polling => s.polling += 1,
+            WarpState::Computing | WarpState::Done => {}
+        }
+        self.warps[warp as usize].state = state;
+    }
+
+    /// A warp finished a compute segment: request, or exit.
+    pub(super) fn segment_done(&mut self, warp: u32) {
+        self.progress_at = self.steps;
+        let (cta, requests) = (self.warps[warp as usize].cta, self.warps[warp as usize].requests);
+        let phase = &self.current().phase;
+        let (per_warp, c2, warps_per_cta) = (phase.requests_per_warp, phase.c2_instr, phase.warps_per_cta);
+        if requests < per_warp {
+            if !self.ctas[cta as usize].communicates {
+                // Warps of a CTA that does not communicate run their dependent work unblocked.
+                self.warps[warp as usize].requests = per_warp;
+                self.start_compute(warp, c2 * u64::from(per_warp));
+                return;
+            }
+            match self.mode {
+                Mode::Fault => self.wic_request(warp),
+                Mode::Poll => self.arrive_at_barrier(warp),
+                Mode::Push => self.push_request(warp),
+            }
+            return;
+        }
+        self.set_waiting(warp, WarpState::Done);
+        let c = &mut self.ctas[cta as usize];
+        c.finished += 1;
+        if c.finished == warps_per_cta {
+            let (gpu, sm) = (c.gpu, c.sm);
+            self.ctas_left -= 1;
+            self.gpus[gpu as usize].sms[sm as usize].resident_ctas -= 1;
+            self.dispatch_cta(gpu, sm);
+            self.maybe_finish_phase();
+        }
+    }
+
+    pub(super) fn slot_of(&self, warp: u32) -> u32 {
+        let w = &self.warps[warp as usize];
+        w.cta * self.current().phase.requests_per_warp + w.requests
+    }
+
+    pub(super) fn message_key(&self, slot: u32, generation: u64) -> MessageKey {
+        MessageKey { seed: self.seed, phase: self.phase as u32, slot, generation }
+    }
+
+    /// The warp has its data (or an error marker) at hand: check it and run C2.
+    pub(super) fn receive(&mut self, warp: u32, bytes: &[u8]) {
+        self.progress_at = self.steps;
+        let slot = self.slot_of(warp);
+        let state = &self.phases[self.phase];
+        let generation = state.consumed[slot as usize];
+        let key = self.message_key(slot, generation);
+        let msg = state.phase.message_bytes as usize;
+        let offset = self.warps[warp as usize].lane as usize * msg;
+        let marker = bytes.get(..8).map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")));
+        if marker.and_then(ErrorMarker::from_word).is_some() {
+            self.stats.markers += 1;
+        } else if !bytes.get(offset..offset + msg).is_some_and(|got| key.matches(offset as u64, got)) {
+            self.stats.corrupt += 1;
+        }
+        self.stats.messages += 1;
+        self.stats.bytes += msg as u64;
+        let c2 = self.current().phase.c2_instr;
+        self.warps[warp as usize].requests += 1;
+        self.start_compute(warp, c2);
+    }
+}

@@ -1,0 +1,254 @@
+//! The model's own checks: its layout and memory limits, and runs at the ends of every
+//! calibration range.
+
+mod layout {
+    use super::super::*;
+    use crate::workload::{all, by_name};
+
+    #[test]
+    fn the_engine_keeps_its_default_size_unless_a_workload_needs_more() {
+        let default = EngineConfig::default();
+        for w in all().into_iter().chain(all().into_iter().map(|w| w.with_threads(16 * 1024))) {
+            let config = check(&w).unwrap();
+            assert_eq!((config.pool_pages, config.max_slots), (default.pool_pages, ENGINE_SLOTS), "{}", w.name);
+        }
+        // At a million threads G_GEM's channel takes 6144 slots x (2 runs + 2 PAT pages): more than
+        // the default 16K pages, so it used to be refused (a panic in the demo's sweep).
+        let gem = by_name("G_GEM").unwrap().with_threads(1 << 20);
+        assert_eq!(check(&gem).unwrap().pool_pages, 6144 * 4);
+        let report = try_run(&gem, Mode::Fault, &Calibration::built_in(), 1).unwrap();
+        assert!(report.messages_checked > 0 && report.corrupt_messages == 0 && report.pool_restored);
+    }
+
+    #[test]
+    fn a_workload_past_the_models_layout_is_refused_before_anything_is_allocated() {
+        // 512M threads: 2^20 CTAs of three requests each; each run needs gigabytes when it starts.
+        let gem = by_name("G_GEM").unwrap().with_threads(512 << 20);
+        let reason = check(&gem).unwrap_err();
+        assert!(reason.contains("3145728 request slots") && reason.contains("1048576"), "{reason}");
+        for mode in [Mode::Poll, Mode::Fault] {
+            assert_eq!(try_run(&gem, mode, &Calibration::built_in(), 1).unwrap_err(), reason);
+        }
+        let mut empty = by_name("C_CG").unwrap();
+        empty.phases[0].ctas = 0;
+        assert!(check(&empty).unwrap_err().contains("phase 0"));
+    }
+
+    #[test]
+    fn the_memory_estimate_grows_with_the_workload_and_fault_mode_needs_more() {
+        for w in all() {
+            let (small, large) = (w.clone().with_threads(1 << 20), w.with_threads(16 << 20));
+            let poll = memory_estimate(&large, Mode::Poll);
+            assert!(
+                memory_estimate(&large, Mode::Fault) > poll && poll > memory_estimate(&small, Mode::Poll),
+                "{}",
+                large.name
+            );
+        }
+        // C_SRS, the largest, at the 16M threads `wicd demo --scale` allows: measured 1.54 GiB.
+        let srs = memory_estimate(&by_name("C_SRS").unwrap().with_threads(16 << 20), Mode::Fault);
+        assert!((1_650_000_000..2_500_000_000).contains(&srs), "{srs}");
+        let mut huge = by_name("C_SRS").unwrap();
+        (huge.phases[0].ctas, huge.phases[0].message_bytes) = (u32::MAX, u32::MAX);
+        assert_eq!(memory_estimate(&huge, Mode::Fault), u64::MAX, "saturates");
+    }
+}
+
+mod calibration {
+    use super::super::*;
+    use crate::calibration::{
+        CLOCK_GHZ, FAULT_ENTRIES, GBPS, ISSUE_WEIGHT, LATENCY_NS, PROGRESS, SCHEDULERS_PER_SM, SMS, WARP_IPC,
+        WARP_SLOTS_PER_SM,
+    };
+    use crate::workload::{all, by_name};
+
+    /// The slowest GPU, fault path and links a calibration file may describe (`slow`), or the
+    /// fastest.
+    fn extreme(slow: bool) -> Calibration {
+        let end = |r: &std::ops::RangeInclusive<u32>, low: bool| if low { *r.start() } else { *r.end() };
+        let endf = |r: &std::ops::RangeInclusive<f64>, low: bool| if low { *r.start() } else { *r.end() };
+        let mut cal = Calibration::built_in();
+        cal.gpu.sms.value = end(&SMS, slow);
+        cal.gpu.warp_slots_per_sm.value = end(&WARP_SLOTS_PER_SM, slow);
+        cal.gpu.schedulers_per_sm.value = end(&SCHEDULERS_PER_SM, slow);
+        cal.gpu.clock_ghz.value = endf(&CLOCK_GHZ, slow);
+        cal.gpu.warp_ipc.value = endf(&WARP_IPC, slow);
+        cal.fault.buffer_entries.value = end(&FAULT_ENTRIES, slow);
+        cal.fault.batch_max.value = end(&FAULT_ENTRIES, slow);
+        for (_, latency) in cal.latencies_mut() {
+            *latency = if slow { *LATENCY_NS.end() } else { *LATENCY_NS.start() };
+        }
+        for rate in [&mut cal.link.pcie_gbps.value, &mut cal.link.nvlink_gbps.value, &mut cal.host.memcpy_gbps.value] {
+            *rate = endf(&GBPS, slow);
+        }
+        cal.poll.issue_weight.value = endf(&ISSUE_WEIGHT, !slow);
+        cal.stall.compute_progress.value = endf(&PROGRESS, slow);
+        cal.stall.memory_progress.value = endf(&PROGRESS, slow);
+        cal
+    }
+
+    /// Every workload both ways at the ends of every calibration range, at 16K consumer threads:
+    /// each run finishes, none panics (overflow checks are on in tests), and every message
+    /// arrives intact.
+    #[test]
+    fn every_workload_runs_at_the_ends_of_every_calibration_range() {
+        for slow in [true, false] {
+            let cal = extreme(slow);
+            for w in all().into_iter().map(|w| w.with_threads(16 << 10)) {
+                for mode in [Mode::Poll, Mode::Push, Mode::Fault] {
+                    let report =
+                        try_run(&w, mode, &cal, 1).unwrap_or_else(|e| panic!("{} {}: {e}", w.name, mode.name()));
+                    assert!(
+                        report.messages_checked > 0 && report.corrupt_messages == 0,
+                        "{} {}: {report:?}",
+                        w.name,
+                        mode.name()
+                    );
+                    assert!(report.pool_restored && report.pfq_empty, "{} {}", w.name, mode.name());
+                }
+            }
+        }
+    }
+
+    /// A `Calibration` built in code is not checked: a latency of `u64::MAX` used to overflow the
+    /// clock (a panic with overflow checks, a wrapped time without). The run ends as an error.
+    #[test]
+    fn a_clock_past_the_limit_ends_the_run_as_an_error() {
+        let w = crate::workload::by_name("C_CG").unwrap().with_threads(64);
+        for index in 0..12 {
+            let mut cal = Calibration::built_in();
+            *cal.latencies_mut()[index].1 = u64::MAX;
+            for mode in [Mode::Poll, Mode::Fault] {
+                match try_run(&w, mode, &cal, 1) {
+                    Ok(report) => assert!(report.runtime_ns <= CLOCK_LIMIT, "latency {index} {}", mode.name()),
+                    Err(e) => assert!(e.contains("the emulated clock would pass 4611686018427387904 ns"), "{e}"),
+                }
+            }
+        }
+        let mut cal = Calibration::built_in();
+        cal.fault.interrupt_to_bh_ns.value = u64::MAX;
+        assert!(try_run(&w, Mode::Fault, &cal, 1).is_err(), "every fault goes through the bottom half");
+        cal.gpu.clock_ghz.value = 1e-300;
+        assert!(try_run(&w, Mode::Poll, &cal, 1).is_err(), "compute that takes forever");
+    }
+
+    /// device/bench/stall_cost.cu's measurement on an H100 (committed with the calibration it
+    /// gave): the median progress, beside fault-stalled warps, of the work kinds in `works`.
+    fn measured_progress(works: &[&str]) -> f64 {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../device/bench/results/stall-cost-h100-2026-11-26.jsonl");
+        let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let mut progress: Vec<f64> = text
+            .lines()
+            .map(|line| serde_json::from_str::<serde_json::Value>(line).expect("a JSON line"))
+            .filter(|r| {
+                r["measurement"] == "stall_cost"
+                    && r["pages"] == "host_resident"
+                    && r.get("stalls_on").is_none()
+                    && works.iter().any(|w| r["work"] == *w)
+            })
+            .map(|r| r["progress_while_stalled"].as_f64().expect("a number"))
+            .collect();
+        assert!(!progress.is_empty(), "no {works:?} in {path}");
+        progress.sort_by(f64::total_cmp);
+        let n = progress.len();
+        if n % 2 == 1 {
+            progress[n / 2]
+        } else {
+            (progress[n / 2 - 1] + progress[n / 2]) / 2.0
+        }
+    }
+
+    /// The measurement the stall model is built from, run through the model: one SM, 8 warps
+    /// of work (a CTA that never waits) beside 8 warps stalled on a fault (a CTA whose data
+    /// comes late), for work of no memory share (the benchmark's eight FMA chains) and of all
+    /// memory (its L2, DRAM and TLB-missing loads). The work's speed while the others are
+    /// stalled (the overlap efficiency: useful work per waiting time) is the measured one, and
+    /// the built-in constants are the measurement's medians.
+    #[test]
+    fn work_beside_fault_stalled_warps_goes_at_the_measured_speed() {
+        let compute = measured_progress(&["fma_ilp"]);
+        let memory = measured_progress(&["l2_loads", "dram_loads", "tlb_misses"]);
+        let built_in = Calibration::built_in();
+        assert!((built_in.stall.compute_progress.value - compute).abs() < 5e-4, "{compute}");
+        assert!((built_in.stall.memory_progress.value - memory).abs() < 5e-4, "{memory}");
+        for (memory_share, measured) in [(0.0, compute), (1.0, memory)] {
+            let mut cal = Calibration::built_in();
+            cal.gpu.sms.value = 1;
+            cal.gpu.warp_slots_per_sm.value = 16;
+            let phase = Phase {
+                producer: Endpoint::Host,
+                consumer: Endpoint::Gpu(0),
+                ctas: 2,
+                warps_per_cta: 8,
+                requests_per_warp: 1,
+                c1_instr: 1_000,
+                c2_instr: 10_000_000,
+                memory_share,
+                jitter: 0.0,
+                independent_ctas: 0.5,
+                request_probability: 1.0,
+                message_bytes: 256,
+                order: ProduceOrder::Sequential,
+                produce_ns: 50_000,
+                producer_lanes: 1,
+                producer_start_ns: 0,
+                host_compute_ns: 0,
+            };
+            let w = Workload {
+                name: "stall_cost",
+                title: "work beside fault-stalled warps",
+                pattern: "-",
+                model: "-",
+                iterations: 1,
+                phases: vec![phase],
+            };
+            let report = try_run(&w, Mode::Fault, &cal, 1).expect("the run ends");
+            let modelled = report.overlap_efficiency;
+            assert!((modelled / measured - 1.0).abs() < 0.02, "memory share {memory_share}: {modelled} vs {measured}");
+        }
+    }
+
+    /// push delivers every message intact without a fault, and its waits are as long as the
+    /// measured one-way time makes them: host producers on PCIe, GPU producers on NVLink.
+    #[test]
+    fn push_waits_for_the_measured_one_way_time_and_never_faults() {
+        for name in ["C_CG", "G_STN"] {
+            let w = by_name(name).unwrap().with_threads(4096);
+            let cal = Calibration::built_in();
+            let report = try_run(&w, Mode::Push, &cal, 1).expect("push runs");
+            assert!(report.messages_checked > 0 && report.corrupt_messages == 0, "{name}: {report:?}");
+            assert_eq!(report.gpu_faults, 0, "{name}");
+            let mut slower = cal.clone();
+            slower.push.host_one_way_ns.value *= 100;
+            slower.push.peer_one_way_ns.value *= 100;
+            let slow = try_run(&w, Mode::Push, &slower, 1).expect("push runs");
+            assert!(slow.runtime_ns > report.runtime_ns, "{name}: {} vs {}", slow.runtime_ns, report.runtime_ns);
+        }
+    }
+
+    /// Calibrations a file may hold can still lead the model where it cannot follow; the run
+    /// says so. A fault path slower than the channels' 1 s timeout used to panic (a GPU producer
+    /// found its PAT page still mapped after a timed-out wait); a replay slower than the other
+    /// GPU's fault service made a flag page shared by two GPUs migrate back and forth forever.
+    #[test]
+    fn a_run_the_model_cannot_follow_ends_as_an_error_not_a_panic_or_a_hang() {
+        let bfs = by_name("G_BFS").unwrap();
+        // As the case was found: before a stalled warp slowed the others of its SM.
+        let mut slow_faults = Calibration::built_in();
+        slow_faults.stall.compute_progress.value = 1.0;
+        slow_faults.stall.memory_progress.value = 1.0;
+        for (_, latency) in slow_faults.latencies_mut().into_iter().take(5) {
+            *latency = 1_000_000_000;
+        }
+        let e = try_run(&bfs, Mode::Fault, &slow_faults, 1).unwrap_err();
+        assert!(e.contains("producer found its PAT page still mapped") && e.contains("1 s timeout"), "{e}");
+
+        let mut slow_replay = Calibration::built_in();
+        slow_replay.fault.replay_ns.value = 1_000_000;
+        let e = try_run(&bfs.with_threads(1024), Mode::Poll, &slow_replay, 1).unwrap_err();
+        assert!(
+            e.starts_with("the run is stuck at ") && e.contains(" events and faults without a warp finishing"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,130 @@
+//! wicd: faults and publishes into the real engine, its commands landing on the emulated GPUs.
+
+use super::*;
+
+impl Sim<'_> {
+    pub(super) fn daemon_input(&mut self, input: DaemonInput) {
+        let daemon = self.daemon.as_mut().expect("fault mode");
+        daemon.inbox.push_back(input);
+        if !daemon.awake {
+            daemon.awake = true;
+            self.schedule(self.after(self.cal.daemon.wakeup_ns.value), Event::DaemonRun);
+        }
+    }
+
+    /// wicd drains its inbox through the engine and executes the commands one after another.
+    pub(super) fn daemon_run(&mut self) {
+        let cal = self.cal;
+        let mut t = self.now;
+        let phase = self.phase;
+        let daemon = self.daemon.as_mut().expect("fault mode");
+        let mut out = std::mem::take(&mut daemon.commands);
+        while let Some(input) = daemon.inbox.pop_front() {
+            match input {
+                DaemonInput::Faults(gpu, entries) => {
+                    t = t.saturating_add(cal.daemon.engine_per_entry_ns.value.saturating_mul(entries.len() as u64));
+                    daemon.engine.handle_faults(t, gpu, &entries, &mut out);
+                }
+                DaemonInput::Publish(slot) => {
+                    t = t.saturating_add(cal.daemon.engine_per_entry_ns.value);
+                    let id = self.phases[phase].channel.as_ref().expect("fault mode").id;
+                    if let Err(e) = daemon.engine.publish(t, id, slot, &mut out) {
+                        self.stopped = Some(format!("publish: {e}{TIMEOUT_HINT}"));
+                    }
+                }
+            }
+        }
+        daemon.engine.expire(t, &mut out);
+        if !out.is_empty() {
+            t = self.submit(&mut out, t);
+        }
+        let daemon = self.daemon.as_mut().expect("fault mode");
+        daemon.commands = out;
+        daemon.busy_ns += t - self.now;
+        self.schedule(t, Event::DaemonIdle);
+    }
+
+    pub(super) fn daemon_idle(&mut self) {
+        let daemon = self.daemon.as_mut().expect("fault mode");
+        if daemon.inbox.is_empty() {
+            daemon.awake = false;
+        } else {
+            self.schedule(self.now, Event::DaemonRun);
+        }
+    }
+
+    /// Executes one engine step's commands as one batched submission starting at `at`; returns
+    /// when it completes. Copies over one link pipeline (one latency per link per submission);
+    /// mapping changes land in order when the submission completes, replays after that.
+    pub(super) fn submit(&mut self, commands: &mut Vec<Command>, at: Nanos) -> Nanos {
+        let cal = self.cal;
+        let state = &self.phases[self.phase];
+        let daemon = self.daemon.as_mut().expect("fault mode");
+        let (mut host_copy, mut pcie, mut nvlink, mut pages) = (0u64, 0u64, 0u64, 0u64);
+        let mut landing = Vec::new();
+        for command in commands.drain(..) {
+            match command {
+                Command::Complete { gpu, run_va: va, companion_va, pages: n, fill, .. } => {
+                    let run = daemon.pcm.entry(va).or_default();
+                    run.clear();
+                    match fill {
+                        Fill::Data { len, source } => {
+                            let (from, on_host) = match source {
+                                DataSource::Host { offset } => (offset, true),
+                                DataSource::Gpu { va: src, .. } => (src % PHASE_SPAN, false),
+                            };
+                            run.extend_from_slice(&state.buffer[from as usize..(from + len) as usize]);
+                            if on_host {
+                                host_copy += len;
+                                daemon.host_resident_runs.insert(va);
+                            } else {
+                                nvlink += len;
+                                daemon.host_resident_runs.remove(&va);
+                            }
+                        }
+                        Fill::Marker(marker) => {
+                            run.resize((u64::from(n) * PAGE_SIZE) as usize, 0);
+                            run[..8].copy_from_slice(&marker.word().to_le_bytes());
+                            daemon.host_resident_runs.insert(va);
+                        }
+                    }
+                    // The companion's unmap, then the run's map: two page-table updates.
+                    pages += 2 * u64::from(n);
+                    landing.push(Event::Unmap { gpu, va: companion_va, pages: n });
+                    if daemon.host_resident_runs.contains(&va) {
+                        pcie += u64::from(n) * PAGE_SIZE;
+                    }
+                    landing.push(Event::Map { gpu, va, pages: n });
+                }
+                Command::ServicePat { gpu, va } => {
+                    pages += 1;
+                    landing.push(Event::Map { gpu, va, pages: 1 });
+                }
+                Command::RearmPat { gpu, va } => {
+                    pages += 1;
+                    landing.push(Event::Unmap { gpu, va, pages: 1 });
+                }
+                Command::Replay { gpu } => landing.push(Event::Replay { gpu, resume_bh: false }),
+            }
+        }
+        let link = |bytes: u64, f: fn(&Calibration, u64) -> u64| if bytes > 0 { f(cal, bytes) } else { 0 };
+        let done = [
+            cal.daemon.submission_ns.value,
+            cal.daemon.per_page_ns.value.saturating_mul(pages),
+            cal.memcpy_ns(host_copy),
+            link(pcie, Calibration::pcie_ns),
+            link(nvlink, Calibration::nvlink_ns),
+        ]
+        .into_iter()
+        .fold(at, u64::saturating_add);
+        for event in landing {
+            let when = if matches!(event, Event::Replay { .. }) {
+                done.saturating_add(cal.fault.replay_ns.value)
+            } else {
+                done
+            };
+            self.schedule(when, event);
+        }
+        done
+    }
+}
