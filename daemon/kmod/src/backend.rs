@@ -258,7 +258,7 @@ impl ShimBackend {
         let uring = match submission {
             Submission::Uring => Some(
                 UringSubmitter::new(device.limits().max_commands)
-                    .map_err(|e| DeviceError::Ring(format!("io_uring: {e}")))?,
+                    .map_err(|error| DeviceError::Uring { what: "io_uring set-up", error })?,
             ),
             Submission::Ioctl => None,
         };
@@ -352,7 +352,7 @@ impl ShimBackend {
         done.succeeded = match &mut self.uring {
             Some(uring) => uring
                 .submit(self.device.fd(), batch)
-                .map_err(|e| DeviceError::Ring(format!("io_uring submission: {e}")))?,
+                .map_err(|error| DeviceError::Uring { what: "io_uring submission", error })?,
             None => self.device.submit(batch)?,
         };
         self.path.report(commands, &mut done, &mut outcome);

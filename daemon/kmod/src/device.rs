@@ -69,8 +69,13 @@ pub enum DeviceError {
     Busy,
     /// The module speaks another ABI version.
     Version { module: u32 },
-    /// Mapping or checking the fault ring failed.
-    Ring(String),
+    /// The fault ring the module mapped is not one this daemon reads.
+    Ring(RingError),
+    /// The module announced a ring of this many records: not a power of two, or too large to
+    /// map.
+    RingSize { entries: u32 },
+    /// Setting up io_uring, or a submission through it, failed (`what` says which).
+    Uring { what: &'static str, error: io::Error },
     /// A call the module refused.
     Call { call: &'static str, errno: Errno },
 }
@@ -83,17 +88,29 @@ impl std::fmt::Display for DeviceError {
             Self::Version { module } => {
                 write!(f, "wic_shim speaks ABI version {module}, this wicd speaks {}", kabi::WIC_ABI_VERSION)
             }
-            Self::Ring(e) => write!(f, "fault ring: {e}"),
+            Self::Ring(e) => write!(f, "{e}"),
+            Self::RingSize { entries } => {
+                write!(f, "the module's fault ring has {entries} records, not a power of two this process can map")
+            }
+            Self::Uring { what, error } => write!(f, "{what}: {error}"),
             Self::Call { call, errno } => write!(f, "{call}: {}", errno.desc()),
         }
     }
 }
 
-impl std::error::Error for DeviceError {}
+impl std::error::Error for DeviceError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Open(e) | Self::Uring { error: e, .. } => Some(e),
+            Self::Ring(e) => Some(e),
+            Self::Busy | Self::Version { .. } | Self::RingSize { .. } | Self::Call { .. } => None,
+        }
+    }
+}
 
 impl From<RingError> for DeviceError {
     fn from(e: RingError) -> Self {
-        Self::Ring(e.to_string())
+        Self::Ring(e)
     }
 }
 
@@ -148,11 +165,12 @@ impl Device {
             Err(Errno::EPROTONOSUPPORT) => return Err(DeviceError::Version { module: limits.abi_version }),
             Err(errno) => return Err(DeviceError::Call { call: "WIC_IOC_VERSION", errno }),
         }
+        let too_large = DeviceError::RingSize { entries: limits.ring_entries };
         if !limits.ring_entries.is_power_of_two() {
-            return Err(DeviceError::Ring(format!("{} entries is not a power of two", limits.ring_entries)));
+            return Err(too_large);
         }
         let ring_len = usize::try_from(kabi::ring_bytes(limits.ring_entries))
-            .map_err(|_| DeviceError::Ring("larger than the address space".into()))?
+            .map_err(|_| too_large)?
             .next_multiple_of(kabi::WIC_PAGE_SIZE as usize);
         let len = std::num::NonZeroUsize::new(ring_len).expect("a ring has a header page");
         // SAFETY: a new shared mapping of the session's ring, which nothing else aliases in
@@ -244,5 +262,28 @@ impl Drop for Device {
     fn drop(&mut self) {
         // SAFETY: the mapping made in `open`; the ring reader using it goes with `self`.
         let _ = unsafe { munmap(self.ring_map.cast(), self.ring_len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error;
+
+    use super::*;
+
+    /// A ring or io_uring failure keeps its type and its cause, not only a string.
+    #[test]
+    fn ring_and_io_uring_failures_keep_their_cause() {
+        let ring = DeviceError::from(RingError::BadHeader("magic"));
+        assert!(matches!(ring, DeviceError::Ring(RingError::BadHeader("magic"))));
+        assert_eq!(ring.to_string(), "fault ring header: magic");
+        assert!(ring.source().is_some_and(|e| e.is::<RingError>()));
+        let uring =
+            DeviceError::Uring { what: "io_uring submission", error: io::Error::from_raw_os_error(libc::EBUSY) };
+        assert!(uring.to_string().starts_with("io_uring submission: "), "{uring}");
+        let cause = uring.source().and_then(|e| e.downcast_ref::<io::Error>()).expect("the io::Error");
+        assert_eq!(cause.raw_os_error(), Some(libc::EBUSY));
+        let size = DeviceError::RingSize { entries: 3 };
+        assert!(size.to_string().contains("3 records") && size.source().is_none(), "{size}");
     }
 }
