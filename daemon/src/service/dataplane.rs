@@ -21,7 +21,7 @@ use wic_engine::{
     PoolError, RawFaultEntry,
 };
 use wic_kmod::ShimBackend;
-use wic_proto::message::{ErrorCode, Histogram, Stats, WireError};
+use wic_proto::message::{ErrorCode, Stats, WireError};
 use wic_proto::shm::{
     ChannelState, ConsumerLayout, ConsumerRegion, ProducerLayout, ProducerRegion, FAULT_RING_ENTRIES,
 };
@@ -894,8 +894,8 @@ impl Dataplane {
             pool_pages: pool.capacity(),
             pool_pages_used: pool.capacity() - pool.free_pages(),
             pool_longest_free_run: pool.longest_free_run(),
-            wake_latency_ns: histogram(&s.wake_latency_ns),
-            batch_sizes: histogram(&s.batch_sizes),
+            wake_latency_ns: super::wire_histogram(&s.wake_latency_ns),
+            batch_sizes: super::wire_histogram(&s.batch_sizes),
             fault_buffer_overflows: overflows,
             replays: self.counters.replays,
             commands_failed: self.counters.commands_failed,
@@ -910,9 +910,4 @@ impl Dataplane {
             held: self.engine.held(),
         }
     }
-}
-
-/// The wire form of an engine histogram.
-pub fn histogram(h: &wic_engine::Histogram) -> Histogram {
-    Histogram { count: h.count(), sum: h.sum(), max: h.max(), buckets: h.buckets().map(|(le, n)| [le, n]).collect() }
 }

@@ -9,3 +9,13 @@ pub mod quota;
 pub mod server;
 pub mod sharing;
 pub mod shim;
+
+/// The wire form of an engine histogram, for the stats the fast path and the observer report.
+pub fn wire_histogram(h: &wic_engine::Histogram) -> wic_proto::message::Histogram {
+    wic_proto::message::Histogram {
+        count: h.count(),
+        sum: h.sum(),
+        max: h.max(),
+        buckets: h.buckets().map(|(le, n)| [le, n]).collect(),
+    }
+}

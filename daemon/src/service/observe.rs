@@ -172,7 +172,7 @@ impl Observer {
             cpu.merge(s.latency_cpu());
             gpu.merge(s.latency_gpu());
         }
-        stats.uvm_fault_latency_ns = super::dataplane::histogram(&cpu);
-        stats.uvm_fault_gpu_latency_ns = super::dataplane::histogram(&gpu);
+        stats.uvm_fault_latency_ns = super::wire_histogram(&cpu);
+        stats.uvm_fault_gpu_latency_ns = super::wire_histogram(&gpu);
     }
 }

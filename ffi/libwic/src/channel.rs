@@ -27,7 +27,7 @@ use wic_proto::shm::{
 };
 
 use crate::abi::{role_to_c, WicChannelInfo, WicSlotInfo};
-use crate::client::Connection;
+use crate::connection::Connection;
 
 /// Longest single sleep while waiting: how often a waiter checks that the daemon is alive.
 const LIVENESS_PERIOD: Duration = Duration::from_millis(100);

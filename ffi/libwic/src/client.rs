@@ -6,16 +6,16 @@
 //! of them is closed.
 
 use std::fmt;
-use std::io;
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::BorrowedFd;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::sync::Arc;
 
 use wic_proto::client::{Client as ProtoClient, ClientError, Daemon, Timeout};
 use wic_proto::message::{ChannelSpec, ErrorCode, Producer, Reply, Request, Stats};
 
 use crate::abi::{WicChannelSpec, WicStats, WIC_PRODUCER_GPU, WIC_PRODUCER_HOST};
 use crate::channel::{self, Channel};
+use crate::connection::Connection;
 
 /// The name libwic gives itself in the daemon's logs.
 pub const CLIENT_NAME: &str = "libwic";
@@ -78,45 +78,6 @@ impl From<channel::Error> for Error {
     }
 }
 
-/// The socket connection, shared by a [`Client`] and its channels.
-#[derive(Debug)]
-pub(crate) struct Connection(Mutex<ProtoClient>);
-
-impl Connection {
-    fn lock(&self) -> Result<MutexGuard<'_, ProtoClient>, ClientError> {
-        // A poisoned lock means a request panicked halfway: the stream may hold half a frame,
-        // so the connection cannot be trusted any more.
-        self.0
-            .lock()
-            .map_err(|_| ClientError::Io(io::Error::other("an earlier request on this connection failed mid-way")))
-    }
-
-    /// Sends `request` and returns the reply.
-    pub(crate) fn call(&self, request: &Request) -> Result<Reply, ClientError> {
-        self.lock()?.call(request)
-    }
-
-    /// Sends `request` and returns the reply with the descriptors passed along.
-    pub(crate) fn call_with_fds(&self, request: &Request) -> Result<(Reply, Vec<OwnedFd>), ClientError> {
-        self.lock()?.call_with_fds(request)
-    }
-
-    /// Sends `request` with `pass` attached and returns the reply.
-    pub(crate) fn call_passing(&self, request: &Request, pass: &[BorrowedFd<'_>]) -> Result<Reply, ClientError> {
-        self.lock()?.call_passing(request, pass).map(|(reply, _)| reply)
-    }
-
-    /// Whether the daemon has hung up. Never blocks: while another thread is in the middle of
-    /// a request, that request will notice a dead daemon itself, so this answers `false`.
-    pub(crate) fn daemon_gone(&self) -> bool {
-        match self.0.try_lock() {
-            Ok(client) => client.daemon_gone(),
-            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner().daemon_gone(),
-            Err(TryLockError::WouldBlock) => false,
-        }
-    }
-}
-
 /// A session with wicd.
 #[derive(Debug)]
 pub struct Client {
@@ -143,7 +104,7 @@ impl Client {
         let path: PathBuf = path.map_or_else(|| wic_proto::socket_path(None), Path::to_path_buf);
         let client = ProtoClient::connect_with_timeout(&path, CLIENT_NAME, timeout)?;
         let daemon = client.daemon().clone();
-        Ok(Self { conn: Arc::new(Connection(Mutex::new(client))), daemon })
+        Ok(Self { conn: Arc::new(Connection::new(client)), daemon })
     }
 
     /// What the daemon said about itself.

@@ -21,6 +21,7 @@ pub mod abi;
 pub mod capi;
 pub mod channel;
 pub mod client;
+mod connection;
 #[cfg(test)]
 mod testing;
 
