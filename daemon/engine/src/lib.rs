@@ -15,7 +15,6 @@ pub mod histogram;
 pub mod interrupter;
 pub mod monitor;
 mod prefetch;
-pub mod runs;
 
 pub use activator::{Command, DataSource, ErrorMarker, Fill};
 pub use engine::{
@@ -25,7 +24,6 @@ pub use engine::{
 pub use fault::{FaultEntry, RawFaultEntry, VaWidth};
 pub use histogram::Histogram;
 pub use interrupter::{PagePool, PageRun, PoolError, TagAllocator, TagError, TagId};
-pub use runs::{RunIndex, RunPlace};
 
 /// Nanoseconds on the caller's clock. The engine only compares and adds them.
 pub type Nanos = u64;

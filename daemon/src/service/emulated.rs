@@ -4,10 +4,11 @@
 //! the GPU's page table (one state word per page); a replay bumps the replay counter of every
 //! channel consuming on that GPU, which is what wakes the warps stalled on it.
 
-use wic_engine::{Command, DataSource, EngineConfig, Fill, GpuId, RunIndex, RunPlace, PAGE_SIZE};
+use wic_engine::{Command, DataSource, EngineConfig, Fill, GpuId, PAGE_SIZE};
 use wic_proto::shm::{ConsumerRegion, ProducerRegion, PAGE_MAPPED, PAGE_UNMAPPED};
 
 use super::gpus::{ChannelMap, Executed, ExecutionLog};
+use super::runs::{RunIndex, RunPlace};
 
 /// A channel's regions as the backend sees them.
 pub struct EmulatedChannel {

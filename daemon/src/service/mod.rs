@@ -6,6 +6,7 @@ pub mod emulated;
 pub mod gpus;
 pub mod observe;
 pub mod quota;
+pub mod runs;
 pub mod server;
 pub mod sharing;
 pub mod shim;

@@ -1,10 +1,10 @@
-//! Which channel slot, and which of its two runs, each engine page belongs to. A `Complete`
-//! names its channel and slot, but not which side its run and companion are; the emulated
-//! backend needs that to find their page-state words, and to check that a fault's page, any
+//! Which channel slot, and which of its two runs, each engine page belongs to (the emulated
+//! backend's alone). A `Complete` names its channel and slot, but not which side its run and
+//! companion are; the emulated backend needs that to find their page-state words, and to check that a fault's page, any
 //! page of a run, is its channel's. One table lookup per address, whatever the number of
 //! channels.
 
-use crate::{pool_page, EngineConfig, PAGE_SIZE};
+use wic_engine::{pool_page, EngineConfig, PAGE_SIZE};
 
 /// Where a run lives: its channel, slot and generation parity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
