@@ -53,7 +53,7 @@ impl std::error::Error for UnplaceError {}
 
 /// What one execution did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Executed {
+pub struct KernelOutcome {
     /// Kernel commands that succeeded.
     pub succeeded: usize,
     /// Kernel commands the module refused (each logged by the caller from `failures`).
@@ -227,7 +227,7 @@ impl BatchPath {
     fn report(
         &self,
         commands: &[Command],
-        done: &mut Executed,
+        done: &mut KernelOutcome,
         outcome: &mut impl FnMut(&Command, Result<i32, CommandError>),
     ) {
         for (kernel, &index) in self.batch.iter().zip(&self.origin) {
@@ -343,8 +343,8 @@ impl ShimBackend {
         commands: &[Command],
         host_data: impl Fn(ChannelId, DataSource, u64) -> Option<u64>,
         mut outcome: impl FnMut(&Command, Result<i32, CommandError>),
-    ) -> Result<Executed, DeviceError> {
-        let mut done = Executed::default();
+    ) -> Result<KernelOutcome, DeviceError> {
+        let mut done = KernelOutcome::default();
         let batch = self.path.translate(commands, host_data, &mut outcome, &mut done.untranslatable);
         if batch.is_empty() {
             return Ok(done);
@@ -547,7 +547,7 @@ mod tests {
         assert_eq!(batch.len(), 3, "one kernel command per translated engine command");
         // The module refuses the second completion.
         batch[1].result = -22;
-        let (mut done, mut results) = (Executed::default(), Vec::new());
+        let (mut done, mut results) = (KernelOutcome::default(), Vec::new());
         path.report(&commands, &mut done, &mut |c, r| results.push((*c, r)));
         assert_eq!(results, [(commands[0], Ok(0)), (commands[2], Ok(-22)), (commands[3], Ok(0))]);
         assert_eq!(refused, [(unplaced, Err(CommandError::Unplaced { va: 0x10 }))]);

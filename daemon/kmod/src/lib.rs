@@ -22,7 +22,7 @@ pub mod ring;
 pub mod uring;
 pub mod uvmtools;
 
-pub use backend::{BatchPath, Executed, PlacedChannel, ShimBackend, Submission, UnplaceError};
+pub use backend::{BatchPath, KernelOutcome, PlacedChannel, ShimBackend, Submission, UnplaceError};
 pub use commands::{CommandError, Placement, Translator};
 pub use device::{Device, DeviceError};
 pub use ring::{FaultRing, MemoryRing, Record, RingError};

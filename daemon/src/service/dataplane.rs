@@ -50,9 +50,9 @@ pub enum Backend {
     Shim(Box<ShimBackend>),
 }
 
-/// Where a channel goes in an application's address space (shim backend).
+/// Where the control side asks a channel to go in an application's address space (shim backend).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Placement {
+pub struct PlacementRequest {
     pub space: u32,
     pub base_va: u64,
 }
@@ -61,7 +61,7 @@ pub struct Placement {
 pub enum Control {
     Create {
         spec: ChannelSpec,
-        placement: Option<Placement>,
+        placement: Option<PlacementRequest>,
         reply: oneshot::Sender<Result<Created, WireError>>,
     },
     /// Attaches the address space of an application's UVM file (shim backend).
@@ -692,7 +692,7 @@ impl Dataplane {
         Ok(space)
     }
 
-    fn create(&mut self, spec: ChannelSpec, placement: Option<Placement>) -> Result<Created, WireError> {
+    fn create(&mut self, spec: ChannelSpec, placement: Option<PlacementRequest>) -> Result<Created, WireError> {
         let backend = self.backend.name();
         match (&self.backend, placement) {
             (Gpus::Emulated { count, .. }, _) if spec.consumer_gpu >= *count => {
@@ -737,7 +737,7 @@ impl Dataplane {
         &mut self,
         spec: &ChannelSpec,
         layout: &ChannelLayout,
-        placement: Option<Placement>,
+        placement: Option<PlacementRequest>,
     ) -> Result<Created, WireError> {
         let id = layout.id.0;
         let io =

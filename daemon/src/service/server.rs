@@ -33,7 +33,7 @@ use wic_proto::message::{
 };
 use wic_proto::PROTOCOL_VERSION;
 
-use super::dataplane::{Control, Created, DataplaneHandle, Placement};
+use super::dataplane::{Control, Created, DataplaneHandle, PlacementRequest};
 use super::quota::{self, RefusalLog};
 use super::sharing::{self, SharingPolicy};
 use crate::config::Limits;
@@ -916,7 +916,7 @@ async fn create_reserved(
     let placement = match base_va {
         None => None,
         Some(base_va) => match shared.registry().spaces.get(&conn) {
-            Some(&space) => Some(Placement { space, base_va }),
+            Some(&space) => Some(PlacementRequest { space, base_va }),
             None => {
                 return Err(error(
                     ErrorCode::Invalid,
