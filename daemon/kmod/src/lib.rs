@@ -5,7 +5,8 @@
 //! - [`uring`]: command batches through io_uring `IORING_OP_URING_CMD`;
 //! - [`commands`]: the engine's commands turned into [`wic_proto::kabi::WicCommand`]s;
 //! - [`backend`]: all of it behind the engine: ring records in, command batches out;
-//! - [`fakegpu`]: the test module that stands in for nvidia-uvm;
+//! - `fakegpu` (feature `test-support`, for the VM tests): the test module that stands in for
+//!   nvidia-uvm;
 //! - [`uvmtools`]: an application's GPU faults seen through the stock driver's UVM tools
 //!   interface (`/dev/nvidia-uvm-tools`), with no patched driver.
 //!
@@ -17,6 +18,7 @@
 pub mod backend;
 pub mod commands;
 pub mod device;
+#[cfg(feature = "test-support")]
 pub mod fakegpu;
 pub mod ring;
 pub mod uring;
