@@ -39,12 +39,8 @@ namespace app {
  */
 enum class mode { push, poll, alg1, tagged, picked, nowait };
 
-/*
- * The transport of a run's channels, whose batches are @warps messages of @message_bytes;
- * nowait runs publish through push channels before the launch. tagged carries whole 8-byte
- * words only: a run that asks for it with other messages ends here, saying so (exit status 2).
- */
-inline wic::transport transport_of(mode m, uint32_t message_bytes, uint32_t warps = 1)
+/* The transport a mode names: push, poll, alg1, tagged; nowait publishes through push. */
+inline wic::transport named_transport(mode m)
 {
 	switch (m) {
 	case mode::poll:
@@ -52,16 +48,26 @@ inline wic::transport transport_of(mode m, uint32_t message_bytes, uint32_t warp
 	case mode::alg1:
 		return wic::transport::alg1;
 	case mode::tagged:
-		if (message_bytes % 8) {
-			fprintf(stderr, "tagged carries messages of whole 8-byte words, not %u bytes\n", message_bytes);
-			exit(2);
-		}
 		return wic::transport::tagged;
-	case mode::picked:
-		return wic::pick_peer_transport(message_bytes, warps);
 	default:
 		return wic::transport::push;
 	}
+}
+
+/*
+ * The transport of a run's channels, whose batches are @warps messages of @message_bytes: the
+ * one picked for them (picked), or the one the mode names. tagged carries whole 8-byte words
+ * only: a run that asks for it with other messages ends here, saying so (exit status 2).
+ */
+inline wic::transport transport_of(mode m, uint32_t message_bytes, uint32_t warps = 1)
+{
+	if (m == mode::picked)
+		return wic::pick_peer_transport(message_bytes, warps);
+	if (m == mode::tagged && message_bytes % 8) {
+		fprintf(stderr, "tagged carries messages of whole 8-byte words, not %u bytes\n", message_bytes);
+		exit(2);
+	}
+	return named_transport(m);
 }
 
 inline const char *mode_name(mode m)
@@ -72,7 +78,7 @@ inline const char *mode_name(mode m)
 	case mode::picked:
 		return "picked";
 	default:
-		return wic::transport_name(transport_of(m, 8));
+		return wic::transport_name(named_transport(m));
 	}
 }
 
