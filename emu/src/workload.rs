@@ -253,21 +253,16 @@ pub fn all() -> Vec<Workload> {
             pattern: "adjacent",
             model: "alternating",
             iterations: 4,
-            // 3 x 3 filter: 17 flop per output point, 8 bytes read and written (neighbours cached).
-            phases: vec![
-                Phase {
+            // 3 x 3 filter: 17 flop per output point, 8 bytes read and written (neighbours cached);
+            // the seam row one way, then the other.
+            phases: [(0, 1), (1, 0)]
+                .map(|(from, to)| Phase {
                     c1_instr: 18_000,
                     c2_instr: 12_000,
                     memory_share: memory_share(17.0 / 8.0),
-                    ..consumer_phase(Gpu(0), 1)
-                },
-                Phase {
-                    c1_instr: 18_000,
-                    c2_instr: 12_000,
-                    memory_share: memory_share(17.0 / 8.0),
-                    ..consumer_phase(Gpu(1), 0)
-                },
-            ],
+                    ..consumer_phase(Gpu(from), to)
+                })
+                .to_vec(),
         },
         Workload {
             name: "G_STN",
