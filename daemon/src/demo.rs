@@ -105,19 +105,19 @@ pub fn table(rows: &[Result<Comparison, RowError>]) -> String {
         let engine = row.fault.engine.as_ref().expect("fault runs carry engine stats");
         out.push_str(&format!(
             "{:<6} {:>10.3} {:>10.3} {:>10.3} {:>6.3}x {:>7.3}x {:>13} {:>13} {:>9} {:>9} {:>8} {:>9} {:>7}\n",
-            row.poll.workload,
-            row.poll.runtime_ns as f64 / 1e6,
+            row.naive.workload,
+            row.naive.runtime_ns as f64 / 1e6,
             row.push.runtime_ns as f64 / 1e6,
             row.fault.runtime_ns as f64 / 1e6,
             row.speedup(),
             row.speedup_over_push(),
-            percent(row.poll.consumer_overhead),
+            percent(row.naive.consumer_overhead),
             percent(row.fault.consumer_overhead),
-            percent(row.poll.overlap_efficiency),
+            percent(row.naive.overlap_efficiency),
             percent(row.fault.overlap_efficiency),
             percent(row.fault.daemon_share),
             engine.entries,
-            if row.poll.corrupt_messages + row.push.corrupt_messages + row.fault.corrupt_messages == 0 {
+            if row.naive.corrupt_messages + row.push.corrupt_messages + row.fault.corrupt_messages == 0 {
                 "ok"
             } else {
                 "FAILED"
@@ -145,13 +145,15 @@ other warps of its SM what an H100 measured (stock driver, device/bench/stall_co
 arithmetic goes on at 0.956 of its speed, their memory accesses that leave the SM at 0.00385,
 so memory-bound work all but stops while a fault is outstanding. How much of each application's
 work is memory is derived from its arithmetic intensity, not measured. push's waits take its
-measured one-way time (7100 ns from a host thread, 3820 ns from a kernel on another GPU) plus
-the transfer, and a host thread publishes one batch per 2825 ns. A polling warp is taken to cost
+measured one-way time (5650 ns from a host thread, 3840 ns from a kernel on another GPU) plus
+the transfer, and a host thread publishes one batch per 2346 ns. A polling warp is taken to cost
 a computing warp's issue share, an estimate: on H100s 8 warps spinning on a managed flag slowed
 the arithmetic beside them only 1.02x, so the naive baseline is likely slower here than on a
-GPU. The workloads are the paper's communication patterns, not the programs of device/apps, and
-no row has been checked against a GPU run; on H100s push ran those ten programs 4.1x faster
-than the paper's Algorithm 1 made correct (device/bench/README.md).
+GPU. The workloads are the paper's communication patterns. The model also runs the programs of
+device/apps, described from their measured no-wait runs: with push it comes within 25% of the
+GPU for 9 of the 10, but it has no part for how nvidia-uvm treats pages two processors keep
+writing, which sets the cost of the naive baseline on a GPU (docs/evaluation.md). On H100s push
+ran those programs 4.1x faster than the paper's Algorithm 1 made correct (device/bench/README.md).
 Read the speedups as the model's, not as a prediction for a GPU.";
 
 #[cfg(test)]
@@ -184,6 +186,9 @@ mod tests {
             .as_f64()
             .unwrap();
         assert!(MODEL_LIMITS.contains(&format!("beside them only {poll_arith:.2}x")), "{poll_arith}");
+        let cal_rows = wic_emu::apps::validate(&wic_emu::apps::measured_runs(), &[wic_emu::Mode::Push], &cal, 1);
+        let close = cal_rows.iter().filter(|r| r.error().is_some_and(|e| e.abs() <= wic_emu::apps::TOLERANCE)).count();
+        assert!(MODEL_LIMITS.contains(&format!("GPU for {close} of the {}", cal_rows.len())), "{close}");
         let readme = committed("device/bench/README.md");
         assert!(readme.contains("geometric mean over the ten applications") && readme.contains("4.11x"));
         assert!(MODEL_LIMITS.contains("4.1x faster"));
@@ -225,8 +230,8 @@ mod tests {
         let cal = wic_emu::Calibration::built_in();
         let cg = by_name("C_CG").unwrap().with_threads(64);
         let row = || {
-            let [poll, push, fault] = MODES.map(|m| wic_emu::run(&cg, m, &cal, 1));
-            Comparison { poll, push, fault }
+            let [naive, push, fault] = MODES.map(|m| wic_emu::run(&cg, m, &cal, 1));
+            Comparison { naive, push, fault }
         };
         let (speedup, over_push) = (row().speedup(), row().speedup_over_push());
         let refused = RowError { workload: "G_GEM", reason: "no room".into() };

@@ -181,7 +181,7 @@ fn run_demo(args: DemoArgs) -> Result<(), String> {
                 None => format!("{} ({})", e.workload, e.reason),
             });
         }
-        if rows.iter().flatten().any(|r| r.poll.corrupt_messages + r.fault.corrupt_messages > 0) {
+        if rows.iter().flatten().any(|r| r.naive.corrupt_messages + r.fault.corrupt_messages > 0) {
             return Err("some messages arrived corrupted".into());
         }
     }

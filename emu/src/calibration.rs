@@ -60,7 +60,21 @@ pub struct Host {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Poll {
+    /// A spinning warp's share of issue slots, relative to a computing warp's.
     pub issue_weight: Constant<f64>,
+    /// wic.cuh's poll with a host producer (see `sim::Mode::Poll`): from the host's publish of a
+    /// small message to the one warp spinning on its ready word having it...
+    pub host_one_way_ns: Constant<u64>,
+    /// ...and what each further warp spinning on host memory adds to it.
+    pub host_one_way_per_spinner_ns: Constant<u64>,
+    /// The host thread's own time in one publish (the copy, its completion, the ready words),
+    /// with one warp spinning...
+    pub host_publish_ns: Constant<u64>,
+    /// ...and what each further spinning warp adds to it.
+    pub host_publish_per_spinner_ns: Constant<u64>,
+    /// From a producer kernel on another GPU starting to write a small message to the warp
+    /// spinning on its ready word across the link having it.
+    pub peer_one_way_ns: Constant<u64>,
 }
 
 /// wic.cuh's push transport on the stock driver (see `sim::Mode::Push`).
@@ -191,8 +205,8 @@ impl Calibration {
     }
 
     /// Every latency constant with its key, the fault path's five first.
-    pub(crate) fn latencies_mut(&mut self) -> [(&'static str, &mut u64); 15] {
-        let (f, l, d, p) = (&mut self.fault, &mut self.link, &mut self.daemon, &mut self.push);
+    pub(crate) fn latencies_mut(&mut self) -> [(&'static str, &mut u64); 20] {
+        let (f, l, d, p, q) = (&mut self.fault, &mut self.link, &mut self.daemon, &mut self.push, &mut self.poll);
         [
             ("fault.interrupt_to_bh_ns", &mut f.interrupt_to_bh_ns.value),
             ("fault.batch_fixed_ns", &mut f.batch_fixed_ns.value),
@@ -209,6 +223,11 @@ impl Calibration {
             ("push.host_one_way_ns", &mut p.host_one_way_ns.value),
             ("push.host_publish_ns", &mut p.host_publish_ns.value),
             ("push.peer_one_way_ns", &mut p.peer_one_way_ns.value),
+            ("poll.host_one_way_ns", &mut q.host_one_way_ns.value),
+            ("poll.host_one_way_per_spinner_ns", &mut q.host_one_way_per_spinner_ns.value),
+            ("poll.host_publish_ns", &mut q.host_publish_ns.value),
+            ("poll.host_publish_per_spinner_ns", &mut q.host_publish_per_spinner_ns.value),
+            ("poll.peer_one_way_ns", &mut q.peer_one_way_ns.value),
         ]
     }
 
@@ -265,6 +284,11 @@ impl Calibration {
             row("link.nvlink_latency_ns", &self.link.nvlink_latency_ns),
             row("host.memcpy_gbps", &self.host.memcpy_gbps),
             row("poll.issue_weight", &self.poll.issue_weight),
+            row("poll.host_one_way_ns", &self.poll.host_one_way_ns),
+            row("poll.host_one_way_per_spinner_ns", &self.poll.host_one_way_per_spinner_ns),
+            row("poll.host_publish_ns", &self.poll.host_publish_ns),
+            row("poll.host_publish_per_spinner_ns", &self.poll.host_publish_per_spinner_ns),
+            row("poll.peer_one_way_ns", &self.poll.peer_one_way_ns),
             row("push.host_one_way_ns", &self.push.host_one_way_ns),
             row("push.host_publish_ns", &self.push.host_publish_ns),
             row("push.peer_one_way_ns", &self.push.peer_one_way_ns),
@@ -306,7 +330,7 @@ mod tests {
     #[test]
     fn built_in_parses_and_every_constant_has_a_source() {
         let cal = Calibration::built_in();
-        assert_eq!(cal.table().len(), 28);
+        assert_eq!(cal.table().len(), 33);
         assert!(cal.table().iter().all(|(_, _, source, _)| source.len() > 10));
     }
 
@@ -328,7 +352,7 @@ mod tests {
         format!("{}{value}{}", &text[..start], &text[end..])
     }
 
-    const LATENCIES: [&str; 15] = [
+    const LATENCIES: [&str; 20] = [
         "fault.interrupt_to_bh_ns",
         "fault.batch_fixed_ns",
         "fault.per_fault_ns",
@@ -344,6 +368,11 @@ mod tests {
         "push.host_one_way_ns",
         "push.host_publish_ns",
         "push.peer_one_way_ns",
+        "poll.host_one_way_ns",
+        "poll.host_one_way_per_spinner_ns",
+        "poll.host_publish_ns",
+        "poll.host_publish_per_spinner_ns",
+        "poll.peer_one_way_ns",
     ];
     const RATES: [&str; 3] = ["link.pcie_gbps", "link.nvlink_gbps", "host.memcpy_gbps"];
 

@@ -6,11 +6,12 @@ use crossbeam::channel;
 use crate::{try_run, Calibration, Mode, RunReport, Workload};
 
 /// The modes of a comparison, in the order its runs are reported.
-pub const MODES: [Mode; 3] = [Mode::Poll, Mode::Push, Mode::Fault];
+pub const MODES: [Mode; 3] = [Mode::Alg1, Mode::Push, Mode::Fault];
 
 /// The same workload three ways.
 pub struct Comparison {
-    pub poll: RunReport,
+    /// Naive polling: the paper's Algorithm 1 ([`Mode::Alg1`]).
+    pub naive: RunReport,
     pub push: RunReport,
     pub fault: RunReport,
 }
@@ -18,7 +19,7 @@ pub struct Comparison {
 impl Comparison {
     /// WIC's speedup over naive polling.
     pub fn speedup(&self) -> f64 {
-        self.poll.runtime_ns as f64 / self.fault.runtime_ns as f64
+        self.naive.runtime_ns as f64 / self.fault.runtime_ns as f64
     }
 
     /// WIC's speedup over push, what the stock driver runs today.
@@ -126,9 +127,9 @@ pub fn try_compare(
     .expect("a worker panicked");
     results
         .into_iter()
-        .map(|[poll, push, fault]| {
-            match (poll.expect("poll run"), push.expect("push run"), fault.expect("fault run")) {
-                (Ok(poll), Ok(push), Ok(fault)) => Ok(Comparison { poll, push, fault }),
+        .map(|[naive, push, fault]| {
+            match (naive.expect("naive run"), push.expect("push run"), fault.expect("fault run")) {
+                (Ok(naive), Ok(push), Ok(fault)) => Ok(Comparison { naive, push, fault }),
                 // The first mode's reason, whichever run finished first, so the row reads the same
                 // every time.
                 (Err((workload, _, reason)), _, _)
@@ -174,7 +175,7 @@ mod tests {
         assert!(seen.iter().enumerate().all(|(i, (done, total, _))| (*done, *total) == (i + 1, 9)));
         assert_eq!(seen.iter().filter(|s| s.2 == "G_GEM").count(), 3);
         assert_eq!(rows[0].as_ref().unwrap().fault.workload, "C_CG");
-        assert_eq!(rows[2].as_ref().unwrap().poll.workload, "G_STN");
+        assert_eq!(rows[2].as_ref().unwrap().naive.workload, "G_STN");
         let refused = rows[1].as_ref().err().expect("G_GEM at 512M threads is refused");
         assert_eq!(refused.workload, "G_GEM");
         assert!(refused.reason.contains("request slots"), "{refused}");
@@ -186,8 +187,8 @@ mod tests {
         let cal = Calibration::built_in();
         let row = |name| {
             let w = by_name(name).unwrap().with_threads(64);
-            let [poll, push, fault] = MODES.map(|m| crate::run(&w, m, &cal, 1));
-            Comparison { poll, push, fault }
+            let [naive, push, fault] = MODES.map(|m| crate::run(&w, m, &cal, 1));
+            Comparison { naive, push, fault }
         };
         let rows = vec![row("C_CG"), row("G_STN")];
         let (a, b) = (rows[0].speedup(), rows[1].speedup());

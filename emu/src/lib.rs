@@ -2,6 +2,7 @@
 //! and wicd, driving the real WIC engine with raw fault-buffer entries, and the paper's ten
 //! applications as workloads.
 
+pub mod apps;
 pub mod calibration;
 pub mod compare;
 pub mod payload;

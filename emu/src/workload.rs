@@ -23,6 +23,9 @@ pub enum ProduceOrder {
     Sequential,
     /// A fresh random permutation each iteration: random and scatter-gather patterns.
     Shuffled,
+    /// Request by request: message r of every CTA before message r + 1 of any, as when each
+    /// producer lane (a block on the other GPU) streams one CTA's messages in order.
+    RequestMajor,
 }
 
 /// One communication of an iteration.
@@ -55,6 +58,11 @@ pub struct Phase {
     pub produce_ns: u64,
     pub producer_lanes: u32,
     pub producer_start_ns: u64,
+    /// Each slot's production time is scaled by a uniform factor in [1 - spread, 1 + spread].
+    pub produce_spread: f64,
+    /// Slots a host producer hands over in one publish (one copy and its ready words, as
+    /// wic.cuh's publish_many() does), in the order it produces them.
+    pub publish_slots: u32,
     /// Host compute after a host consumer's copy.
     pub host_compute_ns: u64,
 }
@@ -121,6 +129,8 @@ fn consumer_phase(producer: Endpoint, consumer: u16) -> Phase {
         produce_ns: 2_000,
         producer_lanes: 8,
         producer_start_ns: 0,
+        produce_spread: 0.2,
+        publish_slots: 1,
         host_compute_ns: 0,
     }
 }

@@ -6,7 +6,7 @@ use wic_emu::{run, workload, Calibration, Mode, RunReport};
 fn both(name: &str, seed: u64) -> (RunReport, RunReport) {
     let cal = Calibration::built_in();
     let w = workload::by_name(name).expect("known workload");
-    (run(&w, Mode::Poll, &cal, seed), run(&w, Mode::Fault, &cal, seed))
+    (run(&w, Mode::Alg1, &cal, seed), run(&w, Mode::Fault, &cal, seed))
 }
 
 fn check(name: &str) {
@@ -87,8 +87,8 @@ fn polling_costs_compute_and_stalls_do_not() {
     w.iterations = 2;
     let phase = &mut w.phases[0];
     (phase.c1_instr, phase.jitter, phase.request_probability, phase.produce_ns) = (50_000, 0.9, 0.05, 400_000);
-    let costly = run(&w, Mode::Poll, &cal, 1);
-    let free = run(&w, Mode::Poll, &free_polling, 1);
+    let costly = run(&w, Mode::Alg1, &cal, 1);
+    let free = run(&w, Mode::Alg1, &free_polling, 1);
     assert!(free.runtime_ns <= costly.runtime_ns, "{} vs {}", free.runtime_ns, costly.runtime_ns);
     assert!(
         free.overlap_efficiency > costly.overlap_efficiency,
@@ -116,7 +116,7 @@ fn thread_sweep_extremes_deliver_everything() {
     let cal = Calibration::built_in();
     for threads in [64, 1 << 20] {
         let w = workload::by_name("C_CG").unwrap().with_threads(threads);
-        let (poll, fault) = (run(&w, Mode::Poll, &cal, 2), run(&w, Mode::Fault, &cal, 2));
+        let (poll, fault) = (run(&w, Mode::Alg1, &cal, 2), run(&w, Mode::Fault, &cal, 2));
         assert_eq!(poll.messages_checked, fault.messages_checked, "{threads} threads");
         assert_eq!((poll.corrupt_messages, fault.corrupt_messages), (0, 0), "{threads} threads");
         assert!(fault.pool_restored && fault.pfq_empty, "{threads} threads");

@@ -33,7 +33,7 @@ fn the_invariant_check_catches_each_broken_invariant() {
     let cal = Calibration::built_in();
     let w = workload::by_name("C_CG").unwrap().with_threads(256);
     let warps = u64::from(w.phases[0].warps_per_cta);
-    let (poll, fault) = (run(&w, Mode::Poll, &cal, 3), run(&w, Mode::Fault, &cal, 3));
+    let (poll, fault) = (run(&w, Mode::Alg1, &cal, 3), run(&w, Mode::Fault, &cal, 3));
     assert_eq!(wic_tests::check_runs(&poll, &fault, warps), Ok(()));
     let broken: [(&str, Spoil); 5] = [
         ("corrupted", Box::new(|r| r.corrupt_messages = 1)),

@@ -13,6 +13,7 @@ use clap::Parser;
 use wic_bench::paper::{self, PaperApp};
 use wic_bench::svg::{self, Series};
 use wic_bench::{summary, Results, Settings};
+use wic_emu::apps::{self, Validation};
 use wic_emu::compare::{
     calibration_summary, compare, geomean_speedup, geomean_speedup_over_push, percent, Comparison, MODES,
 };
@@ -133,6 +134,11 @@ fn run(args: &Args) -> Result<(), String> {
     }
     let plane_seconds = plane_started.elapsed().as_secs_f64();
 
+    eprintln!("wic-report: device/apps on the emulator, against their GPU runs");
+    let validation_started = Instant::now();
+    let validation = apps::validate(&apps::measured_runs(), &apps::MODES, &cal, args.seed);
+    let validation_seconds = validation_started.elapsed().as_secs_f64();
+
     eprintln!("wic-report: fast-path benchmarks");
     let bench_settings = Settings::new(args.quick, if args.quick { 1 } else { 5 }, args.seed);
     let results = wic_bench::run(&bench_settings, &[]);
@@ -163,6 +169,10 @@ fn run(args: &Args) -> Result<(), String> {
     fields.set("plane_table", plane_table(&plane, &cal));
     fields.set("plane_runs", plane_runs.to_string());
     fields.set("plane_seconds", format!("{plane_seconds:.0}"));
+    fields.set("validation_sources", apps::MEASURED.iter().map(|(_, source, _)| format!("- {source}\n")).collect());
+    fields.set("validation_table", validation_table(&validation));
+    fields.set("validation_notes", validation_notes(&validation));
+    fields.set("validation_seconds", format!("{validation_seconds:.0}"));
     fields.set("bench_summary", summary(&results).iter().map(|l| format!("- {l}\n")).collect());
     fields.set("bench_recorded", recorded(&args.recorded)?);
     fields.set("bench_interrupter", interrupter_table(&results));
@@ -306,9 +316,9 @@ fn progress(what: &'static str) -> impl FnMut(usize, usize, &wic_emu::RunReport)
 /// A report built on corrupted deliveries would be worthless: refuse it.
 fn check_messages(rows: &[Comparison]) -> Result<(), String> {
     match rows.iter().find(|r| {
-        r.poll.corrupt_messages + r.fault.corrupt_messages > 0 || !r.fault.pool_restored || !r.fault.pfq_empty
+        r.naive.corrupt_messages + r.fault.corrupt_messages > 0 || !r.fault.pool_restored || !r.fault.pfq_empty
     }) {
-        Some(bad) => Err(format!("{}: corrupted messages or state left behind in the emulator", bad.poll.workload)),
+        Some(bad) => Err(format!("{}: corrupted messages or state left behind in the emulator", bad.naive.workload)),
         None => Ok(()),
     }
 }
@@ -318,7 +328,7 @@ fn or_dash(x: Option<f64>, show: impl Fn(f64) -> String) -> String {
 }
 
 fn paper_of(row: &Comparison) -> Option<&'static PaperApp> {
-    paper::app_named(row.poll.workload)
+    paper::app_named(row.naive.workload)
 }
 
 fn apps_table(rows: &[Comparison]) -> String {
@@ -331,16 +341,16 @@ fn apps_table(rows: &[Comparison]) -> String {
         let faults = row.fault.engine.as_ref().map_or(0, |e| e.entries);
         t.push_str(&format!(
             "| {} | {:.3} | {:.3} | {:.3} | {:.2}x | {:.2}x | {} | {} / {} | {} / {} | {} | {} | {} | {} |\n",
-            row.poll.workload,
-            row.poll.runtime_ns as f64 / 1e6,
+            row.naive.workload,
+            row.naive.runtime_ns as f64 / 1e6,
             row.push.runtime_ns as f64 / 1e6,
             row.fault.runtime_ns as f64 / 1e6,
             row.speedup(),
             row.speedup_over_push(),
             or_dash(paper.and_then(|p| p.speedup), |s| format!("≈{s:.2}x")),
-            percent(row.poll.consumer_overhead),
+            percent(row.naive.consumer_overhead),
             percent(row.fault.consumer_overhead),
-            percent(row.poll.overlap_efficiency),
+            percent(row.naive.overlap_efficiency),
             percent(row.fault.overlap_efficiency),
             or_dash(paper.and_then(|p| p.overlap_wic), |o| format!("≈{}", percent(o))),
             percent(row.fault.daemon_share),
@@ -361,13 +371,73 @@ fn thread_label(threads: u32) -> String {
 
 fn sweep_table(sweep: &[(u32, Vec<Comparison>)]) -> String {
     let Some((_, first)) = sweep.first() else { return String::new() };
-    let names: Vec<&str> = first.iter().map(|r| r.poll.workload).collect();
+    let names: Vec<&str> = first.iter().map(|r| r.naive.workload).collect();
     let mut t = format!("| threads | {} |\n|---|{}\n", names.join(" | "), "---|".repeat(names.len()));
     for (threads, rows) in sweep {
         let cells: Vec<String> = rows.iter().map(|r| format!("{:.2}x", r.speedup())).collect();
         t.push_str(&format!("| {} | {} |\n", thread_label(*threads), cells.join(" | ")));
     }
     t
+}
+
+/// The emulated runtime of each device application in each mode next to its GPU run.
+fn validation_table(rows: &[Validation]) -> String {
+    let mut out = String::from("| app | mode | measured ms | emulated ms | error |\n|---|---|---|---|---|\n");
+    for row in rows {
+        let (emulated, error) = match (&row.emulated_ms, row.error()) {
+            (Ok(ms), Some(error)) => (format!("{ms:.3}"), signed_percent(error)),
+            (Err(why), _) => ("not run".to_string(), why.clone()),
+            (Ok(_), None) => unreachable!("a run's error is known"),
+        };
+        out.push_str(&format!(
+            "| {} | {} | {:.3} | {emulated} | {error} |\n",
+            row.app,
+            row.mode.name(),
+            row.measured_ms
+        ));
+    }
+    out
+}
+
+/// A signed whole percentage; one that rounds to zero has no sign.
+fn signed_percent(share: f64) -> String {
+    let percent = (100.0 * share).round();
+    if percent == 0.0 {
+        "0%".into()
+    } else {
+        format!("{percent:+.0}%")
+    }
+}
+
+/// How many rows are within the tolerance; the others by the mechanism the model lacks for
+/// them; then what each description approximates.
+fn validation_notes(rows: &[Validation]) -> String {
+    let misses = |r: &&Validation| r.error().is_none_or(|e| e.abs() > apps::TOLERANCE);
+    let mut out = format!(
+        "{} of {} rows are within {:.0}%. The others, by the mechanism the model lacks for them:\n\n",
+        rows.len() - rows.iter().filter(misses).count(),
+        rows.len(),
+        100.0 * apps::TOLERANCE
+    );
+    let mut by_mechanism: Vec<(&str, Vec<String>)> = Vec::new();
+    for row in rows.iter().filter(misses) {
+        let app = apps::by_name(row.app).expect("rows come from the descriptions");
+        let mechanism = app.missing.iter().find(|(mode, _)| *mode == row.mode).map_or("not named", |(_, m)| *m);
+        let error = row.error().map_or("not run".into(), signed_percent);
+        let label = format!("{} {} ({error})", row.app, row.mode.name());
+        match by_mechanism.iter_mut().find(|(m, _)| *m == mechanism) {
+            Some((_, labels)) => labels.push(label),
+            None => by_mechanism.push((mechanism, vec![label])),
+        }
+    }
+    for (mechanism, labels) in by_mechanism {
+        out.push_str(&format!("- {}: {mechanism}.\n", labels.join(", ")));
+    }
+    out.push_str("\nWhat the descriptions approximate:\n\n");
+    for app in apps::all().iter().filter(|a| !a.estimates.is_empty()) {
+        out.push_str(&format!("- {}: {}.\n", app.name, app.estimates));
+    }
+    out
 }
 
 /// The calibration at a point of the plane.
@@ -449,7 +519,7 @@ fn write_figures(
     plane: &[PlanePoint],
     cal: &Calibration,
 ) -> Result<(), String> {
-    let apps: Vec<String> = rows.iter().map(|r| r.poll.workload.to_string()).collect();
+    let apps: Vec<String> = rows.iter().map(|r| r.naive.workload.to_string()).collect();
     let of = |f: &dyn Fn(&Comparison) -> Option<f64>| rows.iter().map(f).collect::<Vec<_>>();
     let series = |name: &str, values: Vec<Option<f64>>| Series { name: name.into(), values };
     let paper_series =
@@ -475,7 +545,7 @@ fn write_figures(
                 "share of consumer time",
                 &apps,
                 &[
-                    series("naive", of(&|r| Some(r.poll.consumer_overhead))),
+                    series("naive", of(&|r| Some(r.naive.consumer_overhead))),
                     series("WIC", of(&|r| Some(r.fault.consumer_overhead))),
                 ],
                 None,
@@ -488,7 +558,7 @@ fn write_figures(
                 "overlap efficiency",
                 &apps,
                 &[
-                    series("emulator naive", of(&|r| Some(r.poll.overlap_efficiency))),
+                    series("emulator naive", of(&|r| Some(r.naive.overlap_efficiency))),
                     series("emulator WIC", of(&|r| Some(r.fault.overlap_efficiency))),
                     paper_series("paper WIC (its text)", &|p| p.overlap_wic),
                 ],
@@ -521,7 +591,7 @@ fn write_figures(
 fn sweep_figure(sweep: &[(u32, Vec<Comparison>)]) -> String {
     let labels: Vec<String> = sweep.iter().map(|(t, _)| thread_label(*t)).collect();
     let names: Vec<&str> =
-        sweep.first().map(|(_, rows)| rows.iter().map(|r| r.poll.workload).collect()).unwrap_or_default();
+        sweep.first().map(|(_, rows)| rows.iter().map(|r| r.naive.workload).collect()).unwrap_or_default();
     let series: Vec<Series> = names
         .iter()
         .enumerate()

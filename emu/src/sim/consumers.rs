@@ -37,11 +37,11 @@ impl Sim<'_> {
         }
     }
 
-    // ---- push mode (wic.cuh on the stock driver) --------------------------------------------
+    // ---- ready words (wic.cuh's push and poll on the stock driver; no-wait) -------------------
 
-    /// The warp wants its slot's next generation: there already, or wait for it (no issue
-    /// slot, no fault).
-    pub(super) fn push_request(&mut self, warp: u32) {
+    /// The warp wants its slot's next generation: there already, or wait for it, as `waiting`:
+    /// push's backoff (Waiting: no issue slot) or poll's spin (Polling). Neither faults.
+    pub(super) fn ready_word_request(&mut self, warp: u32, waiting: WarpState) {
         let slot = self.slot_of(warp);
         let state = &mut self.phases[self.phase];
         if state.flag_visible[slot as usize] > state.consumed[slot as usize] {
@@ -49,7 +49,7 @@ impl Sim<'_> {
             return;
         }
         state.ready_waiters[slot as usize].push(warp);
-        self.set_waiting(warp, WarpState::Waiting);
+        self.set_waiting(warp, waiting);
     }
 
     pub(super) fn push_read(&mut self, warp: u32, slot: u32) {

@@ -173,7 +173,7 @@ impl Sim<'_> {
     pub(super) fn resume(&mut self, agent: Agent, va: u64) {
         match agent {
             Agent::Producer(slot) => {
-                if self.mode == Mode::Poll {
+                if self.mode == Mode::Alg1 {
                     self.flag_visible(slot);
                 }
             }
@@ -187,8 +187,8 @@ impl Sim<'_> {
                         self.set_waiting(warp, WarpState::Computing);
                         self.wic_read(warp, va);
                     }
-                    Mode::Poll => self.poll_step(id),
-                    Mode::Push => unreachable!("push waiters never fault"),
+                    Mode::Alg1 => self.poll_step(id),
+                    Mode::Push | Mode::Poll | Mode::NoWait => unreachable!("ready-word waiters never fault"),
                 }
                 self.reschedule(gpu, sm);
             }

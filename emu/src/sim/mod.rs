@@ -32,8 +32,9 @@ mod wicd;
 /// How consumer warps wait for producer data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
-    /// The paper's Algorithm 1: thread 0 of each CTA spins on a managed flag.
-    Poll,
+    /// The paper's Algorithm 1 (wic.cuh's alg1 is its form made correct): thread 0 of each CTA
+    /// spins on a managed flag, whose page migrates between producer and consumer.
+    Alg1,
     /// WIC: each warp touches its PCM page and stalls until wicd serves the fault.
     Fault,
     /// wic.cuh's push on the stock driver: the producer's batch is copied into the consumer
@@ -41,14 +42,24 @@ pub enum Mode {
     /// faulting nor crossing a link, at an issue cost the model leaves out (measured on H100s:
     /// 0.2% to 1.7% for 8 waiting warps per SM, `device/bench/transport.cu`).
     Push,
+    /// wic.cuh's poll: the data goes where push puts it, but the ready word stays with the
+    /// producer (pinned host memory, or the producer GPU's memory) and each waiting warp spins
+    /// on it across the link. Warps spinning on host memory slow what crosses PCIe: the one way
+    /// and the host's publish grow with their number, as measured (`calibration::Poll`).
+    Poll,
+    /// No waiting: every message is in the consumer GPU's memory before its kernel starts, and
+    /// results go nowhere; the lower bound that device/apps' `nowait` runs measure.
+    NoWait,
 }
 
 impl Mode {
     pub fn name(self) -> &'static str {
         match self {
-            Self::Poll => "poll",
+            Self::Alg1 => "alg1",
             Self::Fault => "fault",
             Self::Push => "push",
+            Self::Poll => "poll",
+            Self::NoWait => "nowait",
         }
     }
 }
@@ -253,8 +264,11 @@ struct PhaseState {
     flag_loc: Vec<Loc>,
     data_loc: Vec<Loc>,
     spinning_cta: Vec<Option<u32>>,
-    /// push: warps waiting for each slot's next generation.
+    /// push and poll: warps waiting for each slot's next generation.
     ready_waiters: Vec<Vec<u32>>,
+    /// A host producer's publish now being filled: slots it still takes, and when they arrive.
+    publish_left: u32,
+    publish_arrives: Nanos,
 }
 
 const FLAG_BASE: u64 = 0x5000_0000_0000;
@@ -421,9 +435,11 @@ struct Sim<'a> {
     /// `steps` when a warp last finished a compute segment or received a message, or a producer
     /// last produced.
     progress_at: u64,
-    /// push: when the host thread is done with its last publish.
+    /// push and poll: when the host thread is done with its last publish...
     host_publish_free_at: Nanos,
-    /// push: per producer GPU, when its link is done with the batches it carries.
+    /// ...and PCIe with the copies of the publishes so far.
+    host_link_free_at: Nanos,
+    /// push and poll: per producer GPU, when its link is done with the batches it carries.
     peer_link_free_at: Vec<Nanos>,
     /// Steps past `progress_at` that make the run stuck.
     stall_steps: u64,
@@ -470,7 +486,7 @@ impl<'a> Sim<'a> {
                 pcm: HashMap::new(),
                 mapped: HashSet::new(),
             }),
-            Mode::Poll | Mode::Push => None,
+            Mode::Alg1 | Mode::Push | Mode::Poll | Mode::NoWait => None,
         };
         let mut sim = Self {
             cal,
@@ -495,6 +511,7 @@ impl<'a> Sim<'a> {
             steps: 0,
             progress_at: 0,
             host_publish_free_at: 0,
+            host_link_free_at: 0,
             peer_link_free_at: vec![0; usize::from(workload.gpus())],
             stall_steps: workload
                 .phases
@@ -543,6 +560,8 @@ impl<'a> Sim<'a> {
             data_loc: vec![Loc::Host; slots],
             spinning_cta: vec![None; slots],
             ready_waiters: vec![Vec::new(); slots],
+            publish_left: 0,
+            publish_arrives: 0,
             channel,
             phase,
         })
@@ -634,7 +653,8 @@ impl<'a> Sim<'a> {
         let phase = self.current().phase.clone();
         if phase.consumer == Endpoint::Host {
             let bytes = u64::from(phase.ctas) * u64::from(phase.message_bytes);
-            let at = self.after(self.cal.pcie_ns(bytes).saturating_add(phase.host_compute_ns));
+            let cost = self.cal.pcie_ns(bytes).saturating_add(phase.host_compute_ns);
+            let at = self.after(if self.mode == Mode::NoWait { 0 } else { cost });
             self.schedule(at, Event::HostPhaseDone);
             return;
         }
@@ -666,18 +686,28 @@ impl<'a> Sim<'a> {
         }
         self.ctas_left = phase.ctas;
         self.slots_left = requested.len() as u32;
-        if phase.order == ProduceOrder::Shuffled {
-            self.rng.shuffle(&mut requested);
+        match phase.order {
+            ProduceOrder::Sequential => {}
+            ProduceOrder::Shuffled => self.rng.shuffle(&mut requested),
+            ProduceOrder::RequestMajor => {
+                requested.sort_by_key(|&slot| (slot % phase.requests_per_warp, slot / phase.requests_per_warp))
+            }
         }
         for (position, slot) in requested.into_iter().enumerate() {
+            if self.mode == Mode::NoWait {
+                // Everything is in place before the kernel starts.
+                self.slot_produced(slot);
+                continue;
+            }
             let round = position as u64 / u64::from(phase.producer_lanes) + 1;
-            let spread = 0.8 + 0.4 * self.rng.unit();
+            let spread = 1.0 + phase.produce_spread * (2.0 * self.rng.unit() - 1.0);
             let at = self.now + phase.producer_start_ns + (round as f64 * phase.produce_ns as f64 * spread) as u64;
             self.schedule(at, Event::SlotProduced { slot });
         }
+        // The block scheduler spreads CTAs over the SMs, one to each in turn.
         let per_sm = (self.cal.gpu.warp_slots_per_sm.value / phase.warps_per_cta).max(1);
-        for sm in 0..self.cal.gpu.sms.value {
-            for _ in 0..per_sm {
+        for _ in 0..per_sm {
+            for sm in 0..self.cal.gpu.sms.value {
                 self.dispatch_cta(gpu, sm);
             }
         }

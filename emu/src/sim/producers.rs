@@ -28,28 +28,23 @@ impl Sim<'_> {
                         Some(format!("slot {slot}'s producer found its PAT page still mapped{TIMEOUT_HINT}"));
                 }
             }
-            (Mode::Push, Endpoint::Host) => {
-                // One publish (a copy and a ready word in stream order) by the host thread, which
-                // publishes one batch at a time, arrives the measured one-way time of a small
-                // message after it began, plus the rest of the batch's copy.
-                let push = &self.cal.push;
-                let start = self.now.max(self.host_publish_free_at);
-                self.host_publish_free_at = start.saturating_add(push.host_publish_ns.value);
-                let at = start
-                    .saturating_add(push.host_one_way_ns.value)
-                    .saturating_add(transfer_ns(batch as u64, self.cal.link.pcie_gbps.value));
-                self.schedule(at, Event::ReadyArrives { slot });
-            }
-            (Mode::Push, Endpoint::Gpu(gpu)) => {
+            (Mode::Push | Mode::Poll, Endpoint::Host) => self.host_publish(slot, batch as u64),
+            (Mode::Push | Mode::Poll, Endpoint::Gpu(gpu)) => {
                 // The producer kernel's stores over the link, one batch after another at the
-                // link's bandwidth, then its fence and the ready word.
+                // link's bandwidth, then (push) its fence and the ready word, or (poll) the
+                // waiting warp's next read of the ready word across the link.
+                let one_way = match self.mode {
+                    Mode::Push => self.cal.push.peer_one_way_ns.value,
+                    _ => self.cal.poll.peer_one_way_ns.value,
+                };
                 let link = &mut self.peer_link_free_at[gpu as usize];
                 let start = self.now.max(*link);
                 *link = start.saturating_add(transfer_ns(batch as u64, self.cal.link.nvlink_gbps.value));
-                let at = link.saturating_add(self.cal.push.peer_one_way_ns.value);
+                let at = link.saturating_add(one_way);
                 self.schedule(at, Event::ReadyArrives { slot });
             }
-            (Mode::Poll, Endpoint::Host) => {
+            (Mode::NoWait, _) => self.ready_arrives(slot),
+            (Mode::Alg1, Endpoint::Host) => {
                 // The CPU's flag write faults if the page sits on the GPU (it does after a poll).
                 let on_gpu = state.flag_loc[slot as usize] != Loc::Host;
                 let cost = if on_gpu {
@@ -59,7 +54,7 @@ impl Sim<'_> {
                 };
                 self.schedule(self.after(cost), Event::FlagVisible { slot });
             }
-            (Mode::Poll, Endpoint::Gpu(gpu)) => {
+            (Mode::Alg1, Endpoint::Gpu(gpu)) => {
                 let sm = slot % self.cal.gpu.sms.value;
                 let flag = self.flag_va(slot);
                 if self.access(Agent::Producer(slot), gpu, sm, flag, AccessType::AtomicStrong) {
@@ -68,5 +63,50 @@ impl Sim<'_> {
             }
         }
         self.maybe_finish_phase();
+    }
+
+    /// A host producer's slot handed over: by the host thread, which publishes one call at a
+    /// time, each call carrying the phase's `publish_slots` slots (one copy over PCIe, which
+    /// carries one copy at a time, then their ready words). Push: the words follow the copy
+    /// in stream order, arriving the measured one way after the call began. Poll: the thread
+    /// waits for the copy and writes the words in host memory, which the spinning warps read;
+    /// both take longer the more warps spin on host memory.
+    fn host_publish(&mut self, slot: u32, batch: u64) {
+        if self.phases[self.phase].publish_left == 0 {
+            let (one_way, publish) = match self.mode {
+                Mode::Push => (self.cal.push.host_one_way_ns.value, self.cal.push.host_publish_ns.value),
+                _ => {
+                    let poll = &self.cal.poll;
+                    let spinners = self.spinning_warps().saturating_sub(1);
+                    (
+                        poll.host_one_way_ns.value.saturating_add(poll.host_one_way_per_spinner_ns.value * spinners),
+                        poll.host_publish_ns.value.saturating_add(poll.host_publish_per_spinner_ns.value * spinners),
+                    )
+                }
+            };
+            // This slot and those still to come, up to a publish's worth (slots_left counts
+            // this one out already).
+            let slots = self.phases[self.phase].phase.publish_slots.min(self.slots_left + 1);
+            let start = self.now.max(self.host_publish_free_at);
+            let copy_start = start.max(self.host_link_free_at);
+            self.host_link_free_at =
+                copy_start.saturating_add(transfer_ns(batch * u64::from(slots), self.cal.link.pcie_gbps.value));
+            self.host_publish_free_at = match self.mode {
+                Mode::Push => start.saturating_add(publish),
+                _ => start.saturating_add(publish).max(self.host_link_free_at),
+            };
+            let state = &mut self.phases[self.phase];
+            state.publish_left = slots;
+            state.publish_arrives = self.host_link_free_at.saturating_add(one_way);
+        }
+        let state = &mut self.phases[self.phase];
+        state.publish_left -= 1;
+        let at = state.publish_arrives;
+        self.schedule(at, Event::ReadyArrives { slot });
+    }
+
+    /// Warps spinning on a ready word, on every GPU.
+    fn spinning_warps(&self) -> u64 {
+        self.gpus.iter().flat_map(|g| &g.sms).map(|s| u64::from(s.polling)).sum()
     }
 }

@@ -119,8 +119,9 @@ impl Sim<'_> {
             }
             match self.mode {
                 Mode::Fault => self.wic_request(warp),
-                Mode::Poll => self.arrive_at_barrier(warp),
-                Mode::Push => self.push_request(warp),
+                Mode::Alg1 => self.arrive_at_barrier(warp),
+                Mode::Push | Mode::NoWait => self.ready_word_request(warp, WarpState::Waiting),
+                Mode::Poll => self.ready_word_request(warp, WarpState::Polling),
             }
             return;
         }

@@ -102,7 +102,7 @@ fn main() -> ExitCode {
                     let index = next.fetch_add(1, Ordering::Relaxed);
                     let w = randomized(&all, options.seed, index);
                     let run_seed = mix(options.seed.wrapping_add(index));
-                    let (poll, fault) = (run(&w, Mode::Poll, &cal, run_seed), run(&w, Mode::Fault, &cal, run_seed));
+                    let (poll, fault) = (run(&w, Mode::Alg1, &cal, run_seed), run(&w, Mode::Fault, &cal, run_seed));
                     let warps_per_batch = u64::from(w.phases[0].warps_per_cta);
                     if let Err(e) = wic_tests::check_runs(&poll, &fault, warps_per_batch) {
                         *failure.lock().expect("failure lock") =

@@ -1,0 +1,605 @@
+//! device/apps' ten programs as the emulator runs them, so that each emulated mode can be put
+//! next to the same program measured on a GPU.
+//!
+//! An application's description here is its communication structure (who produces, how many
+//! blocks receive, how many warps of each wait, how many messages of how many bytes an
+//! iteration carries, how its host publishes), written once from the program's source
+//! (device/apps/*.cu, whose header comments say the same), with the sizes the measured run
+//! printed. What the structure cannot give, the consumer's compute and a host producer's time,
+//! comes from the application's measured `nowait` run: its median over its iterations, and
+//! the host's `producer_ms` over its iterations. Where a program's structure does not fit the
+//! model exactly (a fractional number of messages per block, a split of one measured time over
+//! two stages), `estimates` says what was approximated.
+
+use crate::calibration::Calibration;
+use crate::sim::Mode;
+use crate::workload::{Endpoint, Phase, ProduceOrder, Workload};
+
+/// The modes a device application runs that the emulator also runs, named as both name them.
+pub const MODES: [Mode; 4] = [Mode::NoWait, Mode::Push, Mode::Poll, Mode::Alg1];
+
+/// One line of a device application's output: `NAME MODE key=value ...`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AppRun {
+    pub app: String,
+    pub mode: String,
+    values: Vec<(String, String)>,
+}
+
+impl AppRun {
+    /// The run a result line reports, or `None` for any other line (the GPUs it names, a
+    /// header, a bound table).
+    pub fn parse(line: &str) -> Option<Self> {
+        let mut words = line.split_whitespace();
+        let (app, mode) = (words.next()?, words.next()?);
+        if !app.starts_with(['C', 'G']) || !app.contains('_') || app.ends_with(':') {
+            return None;
+        }
+        let values: Vec<(String, String)> =
+            words.map(|w| w.split_once('=').map(|(k, v)| (k.to_string(), v.to_string()))).collect::<Option<_>>()?;
+        values.iter().any(|(k, _)| k == "median_ms").then(|| Self { app: app.into(), mode: mode.into(), values })
+    }
+
+    /// The value of `key`, a number.
+    pub fn number(&self, key: &str) -> Result<f64, String> {
+        let (_, text) = self
+            .values
+            .iter()
+            .find(|(k, _)| k == key)
+            .ok_or_else(|| format!("{} {}: no {key}= in the measured line", self.app, self.mode))?;
+        text.parse().map_err(|_| format!("{} {}: {key}={text} is not a number", self.app, self.mode))
+    }
+
+    /// The value of `key`, a whole number above zero.
+    pub fn count(&self, key: &str) -> Result<u32, String> {
+        let value = self.number(key)?;
+        if value < 1.0 || value.fract() != 0.0 || value > f64::from(u32::MAX) {
+            return Err(format!("{} {}: {key}={value} is not a count", self.app, self.mode));
+        }
+        Ok(value as u32)
+    }
+
+    /// Whether the run's results matched the reference.
+    pub fn correct(&self) -> bool {
+        self.values.iter().any(|(k, v)| k == "correct" && v == "yes")
+    }
+}
+
+/// Every result line of a device run's output.
+pub fn parse_runs(text: &str) -> Vec<AppRun> {
+    text.lines().filter_map(AppRun::parse).collect()
+}
+
+/// A device application as the emulator runs it.
+pub struct DeviceApp {
+    pub name: &'static str,
+    /// What the description approximates, for the validation table.
+    pub estimates: &'static str,
+    /// The mechanisms the model lacks that make its runtime in a mode miss the measured one by
+    /// more than [`TOLERANCE`]: named for exactly the rows that miss (a test checks both ways).
+    pub missing: &'static [(Mode, &'static str)],
+    describe: fn(&AppRun, &Calibration) -> Result<Workload, String>,
+}
+
+impl DeviceApp {
+    /// The workload of this application, with the sizes and times of its measured no-wait run.
+    pub fn workload(&self, nowait: &AppRun, cal: &Calibration) -> Result<Workload, String> {
+        if nowait.app != self.name || nowait.mode != "nowait" {
+            return Err(format!(
+                "{}: described from {} {}, not from its nowait run",
+                self.name, nowait.app, nowait.mode
+            ));
+        }
+        (self.describe)(nowait, cal)
+    }
+}
+
+/// One communication of an iteration, as the programs have it: `blocks` persistent blocks, one
+/// per SM, of which the last `receiving` receive; each has `waiting_warps` warps that wait,
+/// each for `messages` messages an iteration.
+#[derive(Clone)]
+struct Shape {
+    producer: Endpoint,
+    blocks: u32,
+    receiving: u32,
+    waiting_warps: u32,
+    messages: u32,
+    message_bytes: u32,
+    /// The consumer's compute in an iteration before its first message, and after each one.
+    before_ns: f64,
+    per_message_ns: f64,
+    /// The producer's time before a round of messages is ready, the lanes it makes them on (a
+    /// round is one message of each lane), in which order, and (host) how many slots one
+    /// publish carries.
+    produce_ns: f64,
+    lanes: u32,
+    order: ProduceOrder,
+    publish_slots: u32,
+}
+
+impl Shape {
+    /// Every block receiving one message for its one waiting warp, which then computes
+    /// `per_message_ns`; the producer's messages all ready at once, published one by one.
+    fn new(producer: Endpoint, blocks: u32, message_bytes: u32, per_message_ns: f64) -> Self {
+        Self {
+            producer,
+            blocks,
+            receiving: blocks,
+            waiting_warps: 1,
+            messages: 1,
+            message_bytes,
+            before_ns: 0.0,
+            per_message_ns,
+            produce_ns: 0.0,
+            lanes: blocks,
+            order: ProduceOrder::Sequential,
+            publish_slots: 1,
+        }
+    }
+
+    fn phase(&self, cal: &Calibration) -> Phase {
+        // The instructions the waiting warps issue in `ns` at the rate the model gives them,
+        // one block per SM: the measured time back, whatever the model's issue rate.
+        let g = &cal.gpu;
+        let rate = g.warp_ipc.value.min(f64::from(g.schedulers_per_sm.value) / f64::from(self.waiting_warps));
+        let instructions = |ns: f64| (ns * g.clock_ghz.value * rate).round() as u64;
+        Phase {
+            producer: self.producer,
+            consumer: Endpoint::Gpu(0),
+            ctas: self.blocks,
+            warps_per_cta: self.waiting_warps,
+            requests_per_warp: self.messages,
+            c1_instr: instructions(self.before_ns),
+            c2_instr: instructions(self.per_message_ns),
+            // No mode run here stalls a warp on a fault.
+            memory_share: 0.0,
+            jitter: 0.0,
+            independent_ctas: 1.0 - f64::from(self.receiving) / f64::from(self.blocks),
+            request_probability: 1.0,
+            message_bytes: self.message_bytes,
+            order: self.order,
+            produce_ns: self.produce_ns.round() as u64,
+            producer_lanes: self.lanes,
+            producer_start_ns: 0,
+            produce_spread: 0.0,
+            publish_slots: self.publish_slots,
+            host_compute_ns: 0,
+        }
+    }
+}
+
+/// The kernel's results back to the host (alternating programs): the host waits for a ready
+/// word; the results themselves the kernel wrote into pinned memory as it computed, inside the
+/// time its no-wait run measured.
+fn results_to_host(cal: &Calibration) -> Phase {
+    Phase { consumer: Endpoint::Host, ctas: 1, message_bytes: 8, ..Shape::new(Endpoint::Gpu(0), 1, 8, 0.0).phase(cal) }
+}
+
+fn workload(name: &'static str, iterations: u32, phases: Vec<Phase>) -> Workload {
+    Workload { name, title: "device application", pattern: "as measured", model: "as measured", iterations, phases }
+}
+
+/// Nanoseconds of a measured `key` in milliseconds, per one of `per` iterations.
+fn ns_per(run: &AppRun, key: &str, per: u32) -> Result<f64, String> {
+    Ok(run.number(key)? * 1e6 / f64::from(per))
+}
+
+/// `total` split in `parts` whole parts, or an error naming `what`.
+fn whole(run: &AppRun, total: f64, parts: f64, what: &str) -> Result<u32, String> {
+    let part = total / parts;
+    if part < 1.0 || part.fract() != 0.0 {
+        return Err(format!("{}: {what} {total} / {parts} is not whole", run.app));
+    }
+    Ok(part as u32)
+}
+
+/// A consumer's iteration of `ns` over `messages` messages whose work interleaves with theirs
+/// (G_KMN, G_GEM): a share before the first, one after each.
+fn interleaved(shape: Shape, ns: f64) -> Shape {
+    let share = ns / f64::from(shape.messages + 1);
+    Shape { before_ns: share, per_message_ns: share, ..shape }
+}
+
+/// An iteration of `ns` split between the sweep a block does before its halo (`interior`
+/// points) and after it (`edge` points).
+fn halo_split(shape: Shape, ns: f64, interior: f64, edge: f64) -> Shape {
+    let edge_share = edge / (interior + edge);
+    Shape { before_ns: ns * (1.0 - edge_share), per_message_ns: ns * edge_share, ..shape }
+}
+
+fn c_srs(run: &AppRun, cal: &Calibration) -> Result<Workload, String> {
+    const WARPS: u32 = 16; // c_srs.cu: every warp takes its own 1024 samples
+    let (blocks, generations) = (run.count("blocks")?, run.count("generations")?);
+    let message = whole(run, run.number("bytes")?, f64::from(blocks * generations * WARPS), "bytes per message")?;
+    let shape = Shape {
+        waiting_warps: WARPS,
+        produce_ns: ns_per(run, "producer_ms", generations)?,
+        publish_slots: blocks,
+        ..Shape::new(Endpoint::Host, blocks, message, ns_per(run, "median_ms", generations)?)
+    };
+    Ok(workload("C_SRS", generations, vec![shape.phase(cal)]))
+}
+
+fn c_cg(run: &AppRun, cal: &Calibration) -> Result<Workload, String> {
+    let (blocks, iterations) = (run.count("blocks")?, run.count("iterations")?);
+    let message = whole(run, run.number("bytes")?, f64::from(blocks * iterations), "bytes per block")?;
+    let shape = Shape {
+        produce_ns: ns_per(run, "producer_ms", iterations)?,
+        publish_slots: blocks,
+        ..Shape::new(Endpoint::Host, blocks, message, ns_per(run, "median_ms", iterations)?)
+    };
+    Ok(workload("C_CG", iterations, vec![shape.phase(cal), results_to_host(cal)]))
+}
+
+fn c_fe(run: &AppRun, cal: &Calibration) -> Result<Workload, String> {
+    const WARPS: u32 = 4; // c_fe.cu: every warp receives elements
+    const ELEMENT_BYTES: u32 = 128; // c_fe.cu: struct element
+    const PER_MESSAGE: u32 = 32;
+    let (blocks, iterations, elements) = (run.count("blocks")?, run.count("iterations")?, run.count("elements")?);
+    let bytes = run.number("bytes")?;
+    let element_bytes = f64::from(elements) * f64::from(ELEMENT_BYTES);
+    // The blocks' shares of the CG vector differ by a few rows: their average.
+    let cg_message = ((bytes - element_bytes) / f64::from(blocks * iterations)).round() as u32;
+    // One measured time for both stages: split as their bytes are (an estimate).
+    let assembly_share = element_bytes / bytes;
+    let (total, producer) = (ns_per(run, "median_ms", 1)?, ns_per(run, "producer_ms", 1)?);
+    let messages = (elements / PER_MESSAGE).div_ceil(blocks * WARPS);
+    // The host makes and publishes the element batches one by one, generation by generation.
+    let assembly = Shape {
+        waiting_warps: WARPS,
+        messages,
+        produce_ns: producer * assembly_share / f64::from(messages * blocks),
+        lanes: 1,
+        order: ProduceOrder::RequestMajor,
+        ..Shape::new(Endpoint::Host, blocks, PER_MESSAGE * ELEMENT_BYTES, total * assembly_share / f64::from(messages))
+    };
+    let per_iteration = |share: f64| share * (1.0 - assembly_share) / f64::from(iterations);
+    let cg = Shape {
+        produce_ns: per_iteration(producer),
+        publish_slots: blocks,
+        ..Shape::new(Endpoint::Host, blocks, cg_message, per_iteration(total))
+    };
+    let mut phases = vec![assembly.phase(cal)];
+    for _ in 0..iterations {
+        phases.extend([cg.phase(cal), results_to_host(cal)]);
+    }
+    Ok(workload("C_FE", 1, phases))
+}
+
+fn c_h3d(run: &AppRun, cal: &Calibration) -> Result<Workload, String> {
+    let (n, tiles, iterations, blocks) =
+        (run.count("n")?, run.count("tiles")?, run.count("iterations")?, run.count("blocks")?);
+    let band = whole(run, run.number("bytes")?, f64::from(iterations * tiles), "bytes per band")?;
+    let plane = f64::from(n) * f64::from(n);
+    let shape = Shape {
+        receiving: tiles,
+        produce_ns: ns_per(run, "producer_ms", iterations)?,
+        lanes: tiles,
+        ..Shape::new(Endpoint::Host, blocks, band, 0.0)
+    };
+    // The kernel's planes but its boundary one spread over every block, then a band of it.
+    let interior = f64::from(n / 2 - 1) * plane / f64::from(blocks);
+    let shape = halo_split(shape, ns_per(run, "median_ms", iterations)?, interior, plane / f64::from(tiles));
+    Ok(workload("C_H3D", iterations, vec![shape.phase(cal), results_to_host(cal)]))
+}
+
+fn g_stn(run: &AppRun, cal: &Calibration) -> Result<Workload, String> {
+    let (n, tiles, iterations, blocks) =
+        (run.count("n")?, run.count("tiles")?, run.count("iterations")?, run.count("blocks")?);
+    let band = whole(run, f64::from(n) * 4.0, f64::from(tiles), "bytes per band")?;
+    // The other GPU sent this sweep's band at the end of its last one, while this GPU swept.
+    let shape = Shape { receiving: tiles, lanes: tiles, ..Shape::new(Endpoint::Gpu(1), blocks, band, 0.0) };
+    let interior = f64::from(n / 2 - 1) * f64::from(n) / f64::from(blocks);
+    let shape = halo_split(shape, ns_per(run, "median_ms", iterations)?, interior, f64::from(n / tiles));
+    Ok(workload("G_STN", iterations, vec![shape.phase(cal)]))
+}
+
+fn g_c2d(run: &AppRun, cal: &Calibration) -> Result<Workload, String> {
+    let (n, iterations, blocks) = (run.count("n")?, run.count("iterations")?, run.count("blocks")?);
+    // One row a pass, to block 0, which filters its edge row with it.
+    let shape = Shape { receiving: 1, lanes: 1, ..Shape::new(Endpoint::Gpu(1), blocks, n * 4, 0.0) };
+    let interior = f64::from(n / 2 - 1) * f64::from(n) / f64::from(blocks);
+    let shape = halo_split(shape, ns_per(run, "median_ms", iterations)?, interior, f64::from(n));
+    Ok(workload("G_C2D", iterations, vec![shape.phase(cal)]))
+}
+
+fn g_kmn(run: &AppRun, cal: &Calibration) -> Result<Workload, String> {
+    // g_kmn.cu: struct partial, 16 clusters of 32 feature sums, 16 counts, one 64-bit sum.
+    const MESSAGE: u32 = 16 * 32 * 4 + 16 * 4 + 8;
+    let (points, rounds, batch, blocks) =
+        (run.count("points")?, run.count("rounds")?, run.count("batch")?, run.count("blocks")?);
+    let messages = (points / 2).div_ceil(batch).div_ceil(blocks);
+    let per_round = ns_per(run, "median_ms", rounds)?;
+    let shape = Shape {
+        messages,
+        produce_ns: per_round / f64::from(messages + 1),
+        order: ProduceOrder::RequestMajor,
+        ..Shape::new(Endpoint::Gpu(1), blocks, MESSAGE, 0.0)
+    };
+    Ok(workload("G_KMN", rounds, vec![interleaved(shape, per_round).phase(cal)]))
+}
+
+fn g_gem(run: &AppRun, cal: &Calibration) -> Result<Workload, String> {
+    const TILE: u32 = 64;
+    let (n, iterations, blocks) = (run.count("n")?, run.count("iterations")?, run.count("blocks")?);
+    let messages = ((n / TILE) * (n / TILE)).div_ceil(blocks);
+    let per_pass = ns_per(run, "median_ms", iterations)?;
+    let shape = Shape {
+        messages,
+        produce_ns: per_pass / f64::from(messages + 1),
+        order: ProduceOrder::RequestMajor,
+        ..Shape::new(Endpoint::Gpu(1), blocks, TILE * TILE * 4, 0.0)
+    };
+    Ok(workload("G_GEM", iterations, vec![interleaved(shape, per_pass).phase(cal)]))
+}
+
+fn g_bs(run: &AppRun, cal: &Calibration) -> Result<Workload, String> {
+    let (keys, message, merges, blocks) =
+        (run.count("keys")?, run.count("message")?, run.count("merges")?, run.count("blocks")?);
+    // A merge step: after sorting its chunks (all of an iteration's compute), each GPU sends
+    // the gathers of the messages the other owns (half of its half of the keys); the owner
+    // compares and sends the scatters back as soon as the gathers are there.
+    let messages = (keys / 2 / message / 2).div_ceil(blocks);
+    let exchange = Shape {
+        messages,
+        lanes: blocks * messages,
+        order: ProduceOrder::RequestMajor,
+        ..Shape::new(Endpoint::Gpu(1), blocks, message * 4, 0.0)
+    };
+    let sort = ns_per(run, "median_ms", merges)?;
+    let gathers = Shape { before_ns: sort, produce_ns: sort, ..exchange.clone() };
+    Ok(workload("G_BS", merges, vec![gathers.phase(cal), exchange.phase(cal)]))
+}
+
+fn g_bfs(run: &AppRun, cal: &Calibration) -> Result<Workload, String> {
+    const HEADER_WORDS: u32 = 3; // g_bfs.cu: struct header
+    let (vertices, degree, entries, streams, blocks) = (
+        run.count("vertices")?,
+        run.count("degree")?,
+        run.count("entries")?,
+        run.count("streams")?,
+        run.count("blocks")?,
+    );
+    // Not reported by the program, estimated: a random graph's levels, about its diameter,
+    // and the vertices of the other half that have an edge from this one, each sent once.
+    let (v, d) = (f64::from(vertices), f64::from(degree));
+    let levels = (v.ln() / d.ln()).ceil() as u32 + 2;
+    let sent = v / 2.0 * (1.0 - (-d / 2.0).exp());
+    let messages = (sent / f64::from(entries) / f64::from(levels * streams)).ceil() as u32 + 1;
+    // After a level's expansion (all of its compute) each GPU sends its outbox: the other GPU's
+    // messages are there after its expansion, as long as this one's.
+    let level = ns_per(run, "median_ms", levels)?;
+    let shape = Shape {
+        receiving: streams,
+        messages,
+        before_ns: level,
+        produce_ns: level,
+        order: ProduceOrder::RequestMajor,
+        lanes: streams * messages,
+        ..Shape::new(Endpoint::Gpu(1), blocks, (entries + HEADER_WORDS) * 4, 0.0)
+    };
+    Ok(workload("G_BFS", levels, vec![shape.phase(cal)]))
+}
+
+/// The mechanisms the validation finds missing from the model (see [`DeviceApp::missing`]).
+mod missing {
+    pub const SPINNING: &str = "what warps spinning on host memory do to the copies and to the kernel's writes to host memory: measured for 64-byte messages only (poll.host_*)";
+    pub const THRASHING: &str = "how nvidia-uvm handles managed pages that two processors take turns writing (thrashing detection pins or throttles them), which sets alg1's cost on a GPU: the model migrates the page on every fault";
+    pub const EXCHANGE: &str = "each GPU's own part of the exchange on its critical path (its sends and their fence, the block barrier of recv_block, the consumed report across the link): the model runs one direction, and the measurements give only the total (about 5.6 us a sweep on 2 x H200)";
+}
+
+/// The ten device applications.
+pub fn all() -> [DeviceApp; 10] {
+    use missing::{EXCHANGE, SPINNING, THRASHING};
+    [
+        DeviceApp {
+            name: "C_SRS",
+            estimates: "the host produces up to two generations ahead; the model's starts each when its consumers start it",
+            missing: &[(Mode::Poll, SPINNING), (Mode::Alg1, THRASHING)],
+            describe: c_srs,
+        },
+        DeviceApp {
+            name: "C_CG",
+            estimates: "",
+            missing: &[(Mode::Poll, SPINNING), (Mode::Alg1, THRASHING)],
+            describe: c_cg,
+        },
+        DeviceApp {
+            name: "C_FE",
+            estimates: "one measured time for assembly and CG, split as their bytes are; 3456 element messages as 7 per warp; CG messages at their average size",
+            missing: &[(Mode::Poll, SPINNING), (Mode::Alg1, THRASHING)],
+            describe: c_fe,
+        },
+        DeviceApp {
+            name: "C_H3D",
+            estimates: "the host's band j waits for the kernel's band j; the model's host sends all bands after its sweep",
+            missing: &[(Mode::Alg1, THRASHING)],
+            describe: c_h3d,
+        },
+        DeviceApp {
+            name: "G_STN",
+            estimates: "one direction of the exchange",
+            missing: &[(Mode::Push, EXCHANGE), (Mode::Poll, EXCHANGE), (Mode::Alg1, THRASHING)],
+            describe: g_stn,
+        },
+        DeviceApp { name: "G_C2D", estimates: "one direction of the alternation", missing: &[], describe: g_c2d },
+        DeviceApp {
+            name: "G_KMN",
+            estimates: "1024 batches a round as 8 per block",
+            missing: &[(Mode::Alg1, THRASHING)],
+            describe: g_kmn,
+        },
+        DeviceApp { name: "G_GEM", estimates: "1024 tiles a pass as 8 per block", missing: &[], describe: g_gem },
+        DeviceApp {
+            name: "G_BS",
+            estimates: "the other GPU's sort as long as this one's",
+            missing: &[(Mode::Alg1, THRASHING)],
+            describe: g_bs,
+        },
+        DeviceApp {
+            name: "G_BFS",
+            estimates: "levels and messages a level not reported by the program: estimated from the graph's size; the other GPU's expansion as long as this one's",
+            missing: &[(Mode::Alg1, THRASHING)],
+            describe: g_bfs,
+        },
+    ]
+}
+
+/// The device application named `name`.
+pub fn by_name(name: &str) -> Option<DeviceApp> {
+    all().into_iter().find(|a| a.name == name)
+}
+
+/// The runs the validation compares with, committed under device/bench/results: each
+/// application measured on the current code, the CPU-GPU ones on an H100, the inter-GPU ones on
+/// two H200s (no H100 pair has run this code).
+pub const MEASURED: [(&str, &str, &str); 2] = [
+    (
+        "C_",
+        "NVIDIA H100 80GB HBM3, driver 580.159.04, 2026-11-26, device/bench/results/apps-h100-2026-11-26-validation.txt",
+        include_str!("../../device/bench/results/apps-h100-2026-11-26-validation.txt"),
+    ),
+    (
+        "G_",
+        "2 x NVIDIA H200 (NVLink), driver 580.159.04, 2026-11-26, device/bench/results/apps-h200x2-2026-11-26-validation.txt",
+        include_str!("../../device/bench/results/apps-h200x2-2026-11-26-validation.txt"),
+    ),
+];
+
+/// The committed runs of [`MEASURED`]: of each file, the applications it is for.
+pub fn measured_runs() -> Vec<AppRun> {
+    MEASURED
+        .iter()
+        .flat_map(|(prefix, _, text)| parse_runs(text).into_iter().filter(move |r| r.app.starts_with(prefix)))
+        .collect()
+}
+
+/// The largest error, either way, of a row the model is held to.
+pub const TOLERANCE: f64 = 0.25;
+
+/// One row of the validation: an application in one mode, measured and emulated.
+#[derive(Debug, Clone)]
+pub struct Validation {
+    pub app: &'static str,
+    pub mode: Mode,
+    pub measured_ms: f64,
+    /// The emulated runtime, or why the model could not run it.
+    pub emulated_ms: Result<f64, String>,
+}
+
+impl Validation {
+    /// emulated / measured - 1.
+    pub fn error(&self) -> Option<f64> {
+        self.emulated_ms.as_ref().ok().map(|e| e / self.measured_ms - 1.0)
+    }
+}
+
+/// Every application of `runs` with a no-wait run, in each of `modes` that `runs` measured:
+/// described from its no-wait run and run on the model with `cal`.
+pub fn validate(runs: &[AppRun], modes: &[Mode], cal: &Calibration, seed: u64) -> Vec<Validation> {
+    let mut rows = Vec::new();
+    for app in all() {
+        let find = |mode: &str| runs.iter().find(|r| r.app == app.name && r.mode == mode);
+        let Some(nowait) = find("nowait") else { continue };
+        let workload = app.workload(nowait, cal);
+        for &mode in modes {
+            let Some(measured) = find(mode.name()) else { continue };
+            let emulated_ms = workload
+                .as_ref()
+                .map_err(Clone::clone)
+                .and_then(|w| crate::try_run(w, mode, cal, seed))
+                .map(|report| report.runtime_ns as f64 / 1e6);
+            rows.push(Validation {
+                app: app.name,
+                mode,
+                measured_ms: measured.number("median_ms").unwrap_or(f64::NAN),
+                emulated_ms,
+            });
+        }
+    }
+    rows
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn validation() -> Vec<Validation> {
+        validate(&measured_runs(), &MODES, &Calibration::built_in(), 1)
+    }
+
+    #[test]
+    fn a_result_line_parses_and_other_lines_do_not() {
+        let run = AppRun::parse("C_SRS push blocks=132 generations=64 median_ms=27.881 correct=yes").unwrap();
+        assert_eq!((run.app.as_str(), run.mode.as_str()), ("C_SRS", "push"));
+        assert_eq!(run.number("median_ms"), Ok(27.881));
+        assert_eq!(run.count("blocks"), Ok(132));
+        assert!(run.correct());
+        assert!(run.number("bytes").unwrap_err().contains("no bytes="));
+        assert!(run.count("median_ms").unwrap_err().contains("not a count"));
+        for other in [
+            "G_BS: GPU 0 (NVIDIA H200, 0000:00:06.0) and GPU 1 (NVIDIA H200, 0000:00:07.0), peer access both ways",
+            "2 x NVIDIA H200, driver 580.159.04, CUDA 13.0, 2026-11-26: device/run.sh OUT 5",
+            "| C_CG | 46.02 | producer |",
+            "C_SRS push blocks=132",
+        ] {
+            assert_eq!(AppRun::parse(other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn every_application_was_measured_correct_in_every_mode_the_model_runs() {
+        let runs = measured_runs();
+        for app in all() {
+            for mode in MODES {
+                let found = runs.iter().filter(|r| r.app == app.name && r.mode == mode.name()).collect::<Vec<_>>();
+                assert!(found.len() == 1 && found[0].correct(), "{} {}: {found:?}", app.name, mode.name());
+            }
+        }
+    }
+
+    #[test]
+    fn a_description_takes_only_its_own_no_wait_run_and_whole_sizes() {
+        let runs = measured_runs();
+        let find = |app: &str, mode: &str| runs.iter().find(|r| r.app == app && r.mode == mode).unwrap();
+        let cal = Calibration::built_in();
+        let srs = by_name("C_SRS").unwrap();
+        assert!(srs.workload(find("C_SRS", "push"), &cal).unwrap_err().contains("not from its nowait run"));
+        assert!(srs.workload(find("C_CG", "nowait"), &cal).is_err());
+        let odd =
+            AppRun::parse("C_SRS nowait blocks=132 generations=64 median_ms=1 producer_ms=2 bytes=1000 correct=yes");
+        assert!(srs.workload(&odd.unwrap(), &cal).unwrap_err().contains("is not whole"));
+    }
+
+    /// The no-wait rows check the descriptions, not the model: the consumer's compute comes
+    /// from those very runs, and must come back out of the model.
+    #[test]
+    fn the_no_wait_rows_give_back_the_time_they_were_described_with() {
+        let runs = measured_runs();
+        let cal = Calibration::built_in();
+        for app in all() {
+            let nowait = runs.iter().find(|r| r.app == app.name && r.mode == "nowait").unwrap();
+            let report = crate::run(&app.workload(nowait, &cal).unwrap(), Mode::NoWait, &cal, 1);
+            let error = report.runtime_ns as f64 / 1e6 / nowait.number("median_ms").unwrap() - 1.0;
+            assert!(error.abs() < 0.005, "{}: {error}", app.name);
+            assert_eq!((report.corrupt_messages, report.error_markers), (0, 0), "{}", app.name);
+        }
+    }
+
+    #[test]
+    fn every_row_is_within_the_tolerance_or_names_the_mechanism_the_model_lacks() {
+        for row in validation() {
+            let app = by_name(row.app).unwrap();
+            let error = row.error().unwrap_or_else(|| panic!("{} {}: {:?}", row.app, row.mode.name(), row.emulated_ms));
+            let named = app.missing.iter().any(|(mode, _)| *mode == row.mode);
+            assert_eq!(
+                error.abs() > TOLERANCE,
+                named,
+                "{} {}: error {:+.0}%, missing mechanism named: {named}",
+                row.app,
+                row.mode.name(),
+                100.0 * error
+            );
+        }
+    }
+}
