@@ -44,6 +44,11 @@
  *                    batches of BYTES through a peer_channel to one
  *                    consumer block per SM on GPU 0, two slots per block with flow control;
  *                    GB/s from the launches to both kernels' end, and its ratio to peer_copy.
+ *   spin_copy        what warps spinning on pinned host memory (poll's waiters with a host
+ *                    producer: each its own word, no backoff) do to the rest of the PCIe
+ *                    traffic: a copy of BYTES host -> device and a kernel's stores of BYTES into
+ *                    pinned host memory (one block of 256 threads per SM), each timed (GB/s,
+ *                    median of 5) beside 0 to 2112 spinning warps.
  *   waiting_cost     one block per SM: 8 warps of work (an issue-bound FMA loop, or 16-byte
  *                    loads streaming from device memory) beside 8 warps waiting on a channel
  *                    of each transport (push also with other backoffs), or stalled on
@@ -707,6 +712,88 @@ void latency(wic::transport kind, uint32_t bytes, uint32_t blocks, uint32_t warp
 		.emit();
 }
 
+/*
+ * Lane 0 of every warp spins on its own word of @words (pinned host memory, mapped) until it is
+ * nonzero, as poll's waiters do, after counting itself into *@started; gives up after 2 s.
+ */
+__global__ void spin_on_host(const unsigned int *words, unsigned int *started)
+{
+	if (threadIdx.x % 32)
+		return;
+	const uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
+	atomicAdd_system(started, 1);
+	const uint64_t t0 = wic::detail::globaltimer();
+	while (*reinterpret_cast<const volatile unsigned int *>(words + warp) == 0)
+		if (wic::detail::globaltimer() - t0 > timeout_ns)
+			return;
+}
+
+/* Stores @bytes of 16-byte words into @to (pinned host memory, mapped), grid-strided. */
+__global__ void store_to_host(uint4 *to, uint64_t bytes)
+{
+	const uint4 v = make_uint4(threadIdx.x, blockIdx.x, 0, 0);
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < bytes / 16; i += (uint64_t)gridDim.x * blockDim.x)
+		to[i] = v;
+}
+
+/*
+ * spin_copy() - a copy of @bytes host -> device and a kernel's stores of @bytes into pinned
+ * host memory, each beside @blocks x @warps warps spinning on pinned host words.
+ */
+void spin_copy(uint32_t blocks, uint32_t warps, uint64_t bytes)
+{
+	const uint32_t spinning = blocks * warps;
+	unsigned int *words_host, *words_dev;
+	CHECK(cudaHostAlloc(&words_host, std::max(spinning, 1u) * sizeof(unsigned int), cudaHostAllocMapped));
+	memset(words_host, 0, std::max(spinning, 1u) * sizeof(unsigned int));
+	CHECK(cudaHostGetDevicePointer((void **)&words_dev, words_host, 0));
+	mapped_word started;
+	uint8_t *src, *dst, *host_dst, *host_dst_dev;
+	CHECK(cudaHostAlloc(&src, bytes, cudaHostAllocDefault));
+	memset(src, 0x5a, bytes);
+	CHECK(cudaMalloc(&dst, bytes));
+	CHECK(cudaHostAlloc(&host_dst, bytes, cudaHostAllocMapped));
+	CHECK(cudaHostGetDevicePointer((void **)&host_dst_dev, host_dst, 0));
+	cudaStream_t spin_stream;
+	CHECK(cudaStreamCreateWithFlags(&spin_stream, cudaStreamNonBlocking));
+	CHECK(cudaDeviceSynchronize());
+	char what[64];
+	snprintf(what, sizeof(what), "spin_copy %u spinning", spinning);
+	if (spinning) {
+		spin_on_host<<<blocks, warps * 32, 0, spin_stream>>>(words_dev, started.dev);
+		CHECK(cudaGetLastError());
+		if (!host_wait(started.host, spinning))
+			stuck(what);
+	}
+	const auto spun = clock_type::now();
+	const double copy = copy_gbps(bytes, [&](cudaStream_t stream) {
+		CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
+	});
+	const double store = copy_gbps(bytes, [&](cudaStream_t stream) {
+		store_to_host<<<cfg.sms, 256, 0, stream>>>(reinterpret_cast<uint4 *>(host_dst_dev), bytes);
+		CHECK(cudaGetLastError());
+	});
+	/* The spinners give up after timeout_s: every measurement must have had all of them. */
+	if (seconds_since(spun) > timeout_s / 2)
+		stuck(what);
+	for (uint32_t w = 0; w < spinning; w++)
+		__atomic_store_n(&words_host[w], 1u, __ATOMIC_RELEASE);
+	finish(spin_stream, what);
+	CHECK(cudaStreamDestroy(spin_stream));
+	CHECK(cudaFreeHost(host_dst));
+	CHECK(cudaFree(dst));
+	CHECK(cudaFreeHost(src));
+	CHECK(cudaFreeHost(words_host));
+	printf("%-16s %-10s %8llu B %5u spinning  copy %7.2f GB/s  kernel stores %7.2f GB/s\n", "spin_copy",
+	       "poll", (unsigned long long)bytes, spinning, copy, store);
+	record("spin_copy")
+		.add("bytes", (double)bytes)
+		.add("spinning", (double)spinning)
+		.add("copy_gbps", copy)
+		.add("store_gbps", store)
+		.emit();
+}
+
 /* peer_fence() - the median time of a fence after @bytes of stores across the link, GPU 1 -> GPU 0. */
 void peer_fence(uint32_t bytes)
 {
@@ -1121,6 +1208,12 @@ int main(int argc, char **argv)
 		streaming(wic::transport::alg1, false, bytes, cfg.stream_total / 8, bulk);
 		streaming(wic::transport::mapped, false, bytes, cfg.stream_total, bulk);
 	}
+
+	/* The poll applications' spinning: none, one warp, a block's 16, one and 4 and 16 per SM. */
+	const uint32_t spin_shapes[][2] = {{0, 0}, {1, 1}, {1, 16}, {cfg.sms, 1}, {cfg.sms, 4}, {cfg.sms, 16}};
+	for (uint64_t bytes : {1ull << 20, 8ull << 20})
+		for (const auto &shape : spin_shapes)
+			spin_copy(shape[0], shape[1], bytes);
 
 	{
 		waiting_cost cost;

@@ -383,7 +383,7 @@ fn g_bfs(run: &AppRun, cal: &Calibration) -> Result<Workload, String> {
 
 /// The mechanisms the validation finds missing from the model (see [`DeviceApp::missing`]).
 mod missing {
-    pub const SPINNING: &str = "what warps spinning on host memory do to the copies and to the kernel's writes to host memory: measured for 64-byte messages only (poll.host_*)";
+    pub const SPINNING: &str = "what warps spinning on host memory do to the rest of PCIe: the model has poll's one way and publish as measured with 64-byte messages, not that copies beside 132 to 2112 spinning warps start about 100 us late and run at a third to a half of the bulk rate (device/bench/README.md, spin_copy); and even those add up to about a third of the time C_SRS took a generation, so a larger part is not yet found";
     pub const THRASHING: &str = "how nvidia-uvm handles managed pages that two processors take turns writing (thrashing detection pins or throttles them), which sets alg1's cost on a GPU: the model migrates the page on every fault";
     pub const EXCHANGE: &str = "each GPU's own part of the exchange on its critical path (its sends and their fence, the block barrier of recv_block, the consumed report across the link): the model runs one direction, and the measurements give only the total (about 5.6 us a sweep on 2 x H200)";
 }
