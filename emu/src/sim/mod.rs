@@ -331,7 +331,7 @@ const ENGINE_SLOTS: u32 = 16 * 1024;
 /// pool (16K pages) and 16K slots, grown where the workload's channels, all open for the whole
 /// run, need more pages or slots than that, so the default runs' numbers do not change.
 pub fn check(workload: &Workload) -> Result<EngineConfig, String> {
-    // One slot serves one CTA; every GPU-consumer phase of a workload has the same CTA size.
+    // One slot serves one CTA; the engine's batch is the largest CTA's.
     let gpu_phases = || workload.phases.iter().filter(|p| p.consumer != Endpoint::Host);
     let warps_per_batch = gpu_phases().map(|p| p.warps_per_cta).max().unwrap_or(16);
     let (mut pages, mut slots) = (0u64, 0u64);

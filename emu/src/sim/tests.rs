@@ -210,6 +210,23 @@ mod calibration {
         }
     }
 
+    /// Phases whose CTAs differ in size share one engine, laid out for the largest: the smaller
+    /// ones' messages used to be read at the wrong offsets (a panic past the producer's buffer,
+    /// or corrupt messages), in every mode that moves data.
+    #[test]
+    fn phases_of_different_cta_sizes_get_their_own_messages() {
+        let c_cg = by_name("C_CG").unwrap().with_threads(4096);
+        let wide = Phase { warps_per_cta: 4, message_bytes: 1000, ctas: 64, ..c_cg.phases[0].clone() };
+        let narrow = Phase { warps_per_cta: 1, message_bytes: 3572, ctas: 132, requests_per_warp: 2, ..wide.clone() };
+        let w = Workload { iterations: 2, phases: vec![wide, narrow], ..c_cg };
+        let expected = 2 * (64 * 4 + 132 * 2);
+        for mode in [Mode::Fault, Mode::Push, Mode::Poll, Mode::NoWait, Mode::Alg1] {
+            let report = try_run(&w, mode, &Calibration::built_in(), 1).expect("the run ends");
+            assert_eq!(report.messages_checked, expected, "{}", mode.name());
+            assert_eq!((report.corrupt_messages, report.error_markers), (0, 0), "{}", mode.name());
+        }
+    }
+
     /// push delivers every message intact without a fault, and its waits are as long as the
     /// measured one-way time makes them: host producers on PCIe, GPU producers on NVLink.
     #[test]

@@ -59,6 +59,10 @@ impl Sim<'_> {
     pub(super) fn submit(&mut self, commands: &mut Vec<Command>, at: Nanos) -> Nanos {
         let cal = self.cal;
         let state = &self.phases[self.phase];
+        // The engine lays a channel's slots out by its batch, the workload's largest CTA's; a
+        // phase of smaller CTAs fills the first part of each.
+        let engine_batch = state.channel.as_ref().expect("fault mode has channels").batch_bytes;
+        let batch = u64::from(state.phase.warps_per_cta) * u64::from(state.phase.message_bytes);
         let daemon = self.daemon.as_mut().expect("fault mode");
         let (mut host_copy, mut pcie, mut nvlink, mut pages) = (0u64, 0u64, 0u64, 0u64);
         let mut landing = Vec::new();
@@ -73,7 +77,8 @@ impl Sim<'_> {
                                 DataSource::Host { offset } => (offset, true),
                                 DataSource::Gpu { va: src, .. } => (src % PHASE_SPAN, false),
                             };
-                            run.extend_from_slice(&state.buffer[from as usize..(from + len) as usize]);
+                            let (start, len) = (from / engine_batch * batch, len.min(batch));
+                            run.extend_from_slice(&state.buffer[start as usize..(start + len) as usize]);
                             if on_host {
                                 host_copy += len;
                                 daemon.host_resident_runs.insert(va);
