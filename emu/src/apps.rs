@@ -90,7 +90,16 @@ impl DeviceApp {
                 self.name, nowait.app, nowait.mode
             ));
         }
-        (self.describe)(nowait, cal)
+        let mut workload = (self.describe)(nowait, cal)?;
+        // The share of the consumer's work that is memory, which a fault-stalled warp beside it
+        // slows: the application's arithmetic intensity, as its paper-pattern workload has it.
+        let memory_share = crate::workload::by_name(self.name)
+            .map(|w| w.phases[0].memory_share)
+            .ok_or_else(|| format!("{}: no workload of that name to take the memory share from", self.name))?;
+        for phase in &mut workload.phases {
+            phase.memory_share = memory_share;
+        }
+        Ok(workload)
     }
 }
 
@@ -151,7 +160,7 @@ impl Shape {
             requests_per_warp: self.messages,
             c1_instr: instructions(self.before_ns),
             c2_instr: instructions(self.per_message_ns),
-            // No mode run here stalls a warp on a fault.
+            // Set from the application's arithmetic intensity (DeviceApp::workload).
             memory_share: 0.0,
             jitter: 0.0,
             independent_ctas: 1.0 - f64::from(self.receiving) / f64::from(self.blocks),
@@ -477,6 +486,14 @@ pub fn measured_runs() -> Vec<AppRun> {
 /// The largest error, either way, of a row the model is held to.
 pub const TOLERANCE: f64 = 0.25;
 
+/// The workload of every application of `runs` that has a no-wait run.
+pub fn workloads(runs: &[AppRun], cal: &Calibration) -> Result<Vec<Workload>, String> {
+    all()
+        .iter()
+        .filter_map(|app| runs.iter().find(|r| r.app == app.name && r.mode == "nowait").map(|r| app.workload(r, cal)))
+        .collect()
+}
+
 /// One row of the validation: an application in one mode, measured and emulated.
 #[derive(Debug, Clone)]
 pub struct Validation {
@@ -584,6 +601,22 @@ mod tests {
             assert!(error.abs() < 0.005, "{}: {error}", app.name);
             assert_eq!((report.corrupt_messages, report.error_markers), (0, 0), "{}", app.name);
         }
+    }
+
+    /// Fault entries still queued when the workload ended used to be handled after its
+    /// channels closed: their pages, back in the pool, were taken for managed ones (a panic
+    /// indexing past a phase's slots). G_BS with a fault path three times the calibration's
+    /// left such entries.
+    #[test]
+    fn a_run_ends_with_its_workload_not_with_the_entries_still_queued() {
+        let cal = Calibration::built_in();
+        let runs = measured_runs();
+        let nowait = runs.iter().find(|r| r.app == "G_BS" && r.mode == "nowait").unwrap();
+        let workload = by_name("G_BS").unwrap().workload(nowait, &cal).unwrap();
+        let mut slow = cal.clone();
+        slow.scale_fault_path(3.0);
+        let report = crate::try_run(&workload, Mode::Fault, &slow, 1).expect("the run ends");
+        assert!(report.pool_restored && report.pfq_empty && report.corrupt_messages == 0, "{report:?}");
     }
 
     #[test]

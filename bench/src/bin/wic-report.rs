@@ -29,6 +29,13 @@ const SWEEP_APPS: [&str; 4] = ["C_CG", "C_H3D", "G_BFS", "G_STN"];
 const PLANE_LATENCY: [f64; 4] = [0.1, 0.3, 1.0, 3.0];
 const PLANE_STALL: [Option<f64>; 4] = [None, Some(0.1), Some(0.5), Some(1.0)];
 
+/// One point of the plane for device/apps' programs: each one's three runs.
+struct AppPlanePoint {
+    latency: f64,
+    stall: Option<f64>,
+    rows: Vec<Comparison>,
+}
+
 /// One point of the plane: WIC's geometric-mean speedup over push and over naive polling.
 struct PlanePoint {
     latency: f64,
@@ -109,16 +116,27 @@ fn run(args: &Args) -> Result<(), String> {
     let plane_started = Instant::now();
     let (plane_latency, plane_stall) =
         if args.quick { (&PLANE_LATENCY[1..3], &PLANE_STALL[..2]) } else { (&PLANE_LATENCY[..], &PLANE_STALL[..]) };
-    let (mut plane, mut plane_runs) = (Vec::new(), 0);
+    let device_apps = apps::workloads(&apps::measured_runs(), &cal)?;
+    let device_apps = if args.quick {
+        device_apps.into_iter().filter(|w| ["C_CG", "G_STN"].contains(&w.name)).collect()
+    } else {
+        device_apps
+    };
+    let (mut plane, mut plane_runs, mut app_plane) = (Vec::new(), 0, Vec::new());
     for &stall in plane_stall {
         for &latency in plane_latency {
+            let point_cal = plane_calibration(&cal, latency, stall);
+            eprintln!("wic-report: plane, device/apps, fault path x{latency}, stall {}", stall_label(stall, &cal));
+            let app_rows = compare(&device_apps, &point_cal, args.seed, threads, progress("plane, device/apps"));
+            check_messages(&app_rows)?;
+            plane_runs += MODES.len() * app_rows.len();
+            app_plane.push(AppPlanePoint { latency, stall, rows: app_rows });
             // The calibration's own point is the applications' table above: not run again.
             let point_rows = if latency == 1.0 && stall.is_none() {
                 None
             } else {
                 eprintln!("wic-report: plane, fault path x{latency}, stall {}", stall_label(stall, &cal));
-                let rows =
-                    compare(&apps, &plane_calibration(&cal, latency, stall), args.seed, threads, progress("plane"));
+                let rows = compare(&apps, &point_cal, args.seed, threads, progress("plane"));
                 check_messages(&rows)?;
                 plane_runs += MODES.len() * rows.len();
                 Some(rows)
@@ -168,6 +186,7 @@ fn run(args: &Args) -> Result<(), String> {
     fields.set("sweep_runs", (MODES.len() * sweep.iter().map(|(_, rows)| rows.len()).sum::<usize>()).to_string());
     fields.set("plane_table", plane_table(&plane, &cal));
     fields.set("plane_runs", plane_runs.to_string());
+    fields.set("app_plane_table", app_plane_table(&app_plane, &cal));
     fields.set("plane_seconds", format!("{plane_seconds:.0}"));
     fields.set("validation_sources", apps::MEASURED.iter().map(|(_, source, _)| format!("- {source}\n")).collect());
     fields.set("validation_table", validation_table(&validation));
@@ -438,6 +457,40 @@ fn validation_notes(rows: &[Validation]) -> String {
         out.push_str(&format!("- {}: {}.\n", app.name, app.estimates));
     }
     out
+}
+
+/// Per program of device/apps: WIC's speedup over push and over alg1 at the calibration's
+/// point and at the plane's most favourable one, and the points where WIC beats push.
+fn app_plane_table(points: &[AppPlanePoint], cal: &Calibration) -> String {
+    let Some(calibrated) = points.iter().find(|p| p.latency == 1.0 && p.stall.is_none()) else { return String::new() };
+    let stall_rank = |p: &AppPlanePoint| p.stall.map_or(0.0, |s| s.max(cal.stall.memory_progress.value));
+    let best = points
+        .iter()
+        .min_by(|a, b| a.latency.total_cmp(&b.latency).then(stall_rank(b).total_cmp(&stall_rank(a))))
+        .expect("a point");
+    let mut t = format!(
+        "| app | over push, calibration | over alg1, calibration | over push, fault path {} and stall {} | over alg1, there | WIC beats push at |\n|---|---|---|---|---|---|\n",
+        latency_label(best.latency),
+        stall_label(best.stall, cal)
+    );
+    for (index, row) in calibrated.rows.iter().enumerate() {
+        let wins: Vec<String> = points
+            .iter()
+            .filter(|p| p.rows[index].speedup_over_push() > 1.0)
+            .map(|p| format!("{}, stall {}", latency_label(p.latency), stall_label(p.stall, cal)))
+            .collect();
+        let there = &best.rows[index];
+        t.push_str(&format!(
+            "| {} | {:.2}x | {:.2}x | {:.2}x | {:.2}x | {} |\n",
+            row.naive.workload,
+            row.speedup_over_push(),
+            row.speedup(),
+            there.speedup_over_push(),
+            there.speedup(),
+            if wins.is_empty() { "nowhere".to_string() } else { wins.join("; ") }
+        ));
+    }
+    t
 }
 
 /// The calibration at a point of the plane.

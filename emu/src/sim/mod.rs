@@ -578,7 +578,7 @@ impl<'a> Sim<'a> {
         self.queue.push(Reverse((at, self.seq, event)));
     }
 
-    /// Runs every event in time order. A run ends as an error where its clock would pass
+    /// Runs every event in time order until the workload is done. A run ends as an error where its clock would pass
     /// [`CLOCK_LIMIT`] (a calibration that [`Calibration::from_toml`] accepts keeps every step far
     /// below it; this bounds what a `Calibration` built in code can do), where it takes
     /// `stall_steps` steps without progress, or where a handler found a state the model does not
@@ -598,6 +598,12 @@ impl<'a> Sim<'a> {
             self.dispatch(event);
             if let Some(why) = self.stopped.take() {
                 return Err(format!("the run stopped at {} ns: {why}", self.now));
+            }
+            if self.runtime.is_some() {
+                // The workload is done and its channels closed: what is still queued (stale
+                // fault entries, their replays) happens after the run and would find the
+                // channels' pages back in the pool.
+                break;
             }
             if self.steps - self.progress_at > self.stall_steps {
                 return Err(format!(
