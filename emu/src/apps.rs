@@ -245,14 +245,15 @@ fn c_fe(run: &AppRun, cal: &Calibration) -> Result<Workload, String> {
     const ELEMENT_BYTES: u32 = 128; // c_fe.cu: struct element
     const PER_MESSAGE: u32 = 32;
     let (blocks, iterations, elements) = (run.count("blocks")?, run.count("iterations")?, run.count("elements")?);
+    // Element batches of the warps' messages, the last generation's padded; then every CG
+    // message padded to whole chunks (cg.cuh), all blocks' the same size.
+    let messages = (elements / PER_MESSAGE).div_ceil(blocks * WARPS);
+    let element_bytes = f64::from(messages * blocks * WARPS * PER_MESSAGE * ELEMENT_BYTES);
     let bytes = run.number("bytes")?;
-    let element_bytes = f64::from(elements) * f64::from(ELEMENT_BYTES);
-    // The blocks' shares of the CG vector differ by a few rows: their average.
-    let cg_message = ((bytes - element_bytes) / f64::from(blocks * iterations)).round() as u32;
+    let cg_message = whole(run, bytes - element_bytes, f64::from(blocks * iterations), "CG bytes per block")?;
     // One measured time for both stages: split as their bytes are (an estimate).
     let assembly_share = element_bytes / bytes;
     let (total, producer) = (ns_per(run, "median_ms", 1)?, ns_per(run, "producer_ms", 1)?);
-    let messages = (elements / PER_MESSAGE).div_ceil(blocks * WARPS);
     // The host makes and publishes the element batches one by one, generation by generation.
     let assembly = Shape {
         waiting_warps: WARPS,
@@ -374,7 +375,8 @@ fn g_bfs(run: &AppRun, cal: &Calibration) -> Result<Workload, String> {
     let (v, d) = (f64::from(vertices), f64::from(degree));
     let levels = (v.ln() / d.ln()).ceil() as u32 + 2;
     let sent = v / 2.0 * (1.0 - (-d / 2.0).exp());
-    let messages = (sent / f64::from(entries) / f64::from(levels * streams)).ceil() as u32 + 1;
+    // Each stream's last message of a level, sent even when empty, is one of these.
+    let messages = ((sent / f64::from(entries) / f64::from(levels * streams)).round() as u32).max(1);
     // After a level's expansion (all of its compute) each GPU sends its outbox: the other GPU's
     // messages are there after its expansion, as long as this one's.
     let level = ns_per(run, "median_ms", levels)?;
@@ -409,13 +411,13 @@ pub fn all() -> [DeviceApp; 10] {
         },
         DeviceApp {
             name: "C_CG",
-            estimates: "",
+            estimates: "the kernel's grid barrier each iteration left out",
             missing: &[(Mode::Poll, SPINNING), (Mode::Alg1, THRASHING)],
             describe: c_cg,
         },
         DeviceApp {
             name: "C_FE",
-            estimates: "one measured time for assembly and CG, split as their bytes are; 3456 element messages as 7 per warp; CG messages at their average size",
+            estimates: "one measured time for assembly and CG, split as their bytes are",
             missing: &[(Mode::Poll, SPINNING), (Mode::Alg1, THRASHING)],
             describe: c_fe,
         },
@@ -441,7 +443,7 @@ pub fn all() -> [DeviceApp; 10] {
         DeviceApp { name: "G_GEM", estimates: "1024 tiles a pass as 8 per block", missing: &[], describe: g_gem },
         DeviceApp {
             name: "G_BS",
-            estimates: "the other GPU's sort as long as this one's",
+            estimates: "the other GPU's sort as long as this one's; 1024 messages a step as 8 per block",
             missing: &[(Mode::Alg1, THRASHING)],
             describe: g_bs,
         },

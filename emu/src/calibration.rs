@@ -75,6 +75,17 @@ pub struct Poll {
     /// From a producer kernel on another GPU starting to write a small message to the warp
     /// spinning on its ready word across the link having it.
     pub peer_one_way_ns: Constant<u64>,
+    /// Speed, relative to alone, of memory accesses that leave the SM while warps of the SM
+    /// spin on words in host memory (their arithmetic pays only the issue weight).
+    pub host_spin_memory_progress: Constant<f64>,
+}
+
+impl Poll {
+    /// Speed, relative to alone, of work that spends `memory_share` of its time alone on memory
+    /// accesses leaving the SM, beside warps spinning on host memory.
+    pub fn progress_beside_host_spinners(&self, memory_share: f64) -> f64 {
+        1.0 / ((1.0 - memory_share) + memory_share / self.host_spin_memory_progress.value)
+    }
 }
 
 /// wic.cuh's push transport on the stock driver (see `sim::Mode::Push`).
@@ -254,6 +265,7 @@ impl Calibration {
         within("poll.issue_weight", self.poll.issue_weight.value, &ISSUE_WEIGHT)?;
         within("stall.compute_progress", self.stall.compute_progress.value, &PROGRESS)?;
         within("stall.memory_progress", self.stall.memory_progress.value, &PROGRESS)?;
+        within("poll.host_spin_memory_progress", self.poll.host_spin_memory_progress.value, &PROGRESS)?;
         Ok(self)
     }
 
@@ -289,6 +301,7 @@ impl Calibration {
             row("poll.host_publish_ns", &self.poll.host_publish_ns),
             row("poll.host_publish_per_spinner_ns", &self.poll.host_publish_per_spinner_ns),
             row("poll.peer_one_way_ns", &self.poll.peer_one_way_ns),
+            row("poll.host_spin_memory_progress", &self.poll.host_spin_memory_progress),
             row("push.host_one_way_ns", &self.push.host_one_way_ns),
             row("push.host_publish_ns", &self.push.host_publish_ns),
             row("push.peer_one_way_ns", &self.push.peer_one_way_ns),
@@ -330,7 +343,7 @@ mod tests {
     #[test]
     fn built_in_parses_and_every_constant_has_a_source() {
         let cal = Calibration::built_in();
-        assert_eq!(cal.table().len(), 33);
+        assert_eq!(cal.table().len(), 34);
         assert!(cal.table().iter().all(|(_, _, source, _)| source.len() > 10));
     }
 
@@ -423,6 +436,12 @@ mod tests {
                 "stall.memory_progress",
                 ["0.000001", "1.0"],
                 vec![("0.0", "0.0"), ("-1.0", "-1.0"), ("inf", "inf")],
+                "1e-6 to 1.0",
+            ),
+            (
+                "poll.host_spin_memory_progress",
+                ["0.000001", "1.0"],
+                vec![("0.0", "0.0"), ("1.5", "1.5"), ("nan", "NaN")],
                 "1e-6 to 1.0",
             ),
         ];

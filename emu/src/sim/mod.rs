@@ -266,9 +266,9 @@ struct PhaseState {
     spinning_cta: Vec<Option<u32>>,
     /// push and poll: warps waiting for each slot's next generation.
     ready_waiters: Vec<Vec<u32>>,
-    /// A host producer's publish now being filled: slots it still takes, and when they arrive.
-    publish_left: u32,
-    publish_arrives: Nanos,
+    /// A host producer's publish being filled: the slots made so far, and how many it takes.
+    publish_group: Vec<u32>,
+    publish_size: u32,
 }
 
 const FLAG_BASE: u64 = 0x5000_0000_0000;
@@ -337,8 +337,8 @@ pub fn check(workload: &Workload) -> Result<EngineConfig, String> {
     let (mut pages, mut slots) = (0u64, 0u64);
     for (index, phase) in workload.phases.iter().enumerate() {
         let phase_slots = u64::from(phase.ctas) * u64::from(phase.requests_per_warp);
-        if phase_slots == 0 || phase.warps_per_cta == 0 || phase.message_bytes == 0 {
-            return Err(format!("phase {index} has no CTA, warp, request or message byte"));
+        if phase_slots == 0 || phase.warps_per_cta == 0 || phase.message_bytes == 0 || phase.publish_slots == 0 {
+            return Err(format!("phase {index} has no CTA, warp, request, message byte or slot per publish"));
         }
         if !(0.0..=1.0).contains(&phase.memory_share) {
             return Err(format!("phase {index}'s memory share {} is not a share (0 to 1)", phase.memory_share));
@@ -560,8 +560,8 @@ impl<'a> Sim<'a> {
             data_loc: vec![Loc::Host; slots],
             spinning_cta: vec![None; slots],
             ready_waiters: vec![Vec::new(); slots],
-            publish_left: 0,
-            publish_arrives: 0,
+            publish_group: Vec::new(),
+            publish_size: 0,
             channel,
             phase,
         })

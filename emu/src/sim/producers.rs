@@ -66,43 +66,46 @@ impl Sim<'_> {
     }
 
     /// A host producer's slot handed over: by the host thread, which publishes one call at a
-    /// time, each call carrying the phase's `publish_slots` slots (one copy over PCIe, which
-    /// carries one copy at a time, then their ready words). Push: the words follow the copy
-    /// in stream order, arriving the measured one way after the call began. Poll: the thread
-    /// waits for the copy and writes the words in host memory, which the spinning warps read;
-    /// both take longer the more warps spin on host memory.
+    /// time, each call carrying the phase's `publish_slots` slots once the last of them is made
+    /// (one copy over PCIe, which carries one copy at a time, then their ready words). Push: the
+    /// words follow the copy in stream order, arriving the measured one way after the call
+    /// began. Poll: the thread waits for the copy and writes the words in host memory, which the
+    /// spinning warps read; both take longer the more warps spin on host memory.
     fn host_publish(&mut self, slot: u32, batch: u64) {
-        if self.phases[self.phase].publish_left == 0 {
-            let (one_way, publish) = match self.mode {
-                Mode::Push => (self.cal.push.host_one_way_ns.value, self.cal.push.host_publish_ns.value),
-                _ => {
-                    let poll = &self.cal.poll;
-                    let spinners = self.spinning_warps().saturating_sub(1);
-                    (
-                        poll.host_one_way_ns.value.saturating_add(poll.host_one_way_per_spinner_ns.value * spinners),
-                        poll.host_publish_ns.value.saturating_add(poll.host_publish_per_spinner_ns.value * spinners),
-                    )
-                }
-            };
+        let state = &mut self.phases[self.phase];
+        if state.publish_group.is_empty() {
             // This slot and those still to come, up to a publish's worth (slots_left counts
             // this one out already).
-            let slots = self.phases[self.phase].phase.publish_slots.min(self.slots_left + 1);
-            let start = self.now.max(self.host_publish_free_at);
-            let copy_start = start.max(self.host_link_free_at);
-            self.host_link_free_at =
-                copy_start.saturating_add(transfer_ns(batch * u64::from(slots), self.cal.link.pcie_gbps.value));
-            self.host_publish_free_at = match self.mode {
-                Mode::Push => start.saturating_add(publish),
-                _ => start.saturating_add(publish).max(self.host_link_free_at),
-            };
-            let state = &mut self.phases[self.phase];
-            state.publish_left = slots;
-            state.publish_arrives = self.host_link_free_at.saturating_add(one_way);
+            state.publish_size = state.phase.publish_slots.min(self.slots_left + 1);
         }
-        let state = &mut self.phases[self.phase];
-        state.publish_left -= 1;
-        let at = state.publish_arrives;
-        self.schedule(at, Event::ReadyArrives { slot });
+        state.publish_group.push(slot);
+        if state.publish_group.len() < state.publish_size as usize {
+            return;
+        }
+        let group = std::mem::take(&mut state.publish_group);
+        let (one_way, publish) = match self.mode {
+            Mode::Push => (self.cal.push.host_one_way_ns.value, self.cal.push.host_publish_ns.value),
+            _ => {
+                let poll = &self.cal.poll;
+                let spinners = self.spinning_warps().saturating_sub(1);
+                (
+                    poll.host_one_way_ns.value.saturating_add(poll.host_one_way_per_spinner_ns.value * spinners),
+                    poll.host_publish_ns.value.saturating_add(poll.host_publish_per_spinner_ns.value * spinners),
+                )
+            }
+        };
+        let start = self.now.max(self.host_publish_free_at);
+        let copy_start = start.max(self.host_link_free_at);
+        self.host_link_free_at =
+            copy_start.saturating_add(transfer_ns(batch * group.len() as u64, self.cal.link.pcie_gbps.value));
+        self.host_publish_free_at = match self.mode {
+            Mode::Push => start.saturating_add(publish),
+            _ => start.saturating_add(publish).max(self.host_link_free_at),
+        };
+        let arrives = self.host_link_free_at.saturating_add(one_way);
+        for slot in group {
+            self.schedule(arrives, Event::ReadyArrives { slot });
+        }
     }
 
     /// Warps spinning on a ready word, on every GPU.

@@ -11,12 +11,17 @@ impl Sim<'_> {
         ipc * g.clock_ghz.value * self.stall_progress(sm)
     }
 
-    /// The computing warps' speed relative to no warp stalled on a fault: below 1 while one is.
+    /// The computing warps' speed relative to alone: below 1 while a warp of the SM is stalled
+    /// on a fault, or spins on a ready word in host memory (poll with a host producer).
     pub(super) fn stall_progress(&self, sm: &Sm) -> f64 {
-        if sm.fault_stalled == 0 {
-            return 1.0;
+        let phase = &self.current().phase;
+        if sm.fault_stalled > 0 {
+            return self.cal.stall.progress(phase.memory_share);
         }
-        self.cal.stall.progress(self.current().phase.memory_share)
+        if sm.polling > 0 && self.mode == Mode::Poll && phase.producer == Endpoint::Host {
+            return self.cal.poll.progress_beside_host_spinners(phase.memory_share);
+        }
+        1.0
     }
 
     pub(super) fn advance(&mut self, gpu: u16, sm: u32) {

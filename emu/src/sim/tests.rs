@@ -227,6 +227,63 @@ mod calibration {
         }
     }
 
+    /// A host producer's publish of several slots pays the host's publish cost once and copies
+    /// them in one go; copies follow each other on PCIe; poll pays more the more warps spin on
+    /// host memory; no-wait needs no producer at all.
+    #[test]
+    fn host_publishes_group_slots_share_pcie_and_poll_pays_for_its_spinners() {
+        let cal = Calibration::built_in();
+        let phase = Phase {
+            producer: Endpoint::Host,
+            consumer: Endpoint::Gpu(0),
+            ctas: 132,
+            warps_per_cta: 1,
+            requests_per_warp: 1,
+            c1_instr: 0,
+            c2_instr: 1_000,
+            memory_share: 0.5,
+            jitter: 0.0,
+            independent_ctas: 0.0,
+            request_probability: 1.0,
+            message_bytes: 65_536,
+            order: ProduceOrder::Sequential,
+            produce_ns: 1_000_000,
+            producer_lanes: 132,
+            producer_start_ns: 0,
+            produce_spread: 0.0,
+            publish_slots: 1,
+            host_compute_ns: 0,
+        };
+        let workload = |publish_slots| Workload {
+            name: "publish",
+            title: "host publishes",
+            pattern: "-",
+            model: "-",
+            iterations: 2,
+            phases: vec![Phase { publish_slots, ..phase.clone() }],
+        };
+        let runtime = |w: &Workload, mode, cal: &Calibration| {
+            let report = try_run(w, mode, cal, 1).expect("the run ends");
+            assert_eq!((report.messages_checked, report.corrupt_messages), (264, 0));
+            report.runtime_ns
+        };
+        let (one_by_one, grouped) = (workload(1), workload(132));
+        let copies = transfer_ns(132 * 65_536, cal.link.pcie_gbps.value);
+        let push = runtime(&grouped, Mode::Push, &cal);
+        // Each iteration: the production, the iteration's copies one after another, the one way.
+        assert!(push >= 2 * (1_000_000 + copies + cal.push.host_one_way_ns.value), "{push}");
+        // One by one, the host thread's 132 publishes follow each other.
+        let serial = runtime(&one_by_one, Mode::Push, &cal);
+        assert!(serial >= 2 * (1_000_000 + 132 * cal.push.host_publish_ns.value), "{serial}");
+        assert!(serial > push, "{serial} vs {push}");
+        let poll = runtime(&grouped, Mode::Poll, &cal);
+        let mut no_spinner_cost = cal.clone();
+        no_spinner_cost.poll.host_one_way_per_spinner_ns.value = 0;
+        no_spinner_cost.poll.host_publish_per_spinner_ns.value = 0;
+        assert!(poll > runtime(&grouped, Mode::Poll, &no_spinner_cost) + 2 * 100 * 359, "{poll}");
+        assert!(runtime(&grouped, Mode::NoWait, &cal) < 1_000_000);
+    }
+
     /// push delivers every message intact without a fault, and its waits are as long as the
     /// measured one-way time makes them: host producers on PCIe, GPU producers on NVLink.
     #[test]

@@ -93,11 +93,14 @@ impl Sim<'_> {
                             daemon.host_resident_runs.insert(va);
                         }
                     }
+                    // What crosses PCIe to a GPU reading a host-resident run: its pages that
+                    // hold the message (a phase of smaller CTAs fills only the first ones).
+                    let filled_pages = (run.len() as u64).div_ceil(PAGE_SIZE);
                     // The companion's unmap, then the run's map: two page-table updates.
                     pages += 2 * u64::from(n);
                     landing.push(Event::Unmap { gpu, va: companion_va, pages: n });
                     if daemon.host_resident_runs.contains(&va) {
-                        pcie += u64::from(n) * PAGE_SIZE;
+                        pcie += filled_pages * PAGE_SIZE;
                     }
                     landing.push(Event::Map { gpu, va, pages: n });
                 }
