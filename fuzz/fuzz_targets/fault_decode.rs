@@ -1,4 +1,4 @@
-//! The fault-entry decoder (`daemon/engine/src/fault.rs`) on any 32 bytes, for both VA widths,
+//! The fault-entry decoder (`ffi/types/src/fault.rs`) on any 32 bytes, for both VA widths,
 //! and the hex parser `wicctl decode-fault` uses on any text.
 //!
 //! The input's first 32 bytes (zero-padded) are the raw entry; the whole input, when it is

@@ -33,3 +33,31 @@ fn every_rust_file_is_formatted_as_rustfmt_toml_says() {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+/// The client side (wire protocol, libwic, wicctl) takes what it shares with wicd from the
+/// `wic-types` leaf crate, never from the daemon's engine.
+#[test]
+fn crates_outside_the_daemon_do_not_depend_on_the_engine() {
+    let output = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+        .current_dir(workspace())
+        .args(["metadata", "--format-version", "1", "--no-deps"])
+        .output()
+        .expect("run cargo metadata");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let metadata: serde_json::Value = serde_json::from_slice(&output.stdout).expect("cargo metadata's JSON");
+    let packages = metadata["packages"].as_array().expect("packages");
+    let mut checked = 0;
+    for name in ["wic-types", "wic-proto", "wic", "wicctl"] {
+        let package = packages.iter().find(|p| p["name"] == name).unwrap_or_else(|| panic!("no package {name}"));
+        let normal: Vec<&str> = package["dependencies"]
+            .as_array()
+            .expect("dependencies")
+            .iter()
+            .filter(|d| d["kind"].is_null())
+            .filter_map(|d| d["name"].as_str())
+            .collect();
+        assert!(!normal.contains(&"wic-engine"), "{name} depends on wic-engine: {normal:?}");
+        checked += 1;
+    }
+    assert_eq!(checked, 4);
+}

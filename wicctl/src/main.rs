@@ -13,9 +13,9 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime};
 
 use clap::{Args, Parser, Subcommand};
-use wic_engine::fault::{RawFaultEntry, VaWidth};
 use wic_proto::client::{Client, ClientError, Timeout};
 use wic_proto::message::{ErrorCode, Reply, Request, Stats, Status};
+use wic_types::fault::{RawFaultEntry, VaWidth};
 
 /// Longest `--watch` interval: a day. Longer ones are surely typos.
 const MAX_WATCH_SECS: f64 = 86_400.0;
@@ -352,9 +352,9 @@ mod tests {
     use clap::CommandFactory;
     use std::io::Read;
     use std::os::unix::net::UnixListener;
-    use wic_engine::fault::{AccessType, FaultEntry};
     use wic_proto::frame;
     use wic_proto::message::{Response, WireError};
+    use wic_types::fault::{AccessType, FaultEntry};
 
     #[test]
     fn command_line_is_consistent() {

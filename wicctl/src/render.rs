@@ -6,8 +6,8 @@
 use std::fmt::Write as _;
 
 use serde_json::{json, Value};
-use wic_engine::fault::{FaultEntry, RawFaultEntry, VaWidth};
 use wic_proto::message::{ChannelSummary, Histogram, Producer, Stats, Status};
+use wic_types::fault::{FaultEntry, RawFaultEntry, VaWidth};
 
 /// Nanoseconds per second, for the unit conversions.
 const NS_PER_SEC: f64 = 1e9;
@@ -490,8 +490,8 @@ pub fn fault_json(raw: &RawFaultEntry, width: VaWidth) -> Value {
 mod tests {
     use super::*;
     use std::collections::{BTreeMap, HashSet};
-    use wic_engine::fault::AccessType;
     use wic_proto::message::ChannelSpec;
+    use wic_types::fault::AccessType;
 
     /// Stats with a distinct value in every field and both histograms filled.
     fn sample_stats() -> Stats {

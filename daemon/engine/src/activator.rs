@@ -7,6 +7,8 @@
 //! steps are one [`Command::Complete`], which the backend carries out in that order: one command
 //! per request keeps the fault path's output a third of the size of three.
 
+pub use wic_types::ErrorMarker;
+
 use crate::{ChannelId, GpuId};
 
 /// Where the producer's bytes for a slot live.
@@ -16,43 +18,6 @@ pub enum DataSource {
     Host { offset: u64 },
     /// In a producer GPU's memory at this virtual address.
     Gpu { gpu: GpuId, va: u64 },
-}
-
-/// What a warp finds in its page instead of data when its request cannot be served.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u32)]
-pub enum ErrorMarker {
-    /// The producer did not publish within the channel's timeout.
-    Timeout = 1,
-    /// The channel was closed (client exit, explicit destroy) while the warp waited.
-    ChannelClosed = 2,
-    /// The daemon is shutting down.
-    DaemonStopping = 3,
-    /// The daemon died with the fault held: the kernel module completed it (never written by
-    /// the engine, read by the device side).
-    DaemonGone = 4,
-}
-
-impl ErrorMarker {
-    /// The 64-bit word written at the start of every page of the run: a magic in the high half
-    /// (unlikely in real data) and the code in the low half. The device library checks it.
-    pub const MAGIC: u64 = 0x5749_4345_0000_0000; // "WICE"
-
-    /// The marker word for this error.
-    pub const fn word(self) -> u64 {
-        Self::MAGIC | self as u64
-    }
-
-    /// Decodes a marker word, if it is one.
-    pub fn from_word(word: u64) -> Option<Self> {
-        match word {
-            w if w == Self::Timeout.word() => Some(Self::Timeout),
-            w if w == Self::ChannelClosed.word() => Some(Self::ChannelClosed),
-            w if w == Self::DaemonStopping.word() => Some(Self::DaemonStopping),
-            w if w == Self::DaemonGone.word() => Some(Self::DaemonGone),
-            _ => None,
-        }
-    }
 }
 
 /// What a completion writes into the run before mapping it.

@@ -16,10 +16,10 @@ use std::collections::BinaryHeap;
 use crate::activator::{Activator, Command, DataSource, ErrorMarker, Wake};
 use crate::fault::{FaultEntry, RawFaultEntry, VaWidth};
 use crate::histogram::Histogram;
-use crate::interrupter::{pages_for_batch, PagePool, PageRun, PoolError, TagAllocator, TagError, TagId};
+use crate::interrupter::{PagePool, PageRun, PoolError, TagAllocator, TagError, TagId};
 use crate::monitor::{Dab, Enqueued, Pfq, PfqError};
 use crate::prefetch::prefetch;
-use crate::{GpuId, Nanos, PAGE_SIZE};
+use crate::{pages_for_batch, ChannelSpec, GpuId, Nanos, Producer, PAGE_SIZE};
 
 /// Fault entries whose state is prefetched together, a pipeline stage ahead of their handling:
 /// enough misses in flight to cover memory latency, few enough that the lines are still cached
@@ -67,44 +67,6 @@ impl Default for EngineConfig {
             warps_per_batch: 16,
             max_slots: 4096,
         }
-    }
-}
-
-/// Who produces a channel's data.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Producer {
-    /// A host thread; slot `s` reads `batch_bytes` at offset `s * batch_bytes` of the channel's
-    /// host buffer, and availability comes from [`Engine::publish`].
-    Host,
-    /// A kernel on `gpu`; slot `s` reads at `base_va + s * batch_bytes` there, and availability
-    /// comes from that GPU's faults on the slot's PAT page.
-    Gpu { gpu: GpuId, base_va: u64 },
-}
-
-/// What a client asks for when it opens a channel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ChannelSpec {
-    pub consumer_gpu: GpuId,
-    pub producer: Producer,
-    /// Bytes each warp receives per request.
-    pub message_bytes: u32,
-    pub slots: u32,
-    /// How long a fault may be held before it is completed with [`ErrorMarker::Timeout`].
-    pub timeout: Nanos,
-}
-
-impl ChannelSpec {
-    /// Bytes of application memory a channel of this spec occupies when placed on a real GPU:
-    /// two runs per slot, then two PAT pages per slot for a GPU producer. `None` for a spec no
-    /// channel can have (no slot, or no message byte) or whose size does not fit in 64 bits.
-    pub fn placement_bytes(&self, warps_per_batch: u32) -> Option<u64> {
-        if self.slots == 0 || self.message_bytes == 0 {
-            return None;
-        }
-        let run_pages = u64::from(pages_for_batch(warps_per_batch, self.message_bytes, PAGE_SIZE as u32));
-        let pat_pages = if matches!(self.producer, Producer::Gpu { .. }) { 2 } else { 0 };
-        // Two runs of at most u32::MAX pages and two PAT pages cannot overflow.
-        u64::from(self.slots).checked_mul(2 * run_pages + pat_pages)?.checked_mul(PAGE_SIZE)
     }
 }
 

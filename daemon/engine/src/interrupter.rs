@@ -541,19 +541,6 @@ impl PagePool {
     }
 }
 
-/// Pages for a batch of `warps` warps each receiving `bytes_per_warp` bytes:
-/// `ceil(total / page_size)`, at least 1, saturating at `u32::MAX`.
-///
-/// # Panics
-/// If `page_size` is 0.
-pub fn pages_for_batch(warps: u32, bytes_per_warp: u32, page_size: u32) -> u32 {
-    assert!(page_size > 0, "page size must be nonzero");
-    // Two u32 factors cannot overflow a u64.
-    let total_bytes = u64::from(warps) * u64::from(bytes_per_warp);
-    let pages = total_bytes.div_ceil(u64::from(page_size)).max(1);
-    u32::try_from(pages).unwrap_or(u32::MAX)
-}
-
 /// A tag id: the index of a bit in the DAB.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TagId(pub u32);
@@ -1071,18 +1058,6 @@ mod tests {
         assert!(!run.contains(2) && run.contains(3) && run.contains(4) && !run.contains(5));
         assert!(!PageRun { start: 3, len: 0 }.contains(3));
         assert_eq!(PageRun { start: u32::MAX, len: 2 }.end(), u32::MAX);
-    }
-
-    #[test]
-    fn pages_for_batch_rounds_up() {
-        assert_eq!(pages_for_batch(16, 256, 4096), 1);
-        assert_eq!(pages_for_batch(16, 257, 4096), 2);
-        assert_eq!(pages_for_batch(32, 256, 4096), 2);
-        assert_eq!(pages_for_batch(0, 256, 4096), 1);
-        assert_eq!(pages_for_batch(16, 0, 4096), 1);
-        assert_eq!(pages_for_batch(u32::MAX, u32::MAX, 4096), u32::MAX);
-        assert_eq!(pages_for_batch(u32::MAX, 1, 1), u32::MAX);
-        assert_eq!(pages_for_batch(u32::MAX, 2, 2), u32::MAX);
     }
 
     #[test]

@@ -10,26 +10,15 @@
 
 pub mod activator;
 pub mod engine;
-pub mod fault;
 pub mod histogram;
 pub mod interrupter;
 pub mod monitor;
 mod prefetch;
 
 pub use activator::{Command, DataSource, ErrorMarker, Fill};
-pub use engine::{
-    pool_page, ChannelId, ChannelLayout, ChannelSpec, Engine, EngineConfig, EngineError, EngineStats, Producer,
-    SlotLayout,
-};
-pub use fault::{FaultEntry, RawFaultEntry, VaWidth};
+pub use engine::{pool_page, ChannelId, ChannelLayout, Engine, EngineConfig, EngineError, EngineStats, SlotLayout};
 pub use histogram::Histogram;
 pub use interrupter::{PagePool, PageRun, PoolError, TagAllocator, TagError, TagId};
-
-/// Nanoseconds on the caller's clock. The engine only compares and adds them.
-pub type Nanos = u64;
-
-/// Index of a GPU as the backend numbers them.
-pub type GpuId = u16;
-
-/// Size of a UVM page as the engine manages it.
-pub const PAGE_SIZE: u64 = 4096;
+pub use wic_types::{
+    fault, pages_for_batch, ChannelSpec, FaultEntry, GpuId, Nanos, Producer, RawFaultEntry, VaWidth, PAGE_SIZE,
+};

@@ -6,8 +6,8 @@
 
 use std::ffi::c_int;
 
-use wic_engine::ErrorMarker;
 use wic_proto::message::{ErrorCode, Role};
+use wic_types::ErrorMarker;
 
 /// `WIC_VERSION_MAJOR`.
 pub const WIC_VERSION_MAJOR: u32 = 0;

@@ -18,13 +18,13 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use wic_engine::fault::AccessType;
-use wic_engine::{ErrorMarker, FaultEntry, PAGE_SIZE};
 use wic_proto::client::ClientError;
 use wic_proto::message::{ChannelInfo, ErrorCode, FdKind, Producer, Reply, Request, Role};
 use wic_proto::shm::{
     futex_wait, ChannelState, ConsumerLayout, ConsumerRegion, ProducerLayout, ProducerRegion, ShmError, PAGE_MAPPED,
 };
+use wic_types::fault::AccessType;
+use wic_types::{ErrorMarker, FaultEntry, PAGE_SIZE};
 
 use crate::abi::{role_to_c, WicChannelInfo, WicSlotInfo};
 use crate::connection::Connection;

@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, UnixAddr};
-use wic_engine::{ErrorMarker, FaultEntry, RawFaultEntry, VaWidth, PAGE_SIZE};
 use wic_proto::frame;
 use wic_proto::message::{
     ChannelInfo, ChannelSpec, ErrorCode, FdKind, Producer, Reply, Request, Response, Role, SlotInfo, Stats, WireError,
@@ -22,6 +21,7 @@ use wic_proto::message::{
 use wic_proto::shm::{
     ChannelState, ConsumerLayout, ConsumerRegion, ProducerLayout, ProducerRegion, PAGE_MAPPED, PAGE_UNMAPPED,
 };
+use wic_types::{ErrorMarker, FaultEntry, RawFaultEntry, VaWidth, PAGE_SIZE};
 
 /// Warps per batch the fake daemon lays channels out with.
 const WARPS_PER_BATCH: u32 = 4;

@@ -12,8 +12,8 @@ use std::collections::BTreeSet;
 use common::header::{c_program, parse_header};
 use common::{arg, c_compiler, check_success, compile, cxx_compiler, include_dir, run, scratch_dir, try_compile};
 use wic::abi::{self, WicChannelInfo, WicChannelSpec, WicSlotInfo, WicStats};
-use wic_engine::ErrorMarker;
 use wic_proto::message::ErrorCode;
+use wic_types::ErrorMarker;
 
 /// The same lines, computed from `wic::abi` and the crates it must agree with.
 fn rust_lines() -> BTreeSet<String> {

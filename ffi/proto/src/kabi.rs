@@ -2,7 +2,7 @@
 //! definition. A test in `ffi/libwic/tests/kabi.rs` compiles the header and compares every
 //! size, offset and constant with this module.
 
-use wic_engine::ErrorMarker;
+use wic_types::ErrorMarker;
 
 use crate::c_struct;
 

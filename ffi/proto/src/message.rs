@@ -70,13 +70,13 @@ pub struct ChannelSpec {
     pub timeout_ns: u64,
 }
 
-impl From<ChannelSpec> for wic_engine::ChannelSpec {
+impl From<ChannelSpec> for wic_types::ChannelSpec {
     fn from(spec: ChannelSpec) -> Self {
         Self {
             consumer_gpu: spec.consumer_gpu,
             producer: match spec.producer {
-                Producer::Host => wic_engine::Producer::Host,
-                Producer::Gpu { gpu, base_va } => wic_engine::Producer::Gpu { gpu, base_va },
+                Producer::Host => wic_types::Producer::Host,
+                Producer::Gpu { gpu, base_va } => wic_types::Producer::Gpu { gpu, base_va },
             },
             message_bytes: spec.message_bytes,
             slots: spec.slots,
@@ -272,7 +272,7 @@ pub struct Stats {
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Reply {
     /// `warps_per_batch` sizes a channel's placement: see
-    /// `wic_engine::ChannelSpec::placement_bytes`.
+    /// `wic_types::ChannelSpec::placement_bytes`.
     Hello {
         version: u32,
         daemon: String,

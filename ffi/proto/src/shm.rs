@@ -22,7 +22,7 @@ use std::time::Duration;
 use nix::fcntl::{fcntl, FcntlArg, SealFlag};
 use nix::sys::memfd::{memfd_create, MFdFlags};
 use nix::sys::mman::{mmap, munmap, MapFlags, ProtFlags};
-use wic_engine::{RawFaultEntry, PAGE_SIZE};
+use wic_types::{RawFaultEntry, PAGE_SIZE};
 
 /// Bytes of every region header.
 pub const HEADER_BYTES: usize = 64;
