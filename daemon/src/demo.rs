@@ -145,7 +145,7 @@ other warps of its SM what an H100 measured (stock driver, device/bench/stall_co
 arithmetic goes on at 0.956 of its speed, their memory accesses that leave the SM at 0.00385,
 so memory-bound work all but stops while a fault is outstanding. How much of each application's
 work is memory is derived from its arithmetic intensity, not measured. push's waits take its
-measured one-way time (5650 ns from a host thread, 3840 ns from a kernel on another GPU) plus
+measured one-way time (5650 ns from a host thread, 6384 ns from a kernel on another GPU) plus
 the transfer, and a host thread publishes one batch per 2346 ns. A spinning warp takes 0.014 of
 a computing warp's issue share: on an H100 8 warps spinning on host memory slowed the arithmetic
 beside them 1.014x (memory-bound work 32.5x, which the model applies to wic.cuh's poll). The

@@ -35,7 +35,14 @@
  * with TILES warps per GPU)
  * Prints the two GPUs, then the median wall time of REPS runs and whether every result
  * matched. Exits 77 (skipped) without two GPUs with peer access.
+ *
+ * With G_STN_TRACE=1 in the environment, block 0 of each GPU also stamps its sweeps with the
+ * GPU's nanosecond timer in the last run, and a line per GPU gives the median time of a sweep's
+ * parts: the rows without halo, the wait for band 0 of the halo, the edge band with its consumed
+ * report, the send of the new band, and the grid barrier.
  */
+#include <algorithm>
+#include <cstdlib>
 #include <random>
 
 #include "peer.cuh"
@@ -43,6 +50,17 @@
 namespace {
 
 constexpr uint32_t threads = 256;
+
+/* Stamps of a sweep's parts (G_STN_TRACE): the sweep's start and the end of each part. */
+constexpr uint32_t stamps = 6;
+__device__ uint64_t *trace_stamps;
+
+/* Block 0's thread 0 stamps part @k of sweep @t, when tracing. */
+__device__ inline void stamp(uint32_t t, uint32_t k)
+{
+	if (trace_stamps && blockIdx.x == 0 && threadIdx.x == 0)
+		trace_stamps[(size_t)t * stamps + k] = wic::detail::globaltimer();
+}
 
 /*
  * Polybench's update of column @x of @row, given the points below (row + 1) and above (row - 1)
@@ -123,6 +141,7 @@ __global__ void sweeps(app::endpoint in, app::endpoint out, bool send, half h, f
 		const float *cur = u + (t % 2) * cells;
 		float *next = u + ((t + 1) % 2) * cells;
 
+		stamp(t, 0);
 		/* The rows other than the edge row need no halo: every block sweeps them first. */
 		for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < cells - n;
 		     i += (size_t)gridDim.x * blockDim.x) {
@@ -133,8 +152,10 @@ __global__ void sweeps(app::endpoint in, app::endpoint out, bool send, half h, f
 
 		/* Block j sweeps band j of the edge row once the other GPU's band j is here. */
 		if (banded) {
+			stamp(t, 1);
 			const uint32_t slot = in.place.slot(j, t), gen = in.place.generation(t);
 			const float *halo = reinterpret_cast<const float *>(app::block_recv(in.ch, slot, gen, wd));
+			stamp(t, 2);
 			for (uint32_t x = x0 + threadIdx.x; x < x1; x += blockDim.x) {
 				const float o = halo[x - x0];
 				float v = cur[e + x];
@@ -147,10 +168,13 @@ __global__ void sweeps(app::endpoint in, app::endpoint out, bool send, half h, f
 					log[((size_t)j * iterations + t) * h.most() + x - x0] = o;
 			}
 			app::block_consumed(in.ch, slot, gen);
+			stamp(t, 3);
 			if (send && t + 1 < iterations)
 				send_band(out, j, t + 1, next + e, x0, x1, wd);
+			stamp(t, 4);
 		}
 		grid.sync(); /* sweep t + 1 reads what every block wrote */
+		stamp(t, 5);
 	}
 }
 
@@ -177,6 +201,68 @@ std::vector<T> whole_grid(const std::vector<float> &u0, uint32_t n, uint32_t ite
 	return cur;
 }
 
+/*
+ * tracer - the G_STN_TRACE stamps of block 0 of each GPU: set before a run, read after it.
+ */
+class tracer {
+public:
+	explicit tracer(uint32_t iterations) : iterations_(iterations)
+	{
+		for (int d = 0; d < 2; d++) {
+			app::on_gpu g(d);
+			CHECK(cudaMalloc(&stamps_[d], (size_t)iterations * stamps * sizeof(uint64_t)));
+		}
+	}
+	tracer(const tracer &) = delete;
+	tracer &operator=(const tracer &) = delete;
+	~tracer()
+	{
+		for (int d = 0; d < 2; d++) {
+			app::on_gpu g(d);
+			arm(nullptr);
+			CHECK(cudaFree(stamps_[d]));
+		}
+	}
+
+	/* The next run stamps (@on) or not. */
+	void set(bool on)
+	{
+		for (int d = 0; d < 2; d++) {
+			app::on_gpu g(d);
+			arm(on ? stamps_[d] : nullptr);
+		}
+	}
+
+	/* One line per GPU: the median of each part over the sweeps after the first tenth. */
+	void print(app::mode m) const
+	{
+		static const char *const parts[stamps - 1] = {"interior", "wait", "edge", "send", "barrier"};
+		for (int d = 0; d < 2; d++) {
+			std::vector<uint64_t> ns((size_t)iterations_ * stamps);
+			{
+				app::on_gpu g(d);
+				CHECK(cudaMemcpy(ns.data(), stamps_[d], ns.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+			}
+			printf("G_STN trace %s gpu=%d", app::mode_name(m), d);
+			for (uint32_t k = 1; k < stamps; k++) {
+				std::vector<double> us;
+				for (uint32_t t = iterations_ / 10; t < iterations_; t++)
+					us.push_back((double)(ns[(size_t)t * stamps + k] - ns[(size_t)t * stamps + k - 1]) / 1e3);
+				std::sort(us.begin(), us.end());
+				printf(" %s_us=%.3f", parts[k - 1], us.empty() ? 0.0 : us[us.size() / 2]);
+			}
+			printf("\n");
+		}
+	}
+
+private:
+	/* On the current GPU. */
+	static void arm(uint64_t *at) { CHECK(cudaMemcpyToSymbol(trace_stamps, &at, sizeof(at))); }
+
+	uint32_t iterations_;
+	uint64_t *stamps_[2] = {nullptr, nullptr};
+};
+
 } /* namespace */
 
 int main(int argc, char **argv)
@@ -201,6 +287,9 @@ int main(int argc, char **argv)
 	app::halo_exchange<half> exchange(mode, sweeps, halves, n, iterations, tiles, halves[0].most(), blocks, threads);
 	std::vector<float> u0((size_t)n * n), got(u0.size());
 	std::random_device entropy;
+	const char *trace_env = getenv("G_STN_TRACE");
+	const bool tracing = trace_env && !strcmp(trace_env, "1");
+	tracer trace(iterations);
 
 	auto one = [&](int rep) {
 		std::mt19937_64 rng(((uint64_t)entropy() << 32) | entropy());
@@ -209,7 +298,10 @@ int main(int argc, char **argv)
 			v = uniform(rng);
 
 		bool failed;
+		trace.set(tracing && rep == reps);
 		const double ms = exchange.run(u0, got, &failed);
+		if (tracing && rep == reps)
+			trace.print(mode);
 		const std::vector<double> ref = whole_grid<double>(u0, n, iterations);
 		const std::vector<float> same = whole_grid<float>(u0, n, iterations);
 		const size_t split = halves[0].cells();

@@ -396,7 +396,7 @@ fn g_bfs(run: &AppRun, cal: &Calibration) -> Result<Workload, String> {
 mod missing {
     pub const SPINNING: &str = "what warps spinning on host memory do to the rest of PCIe: the model has poll's one way and publish as measured with 64-byte messages, not that copies beside 132 to 2112 spinning warps start about 100 us late and run at a third to a half of the bulk rate (device/bench/README.md, spin_copy); and even those add up to about a third of the time C_SRS took a generation, so a larger part is not yet found";
     pub const THRASHING: &str = "how nvidia-uvm handles managed pages that two processors take turns writing (thrashing detection pins or throttles them), which sets alg1's cost on a GPU: the model migrates the page on every fault";
-    pub const EXCHANGE: &str = "each GPU's own part of the exchange on its critical path (its sends and their fence, the block barrier of recv_block, the consumed report across the link): the model runs one direction, and the measurements give only the total (about 5.6 us a sweep on 2 x H200)";
+    pub const EXCHANGE: &str = "each GPU's own send on its critical path: the program's GPUs exchange bands, and a sending block waits for its fence, about the transport's one way (G_STN_TRACE on 2 x H100: 6.5 us of an 18.5 us sweep with push and poll, 1.1 us with tagged; device/bench/results/g-stn-trace-h100x2-2026-11-26.txt), while the model runs one direction";
 }
 
 /// The ten device applications.
@@ -440,7 +440,12 @@ pub fn all() -> [DeviceApp; 10] {
             missing: &[(Mode::Alg1, THRASHING)],
             describe: g_kmn,
         },
-        DeviceApp { name: "G_GEM", estimates: "1024 tiles a pass as 8 per block", missing: &[], describe: g_gem },
+        DeviceApp {
+            name: "G_GEM",
+            estimates: "1024 tiles a pass as 8 per block",
+            missing: &[(Mode::Alg1, THRASHING)],
+            describe: g_gem,
+        },
         DeviceApp {
             name: "G_BS",
             estimates: "the other GPU's sort as long as this one's; 1024 messages a step as 8 per block",
@@ -462,8 +467,8 @@ pub fn by_name(name: &str) -> Option<DeviceApp> {
 }
 
 /// The runs the validation compares with, committed under device/bench/results: each
-/// application measured on the current code, the CPU-GPU ones on an H100, the inter-GPU ones on
-/// two H200s (no H100 pair has run this code).
+/// application measured on H100s on the current code, the CPU-GPU ones on one, the inter-GPU
+/// ones on a pair.
 pub const MEASURED: [(&str, &str, &str); 2] = [
     (
         "C_",
@@ -472,8 +477,8 @@ pub const MEASURED: [(&str, &str, &str); 2] = [
     ),
     (
         "G_",
-        "2 x NVIDIA H200 (NVLink), driver 580.159.04, 2026-11-26, device/bench/results/apps-h200x2-2026-11-26-validation.txt",
-        include_str!("../../device/bench/results/apps-h200x2-2026-11-26-validation.txt"),
+        "2 x NVIDIA H100 80GB HBM3 (NVLink), driver 580.159.04, 2026-11-26, device/bench/results/apps-h100x2-2026-11-26-validation.txt",
+        include_str!("../../device/bench/results/apps-h100x2-2026-11-26-validation.txt"),
     ),
 ];
 

@@ -412,9 +412,10 @@ fn checked(call: &'static str, result: nix::Result<libc::c_int>, rm_status: u32)
     }
 }
 
-/// How a GPU accessed the faulting address (`UvmEventMemoryAccessType`).
+/// How a GPU accessed the faulting address (`UvmEventMemoryAccessType`): the driver's event
+/// numbering, not the fault buffer's (`wic_types::fault::AccessType`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AccessType {
+pub enum EventAccessType {
     Read,
     Write,
     Atomic,
@@ -422,7 +423,7 @@ pub enum AccessType {
     Other(u8),
 }
 
-impl AccessType {
+impl EventAccessType {
     pub fn from_raw(raw: u8) -> Self {
         match raw {
             abi::ACCESS_TYPE_READ => Self::Read,
@@ -444,9 +445,10 @@ impl AccessType {
     }
 }
 
-/// Why the GPU faulted (`UvmEventFaultType`).
+/// Why the GPU faulted (`UvmEventFaultType`): the driver's event numbering, not the fault
+/// buffer's (`wic_types::fault::FaultType`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FaultType {
+pub enum EventFaultType {
     InvalidPde,
     InvalidPte,
     Write,
@@ -456,7 +458,7 @@ pub enum FaultType {
     Other(u8),
 }
 
-impl FaultType {
+impl EventFaultType {
     pub fn from_raw(raw: u8) -> Self {
         match raw {
             1 => Self::InvalidPde,
@@ -506,8 +508,8 @@ pub struct GpuFault {
     /// The GPU's processor index (1 for the first GPU the VA space registered; 0 is the CPU).
     pub gpu_index: u16,
     pub address: u64,
-    pub access: AccessType,
-    pub fault_type: FaultType,
+    pub access: EventAccessType,
+    pub fault_type: EventFaultType,
     pub client: ClientType,
     /// The GPC (replayable faults) or channel (non-replayable) id.
     pub gpc_or_channel: u16,
@@ -539,8 +541,8 @@ pub struct GpuReplay {
 pub struct FatalFault {
     pub processor_index: u16,
     pub address: u64,
-    pub access: AccessType,
-    pub fault_type: FaultType,
+    pub access: EventAccessType,
+    pub fault_type: EventFaultType,
     /// `UvmEventFatalReason`.
     pub reason: u8,
     pub cpu_ns: u64,
@@ -563,8 +565,8 @@ impl Event {
                 Some(Self::Fault(GpuFault {
                     gpu_index: f.gpu_index,
                     address: f.address,
-                    access: AccessType::from_raw(f.access_type),
-                    fault_type: FaultType::from_raw(f.fault_type),
+                    access: EventAccessType::from_raw(f.access_type),
+                    fault_type: EventFaultType::from_raw(f.fault_type),
                     client: ClientType::from_raw(f.client_type),
                     gpc_or_channel: f.gpc_or_channel_id,
                     client_id: f.client_id,
@@ -588,8 +590,8 @@ impl Event {
                 Some(Self::Fatal(FatalFault {
                     processor_index: f.processor_index,
                     address: f.address,
-                    access: AccessType::from_raw(f.access_type),
-                    fault_type: FaultType::from_raw(f.fault_type),
+                    access: EventAccessType::from_raw(f.access_type),
+                    fault_type: EventFaultType::from_raw(f.fault_type),
                     reason: f.reason,
                     cpu_ns: f.time_stamp,
                 }))
@@ -1394,8 +1396,8 @@ mod tests {
                 Event::Fault(GpuFault {
                     gpu_index: 1,
                     address: 0x7f00_0000_1000,
-                    access: AccessType::Read,
-                    fault_type: FaultType::InvalidPte,
+                    access: EventAccessType::Read,
+                    fault_type: EventFaultType::InvalidPte,
                     client: ClientType::Gpc,
                     gpc_or_channel: 7,
                     client_id: 9,
@@ -1413,8 +1415,8 @@ mod tests {
                 Event::Fatal(FatalFault {
                     processor_index: 2,
                     address: 0xdead_0000,
-                    access: AccessType::Write,
-                    fault_type: FaultType::Fatal(6),
+                    access: EventAccessType::Write,
+                    fault_type: EventFaultType::Fatal(6),
                     reason: 3,
                     cpu_ns: 2_000,
                 }),
