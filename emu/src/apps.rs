@@ -396,7 +396,7 @@ fn g_bfs(run: &AppRun, cal: &Calibration) -> Result<Workload, String> {
 mod missing {
     pub const SPINNING: &str = "what warps spinning on host memory do to the rest of PCIe: the model has poll's one way and publish as measured with 64-byte messages, not that copies beside 132 to 2112 spinning warps start about 100 us late and run at a third to a half of the bulk rate (device/bench/README.md, spin_copy); and even those add up to about a third of the time C_SRS took a generation, so a larger part is not yet found";
     pub const THRASHING: &str = "how nvidia-uvm handles managed pages that two processors take turns writing (thrashing detection pins or throttles them), which sets alg1's cost on a GPU: the model migrates the page on every fault";
-    pub const EXCHANGE: &str = "each GPU's own send on its critical path: the program's GPUs exchange bands, and a sending block waits for its fence, about the transport's one way (G_STN_TRACE on 2 x H100: 6.5 us of an 18.5 us sweep with push and poll, 1.1 us with tagged; device/bench/results/g-stn-trace-h100x2-2026-11-26.txt), while the model runs one direction";
+    pub const EXCHANGE: &str = "each GPU's own send on its critical path: the program's GPUs exchange bands, and a block's send (the slot's claim, the band's stores across the link, the fence and the ready word) takes about the transport's one way (G_STN_TRACE on 2 x H100: 6.5 to 6.6 us of an 18.5 to 19.5 us sweep with push and poll, 1.1 us with tagged; device/bench/results/g-stn-trace-h100x2-2026-11-26.txt), while the model runs one direction";
 }
 
 /// The ten device applications.

@@ -1,5 +1,6 @@
-//! The WIC engine: the Interrupter (PCM page pool), the Monitor (fault decoding, classification,
-//! DAB and PFQ) and the Activator (commands), driven purely by inputs.
+//! The WIC engine: the Interrupter (PCM page pool), the Monitor (fault classification, DAB and
+//! PFQ) and the Activator (commands), driven purely by inputs. The fault-entry decoder and the
+//! types clients share with wicd are `wic-types`', re-exported here.
 //!
 //! The engine is sans-IO: it never reads a clock, spawns a thread or makes a syscall. Time is an
 //! argument ([`Nanos`]) and every effect is a [`Command`] returned to the caller, so the same code

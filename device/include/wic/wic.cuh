@@ -637,7 +637,9 @@ inline transport pick_host_transport(uint64_t batch_bytes, uint32_t spinning_wai
  * and one block per SM streaming 4 KiB batches moved 164 GB/s tagged, 91 GB/s push. push
  * beyond: tagged carries each byte twice over the link and unpacks it again, so a 16 KiB
  * message arrived later (5.9 us against 4.5) and 64 KiB batches streamed half as fast (182 GB/s
- * against 340). Between 4 and 16 KiB it was not measured.
+ * against 340). Between 4 and 16 KiB it was not measured. On 2 x H100 (the same day,
+ * results/transport-h100x2-2026-11-26-validation.jsonl) the fence is slower (1.5 us), push's one
+ * way 6.0 to 6.4 us up to 4 KiB, tagged's 1.5 to 2.4 us: the same choice.
  */
 inline transport pick_peer_transport(uint32_t message_bytes, uint32_t warps_per_batch)
 {

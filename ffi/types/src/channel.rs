@@ -21,7 +21,7 @@ pub struct ChannelSpec {
     /// Bytes each warp receives per request.
     pub message_bytes: u32,
     pub slots: u32,
-    /// How long a fault may be held before it is completed with [`ErrorMarker::Timeout`].
+    /// How long a fault may be held before it is completed with [`crate::ErrorMarker::Timeout`].
     pub timeout: Nanos,
 }
 

@@ -1,4 +1,4 @@
-//! The types wicd, its clients and its tools share, apart from the daemon: the GPU's
+//! The types wicd, its clients and its tools share, in a crate of their own: the GPU's
 //! fault-buffer entries, the error markers a warp may find instead of data, what a channel is and
 //! how much memory it takes. The engine, the wire protocol, libwic and wicctl all use these, and
 //! none of them needs the engine for it.

@@ -36,3 +36,20 @@ impl ErrorMarker {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn marker_words_round_trip_and_reject_data() {
+        for m in
+            [ErrorMarker::Timeout, ErrorMarker::ChannelClosed, ErrorMarker::DaemonStopping, ErrorMarker::DaemonGone]
+        {
+            assert_eq!(ErrorMarker::from_word(m.word()), Some(m));
+        }
+        assert_eq!(ErrorMarker::from_word(0), None);
+        assert_eq!(ErrorMarker::from_word(ErrorMarker::MAGIC), None);
+        assert_eq!(ErrorMarker::from_word(ErrorMarker::MAGIC | 5), None);
+    }
+}
