@@ -151,7 +151,7 @@ a computing warp's issue share: on an H100 8 warps spinning on host memory slowe
 beside them 1.014x (memory-bound work 32.5x, which the model applies to wic.cuh's poll). The
 workloads are the paper's communication patterns. The model also runs the programs of
 device/apps, described from their measured no-wait runs: with push it comes within 25% of the
-GPU for 9 of the 10, but it has no part for how nvidia-uvm treats pages two processors keep
+GPU for 10 of the 10, but it has no part for how nvidia-uvm treats pages two processors keep
 writing, which sets the cost of the naive baseline on a GPU (docs/evaluation.md). In those H100
 runs push ran the ten programs 4.5x faster than the paper's Algorithm 1 made correct.
 Read the speedups as the model's, not as a prediction for a GPU.";

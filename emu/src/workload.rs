@@ -63,6 +63,9 @@ pub struct Phase {
     /// Slots a host producer hands over in one publish (one copy and its ready words, as
     /// wic.cuh's publish_many() does), in the order it produces them.
     pub publish_slots: u32,
+    /// An exchange: after each message's work the warp sends one of its own to the producer
+    /// GPU, and waits until the send is out (`Sim::send_ns`).
+    pub sends_back: bool,
     /// Host compute after a host consumer's copy.
     pub host_compute_ns: u64,
 }
@@ -131,6 +134,7 @@ fn consumer_phase(producer: Endpoint, consumer: u16) -> Phase {
         producer_start_ns: 0,
         produce_spread: 0.2,
         publish_slots: 1,
+        sends_back: false,
         host_compute_ns: 0,
     }
 }

@@ -143,6 +143,10 @@ enum Event {
     DaemonRun,
     DaemonIdle,
     HostPhaseDone,
+    /// A warp's own message to the producer GPU is out (exchanges, `Phase::sends_back`).
+    SendDone {
+        warp: u32,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -165,6 +169,8 @@ struct Warp {
     scale: f64,
     /// Requests made so far.
     requests: u32,
+    /// Messages of its own sent back so far (`Phase::sends_back`).
+    sent: u32,
     state: WarpState,
 }
 
@@ -646,6 +652,7 @@ impl<'a> Sim<'a> {
             Event::DaemonRun => self.daemon_run(),
             Event::DaemonIdle => self.daemon_idle(),
             Event::HostPhaseDone => self.phase_done(),
+            Event::SendDone { warp } => self.send_done(warp),
         }
     }
 
@@ -677,7 +684,7 @@ impl<'a> Sim<'a> {
             let first_warp = self.warps.len() as u32;
             for lane in 0..phase.warps_per_cta {
                 let scale = 1.0 + phase.jitter * (2.0 * self.rng.unit() - 1.0);
-                self.warps.push(Warp { cta, lane, scale, requests: 0, state: WarpState::Computing });
+                self.warps.push(Warp { cta, lane, scale, requests: 0, sent: 0, state: WarpState::Computing });
             }
             self.ctas.push(Cta {
                 gpu,

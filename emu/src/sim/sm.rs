@@ -109,9 +109,17 @@ impl Sim<'_> {
         self.warps[warp as usize].state = state;
     }
 
-    /// A warp finished a compute segment: request, or exit.
+    /// A warp finished a compute segment: send its own message back (exchanges), request, or
+    /// exit.
     pub(super) fn segment_done(&mut self, warp: u32) {
         self.progress_at = self.steps;
+        let w = &self.warps[warp as usize];
+        if self.current().phase.sends_back && w.requests > w.sent && self.mode != Mode::NoWait {
+            self.warps[warp as usize].sent += 1;
+            self.set_waiting(warp, WarpState::Waiting);
+            self.schedule(self.after(self.send_ns()), Event::SendDone { warp });
+            return;
+        }
         let (cta, requests) = (self.warps[warp as usize].cta, self.warps[warp as usize].requests);
         let phase = &self.current().phase;
         let (per_warp, c2, warps_per_cta) = (phase.requests_per_warp, phase.c2_instr, phase.warps_per_cta);
@@ -171,5 +179,42 @@ impl Sim<'_> {
         let c2 = self.current().phase.c2_instr;
         self.warps[warp as usize].requests += 1;
         self.start_compute(warp, c2);
+    }
+
+    /// The warp's own message is out: on with what follows its work.
+    pub(super) fn send_done(&mut self, warp: u32) {
+        let cta = &self.ctas[self.warps[warp as usize].cta as usize];
+        let (gpu, sm) = (cta.gpu, cta.sm);
+        self.advance(gpu, sm);
+        self.set_waiting(warp, WarpState::Computing);
+        self.segment_done(warp);
+        self.reschedule(gpu, sm);
+    }
+
+    /// How long a warp's send to another GPU keeps it: its transport's measured one way (the
+    /// fence before the ready word waits for the message's stores across the link: G_STN_TRACE
+    /// measured a send of about the one way on 2 x H100 and 2 x H200); alg1's release store
+    /// waits as push's fence does. Under WIC the send is a write to a PAT page, held until wicd
+    /// maps it: the model's uncontended path of one fault (interrupt, batch, one entry, wicd's
+    /// wake-up, engine and submission of one page, replay).
+    pub(super) fn send_ns(&self) -> Nanos {
+        let (f, d) = (&self.cal.fault, &self.cal.daemon);
+        match self.mode {
+            Mode::Push | Mode::Alg1 => self.cal.push.peer_one_way_ns.value,
+            Mode::Poll => self.cal.poll.peer_one_way_ns.value,
+            Mode::NoWait => 0,
+            Mode::Fault => [
+                f.interrupt_to_bh_ns.value,
+                f.batch_fixed_ns.value,
+                f.per_fault_ns.value,
+                d.wakeup_ns.value,
+                d.engine_per_entry_ns.value,
+                d.submission_ns.value,
+                d.per_page_ns.value,
+                f.replay_ns.value,
+            ]
+            .into_iter()
+            .fold(0, u64::saturating_add),
+        }
     }
 }

@@ -194,6 +194,7 @@ mod calibration {
                 producer_start_ns: 0,
                 produce_spread: 0.2,
                 publish_slots: 1,
+                sends_back: false,
                 host_compute_ns: 0,
             };
             let w = Workload {
@@ -252,6 +253,7 @@ mod calibration {
             producer_start_ns: 0,
             produce_spread: 0.0,
             publish_slots: 1,
+            sends_back: false,
             host_compute_ns: 0,
         };
         let workload = |publish_slots| Workload {
