@@ -88,6 +88,8 @@ pub struct RunReport {
     pub bytes_checked: u64,
     /// Messages whose bytes differed from what the producer wrote.
     pub corrupt_messages: u64,
+    /// Messages consumer warps sent back (exchanges, `Phase::sends_back`).
+    pub sends: u64,
     /// Messages that carried an error marker instead of data.
     pub error_markers: u64,
     /// Engine counters (fault mode).
@@ -463,6 +465,7 @@ struct Counters {
     bytes: u64,
     corrupt: u64,
     markers: u64,
+    sends: u64,
     events: u64,
 }
 
@@ -790,6 +793,7 @@ impl<'a> Sim<'a> {
             messages_checked: self.stats.messages,
             bytes_checked: self.stats.bytes,
             corrupt_messages: self.stats.corrupt,
+            sends: self.stats.sends,
             error_markers: self.stats.markers,
             engine: daemon.map(|d| d.engine.stats().clone()),
             pool_restored: daemon.is_none_or(|d| d.engine.pool().free_pages() == d.engine.pool().capacity()),

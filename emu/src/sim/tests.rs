@@ -286,6 +286,61 @@ mod calibration {
         assert!(runtime(&grouped, Mode::NoWait, &cal) < 1_000_000);
     }
 
+    /// An exchange's warps send one message back per message taken, each keeping the warp for
+    /// the link and the transport's one way; warps of CTAs that take nothing send nothing; under
+    /// WIC a send costs the model's path of one fault.
+    #[test]
+    fn exchanges_send_once_per_message_taken_and_only_from_receiving_ctas() {
+        let cal = Calibration::built_in();
+        let phase = Phase {
+            producer: Endpoint::Gpu(1),
+            consumer: Endpoint::Gpu(0),
+            ctas: 132,
+            warps_per_cta: 1,
+            requests_per_warp: 3,
+            c1_instr: 100_000,
+            c2_instr: 1_000,
+            memory_share: 0.0,
+            jitter: 0.0,
+            independent_ctas: 0.5,
+            request_probability: 1.0,
+            message_bytes: 512,
+            order: ProduceOrder::RequestMajor,
+            produce_ns: 0,
+            producer_lanes: 396,
+            producer_start_ns: 0,
+            produce_spread: 0.0,
+            publish_slots: 1,
+            sends_back: true,
+            host_compute_ns: 0,
+        };
+        let exchange = Workload {
+            name: "exchange",
+            title: "an exchange",
+            pattern: "-",
+            model: "-",
+            iterations: 2,
+            phases: vec![phase.clone()],
+        };
+        let one_way = Workload { phases: vec![Phase { sends_back: false, ..phase }], ..exchange.clone() };
+        let receiving = 66 * 3 * 2;
+        for (mode, send) in [
+            (Mode::Push, transfer_ns(512, cal.link.nvlink_gbps.value) + cal.push.peer_one_way_ns.value),
+            (Mode::Poll, transfer_ns(512, cal.link.nvlink_gbps.value) + cal.poll.peer_one_way_ns.value),
+        ] {
+            let with = try_run(&exchange, mode, &cal, 1).expect("the run ends");
+            let without = try_run(&one_way, mode, &cal, 1).expect("the run ends");
+            assert_eq!((with.sends, with.messages_checked), (receiving, receiving), "{}", mode.name());
+            assert_eq!(without.sends, 0);
+            // The data is there before the first request: every send is on the warp's path.
+            let added = with.runtime_ns as f64 - without.runtime_ns as f64;
+            assert!((added / (2.0 * 3.0 * send as f64) - 1.0).abs() < 0.02, "{}: {added}", mode.name());
+        }
+        let with = try_run(&exchange, Mode::Fault, &cal, 1).expect("the run ends");
+        assert_eq!(with.sends, receiving);
+        assert_eq!(try_run(&exchange, Mode::NoWait, &cal, 1).expect("the run ends").sends, 0);
+    }
+
     /// push delivers every message intact without a fault, and its waits are as long as the
     /// measured one-way time makes them: host producers on PCIe, GPU producers on NVLink.
     #[test]
