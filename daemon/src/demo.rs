@@ -195,7 +195,7 @@ mod tests {
         assert!(MODEL_LIMITS.contains(&format!("GPU for {close} of the {}", cal_rows.len())), "{close}");
         let runs = wic_emu::apps::measured_runs();
         let median = |app: &str, mode: &str| {
-            runs.iter().find(|r| r.app == app && r.mode == mode).and_then(|r| r.number("median_ms").ok()).unwrap()
+            wic_emu::apps::find_run(&runs, app, mode).and_then(|r| r.number("median_ms").ok()).unwrap()
         };
         let apps = wic_emu::apps::all();
         let log_sum: f64 = apps.iter().map(|a| (median(a.name, "alg1") / median(a.name, "push")).ln()).sum();

@@ -70,6 +70,11 @@ pub fn parse_runs(text: &str) -> Vec<AppRun> {
     text.lines().filter_map(AppRun::parse).collect()
 }
 
+/// The run of `app` in `mode` among `runs`, if there is one.
+pub fn find_run<'r>(runs: &'r [AppRun], app: &str, mode: &str) -> Option<&'r AppRun> {
+    runs.iter().find(|r| r.app == app && r.mode == mode)
+}
+
 /// A device application as the emulator runs it.
 pub struct DeviceApp {
     pub name: &'static str,
@@ -501,10 +506,7 @@ pub const TOLERANCE: f64 = 0.25;
 
 /// The workload of every application of `runs` that has a no-wait run.
 pub fn workloads(runs: &[AppRun], cal: &Calibration) -> Result<Vec<Workload>, String> {
-    all()
-        .iter()
-        .filter_map(|app| runs.iter().find(|r| r.app == app.name && r.mode == "nowait").map(|r| app.workload(r, cal)))
-        .collect()
+    all().iter().filter_map(|app| find_run(runs, app.name, "nowait").map(|r| app.workload(r, cal))).collect()
 }
 
 /// One row of the validation: an application in one mode, measured and emulated.
@@ -529,11 +531,10 @@ impl Validation {
 pub fn validate(runs: &[AppRun], modes: &[Mode], cal: &Calibration, seed: u64) -> Vec<Validation> {
     let mut rows = Vec::new();
     for app in all() {
-        let find = |mode: &str| runs.iter().find(|r| r.app == app.name && r.mode == mode);
-        let Some(nowait) = find("nowait") else { continue };
+        let Some(nowait) = find_run(runs, app.name, "nowait") else { continue };
         let workload = app.workload(nowait, cal);
         for &mode in modes {
-            let Some(measured) = find(mode.name()) else { continue };
+            let Some(measured) = find_run(runs, app.name, mode.name()) else { continue };
             let emulated_ms = workload
                 .as_ref()
                 .map_err(Clone::clone)
@@ -591,7 +592,7 @@ mod tests {
     #[test]
     fn a_description_takes_only_its_own_no_wait_run_and_whole_sizes() {
         let runs = measured_runs();
-        let find = |app: &str, mode: &str| runs.iter().find(|r| r.app == app && r.mode == mode).unwrap();
+        let find = |app: &str, mode: &str| find_run(&runs, app, mode).unwrap();
         let cal = Calibration::built_in();
         let srs = by_name("C_SRS").unwrap();
         assert!(srs.workload(find("C_SRS", "push"), &cal).unwrap_err().contains("not from its nowait run"));
@@ -608,7 +609,7 @@ mod tests {
         let runs = measured_runs();
         let cal = Calibration::built_in();
         for app in all() {
-            let nowait = runs.iter().find(|r| r.app == app.name && r.mode == "nowait").unwrap();
+            let nowait = find_run(&runs, app.name, "nowait").unwrap();
             let report = crate::run(&app.workload(nowait, &cal).unwrap(), Mode::NoWait, &cal, 1);
             let error = report.runtime_ns as f64 / 1e6 / nowait.number("median_ms").unwrap() - 1.0;
             assert!(error.abs() < 0.005, "{}: {error}", app.name);
@@ -624,7 +625,7 @@ mod tests {
     fn a_run_ends_with_its_workload_not_with_the_entries_still_queued() {
         let cal = Calibration::built_in();
         let runs = measured_runs();
-        let nowait = runs.iter().find(|r| r.app == "G_BS" && r.mode == "nowait").unwrap();
+        let nowait = find_run(&runs, "G_BS", "nowait").unwrap();
         let workload = by_name("G_BS").unwrap().workload(nowait, &cal).unwrap();
         let mut slow = cal.clone();
         slow.scale_fault_path(3.0);
@@ -638,7 +639,7 @@ mod tests {
     fn an_exchange_pays_one_send_per_message_taken() {
         let cal = Calibration::built_in();
         let runs = measured_runs();
-        let nowait = runs.iter().find(|r| r.app == "G_STN" && r.mode == "nowait").unwrap();
+        let nowait = find_run(&runs, "G_STN", "nowait").unwrap();
         let exchange = by_name("G_STN").unwrap().workload(nowait, &cal).unwrap();
         assert!(exchange.phases.iter().all(|p| p.sends_back));
         let mut one_way = exchange.clone();

@@ -84,7 +84,7 @@ impl Poll {
     /// Speed, relative to alone, of work that spends `memory_share` of its time alone on memory
     /// accesses leaving the SM, beside warps spinning on host memory.
     pub fn progress_beside_host_spinners(&self, memory_share: f64) -> f64 {
-        1.0 / ((1.0 - memory_share) + memory_share / self.host_spin_memory_progress.value)
+        progress(1.0, self.host_spin_memory_progress.value, memory_share)
     }
 }
 
@@ -117,8 +117,15 @@ impl Stall {
     /// accesses leaving the SM, while a warp of its SM is fault-stalled: the two parts slow down
     /// each by its own measured factor, one after the other.
     pub fn progress(&self, memory_share: f64) -> f64 {
-        1.0 / ((1.0 - memory_share) / self.compute_progress.value + memory_share / self.memory_progress.value)
+        progress(self.compute_progress.value, self.memory_progress.value, memory_share)
     }
+}
+
+/// Speed, relative to alone, of work that spends `memory_share` of its time alone on memory
+/// accesses leaving the SM, when its arithmetic goes at `compute` and those accesses at `memory`
+/// of their speed alone: the two parts slow down each by its own factor, one after the other.
+fn progress(compute: f64, memory: f64, memory_share: f64) -> f64 {
+    1.0 / ((1.0 - memory_share) / compute + memory_share / memory)
 }
 
 #[derive(Debug, Clone, Deserialize)]
