@@ -487,8 +487,6 @@ pub unsafe extern "C" fn wic_stats(client: *mut Client, out: *mut WicStats) -> c
 mod tests {
     use super::*;
     use crate::abi::*;
-    use crate::testing::{pattern, FakeDaemon};
-    use std::ffi::CString;
     use std::ptr::{null, null_mut};
 
     fn text(ptr: *const c_char) -> &'static str {
@@ -537,83 +535,5 @@ mod tests {
         // SAFETY: a valid C string and a live out pointer.
         assert_eq!(unsafe { wic_connect(c"/nonexistent/wicd.sock".as_ptr(), &mut client) }, WIC_ECONNECT);
         assert!(client.is_null());
-    }
-
-    #[test]
-    fn the_whole_api_round_trips_through_the_daemon() {
-        let daemon = FakeDaemon::start();
-        let path = CString::new(daemon.path().as_os_str().as_bytes()).unwrap();
-        // SAFETY: every pointer passed is a live local or a handle the library returned.
-        unsafe {
-            let mut client = null_mut();
-            assert_eq!(wic_connect(path.as_ptr(), &mut client), WIC_OK);
-            let bad = WicChannelSpec { message_bytes: 64, slots: 2, reserved: 1, ..WicChannelSpec::default() };
-            let mut ch = null_mut();
-            assert_eq!(wic_channel_create(client, &bad, &mut ch), WIC_EINVALID);
-            let bad = WicChannelSpec { producer_kind: 7, ..bad };
-            assert_eq!(wic_channel_create(client, &bad, &mut ch), WIC_EINVALID);
-            let spec = WicChannelSpec { message_bytes: 64, slots: 2, ..WicChannelSpec::default() };
-            let mut bytes = 0;
-            assert_eq!(wic_placement_bytes(client, &spec, &mut bytes), WIC_OK);
-            assert_eq!(bytes, 2 * 2 * 4096, "two one-page runs per slot");
-            let huge = WicChannelSpec { message_bytes: u32::MAX, slots: u32::MAX, ..spec };
-            assert_eq!(wic_placement_bytes(client, &huge, &mut bytes), WIC_EINVALID, "past 64 bits");
-            assert_eq!(wic_placement_bytes(client, &WicChannelSpec { slots: 0, ..spec }, &mut bytes), WIC_EINVALID);
-            assert_eq!(wic_channel_create(client, &spec, &mut ch), WIC_OK);
-
-            let mut info = WicChannelInfo::default();
-            assert_eq!(wic_channel_info(ch, &mut info), WIC_OK);
-            assert_eq!((info.role, info.slots, info.message_bytes), (WIC_ROLE_OWNER, 2, 64));
-            assert_eq!(info.batch_bytes, u64::from(info.warps_per_batch) * 64);
-            let mut slot = WicSlotInfo::default();
-            assert_eq!(wic_channel_slot(ch, 1, &mut slot), WIC_OK);
-            assert_ne!(slot.run_va[0], slot.run_va[1]);
-            assert_eq!(slot.pat_va, [0, 0]);
-            assert_eq!(wic_channel_slot(ch, 2, &mut slot), WIC_ENOT_FOUND);
-
-            let mut token = [0 as c_char; WIC_TOKEN_LEN];
-            assert_eq!(wic_channel_grant(ch, WIC_ROLE_OWNER as c_int, -1, token.as_mut_ptr()), WIC_EINVALID);
-            assert_eq!(wic_channel_grant(ch, 9, -1, token.as_mut_ptr()), WIC_EINVALID);
-            assert_eq!(wic_channel_grant(ch, WIC_ROLE_PRODUCER as c_int, -2, token.as_mut_ptr()), WIC_EINVALID);
-            assert_eq!(wic_channel_grant(ch, WIC_ROLE_PRODUCER as c_int, -1, token.as_mut_ptr()), WIC_OK);
-            assert_eq!(CStr::from_ptr(token.as_ptr()).to_bytes().len(), 32);
-
-            let mut producer = null_mut();
-            assert_eq!(wic_channel_attach(client, token.as_ptr(), &mut producer), WIC_OK);
-            let mut none = null_mut();
-            assert_eq!(wic_channel_attach(client, c"nope".as_ptr(), &mut none), WIC_ENOT_FOUND);
-            assert!(none.is_null());
-            let batch = info.batch_bytes as usize;
-            for generation in 0..3 {
-                for s in 0..2 {
-                    assert_eq!(wic_wait_writable(producer, s, 5_000_000_000), WIC_OK);
-                    let buf = wic_slot_buffer(producer, s).cast::<u8>();
-                    assert!(!buf.is_null());
-                    let data = pattern(s, generation, batch);
-                    std::ptr::copy_nonoverlapping(data.as_ptr(), buf, batch);
-                    assert_eq!(wic_publish(producer, s), WIC_OK);
-                    assert_eq!(wic_publish(producer, s), WIC_EBUSY);
-                }
-                for s in 0..2 {
-                    let mut got = vec![0u8; batch + 10];
-                    assert_eq!(wic_consume(ch, s, got.as_mut_ptr().cast(), got.len()), WIC_OK);
-                    assert_eq!(got[..batch], pattern(s, generation, batch)[..]);
-                    assert!(got[batch..].iter().all(|b| *b == 0));
-                }
-            }
-            assert_eq!(wic_consume(producer, 0, null_mut(), 0), WIC_EPERMISSION);
-            assert_eq!(wic_consume(ch, 0, null_mut(), 1), WIC_EINVALID);
-            assert_eq!(wic_publish_copy(producer, 0, null(), 1), WIC_EINVALID);
-            let big = vec![0u8; batch + 1];
-            assert_eq!(wic_publish_copy(producer, 0, big.as_ptr().cast(), big.len()), WIC_EINVALID);
-            assert_eq!(wic_publish_copy(producer, 0, big.as_ptr().cast(), batch), WIC_OK);
-
-            let mut stats = WicStats::default();
-            assert_eq!(wic_stats(client, &mut stats), WIC_OK);
-            assert_eq!(stats.channels, 1);
-            wic_disconnect(client);
-            assert_eq!(wic_channel_close(producer), WIC_OK);
-            assert_eq!(wic_channel_close(ch), WIC_OK);
-        }
     }
 }

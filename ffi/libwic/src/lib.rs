@@ -22,8 +22,6 @@ pub mod capi;
 pub mod channel;
 pub mod client;
 mod connection;
-#[cfg(test)]
-mod testing;
 
 pub use channel::Channel;
 pub use client::Client;

@@ -268,6 +268,13 @@ fn scenario() -> Result<(), String> {
     let Producer::Gpu { base_va: batches, .. } = long_gpu.producer else { unreachable!("a GPU producer") };
     let (from_gpu, gpu_runs) = placed(&client, &mut memory, &long_gpu)?;
     let gpu_batch = from_gpu.info().batch_bytes as usize;
+    // Its producer is a kernel: the handle has PAT pages and no host publish.
+    let pat_va = from_gpu.abi_slot(0).map_err(|e| e.to_string())?.pat_va;
+    ensure(pat_va[0] != 0 && pat_va[1] != 0, || format!("a GPU producer's slot has PAT pages {pat_va:x?}"))?;
+    let published = from_gpu.publish(0);
+    ensure(published.as_ref().is_err_and(|e| e.code() == ErrorCode::Unsupported), || {
+        format!("a host publish on a GPU producer's channel: {published:?}")
+    })?;
     fake.reset().map_err(|e| e.to_string())?;
     hold(&fake, &[gpu_runs[0]])?;
     held_by_wicd(&client, 1)?;
