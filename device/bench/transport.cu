@@ -11,8 +11,8 @@
  *                    thread spinning there: half the round trip of a GPU 1 <-> GPU 0 ping-pong
  *   peer_copy        (two GPUs) one cudaMemcpyPeerAsync of the streaming total, GPU 1 -> GPU 0
  *
- * Measurements, for push, poll, alg1 and mapped (push_many: push publishing a whole generation
- * with one publish_many()):
+ * Measurements, for push, poll, alg1, mapped and tagged (push_many, tagged_many: publishing a
+ * whole generation with one publish_many()):
  *   latency          host publishes a message of BYTES into slot 0; the consumer block receives
  *                    it and reads all of it, checking its first and last 8 bytes (the
  *                    message's stamp) in those loads, and thread 0 stores an acknowledgement
@@ -38,7 +38,13 @@
  *                    waits, every thread reads the batch); the host reuses a slot once the
  *                    block acknowledged the generation before. GB/s from the first publish
  *                    to the kernel's end, its ratio to bulk_copy, and the host's time per
- *                    call of publish() (push_many: of publish_many(), one per generation).
+ *                    call of publish() (push_many, tagged_many: of publish_many(), one per
+ *                    generation).
+ *   ce_order_probe   whether a host copy could carry one flag per 128 bytes (NCCL's LL128):
+ *                    a pinned buffer, every word g, copied into device memory for g = 1, 2,
+ *                    ... while a kernel watches each 128-byte line, spinning on its last word
+ *                    (odd g) or its first (even g) and then reading the other 15: lines torn
+ *                    (flag new, another word old) of those whose arrival it watched.
  *   peer_streaming   (two GPUs) a producer kernel on GPU 1 (one block per SM) streams TOTAL
  *                    bytes (alg1: TOTAL / 8; at least two generations of every block) in
  *                    batches of BYTES through a peer_channel to one
@@ -336,6 +342,69 @@ __global__ void stream_consumer(wic::channel ch, uint32_t generations, unsigned 
 			wic::detail::store_release(&acked[b], g + 1);
 	}
 	sink[(size_t)b * blockDim.x + threadIdx.x] = acc;
+}
+
+__device__ inline uint64_t load_acquire64(const uint64_t *at)
+{
+	uint64_t v;
+
+	asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(at) : "memory");
+	return v;
+}
+
+__device__ inline uint64_t load_relaxed64(const uint64_t *at)
+{
+	uint64_t v;
+
+	asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(at) : "memory");
+	return v;
+}
+
+/*
+ * Thread t watches 128-byte line t of @lines (device memory) while a copy engine writes
+ * generation g = 1, 2, ... into it (every 8-byte word g): it spins with acquire loads on one
+ * word of the line, the last for odd g and the first for even g, and then reads the line's
+ * other 15 words; the line is torn if one still holds an older generation. counts[0] and [2]
+ * (last, first): lines whose flag word was still old at the first look, so that the write
+ * was watched; counts[1] and [3]: torn lines. After each generation thread 0 of each block
+ * adds 1 to *@ack (pinned host memory); a spin that gave up after 2 s sets *@failed.
+ */
+__global__ void watch_lines(const uint64_t *lines, uint32_t n_lines, uint32_t generations,
+			    unsigned long long *counts, unsigned int *ack, unsigned int *failed)
+{
+	const uint32_t t = blockIdx.x * blockDim.x + threadIdx.x;
+	unsigned long long watched[2] = {0, 0}, torn[2] = {0, 0};
+
+	for (uint32_t g = 1; g <= generations; g++) {
+		const int last = g % 2;
+		if (t < n_lines) {
+			const uint64_t *line = lines + 16 * (uint64_t)t;
+			const uint32_t flag = last ? 15 : 0;
+			if (load_acquire64(line + flag) != g) {
+				watched[last]++;
+				const uint64_t t0 = wic::detail::globaltimer();
+				while (load_acquire64(line + flag) != g)
+					if (wic::detail::globaltimer() - t0 > timeout_ns) {
+						wic::detail::store_release(failed, 1);
+						break;
+					}
+			}
+			bool old = false;
+			for (uint32_t k = 0; k < 16; k++)
+				if (k != flag)
+					old |= load_relaxed64(line + k) != g;
+			torn[last] += old;
+		}
+		__syncthreads();
+		if (threadIdx.x == 0)
+			atomicAdd_system(ack, 1u);
+	}
+	if (t < n_lines) {
+		atomicAdd(&counts[0], watched[1]);
+		atomicAdd(&counts[1], torn[1]);
+		atomicAdd(&counts[2], watched[0]);
+		atomicAdd(&counts[3], torn[0]);
+	}
 }
 
 /* What the warps beside the waiting ones do, and how those wait. */
@@ -901,7 +970,8 @@ void streaming(wic::transport kind, bool many, uint32_t bytes, uint64_t stream_t
 	CHECK(cudaDeviceSynchronize());
 	stream_consumer<<<blocks, 256, 0, kernel_stream>>>(ch.device(), generations, acked_dev, sink);
 	CHECK(cudaGetLastError());
-	const char *name = many ? "push_many" : wic::transport_name(kind);
+	const std::string named = std::string(wic::transport_name(kind)) + (many ? "_many" : "");
+	const char *name = named.c_str();
 	char what[64];
 	snprintf(what, sizeof(what), "streaming %s %u B", name, bytes);
 	double in_publish_us = 0;
@@ -954,6 +1024,65 @@ void streaming(wic::transport kind, bool many, uint32_t bytes, uint64_t stream_t
 		.add("time_over_bulk", bulk_gbps / gbps)
 		.add("publish_us_per_call", in_publish_us / publishes)
 		.add("calls", publishes)
+		.emit();
+}
+
+/*
+ * ce_order_probe() - may a host producer's copy carry one flag per 128 bytes (NCCL's LL128)?
+ * That needs every 128-byte line a cudaMemcpyAsync() writes into device memory to appear at
+ * once, or at least its flag word last. A pinned buffer of @bytes, every word g, is copied
+ * into device memory for g = 1, 2, ... while a kernel watches each 128-byte line (watch_lines())
+ * with the flag in its last word (odd g) or its first (even g), and counts the lines in which
+ * a reader that saw the flag saw older words beside it.
+ */
+void ce_order_probe(uint32_t bytes)
+{
+	const uint32_t generations = cfg.quick ? 200 : 2000, threads = 256;
+	const uint32_t n_lines = bytes / 128, blocks = (n_lines + threads - 1) / threads;
+	uint64_t *src, *dst;
+	unsigned long long *counts;
+	CHECK(cudaHostAlloc(&src, bytes, cudaHostAllocDefault));
+	CHECK(cudaMalloc(&dst, bytes));
+	CHECK(cudaMemset(dst, 0, bytes));
+	CHECK(cudaMalloc(&counts, 4 * sizeof(unsigned long long)));
+	CHECK(cudaMemset(counts, 0, 4 * sizeof(unsigned long long)));
+	mapped_word ack, failed;
+	cudaStream_t kernel_stream, copy_stream;
+	CHECK(cudaStreamCreateWithFlags(&kernel_stream, cudaStreamNonBlocking));
+	CHECK(cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking));
+	CHECK(cudaDeviceSynchronize());
+	watch_lines<<<blocks, threads, 0, kernel_stream>>>(dst, n_lines, generations, counts, ack.dev, failed.dev);
+	CHECK(cudaGetLastError());
+	char what[64];
+	snprintf(what, sizeof(what), "ce_order_probe %u B", bytes);
+	for (uint32_t g = 1; g <= generations; g++) {
+		std::fill(src, src + bytes / 8, (uint64_t)g);
+		CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, copy_stream));
+		if (!host_wait(ack.host, g * blocks) || __atomic_load_n(failed.host, __ATOMIC_ACQUIRE))
+			stuck(what);
+		/* The copy is done with src before it is filled again. */
+		finish(copy_stream, what);
+	}
+	finish(kernel_stream, what);
+	unsigned long long got[4];
+	CHECK(cudaMemcpy(got, counts, sizeof(got), cudaMemcpyDeviceToHost));
+	CHECK(cudaStreamDestroy(kernel_stream));
+	CHECK(cudaStreamDestroy(copy_stream));
+	CHECK(cudaFree(counts));
+	CHECK(cudaFree(dst));
+	CHECK(cudaFreeHost(src));
+	const double lines = (double)n_lines * (generations / 2);
+	printf("%-16s %-10s %8u B flag last: %llu of %.0f lines watched arriving, %llu torn; flag first: %llu "
+	       "watched, %llu torn\n",
+	       "ce_order_probe", "copy", bytes, got[0], lines, got[1], got[2], got[3]);
+	record("ce_order_probe")
+		.add("bytes", (double)bytes)
+		.add("generations", (double)generations)
+		.add("lines_per_flag_position", lines)
+		.add("watched_flag_last", (double)got[0])
+		.add("torn_flag_last", (double)got[1])
+		.add("watched_flag_first", (double)got[2])
+		.add("torn_flag_first", (double)got[3])
 		.emit();
 }
 
@@ -1181,7 +1310,7 @@ int main(int argc, char **argv)
 	const double mapped = mapped_one_way_us();
 
 	const wic::transport host_kinds[] = {wic::transport::push, wic::transport::poll, wic::transport::alg1,
-					     wic::transport::mapped};
+					     wic::transport::mapped, wic::transport::tagged};
 	/* One warp waiting: against the message size. */
 	for (wic::transport kind : host_kinds)
 		for (uint32_t bytes = 64; bytes <= (1u << 20); bytes *= 4)
@@ -1193,6 +1322,14 @@ int main(int argc, char **argv)
 			for (bool block : {false, true})
 				if (block || kind != wic::transport::alg1)
 					latency(kind, 64, shape[0], shape[1], block, mapped);
+
+	/* Where tagged stops beating push (64 B to 1 KiB above): more sizes, one and 2112 warps waiting. */
+	for (wic::transport kind : {wic::transport::push, wic::transport::tagged}) {
+		for (uint32_t bytes : {128u, 512u, 2048u})
+			latency(kind, bytes, 1, 1, false, mapped);
+		for (uint32_t bytes : {256u, 1024u, 2048u, 4096u})
+			latency(kind, bytes, cfg.sms, 16, false, mapped);
+	}
 
 	/* push's backoff: what a shorter longest sleep gains in latency (its cost: waiting_cost). */
 	const uint32_t backoff_shapes[][2] = {{1, 1}, {cfg.sms, 16}};
@@ -1207,7 +1344,13 @@ int main(int argc, char **argv)
 		streaming(wic::transport::poll, false, bytes, cfg.stream_total / 8, bulk);
 		streaming(wic::transport::alg1, false, bytes, cfg.stream_total / 8, bulk);
 		streaming(wic::transport::mapped, false, bytes, cfg.stream_total, bulk);
+		streaming(wic::transport::tagged, false, bytes, cfg.stream_total, bulk);
+		streaming(wic::transport::tagged, true, bytes, cfg.stream_total, bulk);
 	}
+
+	/* Whether the copy engine's writes could carry a flag per 128 bytes (NCCL's LL128). */
+	for (uint32_t bytes : {4096u, 65536u, 1u << 20})
+		ce_order_probe(bytes);
 
 	/* The poll applications' spinning: none, one warp, a block's 16, one and 4 and 16 per SM. */
 	const uint32_t spin_shapes[][2] = {{0, 0}, {1, 1}, {1, 16}, {cfg.sms, 1}, {cfg.sms, 4}, {cfg.sms, 16}};
@@ -1224,6 +1367,7 @@ int main(int argc, char **argv)
 			cost.measure(work, "poll", wait_kind::channel, wic::transport::poll);
 			cost.measure(work, "alg1", wait_kind::channel, wic::transport::alg1);
 			cost.measure(work, "mapped", wait_kind::channel, wic::transport::mapped);
+			cost.measure(work, "tagged", wait_kind::channel, wic::transport::tagged);
 			cost.measure(work, "fault", wait_kind::fault);
 		}
 	}

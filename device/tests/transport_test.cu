@@ -3,7 +3,9 @@
  * transport_test - wic.cuh on a GPU with the stock driver: push and poll deliver every byte of
  * every generation to the right warp, and so do alg1 (the paper's Algorithm 1 made correct:
  * managed memory, recv_block(), thread 0 alone waiting) and mapped, and push and alg1 when a
- * whole generation is published with publish_many(); a wait past its timeout returns
+ * whole generation is published with publish_many(); a host producer through a tagged channel
+ * delivers every byte of messages of random sizes, which the consumers check the moment they
+ * arrive (a tag seen before its data would show there); a wait past its timeout returns
  * WIC_ETIMED_OUT; create() and publish() refuse bad arguments; wait_free() and reset() keep
  * count; results posted with post_result() reach the host; the fault transport addresses
  * each warp's message in the run of its generation and turns each error marker into its code
@@ -330,6 +332,147 @@ void block_delivery(wic::transport kind, bool many)
 	CHECK(cudaFree(out));
 }
 
+/*
+ * Byte @i of generation @g of slot @b in the host tagged test: a hash, so every 4 bytes of a
+ * slot differ from the generation before in all but about one case in 2^32.
+ */
+__host__ __device__ inline uint8_t tagged_pattern(uint32_t b, uint32_t g, uint32_t i)
+{
+	uint32_t x = b * 0x9e3779b9u ^ (g + 1) * 0x85ebca6bu ^ i * 0xc2b2ae35u;
+
+	x ^= x >> 15;
+	x *= 0x2c1b3c6du;
+	x ^= x >> 12;
+	return (uint8_t)x;
+}
+
+/*
+ * Block b consumes slot b of a host tagged channel, generation after generation: even blocks'
+ * warps each in recv(), odd blocks together in recv_block(). Every byte a warp receives is
+ * checked at once against what the host sent (sizes[g * gridDim.x + b] bytes of
+ * tagged_pattern(), zeros after them): bytes that differ are added to *@wrong. Then the block
+ * reports the generation consumed.
+ */
+__global__ void check_tagged(wic::channel ch, uint32_t generations, const uint32_t *sizes, unsigned long long *wrong,
+			     int *status)
+{
+	const uint32_t b = blockIdx.x, w = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+	for (uint32_t g = 0; g < generations; g++) {
+		const uint8_t *message;
+		int rc;
+		if (b % 2) {
+			rc = wic::recv_block(ch, b, g, &message, 2000000000ull);
+			message += (uint64_t)w * ch.message_bytes;
+		} else {
+			rc = wic::recv(ch, b, g, w, &message, 2000000000ull);
+		}
+		if (rc != WIC_OK && lane == 0)
+			atomicExch(status, rc);
+		const uint32_t size = sizes[g * gridDim.x + b];
+		unsigned long long bad = 0;
+		for (uint32_t i = lane; i < ch.message_bytes; i += 32) {
+			const uint32_t at = w * ch.message_bytes + i;
+			bad += message[i] != (at < size ? tagged_pattern(b, g, at) : 0);
+		}
+		if (bad)
+			atomicAdd(wrong, bad);
+		__syncthreads();
+		if (threadIdx.x == 0)
+			wic::consumed(ch, b, g);
+	}
+}
+
+/*
+ * A host producer through a tagged host_channel: @blocks slots of @warps messages of
+ * @message_bytes, @generations each, twice (reset() between). Each generation of a slot is
+ * published with publish() of a random size from 1 byte to the whole batch, except every
+ * fourth generation, which publish_many() sends for all slots at once; the source buffer is
+ * overwritten as soon as publish() returns (tagged reads it before). The consumers check every
+ * byte the moment recv() returns: a tag that arrived before its data bytes would show as
+ * bytes of the generation before.
+ */
+void host_tagged(uint32_t message_bytes, uint32_t warps_per_batch, uint32_t blocks, uint32_t generations)
+{
+	const uint32_t batch = message_bytes * warps_per_batch;
+	wic::host_channel ch;
+	CHECK(ch.create(wic::transport::tagged, blocks, message_bytes, warps_per_batch));
+	std::vector<uint32_t> sizes((size_t)generations * blocks);
+	uint32_t seed = 12345 + message_bytes * 7 + warps_per_batch;
+	uint32_t *sizes_dev;
+	unsigned long long *wrong_dev;
+	int *status;
+	CHECK(cudaMalloc(&sizes_dev, sizes.size() * sizeof(uint32_t)));
+	CHECK(cudaMalloc(&wrong_dev, sizeof(unsigned long long)));
+	CHECK(cudaMalloc(&status, sizeof(int)));
+	cudaStream_t stream, copy_stream;
+	CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+	CHECK(cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking));
+	std::vector<uint8_t> buf((size_t)blocks * batch);
+	unsigned long long wrong = 0;
+	int rc = WIC_OK;
+	bool stuck = false;
+	for (int round = 0; round < 2 && !stuck; round++) {
+		if (round)
+			CHECK(ch.reset());
+		for (uint32_t g = 0; g < generations; g++)
+			for (uint32_t b = 0; b < blocks; b++) {
+				seed = seed * 1664525u + 1013904223u;
+				sizes[g * blocks + b] = g % 4 == 3 ? batch : 1 + (seed >> 8) % batch;
+			}
+		CHECK(cudaMemcpy(sizes_dev, sizes.data(), sizes.size() * sizeof(uint32_t), cudaMemcpyHostToDevice));
+		CHECK(cudaMemset(wrong_dev, 0, sizeof(unsigned long long)));
+		CHECK(cudaMemset(status, 0, sizeof(int)));
+		CHECK(cudaDeviceSynchronize());
+		check_tagged<<<blocks, warps_per_batch * 32, 0, stream>>>(ch.device(), generations, sizes_dev, wrong_dev,
+									 status);
+		CHECK(cudaGetLastError());
+		for (uint32_t g = 0; g < generations && !stuck; g++) {
+			const bool many = g % 4 == 3;
+			for (uint32_t b = 0; b < blocks && !stuck; b++) {
+				const cudaError_t err = ch.wait_free(b, 20000000000ull);
+				stuck = err == cudaErrorTimeout;
+				if (!stuck)
+					CHECK(err);
+				const uint32_t size = sizes[g * blocks + b];
+				uint8_t *at = buf.data() + (many ? (size_t)b * batch : 0);
+				for (uint32_t i = 0; i < size; i++)
+					at[i] = tagged_pattern(b, g, i);
+				/* Past the size: bytes publish() must not send. */
+				memset(at + size, 0xee, batch - size);
+				if (!many)
+					CHECK(ch.publish(b, at, size, copy_stream));
+			}
+			if (many && !stuck)
+				CHECK(ch.publish_many(0, blocks, buf.data(), copy_stream));
+		}
+		if (stuck)
+			break;
+		CHECK(cudaStreamSynchronize(stream));
+		CHECK(cudaStreamSynchronize(copy_stream));
+		unsigned long long w;
+		int r;
+		CHECK(cudaMemcpy(&w, wrong_dev, sizeof(w), cudaMemcpyDeviceToHost));
+		CHECK(cudaMemcpy(&r, status, sizeof(r), cudaMemcpyDeviceToHost));
+		wrong += w;
+		if (r != WIC_OK)
+			rc = r;
+	}
+	char what[224];
+	snprintf(what, sizeof(what),
+		 "tagged (host): %u x %u x 2 batches of %u x %u B, random sizes, publish() and publish_many(), every byte "
+		 "checked on arrival (%llu wrong, status %d%s)",
+		 blocks, generations, warps_per_batch, message_bytes, wrong, rc, stuck ? ", stuck" : "");
+	check(!stuck && wrong == 0 && rc == WIC_OK, what);
+	if (stuck)
+		exit(1); /* the consumer kernel still spins: nothing after it could run */
+	CHECK(cudaStreamDestroy(stream));
+	CHECK(cudaStreamDestroy(copy_stream));
+	CHECK(cudaFree(sizes_dev));
+	CHECK(cudaFree(wrong_dev));
+	CHECK(cudaFree(status));
+}
+
 /* Block b writes part b of result generations 0..@generations - 1: its index, then post_result(). */
 __global__ void post_results(wic::result_view results, uint32_t generations)
 {
@@ -370,15 +513,15 @@ void results()
 }
 
 /*
- * What create() refuses: a fault channel, a transport out of range, empty sizes; tagged for a
- * host producer, mapped for a GPU producer, tagged messages not made of 8-byte words.
+ * What create() refuses: a fault channel, a transport out of range, empty sizes; mapped for a
+ * GPU producer, tagged messages not made of 8-byte words.
  */
 void refusals()
 {
 	wic::host_channel h;
 	wic::peer_channel p;
 	const bool refused = h.create(wic::transport::fault, 1, 64, 1) == cudaErrorInvalidValue &&
-			     h.create(wic::transport::tagged, 1, 64, 1) == cudaErrorInvalidValue &&
+			     h.create(wic::transport::tagged, 1, 60, 1) == cudaErrorInvalidValue &&
 			     h.create((wic::transport)6, 1, 64, 1) == cudaErrorInvalidValue &&
 			     h.create(wic::transport::push, 0, 64, 1) == cudaErrorInvalidValue &&
 			     p.create(wic::transport::mapped, 0, 0, 1, 64, 1) == cudaErrorInvalidValue &&
@@ -495,6 +638,14 @@ int main()
 	block_delivery(wic::transport::alg1, true);
 	timeout(wic::transport::alg1);
 	timeout(wic::transport::mapped);
+	timeout(wic::transport::tagged);
+	/* Single words, odd sizes, a batch of 4 KiB, of 64 KiB and of 1 MiB (one warp unpacks 64 KiB). */
+	host_tagged(8, 1, 8, 256);
+	host_tagged(24, 4, 8, 256);
+	host_tagged(1032, 4, 8, 128);
+	host_tagged(256, 16, 8, 128);
+	host_tagged(65536, 1, 4, 64);
+	host_tagged(65536, 16, 4, 32);
 	refusals();
 	results();
 	fault_addressing();

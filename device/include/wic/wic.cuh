@@ -35,13 +35,18 @@
  *    pinned host memory mapped into the GPU. The host writes both with plain stores, no copy
  *    engine and no driver call; the waiter spins on the word across the link and the consumer
  *    then reads the message there, once per access.
- *  - tagged: for small messages from a kernel on another GPU (peer_channel): no ready word;
- *    every 4 bytes of data cross the link next to the generation's tag, in 16-byte lines of two
- *    64-bit words (NCCL's LL protocol). A 64-bit store is single-copy atomic, so a consumer
+ *  - tagged: for small messages: no ready word; every 4 bytes of data cross the link next to
+ *    the generation's tag, in 16-byte lines of two 64-bit words (NCCL's LL protocol). From a
+ *    kernel on another GPU (peer_channel): a 64-bit store is single-copy atomic, so a consumer
  *    that reads a word carrying the tag reads the data beside it, and the producer needs no
  *    fence before a flag: push's __threadfence_system() waits for its data's stores to be
- *    acknowledged across the link before the ready word may follow. The price: twice the
- *    bytes on the link, and the consumers unpack the lines into the consumer GPU's memory.
+ *    acknowledged across the link before the ready word may follow. From a host producer
+ *    (host_channel): the host formats the lines in pinned memory and queues one copy of them
+ *    into the consumer GPU's memory, half of push's driver calls, with no ready word written
+ *    after the copy; this relies on the copy engine writing each aligned 64-bit word whole,
+ *    which the transport test checks byte by byte but NVIDIA does not document. The price:
+ *    twice the bytes on the link, the consumers unpack the lines into the consumer GPU's
+ *    memory, and a host producer formats every byte on its own thread.
  *
  * A producer learns that the consumers are done with a generation, so that it may write the
  * slot again, through a word per slot that one consumer thread sets (wic::consumed()): in the
@@ -49,7 +54,7 @@
  * host producer (host_channel::wait_free()).
  *
  * Device code includes this header; host code uses wic::host_channel to create push, poll,
- * alg1 and mapped channels with a host producer and to publish, wic::peer_channel for ones
+ * alg1, mapped and tagged channels with a host producer and to publish, wic::peer_channel for ones
  * whose producer is a kernel on another GPU, and wic::fault_channel() to wrap a libwic channel.
  */
 #ifndef WIC_WIC_CUH
@@ -61,6 +66,9 @@
 #include <thread>
 #include <cuda.h>
 #include <cuda_runtime.h>
+#if defined(__SSE2__) && !defined(__CUDA_ARCH__)
+#include <emmintrin.h>
+#endif
 
 #include <wic.h>
 
@@ -117,8 +125,9 @@ constexpr unsigned push_max_sleep_ns = 256;
  *	channels
  * @lines: tagged: 2 * batch_bytes per slot in the consumer GPU's memory, 16-byte line i of
  *	slot s (data bytes 8i to 8i + 7) at lines + 2 * (s * batch_bytes / 8 + i)
- * @staging: tagged: batch_bytes per slot in the producer GPU's memory, where it writes a batch
- *	(slot_buffer()) before publish_block() sends it as lines
+ * @staging: tagged with a GPU producer: batch_bytes per slot in the producer GPU's memory, where
+ *	it writes a batch (slot_buffer()) before publish_block() sends it as lines; null with a
+ *	host producer, whose lines are formatted in pinned host memory by host_channel
  * @backoff_ns: the longest __nanosleep between two looks at a ready word (tagged: a line); 0
  *	spins. push, tagged: push_max_sleep_ns as created; the others spin. A waiter that sleeps longer wakes up
  *	later (about half the cap, on average) but takes fewer issue slots from the warps beside
@@ -714,18 +723,70 @@ inline bool legacy_default(cudaStream_t stream)
 /* The most ready words one cuStreamBatchMemOp() call writes (it takes fewer than 256 operations). */
 constexpr uint32_t max_batched_writes = 255;
 
+/*
+ * Lines of this many bytes or more are formatted with non-temporal stores: the copy engine,
+ * not this CPU, reads them next, and they would only push other data out of its caches.
+ */
+constexpr uint64_t streamed_lines_bytes = 64 * 1024;
+
+/*
+ * format_lines() - a host producer's batch as the tagged transport's lines (host code)
+ * @to: 2 * @words 64-bit words of pinned host memory, 16-byte aligned
+ * @from: @bytes of data, at most 8 * @words; the words past them carry zeros
+ * @bytes: data bytes
+ * @words: 8-byte data words of the batch (its lines)
+ * @tag: the generation's tag (generation + 1)
+ *
+ * Line i holds data bytes 8i to 8i + 3 in the low half of its first word and 8i + 4 to 8i + 7
+ * in the low half of its second, @tag in the high half of both, as send_lines() stores them on
+ * a GPU. With SSE2, 16 data bytes become two lines by two unpacks with the tag.
+ */
+inline void format_lines(uint64_t *to, const uint8_t *from, size_t bytes, uint64_t words, uint32_t tag)
+{
+	const uint64_t high = (uint64_t)tag << 32;
+	uint64_t w = 0;
+
+#if defined(__SSE2__) && !defined(__CUDA_ARCH__)
+	const __m128i t = _mm_set1_epi32((int)tag);
+	const bool stream = 16 * words >= streamed_lines_bytes;
+	for (; 8 * (w + 2) <= bytes; w += 2) {
+		const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i *>(from + 8 * w));
+		__m128i *at = reinterpret_cast<__m128i *>(to + 2 * w);
+		if (stream) {
+			_mm_stream_si128(at, _mm_unpacklo_epi32(d, t));
+			_mm_stream_si128(at + 1, _mm_unpackhi_epi32(d, t));
+		} else {
+			_mm_store_si128(at, _mm_unpacklo_epi32(d, t));
+			_mm_store_si128(at + 1, _mm_unpackhi_epi32(d, t));
+		}
+	}
+	/* The non-temporal stores are weakly ordered: done before the copy is queued. */
+	_mm_sfence();
+#endif
+	for (; w < words; w++) {
+		uint64_t d = 0;
+		if (8 * w < bytes)
+			memcpy(&d, from + 8 * w, bytes - 8 * w < 8 ? bytes - 8 * w : 8);
+		to[2 * w] = high | (d & 0xffffffffULL);
+		to[2 * w + 1] = high | d >> 32;
+	}
+}
+
 } /* namespace detail */
 
 /*
- * host_channel - a push, poll, alg1 or mapped channel with a host producer: its memory and its
- * producer side (host code).
+ * host_channel - a push, poll, alg1, mapped or tagged channel with a host producer: its memory
+ * and its producer side (host code).
  *
  * create() allocates the slots' data and the ready words: push, both in the current device's
  * memory; poll, the data there and the words in pinned host memory; alg1, both in managed
  * memory, as the paper's Algorithm 1 keeps them; mapped, both in pinned host memory mapped
- * into the device, which the consumers read across the link. publish() copies a batch into a
+ * into the device, which the consumers read across the link; tagged, no ready words but the
+ * lines (zeroed) and the data the consumers unpack them into in the device's memory, and a
+ * pinned copy of the lines where the host formats them. publish() copies a batch into a
  * slot and marks its next generation ready (push and poll in stream order; alg1 and mapped by
- * the calling thread's stores), so a kernel that sees the ready word sees the data. Every
+ * the calling thread's stores; tagged by the tags in the lines it copies), so a kernel that
+ * sees the ready word sees the data. Every
  * transport also gets a consumed word per slot in pinned host memory: consumers report a
  * generation done with wic::consumed(), and wait_free() holds the producer back until the slot
  * it is about to overwrite is free.
@@ -737,10 +798,14 @@ public:
 	host_channel &operator=(const host_channel &) = delete;
 	~host_channel() { destroy(); }
 
+	/*
+	 * Return: cudaSuccess; cudaErrorInvalidValue for fault, a zero size, or tagged messages of
+	 * a size that is not a multiple of 8 bytes; else the failed call's error.
+	 */
 	cudaError_t create(transport kind, uint32_t slots, uint32_t message_bytes, uint32_t warps_per_batch)
 	{
-		if (kind == transport::fault || kind > transport::mapped || !slots || !message_bytes ||
-		    !warps_per_batch)
+		if (kind == transport::fault || kind > transport::tagged || !slots || !message_bytes ||
+		    !warps_per_batch || (kind == transport::tagged && message_bytes % 8))
 			return cudaErrorInvalidValue;
 		destroy();
 		ch_ = detail::empty_channel(kind, slots, message_bytes, warps_per_batch);
@@ -760,6 +825,16 @@ public:
 			if (err == cudaSuccess)
 				err = cudaMallocManaged(&ready_, ready_bytes);
 			break;
+		case transport::tagged:
+			err = cudaMalloc(&data_, data_bytes);
+			if (err == cudaSuccess)
+				err = cudaMalloc(&lines_, 2 * data_bytes);
+			if (err == cudaSuccess)
+				err = detail::zero_device(lines_, 2 * data_bytes);
+			if (err == cudaSuccess)
+				err = cudaHostAlloc(&host_lines_, 2 * data_bytes, cudaHostAllocDefault);
+			ch_.lines = lines_;
+			break;
 		default: /* poll, mapped */
 			err = kind == transport::poll ? cudaMalloc(&data_, data_bytes)
 						      : cudaHostAlloc(&data_, data_bytes, cudaHostAllocMapped);
@@ -773,8 +848,8 @@ public:
 			memset(consumed_, 0, ready_bytes);
 		if (err == cudaSuccess)
 			err = cudaHostGetDevicePointer((void **)&ch_.consumed, consumed_, 0);
-		/* Host-visible words (all but push's) start at generation 0 by the host's stores. */
-		if (err == cudaSuccess && kind != transport::push)
+		/* Host-visible words (all but push's; tagged has none) start at generation 0 by the host's stores. */
+		if (err == cudaSuccess && kind != transport::push && kind != transport::tagged)
 			memset(ready_, 0, ready_bytes);
 		if (err == cudaSuccess && kind == transport::mapped)
 			err = cudaHostGetDevicePointer((void **)&ch_.data, data_, 0);
@@ -831,6 +906,8 @@ public:
 		cudaError_t err = cudaSuccess;
 		if (ch_.kind == transport::push) {
 			err = detail::zero_device(ready_, words);
+		} else if (ch_.kind == transport::tagged) {
+			err = detail::zero_device(lines_, 2 * ch_.batch_bytes * ch_.slots);
 		} else {
 			memset(ready_, 0, words);
 		}
@@ -846,15 +923,20 @@ public:
 	 * another). poll: the copy completes, then the ready
 	 * word is stored by this thread, as a naive producer would. alg1 and mapped: this thread
 	 * writes the data, then the ready word with a release store (@stream is not used); alg1's
-	 * pages go where nvidia-uvm moves them, mapped's stay in host memory.
+	 * pages go where nvidia-uvm moves them, mapped's stay in host memory. tagged: this thread
+	 * formats the whole batch as lines with the generation's tag (bytes past @bytes are
+	 * zeros, since the consumers wait for every line) and queues one copy of them on @stream;
+	 * @src is read before publish() returns. The slot's formatted lines are reused for its
+	 * next generation, so, as with every transport, the producer publishes it only after
+	 * wait_free() (or its own protocol) says the consumers are done with this one.
 	 *
-	 * The stream rule (push and poll): @stream must not wait for the consumer kernel, which runs
-	 * until its last message arrives. Use a stream created with cudaStreamNonBlocking other than
+	 * The stream rule (push, poll and tagged): @stream must not wait for the consumer kernel,
+	 * which runs until its last message arrives. Use a stream created with cudaStreamNonBlocking other than
 	 * the kernel's; the legacy default stream (0 unless built with per-thread default streams)
 	 * is refused, since it waits for every blocking stream's kernels.
 	 *
 	 * Return: cudaSuccess; cudaErrorInvalidValue for a bad slot or size, or the legacy default
-	 * stream (push, poll); else the error of the runtime or driver call that failed.
+	 * stream (push, poll, tagged); else the error of the runtime or driver call that failed.
 	 */
 	cudaError_t publish(uint32_t slot, const void *src, size_t bytes, cudaStream_t stream)
 	{
@@ -872,7 +954,7 @@ public:
 	 *
 	 * push: one copy and one batch of ready-word writes (cuStreamBatchMemOp(), up to 255 words
 	 * a call) for all of them, instead of two calls per slot; poll: one copy, then the words;
-	 * alg1 and mapped: one memcpy(), then the words.
+	 * alg1 and mapped: one memcpy(), then the words; tagged: all slots formatted, then one copy.
 	 *
 	 * Return: as publish().
 	 */
@@ -893,10 +975,16 @@ public:
 			host_ready ? cudaFreeHost(ready_) : cudaFree(ready_);
 		if (consumed_)
 			cudaFreeHost(consumed_);
+		if (lines_)
+			cudaFree(lines_);
+		if (host_lines_)
+			cudaFreeHost(host_lines_);
 		delete[] published_;
 		data_ = nullptr;
 		ready_ = nullptr;
 		consumed_ = nullptr;
+		lines_ = nullptr;
+		host_lines_ = nullptr;
 		published_ = nullptr;
 		ch_ = channel{};
 	}
@@ -916,6 +1004,8 @@ private:
 				__atomic_store_n(&ready_[s], ++published_[s], __ATOMIC_RELEASE);
 			return cudaSuccess;
 		}
+		if (ch_.kind == transport::tagged)
+			return publish_lines(first, count, static_cast<const uint8_t *>(src), bytes, stream);
 		cudaError_t err = cudaMemcpyAsync(dst, src, span, cudaMemcpyHostToDevice, stream);
 		if (err != cudaSuccess)
 			return err;
@@ -947,10 +1037,34 @@ private:
 		return cudaSuccess;
 	}
 
+	/*
+	 * tagged: slots first..first + count - 1 as lines, each slot's whole batch (past @bytes of
+	 * the last, zeros) formatted into its pinned copy of the lines with its next generation's
+	 * tag, then one copy of them all into the device's lines; no ready word. A slot's pinned
+	 * lines are formatted again only for its next generation, after its consumers saw every
+	 * line of this one, so after the copy engine read them.
+	 */
+	cudaError_t publish_lines(uint32_t first, uint32_t count, const uint8_t *src, size_t bytes, cudaStream_t stream)
+	{
+		const uint64_t words = ch_.batch_bytes / 8;
+		for (uint32_t i = 0; i < count; i++)
+			detail::format_lines(host_lines_ + 2 * (first + i) * words, src + (uint64_t)i * ch_.batch_bytes,
+					     i + 1 < count ? ch_.batch_bytes : bytes, words, published_[first + i] + 1);
+		const cudaError_t err = cudaMemcpyAsync(lines_ + 2 * first * words, host_lines_ + 2 * first * words,
+							(size_t)count * 2 * ch_.batch_bytes, cudaMemcpyHostToDevice, stream);
+		if (err != cudaSuccess)
+			return err;
+		for (uint32_t s = first; s < first + count; s++)
+			published_[s]++;
+		return cudaSuccess;
+	}
+
 	channel ch_{};
 	void *data_ = nullptr;
 	unsigned int *ready_ = nullptr;
 	unsigned int *consumed_ = nullptr;
+	uint64_t *lines_ = nullptr;
+	uint64_t *host_lines_ = nullptr;
 	unsigned int *published_ = nullptr;
 };
 
