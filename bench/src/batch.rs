@@ -141,7 +141,7 @@ pub fn run(settings: &Settings) -> Row {
 
         out.clear();
         let start = Instant::now();
-        let read = path.take_faults(&mut ring, &mut engine, generation as u64, &mut out);
+        let read = path.take_faults(&mut ring, &mut engine.intake(generation as u64, &mut out));
         let taken = Instant::now();
         let batch = path.translate(&out, host_data, &mut |command, _| panic!("{command:?} did not translate"), &mut 0);
         kernel_commands = batch.len();

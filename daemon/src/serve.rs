@@ -6,16 +6,21 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use nix::sys::resource::{getrlimit, setrlimit, Resource};
 use tokio::signal::unix::{signal, SignalKind};
+use wic_engine::Engine;
 use wic_kmod::ShimBackend;
 
 use crate::config::{BackendChoice, Config};
 use crate::logging::{self, LevelHandle};
-use crate::service::dataplane::{self, Backend, Control};
+use crate::service::backend::Backend;
+use crate::service::dataplane::{self, Control, DataplaneHandle};
+use crate::service::emulated::EmulatedGpus;
 use crate::service::server::{self, Shared};
+use crate::service::shim::ShimGpus;
 use crate::systemd;
 
 /// Where the configuration is read from when `--config` is not given (if it exists).
@@ -66,12 +71,11 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     let config = args.load()?;
     let level = logging::init(logging::parse_level(&config.service.log_level)?);
     let nofile = raise_descriptor_limit()?;
-    let (backend, name, gpus) = open_backend(&config)?;
+    let (handle, fast_path, name, gpus) = start_fast_path(&config)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("tokio runtime: {e}"))?;
-    let (handle, fast_path) = dataplane::spawn(config.engine(), backend, &config.service.uvm_tools)?;
     let result = runtime.block_on(serve(args, config, level, handle, name, gpus, nofile));
     fast_path.join().map_err(|_| "the fast path panicked".to_string())?;
     result
@@ -90,9 +94,12 @@ fn raise_descriptor_limit() -> Result<u64, String> {
     Ok(hard)
 }
 
-/// The configured backend, its name and how many GPUs the daemon knows of (0: the shim
-/// learns GPU ids from the faults themselves).
-fn open_backend(config: &Config) -> Result<(Backend, &'static str, u16), String> {
+/// Starts the fast path on the configured backend; returns its handle and thread, the
+/// backend's name and how many GPUs the daemon knows of (0: the shim learns GPU ids from the
+/// faults themselves).
+fn start_fast_path(config: &Config) -> Result<(DataplaneHandle, JoinHandle<()>, &'static str, u16), String> {
+    // The engine validates the configuration before the backend sizes anything by it.
+    let engine = Engine::new(config.engine()).map_err(|e| format!("engine configuration: {e}"))?;
     let device = &config.service.device;
     let shim = match config.service.backend {
         BackendChoice::Emulated => false,
@@ -100,14 +107,21 @@ fn open_backend(config: &Config) -> Result<(Backend, &'static str, u16), String>
         BackendChoice::Shim => true,
     };
     if !shim {
-        return Ok((Backend::Emulated { gpus: config.emulated.gpus }, "emulated", config.emulated.gpus));
+        let gpus = config.emulated.gpus;
+        let backend = EmulatedGpus::new(gpus, engine.config(), &config.service.uvm_tools);
+        let name = backend.name();
+        let (handle, thread) = dataplane::spawn(engine, backend)?;
+        return Ok((handle, thread, name, gpus));
     }
     let wait = Duration::from_millis(config.shim.open_wait_ms);
-    let backend = ShimBackend::open(device, wait, config.shim.submission(), &config.engine()).map_err(|e| {
+    let session = ShimBackend::open(device, wait, config.shim.submission(), engine.config()).map_err(|e| {
         format!("{}: {e} (is wic_shim loaded? service.backend = \"emulated\" runs without it)", device.display())
     })?;
     tracing::info!("{}: session opened", device.display());
-    Ok((Backend::Shim(Box::new(backend)), "shim", 0))
+    let backend = ShimGpus::new(session);
+    let name = backend.name();
+    let (handle, thread) = dataplane::spawn(engine, backend)?;
+    Ok((handle, thread, name, 0))
 }
 
 /// A socket path this process bound, removed again on exit.
@@ -207,12 +221,12 @@ async fn serve(
     args: ServeArgs,
     config: Config,
     level: LevelHandle,
-    handle: dataplane::DataplaneHandle,
+    handle: DataplaneHandle,
     backend: &'static str,
     gpus: u16,
     nofile: u64,
 ) -> Result<(), String> {
-    let stop_fast_path = |handle: dataplane::DataplaneHandle| async move {
+    let stop_fast_path = |handle: DataplaneHandle| async move {
         let _ = handle.ask(|reply| Control::Shutdown { reply }).await;
     };
     // Signals before the socket: once it accepts connections, a SIGTERM must stop wicd
@@ -309,7 +323,7 @@ async fn log_left_out_refusals(shared: Arc<Shared>) {
 }
 
 /// Sends `WATCHDOG=1` only while the fast path answers, so a wedged engine gets restarted.
-async fn feed_watchdog(handle: dataplane::DataplaneHandle, every: Duration) {
+async fn feed_watchdog(handle: DataplaneHandle, every: Duration) {
     let mut tick = tokio::time::interval(every);
     loop {
         tick.tick().await;

@@ -12,6 +12,7 @@
 pub mod activator;
 pub mod engine;
 pub mod histogram;
+pub mod intake;
 pub mod interrupter;
 pub mod monitor;
 mod prefetch;
@@ -19,6 +20,7 @@ mod prefetch;
 pub use activator::{Command, DataSource, ErrorMarker, Fill};
 pub use engine::{pool_page, ChannelId, ChannelLayout, Engine, EngineConfig, EngineError, EngineStats, SlotLayout};
 pub use histogram::Histogram;
+pub use intake::{FaultSink, Intake};
 pub use interrupter::{PagePool, PageRun, PoolError, TagAllocator, TagError, TagId};
 pub use wic_types::{
     fault, pages_for_batch, ChannelSpec, FaultEntry, GpuId, Nanos, Producer, RawFaultEntry, VaWidth, PAGE_SIZE,

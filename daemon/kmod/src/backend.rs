@@ -1,5 +1,5 @@
 //! The shim backend: the engine's port to `/dev/wic`. Held faults come out of the fault ring,
-//! are translated to engine addresses and fed to the engine; the engine's commands are
+//! are translated to engine addresses and handed to the engine's owner; the engine's commands are
 //! translated back and submitted in one batch, through io_uring or ioctl.
 
 use std::ops::Range;
@@ -7,8 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use wic_engine::{
-    ChannelId, ChannelLayout, Command, DataSource, Engine, EngineConfig, GpuId, Nanos, Producer, RawFaultEntry,
-    PAGE_SIZE,
+    ChannelId, ChannelLayout, Command, DataSource, EngineConfig, FaultSink, GpuId, Producer, RawFaultEntry, PAGE_SIZE,
 };
 use wic_proto::kabi::{self, WicCommand};
 
@@ -63,7 +62,7 @@ pub struct KernelOutcome {
 }
 
 /// The user-space path of a fault batch, without the device: ring records are translated to
-/// engine addresses and fed to the engine, and the engine's commands are translated into one
+/// engine addresses and handed to a [`FaultSink`] (the engine's), and the engine's commands are translated into one
 /// batch of kernel commands. The backend wraps it around `/dev/wic`; benchmarks run it on a
 /// ring in ordinary memory.
 #[derive(Debug)]
@@ -115,16 +114,10 @@ impl BatchPath {
         self.translator.remove(placement);
     }
 
-    /// Reads `ring` and feeds every held fault to the engine, GPU by GPU, and every hold the
+    /// Reads `ring` and hands every held fault to `sink`, GPU by GPU, and every hold the
     /// module ended itself ([`kabi::WIC_RECORD_EXPIRED`]) where it comes in the ring, after
     /// the faults before it. Returns how many records were read.
-    pub fn take_faults(
-        &mut self,
-        ring: &mut FaultRing,
-        engine: &mut Engine,
-        now: Nanos,
-        out: &mut Vec<Command>,
-    ) -> usize {
+    pub fn take_faults(&mut self, ring: &mut FaultRing, sink: &mut impl FaultSink) -> usize {
         let Self { translator, width, entries, gpus, expired, stray_records, .. } = self;
         entries.clear();
         gpus.clear();
@@ -154,33 +147,31 @@ impl BatchPath {
         let mut from = 0;
         for i in 0..self.expired.len() {
             let (at, gpu, va) = self.expired[i];
-            self.feed(engine, now, from..at, out);
-            engine.expired_elsewhere(gpu, va, out);
+            self.feed(sink, from..at);
+            sink.expired(gpu, va);
             from = at;
         }
-        self.feed(engine, now, from..self.entries.len(), out);
+        self.feed(sink, from..self.entries.len());
         read
     }
 
-    /// Feeds the entries of `range` to the engine.
+    /// Hands the entries of `range` to `sink`.
     #[inline]
-    fn feed(&mut self, engine: &mut Engine, now: Nanos, range: Range<usize>, out: &mut Vec<Command>) {
+    fn feed(&mut self, sink: &mut impl FaultSink, range: Range<usize>) {
         let gpus = &self.gpus[range.clone()];
         // A batch almost always comes from one GPU.
         match gpus.first() {
             None => {}
-            Some(&gpu) if gpus.iter().all(|&other| other == gpu) => {
-                engine.handle_faults(now, gpu, &self.entries[range], out)
-            }
-            Some(_) => self.take_from_several_gpus(engine, now, range, out),
+            Some(&gpu) if gpus.iter().all(|&other| other == gpu) => sink.faults(gpu, &self.entries[range]),
+            Some(_) => self.take_from_several_gpus(sink, range),
         }
     }
 
-    /// Feeds the entries of `range`, which came from several GPUs, to the engine GPU by GPU,
+    /// Hands the entries of `range`, which came from several GPUs, to `sink` GPU by GPU,
     /// each GPU's in ring order. Sorted in place, not with a stable sort: that allocates its
     /// scratch space on every call, and the fault path allocates nothing.
     #[cold]
-    fn take_from_several_gpus(&mut self, engine: &mut Engine, now: Nanos, range: Range<usize>, out: &mut Vec<Command>) {
+    fn take_from_several_gpus(&mut self, sink: &mut impl FaultSink, range: Range<usize>) {
         self.order.clear();
         self.order
             .extend(self.gpus[range.clone()].iter().zip(range.start as u32..).map(|(&gpu, position)| (gpu, position)));
@@ -189,7 +180,7 @@ impl BatchPath {
         self.grouped.extend(self.order.iter().map(|&(_, position)| self.entries[position as usize]));
         let mut start = 0;
         for group in self.order.chunk_by(|a, b| a.0 == b.0) {
-            engine.handle_faults(now, group[0].0, &self.grouped[start..start + group.len()], out);
+            sink.faults(group[0].0, &self.grouped[start..start + group.len()]);
             start += group.len();
         }
     }
@@ -324,10 +315,10 @@ impl ShimBackend {
         }
     }
 
-    /// Reads the ring and feeds every held fault to the engine, GPU by GPU. Returns how many
+    /// Reads the ring and hands every held fault to `sink`, GPU by GPU. Returns how many
     /// records were read.
-    pub fn take_faults(&mut self, engine: &mut Engine, now: Nanos, out: &mut Vec<Command>) -> usize {
-        self.path.take_faults(self.device.ring(), engine, now, out)
+    pub fn take_faults(&mut self, sink: &mut impl FaultSink) -> usize {
+        self.path.take_faults(self.device.ring(), sink)
     }
 
     /// Records of pages no placed channel has (stale, or a closed channel's).
@@ -365,7 +356,7 @@ mod tests {
     use super::*;
     use crate::ring::{MemoryRing, Record};
     use wic_engine::fault::AccessType;
-    use wic_engine::{ChannelSpec, EngineConfig, FaultEntry, Producer};
+    use wic_engine::{ChannelSpec, Engine, EngineConfig, FaultEntry, Producer};
 
     #[test]
     fn records_reach_the_engine_gpu_by_gpu_in_ring_order() {
@@ -416,7 +407,7 @@ mod tests {
         }
         memory.publish(order.len() as u64);
         out.clear();
-        assert_eq!(path.take_faults(&mut ring, &mut engine, 1, &mut out), order.len());
+        assert_eq!(path.take_faults(&mut ring, &mut engine.intake(1, &mut out)), order.len());
         let written: Vec<u64> = out
             .iter()
             .filter_map(|c| if let Command::Complete { run_va, .. } = c { Some(*run_va) } else { None })
@@ -463,7 +454,7 @@ mod tests {
         }
         memory.publish(records.len() as u64);
         let mut out = Vec::new();
-        assert_eq!(path.take_faults(&mut ring, &mut engine, 1, &mut out), records.len());
+        assert_eq!(path.take_faults(&mut ring, &mut engine.intake(1, &mut out)), records.len());
         let stats = engine.stats();
         assert_eq!((engine.held(), stats.timed_out, stats.stale), (1, 1, 0));
         assert!(out.iter().all(|c| !matches!(c, Command::Complete { .. })), "the module completed the run: {out:?}");
@@ -511,7 +502,7 @@ mod tests {
         }
         memory.publish(records.len() as u64);
         out.clear();
-        assert_eq!(path.take_faults(&mut ring, &mut engine, 1, &mut out), records.len());
+        assert_eq!(path.take_faults(&mut ring, &mut engine.intake(1, &mut out)), records.len());
         assert_eq!(path.stray_records, 3);
         let delivered: Vec<u64> = out
             .iter()

@@ -206,7 +206,7 @@ fn a_warm_batch_path_reads_translates_and_builds_commands_without_allocating() {
         }
         memory.publish(seq);
         out.clear();
-        path.take_faults(&mut ring, &mut engine, generation, out);
+        path.take_faults(&mut ring, &mut engine.intake(generation, out));
         kernel_commands +=
             path.translate(out, host_data, &mut |command, _| panic!("{command:?} did not translate"), &mut 0).len();
     };

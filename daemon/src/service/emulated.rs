@@ -2,12 +2,30 @@
 //!
 //! Each channel's consumer region stands for the channel's pages in consumer-GPU memory and for
 //! the GPU's page table (one state word per page); a replay bumps the replay counter of every
-//! channel consuming on that GPU, which is what wakes the warps stalled on it.
+//! channel consuming on that GPU, which is what wakes the warps stalled on it. Its consumers
+//! post their faults to the region's fault ring and ring the channel's fault doorbell.
+//!
+//! On a machine with a GPU, the backend also observes real GPU faults of applications that
+//! attach their address space ([`Observer`]).
 
-use wic_engine::{Command, DataSource, EngineConfig, Fill, GpuId, PAGE_SIZE};
-use wic_proto::shm::{ConsumerRegion, ProducerRegion, PAGE_MAPPED, PAGE_UNMAPPED};
+use std::collections::VecDeque;
+use std::os::fd::{OwnedFd, RawFd};
+use std::path::Path;
 
-use super::gpus::{ChannelMap, Executed, ExecutionLog};
+use wic_engine::{
+    ChannelLayout, ChannelSpec, Command, DataSource, EngineConfig, FaultEntry, FaultSink, Fill, GpuId, Producer,
+    RawFaultEntry, VaWidth, PAGE_SIZE,
+};
+use wic_proto::message::{ErrorCode, Stats, WireError};
+use wic_proto::shm::{
+    ChannelState, ConsumerLayout, ConsumerRegion, ProducerRegion, FAULT_RING_ENTRIES, PAGE_MAPPED, PAGE_UNMAPPED,
+};
+
+use super::backend::{
+    eventfd, setup_error, Added, Backend, Bell, ChannelMap, Counts, Executed, ExecutionLog, HostProducer,
+    PlacementRequest, Source,
+};
+use super::observe::Observer;
 use super::runs::{RunIndex, RunPlace};
 
 /// A channel's regions as the backend sees them.
@@ -15,50 +33,216 @@ pub struct EmulatedChannel {
     pub consumer_gpu: GpuId,
     pub consumer: ConsumerRegion,
     pub producer: Option<ProducerRegion>,
+    /// The daemon's own read index of the consumer region's fault ring.
+    fault_get: u64,
+    /// The channel is in `EmulatedGpus::owed`: its last pass read a whole ring's worth, so
+    /// more entries may be waiting.
+    owed: bool,
+}
+
+impl EmulatedChannel {
+    /// A channel consuming on `consumer_gpu`.
+    pub fn new(consumer_gpu: GpuId, consumer: ConsumerRegion, producer: Option<ProducerRegion>) -> Self {
+        Self { consumer_gpu, consumer, producer, fault_get: 0, owed: false }
+    }
 }
 
 /// The emulated GPUs: the channels' regions and an index from run VA to channel slot.
 pub struct EmulatedGpus {
+    gpus: u16,
+    va_width: VaWidth,
     channels: ChannelMap<EmulatedChannel>,
     runs: RunIndex,
+    /// Channels whose last pass over their ring read a whole ring's worth, in the order their
+    /// next turn comes (round robin).
+    owed: VecDeque<u32>,
+    /// Passes over a channel's fault ring that read a whole ring's worth of entries: the
+    /// rings wicd found full.
+    rings_found_full: u64,
+    /// Ring entries whose page is in no run of the ring's channel: dropped before the engine.
+    misdirected: u64,
+    observer: Observer,
     scratch: Vec<u8>,
+    faults: Vec<RawFaultEntry>,
 }
 
 impl EmulatedGpus {
-    /// No channels yet, for an engine configured as `config`.
-    pub fn new(config: &EngineConfig) -> Self {
-        Self { channels: ChannelMap::default(), runs: RunIndex::new(config), scratch: Vec::new() }
+    /// `gpus` GPUs and no channels yet, for an engine configured as `config`; real GPU faults
+    /// are observed through nvidia-uvm's tools node `uvm_tools`.
+    pub fn new(gpus: u16, config: &EngineConfig, uvm_tools: &Path) -> Self {
+        Self {
+            gpus,
+            va_width: config.va_width,
+            channels: ChannelMap::default(),
+            runs: RunIndex::new(config),
+            owed: VecDeque::new(),
+            rings_found_full: 0,
+            misdirected: 0,
+            observer: Observer::new(uvm_tools),
+            scratch: Vec::new(),
+            faults: Vec::new(),
+        }
     }
 
     /// Adds a channel whose runs start at `runs[slot][side]`.
-    pub fn add(&mut self, channel: u32, regions: EmulatedChannel, runs: impl IntoIterator<Item = [u64; 2]>) {
+    pub fn insert(&mut self, channel: u32, regions: EmulatedChannel, runs: impl IntoIterator<Item = [u64; 2]>) {
         self.runs.add(channel, regions.consumer.layout().pages_per_run, runs);
         self.channels.insert(channel, regions);
     }
 
-    /// Removes a channel after its final commands ran, returning its regions.
-    pub fn remove(&mut self, channel: u32) -> Option<EmulatedChannel> {
-        self.runs.remove(channel);
-        self.channels.remove(&channel)
-    }
-
-    /// A channel's regions.
-    pub fn channel(&self, channel: u32) -> Option<&EmulatedChannel> {
-        self.channels.get(&channel)
-    }
-
-    /// Every channel.
-    pub fn channels(&self) -> impl Iterator<Item = (&u32, &EmulatedChannel)> {
-        self.channels.iter()
-    }
-
     /// The run that holds the page at `va`.
-    pub fn place(&self, va: u64) -> Option<RunPlace> {
+    fn place(&self, va: u64) -> Option<RunPlace> {
         self.runs.place(va)
     }
 
+    fn consumer(&self, channel: u32) -> Option<&ConsumerRegion> {
+        Some(&self.channels.get(&channel)?.consumer)
+    }
+
+    /// Copies the producer's bytes into the run; false if there are none this backend can copy.
+    fn write_data(&mut self, place: RunPlace, len: u64, source: DataSource, log: &mut impl ExecutionLog) -> bool {
+        let DataSource::Host { offset } = source else {
+            tracing::error!("emulated backend cannot copy from a GPU producer");
+            return false;
+        };
+        let Some(channel) = self.channels.get(&place.channel) else { return false };
+        let Some(producer) = &channel.producer else {
+            tracing::error!("channel {}: data for a channel without a host producer region", place.channel);
+            return false;
+        };
+        let capacity = channel.consumer.layout().pages_per_run as u64 * PAGE_SIZE;
+        self.scratch.resize(len.min(capacity) as usize, 0);
+        producer.read_data(offset, &mut self.scratch);
+        channel.consumer.write_pages(channel.consumer.layout().run_page(place.slot, place.side), &self.scratch);
+        producer.mark_delivered(place.slot);
+        log.delivered(place.channel);
+        true
+    }
+
+    /// One turn of `channel` at its faults: one pass over its ring, at most
+    /// [`FAULT_RING_ENTRIES`] entries.
+    ///
+    /// The client writes its ring and can keep refilling it as fast as wicd reads it. Reading
+    /// until it is empty would then never end, and every other channel, control request and
+    /// the watchdog's snapshot would wait. So a pass that read a whole ring's worth, which may
+    /// have left entries behind, owes the channel another turn on the next iteration of the
+    /// fast path's loop, after control requests and other doorbells; meanwhile the loop does
+    /// not sleep.
+    fn take_turn(&mut self, channel: u32, sink: &mut impl FaultSink) {
+        let Some(regions) = self.channels.get_mut(&channel) else { return };
+        let gpu = regions.consumer_gpu;
+        self.faults.clear();
+        regions.consumer.take_faults(&mut regions.fault_get, &mut self.faults);
+        // The read index the warps check is published only after a pass: one that reads a
+        // whole ring's worth of entries found the ring full, and warps faulting meanwhile were
+        // turned away. Counted from entries read, not from a word the client writes, a client
+        // can add at most one per ring's worth of entries it posts.
+        if self.faults.len() == FAULT_RING_ENTRIES as usize {
+            self.rings_found_full = self.rings_found_full.saturating_add(1);
+            if !regions.owed {
+                regions.owed = true;
+                self.owed.push_back(channel);
+            }
+        }
+        // A client writes only its own channel's ring: entries naming another channel's pages
+        // are dropped, so no process can complete or steal another's requests.
+        let before = self.faults.len();
+        let (runs, width) = (&self.runs, self.va_width);
+        self.faults.retain(|raw| {
+            let va = FaultEntry::decode(raw, width).page();
+            runs.place(va).is_some_and(|place| place.channel == channel)
+        });
+        self.misdirected += (before - self.faults.len()) as u64;
+        if !self.faults.is_empty() {
+            sink.faults(gpu, &self.faults);
+        }
+    }
+}
+
+impl Backend for EmulatedGpus {
+    fn name(&self) -> &'static str {
+        "emulated"
+    }
+
+    fn check(&self, spec: &ChannelSpec, placement: Option<PlacementRequest>) -> Result<(), WireError> {
+        if spec.consumer_gpu >= self.gpus {
+            return Err(WireError::new(
+                ErrorCode::Invalid,
+                format!(
+                    "consumer GPU {} does not exist: the emulated backend has {} GPUs",
+                    spec.consumer_gpu, self.gpus
+                ),
+            ));
+        }
+        if placement.is_some() {
+            return Err(WireError::new(
+                ErrorCode::Unsupported,
+                "the emulated backend places channels itself: drop base_va",
+            ));
+        }
+        if let Producer::Gpu { .. } = spec.producer {
+            // The emulator models GPU producers itself (wicd demo); this backend has no GPU
+            // memory to copy a producer's bytes from.
+            return Err(WireError::new(ErrorCode::Unsupported, "the emulated backend serves host producers only"));
+        }
+        Ok(())
+    }
+
+    fn add(
+        &mut self,
+        spec: &ChannelSpec,
+        layout: &ChannelLayout,
+        _placement: Option<PlacementRequest>,
+    ) -> Result<Added, WireError> {
+        let producer = HostProducer::create(spec, layout)?;
+        let consumer_layout = ConsumerLayout { slots: spec.slots, pages_per_run: layout.pages_per_run };
+        let (consumer, consumer_fd) = ConsumerRegion::create(consumer_layout).map_err(setup_error)?;
+        let fault_bell = eventfd().map_err(setup_error)?;
+        let mut added = Added {
+            layout: layout.clone(),
+            consumer_region: Some(consumer_fd),
+            fault_doorbell: Some(fault_bell.try_clone().map_err(setup_error)?),
+            producer_region: None,
+            publish_doorbell: None,
+            bells: vec![(fault_bell, Bell::Faults)],
+        };
+        let region = producer.map(|producer| {
+            added.producer_region = Some(producer.region_fd);
+            added.publish_doorbell = Some(producer.bell_for_clients);
+            added.bells.push((producer.bell, Bell::Published));
+            producer.region
+        });
+        let channel = EmulatedChannel::new(spec.consumer_gpu, consumer, region);
+        self.insert(layout.id.0, channel, layout.slots.iter().map(|s| s.runs));
+        Ok(added)
+    }
+
+    fn remove(&mut self, channel: u32, state: ChannelState) {
+        self.runs.remove(channel);
+        let Some(removed) = self.channels.remove(&channel) else { return };
+        removed.consumer.set_state(state);
+        if let Some(producer) = &removed.producer {
+            producer.set_state(state);
+        }
+        if removed.owed {
+            self.owed.retain(|&c| c != channel);
+        }
+    }
+
+    fn has(&self, channel: u32) -> bool {
+        self.channels.contains_key(&channel)
+    }
+
+    fn channel_ids(&self) -> Vec<u32> {
+        self.channels.keys().copied().collect()
+    }
+
+    fn producer(&self, channel: u32) -> Option<&ProducerRegion> {
+        self.channels.get(&channel)?.producer.as_ref()
+    }
+
     /// Runs `commands` in order.
-    pub fn execute(&mut self, commands: &[Command], log: &mut impl ExecutionLog) -> Executed {
+    fn execute(&mut self, commands: &[Command], log: &mut impl ExecutionLog) -> Executed {
         let mut done = Executed::default();
         for command in commands {
             match *command {
@@ -111,28 +295,61 @@ impl EmulatedGpus {
         done
     }
 
-    fn consumer(&self, channel: u32) -> Option<&ConsumerRegion> {
-        Some(&self.channels.get(&channel)?.consumer)
+    fn take_channel_faults(&mut self, channel: u32, sink: &mut impl FaultSink) {
+        // A channel already owed a turn gets no extra one by ringing.
+        if self.channels.get(&channel).is_some_and(|c| !c.owed) {
+            self.take_turn(channel, sink);
+        }
     }
 
-    /// Copies the producer's bytes into the run; false if there are none this backend can copy.
-    fn write_data(&mut self, place: RunPlace, len: u64, source: DataSource, log: &mut impl ExecutionLog) -> bool {
-        let DataSource::Host { offset } = source else {
-            tracing::error!("emulated backend cannot copy from a GPU producer");
-            return false;
-        };
-        let Some(channel) = self.channels.get(&place.channel) else { return false };
-        let Some(producer) = &channel.producer else {
-            tracing::error!("channel {}: data for a channel without a host producer region", place.channel);
-            return false;
-        };
-        let capacity = channel.consumer.layout().pages_per_run as u64 * PAGE_SIZE;
-        self.scratch.resize(len.min(capacity) as usize, 0);
-        producer.read_data(offset, &mut self.scratch);
-        channel.consumer.write_pages(channel.consumer.layout().run_page(place.slot, place.side), &self.scratch);
-        producer.mark_delivered(place.slot);
-        log.delivered(place.channel);
-        true
+    fn owes_turns(&self) -> bool {
+        !self.owed.is_empty()
+    }
+
+    fn take_owed(&mut self, sink: &mut impl FaultSink) {
+        for _ in 0..self.owed.len() {
+            let Some(channel) = self.owed.pop_front() else { break };
+            let Some(regions) = self.channels.get_mut(&channel) else { continue };
+            regions.owed = false;
+            self.take_turn(channel, sink);
+        }
+    }
+
+    fn source_fd(&mut self, source: Source) -> Option<RawFd> {
+        match source {
+            Source::FaultRing => None,
+            Source::Space(space) => self.observer.fd(space),
+        }
+    }
+
+    fn take_source(&mut self, source: Source, _sink: &mut impl FaultSink) {
+        if let Source::Space(space) = source {
+            self.observer.drain(space);
+        }
+    }
+
+    fn attach_space(&mut self, uvm: OwnedFd) -> Result<u32, WireError> {
+        self.observer.attach(uvm)
+    }
+
+    fn detach_space(&mut self, space: u32) {
+        self.observer.detach(space);
+    }
+
+    fn watch(&mut self, space: u32, start: u64, end: u64) -> Result<(), WireError> {
+        self.observer.watch(space, start, end)
+    }
+
+    fn counts(&mut self, overflows: &mut dyn FnMut(u32, u64)) -> Counts {
+        for (&id, channel) in &self.channels {
+            overflows(id, channel.consumer.overflows());
+        }
+        // Only what wicd saw itself: the region's overflow word is the client's to write.
+        Counts { overflows: self.rings_found_full, unrouted: self.misdirected, anomalies: 0 }
+    }
+
+    fn report(&mut self, stats: &mut Stats) {
+        self.observer.report(stats);
     }
 }
 
@@ -171,13 +388,9 @@ mod tests {
         let layout = engine.open_channel(spec).unwrap();
         let (consumer, _fd) =
             ConsumerRegion::create(ConsumerLayout { slots: 1, pages_per_run: layout.pages_per_run }).unwrap();
-        let mut gpus = EmulatedGpus::new(engine.config());
+        let mut gpus = EmulatedGpus::new(1, engine.config(), Path::new("/nonexistent"));
         // No producer region: there are no bytes to copy.
-        gpus.add(
-            layout.id.0,
-            EmulatedChannel { consumer_gpu: 0, consumer, producer: None },
-            layout.slots.iter().map(|s| s.runs),
-        );
+        gpus.insert(layout.id.0, EmulatedChannel::new(0, consumer, None), layout.slots.iter().map(|s| s.runs));
         let [run, companion] = layout.slots[0].runs;
         let complete = |run_va, fill| Command::Complete {
             gpu: 0,

@@ -7,12 +7,14 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
-use wic_engine::{ChannelId, ChannelLayout, Command, DataSource, Engine, Fill, Nanos, Producer};
+use wic_engine::{ChannelId, ChannelLayout, ChannelSpec, Command, DataSource, FaultSink, Fill};
 use wic_kmod::{DeviceError, PlacedChannel, ShimBackend};
 use wic_proto::message::{ErrorCode, WireError};
-use wic_proto::shm::ProducerRegion;
+use wic_proto::shm::{ChannelState, ProducerRegion};
 
-use super::gpus::{ChannelMap, Executed, ExecutionLog};
+use super::backend::{
+    Added, Backend, Bell, ChannelMap, Counts, Executed, ExecutionLog, HostProducer, PlacementRequest, Source,
+};
 
 /// A channel placed in an application's address space.
 pub struct ShimChannel {
@@ -67,86 +69,23 @@ impl ShimGpus {
         }
     }
 
-    /// The descriptor to poll for fault records.
-    pub fn ring_fd(&mut self) -> RawFd {
-        self.backend.device().fd().as_raw_fd()
-    }
-
-    /// Attaches an application's address space given its UVM file; the module keeps its own
-    /// reference, so `uvm` may be closed afterwards.
-    pub fn attach(&mut self, uvm: OwnedFd) -> Result<u32, WireError> {
-        let space = self.backend.device().attach(uvm.as_fd()).map_err(|e| match e {
-            DeviceError::Call { errno: Errno::EOPNOTSUPP, .. } => WireError::new(
-                ErrorCode::Unsupported,
-                "a GPU registered in the address space cannot cancel faults per VA (Pascal or older): wic cannot hold its faults",
-            ),
-            e => wire_error("attaching the address space", e),
-        })?;
-        self.spaces.insert(space);
-        Ok(space)
-    }
-
-    /// Detaches a space whose channels are gone; asked again later while the module refuses.
-    pub fn detach(&mut self, space: u32) {
-        if self.spaces.remove(&space) {
-            if let Err(e) = self.backend.device().detach(space) {
-                tracing::warn!(space, "detaching the address space: {e}; asking again every {RELEASE_RETRY:?}");
-                self.stuck.push(Stuck::Space(space));
-            }
-        }
-    }
-
-    /// Whether something the module refused to let go of waits to be asked again.
-    pub fn has_stuck(&self) -> bool {
-        !self.stuck.is_empty()
-    }
-
-    /// Asks the module again, at most every [`RELEASE_RETRY`], to let go of the ranges and
-    /// spaces it refused (while it was suspended, short of memory, or a marker's write failed):
-    /// until then their pages stay wic pages, and a fault there, such as the application's once
-    /// it reuses the memory, would be held with no channel to complete it. Ranges first: a
-    /// space's detach closes its ranges too, after which their unregister finds nothing.
-    pub fn retry_stuck(&mut self) {
-        if self.stuck.is_empty() || self.last_retry.elapsed() < RELEASE_RETRY {
-            return;
-        }
-        self.last_retry = Instant::now();
-        let device = self.backend.device();
-        self.stuck.sort_by_key(|stuck| matches!(stuck, Stuck::Space(_)));
-        self.stuck.retain(|&stuck| {
-            let result = match stuck {
-                Stuck::Range(id) => device.unregister(id),
-                Stuck::Space(id) => device.detach(id),
-            };
-            match result {
-                Ok(()) | Err(DeviceError::Call { errno: Errno::ENOENT, .. }) => {
-                    tracing::info!("{stuck:?} let go of at last");
-                    false
-                }
-                Err(e) => {
-                    tracing::debug!("{stuck:?} still refused: {e}");
-                    true
-                }
-            }
-        });
-    }
-
     /// Places `layout` at `base` in `space` and returns the layout with the application's
     /// addresses, as its kernels use them. A host producer's bytes are in `region`; a GPU
     /// producer's in the application's managed memory, which the module copies from.
-    pub fn add(
+    fn place(
         &mut self,
         layout: &ChannelLayout,
-        producer: Producer,
-        space: u32,
-        base: u64,
+        spec: &ChannelSpec,
+        at: PlacementRequest,
         region: Option<ProducerRegion>,
     ) -> Result<ChannelLayout, WireError> {
-        if !self.spaces.contains(&space) {
+        if !self.spaces.contains(&at.space) {
             return Err(WireError::new(ErrorCode::Invalid, "the address space is not attached"));
         }
-        let placed =
-            self.backend.place(layout, producer, space, base).map_err(|e| wire_error("placing the channel", e))?;
+        let placed = self
+            .backend
+            .place(layout, spec.producer, at.space, at.base_va)
+            .map_err(|e| wire_error("placing the channel", e))?;
         let mut seen = layout.clone();
         let process = |va: u64| placed.placement.process_va(va).expect("every run and PAT page is placed");
         for slot in &mut seen.slots {
@@ -156,52 +95,69 @@ impl ShimGpus {
         self.channels.insert(layout.id.0, ShimChannel { producer: region, placed });
         Ok(seen)
     }
+}
 
-    /// Removes a channel after its final commands ran: its ranges are unregistered, and
-    /// asked again later while the module refuses.
-    pub fn remove(&mut self, channel: u32) -> Option<ShimChannel> {
-        let removed = self.channels.remove(&channel)?;
+impl Backend for ShimGpus {
+    fn name(&self) -> &'static str {
+        "shim"
+    }
+
+    fn check(&self, _spec: &ChannelSpec, placement: Option<PlacementRequest>) -> Result<(), WireError> {
+        placement.map(|_| ()).ok_or_else(unplaced)
+    }
+
+    fn add(
+        &mut self,
+        spec: &ChannelSpec,
+        layout: &ChannelLayout,
+        placement: Option<PlacementRequest>,
+    ) -> Result<Added, WireError> {
+        let at = placement.ok_or_else(unplaced)?;
+        let producer = HostProducer::create(spec, layout)?;
+        let mut added = Added {
+            layout: layout.clone(),
+            consumer_region: None,
+            fault_doorbell: None,
+            producer_region: None,
+            publish_doorbell: None,
+            bells: Vec::new(),
+        };
+        let region = producer.map(|producer| {
+            added.producer_region = Some(producer.region_fd);
+            added.publish_doorbell = Some(producer.bell_for_clients);
+            added.bells.push((producer.bell, Bell::Published));
+            producer.region
+        });
+        added.layout = self.place(layout, spec, at, region)?;
+        Ok(added)
+    }
+
+    /// Unregisters the channel's ranges, and asks again later while the module refuses.
+    fn remove(&mut self, channel: u32, state: ChannelState) {
+        let Some(removed) = self.channels.remove(&channel) else { return };
         if let Err(e) = self.backend.unplace(&removed.placed) {
             tracing::warn!(channel, "unregistering the channel's pages: {e}; asking again every {RELEASE_RETRY:?}");
             self.stuck.extend(e.refused.iter().map(|&(id, _)| Stuck::Range(id)));
         }
-        Some(removed)
+        if let Some(producer) = &removed.producer {
+            producer.set_state(state);
+        }
     }
 
-    /// A channel.
-    pub fn channel(&self, channel: u32) -> Option<&ShimChannel> {
-        self.channels.get(&channel)
+    fn has(&self, channel: u32) -> bool {
+        self.channels.contains_key(&channel)
     }
 
-    /// Every channel id.
-    pub fn channel_ids(&self) -> impl Iterator<Item = u32> + '_ {
-        self.channels.keys().copied()
+    fn channel_ids(&self) -> Vec<u32> {
+        self.channels.keys().copied().collect()
     }
 
-    /// Reads the fault ring into the engine.
-    pub fn take_faults(&mut self, engine: &mut Engine, now: Nanos, out: &mut Vec<Command>) -> usize {
-        self.backend.take_faults(engine, now, out)
-    }
-
-    /// Faults the module could not record (ring or held table full): held unrecorded until the
-    /// session ends.
-    pub fn overflows(&mut self) -> u64 {
-        self.backend.device().ring().dropped()
-    }
-
-    /// Records read that no placed channel has.
-    pub fn stray_records(&self) -> u64 {
-        self.backend.stray_records()
-    }
-
-    /// Torn or out-of-range ring state seen.
-    pub fn ring_anomalies(&mut self) -> u64 {
-        let anomalies = self.backend.device().ring().anomalies();
-        anomalies.torn + anomalies.bad_head
+    fn producer(&self, channel: u32) -> Option<&ProducerRegion> {
+        self.channels.get(&channel)?.producer.as_ref()
     }
 
     /// Runs `commands` as one batch.
-    pub fn execute(&mut self, commands: &[Command], log: &mut impl ExecutionLog) -> Executed {
+    fn execute(&mut self, commands: &[Command], log: &mut impl ExecutionLog) -> Executed {
         let channels = &self.channels;
         let host_data = |channel: ChannelId, source: DataSource, len: u64| {
             let DataSource::Host { offset } = source else { return None };
@@ -243,6 +199,104 @@ impl ShimGpus {
         }
         done
     }
+    /// The shim's consumers are GPU kernels: their faults come through the module's ring.
+    fn take_channel_faults(&mut self, _channel: u32, _sink: &mut impl FaultSink) {}
+
+    fn source_fd(&mut self, source: Source) -> Option<RawFd> {
+        match source {
+            Source::FaultRing => Some(self.backend.device().fd().as_raw_fd()),
+            Source::Space(_) => None,
+        }
+    }
+
+    fn take_source(&mut self, source: Source, sink: &mut impl FaultSink) {
+        if source == Source::FaultRing {
+            self.backend.take_faults(sink);
+        }
+    }
+
+    /// The module keeps its own reference to the space, so `uvm` may be closed afterwards.
+    fn attach_space(&mut self, uvm: OwnedFd) -> Result<u32, WireError> {
+        let space = self.backend.device().attach(uvm.as_fd()).map_err(|e| match e {
+            DeviceError::Call { errno: Errno::EOPNOTSUPP, .. } => WireError::new(
+                ErrorCode::Unsupported,
+                "a GPU registered in the address space cannot cancel faults per VA (Pascal or older): wic cannot hold its faults",
+            ),
+            e => wire_error("attaching the address space", e),
+        })?;
+        self.spaces.insert(space);
+        Ok(space)
+    }
+
+    /// Asked again later while the module refuses.
+    fn detach_space(&mut self, space: u32) {
+        if self.spaces.remove(&space) {
+            if let Err(e) = self.backend.device().detach(space) {
+                tracing::warn!(space, "detaching the address space: {e}; asking again every {RELEASE_RETRY:?}");
+                self.stuck.push(Stuck::Space(space));
+            }
+        }
+    }
+
+    fn watch(&mut self, _space: u32, _start: u64, _end: u64) -> Result<(), WireError> {
+        Err(WireError::new(
+            ErrorCode::Unsupported,
+            "the shim backend holds the faults of its channels itself: nothing to watch",
+        ))
+    }
+
+    fn retry_in(&self) -> Option<u64> {
+        (!self.stuck.is_empty()).then_some(RELEASE_RETRY.as_nanos() as u64)
+    }
+
+    /// Asks the module again, at most every [`RELEASE_RETRY`], to let go of the ranges and
+    /// spaces it refused (while it was suspended, short of memory, or a marker's write failed):
+    /// until then their pages stay wic pages, and a fault there, such as the application's once
+    /// it reuses the memory, would be held with no channel to complete it. Ranges first: a
+    /// space's detach closes its ranges too, after which their unregister finds nothing.
+    fn retry(&mut self) {
+        if self.stuck.is_empty() || self.last_retry.elapsed() < RELEASE_RETRY {
+            return;
+        }
+        self.last_retry = Instant::now();
+        let device = self.backend.device();
+        self.stuck.sort_by_key(|stuck| matches!(stuck, Stuck::Space(_)));
+        self.stuck.retain(|&stuck| {
+            let result = match stuck {
+                Stuck::Range(id) => device.unregister(id),
+                Stuck::Space(id) => device.detach(id),
+            };
+            match result {
+                Ok(()) | Err(DeviceError::Call { errno: Errno::ENOENT, .. }) => {
+                    tracing::info!("{stuck:?} let go of at last");
+                    false
+                }
+                Err(e) => {
+                    tracing::debug!("{stuck:?} still refused: {e}");
+                    true
+                }
+            }
+        });
+    }
+    fn counts(&mut self, _overflows: &mut dyn FnMut(u32, u64)) -> Counts {
+        let ring = self.backend.device().ring();
+        let anomalies = ring.anomalies();
+        Counts {
+            // Faults the module could not record (ring or held table full): held unrecorded
+            // until the session ends.
+            overflows: ring.dropped(),
+            // Records read that no placed channel has.
+            unrouted: self.backend.stray_records(),
+            anomalies: anomalies.torn + anomalies.bad_head,
+        }
+    }
+}
+
+fn unplaced() -> WireError {
+    WireError::new(
+        ErrorCode::Invalid,
+        "the shim backend places channels in the application's managed memory: attach_space, then give base_va",
+    )
 }
 
 fn describe(result: Result<i32, wic_kmod::CommandError>) -> String {

@@ -165,7 +165,7 @@ impl Daemon {
     /// Reads the ring into the engine; returns the records read.
     pub fn take_faults(&mut self) -> usize {
         let now = self.now();
-        self.backend.take_faults(&mut self.engine, now, &mut self.commands)
+        self.backend.take_faults(&mut self.engine.intake(now, &mut self.commands))
     }
 
     /// Runs the queued commands; an error names the first one refused.

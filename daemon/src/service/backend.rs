@@ -1,0 +1,223 @@
+//! What the service core asks of a GPU backend, whichever it is: the emulated GPU
+//! ([`super::emulated`]) or the wic_shim module ([`super::shim`]).
+//!
+//! A backend owns every channel's device-side state and does the I/O that state needs (shared
+//! regions, the module's ioctls); the core ([`super::core`]) owns the engine and decides; the
+//! fast path ([`super::dataplane`]) waits on what the backend says to wait on.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::io;
+use std::os::fd::{OwnedFd, RawFd};
+
+use nix::sys::eventfd::{EfdFlags, EventFd};
+use wic_engine::{ChannelLayout, ChannelSpec, Command, ErrorMarker, FaultSink, Producer};
+use wic_proto::message::{ErrorCode, Stats, WireError};
+use wic_proto::shm::{ChannelState, ProducerLayout, ProducerRegion};
+
+/// Channel id -> a backend's state for it. Channel ids are the engine's small integers, never
+/// chosen by clients, so a multiplicative hash serves: a lookup per delivered command costs a
+/// few instructions instead of SipHash's tens of nanoseconds.
+pub type ChannelMap<V> = HashMap<u32, V, BuildHasherDefault<ChannelIdHasher>>;
+
+/// Fibonacci hashing of a channel id (the std maps take the hash's high bits).
+#[derive(Default)]
+pub struct ChannelIdHasher(u64);
+
+impl Hasher for ChannelIdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.write_u64(u64::from(byte) ^ self.0.rotate_left(8));
+        }
+    }
+
+    fn write_u32(&mut self, id: u32) {
+        self.write_u64(u64::from(id));
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        self.0 = value.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+/// Where the control side asks a channel to go in an application's address space (shim backend).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlacementRequest {
+    pub space: u32,
+    pub base_va: u64,
+}
+
+/// Which doorbell a descriptor the fast path reads is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bell {
+    /// A channel's consumers posted faults (emulated backend).
+    Faults,
+    /// A channel's host producer published.
+    Published,
+}
+
+/// A descriptor, other than a channel's doorbells, whose readiness means faults or events to
+/// read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The module's fault ring (shim backend).
+    FaultRing,
+    /// An observed address space's event queue (emulated backend on a GPU machine).
+    Space(u32),
+}
+
+/// A channel the backend has set up: the layout its consumers use, the descriptors to hand to
+/// clients (duplicates) and the doorbells the fast path reads (the daemon's own).
+pub struct Added {
+    pub layout: ChannelLayout,
+    pub consumer_region: Option<OwnedFd>,
+    pub fault_doorbell: Option<OwnedFd>,
+    pub producer_region: Option<OwnedFd>,
+    pub publish_doorbell: Option<OwnedFd>,
+    pub bells: Vec<(OwnedFd, Bell)>,
+}
+
+/// What executing a batch of commands did, for the global counters.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Executed {
+    pub replays: u64,
+    /// Commands that could not be carried out: the module refused them, or they named pages
+    /// or data the backend does not have.
+    pub failed: u64,
+}
+
+/// Per-channel events of one execution.
+pub trait ExecutionLog {
+    /// Producer data was copied into `channel`'s run.
+    fn delivered(&mut self, channel: u32);
+    /// `channel`'s run was completed with `marker`.
+    fn failed(&mut self, channel: u32, marker: ErrorMarker);
+    /// `complete`'s data could not be written, so its run was not mapped. The engine has
+    /// moved the slot on: only completing it again wakes its warps.
+    fn unfilled(&mut self, complete: Command);
+}
+
+/// What a backend counts itself, for the stats.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Counts {
+    /// Faults the GPU side could not record (fault ring full).
+    pub overflows: u64,
+    /// Entries read but dropped before the engine: they named no channel's pages, or another
+    /// channel's than the ring they came from.
+    pub unrouted: u64,
+    /// Anomalies of the backend's own fault transport (torn or out-of-range ring state).
+    pub anomalies: u64,
+}
+
+/// A GPU backend, as the service core drives it.
+pub trait Backend {
+    /// Its name, in logs and errors.
+    fn name(&self) -> &'static str;
+
+    /// Refuses what this backend cannot serve, before the engine opens the channel.
+    fn check(&self, spec: &ChannelSpec, placement: Option<PlacementRequest>) -> Result<(), WireError>;
+
+    /// Sets up a channel the engine opened as `layout`.
+    fn add(
+        &mut self,
+        spec: &ChannelSpec,
+        layout: &ChannelLayout,
+        placement: Option<PlacementRequest>,
+    ) -> Result<Added, WireError>;
+
+    /// Drops a channel after its final commands ran; its shared regions show `state`.
+    fn remove(&mut self, channel: u32, state: ChannelState);
+
+    /// Whether the backend has `channel`.
+    fn has(&self, channel: u32) -> bool;
+
+    /// Every channel.
+    fn channel_ids(&self) -> Vec<u32>;
+
+    /// `channel`'s host producer region.
+    fn producer(&self, channel: u32) -> Option<&ProducerRegion>;
+
+    /// Runs `commands` in order.
+    fn execute(&mut self, commands: &[Command], log: &mut impl ExecutionLog) -> Executed;
+
+    /// Reads the faults `channel`'s consumers posted into `sink` (emulated backend).
+    fn take_channel_faults(&mut self, channel: u32, sink: &mut impl FaultSink);
+
+    /// Whether channels are owed another turn at their faults ([`Backend::take_owed`]): the
+    /// fast path must not sleep.
+    fn owes_turns(&self) -> bool {
+        false
+    }
+
+    /// Gives every channel owed a turn its next one.
+    fn take_owed(&mut self, _sink: &mut impl FaultSink) {}
+
+    /// The descriptor to poll for `source`.
+    fn source_fd(&mut self, source: Source) -> Option<RawFd>;
+
+    /// `source` is readable: reads it, faults into `sink`.
+    fn take_source(&mut self, source: Source, sink: &mut impl FaultSink);
+
+    /// Attaches an application's address space given its UVM file; returns its id.
+    fn attach_space(&mut self, uvm: OwnedFd) -> Result<u32, WireError>;
+
+    /// Detaches a space whose channels are gone.
+    fn detach_space(&mut self, space: u32);
+
+    /// Watches `start..end` of an observed space.
+    fn watch(&mut self, space: u32, start: u64, end: u64) -> Result<(), WireError>;
+
+    /// When the backend next wants [`Backend::retry`], from now, in nanoseconds.
+    fn retry_in(&self) -> Option<u64> {
+        None
+    }
+
+    /// Asks the module again to let go of what it refused.
+    fn retry(&mut self) {}
+
+    /// What the backend counts; each channel's own count of overflows goes to `overflows`.
+    fn counts(&mut self, overflows: &mut dyn FnMut(u32, u64)) -> Counts;
+
+    /// Adds what the backend observed of real GPU faults to `stats`.
+    fn report(&mut self, _stats: &mut Stats) {}
+}
+
+/// A blocking eventfd. Blocking on purpose: io_uring reads of a non-blocking eventfd fail with
+/// EAGAIN instead of waiting.
+pub fn eventfd() -> io::Result<OwnedFd> {
+    let fd = EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC)?;
+    Ok(OwnedFd::from(fd))
+}
+
+/// The error a failed set-up of shared memory or a doorbell answers.
+pub fn setup_error(e: io::Error) -> WireError {
+    WireError::new(ErrorCode::Io, format!("cannot set up the channel's shared memory: {e}"))
+}
+
+/// A host producer's side of a new channel: the region, the daemon's publish doorbell, and
+/// their duplicates for clients.
+pub struct HostProducer {
+    pub region: ProducerRegion,
+    pub region_fd: OwnedFd,
+    pub bell: OwnedFd,
+    pub bell_for_clients: OwnedFd,
+}
+
+impl HostProducer {
+    /// The producer side of a channel of `spec` laid out as `layout`: none for a GPU producer.
+    pub fn create(spec: &ChannelSpec, layout: &ChannelLayout) -> Result<Option<Self>, WireError> {
+        if let Producer::Gpu { .. } = spec.producer {
+            return Ok(None);
+        }
+        let (region, region_fd) =
+            ProducerRegion::create(ProducerLayout { slots: spec.slots, batch_bytes: layout.batch_bytes })
+                .map_err(setup_error)?;
+        let bell = eventfd().map_err(setup_error)?;
+        let bell_for_clients = bell.try_clone().map_err(setup_error)?;
+        Ok(Some(Self { region, region_fd, bell, bell_for_clients }))
+    }
+}

@@ -1,0 +1,375 @@
+//! The service core: the engine, one backend, and what the daemon decides between them:
+//! which channels may be created, the order of a channel's destruction, completing again with
+//! the timeout marker what could not be filled, the counters and the snapshot.
+//!
+//! Sans-IO like the engine: time is an argument and every effect goes through the backend, so
+//! the same core runs under the fast path's io_uring loop and under the unit tests below, which
+//! drive it against the emulated backend with simulated time.
+
+use std::collections::HashMap;
+
+use wic_engine::{ChannelId, ChannelSpec, Command, Engine, EngineError, ErrorMarker, Fill, Nanos, PoolError};
+use wic_proto::message::{ErrorCode, Stats, WireError};
+use wic_proto::shm::ChannelState;
+
+use super::backend::ChannelMap;
+use super::backend::{Added, Backend, Bell, ExecutionLog, PlacementRequest, Source};
+
+/// Per-channel counters.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ChannelCounters {
+    pub publishes: u64,
+    pub deliveries: u64,
+    pub timeouts: u64,
+    /// The highest overflow count its consumer region showed (emulated backend): the warps'
+    /// own count, which the client writes. Kept at its highest so it never goes backwards,
+    /// and never added to a daemon-wide total, as nothing bounds it.
+    pub client_overflows: u64,
+}
+
+/// The core's view for stats and status.
+pub struct Snapshot {
+    pub stats: Stats,
+    pub channels: HashMap<u32, ChannelCounters>,
+    pub held: u32,
+}
+
+/// Counters the engine does not keep.
+#[derive(Default)]
+struct Counters {
+    replays: u64,
+    commands_failed: u64,
+    channels: ChannelMap<ChannelCounters>,
+    /// Data completions of the last execution whose fill failed.
+    unfilled: Vec<Command>,
+}
+
+impl ExecutionLog for Counters {
+    fn delivered(&mut self, channel: u32) {
+        self.channels.entry(channel).or_default().deliveries += 1;
+    }
+
+    fn failed(&mut self, channel: u32, marker: ErrorMarker) {
+        if marker == ErrorMarker::Timeout {
+            self.channels.entry(channel).or_default().timeouts += 1;
+        }
+    }
+
+    fn unfilled(&mut self, complete: Command) {
+        self.unfilled.push(complete);
+    }
+}
+
+fn engine_error(e: EngineError) -> WireError {
+    let code = match e {
+        EngineError::Invalid(_) | EngineError::SlotOutOfRange { .. } | EngineError::NotHostProducer(_) => {
+            ErrorCode::Invalid
+        }
+        EngineError::Pool(PoolError::ZeroLength) => ErrorCode::Invalid,
+        EngineError::Pool(_) | EngineError::Tags(_) | EngineError::SlotsExhausted { .. } => ErrorCode::Exhausted,
+        EngineError::UnknownChannel(_) => ErrorCode::NotFound,
+        EngineError::AlreadyPublished { .. } => ErrorCode::Busy,
+    };
+    WireError::new(code, e.to_string())
+}
+
+/// Into `out`: each data completion of `unfilled` again with the timeout marker, which needs
+/// no producer bytes, then one replay per GPU concerned. The warps learn that their data did
+/// not come instead of staying stalled until their channel closes.
+fn marker_retries(unfilled: &[Command], out: &mut Vec<Command>) {
+    let mut gpus = Vec::new();
+    for &command in unfilled {
+        if let Command::Complete { gpu, channel, slot, run_va, companion_va, pages, fill: Fill::Data { .. } } = command
+        {
+            out.push(Command::Complete {
+                gpu,
+                channel,
+                slot,
+                run_va,
+                companion_va,
+                pages,
+                fill: Fill::Marker(ErrorMarker::Timeout),
+            });
+            if !gpus.contains(&gpu) {
+                gpus.push(gpu);
+            }
+        }
+    }
+    out.extend(gpus.into_iter().map(|gpu| Command::Replay { gpu }));
+}
+
+/// The engine and a backend.
+pub struct Core<B> {
+    engine: Engine,
+    backend: B,
+    counters: Counters,
+    commands: Vec<Command>,
+}
+
+impl<B: Backend> Core<B> {
+    /// Drives `backend` with `engine`.
+    pub fn new(engine: Engine, backend: B) -> Self {
+        Self { engine, backend, counters: Counters::default(), commands: Vec::new() }
+    }
+
+    /// The backend, for what needs no decision (attaching spaces, descriptors to poll).
+    pub fn backend(&mut self) -> &mut B {
+        &mut self.backend
+    }
+
+    /// Whether `channel` exists.
+    pub fn has(&self, channel: u32) -> bool {
+        self.backend.has(channel)
+    }
+
+    /// When the core must next run: the engine's next deadline, or the backend's next retry.
+    pub fn next_deadline(&mut self, now: Nanos) -> Option<Nanos> {
+        let retry = self.backend.retry_in().map(|wait| now.saturating_add(wait));
+        match (self.engine.next_deadline(), retry) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Creates a channel; the caller waits on the bells it returns, or, if it cannot,
+    /// [`Core::abandon`]s the channel.
+    pub fn create(&mut self, spec: ChannelSpec, placement: Option<PlacementRequest>) -> Result<Added, WireError> {
+        self.backend.check(&spec, placement)?;
+        let layout = self.engine.open_channel(spec).map_err(engine_error)?;
+        match self.backend.add(&spec, &layout, placement) {
+            Ok(created) => {
+                self.counters.channels.insert(layout.id.0, ChannelCounters::default());
+                Ok(created)
+            }
+            Err(e) => {
+                self.abandon(layout.id.0);
+                Err(e)
+            }
+        }
+    }
+
+    /// Closes a channel whose creation could not be finished; nothing held it yet.
+    pub fn abandon(&mut self, channel: u32) {
+        let mut discard = Vec::new();
+        if self.engine.close_channel(ChannelId(channel), &mut discard).is_ok() {
+            self.forget(channel, ChannelState::Closed);
+        }
+    }
+
+    /// Destroys a channel: its held faults are completed with the closed marker before its
+    /// pages go.
+    pub fn destroy(&mut self, channel: u32) -> Result<(), WireError> {
+        self.engine.close_channel(ChannelId(channel), &mut self.commands).map_err(engine_error)?;
+        self.execute();
+        self.forget(channel, ChannelState::Closed);
+        Ok(())
+    }
+
+    fn forget(&mut self, channel: u32, state: ChannelState) {
+        self.backend.remove(channel, state);
+        self.counters.channels.remove(&channel);
+    }
+
+    /// Publishes `slot` on behalf of its host producer (the control request; producers
+    /// normally publish through their region and doorbell).
+    pub fn publish(&mut self, now: Nanos, channel: u32, slot: u32) -> Result<(), WireError> {
+        let spec = self.engine.channel_spec(ChannelId(channel)).map_err(engine_error)?;
+        if slot >= spec.slots {
+            return Err(WireError::new(
+                ErrorCode::NotFound,
+                format!("channel {channel} has {} slots, no slot {slot}", spec.slots),
+            ));
+        }
+        let producer = self
+            .backend
+            .producer(channel)
+            .ok_or_else(|| WireError::new(ErrorCode::Invalid, format!("channel {channel} has no host producer")))?;
+        // The same step as libwic's fast path, then the same scan a doorbell triggers.
+        if !producer.publish(slot) {
+            return Err(WireError::new(
+                ErrorCode::Busy,
+                format!("channel {channel} slot {slot}: previous data not yet delivered"),
+            ));
+        }
+        self.rung(now, channel, Bell::Published);
+        Ok(())
+    }
+
+    /// `channel`'s doorbell `bell` rang.
+    pub fn rung(&mut self, now: Nanos, channel: u32, bell: Bell) {
+        match bell {
+            Bell::Faults => {
+                self.backend.take_channel_faults(channel, &mut self.engine.intake(now, &mut self.commands));
+            }
+            Bell::Published => {
+                let Some(producer) = self.backend.producer(channel) else { return };
+                let mut published = 0;
+                let (engine, commands) = (&mut self.engine, &mut self.commands);
+                producer.take_published(|slot| match engine.publish(now, ChannelId(channel), slot, commands) {
+                    Ok(()) => published += 1,
+                    Err(e) => tracing::debug!("channel {channel}: publish of slot {slot} ignored: {e}"),
+                });
+                self.counters.channels.entry(channel).or_default().publishes += published;
+            }
+        }
+        self.execute();
+    }
+
+    /// `source` is readable.
+    pub fn ready(&mut self, now: Nanos, source: Source) {
+        self.backend.take_source(source, &mut self.engine.intake(now, &mut self.commands));
+        self.execute();
+    }
+
+    /// Gives the channels owed a turn at their faults their next one.
+    pub fn take_owed(&mut self, now: Nanos) {
+        if self.backend.owes_turns() {
+            self.backend.take_owed(&mut self.engine.intake(now, &mut self.commands));
+            self.execute();
+        }
+    }
+
+    /// Whether the backend owes channels a turn, so the caller must not sleep.
+    pub fn owes_turns(&self) -> bool {
+        self.backend.owes_turns()
+    }
+
+    /// Times out what is due at `now`, and lets the backend retry what it must.
+    pub fn tick(&mut self, now: Nanos) {
+        self.engine.expire(now, &mut self.commands);
+        self.execute();
+        self.backend.retry();
+    }
+
+    fn execute(&mut self) {
+        self.run_commands();
+        if self.counters.unfilled.is_empty() {
+            return;
+        }
+        // Once: a marker completion that fails too is not retried (`marker_retries` takes
+        // data completions only); the module completes it when the channel closes.
+        let mut unfilled = std::mem::take(&mut self.counters.unfilled);
+        tracing::warn!(
+            "{} completions could not write their data: completing them with the timeout marker",
+            unfilled.len()
+        );
+        marker_retries(&unfilled, &mut self.commands);
+        self.run_commands();
+        unfilled.clear();
+        self.counters.unfilled = unfilled;
+    }
+
+    /// Runs the pending commands on the backend and counts what they did.
+    fn run_commands(&mut self) {
+        if self.commands.is_empty() {
+            return;
+        }
+        let done = self.backend.execute(&self.commands, &mut self.counters);
+        self.counters.replays += done.replays;
+        self.counters.commands_failed += done.failed;
+        self.commands.clear();
+    }
+
+    /// Completes every held fault with the stopping marker and drops every channel, whose
+    /// regions show the daemon stopping; returns the channels dropped.
+    pub fn shutdown(&mut self, now: Nanos) -> Vec<u32> {
+        let channels = self.backend.channel_ids();
+        // Faults posted but not read yet are held as well: read first, they get the stopping
+        // marker like the rest, not the closed marker their channel's removal would give. One
+        // pass each reads all a ring holds; a warp posting after it sees the stopping state.
+        let mut intake = self.engine.intake(now, &mut self.commands);
+        self.backend.take_source(Source::FaultRing, &mut intake);
+        for &channel in &channels {
+            self.backend.take_channel_faults(channel, &mut intake);
+        }
+        self.engine.shutdown(&mut self.commands);
+        self.execute();
+        for &channel in &channels {
+            self.forget(channel, ChannelState::Stopping);
+        }
+        channels
+    }
+
+    /// The counters, the engine's and the backend's.
+    pub fn snapshot(&mut self) -> Snapshot {
+        let channels = &mut self.counters.channels;
+        let counts = self.backend.counts(&mut |id, overflows| {
+            let counters = channels.entry(id).or_default();
+            counters.client_overflows = counters.client_overflows.max(overflows);
+        });
+        let s = self.engine.stats();
+        let pool = self.engine.pool();
+        let mut stats = Stats {
+            faults_captured: s.entries + counts.unrouted,
+            faults_held: s.held,
+            faults_completed: s.delivered,
+            faults_timed_out: s.timed_out,
+            faults_cancelled: s.closed_while_held,
+            faults_ignored: s.malformed
+                + s.foreign
+                + s.wrong_gpu
+                + s.duplicates
+                + s.stale
+                + counts.unrouted
+                + counts.anomalies,
+            pfq_depth: self.engine.held(),
+            dab_updates: s.dab_updates,
+            pat_faults: s.pat_publishes + s.pat_duplicates,
+            host_publishes: s.host_publishes,
+            pool_pages: pool.capacity(),
+            pool_pages_used: pool.capacity() - pool.free_pages(),
+            pool_longest_free_run: pool.longest_free_run(),
+            wake_latency_ns: super::wire_histogram(&s.wake_latency_ns),
+            batch_sizes: super::wire_histogram(&s.batch_sizes),
+            fault_buffer_overflows: counts.overflows,
+            replays: self.counters.replays,
+            commands_failed: self.counters.commands_failed,
+            channels: self.engine.channel_count() as u32,
+            clients: 0,
+            ..Stats::default()
+        };
+        self.backend.report(&mut stats);
+        Snapshot {
+            stats,
+            channels: self.counters.channels.iter().map(|(id, counters)| (*id, *counters)).collect(),
+            held: self.engine.held(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wic_engine::{ChannelId, DataSource};
+
+    #[test]
+    fn unfilled_data_completions_are_completed_again_with_the_timeout_marker_then_replayed() {
+        let complete = |gpu, slot, fill| Command::Complete {
+            gpu,
+            channel: ChannelId(3),
+            slot,
+            run_va: 0x1000 * u64::from(slot),
+            companion_va: 0,
+            pages: 1,
+            fill,
+        };
+        let data = Fill::Data { len: 64, source: DataSource::Host { offset: 0 } };
+        let timeout = Fill::Marker(ErrorMarker::Timeout);
+        let unfilled = [
+            complete(0, 1, data),
+            complete(1, 2, data),
+            complete(0, 3, data),
+            complete(0, 4, Fill::Marker(ErrorMarker::ChannelClosed)),
+        ];
+        let mut out = Vec::new();
+        marker_retries(&unfilled, &mut out);
+        let expected = [
+            complete(0, 1, timeout),
+            complete(1, 2, timeout),
+            complete(0, 3, timeout),
+            Command::Replay { gpu: 0 },
+            Command::Replay { gpu: 1 },
+        ];
+        assert_eq!(out, expected, "a marker completion is never retried");
+    }
+}
