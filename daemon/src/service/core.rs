@@ -339,8 +339,226 @@ impl<B: Backend> Core<B> {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+    use std::sync::atomic::Ordering;
+
     use super::*;
-    use wic_engine::{ChannelId, DataSource};
+    use crate::service::emulated::EmulatedGpus;
+    use wic_engine::fault::AccessType;
+    use wic_engine::{ChannelLayout, DataSource, EngineConfig, FaultEntry, Producer, RawFaultEntry};
+    use wic_proto::shm::{ConsumerLayout, ConsumerRegion, ProducerLayout, ProducerRegion, PAGE_MAPPED};
+
+    /// The core on the emulated backend and one application's side of its channels, with
+    /// simulated time: each step is an event the fast path would hand the core.
+    struct Pair {
+        core: Core<EmulatedGpus>,
+        now: Nanos,
+    }
+
+    /// A channel as its application sees it: its layout and shared regions.
+    struct Client {
+        layout: ChannelLayout,
+        consumer: ConsumerRegion,
+        producer: ProducerRegion,
+        gpu: u16,
+    }
+
+    impl Pair {
+        fn new(gpus: u16) -> Self {
+            let engine = Engine::new(EngineConfig { pool_pages: 256, ..EngineConfig::default() }).unwrap();
+            let backend = EmulatedGpus::new(gpus, engine.config(), Path::new("/nonexistent"));
+            Self { core: Core::new(engine, backend), now: 0 }
+        }
+
+        fn spec(gpu: u16, slots: u32, timeout: Nanos) -> ChannelSpec {
+            ChannelSpec { consumer_gpu: gpu, producer: Producer::Host, message_bytes: 64, slots, timeout }
+        }
+
+        fn open(&mut self, spec: ChannelSpec) -> Client {
+            let added = self.core.create(spec, None).unwrap();
+            let layout = added.layout;
+            let consumer_layout = ConsumerLayout { slots: spec.slots, pages_per_run: layout.pages_per_run };
+            let consumer = ConsumerRegion::open(&added.consumer_region.unwrap(), consumer_layout).unwrap();
+            let producer_layout = ProducerLayout { slots: spec.slots, batch_bytes: layout.batch_bytes };
+            let producer = ProducerRegion::open(&added.producer_region.unwrap(), producer_layout).unwrap();
+            assert_eq!(added.bells.len(), 2, "a fault and a publish doorbell");
+            Client { layout, consumer, producer, gpu: spec.consumer_gpu }
+        }
+
+        /// A warp of `client` faults on `va`, and the channel's fault doorbell rings.
+        fn fault_at(&mut self, client: &Client, va: u64) {
+            client.consumer.post_fault(&fault(va, client.gpu)).unwrap();
+            self.core.rung(self.now, client.layout.id.0, Bell::Faults);
+        }
+
+        /// The producer publishes `data` in `slot`, and the publish doorbell rings.
+        fn publish(&mut self, client: &Client, slot: u32, data: &[u8]) {
+            client.producer.write_slot(slot, data);
+            assert!(client.producer.publish(slot));
+            self.core.rung(self.now, client.layout.id.0, Bell::Published);
+        }
+
+        fn advance_to(&mut self, now: Nanos) {
+            self.now = now;
+            self.core.tick(now);
+        }
+    }
+
+    fn fault(va: u64, gpu: u16) -> RawFaultEntry {
+        FaultEntry::replayable_gpc(va, AccessType::Read, 0, 0x10_0000 * (u64::from(gpu) + 1), 0, 0).encode()
+    }
+
+    impl Client {
+        fn run_va(&self, slot: u32, side: usize) -> u64 {
+            self.layout.slots[slot as usize].runs[side]
+        }
+
+        fn mapped(&self, slot: u32, side: usize) -> bool {
+            let page = self.consumer.layout().run_page(slot, side);
+            self.consumer.page_state(page).load(Ordering::Acquire) == PAGE_MAPPED
+        }
+
+        /// The first word of `slot`'s run on `side`, and the run's first `len` bytes.
+        fn run(&self, slot: u32, side: usize, len: usize) -> (Option<ErrorMarker>, Vec<u8>) {
+            let mut bytes = vec![0; len.max(8)];
+            self.consumer.read_pages(self.consumer.layout().run_page(slot, side), &mut bytes);
+            let word = u64::from_le_bytes(bytes[..8].try_into().unwrap());
+            bytes.truncate(len);
+            (ErrorMarker::from_word(word), bytes)
+        }
+    }
+
+    #[test]
+    fn a_published_batch_reaches_the_warp_that_faulted_on_its_run() {
+        let mut pair = Pair::new(1);
+        let client = pair.open(Pair::spec(0, 2, 1_000_000));
+        pair.fault_at(&client, client.run_va(1, 0));
+        assert_eq!(pair.core.snapshot().held, 1, "no data yet: the fault is held");
+        assert!(!client.mapped(1, 0));
+        let replays = client.consumer.replay_seq().load(Ordering::Acquire);
+
+        pair.now = 10;
+        pair.publish(&client, 1, b"the batch");
+        assert!(client.mapped(1, 0));
+        assert_eq!(client.run(1, 0, 9), (None, b"the batch".to_vec()));
+        assert_eq!(client.consumer.replay_seq().load(Ordering::Acquire), replays + 1, "one replay wakes the warp");
+        assert_eq!(client.producer.delivered(1).load(Ordering::Acquire), 1, "the slot may be published again");
+        let snapshot = pair.core.snapshot();
+        let counters = snapshot.channels[&client.layout.id.0];
+        assert_eq!((counters.publishes, counters.deliveries, counters.timeouts), (1, 1, 0));
+        assert_eq!((snapshot.held, snapshot.stats.faults_completed, snapshot.stats.replays), (0, 1, 1));
+    }
+
+    #[test]
+    fn a_fault_without_data_times_out_at_its_deadline_and_not_before() {
+        let mut pair = Pair::new(1);
+        let client = pair.open(Pair::spec(0, 1, 5_000));
+        pair.now = 100;
+        pair.fault_at(&client, client.run_va(0, 0));
+        let deadline = pair.core.next_deadline(pair.now).expect("a held fault has a deadline");
+        assert_eq!(deadline, 5_100);
+        pair.advance_to(deadline - 1);
+        assert_eq!(pair.core.snapshot().held, 1);
+        pair.advance_to(deadline);
+        assert!(client.mapped(0, 0));
+        assert_eq!(client.run(0, 0, 0).0, Some(ErrorMarker::Timeout));
+        let snapshot = pair.core.snapshot();
+        assert_eq!((snapshot.held, snapshot.stats.faults_timed_out), (0, 1));
+        assert_eq!(snapshot.channels[&client.layout.id.0].timeouts, 1);
+        assert_eq!(pair.core.next_deadline(pair.now), None);
+    }
+
+    #[test]
+    fn destroying_a_channel_completes_its_held_faults_with_the_closed_marker_before_its_pages_go() {
+        let mut pair = Pair::new(1);
+        let client = pair.open(Pair::spec(0, 1, 1_000_000));
+        pair.fault_at(&client, client.run_va(0, 0));
+        let id = client.layout.id.0;
+        pair.core.destroy(id).unwrap();
+        assert!(client.mapped(0, 0), "the warp was woken");
+        assert_eq!(client.run(0, 0, 0).0, Some(ErrorMarker::ChannelClosed));
+        assert_eq!(client.consumer.state(), ChannelState::Closed);
+        assert_eq!(client.producer.state(), ChannelState::Closed);
+        assert!(!pair.core.has(id));
+        let snapshot = pair.core.snapshot();
+        assert!(snapshot.channels.is_empty());
+        assert_eq!((snapshot.stats.channels, snapshot.stats.faults_cancelled), (0, 1));
+        assert_eq!(snapshot.stats.pool_pages_used, 0, "its pages went back to the pool");
+        assert_eq!(pair.core.destroy(id).unwrap_err().code, ErrorCode::NotFound);
+    }
+
+    #[test]
+    fn shutdown_reads_faults_posted_but_not_rung_and_gives_every_one_the_stopping_marker() {
+        let mut pair = Pair::new(2);
+        let rung = pair.open(Pair::spec(0, 1, 1_000_000));
+        let silent = pair.open(Pair::spec(1, 1, 1_000_000));
+        pair.fault_at(&rung, rung.run_va(0, 0));
+        // Posted, but the doorbell has not been read yet.
+        silent.consumer.post_fault(&fault(silent.run_va(0, 0), 1)).unwrap();
+        let mut dropped = pair.core.shutdown(pair.now);
+        dropped.sort_unstable();
+        assert_eq!(dropped, [rung.layout.id.0, silent.layout.id.0]);
+        for client in [&rung, &silent] {
+            assert_eq!(client.run(0, 0, 0).0, Some(ErrorMarker::DaemonStopping));
+            assert!(client.mapped(0, 0));
+            assert_eq!(client.consumer.state(), ChannelState::Stopping);
+            assert_eq!(client.producer.state(), ChannelState::Stopping);
+        }
+    }
+
+    #[test]
+    fn channels_the_backend_cannot_serve_are_refused_and_leave_nothing_behind() {
+        let mut pair = Pair::new(2);
+        let refusals = [
+            (Pair::spec(2, 1, 1_000), None, ErrorCode::Invalid),
+            (Pair::spec(0, 1, 1_000), Some(PlacementRequest { space: 1, base_va: 0x10_0000 }), ErrorCode::Unsupported),
+            (
+                ChannelSpec { producer: Producer::Gpu { gpu: 1, base_va: 0x10_0000 }, ..Pair::spec(0, 1, 1_000) },
+                None,
+                ErrorCode::Unsupported,
+            ),
+            (Pair::spec(0, 0, 1_000), None, ErrorCode::Invalid),
+        ];
+        for (spec, placement, code) in refusals {
+            let refused = pair.core.create(spec, placement).err().expect("refused");
+            assert_eq!(refused.code, code, "{spec:?} at {placement:?}: {}", refused.message);
+        }
+        let snapshot = pair.core.snapshot();
+        assert_eq!((snapshot.stats.channels, snapshot.stats.pool_pages_used), (0, 0));
+        assert!(snapshot.channels.is_empty());
+        assert!(pair.core.backend().channel_ids().is_empty());
+    }
+
+    #[test]
+    fn a_fault_naming_another_channels_page_is_dropped_and_counted() {
+        let mut pair = Pair::new(1);
+        let victim = pair.open(Pair::spec(0, 1, 1_000_000));
+        let intruder = pair.open(Pair::spec(0, 1, 1_000_000));
+        pair.publish(&victim, 0, b"not yours");
+        pair.fault_at(&intruder, victim.run_va(0, 0));
+        assert!(!victim.mapped(0, 0), "the victim's data stays where it is");
+        let snapshot = pair.core.snapshot();
+        assert_eq!((snapshot.held, snapshot.stats.faults_ignored), (0, 1));
+        assert_eq!(snapshot.channels[&victim.layout.id.0].deliveries, 0);
+    }
+
+    #[test]
+    fn a_full_fault_ring_owes_its_channel_another_turn_after_the_others() {
+        let mut pair = Pair::new(1);
+        let busy = pair.open(Pair::spec(0, 1, 1_000_000));
+        let entry = fault(busy.run_va(0, 0), 0);
+        let mut posted = 0;
+        while busy.consumer.post_fault(&entry).is_ok() {
+            posted += 1;
+        }
+        pair.core.rung(pair.now, busy.layout.id.0, Bell::Faults);
+        assert!(pair.core.owes_turns(), "a whole ring's worth was read: more may wait");
+        pair.core.take_owed(pair.now);
+        assert!(!pair.core.owes_turns(), "the next pass found the ring empty");
+        let snapshot = pair.core.snapshot();
+        assert_eq!(snapshot.stats.fault_buffer_overflows, 1, "the ring was found full once");
+        assert_eq!(snapshot.held, 1, "{posted} entries for one run hold one fault");
+    }
 
     #[test]
     fn unfilled_data_completions_are_completed_again_with_the_timeout_marker_then_replayed() {
