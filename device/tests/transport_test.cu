@@ -551,11 +551,15 @@ void refusals()
 	      "create() and publish() refuse what they cannot do (bad sizes, the legacy default stream) with "
 	      "cudaErrorInvalidValue, and a refused publish() publishes nothing");
 	check(flow && reset, "wait_free() waits for the consumers' report and times out without it; reset() clears");
-	const bool picks = wic::pick_host_transport(64, 1) == wic::transport::mapped &&
-			   wic::pick_host_transport(1024, 1) == wic::transport::mapped &&
-			   wic::pick_host_transport(1025, 1) == wic::transport::push &&
-			   wic::pick_host_transport(64, 2) == wic::transport::push;
-	check(picks, "pick_host_transport(): mapped up to 1 KiB and one spinning waiter, push beyond");
+	const bool picks = wic::pick_host_transport(64, 1, 1) == wic::transport::mapped &&
+			   wic::pick_host_transport(256, 4, 1) == wic::transport::mapped &&
+			   wic::pick_host_transport(1025, 1, 1) == wic::transport::push &&
+			   wic::pick_host_transport(64, 1, 2) == wic::transport::tagged &&
+			   wic::pick_host_transport(128, 4, 16) == wic::transport::tagged &&
+			   wic::pick_host_transport(128, 5, 16) == wic::transport::push &&
+			   wic::pick_host_transport(60, 1, 2) == wic::transport::push;
+	check(picks, "pick_host_transport(): mapped up to 1 KiB and one spinning waiter, tagged up to 512 B of whole "
+		     "8-byte words, push beyond");
 	const bool peer_picks = wic::pick_peer_transport(64, 1) == wic::transport::tagged &&
 				wic::pick_peer_transport(1024, 4) == wic::transport::tagged &&
 				wic::pick_peer_transport(1024, 5) == wic::transport::push &&

@@ -613,23 +613,34 @@ __device__ inline int wait_consumed(const channel &ch, uint32_t slot, uint32_t g
 
 /*
  * pick_host_transport() - the transport for a host producer's channel, from what
- * device/bench/transport measured (H100, stock driver 580.159.04, 2026-11-26)
- * @batch_bytes: bytes of one generation of a slot
- * @spinning_waiters: threads that wait on the channel's ready words at once: one per warp with
- *	recv(), one per block with recv_block()
+ * device/bench/transport measured (H100, stock driver 580.159.04, 2026-11-26;
+ * device/bench/results/transport-h100-2026-11-26-hosttagged.jsonl)
+ * @message_bytes: bytes of one warp's message
+ * @warps_per_batch: messages in one generation of a slot
+ * @spinning_waiters: threads that wait on the channel at once: one per warp with recv(), one
+ *	per block with recv_block()
  *
- * mapped for batches of up to 1 KiB with a single waiter: its one-way latency was 1.7x (64
- * bytes) to 2.3x (1 KiB) the physical one (a host store seen by a GPU thread), push's 3.5x.
- * With 16 waiters spinning across the link mapped was already 2.4x slower than push (16.9 us
- * against 7.1 us one way; between 1 and 16 it was not measured), the consumer's reads of a
- * large message cross the link too, and spinning waiters slow the memory-bound warps of their
- * SM (8 per SM: 27x). push otherwise: its waiters never leave the GPU and cost their
- * neighbours 2% at most, and publish_many() streams 1 MiB generations within 1.04x of a bulk
- * copy.
+ * mapped for batches of up to 1 KiB with a single waiter: its one way was 2.8 us (64 bytes) to
+ * 4.1 us (1 KiB), 1.8x to 2.6x a host store seen by a GPU thread (1.5 us), push's 6.1 to 6.6
+ * us. But its waiters spin across the link: with 16 warps each waiting its one way was 16.4 us,
+ * with 132 34 to 37 us, with 2112 684 us, and 8 spinning waiters per SM slowed the memory-bound
+ * warps beside them 30x; the consumer's reads of a large message cross the link too.
+ * tagged for batches of up to 512 bytes made of whole 8-byte words with more waiters: one copy
+ * and no ready word, 4.0 to 4.5 us one way from 1 to 2112 waiting warps (64 and 256 bytes)
+ * and 5.0 us at 512 bytes (one waiter; with more not measured), against push's 5.6 to 6.4
+ * us; its waiters look at lines in device memory and cost their neighbours 2% at most. From
+ * 1 KiB on push is as fast or faster with many waiters (1 KiB: 6.5 us against 6.6 with 2112;
+ * 4 KiB: 6.6 against 10.6): tagged copies twice the bytes and one warp unpacks them. push
+ * otherwise: its waiters never leave the GPU, and publish_many() streams 1 MiB generations
+ * within 1.06x of a bulk copy, where tagged, which formats every byte on the host's thread,
+ * streamed at 6.9x to 9.5x of it.
  */
-inline transport pick_host_transport(uint64_t batch_bytes, uint32_t spinning_waiters)
+inline transport pick_host_transport(uint32_t message_bytes, uint32_t warps_per_batch, uint32_t spinning_waiters)
 {
-	return batch_bytes <= 1024 && spinning_waiters <= 1 ? transport::mapped : transport::push;
+	const uint64_t batch_bytes = (uint64_t)message_bytes * warps_per_batch;
+	if (batch_bytes <= 1024 && spinning_waiters <= 1)
+		return transport::mapped;
+	return batch_bytes <= 512 && message_bytes % 8 == 0 ? transport::tagged : transport::push;
 }
 
 /*
