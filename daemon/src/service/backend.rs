@@ -144,17 +144,25 @@ pub trait Backend {
     /// Runs `commands` in order.
     fn execute(&mut self, commands: &[Command], log: &mut impl ExecutionLog) -> Executed;
 
-    /// Reads the faults `channel`'s consumers posted into `sink` (emulated backend).
+    /// Reads the faults `channel`'s consumers posted into `sink`: one pass over its fault ring
+    /// (emulated backend).
     fn take_channel_faults(&mut self, channel: u32, sink: &mut impl FaultSink);
 
-    /// Whether channels are owed another turn at their faults ([`Backend::take_owed`]): the
-    /// fast path must not sleep.
-    fn owes_turns(&self) -> bool {
+    /// Whether `channel` is owed another turn at its faults: its last pass read a whole
+    /// ring's worth, so more may wait.
+    fn owes_turn(&self, _channel: u32) -> bool {
         false
     }
 
-    /// Gives every channel owed a turn its next one.
-    fn take_owed(&mut self, _sink: &mut impl FaultSink) {}
+    /// How many channels are owed a turn; while any is, the fast path must not sleep.
+    fn owed_turns(&self) -> usize {
+        0
+    }
+
+    /// The channel whose owed turn comes next (round robin), no longer owed.
+    fn next_owed(&mut self) -> Option<u32> {
+        None
+    }
 
     /// The descriptor to poll for `source`.
     fn source_fd(&mut self, source: Source) -> Option<RawFd>;

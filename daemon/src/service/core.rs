@@ -198,6 +198,8 @@ impl<B: Backend> Core<B> {
     /// `channel`'s doorbell `bell` rang.
     pub fn rung(&mut self, now: Nanos, channel: u32, bell: Bell) {
         match bell {
+            // A channel already owed a turn gets no extra one by ringing.
+            Bell::Faults if self.backend.owes_turn(channel) => return,
             Bell::Faults => {
                 self.backend.take_channel_faults(channel, &mut self.engine.intake(now, &mut self.commands));
             }
@@ -221,17 +223,19 @@ impl<B: Backend> Core<B> {
         self.execute();
     }
 
-    /// Gives the channels owed a turn at their faults their next one.
+    /// Gives each channel owed a turn at its faults its next one, in the order they were
+    /// owed; a channel whose ring is still not empty is owed again, for the next call.
     pub fn take_owed(&mut self, now: Nanos) {
-        if self.backend.owes_turns() {
-            self.backend.take_owed(&mut self.engine.intake(now, &mut self.commands));
+        for _ in 0..self.backend.owed_turns() {
+            let Some(channel) = self.backend.next_owed() else { break };
+            self.backend.take_channel_faults(channel, &mut self.engine.intake(now, &mut self.commands));
             self.execute();
         }
     }
 
     /// Whether the backend owes channels a turn, so the caller must not sleep.
     pub fn owes_turns(&self) -> bool {
-        self.backend.owes_turns()
+        self.backend.owed_turns() > 0
     }
 
     /// Times out what is due at `now`, and lets the backend retry what it must.
@@ -589,5 +593,21 @@ mod tests {
             Command::Replay { gpu: 1 },
         ];
         assert_eq!(out, expected, "a marker completion is never retried");
+    }
+
+    #[test]
+    fn shutdown_reads_the_ring_of_a_channel_owed_a_turn() {
+        let mut pair = Pair::new(1);
+        let busy = pair.open(Pair::spec(0, 2, 1_000_000));
+        let entry = fault(busy.run_va(0, 0), 0);
+        while busy.consumer.post_fault(&entry).is_ok() {}
+        pair.core.rung(pair.now, busy.layout.id.0, Bell::Faults);
+        assert!(pair.core.owes_turns());
+        // Posted after the full pass, before the owed turn came.
+        busy.consumer.post_fault(&fault(busy.run_va(1, 0), 0)).unwrap();
+        pair.core.shutdown(pair.now);
+        for slot in [0, 1] {
+            assert_eq!(busy.run(slot, 0, 0).0, Some(ErrorMarker::DaemonStopping), "slot {slot}");
+        }
     }
 }

@@ -2,9 +2,8 @@
 //! on io_uring for doorbells (faults posted, data published), the descriptors the backend names
 //! (the shim's fault ring, observed spaces), control requests and the core's next deadline.
 //!
-//! The control side (the tokio server) talks to it through a crossbeam queue plus an eventfd
-//! that wakes the ring; replies come back on tokio oneshot channels. Nothing here blocks on a
-//! client: every read is of the daemon's own eventfds and shared regions.
+//! The control side asks through [`super::control`]. Nothing here blocks on a client: every read
+//! is of the daemon's own eventfds and shared regions.
 
 use std::collections::HashMap;
 use std::io;
@@ -12,99 +11,26 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam::channel::{Receiver, Sender, TryRecvError};
+use crossbeam::channel::{Receiver, TryRecvError};
 use io_uring::{opcode, types, IoUring};
 use nix::sys::eventfd::{EfdFlags, EventFd};
-use tokio::sync::oneshot;
-use wic_engine::{ChannelLayout, ChannelSpec, Engine, Nanos};
+use wic_engine::{ChannelSpec, Engine, Nanos};
 use wic_proto::message::{ErrorCode, WireError};
 
-pub use super::backend::PlacementRequest;
-use super::backend::{Added, Backend, Bell, Source};
-use super::core::{Core, Snapshot};
+use super::backend::{Added, Backend, Bell, PlacementRequest, Source};
+use super::control::{Control, Created, DataplaneHandle};
+use super::core::Core;
 
 /// io_uring user data of the control doorbell's read.
 const WAKE_TOKEN: u64 = 0;
 /// io_uring user data of cancel requests (their completions carry no work).
 const CANCEL_TOKEN: u64 = u64::MAX;
 /// io_uring user data of the poll of the backend's fault ring.
-const RING_TOKEN: u64 = u64::MAX - 1;
+const FAULT_RING_TOKEN: u64 = u64::MAX - 1;
 /// io_uring user data of the polls of address spaces' descriptors: this bit, ORed with the
 /// space id (doorbell tokens count up from 1 and never reach it).
 const SPACE_TOKEN: u64 = 1 << 62;
-const RING_ENTRIES: u32 = 256;
-
-/// What the control side asks of the fast path.
-pub enum Control {
-    Create {
-        spec: ChannelSpec,
-        placement: Option<PlacementRequest>,
-        reply: oneshot::Sender<Result<Created, WireError>>,
-    },
-    /// Attaches the address space of an application's UVM file (shim backend).
-    AttachSpace {
-        uvm: OwnedFd,
-        reply: oneshot::Sender<Result<u32, WireError>>,
-    },
-    /// Detaches a space once its connection's channels are destroyed.
-    DetachSpace {
-        space: u32,
-        reply: oneshot::Sender<()>,
-    },
-    /// Watches `start..end` of an observed space (emulated backend).
-    Watch {
-        space: u32,
-        start: u64,
-        end: u64,
-        reply: oneshot::Sender<Result<(), WireError>>,
-    },
-    Destroy {
-        channel: u32,
-        reply: oneshot::Sender<Result<(), WireError>>,
-    },
-    Publish {
-        channel: u32,
-        slot: u32,
-        reply: oneshot::Sender<Result<(), WireError>>,
-    },
-    Snapshot {
-        reply: oneshot::Sender<Snapshot>,
-    },
-    /// Completes every held fault with the stopping marker and ends the thread.
-    Shutdown {
-        reply: oneshot::Sender<()>,
-    },
-}
-
-/// A new channel: its layout with the addresses its consumers use, and the descriptors to
-/// hand to clients (duplicates; the fast path keeps its own). Shim channels have no consumer
-/// region: their consumers are GPU kernels.
-pub struct Created {
-    pub layout: ChannelLayout,
-    pub consumer_region: Option<OwnedFd>,
-    pub fault_doorbell: Option<OwnedFd>,
-    pub producer_region: Option<OwnedFd>,
-    pub publish_doorbell: Option<OwnedFd>,
-}
-
-/// The control side's handle.
-#[derive(Clone)]
-pub struct DataplaneHandle {
-    tx: Sender<Control>,
-    wake: Arc<EventFd>,
-}
-
-impl DataplaneHandle {
-    /// Sends a request built around a reply channel and waits for the answer.
-    pub async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Control) -> Result<T, WireError> {
-        let (reply, answer) = oneshot::channel();
-        let gone = || WireError::new(ErrorCode::Stopping, "the fast path has stopped");
-        self.tx.send(make(reply)).map_err(|_| gone())?;
-        // A failed write means the counter is saturated: the thread is awake anyway.
-        let _ = self.wake.write(1);
-        answer.await.map_err(|_| gone())
-    }
-}
+const URING_ENTRIES: u32 = 256;
 
 /// A pending read of an eventfd; the buffer must stay put until its completion arrives.
 struct Registration {
@@ -119,7 +45,7 @@ struct Registration {
 
 struct Dataplane<B> {
     core: Core<B>,
-    ring: IoUring,
+    uring: IoUring,
     control: Receiver<Control>,
     wake: Arc<EventFd>,
     wake_buf: Box<[u8; 8]>,
@@ -134,14 +60,14 @@ pub fn spawn<B: Backend + Send + 'static>(
     engine: Engine,
     backend: B,
 ) -> Result<(DataplaneHandle, std::thread::JoinHandle<()>), String> {
-    let ring = IoUring::new(RING_ENTRIES).map_err(|e| format!("io_uring setup: {e}"))?;
+    let uring = IoUring::new(URING_ENTRIES).map_err(|e| format!("io_uring setup: {e}"))?;
     // Blocking on purpose: io_uring reads of a non-blocking eventfd fail with EAGAIN instead of
     // waiting.
     let wake = Arc::new(EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC).map_err(|e| format!("eventfd: {e}"))?);
     let (tx, control) = crossbeam::channel::unbounded();
     let mut dataplane = Dataplane {
         core: Core::new(engine, backend),
-        ring,
+        uring,
         control,
         wake: wake.clone(),
         wake_buf: Box::new([0; 8]),
@@ -162,7 +88,7 @@ pub fn spawn<B: Backend + Send + 'static>(
 /// The io_uring user data of `source`'s poll.
 fn source_token(source: Source) -> u64 {
     match source {
-        Source::FaultRing => RING_TOKEN,
+        Source::FaultRing => FAULT_RING_TOKEN,
         Source::Space(space) => SPACE_TOKEN | u64::from(space),
     }
 }
@@ -175,8 +101,8 @@ impl<B: Backend> Dataplane<B> {
     fn push(&mut self, entry: io_uring::squeue::Entry) -> io::Result<()> {
         // SAFETY: every entry pushed reads into a buffer owned by `self` (the wake buffer or a
         // registration's box) that is dropped only after its completion has been reaped.
-        while unsafe { self.ring.submission().push(&entry) }.is_err() {
-            self.ring.submit()?;
+        while unsafe { self.uring.submission().push(&entry) }.is_err() {
+            self.uring.submit()?;
         }
         Ok(())
     }
@@ -229,7 +155,7 @@ impl<B: Backend> Dataplane<B> {
                 std::thread::sleep(Duration::from_millis(10));
             }
             // Turns owed from earlier iterations first: a channel whose doorbell rings now
-            // gets its turn below and, if its ring is still not empty, its next one after.
+            // gets its turn below and, if its fault ring is still not empty, its next one after.
             let now = self.now();
             self.core.take_owed(now);
             self.reap();
@@ -243,14 +169,14 @@ impl<B: Backend> Dataplane<B> {
     /// owes channels a turn.
     fn wait(&mut self) -> io::Result<()> {
         let result = match self.core.next_deadline(self.now()) {
-            _ if self.core.owes_turns() => self.ring.submit(),
+            _ if self.core.owes_turns() => self.uring.submit(),
             Some(deadline) => {
                 let left = deadline.saturating_sub(self.now());
                 let ts = types::Timespec::from(Duration::from_nanos(left.max(1)));
                 let args = types::SubmitArgs::new().timespec(&ts);
-                self.ring.submitter().submit_with_args(1, &args)
+                self.uring.submitter().submit_with_args(1, &args)
             }
-            None => self.ring.submit_and_wait(1),
+            None => self.uring.submit_and_wait(1),
         };
         match result {
             Ok(_) => Ok(()),
@@ -262,7 +188,7 @@ impl<B: Backend> Dataplane<B> {
     fn reap(&mut self) {
         // Reaped into a reused buffer first: handling a completion pushes new submissions.
         let mut completions = std::mem::take(&mut self.completions);
-        completions.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
+        completions.extend(self.uring.completion().map(|c| (c.user_data(), c.result())));
         for (token, result) in completions.drain(..) {
             match token {
                 CANCEL_TOKEN => {}
@@ -271,7 +197,7 @@ impl<B: Backend> Dataplane<B> {
                         tracing::error!("fast path: cannot re-arm the control doorbell: {e}");
                     }
                 }
-                RING_TOKEN => self.on_source(Source::FaultRing, result),
+                FAULT_RING_TOKEN => self.on_source(Source::FaultRing, result),
                 token if token & SPACE_TOKEN != 0 => self.on_source(Source::Space(token as u32), result),
                 token => self.on_bell(token, result),
             }
@@ -284,7 +210,11 @@ impl<B: Backend> Dataplane<B> {
             return;
         }
         if result < 0 {
-            tracing::warn!("fast path: polling {source:?} failed: {}", io::Error::from_raw_os_error(-result));
+            let error = io::Error::from_raw_os_error(-result);
+            match source {
+                Source::FaultRing => tracing::error!("fast path: polling the fault ring failed: {error}"),
+                Source::Space(space) => tracing::warn!(space, "polling the address space failed: {error}"),
+            }
         }
         let now = self.now();
         self.core.ready(now, source);
@@ -413,6 +343,6 @@ impl<B: Backend> Dataplane<B> {
         for channel in self.core.shutdown(now) {
             self.close_bells(channel);
         }
-        let _ = self.ring.submit();
+        let _ = self.uring.submit();
     }
 }

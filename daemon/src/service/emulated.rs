@@ -296,23 +296,25 @@ impl Backend for EmulatedGpus {
     }
 
     fn take_channel_faults(&mut self, channel: u32, sink: &mut impl FaultSink) {
-        // A channel already owed a turn gets no extra one by ringing.
-        if self.channels.get(&channel).is_some_and(|c| !c.owed) {
-            self.take_turn(channel, sink);
-        }
+        self.take_turn(channel, sink);
     }
 
-    fn owes_turns(&self) -> bool {
-        !self.owed.is_empty()
+    fn owes_turn(&self, channel: u32) -> bool {
+        self.channels.get(&channel).is_some_and(|c| c.owed)
     }
 
-    fn take_owed(&mut self, sink: &mut impl FaultSink) {
-        for _ in 0..self.owed.len() {
-            let Some(channel) = self.owed.pop_front() else { break };
-            let Some(regions) = self.channels.get_mut(&channel) else { continue };
-            regions.owed = false;
-            self.take_turn(channel, sink);
+    fn owed_turns(&self) -> usize {
+        self.owed.len()
+    }
+
+    fn next_owed(&mut self) -> Option<u32> {
+        while let Some(channel) = self.owed.pop_front() {
+            if let Some(regions) = self.channels.get_mut(&channel) {
+                regions.owed = false;
+                return Some(channel);
+            }
         }
+        None
     }
 
     fn source_fd(&mut self, source: Source) -> Option<RawFd> {

@@ -2,6 +2,7 @@
 //! GPU backends it drives (emulated, or the shim module) and the observer of real GPU faults.
 
 pub mod backend;
+pub mod control;
 pub mod core;
 pub mod dataplane;
 pub mod emulated;

@@ -33,7 +33,7 @@ use wic_proto::message::{
 };
 use wic_proto::PROTOCOL_VERSION;
 
-use super::dataplane::{Control, Created, DataplaneHandle, PlacementRequest};
+use super::control::{Control, Created, DataplaneHandle, PlacementRequest};
 use super::quota::{self, RefusalLog};
 use super::sharing::{self, SharingPolicy};
 use crate::config::Limits;

@@ -271,6 +271,7 @@ fn scenario() -> Result<(), String> {
     // Its producer is a kernel: the handle has PAT pages and no host publish.
     let pat_va = from_gpu.abi_slot(0).map_err(|e| e.to_string())?.pat_va;
     ensure(pat_va[0] != 0 && pat_va[1] != 0, || format!("a GPU producer's slot has PAT pages {pat_va:x?}"))?;
+    ensure(from_gpu.slot_buffer(0).is_err(), || "a GPU producer's channel has no host slot buffer".into())?;
     let published = from_gpu.publish(0);
     ensure(published.as_ref().is_err_and(|e| e.code() == ErrorCode::Unsupported), || {
         format!("a host publish on a GPU producer's channel: {published:?}")
