@@ -182,8 +182,7 @@ struct wic_group {
  * @ring: the mapped fault ring
  * @ring_bytes: its size
  * @poll_wait: woken when a record is published
- * @bounce: WIC_MAX_WRITE_BYTES of kernel memory for the data of WIC_CMD_WRITE_DATA and of the
- *	completions of @group
+ * @bounce: WIC_MAX_WRITE_BYTES of kernel memory for the data of the completions of @group
  * @group: the completions of the batch being run, not run yet; under @mutex
  * @sweep: the steps one uvm_wic_complete() call of a sweep of the held table runs
  *	(wic_sweep_step()); under @mutex
@@ -1369,52 +1368,14 @@ found:
 	return err;
 }
 
-static int wic_write_markers(struct uvm_wic_space *uvm, const struct wic_command *cmd)
+/* Maps @cmd's PAT page writable and, once it is mapped, releases the fault held on it. */
+static int wic_service_pat(struct wic_session *s, struct uvm_wic_space *uvm,
+			   const struct wic_command *cmd)
 {
-	u64 marker = cmd->arg;
-	u32 i;
-	int err;
-
-	for (i = 0; i < cmd->pages; i++) {
-		err = uvm_wic_write(uvm, cmd->va + (u64)i * PAGE_SIZE, &marker, sizeof(marker));
-		if (err)
-			return err;
-	}
-	return 0;
-}
-
-static int wic_write_data(struct wic_session *s, struct uvm_wic_space *uvm,
-			  const struct wic_command *cmd)
-{
-	if (copy_from_user(s->bounce, u64_to_user_ptr(cmd->arg), cmd->length))
-		return -EFAULT;
-	return uvm_wic_write(uvm, cmd->va, s->bounce, cmd->length);
-}
-
-/* Maps @cmd's pages and, once they are mapped, releases the faults held on them. */
-static int wic_map_release(struct wic_session *s, struct uvm_wic_space *uvm,
-			   const struct wic_command *cmd, bool writable)
-{
-	int err = uvm_wic_map(uvm, cmd->gpu_id, cmd->va, (u64)cmd->pages * PAGE_SIZE, writable);
+	int err = uvm_wic_map(uvm, cmd->gpu_id, cmd->va, (u64)cmd->pages * PAGE_SIZE, true);
 
 	if (!err)
 		wic_release_held(s, cmd->space_id, cmd->gpu_id, cmd->va, cmd->pages);
-	return err;
-}
-
-/*
- * Unmaps @pages pages at @va from @gpu_id and forgets the faults held on them. Those are late
- * duplicates of a fault already completed, which the daemon drops as stale: left held, one
- * would hide the next real fault on its page, which would then never be recorded. A warp
- * still stalled there faults again after the next replay and is recorded afresh.
- */
-static int wic_unmap_release(struct wic_session *s, struct uvm_wic_space *uvm, u32 space_id,
-			     u32 gpu_id, u64 va, u32 pages)
-{
-	int err = uvm_wic_unmap(uvm, gpu_id, va, (u64)pages * PAGE_SIZE);
-
-	if (!err)
-		wic_release_held(s, space_id, gpu_id, va, pages);
 	return err;
 }
 
@@ -1427,17 +1388,10 @@ static int wic_run_command(struct wic_session *s, struct wic_space_entry *space,
 	switch (cmd->opcode) {
 	case WIC_CMD_REPLAY:
 		return uvm_wic_replay(cmd->gpu_id);
-	case WIC_CMD_WRITE_DATA:
-		return wic_write_data(s, space->uvm, cmd);
-	case WIC_CMD_WRITE_MARKER:
-		return wic_write_markers(space->uvm, cmd);
-	case WIC_CMD_UNMAP:
-		return wic_unmap_release(s, space->uvm, cmd->space_id, cmd->gpu_id, cmd->va,
-					 cmd->pages);
 	case WIC_CMD_REARM_PAT:
 		return uvm_wic_revoke_write(space->uvm, cmd->gpu_id, cmd->va, bytes);
-	default: /* WIC_CMD_MAP, WIC_CMD_SERVICE_PAT; completions go through wic_group_add() */
-		return wic_map_release(s, space->uvm, cmd, cmd->opcode == WIC_CMD_SERVICE_PAT);
+	default: /* WIC_CMD_SERVICE_PAT; completions go through wic_group_add() */
+		return wic_service_pat(s, space->uvm, cmd);
 	}
 }
 

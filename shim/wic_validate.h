@@ -263,16 +263,14 @@ static inline int wic_check_command(const struct wic_command *cmd,
 	bool pat = cmd->opcode == WIC_CMD_SERVICE_PAT || cmd->opcode == WIC_CMD_REARM_PAT;
 	bool copy = cmd->opcode == WIC_CMD_COMPLETE_COPY;
 	bool complete = cmd->opcode == WIC_CMD_COMPLETE || copy;
-	bool data = cmd->opcode == WIC_CMD_WRITE_DATA || copy ||
-		    (cmd->opcode == WIC_CMD_COMPLETE && cmd->length);
-	bool marker = cmd->opcode == WIC_CMD_WRITE_MARKER ||
-		      (cmd->opcode == WIC_CMD_COMPLETE && !cmd->length);
+	bool data = copy || (cmd->opcode == WIC_CMD_COMPLETE && cmd->length);
+	bool marker = cmd->opcode == WIC_CMD_COMPLETE && !cmd->length;
 	const struct wic_range_entry *range;
 	u64 bytes, end, companion_end = 0, source_end;
 
 	if (cmd->reserved || cmd->result)
 		return -EINVAL;
-	if (cmd->opcode < WIC_CMD_WRITE_DATA || cmd->opcode > WIC_CMD_COMPLETE_COPY)
+	if (cmd->opcode < WIC_CMD_SERVICE_PAT || cmd->opcode > WIC_CMD_COMPLETE_COPY)
 		return -EINVAL;
 	if (!wic_gpu_id_valid(cmd->gpu_id))
 		return -ENODEV;

@@ -30,7 +30,7 @@
 #include <linux/ioctl.h>
 #include <linux/types.h>
 
-#define WIC_ABI_VERSION 4
+#define WIC_ABI_VERSION 5
 
 #define WIC_PAGE_SIZE 4096
 
@@ -146,11 +146,12 @@ struct wic_range {
 	__u32 run_pages;
 };
 
-/* Command opcodes. */
-#define WIC_CMD_WRITE_DATA 1	/* copy @length bytes from daemon address @arg to @va */
-#define WIC_CMD_WRITE_MARKER 2	/* write marker @arg at the start of each of @pages pages */
-#define WIC_CMD_UNMAP 3		/* unmap @pages pages from the GPU, wait for the invalidate */
-#define WIC_CMD_MAP 4		/* map @pages pages read-only and release their held faults */
+/*
+ * Command opcodes. 1 to 4 are not used: they named the steps of a completion (write data,
+ * write a marker, unmap, map) as commands of their own, which no caller needs, since wicd
+ * wakes a slot only whole (WIC_CMD_COMPLETE), and which let a session map or unmap any page
+ * of its ranges out of turn. The module refuses them with EINVAL.
+ */
 #define WIC_CMD_SERVICE_PAT 5	/* map a PAT page writable and release its held fault */
 #define WIC_CMD_REARM_PAT 6	/* revoke write access to a PAT page */
 #define WIC_CMD_REPLAY 7	/* replay the GPU's faults; @space_id, @va, @pages unused */
@@ -164,22 +165,23 @@ struct wic_range {
  * @gpu_id: the GPU the command concerns, 1 to WIC_MAX_GPU_ID (nvidia-uvm's id of the GPU)
  * @pages: pages from @va, 1 to WIC_MAX_RANGE_BYTES / WIC_PAGE_SIZE (1 for the PAT commands)
  * @va: page-aligned, inside one registered range of @space_id (a PAT range for PAT commands)
- * @length: WIC_CMD_WRITE_DATA, WIC_CMD_COMPLETE with data and WIC_CMD_COMPLETE_COPY: bytes
- *	to copy, at least 1, at most WIC_MAX_WRITE_BYTES and no more than the @pages pages hold;
- *	otherwise 0
- * @arg: WIC_CMD_WRITE_DATA, and WIC_CMD_COMPLETE with @length: the daemon's address of the
- *	bytes; WIC_CMD_COMPLETE_COPY: the application's address of the bytes, @length of them
- *	inside one WIC_RANGE_SOURCE range of @space_id; WIC_CMD_WRITE_MARKER, and
- *	WIC_CMD_COMPLETE without @length: one of the four WIC_MARKER_* values; otherwise 0
+ * @length: WIC_CMD_COMPLETE with data and WIC_CMD_COMPLETE_COPY: bytes to copy, at least 1,
+ *	at most WIC_MAX_WRITE_BYTES and no more than the @pages pages hold; otherwise 0
+ * @arg: WIC_CMD_COMPLETE with @length: the daemon's address of the bytes;
+ *	WIC_CMD_COMPLETE_COPY: the application's address of the bytes, @length of them inside
+ *	one WIC_RANGE_SOURCE range of @space_id; WIC_CMD_COMPLETE without @length: one of the
+ *	four WIC_MARKER_* values; otherwise 0
  * @companion: WIC_CMD_COMPLETE and WIC_CMD_COMPLETE_COPY: the other run of the slot, @pages
  *	pages from this page-aligned address, in a PCM range of @space_id and not overlapping
  *	@va's; otherwise 0
  * @result: in: 0; out: 0 or a negative errno
  * @reserved: must be 0
  *
- * WIC_CMD_COMPLETE is one wake-up of a slot: the fill (WIC_CMD_WRITE_DATA, or with @length 0
- * WIC_CMD_WRITE_MARKER) on @va, WIC_CMD_UNMAP of @companion, then WIC_CMD_MAP of @va, which
- * releases the held faults. The steps run in that order and the first that fails ends the
+ * WIC_CMD_COMPLETE is one wake-up of a slot: the fill of @va's pages (@length bytes from @arg,
+ * or with @length 0 marker @arg at the start of each page), the unmap of @companion's pages
+ * from @gpu_id (waiting for the invalidate; the faults held there are late duplicates and are
+ * forgotten), then the read-only map of @va's pages on @gpu_id, which releases their held
+ * faults. The steps run in that order and the first that fails ends the
  * command with its error, so a run whose fill failed is never mapped. WIC_CMD_COMPLETE_COPY is
  * the same wake-up for a GPU producer: the fill is a copy of @length bytes from @arg in the
  * application's managed memory, read where they are resident: from a GPU's memory, that GPU's
@@ -197,7 +199,7 @@ struct wic_range {
  * one WIC_RANGE_SOURCE range. Running the command may fail too (EFAULT for
  * @arg bytes that cannot be read, or what nvidia-uvm returns).
  *
- * WIC_CMD_MAP, WIC_CMD_SERVICE_PAT, WIC_CMD_COMPLETE and WIC_CMD_COMPLETE_COPY release held
+ * WIC_CMD_SERVICE_PAT, WIC_CMD_COMPLETE and WIC_CMD_COMPLETE_COPY release held
  * faults only when the map succeeded. It fails with ENODATA when a page is resident nowhere
  * (write it first) and with EXDEV when nvidia-uvm cannot map a page on @gpu_id: it is
  * resident only on a GPU without peer access to @gpu_id, or policy keeps it from a remote

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use libc::{EEXIST, EFAULT, EINVAL, ENODEV, ENOENT, ENOSPC, ERANGE};
 use wic_proto::kabi::{
     WicCommand, WicRange, WicSubmit, WIC_CMD_COMPLETE, WIC_CMD_COMPLETE_COPY, WIC_CMD_REARM_PAT, WIC_CMD_REPLAY,
-    WIC_CMD_SERVICE_PAT, WIC_CMD_WRITE_DATA, WIC_CMD_WRITE_MARKER, WIC_MARKER_CHANNEL_CLOSED, WIC_MARKER_DAEMON_GONE, WIC_MARKER_DAEMON_STOPPING,
+    WIC_CMD_SERVICE_PAT, WIC_MARKER_CHANNEL_CLOSED, WIC_MARKER_DAEMON_GONE, WIC_MARKER_DAEMON_STOPPING,
     WIC_MARKER_TIMEOUT, WIC_MAX_COMMANDS, WIC_MAX_GPU_ID, WIC_MAX_RANGES, WIC_MAX_RANGE_BYTES, WIC_MAX_SPACES, WIC_MAX_WRITE_BYTES,
     WIC_PAGE_SIZE, WIC_RANGE_PAT, WIC_RANGE_PCM, WIC_RANGE_SOURCE,
 };
@@ -16,8 +16,7 @@ use wic_proto::kabi::{
 use crate::shim::RangeEntry;
 
 
-/// The four error markers a `WIC_CMD_WRITE_MARKER` (or a `WIC_CMD_COMPLETE` without data) may
-/// write.
+/// The four error markers a `WIC_CMD_COMPLETE` without data may write.
 const MARKERS: [u64; 4] = [WIC_MARKER_TIMEOUT, WIC_MARKER_CHANNEL_CLOSED, WIC_MARKER_DAEMON_STOPPING, WIC_MARKER_DAEMON_GONE];
 
 /// `struct wic_submit`: 1 to `WIC_MAX_COMMANDS` commands, no flags.
@@ -34,7 +33,8 @@ pub fn command(cmd: &WicCommand, space: Option<&[RangeEntry]>) -> Result<(), i32
     if cmd.reserved != 0 || cmd.result != 0 {
         return Err(EINVAL);
     }
-    if !(WIC_CMD_WRITE_DATA..=WIC_CMD_COMPLETE_COPY).contains(&op) {
+    // Opcodes 1 to 4 (the steps of a completion as commands of their own) are not used.
+    if !(WIC_CMD_SERVICE_PAT..=WIC_CMD_COMPLETE_COPY).contains(&op) {
         return Err(EINVAL);
     }
     // "@gpu_id: the GPU the command concerns, 1 to WIC_MAX_GPU_ID".
@@ -45,8 +45,8 @@ pub fn command(cmd: &WicCommand, space: Option<&[RangeEntry]>) -> Result<(), i32
     // with data.
     let copy = op == WIC_CMD_COMPLETE_COPY;
     let complete = op == WIC_CMD_COMPLETE || copy;
-    let data = op == WIC_CMD_WRITE_DATA || copy || (op == WIC_CMD_COMPLETE && cmd.length != 0);
-    let marker = op == WIC_CMD_WRITE_MARKER || (op == WIC_CMD_COMPLETE && cmd.length == 0);
+    let data = copy || (op == WIC_CMD_COMPLETE && cmd.length != 0);
+    let marker = op == WIC_CMD_COMPLETE && cmd.length == 0;
     // @length, @arg and @companion are 0 unless the opcode uses them.
     if (!data && cmd.length != 0) || (!data && !marker && cmd.arg != 0) || (!complete && cmd.companion != 0) {
         return Err(EINVAL);

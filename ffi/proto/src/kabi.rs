@@ -7,7 +7,7 @@ use wic_types::ErrorMarker;
 use crate::c_struct;
 
 /// `WIC_ABI_VERSION`: negotiated first, by [`WIC_IOC_VERSION`].
-pub const WIC_ABI_VERSION: u32 = 4;
+pub const WIC_ABI_VERSION: u32 = 5;
 /// `WIC_PAGE_SIZE`.
 pub const WIC_PAGE_SIZE: u64 = 4096;
 /// `WIC_MAX_SPACES`: VA spaces one session may attach.
@@ -20,7 +20,7 @@ pub const WIC_MAX_HELD: u32 = 4096;
 pub const WIC_MAX_COMMANDS: u32 = 1024;
 /// `WIC_MAX_RANGE_BYTES`: the longest range.
 pub const WIC_MAX_RANGE_BYTES: u64 = 1 << 36;
-/// `WIC_MAX_WRITE_BYTES`: the most bytes one `WIC_CMD_WRITE_DATA` copies.
+/// `WIC_MAX_WRITE_BYTES`: the most bytes one completion copies.
 pub const WIC_MAX_WRITE_BYTES: u32 = 1 << 20;
 /// `WIC_MAX_GPU_ID`: GPU ids are nvidia-uvm's, 1 to this (0 is the CPU).
 pub const WIC_MAX_GPU_ID: u32 = 256;
@@ -44,14 +44,6 @@ pub const WIC_RANGE_PAT: u32 = 2;
 /// are never held.
 pub const WIC_RANGE_SOURCE: u32 = 3;
 
-/// `WIC_CMD_WRITE_DATA`.
-pub const WIC_CMD_WRITE_DATA: u32 = 1;
-/// `WIC_CMD_WRITE_MARKER`.
-pub const WIC_CMD_WRITE_MARKER: u32 = 2;
-/// `WIC_CMD_UNMAP`.
-pub const WIC_CMD_UNMAP: u32 = 3;
-/// `WIC_CMD_MAP`.
-pub const WIC_CMD_MAP: u32 = 4;
 /// `WIC_CMD_SERVICE_PAT`.
 pub const WIC_CMD_SERVICE_PAT: u32 = 5;
 /// `WIC_CMD_REARM_PAT`.
@@ -139,8 +131,7 @@ c_struct! {
         pub pages: u32,
         /// Page-aligned start.
         pub va: u64,
-        /// Bytes to copy ([`WIC_CMD_WRITE_DATA`], [`WIC_CMD_COMPLETE`] with data,
-        /// [`WIC_CMD_COMPLETE_COPY`]).
+        /// Bytes to copy ([`WIC_CMD_COMPLETE`] with data, [`WIC_CMD_COMPLETE_COPY`]).
         pub length: u64,
         /// The daemon's address of the bytes, the application's ([`WIC_CMD_COMPLETE_COPY`]),
         /// or the marker.
@@ -257,10 +248,6 @@ pub fn constants() -> Vec<(&'static str, i128)> {
         ("WIC_RANGE_PCM", WIC_RANGE_PCM.into()),
         ("WIC_RANGE_PAT", WIC_RANGE_PAT.into()),
         ("WIC_RANGE_SOURCE", WIC_RANGE_SOURCE.into()),
-        ("WIC_CMD_WRITE_DATA", WIC_CMD_WRITE_DATA.into()),
-        ("WIC_CMD_WRITE_MARKER", WIC_CMD_WRITE_MARKER.into()),
-        ("WIC_CMD_UNMAP", WIC_CMD_UNMAP.into()),
-        ("WIC_CMD_MAP", WIC_CMD_MAP.into()),
         ("WIC_CMD_SERVICE_PAT", WIC_CMD_SERVICE_PAT.into()),
         ("WIC_CMD_REARM_PAT", WIC_CMD_REARM_PAT.into()),
         ("WIC_CMD_REPLAY", WIC_CMD_REPLAY.into()),

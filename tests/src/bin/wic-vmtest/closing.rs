@@ -227,35 +227,41 @@ impl Step<'_> {
         self.completed(memory, &events, base + PAGE)
     }
 
-    /// (c) A held page resident out of the GPU's reach: MAP fails with EXDEV and releases
-    /// nothing; once reachable again MAP releases it; UNREGISTER of a range with such a held
-    /// page writes its marker and releases it unmapped instead of failing for ever.
+    /// (c) A held page resident out of the GPU's reach: a completion's map fails with EXDEV
+    /// and releases nothing; once reachable again the completion releases it; UNREGISTER of a
+    /// range with such a held page writes its marker and releases it unmapped instead of
+    /// failing for ever.
     fn unmappable(&mut self, memory: &mut Memory) -> Result<(), String> {
         let (base, id) = self.range(memory)?;
         self.inject(base, fakegpu::VERDICT_HOLD)?;
         ensure(self.drain() == 1, || "the held fault was not recorded".into())?;
         self.fake.reside(GPU, base, true).map_err(|e| format!("reside: {e}"))?;
-        let map = WicCommand {
-            opcode: kabi::WIC_CMD_MAP,
+        let complete = WicCommand {
+            opcode: kabi::WIC_CMD_COMPLETE,
             space_id: self.space,
             gpu_id: GPU,
             pages: 1,
             va: base,
+            arg: kabi::WIC_MARKER_TIMEOUT,
+            companion: base + 2 * PAGE,
             ..Default::default()
         };
-        let mut cmds = [map];
-        let done = self.device.submit(&mut cmds).map_err(|e| format!("MAP: {e}"))?;
+        let mut cmds = [complete];
+        let done = self.device.submit(&mut cmds).map_err(|e| format!("COMPLETE: {e}"))?;
         ensure(done == 0 && cmds[0].result == -(Errno::EXDEV as i32), || {
-            format!("MAP of a page the GPU cannot reach: expected EXDEV, got count {done}, result {}", cmds[0].result)
+            format!(
+                "COMPLETE of a page the GPU cannot reach: expected EXDEV, got count {done}, result {}",
+                cmds[0].result
+            )
         })?;
         // Still held: a replay's fault on it is held again and not recorded again.
         self.still_held(memory, base, false)?;
-        ensure(self.drain() == 0, || "the fault after the failed MAP was recorded again".into())?;
+        ensure(self.drain() == 0, || "the fault after the failed map was recorded again".into())?;
 
         self.fake.reside(GPU, base, false).map_err(|e| format!("reside: {e}"))?;
-        let mut cmds = [map];
-        self.device.submit(&mut cmds).map_err(|e| format!("MAP: {e}"))?;
-        ensure(cmds[0].result == 0, || format!("MAP once reachable: result {}", cmds[0].result))?;
+        let mut cmds = [complete];
+        self.device.submit(&mut cmds).map_err(|e| format!("COMPLETE: {e}"))?;
+        ensure(cmds[0].result == 0, || format!("COMPLETE once reachable: result {}", cmds[0].result))?;
         ensure(self.mapped(base)?, || "the page is not mapped".into())?;
 
         // UNREGISTER with a held page out of reach: marker written, released unmapped.

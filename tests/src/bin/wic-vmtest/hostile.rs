@@ -38,8 +38,9 @@ const KERNEL_ADDR: u64 = 0xffff_8880_0000_0000;
 const LOW_ADDR: u64 = 8;
 /// Pages of the region most ranges live in.
 const REGION_PAGES: usize = 64;
-/// Pages of the range long enough for a `WIC_CMD_WRITE_DATA` above `WIC_MAX_WRITE_BYTES`.
-const LONG_PAGES: usize = 264;
+/// Pages of the range long enough for a completion of more than `WIC_MAX_WRITE_BYTES` (257
+/// pages) and its companion run.
+const LONG_PAGES: usize = 2 * 257;
 
 use wic_kmod::device::raw::{ioc_attach, ioc_detach, ioc_register, ioc_submit, ioc_unregister, ioc_version};
 
@@ -713,7 +714,7 @@ fn register_cases(c: &mut Checker, fd: RawFd, fake: &FakeGpu, s1: u32) -> Result
     let long = Mapping::anonymous(LONG_PAGES)?;
     long.manage(fake, 0, LONG_PAGES)?;
     let range_long =
-        c.accepted("REGISTER a 264-page range", register(fd, s1, PCM, long.page(0), LONG_PAGES as u64 * PAGE))?;
+        c.accepted("REGISTER a 514-page range", register(fd, s1, PCM, long.page(0), LONG_PAGES as u64 * PAGE))?;
 
     // A second space may register what the first has; detaching it takes its ranges along.
     let other = FakeGpu::open().map_err(|e| format!("open {}: {e}", fakegpu::DEVICE))?;
@@ -801,85 +802,95 @@ fn command_cases(c: &mut Checker, fd: RawFd, fake: &FakeGpu, ring: &mut IoUring,
     let a = st.region.page(4);
     let p = st.region.page(3);
     let data: Vec<u8> = (0..2 * PAGE_BYTES).map(|i| (i as u8) ^ 0x5a).collect();
-    let map = command(kabi::WIC_CMD_MAP, s1, a, 1);
-    let write = WicCommand { opcode: kabi::WIC_CMD_WRITE_DATA, length: 16, arg: data.as_ptr() as u64, ..map };
-    let marker = WicCommand { opcode: kabi::WIC_CMD_WRITE_MARKER, arg: kabi::WIC_MARKER_TIMEOUT, ..map };
-    let service = command(kabi::WIC_CMD_SERVICE_PAT, s1, p, 1);
+    // A valid completion of page 4 with the timeout marker, its companion page 5: the command
+    // the general checks below break one field of at a time.
     let complete = WicCommand {
-        opcode: kabi::WIC_CMD_COMPLETE,
         arg: kabi::WIC_MARKER_TIMEOUT,
         companion: st.region.page(5),
-        ..map
+        ..command(kabi::WIC_CMD_COMPLETE, s1, a, 1)
     };
+    let with_data = WicCommand { length: 16, arg: data.as_ptr() as u64, ..complete };
+    let service = command(kabi::WIC_CMD_SERVICE_PAT, s1, p, 1);
     let max_pages = (kabi::WIC_MAX_RANGE_BYTES / PAGE) as u32;
     let einval = neg(Errno::EINVAL);
     // A GPU producer's batches, pages 10 and 11: what a COMPLETE_COPY may read.
     let source = c.accepted("REGISTER a source range", register(fd, s1, SOURCE, st.region.page(10), 2 * PAGE))?;
     let copy = WicCommand { opcode: kabi::WIC_CMD_COMPLETE_COPY, length: 16, arg: st.region.page(10), ..complete };
     let table: Vec<(&str, WicCommand, i32)> = vec![
-        ("opcode 0", WicCommand { opcode: 0, ..map }, einval),
-        ("unknown opcode 99", WicCommand { opcode: 99, ..map }, einval),
-        ("opcode 10, one past COMPLETE_COPY", WicCommand { opcode: 10, ..map }, einval),
-        ("opcode u32::MAX", WicCommand { opcode: u32::MAX, ..map }, einval),
-        ("reserved != 0", WicCommand { reserved: 1, ..map }, einval),
+        ("opcode 0", WicCommand { opcode: 0, ..complete }, einval),
+        ("opcode 1 (unused: a completion's data write alone)", WicCommand { opcode: 1, ..with_data }, einval),
+        ("opcode 2 (unused: a completion's marker write alone)", WicCommand { opcode: 2, ..complete }, einval),
+        ("opcode 3 (unused: a completion's unmap alone)", WicCommand { opcode: 3, ..command(3, s1, a, 1) }, einval),
+        ("opcode 4 (unused: a completion's map alone)", WicCommand { opcode: 4, ..command(4, s1, a, 1) }, einval),
+        ("unknown opcode 99", WicCommand { opcode: 99, ..complete }, einval),
+        ("opcode 10, one past COMPLETE_COPY", WicCommand { opcode: 10, ..complete }, einval),
+        ("opcode u32::MAX", WicCommand { opcode: u32::MAX, ..complete }, einval),
+        ("reserved != 0", WicCommand { reserved: 1, ..complete }, einval),
         ("REPLAY with reserved != 0", WicCommand { reserved: 1, ..replay(GPU) }, einval),
-        ("result preset nonzero", WicCommand { result: 5, ..map }, einval),
+        ("result preset nonzero", WicCommand { result: 5, ..complete }, einval),
         ("REPLAY with result preset nonzero", WicCommand { result: -1, ..replay(GPU) }, einval),
         ("REPLAY with length != 0", WicCommand { length: 8, ..replay(GPU) }, einval),
         ("REPLAY with arg != 0", WicCommand { arg: 1, ..replay(GPU) }, einval),
-        ("gpu_id 0, the CPU's id", WicCommand { gpu_id: 0, ..map }, neg(Errno::ENODEV)),
-        ("gpu_id 257", WicCommand { gpu_id: kabi::WIC_MAX_GPU_ID + 1, ..map }, neg(Errno::ENODEV)),
-        ("gpu_id u32::MAX", WicCommand { gpu_id: u32::MAX, ..map }, neg(Errno::ENODEV)),
+        ("gpu_id 0, the CPU's id", WicCommand { gpu_id: 0, ..complete }, neg(Errno::ENODEV)),
+        ("gpu_id 257", WicCommand { gpu_id: kabi::WIC_MAX_GPU_ID + 1, ..complete }, neg(Errno::ENODEV)),
+        ("gpu_id u32::MAX", WicCommand { gpu_id: u32::MAX, ..complete }, neg(Errno::ENODEV)),
         ("REPLAY gpu_id 0, the CPU's id", replay(0), neg(Errno::ENODEV)),
         ("REPLAY gpu_id 257", replay(kabi::WIC_MAX_GPU_ID + 1), neg(Errno::ENODEV)),
-        ("stale space id", WicCommand { space_id: st.stale_space, ..map }, neg(Errno::ENOENT)),
-        ("space id 0", WicCommand { space_id: 0, ..map }, neg(Errno::ENOENT)),
-        ("space id 65", WicCommand { space_id: kabi::WIC_MAX_SPACES + 1, ..map }, neg(Errno::ENOENT)),
-        ("va outside every range", WicCommand { va: st.region.page(40), ..map }, neg(Errno::ERANGE)),
-        ("va 0", WicCommand { va: 0, ..map }, neg(Errno::ERANGE)),
-        ("unaligned va", WicCommand { va: a + 8, ..map }, einval),
-        ("pages 0", WicCommand { pages: 0, ..map }, einval),
-        ("pages u32::MAX", WicCommand { pages: u32::MAX, ..map }, einval),
-        ("pages WIC_MAX_RANGE_BYTES / 4096 + 1", WicCommand { pages: max_pages + 1, ..map }, einval),
+        ("stale space id", WicCommand { space_id: st.stale_space, ..complete }, neg(Errno::ENOENT)),
+        ("space id 0", WicCommand { space_id: 0, ..complete }, neg(Errno::ENOENT)),
+        ("space id 65", WicCommand { space_id: kabi::WIC_MAX_SPACES + 1, ..complete }, neg(Errno::ENOENT)),
+        ("va outside every range", WicCommand { va: st.region.page(40), ..complete }, neg(Errno::ERANGE)),
+        ("va 0", WicCommand { va: 0, ..complete }, neg(Errno::ERANGE)),
+        ("unaligned va", WicCommand { va: a + 8, ..complete }, einval),
+        ("pages 0", WicCommand { pages: 0, ..complete }, einval),
+        ("pages u32::MAX", WicCommand { pages: u32::MAX, ..complete }, einval),
+        ("pages WIC_MAX_RANGE_BYTES / 4096 + 1", WicCommand { pages: max_pages + 1, ..complete }, einval),
         (
             "pages WIC_MAX_RANGE_BYTES / 4096, past the range",
-            WicCommand { pages: max_pages, ..map },
+            WicCommand { pages: max_pages, companion: a - u64::from(max_pages) * PAGE, ..complete },
             neg(Errno::ERANGE),
         ),
-        ("va + pages overflowing u64", WicCommand { va: u64::MAX - PAGE + 1, pages: 2, ..map }, einval),
-        ("pages across two adjacent ranges", WicCommand { va: st.region.page(7), pages: 2, ..map }, neg(Errno::ERANGE)),
-        ("WRITE_DATA length > pages * 4096", WicCommand { length: PAGE + 1, ..write }, einval),
-        ("WRITE_DATA length 0", WicCommand { length: 0, ..write }, einval),
+        ("va + pages overflowing u64", WicCommand { va: u64::MAX - PAGE + 1, pages: 2, ..complete }, einval),
         (
-            "WRITE_DATA length > WIC_MAX_WRITE_BYTES",
-            WicCommand { va: st.long.page(0), pages: 257, length: u64::from(kabi::WIC_MAX_WRITE_BYTES) + 1, ..write },
-            einval,
-        ),
-        ("WRITE_DATA from address 8", WicCommand { arg: LOW_ADDR, ..write }, neg(Errno::EFAULT)),
-        ("WRITE_DATA from a kernel address", WicCommand { arg: KERNEL_ADDR, ..write }, neg(Errno::EFAULT)),
-        ("WRITE_MARKER 0x1234 (not a marker)", WicCommand { arg: 0x1234, ..marker }, einval),
-        ("WRITE_MARKER 0", WicCommand { arg: 0, ..marker }, einval),
-        (
-            "WRITE_MARKER of the magic alone (not a marker)",
-            WicCommand { arg: kabi::WIC_MARKER_MAGIC, ..marker },
-            einval,
+            "pages across two adjacent ranges",
+            WicCommand { va: st.region.page(7), pages: 2, ..complete },
+            neg(Errno::ERANGE),
         ),
         (
-            "WRITE_MARKER of the magic with code 5 (not a marker)",
-            WicCommand { arg: kabi::WIC_MARKER_MAGIC | 5, ..marker },
+            "COMPLETE with data longer than WIC_MAX_WRITE_BYTES",
+            WicCommand {
+                va: st.long.page(0),
+                companion: st.long.page(257),
+                pages: 257,
+                length: u64::from(kabi::WIC_MAX_WRITE_BYTES) + 1,
+                ..with_data
+            },
             einval,
         ),
-        ("WRITE_MARKER with length != 0", WicCommand { length: 8, ..marker }, einval),
-        ("SERVICE_PAT on a PCM range", WicCommand { opcode: kabi::WIC_CMD_SERVICE_PAT, ..map }, neg(Errno::ERANGE)),
-        ("REARM_PAT on a PCM range", WicCommand { opcode: kabi::WIC_CMD_REARM_PAT, ..map }, neg(Errno::ERANGE)),
-        ("MAP on a PAT range", WicCommand { va: p, ..map }, neg(Errno::ERANGE)),
-        ("WRITE_DATA on a PAT range", WicCommand { va: p, ..write }, neg(Errno::ERANGE)),
+        ("COMPLETE with data from address 8", WicCommand { arg: LOW_ADDR, ..with_data }, neg(Errno::EFAULT)),
+        ("COMPLETE of marker 0", WicCommand { arg: 0, ..complete }, einval),
+        (
+            "COMPLETE of the marker magic alone (not a marker)",
+            WicCommand { arg: kabi::WIC_MARKER_MAGIC, ..complete },
+            einval,
+        ),
+        (
+            "COMPLETE of the marker magic with code 5 (not a marker)",
+            WicCommand { arg: kabi::WIC_MARKER_MAGIC | 5, ..complete },
+            einval,
+        ),
+        ("SERVICE_PAT on a PCM range", WicCommand { va: a, ..service }, neg(Errno::ERANGE)),
+        (
+            "REARM_PAT on a PCM range",
+            WicCommand { opcode: kabi::WIC_CMD_REARM_PAT, va: a, ..service },
+            neg(Errno::ERANGE),
+        ),
+        ("COMPLETE with data on a PAT range", WicCommand { va: p, ..with_data }, neg(Errno::ERANGE)),
         ("SERVICE_PAT of 2 pages", WicCommand { pages: 2, ..service }, einval),
-        ("UNMAP with length != 0", WicCommand { opcode: kabi::WIC_CMD_UNMAP, length: 8, ..map }, einval),
-        ("MAP with length != 0", WicCommand { length: 1, ..map }, einval),
-        ("MAP with arg != 0", WicCommand { arg: 1, ..map }, einval),
+        ("SERVICE_PAT with length != 0", WicCommand { length: 1, ..service }, einval),
         ("SERVICE_PAT with arg != 0", WicCommand { arg: kabi::WIC_MARKER_TIMEOUT, ..service }, einval),
-        ("MAP with companion != 0", WicCommand { companion: st.region.page(5), ..map }, einval),
+        ("SERVICE_PAT with companion != 0", WicCommand { companion: st.region.page(5), ..service }, einval),
+        ("REARM_PAT with length != 0", WicCommand { opcode: kabi::WIC_CMD_REARM_PAT, length: 8, ..service }, einval),
         ("REPLAY with companion != 0", WicCommand { companion: PAGE, ..replay(GPU) }, einval),
         ("COMPLETE with an unaligned companion", WicCommand { companion: st.region.page(5) + 8, ..complete }, einval),
         ("COMPLETE with its own run as companion", WicCommand { companion: a, ..complete }, einval),
@@ -1031,14 +1042,16 @@ fn command_cases(c: &mut Checker, fd: RawFd, fake: &FakeGpu, ring: &mut IoUring,
     )?;
     c.status("io_uring SUBMIT of a valid REPLAY: its result", one[0].result, 0)?;
 
-    // Mixed batches: 3 bad and 2 good commands, the good ones take effect.
+    // Mixed batches: 3 bad and 2 good commands, the good ones take effect (the second good one
+    // completes the first's companion, with the first as its own).
     let mixed = |page: usize, bytes: &[u8], word: u64| {
+        let (run, companion) = (st.region.page(page), st.region.page(page + 1));
         [
-            WicCommand { opcode: 0, ..map },
-            WicCommand { va: st.region.page(page), arg: bytes.as_ptr() as u64, length: bytes.len() as u64, ..write },
-            WicCommand { gpu_id: 0, ..map },
-            WicCommand { va: st.region.page(page + 1), arg: word, ..marker },
-            WicCommand { va: st.region.page(40), ..map },
+            WicCommand { opcode: 0, ..complete },
+            WicCommand { va: run, companion, arg: bytes.as_ptr() as u64, length: bytes.len() as u64, ..complete },
+            WicCommand { gpu_id: 0, ..complete },
+            WicCommand { va: companion, companion: run, arg: word, ..complete },
+            WicCommand { va: st.region.page(40), ..complete },
         ]
     };
     let want = [einval, 0, neg(Errno::ENODEV), 0, neg(Errno::ERANGE)];
@@ -1072,7 +1085,7 @@ fn command_cases(c: &mut Checker, fd: RawFd, fake: &FakeGpu, ring: &mut IoUring,
 
     // A whole wake-up in one command: the data, the companion's unmap, the run's map.
     fake.reset().map_err(|e| format!("fake GPU reset: {e}"))?;
-    let mut cmds = [WicCommand { length: 16, arg: data[64..].as_ptr() as u64, ..complete }];
+    let mut cmds = [WicCommand { arg: data[64..].as_ptr() as u64, ..with_data }];
     c.equal("SUBMIT COMPLETE with data: the count", submit(fd, Cmds::Live(&mut cmds), 1, 0), Ok(1))?;
     c.equal("SUBMIT COMPLETE with data: the data written", st.region.read(4 * PAGE_BYTES, 16), data[64..80].to_vec())?;
     let steps: Vec<(u32, u64)> = gpu_events(fake)?.iter().map(|e| (e.kind, e.va)).collect();
@@ -1083,13 +1096,6 @@ fn command_cases(c: &mut Checker, fd: RawFd, fake: &FakeGpu, ring: &mut IoUring,
     // a completion whose fill failed neither unmaps its companion nor maps its run.
     let gone = c.accepted("REGISTER a page to unmap later", register(fd, s1, PCM, st.region.page(48), PAGE))?;
     st.region.punch(48)?;
-    let mut cmds = [WicCommand { va: st.region.page(48), ..marker }];
-    c.equal(
-        "SUBMIT WRITE_MARKER to a registered page the process unmapped: the count",
-        submit(fd, Cmds::Live(&mut cmds), 1, 0),
-        Ok(0),
-    )?;
-    c.status("SUBMIT WRITE_MARKER to a registered page the process unmapped", cmds[0].result, neg(Errno::EFAULT))?;
     fake.reset().map_err(|e| format!("fake GPU reset: {e}"))?;
     let mut cmds = [WicCommand { va: st.region.page(48), ..complete }];
     c.equal(
@@ -1173,7 +1179,8 @@ fn teardown(c: &mut Checker, fd: RawFd, st: &State) -> Result<(), String> {
         c.refused(&format!("UNREGISTER a {what} range its space's DETACH removed"), unregister(fd, id), Errno::ENOENT)?;
     }
     c.refused("DETACH of it again", detach(fd, st.space), Errno::ENOENT)?;
-    let mut cmds = [command(kabi::WIC_CMD_MAP, st.space, st.region.page(4), 1)];
+    let complete = command(kabi::WIC_CMD_COMPLETE, st.space, st.region.page(4), 1);
+    let mut cmds = [WicCommand { arg: kabi::WIC_MARKER_TIMEOUT, companion: st.region.page(5), ..complete }];
     c.equal("SUBMIT to a detached space: the count", submit(fd, Cmds::Live(&mut cmds), 1, 0), Ok(0))?;
     c.status("SUBMIT to a detached space", cmds[0].result, neg(Errno::ENOENT))?;
     Ok(())

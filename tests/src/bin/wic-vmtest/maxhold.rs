@@ -115,16 +115,20 @@ fn a_whole_run_expires_as_wicd_would_end_it(
     let range = device
         .register(space, kabi::WIC_RANGE_PCM, run, 2 * u64::from(RUN_PAGES) * PAGE, RUN_PAGES)
         .map_err(|e| format!("register: {e}"))?;
-    let mut map = [WicCommand {
-        opcode: kabi::WIC_CMD_MAP,
+    // The previous generation: the companion completed (with another marker than the
+    // expiry's), so mapped.
+    let mut previous = [WicCommand {
+        opcode: kabi::WIC_CMD_COMPLETE,
         space_id: space,
         gpu_id: GPU,
         pages: RUN_PAGES,
         va: companion,
+        arg: kabi::WIC_MARKER_CHANNEL_CLOSED,
+        companion: run,
         ..WicCommand::default()
     }];
-    device.submit(&mut map).map_err(|e| format!("map: {e}"))?;
-    ensure(map[0].result == 0, || format!("map of the companion: {}", map[0].result))?;
+    device.submit(&mut previous).map_err(|e| format!("complete: {e}"))?;
+    ensure(previous[0].result == 0, || format!("completing the companion: {}", previous[0].result))?;
     let va = run + PAGE;
     inject(fake, va)?;
     read_ring(device);
@@ -205,16 +209,20 @@ fn one_refused_fault_holds_back_no_other(
     let base = memory.base() + 8 * PAGE;
     device.register(space, kabi::WIC_RANGE_PCM, base, 16 * PAGE, 0).map_err(|e| format!("register: {e}"))?;
     let refused = base;
-    let mut map = [WicCommand {
-        opcode: kabi::WIC_CMD_MAP,
+    // Mapped on GPU: completed (with another marker than the expiry's), its companion the
+    // range's last page.
+    let mut mapped = [WicCommand {
+        opcode: kabi::WIC_CMD_COMPLETE,
         space_id: space,
         gpu_id: GPU,
         pages: 1,
         va: refused,
+        arg: kabi::WIC_MARKER_CHANNEL_CLOSED,
+        companion: base + 15 * PAGE,
         ..WicCommand::default()
     }];
-    device.submit(&mut map).map_err(|e| format!("map: {e}"))?;
-    ensure(map[0].result == 0, || format!("map: {}", map[0].result))?;
+    device.submit(&mut mapped).map_err(|e| format!("complete: {e}"))?;
+    ensure(mapped[0].result == 0, || format!("complete: {}", mapped[0].result))?;
     let (verdicts, _) =
         fake.inject(OTHER_GPU, &[fault(refused, AccessType::Read)]).map_err(|e| format!("inject: {e}"))?;
     ensure(verdicts == [fakegpu::VERDICT_HOLD], || format!("the other GPU's fault was {verdicts:?}"))?;
