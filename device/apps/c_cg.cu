@@ -21,6 +21,7 @@
 #include <random>
 
 #include "cg.cuh"
+#include "description.h"
 
 namespace {
 
@@ -100,8 +101,8 @@ int main(int argc, char **argv)
 	const uint32_t sms = app::sm_count();
 	const int reps = cli.reps;
 	const app::mode mode = cli.m;
-	const uint32_t n = cli.size(0, 64);
-	const uint32_t iterations = cli.size(1, 50);
+	const uint32_t n = cli.size(0, C_CG_N);
+	const uint32_t iterations = cli.size(1, C_CG_ITERATIONS);
 	if (reps < 1 || n < 2 || n > 512 || !iterations) {
 		fprintf(stderr, "REPS and ITERATIONS must be positive, N between 2 and 512\n");
 		return 2;

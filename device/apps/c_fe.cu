@@ -23,10 +23,11 @@
 #include <random>
 
 #include "cg.cuh"
+#include "description.h"
 
 namespace {
 
-constexpr uint32_t warps = 4;
+constexpr uint32_t warps = C_FE_WARPS;
 constexpr uint32_t threads = warps * 32;
 
 /*
@@ -38,8 +39,8 @@ struct element {
 	int32_t node[8]; /* the corner's unknown; -1 on the boundary, where u = 0 */
 	float xyz[8][3];
 };
-static_assert(sizeof(element) == 128, "four elements per 512 bytes");
-constexpr uint32_t message_bytes = 32 * sizeof(element);
+static_assert(sizeof(element) == C_FE_ELEMENT_BYTES, "four elements per 512 bytes");
+constexpr uint32_t message_bytes = C_FE_ELEMENTS_PER_MESSAGE * sizeof(element);
 
 /* Entry (a, b), a <= b, of a packed symmetric 8 x 8 matrix. */
 __host__ __device__ inline int tri(int a, int b)
@@ -285,8 +286,8 @@ int main(int argc, char **argv)
 	const uint32_t sms = app::sm_count();
 	const int reps = cli.reps;
 	const app::mode mode = cli.m;
-	const uint32_t e = cli.size(0, 48);
-	const uint32_t iterations = cli.size(1, 20);
+	const uint32_t e = cli.size(0, C_FE_E);
+	const uint32_t iterations = cli.size(1, C_FE_ITERATIONS);
 	if (reps < 1 || e < 3 || e > 256 || !iterations) {
 		fprintf(stderr, "REPS and ITERATIONS must be positive, E between 3 and 256\n");
 		return 2;

@@ -25,6 +25,7 @@
 #include <random>
 
 #include "stream.cuh"
+#include "description.h"
 
 namespace {
 
@@ -193,9 +194,9 @@ int main(int argc, char **argv)
 	const uint32_t sms = app::sm_count();
 	const int reps = cli.reps;
 	const app::mode mode = cli.m;
-	const uint32_t n = cli.size(0, 64);
-	const uint32_t iterations = cli.size(1, 100);
-	const uint32_t tiles = cli.size(2, 8);
+	const uint32_t n = cli.size(0, C_H3D_N);
+	const uint32_t iterations = cli.size(1, C_H3D_ITERATIONS);
+	const uint32_t tiles = cli.size(2, C_H3D_TILES);
 	const uint32_t blocks = sms;
 	if (reps < 1 || n < 4 || n > 512 || n % 2 || !iterations || tiles < 2 || tiles > n || tiles > blocks) {
 		fprintf(stderr, "REPS and ITERATIONS must be positive, N even between 4 and 512, TILES between 2 "

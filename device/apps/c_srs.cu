@@ -12,11 +12,12 @@
 #include <random>
 
 #include "stream.cuh"
+#include "description.h"
 
 namespace {
 
-constexpr uint32_t warps = 16;
-constexpr uint32_t samples = 1024; /* floats per warp message */
+constexpr uint32_t warps = C_SRS_WARPS;
+constexpr uint32_t samples = C_SRS_SAMPLES; /* floats per warp message */
 constexpr uint32_t message_bytes = samples * sizeof(float);
 
 __global__ void consume(wic::channel ch, app::placement place, float2 *results, int *errors)
@@ -69,7 +70,7 @@ int main(int argc, char **argv)
 	const int reps = cli.reps;
 	const app::mode mode = cli.m;
 	const uint32_t blocks = cli.size(0, sms);
-	const uint32_t generations = cli.size(1, 64);
+	const uint32_t generations = cli.size(1, C_SRS_GENERATIONS);
 	/*
 	 * Streaming, every block must be resident at once: the producer writes a generation only
 	 * after every block is done with the one two before, which a block waiting for a free SM

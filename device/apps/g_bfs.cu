@@ -50,6 +50,7 @@
 #include <random>
 
 #include "peer.cuh"
+#include "description.h"
 
 namespace {
 
@@ -64,6 +65,7 @@ struct header {
 	uint32_t frontier; /* the sender's frontier size in this level */
 };
 constexpr uint32_t header_words = sizeof(header) / sizeof(uint32_t);
+static_assert(header_words == G_BFS_HEADER_WORDS, "the header the emulator describes");
 
 /*
  * part - the vertices GPU @side owns, [@first, @first + @count), and the other GPU's,
@@ -369,9 +371,9 @@ int main(int argc, char **argv)
 		return 2;
 	const int reps = cli.reps;
 	const app::mode mode = cli.m;
-	const uint32_t vertices = cli.size(0, 1u << 22);
-	const uint32_t degree = cli.size(1, 8);
-	const uint32_t entries = cli.size(2, 1021);
+	const uint32_t vertices = cli.size(0, G_BFS_VERTICES);
+	const uint32_t degree = cli.size(1, G_BFS_DEGREE);
+	const uint32_t entries = cli.size(2, G_BFS_ENTRIES);
 	app::two_gpus("G_BFS");
 	const uint32_t blocks = app::common_sms();
 	if (reps < 1 || vertices < 2 || vertices > (1u << 24) || !degree || degree > 32 || !entries ||

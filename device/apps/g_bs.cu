@@ -52,6 +52,7 @@
 #include <random>
 
 #include "peer.cuh"
+#include "description.h"
 
 namespace {
 
@@ -308,9 +309,9 @@ int main(int argc, char **argv)
 		return 2;
 	const int reps = cli.reps;
 	const app::mode mode = cli.m;
-	const uint32_t keys = cli.size(0, 1u << 24);
-	const uint32_t chunks = cli.size(1, 16);
-	const uint32_t message = cli.size(2, 4096);
+	const uint32_t keys = cli.size(0, G_BS_KEYS);
+	const uint32_t chunks = cli.size(1, G_BS_CHUNKS);
+	const uint32_t message = cli.size(2, G_BS_MESSAGE);
 	app::two_gpus("G_BS");
 	const uint32_t blocks = app::common_sms();
 	if (reps < 1 || !power_of_two(keys) || !power_of_two(chunks) || !power_of_two(message) || keys > (1u << 30) ||

@@ -56,6 +56,7 @@
 #include <random>
 
 #include "peer.cuh"
+#include "description.h"
 
 namespace {
 
@@ -211,8 +212,8 @@ int main(int argc, char **argv)
 		return 2;
 	const int reps = cli.reps;
 	const app::mode mode = cli.m;
-	const uint32_t n = cli.size(0, 4096);
-	const uint32_t iterations = cli.size(1, 64);
+	const uint32_t n = cli.size(0, G_C2D_N);
+	const uint32_t iterations = cli.size(1, G_C2D_ITERATIONS);
 	app::two_gpus("G_C2D");
 	const uint32_t blocks = app::common_sms();
 	if (reps < 1 || n < 8 || n > 16384 || n % 2 || !iterations || iterations > most_iterations) {

@@ -46,10 +46,11 @@
 #include <random>
 
 #include "peer.cuh"
+#include "description.h"
 
 namespace {
 
-constexpr uint32_t tile = 64;	 /* C tiles are tile x tile */
+constexpr uint32_t tile = G_GEM_TILE; /* C tiles are tile x tile */
 constexpr uint32_t step = 32;	 /* K per shared-memory stage */
 constexpr uint32_t threads = 256; /* 16 x 16, each 4 x 4 elements of a tile */
 constexpr uint32_t depth = 4;	 /* slots per producer block */
@@ -215,8 +216,8 @@ int main(int argc, char **argv)
 		return 2;
 	const int reps = cli.reps;
 	const app::mode mode = cli.m;
-	const uint32_t n = cli.size(0, 2048);
-	const uint32_t iterations = cli.size(1, 8);
+	const uint32_t n = cli.size(0, G_GEM_N);
+	const uint32_t iterations = cli.size(1, G_GEM_ITERATIONS);
 	app::two_gpus("G_GEM");
 	const uint32_t blocks = app::common_sms();
 	if (reps < 1 || n < tile || n > 8192 || n % tile || !iterations || iterations > most_iterations) {

@@ -41,11 +41,12 @@
 #include <random>
 
 #include "peer.cuh"
+#include "description.h"
 
 namespace {
 
-constexpr uint32_t features = 32;
-constexpr uint32_t clusters = 16;
+constexpr uint32_t features = G_KMN_FEATURES;
+constexpr uint32_t clusters = G_KMN_CLUSTERS;
 constexpr uint32_t threads = 512;
 constexpr uint32_t groups = threads / features; /* threads that sum the same feature */
 constexpr uint32_t most_batch = 1024;
@@ -58,6 +59,7 @@ struct partial {
 	unsigned long long sse;
 };
 constexpr uint32_t message_bytes = sizeof(partial);
+static_assert(message_bytes == G_KMN_CLUSTERS * (G_KMN_FEATURES + 1) * 4 + 8, "the message the emulator describes");
 static_assert(sizeof(partial) % sizeof(uint32_t) == 0, "messages are copied in words");
 
 /* The shared memory batch_partial() works in. */
@@ -376,9 +378,9 @@ int main(int argc, char **argv)
 		return 2;
 	const int reps = cli.reps;
 	const app::mode mode = cli.m;
-	const uint32_t points = cli.size(0, 1u << 20);
-	const uint32_t rounds = cli.size(1, 16);
-	const uint32_t batch = cli.size(2, 512);
+	const uint32_t points = cli.size(0, G_KMN_POINTS);
+	const uint32_t rounds = cli.size(1, G_KMN_ROUNDS);
+	const uint32_t batch = cli.size(2, G_KMN_BATCH);
 	app::two_gpus("G_KMN");
 	const uint32_t blocks = app::common_sms();
 	if (reps < 1 || points < 2 * clusters || points > (1u << 26) || !rounds || rounds > 1024 || batch < 32 ||

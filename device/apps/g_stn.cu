@@ -47,6 +47,7 @@
 #include <random>
 
 #include "peer.cuh"
+#include "description.h"
 
 namespace {
 
@@ -276,9 +277,9 @@ int main(int argc, char **argv)
 		return 2;
 	const int reps = cli.reps;
 	const app::mode mode = cli.m;
-	const uint32_t n = cli.size(0, 1024);
-	const uint32_t iterations = cli.size(1, 500);
-	const uint32_t tiles = cli.size(2, 8);
+	const uint32_t n = cli.size(0, G_STN_N);
+	const uint32_t iterations = cli.size(1, G_STN_ITERATIONS);
+	const uint32_t tiles = cli.size(2, G_STN_TILES);
 	app::two_gpus("G_STN");
 	const uint32_t blocks = app::common_sms();
 	if (reps < 1 || n < 4 || n > 16384 || n % 2 || !iterations || !tiles || tiles > n || tiles > blocks) {

@@ -4,8 +4,9 @@
 //! An application's description here is its communication structure (who produces, how many
 //! blocks receive, how many warps of each wait, how many messages of how many bytes an
 //! iteration carries, how its host publishes), written once from the program's source
-//! (device/apps/*.cu, whose header comments say the same), with the sizes the measured run
-//! printed. What the structure cannot give, the consumer's compute and a host producer's time,
+//! (device/apps/*.cu, whose header comments say the same). The sizes and the numbers that
+//! shape its messages come from `device/apps/description.h`, which the programs are compiled
+//! with, and a measured run is taken only if it printed those sizes. What the structure cannot give, the consumer's compute and a host producer's time,
 //! comes from the application's measured `nowait` run: its median over its iterations, and
 //! the host's `producer_ms` over its iterations. Where a program's structure does not fit the
 //! model exactly (a fractional number of messages per block, a split of one measured time over
@@ -14,6 +15,50 @@
 use crate::calibration::Calibration;
 use crate::sim::Mode;
 use crate::workload::{Endpoint, Phase, ProduceOrder, Workload};
+
+/// `device/apps/description.h`: the programs' default sizes and the numbers that shape their
+/// messages, which the programs are compiled with.
+const DESCRIPTION: &str = include_str!("../../device/apps/description.h");
+
+/// The value of `name` in `device/apps/description.h`.
+pub fn described(name: &str) -> Result<u32, String> {
+    DESCRIPTION
+        .lines()
+        .filter_map(|line| {
+            let mut words = line.strip_prefix("#define ")?.split_whitespace();
+            Some((words.next()?, words.next()?))
+        })
+        .find(|(defined, _)| *defined == name)
+        .ok_or_else(|| format!("device/apps/description.h defines no {name}"))
+        .and_then(|(_, value)| value.parse().map_err(|_| format!("description.h: {name} = {value} is not a count")))
+}
+
+/// The sizes `app`'s output line must show for its run to be of the described program: each
+/// printed key with the value description.h gives it (or derives, as the program does).
+fn described_sizes(app: &str) -> Result<Vec<(&'static str, u64)>, String> {
+    let d = |name: &str| described(name).map(u64::from);
+    Ok(match app {
+        "C_SRS" => vec![("generations", d("C_SRS_GENERATIONS")?)],
+        "C_CG" => vec![("rows", d("C_CG_N")?.pow(3)), ("iterations", d("C_CG_ITERATIONS")?)],
+        "C_FE" => vec![("elements", d("C_FE_E")?.pow(3)), ("iterations", d("C_FE_ITERATIONS")?)],
+        "C_H3D" => vec![("n", d("C_H3D_N")?), ("tiles", d("C_H3D_TILES")?), ("iterations", d("C_H3D_ITERATIONS")?)],
+        "G_STN" => vec![("n", d("G_STN_N")?), ("tiles", d("G_STN_TILES")?), ("iterations", d("G_STN_ITERATIONS")?)],
+        "G_C2D" => vec![("n", d("G_C2D_N")?), ("iterations", d("G_C2D_ITERATIONS")?)],
+        "G_KMN" => vec![
+            ("points", d("G_KMN_POINTS")?),
+            ("features", d("G_KMN_FEATURES")?),
+            ("clusters", d("G_KMN_CLUSTERS")?),
+            ("rounds", d("G_KMN_ROUNDS")?),
+            ("batch", d("G_KMN_BATCH")?),
+        ],
+        "G_GEM" => vec![("n", d("G_GEM_N")?), ("tile", d("G_GEM_TILE")?), ("iterations", d("G_GEM_ITERATIONS")?)],
+        "G_BS" => vec![("keys", d("G_BS_KEYS")?), ("chunks", d("G_BS_CHUNKS")?), ("message", d("G_BS_MESSAGE")?)],
+        "G_BFS" => {
+            vec![("vertices", d("G_BFS_VERTICES")?), ("degree", d("G_BFS_DEGREE")?), ("entries", d("G_BFS_ENTRIES")?)]
+        }
+        other => return Err(format!("{other}: not described in device/apps/description.h")),
+    })
+}
 
 /// The modes a device application runs that the emulator also runs, named as both name them.
 pub const MODES: [Mode; 4] = [Mode::NoWait, Mode::Push, Mode::Poll, Mode::Alg1];
@@ -94,6 +139,15 @@ impl DeviceApp {
                 "{}: described from {} {}, not from its nowait run",
                 self.name, nowait.app, nowait.mode
             ));
+        }
+        for (key, want) in described_sizes(self.name)? {
+            let got = nowait.number(key)?;
+            if got != want as f64 {
+                return Err(format!(
+                    "{}: the measured run has {key}={got}, device/apps/description.h {want}: measure the described program",
+                    self.name
+                ));
+            }
         }
         let mut workload = (self.describe)(nowait, cal)?;
         // The share of the consumer's work that is memory, which a fault-stalled warp beside it
@@ -226,11 +280,15 @@ fn halo_split(shape: Shape, ns: f64, interior: f64, edge: f64) -> Shape {
 }
 
 fn c_srs(run: &AppRun, cal: &Calibration) -> Result<Workload, String> {
-    const WARPS: u32 = 16; // c_srs.cu: every warp takes its own 1024 samples
+    let warps = described("C_SRS_WARPS")?; // every warp takes its own samples
     let (blocks, generations) = (run.count("blocks")?, run.count("generations")?);
-    let message = whole(run, run.number("bytes")?, f64::from(blocks * generations * WARPS), "bytes per message")?;
+    let message = whole(run, run.number("bytes")?, f64::from(blocks * generations * warps), "bytes per message")?;
+    let samples = described("C_SRS_SAMPLES")?;
+    if message != samples * 4 {
+        return Err(format!("C_SRS: messages of {message} bytes, not the {samples} floats of description.h"));
+    }
     let shape = Shape {
-        waiting_warps: WARPS,
+        waiting_warps: warps,
         produce_ns: ns_per(run, "producer_ms", generations)?,
         publish_slots: blocks,
         ..Shape::new(Endpoint::Host, blocks, message, ns_per(run, "median_ms", generations)?)
@@ -250,14 +308,14 @@ fn c_cg(run: &AppRun, cal: &Calibration) -> Result<Workload, String> {
 }
 
 fn c_fe(run: &AppRun, cal: &Calibration) -> Result<Workload, String> {
-    const WARPS: u32 = 4; // c_fe.cu: every warp receives elements
-    const ELEMENT_BYTES: u32 = 128; // c_fe.cu: struct element
-    const PER_MESSAGE: u32 = 32;
+    let warps = described("C_FE_WARPS")?; // every warp receives elements
+    let element = described("C_FE_ELEMENT_BYTES")?; // struct element
+    let per_message = described("C_FE_ELEMENTS_PER_MESSAGE")?;
     let (blocks, iterations, elements) = (run.count("blocks")?, run.count("iterations")?, run.count("elements")?);
     // Element batches of the warps' messages, the last generation's padded; then every CG
     // message padded to whole chunks (cg.cuh), all blocks' the same size.
-    let messages = (elements / PER_MESSAGE).div_ceil(blocks * WARPS);
-    let element_bytes = f64::from(messages * blocks * WARPS * PER_MESSAGE * ELEMENT_BYTES);
+    let messages = (elements / per_message).div_ceil(blocks * warps);
+    let element_bytes = f64::from(messages * blocks * warps * per_message * element);
     let bytes = run.number("bytes")?;
     let cg_message = whole(run, bytes - element_bytes, f64::from(blocks * iterations), "CG bytes per block")?;
     // One measured time for both stages: split as their bytes are (an estimate).
@@ -265,12 +323,12 @@ fn c_fe(run: &AppRun, cal: &Calibration) -> Result<Workload, String> {
     let (total, producer) = (ns_per(run, "median_ms", 1)?, ns_per(run, "producer_ms", 1)?);
     // The host makes and publishes the element batches one by one, generation by generation.
     let assembly = Shape {
-        waiting_warps: WARPS,
+        waiting_warps: warps,
         messages,
         produce_ns: producer * assembly_share / f64::from(messages * blocks),
         lanes: 1,
         order: ProduceOrder::RequestMajor,
-        ..Shape::new(Endpoint::Host, blocks, PER_MESSAGE * ELEMENT_BYTES, total * assembly_share / f64::from(messages))
+        ..Shape::new(Endpoint::Host, blocks, per_message * element, total * assembly_share / f64::from(messages))
     };
     let per_iteration = |share: f64| share * (1.0 - assembly_share) / f64::from(iterations);
     let cg = Shape {
@@ -324,8 +382,8 @@ fn g_c2d(run: &AppRun, cal: &Calibration) -> Result<Workload, String> {
 }
 
 fn g_kmn(run: &AppRun, cal: &Calibration) -> Result<Workload, String> {
-    // g_kmn.cu: struct partial, 16 clusters of 32 feature sums, 16 counts, one 64-bit sum.
-    const MESSAGE: u32 = 16 * 32 * 4 + 16 * 4 + 8;
+    // g_kmn.cu: struct partial, per cluster its feature sums and a count, and one 64-bit sum.
+    let message = described("G_KMN_CLUSTERS")? * (described("G_KMN_FEATURES")? + 1) * 4 + 8;
     let (points, rounds, batch, blocks) =
         (run.count("points")?, run.count("rounds")?, run.count("batch")?, run.count("blocks")?);
     let messages = (points / 2).div_ceil(batch).div_ceil(blocks);
@@ -334,21 +392,21 @@ fn g_kmn(run: &AppRun, cal: &Calibration) -> Result<Workload, String> {
         messages,
         produce_ns: per_round / f64::from(messages + 1),
         order: ProduceOrder::RequestMajor,
-        ..Shape::new(Endpoint::Gpu(1), blocks, MESSAGE, 0.0)
+        ..Shape::new(Endpoint::Gpu(1), blocks, message, 0.0)
     };
     Ok(workload("G_KMN", rounds, vec![interleaved(shape, per_round).phase(cal)]))
 }
 
 fn g_gem(run: &AppRun, cal: &Calibration) -> Result<Workload, String> {
-    const TILE: u32 = 64;
+    let tile = described("G_GEM_TILE")?;
     let (n, iterations, blocks) = (run.count("n")?, run.count("iterations")?, run.count("blocks")?);
-    let messages = ((n / TILE) * (n / TILE)).div_ceil(blocks);
+    let messages = ((n / tile) * (n / tile)).div_ceil(blocks);
     let per_pass = ns_per(run, "median_ms", iterations)?;
     let shape = Shape {
         messages,
         produce_ns: per_pass / f64::from(messages + 1),
         order: ProduceOrder::RequestMajor,
-        ..Shape::new(Endpoint::Gpu(1), blocks, TILE * TILE * 4, 0.0)
+        ..Shape::new(Endpoint::Gpu(1), blocks, tile * tile * 4, 0.0)
     };
     Ok(workload("G_GEM", iterations, vec![interleaved(shape, per_pass).phase(cal)]))
 }
@@ -373,7 +431,7 @@ fn g_bs(run: &AppRun, cal: &Calibration) -> Result<Workload, String> {
 }
 
 fn g_bfs(run: &AppRun, cal: &Calibration) -> Result<Workload, String> {
-    const HEADER_WORDS: u32 = 3; // g_bfs.cu: struct header
+    let header_words = described("G_BFS_HEADER_WORDS")?; // struct header
     let (vertices, degree, entries, streams, blocks) = (
         run.count("vertices")?,
         run.count("degree")?,
@@ -399,7 +457,7 @@ fn g_bfs(run: &AppRun, cal: &Calibration) -> Result<Workload, String> {
         order: ProduceOrder::RequestMajor,
         lanes: streams * messages,
         sends_back: true,
-        ..Shape::new(Endpoint::Gpu(1), blocks, (entries + HEADER_WORDS) * 4, 0.0)
+        ..Shape::new(Endpoint::Gpu(1), blocks, (entries + header_words) * 4, 0.0)
     };
     Ok(workload("G_BFS", levels, vec![shape.phase(cal)]))
 }
@@ -600,6 +658,48 @@ mod tests {
         let odd =
             AppRun::parse("C_SRS nowait blocks=132 generations=64 median_ms=1 producer_ms=2 bytes=1000 correct=yes");
         assert!(srs.workload(&odd.unwrap(), &cal).unwrap_err().contains("is not whole"));
+    }
+
+    #[test]
+    fn a_run_of_other_sizes_than_the_description_is_refused() {
+        let runs = measured_runs();
+        let nowait = find_run(&runs, "G_STN", "nowait").unwrap();
+        let cal = Calibration::built_in();
+        let stn = by_name("G_STN").unwrap();
+        assert!(stn.workload(nowait, &cal).is_ok(), "the committed run is of the described program");
+        let line = format!("G_STN nowait n=2048 tiles=8 iterations={} blocks=132 median_ms=5 correct=yes", 500);
+        let other = AppRun::parse(&line).unwrap();
+        let refused = stn.workload(&other, &cal).unwrap_err();
+        assert!(refused.contains("n=2048") && refused.contains("description.h"), "{refused}");
+    }
+
+    /// One description: every size and shape description.h defines is compiled into a program
+    /// and read by the emulator, and the emulator reads nothing the file lacks.
+    #[test]
+    fn every_definition_of_the_description_is_used_by_a_program_and_by_the_emulator() {
+        let apps = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../device/apps");
+        let programs: String = std::fs::read_dir(&apps)
+            .unwrap()
+            .map(|entry| entry.unwrap().path())
+            .filter(|path| path.extension().is_some_and(|ext| ext == "cu"))
+            .map(|path| std::fs::read_to_string(path).unwrap())
+            .collect();
+        let emulator = include_str!("apps.rs");
+        let defined: Vec<&str> = DESCRIPTION
+            .lines()
+            .filter_map(|line| {
+                let mut words = line.strip_prefix("#define ")?.split_whitespace();
+                let name = words.next()?;
+                words.next().map(|_| name)
+            })
+            .collect();
+        assert!(defined.len() >= 30, "{defined:?}");
+        for name in defined {
+            assert!(described(name).is_ok(), "{name}");
+            assert!(programs.contains(name), "{name} is compiled into no program");
+            assert!(emulator.contains(&format!("\"{name}\"")), "{name} is not read by the emulator");
+        }
+        assert!(described("C_SRS_BLOCKS").unwrap_err().contains("defines no C_SRS_BLOCKS"));
     }
 
     /// The no-wait rows check the descriptions, not the model: the consumer's compute comes
