@@ -64,7 +64,8 @@ pub struct Phase {
     /// wic.cuh's publish_many() does), in the order it produces them.
     pub publish_slots: u32,
     /// An exchange: after each message's work the warp sends one of its own to the producer
-    /// GPU, and waits until the send is out (`Sim::send_ns`).
+    /// GPU, and waits until the send is out (`Sim::send_ns`; under WIC a PAT fault of its own,
+    /// `Sim::wic_send`).
     pub sends_back: bool,
     /// Host compute after a host consumer's copy.
     pub host_compute_ns: u64,

@@ -19,6 +19,42 @@ impl Sim<'_> {
         }
     }
 
+    /// A warp's own message in an exchange under WIC, as wic.cuh sends to another GPU: its
+    /// store to its slot's PAT page of the reverse channel, write-protected, so it faults on its
+    /// own GPU, shares that GPU's fault buffer and bottom half with the receiving warps' faults,
+    /// and stalls until wicd services the PAT page. The other GPU's consumer of the message
+    /// waits for it already (the exchange is symmetric): its fault on the reverse channel's run
+    /// is raised with the first send of a generation, so that wicd completes the message to it
+    /// in the same submissions as the rest. The warps of a block send one message together.
+    pub(super) fn wic_send(&mut self, warp: u32) {
+        let (cta, sent) = (self.warps[warp as usize].cta, self.warps[warp as usize].sent);
+        let phase = &self.current().phase;
+        let (slot, warps) = ((cta * phase.requests_per_warp + sent - 1) as usize, u64::from(phase.warps_per_cta));
+        let Endpoint::Gpu(other) = phase.producer else { unreachable!("an exchange is between GPUs") };
+        let (gpu, sm) = (self.ctas[cta as usize].gpu, self.ctas[cta as usize].sm);
+        let state = &mut self.phases[self.phase];
+        let (generation, first) = (state.reverse_sent[slot] / warps, state.reverse_sent[slot] % warps == 0);
+        state.reverse_sent[slot] += 1;
+        let layout = state.reverse.as_ref().expect("fault mode opens an exchange's reverse channel");
+        let side = (generation % 2) as usize;
+        let (run, pat) = (layout.slots[slot].runs[side], layout.slots[slot].pat.expect("a GPU producer's slot")[side]);
+        if first {
+            let other_sm = slot as u32 % self.cal.gpu.sms.value;
+            if self.access(Agent::Mirror, other, other_sm, run, AccessType::Read) {
+                self.stopped = Some(format!("slot {slot}'s reverse run was still mapped on GPU {other}{TIMEOUT_HINT}"));
+                return;
+            }
+        }
+        if self.access(Agent::Sender(warp), gpu, sm, pat, AccessType::Write) {
+            if first {
+                // As for a producer: an unnoticed write would never reach wicd.
+                self.stopped = Some(format!("slot {slot}'s sender found its PAT page still mapped{TIMEOUT_HINT}"));
+                return;
+            }
+            self.schedule(self.now, Event::SendDone { warp });
+        }
+    }
+
     pub(super) fn wic_read(&mut self, warp: u32, va: u64) {
         let slot = self.slot_of(warp);
         let bytes = self.daemon.as_mut().expect("fault mode").pcm.remove(&va).unwrap_or_default();

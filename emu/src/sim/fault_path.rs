@@ -10,7 +10,7 @@ impl Sim<'_> {
         if self.accessible(gpu, va) {
             return true;
         }
-        if let Agent::Warp(_) = agent {
+        if let Agent::Warp(_) | Agent::Sender(_) = agent {
             self.advance(gpu, sm);
             self.gpus[gpu as usize].sms[sm as usize].fault_stalled += 1;
             self.reschedule(gpu, sm);
@@ -176,6 +176,15 @@ impl Sim<'_> {
                 if self.mode == Mode::Alg1 {
                     self.flag_visible(slot);
                 }
+            }
+            Agent::Mirror => {}
+            Agent::Sender(warp) => {
+                let cta = &self.ctas[self.warps[warp as usize].cta as usize];
+                let (gpu, sm) = (cta.gpu, cta.sm);
+                self.advance(gpu, sm);
+                self.gpus[gpu as usize].sms[sm as usize].fault_stalled -= 1;
+                self.reschedule(gpu, sm);
+                self.send_done(warp);
             }
             Agent::Warp(warp) => {
                 let cta = &self.ctas[self.warps[warp as usize].cta as usize];

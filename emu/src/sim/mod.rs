@@ -155,6 +155,12 @@ enum Event {
 enum Agent {
     Warp(u32),
     Producer(u32),
+    /// A consumer warp whose own message (exchanges, `Phase::sends_back`) is a write to a PAT
+    /// page of the reverse channel, held until wicd services it.
+    Sender(u32),
+    /// The other GPU's consumer of the reverse channel, which waits there already: the model
+    /// runs its faults and completions, not its warps.
+    Mirror,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -262,6 +268,11 @@ struct Daemon {
 struct PhaseState {
     phase: Phase,
     channel: Option<ChannelLayout>,
+    /// Fault mode, an exchange: the channel of the consumer GPU's own messages to the producer
+    /// GPU, a GPU producer's (PAT pages) like the forward one.
+    reverse: Option<ChannelLayout>,
+    /// Warps that sent on each slot of the reverse channel so far.
+    reverse_sent: Vec<u64>,
     /// The producer's buffer: `slots x batch_bytes`.
     buffer: Vec<u8>,
     produced: Vec<u64>,
@@ -378,8 +389,10 @@ pub fn check(workload: &Workload) -> Result<EngineConfig, String> {
         };
         let bytes =
             spec.placement_bytes(warps_per_batch).ok_or_else(|| format!("phase {index} cannot be a channel"))?;
-        pages += bytes / PAGE_SIZE;
-        slots += phase_slots;
+        // An exchange's reverse channel (fault mode) is the same size.
+        let channels = if phase.sends_back { 2 } else { 1 };
+        pages += channels * (bytes / PAGE_SIZE);
+        slots += channels * phase_slots;
     }
     let default = EngineConfig::default();
     let too_many = |what: &str, n: u64| format!("the workload's channels need {n} {what}, more than an engine holds");
@@ -559,7 +572,24 @@ impl<'a> Sim<'a> {
             }
             _ => None,
         };
+        let reverse = match (self.daemon.as_mut(), phase.consumer, phase.producer) {
+            (Some(daemon), Endpoint::Gpu(consumer), Endpoint::Gpu(producer)) if phase.sends_back => {
+                let spec = ChannelSpec {
+                    consumer_gpu: producer,
+                    // Its bytes are the consumer GPU's; the model fills the runs from the same
+                    // region as the forward channel's, as their stand-in.
+                    producer: Producer::Gpu { gpu: consumer, base_va: DATA_BASE + index as u64 * PHASE_SPAN },
+                    message_bytes: phase.message_bytes,
+                    slots: slots as u32,
+                    timeout: CHANNEL_TIMEOUT_NS,
+                };
+                Some(daemon.engine.open_channel(spec).map_err(|e| format!("open the reverse channel: {e}"))?)
+            }
+            _ => None,
+        };
         Ok(PhaseState {
+            reverse,
+            reverse_sent: vec![0; slots],
             buffer: vec![0; slots * batch_bytes as usize],
             produced: vec![0; slots],
             consumed: vec![0; slots],
@@ -768,6 +798,11 @@ impl<'a> Sim<'a> {
             }
             if !out.is_empty() {
                 self.stopped = Some(format!("{} requests were still held at the end{TIMEOUT_HINT}", out.len()));
+            }
+            // The other GPU's last faults on the reverse channels may still be on their way:
+            // the model runs only this side's warps to their end.
+            for layout in self.phases.iter().filter_map(|state| state.reverse.as_ref()) {
+                daemon.engine.close_channel(layout.id, &mut out).expect("channel is open");
             }
         }
     }

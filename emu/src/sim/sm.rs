@@ -119,7 +119,10 @@ impl Sim<'_> {
             self.warps[warp as usize].sent += 1;
             self.stats.sends += 1;
             self.set_waiting(warp, WarpState::Waiting);
-            self.schedule(self.after(self.send_ns()), Event::SendDone { warp });
+            match self.mode {
+                Mode::Fault => self.wic_send(warp),
+                _ => self.schedule(self.after(self.send_ns()), Event::SendDone { warp }),
+            }
             return;
         }
         let (cta, requests) = (self.warps[warp as usize].cta, self.warps[warp as usize].requests);
@@ -193,34 +196,16 @@ impl Sim<'_> {
         self.reschedule(gpu, sm);
     }
 
-    /// How long a warp's send to another GPU keeps it: its message across the link, then its
-    /// transport's measured one way (the fence before the ready word waits for the stores:
-    /// G_STN_TRACE measured a send of about the one way on 2 x H100 and 2 x H200); alg1's release
-    /// store waits as push's fence does. Under WIC the send is a write to a PAT page, held until
-    /// wicd maps it: the model's path of one fault alone (interrupt, batch, one entry, wicd's
-    /// wake-up, engine and submission of one page, replay). That leaves out what a real exchange
-    /// adds under WIC: the other direction's completions in the same submission, and many
-    /// senders' faults sharing one bottom half; the sends of WIC's exchanges are the cheapest
-    /// they could be.
+    /// How long a warp's send to another GPU keeps it, but under WIC (a PAT fault of its own,
+    /// `Sim::wic_send`): its message across the link, then its transport's measured one way (the
+    /// fence before the ready word waits for the stores: G_STN_TRACE measured a send of about the
+    /// one way on 2 x H100 and 2 x H200); alg1's release store waits as push's fence does.
     pub(super) fn send_ns(&self) -> Nanos {
-        let (f, d) = (&self.cal.fault, &self.cal.daemon);
         let link = transfer_ns(u64::from(self.current().phase.message_bytes), self.cal.link.nvlink_gbps.value);
         match self.mode {
             Mode::Push | Mode::Alg1 => link.saturating_add(self.cal.push.peer_one_way_ns.value),
             Mode::Poll => link.saturating_add(self.cal.poll.peer_one_way_ns.value),
-            Mode::NoWait => 0,
-            Mode::Fault => [
-                f.interrupt_to_bh_ns.value,
-                f.batch_fixed_ns.value,
-                f.per_fault_ns.value,
-                d.wakeup_ns.value,
-                d.engine_per_entry_ns.value,
-                d.submission_ns.value,
-                d.per_page_ns.value,
-                f.replay_ns.value,
-            ]
-            .into_iter()
-            .fold(0, u64::saturating_add),
+            Mode::NoWait | Mode::Fault => 0,
         }
     }
 }

@@ -336,8 +336,31 @@ mod calibration {
             let added = with.runtime_ns as f64 - without.runtime_ns as f64;
             assert!((added / (2.0 * 3.0 * send as f64) - 1.0).abs() < 0.02, "{}: {added}", mode.name());
         }
+        // Under WIC a send is a PAT write of its own, which wicd services; the other GPU's
+        // consumer, waiting already, gets the message completed. Each keeps its warp at least
+        // for the path of one fault alone.
         let with = try_run(&exchange, Mode::Fault, &cal, 1).expect("the run ends");
+        let without = try_run(&one_way, Mode::Fault, &cal, 1).expect("the run ends");
         assert_eq!(with.sends, receiving);
+        let (engine, base) = (with.engine.clone().unwrap(), without.engine.clone().unwrap());
+        assert_eq!(engine.pat_publishes - base.pat_publishes, receiving, "one PAT write a block and message");
+        assert_eq!(engine.delivered - base.delivered, receiving, "every message sent is completed to the other GPU");
+        assert!(with.pfq_empty && with.corrupt_messages == 0, "{with:?}");
+        let (f, d) = (&cal.fault, &cal.daemon);
+        let one_fault = [
+            f.interrupt_to_bh_ns.value,
+            f.batch_fixed_ns.value,
+            f.per_fault_ns.value,
+            d.wakeup_ns.value,
+            d.engine_per_entry_ns.value,
+            d.submission_ns.value,
+            d.per_page_ns.value,
+            f.replay_ns.value,
+        ]
+        .into_iter()
+        .sum::<u64>();
+        let added = with.runtime_ns - without.runtime_ns;
+        assert!(added >= 2 * 3 * one_fault, "{added} ns for 6 sends, one fault alone takes {one_fault}");
         assert_eq!(try_run(&exchange, Mode::NoWait, &cal, 1).expect("the run ends").sends, 0);
     }
 
