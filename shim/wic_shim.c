@@ -5,7 +5,8 @@
  * nvidia-uvm (with the wic hook) asks wic_shim about every coalesced replayable fault. A fault
  * on a page of a range that wicd registered is held: nvidia-uvm neither services it nor
  * replays for it, and wic_shim copies it into a ring that wicd maps. wicd answers with command
- * batches (write data or an error marker, map, unmap, replay) through ioctl() or io_uring,
+ * batches (completions: data or an error marker, the companion's unmap, the run's map; PAT
+ * services; replays) through ioctl() or io_uring,
  * which wic_shim runs with the helpers nvidia-uvm exports. The interface to wicd is
  * ffi/include/wic_abi.h; the one to nvidia-uvm is shim/include/uvm_wic.h.
  *

@@ -696,7 +696,13 @@ mod tests {
         assert!(defined.len() >= 30, "{defined:?}");
         for name in defined {
             assert!(described(name).is_ok(), "{name}");
-            assert!(programs.contains(name), "{name} is compiled into no program");
+            let whole_word = |text: &str| {
+                text.match_indices(name).any(|(at, _)| {
+                    let next = text[at + name.len()..].chars().next();
+                    !next.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+                })
+            };
+            assert!(whole_word(&programs), "{name} is compiled into no program");
             assert!(emulator.contains(&format!("\"{name}\"")), "{name} is not read by the emulator");
         }
         assert!(described("C_SRS_BLOCKS").unwrap_err().contains("defines no C_SRS_BLOCKS"));

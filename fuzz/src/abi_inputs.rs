@@ -139,14 +139,24 @@ impl BatchSpec {
     }
 }
 
-/// The five opcodes, `WIC_CMD_COMPLETE` (what wicd sends) first. The unused 1 to 4 come as
-/// raw values, which the module must refuse.
-const OPCODES: [u32; 5] = [WIC_CMD_COMPLETE, WIC_CMD_COMPLETE_COPY, WIC_CMD_SERVICE_PAT, WIC_CMD_REARM_PAT, WIC_CMD_REPLAY];
+/// The opcodes, in the order the corpus was made with: 1 to 4, which the module refuses since
+/// kernel ABI 5 (a completion's steps as commands of their own), then the five it runs.
+const OPCODES: [u32; 9] = [
+    4, // was WIC_CMD_MAP: zero bytes made a valid command of it
+    3,
+    1,
+    2,
+    WIC_CMD_SERVICE_PAT,
+    WIC_CMD_REARM_PAT,
+    WIC_CMD_REPLAY,
+    WIC_CMD_COMPLETE,
+    WIC_CMD_COMPLETE_COPY,
+];
 
-/// A command's opcode: one of the five, or any value.
+/// A command's opcode: one of the nine, or any value.
 #[derive(Arbitrary, Debug)]
 pub enum OpcodeSpec {
-    /// `OPCODES[n % 5]`.
+    /// `OPCODES[n % 9]`.
     Known(u8),
     Raw(u32),
 }

@@ -30,28 +30,50 @@ impl Sim<'_> {
         let (cta, sent) = (self.warps[warp as usize].cta, self.warps[warp as usize].sent);
         let phase = &self.current().phase;
         let (slot, warps) = ((cta * phase.requests_per_warp + sent - 1) as usize, u64::from(phase.warps_per_cta));
-        let Endpoint::Gpu(other) = phase.producer else { unreachable!("an exchange is between GPUs") };
-        let (gpu, sm) = (self.ctas[cta as usize].gpu, self.ctas[cta as usize].sm);
         let state = &mut self.phases[self.phase];
-        let (generation, first) = (state.reverse_sent[slot] / warps, state.reverse_sent[slot] % warps == 0);
+        let send = Send {
+            warp,
+            slot,
+            generation: state.reverse_sent[slot] / warps,
+            first: state.reverse_sent[slot] % warps == 0,
+        };
         state.reverse_sent[slot] += 1;
-        let layout = state.reverse.as_ref().expect("fault mode opens an exchange's reverse channel");
-        let side = (generation % 2) as usize;
-        let (run, pat) = (layout.slots[slot].runs[side], layout.slots[slot].pat.expect("a GPU producer's slot")[side]);
-        if first {
-            let other_sm = slot as u32 % self.cal.gpu.sms.value;
+        self.send_write(send);
+    }
+
+    /// The store of `send`, once the other GPU has its slot's previous generation: a producer
+    /// may not write a generation before the one before it is consumed (wic.cuh's flow control;
+    /// the engine would take the write for a stale one). Until then the warp waits, not stalled
+    /// on a fault, for the completion that maps that run on the other GPU.
+    pub(super) fn send_write(&mut self, send: Send) {
+        let Endpoint::Gpu(other) = self.current().phase.producer else { unreachable!("an exchange is between GPUs") };
+        let cta = &self.ctas[self.warps[send.warp as usize].cta as usize];
+        let (gpu, sm) = (cta.gpu, cta.sm);
+        let layout = self.phases[self.phase].reverse.as_ref().expect("fault mode opens an exchange's reverse channel");
+        let side = (send.generation % 2) as usize;
+        let slot = &layout.slots[send.slot];
+        let (run, previous, pat) =
+            (slot.runs[side], slot.runs[1 - side], slot.pat.expect("a GPU producer's slot")[side]);
+        let daemon = self.daemon.as_mut().expect("fault mode");
+        if send.generation > 0 && !daemon.mapped.contains(&(other, previous)) {
+            daemon.waiting_sends.entry((other, previous)).or_default().push(send);
+            return;
+        }
+        if send.first {
+            let other_sm = send.slot as u32 % self.cal.gpu.sms.value;
             if self.access(Agent::Mirror, other, other_sm, run, AccessType::Read) {
-                self.stopped = Some(format!("slot {slot}'s reverse run was still mapped on GPU {other}{TIMEOUT_HINT}"));
+                self.stopped = Some(format!("slot {}'s reverse run was still mapped on GPU {other}", send.slot));
                 return;
             }
         }
-        if self.access(Agent::Sender(warp), gpu, sm, pat, AccessType::Write) {
-            if first {
+        if self.access(Agent::Sender(send.warp), gpu, sm, pat, AccessType::Write) {
+            if send.first {
                 // As for a producer: an unnoticed write would never reach wicd.
-                self.stopped = Some(format!("slot {slot}'s sender found its PAT page still mapped{TIMEOUT_HINT}"));
+                self.stopped =
+                    Some(format!("slot {}'s sender found its PAT page still mapped{TIMEOUT_HINT}", send.slot));
                 return;
             }
-            self.schedule(self.now, Event::SendDone { warp });
+            self.schedule(self.now, Event::SendDone { warp: send.warp });
         }
     }
 

@@ -158,7 +158,8 @@ impl Sim<'_> {
                 for (_, sm) in &agents {
                     self.raise(gpu, *sm, va, AccessType::Read);
                 }
-                self.gpus[gpu as usize].faults.stalled.insert(va, agents);
+                // Merged: an agent resumed earlier in this loop may have stalled here already.
+                self.gpus[gpu as usize].faults.stalled.entry(va).or_default().extend(agents);
                 continue;
             }
             for (agent, _) in agents {

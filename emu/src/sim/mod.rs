@@ -262,6 +262,19 @@ struct Daemon {
     host_resident_runs: HashSet<u64>,
     pcm: HashMap<u64, Vec<u8>>,
     mapped: HashSet<(u16, u64)>,
+    /// Sends waiting for the other GPU to have their slot's previous generation, by the
+    /// (GPU, run) whose mapping there says it has (`Sim::send_write`).
+    waiting_sends: HashMap<(u16, u64), Vec<Send>>,
+}
+
+/// A warp's send in an exchange under WIC: the reverse channel's slot and generation, and
+/// whether the warp is the first of its block to send it.
+#[derive(Debug, Clone, Copy)]
+struct Send {
+    warp: u32,
+    slot: usize,
+    generation: u64,
+    first: bool,
 }
 
 /// Per-phase communication state, kept across iterations.
@@ -373,6 +386,11 @@ pub fn check(workload: &Workload) -> Result<EngineConfig, String> {
                 "phase {index} moves {batch_bytes} bytes a slot; the model's address layout holds at most {} a slot",
                 DATA_PAGES * PAGE_SIZE
             ));
+        }
+        if phase.sends_back
+            && !matches!((phase.producer, phase.consumer), (Endpoint::Gpu(p), Endpoint::Gpu(c)) if p != c)
+        {
+            return Err(format!("phase {index} sends back, which only an exchange between two GPUs does"));
         }
         if phase.consumer == Endpoint::Host {
             continue;
@@ -507,6 +525,7 @@ impl<'a> Sim<'a> {
                 host_resident_runs: HashSet::new(),
                 pcm: HashMap::new(),
                 mapped: HashSet::new(),
+                waiting_sends: HashMap::new(),
             }),
             Mode::Alg1 | Mode::Push | Mode::Poll | Mode::NoWait => None,
         };
@@ -673,13 +692,18 @@ impl<'a> Sim<'a> {
             Event::Replay { gpu, resume_bh } => self.replay(gpu, resume_bh),
             Event::Map { gpu, va, pages } | Event::Unmap { gpu, va, pages } => {
                 let daemon = self.daemon.as_mut().expect("mappings change on the daemon's commands");
+                let mut released = Vec::new();
                 for page in 0..u64::from(pages) {
                     let key = (gpu, va + page * PAGE_SIZE);
                     if matches!(event, Event::Map { .. }) {
                         daemon.mapped.insert(key);
+                        released.extend(daemon.waiting_sends.remove(&key).unwrap_or_default());
                     } else {
                         daemon.mapped.remove(&key);
                     }
+                }
+                for send in released {
+                    self.send_write(send);
                 }
             }
             Event::DaemonRun => self.daemon_run(),

@@ -345,6 +345,7 @@ mod calibration {
         let (engine, base) = (with.engine.clone().unwrap(), without.engine.clone().unwrap());
         assert_eq!(engine.pat_publishes - base.pat_publishes, receiving, "one PAT write a block and message");
         assert_eq!(engine.delivered - base.delivered, receiving, "every message sent is completed to the other GPU");
+        assert_eq!(engine.timed_out, 0, "no wait for a send timed out");
         assert!(with.pfq_empty && with.corrupt_messages == 0, "{with:?}");
         let (f, d) = (&cal.fault, &cal.daemon);
         let one_fault = [
@@ -359,9 +360,32 @@ mod calibration {
         ]
         .into_iter()
         .sum::<u64>();
-        let added = with.runtime_ns - without.runtime_ns;
+        let added = with.runtime_ns.saturating_sub(without.runtime_ns);
         assert!(added >= 2 * 3 * one_fault, "{added} ns for 6 sends, one fault alone takes {one_fault}");
         assert_eq!(try_run(&exchange, Mode::NoWait, &cal, 1).expect("the run ends").sends, 0);
+
+        // Blocks of several warps send one message together: one PAT write a block, the other
+        // warps stalled on the same page or finding it serviced.
+        let wide = Workload { phases: vec![Phase { warps_per_cta: 4, ..phase.clone() }], ..exchange.clone() };
+        let report = try_run(&wide, Mode::Fault, &cal, 1).expect("the run ends");
+        let base = try_run(
+            &Workload {
+                phases: vec![Phase { warps_per_cta: 4, sends_back: false, ..phase.clone() }],
+                ..exchange.clone()
+            },
+            Mode::Fault,
+            &cal,
+            1,
+        )
+        .expect("the run ends");
+        let (engine, base) = (report.engine.unwrap(), base.engine.unwrap());
+        assert_eq!(report.sends, 4 * receiving);
+        assert_eq!(engine.pat_publishes - base.pat_publishes, receiving, "one PAT write a block and message");
+        assert_eq!((engine.timed_out, report.corrupt_messages), (0, 0));
+
+        // Only an exchange between two GPUs sends back.
+        let host = Workload { phases: vec![Phase { producer: Endpoint::Host, ..phase }], ..exchange };
+        assert!(try_run(&host, Mode::Fault, &cal, 1).unwrap_err().contains("only an exchange between two GPUs"));
     }
 
     /// push delivers every message intact without a fault, and its waits are as long as the

@@ -61,17 +61,20 @@ impl Sim<'_> {
         let state = &self.phases[self.phase];
         // The engine lays a channel's slots out by its batch, the workload's largest CTA's; a
         // phase of smaller CTAs fills the first part of each.
-        let engine_batch = state.channel.as_ref().expect("fault mode has channels").batch_bytes;
         let batch = u64::from(state.phase.warps_per_cta) * u64::from(state.phase.message_bytes);
+        let (forward, engine_batch) = state.channel.as_ref().map_or((None, batch), |c| (Some(c.id), c.batch_bytes));
         let daemon = self.daemon.as_mut().expect("fault mode");
         let (mut host_copy, mut pcie, mut nvlink, mut pages) = (0u64, 0u64, 0u64, 0u64);
         let mut landing = Vec::new();
         for command in commands.drain(..) {
             match command {
-                Command::Complete { gpu, run_va: va, companion_va, pages: n, fill, .. } => {
+                Command::Complete { gpu, channel, run_va: va, companion_va, pages: n, fill, .. } => {
                     let run = daemon.pcm.entry(va).or_default();
                     run.clear();
                     match fill {
+                        // Another channel's data (an exchange's reverse channel, whose bytes the
+                        // model does not keep, or an earlier phase's): only its crossing counts.
+                        Fill::Data { len, .. } if Some(channel) != forward => nvlink += len,
                         Fill::Data { len, source } => {
                             let (from, on_host) = match source {
                                 DataSource::Host { offset } => (offset, true),
