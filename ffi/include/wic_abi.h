@@ -199,19 +199,17 @@ struct wic_range {
  * one WIC_RANGE_SOURCE range. Running the command may fail too (EFAULT for
  * @arg bytes that cannot be read, or what nvidia-uvm returns).
  *
- * WIC_CMD_SERVICE_PAT, WIC_CMD_COMPLETE and WIC_CMD_COMPLETE_COPY release held
- * faults only when the map succeeded. It fails with ENODATA when a page is resident nowhere
- * (never written) and with EXDEV when nvidia-uvm cannot map a page on
- * @gpu_id: it is
- * resident only on a GPU without peer access to @gpu_id, or policy keeps it from a remote
- * mapping (read duplication, a preferred location on @gpu_id, a UVM-Lite GPU), or a writable
- * map was asked of a read-duplicated page. Then the faults stay held (other pages of the
- * command may be mapped already) and the application's warps stay stalled on those pages;
- * nothing faults again in a loop. They are released by a later completion or PAT service
- * whose map succeeds (once the
+ * WIC_CMD_SERVICE_PAT, WIC_CMD_COMPLETE and WIC_CMD_COMPLETE_COPY release held faults only when
+ * the map succeeded. It fails with ENODATA when a page is resident nowhere (never written) and
+ * with EXDEV when nvidia-uvm cannot map a page on @gpu_id: it is resident only on a GPU without
+ * peer access to @gpu_id, or policy keeps it from a remote mapping (read duplication, a
+ * preferred location on @gpu_id, a UVM-Lite GPU), or a writable map was asked of a
+ * read-duplicated page. Then the faults stay held (other pages of the command may be mapped
+ * already) and the application's warps stay stalled on those pages; nothing faults again in a
+ * loop. They are released by a later completion or PAT service whose map succeeds (once the
  * application moved the pages, e.g. prefetched them to the CPU), by WIC_IOC_UNREGISTER or
- * WIC_IOC_DETACH (marker, see struct wic_range), or when the session ends (daemon-gone
- * marker, released unmapped).
+ * WIC_IOC_DETACH (marker, see struct wic_range), or when the session ends (daemon-gone marker,
+ * released unmapped).
  */
 struct wic_command {
 	__u32 opcode;
