@@ -50,6 +50,10 @@
  *                    batches of BYTES through a peer_channel to one
  *                    consumer block per SM on GPU 0, two slots per block with flow control;
  *                    GB/s from the launches to both kernels' end, and its ratio to peer_copy.
+ *   spin_echo        a host word's round trip to one GPU thread and back into host memory
+ *                    (p50, p99 of 500) beside 0 to 2112 warps spinning on pinned host words:
+ *                    with the way there (latency, poll, same spinners), what a GPU's small
+ *                    store to host memory takes while they spin.
  *   spin_copy        what warps spinning on pinned host memory (poll's waiters with a host
  *                    producer: each its own word, no backoff) do to the rest of the PCIe
  *                    traffic: a copy of BYTES host -> device and a kernel's stores of BYTES into
@@ -65,7 +69,8 @@
  * Every wait gives up after 2 s; a measurement whose wait gave up is reported failed and the
  * program exits 1. Prints a table; with OUT, also one JSON object per line into OUT.
  *
- * Usage: transport [--quick] [OUT.jsonl]   (--quick: 64 MiB streams, fewer repetitions)
+ * Usage: transport [--quick] [--spin] [OUT.jsonl]   (--quick: 64 MiB streams, fewer repetitions;
+ *        --spin: only what spinning warps do: spin_echo, spin_copy and poll's latency beside them)
  */
 #include <algorithm>
 #include <chrono>
@@ -863,6 +868,59 @@ void spin_copy(uint32_t blocks, uint32_t warps, uint64_t bytes)
 		.emit();
 }
 
+/*
+ * spin_echo() - @n round trips of a host word to one GPU thread and its answer in another host
+ * word, beside @blocks x @warps warps spinning on pinned host words: how long a GPU's small
+ * store to host memory (a consumer's report to its host producer) takes while poll's waiters
+ * spin, less the way there, which the latency benchmark measures with the same spinners.
+ */
+void spin_echo(uint32_t blocks, uint32_t warps, uint32_t n)
+{
+	const uint32_t spinning = blocks * warps;
+	unsigned int *words_host, *words_dev;
+	CHECK(cudaHostAlloc(&words_host, std::max(spinning, 1u) * sizeof(unsigned int), cudaHostAllocMapped));
+	memset(words_host, 0, std::max(spinning, 1u) * sizeof(unsigned int));
+	CHECK(cudaHostGetDevicePointer((void **)&words_dev, words_host, 0));
+	mapped_word started, there, back;
+	cudaStream_t spin_stream, echo_stream;
+	CHECK(cudaStreamCreateWithFlags(&spin_stream, cudaStreamNonBlocking));
+	CHECK(cudaStreamCreateWithFlags(&echo_stream, cudaStreamNonBlocking));
+	CHECK(cudaDeviceSynchronize());
+	char what[64];
+	snprintf(what, sizeof(what), "spin_echo %u spinning", spinning);
+	if (spinning) {
+		spin_on_host<<<blocks, warps * 32, 0, spin_stream>>>(words_dev, started.dev);
+		CHECK(cudaGetLastError());
+		if (!host_wait(started.host, spinning))
+			stuck(what);
+	}
+	echo<<<1, 1, 0, echo_stream>>>(there.dev, back.dev, n);
+	CHECK(cudaGetLastError());
+	std::vector<double> rt;
+	const auto spun = clock_type::now();
+	for (uint32_t i = 1; i <= n && seconds_since(spun) < timeout_s / 2; i++) {
+		const auto t0 = clock_type::now();
+		__atomic_store_n(there.host, i, __ATOMIC_RELEASE);
+		if (!host_wait(back.host, i))
+			stuck(what);
+		rt.push_back(us_between(t0, clock_type::now()));
+	}
+	/* The spinners give up after timeout_s: every round trip must have had all of them. */
+	if (rt.size() < n)
+		stuck(what);
+	for (uint32_t w = 0; w < spinning; w++)
+		__atomic_store_n(&words_host[w], 1u, __ATOMIC_RELEASE);
+	finish(spin_stream, what);
+	finish(echo_stream, what);
+	CHECK(cudaStreamDestroy(spin_stream));
+	CHECK(cudaStreamDestroy(echo_stream));
+	CHECK(cudaFreeHost(words_host));
+	const double p50 = quantile(rt, 0.5), p99 = quantile(rt, 0.99);
+	printf("%-16s %-10s %5u spinning  host -> GPU -> host p50 %8.2f us  p99 %8.2f us\n", "spin_echo", "poll",
+	       spinning, p50, p99);
+	record("spin_echo").add("spinning", (double)spinning).add("rt_p50_us", p50).add("rt_p99_us", p99).emit();
+}
+
 /* peer_fence() - the median time of a fence after @bytes of stores across the link, GPU 1 -> GPU 0. */
 void peer_fence(uint32_t bytes)
 {
@@ -1285,11 +1343,14 @@ void describe_device()
 int main(int argc, char **argv)
 {
 	const char *out = nullptr;
+	bool spin_only = false;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--quick"))
 			cfg.quick = true;
+		else if (!strcmp(argv[i], "--spin"))
+			spin_only = true;
 		else if (argv[i][0] == '-' || out) {
-			fprintf(stderr, "usage: %s [--quick] [OUT.jsonl]\n", argv[0]);
+			fprintf(stderr, "usage: %s [--quick] [--spin] [OUT.jsonl]\n", argv[0]);
 			return 2;
 		} else
 			out = argv[i];
@@ -1305,6 +1366,24 @@ int main(int argc, char **argv)
 	}
 	cfg.sms = app::sm_count();
 	describe_device();
+
+	/* The poll applications' spinning: none, one warp, a block's 16, one and 4 and 16 per SM. */
+	const uint32_t spin_shapes[][2] = {{0, 0}, {1, 1}, {1, 16}, {cfg.sms, 1}, {cfg.sms, 4}, {cfg.sms, 16}};
+	if (spin_only) {
+		/* What poll's waiters do to the rest of PCIe, alone (the latency beside them: below). */
+		for (const auto &shape : spin_shapes)
+			spin_echo(shape[0], shape[1], cfg.quick ? 50 : 500);
+		for (uint64_t bytes : {1ull << 20, 8ull << 20})
+			for (const auto &shape : spin_shapes)
+				spin_copy(shape[0], shape[1], bytes);
+		const double mapped = mapped_one_way_us();
+		for (const auto &shape : spin_shapes)
+			if (shape[0])
+				latency(wic::transport::poll, 64, shape[0], shape[1], false, mapped);
+		if (bench::json)
+			fclose(bench::json);
+		return 0;
+	}
 
 	const double bulk = bulk_copy_gbps(cfg.stream_total);
 	const double mapped = mapped_one_way_us();
@@ -1352,8 +1431,8 @@ int main(int argc, char **argv)
 	for (uint32_t bytes : {4096u, 65536u, 1u << 20})
 		ce_order_probe(bytes);
 
-	/* The poll applications' spinning: none, one warp, a block's 16, one and 4 and 16 per SM. */
-	const uint32_t spin_shapes[][2] = {{0, 0}, {1, 1}, {1, 16}, {cfg.sms, 1}, {cfg.sms, 4}, {cfg.sms, 16}};
+	for (const auto &shape : spin_shapes)
+		spin_echo(shape[0], shape[1], 500);
 	for (uint64_t bytes : {1ull << 20, 8ull << 20})
 		for (const auto &shape : spin_shapes)
 			spin_copy(shape[0], shape[1], bytes);
