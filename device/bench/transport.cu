@@ -51,7 +51,8 @@
  *                    consumer block per SM on GPU 0, two slots per block with flow control;
  *                    GB/s from the launches to both kernels' end, and its ratio to peer_copy.
  *   spin_echo        a host word's round trip to one GPU thread and back into host memory
- *                    (p50, p99 of 500) beside 0 to 2112 warps spinning on pinned host words:
+ *                    (p50, p99 of up to 500 in a second) beside 0 to 2112 warps spinning on
+ *                    pinned host words:
  *                    with the way there (latency, poll, same spinners), what a GPU's small
  *                    store to host memory takes while they spin.
  *   spin_copy        what warps spinning on pinned host memory (poll's waiters with a host
@@ -905,8 +906,11 @@ void spin_echo(uint32_t blocks, uint32_t warps, uint32_t n)
 			stuck(what);
 		rt.push_back(us_between(t0, clock_type::now()));
 	}
-	/* The spinners give up after timeout_s: every round trip must have had all of them. */
-	if (rt.size() < n)
+	/*
+	 * Up to @n in the first second (the spinners give up after timeout_s, and every round trip
+	 * must have had all of them): beside 2112 spinners a round trip can take milliseconds.
+	 */
+	if (rt.size() < 3)
 		stuck(what);
 	for (uint32_t w = 0; w < spinning; w++)
 		__atomic_store_n(&words_host[w], 1u, __ATOMIC_RELEASE);
@@ -916,9 +920,14 @@ void spin_echo(uint32_t blocks, uint32_t warps, uint32_t n)
 	CHECK(cudaStreamDestroy(echo_stream));
 	CHECK(cudaFreeHost(words_host));
 	const double p50 = quantile(rt, 0.5), p99 = quantile(rt, 0.99);
-	printf("%-16s %-10s %5u spinning  host -> GPU -> host p50 %8.2f us  p99 %8.2f us\n", "spin_echo", "poll",
-	       spinning, p50, p99);
-	record("spin_echo").add("spinning", (double)spinning).add("rt_p50_us", p50).add("rt_p99_us", p99).emit();
+	printf("%-16s %-10s %5u spinning  host -> GPU -> host p50 %9.2f us  p99 %9.2f us  (%zu)\n", "spin_echo",
+	       "poll", spinning, p50, p99, rt.size());
+	record("spin_echo")
+		.add("spinning", (double)spinning)
+		.add("round_trips", (double)rt.size())
+		.add("rt_p50_us", p50)
+		.add("rt_p99_us", p99)
+		.emit();
 }
 
 /* peer_fence() - the median time of a fence after @bytes of stores across the link, GPU 1 -> GPU 0. */
