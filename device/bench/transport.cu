@@ -50,11 +50,12 @@
  *                    batches of BYTES through a peer_channel to one
  *                    consumer block per SM on GPU 0, two slots per block with flow control;
  *                    GB/s from the launches to both kernels' end, and its ratio to peer_copy.
- *   spin_echo        a host word's round trip to one GPU thread and back into host memory
- *                    (p50, p99 of up to 500 in a second) beside 0 to 2112 warps spinning on
- *                    pinned host words:
- *                    with the way there (latency, poll, same spinners), what a GPU's small
- *                    store to host memory takes while they spin.
+ *   spin_pace        a steady stream of small stores, one every 100 us, from one warp of a
+ *                    kernel whose other warps (0 to 2112) spin on pinned host words to the
+ *                    host, then from the host to that warp: how much later than the quickest
+ *                    each store is seen (p50, p99, max), each way, and how many are seen at all
+ *                    while the others spin (a consumer's report to its host producer, and a
+ *                    ready word, beside poll's waiters).
  *   spin_copy        what warps spinning on pinned host memory (poll's waiters with a host
  *                    producer: each its own word, no backoff) do to the rest of the PCIe
  *                    traffic: a copy of BYTES host -> device and a kernel's stores of BYTES into
@@ -71,7 +72,7 @@
  * program exits 1. Prints a table; with OUT, also one JSON object per line into OUT.
  *
  * Usage: transport [--quick] [--spin] [OUT.jsonl]   (--quick: 64 MiB streams, fewer repetitions;
- *        --spin: only what spinning warps do: spin_echo, spin_copy and poll's latency beside them)
+ *        --spin: only what spinning warps do: spin_pace, spin_copy and poll's latency beside them)
  */
 #include <algorithm>
 #include <chrono>
@@ -812,7 +813,7 @@ __global__ void store_to_host(uint4 *to, uint64_t bytes)
 }
 
 /* Stores 1..@n into *@to (pinned host memory, mapped), value i at @period_ns x i by %globaltimer. */
-__global__ void pace_to_host(unsigned int *to, uint32_t n, uint64_t period_ns)
+__device__ void pace_to_host(unsigned int *to, uint32_t n, uint64_t period_ns)
 {
 	const uint64_t t0 = wic::detail::globaltimer();
 	for (uint32_t i = 1; i <= n; i++) {
@@ -826,7 +827,7 @@ __global__ void pace_to_host(unsigned int *to, uint32_t n, uint64_t period_ns)
  * Records in @seen_ns[i - 1] the %globaltimer at which value i of *@from (pinned host memory,
  * mapped) is first seen, for 1..@n; gives up 2 s after the last change.
  */
-__global__ void watch_host(const unsigned int *from, uint32_t n, uint64_t *seen_ns)
+__device__ void watch_host(const unsigned int *from, uint32_t n, uint64_t *seen_ns)
 {
 	uint32_t last = 0;
 	uint64_t changed = wic::detail::globaltimer();
@@ -842,6 +843,36 @@ __global__ void watch_host(const unsigned int *from, uint32_t n, uint64_t *seen_
 			return;
 		}
 	}
+}
+
+/*
+ * spin_on_host()'s warps with one warp more in each block: lane 0 of block 0's last warp paces
+ * stores to the host (@to_host: pace_to_host()), then watches the host's (@from_host:
+ * watch_host()), as a consumer's warp beside poll's waiters reports to its host producer and
+ * waits for it; the last warps of the other blocks return at once.
+ */
+__global__ void spin_beside(const unsigned int *words, unsigned int *started, uint32_t warps, unsigned int *to_host,
+			    const unsigned int *from_host, uint32_t n, uint64_t period_ns, uint64_t *seen_ns)
+{
+	const uint32_t warp = threadIdx.x / 32;
+	if (warp < warps) {
+		if (threadIdx.x % 32)
+			return;
+		const uint32_t index = blockIdx.x * warps + warp;
+		atomicAdd_system(started, 1);
+		const uint64_t t0 = wic::detail::globaltimer();
+		while (*reinterpret_cast<const volatile unsigned int *>(words + index) == 0)
+			if (wic::detail::globaltimer() - t0 > timeout_ns)
+				return;
+		return;
+	}
+	if (blockIdx.x || threadIdx.x % 32)
+		return;
+	/* Once every spinner spins: it is counted in before its first load. */
+	while (*reinterpret_cast<volatile unsigned int *>(started) < gridDim.x * warps)
+		;
+	pace_to_host(to_host, n, period_ns);
+	watch_host(from_host, n, seen_ns);
 }
 
 /*
@@ -880,34 +911,29 @@ void spin_pace(uint32_t blocks, uint32_t warps, uint32_t n, uint64_t period_ns)
 	uint64_t *seen_dev;
 	CHECK(cudaMalloc(&seen_dev, n * sizeof(uint64_t)));
 	CHECK(cudaMemset(seen_dev, 0, n * sizeof(uint64_t)));
-	cudaStream_t spin_stream, stream;
-	CHECK(cudaStreamCreateWithFlags(&spin_stream, cudaStreamNonBlocking));
+	cudaStream_t stream;
 	CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 	CHECK(cudaDeviceSynchronize());
 	char what[64];
 	snprintf(what, sizeof(what), "spin_pace %u spinning", spinning);
-	if (spinning) {
-		spin_on_host<<<blocks, warps * 32, 0, spin_stream>>>(words_dev, started.dev);
-		CHECK(cudaGetLastError());
-		if (!host_wait(started.host, spinning))
-			stuck(what);
-	}
+	/* The pacing warp is one of the spinning kernel's, as a consumer's reporting warp is. */
+	spin_beside<<<std::max(blocks, 1u), (warps + 1) * 32, 0, stream>>>(words_dev, started.dev, warps, to_host.dev,
+									   from_host.dev, n, period_ns, seen_dev);
+	CHECK(cudaGetLastError());
+	if (!host_wait(started.host, spinning))
+		stuck(what);
 	/* GPU -> host: the host notes when each value arrives. */
 	std::vector<uint64_t> to_host_at(n, 0);
 	const auto origin = clock_type::now();
 	const auto ns_since = [&] {
 		return (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(clock_type::now() - origin).count();
 	};
-	pace_to_host<<<1, 1, 0, stream>>>(to_host.dev, n, period_ns);
-	CHECK(cudaGetLastError());
 	for (uint32_t last = 0; last < n && seconds_since(origin) < timeout_s / 4;) {
 		const uint32_t v = std::min(__atomic_load_n(to_host.host, __ATOMIC_ACQUIRE), n);
 		for (const uint64_t now = ns_since(); last < v; last++)
 			to_host_at[last] = now;
 	}
 	/* Host -> GPU: the GPU thread notes when each value arrives. */
-	watch_host<<<1, 1, 0, stream>>>(from_host.dev, n, seen_dev);
-	CHECK(cudaGetLastError());
 	const auto paced = clock_type::now();
 	uint32_t written = 0;
 	for (uint32_t i = 1; i <= n && seconds_since(paced) < timeout_s / 4; i++) {
@@ -920,13 +946,11 @@ void spin_pace(uint32_t blocks, uint32_t warps, uint32_t n, uint64_t period_ns)
 	for (uint32_t w = 0; w < spinning; w++)
 		__atomic_store_n(&words_host[w], 1u, __ATOMIC_RELEASE);
 	__atomic_store_n(from_host.host, n, __ATOMIC_RELEASE);
-	finish(spin_stream, what);
 	finish(stream, what);
 	std::vector<uint64_t> from_host_at(n);
 	CHECK(cudaMemcpy(from_host_at.data(), seen_dev, n * sizeof(uint64_t), cudaMemcpyDeviceToHost));
 	/* The value written after the spinners let go (to end the watch) was not beside them. */
 	from_host_at.resize(written);
-	CHECK(cudaStreamDestroy(spin_stream));
 	CHECK(cudaStreamDestroy(stream));
 	CHECK(cudaFree(seen_dev));
 	CHECK(cudaFreeHost(words_host));
@@ -1005,67 +1029,6 @@ void spin_copy(uint32_t blocks, uint32_t warps, uint64_t bytes)
 		.add("spinning", (double)spinning)
 		.add("copy_gbps", copy)
 		.add("store_gbps", store)
-		.emit();
-}
-
-/*
- * spin_echo() - @n round trips of a host word to one GPU thread and its answer in another host
- * word, beside @blocks x @warps warps spinning on pinned host words: how long a GPU's small
- * store to host memory (a consumer's report to its host producer) takes while poll's waiters
- * spin, less the way there, which the latency benchmark measures with the same spinners.
- */
-void spin_echo(uint32_t blocks, uint32_t warps, uint32_t n)
-{
-	const uint32_t spinning = blocks * warps;
-	unsigned int *words_host, *words_dev;
-	CHECK(cudaHostAlloc(&words_host, std::max(spinning, 1u) * sizeof(unsigned int), cudaHostAllocMapped));
-	memset(words_host, 0, std::max(spinning, 1u) * sizeof(unsigned int));
-	CHECK(cudaHostGetDevicePointer((void **)&words_dev, words_host, 0));
-	mapped_word started, there, back;
-	cudaStream_t spin_stream, echo_stream;
-	CHECK(cudaStreamCreateWithFlags(&spin_stream, cudaStreamNonBlocking));
-	CHECK(cudaStreamCreateWithFlags(&echo_stream, cudaStreamNonBlocking));
-	CHECK(cudaDeviceSynchronize());
-	char what[64];
-	snprintf(what, sizeof(what), "spin_echo %u spinning", spinning);
-	if (spinning) {
-		spin_on_host<<<blocks, warps * 32, 0, spin_stream>>>(words_dev, started.dev);
-		CHECK(cudaGetLastError());
-		if (!host_wait(started.host, spinning))
-			stuck(what);
-	}
-	echo<<<1, 1, 0, echo_stream>>>(there.dev, back.dev, n);
-	CHECK(cudaGetLastError());
-	std::vector<double> rt;
-	bool gave_up = false;
-	const auto spun = clock_type::now();
-	/* Up to @n in the first second: the spinners give up after timeout_s. */
-	for (uint32_t i = 1; i <= n && seconds_since(spun) < timeout_s / 2; i++) {
-		const auto t0 = clock_type::now();
-		__atomic_store_n(there.host, i, __ATOMIC_RELEASE);
-		/* Beside 2112 spinners a round trip may not come back before they give up. */
-		if (!host_wait(back.host, i)) {
-			gave_up = true;
-			break;
-		}
-		rt.push_back(us_between(t0, clock_type::now()));
-	}
-	for (uint32_t w = 0; w < spinning; w++)
-		__atomic_store_n(&words_host[w], 1u, __ATOMIC_RELEASE);
-	finish(spin_stream, what);
-	finish(echo_stream, what);
-	CHECK(cudaStreamDestroy(spin_stream));
-	CHECK(cudaStreamDestroy(echo_stream));
-	CHECK(cudaFreeHost(words_host));
-	const double p50 = rt.empty() ? 0 : quantile(rt, 0.5), p99 = rt.empty() ? 0 : quantile(rt, 0.99);
-	printf("%-16s %-10s %5u spinning  host -> GPU -> host p50 %9.2f us  p99 %9.2f us  (%zu%s)\n", "spin_echo",
-	       "poll", spinning, p50, p99, rt.size(), gave_up ? ", then one not back within 2 s" : "");
-	record("spin_echo")
-		.add("spinning", (double)spinning)
-		.add("round_trips", (double)rt.size())
-		.add("gave_up", gave_up ? 1.0 : 0.0)
-		.add("rt_p50_us", p50)
-		.add("rt_p99_us", p99)
 		.emit();
 }
 
@@ -1521,8 +1484,6 @@ int main(int argc, char **argv)
 		/* What poll's waiters do to the rest of PCIe, alone (the latency beside them: below). */
 		for (const auto &shape : spin_shapes)
 			spin_pace(shape[0], shape[1], 2000, 100000);
-		for (const auto &shape : spin_shapes)
-			spin_echo(shape[0], shape[1], cfg.quick ? 50 : 500);
 		for (uint64_t bytes : {1ull << 20, 8ull << 20})
 			for (const auto &shape : spin_shapes)
 				spin_copy(shape[0], shape[1], bytes);
@@ -1582,7 +1543,7 @@ int main(int argc, char **argv)
 		ce_order_probe(bytes);
 
 	for (const auto &shape : spin_shapes)
-		spin_echo(shape[0], shape[1], 500);
+		spin_pace(shape[0], shape[1], 2000, 100000);
 	for (uint64_t bytes : {1ull << 20, 8ull << 20})
 		for (const auto &shape : spin_shapes)
 			spin_copy(shape[0], shape[1], bytes);
