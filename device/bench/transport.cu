@@ -55,7 +55,8 @@
  *                    host, then from the host to that warp: how much later than the quickest
  *                    each store is seen (p50, p99, max), each way, and how many are seen at all
  *                    while the others spin (a consumer's report to its host producer, and a
- *                    ready word, beside poll's waiters).
+ *                    ready word, beside poll's waiters); then the round trip of a host value
+ *                    to that warp and its echo back (p50, p99 of up to 2000 in half a second).
  *   spin_copy        what warps spinning on pinned host memory (poll's waiters with a host
  *                    producer: each its own word, no backoff) do to the rest of the PCIe
  *                    traffic: a copy of BYTES host -> device and a kernel's stores of BYTES into
@@ -848,8 +849,9 @@ __device__ void watch_host(const unsigned int *from, uint32_t n, uint64_t *seen_
 /*
  * spin_on_host()'s warps with one warp more in each block: lane 0 of block 0's last warp paces
  * stores to the host (@to_host: pace_to_host()), then watches the host's (@from_host:
- * watch_host()), as a consumer's warp beside poll's waiters reports to its host producer and
- * waits for it; the last warps of the other blocks return at once.
+ * watch_host()), then echoes the host's values n + 1 .. 2n from @from_host into @to_host, as a
+ * consumer's warp beside poll's waiters reports to its host producer and waits for it; the last
+ * warps of the other blocks return at once.
  */
 __global__ void spin_beside(const unsigned int *words, unsigned int *started, uint32_t warps, unsigned int *to_host,
 			    const unsigned int *from_host, uint32_t n, uint64_t period_ns, uint64_t *seen_ns)
@@ -873,6 +875,11 @@ __global__ void spin_beside(const unsigned int *words, unsigned int *started, ui
 		;
 	pace_to_host(to_host, n, period_ns);
 	watch_host(from_host, n, seen_ns);
+	for (uint32_t i = n + 1; i <= 2 * n; i++) {
+		if (wic::detail::wait_past(from_host, i - 1, 0, timeout_ns) != WIC_OK)
+			return;
+		wic::detail::store_release(to_host, i);
+	}
 }
 
 /*
@@ -943,9 +950,21 @@ void spin_pace(uint32_t blocks, uint32_t warps, uint32_t n, uint64_t period_ns)
 		__atomic_store_n(from_host.host, i, __ATOMIC_RELEASE);
 		written = i;
 	}
+	/* Round trips: the host's value to the warp and the warp's echo back, n of them at most. */
+	__atomic_store_n(from_host.host, n, __ATOMIC_RELEASE);
+	std::vector<double> rt;
+	const auto echoed = clock_type::now();
+	for (uint32_t i = n + 1; i <= 2 * n && seconds_since(echoed) < timeout_s / 4; i++) {
+		const auto t0 = clock_type::now();
+		__atomic_store_n(from_host.host, i, __ATOMIC_RELEASE);
+		if (!host_wait(to_host.host, i))
+			stuck(what);
+		rt.push_back(us_between(t0, clock_type::now()));
+	}
 	for (uint32_t w = 0; w < spinning; w++)
 		__atomic_store_n(&words_host[w], 1u, __ATOMIC_RELEASE);
-	__atomic_store_n(from_host.host, n, __ATOMIC_RELEASE);
+	/* Ends the echo if the time ran out first. */
+	__atomic_store_n(from_host.host, 2 * n, __ATOMIC_RELEASE);
 	finish(stream, what);
 	std::vector<uint64_t> from_host_at(n);
 	CHECK(cudaMemcpy(from_host_at.data(), seen_dev, n * sizeof(uint64_t), cudaMemcpyDeviceToHost));
@@ -954,6 +973,16 @@ void spin_pace(uint32_t blocks, uint32_t warps, uint32_t n, uint64_t period_ns)
 	CHECK(cudaStreamDestroy(stream));
 	CHECK(cudaFree(seen_dev));
 	CHECK(cudaFreeHost(words_host));
+	const double rt50 = quantile(rt, 0.5), rt99 = quantile(rt, 0.99);
+	printf("%-16s %-11s %5u spinning  host -> warp -> host p50 %9.2f us  p99 %9.2f us  (%zu)\n", "spin_pace",
+	       "round_trip", spinning, rt50, rt99, rt.size());
+	record("spin_pace")
+		.add("way", "round_trip")
+		.add("spinning", (double)spinning)
+		.add("rt_p50_us", rt50)
+		.add("rt_p99_us", rt99)
+		.add("round_trips", (double)rt.size())
+		.emit();
 	for (int way = 0; way < 2; way++) {
 		const std::vector<double> late = lateness_us(way ? from_host_at : to_host_at, period_ns);
 		const char *name = way ? "host_to_gpu" : "gpu_to_host";
