@@ -464,7 +464,7 @@ fn g_bfs(run: &AppRun, cal: &Calibration) -> Result<Workload, String> {
 
 /// The mechanisms the validation finds missing from the model (see [`DeviceApp::missing`]).
 mod missing {
-    pub const SPINNING: &str = "what warps spinning on host memory do to the rest of PCIe: the model has poll's one way and publish as measured with 64-byte messages, not that copies beside 132 to 2112 spinning warps start about 100 us late and run at a third to a half of the bulk rate (device/bench/README.md, spin_copy); and even those add up to about a third of the time C_SRS took a generation, so a larger part is not yet found";
+    pub const SPINNING: &str = "what warps spinning on host memory do to the rest of PCIe: the model has poll's one way and publish as measured with 64-byte messages, not that copies beside 132 to 2112 spinning warps start about 100 us late and run at a third to a half of the bulk rate (device/bench/README.md, spin_copy); and even those add up to about a third of the time C_SRS took a generation, so a larger part is not yet found (not the consumers' reports: beside 2112 spinning warps a host value reaches a warp of theirs and comes back in 25 us, spin_pace)";
     pub const THRASHING: &str = "how nvidia-uvm handles managed pages that two processors take turns writing (thrashing detection pins or throttles them), which sets alg1's cost on a GPU: the model migrates the page on every fault";
 }
 
