@@ -2,8 +2,9 @@
 # Builds and runs one of the benchmarks that write JSON lines (NAME.cu in this folder) on a
 # machine with an NVIDIA GPU.
 #
-# Usage: device/bench/microbench.sh NAME [OUTPUT_DIR] [--quick]
-#        (NAME: transport or stall_cost; default OUTPUT_DIR: $OUT if set, else target/NAME)
+# Usage: device/bench/microbench.sh NAME [OUTPUT_DIR] [OPTIONS...]
+#        (NAME: transport or stall_cost; default OUTPUT_DIR: $OUT if set, else target/NAME;
+#        OPTIONS go to the benchmark: --quick, and for transport --spin)
 #
 # Writes to OUTPUT_DIR: NAME.jsonl (one JSON object per measurement, the first naming the GPU,
 # driver API version and date), NAME.txt (the table it printed) and device.txt.
@@ -12,7 +13,7 @@ set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
-name=${1:?usage: microbench.sh NAME [OUTPUT_DIR] [--quick]}
+name=${1:?usage: microbench.sh NAME [OUTPUT_DIR] [OPTIONS...]}
 shift
 if [[ ! -f "$here/$name.cu" ]]; then
     echo "microbench.sh: no benchmark $name ($here/$name.cu)" >&2

@@ -905,7 +905,8 @@ std::vector<double> lateness_us(const std::vector<uint64_t> &at, uint64_t period
  * one every @period_ns, beside @blocks x @warps warps spinning on pinned host words: how much
  * later than the quickest each store is seen (p50, p99, max), GPU -> host (a consumer's report
  * to its host producer) and host -> GPU (a ready word), and how many of @n were seen at all
- * before the spinners gave up.
+ * before the spinners gave up; then up to @n round trips of a host value to that thread and
+ * its echo back (p50, p99), which, unlike the lateness, include the constant delay.
  */
 void spin_pace(uint32_t blocks, uint32_t warps, uint32_t n, uint64_t period_ns)
 {

@@ -196,8 +196,8 @@ impl Sim<'_> {
         self.reschedule(gpu, sm);
     }
 
-    /// How long a warp's send to another GPU keeps it, but under WIC (a PAT fault of its own,
-    /// `Sim::wic_send`): its message across the link, then its transport's measured one way (the
+    /// How long a warp's send to another GPU keeps it, except under WIC, where it is a PAT fault
+    /// of its own (`Sim::wic_send`): its message across the link, then its transport's measured one way (the
     /// fence before the ready word waits for the stores: G_STN_TRACE measured a send of about the
     /// one way on 2 x H100 and 2 x H200); alg1's release store waits as push's fence does.
     pub(super) fn send_ns(&self) -> Nanos {
@@ -205,7 +205,8 @@ impl Sim<'_> {
         match self.mode {
             Mode::Push | Mode::Alg1 => link.saturating_add(self.cal.push.peer_one_way_ns.value),
             Mode::Poll => link.saturating_add(self.cal.poll.peer_one_way_ns.value),
-            Mode::NoWait | Mode::Fault => 0,
+            Mode::NoWait => 0,
+            Mode::Fault => unreachable!("under WIC a send is a PAT fault of its own (Sim::wic_send)"),
         }
     }
 }

@@ -73,8 +73,11 @@ impl Sim<'_> {
                     run.clear();
                     match fill {
                         // Another channel's data (an exchange's reverse channel, whose bytes the
-                        // model does not keep, or an earlier phase's): only its crossing counts.
-                        Fill::Data { len, .. } if Some(channel) != forward => nvlink += len,
+                        // model does not keep, or an earlier phase's): only its copy counts.
+                        Fill::Data { len, source } if Some(channel) != forward => match source {
+                            DataSource::Host { .. } => host_copy += len,
+                            DataSource::Gpu { .. } => nvlink += len,
+                        },
                         Fill::Data { len, source } => {
                             let (from, on_host) = match source {
                                 DataSource::Host { offset } => (offset, true),

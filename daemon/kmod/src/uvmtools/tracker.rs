@@ -17,10 +17,10 @@ use super::raw;
 /// A UVM tools event queue on one application's VA space.
 pub struct EventTracker {
     // Field order matters: the tools file closes first, so the driver unpins the queue before
-    // it is unmapped.
+    // it is unmapped. The mapping is only held, for `queue` and the driver to use.
     file: File,
     queue: EventQueue,
-    memory: QueueMemory,
+    _memory: QueueMemory,
 }
 
 impl EventTracker {
@@ -66,7 +66,7 @@ impl EventTracker {
         // SAFETY: the control block and queue just given to the driver, in `memory`, which the
         // tracker owns for as long as the reader; page aligned.
         let queue = unsafe { EventQueue::new(memory.control(), memory.queue(), queue_entries) }?;
-        let tracker = Self { file, queue, memory };
+        let tracker = Self { file, queue, _memory: memory };
         tracker.set_notification_threshold(1)?;
         tracker.enable_events(Self::DEFAULT_EVENTS)?;
         Ok(tracker)
@@ -121,11 +121,6 @@ impl EventTracker {
     /// The queue reader.
     pub fn queue(&mut self) -> &mut EventQueue {
         &mut self.queue
-    }
-
-    /// The queue's size in bytes, control block included, as mapped.
-    pub fn mapped_bytes(&self) -> usize {
-        self.memory.len
     }
 }
 
