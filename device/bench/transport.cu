@@ -167,6 +167,30 @@ struct mapped_word {
 	~mapped_word() { CHECK(cudaFreeHost(host)); }
 };
 
+/* One word per spinning warp (poll's waiters), pinned host memory mapped into the device. */
+struct spin_words {
+	unsigned int *host = nullptr;
+	unsigned int *dev = nullptr;
+	uint32_t count;
+
+	explicit spin_words(uint32_t n) : count(n)
+	{
+		CHECK(cudaHostAlloc(&host, std::max(n, 1u) * sizeof(unsigned int), cudaHostAllocMapped));
+		memset(host, 0, std::max(n, 1u) * sizeof(unsigned int));
+		CHECK(cudaHostGetDevicePointer((void **)&dev, host, 0));
+	}
+	spin_words(const spin_words &) = delete;
+	spin_words &operator=(const spin_words &) = delete;
+	~spin_words() { CHECK(cudaFreeHost(host)); }
+
+	/* Lets every spinner go. */
+	void release()
+	{
+		for (uint32_t w = 0; w < count; w++)
+			__atomic_store_n(&host[w], 1u, __ATOMIC_RELEASE);
+	}
+};
+
 /* ---- device side ---- */
 
 __device__ inline uint64_t load64(const uint8_t *at)
@@ -790,19 +814,23 @@ void latency(wic::transport kind, uint32_t bytes, uint32_t blocks, uint32_t warp
 }
 
 /*
- * Lane 0 of every warp spins on its own word of @words (pinned host memory, mapped) until it is
- * nonzero, as poll's waiters do, after counting itself into *@started; gives up after 2 s.
+ * Spins on @word (pinned host memory, mapped) until it is nonzero, as poll's waiters do, after
+ * counting itself into *@started; gives up after 2 s.
  */
-__global__ void spin_on_host(const unsigned int *words, unsigned int *started)
+__device__ void spin_on_word(const unsigned int *word, unsigned int *started)
 {
-	if (threadIdx.x % 32)
-		return;
-	const uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
 	atomicAdd_system(started, 1);
 	const uint64_t t0 = wic::detail::globaltimer();
-	while (*reinterpret_cast<const volatile unsigned int *>(words + warp) == 0)
+	while (*reinterpret_cast<const volatile unsigned int *>(word) == 0)
 		if (wic::detail::globaltimer() - t0 > timeout_ns)
 			return;
+}
+
+/* Lane 0 of every warp spins on its own word of @words (spin_on_word()). */
+__global__ void spin_on_host(const unsigned int *words, unsigned int *started)
+{
+	if (threadIdx.x % 32 == 0)
+		spin_on_word(words + (blockIdx.x * blockDim.x + threadIdx.x) / 32, started);
 }
 
 /* Stores @bytes of 16-byte words into @to (pinned host memory, mapped), grid-strided. */
@@ -858,14 +886,8 @@ __global__ void spin_beside(const unsigned int *words, unsigned int *started, ui
 {
 	const uint32_t warp = threadIdx.x / 32;
 	if (warp < warps) {
-		if (threadIdx.x % 32)
-			return;
-		const uint32_t index = blockIdx.x * warps + warp;
-		atomicAdd_system(started, 1);
-		const uint64_t t0 = wic::detail::globaltimer();
-		while (*reinterpret_cast<const volatile unsigned int *>(words + index) == 0)
-			if (wic::detail::globaltimer() - t0 > timeout_ns)
-				return;
+		if (threadIdx.x % 32 == 0)
+			spin_on_word(words + blockIdx.x * warps + warp, started);
 		return;
 	}
 	if (blockIdx.x || threadIdx.x % 32)
@@ -911,10 +933,7 @@ std::vector<double> lateness_us(const std::vector<uint64_t> &at, uint64_t period
 void spin_pace(uint32_t blocks, uint32_t warps, uint32_t n, uint64_t period_ns)
 {
 	const uint32_t spinning = blocks * warps;
-	unsigned int *words_host, *words_dev;
-	CHECK(cudaHostAlloc(&words_host, std::max(spinning, 1u) * sizeof(unsigned int), cudaHostAllocMapped));
-	memset(words_host, 0, std::max(spinning, 1u) * sizeof(unsigned int));
-	CHECK(cudaHostGetDevicePointer((void **)&words_dev, words_host, 0));
+	spin_words words(spinning);
 	mapped_word started, to_host, from_host;
 	uint64_t *seen_dev;
 	CHECK(cudaMalloc(&seen_dev, n * sizeof(uint64_t)));
@@ -925,7 +944,7 @@ void spin_pace(uint32_t blocks, uint32_t warps, uint32_t n, uint64_t period_ns)
 	char what[64];
 	snprintf(what, sizeof(what), "spin_pace %u spinning", spinning);
 	/* The pacing warp is one of the spinning kernel's, as a consumer's reporting warp is. */
-	spin_beside<<<std::max(blocks, 1u), (warps + 1) * 32, 0, stream>>>(words_dev, started.dev, warps, to_host.dev,
+	spin_beside<<<std::max(blocks, 1u), (warps + 1) * 32, 0, stream>>>(words.dev, started.dev, warps, to_host.dev,
 									   from_host.dev, n, period_ns, seen_dev);
 	CHECK(cudaGetLastError());
 	if (!host_wait(started.host, spinning))
@@ -962,8 +981,7 @@ void spin_pace(uint32_t blocks, uint32_t warps, uint32_t n, uint64_t period_ns)
 			stuck(what);
 		rt.push_back(us_between(t0, clock_type::now()));
 	}
-	for (uint32_t w = 0; w < spinning; w++)
-		__atomic_store_n(&words_host[w], 1u, __ATOMIC_RELEASE);
+	words.release();
 	/* Ends the echo if the time ran out first. */
 	__atomic_store_n(from_host.host, 2 * n, __ATOMIC_RELEASE);
 	finish(stream, what);
@@ -973,7 +991,6 @@ void spin_pace(uint32_t blocks, uint32_t warps, uint32_t n, uint64_t period_ns)
 	from_host_at.resize(written);
 	CHECK(cudaStreamDestroy(stream));
 	CHECK(cudaFree(seen_dev));
-	CHECK(cudaFreeHost(words_host));
 	const double rt50 = quantile(rt, 0.5), rt99 = quantile(rt, 0.99);
 	printf("%-16s %-11s %5u spinning  host -> warp -> host p50 %9.2f us  p99 %9.2f us  (%zu)\n", "spin_pace",
 	       "round_trip", spinning, rt50, rt99, rt.size());
@@ -1011,10 +1028,7 @@ void spin_pace(uint32_t blocks, uint32_t warps, uint32_t n, uint64_t period_ns)
 void spin_copy(uint32_t blocks, uint32_t warps, uint64_t bytes)
 {
 	const uint32_t spinning = blocks * warps;
-	unsigned int *words_host, *words_dev;
-	CHECK(cudaHostAlloc(&words_host, std::max(spinning, 1u) * sizeof(unsigned int), cudaHostAllocMapped));
-	memset(words_host, 0, std::max(spinning, 1u) * sizeof(unsigned int));
-	CHECK(cudaHostGetDevicePointer((void **)&words_dev, words_host, 0));
+	spin_words words(spinning);
 	mapped_word started;
 	uint8_t *src, *dst, *host_dst, *host_dst_dev;
 	CHECK(cudaHostAlloc(&src, bytes, cudaHostAllocDefault));
@@ -1028,7 +1042,7 @@ void spin_copy(uint32_t blocks, uint32_t warps, uint64_t bytes)
 	char what[64];
 	snprintf(what, sizeof(what), "spin_copy %u spinning", spinning);
 	if (spinning) {
-		spin_on_host<<<blocks, warps * 32, 0, spin_stream>>>(words_dev, started.dev);
+		spin_on_host<<<blocks, warps * 32, 0, spin_stream>>>(words.dev, started.dev);
 		CHECK(cudaGetLastError());
 		if (!host_wait(started.host, spinning))
 			stuck(what);
@@ -1044,14 +1058,12 @@ void spin_copy(uint32_t blocks, uint32_t warps, uint64_t bytes)
 	/* The spinners give up after timeout_s: every measurement must have had all of them. */
 	if (seconds_since(spun) > timeout_s / 2)
 		stuck(what);
-	for (uint32_t w = 0; w < spinning; w++)
-		__atomic_store_n(&words_host[w], 1u, __ATOMIC_RELEASE);
+	words.release();
 	finish(spin_stream, what);
 	CHECK(cudaStreamDestroy(spin_stream));
 	CHECK(cudaFreeHost(host_dst));
 	CHECK(cudaFree(dst));
 	CHECK(cudaFreeHost(src));
-	CHECK(cudaFreeHost(words_host));
 	printf("%-16s %-10s %8llu B %5u spinning  copy %7.2f GB/s  kernel stores %7.2f GB/s\n", "spin_copy",
 	       "poll", (unsigned long long)bytes, spinning, copy, store);
 	record("spin_copy")

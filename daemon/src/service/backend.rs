@@ -206,26 +206,33 @@ pub fn setup_error(e: io::Error) -> WireError {
     WireError::new(ErrorCode::Io, format!("cannot set up the channel's shared memory: {e}"))
 }
 
-/// A host producer's side of a new channel: the region, the daemon's publish doorbell, and
-/// their duplicates for clients.
-pub struct HostProducer {
-    pub region: ProducerRegion,
-    pub region_fd: OwnedFd,
-    pub bell: OwnedFd,
-    pub bell_for_clients: OwnedFd,
-}
-
-impl HostProducer {
-    /// The producer side of a channel of `spec` laid out as `layout`: none for a GPU producer.
-    pub fn create(spec: &ChannelSpec, layout: &ChannelLayout) -> Result<Option<Self>, WireError> {
+impl Added {
+    /// A channel of `spec` laid out as `layout`, with its host producer's side set up (none for
+    /// a GPU producer): the region and the publish doorbell for clients, the doorbell for the
+    /// fast path, and the region for the backend, which returns with it. The backend adds its
+    /// consumer side.
+    pub fn with_producer(
+        spec: &ChannelSpec,
+        layout: &ChannelLayout,
+    ) -> Result<(Self, Option<ProducerRegion>), WireError> {
+        let mut added = Self {
+            layout: layout.clone(),
+            consumer_region: None,
+            fault_doorbell: None,
+            producer_region: None,
+            publish_doorbell: None,
+            bells: Vec::new(),
+        };
         if let Producer::Gpu { .. } = spec.producer {
-            return Ok(None);
+            return Ok((added, None));
         }
         let (region, region_fd) =
             ProducerRegion::create(ProducerLayout { slots: spec.slots, batch_bytes: layout.batch_bytes })
                 .map_err(setup_error)?;
         let bell = eventfd().map_err(setup_error)?;
-        let bell_for_clients = bell.try_clone().map_err(setup_error)?;
-        Ok(Some(Self { region, region_fd, bell, bell_for_clients }))
+        added.publish_doorbell = Some(bell.try_clone().map_err(setup_error)?);
+        added.producer_region = Some(region_fd);
+        added.bells.push((bell, Bell::Published));
+        Ok((added, Some(region)))
     }
 }

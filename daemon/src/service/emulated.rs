@@ -22,8 +22,7 @@ use wic_proto::shm::{
 };
 
 use super::backend::{
-    eventfd, setup_error, Added, Backend, Bell, ChannelMap, Counts, Executed, ExecutionLog, HostProducer,
-    PlacementRequest, Source,
+    eventfd, setup_error, Added, Backend, Bell, ChannelMap, Counts, Executed, ExecutionLog, PlacementRequest, Source,
 };
 use super::observe::Observer;
 use super::runs::{RunIndex, RunPlace};
@@ -194,24 +193,13 @@ impl Backend for EmulatedGpus {
         layout: &ChannelLayout,
         _placement: Option<PlacementRequest>,
     ) -> Result<Added, WireError> {
-        let producer = HostProducer::create(spec, layout)?;
+        let (mut added, region) = Added::with_producer(spec, layout)?;
         let consumer_layout = ConsumerLayout { slots: spec.slots, pages_per_run: layout.pages_per_run };
         let (consumer, consumer_fd) = ConsumerRegion::create(consumer_layout).map_err(setup_error)?;
         let fault_bell = eventfd().map_err(setup_error)?;
-        let mut added = Added {
-            layout: layout.clone(),
-            consumer_region: Some(consumer_fd),
-            fault_doorbell: Some(fault_bell.try_clone().map_err(setup_error)?),
-            producer_region: None,
-            publish_doorbell: None,
-            bells: vec![(fault_bell, Bell::Faults)],
-        };
-        let region = producer.map(|producer| {
-            added.producer_region = Some(producer.region_fd);
-            added.publish_doorbell = Some(producer.bell_for_clients);
-            added.bells.push((producer.bell, Bell::Published));
-            producer.region
-        });
+        added.consumer_region = Some(consumer_fd);
+        added.fault_doorbell = Some(fault_bell.try_clone().map_err(setup_error)?);
+        added.bells.push((fault_bell, Bell::Faults));
         let channel = EmulatedChannel::new(spec.consumer_gpu, consumer, region);
         self.insert(layout.id.0, channel, layout.slots.iter().map(|s| s.runs));
         Ok(added)

@@ -12,9 +12,7 @@ use wic_kmod::{DeviceError, PlacedChannel, ShimBackend};
 use wic_proto::message::{ErrorCode, WireError};
 use wic_proto::shm::{ChannelState, ProducerRegion};
 
-use super::backend::{
-    Added, Backend, Bell, ChannelMap, Counts, Executed, ExecutionLog, HostProducer, PlacementRequest, Source,
-};
+use super::backend::{Added, Backend, ChannelMap, Counts, Executed, ExecutionLog, PlacementRequest, Source};
 
 /// A channel placed in an application's address space.
 pub struct ShimChannel {
@@ -113,21 +111,7 @@ impl Backend for ShimGpus {
         placement: Option<PlacementRequest>,
     ) -> Result<Added, WireError> {
         let at = placement.ok_or_else(unplaced)?;
-        let producer = HostProducer::create(spec, layout)?;
-        let mut added = Added {
-            layout: layout.clone(),
-            consumer_region: None,
-            fault_doorbell: None,
-            producer_region: None,
-            publish_doorbell: None,
-            bells: Vec::new(),
-        };
-        let region = producer.map(|producer| {
-            added.producer_region = Some(producer.region_fd);
-            added.publish_doorbell = Some(producer.bell_for_clients);
-            added.bells.push((producer.bell, Bell::Published));
-            producer.region
-        });
+        let (mut added, region) = Added::with_producer(spec, layout)?;
         added.layout = self.place(layout, spec, at, region)?;
         Ok(added)
     }

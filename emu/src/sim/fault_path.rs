@@ -171,6 +171,16 @@ impl Sim<'_> {
         }
     }
 
+    /// A fault-stalled warp's page is there: its SM has one stalled warp less from now.
+    /// Returns the SM, to reschedule once the warp has gone on.
+    fn unstall(&mut self, warp: u32) -> (u16, u32) {
+        let cta = &self.ctas[self.warps[warp as usize].cta as usize];
+        let (gpu, sm) = (cta.gpu, cta.sm);
+        self.advance(gpu, sm);
+        self.gpus[gpu as usize].sms[sm as usize].fault_stalled -= 1;
+        (gpu, sm)
+    }
+
     pub(super) fn resume(&mut self, agent: Agent, va: u64) {
         match agent {
             Agent::Producer(slot) => {
@@ -180,18 +190,13 @@ impl Sim<'_> {
             }
             Agent::Mirror => {}
             Agent::Sender(warp) => {
-                let cta = &self.ctas[self.warps[warp as usize].cta as usize];
-                let (gpu, sm) = (cta.gpu, cta.sm);
-                self.advance(gpu, sm);
-                self.gpus[gpu as usize].sms[sm as usize].fault_stalled -= 1;
+                let (gpu, sm) = self.unstall(warp);
                 self.reschedule(gpu, sm);
                 self.send_done(warp);
             }
             Agent::Warp(warp) => {
-                let cta = &self.ctas[self.warps[warp as usize].cta as usize];
-                let (gpu, sm, id) = (cta.gpu, cta.sm, self.warps[warp as usize].cta);
-                self.advance(gpu, sm);
-                self.gpus[gpu as usize].sms[sm as usize].fault_stalled -= 1;
+                let id = self.warps[warp as usize].cta;
+                let (gpu, sm) = self.unstall(warp);
                 match self.mode {
                     Mode::Fault => {
                         self.set_waiting(warp, WarpState::Computing);
