@@ -95,6 +95,7 @@ int main(int argc, char **argv)
 	std::vector<float2> got(items);
 	std::vector<double> times;
 	std::vector<app::host_work> host;
+	std::vector<double> pipeline; /* nowait only */
 	bool correct = true;
 	std::random_device entropy;
 
@@ -139,10 +140,12 @@ int main(int argc, char **argv)
 		if (rep) {
 			times.push_back(t.total_ms);
 			host.push_back(t.host);
+			if (mode == app::mode::nowait)
+				pipeline.push_back(t.pipeline_ms);
 		}
 	}
 	app::report("C_SRS", mode, "blocks=" + std::to_string(blocks) + " generations=" + std::to_string(generations),
-		    times, correct, &host);
+		    times, correct, &host, &pipeline);
 	CHECK(cudaFree(results));
 	CHECK(cudaFree(errors));
 	return correct ? 0 : 1;

@@ -269,27 +269,35 @@ __device__ inline void block_consumed(const wic::channel &ch, uint32_t slot, uin
 
 /*
  * What a run's host producer did: the time spent producing its messages (inside the fill
- * callbacks: the producer alone, no transport) and the bytes it published.
+ * callbacks: the producer alone, no transport), the bytes it published, and where the rest of
+ * its thread's time went: waiting for free slots (the consumers' reports) and in the channel's
+ * publish calls.
  */
 struct host_work {
 	double producer_ms;
 	uint64_t bytes;
+	double waiting_ms;
+	double publishing_ms;
 
 	host_work &operator+=(const host_work &o)
 	{
 		producer_ms += o.producer_ms;
 		bytes += o.bytes;
+		waiting_ms += o.waiting_ms;
+		publishing_ms += o.publishing_ms;
 		return *this;
 	}
 };
 
 /*
  * A run's wall time, from the first publish (no-wait: from the launch) to the kernel's end,
- * and its host producer's work.
+ * its host producer's work and (streaming no-wait runs) the host pipeline's time
+ * (host_pipeline()).
  */
 struct timing {
 	double total_ms;
 	host_work host;
+	double pipeline_ms;
 };
 
 inline double ms_between(std::chrono::steady_clock::time_point from, std::chrono::steady_clock::time_point to)
@@ -342,12 +350,15 @@ public:
 	void publish(uint32_t b, uint32_t g, const std::function<void(uint8_t *)> &fill)
 	{
 		const uint32_t slot = place_.slot(b, g);
+		const auto waited = std::chrono::steady_clock::now();
 		wait_free(b, g);
 		uint8_t *buf = staging_ + (size_t)slot * batch_;
 		const auto start = std::chrono::steady_clock::now();
 		fill(buf);
-		work_ += host_work{ms_between(start, std::chrono::steady_clock::now()), batch_};
+		const auto filled = std::chrono::steady_clock::now();
 		CHECK(ch_.publish(slot, buf, batch_, stream_));
+		work_ += host_work{ms_between(start, filled), batch_, ms_between(waited, start),
+				   ms_between(filled, std::chrono::steady_clock::now())};
 	}
 
 	/*
@@ -360,22 +371,28 @@ public:
 	void publish_generation(uint32_t g, worker_pool &pool, const std::function<void(uint32_t, uint8_t *)> &fill)
 	{
 		const uint32_t blocks = place_.blocks;
+		const auto waited = std::chrono::steady_clock::now();
 		for (uint32_t b = 0; b < blocks; b++)
 			wait_free(b, g);
 		auto buffer = [&](uint32_t b) { return staging_ + (size_t)place_.slot(b, g) * batch_; };
 		const auto start = std::chrono::steady_clock::now();
 		pool.run(blocks, [&](uint32_t b) { fill(b, buffer(b)); });
-		work_ += host_work{ms_between(start, std::chrono::steady_clock::now()), batch_ * blocks};
+		const auto filled = std::chrono::steady_clock::now();
 		if (!place_.nowait) {
 			CHECK(ch_.publish_many(place_.slot(0, g), blocks, buffer(0), stream_));
-			return;
+		} else {
+			for (uint32_t b = 0; b < blocks; b++)
+				CHECK(ch_.publish(place_.slot(b, g), buffer(b), batch_, stream_));
 		}
-		for (uint32_t b = 0; b < blocks; b++)
-			CHECK(ch_.publish(place_.slot(b, g), buffer(b), batch_, stream_));
+		work_ += host_work{ms_between(start, filled), batch_ * blocks, ms_between(waited, start),
+				   ms_between(filled, std::chrono::steady_clock::now())};
 	}
 
 	/* The producer's work so far. */
 	host_work work() const { return work_; }
+
+	/* The bytes of one item's batch. */
+	size_t batch_bytes() const { return batch_; }
 
 	/* Waits for every copy queued so far. */
 	void flush() { CHECK(cudaStreamSynchronize(stream_)); }
@@ -389,14 +406,56 @@ private:
 	size_t batch_ = 0;
 	cudaStream_t stream_ = nullptr;
 	uint8_t *staging_ = nullptr;
-	host_work work_{0.0, 0};
+	host_work work_{};
 };
+
+/*
+ * host_pipeline() - the host side of a streaming run and its copies, with no consumer and no
+ * transport: @generations times, @pool fills the @blocks batches of @batch bytes of a
+ * generation into pinned staging (@fill(b, g, buf), on every core) and one copy takes them to
+ * device memory, with as many generations of staging as a run's slots (placement::depth), each
+ * refilled once its copy is done. What the producer and the copy engine reach together, each
+ * on the host memory the other uses; no transport can deliver the generations faster than
+ * this scheme makes and copies them. Returns its milliseconds.
+ */
+inline double host_pipeline(uint32_t blocks, uint32_t generations, size_t batch, worker_pool &pool,
+			    const std::function<void(uint32_t, uint32_t, uint8_t *)> &fill)
+{
+	constexpr uint32_t depth = placement::depth;
+	const size_t generation_bytes = batch * blocks;
+	uint8_t *staging, *device;
+	cudaStream_t stream;
+	cudaEvent_t copied[depth];
+	CHECK(cudaHostAlloc(&staging, generation_bytes * depth, cudaHostAllocDefault));
+	CHECK(cudaMalloc(&device, generation_bytes * depth));
+	CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+	for (cudaEvent_t &e : copied)
+		CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+	const auto start = std::chrono::steady_clock::now();
+	for (uint32_t g = 0; g < generations; g++) {
+		const uint32_t d = g % depth;
+		uint8_t *buf = staging + d * generation_bytes;
+		CHECK(cudaEventSynchronize(copied[d])); /* a fresh event is complete */
+		pool.run(blocks, [&](uint32_t b) { fill(b, g, buf + b * batch); });
+		CHECK(cudaMemcpyAsync(device + d * generation_bytes, buf, generation_bytes, cudaMemcpyHostToDevice,
+				      stream));
+		CHECK(cudaEventRecord(copied[d], stream));
+	}
+	CHECK(cudaStreamSynchronize(stream));
+	const double ms = ms_between(start, std::chrono::steady_clock::now());
+	for (cudaEvent_t e : copied)
+		CHECK(cudaEventDestroy(e));
+	CHECK(cudaStreamDestroy(stream));
+	CHECK(cudaFree(device));
+	CHECK(cudaFreeHost(staging));
+	return ms;
+}
 
 /*
  * Runs one streaming execution: @fill(b, g, buf) writes item (b, g)'s batch_bytes into buf, and
  * may be called from several threads at once; @launch(channel, placement, stream)
  * starts the consumer kernel. The producer makes a generation of all streams at a time on
- * every core and publishes it with one call.
+ * every core and publishes it with one call. nowait also times host_pipeline().
  */
 inline timing run(mode m, uint32_t blocks, uint32_t generations, uint32_t message_bytes, uint32_t warps,
 		  const std::function<void(uint32_t, uint32_t, uint8_t *)> &fill,
@@ -424,8 +483,10 @@ inline timing run(mode m, uint32_t blocks, uint32_t generations, uint32_t messag
 	prod.flush();
 	const auto end = std::chrono::steady_clock::now();
 	CHECK(cudaStreamDestroy(kernel_stream));
+	const double pipeline_ms =
+		m == mode::nowait ? host_pipeline(blocks, generations, prod.batch_bytes(), pool, fill) : 0.0;
 	/* No-wait: the consumer alone, its data all there before it started. */
-	return timing{ms_between(m == mode::nowait ? launched : start, end), prod.work()};
+	return timing{ms_between(m == mode::nowait ? launched : start, end), prod.work(), pipeline_ms};
 }
 
 /*
@@ -705,7 +766,7 @@ inline double exchange_run(mode m, const alternating &a, recording *rec, host_wo
 	CHECK(cudaGetLastError());
 	a.host(io);
 	CHECK(cudaStreamSynchronize(kernel_stream));
-	*work = host_work{0.0, 0};
+	*work = host_work{};
 	for (auto &p : fwd) {
 		p->flush();
 		*work += p->work();
@@ -766,7 +827,8 @@ inline exchange_timing exchange(mode m, const alternating &a)
 	host_io alone(&rec, &back, false);
 	const auto replay_start = std::chrono::steady_clock::now();
 	a.host(alone);
-	work.producer_ms = ms_between(replay_start, std::chrono::steady_clock::now());
+	/* The recording run's bytes; the rest is the replay's, which waits for nothing. */
+	work = host_work{ms_between(replay_start, std::chrono::steady_clock::now()), work.bytes, 0.0, 0.0};
 	host_io io(&rec, &back, true);
 	a.host(io);
 	return exchange_timing{ms_between(launched, end), io.replay_error(), work};
@@ -781,19 +843,30 @@ inline double median(std::vector<double> v)
 /*
  * Prints an application's line: NAME MODE PARAMS median_ms=... min_ms=... max_ms=... correct=...;
  * with @host (a CPU-GPU application's runs), also producer_ms= (the median of its producer's
- * time alone) and bytes= (what it published per run), two of the terms of its bound.
+ * time alone) and bytes= (what it published per run), two of the terms of its bound, and where
+ * the producer's thread spent the rest (waiting_ms=, publishing_ms=, where it waited or
+ * published); with @pipeline (a streaming no-wait run's host_pipeline() times), pipeline_ms=,
+ * a third term.
  */
 inline void report(const char *name, mode m, const std::string &params, const std::vector<double> &times,
-		   bool correct, const std::vector<host_work> *host = nullptr)
+		   bool correct, const std::vector<host_work> *host = nullptr,
+		   const std::vector<double> *pipeline = nullptr)
 {
 	printf("%s %s %s median_ms=%.3f min_ms=%.3f max_ms=%.3f", name, mode_name(m), params.c_str(), median(times),
 	       *std::min_element(times.begin(), times.end()), *std::max_element(times.begin(), times.end()));
 	if (host && !host->empty()) {
-		std::vector<double> producer;
-		for (const host_work &w : *host)
+		std::vector<double> producer, waiting, publishing;
+		for (const host_work &w : *host) {
 			producer.push_back(w.producer_ms);
+			waiting.push_back(w.waiting_ms);
+			publishing.push_back(w.publishing_ms);
+		}
 		printf(" producer_ms=%.3f bytes=%llu", median(producer), (unsigned long long)host->front().bytes);
+		if (median(waiting) > 0.0 || median(publishing) > 0.0)
+			printf(" waiting_ms=%.3f publishing_ms=%.3f", median(waiting), median(publishing));
 	}
+	if (pipeline && !pipeline->empty())
+		printf(" pipeline_ms=%.3f", median(*pipeline));
 	printf(" correct=%s\n", correct ? "yes" : "no");
 }
 

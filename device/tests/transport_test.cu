@@ -530,7 +530,7 @@ void refusals()
 	CHECK(h.create(wic::transport::push, 2, 64, 1));
 	cudaStream_t stream;
 	CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-	const uint8_t batch[64] = {};
+	const uint8_t batch[128] = {}; /* as many bytes as every call below names, refused or not */
 	const bool ranges = h.publish_many(1, 2, batch, stream) == cudaErrorInvalidValue &&
 			    h.publish_many(2, 1, batch, stream) == cudaErrorInvalidValue &&
 			    h.publish(0, batch, 65, stream) == cudaErrorInvalidValue;

@@ -1,8 +1,9 @@
 //! `device/bench/bounds.py` turns a GPU run's application lines and transport benchmark into each
 //! application's bound and every mode's ratio to it. It runs on the GPU machines, where nothing
 //! checks its arithmetic, so here it runs on lines whose answer is known: a streaming
-//! application bound by its producer, one bound by the copy of its bytes, one bound by its
-//! consumer, and an inter-GPU application bound by its no-wait run.
+//! application bound by its producer, one bound by its host pipeline (producer and copies
+//! together), one bound by the copy of its bytes, one bound by its consumer, and an inter-GPU
+//! application bound by its no-wait run.
 
 use std::process::Command;
 
@@ -16,6 +17,8 @@ C_A alg1 blocks=1 median_ms=200.000 min_ms=1 max_ms=3 producer_ms=21.000 bytes=1
 C_B nowait blocks=1 median_ms=1.000 min_ms=1 max_ms=3 producer_ms=5.000 bytes=5000000000 correct=yes
 C_B push blocks=1 median_ms=60.000 min_ms=1 max_ms=3 producer_ms=5.000 bytes=5000000000 correct=yes
 C_B alg1 blocks=1 median_ms=120.000 min_ms=1 max_ms=3 producer_ms=5.000 bytes=5000000000 correct=no
+C_D nowait blocks=1 median_ms=2.000 min_ms=1 max_ms=3 producer_ms=20.000 bytes=1000000000 pipeline_ms=24.000 correct=yes
+C_D push blocks=1 median_ms=30.000 min_ms=1 max_ms=3 producer_ms=23.000 bytes=1000000000 waiting_ms=4.000 publishing_ms=1.000 correct=yes
 C_C nowait blocks=1 median_ms=40.000 min_ms=1 max_ms=3 producer_ms=1.000 bytes=1000 correct=yes
 C_C push blocks=1 median_ms=44.000 min_ms=1 max_ms=3 producer_ms=1.000 bytes=1000 correct=yes
 C_C alg1 blocks=1 median_ms=88.000 min_ms=1 max_ms=3 producer_ms=1.000 bytes=1000 correct=yes
@@ -60,20 +63,23 @@ fn bounds_take_the_largest_term_and_ratios_follow_from_it() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let table = String::from_utf8(out.stdout).unwrap();
 
-    // Columns: app, bound, binds, copy, producer, nowait, serial, push/bound, tagged/bound,
-    // picked/bound, poll/bound, alg1/bound, alg1/push, all correct.
+    // Columns: app, bound, binds, copy, producer, pipeline, nowait, serial, push/bound,
+    // tagged/bound, picked/bound, poll/bound, alg1/bound, alg1/push, all correct.
     let a = row(&table, "C_A");
-    assert_eq!(&a[1..7], ["20.00", "producer", "10.00", "20.00", "2.00", "32.00"], "{table}");
-    assert_eq!(&a[7..14], ["1.25", "-", "-", "5.00", "10.00", "8.00", "yes"], "{table}");
+    assert_eq!(&a[1..8], ["20.00", "producer", "10.00", "20.00", "-", "2.00", "32.00"], "{table}");
+    assert_eq!(&a[8..15], ["1.25", "-", "-", "5.00", "10.00", "8.00", "yes"], "{table}");
+    let d = row(&table, "C_D");
+    assert_eq!(&d[1..8], ["24.00", "pipeline", "10.00", "20.00", "24.00", "2.00", "32.00"], "{table}");
+    assert_eq!(d[8], "1.25", "{table}");
     let b = row(&table, "C_B");
     assert_eq!(&b[1..4], ["50.00", "copy", "50.00"], "{table}");
-    assert_eq!(&b[7..14], ["1.20", "-", "-", "-", "2.40", "2.00", "NO"], "{table}");
+    assert_eq!(&b[8..15], ["1.20", "-", "-", "-", "2.40", "2.00", "NO"], "{table}");
     let c = row(&table, "C_C");
     assert_eq!(&c[1..3], ["40.00", "consumer"], "{table}");
-    assert_eq!(c[7], "1.10", "{table}");
+    assert_eq!(c[8], "1.10", "{table}");
     let x = row(&table, "G_X");
     assert_eq!(&x[1..4], ["4.00", "consumer", "-"], "{table}");
-    assert_eq!(&x[7..14], ["1.25", "1.10", "1.15", "-", "10.00", "8.00", "yes"], "{table}");
+    assert_eq!(&x[8..15], ["1.25", "1.10", "1.15", "-", "10.00", "8.00", "yes"], "{table}");
 
     // alg1 / push over the four applications: (8 * 2 * 2 * 8)^(1/4) = 4.
     assert!(table.contains("geometric mean over 4 applications: 4.00"), "{table}");

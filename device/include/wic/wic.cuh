@@ -42,7 +42,7 @@
  *    fence before a flag: push's __threadfence_system() waits for its data's stores to be
  *    acknowledged across the link before the ready word may follow. From a host producer
  *    (host_channel): the host formats the lines in pinned memory and queues one copy of them
- *    into the consumer GPU's memory, half of push's driver calls, with no ready word written
+ *    into the consumer GPU's memory, half of push's calls, with no ready word written
  *    after the copy; this relies on the copy engine writing each aligned 64-bit word whole,
  *    which the transport test checks byte by byte but NVIDIA does not document. The price:
  *    twice the bytes on the link, the consumers unpack the lines into the consumer GPU's
@@ -64,7 +64,6 @@
 #include <cstdint>
 #include <cstring>
 #include <thread>
-#include <cuda.h>
 #include <cuda_runtime.h>
 #if defined(__SSE2__) && !defined(__CUDA_ARCH__)
 #include <emmintrin.h>
@@ -670,24 +669,6 @@ inline transport pick_peer_transport(uint32_t message_bytes, uint32_t warps_per_
 
 namespace detail {
 
-/*
- * The runtime numbers its errors as the driver does (cudaErrorIllegalAddress is
- * CUDA_ERROR_ILLEGAL_ADDRESS, ...), so a driver call's error is passed on unchanged; the
- * assertions below break the build of a toolkit where that stops being true.
- */
-static_assert((int)cudaErrorInvalidValue == (int)CUDA_ERROR_INVALID_VALUE, "runtime and driver errors differ");
-static_assert((int)cudaErrorInvalidResourceHandle == (int)CUDA_ERROR_INVALID_HANDLE,
-	      "runtime and driver errors differ");
-static_assert((int)cudaErrorIllegalAddress == (int)CUDA_ERROR_ILLEGAL_ADDRESS, "runtime and driver errors differ");
-static_assert((int)cudaErrorNotSupported == (int)CUDA_ERROR_NOT_SUPPORTED, "runtime and driver errors differ");
-static_assert((int)cudaErrorStreamCaptureUnsupported == (int)CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
-	      "runtime and driver errors differ");
-
-inline cudaError_t from_driver(CUresult res)
-{
-	return static_cast<cudaError_t>(res);
-}
-
 /* A channel of these sizes with no memory yet, and the transport's default backoff. */
 inline channel empty_channel(transport kind, uint32_t slots, uint32_t message_bytes, uint32_t warps_per_batch)
 {
@@ -731,9 +712,6 @@ inline bool legacy_default(cudaStream_t stream)
 	return stream == cudaStreamLegacy || stream == nullptr;
 #endif
 }
-
-/* The most ready words one cuStreamBatchMemOp() call writes (it takes fewer than 256 operations). */
-constexpr uint32_t max_batched_writes = 255;
 
 /*
  * Lines of this many bytes or more are formatted with non-temporal stores: the copy engine,
@@ -831,6 +809,8 @@ public:
 				err = cudaMalloc(&ready_, ready_bytes);
 			if (err == cudaSuccess)
 				err = detail::zero_device(ready_, ready_bytes);
+			if (err == cudaSuccess)
+				err = cudaHostAlloc(&host_ready_, ready_bytes, cudaHostAllocDefault);
 			break;
 		case transport::alg1:
 			err = cudaMallocManaged(&data_, data_bytes);
@@ -930,9 +910,8 @@ public:
 
 	/*
 	 * Publishes the next generation of @slot: @bytes (at most batch_bytes) from @src, which
-	 * must stay valid until @stream reaches this point. push: the copy and a write of the
-	 * ready word (cuStreamBatchMemOp()) are queued on @stream (the consumer kernel runs on
-	 * another). poll: the copy completes, then the ready
+	 * must stay valid until @stream reaches this point. push: the copy and a copy of the
+	 * ready word are queued on @stream (the consumer kernel runs on another). poll: the copy completes, then the ready
 	 * word is stored by this thread, as a naive producer would. alg1 and mapped: this thread
 	 * writes the data, then the ready word with a release store (@stream is not used); alg1's
 	 * pages go where nvidia-uvm moves them, mapped's stay in host memory. tagged: this thread
@@ -964,8 +943,8 @@ public:
 	 * @src: their batches back to back, batch_bytes each, valid until @stream reaches this
 	 * @stream: as publish()
 	 *
-	 * push: one copy and one batch of ready-word writes (cuStreamBatchMemOp(), up to 255 words
-	 * a call) for all of them, instead of two calls per slot; poll: one copy, then the words;
+	 * push: one copy of the data and one of the ready words for all of them, instead of two
+	 * per slot; poll: one copy, then the words;
 	 * alg1 and mapped: one memcpy(), then the words; tagged: all slots formatted, then one copy.
 	 *
 	 * Return: as publish().
@@ -991,12 +970,15 @@ public:
 			cudaFree(lines_);
 		if (host_lines_)
 			cudaFreeHost(host_lines_);
+		if (host_ready_)
+			cudaFreeHost(host_ready_);
 		delete[] published_;
 		data_ = nullptr;
 		ready_ = nullptr;
 		consumed_ = nullptr;
 		lines_ = nullptr;
 		host_lines_ = nullptr;
+		host_ready_ = nullptr;
 		published_ = nullptr;
 		ch_ = channel{};
 	}
@@ -1027,25 +1009,28 @@ private:
 				__atomic_store_n(&ready_[s], ++published_[s], __ATOMIC_RELEASE);
 			return err;
 		}
-		CUstreamBatchMemOpParams writes[detail::max_batched_writes];
-		for (uint32_t done = 0; done < count;) {
-			const uint32_t n = count - done < detail::max_batched_writes ? count - done
-										  : detail::max_batched_writes;
-			memset(writes, 0, n * sizeof(writes[0]));
-			for (uint32_t i = 0; i < n; i++) {
-				const uint32_t s = first + done + i;
-				writes[i].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
-				writes[i].writeValue.address = (CUdeviceptr)&ready_[s];
-				writes[i].writeValue.value = published_[s] + 1;
-				writes[i].writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
-			}
-			const CUresult res = cuStreamBatchMemOp(stream, n, writes, 0);
-			if (res != CUDA_SUCCESS)
-				return detail::from_driver(res);
-			for (uint32_t i = 0; i < n; i++)
-				published_[first + done + i]++;
-			done += n;
-		}
+		return publish_ready(first, count, stream);
+	}
+
+	/*
+	 * push: the ready words of slots first..first + count - 1, one copy of their next values
+	 * from pinned memory, queued on @stream after the data's copy, which it cannot pass. Not a
+	 * stream write-value operation per word: on an H100 each took 0.7 us of the GPU's time in
+	 * stream order, so a generation of 132 slots waited 90 us for its words after the 160 us
+	 * copy of its 8.25 MiB, and one copy of the 132 words takes 3 us (device/bench/README.md,
+	 * "Ready words"). A slot's pinned word is written again only for its next generation,
+	 * after its consumers saw this one, so after the copy engine read it.
+	 */
+	cudaError_t publish_ready(uint32_t first, uint32_t count, cudaStream_t stream)
+	{
+		for (uint32_t s = first; s < first + count; s++)
+			host_ready_[s] = published_[s] + 1;
+		const cudaError_t err = cudaMemcpyAsync(&ready_[first], &host_ready_[first], count * sizeof(unsigned int),
+							cudaMemcpyHostToDevice, stream);
+		if (err != cudaSuccess)
+			return err;
+		for (uint32_t s = first; s < first + count; s++)
+			published_[s]++;
 		return cudaSuccess;
 	}
 
@@ -1077,6 +1062,7 @@ private:
 	unsigned int *consumed_ = nullptr;
 	uint64_t *lines_ = nullptr;
 	uint64_t *host_lines_ = nullptr;
+	unsigned int *host_ready_ = nullptr; /* push: the ready words' next values, copied from here */
 	unsigned int *published_ = nullptr;
 };
 
