@@ -10,6 +10,10 @@
  *   peer_one_way     (two GPUs) a store by a thread on GPU 1 into GPU 0's memory seen by a
  *                    thread spinning there: half the round trip of a GPU 1 <-> GPU 0 ping-pong
  *   peer_copy        (two GPUs) one cudaMemcpyPeerAsync of the streaming total, GPU 1 -> GPU 0
+ *   ready_words      the GPU's time in stream order to write WORDS ready words (push's), by one
+ *                    stream write-value operation each (cuStreamBatchMemOp()) and by one copy
+ *                    of them from pinned memory; and a generation of 132 batches of 64 KiB,
+ *                    its copy alone and followed by each way of writing its 132 words
  *
  * Measurements, for push, poll, alg1, mapped and tagged (push_many, tagged_many: publishing a
  * whole generation with one publish_many()):
@@ -83,6 +87,8 @@
 #include <ctime>
 #include <string>
 #include <vector>
+
+#include <cuda.h>
 
 #include "../apps/peer.cuh"
 #include "report.cuh"
@@ -628,6 +634,104 @@ double bulk_copy_gbps(uint64_t bytes)
 	       (unsigned long long)(bytes >> 20));
 	record("bulk_copy").add("bytes", (double)bytes).add("gbps", median).emit();
 	return median;
+}
+
+/*
+ * The GPU's time, in us, of @queue(stream) queued 10 times between two events (median of 20):
+ * what it keeps the stream busy, whatever the host's API time.
+ */
+template <typename Queue>
+double stream_us(Queue queue)
+{
+	cudaEvent_t start, end;
+	cudaStream_t stream;
+	CHECK(cudaEventCreate(&start));
+	CHECK(cudaEventCreate(&end));
+	CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+	std::vector<double> us;
+	for (int rep = 0; rep <= 20; rep++) {
+		CHECK(cudaEventRecord(start, stream));
+		for (int i = 0; i < 10; i++)
+			queue(stream);
+		CHECK(cudaEventRecord(end, stream));
+		CHECK(cudaEventSynchronize(end));
+		float ms;
+		CHECK(cudaEventElapsedTime(&ms, start, end));
+		if (rep) /* rep 0 warms up */
+			us.push_back(ms * 100.0);
+	}
+	CHECK(cudaStreamDestroy(stream));
+	CHECK(cudaEventDestroy(start));
+	CHECK(cudaEventDestroy(end));
+	return quantile(us, 0.5);
+}
+
+/*
+ * ready_words() - why push's host publish copies its ready words instead of writing each with a
+ * stream write-value operation: the GPU's time for @words words each way, and for a generation
+ * of @batches batches of @batch_bytes (a streaming application's publish_many()) with each.
+ */
+void ready_words(const uint32_t (&counts)[5], uint32_t batches, uint64_t batch_bytes)
+{
+	const uint32_t most = counts[4];
+	unsigned int *dev_words, *host_words;
+	uint8_t *dev_data, *host_data;
+	CHECK(cudaMalloc(&dev_words, most * sizeof(unsigned int)));
+	CHECK(cudaHostAlloc(&host_words, most * sizeof(unsigned int), cudaHostAllocDefault));
+	CHECK(cudaMalloc(&dev_data, batches * batch_bytes));
+	CHECK(cudaHostAlloc(&host_data, batches * batch_bytes, cudaHostAllocDefault));
+	memset(host_data, 1, batches * batch_bytes);
+	std::vector<CUstreamBatchMemOpParams> writes(most);
+	for (uint32_t i = 0; i < most; i++) {
+		host_words[i] = i + 1;
+		writes[i] = CUstreamBatchMemOpParams{};
+		writes[i].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+		writes[i].writeValue.address = (CUdeviceptr)&dev_words[i];
+		writes[i].writeValue.value = i + 1;
+	}
+	auto write_values = [&](cudaStream_t stream, uint32_t n) {
+		const CUresult res = cuStreamBatchMemOp(stream, n, writes.data(), 0);
+		if (res != CUDA_SUCCESS) {
+			fprintf(stderr, "cuStreamBatchMemOp of %u writes: CUresult %d\n", n, (int)res);
+			exit(2);
+		}
+	};
+	auto copy_words = [&](cudaStream_t stream, uint32_t n) {
+		CHECK(cudaMemcpyAsync(dev_words, host_words, n * sizeof(unsigned int), cudaMemcpyHostToDevice, stream));
+	};
+	for (uint32_t n : counts) {
+		const double by_writes = stream_us([&](cudaStream_t s) { write_values(s, n); });
+		const double by_copy = stream_us([&](cudaStream_t s) { copy_words(s, n); });
+		printf("%-16s %-10s words %-6u write-value ops %7.2f us, one copy %6.2f us (GPU time)\n", "ready_words",
+		       "reference", n, by_writes, by_copy);
+		record("ready_words").add("words", (double)n).add("write_values_us", by_writes).add("copy_us", by_copy).emit();
+	}
+	auto data = [&](cudaStream_t s) {
+		CHECK(cudaMemcpyAsync(dev_data, host_data, batches * batch_bytes, cudaMemcpyHostToDevice, s));
+	};
+	const double alone = stream_us(data);
+	const double with_writes = stream_us([&](cudaStream_t s) {
+		data(s);
+		write_values(s, batches);
+	});
+	const double with_copy = stream_us([&](cudaStream_t s) {
+		data(s);
+		copy_words(s, batches);
+	});
+	printf("%-16s %-10s generation of %u x %llu KiB: copy %6.1f us, + write-value ops %6.1f us, + words' copy "
+	       "%6.1f us\n",
+	       "ready_words", "reference", batches, (unsigned long long)(batch_bytes >> 10), alone, with_writes, with_copy);
+	record("ready_words_generation")
+		.add("batches", (double)batches)
+		.add("batch_bytes", (double)batch_bytes)
+		.add("copy_us", alone)
+		.add("with_write_values_us", with_writes)
+		.add("with_words_copy_us", with_copy)
+		.emit();
+	CHECK(cudaFreeHost(host_data));
+	CHECK(cudaFree(dev_data));
+	CHECK(cudaFreeHost(host_words));
+	CHECK(cudaFree(dev_words));
 }
 
 /* Half the median host <-> GPU round trip through two pinned mapped words, in us. */
@@ -1540,6 +1644,7 @@ int main(int argc, char **argv)
 
 	const double bulk = bulk_copy_gbps(cfg.stream_total);
 	const double mapped = mapped_one_way_us();
+	ready_words({1, 8, 32, cfg.sms, 255}, cfg.sms, 64 << 10);
 
 	const wic::transport host_kinds[] = {wic::transport::push, wic::transport::poll, wic::transport::alg1,
 					     wic::transport::mapped, wic::transport::tagged};
