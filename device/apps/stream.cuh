@@ -846,7 +846,7 @@ inline double median(std::vector<double> v)
  * time alone) and bytes= (what it published per run), two of the terms of its bound, and where
  * the producer's thread spent the rest (waiting_ms=, publishing_ms=, where it waited or
  * published); with @pipeline (a streaming no-wait run's host_pipeline() times), pipeline_ms=,
- * a third term.
+ * another term.
  */
 inline void report(const char *name, mode m, const std::string &params, const std::vector<double> &times,
 		   bool correct, const std::vector<host_work> *host = nullptr,

@@ -7,7 +7,7 @@ APPS files hold the applications' lines ("NAME MODE key=value ... median_ms=... 
 as device/run.sh writes them; TRANSPORT.jsonl is the transport benchmark's output of the same
 run, from which the bulk copy bandwidth is taken.
 
-A CPU-GPU application's bound is the largest of three times meant as what no implementation can
+A CPU-GPU application's bound is the largest of the times meant as what no implementation can
 beat on that machine: its bytes at the bulk copy bandwidth (copy), its host side alone
 (producer: the no-wait run's producer_ms, the time the streaming applications spent making
 their messages, or the alternating applications' whole host side replayed against the kernel's

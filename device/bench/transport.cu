@@ -673,7 +673,7 @@ double stream_us(Queue queue)
  */
 void ready_words(const uint32_t (&counts)[5], uint32_t batches, uint64_t batch_bytes)
 {
-	const uint32_t most = counts[4];
+	const uint32_t most = *std::max_element(std::begin(counts), std::end(counts));
 	unsigned int *dev_words, *host_words;
 	uint8_t *dev_data, *host_data;
 	CHECK(cudaMalloc(&dev_words, most * sizeof(unsigned int)));
@@ -1644,7 +1644,8 @@ int main(int argc, char **argv)
 
 	const double bulk = bulk_copy_gbps(cfg.stream_total);
 	const double mapped = mapped_one_way_us();
-	ready_words({1, 8, 32, cfg.sms, 255}, cfg.sms, 64 << 10);
+	/* cuStreamBatchMemOp() takes at most 255 operations a call. */
+	ready_words({1, 8, 32, std::min(cfg.sms, 255u), 255}, std::min(cfg.sms, 255u), 64 << 10);
 
 	const wic::transport host_kinds[] = {wic::transport::push, wic::transport::poll, wic::transport::alg1,
 					     wic::transport::mapped, wic::transport::tagged};

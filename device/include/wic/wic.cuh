@@ -769,7 +769,7 @@ inline void format_lines(uint64_t *to, const uint8_t *from, size_t bytes, uint64
  * and its producer side (host code).
  *
  * create() allocates the slots' data and the ready words: push, both in the current device's
- * memory; poll, the data there and the words in pinned host memory; alg1, both in managed
+ * memory, and pinned host memory its ready words are copied from; poll, the data there and the words in pinned host memory; alg1, both in managed
  * memory, as the paper's Algorithm 1 keeps them; mapped, both in pinned host memory mapped
  * into the device, which the consumers read across the link; tagged, no ready words but the
  * lines (zeroed) and the data the consumers unpack them into in the device's memory, and a
@@ -911,15 +911,17 @@ public:
 	/*
 	 * Publishes the next generation of @slot: @bytes (at most batch_bytes) from @src, which
 	 * must stay valid until @stream reaches this point. push: the copy and a copy of the
-	 * ready word are queued on @stream (the consumer kernel runs on another). poll: the copy completes, then the ready
-	 * word is stored by this thread, as a naive producer would. alg1 and mapped: this thread
-	 * writes the data, then the ready word with a release store (@stream is not used); alg1's
-	 * pages go where nvidia-uvm moves them, mapped's stay in host memory. tagged: this thread
-	 * formats the whole batch as lines with the generation's tag (bytes past @bytes are
-	 * zeros, since the consumers wait for every line) and queues one copy of them on @stream;
-	 * @src is read before publish() returns. The slot's formatted lines are reused for its
-	 * next generation, so, as with every transport, the producer publishes it only after
-	 * wait_free() (or its own protocol) says the consumers are done with this one.
+	 * ready word from pinned memory are queued on @stream (the consumer kernel runs on
+	 * another). poll: the copy completes, then the ready word is stored by this thread, as a
+	 * naive producer would. alg1 and mapped: this thread writes the data, then the ready word
+	 * with a release store (@stream is not used); alg1's pages go where nvidia-uvm moves them,
+	 * mapped's stay in host memory. tagged: this thread formats the whole batch as lines with
+	 * the generation's tag (bytes past @bytes are zeros, since the consumers wait for every
+	 * line) and queues one copy of them on @stream; @src is read before publish() returns.
+	 * push's pinned word and tagged's formatted lines are reused for the slot's next
+	 * generation, so, as with every transport, the producer publishes it only after
+	 * wait_free() (or its own protocol) says the consumers are done with this one: after they
+	 * saw it, not merely after they stopped waiting for it.
 	 *
 	 * The stream rule (push, poll and tagged): @stream must not wait for the consumer kernel,
 	 * which runs until its last message arrives. Use a stream created with cudaStreamNonBlocking other than
@@ -927,7 +929,7 @@ public:
 	 * is refused, since it waits for every blocking stream's kernels.
 	 *
 	 * Return: cudaSuccess; cudaErrorInvalidValue for a bad slot or size, or the legacy default
-	 * stream (push, poll, tagged); else the error of the runtime or driver call that failed.
+	 * stream (push, poll, tagged); else the error of the runtime call that failed.
 	 */
 	cudaError_t publish(uint32_t slot, const void *src, size_t bytes, cudaStream_t stream)
 	{
@@ -1014,12 +1016,17 @@ private:
 
 	/*
 	 * push: the ready words of slots first..first + count - 1, one copy of their next values
-	 * from pinned memory, queued on @stream after the data's copy, which it cannot pass. Not a
+	 * from pinned memory, queued on @stream after the data's copy, which in stream order is
+	 * complete before this copy starts. That a kernel already running on another stream which
+	 * sees a word then also sees the data is what push relies on and NVIDIA does not document
+	 * for copies; the transport test checks it byte by byte (a write-value operation's default
+	 * fence did guarantee it). Not a
 	 * stream write-value operation per word: on an H100 each took 0.7 us of the GPU's time in
 	 * stream order, so a generation of 132 slots waited 90 us for its words after the 160 us
 	 * copy of its 8.25 MiB, and one copy of the 132 words takes 3 us (device/bench/README.md,
-	 * "Ready words"). A slot's pinned word is written again only for its next generation,
-	 * after its consumers saw this one, so after the copy engine read it.
+	 * "Ready words"). The word's value is read when the copy runs: a slot's pinned word is
+	 * written again only for its next generation, after its consumers saw this one (the rule
+	 * publish() states), so after the copy engine read it.
 	 */
 	cudaError_t publish_ready(uint32_t first, uint32_t count, cudaStream_t stream)
 	{
