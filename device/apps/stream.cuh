@@ -270,14 +270,15 @@ __device__ inline void block_consumed(const wic::channel &ch, uint32_t slot, uin
 /*
  * What a run's host producer did: the time spent producing its messages (inside the fill
  * callbacks: the producer alone, no transport), the bytes it published, and where the rest of
- * its thread's time went: waiting for free slots (the consumers' reports) and in the channel's
- * publish calls.
+ * its thread's time went: waiting for free slots (the consumers' reports), in the channel's
+ * publish calls and (alternating applications) waiting for the kernel's results.
  */
 struct host_work {
 	double producer_ms;
 	uint64_t bytes;
 	double waiting_ms;
 	double publishing_ms;
+	double results_ms;
 
 	host_work &operator+=(const host_work &o)
 	{
@@ -285,6 +286,7 @@ struct host_work {
 		bytes += o.bytes;
 		waiting_ms += o.waiting_ms;
 		publishing_ms += o.publishing_ms;
+		results_ms += o.results_ms;
 		return *this;
 	}
 };
@@ -358,7 +360,7 @@ public:
 		const auto filled = std::chrono::steady_clock::now();
 		CHECK(ch_.publish(slot, buf, batch_, stream_));
 		work_ += host_work{ms_between(start, filled), batch_, ms_between(waited, start),
-				   ms_between(filled, std::chrono::steady_clock::now())};
+				   ms_between(filled, std::chrono::steady_clock::now()), 0.0};
 	}
 
 	/*
@@ -385,7 +387,7 @@ public:
 				CHECK(ch_.publish(place_.slot(b, g), buffer(b), batch_, stream_));
 		}
 		work_ += host_work{ms_between(start, filled), batch_ * blocks, ms_between(waited, start),
-				   ms_between(filled, std::chrono::steady_clock::now())};
+				   ms_between(filled, std::chrono::steady_clock::now()), 0.0};
 	}
 
 	/* The producer's work so far. */
@@ -670,11 +672,18 @@ public:
 	/* Part @part of result generation @g, once the kernel wrote it: the generation's slot. */
 	const uint8_t *result(uint32_t g, uint32_t part)
 	{
-		if (!replay_)
-			return back_->wait(g, part);
+		if (!replay_) {
+			const auto start = std::chrono::steady_clock::now();
+			const uint8_t *slot = back_->wait(g, part);
+			results_ms_ += ms_between(start, std::chrono::steady_clock::now());
+			return slot;
+		}
 		missing_ |= !back_->ready(g, part);
 		return back_->slot(g);
 	}
+
+	/* A run: the time spent waiting in result(). */
+	double results_ms() const { return results_ms_; }
 
 	/* Replay: the largest relative difference of a batch from its recording; NaN if a result was missing. */
 	double replay_error() const { return missing_ ? NAN : worst_; }
@@ -698,6 +707,7 @@ private:
 	std::vector<std::unique_ptr<producer>> *fwd_ = nullptr;
 	const back_channel *back_;
 	recording *rec_;
+	double results_ms_ = 0.0;
 	bool replay_;
 	bool verify_ = false;
 	bool missing_ = false;
@@ -771,6 +781,7 @@ inline double exchange_run(mode m, const alternating &a, recording *rec, host_wo
 		p->flush();
 		*work += p->work();
 	}
+	work->results_ms = io.results_ms();
 	const auto end = std::chrono::steady_clock::now();
 	CHECK(cudaStreamDestroy(kernel_stream));
 	return ms_between(start, end);
@@ -828,7 +839,7 @@ inline exchange_timing exchange(mode m, const alternating &a)
 	const auto replay_start = std::chrono::steady_clock::now();
 	a.host(alone);
 	/* The recording run's bytes; the rest is the replay's, which waits for nothing. */
-	work = host_work{ms_between(replay_start, std::chrono::steady_clock::now()), work.bytes, 0.0, 0.0};
+	work = host_work{ms_between(replay_start, std::chrono::steady_clock::now()), work.bytes, 0.0, 0.0, 0.0};
 	host_io io(&rec, &back, true);
 	a.host(io);
 	return exchange_timing{ms_between(launched, end), io.replay_error(), work};
@@ -845,7 +856,7 @@ inline double median(std::vector<double> v)
  * with @host (a CPU-GPU application's runs), also producer_ms= (the median of its producer's
  * time alone) and bytes= (what it published per run), two of the terms of its bound, and where
  * the producer's thread spent the rest (waiting_ms=, publishing_ms=, where it waited or
- * published); with @pipeline (a streaming no-wait run's host_pipeline() times), pipeline_ms=,
+ * published; results_ms=, where it waited for the kernel's results); with @pipeline (a streaming no-wait run's host_pipeline() times), pipeline_ms=,
  * another term.
  */
 inline void report(const char *name, mode m, const std::string &params, const std::vector<double> &times,
@@ -855,15 +866,18 @@ inline void report(const char *name, mode m, const std::string &params, const st
 	printf("%s %s %s median_ms=%.3f min_ms=%.3f max_ms=%.3f", name, mode_name(m), params.c_str(), median(times),
 	       *std::min_element(times.begin(), times.end()), *std::max_element(times.begin(), times.end()));
 	if (host && !host->empty()) {
-		std::vector<double> producer, waiting, publishing;
+		std::vector<double> producer, waiting, publishing, results;
 		for (const host_work &w : *host) {
 			producer.push_back(w.producer_ms);
 			waiting.push_back(w.waiting_ms);
 			publishing.push_back(w.publishing_ms);
+			results.push_back(w.results_ms);
 		}
 		printf(" producer_ms=%.3f bytes=%llu", median(producer), (unsigned long long)host->front().bytes);
 		if (median(waiting) > 0.0 || median(publishing) > 0.0)
 			printf(" waiting_ms=%.3f publishing_ms=%.3f", median(waiting), median(publishing));
+		if (median(results) > 0.0)
+			printf(" results_ms=%.3f", median(results));
 	}
 	if (pipeline && !pipeline->empty())
 		printf(" pipeline_ms=%.3f", median(*pipeline));

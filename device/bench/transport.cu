@@ -1722,7 +1722,8 @@ int main(int argc, char **argv)
 			for (uint32_t bytes = 64; bytes <= (1u << 20); bytes *= 4)
 				peer_latency(kind, bytes, peer_ref);
 		const double peer_copy = peer_copy_gbps(cfg.stream_total);
-		for (uint32_t bytes : {4096u, 65536u, 1u << 20}) {
+		/* 16 KiB: G_BS's, G_C2D's and G_GEM's messages. */
+		for (uint32_t bytes : {4096u, 16384u, 65536u, 1u << 20}) {
 			peer_streaming(wic::transport::push, bytes, cfg.stream_total, peer_copy);
 			peer_streaming(wic::transport::tagged, bytes, cfg.stream_total, peer_copy);
 			peer_streaming(wic::transport::poll, bytes, cfg.stream_total, peer_copy);
