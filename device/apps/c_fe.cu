@@ -4,7 +4,8 @@
  * the 3D Poisson problem -lap u = f on the unit cube, u = 0 on its boundary, with trilinear
  * hexahedra on an E^3 mesh whose interior nodes are moved randomly (fresh every run). The host
  * streams the elements, in a random order, to one persistent kernel: 32 per warp message, each
- * its corners' unknowns and coordinates. Each lane computes its element's stiffness matrix
+ * its corners' unknowns and coordinates, a generation of every block's batches made on every
+ * core and published at once. Each lane computes its element's stiffness matrix
  * (2x2x2 Gauss points) and adds it into the CSR matrix at the rows and columns of its corners,
  * wherever they are (atomics, in fixed point so that every run sums to the same bits). After
  * a grid barrier the same kernel runs CG iterations alternating with the host as C_CG does
@@ -341,13 +342,13 @@ int main(int argc, char **argv)
 						dev.vals(), p, iterations, barrier.barrier(), errors);
 		};
 		run.host = [&](app::host_io &io) {
+			/* A generation's batches on every core, published at once. */
 			for (uint32_t g = 0; g < generations; g++)
-				for (uint32_t b = 0; b < blocks; b++)
-					io.send(0, b, g, [&](uint8_t *buf) {
-						element *out = reinterpret_cast<element *>(buf);
-						for (uint32_t i = 0; i < warps * 32; i++)
-							out[i] = element_for(m, order, blocks, b, g, i / 32, i % 32);
-					});
+				io.send_generation(0, g, [&](uint32_t b, uint8_t *buf) {
+					element *out = reinterpret_cast<element *>(buf);
+					for (uint32_t i = 0; i < warps * 32; i++)
+						out[i] = element_for(m, order, blocks, b, g, i / 32, i % 32);
+				});
 			cg::host_iterations(io, 1, l, solver, rhs, iterations);
 		};
 		const app::exchange_timing t = app::exchange(mode, run);

@@ -635,17 +635,19 @@ struct recording {
  * host_io - what an application's host side sends and receives through. In a run it publishes
  * (keeping a copy of every batch when recording) and waits for results; in the replays after a
  * no-wait run it reads the results the kernel left and makes each batch, and when verifying
- * compares it with what the kernel was given.
+ * compares it with what the kernel was given. @pool makes a generation's batches in parallel
+ * (send_generation()), in runs and replays alike.
  */
 class host_io {
 public:
-	host_io(std::vector<std::unique_ptr<producer>> *fwd, const back_channel *back, recording *rec)
-		: fwd_(fwd), back_(back), rec_(rec), replay_(false)
+	host_io(std::vector<std::unique_ptr<producer>> *fwd, const back_channel *back, recording *rec,
+		worker_pool *pool)
+		: fwd_(fwd), back_(back), rec_(rec), pool_(pool), replay_(false)
 	{
 	}
 	/* A replay; with @verify every batch is compared with its recording, else only made. */
-	host_io(recording *rec, const back_channel *back, bool verify)
-		: back_(back), rec_(rec), replay_(true), verify_(verify)
+	host_io(recording *rec, const back_channel *back, bool verify, worker_pool *pool)
+		: back_(back), rec_(rec), pool_(pool), replay_(true), verify_(verify)
 	{
 	}
 
@@ -664,6 +666,33 @@ public:
 		}
 		(*fwd_)[c]->publish(b, g, [&](uint8_t *buf) {
 			fill(buf);
+			if (rec_)
+				rec_->item(c, b, g).assign(buf, buf + rec_->batch_bytes(c));
+		});
+	}
+
+	/*
+	 * Sends item @g of every stream of forward channel @c; @fill(b, buf) writes stream b's batch
+	 * and runs on the pool's threads at once. A run publishes the generation with one
+	 * publish_many() (producer::publish_generation()).
+	 */
+	void send_generation(uint32_t c, uint32_t g, const std::function<void(uint32_t, uint8_t *)> &fill)
+	{
+		const uint32_t streams = rec_ ? rec_->specs[c].streams : (*fwd_)[c]->place().blocks;
+		if (replay_ && verify_) {
+			for (uint32_t b = 0; b < streams; b++)
+				compare(c, b, g, [&](uint8_t *buf) { fill(b, buf); });
+			return;
+		}
+		if (replay_) {
+			const size_t bytes = rec_->batch_bytes(c);
+			if (scratch_.size() < bytes * streams)
+				scratch_.resize(bytes * streams);
+			pool_->run(streams, [&](uint32_t b) { fill(b, scratch_.data() + b * bytes); });
+			return;
+		}
+		(*fwd_)[c]->publish_generation(g, *pool_, [&](uint32_t b, uint8_t *buf) {
+			fill(b, buf);
 			if (rec_)
 				rec_->item(c, b, g).assign(buf, buf + rec_->batch_bytes(c));
 		});
@@ -707,6 +736,7 @@ private:
 	std::vector<std::unique_ptr<producer>> *fwd_ = nullptr;
 	const back_channel *back_;
 	recording *rec_;
+	worker_pool *pool_;
 	double results_ms_ = 0.0;
 	bool replay_;
 	bool verify_ = false;
@@ -768,7 +798,8 @@ inline double exchange_run(mode m, const alternating &a, recording *rec, host_wo
 		views.push_back(fwd.back()->view());
 	}
 	back_channel back(a.back.ring, a.back.slot_bytes, a.back.parts);
-	host_io io(&fwd, &back, rec);
+	worker_pool pool(std::max(1u, std::thread::hardware_concurrency()));
+	host_io io(&fwd, &back, rec, &pool);
 	cudaStream_t kernel_stream;
 	CHECK(cudaStreamCreateWithFlags(&kernel_stream, cudaStreamNonBlocking));
 	const auto start = std::chrono::steady_clock::now();
@@ -835,12 +866,13 @@ inline exchange_timing exchange(mode m, const alternating &a)
 	const auto end = std::chrono::steady_clock::now();
 	CHECK(cudaStreamDestroy(kernel_stream));
 	/* The host side alone, nothing to wait for; then again, every message compared with its recording. */
-	host_io alone(&rec, &back, false);
+	worker_pool pool(std::max(1u, std::thread::hardware_concurrency()));
+	host_io alone(&rec, &back, false, &pool);
 	const auto replay_start = std::chrono::steady_clock::now();
 	a.host(alone);
 	/* The recording run's bytes; the rest is the replay's, which waits for nothing. */
 	work = host_work{ms_between(replay_start, std::chrono::steady_clock::now()), work.bytes, 0.0, 0.0, 0.0};
-	host_io io(&rec, &back, true);
+	host_io io(&rec, &back, true, &pool);
 	a.host(io);
 	return exchange_timing{ms_between(launched, end), io.replay_error(), work};
 }
