@@ -592,17 +592,20 @@ __global__ void peer_stream_consumer(wic::channel ch, uint32_t generations, unsi
 
 /* ---- references ---- */
 
-/* The median GB/s of 5 runs, after a warm-up, of @queue(stream), which queues a copy of @bytes. */
+/*
+ * The GPU's time, in ms, of @queue(stream) between two events on a stream of its own, @reps
+ * times after a warm-up.
+ */
 template <typename Queue>
-double copy_gbps(uint64_t bytes, Queue queue)
+std::vector<double> event_ms(int reps, Queue queue)
 {
 	cudaEvent_t start, end;
 	cudaStream_t stream;
 	CHECK(cudaEventCreate(&start));
 	CHECK(cudaEventCreate(&end));
 	CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-	std::vector<double> gbps;
-	for (int rep = 0; rep <= 5; rep++) {
+	std::vector<double> times;
+	for (int rep = 0; rep <= reps; rep++) {
 		CHECK(cudaEventRecord(start, stream));
 		queue(stream);
 		CHECK(cudaEventRecord(end, stream));
@@ -610,11 +613,21 @@ double copy_gbps(uint64_t bytes, Queue queue)
 		float ms;
 		CHECK(cudaEventElapsedTime(&ms, start, end));
 		if (rep) /* rep 0 warms up */
-			gbps.push_back(bytes / (ms * 1e6));
+			times.push_back(ms);
 	}
 	CHECK(cudaStreamDestroy(stream));
 	CHECK(cudaEventDestroy(start));
 	CHECK(cudaEventDestroy(end));
+	return times;
+}
+
+/* The median GB/s of 5 runs, after a warm-up, of @queue(stream), which queues a copy of @bytes. */
+template <typename Queue>
+double copy_gbps(uint64_t bytes, Queue queue)
+{
+	std::vector<double> gbps;
+	for (double ms : event_ms(5, queue))
+		gbps.push_back(bytes / (ms * 1e6));
 	return quantile(gbps, 0.5);
 }
 
@@ -643,26 +656,13 @@ double bulk_copy_gbps(uint64_t bytes)
 template <typename Queue>
 double stream_us(Queue queue)
 {
-	cudaEvent_t start, end;
-	cudaStream_t stream;
-	CHECK(cudaEventCreate(&start));
-	CHECK(cudaEventCreate(&end));
-	CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-	std::vector<double> us;
-	for (int rep = 0; rep <= 20; rep++) {
-		CHECK(cudaEventRecord(start, stream));
+	auto ten = [&](cudaStream_t stream) {
 		for (int i = 0; i < 10; i++)
 			queue(stream);
-		CHECK(cudaEventRecord(end, stream));
-		CHECK(cudaEventSynchronize(end));
-		float ms;
-		CHECK(cudaEventElapsedTime(&ms, start, end));
-		if (rep) /* rep 0 warms up */
-			us.push_back(ms * 100.0);
-	}
-	CHECK(cudaStreamDestroy(stream));
-	CHECK(cudaEventDestroy(start));
-	CHECK(cudaEventDestroy(end));
+	};
+	std::vector<double> us;
+	for (double ms : event_ms(20, ten))
+		us.push_back(ms * 100.0); /* the ms of ten, the us of one */
 	return quantile(us, 0.5);
 }
 
