@@ -645,10 +645,16 @@ public:
 		: fwd_(fwd), back_(back), rec_(rec), pool_(pool), replay_(false)
 	{
 	}
-	/* A replay; with @verify every batch is compared with its recording, else only made. */
+	/*
+	 * A replay; with @verify every batch is compared with its recording, else only made. Its
+	 * scratch space is sized here, before a timed replay starts, for a generation of the
+	 * largest channel.
+	 */
 	host_io(recording *rec, const back_channel *back, bool verify, worker_pool *pool)
 		: back_(back), rec_(rec), pool_(pool), replay_(true), verify_(verify)
 	{
+		for (uint32_t c = 0; c < rec->specs.size(); c++)
+			scratch_.resize(std::max(scratch_.size(), rec->batch_bytes(c) * rec->specs[c].streams));
 	}
 
 	/* Sends item (b, g) of forward channel @c; @fill writes its batch. */
@@ -659,8 +665,6 @@ public:
 			return;
 		}
 		if (replay_) {
-			if (scratch_.size() < rec_->batch_bytes(c))
-				scratch_.resize(rec_->batch_bytes(c));
 			fill(scratch_.data());
 			return;
 		}
@@ -686,8 +690,6 @@ public:
 		}
 		if (replay_) {
 			const size_t bytes = rec_->batch_bytes(c);
-			if (scratch_.size() < bytes * streams)
-				scratch_.resize(bytes * streams);
 			pool_->run(streams, [&](uint32_t b) { fill(b, scratch_.data() + b * bytes); });
 			return;
 		}
@@ -888,8 +890,8 @@ inline double median(std::vector<double> v)
  * with @host (a CPU-GPU application's runs), also producer_ms= (the median of its producer's
  * time alone) and bytes= (what it published per run), two of the terms of its bound, and where
  * the producer's thread spent the rest (waiting_ms=, publishing_ms=, where it waited or
- * published; results_ms=, where it waited for the kernel's results); with @pipeline (a streaming no-wait run's host_pipeline() times), pipeline_ms=,
- * another term.
+ * published; results_ms=, where it waited for the kernel's results); with @pipeline (a
+ * streaming no-wait run's host_pipeline() times), pipeline_ms=, another term.
  */
 inline void report(const char *name, mode m, const std::string &params, const std::vector<double> &times,
 		   bool correct, const std::vector<host_work> *host = nullptr,
