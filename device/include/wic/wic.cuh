@@ -769,8 +769,9 @@ inline void format_lines(uint64_t *to, const uint8_t *from, size_t bytes, uint64
  * and its producer side (host code).
  *
  * create() allocates the slots' data and the ready words: push, both in the current device's
- * memory, and pinned host memory its ready words are copied from; poll, the data there and the words in pinned host memory; alg1, both in managed
- * memory, as the paper's Algorithm 1 keeps them; mapped, both in pinned host memory mapped
+ * memory, and pinned host memory its ready words are copied from; poll, the data there and the
+ * words in pinned host memory; alg1, both in managed memory, as the paper's Algorithm 1 keeps
+ * them; mapped, both in pinned host memory mapped
  * into the device, which the consumers read across the link; tagged, no ready words but the
  * lines (zeroed) and the data the consumers unpack them into in the device's memory, and a
  * pinned copy of the lines where the host formats them. publish() copies a batch into a
@@ -946,8 +947,8 @@ public:
 	 * @stream: as publish()
 	 *
 	 * push: one copy of the data and one of the ready words for all of them, instead of two
-	 * per slot; poll: one copy, then the words;
-	 * alg1 and mapped: one memcpy(), then the words; tagged: all slots formatted, then one copy.
+	 * per slot; poll: one copy, then the words; alg1 and mapped: one memcpy(), then the words;
+	 * tagged: all slots formatted, then one copy.
 	 *
 	 * Return: as publish().
 	 */
