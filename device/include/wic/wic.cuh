@@ -771,16 +771,15 @@ inline void format_lines(uint64_t *to, const uint8_t *from, size_t bytes, uint64
  * create() allocates the slots' data and the ready words: push, both in the current device's
  * memory, and pinned host memory its ready words are copied from; poll, the data there and the
  * words in pinned host memory; alg1, both in managed memory, as the paper's Algorithm 1 keeps
- * them; mapped, both in pinned host memory mapped
- * into the device, which the consumers read across the link; tagged, no ready words but the
- * lines (zeroed) and the data the consumers unpack them into in the device's memory, and a
- * pinned copy of the lines where the host formats them. publish() copies a batch into a
- * slot and marks its next generation ready (push and poll in stream order; alg1 and mapped by
- * the calling thread's stores; tagged by the tags in the lines it copies), so a kernel that
- * sees the ready word sees the data. Every
- * transport also gets a consumed word per slot in pinned host memory: consumers report a
- * generation done with wic::consumed(), and wait_free() holds the producer back until the slot
- * it is about to overwrite is free.
+ * them; mapped, both in pinned host memory mapped into the device, which the consumers read across
+ * the link; tagged, no ready words but the lines (zeroed) and the data the consumers unpack them
+ * into in the device's memory, and a pinned copy of the lines where the host formats them.
+ * publish() copies a batch into a slot and marks its next generation ready (push and poll in
+ * stream order; alg1 and mapped by the calling thread's stores; tagged by the tags in the lines it
+ * copies), so a kernel that sees the ready word sees the data. Every transport also gets a
+ * consumed word per slot in pinned host memory: consumers report a generation done with
+ * wic::consumed(), and wait_free() holds the producer back until the slot it is about to overwrite
+ * is free.
  */
 class host_channel {
 public:
