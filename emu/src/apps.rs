@@ -321,7 +321,9 @@ fn c_fe(run: &AppRun, cal: &Calibration) -> Result<Workload, String> {
     // One measured time for both stages: split as their bytes are (an estimate).
     let assembly_share = element_bytes / bytes;
     let (total, producer) = (ns_per(run, "median_ms", 1)?, ns_per(run, "producer_ms", 1)?);
-    // The host makes and publishes the element batches one by one, generation by generation.
+    // The host makes and publishes the element batches one by one, generation by generation,
+    // as the program did in the validation runs (it now makes a generation on every core and
+    // publishes it at once; docs/evaluation.md says so).
     let assembly = Shape {
         waiting_warps: warps,
         messages,
