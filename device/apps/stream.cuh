@@ -417,8 +417,8 @@ private:
  * generation into pinned staging (@fill(b, g, buf), on every core) and one copy takes them to
  * device memory, with as many generations of staging as a run's slots (placement::depth), each
  * refilled once its copy is done. What the producer and the copy engine reach together, each
- * on the host memory the other uses; no transport can deliver the generations faster than
- * this scheme makes and copies them. Returns its milliseconds.
+ * on the host memory the other uses: no transport that makes and copies the generations this
+ * way (the applications' producer) can deliver them faster. Returns its milliseconds.
  */
 inline double host_pipeline(uint32_t blocks, uint32_t generations, size_t batch, worker_pool &pool,
 			    const std::function<void(uint32_t, uint32_t, uint8_t *)> &fill)
