@@ -321,15 +321,13 @@ fn c_fe(run: &AppRun, cal: &Calibration) -> Result<Workload, String> {
     // One measured time for both stages: split as their bytes are (an estimate).
     let assembly_share = element_bytes / bytes;
     let (total, producer) = (ns_per(run, "median_ms", 1)?, ns_per(run, "producer_ms", 1)?);
-    // The host makes and publishes the element batches one by one, generation by generation,
-    // as the program did in the validation runs (it now makes a generation on every core and
-    // publishes it at once; docs/evaluation.md says so).
+    // The host makes a generation of element batches on every core, one for each block, and
+    // publishes it at once (host_io::send_generation()).
     let assembly = Shape {
         waiting_warps: warps,
         messages,
-        produce_ns: producer * assembly_share / f64::from(messages * blocks),
-        lanes: 1,
-        order: ProduceOrder::RequestMajor,
+        produce_ns: producer * assembly_share / f64::from(messages),
+        publish_slots: blocks,
         ..Shape::new(Endpoint::Host, blocks, per_message * element, total * assembly_share / f64::from(messages))
     };
     let per_iteration = |share: f64| share * (1.0 - assembly_share) / f64::from(iterations);
@@ -543,8 +541,8 @@ pub fn by_name(name: &str) -> Option<DeviceApp> {
 pub const MEASURED: [(&str, &str, &str); 2] = [
     (
         "C_",
-        "NVIDIA H100 80GB HBM3, driver 580.159.04, 2026-11-26, device/bench/results/apps-h100-2026-11-26-validation.txt",
-        include_str!("../../device/bench/results/apps-h100-2026-11-26-validation.txt"),
+        "NVIDIA H100 80GB HBM3, driver 580.159.04, 2026-11-26, device/bench/results/apps-h100-2026-11-26-current.txt",
+        include_str!("../../device/bench/results/apps-h100-2026-11-26-current.txt"),
     ),
     (
         "G_",
