@@ -153,7 +153,7 @@ workloads are the paper's communication patterns. The model also runs the progra
 device/apps, described from their measured no-wait runs: with push it comes within 25% of the
 GPU for 10 of the 10, but it has no part for how nvidia-uvm treats pages two processors keep
 writing, which sets the cost of the naive baseline on a GPU (docs/evaluation.md). In those H100
-runs push ran the ten programs 4.5x faster than the paper's Algorithm 1 made correct.
+runs push ran the ten programs 3.9x faster than the paper's Algorithm 1 made correct.
 Read the speedups as the model's, not as a prediction for a GPU.";
 
 #[cfg(test)]
