@@ -359,8 +359,7 @@ public:
 		fill(buf);
 		const auto filled = std::chrono::steady_clock::now();
 		CHECK(ch_.publish(slot, buf, batch_, stream_));
-		work_ += host_work{ms_between(start, filled), batch_, ms_between(waited, start),
-				   ms_between(filled, std::chrono::steady_clock::now()), 0.0};
+		account(waited, start, filled, batch_);
 	}
 
 	/*
@@ -386,8 +385,7 @@ public:
 			for (uint32_t b = 0; b < blocks; b++)
 				CHECK(ch_.publish(place_.slot(b, g), buffer(b), batch_, stream_));
 		}
-		work_ += host_work{ms_between(start, filled), batch_ * blocks, ms_between(waited, start),
-				   ms_between(filled, std::chrono::steady_clock::now()), 0.0};
+		account(waited, start, filled, batch_ * blocks);
 	}
 
 	/* The producer's work so far. */
@@ -400,6 +398,17 @@ public:
 	void flush() { CHECK(cudaStreamSynchronize(stream_)); }
 
 private:
+	/*
+	 * Adds a publish that began waiting for free slots at @waited, filled from @start to
+	 * @filled and then published @bytes until now.
+	 */
+	void account(std::chrono::steady_clock::time_point waited, std::chrono::steady_clock::time_point start,
+		     std::chrono::steady_clock::time_point filled, uint64_t bytes)
+	{
+		work_ += host_work{ms_between(start, filled), bytes, ms_between(waited, start),
+				   ms_between(filled, std::chrono::steady_clock::now()), 0.0};
+	}
+
 	/* Until the consumers are done with what item (b, g)'s slot holds (and so its copy is done). */
 	void wait_free(uint32_t b, uint32_t g) { CHECK(ch_.wait_free(place_.slot(b, g))); }
 
@@ -908,10 +917,11 @@ inline void report(const char *name, mode m, const std::string &params, const st
 			results.push_back(w.results_ms);
 		}
 		printf(" producer_ms=%.3f bytes=%llu", median(producer), (unsigned long long)host->front().bytes);
-		if (median(waiting) > 0.0 || median(publishing) > 0.0)
-			printf(" waiting_ms=%.3f publishing_ms=%.3f", median(waiting), median(publishing));
-		if (median(results) > 0.0)
-			printf(" results_ms=%.3f", median(results));
+		const double waited = median(waiting), published = median(publishing), awaited = median(results);
+		if (waited > 0.0 || published > 0.0)
+			printf(" waiting_ms=%.3f publishing_ms=%.3f", waited, published);
+		if (awaited > 0.0)
+			printf(" results_ms=%.3f", awaited);
 	}
 	if (pipeline && !pipeline->empty())
 		printf(" pipeline_ms=%.3f", median(*pipeline));

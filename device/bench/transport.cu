@@ -1626,13 +1626,17 @@ int main(int argc, char **argv)
 
 	/* The poll applications' spinning: none, one warp, a block's 16, one and 4 and 16 per SM. */
 	const uint32_t spin_shapes[][2] = {{0, 0}, {1, 1}, {1, 16}, {cfg.sms, 1}, {cfg.sms, 4}, {cfg.sms, 16}};
-	if (spin_only) {
-		/* What poll's waiters do to the rest of PCIe, alone (the latency beside them: below). */
+	/* What poll's waiters do to the rest of PCIe. */
+	auto spinning = [&] {
 		for (const auto &shape : spin_shapes)
 			spin_pace(shape[0], shape[1], 2000, 100000);
 		for (uint64_t bytes : {1ull << 20, 8ull << 20})
 			for (const auto &shape : spin_shapes)
 				spin_copy(shape[0], shape[1], bytes);
+	};
+	if (spin_only) {
+		/* Those alone, and poll's latency beside the spinners. */
+		spinning();
 		const double mapped = mapped_one_way_us();
 		for (const auto &shape : spin_shapes)
 			if (shape[0])
@@ -1690,11 +1694,7 @@ int main(int argc, char **argv)
 	for (uint32_t bytes : {4096u, 65536u, 1u << 20})
 		ce_order_probe(bytes);
 
-	for (const auto &shape : spin_shapes)
-		spin_pace(shape[0], shape[1], 2000, 100000);
-	for (uint64_t bytes : {1ull << 20, 8ull << 20})
-		for (const auto &shape : spin_shapes)
-			spin_copy(shape[0], shape[1], bytes);
+	spinning();
 
 	{
 		waiting_cost cost;
