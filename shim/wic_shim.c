@@ -44,6 +44,7 @@
 #include <uvm_wic.h>
 #include <wic_abi.h>
 
+#include "wic_hold.h"
 #include "wic_validate.h"
 
 static unsigned int ring_entries = 1024;
@@ -112,7 +113,10 @@ struct wic_space_entry {
  * @space_id: its space
  * @gpu_id: the faulting GPU
  * @kind: the kind of range the page is in
- * @held_ns: when it was held (ktime_get_ns(), as the record's @held_ns)
+ * @held_ns: when it was held (ktime_get_ns(), as the record's @held_ns), or when it may first
+ *	have been held without an entry (wic_hold_age())
+ * @recorded: wicd was told of it (a ring record); else the next fault on it that finds the
+ *	ring with room records it
  * @marked: the &wic_session.close_gen of the wic_complete_held() call that wrote its page's
  *	marker, 0 when none did; read and written only under &wic_session.mutex
  * @failed: the &wic_session.close_gen of the sweep that left it held after nvidia-uvm refused
@@ -127,6 +131,7 @@ struct wic_held {
 	u32 kind;
 	u32 marked;
 	u32 failed;
+	bool recorded;
 	u64 held_ns;
 };
 
@@ -199,6 +204,9 @@ struct wic_group {
  *	that nvidia-uvm services it (moving the page where the GPU reaches it) and the warp reads
  *	the marker, instead of being held and expired again every period; under @lock
  * @nr_pass_once: entries in @pass_once
+ * @clock: the ages of the faults held without a held-table entry (table full), under @lock
+ * @untabled_gpus: the GPUs of those faults, replayed by the expiry's relief
+ *	(wic_hold_relief_due()); under @lock
  * @expire: completes the faults held longer than max_hold_ms; queued by classify when it
  *	holds a fault, it queues itself again while any is held
  */
@@ -230,6 +238,8 @@ struct wic_session {
 		u32 gpu_id;
 	} pass_once[WIC_PASS_ONCE];
 	u32 nr_pass_once;
+	struct wic_hold_clock clock;
+	DECLARE_BITMAP(untabled_gpus, WIC_GPU_BITS);
 	struct delayed_work expire;
 };
 
@@ -403,19 +413,13 @@ static bool wic_ring_room(struct wic_session *s)
 	return s->ring->head - READ_ONCE(s->ring->tail) < ring_entries;
 }
 
-/*
- * Enters a held fault in the held table and, with @record, records it in the ring; false when
- * the held table is full, or the ring with @record.
- */
-static bool wic_record_fault(struct wic_session *s, const struct uvm_wic_fault *fault,
-			     u32 space_id, const struct wic_range_entry *range, bool record)
+/* Takes a free entry for a fault held since @held_ns; under @lock, with one free. */
+static struct wic_held *wic_held_enter(struct wic_session *s, const struct uvm_wic_fault *fault,
+				       u32 space_id, const struct wic_range_entry *range,
+				       u64 held_ns)
 {
-	struct wic_held *held;
-	u64 now;
+	struct wic_held *held = hlist_entry(s->held_free.first, struct wic_held, node);
 
-	if ((record && !wic_ring_room(s)) || hlist_empty(&s->held_free))
-		return false;
-	held = hlist_entry(s->held_free.first, struct wic_held, node);
 	hlist_del(&held->node);
 	held->va = fault->va;
 	held->space_id = space_id;
@@ -423,13 +427,20 @@ static bool wic_record_fault(struct wic_session *s, const struct uvm_wic_fault *
 	held->kind = range->kind;
 	held->marked = 0;
 	held->failed = 0;
-	held->held_ns = now = ktime_get_ns();
+	held->recorded = false;
+	held->held_ns = held_ns;
 	hash_add(s->held_hash, &held->node, wic_held_key(fault->va, space_id, fault->gpu_id));
 	s->nr_held++;
-	if (record)
-		wic_ring_post(s, space_id, fault->gpu_id, range->id,
-			      range->kind == WIC_RANGE_PAT ? WIC_RECORD_PAT : 0, now, fault->raw);
-	return true;
+	return held;
+}
+
+/* Records @held, the entry of @fault, in the ring, which has room; under @lock. */
+static void wic_held_record(struct wic_session *s, struct wic_held *held,
+			    const struct uvm_wic_fault *fault, const struct wic_range_entry *range)
+{
+	wic_ring_post(s, held->space_id, held->gpu_id, range->id,
+		      range->kind == WIC_RANGE_PAT ? WIC_RECORD_PAT : 0, held->held_ns, fault->raw);
+	held->recorded = true;
 }
 
 /* The period of the expiry work: a quarter of max_hold_ms, at least 10 ms. */
@@ -446,14 +457,13 @@ static unsigned long wic_expire_period(void)
  * wic_classify() - nvidia-uvm's question: hold this fault?
  * @fault: the fault
  *
- * Runs in the fault bottom half inside an RCU read-side section; never sleeps. A fault on a
- * wic page whose GPU id is outside 1 to WIC_MAX_GPU_ID is held but not recorded (the ring
- * header's dropped count says so) and logged: passed, nvidia-uvm would service it and the
- * warp would read the page without its data. A prefetch fault (UVM_WIC_FAULT_PREFETCH) on a
- * wic page is held, so that it does not map the page, but neither recorded nor entered in the
- * held table nor counted: no warp waits on it and the GPU never replays it, and a held entry
- * would hide the record of the warp's real read of that page. A fault on a page that
- * WIC_IOC_UNREGISTER or WIC_IOC_DETACH is closing is held and entered in the held table but not
+ * Runs in the fault bottom half inside an RCU read-side section; never sleeps. The rules are
+ * wic_hold_classify()'s (wic_hold.h): a fault on a page of a registered PCM or PAT range is
+ * held, entered in the held table (whose entries the expiry bounds) and recorded in the ring
+ * when it has room; an entry the ring had no room for is recorded when its fault comes back.
+ * With the table full the fault is held without an entry, its GPU and age kept for the
+ * expiry's relief. A prefetch fault on a wic page is held but neither entered nor recorded. A
+ * fault on a page that WIC_IOC_UNREGISTER or WIC_IOC_DETACH is closing is entered but not
  * recorded: wicd is forgetting the range, and that call completes it with the closed marker.
  *
  * Return: UVM_WIC_HOLD for a page of a registered PCM or PAT range, else UVM_WIC_PASS.
@@ -461,12 +471,17 @@ static unsigned long wic_expire_period(void)
 static enum uvm_wic_verdict wic_classify(const struct uvm_wic_fault *fault)
 {
 	struct wic_session *s = rcu_dereference(wic_active);
-	bool gpu_valid = wic_gpu_id_valid(fault->gpu_id);
-	const struct wic_range_entry *range;
-	enum uvm_wic_verdict verdict = UVM_WIC_PASS;
-	bool closing = false, held = false;
+	struct wic_hold_facts facts = {
+		.prefetch = fault->flags & UVM_WIC_FAULT_PREFETCH,
+		.gpu_valid = wic_gpu_id_valid(fault->gpu_id),
+	};
+	enum wic_hold_action action = WIC_HOLD_PASS;
+	const struct wic_range_entry *range = NULL;
+	struct wic_held *held = NULL;
+	struct wic_space_entry *space;
 	unsigned long flags;
 	u32 space_id;
+	u64 now;
 
 	if (!s)
 		return UVM_WIC_PASS;
@@ -474,49 +489,60 @@ static enum uvm_wic_verdict wic_classify(const struct uvm_wic_fault *fault)
 	space_id = wic_index_find(rcu_dereference(s->index), fault->space);
 	if (!space_id)
 		return UVM_WIC_PASS;
+	now = ktime_get_ns();
 	spin_lock_irqsave(&s->lock, flags);
+	space = &s->spaces[space_id - 1];
 	/* Detached since the index was read. */
-	if (s->spaces[space_id - 1].uvm != fault->space)
+	if (space->uvm != fault->space)
 		goto out;
-	range = wic_range_find(&s->spaces[space_id - 1].ranges, fault->va);
-	/* A GPU producer's data: its GPU writes there as usual, and only a copy reads it. */
-	if (!range || range->kind == WIC_RANGE_SOURCE)
-		goto out;
-	/*
-	 * A wic page is held even when it cannot be recorded: serviced, the warp would read a
-	 * page without its data. Unrecorded, it faults again after the next replay.
-	 */
-	verdict = UVM_WIC_HOLD;
-	if (fault->flags & UVM_WIC_FAULT_PREFETCH)
-		goto out;
-	/* An expired fault whose page cannot be mapped here: the warp's, serviced once. */
-	if (wic_pass_once_take(s, space_id, fault->gpu_id, fault->va)) {
-		verdict = UVM_WIC_PASS;
-		goto out;
+	range = wic_range_find(&space->ranges, fault->va);
+	/* A GPU producer's data (a source range): its GPU writes there as usual. */
+	facts.wic_page = range && range->kind != WIC_RANGE_SOURCE;
+	if (facts.wic_page && !facts.prefetch)
+		facts.pass_once = wic_pass_once_take(s, space_id, fault->gpu_id, fault->va);
+	if (facts.wic_page && !facts.prefetch && !facts.pass_once && facts.gpu_valid) {
+		held = wic_held_find(s, fault->va, space_id, fault->gpu_id);
+		facts.entry = !held ? WIC_HOLD_NO_ENTRY :
+			      held->recorded ? WIC_HOLD_RECORDED : WIC_HOLD_UNRECORDED;
+		facts.closing = s->closing_space == space_id && fault->va >= s->closing_start &&
+				fault->va < s->closing_end;
+		facts.ring_room = wic_ring_room(s);
+		facts.table_room = !hlist_empty(&s->held_free);
+		/* Replayed when the space's faults are completed: held ones come back then. */
+		__set_bit(fault->gpu_id, space->held_gpus);
 	}
-	if (!gpu_valid) {
-		s->ring->dropped++;
-		goto out;
+	action = wic_hold_classify(&facts);
+	switch (action) {
+	case WIC_HOLD_ENTER:
+	case WIC_HOLD_ENTER_RECORD:
+		held = wic_held_enter(s, fault, space_id, range, wic_hold_age(&s->clock, now));
+		if (action == WIC_HOLD_ENTER)
+			break;
+		fallthrough;
+	case WIC_HOLD_RECORD:
+		wic_held_record(s, held, fault, range);
+		break;
+	case WIC_HOLD_UNTABLED:
+		wic_hold_untabled(&s->clock, now);
+		__set_bit(fault->gpu_id, s->untabled_gpus);
+		break;
+	default:
+		break;
 	}
-	__set_bit(fault->gpu_id, s->spaces[space_id - 1].held_gpus);
-	if (wic_held_find(s, fault->va, space_id, fault->gpu_id))
-		goto out;
-	closing = s->closing_space == space_id && fault->va >= s->closing_start &&
-		  fault->va < s->closing_end;
-	held = wic_record_fault(s, fault, space_id, range, !closing);
-	if (!held)
+	if (wic_hold_unrecorded(action, &facts))
 		s->ring->dropped++;
 out:
 	spin_unlock_irqrestore(&s->lock, flags);
 	/* Already queued (the usual case while faults are held), this does nothing. */
-	if (held)
+	if (action == WIC_HOLD_ENTER || action == WIC_HOLD_ENTER_RECORD ||
+	    action == WIC_HOLD_UNTABLED)
 		queue_delayed_work(wic_wq, &s->expire, wic_expire_period());
-	if (held && !closing)
+	if (action == WIC_HOLD_ENTER_RECORD || action == WIC_HOLD_RECORD)
 		wake_up_interruptible(&s->poll_wait);
-	else if (verdict == UVM_WIC_HOLD && !gpu_valid)
+	else if (action == WIC_HOLD_INVALID_GPU)
 		pr_warn_ratelimited("fault at %#llx of GPU id %u, outside 1 to %u: held, not recorded\n",
 				    fault->va, fault->gpu_id, WIC_MAX_GPU_ID);
-	return verdict;
+	return action == WIC_HOLD_PASS ? UVM_WIC_PASS : UVM_WIC_HOLD;
 }
 
 static const struct uvm_wic_ops wic_ops = {
@@ -1015,34 +1041,53 @@ static void wic_expire_runs(struct wic_session *s, u64 before, unsigned long *re
  * runs) page by page (wic_complete_held()): the marker in its PCM page, the page mapped (a PAT
  * page writable) and the fault released. Then the GPUs are replayed. It runs under @mutex,
  * between wicd's commands. A write or map that nvidia-uvm refuses leaves its fault held, the
- * others going on, and the next run tries it again. Queued again while any fault is held, and
- * at once when max_hold_ms is written; with max_hold_ms 0 nothing expires.
+ * others going on, and the next run tries it again. Faults held without an entry (the table
+ * full) are bounded too (wic_hold_relief_due()): half the bound after the oldest, their GPUs
+ * are replayed, every entry completed first when none is free, so that they come back, find an
+ * entry and carry their age into it. Queued again while any fault is held, and at once when
+ * max_hold_ms is written; with max_hold_ms 0 nothing expires.
  */
 static void wic_expire(struct work_struct *work)
 {
 	struct wic_session *s = container_of(to_delayed_work(work), struct wic_session, expire);
 	u64 bound_ns = (u64)READ_ONCE(max_hold_ms) * NSEC_PER_MSEC;
 	DECLARE_BITMAP(replay, WIC_GPU_BITS);
-	u64 now = ktime_get_ns();
+	u64 now = ktime_get_ns(), before;
+	bool more, relief, room = true;
 	unsigned long flags;
-	bool more;
 	int err = 0;
 	u32 gpu;
 
 	bitmap_zero(replay, WIC_GPU_BITS);
 	mutex_lock(&s->mutex);
-	if (bound_ns && now > bound_ns) {
-		wic_expire_runs(s, now - bound_ns, replay);
-		err = wic_complete_held(s, 0, 0, U64_MAX, now - bound_ns, WIC_MARKER_TIMEOUT,
-					replay, WIC_SKIP_FAILED);
+	spin_lock_irqsave(&s->lock, flags);
+	relief = wic_hold_relief_due(&s->clock, now, bound_ns);
+	if (relief)
+		room = !hlist_empty(&s->held_free);
+	spin_unlock_irqrestore(&s->lock, flags);
+	before = wic_hold_expire_before(now, bound_ns, !room);
+	if (before) {
+		wic_expire_runs(s, before, replay);
+		err = wic_complete_held(s, 0, 0, U64_MAX, before, WIC_MARKER_TIMEOUT, replay,
+					WIC_SKIP_FAILED);
 	}
 	spin_lock_irqsave(&s->lock, flags);
-	more = s->nr_held != 0;
+	/* From now, not from the run's start: the faults come back after the replays below. */
+	if (relief) {
+		bitmap_or(replay, replay, s->untabled_gpus, WIC_GPU_BITS);
+		bitmap_zero(s->untabled_gpus, WIC_GPU_BITS);
+		wic_hold_relieved(&s->clock, ktime_get_ns() + jiffies_to_nsecs(wic_expire_period()));
+	}
+	more = s->nr_held || s->clock.untabled_ns;
 	spin_unlock_irqrestore(&s->lock, flags);
 	mutex_unlock(&s->mutex);
 	for_each_set_bit(gpu, replay, WIC_GPU_BITS)
 		uvm_wic_replay(gpu);
-	if (!bitmap_empty(replay, WIC_GPU_BITS))
+	if (relief)
+		pr_warn_ratelimited("faults held without a held-table entry (%u entries) for half of max_hold_ms=%llu: their GPUs replayed%s\n",
+				    WIC_MAX_HELD, bound_ns / NSEC_PER_MSEC,
+				    room ? "" : ", every entry completed with the timeout marker");
+	else if (!bitmap_empty(replay, WIC_GPU_BITS))
 		pr_warn_ratelimited("faults held longer than max_hold_ms=%llu completed with the timeout marker\n",
 				    bound_ns / NSEC_PER_MSEC);
 	if (err)
@@ -1607,7 +1652,7 @@ static __poll_t wic_poll(struct file *file, struct poll_table_struct *wait)
 	struct wic_session *s = file->private_data;
 
 	poll_wait(file, &s->poll_wait, wait);
-	/* Pairs with the release in wic_record_fault(). */
+	/* Pairs with the release in wic_ring_post(). */
 	return smp_load_acquire(&s->ring->head) != READ_ONCE(s->ring->tail) ? EPOLLIN | EPOLLRDNORM : 0;
 }
 

@@ -27,8 +27,9 @@
  * found in an nvidia-uvm tree can be told apart from the shim's. 3: uvm_wic_range_managed(),
  * uvm_wic_map() fails with -EXDEV for pages it cannot map. 4: uvm_wic_copy(). 5:
  * uvm_wic_complete(). 6: struct uvm_wic_completion.flags, a completion without a companion.
+ * 7: uvm_wic_run_final_replay() defers a held-only run's replay instead of skipping it.
  */
-#define UVM_WIC_HOOK_VERSION 6
+#define UVM_WIC_HOOK_VERSION 7
 
 /* Size of one hardware replayable fault-buffer entry (clc369.h). */
 #define UVM_WIC_FAULT_ENTRY_SIZE 32
@@ -87,35 +88,58 @@ struct uvm_wic_ops {
 	enum uvm_wic_verdict (*classify)(const struct uvm_wic_fault *fault);
 };
 
+/*
+ * How long a bottom-half run made only of held faults may put off its final replay
+ * (uvm_wic_run_final_replay()): a fault the hardware dropped from the buffer waits at most
+ * this long, plus the time to run the replay.
+ */
+#define UVM_WIC_DEFERRED_REPLAY_MS 100
+
 /**
- * uvm_wic_run_replays() - whether a replayable-fault bottom-half run issues its final replay
+ * enum uvm_wic_final_replay - when a replayable-fault bottom-half run issues its final replay
+ * @UVM_WIC_REPLAY_NOW: at the end of the run, as nvidia-uvm does
+ * @UVM_WIC_REPLAY_DEFERRED: UVM_WIC_DEFERRED_REPLAY_MS later, unless a START replay of the
+ *	GPU happens first
+ */
+enum uvm_wic_final_replay {
+	UVM_WIC_REPLAY_NOW,
+	UVM_WIC_REPLAY_DEFERRED,
+};
+
+/**
+ * uvm_wic_run_final_replay() - when a replayable-fault bottom-half run issues its final replay
  * @failed: the run failed
  * @num_batches: the batches it fetched
  * @num_held_batches: those of them made only of held faults
  * @max_batches: the most batches one run services
- * @overflow_seen: the fault buffer overflowed or was found full since the last START replay
+ * @overflow_seen: the OVERFLOW bit was seen set since the last START replay (latched where
+ *	nvidia-uvm reads PUT and where it clears the bit)
+ * @overflow_visible: the OVERFLOW bit can be seen at all: false under Confidential Computing,
+ *	where nvidia-uvm reads GSP-RM's shadow of the buffer, not the hardware's registers
  *
- * nvidia-uvm's run ends with a START replay when no batch of it replayed, so that faults the
- * hardware dropped on overflow (which raise no interrupt and come back only with a replay)
- * fault again. A run made only of held faults skips it, since the replay would only make every
- * held fault fault again (a storm), unless faults may have been dropped: an overflow, a run
- * stopped on @max_batches (a backlog), a failure. The rule of the patched driver
- * (uvm_wic_run_needs_replay()), here so that the test stand-in for nvidia-uvm runs the same.
- *
- * Return: false only for a run of held faults that cannot have dropped any.
+ * Asked where nvidia-uvm's run ends with a START replay because no batch of it replayed, "to
+ * avoid dropping faults that do not show up in the buffer" (uvm_gpu_replayable_faults.c): a
+ * fault the hardware drops raises no interrupt and comes back only with a replay. For a run of
+ * held faults only, that replay would make every held fault fault again, and the run that
+ * fetches them would replay again: a storm. So such a run puts its replay off instead of
+ * leaving it out: a fault lost in a way the latch cannot see (dropped between nvidia-uvm's
+ * last read of OVERFLOW and its clear, or any other fault that does not show up in the
+ * buffer) waits at most UVM_WIC_DEFERRED_REPLAY_MS, and the held faults fault again at most
+ * that often. Wherever a fault may have been dropped for sure (an overflow seen, a run stopped
+ * on @max_batches with a backlog, a failure) or the overflow cannot be seen, it replays now.
+ * The rule of the patched driver (uvm_wic_run_needs_replay()), here so that the test stand-in
+ * for nvidia-uvm and the userspace checker run the same.
  */
-static inline bool uvm_wic_run_replays(bool failed, u32 num_batches, u32 num_held_batches,
-				       u32 max_batches, bool overflow_seen)
+static inline enum uvm_wic_final_replay
+uvm_wic_run_final_replay(bool failed, u32 num_batches, u32 num_held_batches, u32 max_batches,
+			 bool overflow_seen, bool overflow_visible)
 {
 	/* Some batch was serviced (or none was fetched): the driver's own rule applies. */
 	if (num_batches == 0 || num_held_batches != num_batches)
-		return true;
-	/*
-	 * Held faults only. The overflow flag is cleared by every START replay, so a replay
-	 * issued for it makes the held faults fault again into a buffer with room: the next run
-	 * is held-only with no overflow and replays no more.
-	 */
-	return failed || num_batches >= max_batches || overflow_seen;
+		return UVM_WIC_REPLAY_NOW;
+	if (failed || num_batches >= max_batches || overflow_seen || !overflow_visible)
+		return UVM_WIC_REPLAY_NOW;
+	return UVM_WIC_REPLAY_DEFERRED;
 }
 
 /**

@@ -30,6 +30,7 @@
 #include <linux/mutex.h>
 #include <linux/rcupdate.h>
 #include <linux/sched/mm.h>
+#include <linux/workqueue.h>
 
 #include "uvm_api.h"
 #include "uvm_common.h"
@@ -319,14 +320,187 @@ bool uvm_wic_active(void)
 	return rcu_access_pointer(wic_ops) != NULL;
 }
 
-bool uvm_wic_run_needs_replay(bool overflow_seen,
+/*
+ * Deferred final replays (uvm_wic_run_final_replay()). A run of held faults only that cannot
+ * know whether the hardware dropped a fault puts its replay off: @wic_deferred has one entry
+ * per GPU whose replay is due, keyed by the parent GPU (the fault buffer is the parent's), and
+ * wic_deferred_work replays each when it is due. A START replay of the GPU meanwhile
+ * (uvm_wic_replayed()) makes it unnecessary. The work runs on @wic_deferred_wq, which lives
+ * while callbacks are registered: only then are replays deferred.
+ */
+#define WIC_DEFERRED_MAX UVM_ID_MAX_GPUS
+
+static int wic_enter(void);
+static void wic_exit(void);
+
+static DEFINE_SPINLOCK(wic_deferred_lock);
+static struct {
+	const uvm_parent_gpu_t *parent;
+	unsigned long due;
+} wic_deferred[WIC_DEFERRED_MAX];
+static struct workqueue_struct *wic_deferred_wq;
+static void wic_deferred_replay(struct work_struct *work);
+static DECLARE_DELAYED_WORK(wic_deferred_work, wic_deferred_replay);
+
+/* Arms @parent_gpu's deferred replay, unless it is armed already; under the ISR lock. */
+static void wic_defer_replay(uvm_parent_gpu_t *parent_gpu)
+{
+	unsigned long delay = msecs_to_jiffies(UVM_WIC_DEFERRED_REPLAY_MS);
+	bool armed = false;
+	int i, free = -1;
+
+	spin_lock(&wic_deferred_lock);
+	for (i = 0; i < WIC_DEFERRED_MAX && !armed; i++) {
+		if (wic_deferred[i].parent == parent_gpu)
+			armed = true;
+		else if (!wic_deferred[i].parent && free < 0)
+			free = i;
+	}
+	if (!armed && free >= 0) {
+		wic_deferred[free].parent = parent_gpu;
+		wic_deferred[free].due = jiffies + delay;
+	}
+	spin_unlock(&wic_deferred_lock);
+
+	/* Callbacks registered: the queue exists until uvm_wic_unregister() waited for us. */
+	rcu_read_lock();
+	if (rcu_dereference(wic_ops))
+		queue_delayed_work(wic_deferred_wq, &wic_deferred_work, delay);
+	rcu_read_unlock();
+}
+
+void uvm_wic_replayed(uvm_parent_gpu_t *parent_gpu)
+{
+	int i;
+
+	spin_lock(&wic_deferred_lock);
+	for (i = 0; i < WIC_DEFERRED_MAX; i++) {
+		if (wic_deferred[i].parent == parent_gpu)
+			wic_deferred[i].parent = NULL;
+	}
+	spin_unlock(&wic_deferred_lock);
+}
+
+/*
+ * Whether @parent_gpu's deferred replay is due; forgets it then. With @requeue, the delay
+ * until the earliest entry that is not due yet.
+ */
+static bool wic_deferred_due(const uvm_parent_gpu_t *parent_gpu, unsigned long *requeue)
+{
+	bool due = false;
+	int i;
+
+	spin_lock(&wic_deferred_lock);
+	for (i = 0; i < WIC_DEFERRED_MAX; i++) {
+		if (!wic_deferred[i].parent)
+			continue;
+		if (wic_deferred[i].parent == parent_gpu && time_after_eq(jiffies, wic_deferred[i].due)) {
+			wic_deferred[i].parent = NULL;
+			due = true;
+		} else if (requeue && time_before(jiffies, wic_deferred[i].due)) {
+			*requeue = min(*requeue, wic_deferred[i].due - jiffies);
+		}
+	}
+	spin_unlock(&wic_deferred_lock);
+
+	return due;
+}
+
+/*
+ * Forgets the entries of GPUs that are gone: one whose parent is no longer among the GPUs
+ * cannot be replayed, and its pointer could be reused by another parent.
+ */
+static void wic_deferred_forget_gone(const uvm_processor_mask_t *present_parents_gpus)
+{
+	bool present;
+	uvm_gpu_t *gpu;
+	int i;
+
+	spin_lock(&wic_deferred_lock);
+	for (i = 0; i < WIC_DEFERRED_MAX; i++) {
+		if (!wic_deferred[i].parent)
+			continue;
+		present = false;
+		for_each_gpu_in_mask(gpu, present_parents_gpus)
+			present |= gpu->parent == wic_deferred[i].parent;
+		if (!present)
+			wic_deferred[i].parent = NULL;
+	}
+	spin_unlock(&wic_deferred_lock);
+}
+
+static void wic_deferred_replay_entry(void)
+{
+	unsigned long requeue = ULONG_MAX;
+	uvm_processor_mask_t *gpus;
+	uvm_gpu_t *gpu;
+
+	gpus = uvm_processor_mask_cache_alloc();
+	if (!gpus) {
+		requeue = msecs_to_jiffies(UVM_WIC_DEFERRED_REPLAY_MS);
+		goto out;
+	}
+	uvm_processor_mask_zero(gpus);
+
+	/* Like an ioctl: not while suspended, nor after a fatal error; tried again later. */
+	if (wic_enter()) {
+		requeue = msecs_to_jiffies(UVM_WIC_DEFERRED_REPLAY_MS);
+		goto out;
+	}
+
+	/* One GPU of each parent: the replay is the parent's fault buffer's. */
+	uvm_mutex_lock(&g_uvm_global.global_lock);
+	for_each_gpu(gpu) {
+		uvm_gpu_t *other;
+		bool first = true;
+
+		for_each_gpu_in_mask(other, gpus)
+			first &= other->parent != gpu->parent;
+		if (first && WIC_HAS_REPLAYABLE(gpu->parent))
+			uvm_processor_mask_set(gpus, gpu->id);
+	}
+	uvm_global_gpu_retain(gpus);
+	uvm_mutex_unlock(&g_uvm_global.global_lock);
+
+	wic_deferred_forget_gone(gpus);
+	for_each_gpu_in_mask(gpu, gpus) {
+		/* Takes the ISR lock and pushes a START replay (uvm_wic_replayed()). */
+		if (wic_deferred_due(gpu->parent, NULL))
+			wic_fault_buffer_flush(gpu);
+	}
+	wic_deferred_due(NULL, &requeue);
+
+	uvm_global_gpu_release(gpus);
+	wic_exit();
+out:
+	uvm_processor_mask_cache_free(gpus);
+	if (requeue != ULONG_MAX) {
+		rcu_read_lock();
+		if (rcu_dereference(wic_ops))
+			queue_delayed_work(wic_deferred_wq, &wic_deferred_work, requeue);
+		rcu_read_unlock();
+	}
+}
+
+static void wic_deferred_replay(struct work_struct *work)
+{
+	UVM_ENTRY_VOID(wic_deferred_replay_entry());
+}
+
+bool uvm_wic_run_needs_replay(uvm_parent_gpu_t *parent_gpu,
+			      bool overflow_seen,
 			      NV_STATUS status,
 			      NvU32 num_batches,
 			      NvU32 num_wic_held_batches,
 			      NvU32 max_batches)
 {
-	return uvm_wic_run_replays(status != NV_OK, num_batches, num_wic_held_batches, max_batches,
-				   overflow_seen);
+	if (uvm_wic_run_final_replay(status != NV_OK, num_batches, num_wic_held_batches,
+				     max_batches, overflow_seen,
+				     !g_uvm_global.conf_computing_enabled) == UVM_WIC_REPLAY_NOW)
+		return true;
+
+	wic_defer_replay(parent_gpu);
+	return false;
 }
 
 /**
@@ -347,10 +521,16 @@ int uvm_wic_register(const struct uvm_wic_ops *ops)
 		return -EINVAL;
 
 	mutex_lock(&wic_lock);
-	if (rcu_dereference_protected(wic_ops, lockdep_is_held(&wic_lock)))
+	if (rcu_dereference_protected(wic_ops, lockdep_is_held(&wic_lock))) {
 		ret = -EBUSY;
-	else
-		rcu_assign_pointer(wic_ops, ops);
+	} else {
+		/* Before the callbacks: a run can defer its replay as soon as they hold a fault. */
+		wic_deferred_wq = alloc_workqueue("uvm_wic", WQ_UNBOUND, 0);
+		if (wic_deferred_wq)
+			rcu_assign_pointer(wic_ops, ops);
+		else
+			ret = -ENOMEM;
+	}
 	mutex_unlock(&wic_lock);
 
 	return ret;
@@ -419,8 +599,13 @@ void uvm_wic_unregister(const struct uvm_wic_ops *ops)
 	WARN_ON_ONCE(!removed);
 	synchronize_rcu();
 
-	if (removed)
-		UVM_ENTRY_VOID(wic_replay_all());
+	if (!removed)
+		return;
+	/* No run queues a deferred replay now (wic_defer_replay()): the replay below does it. */
+	cancel_delayed_work_sync(&wic_deferred_work);
+	destroy_workqueue(wic_deferred_wq);
+	wic_deferred_wq = NULL;
+	UVM_ENTRY_VOID(wic_replay_all());
 }
 EXPORT_SYMBOL_GPL(uvm_wic_unregister);
 

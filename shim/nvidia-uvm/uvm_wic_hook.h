@@ -37,7 +37,8 @@ bool uvm_wic_active(void);
 bool uvm_wic_classify_batch(uvm_gpu_t *gpu, uvm_fault_service_batch_context_t *batch_context);
 
 /**
- * uvm_wic_run_needs_replay() - whether a bottom-half run still needs its final replay
+ * uvm_wic_run_needs_replay() - whether a bottom-half run issues its final replay now
+ * @parent_gpu: the GPU whose fault buffer the run serviced
  * @overflow_seen: the GPU's &uvm_replayable_fault_buffer_struct.overflow_seen (the field that
  *	holds the buffer changed its name within the 570 branch, so the call site reads it)
  * @status: the run's status
@@ -46,17 +47,26 @@ bool uvm_wic_classify_batch(uvm_gpu_t *gpu, uvm_fault_service_batch_context_t *b
  * @max_batches: the most batches a run services (uvm_perf_fault_max_batches_per_service)
  *
  * Called, with the ISR lock held, where the run would issue the replay that makes sure faults
- * dropped from the buffer fault again. A run made only of held faults skips it, since the replay
- * would only make every held fault fault again, unless faults may have been dropped: the buffer
- * overflowed or was found full since the last START replay (@overflow_seen), the run stopped on @max_batches (a
- * backlog), or it failed.
+ * dropped from the buffer fault again. uvm_wic_run_final_replay() (uvm_wic.h) decides; a run
+ * whose replay it defers gets one UVM_WIC_DEFERRED_REPLAY_MS later, unless a START replay of
+ * @parent_gpu comes first (uvm_wic_replayed()).
  *
- * Return: false only for a run of held faults that cannot have dropped any.
+ * Return: true when the run replays now, false when its replay was deferred.
  */
-bool uvm_wic_run_needs_replay(bool overflow_seen,
+bool uvm_wic_run_needs_replay(uvm_parent_gpu_t *parent_gpu,
+			      bool overflow_seen,
 			      NV_STATUS status,
 			      NvU32 num_batches,
 			      NvU32 num_wic_held_batches,
 			      NvU32 max_batches);
+
+/**
+ * uvm_wic_replayed() - a START replay was pushed on @parent_gpu
+ * @parent_gpu: the GPU
+ *
+ * Every stalled access of the GPU retries: a deferred replay of it is no longer needed.
+ * Called from push_replay_on_gpu() with the ISR lock held.
+ */
+void uvm_wic_replayed(uvm_parent_gpu_t *parent_gpu);
 
 #endif /* _UVM_WIC_HOOK_H */

@@ -66,6 +66,13 @@
 
 static bool strict_write = true;
 module_param(strict_write, bool, 0644);
+/*
+ * Confidential Computing: nvidia-uvm sees GSP-RM's shadow of the fault buffer, not the
+ * hardware's registers, so its latch never sees the OVERFLOW bit.
+ */
+static bool conf_computing;
+module_param(conf_computing, bool, 0644);
+MODULE_PARM_DESC(conf_computing, "Model Confidential Computing: the OVERFLOW bit is never seen");
 MODULE_PARM_DESC(strict_write,
 		 "uvm_wic_write() fails with -EBUSY on pages mapped on a fake GPU (default: on)");
 
@@ -777,13 +784,18 @@ struct wic_warp {
 };
 
 /**
- * struct wic_hw_gpu - a fake GPU's replayable-fault hardware
+ * struct wic_hw_gpu - a fake GPU's replayable-fault hardware, and nvidia-uvm's view of it
  * @stalled: its stalled warps, in stall order (rotated at each replay)
  * @nr_stalled: entries in @stalled
  * @buffer: the fault buffer, a ring of @count warps' faults from @get
  * @get: the oldest entry of @buffer
  * @count: entries in @buffer
- * @overflow_seen: a fault was dropped since the last replay
+ * @overflow: the hardware's OVERFLOW bit (GET and PUT registers): set when a fault is dropped;
+ *	while it is set every new fault is dropped, until software clears it with a GET write
+ * @overflow_seen: nvidia-uvm's latch of @overflow (the patch's overflow_seen), set only where
+ *	the patched driver reads the bit (the PUT read of a fetch, and the GET write before its
+ *	clear), cleared by a START replay
+ * @deferred_due: when the deferred final replay is due (ktime_get_ns()), 0 when none is armed
  * @dropped: faults dropped, since the current ioctl began
  * @replays: replays, since the current ioctl began
  */
@@ -793,7 +805,9 @@ struct wic_hw_gpu {
 	struct wic_warp *buffer[WIC_FAKEGPU_HW_BUFFER];
 	u32 get;
 	u32 count;
+	bool overflow;
 	bool overflow_seen;
+	u64 deferred_due;
 	u32 dropped;
 	u32 replays;
 };
@@ -801,6 +815,8 @@ struct wic_hw_gpu {
 static DEFINE_MUTEX(wic_hw_lock);
 static struct wic_hw_gpu *wic_hw[WIC_FAKEGPU_NR_GPUS];
 static u32 wic_nr_warps;
+static void wic_hw_deferred(struct work_struct *work);
+static DECLARE_DELAYED_WORK(wic_hw_deferred_work, wic_hw_deferred);
 
 /* The hardware of @gpu_id; allocated at its first warp with @create, else NULL until then. */
 static struct wic_hw_gpu *wic_hw_gpu(u32 gpu_id, bool create)
@@ -818,11 +834,15 @@ static struct wic_hw_gpu *wic_hw_gpu(u32 gpu_id, bool create)
 	return hw;
 }
 
-/* A warp's fault goes into the buffer, or is dropped when the buffer is full. */
+/*
+ * A warp's fault goes into the buffer, or is dropped when the buffer is full or its OVERFLOW bit
+ * is still set: "it will not deliver any more faults into the buffer until the overflow
+ * condition has been cleared" (uvm_hal_volta_fault_buffer_write_get()).
+ */
 static void wic_hw_raise(u32 gpu_id, struct wic_hw_gpu *hw, struct wic_warp *warp)
 {
-	if (hw->count == WIC_FAKEGPU_HW_BUFFER) {
-		hw->overflow_seen = true;
+	if (hw->overflow || hw->count == WIC_FAKEGPU_HW_BUFFER) {
+		hw->overflow = true;
 		hw->dropped++;
 		wic_log_event(WIC_FAKEGPU_EVENT_DROPPED, gpu_id, warp->va, WIC_FAKEGPU_PAGE_SIZE, 0);
 		return;
@@ -851,8 +871,38 @@ static void wic_warp_free(struct wic_hw_gpu *hw, struct wic_warp *warp)
 }
 
 /*
- * A replay: the buffer is flushed, the warps whose pages are mapped resume and every other
- * one faults again, from one warp further along the stall order than the last replay.
+ * nvidia-uvm reads the OVERFLOW bit, with the hook's latch: not under Confidential Computing,
+ * where it sees GSP-RM's shadow of the buffer.
+ */
+static void wic_hw_latch(struct wic_hw_gpu *hw)
+{
+	if (hw->overflow && !conf_computing && rcu_access_pointer(wic_ops))
+		hw->overflow_seen = true;
+}
+
+/*
+ * nvidia-uvm's GET write (write_get()): the pointer moves past @n fetched entries, the hook's
+ * latch reads the bit, then the bit is cleared (by GSP-RM under Confidential Computing).
+ * @late (@nr_late of them) stall between that read and the clear: the race the latch loses.
+ */
+static void wic_hw_write_get(u32 gpu_id, struct wic_hw_gpu *hw, u32 n, struct wic_warp **late,
+			     u32 nr_late)
+{
+	u32 i;
+
+	hw->get = (hw->get + n) % WIC_FAKEGPU_HW_BUFFER;
+	hw->count -= n;
+	wic_hw_latch(hw);
+	for (i = 0; i < nr_late; i++)
+		wic_hw_raise(gpu_id, hw, late[i]);
+	hw->overflow = false;
+}
+
+/*
+ * A replay: the buffer is flushed (a GET write past every entry), a START replay is pushed
+ * (the latch and any deferred replay cleared), the warps whose pages are mapped resume and
+ * every other one faults again, from one warp further along the stall order than the last
+ * replay.
  */
 static void wic_hw_replay(u32 gpu_id, struct wic_hw_gpu *hw)
 {
@@ -860,8 +910,9 @@ static void wic_hw_replay(u32 gpu_id, struct wic_hw_gpu *hw)
 
 	wic_log_event(WIC_FAKEGPU_EVENT_REPLAY, gpu_id, 0, 0, 0);
 	hw->replays++;
+	wic_hw_write_get(gpu_id, hw, hw->count, NULL, 0);
 	hw->overflow_seen = false;
-	hw->count = 0;
+	hw->deferred_due = 0;
 	if (list_empty(&hw->stalled))
 		return;
 	list_rotate_left(&hw->stalled);
@@ -891,22 +942,22 @@ static void wic_replay_gpu(u32 gpu_id)
 }
 
 /*
- * One batch of the bottom half: fetched, classified under the ISR lock; unless every fault of
- * it is held, its passed faults are serviced and it ends with a replay (BATCH_FLUSH). Returns
- * whether every fault was held.
+ * One batch of the bottom half: fetched (PUT read and latched, entries taken, GET written,
+ * @late stalling in its race), classified under the ISR lock; unless every fault of it is held,
+ * its passed faults are serviced and it ends with a replay (BATCH_FLUSH). Returns whether every
+ * fault was held.
  */
-static bool wic_hw_batch(u32 gpu_id, struct wic_hw_gpu *hw)
+static bool wic_hw_batch(u32 gpu_id, struct wic_hw_gpu *hw, struct wic_warp **late, u32 nr_late)
 {
 	struct uvm_wic_fault faults[WIC_FAKEGPU_HW_BATCH];
 	struct wic_warp *batch[WIC_FAKEGPU_HW_BATCH];
 	u8 held[WIC_FAKEGPU_HW_BATCH];
 	u32 n = min_t(u32, hw->count, WIC_FAKEGPU_HW_BATCH), i, nr_held = 0;
 
-	for (i = 0; i < n; i++) {
-		batch[i] = hw->buffer[hw->get];
-		hw->get = (hw->get + 1) % WIC_FAKEGPU_HW_BUFFER;
-	}
-	hw->count -= n;
+	wic_hw_latch(hw);
+	for (i = 0; i < n; i++)
+		batch[i] = hw->buffer[(hw->get + i) % WIC_FAKEGPU_HW_BUFFER];
+	wic_hw_write_get(gpu_id, hw, n, late, nr_late);
 
 	for (i = 0; i < n; i++) {
 		faults[i] = (struct uvm_wic_fault){
@@ -931,31 +982,77 @@ static bool wic_hw_batch(u32 gpu_id, struct wic_hw_gpu *hw)
 	return false;
 }
 
-/* nvidia-uvm's bottom half, run after run while the buffer has faults. */
-static void wic_hw_bottom_half(u32 gpu_id, struct wic_hw_gpu *hw)
+/*
+ * nvidia-uvm's bottom half, run after run while the buffer has faults; @late (@nr_late warps)
+ * stall in the race of the first fetch's GET write. A run's final replay, when no batch of it
+ * replayed, is issued now or deferred as uvm_wic_run_final_replay() says; a deferred one is
+ * run by wic_hw_deferred_work, unless a replay comes first.
+ */
+static void wic_hw_bottom_half(u32 gpu_id, struct wic_hw_gpu *hw, struct wic_warp **late,
+			       u32 nr_late)
 {
 	u32 runs;
 
+	/* No fetch to race: they stall at once. */
+	for (; !hw->count && nr_late; nr_late--)
+		wic_hw_raise(gpu_id, hw, *late++);
 	for (runs = 0; hw->count && runs < WIC_FAKEGPU_HW_MAX_RUNS; runs++) {
 		u32 batches = 0, held_batches = 0, replays = hw->replays;
 
 		while (hw->count && batches < WIC_FAKEGPU_HW_MAX_BATCHES) {
 			batches++;
-			held_batches += wic_hw_batch(gpu_id, hw);
+			held_batches += wic_hw_batch(gpu_id, hw, late, nr_late);
+			nr_late = 0;
 		}
-		/* The final replay of a run in which no batch replayed. */
-		if (hw->replays == replays &&
-		    uvm_wic_run_replays(false, batches, held_batches, WIC_FAKEGPU_HW_MAX_BATCHES,
-					hw->overflow_seen))
+		if (hw->replays != replays)
+			continue;
+		if (uvm_wic_run_final_replay(false, batches, held_batches,
+					     WIC_FAKEGPU_HW_MAX_BATCHES, hw->overflow_seen,
+					     !conf_computing) == UVM_WIC_REPLAY_NOW) {
 			wic_hw_replay(gpu_id, hw);
+		} else if (!hw->deferred_due) {
+			hw->deferred_due = ktime_get_ns() +
+					   (u64)UVM_WIC_DEFERRED_REPLAY_MS * NSEC_PER_MSEC;
+			queue_delayed_work(system_wq, &wic_hw_deferred_work,
+					   msecs_to_jiffies(UVM_WIC_DEFERRED_REPLAY_MS));
+		}
 	}
 }
 
-/* Forgets the warps of @space: its file is going away. */
+/* Runs the deferred replays that are due, and comes back for those that are not yet. */
+static void wic_hw_deferred(struct work_struct *work)
+{
+	u64 now = ktime_get_ns(), next = 0;
+	u32 gpu_id;
+
+	mutex_lock(&wic_hw_lock);
+	for (gpu_id = 1; gpu_id <= WIC_FAKEGPU_NR_GPUS; gpu_id++) {
+		struct wic_hw_gpu *hw = wic_hw_gpu(gpu_id, false);
+
+		if (!hw || !hw->deferred_due)
+			continue;
+		if (hw->deferred_due <= now)
+			wic_hw_replay(gpu_id, hw);
+		else if (!next || hw->deferred_due < next)
+			next = hw->deferred_due;
+	}
+	mutex_unlock(&wic_hw_lock);
+	if (next)
+		queue_delayed_work(system_wq, &wic_hw_deferred_work,
+				   nsecs_to_jiffies(next - now) + 1);
+}
+
+/*
+ * The space's file is going away: as nvidia-uvm's teardown (uvm_va_space_mm_shutdown()) stops
+ * its channels, its warps are gone, and every GPU where it had one has its fault buffer flushed
+ * and replayed (uvm_gpu_fault_buffer_flush(): the GET write clears OVERFLOW, and the warps of
+ * other spaces fault again).
+ */
 static void wic_hw_forget(struct uvm_wic_space *space)
 {
 	struct wic_warp *warp, *next;
-	u32 gpu_id, i, kept;
+	bool had;
+	u32 gpu_id;
 
 	mutex_lock(&wic_hw_lock);
 	for (gpu_id = 1; gpu_id <= WIC_FAKEGPU_NR_GPUS; gpu_id++) {
@@ -963,15 +1060,15 @@ static void wic_hw_forget(struct uvm_wic_space *space)
 
 		if (!hw)
 			continue;
-		for (i = 0, kept = 0; i < hw->count; i++) {
-			warp = hw->buffer[(hw->get + i) % WIC_FAKEGPU_HW_BUFFER];
-			if (warp->space != space)
-				hw->buffer[(hw->get + kept++) % WIC_FAKEGPU_HW_BUFFER] = warp;
-		}
-		hw->count = kept;
-		list_for_each_entry_safe(warp, next, &hw->stalled, node)
-			if (warp->space == space)
+		had = false;
+		list_for_each_entry_safe(warp, next, &hw->stalled, node) {
+			if (warp->space == space) {
 				wic_warp_free(hw, warp);
+				had = true;
+			}
+		}
+		if (had)
+			wic_hw_replay(gpu_id, hw);
 	}
 	mutex_unlock(&wic_hw_lock);
 }
@@ -1018,6 +1115,7 @@ static u32 wic_hw_reset_channel(u32 gpu_id)
 	/* The last warp may have resumed since the switch looked: then the switch is done. */
 	if (hw && hw->nr_stalled) {
 		hw->count = 0;
+		hw->overflow = false;
 		hw->overflow_seen = false;
 		list_for_each_entry_safe(warp, next, &hw->stalled, node) {
 			wic_log_event(WIC_FAKEGPU_EVENT_CHANNEL_RESET, gpu_id, warp->va,
@@ -1066,23 +1164,29 @@ static long wic_ioctl_warps(struct uvm_wic_space *space, struct wic_fakegpu_warp
 			    bool bottom_half)
 {
 	struct wic_fakegpu_warps args;
+	struct wic_warp **late = NULL;
 	struct wic_hw_gpu *hw;
+	u32 i, nr_late = 0;
 	u8 *raw = NULL;
 	long ret = 0;
-	u32 i;
 
 	if (copy_from_user(&args, uarg, sizeof(args)))
 		return -EFAULT;
 	if (!wic_gpu_valid(args.gpu_id))
 		return -ENODEV;
-	if (args.reserved || (bottom_half && (args.count || args.entries)) ||
-	    (!bottom_half && (!args.count || args.count > WIC_FAKEGPU_MAX_INJECT)))
+	if (args.reserved || (!bottom_half && !args.count) ||
+	    args.count > WIC_FAKEGPU_MAX_INJECT || (!args.count && args.entries))
 		return -EINVAL;
-	if (!bottom_half) {
+	if (args.count) {
+		late = kcalloc(args.count, sizeof(*late), GFP_KERNEL);
+		if (!late)
+			return -ENOMEM;
 		raw = vmemdup_user(u64_to_user_ptr(args.entries),
 				   (size_t)args.count * WIC_FAKEGPU_FAULT_ENTRY_SIZE);
-		if (IS_ERR(raw))
+		if (IS_ERR(raw)) {
+			kfree(late);
 			return PTR_ERR(raw);
+		}
 		/* A prefetch stalls no warp: nvidia-uvm never replays one. */
 		for (i = 0; i < args.count; i++)
 			if (wic_fault_prefetch(raw + (size_t)i * WIC_FAKEGPU_FAULT_ENTRY_SIZE))
@@ -1090,14 +1194,14 @@ static long wic_ioctl_warps(struct uvm_wic_space *space, struct wic_fakegpu_warp
 	}
 
 	mutex_lock(&wic_hw_lock);
-	hw = wic_hw_gpu(args.gpu_id, !bottom_half);
-	if (!hw && !bottom_half && !ret)
+	hw = wic_hw_gpu(args.gpu_id, args.count);
+	if (!hw && args.count && !ret)
 		ret = -ENOMEM;
 	if (hw) {
 		hw->dropped = 0;
 		hw->replays = 0;
 	}
-	for (i = 0; !bottom_half && !ret && i < args.count; i++) {
+	for (i = 0; !ret && i < args.count; i++) {
 		struct wic_warp *warp;
 
 		if (wic_nr_warps >= WIC_FAKEGPU_MAX_WARPS) {
@@ -1115,15 +1219,19 @@ static long wic_ioctl_warps(struct uvm_wic_space *space, struct wic_fakegpu_warp
 		list_add_tail(&warp->node, &hw->stalled);
 		hw->nr_stalled++;
 		wic_nr_warps++;
-		wic_hw_raise(args.gpu_id, hw, warp);
+		if (bottom_half)
+			late[nr_late++] = warp;
+		else
+			wic_hw_raise(args.gpu_id, hw, warp);
 	}
-	if (hw && bottom_half)
-		wic_hw_bottom_half(args.gpu_id, hw);
+	if (hw && bottom_half && !ret)
+		wic_hw_bottom_half(args.gpu_id, hw, late, nr_late);
 	args.stalled = hw ? hw->nr_stalled : 0;
 	args.dropped = hw ? hw->dropped : 0;
 	args.replays = hw ? hw->replays : 0;
 	mutex_unlock(&wic_hw_lock);
 	kvfree(raw);
+	kfree(late);
 	if (!ret && copy_to_user(uarg, &args, sizeof(args)))
 		ret = -EFAULT;
 	return ret;
@@ -1811,6 +1919,7 @@ static void __exit wic_fakegpu_exit(void)
 	u32 gpu_id;
 
 	misc_deregister(&wic_fakegpu_dev);
+	cancel_delayed_work_sync(&wic_hw_deferred_work);
 	for (gpu_id = 0; gpu_id < WIC_FAKEGPU_NR_GPUS; gpu_id++)
 		kfree(wic_hw[gpu_id]);
 	if (rcu_access_pointer(wic_ops))

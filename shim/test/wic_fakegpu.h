@@ -32,11 +32,16 @@
  *
  * The replayable-fault hardware is modelled too, for what wic_shim cannot see through
  * WIC_FAKEGPU_IOC_INJECT: warps (WIC_FAKEGPU_IOC_WARPS) stall on their pages and write their
- * faults into their GPU's bounded fault buffer, which drops faults once full (they come back
- * only with a replay); a bottom half (WIC_FAKEGPU_IOC_BOTTOM_HALF) fetches, classifies and
- * services them in batches as nvidia-uvm does, with the patched driver's replay rule
- * (uvm_wic_run_replays() of uvm_wic.h); and every replay resumes the stalled warps whose pages
- * are mapped and makes every other one fault again. So is the rule that a held replayable fault
+ * faults into their GPU's bounded fault buffer, which drops faults once full and sets its
+ * OVERFLOW bit, after which it drops every fault until software clears the bit (dropped faults
+ * come back only with a replay); a bottom half (WIC_FAKEGPU_IOC_BOTTOM_HALF) fetches,
+ * classifies and services them in batches as nvidia-uvm does, seeing the OVERFLOW bit only
+ * where the patched driver reads it (the PUT read of a fetch, the GET write just before the
+ * bit's clear; never with the module parameter conf_computing, as under Confidential
+ * Computing), with the patched driver's final-replay rule (uvm_wic_run_final_replay() of
+ * uvm_wic.h: now, or UVM_WIC_DEFERRED_REPLAY_MS later unless a replay comes first); and every
+ * replay resumes the stalled warps whose pages are mapped and makes every other one fault
+ * again. So is the rule that a held replayable fault
  * blocks preemption of its channel (WIC_FAKEGPU_IOC_PREEMPT): a context switch on a GPU waits
  * while a warp is stalled there, and RM resets the channel when it waits past its timeout.
  *
@@ -295,29 +300,38 @@ struct wic_fakegpu_gpu_store {
  *	or a GPU's bottom half runs (WIC_FAKEGPU_IOC_BOTTOM_HALF)
  * @gpu_id: in: the GPU
  * @count: WIC_FAKEGPU_IOC_WARPS: in: warps, 1 .. WIC_FAKEGPU_MAX_INJECT;
- *	WIC_FAKEGPU_IOC_BOTTOM_HALF: in: must be 0
- * @entries: WIC_FAKEGPU_IOC_WARPS: in: user pointer to @count raw fault entries, one per warp
- *	(as struct wic_fakegpu_inject's); WIC_FAKEGPU_IOC_BOTTOM_HALF: in: must be 0
+ *	WIC_FAKEGPU_IOC_BOTTOM_HALF: in: warps that stall in the race of the first fetch, 0 ..
+ *	WIC_FAKEGPU_MAX_INJECT
+ * @entries: in: user pointer to @count raw fault entries, one per warp (as struct
+ *	wic_fakegpu_inject's); 0 when @count is
  * @stalled: out: warps of any space stalled on @gpu_id once the call is done
  * @dropped: out: faults the buffer dropped during the call
  * @replays: out: replays of @gpu_id during the call
  * @reserved: in: must be 0
  *
  * WIC_FAKEGPU_IOC_WARPS: each warp stalls on its entry's page and writes the entry into the
- * GPU's fault buffer of WIC_FAKEGPU_HW_BUFFER entries; into a full buffer it is dropped
- * (WIC_FAKEGPU_EVENT_DROPPED) and the overflow is latched, and the warp stays stalled until a
- * replay. Nothing is classified yet: the interrupt is pending.
+ * GPU's fault buffer of WIC_FAKEGPU_HW_BUFFER entries; into a full buffer, or while the
+ * OVERFLOW bit is set, it is dropped (WIC_FAKEGPU_EVENT_DROPPED; the bit set), and the warp
+ * stays stalled until a replay. Nothing is classified yet: the interrupt is pending.
  *
  * WIC_FAKEGPU_IOC_BOTTOM_HALF: runs until the buffer is empty, at most WIC_FAKEGPU_HW_MAX_RUNS
  * runs. A run fetches batches of up to WIC_FAKEGPU_HW_BATCH faults, at most
- * WIC_FAKEGPU_HW_MAX_BATCHES of them, and classifies each batch as nvidia-uvm does. A batch
- * made only of held faults is left alone; any other has its passed faults serviced (page mapped
- * on the GPU, WIC_FAKEGPU_EVENT_SERVICED) and ends with a replay, as under nvidia-uvm's default
- * policy (BATCH_FLUSH). A run ends with a replay when uvm_wic_run_replays() says so, the
- * overflow latch being what it is then.
+ * WIC_FAKEGPU_HW_MAX_BATCHES of them, and classifies each batch as nvidia-uvm does. A fetch
+ * reads PUT (the latch sees a set OVERFLOW bit), takes its entries and writes GET: the pointer
+ * first, then the latch reads the bit once more, then the bit is cleared. The @count warps of
+ * this file's space stall between that read and the clear of the first fetch (at once when the
+ * buffer is empty): a fault they drop sets the bit only for the clear to erase it unseen, the
+ * race nvidia-uvm's latch cannot win. A batch made only of held faults is left alone; any other
+ * has its passed faults serviced (page mapped on the GPU, WIC_FAKEGPU_EVENT_SERVICED) and ends
+ * with a replay, as under nvidia-uvm's default policy (BATCH_FLUSH). A run in which no batch
+ * replayed ends with a replay when uvm_wic_run_final_replay() says now, the latch being what it
+ * is then; when it says deferred, the fake replays the GPU UVM_WIC_DEFERRED_REPLAY_MS later from
+ * a work of its own (counted in the @replays of the call that runs then, if any), unless a
+ * replay comes first.
  *
- * A replay (the bottom half's, uvm_wic_replay(), uvm_wic_unregister()) logs
- * WIC_FAKEGPU_EVENT_REPLAY, clears the overflow latch, empties the buffer, resumes every warp
+ * A replay (the bottom half's, a deferred one, uvm_wic_replay(), uvm_wic_unregister()) logs
+ * WIC_FAKEGPU_EVENT_REPLAY, flushes the buffer (a GET write past every entry: latched and
+ * cleared as above), clears the latch and any deferred replay, resumes every warp
  * stalled on the GPU whose page is mapped there (WIC_FAKEGPU_EVENT_RESUMED) and makes every
  * other one fault again into the buffer, in stall order rotated by one more warp at each
  * replay (the hardware's order is not specified; a fixed one could drop the same warp every

@@ -1,7 +1,7 @@
 //! wic's kernel modules in a real kernel: Debian's kernel booted under qemu (tests/vm/run.sh)
 //! with wic_fakegpu.ko and wic_shim.ko loaded, and the scenarios of `wic-vmtest` run against
 //! them (a held fault delivered byte for byte, a PAT fault, a daemon killed with faults held,
-//! hostile ioctls, fault storms past the ring and the held table, a fault buffer full of held faults dropping another application's fault, a fault the daemon never completes completed by the module after `max_hold_ms`, a held fault keeping a context switch waiting until the module's default bound ends it, and the real wicd serving a libwic application on the shim backend). A warning, oops or panic logged by the kernel fails the test as surely as a
+//! hostile ioctls, fault storms past the ring and the held table, a fault buffer full of held faults dropping another application's fault, a fault dropped in the OVERFLOW latch's race brought back by the deferred replay, a fault the daemon never completes completed by the module after `max_hold_ms`, a held fault keeping a context switch waiting until the module's default bound ends it, and the real wicd serving a libwic application on the shim backend). A warning, oops or panic logged by the kernel fails the test as surely as a
 //! failed scenario.
 
 use std::path::Path;
@@ -27,9 +27,18 @@ fn the_modules_hold_and_complete_faults_in_a_real_kernel() {
             run.report()
         );
     }
-    for scenario in
-        ["deliver", "daemon-death", "hostile", "storms", "overflow", "closing", "max-hold", "preemption", "service"]
-    {
+    for scenario in [
+        "deliver",
+        "daemon-death",
+        "hostile",
+        "storms",
+        "overflow",
+        "race",
+        "closing",
+        "max-hold",
+        "preemption",
+        "service",
+    ] {
         assert!(
             run.console.contains(&format!("PASS {scenario}")),
             "scenario {scenario} did not pass:\n{}",

@@ -410,8 +410,16 @@ impl FakeGpu {
 
     /// Runs `gpu`'s bottom half until its fault buffer is empty; what it did.
     pub fn bottom_half(&self, gpu: u32) -> io::Result<Warps> {
-        let mut arg = Warps { gpu_id: gpu, ..Default::default() };
-        // SAFETY: checked ABI; `arg` is valid for reads and writes.
+        self.bottom_half_racing(gpu, &[])
+    }
+
+    /// Runs `gpu`'s bottom half as [`FakeGpu::bottom_half`] does, while warps of this space
+    /// stall on `late` in the race of its first fetch: between nvidia-uvm's last read of the
+    /// buffer's OVERFLOW bit and its clear, so that a fault they drop is never seen.
+    pub fn bottom_half_racing(&self, gpu: u32, late: &[RawFaultEntry]) -> io::Result<Warps> {
+        let entries = if late.is_empty() { 0 } else { late.as_ptr() as u64 };
+        let mut arg = Warps { gpu_id: gpu, count: late.len() as u32, entries, ..Default::default() };
+        // SAFETY: checked ABI; `late` holds `count` elements for the call.
         check(unsafe { ioc_bottom_half(self.file.as_raw_fd(), &mut arg) })?;
         Ok(arg)
     }

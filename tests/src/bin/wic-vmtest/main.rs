@@ -3,7 +3,7 @@
 //! (crate wic-kmod) and engine.
 //!
 //! Usage: `wic-vmtest SCENARIO...` with scenarios `deliver`, `daemon-death`, `hostile`,
-//! `storms`, `overflow`, `closing`, `max-hold`, `preemption`, `service` (needs `wicd` on the PATH), `bench` or `all` (all but `bench`). Prints `PASS name` or `FAIL name: why` per scenario
+//! `storms`, `overflow`, `race`, `closing`, `max-hold`, `preemption`, `service` (needs `wicd` on the PATH), `bench` or `all` (all but `bench`). Prints `PASS name` or `FAIL name: why` per scenario
 //! and exits non-zero if any failed. `bench` prints its results as a file block for the
 //! harness (`WIC-VM-FILE-BEGIN kernel-bench.json`).
 
@@ -15,6 +15,7 @@ mod hostile;
 mod maxhold;
 mod overflow;
 mod preemption;
+mod race;
 mod rig;
 mod service;
 mod storms;
@@ -34,6 +35,7 @@ fn main() -> ExitCode {
             "hostile",
             "storms",
             "overflow",
+            "race",
             "closing",
             "max-hold",
             "preemption",
@@ -48,12 +50,13 @@ fn main() -> ExitCode {
             "hostile" => hostile::run(),
             "storms" => storms::run(),
             "overflow" => overflow::run(),
+            "race" => race::run(),
             "closing" => closing::run(),
             "max-hold" => maxhold::run(),
             "preemption" => preemption::run(),
             "service" => service::run(),
             "bench" => bench::run(),
-            other => Err(format!("unknown scenario {other:?} (deliver, daemon-death, hostile, storms, overflow, closing, max-hold, preemption, service, bench, all)")),
+            other => Err(format!("unknown scenario {other:?} (deliver, daemon-death, hostile, storms, overflow, race, closing, max-hold, preemption, service, bench, all)")),
         };
         match result {
             Ok(()) => println!("PASS {name}"),

@@ -93,6 +93,7 @@ fn steps() -> Result<(), String> {
     ensure(took <= SLACK, || format!("a bound lowered from 60 s applied only after {took:?}"))?;
     check_page(&fake, &memory, &events, va)?;
     one_refused_fault_holds_back_no_other(&fake, &memory, &mut device, space)?;
+    a_fault_past_the_ring_or_the_table_is_bounded(&fake, &mut device, space)?;
     an_unmappable_page_is_passed_once(&fake, &memory, &mut device, space)?;
     a_whole_run_expires_as_wicd_would_end_it(&fake, &memory, &mut device, space)
 }
@@ -242,6 +243,78 @@ fn one_refused_fault_holds_back_no_other(
     let state = fake.page_state(OTHER_GPU, refused).map_err(|e| format!("page state: {e}"))?;
     ensure(state & fakegpu::PAGE_MAPPED == 0, || "the refused fault's page was mapped on its GPU".into())?;
     set(0)?;
+    fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))
+}
+
+/// Every held fault is bounded, recorded or not. Past a full ring a fault is entered in the held
+/// table unrecorded, and expires like any other. Past a full table it is held without an entry:
+/// half the bound after it, the expiry completes the table's faults (none could be freed) and
+/// replays the GPU, and the fault, coming back, takes an entry with its first hold's age, so
+/// that it is completed within the bound and a period, not a second bound later.
+fn a_fault_past_the_ring_or_the_table_is_bounded(
+    fake: &FakeGpu,
+    device: &mut Device,
+    space: u32,
+) -> Result<(), String> {
+    /// Long enough to tell one bound from two under the VM's scheduling.
+    const LONG_BOUND: Duration = Duration::from_millis(1000);
+    set(0)?;
+    fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
+    let limits = device.limits();
+    let (ring, table) = (u64::from(limits.ring_entries), u64::from(limits.max_held));
+    let memory = Memory::new(fake, ((table + 1) * PAGE) as usize)?;
+    let base = memory.base();
+    let range = device
+        .register(space, kabi::WIC_RANGE_PCM, base, (table + 1) * PAGE, 0)
+        .map_err(|e| format!("register: {e}"))?;
+    let pages = |from: u64, to: u64| (from..to).map(|i| fault(base + i * PAGE, AccessType::Read)).collect::<Vec<_>>();
+    let hold_all = |faults: &[wic_engine::RawFaultEntry]| -> Result<(), String> {
+        let (verdicts, _) = fake.inject(GPU, faults).map_err(|e| format!("inject: {e}"))?;
+        ensure(verdicts.iter().all(|&v| v == fakegpu::VERDICT_HOLD), || "a fault on a wic page was not held".into())
+    };
+
+    // The ring fills (wicd reads nothing); one fault more is held, entered, not recorded.
+    hold_all(&pages(0, ring))?;
+    let dropped = device.ring().dropped();
+    let past_ring = base + ring * PAGE;
+    let held = Instant::now();
+    inject(fake, past_ring)?;
+    ensure(device.ring().dropped() == dropped + 1, || "the fault past the full ring was not counted".into())?;
+    set(BOUND.as_millis() as u32)?;
+    wait_events(fake, BOUND + SLACK * 4, |seen| completed(seen, past_ring).is_some())
+        .map_err(|_| "the fault held past a full ring never expired".to_string())?;
+    let took = held.elapsed();
+    ensure(took <= BOUND + SLACK, || format!("the fault past the full ring expired only after {took:?}"))?;
+    set(0)?;
+    read_ring(device);
+    fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
+
+    // The table fills (wicd reads the ring); one fault more is held without an entry.
+    for chunk in pages(0, table).chunks(ring as usize) {
+        hold_all(chunk)?;
+        read_ring(device);
+    }
+    let past_table = base + table * PAGE;
+    let held = Instant::now();
+    inject(fake, past_table)?;
+    set(LONG_BOUND.as_millis() as u32)?;
+    // The relief's replay; then the fault comes back, as its warp would.
+    wait_events(fake, LONG_BOUND + SLACK * 4, |seen| {
+        seen.iter().any(|e| e.kind == fakegpu::EVENT_REPLAY && e.gpu_id == GPU)
+    })
+    .map_err(|_| "no replay for the fault held past a full table".to_string())?;
+    let relieved = held.elapsed();
+    inject(fake, past_table)?;
+    wait_events(fake, LONG_BOUND * 2 + SLACK * 4, |seen| completed(seen, past_table).is_some())
+        .map_err(|_| "the fault held past a full table never expired".to_string())?;
+    let took = held.elapsed();
+    set(0)?;
+    ensure(took <= LONG_BOUND + LONG_BOUND / 4 + SLACK / 2, || {
+        format!("the fault past the full table expired {took:?} after its first hold (its GPU replayed after {relieved:?}): more than the bound {LONG_BOUND:?} and a period")
+    })?;
+    println!("max-hold: faults past a full ring and a full table completed within the bound ({took:?} past the table, bound {LONG_BOUND:?})");
+    read_ring(device);
+    device.unregister(range).map_err(|e| format!("unregister: {e}"))?;
     fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))
 }
 

@@ -1,0 +1,194 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * wic_hold.h - what wic_shim does with a fault, and how long it may hold one: the rules alone,
+ * with no kernel call, no lock and no clock (time is an argument).
+ *
+ * wic_shim.c applies them to its held table, ring and expiry work; the userspace checker
+ * (tests/hold/) applies the same functions to a model of the fault buffer, the held table, the
+ * ring and a daemon, explores interleavings and asserts that every held fault is completed
+ * within the bound and that no fault on a wic page is serviced without its data or a marker.
+ *
+ * Why holds must be bounded: a held replayable fault blocks preemption of its channel, and so
+ * the time-slicing of every other context on that GPU. The expiry work bounds the faults it can
+ * find in the held table; a fault held without an entry (the table full) it cannot find, so
+ * the rules below never let one wait past the same bound: the GPUs of such faults are replayed
+ * early enough (wic_hold_relief_due()) that the fault comes back, finds an entry, and carries
+ * its first hold's age into it (wic_hold_age()).
+ *
+ * u64 and bool come from the includer (the kernel, or the checker's compatibility header).
+ */
+#ifndef _WIC_HOLD_H
+#define _WIC_HOLD_H
+
+/**
+ * enum wic_hold_entry - what the held table has for a fault's (space, GPU, page)
+ * @WIC_HOLD_NO_ENTRY: nothing: the fault is new, or its last hold was completed
+ * @WIC_HOLD_RECORDED: an entry whose fault wicd was told of (a ring record)
+ * @WIC_HOLD_UNRECORDED: an entry whose fault was held while the ring was full, or while its
+ *	page was closing: wicd was not told
+ */
+enum wic_hold_entry {
+	WIC_HOLD_NO_ENTRY,
+	WIC_HOLD_RECORDED,
+	WIC_HOLD_UNRECORDED,
+};
+
+/**
+ * struct wic_hold_facts - what classify knows of a fault
+ * @wic_page: it is on a page of a registered PCM or PAT range (a source range's is not)
+ * @prefetch: every access coalesced into it is a prefetch
+ * @pass_once: the expiry released its (space, GPU, page) unmapped, its marker written, because
+ *	nvidia-uvm cannot map the page on that GPU: this fault is the warp's, to be serviced once
+ * @gpu_valid: its GPU id is one the shim can replay (1 to WIC_MAX_GPU_ID)
+ * @closing: its page is in the range WIC_IOC_UNREGISTER or WIC_IOC_DETACH is closing
+ * @entry: what the held table has for it
+ * @ring_room: the ring has room for a record
+ * @table_room: the held table has a free entry
+ */
+struct wic_hold_facts {
+	bool wic_page;
+	bool prefetch;
+	bool pass_once;
+	bool gpu_valid;
+	bool closing;
+	enum wic_hold_entry entry;
+	bool ring_room;
+	bool table_room;
+};
+
+/**
+ * enum wic_hold_action - classify's answer, and what it changes
+ * @WIC_HOLD_PASS: not held: nvidia-uvm services the fault
+ * @WIC_HOLD_QUIET: held, nothing entered: a prefetch (no warp waits on it and the GPU never
+ *	replays it, but serviced it would map the page before its data), or a fault whose entry
+ *	has it covered
+ * @WIC_HOLD_ENTER: held and entered in the table, not recorded (a closing page, which the
+ *	closing call completes, or a full ring: the entry is recorded when the fault comes back
+ *	to a ring with room, and the expiry bounds it meanwhile)
+ * @WIC_HOLD_ENTER_RECORD: held, entered and recorded
+ * @WIC_HOLD_RECORD: held; its unrecorded entry is recorded now
+ * @WIC_HOLD_UNTABLED: held without an entry: the table is full. Serviced, the warp would read
+ *	the page without its data; held, it comes back at its GPU's next replay, which
+ *	wic_hold_relief_due() brings soon enough
+ * @WIC_HOLD_INVALID_GPU: held without an entry and logged: a GPU id the shim cannot replay
+ *	(the hook's build ties the ids nvidia-uvm gives to WIC_MAX_GPU_ID, so never in practice)
+ */
+enum wic_hold_action {
+	WIC_HOLD_PASS,
+	WIC_HOLD_QUIET,
+	WIC_HOLD_ENTER,
+	WIC_HOLD_ENTER_RECORD,
+	WIC_HOLD_RECORD,
+	WIC_HOLD_UNTABLED,
+	WIC_HOLD_INVALID_GPU,
+};
+
+/* What to do with a fault. */
+static inline enum wic_hold_action wic_hold_classify(const struct wic_hold_facts *f)
+{
+	if (!f->wic_page)
+		return WIC_HOLD_PASS;
+	if (f->prefetch)
+		return WIC_HOLD_QUIET;
+	if (f->pass_once)
+		return WIC_HOLD_PASS;
+	if (!f->gpu_valid)
+		return WIC_HOLD_INVALID_GPU;
+	switch (f->entry) {
+	case WIC_HOLD_RECORDED:
+		return WIC_HOLD_QUIET;
+	case WIC_HOLD_UNRECORDED:
+		return f->ring_room && !f->closing ? WIC_HOLD_RECORD : WIC_HOLD_QUIET;
+	case WIC_HOLD_NO_ENTRY:
+	default:
+		break;
+	}
+	if (!f->table_room)
+		return WIC_HOLD_UNTABLED;
+	return f->ring_room && !f->closing ? WIC_HOLD_ENTER_RECORD : WIC_HOLD_ENTER;
+}
+
+/* Whether the ring header's dropped count counts the action: held, and wicd not told. */
+static inline bool wic_hold_unrecorded(enum wic_hold_action action, const struct wic_hold_facts *f)
+{
+	return action == WIC_HOLD_UNTABLED || action == WIC_HOLD_INVALID_GPU ||
+	       (action == WIC_HOLD_ENTER && !f->closing) ||
+	       (action == WIC_HOLD_QUIET && f->entry == WIC_HOLD_UNRECORDED && !f->closing);
+}
+
+/**
+ * struct wic_hold_clock - the ages the rules carry for faults held without an entry
+ * @untabled_ns: when the oldest hold without an entry since the last relief was made, 0 for
+ *	none
+ * @inherit_ns: the @untabled_ns of the last relief: a fault that comes back after it may be one
+ *	held since then
+ * @inherit_until: until when (the expiry's next run) a new entry takes @inherit_ns as its age
+ */
+struct wic_hold_clock {
+	u64 untabled_ns;
+	u64 inherit_ns;
+	u64 inherit_until;
+};
+
+/*
+ * The age to give a fault held at @now: a new entry's held_ns, or a hold without an entry's.
+ * Right after a relief, a fault may be one held without an entry since @inherit_ns: its
+ * bound counts from then. (A fault that is really new then is completed early, at worst:
+ * the table was full.)
+ */
+static inline u64 wic_hold_age(const struct wic_hold_clock *c, u64 now)
+{
+	if (c->inherit_ns && now < c->inherit_until && c->inherit_ns < now)
+		return c->inherit_ns;
+	return now;
+}
+
+/* A fault held at @now without an entry. */
+static inline void wic_hold_untabled(struct wic_hold_clock *c, u64 now)
+{
+	u64 age = wic_hold_age(c, now);
+
+	if (!c->untabled_ns || age < c->untabled_ns)
+		c->untabled_ns = age;
+}
+
+/*
+ * The expiry run at @now completes the entries held before the time returned: held longer
+ * than the bound @bound_ns (0: none), or every entry for a relief that finds the table full
+ * (wic_hold_relief_due()).
+ */
+static inline u64 wic_hold_expire_before(u64 now, u64 bound_ns, bool relief_without_room)
+{
+	if (relief_without_room)
+		return U64_MAX;
+	if (!bound_ns || now <= bound_ns)
+		return 0;
+	return now - bound_ns;
+}
+
+/*
+ * Whether the expiry run at @now replays the GPUs of the faults held without an entry. Half
+ * the bound after the oldest such hold: the fault comes back, takes an entry with that age
+ * (wic_hold_age()) and is completed at the first run past the bound, as any entry is, at most
+ * one period later. When the table has no room then, the relief first completes every entry
+ * in it (with the timeout marker): it cannot tell which of the faults coming back are the old
+ * ones, and a table full for half the bound means wicd is not keeping up.
+ */
+static inline bool wic_hold_relief_due(const struct wic_hold_clock *c, u64 now, u64 bound_ns)
+{
+	return bound_ns && c->untabled_ns && now >= c->untabled_ns &&
+	       now - c->untabled_ns >= bound_ns / 2;
+}
+
+/*
+ * The relief at @now, whose replays follow: the faults held without an entry come back until
+ * the expiry's next run at @next_run and inherit their age.
+ */
+static inline void wic_hold_relieved(struct wic_hold_clock *c, u64 next_run)
+{
+	c->inherit_ns = c->untabled_ns;
+	c->inherit_until = next_run;
+	c->untabled_ns = 0;
+}
+
+#endif /* _WIC_HOLD_H */
