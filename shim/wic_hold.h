@@ -13,7 +13,7 @@
  * find in the held table; a fault held without an entry (the table full) it cannot find, so
  * the rules below never let one wait past the same bound: the GPUs of such faults are replayed
  * early enough (wic_hold_relief_due()) that the fault comes back, finds an entry, and carries
- * its first hold's age into it (wic_hold_age()).
+ * its first hold's age (at the latest) into it (wic_hold_age()).
  *
  * u64 and bool come from the includer (the kernel, or the checker's compatibility header).
  */
@@ -118,38 +118,38 @@ static inline bool wic_hold_unrecorded(enum wic_hold_action action, const struct
 
 /**
  * struct wic_hold_clock - the ages the rules carry for faults held without an entry
- * @untabled_ns: when the oldest hold without an entry since the last relief was made, 0 for
- *	none
- * @inherit_ns: the @untabled_ns of the last relief: a fault that comes back after it may be one
- *	held since then
- * @inherit_until: until when (the expiry's next run) a new entry takes @inherit_ns as its age
+ * @since: when the oldest hold without an entry of the current episode was made, 0 outside
+ *	one. An episode lasts until the expiry finds a whole period without such a hold.
+ * @last: when the latest hold without an entry, or the latest relief, was made
+ * @pending: a hold without an entry was made since the last relief
+ *
+ * The pages of faults held without an entry are not known: any fault that takes an entry
+ * during an episode may be one of them.
  */
 struct wic_hold_clock {
-	u64 untabled_ns;
-	u64 inherit_ns;
-	u64 inherit_until;
+	u64 since;
+	u64 last;
+	bool pending;
 };
 
 /*
- * The age to give a fault held at @now: a new entry's held_ns, or a hold without an entry's.
- * Right after a relief, a fault may be one held without an entry since @inherit_ns: its
- * bound counts from then. (A fault that is really new then is completed early, at worst:
- * the table was full.)
+ * The age to give a fault held at @now: a new entry's held_ns. During an episode of holds
+ * without an entry, a new entry may be one of them, so its bound counts from the oldest of
+ * them. A fault that is really new then is completed early, at worst; that happens only while
+ * the table is full or was within a period.
  */
 static inline u64 wic_hold_age(const struct wic_hold_clock *c, u64 now)
 {
-	if (c->inherit_ns && now < c->inherit_until && c->inherit_ns < now)
-		return c->inherit_ns;
-	return now;
+	return c->since && c->since < now ? c->since : now;
 }
 
 /* A fault held at @now without an entry. */
 static inline void wic_hold_untabled(struct wic_hold_clock *c, u64 now)
 {
-	u64 age = wic_hold_age(c, now);
-
-	if (!c->untabled_ns || age < c->untabled_ns)
-		c->untabled_ns = age;
+	if (!c->since)
+		c->since = now;
+	c->last = now;
+	c->pending = true;
 }
 
 /*
@@ -167,28 +167,40 @@ static inline u64 wic_hold_expire_before(u64 now, u64 bound_ns, bool relief_with
 }
 
 /*
- * Whether the expiry run at @now replays the GPUs of the faults held without an entry. Half
- * the bound after the oldest such hold: the fault comes back, takes an entry with that age
- * (wic_hold_age()) and is completed at the first run past the bound, as any entry is, at most
- * one period later. When the table has no room then, the relief first completes every entry
- * in it (with the timeout marker): it cannot tell which of the faults coming back are the old
- * ones, and a table full for half the bound means wicd is not keeping up.
+ * Whether the expiry run at @now replays the GPUs of the faults held without an entry: half
+ * the bound into an episode, and at every run after while they keep coming back without one.
+ * Each time, the faults come back, a table's worth of them take an entry with the episode's
+ * age (wic_hold_age()) and are completed with the entries at the first run past the bound, at
+ * most one relief period late. When the table has no room, the relief first completes every
+ * entry in it (with the timeout marker): it cannot tell which of the faults coming back are
+ * the old ones, and a table full for half the bound means wicd is not keeping up.
  */
 static inline bool wic_hold_relief_due(const struct wic_hold_clock *c, u64 now, u64 bound_ns)
 {
-	return bound_ns && c->untabled_ns && now >= c->untabled_ns &&
-	       now - c->untabled_ns >= bound_ns / 2;
+	return bound_ns && c->pending && now >= c->since && now - c->since >= bound_ns / 2;
+}
+
+/* The relief at @now, whose replays follow: the episode lasts at least a period more. */
+static inline void wic_hold_relieved(struct wic_hold_clock *c, u64 now)
+{
+	c->pending = false;
+	c->last = now;
 }
 
 /*
- * The relief at @now, whose replays follow: the faults held without an entry come back until
- * the expiry's next run at @next_run and inherit their age.
+ * The delay until the expiry's next run after the one at @now, 0 for none: @relief_period_ns
+ * during an episode of holds without an entry (each round of them coming back takes one run),
+ * else @period_ns while any fault is held (@held: with an entry). An episode ends at the first
+ * run a whole @period_ns after its last hold without an entry and its last relief.
  */
-static inline void wic_hold_relieved(struct wic_hold_clock *c, u64 next_run)
+static inline u64 wic_hold_next_run(struct wic_hold_clock *c, u64 now, bool held, u64 period_ns,
+				    u64 relief_period_ns)
 {
-	c->inherit_ns = c->untabled_ns;
-	c->inherit_until = next_run;
-	c->untabled_ns = 0;
+	if (c->since && !c->pending && now >= c->last && now - c->last >= period_ns)
+		c->since = 0;
+	if (c->since)
+		return relief_period_ns;
+	return held ? period_ns : 0;
 }
 
 #endif /* _WIC_HOLD_H */

@@ -204,7 +204,7 @@ struct wic_group {
  *	that nvidia-uvm services it (moving the page where the GPU reaches it) and the warp reads
  *	the marker, instead of being held and expired again every period; under @lock
  * @nr_pass_once: entries in @pass_once
- * @clock: the ages of the faults held without a held-table entry (table full), under @lock
+ * @clock: the episode of faults held without a held-table entry (table full); under @lock
  * @untabled_gpus: the GPUs of those faults, replayed by the expiry's relief
  *	(wic_hold_relief_due()); under @lock
  * @expire: completes the faults held longer than max_hold_ms; queued by classify when it
@@ -1042,18 +1042,20 @@ static void wic_expire_runs(struct wic_session *s, u64 before, unsigned long *re
  * page writable) and the fault released. Then the GPUs are replayed. It runs under @mutex,
  * between wicd's commands. A write or map that nvidia-uvm refuses leaves its fault held, the
  * others going on, and the next run tries it again. Faults held without an entry (the table
- * full) are bounded too (wic_hold_relief_due()): half the bound after the oldest, their GPUs
- * are replayed, every entry completed first when none is free, so that they come back, find an
- * entry and carry their age into it. Queued again while any fault is held, and at once when
- * max_hold_ms is written; with max_hold_ms 0 nothing expires.
+ * full) are bounded too (wic_hold.h): half the bound into such an episode, and at every run
+ * after while they keep coming back without an entry, their GPUs are replayed, every entry
+ * completed first when none is free, so that they come back, find an entry and carry the
+ * episode's age into it; during an episode the work runs every WIC_EXPIRE_MIN_PERIOD_MS.
+ * Queued again while any fault is held, and at once when max_hold_ms is written; with
+ * max_hold_ms 0 nothing expires.
  */
 static void wic_expire(struct work_struct *work)
 {
 	struct wic_session *s = container_of(to_delayed_work(work), struct wic_session, expire);
 	u64 bound_ns = (u64)READ_ONCE(max_hold_ms) * NSEC_PER_MSEC;
 	DECLARE_BITMAP(replay, WIC_GPU_BITS);
-	u64 now = ktime_get_ns(), before;
-	bool more, relief, room = true;
+	u64 now = ktime_get_ns(), before, next;
+	bool relief, room = true;
 	unsigned long flags;
 	int err = 0;
 	u32 gpu;
@@ -1073,12 +1075,14 @@ static void wic_expire(struct work_struct *work)
 	}
 	spin_lock_irqsave(&s->lock, flags);
 	/* From now, not from the run's start: the faults come back after the replays below. */
+	now = ktime_get_ns();
 	if (relief) {
 		bitmap_or(replay, replay, s->untabled_gpus, WIC_GPU_BITS);
 		bitmap_zero(s->untabled_gpus, WIC_GPU_BITS);
-		wic_hold_relieved(&s->clock, ktime_get_ns() + jiffies_to_nsecs(wic_expire_period()));
+		wic_hold_relieved(&s->clock, now);
 	}
-	more = s->nr_held || s->clock.untabled_ns;
+	next = wic_hold_next_run(&s->clock, now, s->nr_held, jiffies_to_nsecs(wic_expire_period()),
+				 WIC_EXPIRE_MIN_PERIOD_MS * NSEC_PER_MSEC);
 	spin_unlock_irqrestore(&s->lock, flags);
 	mutex_unlock(&s->mutex);
 	for_each_set_bit(gpu, replay, WIC_GPU_BITS)
@@ -1093,8 +1097,8 @@ static void wic_expire(struct work_struct *work)
 	if (err)
 		pr_warn_ratelimited("cannot complete a fault held longer than max_hold_ms=%llu: %d; retried\n",
 				    bound_ns / NSEC_PER_MSEC, err);
-	if (more)
-		queue_delayed_work(wic_wq, &s->expire, wic_expire_period());
+	if (next)
+		queue_delayed_work(wic_wq, &s->expire, nsecs_to_jiffies(next));
 }
 
 static int wic_open(struct inode *inode, struct file *file)
