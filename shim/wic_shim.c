@@ -91,6 +91,8 @@ static struct workqueue_struct *wic_wq;
 #define WIC_GROUP_MAX 64
 /* Held faults one step of a sweep of the held table handles at once (wic_complete_held()). */
 #define WIC_COMPLETE_BATCH 16
+/* Sweeps of the held table a session's release makes before it lets the last faults go. */
+#define WIC_RELEASE_SWEEPS 4
 
 /**
  * struct wic_space_entry - an attached VA space
@@ -197,6 +199,8 @@ struct wic_group {
  *	@held_hash but not recorded, and that call completes them with the closed marker
  * @closing_start: first byte of the pages being closed
  * @closing_end: one past their last byte
+ * @releasing: the session's file is being released: every wic page is closing
+ * @gone: the release completed what it could: classify passes every fault
  * @close_gen: counts the sweeps of the held table (wic_complete_held(), wic_expire_runs()),
  *	which mark the entries they handled with it (never 0); under @mutex
  * @pass_once: held faults the expiry released unmapped because nvidia-uvm cannot map their
@@ -231,6 +235,8 @@ struct wic_session {
 	u32 closing_space;
 	u64 closing_start;
 	u64 closing_end;
+	bool releasing;
+	bool gone;
 	u32 close_gen;
 	struct {
 		u64 va;
@@ -492,8 +498,8 @@ static enum uvm_wic_verdict wic_classify(const struct uvm_wic_fault *fault)
 	now = ktime_get_ns();
 	spin_lock_irqsave(&s->lock, flags);
 	space = &s->spaces[space_id - 1];
-	/* Detached since the index was read. */
-	if (space->uvm != fault->space)
+	/* Detached since the index was read, or the session is ending. */
+	if (space->uvm != fault->space || s->gone)
 		goto out;
 	range = wic_range_find(&space->ranges, fault->va);
 	/* A GPU producer's data (a source range): its GPU writes there as usual. */
@@ -504,8 +510,9 @@ static enum uvm_wic_verdict wic_classify(const struct uvm_wic_fault *fault)
 		held = wic_held_find(s, fault->va, space_id, fault->gpu_id);
 		facts.entry = !held ? WIC_HOLD_NO_ENTRY :
 			      held->recorded ? WIC_HOLD_RECORDED : WIC_HOLD_UNRECORDED;
-		facts.closing = s->closing_space == space_id && fault->va >= s->closing_start &&
-				fault->va < s->closing_end;
+		facts.closing = s->releasing || (s->closing_space == space_id &&
+						 fault->va >= s->closing_start &&
+						 fault->va < s->closing_end);
 		facts.ring_room = wic_ring_room(s);
 		facts.table_room = !hlist_empty(&s->held_free);
 		/* Replayed when the space's faults are completed: held ones come back then. */
@@ -1155,19 +1162,42 @@ static int wic_release(struct inode *inode, struct file *file)
 	struct wic_session *s = file->private_data;
 	DECLARE_BITMAP(replay, WIC_GPU_BITS);
 	unsigned long flags;
-	u32 gpu, i;
+	u32 gpu, i, sweeps;
 
+	bitmap_zero(replay, WIC_GPU_BITS);
+	/*
+	 * The session stays published, every wic page closing, until no fault is held: any
+	 * replay meanwhile (another process's batch on the GPU suffices) makes the held faults
+	 * fault again, and with no session they would be serviced and their warps read the page
+	 * before its marker. So classify holds them still (entered, not recorded) and the sweeps
+	 * take them along. A fault nvidia-uvm refuses to complete is released unmapped; after a
+	 * few sweeps the session gives up the rest (classify passes), as it must end.
+	 */
+	mutex_lock(&s->mutex);
+	spin_lock_irqsave(&s->lock, flags);
+	s->releasing = true;
+	spin_unlock_irqrestore(&s->lock, flags);
+	for (sweeps = 1; ; sweeps++) {
+		wic_complete_held(s, 0, 0, U64_MAX, U64_MAX, WIC_MARKER_DAEMON_GONE, replay,
+				  WIC_RELEASE);
+		spin_lock_irqsave(&s->lock, flags);
+		s->gone = !s->nr_held || sweeps == WIC_RELEASE_SWEEPS;
+		spin_unlock_irqrestore(&s->lock, flags);
+		if (s->gone)
+			break;
+	}
+	mutex_unlock(&s->mutex);
 	mutex_lock(&wic_active_lock);
 	RCU_INIT_POINTER(wic_active, NULL);
 	mutex_unlock(&wic_active_lock);
-	/* No classify sees @s after this: the held set is final. */
+	/* No classify sees @s after this. */
 	synchronize_rcu();
 	/* Nothing queues the expiry work again: only classify and the work itself do. */
 	cancel_delayed_work_sync(&s->expire);
-	bitmap_zero(replay, WIC_GPU_BITS);
 	spin_lock_irqsave(&s->lock, flags);
 	wic_take_held_gpus(s, 0, replay);
 	spin_unlock_irqrestore(&s->lock, flags);
+	/* What the last sweep left (held after it): released unmapped, passed when it comes back. */
 	wic_complete_held(s, 0, 0, U64_MAX, U64_MAX, WIC_MARKER_DAEMON_GONE, replay, WIC_RELEASE);
 	for_each_set_bit(gpu, replay, WIC_GPU_BITS)
 		uvm_wic_replay(gpu);

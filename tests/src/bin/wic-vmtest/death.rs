@@ -8,12 +8,12 @@
 
 use std::io::{BufRead, BufReader};
 use std::os::fd::{AsRawFd, BorrowedFd};
-use std::process::{Command, ExitCode, Stdio};
+use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::fcntl::{fcntl, FcntlArg, FdFlag};
 use wic_engine::fault::AccessType;
-use wic_kmod::fakegpu::{self, FakeGpu};
+use wic_kmod::fakegpu::{self, Fail, FakeGpu};
 use wic_kmod::Submission;
 use wic_proto::kabi::WIC_MARKER_DAEMON_GONE;
 
@@ -33,9 +33,9 @@ const SWEEP_BATCH: usize = 16;
 const SLOTS: u32 = 4;
 const MESSAGE_BYTES: u32 = 4096; // 16 warps x 4 KiB: 16 pages per run
 
-pub fn run() -> Result<(), String> {
-    let fake = FakeGpu::open().map_err(|e| format!("open {}: {e}", fakegpu::DEVICE))?;
-    let mut memory = Memory::new(&fake, 16 << 20)?;
+/// A daemon process holding every fault of [`SLOTS`] slots' batches (16 pages each) placed in
+/// `memory`: the process and the pages.
+fn start_holder(fake: &FakeGpu, memory: &mut Memory) -> Result<(Child, Vec<u64>), String> {
     let config = wic_engine::EngineConfig::default();
     let bytes =
         host_spec(SLOTS, MESSAGE_BYTES).placement_bytes(config.warps_per_batch).ok_or("the spec has no placement")?;
@@ -65,7 +65,13 @@ pub fn run() -> Result<(), String> {
     ensure(verdicts.iter().all(|v| *v == fakegpu::VERDICT_HOLD), || format!("not all held: {verdicts:?}"))?;
     let confirmed = lines.next().and_then(Result::ok).unwrap_or_default();
     ensure(confirmed == format!("held {}", pages.len()), || format!("holder said {confirmed:?}"))?;
+    Ok((holder, pages))
+}
 
+pub fn run() -> Result<(), String> {
+    let fake = FakeGpu::open().map_err(|e| format!("open {}: {e}", fakegpu::DEVICE))?;
+    let mut memory = Memory::new(&fake, 16 << 20)?;
+    let (mut holder, pages) = start_holder(&fake, &mut memory)?;
     holder.kill().map_err(|e| format!("kill: {e}"))?;
     let killed = Instant::now();
     let _ = holder.wait();
@@ -96,7 +102,45 @@ pub fn run() -> Result<(), String> {
     let (layout, placed) = daemon.channel(host_spec(1, 512), space, &mut memory)?;
     deliver_one(&fake, &mut daemon, &memory, &layout, &placed, 0, GPU)?;
     drop(daemon);
-    unrecorded_faults_are_replayed(&fake, &mut memory)
+    unrecorded_faults_are_replayed(&fake, &mut memory)?;
+    held_faults_stay_held_until_their_marker(&fake, &mut memory)
+}
+
+/// While the dead daemon's session completes its held faults, a replay (another process's
+/// batch on the GPU suffices) makes them fault again: they are still held, not serviced before
+/// their marker is in place. The session's first marker write stalls (the fake GPU's armed
+/// stall) while such a fault comes back.
+fn held_faults_stay_held_until_their_marker(fake: &FakeGpu, memory: &mut Memory) -> Result<(), String> {
+    let (mut holder, pages) = start_holder(fake, memory)?;
+    fake.fail(Fail { writes: 1, flags: fakegpu::FAIL_STALL, ..Default::default() })
+        .map_err(|e| format!("arm the stall: {e}"))?;
+    holder.kill().map_err(|e| format!("kill: {e}"))?;
+    // Not waited for yet: its exit ends with the release, which the stall holds up.
+    let stalled = wait_events(fake, BOUND * 5, |seen| seen.iter().any(|e| e.kind == fakegpu::EVENT_STALLED));
+    let again = stalled.as_ref().ok().and_then(|seen| {
+        let stalled_va = seen.iter().find(|e| e.kind == fakegpu::EVENT_STALLED).map(|e| e.va)?;
+        pages.iter().copied().find(|va| *va != stalled_va)
+    });
+    let verdicts = again.map(|va| fake.inject(GPU, &[fault(va, AccessType::Read)]));
+    fake.fail(Fail::default()).map_err(|e| format!("release the stall: {e}"))?;
+    let _ = holder.wait();
+    stalled.map_err(|_| "the session's release never wrote a marker".to_string())?;
+    let again = again.ok_or("no held page besides the stalled one")?;
+    let (verdicts, _) = verdicts.expect("injected").map_err(|e| format!("inject: {e}"))?;
+    ensure(verdicts == [fakegpu::VERDICT_HOLD], || {
+        format!(
+            "a held fault coming back while the dead daemon's session completed its faults was {verdicts:?}, not held"
+        )
+    })?;
+    let events = wait_events(fake, BOUND * 5, |seen| {
+        seen.iter().filter(|e| e.kind == fakegpu::EVENT_MAP).count() >= pages.len()
+    })
+    .map_err(|_| "the held faults were not all completed after the stall".to_string())?;
+    ensure(!events.iter().any(|e| e.kind == fakegpu::EVENT_SERVICED), || "a held fault was serviced".into())?;
+    let word = u64::from_le_bytes(memory.read(again, 8).try_into().unwrap());
+    ensure(word == WIC_MARKER_DAEMON_GONE, || format!("page {again:#x} holds {word:#x}, not the daemon-gone marker"))?;
+    println!("daemon-death: a held fault coming back during the release stayed held until its marker");
+    Ok(())
 }
 
 /// A GPU whose held faults were none of them recorded (the ring was full) is replayed too
