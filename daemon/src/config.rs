@@ -111,7 +111,7 @@ pub struct ShimConfig {
 
 impl Default for ShimConfig {
     fn default() -> Self {
-        Self { submission: SubmissionChoice::IoUring, open_wait_ms: 2000, gpu_sharing: SharingPolicy::Warn }
+        Self { submission: SubmissionChoice::IoUring, open_wait_ms: 2000, gpu_sharing: SharingPolicy::Refuse }
     }
 }
 

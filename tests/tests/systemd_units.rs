@@ -259,7 +259,7 @@ fn example_config_has_exactly_the_documented_keys_and_defaults() {
         ),
         ("engine", vec![("pool_pages", I(16384)), ("warps_per_batch", I(16)), ("max_slots", I(4096))]),
         ("emulated", vec![("gpus", I(4))]),
-        ("shim", vec![("submission", s("io_uring")), ("open_wait_ms", I(2000)), ("gpu_sharing", s("warn"))]),
+        ("shim", vec![("submission", s("io_uring")), ("open_wait_ms", I(2000)), ("gpu_sharing", s("refuse"))]),
         (
             "limits",
             vec![
@@ -355,7 +355,7 @@ fn tmpfiles_creates_run_wic() {
 }
 
 #[test]
-fn udev_rule_gives_dev_wic_to_group_wic() {
+fn udev_rule_gives_dev_wic_to_wicd_alone() {
     let text = read_deploy("udev/70-wic.rules");
     let rules: Vec<BTreeSet<&str>> = text
         .lines()
@@ -364,6 +364,8 @@ fn udev_rule_gives_dev_wic_to_group_wic() {
         .map(|l| l.split(',').map(str::trim).collect())
         .collect();
     let expected: BTreeSet<&str> =
-        ["KERNEL==\"wic\"", "SUBSYSTEM==\"misc\"", "GROUP=\"wic\"", "MODE=\"0660\""].into_iter().collect();
+        ["KERNEL==\"wic\"", "SUBSYSTEM==\"misc\"", "OWNER=\"wicd\"", "GROUP=\"root\"", "MODE=\"0600\""]
+            .into_iter()
+            .collect();
     assert_eq!(rules, vec![expected], "deploy/udev/70-wic.rules");
 }

@@ -29,6 +29,8 @@ use crate::rig::{ensure, fault, wait_events, Memory, GPU};
 
 const SOCKET: &str = "/run/wic/wicd.sock";
 const LOG: &str = "/tmp/wicd.log";
+/// `[shim] gpu_sharing = "warn"`: see [`Wicd::start`].
+const WARN_CONFIG: &str = "/tmp/wicd-warn.toml";
 /// Start-up and shutdown allowance: the kernel runs under emulation.
 const PATIENCE: Duration = Duration::from_secs(20);
 /// A channel timeout no step waits out: the longest that wicd accepts under the module's
@@ -39,8 +41,11 @@ const LONG_NS: u64 = 2_250_000_000;
 struct Wicd(Child);
 
 impl Wicd {
+    /// A wicd that attaches whatever NVML says of the GPUs (the VM has no NVIDIA driver: the
+    /// default, `refuse`, would refuse every attachment; `gpu_sharing` checks that it does).
     fn start() -> Result<Self, String> {
-        Self::start_with(&[])
+        std::fs::write(WARN_CONFIG, "[shim]\ngpu_sharing = \"warn\"\n").map_err(|e| format!("{WARN_CONFIG}: {e}"))?;
+        Self::start_with(&["--config", WARN_CONFIG])
     }
 
     /// A wicd with `extra` arguments to `wicd serve`.
@@ -468,16 +473,14 @@ fn timeouts_below_the_module_bound(fake: &FakeGpu, memory: &mut Memory) -> Resul
 }
 
 /// The deployment rule at attach: the VM has no NVIDIA driver, so NVML cannot say how the GPUs
-/// are shared. The default policy attached anyway and said so in the log; `refuse` refuses
+/// are shared. `warn` attached anyway and said so in the log; the default, `refuse`, refuses
 /// the attachment with the reason.
 fn gpu_sharing(fake: &FakeGpu) -> Result<(), String> {
     let log = std::fs::read_to_string(LOG).unwrap_or_default();
     ensure(log.contains("cannot check how the GPUs are shared"), || {
         format!("no warning about the unchecked GPUs:\n{}", log_tail())
     })?;
-    let config = "/tmp/wicd-refuse.toml";
-    std::fs::write(config, "[shim]\ngpu_sharing = \"refuse\"\n").map_err(|e| format!("{config}: {e}"))?;
-    attach_refused(fake, &["--config", config], "gpu_sharing")
+    attach_refused(fake, &[], "gpu_sharing")
 }
 
 /// An application whose address space has a Pascal GPU registered: the module cannot hold
@@ -485,7 +488,7 @@ fn gpu_sharing(fake: &FakeGpu) -> Result<(), String> {
 fn pascal_refused() -> Result<(), String> {
     let pascal = FakeGpu::open().map_err(|e| e.to_string())?;
     pascal.pre_volta(4).map_err(|e| format!("pre_volta: {e}"))?;
-    attach_refused(&pascal, &[], "Pascal")
+    attach_refused(&pascal, &["--config", WARN_CONFIG], "Pascal")
 }
 
 /// A wicd started with `wicd_args` refuses `fake`'s space as UNSUPPORTED, saying `why`.
