@@ -71,7 +71,7 @@ struct wic_hold_facts {
  *	the page without its data; held, it comes back at its GPU's next replay, which
  *	wic_hold_relief_due() brings soon enough
  * @WIC_HOLD_INVALID_GPU: held without an entry and logged: a GPU id the shim cannot replay
- *	(the hook's build ties the ids nvidia-uvm gives to WIC_MAX_GPU_ID, so never in practice)
+ *	(the hook's and the shim's builds check that nvidia-uvm gives none: never in practice)
  */
 enum wic_hold_action {
 	WIC_HOLD_PASS,

@@ -47,6 +47,14 @@
 #include "wic_hold.h"
 #include "wic_validate.h"
 
+/*
+ * wicd's commands count pages of WIC_PAGE_SIZE: on a kernel of larger pages (arm64 with 64 KiB
+ * pages) each would cover many more pages than wicd meant.
+ */
+static_assert(PAGE_SIZE == WIC_PAGE_SIZE, "wic_abi.h's pages are 4 KiB: not this kernel's");
+/* Every GPU id nvidia-uvm gives fits the ABI's, so a fault's GPU can always be replayed. */
+static_assert(WIC_MAX_GPU_ID >= UVM_WIC_MAX_GPU_ID, "nvidia-uvm's GPU ids exceed wic_abi.h's");
+
 static unsigned int ring_entries = 1024;
 module_param(ring_entries, uint, 0444);
 MODULE_PARM_DESC(ring_entries, "Fault-ring records, a power of two from 256 to 65536");

@@ -16,7 +16,7 @@
  * When the session's file is released (wicd exits or is killed), every held fault is
  * completed with the WIC_MARKER_DAEMON_GONE error marker, mapped and replayed.
  *
- * With the module parameter max_hold_ms set (default 0: no bound), a fault held longer is
+ * With the module parameter max_hold_ms set (default 3000; 0: no bound), a fault held longer is
  * completed by the module itself with the WIC_MARKER_TIMEOUT marker, mapped and its GPU
  * replayed. In a PCM range registered with its runs (struct wic_range @run_pages) the whole
  * run is completed as wicd's timeout would, the slot's other run unmapped, and a
@@ -252,9 +252,11 @@ struct wic_submit {
  * @record_size: sizeof(struct wic_fault_record)
  * @head: written by the module: sequence number of the next record it will write; record
  *	@seq lives at index @seq & (@entries - 1)
- * @dropped: written by the module: faults held but not recorded because the ring or the
- *	held table was full, or because their GPU id was outside 1 to WIC_MAX_GPU_ID (they
- *	fault again after the next replay of their GPU)
+ * @dropped: written by the module: each time a fault is held but not recorded because the
+ *	ring or the held table was full (a fault the ring had no room for keeps its held-table
+ *	entry and is recorded when it faults again with room; one past a full table is held
+ *	without an entry and faults again at its GPU's next replay; either is bounded by
+ *	max_hold_ms)
  * @tail: written by the daemon: sequence number of the next record it will read; the module
  *	never overwrites an unread record
  *

@@ -27,9 +27,17 @@
  * found in an nvidia-uvm tree can be told apart from the shim's. 3: uvm_wic_range_managed(),
  * uvm_wic_map() fails with -EXDEV for pages it cannot map. 4: uvm_wic_copy(). 5:
  * uvm_wic_complete(). 6: struct uvm_wic_completion.flags, a completion without a companion.
- * 7: uvm_wic_run_final_replay() defers a held-only run's replay instead of skipping it.
+ * 7: uvm_wic_run_final_replay() defers a held-only run's replay instead of skipping it;
+ * uvm_wic_write(), uvm_wic_copy() and uvm_wic_unmap() go (uvm_wic_complete() does their work).
  */
 #define UVM_WIC_HOOK_VERSION 7
+
+/*
+ * The largest id of a GPU in a fault or a helper call: nvidia-uvm's processor ids of GPUs run
+ * from 1 to UVM_ID_MAX_GPUS (parent GPU index * 8 + MIG sub-index + 1; 0 is the CPU). The
+ * hook's build checks that nvidia-uvm agrees, the shim's that its ABI covers them.
+ */
+#define UVM_WIC_MAX_GPU_ID 256
 
 /* Size of one hardware replayable fault-buffer entry (clc369.h). */
 #define UVM_WIC_FAULT_ENTRY_SIZE 32
@@ -186,42 +194,6 @@ void uvm_wic_space_put(struct uvm_wic_space *space);
  */
 struct mm_struct *uvm_wic_space_mm(struct uvm_wic_space *space);
 
-/**
- * uvm_wic_write() - write bytes into managed pages that are resident on the CPU
- * @space: the space
- * @va: the first byte
- * @src: kernel memory holding the bytes
- * @len: how many bytes
- *
- * Process context only. The pages must not be mapped on any GPU while they are written.
- *
- * Return: 0 or a negative errno (-EINVAL for a NULL @src or a wrapping range).
- */
-int uvm_wic_write(struct uvm_wic_space *space, u64 va, const void *src, size_t len);
-
-/**
- * uvm_wic_copy() - copy bytes of managed memory into managed pages resident on the CPU
- * @space: the space
- * @va: the first byte written
- * @src_va: the first byte read
- * @len: how many bytes, at least 1
- *
- * The Activator's copy for a GPU producer. The source bytes are read where they are resident:
- * from GPU memory, that GPU's copy engine writes them by DMA into a staging page in system
- * memory, ordered after the work pending on their VA block and waited for; from CPU memory,
- * by memcpy(); a page resident nowhere reads as zeros. They are then written into
- * [@va, @va + @len) as uvm_wic_write() writes. The copy is ordered after UVM's own work on the
- * source, not after the producer's kernel: the producer fences system-wide before it signals
- * and leaves the bytes alone until the copy returned. Both ranges must lie in managed
- * allocations (cudaMallocManaged) and must not overlap. Process context only. The pages
- * written must not be mapped on any GPU while they are written.
- *
- * Return: 0 or a negative errno: -EINVAL for overlapping, wrapping or empty ranges, -EFAULT
- * for an address of either range outside managed memory, -ESRCH when the process is gone,
- * -EAGAIN while the driver is suspended.
- */
-int uvm_wic_copy(struct uvm_wic_space *space, u64 va, u64 src_va, size_t len);
-
 /* struct uvm_wic_completion.flags */
 #define UVM_WIC_COMPLETE_NO_FILL	(1U << 0)	/* no fill: the run is mapped as it is */
 #define UVM_WIC_COMPLETE_NO_MAP		(1U << 1)	/* the fill alone: the run stays unmapped */
@@ -236,13 +208,17 @@ int uvm_wic_copy(struct uvm_wic_space *space, u64 va, u64 src_va, size_t len);
  * @va: the run, page-aligned
  * @companion: the slot's other run, page-aligned, not overlapping the run; 0 for none
  * @src: kernel memory holding @length bytes for the run, or NULL
- * @src_va: with @src NULL and @length not 0: where the @length bytes are copied from, as
- *	uvm_wic_copy() copies
+ * @src_va: with @src NULL and @length not 0: where the @length bytes are copied from (a GPU
+ *	producer's managed buffer, read where it is resident: from GPU memory by that GPU's
+ *	copy engine, from CPU memory by memcpy(), a page resident nowhere as zeros; ordered
+ *	after UVM's own work on it, not after the producer's kernel, which fences system-wide
+ *	before it signals and leaves the bytes alone until the completion returned); neither
+ *	wrapping nor overlapping the run
  * @length: bytes of data, at most @pages pages; 0 for a marker
  * @marker: with @length 0: the word written at the start of each page of the run
  * @flags: UVM_WIC_COMPLETE_* (0: fill, unmap the companion, map read-only); NO_FILL with a
  *	@length, and NO_MAP with WRITABLE, are refused
- * @result: out: 0 or a negative errno, as the steps' helpers return
+ * @result: out: 0 or a negative errno, of the step that failed
  * @companion_unmapped: out: the companion's unmap was done, even if the map after it failed
  *	(the faults held on the companion are late duplicates the shim can let go)
  */
@@ -261,15 +237,15 @@ struct uvm_wic_completion {
 };
 
 /**
- * uvm_wic_complete() - complete wake-ups, each as uvm_wic_write() or uvm_wic_copy() of its
- *	fill, uvm_wic_unmap() of its companion and uvm_wic_map() of its run (the steps its
- *	flags and companion leave)
+ * uvm_wic_complete() - complete wake-ups: each one's fill (the data written, or copied, or
+ *	the marker), the unmap of its companion from the GPU (waiting for the TLB invalidate) and
+ *	the map of its run (the steps its flags and companion leave)
  * @space: the space
  * @completions: the wake-ups, run in order
  * @count: how many
  *
- * One call does the work of up to 3 * @count helper calls under one acquisition of the locks,
- * the space's staging page and one wait for the PTE writes and TLB invalidates, at the end. Each wake-up
+ * One call does up to 3 * @count steps under one acquisition of the locks, the space's
+ * staging page and one wait for the PTE writes and TLB invalidates, at the end. Each wake-up
  * stops at its first failing step (a run whose fill failed is never mapped) and the next one
  * goes on. Process context only. On return every mapping and unmapping of a wake-up whose
  * @result is 0 is in place; when that final wait fails, each wake-up that had succeeded gets
@@ -316,17 +292,6 @@ int uvm_wic_range_managed(struct uvm_wic_space *space, u64 va, u64 len);
  * error other pages of the range may be mapped.
  */
 int uvm_wic_map(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len, bool writable);
-
-/**
- * uvm_wic_unmap() - unmap managed pages from a GPU and wait for the TLB invalidate
- * @space: the space
- * @gpu_id: the GPU
- * @va: page-aligned start
- * @len: page-aligned length
- *
- * Return: 0 or a negative errno (-EOPNOTSUPP for a pre-Volta GPU).
- */
-int uvm_wic_unmap(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len);
 
 /**
  * uvm_wic_revoke_write() - make a GPU's next write to managed pages fault again

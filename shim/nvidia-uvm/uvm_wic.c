@@ -6,10 +6,10 @@
  * wic_shim registered (uvm_wic_classify_batch(), called right after preprocess_fault_batch()).
  * Faults the shim holds are marked is_wic_held: the fault path neither services nor cancels
  * them and issues no replay for a batch made only of held faults, so the faulting warps stay
- * stalled. Later the daemon, through wic_shim, writes the data (uvm_wic_write(), or
- * uvm_wic_copy() from a GPU producer's managed buffer), maps the pages on the GPU
- * (uvm_wic_map()), or does both for many wake-ups at once (uvm_wic_complete()), and replays
- * (uvm_wic_replay()); the warps resume.
+ * stalled. Later the daemon, through wic_shim, completes them (uvm_wic_complete(): the data
+ * written, or copied from a GPU producer's managed buffer, the slot's other run unmapped, the
+ * pages mapped on the GPU, for many wake-ups at once) and replays (uvm_wic_replay()); the
+ * warps resume.
  *
  * Lock order (uvm_lock.h): GLOBAL_PM < GLOBAL < ISR < mmap_lock < va_space < va_block. The
  * classify callback runs under the ISR lock inside an RCU read-side section. Every exported
@@ -91,6 +91,9 @@
 #else
 #define wic_fault_buffer_flush(gpu)	uvm_gpu_fault_buffer_flush(gpu)
 #endif
+
+/* A GPU id nvidia-uvm gives must be one wic_shim can hold and replay. */
+static_assert(UVM_ID_MAX_GPUS == UVM_WIC_MAX_GPU_ID, "nvidia-uvm's GPU ids are not uvm_wic.h's");
 
 /* Protects wic_ops updates and the space registry. Never taken in the fault path. */
 static DEFINE_MUTEX(wic_lock);
@@ -1181,86 +1184,6 @@ static NV_STATUS wic_fill_marker(struct wic_ctx *ctx, u64 va, u32 pages, const u
 	return status;
 }
 
-static int wic_write_entry(struct uvm_wic_space *space, u64 va, const void *src, u64 src_va,
-			   size_t len)
-{
-	struct wic_ctx ctx;
-	NV_STATUS status, end_status;
-	int ret = wic_enter();
-
-	if (ret)
-		return ret;
-
-	status = wic_begin(&ctx, space, true);
-	if (status == NV_OK) {
-		status = wic_fill(&ctx, va, src, src_va, len);
-		end_status = wic_end(&ctx);
-		if (status == NV_OK)
-			status = end_status;
-	}
-	wic_exit();
-
-	return wic_errno(status);
-}
-
-/**
- * uvm_wic_write() - write bytes into managed pages that are resident on the CPU
- * @space: the space
- * @va: the first byte
- * @src: kernel memory holding the bytes
- * @len: how many bytes
- *
- * Process context only, no UVM lock held. The pages must not be mapped on any GPU while they
- * are written. A page resident nowhere yet is populated on the CPU first. The range may span
- * VA blocks but must lie in managed allocations (cudaMallocManaged).
- *
- * Return: 0 or a negative errno: -EINVAL for a NULL @src or a wrapping range, -EFAULT for an
- * address outside managed memory, -ESRCH when the process is gone, -EAGAIN while the driver
- * is suspended. Writing no byte returns 0.
- */
-int uvm_wic_write(struct uvm_wic_space *space, u64 va, const void *src, size_t len)
-{
-	if (len == 0)
-		return 0;
-	if (!src || va + len < va)
-		return -EINVAL;
-
-	UVM_ENTRY_RET(wic_write_entry(space, va, src, 0, len));
-}
-EXPORT_SYMBOL_GPL(uvm_wic_write);
-
-/**
- * uvm_wic_copy() - copy bytes of managed memory into managed pages resident on the CPU
- * @space: the space
- * @va: the first byte written
- * @src_va: the first byte read
- * @len: how many bytes, at least 1
- *
- * The Activator's copy for a GPU producer, whose data stays in GPU memory. Page by page, the
- * source bytes are read where they are resident (uvm_va_block_read_to_cpu()): from GPU
- * memory, that GPU's copy engine writes them by DMA into a staging page in system memory,
- * ordered after the work UVM has pending on their VA block and waited for; from CPU memory,
- * by memcpy(). They are then written as uvm_wic_write() writes. The producer must fence
- * system-wide before it signals, and leave the source alone until this returns. Reading
- * changes neither the residency nor the mappings of the source.
- *
- * Process context only, no UVM lock held. Both ranges may span VA blocks but must lie in
- * managed allocations (cudaMallocManaged) and must not overlap. The pages written must not be
- * mapped on any GPU while they are written. On an error, part of the range may be written.
- *
- * Return: 0 or a negative errno: -EINVAL for overlapping, wrapping or empty ranges, -EFAULT
- * for an address of either range outside managed memory, -ESRCH when the process is gone,
- * -EAGAIN while the driver is suspended.
- */
-int uvm_wic_copy(struct uvm_wic_space *space, u64 va, u64 src_va, size_t len)
-{
-	if (!wic_copy_valid(va, src_va, len))
-		return -EINVAL;
-
-	UVM_ENTRY_RET(wic_write_entry(space, va, NULL, src_va, len));
-}
-EXPORT_SYMBOL_GPL(uvm_wic_copy);
-
 /*
  * Managed memory
  */
@@ -1536,7 +1459,7 @@ static int wic_pte_op_entry(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64
  * @writable: map read-write (a producer's PAT page) rather than read-only
  *
  * Process context only, no UVM lock held; returns once the mapping is in place (PTE writes
- * complete). The pages must be resident somewhere (write them first with uvm_wic_write());
+ * complete). The pages must be resident somewhere (filled first by uvm_wic_complete());
  * they are mapped where they are resident, remotely when that is CPU memory. The range may
  * span VA blocks. Each page is checked once mapped: uvm_va_block_map() skips, without an
  * error, pages that it cannot map on this GPU.
@@ -1556,24 +1479,6 @@ int uvm_wic_map(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len, bool w
 				       writable ? WIC_MAP_READ_WRITE : WIC_MAP_READ_ONLY));
 }
 EXPORT_SYMBOL_GPL(uvm_wic_map);
-
-/**
- * uvm_wic_unmap() - unmap managed pages from a GPU and wait for the TLB invalidate
- * @space: the space
- * @gpu_id: the GPU
- * @va: page-aligned start
- * @len: page-aligned length
- *
- * Process context only, no UVM lock held. On return the GPU can no longer reach the pages
- * through stale TLB entries: its next access faults. Residency is unchanged.
- *
- * Return: 0 or a negative errno, as for uvm_wic_map().
- */
-int uvm_wic_unmap(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len)
-{
-	UVM_ENTRY_RET(wic_pte_op_entry(space, gpu_id, va, len, WIC_UNMAP));
-}
-EXPORT_SYMBOL_GPL(uvm_wic_unmap);
 
 /**
  * uvm_wic_revoke_write() - make a GPU's next write to managed pages fault again
@@ -1602,7 +1507,8 @@ EXPORT_SYMBOL_GPL(uvm_wic_revoke_write);
  * A wake-up's arguments: a page-aligned run and companion of @pages pages, at least one, that
  * neither wrap nor overlap (the companion is unmapped after the run is filled, and the run
  * mapped after that); data of at most the run's size, from kernel memory or from a source
- * range as uvm_wic_copy() checks it. The GPU is checked by its operations, as the helpers do.
+ * range that neither wraps nor overlaps the run. The GPU is checked by its operations, as the
+ * helpers do.
  */
 static bool wic_completion_valid(const struct uvm_wic_completion *c)
 {
@@ -1724,14 +1630,14 @@ static int wic_complete(struct uvm_wic_space *space, struct uvm_wic_completion *
 }
 
 /**
- * uvm_wic_complete() - complete wake-ups, each as uvm_wic_write() or uvm_wic_copy() of its
- *	fill, uvm_wic_unmap() of its companion and uvm_wic_map() (read-only) of its run
+ * uvm_wic_complete() - complete wake-ups: each one's fill, the unmap of its companion and the
+ *	map (read-only) of its run
  * @space: the space
  * @completions: the wake-ups, run in order
  * @count: how many, at least 1
  *
- * Why it exists: done with the helpers, a wake-up is three calls, and each takes the mm and
- * VA space locks, or waits for its own TLB invalidate (the unmap and the map). This runs every
+ * Why it exists: done step by step, a wake-up is three calls, and each takes the mm and VA
+ * space locks, or waits for its own TLB invalidate (the unmap and the map). This runs every
  * wake-up under one acquisition of the locks (mm retained, mmap_lock and the VA space lock for
  * read), with one block context and the space's staging page, and waits once, at the end, for
  * the PTE writes and TLB invalidates of all the unmaps and maps.
@@ -1749,9 +1655,10 @@ static int wic_complete(struct uvm_wic_space *space, struct uvm_wic_completion *
  * only once the GPU can no longer reach it. Process context only, no UVM lock held.
  *
  * @result of a wake-up: -EINVAL for unaligned, empty, wrapping or overlapping runs, data
- * longer than the run or a source range uvm_wic_copy() refuses; otherwise 0 or the errno of
- * the step that failed, as uvm_wic_write(), uvm_wic_copy(), uvm_wic_unmap() and uvm_wic_map()
- * return it (-ENODEV, -EOPNOTSUPP, -ENODATA, -EXDEV, -EFAULT...). When the final wait, or the
+ * longer than the run or a source range that wraps or overlaps the run; otherwise 0 or the
+ * errno of the step that failed: the fill's (wic_fill(): -EFAULT outside managed memory,
+ * -ENOMEM...), the unmap's and the map's as uvm_wic_map() returns it (-ENODEV, -EOPNOTSUPP,
+ * -ENODATA, -EXDEV, -EFAULT...). When the final wait, or the
  * ECC check of the GPUs the staging page was mapped on, fails, each wake-up that had
  * succeeded gets that error. On return every mapping and unmapping of a wake-up whose
  * @result is 0 is in place.

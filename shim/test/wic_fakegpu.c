@@ -6,7 +6,7 @@
  * and creates /dev/wic_fakegpu (see wic_fakegpu.h). Each open file of the device is one fake
  * UVM VA space bound to the opener's mm; uvm_wic_space_get() accepts exactly these files. The
  * fake GPUs keep, per space and per GPU, the state of each 4 KiB page (mapped, writable) in an
- * xarray; uvm_wic_write() writes into the application's real memory. Every call and every
+ * xarray; wic_fill_write() writes into the application's real memory. Every call and every
  * fault serviced without wic_shim is appended to a global event log that test drivers read.
  *
  * Contexts: the uvm_wic_* entry points other than the classify callback are process context
@@ -74,7 +74,7 @@ static bool conf_computing;
 module_param(conf_computing, bool, 0644);
 MODULE_PARM_DESC(conf_computing, "Model Confidential Computing: the OVERFLOW bit is never seen");
 MODULE_PARM_DESC(strict_write,
-		 "uvm_wic_write() fails with -EBUSY on pages mapped on a fake GPU (default: on)");
+		 "a completion's fill fails with -EBUSY on pages mapped on a fake GPU (default: on)");
 
 /**
  * struct uvm_wic_space - one fake UVM VA space: the state of one open /dev/wic_fakegpu file
@@ -84,7 +84,7 @@ MODULE_PARM_DESC(strict_write,
  * @pages: per fake GPU (GPU id - 1), page index (va >> 12) to xa_mk_value(WIC_FAKEGPU_PAGE_*
  *	flags); only mapped pages have an entry
  * @nr_pages: entries in all of @pages
- * @fail_writes: uvm_wic_write() calls still to fail or stall (WIC_FAKEGPU_IOC_FAIL)
+ * @fail_writes: wic_fill_write() calls still to fail or stall (WIC_FAKEGPU_IOC_FAIL)
  * @fail_maps: uvm_wic_map() calls still to fail or stall
  * @fail_error: the errno they fail with, 0 for none
  * @fail_flags: WIC_FAKEGPU_FAIL_* bits
@@ -1543,7 +1543,7 @@ struct mm_struct *uvm_wic_space_mm(struct uvm_wic_space *space)
 EXPORT_SYMBOL_GPL(uvm_wic_space_mm);
 
 /*
- * What uvm_wic_write() and uvm_wic_copy() check before they write [va, va + len): an armed
+ * What wic_fill_write() and wic_fill_copy() check before they write [va, va + len): an armed
  * failure, a space with a process, and (strict_write) no page of the range mapped on a GPU.
  */
 static int wic_write_allowed(struct uvm_wic_space *space, u64 va, size_t len)
@@ -1563,7 +1563,7 @@ static int wic_write_allowed(struct uvm_wic_space *space, u64 va, size_t len)
 }
 
 /**
- * uvm_wic_write() - write bytes into the application's memory
+ * wic_fill_write() - write bytes into the application's memory
  * @space: the space
  * @va: the first byte
  * @src: kernel memory holding the bytes
@@ -1577,7 +1577,7 @@ static int wic_write_allowed(struct uvm_wic_space *space, u64 va, size_t len)
  * -ESRCH when the mm has exited; -EFAULT when part of the range could not be written (the
  * part before may have been); -EINTR on a fatal signal; the errno WIC_FAKEGPU_IOC_FAIL armed.
  */
-int uvm_wic_write(struct uvm_wic_space *space, u64 va, const void *src, size_t len)
+static int wic_fill_write(struct uvm_wic_space *space, u64 va, const void *src, size_t len)
 {
 	u8 first[8] = {};
 	int ret;
@@ -1598,7 +1598,6 @@ int uvm_wic_write(struct uvm_wic_space *space, u64 va, const void *src, size_t l
 		      get_unaligned_le64(first));
 	return 0;
 }
-EXPORT_SYMBOL_GPL(uvm_wic_write);
 
 /*
  * Reads @len bytes at @va (not crossing a page) where they are resident: from a fake GPU's
@@ -1619,7 +1618,7 @@ static int wic_read_resident(struct uvm_wic_space *space, u64 va, u8 *buf, size_
 }
 
 /**
- * uvm_wic_copy() - copy bytes of the application's managed memory into its memory
+ * wic_fill_copy() - copy bytes of the application's managed memory into its memory
  * @space: the space
  * @va: the first byte written
  * @src_va: the first byte read
@@ -1627,14 +1626,14 @@ static int wic_read_resident(struct uvm_wic_space *space, u64 va, u8 *buf, size_
  *
  * Process context only. Reads each source page where it is resident (a fake GPU's memory,
  * WIC_FAKEGPU_IOC_GPU_STORE, as that GPU's copy engine would; else the process's memory), writes
- * as uvm_wic_write() and logs %WIC_FAKEGPU_EVENT_COPY with the GPU that held the first source
+ * as wic_fill_write() and logs %WIC_FAKEGPU_EVENT_COPY with the GPU that held the first source
  * byte and the first 8 bytes. Armed write failures (WIC_FAKEGPU_IOC_FAIL) apply to copies too.
  *
  * Return: 0; -EINVAL for bad arguments or overlapping ranges; -EFAULT when the source is not
  * managed memory (WIC_FAKEGPU_IOC_MANAGE) or part of the range could not be read or written
- * (the part before may have been written); the other errors of uvm_wic_write().
+ * (the part before may have been written); the other errors of wic_fill_write().
  */
-int uvm_wic_copy(struct uvm_wic_space *space, u64 va, u64 src_va, size_t len)
+static int wic_fill_copy(struct uvm_wic_space *space, u64 va, u64 src_va, size_t len)
 {
 	u32 first_gpu = WIC_FAKEGPU_GPU_NONE, gpu_id;
 	u8 first[8] = {};
@@ -1672,9 +1671,10 @@ int uvm_wic_copy(struct uvm_wic_space *space, u64 va, u64 src_va, size_t len)
 	wic_log_event(WIC_FAKEGPU_EVENT_COPY, first_gpu, va, len, get_unaligned_le64(first));
 	return 0;
 }
-EXPORT_SYMBOL_GPL(uvm_wic_copy);
 
 /* One completion of uvm_wic_complete(): its steps as the helpers take them. */
+static int wic_unmap_pages(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len);
+
 static int wic_complete_one(struct uvm_wic_space *space, struct uvm_wic_completion *c)
 {
 	u64 bytes = (u64)c->pages * WIC_FAKEGPU_PAGE_SIZE;
@@ -1688,14 +1688,14 @@ static int wic_complete_one(struct uvm_wic_space *space, struct uvm_wic_completi
 	    ((c->flags & UVM_WIC_COMPLETE_NO_MAP) && (c->flags & UVM_WIC_COMPLETE_WRITABLE)))
 		return -EINVAL;
 	if (fill && c->length && c->src)
-		ret = uvm_wic_write(space, c->va, c->src, c->length);
+		ret = wic_fill_write(space, c->va, c->src, c->length);
 	else if (fill && c->length)
-		ret = uvm_wic_copy(space, c->va, c->src_va, c->length);
+		ret = wic_fill_copy(space, c->va, c->src_va, c->length);
 	for (i = 0; fill && !c->length && !ret && i < c->pages; i++)
-		ret = uvm_wic_write(space, c->va + (u64)i * WIC_FAKEGPU_PAGE_SIZE, &c->marker,
+		ret = wic_fill_write(space, c->va + (u64)i * WIC_FAKEGPU_PAGE_SIZE, &c->marker,
 				    sizeof(c->marker));
 	if (!ret && c->companion) {
-		ret = uvm_wic_unmap(space, c->gpu_id, c->companion, bytes);
+		ret = wic_unmap_pages(space, c->gpu_id, c->companion, bytes);
 		c->companion_unmapped = !ret;
 	}
 	if (!ret && !(c->flags & UVM_WIC_COMPLETE_NO_MAP))
@@ -1711,8 +1711,8 @@ static int wic_complete_one(struct uvm_wic_space *space, struct uvm_wic_completi
  * @count: how many
  *
  * Process context only. Logs %WIC_FAKEGPU_EVENT_COMPLETE with @count, then runs each wake-up
- * as uvm_wic_write() or uvm_wic_copy() of its fill (a marker: at the start of each page),
- * uvm_wic_unmap() of its companion and uvm_wic_map() of its run, which log their own events,
+ * as wic_fill_write() or wic_fill_copy() of its fill (a marker: at the start of each page),
+ * wic_unmap_pages() of its companion and uvm_wic_map() of its run, which log their own events,
  * leaving out the steps its flags and a companion of 0 leave out; a wake-up stops at its first
  * failing step and its @result gets the errno.
  *
@@ -1824,7 +1824,7 @@ static int wic_clear_range(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 
 }
 
 /**
- * uvm_wic_unmap() - unmap pages from a fake GPU
+ * wic_unmap_pages() - unmap pages from a fake GPU
  * @space: the space
  * @gpu_id: the GPU
  * @va: page-aligned start
@@ -1835,11 +1835,10 @@ static int wic_clear_range(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 
  * Return: 0, -ENODEV for a bad @gpu_id, -EOPNOTSUPP for a pre-Volta one or -EINVAL for a
  * bad range.
  */
-int uvm_wic_unmap(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len)
+static int wic_unmap_pages(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len)
 {
 	return wic_clear_range(space, gpu_id, va, len, ~0UL, WIC_FAKEGPU_EVENT_UNMAP);
 }
-EXPORT_SYMBOL_GPL(uvm_wic_unmap);
 
 /**
  * uvm_wic_revoke_write() - make pages read-only on a fake GPU

@@ -14,7 +14,7 @@
  * dropped and counted; WIC_FAKEGPU_IOC_EVENTS reports the count. Page state is per file and per
  * GPU. All structures have the same layout for 32-bit and 64-bit callers.
  *
- * The fake checks one rule of uvm_wic.h: uvm_wic_write() or uvm_wic_copy() to a page that is
+ * The fake checks one rule of uvm_wic.h: a completion's fill (its write or copy) of a page that is
  * mapped on any fake GPU fails with EBUSY, unless the module parameter strict_write is 0.
  *
  * The fake is as strict as nvidia-uvm about memory: only ranges a test driver declared managed
@@ -27,7 +27,7 @@
  * GPU memory is modelled for GPU producers: WIC_FAKEGPU_IOC_GPU_STORE is a kernel of a fake GPU
  * storing bytes into managed memory, which makes the pages resident in that GPU's memory, out
  * of the CPU's sight (the process's own copy of the page is stale), as nvidia-uvm migrates a
- * managed page to the GPU that writes it. uvm_wic_copy() reads such a page from the GPU's
+ * managed page to the GPU that writes it. A completion's copy reads such a page from the GPU's
  * memory (as that GPU's copy engine would, logging the GPU) and any other from the process.
  *
  * The replayable-fault hardware is modelled too, for what wic_shim cannot see through
@@ -50,7 +50,7 @@
  * refuses the space with EOPNOTSUPP, the helpers refuse that GPU with EOPNOTSUPP, and its
  * faults are never shown to classify (serviced as usual).
  *
- * A test driver can make the next calls of uvm_wic_write() and uvm_wic_map() on its space fail
+ * A test driver can make the next fills (writes and copies) and uvm_wic_map() calls on its space fail
  * with an errno of its choice, or stall until it lets them go on (WIC_FAKEGPU_IOC_FAIL), to see
  * what wic_shim does when nvidia-uvm refuses, or what happens while a helper runs.
  */
@@ -95,15 +95,15 @@
 #define WIC_FAKEGPU_MAX_WARPS 4096		/* warps stalled on all fake GPUs */
 
 /* Event kinds (struct wic_fakegpu_event.kind). */
-#define WIC_FAKEGPU_EVENT_WRITE 1		/* uvm_wic_write() */
+#define WIC_FAKEGPU_EVENT_WRITE 1		/* a completion's fill: bytes or a marker */
 #define WIC_FAKEGPU_EVENT_MAP 2			/* uvm_wic_map(), read-only */
 #define WIC_FAKEGPU_EVENT_MAP_WRITABLE 3	/* uvm_wic_map(), read-write */
-#define WIC_FAKEGPU_EVENT_UNMAP 4		/* uvm_wic_unmap() */
+#define WIC_FAKEGPU_EVENT_UNMAP 4		/* a completion's unmap of its companion */
 #define WIC_FAKEGPU_EVENT_REVOKE_WRITE 5	/* uvm_wic_revoke_write() */
 #define WIC_FAKEGPU_EVENT_REPLAY 6		/* uvm_wic_replay(), or uvm_wic_unregister() */
 #define WIC_FAKEGPU_EVENT_SERVICED 7		/* an injected fault passed and serviced */
 #define WIC_FAKEGPU_EVENT_STALLED 8		/* a call stalled by WIC_FAKEGPU_FAIL_STALL */
-#define WIC_FAKEGPU_EVENT_COPY 9		/* uvm_wic_copy() */
+#define WIC_FAKEGPU_EVENT_COPY 9		/* a completion's fill copied from a source */
 #define WIC_FAKEGPU_EVENT_RESUMED 10		/* a stalled warp resumed at a replay */
 #define WIC_FAKEGPU_EVENT_DROPPED 11		/* a fault dropped by a full fault buffer */
 #define WIC_FAKEGPU_EVENT_COMPLETE 12		/* uvm_wic_complete(), before its steps' events */
@@ -233,7 +233,7 @@ struct wic_fakegpu_page_state {
 
 /**
  * struct wic_fakegpu_fail - make this space's next helper calls fail, or stall
- * @writes: in: how many of the next uvm_wic_write() and uvm_wic_copy() calls on this file's
+ * @writes: in: how many of the next fills (writes and copies) of completions on this file's
  *	space are affected
  * @maps: in: how many of the next uvm_wic_map() calls on this file's space are affected
  * @error: in: 0, or the (positive) errno an affected call fails with, at most

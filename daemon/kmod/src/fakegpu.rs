@@ -68,7 +68,7 @@ pub const EVENT_REPLAY: u32 = 6;
 pub const EVENT_SERVICED: u32 = 7;
 /// `WIC_FAKEGPU_EVENT_STALLED`.
 pub const EVENT_STALLED: u32 = 8;
-/// `WIC_FAKEGPU_EVENT_COPY`: `uvm_wic_copy()`; its GPU is the one whose memory held the first
+/// `WIC_FAKEGPU_EVENT_COPY`: a completion's fill copied from a source; its GPU is the one whose memory held the first
 /// source byte ([`GPU_NONE`]: the CPU's).
 pub const EVENT_COPY: u32 = 9;
 /// `WIC_FAKEGPU_EVENT_RESUMED`: a stalled warp resumed at a replay.
@@ -442,7 +442,7 @@ impl FakeGpu {
         check(unsafe { ioc_reset(self.file.as_raw_fd(), 0) }).map(drop)
     }
 
-    /// Makes the next `fail.writes` `uvm_wic_write()` and `fail.maps` `uvm_wic_map()` calls on
+    /// Makes the next `fail.writes` fills (writes and copies) and `fail.maps` `uvm_wic_map()` calls on
     /// this space fail with `fail.error` (or stall first, with [`FAIL_STALL`]), replacing what
     /// was armed before and letting every stalled call go on.
     pub fn fail(&self, fail: Fail) -> io::Result<()> {
