@@ -99,6 +99,8 @@ static struct workqueue_struct *wic_wq;
 #define WIC_GROUP_MAX 64
 /* Held faults one step of a sweep of the held table handles at once (wic_complete_held()). */
 #define WIC_COMPLETE_BATCH 16
+/* Runs the expiry completed whose late completions are refused (struct wic_session.expired). */
+#define WIC_EXPIRED_RUNS 64
 /* Sweeps of the held table a session's release makes before it lets the last faults go. */
 #define WIC_RELEASE_SWEEPS 4
 
@@ -216,6 +218,11 @@ struct wic_group {
  *	that nvidia-uvm services it (moving the page where the GPU reaches it) and the warp reads
  *	the marker, instead of being held and expired again every period; under @lock
  * @nr_pass_once: entries in @pass_once
+ * @expired: runs the expiry completed whose WIC_RECORD_EXPIRED record wicd has not read yet
+ *	(@seq, U64_MAX when it could not be posted): a completion of such a run that wicd sent
+ *	before it read the record is refused, not written into pages warps already read; under
+ *	@lock
+ * @nr_expired: entries in @expired
  * @clock: the episode of faults held without a held-table entry (table full); under @lock
  * @untabled_gpus: the GPUs of those faults, replayed by the expiry's relief
  *	(wic_hold_relief_due()); under @lock
@@ -252,6 +259,14 @@ struct wic_session {
 		u32 gpu_id;
 	} pass_once[WIC_PASS_ONCE];
 	u32 nr_pass_once;
+	struct {
+		u64 seq;
+		u64 run;
+		u32 pages;
+		u32 space_id;
+		u32 gpu_id;
+	} expired[WIC_EXPIRED_RUNS];
+	u32 nr_expired;
 	struct wic_hold_clock clock;
 	DECLARE_BITMAP(untabled_gpus, WIC_GPU_BITS);
 	struct delayed_work expire;
@@ -975,6 +990,70 @@ static bool wic_find_run_expiry(struct wic_session *s, u64 before, u32 gen, u32 
 	return false;
 }
 
+/* Forgets the expired runs whose record wicd has read; under @lock. */
+static void wic_expired_forget_read(struct wic_session *s)
+{
+	u64 tail = READ_ONCE(s->ring->tail);
+	u32 i = 0;
+
+	while (i < s->nr_expired) {
+		if (s->expired[i].seq != U64_MAX && s->expired[i].seq < tail)
+			s->expired[i] = s->expired[--s->nr_expired];
+		else
+			i++;
+	}
+}
+
+/*
+ * Remembers @x's run, its record at @seq (U64_MAX: not posted), until wicd read the record;
+ * under @lock. With every entry unread, the oldest record's run is forgotten: its late
+ * completion, if any, is no longer refused.
+ */
+static void wic_expired_add(struct wic_session *s, const struct wic_run_expiry *x, u64 seq)
+{
+	u32 at, i;
+
+	wic_expired_forget_read(s);
+	at = s->nr_expired;
+	if (at == WIC_EXPIRED_RUNS) {
+		for (at = 0, i = 1; i < s->nr_expired; i++)
+			if (s->expired[i].seq < s->expired[at].seq)
+				at = i;
+	} else {
+		s->nr_expired++;
+	}
+	s->expired[at].seq = seq;
+	s->expired[at].run = x->run;
+	s->expired[at].pages = x->pages;
+	s->expired[at].space_id = x->space_id;
+	s->expired[at].gpu_id = x->gpu_id;
+}
+
+/*
+ * Whether @cmd, a completion, is of a run the expiry completed that wicd has not heard of
+ * (wic_post_expired()): wicd sent it before it read the expiry's record, for a generation
+ * whose warps already read the timeout marker. The run is then forgotten when its record
+ * could not be posted: wicd never hears of it, and its next completion is for the next
+ * generation. Under @lock.
+ */
+static bool wic_expired_take(struct wic_session *s, const struct wic_command *cmd)
+{
+	u64 end = cmd->va + (u64)cmd->pages * PAGE_SIZE;
+	u32 i;
+
+	wic_expired_forget_read(s);
+	for (i = 0; i < s->nr_expired; i++) {
+		if (s->expired[i].space_id != cmd->space_id || s->expired[i].gpu_id != cmd->gpu_id ||
+		    s->expired[i].run >= end ||
+		    cmd->va >= s->expired[i].run + (u64)s->expired[i].pages * PAGE_SIZE)
+			continue;
+		if (s->expired[i].seq == U64_MAX)
+			s->expired[i] = s->expired[--s->nr_expired];
+		return true;
+	}
+	return false;
+}
+
 /*
  * Tells wicd that the expiry completed @x's run (WIC_RECORD_EXPIRED), the entry carrying the
  * faulting page's address; with the ring full wicd is not told, and counted as dropped.
@@ -988,6 +1067,7 @@ static void wic_post_expired(struct wic_session *s, const struct wic_run_expiry 
 	put_unaligned_le32(lower_32_bits(x->va) & PAGE_MASK, raw + 8);
 	put_unaligned_le32(upper_32_bits(x->va), raw + 12);
 	spin_lock_irqsave(&s->lock, flags);
+	wic_expired_add(s, x, wic_ring_room(s) ? s->ring->head : U64_MAX);
 	if (wic_ring_room(s))
 		wic_ring_post(s, x->space_id, x->gpu_id, x->range_id, WIC_RECORD_EXPIRED,
 			      ktime_get_ns(), raw);
@@ -996,6 +1076,7 @@ static void wic_post_expired(struct wic_session *s, const struct wic_run_expiry 
 	spin_unlock_irqrestore(&s->lock, flags);
 	wake_up_interruptible(&s->poll_wait);
 }
+
 
 /*
  * The expiry of faults held before @before on PCM pages of ranges registered with their runs:
@@ -1568,6 +1649,18 @@ static bool wic_group_fits(const struct wic_session *s, const struct wic_command
 			  g->bounce_used + data <= WIC_MAX_WRITE_BYTES);
 }
 
+/* wic_expired_take() under @lock. */
+static bool wic_expired_late(struct wic_session *s, const struct wic_command *cmd)
+{
+	unsigned long flags;
+	bool late;
+
+	spin_lock_irqsave(&s->lock, flags);
+	late = s->nr_expired && wic_expired_take(s, cmd);
+	spin_unlock_irqrestore(&s->lock, flags);
+	return late;
+}
+
 /*
  * Runs a batch; the one path behind WIC_IOC_SUBMIT and io_uring. Returns how many commands
  * succeeded, or a negative errno when the batch was refused before any ran. Consecutive
@@ -1599,6 +1692,8 @@ static long wic_submit(struct wic_session *s, const struct wic_submit *sub)
 		space = wic_space(s, cmd.space_id);
 		cmd.result = wic_check_command(&cmd, space ? &space->ranges : NULL);
 		completion = cmd.opcode == WIC_CMD_COMPLETE || cmd.opcode == WIC_CMD_COMPLETE_COPY;
+		if (!cmd.result && completion && wic_expired_late(s, &cmd))
+			cmd.result = -ESTALE;
 		if (!cmd.result && (!completion || !wic_group_fits(s, &cmd))) {
 			done += wic_group_run(s, ucmds, &unstored);
 			if (unstored)

@@ -150,12 +150,43 @@ fn a_whole_run_expires_as_wicd_would_end_it(
     ensure(unmapped, || format!("the slot's other run was not unmapped: {events:?}"))?;
     let state = fake.page_state(GPU, companion).map_err(|e| format!("page state: {e}"))?;
     ensure(state & fakegpu::PAGE_MAPPED == 0, || "the slot's other run is still mapped".into())?;
+    // wicd's completion of that generation, sent before it read the expiry's record, comes
+    // late: refused, not written into the run its warps read the timeout marker from.
+    let data = [0x5au8; 64];
+    let late = |arg: u64, length: u64| WicCommand {
+        opcode: kabi::WIC_CMD_COMPLETE,
+        space_id: space,
+        gpu_id: GPU,
+        pages: RUN_PAGES,
+        va: run,
+        arg,
+        length,
+        companion,
+        ..WicCommand::default()
+    };
+    let mut stale = [late(data.as_ptr() as u64, data.len() as u64)];
+    device.submit(&mut stale).map_err(|e| format!("complete: {e}"))?;
+    ensure(stale[0].result == -libc::ESTALE, || {
+        format!("a completion of the expired generation got {}, not ESTALE", stale[0].result)
+    })?;
+    let word = u64::from_le_bytes(memory.read(run, 8).try_into().expect("8 bytes"));
+    ensure(word == WIC_MARKER_TIMEOUT, || format!("the late completion wrote {word:#x} into the expired run"))?;
     let mut records = Vec::new();
     device.ring().read(&mut records, 16);
     let told = records.iter().any(|r| {
         r.expired && r.range_id == range && r.gpu_id == GPU && FaultEntry::decode_va(&r.entry, VaWidth::Bits57) == va
     });
     ensure(told, || format!("no expiry record for wicd: {records:?}"))?;
+    // Once wicd read the record, the slot goes on: its next generation in the other run (which
+    // unmaps this one), the one after in this run again.
+    let mut next = [
+        WicCommand { va: companion, companion: run, ..late(kabi::WIC_MARKER_CHANNEL_CLOSED, 0) },
+        late(kabi::WIC_MARKER_CHANNEL_CLOSED, 0),
+    ];
+    device.submit(&mut next).map_err(|e| format!("complete: {e}"))?;
+    ensure(next.iter().all(|c| c.result == 0), || {
+        format!("the generations after the expiry record was read got {:?}", next.map(|c| c.result))
+    })?;
     fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))
 }
 
