@@ -85,7 +85,8 @@ struct wic_version {
  * Errors: EINVAL when @space_id is not 0 on input; EBADF when @uvm_fd is no descriptor or not
  * an nvidia-uvm VA-space file; ENODEV when that space has no process yet; EOPNOTSUPP when a
  * GPU registered in the space cannot cancel faults per VA (Pascal and older), whose faults wic
- * never holds; EEXIST when the space is attached already; ENOSPC past WIC_MAX_SPACES. Commands
+ * never holds; EPERM under Confidential Computing, where nvidia-uvm cannot write a held page's
+ * data; EEXIST when the space is attached already; ENOSPC past WIC_MAX_SPACES. Commands
  * naming such a GPU fail with EOPNOTSUPP.
  */
 struct wic_attach {

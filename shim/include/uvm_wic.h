@@ -176,7 +176,8 @@ void uvm_wic_unregister(const struct uvm_wic_ops *ops);
  *
  * Return: the space, or an ERR_PTR: -EBADF when @uvm_file is not a UVM VA-space file,
  * -ENODEV when the space has no mm (it was not initialised by a process), -EOPNOTSUPP when
- * a pre-Volta GPU is registered in the space.
+ * a pre-Volta GPU is registered in the space, -EPERM under Confidential Computing (a
+ * completion cannot write a held page there).
  */
 struct uvm_wic_space *uvm_wic_space_get(struct file *uvm_file);
 

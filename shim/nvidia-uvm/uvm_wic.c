@@ -698,6 +698,15 @@ static struct uvm_wic_space *wic_space_get(struct file *uvm_file)
 	if (!va_space)
 		return ERR_PTR(-EBADF);
 
+	/*
+	 * Under Confidential Computing a completion cannot work: the staging page of its fills
+	 * cannot be mapped on the GPU and CPU memory is not DMA-mapped for the GPU's copy
+	 * engines, and the fault buffer's OVERFLOW bit is out of sight. Refused whole, before
+	 * any fault could be held.
+	 */
+	if (g_uvm_global.conf_computing_enabled)
+		return ERR_PTR(-EPERM);
+
 	mutex_lock(&wic_lock);
 	ref = wic_space_find(va_space);
 	if (ref)
@@ -761,7 +770,7 @@ static struct uvm_wic_space *wic_space_get(struct file *uvm_file)
  * Return: the space, or an ERR_PTR: -EBADF when @uvm_file is not a UVM VA-space file,
  * -ENODEV when the space has no mm (it was not initialised by a process, or the process
  * is exiting), -EOPNOTSUPP when a GPU registered in the space cannot cancel faults by VA
- * (pre-Volta: Pascal), -ENOMEM.
+ * (pre-Volta: Pascal), -EPERM under Confidential Computing, -ENOMEM.
  */
 struct uvm_wic_space *uvm_wic_space_get(struct file *uvm_file)
 {

@@ -1497,7 +1497,8 @@ EXPORT_SYMBOL_GPL(uvm_wic_unregister);
  * uvm_wic_space_put().
  *
  * Return: the space, or an ERR_PTR: -EBADF when @uvm_file is not a /dev/wic_fakegpu file,
- * -ENODEV when it was opened by a kernel thread (no mm).
+ * -ENODEV when it was opened by a kernel thread (no mm), -EOPNOTSUPP with a pre-Volta GPU
+ * registered, -EPERM under the conf_computing parameter, as the hook refuses.
  */
 struct uvm_wic_space *uvm_wic_space_get(struct file *uvm_file)
 {
@@ -1511,6 +1512,8 @@ struct uvm_wic_space *uvm_wic_space_get(struct file *uvm_file)
 		return ERR_PTR(-ENODEV);
 	if (!bitmap_empty(space->pre_volta, WIC_FAKEGPU_NR_GPUS + 1))
 		return ERR_PTR(-EOPNOTSUPP);
+	if (conf_computing)
+		return ERR_PTR(-EPERM);
 	get_file(uvm_file);
 	return space;
 }

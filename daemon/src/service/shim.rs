@@ -206,6 +206,10 @@ impl Backend for ShimGpus {
                 ErrorCode::Unsupported,
                 "a GPU registered in the address space cannot cancel faults per VA (Pascal or older): wic cannot hold its faults",
             ),
+            DeviceError::Call { errno: Errno::EPERM, .. } => WireError::new(
+                ErrorCode::Unsupported,
+                "the GPUs run in Confidential Computing mode, where nvidia-uvm cannot write a held page's data: wic cannot hold faults there",
+            ),
             e => wire_error("attaching the address space", e),
         })?;
         self.spaces.insert(space);

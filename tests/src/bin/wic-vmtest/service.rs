@@ -29,6 +29,8 @@ use crate::rig::{ensure, fault, wait_events, Memory, GPU};
 
 const SOCKET: &str = "/run/wic/wicd.sock";
 const LOG: &str = "/tmp/wicd.log";
+/// The fake GPU's model of Confidential Computing.
+const CONF_COMPUTING: &str = "/sys/module/wic_fakegpu/parameters/conf_computing";
 /// `[shim] gpu_sharing = "warn"`: see [`Wicd::start`].
 const WARN_CONFIG: &str = "/tmp/wicd-warn.toml";
 /// Start-up and shutdown allowance: the kernel runs under emulation.
@@ -381,6 +383,7 @@ fn scenario() -> Result<(), String> {
         capi::wic_disconnect(client);
     }
     gpu_sharing(&fake)?;
+    confidential_computing_refused(&fake)?;
     pascal_refused()?;
     timeouts_below_the_module_bound(&fake, &mut memory)?;
     refused_unregister_asked_again(&fake, &mut memory)
@@ -481,6 +484,15 @@ fn gpu_sharing(fake: &FakeGpu) -> Result<(), String> {
         format!("no warning about the unchecked GPUs:\n{}", log_tail())
     })?;
     attach_refused(fake, &[], "gpu_sharing")
+}
+
+/// The GPUs in Confidential Computing mode (the fake GPU's `conf_computing`): nvidia-uvm with
+/// the hook refuses the space, and wicd says why.
+fn confidential_computing_refused(fake: &FakeGpu) -> Result<(), String> {
+    std::fs::write(CONF_COMPUTING, "1\n").map_err(|e| format!("{CONF_COMPUTING}: {e}"))?;
+    let refused = attach_refused(fake, &["--config", WARN_CONFIG], "Confidential Computing");
+    std::fs::write(CONF_COMPUTING, "0\n").map_err(|e| format!("{CONF_COMPUTING}: {e}"))?;
+    refused
 }
 
 /// An application whose address space has a Pascal GPU registered: the module cannot hold
