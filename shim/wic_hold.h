@@ -36,6 +36,11 @@ enum wic_hold_entry {
 /**
  * struct wic_hold_facts - what classify knows of a fault
  * @wic_page: it is on a page of a registered PCM or PAT range (a source range's is not)
+ * @gone: nvidia-uvm said, completing an earlier fault, that its space's process is gone
+ *	(ESRCH) or that its range is no longer managed memory (EFAULT, the memory freed): no
+ *	warp of the application reads the page any more, and its faults, held, would be held
+ *	again at every replay (nvidia-uvm's teardown flushes and replays expecting them
+ *	serviced)
  * @prefetch: every access coalesced into it is a prefetch
  * @pass_once: the expiry released its (space, GPU, page) unmapped, its marker written, because
  *	nvidia-uvm cannot map the page on that GPU: this fault is the warp's, to be serviced once
@@ -47,6 +52,7 @@ enum wic_hold_entry {
  */
 struct wic_hold_facts {
 	bool wic_page;
+	bool gone;
 	bool prefetch;
 	bool pass_once;
 	bool gpu_valid;
@@ -86,7 +92,7 @@ enum wic_hold_action {
 /* What to do with a fault. */
 static inline enum wic_hold_action wic_hold_classify(const struct wic_hold_facts *f)
 {
-	if (!f->wic_page)
+	if (!f->wic_page || f->gone)
 		return WIC_HOLD_PASS;
 	if (f->prefetch)
 		return WIC_HOLD_QUIET;

@@ -111,11 +111,13 @@ static struct workqueue_struct *wic_wq;
  * @held_gpus: the GPUs on which a fault of this space got a HOLD verdict, recorded or not;
  *	each is replayed when the space's held faults are completed at detach or release, so
  *	that faults held unrecorded (ring or held table full) fault again
+ * @gone: nvidia-uvm said the space's process is gone (ESRCH): its faults are passed
  */
 struct wic_space_entry {
 	struct uvm_wic_space *uvm;
 	struct wic_range_list ranges;
 	DECLARE_BITMAP(held_gpus, WIC_GPU_BITS);
+	bool gone;
 };
 
 /**
@@ -527,6 +529,7 @@ static enum uvm_wic_verdict wic_classify(const struct uvm_wic_fault *fault)
 	range = wic_range_find(&space->ranges, fault->va);
 	/* A GPU producer's data (a source range): its GPU writes there as usual. */
 	facts.wic_page = range && range->kind != WIC_RANGE_SOURCE;
+	facts.gone = space->gone || (range && range->gone);
 	if (facts.wic_page && !facts.prefetch)
 		facts.pass_once = wic_pass_once_take(s, space_id, fault->gpu_id, fault->va);
 	if (facts.wic_page && !facts.prefetch && !facts.pass_once && facts.gpu_valid) {
@@ -666,6 +669,36 @@ static bool wic_page_gone(int err)
 	return err == -ESRCH || err == -EFAULT || err == -ENODEV;
 }
 
+/*
+ * After nvidia-uvm said @err completing a fault on page @va of @space_id: a process gone
+ * (ESRCH) makes its space gone, memory no longer managed (EFAULT: freed) the page's range, so
+ * that their faults are passed from now on instead of held again at every replay; under @lock.
+ * A GPU gone from the space (ENODEV) is not remembered: it may come back.
+ */
+static void wic_mark_gone(struct wic_session *s, u32 space_id, u64 va, int err)
+{
+	struct wic_space_entry *space = &s->spaces[space_id - 1];
+	struct wic_range_entry *range;
+
+	if (err == -ESRCH) {
+		space->gone = true;
+	} else if (err == -EFAULT) {
+		range = (struct wic_range_entry *)wic_range_find(&space->ranges, va);
+		if (range)
+			range->gone = -err;
+	}
+}
+
+/* wic_mark_gone() under @lock. */
+static void wic_gone(struct wic_session *s, u32 space_id, u64 va, int err)
+{
+	unsigned long flags;
+
+	spin_lock_irqsave(&s->lock, flags);
+	wic_mark_gone(s, space_id, va, err);
+	spin_unlock_irqrestore(&s->lock, flags);
+}
+
 /**
  * enum wic_on_failure - what wic_complete_held() does when nvidia-uvm refuses a write or a map
  * @WIC_STOP: stop after the step (markers or maps of up to WIC_COMPLETE_BATCH faults) in which
@@ -704,6 +737,7 @@ static bool wic_complete_failed(struct wic_session *s, struct wic_held *held, in
 		pr_warn_ratelimited("cannot complete held page %#llx: %d\n", held->va, err);
 		/* Its page stays a wic page: only passed will the fault reach its marker. */
 		spin_lock_irqsave(&s->lock, flags);
+		wic_mark_gone(s, held->space_id, held->va, err);
 		if (err == -EXDEV && on_failure == WIC_SKIP_FAILED &&
 		    s->nr_pass_once < WIC_PASS_ONCE) {
 			s->pass_once[s->nr_pass_once].va = held->va;
@@ -1365,6 +1399,7 @@ static long wic_attach(struct wic_session *s, struct wic_attach __user *uarg)
 	}
 	spin_lock_irqsave(&s->lock, flags);
 	s->spaces[id - 1].uvm = uvm;
+	s->spaces[id - 1].gone = false;
 	spin_unlock_irqrestore(&s->lock, flags);
 	wic_index_publish(s, index);
 	a.space_id = id;
@@ -1596,6 +1631,10 @@ static long wic_group_run(struct wic_session *s, struct wic_command __user *ucmd
 		if (!result) {
 			wic_release_held(s, g->space_id, cmd->gpu_id, cmd->va, cmd->pages);
 			done++;
+		} else if (result == -ESRCH || result == -EFAULT) {
+			/* No warp reads the run any more: its faults go, passed when they return. */
+			wic_gone(s, g->space_id, cmd->va, result);
+			wic_release_held(s, g->space_id, cmd->gpu_id, cmd->va, cmd->pages);
 		}
 		if (put_user(result, &ucmds[g->index[i]].result))
 			*unstored = true;

@@ -31,6 +31,8 @@
  * @id: the id given to wicd
  * @kind: WIC_RANGE_PCM, WIC_RANGE_PAT or WIC_RANGE_SOURCE
  * @run_pages: the pages of each run of a PCM range registered with them, else 0
+ * @gone: 0, or the errno with which nvidia-uvm said its pages are gone for good (see
+ *	wic_hold.h): its faults are no longer held
  */
 struct wic_range_entry {
 	u64 start;
@@ -38,6 +40,7 @@ struct wic_range_entry {
 	u32 id;
 	u32 kind;
 	u32 run_pages;
+	u32 gone;
 };
 
 /**

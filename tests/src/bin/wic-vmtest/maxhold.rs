@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use wic_engine::fault::AccessType;
 use wic_engine::{FaultEntry, VaWidth};
-use wic_kmod::fakegpu::{self, Event, FakeGpu};
+use wic_kmod::fakegpu::{self, Event, Fail, FakeGpu};
 use wic_kmod::Device;
 use wic_proto::kabi::{self, WicCommand, WIC_MARKER_TIMEOUT};
 
@@ -94,6 +94,7 @@ fn steps() -> Result<(), String> {
     check_page(&fake, &memory, &events, va)?;
     one_refused_fault_holds_back_no_other(&fake, &memory, &mut device, space)?;
     a_fault_past_the_ring_or_the_table_is_bounded(&fake, &mut device, space)?;
+    gone_pages_are_not_held_again(&mut device)?;
     an_unmappable_page_is_passed_once(&fake, &memory, &mut device, space)?;
     a_whole_run_expires_as_wicd_would_end_it(&fake, &memory, &mut device, space)
 }
@@ -347,6 +348,39 @@ fn a_fault_past_the_ring_or_the_table_is_bounded(
     read_ring(device);
     device.unregister(range).map_err(|e| format!("unregister: {e}"))?;
     fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))
+}
+
+/// When nvidia-uvm says, completing an expired fault, that the range's memory is no longer
+/// managed (EFAULT: freed) or that the space's process is gone (ESRCH), the fault is released
+/// unmapped and its GPU replayed; coming back, it is passed, not held again at every period
+/// (a freed VA reused by the next program would stall its kernel; a dying process's teardown
+/// expects its faults serviced).
+fn gone_pages_are_not_held_again(device: &mut Device) -> Result<(), String> {
+    let fake = FakeGpu::open().map_err(|e| format!("open {}: {e}", fakegpu::DEVICE))?;
+    let memory = Memory::new(&fake, 4 * PAGE as usize)?;
+    let space = device.attach(fake.fd()).map_err(|e| format!("attach: {e}"))?;
+    let (freed, dead) = (memory.base(), memory.base() + 2 * PAGE);
+    for va in [freed, dead] {
+        device.register(space, kabi::WIC_RANGE_PCM, va, PAGE, 0).map_err(|e| format!("register: {e}"))?;
+    }
+    for (va, errno, what) in [(freed, libc::EFAULT, "a freed range"), (dead, libc::ESRCH, "a dead process")] {
+        set(0)?;
+        fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
+        inject(&fake, va)?;
+        read_ring(device);
+        fake.fail(Fail { writes: 1, error: errno as u32, ..Default::default() }).map_err(|e| format!("fail: {e}"))?;
+        set(BOUND.as_millis() as u32)?;
+        wait_events(&fake, BOUND + SLACK * 4, |seen| {
+            seen.iter().any(|e| e.kind == fakegpu::EVENT_REPLAY && e.gpu_id == GPU)
+        })
+        .map_err(|_| format!("the expiry of a fault on {what} did not replay its GPU"))?;
+        set(0)?;
+        let (again, _) = fake.inject(GPU, &[fault(va, AccessType::Read)]).map_err(|e| format!("inject: {e}"))?;
+        ensure(again == [fakegpu::VERDICT_PASS], || {
+            format!("the fault on {what} came back and was {again:?}, held again")
+        })?;
+    }
+    device.detach(space).map_err(|e| format!("detach: {e}"))
 }
 
 fn inject(fake: &FakeGpu, va: u64) -> Result<(), String> {
