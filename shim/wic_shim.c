@@ -230,6 +230,8 @@ struct wic_group {
  *	(wic_hold_relief_due()); under @lock
  * @expire: completes the faults held longer than max_hold_ms; queued by classify when it
  *	holds a fault, it queues itself again while any is held
+ * @expire_waiting: the expiry work waits for @mutex: a batch lets it in at its next step
+ *	(wic_submit_yield())
  */
 struct wic_session {
 	struct mutex mutex;
@@ -272,6 +274,7 @@ struct wic_session {
 	struct wic_hold_clock clock;
 	DECLARE_BITMAP(untabled_gpus, WIC_GPU_BITS);
 	struct delayed_work expire;
+	bool expire_waiting;
 };
 
 static struct wic_session __rcu *wic_active;
@@ -1184,14 +1187,20 @@ static void wic_expire(struct work_struct *work)
 	struct wic_session *s = container_of(to_delayed_work(work), struct wic_session, expire);
 	u64 bound_ns = (u64)READ_ONCE(max_hold_ms) * NSEC_PER_MSEC;
 	DECLARE_BITMAP(replay, WIC_GPU_BITS);
-	u64 now = ktime_get_ns(), before, next;
+	u64 now, before, next;
 	bool relief, room = true;
 	unsigned long flags;
 	int err = 0;
 	u32 gpu;
 
 	bitmap_zero(replay, WIC_GPU_BITS);
+	/* A batch in progress lets us in between its steps (wic_submit_yield()). */
+	WRITE_ONCE(s->expire_waiting, true);
 	mutex_lock(&s->mutex);
+	WRITE_ONCE(s->expire_waiting, false);
+	wake_up_var(&s->expire_waiting);
+	/* After the wait: what is due is what is due now. */
+	now = ktime_get_ns();
 	spin_lock_irqsave(&s->lock, flags);
 	relief = wic_hold_relief_due(&s->clock, now, bound_ns);
 	if (relief)
@@ -1701,6 +1710,23 @@ static bool wic_expired_late(struct wic_session *s, const struct wic_command *cm
 }
 
 /*
+ * Between two steps of a batch (no completion gathered), lets the expiry work in when it waits
+ * for @mutex: a batch may hold @mutex for long (up to WIC_MAX_COMMANDS commands, each up to a
+ * megabyte to fill or copy), and a held fault must not wait past max_hold_ms for it, nor its
+ * GPU's other contexts past RM's context-switch timeout. The batch goes on once the expiry has
+ * run; other calls may run meanwhile too, and each later command is checked against the ranges
+ * as they are then.
+ */
+static void wic_submit_yield(struct wic_session *s)
+{
+	if (!READ_ONCE(s->expire_waiting))
+		return;
+	mutex_unlock(&s->mutex);
+	wait_var_event(&s->expire_waiting, !READ_ONCE(s->expire_waiting));
+	mutex_lock(&s->mutex);
+}
+
+/*
  * Runs a batch; the one path behind WIC_IOC_SUBMIT and io_uring. Returns how many commands
  * succeeded, or a negative errno when the batch was refused before any ran. Consecutive
  * completions of one space run together, by one uvm_wic_complete() call (one acquisition of
@@ -1726,6 +1752,8 @@ static long wic_submit(struct wic_session *s, const struct wic_submit *sub)
 		struct wic_space_entry *space;
 		bool completion;
 
+		if (!s->group->nr)
+			wic_submit_yield(s);
 		if (copy_from_user(&cmd, &ucmds[i], sizeof(cmd)))
 			break;
 		space = wic_space(s, cmd.space_id);

@@ -6,13 +6,15 @@
 //! lowered from a long bound, the bound applies at once to faults already held. The parameter is
 //! restored whatever happens.
 
+use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use wic_engine::fault::AccessType;
 use wic_engine::{FaultEntry, VaWidth};
+use wic_kmod::device::raw::ioc_submit;
 use wic_kmod::fakegpu::{self, Event, Fail, FakeGpu};
 use wic_kmod::Device;
-use wic_proto::kabi::{self, WicCommand, WIC_MARKER_TIMEOUT};
+use wic_proto::kabi::{self, WicCommand, WicSubmit, WIC_MARKER_TIMEOUT};
 
 use crate::rig::{ensure, fault, wait_events, Direct, Memory, GPU};
 
@@ -95,6 +97,7 @@ fn steps() -> Result<(), String> {
     one_refused_fault_holds_back_no_other(&fake, &memory, &mut device, space)?;
     a_fault_past_the_ring_or_the_table_is_bounded(&fake, &mut device, space)?;
     gone_pages_are_not_held_again(&mut device)?;
+    a_long_batch_lets_the_expiry_in(&mut device)?;
     an_unmappable_page_is_passed_once(&fake, &memory, &mut device, space)?;
     a_whole_run_expires_as_wicd_would_end_it(&fake, &memory, &mut device, space)
 }
@@ -381,6 +384,75 @@ fn gone_pages_are_not_held_again(device: &mut Device) -> Result<(), String> {
         })?;
     }
     device.detach(space).map_err(|e| format!("detach: {e}"))
+}
+
+/// A batch of wicd's holds the session while it runs (each completion may fill a megabyte):
+/// the expiry, when it waits, gets in between two of its steps, so a fault held elsewhere is
+/// still completed within the bound. Here the batch's first write stalls past the bound, and
+/// so does its second, one step later; the held fault expires between the two.
+fn a_long_batch_lets_the_expiry_in(device: &mut Device) -> Result<(), String> {
+    set(0)?;
+    let (busy, other) = (FakeGpu::open().map_err(|e| e.to_string())?, FakeGpu::open().map_err(|e| e.to_string())?);
+    let (busy_memory, other_memory) = (Memory::new(&busy, 4 * PAGE as usize)?, Memory::new(&other, PAGE as usize)?);
+    let (busy_space, other_space) = (
+        device.attach(busy.fd()).map_err(|e| format!("attach: {e}"))?,
+        device.attach(other.fd()).map_err(|e| format!("attach: {e}"))?,
+    );
+    device.register(busy_space, kabi::WIC_RANGE_PCM, busy_memory.base(), 4 * PAGE, 0).map_err(|e| e.to_string())?;
+    device.register(other_space, kabi::WIC_RANGE_PCM, other_memory.base(), PAGE, 0).map_err(|e| e.to_string())?;
+    busy.reset().map_err(|e| e.to_string())?;
+    let held = other_memory.base();
+    inject(&other, held)?;
+    read_ring(device);
+    let complete = |va: u64| WicCommand {
+        opcode: kabi::WIC_CMD_COMPLETE,
+        space_id: busy_space,
+        gpu_id: GPU,
+        pages: 1,
+        va,
+        arg: kabi::WIC_MARKER_CHANNEL_CLOSED,
+        companion: va + PAGE,
+        ..WicCommand::default()
+    };
+    let replay =
+        WicCommand { opcode: kabi::WIC_CMD_REPLAY, space_id: busy_space, gpu_id: GPU, ..WicCommand::default() };
+    let mut batch = [complete(busy_memory.base()), replay, complete(busy_memory.base() + 2 * PAGE)];
+    let stall = Fail { writes: 1, flags: fakegpu::FAIL_STALL, ..Default::default() };
+    busy.fail(stall).map_err(|e| format!("arm the stall: {e}"))?;
+    set(BOUND.as_millis() as u32)?;
+    let fd = device.fd().as_raw_fd();
+    let (expired, submitted) = std::thread::scope(|scope| {
+        let commands = &mut batch;
+        let submit = scope.spawn(move || {
+            let mut arg = WicSubmit {
+                commands: commands.as_mut_ptr() as u64,
+                count: commands.len() as u32,
+                ..WicSubmit::default()
+            };
+            // SAFETY: checked ABI; `commands` outlives the call, the session the scope.
+            unsafe { ioc_submit(fd, &mut arg) }
+        });
+        let expired = wait_events(&busy, SLACK * 4, |seen| seen.iter().any(|e| e.kind == fakegpu::EVENT_STALLED))
+            .map_err(|_| "the batch's first write never stalled".to_string())
+            .and_then(|_| {
+                // The bound passes while the batch's first step stalls; the next step stalls too.
+                std::thread::sleep(BOUND + BOUND / 2);
+                busy.fail(stall).map_err(|e| format!("arm the second stall: {e}"))?;
+                wait_events(&other, SLACK * 2, |seen| completed(seen, held).is_some())
+                    .map_err(|_| "the held fault did not expire while the batch went on".to_string())
+            });
+        let released = busy.fail(Fail::default());
+        let submitted = submit.join().map_err(|_| "the submitting thread panicked".to_string());
+        (expired.and_then(|e| released.map(|_| e).map_err(|e| e.to_string())), submitted)
+    });
+    set(0)?;
+    expired.map_err(|e| format!("{e} (the batch: {submitted:?}, {:?})", batch.map(|c| c.result)))?;
+    let done = submitted?.map_err(|e| format!("submit: {e}"))?;
+    ensure(done == 3 && batch.iter().all(|c| c.result == 0), || {
+        format!("the batch did {done} of 3: {:?}", batch.map(|c| c.result))
+    })?;
+    device.detach(busy_space).map_err(|e| format!("detach: {e}"))?;
+    device.detach(other_space).map_err(|e| format!("detach: {e}"))
 }
 
 fn inject(fake: &FakeGpu, va: u64) -> Result<(), String> {
