@@ -5,8 +5,8 @@
  * The replayable-fault bottom half shows every coalesced fault of a batch to the callbacks that
  * wic_shim registered (uvm_wic_classify_batch(), called right after preprocess_fault_batch()).
  * Faults the shim holds are marked is_wic_held: the fault path neither services nor cancels
- * them and issues no replay for a batch made only of held faults, so the faulting warps stay
- * stalled. Later the daemon, through wic_shim, completes them (uvm_wic_complete(): the data
+ * them, issues no replay for a batch made only of held faults and defers the final replay of a
+ * run made only of them (uvm_wic_run_needs_replay()), so the faulting warps stay stalled. Later the daemon, through wic_shim, completes them (uvm_wic_complete(): the data
  * written, or copied from a GPU producer's managed buffer, the slot's other run unmapped, the
  * pages mapped on the GPU, for many wake-ups at once) and replays (uvm_wic_replay()); the
  * warps resume.
@@ -608,6 +608,9 @@ void uvm_wic_unregister(const struct uvm_wic_ops *ops)
 	cancel_delayed_work_sync(&wic_deferred_work);
 	destroy_workqueue(wic_deferred_wq);
 	wic_deferred_wq = NULL;
+	spin_lock(&wic_deferred_lock);
+	memset(wic_deferred, 0, sizeof(wic_deferred));
+	spin_unlock(&wic_deferred_lock);
 	UVM_ENTRY_VOID(wic_replay_all());
 }
 EXPORT_SYMBOL_GPL(uvm_wic_unregister);
@@ -1281,10 +1284,44 @@ enum wic_pte_op {
 	WIC_REVOKE_WRITE,
 };
 
+/*
+ * Makes the pages of @region that are resident nowhere resident on the CPU, zero-filled, as
+ * nvidia-uvm populates an untouched page at its first access: the write path
+ * (uvm_va_block_write_from_cpu()) populates such a page before it writes, and here it writes
+ * the zeros of @stage's first word. A producer's PAT page its kernel never touched is such a
+ * page: it could not be mapped, and its hold would never end.
+ */
+static NV_STATUS wic_populate_locked(uvm_va_block_t *va_block,
+				     uvm_va_block_context_t *block_context,
+				     uvm_gpu_t *gpu, uvm_va_block_region_t region, uvm_mem_t *stage)
+{
+	uvm_page_index_t page_index;
+	NV_STATUS status;
+
+	for_each_va_block_page_in_region(page_index, region) {
+		uvm_processor_id_t id;
+
+		id = uvm_va_block_page_get_closest_resident(va_block, block_context, page_index,
+							    gpu->id);
+		if (!UVM_ID_IS_INVALID(id))
+			continue;
+		memset(uvm_mem_get_cpu_addr_kernel(stage), 0, sizeof(u64));
+		status = uvm_va_block_write_from_cpu(va_block, block_context,
+						     uvm_va_block_cpu_page_address(va_block,
+										      page_index),
+						     stage, sizeof(u64));
+		if (status != NV_OK)
+			return status;
+	}
+
+	return NV_OK;
+}
+
 static NV_STATUS wic_pte_op_locked(uvm_va_block_t *va_block,
 				   uvm_va_block_context_t *block_context,
 				   uvm_gpu_t *gpu, uvm_va_block_region_t region,
-				   enum wic_pte_op op, uvm_tracker_t *out_tracker)
+				   enum wic_pte_op op, uvm_mem_t *stage,
+				   uvm_tracker_t *out_tracker)
 {
 	uvm_tracker_t local_tracker = UVM_TRACKER_INIT();
 	uvm_page_index_t page_index;
@@ -1299,11 +1336,18 @@ static NV_STATUS wic_pte_op_locked(uvm_va_block_t *va_block,
 		 * A writable mapping of a read-duplicated page would write one copy only, and
 		 * uvm_va_block_map() silently skips pages resident nowhere, which would leave the
 		 * warp faulting (and held) forever: refuse both (NV_ERR_INVALID_OPERATION is
-		 * turned into -EXDEV, NV_ERR_INVALID_STATE into -ENODATA, by wic_pte_errno()).
+		 * turned into -EXDEV, NV_ERR_INVALID_STATE into -ENODATA, by wic_pte_errno()),
+		 * unless a writable map (a PAT page) can populate them first.
 		 */
 		if (op == WIC_MAP_READ_WRITE &&
 		    !uvm_page_mask_region_empty(&va_block->read_duplicated_pages, region))
 			return NV_ERR_INVALID_OPERATION;
+
+		if (op == WIC_MAP_READ_WRITE && stage) {
+			status = wic_populate_locked(va_block, block_context, gpu, region, stage);
+			if (status != NV_OK)
+				return status;
+		}
 
 		for_each_va_block_page_in_region(page_index, region) {
 			uvm_processor_id_t id;
@@ -1420,7 +1464,7 @@ static NV_STATUS wic_pte(struct wic_ctx *ctx, u32 gpu_id, u64 va, u64 len, enum 
 		region = uvm_va_block_region_from_start_end(va_block, addr, last);
 		status = UVM_VA_BLOCK_LOCK_RETRY(va_block, NULL,
 						 wic_pte_op_locked(va_block, ctx->block_context,
-								   gpu, region, op,
+								   gpu, region, op, ctx->stage,
 								   &ctx->tracker));
 		if (status != NV_OK || last == end)
 			break;
@@ -1447,7 +1491,8 @@ static int wic_pte_op_entry(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64
 	if (ret)
 		return ret;
 
-	status = wic_begin(&ctx, space, false);
+	/* A writable map (a PAT page) populates what is resident nowhere: it needs the stage. */
+	status = wic_begin(&ctx, space, op == WIC_MAP_READ_WRITE);
 	if (status == NV_OK) {
 		status = wic_pte(&ctx, gpu_id, va, len, op);
 		end_status = wic_end(&ctx);
@@ -1602,7 +1647,8 @@ static int wic_complete(struct uvm_wic_space *space, struct uvm_wic_completion *
 		if (!wic_completion_valid(&completions[i]))
 			continue;
 		valid = true;
-		fills |= wic_completion_fills(&completions[i]);
+		fills |= wic_completion_fills(&completions[i]) ||
+			 (completions[i].flags & UVM_WIC_COMPLETE_WRITABLE);
 	}
 	if (!valid) {
 		for (i = 0; i < count; i++)

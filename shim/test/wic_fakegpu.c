@@ -93,7 +93,8 @@ MODULE_PARM_DESC(strict_write,
  * @fail_wait: stalled calls wait here
  * @managed: the ranges declared managed (WIC_FAKEGPU_IOC_MANAGE), [start, end)
  * @nr_managed: entries in @managed
- * @remote: the pages resident out of a GPU's reach (WIC_FAKEGPU_IOC_RESIDE)
+ * @remote: the pages resident out of a GPU's reach, or nowhere (@gpu_id WIC_FAKEGPU_GPU_NONE)
+ *	(WIC_FAKEGPU_IOC_RESIDE)
  * @nr_remote: entries in @remote
  * @gpu_pages: page index (va >> 12) to the struct wic_gpu_page of a page resident in a fake
  *	GPU's memory (WIC_FAKEGPU_IOC_GPU_STORE)
@@ -403,8 +404,13 @@ static long wic_ioctl_reside(struct uvm_wic_space *space,
 		return -EFAULT;
 	if (!wic_gpu_valid(args.gpu_id))
 		return -ENODEV;
-	if ((args.va & (WIC_FAKEGPU_PAGE_SIZE - 1)) || (args.flags & ~WIC_FAKEGPU_PAGE_UNREACHABLE))
+	if ((args.va & (WIC_FAKEGPU_PAGE_SIZE - 1)) ||
+	    (args.flags & ~(WIC_FAKEGPU_PAGE_UNREACHABLE | WIC_FAKEGPU_PAGE_NOWHERE)) ||
+	    args.flags == (WIC_FAKEGPU_PAGE_UNREACHABLE | WIC_FAKEGPU_PAGE_NOWHERE))
 		return -EINVAL;
+	/* Resident nowhere is no GPU's. */
+	if (args.flags & WIC_FAKEGPU_PAGE_NOWHERE)
+		args.gpu_id = WIC_FAKEGPU_GPU_NONE;
 	page = args.va >> WIC_FAKEGPU_PAGE_SHIFT;
 	mutex_lock(&space->lock);
 	at = wic_remote_find(space, page, args.gpu_id);
@@ -547,6 +553,29 @@ static int wic_access_space(struct uvm_wic_space *space, u64 va, u8 *buf, size_t
 		return -ESRCH;
 	ret = wic_access_remote(space->mm, va, buf, len, write);
 	mmput(space->mm);
+	return ret;
+}
+
+/*
+ * Makes the pages among first..last (page indices, inclusive) that are resident nowhere
+ * resident, zeroed in the process, as the hook populates them (nvidia-uvm's first touch).
+ */
+static int wic_populate(struct uvm_wic_space *space, u64 first, u64 last)
+{
+	static const u8 zeros[WIC_FAKEGPU_PAGE_SIZE];
+	int at, ret = 0;
+	u64 page;
+
+	for (page = first; page <= last && !ret; page++) {
+		mutex_lock(&space->lock);
+		at = wic_remote_find(space, page, WIC_FAKEGPU_GPU_NONE);
+		if (at >= 0)
+			space->remote[at] = space->remote[--space->nr_remote];
+		mutex_unlock(&space->lock);
+		if (at >= 0)
+			ret = wic_access_space(space, page << WIC_FAKEGPU_PAGE_SHIFT, (u8 *)zeros,
+					       sizeof(zeros), true);
+	}
 	return ret;
 }
 
@@ -1591,6 +1620,10 @@ static int wic_fill_write(struct uvm_wic_space *space, u64 va, const void *src, 
 	ret = wic_write_allowed(space, va, len);
 	if (ret)
 		return ret;
+	/* Written, a page resident nowhere is populated first. */
+	ret = wic_populate(space, va >> WIC_FAKEGPU_PAGE_SHIFT, (va + len - 1) >> WIC_FAKEGPU_PAGE_SHIFT);
+	if (ret)
+		return ret;
 	/* The process's memory is written from @src only. */
 	ret = wic_access_space(space, va, (u8 *)src, len, true);
 	if (ret)
@@ -1773,6 +1806,16 @@ int uvm_wic_map(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len, bool w
 	if (wic_remote_any(space, gpu_id, va >> WIC_FAKEGPU_PAGE_SHIFT,
 			   (va + (len - 1)) >> WIC_FAKEGPU_PAGE_SHIFT))
 		return -EXDEV;
+	/* As the hook: a writable map (a PAT page) populates, a read-only one refuses. */
+	if (wic_remote_any(space, WIC_FAKEGPU_GPU_NONE, va >> WIC_FAKEGPU_PAGE_SHIFT,
+			   (va + (len - 1)) >> WIC_FAKEGPU_PAGE_SHIFT)) {
+		if (!writable)
+			return -ENODATA;
+		ret = wic_populate(space, va >> WIC_FAKEGPU_PAGE_SHIFT,
+				   (va + (len - 1)) >> WIC_FAKEGPU_PAGE_SHIFT);
+		if (ret)
+			return ret;
+	}
 	if (writable)
 		set |= WIC_FAKEGPU_PAGE_WRITABLE;
 	ret = wic_pages_set(space, gpu_id, va >> WIC_FAKEGPU_PAGE_SHIFT,

@@ -121,6 +121,12 @@
 #define WIC_FAKEGPU_PAGE_UNREACHABLE (1U << 2)
 /* A warp of this space is stalled on the page (WIC_FAKEGPU_IOC_WARPS); read-only. */
 #define WIC_FAKEGPU_PAGE_STALLED (1U << 3)
+/*
+ * Resident nowhere: never touched (WIC_FAKEGPU_IOC_RESIDE). A read-only uvm_wic_map() of it
+ * fails with ENODATA; a writable one, and a completion's fill, first make it resident, zeroed,
+ * as the hook populates it (nvidia-uvm's first touch zero-fills a page).
+ */
+#define WIC_FAKEGPU_PAGE_NOWHERE (1U << 4)
 
 /**
  * struct wic_fakegpu_event - one call wic_shim made into the fake, or one serviced fault
@@ -209,13 +215,15 @@ struct wic_fakegpu_events {
  * struct wic_fakegpu_page_state - how a page is mapped on a fake GPU, in this file's space
  * @gpu_id: in: the GPU
  * @flags: WIC_FAKEGPU_IOC_PAGE_STATE: out: WIC_FAKEGPU_PAGE_* bits, in: ignored;
- *	WIC_FAKEGPU_IOC_RESIDE: in: WIC_FAKEGPU_PAGE_UNREACHABLE or 0
+ *	WIC_FAKEGPU_IOC_RESIDE: in: WIC_FAKEGPU_PAGE_UNREACHABLE, WIC_FAKEGPU_PAGE_NOWHERE or 0
  * @va: in: the page, WIC_FAKEGPU_PAGE_SIZE-aligned
  *
  * WIC_FAKEGPU_IOC_RESIDE with WIC_FAKEGPU_PAGE_UNREACHABLE makes the page resident only on a
  * GPU without peer access to @gpu_id (nvidia-uvm would skip it when mapping it there): until
  * the flag is cleared (@flags 0) or WIC_FAKEGPU_IOC_RESET, uvm_wic_map() of a range with the
- * page on @gpu_id fails with EXDEV and maps nothing. Other GPUs map it as usual.
+ * page on @gpu_id fails with EXDEV and maps nothing. Other GPUs map it as usual. With
+ * WIC_FAKEGPU_PAGE_NOWHERE the page is resident nowhere, on every GPU (see the flag), until it
+ * is populated, @flags 0 or WIC_FAKEGPU_IOC_RESET.
  *
  * Errors: ENODEV for a bad @gpu_id, EINVAL for an unaligned @va (or other @flags for
  * WIC_FAKEGPU_IOC_RESIDE), ENOSPC past WIC_FAKEGPU_MAX_REMOTE unreachable pages.

@@ -93,6 +93,8 @@ pub const PAGE_WRITABLE: u32 = 2;
 pub const PAGE_UNREACHABLE: u32 = 4;
 /// `WIC_FAKEGPU_PAGE_STALLED`: a warp of this space is stalled on the page.
 pub const PAGE_STALLED: u32 = 8;
+/// `WIC_FAKEGPU_PAGE_NOWHERE`: resident nowhere, never touched.
+pub const PAGE_NOWHERE: u32 = 16;
 /// `WIC_FAKEGPU_FAIL_STALL`.
 pub const FAIL_STALL: u32 = 1;
 /// `WIC_FAKEGPU_MAX_ERRNO`.
@@ -277,6 +279,7 @@ pub fn constants() -> Vec<(&'static str, i128)> {
         ("WIC_FAKEGPU_PAGE_MAPPED", PAGE_MAPPED.into()),
         ("WIC_FAKEGPU_PAGE_WRITABLE", PAGE_WRITABLE.into()),
         ("WIC_FAKEGPU_PAGE_UNREACHABLE", PAGE_UNREACHABLE.into()),
+        ("WIC_FAKEGPU_PAGE_NOWHERE", PAGE_NOWHERE.into()),
         ("WIC_FAKEGPU_PAGE_STALLED", PAGE_STALLED.into()),
         ("WIC_FAKEGPU_FAIL_STALL", FAIL_STALL.into()),
         ("WIC_FAKEGPU_MAX_ERRNO", MAX_ERRNO.into()),
@@ -379,6 +382,14 @@ impl FakeGpu {
     /// that mapping it there fails with EXDEV, or with `unreachable` false reachable again.
     pub fn reside(&self, gpu: u32, va: u64, unreachable: bool) -> io::Result<()> {
         let arg = PageState { gpu_id: gpu, flags: if unreachable { PAGE_UNREACHABLE } else { 0 }, va };
+        // SAFETY: checked ABI; the module reads `arg`.
+        check(unsafe { ioc_reside(self.file.as_raw_fd(), &arg) }).map(drop)
+    }
+
+    /// Makes page `va` resident nowhere, as a managed page nothing touched yet: a read-only map
+    /// of it fails with ENODATA, a writable map or a fill populates it (zeroed).
+    pub fn untouched(&self, va: u64) -> io::Result<()> {
+        let arg = PageState { gpu_id: 1, flags: PAGE_NOWHERE, va };
         // SAFETY: checked ABI; the module reads `arg`.
         check(unsafe { ioc_reside(self.file.as_raw_fd(), &arg) }).map(drop)
     }

@@ -99,6 +99,7 @@ fn steps() -> Result<(), String> {
     gone_pages_are_not_held_again(&mut device)?;
     a_long_batch_lets_the_expiry_in(&mut device)?;
     an_unmappable_page_is_passed_once(&fake, &memory, &mut device, space)?;
+    an_untouched_pat_page_expires(&fake, &memory, &mut device, space)?;
     a_whole_run_expires_as_wicd_would_end_it(&fake, &memory, &mut device, space)
 }
 
@@ -227,6 +228,39 @@ fn an_unmappable_page_is_passed_once(
         format!("a later fault on the page was {later:?}: passed more than once")
     })?;
     fake.reside(GPU, va, false).map_err(|e| format!("reside: {e}"))?;
+    fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))
+}
+
+/// A GPU producer's first write to a PAT page its kernel never touched: the page is resident
+/// nowhere, which no map can map. The expiry's writable map populates it (zeroed, as
+/// nvidia-uvm's first touch would) and maps it, instead of failing with ENODATA at every period.
+fn an_untouched_pat_page_expires(
+    fake: &FakeGpu,
+    memory: &Memory,
+    device: &mut Device,
+    space: u32,
+) -> Result<(), String> {
+    set(0)?;
+    fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
+    let va = memory.base() + 36 * PAGE;
+    let range = device.register(space, kabi::WIC_RANGE_PAT, va, PAGE, 0).map_err(|e| format!("register: {e}"))?;
+    fake.untouched(va).map_err(|e| format!("untouched: {e}"))?;
+    let (verdicts, _) = fake.inject(GPU, &[fault(va, AccessType::Write)]).map_err(|e| format!("inject: {e}"))?;
+    ensure(verdicts == [fakegpu::VERDICT_HOLD], || format!("the PAT fault was {verdicts:?}"))?;
+    read_ring(device);
+    set(BOUND.as_millis() as u32)?;
+    let events = wait_events(fake, BOUND + SLACK * 4, |seen| {
+        let map = seen.iter().position(|e| e.kind == fakegpu::EVENT_MAP_WRITABLE && e.va == va);
+        map.is_some_and(|at| seen[at..].iter().any(|e| e.kind == fakegpu::EVENT_REPLAY && e.gpu_id == GPU))
+    })
+    .map_err(|_| "the held fault on an untouched PAT page never expired".to_string());
+    set(0)?;
+    events?;
+    let state = fake.page_state(GPU, va).map_err(|e| format!("page state: {e}"))?;
+    ensure(state & fakegpu::PAGE_MAPPED != 0 && state & fakegpu::PAGE_WRITABLE != 0, || {
+        format!("the untouched PAT page is {state:#x} after its expiry, not mapped writable")
+    })?;
+    device.unregister(range).map_err(|e| format!("unregister: {e}"))?;
     fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))
 }
 
