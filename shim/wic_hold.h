@@ -197,13 +197,17 @@ static inline void wic_hold_relieved(struct wic_hold_clock *c, u64 now)
  * The delay until the expiry's next run after the one at @now, 0 for none: @relief_period_ns
  * during an episode of holds without an entry (each round of them coming back takes one run),
  * else @period_ns while any fault is held (@held: with an entry). An episode ends at the first
- * run a whole @period_ns after its last hold without an entry and its last relief.
+ * run a whole @period_ns after its last hold without an entry and its last relief, or at once
+ * with no bound (@bound_ns 0).
  */
-static inline u64 wic_hold_next_run(struct wic_hold_clock *c, u64 now, bool held, u64 period_ns,
-				    u64 relief_period_ns)
+static inline u64 wic_hold_next_run(struct wic_hold_clock *c, u64 now, u64 bound_ns, bool held,
+				    u64 period_ns, u64 relief_period_ns)
 {
-	if (c->since && !c->pending && now >= c->last && now - c->last >= period_ns)
+	/* With no bound there is no relief: the episode is over. */
+	if (!bound_ns || (c->since && !c->pending && now >= c->last && now - c->last >= period_ns)) {
 		c->since = 0;
+		c->pending = false;
+	}
 	if (c->since)
 		return relief_period_ns;
 	return held ? period_ns : 0;

@@ -18,6 +18,7 @@
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
 #include <linux/bitmap.h>
+#include <linux/delay.h>
 #include <linux/file.h>
 #include <linux/fs.h>
 #include <linux/hash.h>
@@ -103,6 +104,8 @@ static struct workqueue_struct *wic_wq;
 #define WIC_EXPIRED_RUNS 64
 /* Sweeps of the held table a session's release makes before it lets the last faults go. */
 #define WIC_RELEASE_SWEEPS 4
+/* How long the release lets the bottom halves take the faults its replays brought back. */
+#define WIC_RELEASE_SETTLE_MS 10
 
 /**
  * struct wic_space_entry - an attached VA space
@@ -405,6 +408,20 @@ static void wic_pass_once_forget(struct wic_session *s, u32 space_id, u32 gpu_id
 	}
 }
 
+/* Forgets the expired runs of @space_id in [@start, @end): the pages are closing; under @lock. */
+static void wic_expired_forget(struct wic_session *s, u32 space_id, u64 start, u64 end)
+{
+	u32 i = 0;
+
+	while (i < s->nr_expired) {
+		if (s->expired[i].space_id == space_id && s->expired[i].run >= start &&
+		    s->expired[i].run < end)
+			s->expired[i] = s->expired[--s->nr_expired];
+		else
+			i++;
+	}
+}
+
 /* Whether the next fault on page @va of @gpu_id is to be passed, forgetting it; under @lock. */
 static bool wic_pass_once_take(struct wic_session *s, u32 space_id, u32 gpu_id, u64 va)
 {
@@ -676,7 +693,9 @@ static bool wic_page_gone(int err)
  * After nvidia-uvm said @err completing a fault on page @va of @space_id: a process gone
  * (ESRCH) makes its space gone, memory no longer managed (EFAULT: freed) the page's range, so
  * that their faults are passed from now on instead of held again at every replay; under @lock.
- * A GPU gone from the space (ENODEV) is not remembered: it may come back.
+ * EFAULT counts only from a completion of the page alone (a sweep's marker or map): one of
+ * wicd's may have it from its copy's source or its companion. A GPU gone from the space
+ * (ENODEV) is not remembered: it may come back.
  */
 static void wic_mark_gone(struct wic_session *s, u32 space_id, u64 va, int err)
 {
@@ -913,6 +932,7 @@ static int wic_close(struct wic_session *s, u32 space_id, u64 start, u64 end,
 		spin_lock_irqsave(&s->lock, flags);
 		if (!err && !wic_held_any(s, space_id, start, end)) {
 			wic_pass_once_forget(s, space_id, 0, start, end);
+			wic_expired_forget(s, space_id, start, end);
 			old = space->ranges.entries;
 			s->nr_ranges = s->nr_ranges - space->ranges.nr + nr;
 			space->ranges.entries = ranges;
@@ -1198,6 +1218,8 @@ static void wic_expire(struct work_struct *work)
 	WRITE_ONCE(s->expire_waiting, true);
 	mutex_lock(&s->mutex);
 	WRITE_ONCE(s->expire_waiting, false);
+	/* The store before wake_up_var()'s look for waiters (its documented barrier). */
+	smp_mb();
 	wake_up_var(&s->expire_waiting);
 	/* After the wait: what is due is what is due now. */
 	now = ktime_get_ns();
@@ -1220,7 +1242,8 @@ static void wic_expire(struct work_struct *work)
 		bitmap_zero(s->untabled_gpus, WIC_GPU_BITS);
 		wic_hold_relieved(&s->clock, now);
 	}
-	next = wic_hold_next_run(&s->clock, now, s->nr_held, jiffies_to_nsecs(wic_expire_period()),
+	next = wic_hold_next_run(&s->clock, now, bound_ns, s->nr_held,
+				 jiffies_to_nsecs(wic_expire_period()),
 				 WIC_EXPIRE_MIN_PERIOD_MS * NSEC_PER_MSEC);
 	spin_unlock_irqrestore(&s->lock, flags);
 	mutex_unlock(&s->mutex);
@@ -1313,10 +1336,23 @@ static int wic_release(struct inode *inode, struct file *file)
 		wic_complete_held(s, 0, 0, U64_MAX, U64_MAX, WIC_MARKER_DAEMON_GONE, replay,
 				  WIC_RELEASE);
 		spin_lock_irqsave(&s->lock, flags);
-		s->gone = !s->nr_held || sweeps == WIC_RELEASE_SWEEPS;
+		wic_take_held_gpus(s, 0, replay);
+		bitmap_or(replay, replay, s->untabled_gpus, WIC_GPU_BITS);
+		bitmap_zero(s->untabled_gpus, WIC_GPU_BITS);
+		s->gone = (!s->nr_held && bitmap_empty(replay, WIC_GPU_BITS)) ||
+			  sweeps == WIC_RELEASE_SWEEPS;
 		spin_unlock_irqrestore(&s->lock, flags);
 		if (s->gone)
 			break;
+		/*
+		 * Still published: the completed warps resume, and faults held without an entry
+		 * (the table full) come back, are held and entered, and the next sweep completes
+		 * them once the bottom halves have had them.
+		 */
+		for_each_set_bit(gpu, replay, WIC_GPU_BITS)
+			uvm_wic_replay(gpu);
+		bitmap_zero(replay, WIC_GPU_BITS);
+		msleep(WIC_RELEASE_SETTLE_MS);
 	}
 	mutex_unlock(&s->mutex);
 	mutex_lock(&wic_active_lock);
@@ -1640,8 +1676,8 @@ static long wic_group_run(struct wic_session *s, struct wic_command __user *ucmd
 		if (!result) {
 			wic_release_held(s, g->space_id, cmd->gpu_id, cmd->va, cmd->pages);
 			done++;
-		} else if (result == -ESRCH || result == -EFAULT) {
-			/* No warp reads the run any more: its faults go, passed when they return. */
+		} else if (result == -ESRCH) {
+			/* The process is gone: its faults go, passed when they return. */
 			wic_gone(s, g->space_id, cmd->va, result);
 			wic_release_held(s, g->space_id, cmd->gpu_id, cmd->va, cmd->pages);
 		}

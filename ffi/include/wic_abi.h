@@ -205,7 +205,8 @@ struct wic_range {
  * be read, or what nvidia-uvm returns).
  *
  * WIC_CMD_SERVICE_PAT, WIC_CMD_COMPLETE and WIC_CMD_COMPLETE_COPY release held faults only when
- * the map succeeded. It fails with ENODATA when a page is resident nowhere (never written) and
+ * the map succeeded. It fails with ENODATA when a page is resident nowhere (never written; a
+ * PAT page, mapped writable, is made resident, zeroed, instead) and
  * with EXDEV when nvidia-uvm cannot map a page on @gpu_id: it is resident only on a GPU without
  * peer access to @gpu_id, or policy keeps it from a remote mapping (read duplication, a
  * preferred location on @gpu_id, a UVM-Lite GPU), or a writable map was asked of a

@@ -11,7 +11,9 @@
  * callback runs in the replayable-fault bottom half with the ISR lock held; every other entry
  * point is called from process context with no UVM lock held.
  *
- * GPUs: only those that cancel faults by VA (fault_cancel_va_supported: Volta and later).
+ * GPUs: only those that cancel faults by VA (fault_cancel_va_supported: Volta and later), and
+ * before 560 (550) not MIG partitions, whose faults that branch attributes to the parent's
+ * first partition.
  * Pre-Volta GPUs (Pascal, which the proprietary 580 nvidia.ko still drives) cancel faults per
  * uTLB, and those paths would kill the contexts of held faults or service their pages: their
  * faults are never shown to classify (so never held), and the helpers refuse them with
@@ -286,8 +288,11 @@ int uvm_wic_range_managed(struct uvm_wic_space *space, u64 va, u64 len);
  * mapped: nvidia-uvm's own map skips without an error pages it cannot map on this GPU, and a
  * fault released on such a page would come back at once, forever.
  *
+ * A writable map (a producer's PAT page) first makes a page resident nowhere (untouched)
+ * resident on the CPU, zeroed, as nvidia-uvm's first touch would.
+ *
  * Return: 0 or a negative errno: -EOPNOTSUPP for a pre-Volta GPU, -ENODATA when a page is
- * resident nowhere, -EXDEV when a page cannot be mapped on @gpu_id as asked (resident only on
+ * resident nowhere (a read-only map), -EXDEV when a page cannot be mapped on @gpu_id as asked (resident only on
  * a GPU without peer access to it; read duplication, a preferred location on @gpu_id or
  * UVM-Lite keeping it from a remote mapping; a writable map of a read-duplicated page). On an
  * error other pages of the range may be mapped.

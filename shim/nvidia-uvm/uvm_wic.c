@@ -80,9 +80,17 @@
 #ifdef UVM_WIC_HAVE_PARENT_FAULT_SERVICE
 #define WIC_ENTRY_GPU(entry, gpu)	((entry)->gpu)
 #define WIC_SAME_GPU(a, b)		((a)->gpu == (b)->gpu)
+#define WIC_FAULTS_ATTRIBUTED(parent)	true
 #else
 #define WIC_ENTRY_GPU(entry, gpu)	(gpu)
 #define WIC_SAME_GPU(a, b)		true	/* one GPU per bottom-half run */
+/*
+ * Before 560, with MIG (SMC) on, the parent's one bottom half runs for its first valid
+ * partition (find_first_valid_gpu(), uvm_gpu_isr.c) and every fault looks like that
+ * partition's: held, it would be completed and replayed on the wrong one. Such GPUs are not
+ * held (wic_gpu_supported()).
+ */
+#define WIC_FAULTS_ATTRIBUTED(parent)	(!(parent)->smc.enabled)
 #endif
 
 /* 595 renamed uvm_gpu_fault_buffer_flush(). */
@@ -242,10 +250,13 @@ static void wic_encode_entry(const uvm_fault_buffer_entry_t *entry,
 	}
 }
 
-/* wic holds faults only on GPUs that cancel faults by VA (Volta and later), see uvm_wic.h. */
+/*
+ * wic holds faults only on GPUs that cancel faults by VA (Volta and later), see uvm_wic.h,
+ * and whose faults carry their GPU (not a MIG partition before 560).
+ */
 static bool wic_gpu_supported(const uvm_gpu_t *gpu)
 {
-	return WIC_CANCELS_BY_VA(gpu->parent);
+	return WIC_CANCELS_BY_VA(gpu->parent) && WIC_FAULTS_ATTRIBUTED(gpu->parent);
 }
 
 static bool wic_same_page(const uvm_fault_buffer_entry_t *a, const uvm_fault_buffer_entry_t *b)
@@ -386,7 +397,7 @@ void uvm_wic_replayed(uvm_parent_gpu_t *parent_gpu)
 
 /*
  * Whether @parent_gpu's deferred replay is due; forgets it then. With @requeue, the delay
- * until the earliest entry that is not due yet.
+ * until the earliest other entry is due (0 for one due already).
  */
 static bool wic_deferred_due(const uvm_parent_gpu_t *parent_gpu, unsigned long *requeue)
 {
@@ -400,8 +411,9 @@ static bool wic_deferred_due(const uvm_parent_gpu_t *parent_gpu, unsigned long *
 		if (wic_deferred[i].parent == parent_gpu && time_after_eq(jiffies, wic_deferred[i].due)) {
 			wic_deferred[i].parent = NULL;
 			due = true;
-		} else if (requeue && time_before(jiffies, wic_deferred[i].due)) {
-			*requeue = min(*requeue, wic_deferred[i].due - jiffies);
+		} else if (requeue) {
+			*requeue = min(*requeue, time_before(jiffies, wic_deferred[i].due) ?
+						 wic_deferred[i].due - jiffies : 0);
 		}
 	}
 	spin_unlock(&wic_deferred_lock);
@@ -1520,8 +1532,8 @@ static int wic_pte_op_entry(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64
  *
  * Return: 0 or a negative errno: -EINVAL for an unaligned or empty range, -ENODEV for a GPU
  * not registered in the space, -EOPNOTSUPP for a GPU that cannot cancel faults by VA
- * (pre-Volta: Pascal; wic never holds its faults), -ENODATA when a page is resident nowhere,
- * -EXDEV when a page cannot be mapped on this GPU as asked (resident only on a GPU without
+ * (pre-Volta: Pascal; wic never holds its faults), -ENODATA when a page is resident nowhere
+ * (a read-only map: a writable one populates it, wic_populate_locked()), -EXDEV when a page cannot be mapped on this GPU as asked (resident only on a GPU without
  * peer access to it; read duplication, a preferred location on this GPU or UVM-Lite keeping
  * it from a remote mapping; a writable map of a read-duplicated page), -EFAULT for an address
  * outside managed memory, -ESRCH when the process is gone, -EAGAIN while the driver is

@@ -425,7 +425,7 @@ static void expire(struct sim *s)
 	}
 	if (any || relief)
 		replay(s);
-	next = wic_hold_next_run(&s->clock, s->now, !table_empty(s), PERIOD, RELIEF_PERIOD);
+	next = wic_hold_next_run(&s->clock, s->now, BOUND, !table_empty(s), PERIOD, RELIEF_PERIOD);
 	s->expire_at = next ? s->now + next : 0;
 }
 

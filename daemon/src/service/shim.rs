@@ -150,13 +150,18 @@ impl Backend for ShimGpus {
         let mut done = Executed::default();
         let outcome = |command: &Command, result: Result<i32, wic_kmod::CommandError>| {
             let carried_out = result == Ok(0);
-            if !carried_out {
+            // The module's own expiry (max_hold_ms) completed that generation with the timeout
+            // marker before this completion came: nothing to retry, its record is on the way.
+            let expired = result == Ok(-(Errno::ESTALE as i32));
+            if expired {
+                tracing::info!("{command:?}: the module had completed that generation itself (max_hold_ms)");
+            } else if !carried_out {
                 done.failed += 1;
                 tracing::warn!("{command:?} failed: {}", describe(result));
             }
             match *command {
                 Command::Complete { channel, slot, fill: Fill::Data { .. }, .. } => {
-                    if !carried_out {
+                    if !carried_out && !expired {
                         log.unfilled(*command);
                     }
                     let Some(placed) = channels.get(&channel.0) else { return };
@@ -204,7 +209,7 @@ impl Backend for ShimGpus {
         let space = self.backend.device().attach(uvm.as_fd()).map_err(|e| match e {
             DeviceError::Call { errno: Errno::EOPNOTSUPP, .. } => WireError::new(
                 ErrorCode::Unsupported,
-                "a GPU registered in the address space cannot cancel faults per VA (Pascal or older): wic cannot hold its faults",
+                "a GPU registered in the address space is one whose faults wic cannot hold: it cannot cancel faults per VA (Pascal or older), or it is a MIG partition under driver 550, which attributes every fault to the first partition",
             ),
             DeviceError::Call { errno: Errno::EPERM, .. } => WireError::new(
                 ErrorCode::Unsupported,
