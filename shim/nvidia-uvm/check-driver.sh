@@ -114,7 +114,7 @@ ours() {
 # build_clean LOG WHAT COMMAND...: runs a build into LOG; fails (keeping the scratch directory)
 # when it fails or when any warning or error in it is ours. Uses check_one's locals.
 build_clean() {
-	local log=$1 what=$2 mine
+	local log=$1 what=$2
 	shift 2
 	if ! "$@" >"$log" 2>&1; then
 		grep -E 'error' "$log" | head -n 20 >&2
@@ -122,6 +122,12 @@ build_clean() {
 		keep_work=1
 		return 1
 	fi
+	none_of_ours "$log" "$what"
+}
+
+# Fails when the build log LOG (of WHAT) has a warning in our code.
+none_of_ours() {
+	local log=$1 what=$2 mine
 	mine=$(ours "$log" "$work/added")
 	if [[ -n $mine ]]; then
 		echo "$mine" >&2
@@ -208,14 +214,7 @@ check_one() {
 			result+="; nvidia.ko not built: NVIDIA's own source does not build against this kernel (nvidia/${theirs_error%%: *}); nvidia-uvm.ko built alone"
 		else
 			result+="; nvidia.ko and nvidia-uvm.ko built"
-			local mine
-			mine=$(ours "$work/modules.log" "$work/added")
-			if [[ -n $mine ]]; then
-				echo "$mine" >&2
-				echo "FAIL $source: NVIDIA $version: warnings in our code building nvidia.ko and nvidia-uvm.ko (above; log: $work/modules.log)"
-				keep_work=1
-				return 1
-			fi
+			none_of_ours "$work/modules.log" "nvidia.ko and nvidia-uvm.ko" || return 1
 		fi
 		mkdir -p "$work/wic/ffi" && cp -a "$repo/shim" "$work/wic/shim" &&
 			cp -a "$repo/ffi/include" "$work/wic/ffi/include" ||

@@ -27,18 +27,14 @@ fn the_modules_hold_and_complete_faults_in_a_real_kernel() {
             run.report()
         );
     }
-    for scenario in [
-        "deliver",
-        "daemon-death",
-        "hostile",
-        "storms",
-        "overflow",
-        "race",
-        "closing",
-        "max-hold",
-        "preemption",
-        "service",
-    ] {
+    let scenarios: Vec<&str> = run
+        .console
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("SCENARIOS "))
+        .map(|list| list.split_whitespace().collect())
+        .unwrap_or_default();
+    assert!(!scenarios.is_empty(), "wic-vmtest all named no scenarios:\n{}", run.report());
+    for scenario in scenarios {
         assert!(
             run.console.contains(&format!("PASS {scenario}")),
             "scenario {scenario} did not pass:\n{}",

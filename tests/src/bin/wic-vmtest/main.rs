@@ -41,6 +41,8 @@ fn main() -> ExitCode {
             "preemption",
             "service",
         ];
+        // The list the kernel VM test checks, each for its PASS line.
+        println!("SCENARIOS {}", scenarios.join(" "));
     }
     let mut failed = 0;
     for name in scenarios {

@@ -205,10 +205,8 @@ fn an_unmappable_page_is_passed_once(
     device: &mut Device,
     space: u32,
 ) -> Result<(), String> {
-    set(0)?;
-    fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
     let va = memory.base() + 32 * PAGE;
-    device.register(space, kabi::WIC_RANGE_PCM, va, PAGE, 0).map_err(|e| format!("register: {e}"))?;
+    quiet_page(fake, device, space, kabi::WIC_RANGE_PCM, va)?;
     fake.reside(GPU, va, true).map_err(|e| format!("reside: {e}"))?;
     inject(fake, va)?;
     read_ring(device);
@@ -240,10 +238,8 @@ fn an_untouched_pat_page_expires(
     device: &mut Device,
     space: u32,
 ) -> Result<(), String> {
-    set(0)?;
-    fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
     let va = memory.base() + 36 * PAGE;
-    let range = device.register(space, kabi::WIC_RANGE_PAT, va, PAGE, 0).map_err(|e| format!("register: {e}"))?;
+    let range = quiet_page(fake, device, space, kabi::WIC_RANGE_PAT, va)?;
     fake.untouched(va).map_err(|e| format!("untouched: {e}"))?;
     let (verdicts, _) = fake.inject(GPU, &[fault(va, AccessType::Write)]).map_err(|e| format!("inject: {e}"))?;
     ensure(verdicts == [fakegpu::VERDICT_HOLD], || format!("the PAT fault was {verdicts:?}"))?;
@@ -487,6 +483,14 @@ fn a_long_batch_lets_the_expiry_in(device: &mut Device) -> Result<(), String> {
     })?;
     device.detach(busy_space).map_err(|e| format!("detach: {e}"))?;
     device.detach(other_space).map_err(|e| format!("detach: {e}"))
+}
+
+/// With no bound and the fake GPU's state reset, page `va` registered alone as a range of
+/// `kind`; its id.
+fn quiet_page(fake: &FakeGpu, device: &Device, space: u32, kind: u32, va: u64) -> Result<u32, String> {
+    set(0)?;
+    fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
+    device.register(space, kind, va, PAGE, 0).map_err(|e| format!("register: {e}"))
 }
 
 fn inject(fake: &FakeGpu, va: u64) -> Result<(), String> {
