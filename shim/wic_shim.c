@@ -113,7 +113,7 @@ static struct workqueue_struct *wic_wq;
  * @ranges: its registered ranges
  * @held_gpus: the GPUs on which a fault of this space got a HOLD verdict, recorded or not;
  *	each is replayed when the space's held faults are completed at detach or release, so
- *	that faults held unrecorded (ring or held table full) fault again
+ *	that faults held without a held-table entry (table full) fault again
  * @gone: nvidia-uvm said the space's process is gone (ESRCH): its faults are passed
  */
 struct wic_space_entry {
