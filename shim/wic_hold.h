@@ -45,7 +45,10 @@ enum wic_hold_entry {
  * @pass_once: the expiry released its (space, GPU, page) unmapped, its marker written, because
  *	nvidia-uvm cannot map the page on that GPU: this fault is the warp's, to be serviced once
  * @gpu_valid: its GPU id is one the shim can replay (1 to WIC_MAX_GPU_ID)
- * @closing: its page is in the range WIC_IOC_UNREGISTER or WIC_IOC_DETACH is closing
+ * @closing: its page is in the range WIC_IOC_UNREGISTER or WIC_IOC_DETACH is closing, or the
+ *	session is being released
+ * @draining: the session's release is ending: a fault with an entry stays held until its
+ *	marker is written, a fault without one is passed (the session cannot wait for ever)
  * @entry: what the held table has for it
  * @ring_room: the ring has room for a record
  * @table_room: the held table has a free entry
@@ -57,6 +60,7 @@ struct wic_hold_facts {
 	bool pass_once;
 	bool gpu_valid;
 	bool closing;
+	bool draining;
 	enum wic_hold_entry entry;
 	bool ring_room;
 	bool table_room;
@@ -109,6 +113,8 @@ static inline enum wic_hold_action wic_hold_classify(const struct wic_hold_facts
 	default:
 		break;
 	}
+	if (f->draining)
+		return WIC_HOLD_PASS;
 	if (!f->table_room)
 		return WIC_HOLD_UNTABLED;
 	return f->ring_room && !f->closing ? WIC_HOLD_ENTER_RECORD : WIC_HOLD_ENTER;
@@ -197,17 +203,17 @@ static inline void wic_hold_relieved(struct wic_hold_clock *c, u64 now)
  * The delay until the expiry's next run after the one at @now, 0 for none: @relief_period_ns
  * during an episode of holds without an entry (each round of them coming back takes one run),
  * else @period_ns while any fault is held (@held: with an entry). An episode ends at the first
- * run a whole @period_ns after its last hold without an entry and its last relief, or at once
- * with no bound (@bound_ns 0).
+ * run a whole @period_ns after its last hold without an entry and its last relief; with no
+ * bound (@bound_ns 0) it waits, untouched, for one to be set.
  */
 static inline u64 wic_hold_next_run(struct wic_hold_clock *c, u64 now, u64 bound_ns, bool held,
 				    u64 period_ns, u64 relief_period_ns)
 {
-	/* With no bound there is no relief: the episode is over. */
-	if (!bound_ns || (c->since && !c->pending && now >= c->last && now - c->last >= period_ns)) {
+	/* With no bound there is no relief, until a bound is set: the episode waits for it. */
+	if (!bound_ns)
+		return held ? period_ns : 0;
+	if (c->since && !c->pending && now >= c->last && now - c->last >= period_ns)
 		c->since = 0;
-		c->pending = false;
-	}
 	if (c->since)
 		return relief_period_ns;
 	return held ? period_ns : 0;

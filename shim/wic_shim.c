@@ -176,6 +176,8 @@ struct wic_space_index {
  * @space_id: their space
  * @nr: completions gathered
  * @bounce_used: bytes of &wic_session.bounce their data takes
+ * @filled: bytes they fill, data and copies: at most WIC_MAX_WRITE_BYTES, so that one step of a
+ *	batch (what the expiry may wait for, wic_submit_yield()) is bounded
  * @index: each one's command index in the batch
  * @cmds: the commands
  * @completions: what nvidia-uvm is asked
@@ -184,6 +186,7 @@ struct wic_group {
 	u32 space_id;
 	u32 nr;
 	size_t bounce_used;
+	size_t filled;
 	u32 index[WIC_GROUP_MAX];
 	struct wic_command cmds[WIC_GROUP_MAX];
 	struct uvm_wic_completion completions[WIC_GROUP_MAX];
@@ -215,7 +218,7 @@ struct wic_group {
  * @closing_start: first byte of the pages being closed
  * @closing_end: one past their last byte
  * @releasing: the session's file is being released: every wic page is closing
- * @gone: the release completed what it could: classify passes every fault
+ * @draining: the release is ending: classify passes every fault that has no held-table entry
  * @close_gen: counts the sweeps of the held table (wic_complete_held(), wic_expire_runs()),
  *	which mark the entries they handled with it (never 0); under @mutex
  * @pass_once: held faults the expiry released unmapped because nvidia-uvm cannot map their
@@ -258,7 +261,7 @@ struct wic_session {
 	u64 closing_start;
 	u64 closing_end;
 	bool releasing;
-	bool gone;
+	bool draining;
 	u32 close_gen;
 	struct {
 		u64 va;
@@ -543,8 +546,8 @@ static enum uvm_wic_verdict wic_classify(const struct uvm_wic_fault *fault)
 	now = ktime_get_ns();
 	spin_lock_irqsave(&s->lock, flags);
 	space = &s->spaces[space_id - 1];
-	/* Detached since the index was read, or the session is ending. */
-	if (space->uvm != fault->space || s->gone)
+	/* Detached since the index was read. */
+	if (space->uvm != fault->space)
 		goto out;
 	range = wic_range_find(&space->ranges, fault->va);
 	/* A GPU producer's data (a source range): its GPU writes there as usual. */
@@ -556,6 +559,7 @@ static enum uvm_wic_verdict wic_classify(const struct uvm_wic_fault *fault)
 		held = wic_held_find(s, fault->va, space_id, fault->gpu_id);
 		facts.entry = !held ? WIC_HOLD_NO_ENTRY :
 			      held->recorded ? WIC_HOLD_RECORDED : WIC_HOLD_UNRECORDED;
+		facts.draining = s->draining;
 		facts.closing = s->releasing || (s->closing_space == space_id &&
 						 fault->va >= s->closing_start &&
 						 fault->va < s->closing_end);
@@ -1325,8 +1329,9 @@ static int wic_release(struct inode *inode, struct file *file)
 	 * replay meanwhile (another process's batch on the GPU suffices) makes the held faults
 	 * fault again, and with no session they would be serviced and their warps read the page
 	 * before its marker. So classify holds them still (entered, not recorded) and the sweeps
-	 * take them along. A fault nvidia-uvm refuses to complete is released unmapped; after a
-	 * few sweeps the session gives up the rest (classify passes), as it must end.
+	 * take them along. A fault nvidia-uvm refuses to complete is released unmapped. After a
+	 * few sweeps with faults still coming, the release drains: new faults are passed, and
+	 * those with an entry get their marker in a last sweep before the session goes.
 	 */
 	mutex_lock(&s->mutex);
 	spin_lock_irqsave(&s->lock, flags);
@@ -1339,10 +1344,10 @@ static int wic_release(struct inode *inode, struct file *file)
 		wic_take_held_gpus(s, 0, replay);
 		bitmap_or(replay, replay, s->untabled_gpus, WIC_GPU_BITS);
 		bitmap_zero(s->untabled_gpus, WIC_GPU_BITS);
-		s->gone = (!s->nr_held && bitmap_empty(replay, WIC_GPU_BITS)) ||
-			  sweeps == WIC_RELEASE_SWEEPS;
+		s->draining = (!s->nr_held && bitmap_empty(replay, WIC_GPU_BITS)) ||
+			      sweeps == WIC_RELEASE_SWEEPS;
 		spin_unlock_irqrestore(&s->lock, flags);
-		if (s->gone)
+		if (s->draining)
 			break;
 		/*
 		 * Still published: the completed warps resume, and faults held without an entry
@@ -1354,6 +1359,8 @@ static int wic_release(struct inode *inode, struct file *file)
 		bitmap_zero(replay, WIC_GPU_BITS);
 		msleep(WIC_RELEASE_SETTLE_MS);
 	}
+	/* Draining: no fault takes an entry any more; the last ones get their marker now. */
+	wic_complete_held(s, 0, 0, U64_MAX, U64_MAX, WIC_MARKER_DAEMON_GONE, replay, WIC_RELEASE);
 	mutex_unlock(&s->mutex);
 	mutex_lock(&wic_active_lock);
 	RCU_INIT_POINTER(wic_active, NULL);
@@ -1365,8 +1372,6 @@ static int wic_release(struct inode *inode, struct file *file)
 	spin_lock_irqsave(&s->lock, flags);
 	wic_take_held_gpus(s, 0, replay);
 	spin_unlock_irqrestore(&s->lock, flags);
-	/* What the last sweep left (held after it): released unmapped, passed when it comes back. */
-	wic_complete_held(s, 0, 0, U64_MAX, U64_MAX, WIC_MARKER_DAEMON_GONE, replay, WIC_RELEASE);
 	for_each_set_bit(gpu, replay, WIC_GPU_BITS)
 		uvm_wic_replay(gpu);
 	for (i = 0; i < WIC_MAX_SPACES; i++) {
@@ -1686,6 +1691,7 @@ static long wic_group_run(struct wic_session *s, struct wic_command __user *ucmd
 	}
 	g->nr = 0;
 	g->bounce_used = 0;
+	g->filled = 0;
 	return done;
 }
 
@@ -1717,6 +1723,7 @@ static int wic_group_add(struct wic_session *s, const struct wic_command *cmd, u
 	} else {
 		c->marker = cmd->arg;
 	}
+	g->filled += cmd->length;
 	g->space_id = cmd->space_id;
 	g->index[g->nr] = index;
 	g->cmds[g->nr++] = *cmd;
@@ -1727,10 +1734,10 @@ static int wic_group_add(struct wic_session *s, const struct wic_command *cmd, u
 static bool wic_group_fits(const struct wic_session *s, const struct wic_command *cmd)
 {
 	const struct wic_group *g = s->group;
-	size_t data = cmd->opcode == WIC_CMD_COMPLETE ? cmd->length : 0;
 
+	/* The data it copies into the bounce buffer is part of what it fills. */
 	return !g->nr || (g->space_id == cmd->space_id && g->nr < WIC_GROUP_MAX &&
-			  g->bounce_used + data <= WIC_MAX_WRITE_BYTES);
+			  g->filled + cmd->length <= WIC_MAX_WRITE_BYTES);
 }
 
 /* wic_expired_take() under @lock. */
@@ -1788,20 +1795,22 @@ static long wic_submit(struct wic_session *s, const struct wic_submit *sub)
 		struct wic_space_entry *space;
 		bool completion;
 
-		if (!s->group->nr)
-			wic_submit_yield(s);
 		if (copy_from_user(&cmd, &ucmds[i], sizeof(cmd)))
 			break;
-		space = wic_space(s, cmd.space_id);
-		cmd.result = wic_check_command(&cmd, space ? &space->ranges : NULL);
 		completion = cmd.opcode == WIC_CMD_COMPLETE || cmd.opcode == WIC_CMD_COMPLETE_COPY;
-		if (!cmd.result && completion && wic_expired_late(s, &cmd))
-			cmd.result = -ESTALE;
-		if (!cmd.result && (!completion || !wic_group_fits(s, &cmd))) {
+		/* The end of a step: the completions gathered run before this command. */
+		if (!completion || !wic_group_fits(s, &cmd)) {
 			done += wic_group_run(s, ucmds, &unstored);
 			if (unstored)
 				break;
 		}
+		/* Between two steps; this command is checked after, against the ranges then. */
+		if (!s->group->nr)
+			wic_submit_yield(s);
+		space = wic_space(s, cmd.space_id);
+		cmd.result = wic_check_command(&cmd, space ? &space->ranges : NULL);
+		if (!cmd.result && completion && wic_expired_late(s, &cmd))
+			cmd.result = -ESTALE;
 		if (!cmd.result && completion) {
 			cmd.result = wic_group_add(s, &cmd, i);
 			if (!cmd.result)

@@ -151,7 +151,8 @@ impl Backend for ShimGpus {
         let outcome = |command: &Command, result: Result<i32, wic_kmod::CommandError>| {
             let carried_out = result == Ok(0);
             // The module's own expiry (max_hold_ms) completed that generation with the timeout
-            // marker before this completion came: nothing to retry, its record is on the way.
+            // marker before this completion came: nothing to retry. wicd hears of it from the
+            // expiry's record, or, when the ring had no room for that, from its own timeout.
             let expired = result == Ok(-(Errno::ESTALE as i32));
             if expired {
                 tracing::info!("{command:?}: the module had completed that generation itself (max_hold_ms)");
