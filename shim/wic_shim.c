@@ -1104,8 +1104,8 @@ static bool wic_expired_take(struct wic_session *s, const struct wic_command *cm
 
 	wic_expired_forget_read(s);
 	for (i = 0; i < s->nr_expired; i++) {
-		if (s->expired[i].space_id != cmd->space_id || s->expired[i].gpu_id != cmd->gpu_id ||
-		    s->expired[i].run >= end ||
+		if (s->expired[i].space_id != cmd->space_id ||
+		    s->expired[i].gpu_id != cmd->gpu_id || s->expired[i].run >= end ||
 		    cmd->va >= s->expired[i].run + (u64)s->expired[i].pages * PAGE_SIZE)
 			continue;
 		if (s->expired[i].seq == U64_MAX)
@@ -1123,13 +1123,15 @@ static void wic_post_expired(struct wic_session *s, const struct wic_run_expiry 
 {
 	u8 raw[UVM_WIC_FAULT_ENTRY_SIZE] = {};
 	unsigned long flags;
+	bool room;
 
 	/* ADDR_LO (DWORD 2, bits 31:12 in place) and ADDR_HI (DWORD 3). */
 	put_unaligned_le32(lower_32_bits(x->va) & PAGE_MASK, raw + 8);
 	put_unaligned_le32(upper_32_bits(x->va), raw + 12);
 	spin_lock_irqsave(&s->lock, flags);
-	wic_expired_add(s, x, wic_ring_room(s) ? s->ring->head : U64_MAX);
-	if (wic_ring_room(s))
+	room = wic_ring_room(s);
+	wic_expired_add(s, x, room ? s->ring->head : U64_MAX);
+	if (room)
 		wic_ring_post(s, x->space_id, x->gpu_id, x->range_id, WIC_RECORD_EXPIRED,
 			      ktime_get_ns(), raw);
 	else
@@ -1137,7 +1139,6 @@ static void wic_post_expired(struct wic_session *s, const struct wic_run_expiry 
 	spin_unlock_irqrestore(&s->lock, flags);
 	wake_up_interruptible(&s->poll_wait);
 }
-
 
 /*
  * The expiry of faults held before @before on PCM pages of ranges registered with their runs:

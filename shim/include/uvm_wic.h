@@ -292,8 +292,8 @@ int uvm_wic_range_managed(struct uvm_wic_space *space, u64 va, u64 len);
  * resident on the CPU, zeroed, as nvidia-uvm's first touch would.
  *
  * Return: 0 or a negative errno: -EOPNOTSUPP for a pre-Volta GPU, -ENODATA when a page is
- * resident nowhere (a read-only map), -EXDEV when a page cannot be mapped on @gpu_id as asked (resident only on
- * a GPU without peer access to it; read duplication, a preferred location on @gpu_id or
+ * resident nowhere (a read-only map), -EXDEV when a page cannot be mapped on @gpu_id as asked
+ * (resident only on a GPU without peer access to it; read duplication, a preferred location on @gpu_id or
  * UVM-Lite keeping it from a remote mapping; a writable map of a read-duplicated page). On an
  * error other pages of the range may be mapped.
  */

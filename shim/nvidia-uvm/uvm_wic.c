@@ -6,10 +6,10 @@
  * wic_shim registered (uvm_wic_classify_batch(), called right after preprocess_fault_batch()).
  * Faults the shim holds are marked is_wic_held: the fault path neither services nor cancels
  * them, issues no replay for a batch made only of held faults and defers the final replay of a
- * run made only of them (uvm_wic_run_needs_replay()), so the faulting warps stay stalled. Later the daemon, through wic_shim, completes them (uvm_wic_complete(): the data
- * written, or copied from a GPU producer's managed buffer, the slot's other run unmapped, the
- * pages mapped on the GPU, for many wake-ups at once) and replays (uvm_wic_replay()); the
- * warps resume.
+ * run made only of them (uvm_wic_run_needs_replay()), so the faulting warps stay stalled.
+ * Later the daemon, through wic_shim, completes them (uvm_wic_complete(): the data written, or
+ * copied from a GPU producer's managed buffer, the slot's other run unmapped, the pages mapped
+ * on the GPU, for many wake-ups at once) and replays (uvm_wic_replay()); the warps resume.
  *
  * Lock order (uvm_lock.h): GLOBAL_PM < GLOBAL < ISR < mmap_lock < va_space < va_block. The
  * classify callback runs under the ISR lock inside an RCU read-side section. Every exported
@@ -408,7 +408,8 @@ static bool wic_deferred_due(const uvm_parent_gpu_t *parent_gpu, unsigned long *
 	for (i = 0; i < WIC_DEFERRED_MAX; i++) {
 		if (!wic_deferred[i].parent)
 			continue;
-		if (wic_deferred[i].parent == parent_gpu && time_after_eq(jiffies, wic_deferred[i].due)) {
+		if (wic_deferred[i].parent == parent_gpu &&
+		    time_after_eq(jiffies, wic_deferred[i].due)) {
 			wic_deferred[i].parent = NULL;
 			due = true;
 		} else if (requeue) {
@@ -1533,8 +1534,8 @@ static int wic_pte_op_entry(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64
  * Return: 0 or a negative errno: -EINVAL for an unaligned or empty range, -ENODEV for a GPU
  * not registered in the space, -EOPNOTSUPP for a GPU that cannot cancel faults by VA
  * (pre-Volta: Pascal; wic never holds its faults), -ENODATA when a page is resident nowhere
- * (a read-only map: a writable one populates it, wic_populate_locked()), -EXDEV when a page cannot be mapped on this GPU as asked (resident only on a GPU without
- * peer access to it; read duplication, a preferred location on this GPU or UVM-Lite keeping
+ * (a read-only map: a writable one populates it, wic_populate_locked()), -EXDEV when a page
+ * cannot be mapped on this GPU as asked (resident only on a GPU without peer access to it; read duplication, a preferred location on this GPU or UVM-Lite keeping
  * it from a remote mapping; a writable map of a read-duplicated page), -EFAULT for an address
  * outside managed memory, -ESRCH when the process is gone, -EAGAIN while the driver is
  * suspended. On an error, other pages of the range may be mapped.

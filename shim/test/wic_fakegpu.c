@@ -74,7 +74,7 @@ static bool conf_computing;
 module_param(conf_computing, bool, 0644);
 MODULE_PARM_DESC(conf_computing, "Model Confidential Computing: the OVERFLOW bit is never seen");
 MODULE_PARM_DESC(strict_write,
-		 "a completion's fill fails with -EBUSY on pages mapped on a fake GPU (default: on)");
+		 "a completion's fill of pages mapped on a fake GPU fails with -EBUSY (default: on)");
 
 /**
  * struct uvm_wic_space - one fake UVM VA space: the state of one open /dev/wic_fakegpu file
@@ -1621,7 +1621,8 @@ static int wic_fill_write(struct uvm_wic_space *space, u64 va, const void *src, 
 	if (ret)
 		return ret;
 	/* Written, a page resident nowhere is populated first. */
-	ret = wic_populate(space, va >> WIC_FAKEGPU_PAGE_SHIFT, (va + len - 1) >> WIC_FAKEGPU_PAGE_SHIFT);
+	ret = wic_populate(space, va >> WIC_FAKEGPU_PAGE_SHIFT,
+			   (va + len - 1) >> WIC_FAKEGPU_PAGE_SHIFT);
 	if (ret)
 		return ret;
 	/* The process's memory is written from @src only. */

@@ -50,9 +50,10 @@
  * refuses the space with EOPNOTSUPP, the helpers refuse that GPU with EOPNOTSUPP, and its
  * faults are never shown to classify (serviced as usual).
  *
- * A test driver can make the next fills (writes and copies) and uvm_wic_map() calls on its space fail
- * with an errno of its choice, or stall until it lets them go on (WIC_FAKEGPU_IOC_FAIL), to see
- * what wic_shim does when nvidia-uvm refuses, or what happens while a helper runs.
+ * A test driver can make the next fills (writes and copies) and uvm_wic_map() calls on its
+ * space fail with an errno of its choice, or stall until it lets them go on
+ * (WIC_FAKEGPU_IOC_FAIL), to see what wic_shim does when nvidia-uvm refuses, or what happens
+ * while a helper runs.
  */
 #ifndef _WIC_FAKEGPU_H
 #define _WIC_FAKEGPU_H

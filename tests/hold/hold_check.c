@@ -452,7 +452,8 @@ static void wicd(struct sim *s)
 	}
 	if (any)
 		replay(s);
-	s->wicd_at = s->now + (s->wicd == QUICK ? pick(s, MS / 10, 5 * MS) : pick(s, 100 * MS, 5000 * MS));
+	s->wicd_at = s->now + (s->wicd == QUICK ? pick(s, MS / 10, 5 * MS) :
+						  pick(s, 100 * MS, 5000 * MS));
 }
 
 static void check_stalls(struct sim *s)
