@@ -97,6 +97,7 @@ fi
 say "installing systemd units into $UNITDIR"
 install_file 0644 "$script_dir/wicd.socket" "$UNITDIR/wicd.socket"
 install_file 0644 "$script_dir/wicd.service" "$UNITDIR/wicd.service"
+install_file 0644 "$script_dir/wic-sleep.service" "$UNITDIR/wic-sleep.service"
 if [[ $BINDIR != /usr/bin || $SYSCONFDIR != /etc ]]; then
     printf '    rewrite ExecStart= to %s/wicd serve --config %s/wic/wicd.toml\n' "$BINDIR" "$SYSCONFDIR"
     sed -i -e "s|^ExecStart=/usr/bin/wicd serve --config /etc/wic/wicd.toml|ExecStart=$BINDIR/wicd serve --config $SYSCONFDIR/wic/wicd.toml|" \
@@ -143,3 +144,4 @@ if have systemctl && [[ -d /run/systemd/system ]]; then
 fi
 
 say "done; enable the daemon with: systemctl enable --now wicd.socket"
+say "on a machine that suspends or hibernates, also: systemctl enable wic-sleep.service"

@@ -165,6 +165,16 @@ static inline void wic_hold_untabled(struct wic_hold_clock *c, u64 now)
 }
 
 /*
+ * The bound in force, in ns: @max_hold_ns (max_hold_ms; 0 for none), or @min_period_ns while
+ * the GPUs suspend. RM then preempts every channel and waits for each, which a held fault
+ * keeps from being preempted: a hold lasts until the expiry's next run.
+ */
+static inline u64 wic_hold_bound(u64 max_hold_ns, bool suspending, u64 min_period_ns)
+{
+	return suspending ? min_period_ns : max_hold_ns;
+}
+
+/*
  * The expiry run at @now completes the entries held before the time returned: held longer
  * than the bound @bound_ns (0: none), or every entry for a relief that finds the table full
  * (wic_hold_relief_due()).

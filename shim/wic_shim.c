@@ -35,6 +35,7 @@
 #include <linux/sched/mm.h>
 #include <linux/slab.h>
 #include <linux/spinlock.h>
+#include <linux/suspend.h>
 #include <linux/uaccess.h>
 #include <linux/version.h>
 #include <linux/vmalloc.h>
@@ -82,6 +83,28 @@ static const struct kernel_param_ops wic_max_hold_ops = {
 };
 module_param_cb(max_hold_ms, &wic_max_hold_ops, &max_hold_ms, 0644);
 MODULE_PARM_DESC(max_hold_ms, "Longest hold in ms, then completed timed out; 0: no bound");
+
+/*
+ * Set while the system suspends or hibernates (a PM notifier sets it at the prepare
+ * notification and clears it at the post one) and while the GPUs are suspended through
+ * NVIDIA's procfs interface, which its systemd units drive before the kernel's suspend begins
+ * (deploy/systemd's sleep units write this parameter around them). Either way RM preempts
+ * every user channel first: nv_suspend_devices() runs nv_preempt_user_channels() before
+ * nv_uvm_suspend(), whose uvm_suspend() says "The RM guarantees that all user channels have
+ * been preempted before uvm_suspend() is called", and a held replayable fault keeps its
+ * channel from being preempted. So setting it completes every held fault at once (timeout
+ * marker), and while it is set a hold lasts until the expiry's next run, at most
+ * WIC_EXPIRE_MIN_PERIOD_MS: faults are still held, not passed, so that no warp reads a wic
+ * page before its data or a marker.
+ */
+static bool suspending;
+static int wic_suspending_set(const char *val, const struct kernel_param *kp);
+static const struct kernel_param_ops wic_suspending_ops = {
+	.set = wic_suspending_set,
+	.get = param_get_bool,
+};
+module_param_cb(suspending, &wic_suspending_ops, &suspending, 0644);
+MODULE_PARM_DESC(suspending, "1 while the GPUs suspend: held faults completed, holds kept short");
 
 /*
  * The expiry work runs on its own queue: it waits on nvidia-uvm (locks, TLB invalidates) for as
@@ -497,10 +520,23 @@ static void wic_held_record(struct wic_session *s, struct wic_held *held,
 	held->recorded = true;
 }
 
-/* The period of the expiry work: a quarter of max_hold_ms, at least 10 ms. */
+/* The bound in force, in ns: max_hold_ms, or the shortest period while suspending. */
+static u64 wic_bound_ns(void)
+{
+	return wic_hold_bound((u64)READ_ONCE(max_hold_ms) * NSEC_PER_MSEC, READ_ONCE(suspending),
+			      WIC_EXPIRE_MIN_PERIOD_MS * NSEC_PER_MSEC);
+}
+
+/* Where the bound in force comes from, for the log. */
+static const char *wic_bound_name(void)
+{
+	return READ_ONCE(suspending) ? " (GPUs suspending)" : " (max_hold_ms)";
+}
+
+/* The period of the expiry work: a quarter of the bound in force, at least 10 ms. */
 static unsigned long wic_expire_period(void)
 {
-	unsigned int bound = READ_ONCE(max_hold_ms);
+	unsigned int bound = wic_bound_ns() / NSEC_PER_MSEC;
 
 	if (!bound)
 		return msecs_to_jiffies(WIC_EXPIRE_IDLE_PERIOD_MS);
@@ -1186,8 +1222,9 @@ static void wic_expire_runs(struct wic_session *s, u64 before, unsigned long *re
 }
 
 /**
- * wic_expire() - complete the faults held longer than max_hold_ms
- * @work: &wic_session.expire
+ * wic_expire_held() - complete the faults held longer than the bound
+ * @s: the session
+ * @all: complete every held fault, whatever its age (the GPUs are about to suspend)
  *
  * A held replayable fault blocks preemption of its channel, so every other context on that
  * GPU (or MIG partition) waits while it is held, and RM may reset the channel when a context
@@ -1205,12 +1242,12 @@ static void wic_expire_runs(struct wic_session *s, u64 before, unsigned long *re
  * completed first when none is free, so that they come back, find an entry and carry the
  * episode's age into it; during an episode the work runs every WIC_EXPIRE_MIN_PERIOD_MS.
  * Queued again while any fault is held, and at once when max_hold_ms is written; with
- * max_hold_ms 0 nothing expires.
+ * max_hold_ms 0 nothing expires. While the GPUs suspend, the bound is the shortest period
+ * (wic_hold_bound()).
  */
-static void wic_expire(struct work_struct *work)
+static void wic_expire_held(struct wic_session *s, bool all)
 {
-	struct wic_session *s = container_of(to_delayed_work(work), struct wic_session, expire);
-	u64 bound_ns = (u64)READ_ONCE(max_hold_ms) * NSEC_PER_MSEC;
+	u64 bound_ns = wic_bound_ns();
 	DECLARE_BITMAP(replay, WIC_GPU_BITS);
 	u64 now, before, next;
 	bool relief, room = true;
@@ -1229,11 +1266,11 @@ static void wic_expire(struct work_struct *work)
 	/* After the wait: what is due is what is due now. */
 	now = ktime_get_ns();
 	spin_lock_irqsave(&s->lock, flags);
-	relief = wic_hold_relief_due(&s->clock, now, bound_ns);
+	relief = all || wic_hold_relief_due(&s->clock, now, bound_ns);
 	if (relief)
 		room = !hlist_empty(&s->held_free);
 	spin_unlock_irqrestore(&s->lock, flags);
-	before = wic_hold_expire_before(now, bound_ns, !room);
+	before = all ? U64_MAX : wic_hold_expire_before(now, bound_ns, !room);
 	if (before) {
 		wic_expire_runs(s, before, replay);
 		err = wic_complete_held(s, 0, 0, U64_MAX, before, WIC_MARKER_TIMEOUT, replay,
@@ -1254,19 +1291,82 @@ static void wic_expire(struct work_struct *work)
 	mutex_unlock(&s->mutex);
 	for_each_set_bit(gpu, replay, WIC_GPU_BITS)
 		uvm_wic_replay(gpu);
-	if (relief)
-		pr_warn_ratelimited("faults held without a held-table entry (%u entries) for half of max_hold_ms=%llu: their GPUs replayed%s\n",
-				    WIC_MAX_HELD, bound_ns / NSEC_PER_MSEC,
+	/* wic_suspend() says what a run for the suspend did. */
+	if (!all && relief)
+		pr_warn_ratelimited("faults held without a held-table entry (%u entries) for half of the %llu ms bound%s: their GPUs replayed%s\n",
+				    WIC_MAX_HELD, bound_ns / NSEC_PER_MSEC, wic_bound_name(),
 				    room ? "" : ", every entry completed with the timeout marker");
-	else if (!bitmap_empty(replay, WIC_GPU_BITS))
-		pr_warn_ratelimited("faults held longer than max_hold_ms=%llu completed with the timeout marker\n",
-				    bound_ns / NSEC_PER_MSEC);
+	else if (!all && !bitmap_empty(replay, WIC_GPU_BITS))
+		pr_warn_ratelimited("faults held longer than the %llu ms bound%s completed with the timeout marker\n",
+				    bound_ns / NSEC_PER_MSEC, wic_bound_name());
 	if (err)
-		pr_warn_ratelimited("cannot complete a fault held longer than max_hold_ms=%llu: %d; retried\n",
-				    bound_ns / NSEC_PER_MSEC, err);
+		pr_warn_ratelimited("cannot complete a fault held longer than the %llu ms bound%s: %d; retried\n",
+				    bound_ns / NSEC_PER_MSEC, wic_bound_name(), err);
 	if (next)
 		queue_delayed_work(wic_wq, &s->expire, nsecs_to_jiffies(next));
 }
+
+static void wic_expire(struct work_struct *work)
+{
+	wic_expire_held(container_of(to_delayed_work(work), struct wic_session, expire), false);
+}
+
+/*
+ * The GPUs are about to suspend (@on), or have resumed: see the suspending parameter. Every
+ * held fault is completed now, and the expiry work runs at once so that its period is the
+ * short one. Holding wic_active_lock keeps the session from being released meanwhile.
+ */
+static void wic_suspend(bool on)
+{
+	struct wic_session *s;
+
+	WRITE_ONCE(suspending, on);
+	if (!on)
+		return;
+	mutex_lock(&wic_active_lock);
+	s = rcu_dereference_protected(wic_active, lockdep_is_held(&wic_active_lock));
+	if (s) {
+		wic_expire_held(s, true);
+		mod_delayed_work(wic_wq, &s->expire, 0);
+		pr_info("GPUs suspending: held faults completed with the timeout marker, holds kept under %u ms\n",
+			WIC_EXPIRE_MIN_PERIOD_MS);
+	}
+	mutex_unlock(&wic_active_lock);
+}
+
+static int wic_suspending_set(const char *val, const struct kernel_param *kp)
+{
+	bool on;
+	int err = kstrtobool(val, &on);
+
+	if (err)
+		return err;
+	wic_suspend(on);
+	return 0;
+}
+
+static int wic_pm_notify(struct notifier_block *nb, unsigned long event, void *unused)
+{
+	switch (event) {
+	case PM_SUSPEND_PREPARE:
+	case PM_HIBERNATION_PREPARE:
+	case PM_RESTORE_PREPARE:
+		wic_suspend(true);
+		break;
+	case PM_POST_SUSPEND:
+	case PM_POST_HIBERNATION:
+	case PM_POST_RESTORE:
+		wic_suspend(false);
+		break;
+	default:
+		break;
+	}
+	return NOTIFY_DONE;
+}
+
+static struct notifier_block wic_pm_notifier = {
+	.notifier_call = wic_pm_notify,
+};
 
 static int wic_open(struct inode *inode, struct file *file)
 {
@@ -1959,8 +2059,15 @@ static int __init wic_init(void)
 		destroy_workqueue(wic_wq);
 		return err;
 	}
+	err = register_pm_notifier(&wic_pm_notifier);
+	if (err) {
+		uvm_wic_unregister(&wic_ops);
+		destroy_workqueue(wic_wq);
+		return err;
+	}
 	err = misc_register(&wic_misc);
 	if (err) {
+		unregister_pm_notifier(&wic_pm_notifier);
 		uvm_wic_unregister(&wic_ops);
 		destroy_workqueue(wic_wq);
 		return err;
@@ -1973,6 +2080,7 @@ static int __init wic_init(void)
 static void __exit wic_exit(void)
 {
 	misc_deregister(&wic_misc);
+	unregister_pm_notifier(&wic_pm_notifier);
 	uvm_wic_unregister(&wic_ops);
 	destroy_workqueue(wic_wq);
 }

@@ -33,6 +33,8 @@
 #include <linux/module.h>
 #include <linux/mutex.h>
 #include <linux/overflow.h>
+#include <linux/platform_device.h>
+#include <linux/pm.h>
 #include <linux/rcupdate.h>
 #include <linux/sched/mm.h>
 #include <linux/sched/signal.h>
@@ -1159,12 +1161,34 @@ static u32 wic_hw_reset_channel(u32 gpu_id)
 
 /*
  * A context switch on a GPU: it waits while any warp is stalled there (a replayable fault
- * blocks preemption), looking every millisecond, and past the timeout the channel is reset.
+ * blocks preemption), looking every millisecond, and past @timeout_ms the channel is reset.
+ * Returns the warps the reset killed (0 when the switch was done) and sets @waited_ns, or
+ * -EINTR.
  */
+static long wic_hw_switch(u32 gpu_id, u32 timeout_ms, u64 *waited_ns)
+{
+	u64 start = ktime_get_ns(), deadline = start + (u64)timeout_ms * NSEC_PER_MSEC;
+	u32 killed = 0;
+
+	while (wic_hw_nr_stalled(gpu_id)) {
+		if (ktime_get_ns() >= deadline) {
+			killed = wic_hw_reset_channel(gpu_id);
+			break;
+		}
+		if (fatal_signal_pending(current))
+			return -EINTR;
+		usleep_range(1000, 1100);
+	}
+	*waited_ns = ktime_get_ns() - start;
+	if (!killed)
+		wic_log_event(WIC_FAKEGPU_EVENT_SWITCHED, gpu_id, 0, *waited_ns, 0);
+	return killed;
+}
+
 static long wic_ioctl_preempt(struct wic_fakegpu_preempt __user *uarg)
 {
 	struct wic_fakegpu_preempt args;
-	u64 start = ktime_get_ns(), deadline;
+	long killed;
 
 	if (copy_from_user(&args, uarg, sizeof(args)))
 		return -EFAULT;
@@ -1172,22 +1196,59 @@ static long wic_ioctl_preempt(struct wic_fakegpu_preempt __user *uarg)
 		return -ENODEV;
 	if (args.reserved || !args.timeout_ms || args.timeout_ms > WIC_FAKEGPU_MAX_SWITCH_MS)
 		return -EINVAL;
-	deadline = start + (u64)args.timeout_ms * NSEC_PER_MSEC;
-	args.killed = 0;
-	while (wic_hw_nr_stalled(args.gpu_id)) {
-		if (ktime_get_ns() >= deadline) {
-			args.killed = wic_hw_reset_channel(args.gpu_id);
-			break;
-		}
-		if (fatal_signal_pending(current))
-			return -EINTR;
-		usleep_range(1000, 1100);
-	}
-	args.waited_ns = ktime_get_ns() - start;
-	if (!args.killed)
-		wic_log_event(WIC_FAKEGPU_EVENT_SWITCHED, args.gpu_id, 0, args.waited_ns, 0);
+	killed = wic_hw_switch(args.gpu_id, args.timeout_ms, &args.waited_ns);
+	if (killed < 0)
+		return killed;
+	args.killed = killed;
 	return copy_to_user(uarg, &args, sizeof(args)) ? -EFAULT : 0;
 }
+
+/*
+ * The system suspends: as RM does before it suspends the GPUs (nv_suspend_devices():
+ * nv_preempt_user_channels(), then nv_uvm_suspend(); with the kernel's own PM callbacks,
+ * nvidia_suspend()), every GPU that ever had a warp is switched out, waiting up to
+ * suspend_switch_ms for its stalled warps; a GPU whose channel had to be reset fails the
+ * suspend, as nv_pmops_suspend() fails it with -EIO.
+ */
+static unsigned int suspend_switch_ms = 1000;
+module_param(suspend_switch_ms, uint, 0644);
+MODULE_PARM_DESC(suspend_switch_ms,
+		 "How long a suspend waits for each GPU's stalled warps before it resets its channel");
+
+static int wic_fakegpu_suspend(struct device *dev)
+{
+	u32 gpu_id, timeout_ms = clamp(suspend_switch_ms, 1U, WIC_FAKEGPU_MAX_SWITCH_MS);
+	bool reset = false;
+	u64 waited_ns;
+	bool had_warps;
+
+	for (gpu_id = 1; gpu_id <= WIC_FAKEGPU_NR_GPUS; gpu_id++) {
+		mutex_lock(&wic_hw_lock);
+		had_warps = wic_hw_gpu(gpu_id, false);
+		mutex_unlock(&wic_hw_lock);
+		if (had_warps && wic_hw_switch(gpu_id, timeout_ms, &waited_ns) > 0)
+			reset = true;
+	}
+	if (reset)
+		dev_warn(dev, "a channel could not be preempted for the suspend: reset, suspend failed\n");
+	return reset ? -EIO : 0;
+}
+
+static int wic_fakegpu_resume(struct device *dev)
+{
+	return 0;
+}
+
+static DEFINE_SIMPLE_DEV_PM_OPS(wic_fakegpu_pm, wic_fakegpu_suspend, wic_fakegpu_resume);
+
+static struct platform_driver wic_fakegpu_driver = {
+	.driver = {
+		.name = "wic_fakegpu",
+		.pm = pm_sleep_ptr(&wic_fakegpu_pm),
+	},
+};
+
+static struct platform_device *wic_fakegpu_pdev;
 
 static long wic_ioctl_warps(struct uvm_wic_space *space, struct wic_fakegpu_warps __user *uarg,
 			    bool bottom_half)
@@ -1952,12 +2013,26 @@ static int __init wic_fakegpu_init(void)
 	wic_log = vzalloc(array_size(WIC_FAKEGPU_LOG_EVENTS, sizeof(*wic_log)));
 	if (!wic_log)
 		return -ENOMEM;
-	ret = misc_register(&wic_fakegpu_dev);
-	if (ret) {
-		vfree(wic_log);
-		return ret;
+	ret = platform_driver_register(&wic_fakegpu_driver);
+	if (ret)
+		goto free_log;
+	wic_fakegpu_pdev = platform_device_register_simple("wic_fakegpu", -1, NULL, 0);
+	if (IS_ERR(wic_fakegpu_pdev)) {
+		ret = PTR_ERR(wic_fakegpu_pdev);
+		goto unregister_driver;
 	}
+	ret = misc_register(&wic_fakegpu_dev);
+	if (ret)
+		goto unregister_device;
 	return 0;
+
+unregister_device:
+	platform_device_unregister(wic_fakegpu_pdev);
+unregister_driver:
+	platform_driver_unregister(&wic_fakegpu_driver);
+free_log:
+	vfree(wic_log);
+	return ret;
 }
 
 static void __exit wic_fakegpu_exit(void)
@@ -1965,6 +2040,8 @@ static void __exit wic_fakegpu_exit(void)
 	u32 gpu_id;
 
 	misc_deregister(&wic_fakegpu_dev);
+	platform_device_unregister(wic_fakegpu_pdev);
+	platform_driver_unregister(&wic_fakegpu_driver);
 	cancel_delayed_work_sync(&wic_hw_deferred_work);
 	for (gpu_id = 0; gpu_id < WIC_FAKEGPU_NR_GPUS; gpu_id++)
 		kfree(wic_hw[gpu_id]);

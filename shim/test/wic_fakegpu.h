@@ -43,7 +43,10 @@
  * replay resumes the stalled warps whose pages are mapped and makes every other one fault
  * again. So is the rule that a held replayable fault
  * blocks preemption of its channel (WIC_FAKEGPU_IOC_PREEMPT): a context switch on a GPU waits
- * while a warp is stalled there, and RM resets the channel when it waits past its timeout.
+ * while a warp is stalled there, and RM resets the channel when it waits past its timeout. At a
+ * system suspend the fake's device switches every GPU that had warps out, as RM preempts every
+ * user channel before the GPUs suspend, waiting up to the module parameter suspend_switch_ms for
+ * each; a channel it has to reset fails the suspend with EIO, as nv_pmops_suspend() does.
  *
  * A pre-Volta GPU (Pascal: faults are cancelled per uTLB, not per VA) can be registered in a
  * space (WIC_FAKEGPU_IOC_PRE_VOLTA): as nvidia-uvm with the hook, uvm_wic_space_get() then

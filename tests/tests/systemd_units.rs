@@ -7,7 +7,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const UNITS: [&str; 2] = ["wicd.service", "wicd.socket"];
+const UNITS: [&str; 3] = ["wicd.service", "wicd.socket", "wic-sleep.service"];
 
 fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("deploy")
@@ -238,6 +238,32 @@ fn units_carry_the_daemon_contract() {
         ],
     );
     assert_directives("wicd.socket", "Install", &[("WantedBy", "sockets.target")]);
+}
+
+/// The sleep unit sets wic_shim's `suspending` before NVIDIA's suspend units run, which preempt
+/// every channel through /proc/driver/nvidia/suspend before the kernel's suspend (whose PM
+/// notifier the module has), and clears it when the sleep ends.
+#[test]
+fn sleep_unit_runs_before_nvidias_suspend() {
+    let unit = read_deploy("wic-sleep.service");
+    let before: Vec<&str> =
+        section(&unit, "Unit").into_iter().filter(|(k, _)| *k == "Before").flat_map(|(_, v)| v.split_whitespace()).collect();
+    for want in ["sleep.target", "nvidia-suspend.service", "nvidia-hibernate.service"] {
+        assert!(before.contains(&want), "wic-sleep.service must run before {want}: Before={before:?}");
+    }
+    assert_directives("wic-sleep.service", "Unit", &[("StopWhenUnneeded", "yes")]);
+    let param = "/sys/module/wic_shim/parameters/suspending";
+    assert_directives(
+        "wic-sleep.service",
+        "Service",
+        &[
+            ("Type", "oneshot"),
+            ("RemainAfterExit", "yes"),
+            ("ExecStart", &format!("/bin/sh -c 'echo 1 > {param}'")),
+            ("ExecStop", &format!("/bin/sh -c 'echo 0 > {param}'")),
+        ],
+    );
+    assert_directives("wic-sleep.service", "Install", &[("WantedBy", "sleep.target")]);
 }
 
 #[test]

@@ -3,7 +3,7 @@
 //! (crate wic-kmod) and engine.
 //!
 //! Usage: `wic-vmtest SCENARIO...` with scenarios `deliver`, `daemon-death`, `hostile`,
-//! `storms`, `overflow`, `race`, `closing`, `max-hold`, `preemption`, `service` (needs `wicd` on the PATH), `bench` or `all` (all but `bench`). Prints `PASS name` or `FAIL name: why` per scenario
+//! `storms`, `overflow`, `race`, `closing`, `max-hold`, `preemption`, `suspend`, `service` (needs `wicd` on the PATH), `bench` or `all` (all but `bench`). Prints `PASS name` or `FAIL name: why` per scenario
 //! and exits non-zero if any failed. `bench` prints its results as a file block for the
 //! harness (`WIC-VM-FILE-BEGIN kernel-bench.json`).
 
@@ -19,6 +19,7 @@ mod race;
 mod rig;
 mod service;
 mod storms;
+mod suspend;
 
 use std::process::ExitCode;
 
@@ -39,6 +40,7 @@ fn main() -> ExitCode {
             "closing",
             "max-hold",
             "preemption",
+            "suspend",
             "service",
         ];
         // The list the kernel VM test checks, each for its PASS line.
@@ -56,9 +58,10 @@ fn main() -> ExitCode {
             "closing" => closing::run(),
             "max-hold" => maxhold::run(),
             "preemption" => preemption::run(),
+            "suspend" => suspend::run(),
             "service" => service::run(),
             "bench" => bench::run(),
-            other => Err(format!("unknown scenario {other:?} (deliver, daemon-death, hostile, storms, overflow, race, closing, max-hold, preemption, service, bench, all)")),
+            other => Err(format!("unknown scenario {other:?} (deliver, daemon-death, hostile, storms, overflow, race, closing, max-hold, preemption, suspend, service, bench, all)")),
         };
         match result {
             Ok(()) => println!("PASS {name}"),
