@@ -20,7 +20,10 @@
  * - the shim's held table and ring (a few entries each), its expiry work (period a quarter of
  *   the bound) with the relief for faults held without an entry;
  * - wicd: reading the ring and completing the pages whose data its producer published
- *   (quick, slow, or gone).
+ *   (quick, slow, or gone);
+ * - in some runs a system suspend: the shim completes every held fault when it begins
+ *   (wic_suspend()) and holds with the bound of wic_hold_bound() until the resume, while RM
+ *   preempts every channel, which waits on every stalled warp.
  *
  * Each seed draws the sizes, the timings and every choice of the run, and the run asserts:
  * - no warp of the wic application resumes on a page without its data or a marker (nothing is
@@ -29,11 +32,13 @@
  *   (every held fault is completed in time, recorded or not, with an entry or not);
  * - no warp of the other application stays stalled past the deferred replay (a fault the
  *   hardware dropped does not wait for ever);
+ * - while the system suspends, no warp stays stalled past the deferred replay and two short
+ *   periods (RM's preemption of its channel is not held up);
  * - every warp is done at the end.
  *
  * Usage: hold_check [--seeds N] [--first SEED] [--verbose]. Exits 1 at the first violation,
  * naming the seed; -DHOLD_CHECK_OLD_RULES builds it with the rules before the deferred replay
- * and the relief, which it must find wrong.
+ * and the relief, and -DHOLD_CHECK_NO_SUSPEND without the suspend's, which it must find wrong.
  */
 #include "kernel_compat.h"
 
@@ -55,6 +60,8 @@
 #define ROUNDS (20 * MS)
 #define LIMIT_WIC (DEFER + BOUND + PERIOD + ROUNDS)
 #define LIMIT_OTHER (DEFER + ROUNDS)
+/* A stall while the system suspends: a dropped fault's deferred replay, then one short period. */
+#define LIMIT_SUSPEND (DEFER + 2 * RELIEF_PERIOD + ROUNDS)
 #define END (40000 * MS)
 
 #define MAX_WARPS 12
@@ -118,6 +125,13 @@ struct sim {
 	struct wic_hold_clock clock;
 	bool untabled_gpu;
 	u64 expire_at;
+	/* the system's suspend: from @suspend_at (0: none) to @resume_at */
+	u64 suspend_at;
+	u64 resume_at;
+	bool suspending;
+	/* what the run checks: whether the system is suspending, since when */
+	bool in_suspend;
+	u64 suspended_since;
 	/* wicd */
 	u64 wicd_at;
 	/* what went wrong */
@@ -279,6 +293,17 @@ static void replay(struct sim *s)
 }
 
 /* The shim's classify for a fault of warp @w; whether it is held. */
+/* The bound in force (wic_bound_ns()) and the expiry's period (wic_expire_period()). */
+static u64 bound(struct sim *s)
+{
+	return wic_hold_bound(BOUND, s->suspending, RELIEF_PERIOD);
+}
+
+static u64 period(struct sim *s)
+{
+	return bound(s) / 4 > RELIEF_PERIOD ? bound(s) / 4 : RELIEF_PERIOD;
+}
+
 static bool classify(struct sim *s, int w)
 {
 	struct warp *warp = &s->warps[w];
@@ -323,7 +348,7 @@ static bool classify(struct sim *s, int w)
 	}
 	if ((action == WIC_HOLD_ENTER || action == WIC_HOLD_ENTER_RECORD ||
 	     action == WIC_HOLD_UNTABLED) && !s->expire_at)
-		s->expire_at = s->now + PERIOD;
+		s->expire_at = s->now + period(s);
 	TRACE(s, "classify warp %d page %d: action %d (entry %d ring %d table %d) untabled %.3f", w,
 	      warp->page, action, facts.entry, facts.ring_room, facts.table_room,
 	      (double)s->clock.since / MS);
@@ -400,19 +425,20 @@ static bool table_empty(struct sim *s)
 	return true;
 }
 
-static void expire(struct sim *s)
+/* The expiry work; @all: every held fault, whatever its age (wic_expire_held()). */
+static void expire_held(struct sim *s, bool all)
 {
-	bool relief = false, room = true, any = false;
+	bool relief = all, room = true, any = false;
 	u64 before, next;
 	int i;
 
 #ifndef HOLD_CHECK_OLD_RULES
-	relief = wic_hold_relief_due(&s->clock, s->now, BOUND);
+	relief = relief || wic_hold_relief_due(&s->clock, s->now, bound(s));
 #endif
 	if (relief)
 		room = free_entry(s) >= 0;
-	before = wic_hold_expire_before(s->now, BOUND, !room);
-	TRACE(s, "expire: relief %d room %d", relief, room);
+	before = all ? U64_MAX : wic_hold_expire_before(s->now, bound(s), !room);
+	TRACE(s, "expire: all %d relief %d room %d", all, relief, room);
 	for (i = 0; i < s->ntable; i++) {
 		if (s->table[i].used && s->table[i].held_ns < before) {
 			complete(s, i, MARKER);
@@ -425,8 +451,26 @@ static void expire(struct sim *s)
 	}
 	if (any || relief)
 		replay(s);
-	next = wic_hold_next_run(&s->clock, s->now, BOUND, !table_empty(s), PERIOD, RELIEF_PERIOD);
+	next = wic_hold_next_run(&s->clock, s->now, bound(s), !table_empty(s), period(s),
+				 RELIEF_PERIOD);
 	s->expire_at = next ? s->now + next : 0;
+}
+
+/* The system begins to suspend (wic_suspend()), or resumes. */
+static void suspend(struct sim *s, bool on)
+{
+	TRACE(s, "suspend %d", on);
+	if (on)
+		s->suspend_at = 0;
+	else
+		s->resume_at = 0;
+	s->in_suspend = on;
+	s->suspended_since = s->now;
+#ifndef HOLD_CHECK_NO_SUSPEND
+	s->suspending = on;
+	if (on)
+		expire_held(s, true);
+#endif
 }
 
 /* wicd reads the ring and completes every recorded page whose data was published. */
@@ -456,6 +500,11 @@ static void wicd(struct sim *s)
 						  pick(s, 100 * MS, 5000 * MS));
 }
 
+static u64 max_u64(u64 a, u64 b)
+{
+	return a > b ? a : b;
+}
+
 static void check_stalls(struct sim *s)
 {
 	int w;
@@ -469,6 +518,9 @@ static void check_stalls(struct sim *s)
 			fail(s, "a warp of the wic application stayed stalled past the bound");
 		if (!warp->wic && s->now - warp->stalled_since > LIMIT_OTHER)
 			fail(s, "a warp of another application stayed stalled past the deferred replay");
+		if (s->in_suspend && s->now - max_u64(warp->stalled_since, s->suspended_since) >
+				     LIMIT_SUSPEND)
+			fail(s, "a warp stayed stalled while the system suspends: its channel cannot be preempted");
 	}
 }
 
@@ -502,6 +554,10 @@ static void setup(struct sim *s, u64 seed)
 		};
 	}
 	s->wicd_at = s->wicd == GONE ? 0 : pick(s, 0, 10 * MS);
+	if (pick(s, 0, 2) == 0) {
+		s->suspend_at = pick(s, 1, 8000 * MS);
+		s->resume_at = s->suspend_at + pick(s, 100 * MS, 3000 * MS);
+	}
 }
 
 /* The earliest of the times that are set (not 0), or 0. */
@@ -526,6 +582,8 @@ static const char *run(struct sim *s, u64 seed, bool verbose)
 		next = earliest(next, s->expire_at);
 		next = earliest(next, s->deferred_due);
 		next = earliest(next, s->wicd_at);
+		next = earliest(next, s->suspend_at);
+		next = earliest(next, s->resume_at);
 		if (!next)
 			break;
 		if (next > s->now)
@@ -537,12 +595,16 @@ static const char *run(struct sim *s, u64 seed, bool verbose)
 				goto next;
 			}
 		}
-		if (s->bh_at && s->bh_at <= s->now)
+		if (s->suspend_at && s->suspend_at <= s->now)
+			suspend(s, true);
+		else if (s->resume_at && s->resume_at <= s->now)
+			suspend(s, false);
+		else if (s->bh_at && s->bh_at <= s->now)
 			bottom_half(s);
 		else if (s->deferred_due && s->deferred_due <= s->now)
 			replay(s);
 		else if (s->expire_at && s->expire_at <= s->now)
-			expire(s);
+			expire_held(s, false);
 		else if (s->wicd_at && s->wicd_at <= s->now)
 			wicd(s);
 next:

@@ -2,9 +2,10 @@
 //! against a model of the fault buffer, nvidia-uvm's bottom half, the shim's table, ring and
 //! expiry, and a quick, slow or gone wicd (tests/hold/hold_check.c): over thousands of drawn
 //! interleavings no warp reads a wic page without its data or a marker, none stays held past the
-//! bound, and no other application's dropped fault waits past the deferred replay. Built also
-//! with the rules before the deferred replay and the relief, the checker must find them wrong:
-//! it can fail.
+//! bound, no other application's dropped fault waits past the deferred replay, and while the
+//! system suspends no warp stays stalled past a short period. Built also with the rules before
+//! the deferred replay and the relief, or without the suspend's, the checker must find them
+//! wrong: it can fail.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -55,4 +56,14 @@ fn the_rules_before_the_deferred_replay_and_the_relief_are_found_wrong() {
     let dir = scratch("hold-checker-old");
     let (ok, out) = check(&build(&dir, "hold_check_old", &["-DHOLD_CHECK_OLD_RULES"]));
     assert!(!ok && out.contains("VIOLATION"), "the checker found nothing wrong with the old rules:\n{out}");
+}
+
+#[test]
+fn holds_that_go_on_while_the_system_suspends_are_found_wrong() {
+    let dir = scratch("hold-checker-no-suspend");
+    let (ok, out) = check(&build(&dir, "hold_check_no_suspend", &["-DHOLD_CHECK_NO_SUSPEND"]));
+    assert!(
+        !ok && out.contains("while the system suspends"),
+        "the checker found nothing wrong with holds that ignore a suspend:\n{out}"
+    );
 }
