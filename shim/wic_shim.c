@@ -1987,7 +1987,18 @@ static int wic_uring_cmd(struct io_uring_cmd *ioucmd, unsigned int issue_flags)
 		return -ENOTTY;
 	/* The command area is shared with user space: read it once. */
 	memcpy(&sub, wic_uring_payload(ioucmd), sizeof(sub));
-	mutex_lock(&s->mutex);
+	/*
+	 * io_uring first issues a command from the submitting task, with IO_URING_F_NONBLOCK,
+	 * and runs one that answers -EAGAIN on a worker of its own. A batch waits on nvidia-uvm
+	 * as an ioctl does (its locks, the TLB invalidates), and running there is what io_uring
+	 * is used for; the session's mutex, which another batch or the expiry may hold for a
+	 * whole step, is not waited for there: the submitter (with SQPOLL, every request of the
+	 * ring) would wait with it.
+	 */
+	if (!(issue_flags & IO_URING_F_NONBLOCK))
+		mutex_lock(&s->mutex);
+	else if (!mutex_trylock(&s->mutex))
+		return -EAGAIN;
 	ret = s->negotiated ? wic_submit(s, &sub) : -EPROTO;
 	mutex_unlock(&s->mutex);
 	if (ret < 0)

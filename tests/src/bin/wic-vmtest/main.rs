@@ -2,12 +2,13 @@
 //! `wic_fakegpu.ko` standing in for nvidia-uvm, driven by the daemon's own shim backend
 //! (crate wic-kmod) and engine.
 //!
-//! Usage: `wic-vmtest SCENARIO...` with scenarios `deliver`, `daemon-death`, `hostile`,
+//! Usage: `wic-vmtest SCENARIO...` with scenarios `deliver`, `daemon-death`, `hostile`, `busy`,
 //! `storms`, `overflow`, `race`, `closing`, `max-hold`, `preemption`, `suspend`, `service` (needs `wicd` on the PATH), `bench` or `all` (all but `bench`). Prints `PASS name` or `FAIL name: why` per scenario
 //! and exits non-zero if any failed. `bench` prints its results as a file block for the
 //! harness (`WIC-VM-FILE-BEGIN kernel-bench.json`).
 
 mod bench;
+mod busy;
 mod closing;
 mod death;
 mod deliver;
@@ -34,6 +35,7 @@ fn main() -> ExitCode {
             "deliver",
             "daemon-death",
             "hostile",
+            "busy",
             "storms",
             "overflow",
             "race",
@@ -52,6 +54,7 @@ fn main() -> ExitCode {
             "deliver" => deliver::run(),
             "daemon-death" => death::run(),
             "hostile" => hostile::run(),
+            "busy" => busy::run(),
             "storms" => storms::run(),
             "overflow" => overflow::run(),
             "race" => race::run(),
@@ -61,7 +64,7 @@ fn main() -> ExitCode {
             "suspend" => suspend::run(),
             "service" => service::run(),
             "bench" => bench::run(),
-            other => Err(format!("unknown scenario {other:?} (deliver, daemon-death, hostile, storms, overflow, race, closing, max-hold, preemption, suspend, service, bench, all)")),
+            other => Err(format!("unknown scenario {other:?} (deliver, daemon-death, hostile, busy, storms, overflow, race, closing, max-hold, preemption, suspend, service, bench, all)")),
         };
         match result {
             Ok(()) => println!("PASS {name}"),
