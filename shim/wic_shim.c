@@ -137,7 +137,8 @@ static struct workqueue_struct *wic_wq;
  * @held_gpus: the GPUs on which a fault of this space got a HOLD verdict, recorded or not;
  *	each is replayed when the space's held faults are completed at detach or release, so
  *	that faults held without a held-table entry (table full) fault again
- * @gone: nvidia-uvm said the space's process is gone (ESRCH): its faults are passed
+ * @gone: nvidia-uvm said the space's process is gone (ESRCH), or going away
+ *	(wic_space_shutdown()): its faults are passed
  */
 struct wic_space_entry {
 	struct uvm_wic_space *uvm;
@@ -638,9 +639,46 @@ out:
 	return action == WIC_HOLD_PASS ? UVM_WIC_PASS : UVM_WIC_HOLD;
 }
 
+/**
+ * wic_space_shutdown() - nvidia-uvm's word that a space's process is going away
+ * @uvm: the space
+ *
+ * nvidia-uvm is about to stop the space's channels (uvm_va_space_mm_shutdown(), at exit_mm()
+ * of a killed process, before its files are closed and wicd hears of it), expecting its
+ * faults serviced; a held fault would keep its channel from being stopped. The space is
+ * marked gone, so that its faults are passed from now, and when it is attached nvidia-uvm
+ * replays its GPUs: the held faults come back and are serviced (nothing of the process reads
+ * them any more). Their held-table entries stay until a completion or the expiry finds the
+ * space gone. Runs inside the hook's RCU read-side section; never sleeps.
+ *
+ * Return: whether faults of @uvm may be held: the space is attached.
+ */
+static bool wic_space_shutdown(struct uvm_wic_space *uvm)
+{
+	struct wic_session *s = rcu_dereference(wic_active);
+	struct wic_space_entry *space;
+	unsigned long flags;
+	bool attached;
+	u32 space_id;
+
+	if (!s)
+		return false;
+	space_id = wic_index_find(rcu_dereference(s->index), uvm);
+	if (!space_id)
+		return false;
+	spin_lock_irqsave(&s->lock, flags);
+	space = &s->spaces[space_id - 1];
+	attached = space->uvm == uvm;
+	if (attached)
+		space->gone = true;
+	spin_unlock_irqrestore(&s->lock, flags);
+	return attached;
+}
+
 static const struct uvm_wic_ops wic_ops = {
 	.owner = THIS_MODULE,
 	.classify = wic_classify,
+	.space_shutdown = wic_space_shutdown,
 };
 
 /* Whether @held is a fault of @space_id (0: any space) on a page of [@start, @end). */

@@ -31,8 +31,9 @@
  * uvm_wic_complete(). 6: struct uvm_wic_completion.flags, a completion without a companion.
  * 7: uvm_wic_run_final_replay() defers a held-only run's replay instead of skipping it;
  * uvm_wic_write(), uvm_wic_copy() and uvm_wic_unmap() go (uvm_wic_complete() does their work).
+ * 8: struct uvm_wic_ops.space_shutdown.
  */
-#define UVM_WIC_HOOK_VERSION 7
+#define UVM_WIC_HOOK_VERSION 8
 
 /*
  * The largest id of a GPU in a fault or a helper call: nvidia-uvm's processor ids of GPUs run
@@ -92,10 +93,17 @@ enum uvm_wic_verdict {
  *	bottom half with the ISR lock held and inside an RCU read-side section: it must not
  *	sleep nor call back into nvidia-uvm. Never called for fatal faults nor for faults of a
  *	pre-Volta GPU
+ * @space_shutdown: optional; called when a space's process goes away, before nvidia-uvm stops
+ *	the space's channels (uvm_va_space_mm_shutdown(), which expects the space's faults to be
+ *	serviced: a held one would keep its channel from being stopped). The callback stops
+ *	holding the space's faults and answers whether it may have held some: then nvidia-uvm
+ *	replays the space's GPUs, and the faults come back and are serviced. Called in process
+ *	context inside an RCU read-side section: it must not sleep nor call into nvidia-uvm
  */
 struct uvm_wic_ops {
 	struct module *owner;
 	enum uvm_wic_verdict (*classify)(const struct uvm_wic_fault *fault);
+	bool (*space_shutdown)(struct uvm_wic_space *space);
 };
 
 /*

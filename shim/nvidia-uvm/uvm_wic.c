@@ -519,6 +519,46 @@ bool uvm_wic_run_needs_replay(uvm_parent_gpu_t *parent_gpu,
 	return false;
 }
 
+void uvm_wic_space_shutdown(uvm_va_space_t *va_space)
+{
+	uvm_parent_processor_mask_t flushed;
+	const struct uvm_wic_ops *ops;
+	uvm_processor_mask_t *gpus;
+	bool held = false;
+	uvm_gpu_t *gpu;
+
+	if (!rcu_access_pointer(wic_ops))
+		return;
+	rcu_read_lock();
+	ops = rcu_dereference(wic_ops);
+	if (ops && ops->space_shutdown)
+		held = ops->space_shutdown((struct uvm_wic_space *)va_space);
+	rcu_read_unlock();
+	if (!held)
+		return;
+
+	gpus = uvm_processor_mask_cache_alloc();
+	if (!gpus) {
+		/* The shim's own bound (max_hold_ms) ends the holds then. */
+		pr_warn("wic: no memory to replay the GPUs of an exiting process\n");
+		return;
+	}
+	uvm_va_space_down_read(va_space);
+	uvm_processor_mask_copy(gpus, &va_space->registered_gpus);
+	uvm_global_gpu_retain(gpus);
+	uvm_va_space_up_read(va_space);
+
+	/* As uvm_va_space_mm_shutdown() flushes after the stop: one flush per fault buffer. */
+	uvm_parent_processor_mask_zero(&flushed);
+	for_each_gpu_in_mask(gpu, gpus) {
+		if (WIC_HAS_REPLAYABLE(gpu->parent) && wic_gpu_supported(gpu) &&
+		    !uvm_parent_processor_mask_test_and_set(&flushed, gpu->parent->id))
+			wic_fault_buffer_flush(gpu);
+	}
+	uvm_global_gpu_release(gpus);
+	uvm_processor_mask_cache_free(gpus);
+}
+
 /**
  * uvm_wic_register() - install the shim's callbacks
  * @ops: the callbacks; must stay valid until uvm_wic_unregister() returns

@@ -69,4 +69,17 @@ bool uvm_wic_run_needs_replay(uvm_parent_gpu_t *parent_gpu,
  */
 void uvm_wic_replayed(uvm_parent_gpu_t *parent_gpu);
 
+/**
+ * uvm_wic_space_shutdown() - @va_space's process is going away
+ * @va_space: the space
+ *
+ * Called first in uvm_va_space_mm_shutdown(), which then stops the space's channels: "All
+ * pending faults in this VA space are stale since channel stop preempted the context". A held
+ * replayable fault keeps its channel from being preempted, so the space's faults are not held
+ * any more (&uvm_wic_ops.space_shutdown) and, when some may have been, the space's GPUs are
+ * replayed: the held faults come back and are serviced before the stop. Process context, no
+ * UVM lock held.
+ */
+void uvm_wic_space_shutdown(uvm_va_space_t *va_space);
+
 #endif /* _UVM_WIC_HOOK_H */

@@ -102,6 +102,8 @@ MODULE_PARM_DESC(strict_write,
  *	GPU's memory (WIC_FAKEGPU_IOC_GPU_STORE)
  * @nr_gpu_pages: entries in @gpu_pages
  * @pre_volta: the pre-Volta GPUs registered in the space, by GPU id (WIC_FAKEGPU_IOC_PRE_VOLTA)
+ * @exited: the space's process went away (WIC_FAKEGPU_IOC_EXIT): the helpers fail with ESRCH,
+ *	as the hook's do once nvidia-uvm released the space's mm
  *
  * @lock also protects the fail_* fields, @managed, @remote, @gpu_pages and their counts.
  */
@@ -130,6 +132,7 @@ struct uvm_wic_space {
 	struct xarray gpu_pages;
 	u32 nr_gpu_pages;
 	DECLARE_BITMAP(pre_volta, WIC_FAKEGPU_NR_GPUS + 1);
+	bool exited;
 };
 
 /* A page resident in a fake GPU's memory: the GPU and the page's bytes there. */
@@ -222,6 +225,8 @@ static int wic_check_range(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 
 		return -ENODEV;
 	if (test_bit(gpu_id, space->pre_volta))
 		return -EOPNOTSUPP;
+	if (READ_ONCE(space->exited))
+		return -ESRCH;
 	if (!len || ((va | len) & (WIC_FAKEGPU_PAGE_SIZE - 1)))
 		return -EINVAL;
 	if (va + (len - 1) < va)
@@ -1204,6 +1209,54 @@ static long wic_ioctl_preempt(struct wic_fakegpu_preempt __user *uarg)
 }
 
 /*
+ * The space's process goes away, as uvm_va_space_mm_shutdown() handles it: the hook's
+ * uvm_wic_space_shutdown() (the shim's space_shutdown callback, then a replay of every GPU
+ * when it may have held faults of the space, and the bottom half of the faults coming back),
+ * then the space's channels stop, which waits as
+ * a context switch does (wic_hw_switch()) on @gpu_id; from then on the helpers refuse the
+ * space (ESRCH).
+ */
+static long wic_ioctl_exit(struct uvm_wic_space *space, struct wic_fakegpu_preempt __user *uarg)
+{
+	const struct uvm_wic_ops *ops;
+	struct wic_fakegpu_preempt args;
+	bool held = false;
+	long killed;
+	u32 gpu_id;
+
+	if (copy_from_user(&args, uarg, sizeof(args)))
+		return -EFAULT;
+	if (!wic_gpu_valid(args.gpu_id))
+		return -ENODEV;
+	if (args.reserved || !args.timeout_ms || args.timeout_ms > WIC_FAKEGPU_MAX_SWITCH_MS)
+		return -EINVAL;
+	rcu_read_lock();
+	ops = rcu_dereference(wic_ops);
+	if (ops && ops->space_shutdown)
+		held = ops->space_shutdown(space);
+	rcu_read_unlock();
+	/* The space's GPUs: those that ever had a warp (the fake registers no GPU in a space). */
+	for (gpu_id = 1; held && gpu_id <= WIC_FAKEGPU_NR_GPUS; gpu_id++) {
+		struct wic_hw_gpu *hw;
+
+		mutex_lock(&wic_hw_lock);
+		hw = wic_hw_gpu(gpu_id, false);
+		if (hw) {
+			wic_hw_replay(gpu_id, hw);
+			/* The interrupt of the faults coming back. */
+			wic_hw_bottom_half(gpu_id, hw, NULL, 0);
+		}
+		mutex_unlock(&wic_hw_lock);
+	}
+	killed = wic_hw_switch(args.gpu_id, args.timeout_ms, &args.waited_ns);
+	if (killed < 0)
+		return killed;
+	args.killed = killed;
+	WRITE_ONCE(space->exited, true);
+	return copy_to_user(uarg, &args, sizeof(args)) ? -EFAULT : 0;
+}
+
+/*
  * The system suspends: as RM does before it suspends the GPUs (nv_suspend_devices():
  * nv_preempt_user_channels(), then nv_uvm_suspend(); with the kernel's own PM callbacks,
  * nvidia_suspend()), every GPU that ever had a warp is switched out, waiting up to
@@ -1453,6 +1506,8 @@ static long wic_fakegpu_ioctl(struct file *file, unsigned int cmd, unsigned long
 		return wic_ioctl_warps(space, uarg, true);
 	case WIC_FAKEGPU_IOC_PREEMPT:
 		return wic_ioctl_preempt(uarg);
+	case WIC_FAKEGPU_IOC_EXIT:
+		return wic_ioctl_exit(space, uarg);
 	case WIC_FAKEGPU_IOC_PRE_VOLTA: {
 		u32 gpu_id;
 

@@ -412,5 +412,14 @@ struct wic_fakegpu_preempt {
 /* A pre-Volta GPU, whose id the __u32 argument gives, is registered in this file's space. */
 #define WIC_FAKEGPU_IOC_PRE_VOLTA _IOW(WIC_FAKEGPU_IOC_MAGIC, 11, __u32)
 #define WIC_FAKEGPU_IOC_PREEMPT _IOWR(WIC_FAKEGPU_IOC_MAGIC, 12, struct wic_fakegpu_preempt)
+/*
+ * This file's process goes away, as nvidia-uvm's uvm_va_space_mm_shutdown() handles it: the
+ * hook's uvm_wic_space_shutdown() runs (wic_shim's space_shutdown callback, then, when it may
+ * have held faults of the space, a replay of every GPU that had warps and their bottom halves,
+ * as the faults coming back raise them), then the space's channels stop: @gpu_id's are
+ * switched out as by WIC_FAKEGPU_IOC_PREEMPT, with the same results and errors. The space's
+ * helper calls fail with ESRCH from then on.
+ */
+#define WIC_FAKEGPU_IOC_EXIT _IOWR(WIC_FAKEGPU_IOC_MAGIC, 13, struct wic_fakegpu_preempt)
 
 #endif /* _WIC_FAKEGPU_H */

@@ -223,6 +223,8 @@ pub const IOC_PRE_VOLTA: u32 = nix::request_code_write!(IOC_MAGIC, 11, std::mem:
 pub const IOC_BOTTOM_HALF: u32 = nix::request_code_readwrite!(IOC_MAGIC, 10, std::mem::size_of::<Warps>()) as u32;
 /// `WIC_FAKEGPU_IOC_PREEMPT`.
 pub const IOC_PREEMPT: u32 = nix::request_code_readwrite!(IOC_MAGIC, 12, std::mem::size_of::<Preempt>()) as u32;
+/// `WIC_FAKEGPU_IOC_EXIT`.
+pub const IOC_EXIT: u32 = nix::request_code_readwrite!(IOC_MAGIC, 13, std::mem::size_of::<Preempt>()) as u32;
 
 nix::ioctl_readwrite_bad!(ioc_inject, IOC_INJECT, Inject);
 nix::ioctl_readwrite_bad!(ioc_events, IOC_EVENTS, Events);
@@ -237,6 +239,7 @@ nix::ioctl_readwrite_bad!(ioc_warps, IOC_WARPS, Warps);
 nix::ioctl_readwrite_bad!(ioc_bottom_half, IOC_BOTTOM_HALF, Warps);
 nix::ioctl_write_ptr_bad!(ioc_pre_volta, IOC_PRE_VOLTA, u32);
 nix::ioctl_readwrite_bad!(ioc_preempt, IOC_PREEMPT, Preempt);
+nix::ioctl_readwrite_bad!(ioc_exit, IOC_EXIT, Preempt);
 
 /// Every constant of the header with its value, for the ABI test.
 pub fn constants() -> Vec<(&'static str, i128)> {
@@ -296,6 +299,7 @@ pub fn constants() -> Vec<(&'static str, i128)> {
         ("WIC_FAKEGPU_IOC_BOTTOM_HALF", IOC_BOTTOM_HALF.into()),
         ("WIC_FAKEGPU_IOC_PRE_VOLTA", IOC_PRE_VOLTA.into()),
         ("WIC_FAKEGPU_IOC_PREEMPT", IOC_PREEMPT.into()),
+        ("WIC_FAKEGPU_IOC_EXIT", IOC_EXIT.into()),
     ]
 }
 
@@ -443,6 +447,17 @@ impl FakeGpu {
         let mut arg = Preempt { gpu_id: gpu, timeout_ms, ..Default::default() };
         // SAFETY: checked ABI; `arg` is valid for reads and writes.
         check(unsafe { ioc_preempt(self.file.as_raw_fd(), &mut arg) })?;
+        Ok(arg)
+    }
+
+    /// This space's process goes away, as nvidia-uvm's `uvm_va_space_mm_shutdown()` handles it:
+    /// the hook's `uvm_wic_space_shutdown()`, then its channel on `gpu` stops, a switch as in
+    /// [`FakeGpu::preempt`] with the same answer. The space's helper calls fail with ESRCH after.
+    pub fn exit(&self, gpu: u32, timeout: std::time::Duration) -> io::Result<Preempt> {
+        let timeout_ms = u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX);
+        let mut arg = Preempt { gpu_id: gpu, timeout_ms, ..Default::default() };
+        // SAFETY: checked ABI; `arg` is valid for reads and writes.
+        check(unsafe { ioc_exit(self.file.as_raw_fd(), &mut arg) })?;
         Ok(arg)
     }
 

@@ -4,8 +4,10 @@
 //! past `RmEngineContextSwitchTimeoutUs`, 4295 ms by default). With no bound on a hold, a fault
 //! the daemon never completes keeps another context's switch waiting until the channel is reset
 //! and the held warp killed. Under the module's default `max_hold_ms` (3 s) the module ends the
-//! hold first and the switch is done before RM's default timeout. The parameter is restored
-//! whatever happens.
+//! hold first and the switch is done before RM's default timeout. And a process that exits with
+//! a fault held: nvidia-uvm stops its channels at `exit_mm()` (`uvm_va_space_mm_shutdown()`),
+//! before its files close and wicd hears of it, and the stop must not wait for the bound. The
+//! parameter is restored whatever happens.
 
 use std::time::{Duration, Instant};
 
@@ -23,11 +25,13 @@ const RM_SWITCH_TIMEOUT: Duration = Duration::from_millis(4295);
 const DEFAULT_BOUND_MS: u32 = 3000;
 /// A switch timeout for the unbounded step: short, since it must run out.
 const SHORT_SWITCH_TIMEOUT: Duration = Duration::from_millis(300);
+/// How long an exiting process's channel stop may take when it does not wait for the bound.
+const EXIT_PROMPT: Duration = Duration::from_millis(500);
 
 pub fn run() -> Result<(), String> {
     let old =
         std::fs::read_to_string(PARAM).map_err(|e| format!("read {PARAM}: {e} (the module has no hold bound)"))?;
-    let result = steps(old.trim());
+    let result = steps(old.trim()).and_then(|()| exiting());
     let restored = std::fs::write(PARAM, &old).map_err(|e| format!("restore {PARAM}: {e}"));
     result?;
     restored
@@ -81,6 +85,25 @@ fn steps(bound: &str) -> Result<(), String> {
     })?;
     ensure(events.iter().any(|e| e.kind == fakegpu::EVENT_SWITCHED), || format!("no switch logged: {events:?}"))?;
     println!("preemption: under the default max_hold_ms {DEFAULT_BOUND_MS}, the switch waited {waited:?} (RM's default timeout {RM_SWITCH_TIMEOUT:?})");
+    Ok(())
+}
+
+/// A process exits with a fault held: the module stops holding its faults and nvidia-uvm
+/// replays, so the channel stops at once instead of after the bound.
+fn exiting() -> Result<(), String> {
+    let Direct { fake, memory, mut device, .. } = Direct::open(4)?;
+    let va = memory.base() + PAGE;
+    stall_held(&fake, &mut device, va)?;
+    let stop = fake.exit(GPU, RM_SWITCH_TIMEOUT).map_err(|e| format!("exit: {e}"))?;
+    let waited = Duration::from_nanos(stop.waited_ns);
+    ensure(stop.killed == 0 && waited < EXIT_PROMPT, || {
+        format!("the exiting process's channel stopped after {waited:?} (killed {}): it waited on the hold", stop.killed)
+    })?;
+    let (events, _) = fake.events(4096, 0).map_err(|e| format!("events: {e}"))?;
+    ensure(events.iter().any(|e| e.kind == fakegpu::EVENT_RESUMED && e.va == va), || {
+        format!("the held warp was not serviced before the stop: {events:?}")
+    })?;
+    println!("preemption: an exiting process's channel stopped {waited:?} after its exit began, a fault of it held");
     Ok(())
 }
 
