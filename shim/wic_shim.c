@@ -899,6 +899,8 @@ static void wic_sweep_step(struct wic_session *s, struct wic_held **found, u32 n
 	}
 }
 
+static void wic_expired_page(struct wic_session *s, const struct wic_held *held);
+
 /**
  * wic_complete_held() - complete held faults without data
  * @s: the session
@@ -947,6 +949,9 @@ static int wic_complete_held(struct wic_session *s, u32 space_id, u64 start, u64
 							 &bkt, found)); any = true) {
 				wic_sweep_step(s, found, n, map, marker, err);
 				for (i = 0, stop = 0; i < n; i++) {
+					if (!err[i] && map && on_failure == WIC_SKIP_FAILED &&
+					    found[i]->kind == WIC_RANGE_PCM)
+						wic_expired_page(s, found[i]);
 					if (!err[i] && map)
 						wic_held_done(s, found[i], replay);
 					else if (!err[i])
@@ -1162,6 +1167,24 @@ static void wic_expired_add(struct wic_session *s, const struct wic_run_expiry *
 	s->expired[at].pages = x->pages;
 	s->expired[at].space_id = x->space_id;
 	s->expired[at].gpu_id = x->gpu_id;
+}
+
+/*
+ * A PCM page the expiry completed alone (its range registered without runs, or its run refused
+ * whole): wicd is not told, so its next completion of the page is the one it meant for the
+ * generation whose warps read the timeout marker, and is refused once (ESTALE, an entry with
+ * no record: wic_expired_take()), as a run's are until wicd reads the run's record.
+ */
+static void wic_expired_page(struct wic_session *s, const struct wic_held *held)
+{
+	const struct wic_run_expiry x = {
+		.space_id = held->space_id, .gpu_id = held->gpu_id, .run = held->va, .pages = 1,
+	};
+	unsigned long flags;
+
+	spin_lock_irqsave(&s->lock, flags);
+	wic_expired_add(s, &x, U64_MAX);
+	spin_unlock_irqrestore(&s->lock, flags);
 }
 
 /*

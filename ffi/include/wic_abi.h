@@ -202,9 +202,10 @@ struct wic_range {
  * for the data's @length or the marker's @arg; ERANGE when a copy's source bytes are not inside
  * one WIC_RANGE_SOURCE range; ESTALE for a completion of a run the module's expiry
  * completed (max_hold_ms) whose WIC_RECORD_EXPIRED record the daemon has not read yet (or, when
- * the ring had no room for the record, the first completion of that run after the expiry): it
- * was sent for the generation the expiry ended, whose warps already read the timeout marker,
- * and nothing is written. Running the command may fail too (EFAULT for @arg bytes that cannot
+ * the ring had no room for the record, the first completion of that run after the expiry), or
+ * the first completion after the expiry of a PCM page it completed alone, with no record (a
+ * range registered without runs): it was sent for the generation the expiry ended, whose warps
+ * already read the timeout marker, and nothing is written. Running the command may fail too (EFAULT for @arg bytes that cannot
  * be read, or what nvidia-uvm returns).
  *
  * WIC_CMD_SERVICE_PAT, WIC_CMD_COMPLETE and WIC_CMD_COMPLETE_COPY release held faults only when

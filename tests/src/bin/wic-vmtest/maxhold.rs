@@ -58,6 +58,7 @@ fn steps() -> Result<(), String> {
     ensure(took <= BOUND + SLACK, || format!("the fault was completed after {took:?}, bound {BOUND:?} + {SLACK:?}"))?;
     check_page(&fake, &memory, &events, va)?;
     println!("max-hold: a fault wicd never completed was completed by the module {took:?} after it was held (max_hold_ms {})", BOUND.as_millis());
+    a_late_completion_of_an_expired_page_is_refused_once(&mut device, &memory, space, va)?;
 
     // Bound 0: nothing expires. Set again, the fault already held expires.
     fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
@@ -101,6 +102,43 @@ fn steps() -> Result<(), String> {
     an_unmappable_page_is_passed_once(&fake, &memory, &mut device, space)?;
     an_untouched_pat_page_expires(&fake, &memory, &mut device, space)?;
     a_whole_run_expires_as_wicd_would_end_it(&fake, &memory, &mut device, space)
+}
+
+/// A page expired alone (its range registered without runs): wicd is not told, so its next
+/// completion of the page is for the generation whose warp read the timeout marker: refused
+/// (ESTALE), the marker left in place; the one after is the next generation's, and goes in
+/// (the slot's other page first, which unmaps this one).
+fn a_late_completion_of_an_expired_page_is_refused_once(
+    device: &mut Device,
+    memory: &Memory,
+    space: u32,
+    va: u64,
+) -> Result<(), String> {
+    let data = [0x5au8; 64];
+    let complete = |va: u64, companion: u64| WicCommand {
+        opcode: kabi::WIC_CMD_COMPLETE,
+        space_id: space,
+        gpu_id: GPU,
+        pages: 1,
+        va,
+        arg: data.as_ptr() as u64,
+        length: data.len() as u64,
+        companion,
+        ..WicCommand::default()
+    };
+    let mut late = [complete(va, va + PAGE)];
+    device.submit(&mut late).map_err(|e| format!("complete: {e}"))?;
+    ensure(late[0].result == -libc::ESTALE, || {
+        format!("a completion of the page the expiry completed got {}, not ESTALE", late[0].result)
+    })?;
+    let word = u64::from_le_bytes(memory.read(va, 8).try_into().expect("8 bytes"));
+    ensure(word == WIC_MARKER_TIMEOUT, || format!("the late completion wrote {word:#x} over the timeout marker"))?;
+    let mut next = [complete(va + PAGE, va), complete(va, va + PAGE)];
+    device.submit(&mut next).map_err(|e| format!("complete: {e}"))?;
+    ensure(next.iter().all(|c| c.result == 0), || {
+        format!("the next generations' completions got {:?}", next.map(|c| c.result))
+    })?;
+    ensure(memory.read(va, data.len()) == data, || "the next generation's data did not arrive".into())
 }
 
 /// In a PCM range registered with its runs (as wicd registers a channel), the expiry ends a
