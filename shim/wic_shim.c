@@ -139,11 +139,14 @@ static struct workqueue_struct *wic_wq;
  *	that faults held without a held-table entry (table full) fault again
  * @gone: nvidia-uvm said the space's process is gone (ESRCH), or going away
  *	(wic_space_shutdown()): its faults are passed
+ * @unsupported_told: the GPUs wic cannot hold faults of on which a wic page of this space
+ *	faulted, each told to wicd once (WIC_RECORD_UNSUPPORTED_GPU)
  */
 struct wic_space_entry {
 	struct uvm_wic_space *uvm;
 	struct wic_range_list ranges;
 	DECLARE_BITMAP(held_gpus, WIC_GPU_BITS);
+	DECLARE_BITMAP(unsupported_told, WIC_GPU_BITS);
 	bool gone;
 };
 
@@ -544,6 +547,27 @@ static unsigned long wic_expire_period(void)
 	return msecs_to_jiffies(max_t(unsigned int, bound / 4, WIC_EXPIRE_MIN_PERIOD_MS));
 }
 
+/*
+ * A fault on a GPU wic cannot hold (UVM_WIC_FAULT_UNSUPPORTED: registered in the space after
+ * it was attached, which refuses such spaces): nvidia-uvm services it, and on a wic page its
+ * warp reads the page without its data. wicd is told once per space and GPU, with a record
+ * (WIC_RECORD_UNSUPPORTED_GPU) when the ring has room, and fails the channel. Under @lock;
+ * returns whether a record was posted.
+ */
+static bool wic_tell_unsupported(struct wic_session *s, struct wic_space_entry *space,
+				 u32 space_id, const struct wic_range_entry *range,
+				 const struct uvm_wic_fault *fault, const struct wic_hold_facts *facts,
+				 u64 now)
+{
+	if (!facts->wic_page || facts->gone || !facts->gpu_valid || !wic_ring_room(s) ||
+	    test_bit(fault->gpu_id, space->unsupported_told))
+		return false;
+	__set_bit(fault->gpu_id, space->unsupported_told);
+	wic_ring_post(s, space_id, fault->gpu_id, range->id, WIC_RECORD_UNSUPPORTED_GPU, now,
+		      fault->raw);
+	return true;
+}
+
 /**
  * wic_classify() - nvidia-uvm's question: hold this fault?
  * @fault: the fault
@@ -568,6 +592,7 @@ static enum uvm_wic_verdict wic_classify(const struct uvm_wic_fault *fault)
 	};
 	enum wic_hold_action action = WIC_HOLD_PASS;
 	const struct wic_range_entry *range = NULL;
+	bool told = false;
 	struct wic_held *held = NULL;
 	struct wic_space_entry *space;
 	unsigned long flags;
@@ -590,6 +615,10 @@ static enum uvm_wic_verdict wic_classify(const struct uvm_wic_fault *fault)
 	/* A GPU producer's data (a source range): its GPU writes there as usual. */
 	facts.wic_page = range && range->kind != WIC_RANGE_SOURCE;
 	facts.gone = space->gone || (range && range->gone);
+	if (fault->flags & UVM_WIC_FAULT_UNSUPPORTED) {
+		told = wic_tell_unsupported(s, space, space_id, range, fault, &facts, now);
+		goto out;
+	}
 	if (facts.wic_page && !facts.prefetch)
 		facts.pass_once = wic_pass_once_take(s, space_id, fault->gpu_id, fault->va);
 	if (facts.wic_page && !facts.prefetch && !facts.pass_once && facts.gpu_valid) {
@@ -631,8 +660,11 @@ out:
 	if (action == WIC_HOLD_ENTER || action == WIC_HOLD_ENTER_RECORD ||
 	    action == WIC_HOLD_UNTABLED)
 		queue_delayed_work(wic_wq, &s->expire, wic_expire_period());
-	if (action == WIC_HOLD_ENTER_RECORD || action == WIC_HOLD_RECORD)
+	if (action == WIC_HOLD_ENTER_RECORD || action == WIC_HOLD_RECORD || told)
 		wake_up_interruptible(&s->poll_wait);
+	if (told)
+		pr_warn_ratelimited("a wic page at %#llx faulted on GPU id %u, which wic cannot hold faults of (pre-Volta, or a MIG partition of this driver): serviced without its data; wicd told\n",
+				    fault->va, fault->gpu_id);
 	else if (action == WIC_HOLD_INVALID_GPU)
 		pr_warn_ratelimited("fault at %#llx of GPU id %u, outside 1 to %u: held, not recorded\n",
 				    fault->va, fault->gpu_id, WIC_MAX_GPU_ID);
@@ -1612,6 +1644,7 @@ static long wic_attach(struct wic_session *s, struct wic_attach __user *uarg)
 	spin_lock_irqsave(&s->lock, flags);
 	s->spaces[id - 1].uvm = uvm;
 	s->spaces[id - 1].gone = false;
+	bitmap_zero(s->spaces[id - 1].unsupported_told, WIC_GPU_BITS);
 	spin_unlock_irqrestore(&s->lock, flags);
 	wic_index_publish(s, index);
 	a.space_id = id;

@@ -125,6 +125,7 @@ pub fn run(settings: &Settings) -> Row {
                     range_id: RANGE_ID,
                     pat: false,
                     expired: false,
+                    unsupported_gpu: false,
                     held_ns: 0,
                     entry,
                 },

@@ -299,6 +299,13 @@ struct wic_ring_header {
  * mapped, the GPU replayed. The entry is the fault's; wicd moves the slot on.
  */
 #define WIC_RECORD_EXPIRED 2
+/*
+ * Not a held fault: a page of the range faulted on a GPU wic cannot hold faults of (pre-Volta,
+ * or a MIG partition of a driver before 560), registered in the space after it was attached
+ * (WIC_IOC_ATTACH refuses a space using one, EOPNOTSUPP). nvidia-uvm serviced the fault: its
+ * warp read the page without its data. Posted once per space and GPU; wicd fails the channel.
+ */
+#define WIC_RECORD_UNSUPPORTED_GPU 4
 
 /**
  * struct wic_fault_record - one held fault

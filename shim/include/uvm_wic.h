@@ -31,7 +31,8 @@
  * uvm_wic_complete(). 6: struct uvm_wic_completion.flags, a completion without a companion.
  * 7: uvm_wic_run_final_replay() defers a held-only run's replay instead of skipping it;
  * uvm_wic_write(), uvm_wic_copy() and uvm_wic_unmap() go (uvm_wic_complete() does their work).
- * 8: struct uvm_wic_ops.space_shutdown.
+ * 8: struct uvm_wic_ops.space_shutdown; faults of unsupported GPUs shown with
+ * UVM_WIC_FAULT_UNSUPPORTED.
  */
 #define UVM_WIC_HOOK_VERSION 8
 
@@ -58,6 +59,13 @@ struct uvm_wic_space;
  * nvidia-uvm never replays one, but one passed is serviced like a read (the page gets mapped).
  */
 #define UVM_WIC_FAULT_PREFETCH (1U << 0)
+/*
+ * UVM_WIC_FAULT_UNSUPPORTED: the faulting GPU is one wic does not hold faults of (pre-Volta:
+ * Pascal; a MIG partition before 560). Shown only so that the shim can report a wic page
+ * faulting there (a GPU registered in the space after it was attached): the verdict is
+ * ignored and the fault serviced as usual.
+ */
+#define UVM_WIC_FAULT_UNSUPPORTED (1U << 1)
 
 /**
  * struct uvm_wic_fault - one coalesced replayable fault, shown to the classify callback
@@ -91,8 +99,8 @@ enum uvm_wic_verdict {
  * @owner: the module implementing the callbacks
  * @classify: called for each coalesced fault of a batch, right after preprocessing, in the
  *	bottom half with the ISR lock held and inside an RCU read-side section: it must not
- *	sleep nor call back into nvidia-uvm. Never called for fatal faults nor for faults of a
- *	pre-Volta GPU
+ *	sleep nor call back into nvidia-uvm. Never called for fatal faults; a fault of a GPU
+ *	wic does not hold comes with UVM_WIC_FAULT_UNSUPPORTED, and its verdict is ignored
  * @space_shutdown: optional; called when a space's process goes away, before nvidia-uvm stops
  *	the space's channels (uvm_va_space_mm_shutdown(), which expects the space's faults to be
  *	serviced: a held one would keep its channel from being stopped). The callback stops

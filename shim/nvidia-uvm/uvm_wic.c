@@ -289,9 +289,12 @@ bool uvm_wic_classify_batch(uvm_gpu_t *gpu, uvm_fault_service_batch_context_t *b
 	 * is shown with UVM_WIC_FAULT_PREFETCH, which the shim holds without recording: nothing
 	 * waits on it and it is never replayed, but serviced it would map the page.
 	 *
-	 * Faults of a GPU without fault_cancel_va_supported (Pascal) are never shown, so never
-	 * held: its cancel paths (cancel_fault_batch_tlb(), cancel_faults_precise_tlb()) do not
-	 * classify and would cancel the held faults' contexts or service their pages.
+	 * Faults of a GPU without fault_cancel_va_supported (Pascal), or of a MIG partition
+	 * before 560, are never held: Pascal's cancel paths (cancel_fault_batch_tlb(),
+	 * cancel_faults_precise_tlb()) do not classify and would cancel the held faults' contexts
+	 * or service their pages. They are shown with UVM_WIC_FAULT_UNSUPPORTED, the verdict
+	 * ignored, so that the shim can report a wic page faulting on such a GPU (one registered
+	 * in the space after it was attached): its warp reads the page without its data.
 	 */
 	for (i = 0; i < count; i = j) {
 		bool held = false;
@@ -299,17 +302,20 @@ bool uvm_wic_classify_batch(uvm_gpu_t *gpu, uvm_fault_service_batch_context_t *b
 		for (j = i; j < count && wic_same_page(cache[j], cache[i]); j++) {
 			uvm_fault_buffer_entry_t *entry = cache[j];
 
-			if (entry->is_fatal || !entry->va_space || !WIC_ENTRY_GPU(entry, gpu) ||
-			    !wic_gpu_supported(WIC_ENTRY_GPU(entry, gpu)))
+			bool supported;
+
+			if (entry->is_fatal || !entry->va_space || !WIC_ENTRY_GPU(entry, gpu))
 				continue;
 
+			supported = wic_gpu_supported(WIC_ENTRY_GPU(entry, gpu));
 			fault.space = (struct uvm_wic_space *)entry->va_space;
 			fault.gpu_id = uvm_id_value(WIC_ENTRY_GPU(entry, gpu)->id);
-			fault.flags = entry->access_type_mask == prefetch_only ?
-				      UVM_WIC_FAULT_PREFETCH : 0;
+			fault.flags = (entry->access_type_mask == prefetch_only ?
+				       UVM_WIC_FAULT_PREFETCH : 0) |
+				      (supported ? 0 : UVM_WIC_FAULT_UNSUPPORTED);
 			fault.va = entry->fault_address;
 			wic_encode_entry(entry, fault.raw);
-			if (ops->classify(&fault) == UVM_WIC_HOLD)
+			if (ops->classify(&fault) == UVM_WIC_HOLD && supported)
 				held = true;
 		}
 
@@ -778,7 +784,8 @@ static struct uvm_wic_space *wic_space_get(struct file *uvm_file)
 
 	/*
 	 * Not a space using a GPU that wic does not support. A GPU registered later is still
-	 * never held (uvm_wic_classify_batch()) and refused by the helpers.
+	 * never held (uvm_wic_classify_batch(), which reports its faults on wic pages) and
+	 * refused by the helpers.
 	 */
 	if (!wic_space_gpus_supported(va_space)) {
 		uvm_va_space_mm_release(va_space);

@@ -720,11 +720,15 @@ static void wic_classify_batch(u32 gpu_id, const struct uvm_wic_fault *faults, u
 	rcu_read_lock();
 	ops = rcu_dereference(wic_ops);
 	for (i = 0; i < n; i++) {
-		/* As the hook: a pre-Volta GPU's faults are never shown, so never held. */
-		bool shown = ops && !test_bit(gpu_id, faults[i].space->pre_volta);
-		enum uvm_wic_verdict verdict = shown ? ops->classify(&faults[i]) : UVM_WIC_PASS;
+		/* As the hook: a pre-Volta GPU's faults are shown as such, and never held. */
+		bool unsupported = test_bit(gpu_id, faults[i].space->pre_volta);
+		struct uvm_wic_fault fault = faults[i];
+		enum uvm_wic_verdict verdict;
 
-		held[i] = verdict == UVM_WIC_HOLD;
+		if (unsupported)
+			fault.flags |= UVM_WIC_FAULT_UNSUPPORTED;
+		verdict = ops ? ops->classify(&fault) : UVM_WIC_PASS;
+		held[i] = verdict == UVM_WIC_HOLD && !unsupported;
 		any |= held[i];
 		invalid += verdict != UVM_WIC_HOLD && verdict != UVM_WIC_PASS;
 	}

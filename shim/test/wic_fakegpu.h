@@ -51,7 +51,8 @@
  * A pre-Volta GPU (Pascal: faults are cancelled per uTLB, not per VA) can be registered in a
  * space (WIC_FAKEGPU_IOC_PRE_VOLTA): as nvidia-uvm with the hook, uvm_wic_space_get() then
  * refuses the space with EOPNOTSUPP, the helpers refuse that GPU with EOPNOTSUPP, and its
- * faults are never shown to classify (serviced as usual).
+ * faults are shown to classify with UVM_WIC_FAULT_UNSUPPORTED, the verdict ignored (serviced
+ * as usual).
  *
  * A test driver can make the next fills (writes and copies) and uvm_wic_map() calls on its
  * space fail with an errno of its choice, or stall until it lets them go on

@@ -246,8 +246,11 @@ fn units_carry_the_daemon_contract() {
 #[test]
 fn sleep_unit_runs_before_nvidias_suspend() {
     let unit = read_deploy("wic-sleep.service");
-    let before: Vec<&str> =
-        section(&unit, "Unit").into_iter().filter(|(k, _)| *k == "Before").flat_map(|(_, v)| v.split_whitespace()).collect();
+    let before: Vec<&str> = section(&unit, "Unit")
+        .into_iter()
+        .filter(|(k, _)| *k == "Before")
+        .flat_map(|(_, v)| v.split_whitespace())
+        .collect();
     for want in ["sleep.target", "nvidia-suspend.service", "nvidia-hibernate.service"] {
         assert!(before.contains(&want), "wic-sleep.service must run before {want}: Before={before:?}");
     }

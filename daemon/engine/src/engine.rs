@@ -265,6 +265,9 @@ pub struct Engine {
     deadlines: BinaryHeap<Reverse<(Nanos, u32, u64)>>,
     activator: Activator,
     woken: Vec<u32>,
+    /// Channels a GPU the backend cannot hold faults of read without their data, not yet
+    /// taken ([`Engine::take_unservable`]).
+    unservable: Vec<ChannelId>,
     stats: EngineStats,
 }
 
@@ -305,6 +308,7 @@ impl Engine {
             deadlines: BinaryHeap::with_capacity(2 * config.max_slots as usize),
             activator: Activator::default(),
             woken: Vec::new(),
+            unservable: Vec::new(),
             stats: EngineStats::default(),
             config,
         })
@@ -758,6 +762,24 @@ impl Engine {
         self.stats.timed_out += 1;
         rearm_previous_pat(slot, route, generation, &self.config, out);
         true
+    }
+
+    /// The backend saw the page at `va` fault on a GPU it cannot hold faults of (one registered
+    /// in the application's space after it was attached): the access was serviced without its
+    /// data, and the channel owning the page cannot be served. The channel is kept for
+    /// [`Engine::take_unservable`], once; a page of no live channel changes nothing.
+    pub fn unservable(&mut self, va: u64) {
+        let Some(page) = pool_page(self.config.pool_base, va, &self.pages) else { return };
+        let (PageUse::Pcm { slot, .. } | PageUse::Pat { slot, .. }) = self.pages[page] else { return };
+        let Some(route) = self.routes[slot as usize].as_ref() else { return };
+        if !self.unservable.contains(&route.channel) {
+            self.unservable.push(route.channel);
+        }
+    }
+
+    /// A channel that cannot be served ([`Engine::unservable`]), for the caller to fail.
+    pub fn take_unservable(&mut self) -> Option<ChannelId> {
+        self.unservable.pop()
     }
 
     /// Completes every request held past its channel's timeout with [`ErrorMarker::Timeout`].

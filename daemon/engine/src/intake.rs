@@ -15,6 +15,11 @@ pub trait FaultSink {
     /// The backend ended the hold of the page at `va` itself (see [`Engine::expired_elsewhere`]),
     /// after the faults handed before it.
     fn expired(&mut self, gpu: GpuId, va: u64);
+
+    /// The page at `va` faulted on a GPU the backend cannot hold faults of (registered after
+    /// the space was attached): the access was serviced without its data (see
+    /// [`Engine::unservable`]).
+    fn unservable(&mut self, va: u64);
 }
 
 /// The engine as a [`FaultSink`] at one instant: what it decides goes to `out`.
@@ -39,5 +44,9 @@ impl FaultSink for Intake<'_> {
 
     fn expired(&mut self, gpu: GpuId, va: u64) {
         self.engine.expired_elsewhere(gpu, va, self.out);
+    }
+
+    fn unservable(&mut self, va: u64) {
+        self.engine.unservable(va);
     }
 }

@@ -116,7 +116,9 @@ impl BatchPath {
 
     /// Reads `ring` and hands every held fault to `sink`, GPU by GPU, and every hold the
     /// module ended itself ([`kabi::WIC_RECORD_EXPIRED`]) where it comes in the ring, after
-    /// the faults before it. Returns how many records were read.
+    /// the faults before it; a page read on a GPU the module cannot hold faults of
+    /// ([`kabi::WIC_RECORD_UNSUPPORTED_GPU`]) goes to `sink` at once. Returns how many records
+    /// were read.
     pub fn take_faults(&mut self, ring: &mut FaultRing, sink: &mut impl FaultSink) -> usize {
         let Self { translator, width, entries, gpus, expired, stray_records, .. } = self;
         entries.clear();
@@ -134,6 +136,10 @@ impl BatchPath {
             };
             if record.flags & kabi::WIC_RECORD_EXPIRED != 0 {
                 expired.push((entries.len(), gpu, va));
+                return;
+            }
+            if record.flags & kabi::WIC_RECORD_UNSUPPORTED_GPU != 0 {
+                sink.unservable(va);
                 return;
             }
             // Patched where it lies: a patched copy passed by value would be reread with
@@ -400,6 +406,7 @@ mod tests {
                     range_id: 1,
                     pat: false,
                     expired: false,
+                    unsupported_gpu: false,
                     held_ns: 0,
                     entry,
                 },
@@ -418,6 +425,44 @@ mod tests {
             .collect();
         assert_eq!(written, expected);
         assert_eq!(path.stray_records, 0);
+    }
+
+    #[test]
+    fn a_page_read_on_a_gpu_the_module_cannot_hold_marks_its_channel_unservable_once() {
+        let mut engine = Engine::new(EngineConfig::default()).unwrap();
+        let spec =
+            ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 256, slots: 2, timeout: 1_000 };
+        let layout = engine.open_channel(spec).unwrap();
+        let placement = Placement::new(&layout, 1, 0x7000_0000_0000);
+        let mut path = BatchPath::new(engine.config());
+        path.add(&placement, &[1]);
+        let runs = [layout.slots[0].runs[0], layout.slots[1].runs[1], layout.slots[0].runs[0]];
+        let mut memory = MemoryRing::new(16);
+        // SAFETY: `memory` owns the ring's bytes, is not moved, and outlives the reader.
+        let mut ring = unsafe { FaultRing::new(memory.base(), memory.bytes()) }.unwrap();
+        // Two pages of the channel read on an unsupported GPU, then a held fault.
+        for (seq, (&run, unsupported_gpu)) in runs.iter().zip([true, true, false]).enumerate() {
+            let va = placement.process_va(run).unwrap();
+            let entry = FaultEntry::replayable_gpc(va, AccessType::Read, 0, 0x1000, 0, 0).encode();
+            let record = Record {
+                seq: seq as u64,
+                space_id: 1,
+                gpu_id: 0,
+                range_id: 1,
+                pat: false,
+                expired: false,
+                unsupported_gpu,
+                held_ns: 0,
+                entry,
+            };
+            memory.write(seq as u64, &record);
+        }
+        memory.publish(runs.len() as u64);
+        let mut out = Vec::new();
+        assert_eq!(path.take_faults(&mut ring, &mut engine.intake(1, &mut out)), runs.len());
+        assert_eq!(engine.take_unservable(), Some(layout.id));
+        assert_eq!(engine.take_unservable(), None, "one channel is failed once");
+        assert_eq!(engine.held(), 1, "the held fault is a request as usual");
     }
 
     #[test]
@@ -447,6 +492,7 @@ mod tests {
                     range_id: 1,
                     pat: false,
                     expired,
+                    unsupported_gpu: false,
                     held_ns: 0,
                     entry,
                 },
@@ -495,6 +541,7 @@ mod tests {
                     range_id: 1,
                     pat: false,
                     expired: false,
+                    unsupported_gpu: false,
                     held_ns: 0,
                     entry,
                 },

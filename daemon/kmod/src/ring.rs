@@ -11,7 +11,8 @@ use std::sync::atomic::{fence, AtomicU64, Ordering};
 
 use wic_engine::RawFaultEntry;
 use wic_proto::kabi::{
-    WicFaultRecord, WicRingHeader, WIC_RECORD_EXPIRED, WIC_RECORD_PAT, WIC_RING_MAGIC, WIC_RING_RECORDS_OFFSET,
+    WicFaultRecord, WicRingHeader, WIC_RECORD_EXPIRED, WIC_RECORD_PAT, WIC_RECORD_UNSUPPORTED_GPU, WIC_RING_MAGIC,
+    WIC_RING_RECORDS_OFFSET,
 };
 
 /// A record as the 8-byte words the reader copies it in.
@@ -27,6 +28,9 @@ pub struct Record {
     pub pat: bool,
     /// Not a fault: the module ended this hold itself ([`WIC_RECORD_EXPIRED`]).
     pub expired: bool,
+    /// Not a held fault: the page was read on a GPU the module cannot hold faults of
+    /// ([`WIC_RECORD_UNSUPPORTED_GPU`]).
+    pub unsupported_gpu: bool,
     pub held_ns: u64,
     pub entry: RawFaultEntry,
 }
@@ -149,6 +153,7 @@ impl FaultRing {
                 range_id: rec.range_id,
                 pat: rec.flags & WIC_RECORD_PAT != 0,
                 expired: rec.flags & WIC_RECORD_EXPIRED != 0,
+                unsupported_gpu: rec.flags & WIC_RECORD_UNSUPPORTED_GPU != 0,
                 held_ns: rec.held_ns,
                 entry: RawFaultEntry(rec.entry),
             })
@@ -246,7 +251,9 @@ impl MemoryRing {
             space_id: record.space_id,
             gpu_id: record.gpu_id,
             range_id: record.range_id,
-            flags: if record.pat { WIC_RECORD_PAT } else { 0 } | if record.expired { WIC_RECORD_EXPIRED } else { 0 },
+            flags: if record.pat { WIC_RECORD_PAT } else { 0 }
+                | if record.expired { WIC_RECORD_EXPIRED } else { 0 }
+                | if record.unsupported_gpu { WIC_RECORD_UNSUPPORTED_GPU } else { 0 },
             held_ns: record.held_ns,
             entry: record.entry.0,
         };
@@ -282,6 +289,7 @@ mod tests {
             range_id: 3,
             pat: false,
             expired: false,
+            unsupported_gpu: false,
             held_ns: 9,
             entry: RawFaultEntry([va_byte; 32]),
         };

@@ -200,7 +200,17 @@ fn a_warm_batch_path_reads_translates_and_builds_commands_without_allocating() {
                     .encode();
             memory.write(
                 seq,
-                &Record { seq, space_id: 1, gpu_id: 0, range_id: 1, pat: false, expired: false, held_ns: 0, entry },
+                &Record {
+                    seq,
+                    space_id: 1,
+                    gpu_id: 0,
+                    range_id: 1,
+                    pat: false,
+                    expired: false,
+                    unsupported_gpu: false,
+                    held_ns: 0,
+                    entry,
+                },
             );
             seq += 1;
         }

@@ -104,12 +104,14 @@ pub struct Core<B> {
     backend: B,
     counters: Counters,
     commands: Vec<Command>,
+    /// Channels the core failed, not yet taken ([`Core::take_failed`]).
+    failed: Vec<u32>,
 }
 
 impl<B: Backend> Core<B> {
     /// Drives `backend` with `engine`.
     pub fn new(engine: Engine, backend: B) -> Self {
-        Self { engine, backend, counters: Counters::default(), commands: Vec::new() }
+        Self { engine, backend, counters: Counters::default(), commands: Vec::new(), failed: Vec::new() }
     }
 
     /// The backend, for what needs no decision (attaching spaces, descriptors to poll).
@@ -245,8 +247,15 @@ impl<B: Backend> Core<B> {
         self.backend.retry();
     }
 
+    /// A channel the core failed: its held faults completed with the closed marker, its
+    /// regions closed, as [`Core::destroy`] leaves them. The caller drops what it keeps of it.
+    pub fn take_failed(&mut self) -> Option<u32> {
+        self.failed.pop()
+    }
+
     fn execute(&mut self) {
         self.run_commands();
+        self.fail_unservable();
         if self.counters.unfilled.is_empty() {
             return;
         }
@@ -261,6 +270,26 @@ impl<B: Backend> Core<B> {
         self.run_commands();
         unfilled.clear();
         self.counters.unfilled = unfilled;
+    }
+
+    /// Fails the channels a GPU the backend cannot hold faults of read without their data (one
+    /// registered in the application's address space after it was attached): their warps
+    /// cannot be served, so their applications are told by the channel's closing, and the
+    /// daemon's log says why.
+    fn fail_unservable(&mut self) {
+        while let Some(channel) = self.engine.take_unservable() {
+            if self.engine.close_channel(channel, &mut self.commands).is_err() {
+                continue;
+            }
+            tracing::error!(
+                channel = channel.0,
+                "a GPU that cannot hold faults (pre-Volta, or a MIG partition of a driver before 560) read a \
+                 page of the channel without its data: the channel is closed"
+            );
+            self.run_commands();
+            self.forget(channel.0, ChannelState::Closed);
+            self.failed.push(channel.0);
+        }
     }
 
     /// Runs the pending commands on the backend and counts what they did.
@@ -489,6 +518,24 @@ mod tests {
         assert_eq!((snapshot.stats.channels, snapshot.stats.faults_cancelled), (0, 1));
         assert_eq!(snapshot.stats.pool_pages_used, 0, "its pages went back to the pool");
         assert_eq!(pair.core.destroy(id).unwrap_err().code, ErrorCode::NotFound);
+    }
+
+    #[test]
+    fn a_channel_a_gpu_without_holds_read_is_closed_with_its_held_faults_and_handed_to_the_caller() {
+        let mut pair = Pair::new(1);
+        let client = pair.open(Pair::spec(0, 2, 1_000_000));
+        let other = pair.open(Pair::spec(0, 1, 1_000_000));
+        pair.fault_at(&client, client.run_va(0, 0));
+        // What the shim backend hands the engine for a record of an unsupported GPU.
+        pair.core.engine.unservable(client.run_va(1, 0));
+        pair.advance_to(1);
+        let id = client.layout.id.0;
+        assert_eq!(pair.core.take_failed(), Some(id));
+        assert_eq!(pair.core.take_failed(), None);
+        assert_eq!(client.run(0, 0, 0).0, Some(ErrorMarker::ChannelClosed), "its held fault was completed");
+        assert_eq!(client.consumer.state(), ChannelState::Closed);
+        assert!(!pair.core.has(id));
+        assert!(pair.core.has(other.layout.id.0), "other channels go on");
     }
 
     #[test]

@@ -65,6 +65,10 @@ pub const WIC_RECORD_PAT: u32 = 1;
 /// `WIC_RECORD_EXPIRED`: the module ended the hold itself (`max_hold_ms`), completing the
 /// fault's whole run with the timeout marker; not a new fault.
 pub const WIC_RECORD_EXPIRED: u32 = 2;
+/// `WIC_RECORD_UNSUPPORTED_GPU`: not a held fault: a page of the range faulted on a GPU wic
+/// cannot hold faults of, registered in the space after it was attached; serviced without its
+/// data. Posted once per space and GPU; wicd fails the channel.
+pub const WIC_RECORD_UNSUPPORTED_GPU: u32 = 4;
 
 /// `WIC_RING_BYTES(entries)`: the size of the mapped ring.
 pub const fn ring_bytes(entries: u32) -> u64 {
@@ -257,6 +261,7 @@ pub fn constants() -> Vec<(&'static str, i128)> {
         ("WIC_RING_RECORDS_OFFSET", WIC_RING_RECORDS_OFFSET.into()),
         ("WIC_RECORD_PAT", WIC_RECORD_PAT.into()),
         ("WIC_RECORD_EXPIRED", WIC_RECORD_EXPIRED.into()),
+        ("WIC_RECORD_UNSUPPORTED_GPU", WIC_RECORD_UNSUPPORTED_GPU.into()),
         ("WIC_IOC_MAGIC", WIC_IOC_MAGIC.into()),
         ("WIC_IOC_VERSION", WIC_IOC_VERSION.into()),
         ("WIC_IOC_ATTACH", WIC_IOC_ATTACH.into()),

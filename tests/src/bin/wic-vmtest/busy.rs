@@ -43,8 +43,11 @@ pub fn run() -> Result<(), String> {
     let (entered, completion, stalled) = std::thread::scope(|scope| {
         let commands = &mut batch;
         let holder = scope.spawn(move || {
-            let mut arg =
-                WicSubmit { commands: commands.as_mut_ptr() as u64, count: commands.len() as u32, ..WicSubmit::default() };
+            let mut arg = WicSubmit {
+                commands: commands.as_mut_ptr() as u64,
+                count: commands.len() as u32,
+                ..WicSubmit::default()
+            };
             // SAFETY: checked ABI; `commands` outlives the call, the session the scope.
             unsafe { ioc_submit(fd, &mut arg) }
         });
@@ -63,9 +66,9 @@ pub fn run() -> Result<(), String> {
         let start = Instant::now();
         // SAFETY: the payload is carried by value; `replay` outlives the completion reaped below.
         let pushed = unsafe { ring.submission().push(&entry) };
-        let submitted = pushed.map_err(|_| "submission queue full".to_string()).and_then(|()| {
-            ring.submit().map_err(|e| format!("io_uring_enter: {e}"))
-        });
+        let submitted = pushed
+            .map_err(|_| "submission queue full".to_string())
+            .and_then(|()| ring.submit().map_err(|e| format!("io_uring_enter: {e}")));
         let entered = start.elapsed();
         let completion = submitted.and_then(|_| {
             ring.submit_and_wait(1).map_err(|e| format!("io_uring_enter (wait): {e}"))?;
@@ -86,6 +89,8 @@ pub fn run() -> Result<(), String> {
     ensure(done == 1 && replay[0].result == 0, || {
         format!("the io_uring batch did {done} of 1 command: result {}", replay[0].result)
     })?;
-    println!("busy: io_uring_enter returned in {entered:?} while an ioctl batch held the session; the command ran after it");
+    println!(
+        "busy: io_uring_enter returned in {entered:?} while an ioctl batch held the session; the command ran after it"
+    );
     Ok(())
 }

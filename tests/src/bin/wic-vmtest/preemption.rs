@@ -97,7 +97,10 @@ fn exiting() -> Result<(), String> {
     let stop = fake.exit(GPU, RM_SWITCH_TIMEOUT).map_err(|e| format!("exit: {e}"))?;
     let waited = Duration::from_nanos(stop.waited_ns);
     ensure(stop.killed == 0 && waited < EXIT_PROMPT, || {
-        format!("the exiting process's channel stopped after {waited:?} (killed {}): it waited on the hold", stop.killed)
+        format!(
+            "the exiting process's channel stopped after {waited:?} (killed {}): it waited on the hold",
+            stop.killed
+        )
     })?;
     let (events, _) = fake.events(4096, 0).map_err(|e| format!("events: {e}"))?;
     ensure(events.iter().any(|e| e.kind == fakegpu::EVENT_RESUMED && e.va == va), || {

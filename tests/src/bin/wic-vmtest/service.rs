@@ -385,6 +385,7 @@ fn scenario() -> Result<(), String> {
     gpu_sharing(&fake)?;
     confidential_computing_refused(&fake)?;
     pascal_refused()?;
+    pascal_registered_later_fails_the_channel()?;
     timeouts_below_the_module_bound(&fake, &mut memory)?;
     refused_unregister_asked_again(&fake, &mut memory)
 }
@@ -501,6 +502,42 @@ fn pascal_refused() -> Result<(), String> {
     let pascal = FakeGpu::open().map_err(|e| e.to_string())?;
     pascal.pre_volta(4).map_err(|e| format!("pre_volta: {e}"))?;
     attach_refused(&pascal, &["--config", WARN_CONFIG], "Pascal")
+}
+
+/// A Pascal GPU registered in the application's space after it was attached: the module cannot
+/// hold its faults, so its read of a channel's page is serviced without the data. The module
+/// tells wicd, which closes the channel: its held fault gets the closed marker, its producer
+/// finds it closed when it waits for a delivery, and its owner's destroy still succeeds.
+fn pascal_registered_later_fails_the_channel() -> Result<(), String> {
+    const PASCAL: u32 = 4;
+    let fake = FakeGpu::open().map_err(|e| e.to_string())?;
+    let mut memory = Memory::new(&fake, 1 << 20)?;
+    let wicd = Wicd::start()?;
+    let client = connect(&fake)?;
+    let (channel, runs) = placed(&client, &mut memory, &spec(2, LONG_NS))?;
+    fake.reset().map_err(|e| e.to_string())?;
+    hold(&fake, &[runs[0]])?;
+    held_by_wicd(&client, 1)?;
+    fake.pre_volta(PASCAL).map_err(|e| format!("pre_volta: {e}"))?;
+    let (verdicts, _) = fake.inject(PASCAL, &[fault(runs[1], AccessType::Read)]).map_err(|e| e.to_string())?;
+    ensure(verdicts == [fakegpu::VERDICT_PASS], || format!("the Pascal GPU's fault was {verdicts:?}"))?;
+    completed(&fake, &[runs[0]], PATIENCE).map_err(|e| format!("the held fault was not completed: {e}"))?;
+    ensure(word_at(&memory, runs[0]) == WIC_MARKER_CHANNEL_CLOSED, || {
+        format!("the held fault got {:#x}, not the closed marker:\n{}", word_at(&memory, runs[0]), log_tail())
+    })?;
+    // The producer learns it when it waits for the delivery of what it publishes.
+    channel.publish_copy(1, &[1; 8]).map_err(|e| format!("publish: {e}"))?;
+    let waited = channel.wait_writable(1, PATIENCE);
+    ensure(waited.as_ref().is_err_and(|e| e.code() == ErrorCode::Closed), || {
+        format!("waiting for a delivery on the failed channel: {waited:?}")
+    })?;
+    channel.close().map_err(|e| format!("destroying the failed channel: {e}"))?;
+    ensure(log_tail().contains("read a page of the channel without its data"), || {
+        format!("wicd's log does not say why:\n{}", log_tail())
+    })?;
+    println!("service: a Pascal GPU registered after attach read a page of a channel: wicd closed the channel");
+    drop(client);
+    wicd.stop()
 }
 
 /// A wicd started with `wicd_args` refuses `fake`'s space as UNSUPPORTED, saying `why`.

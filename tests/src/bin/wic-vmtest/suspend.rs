@@ -135,8 +135,5 @@ fn write(path: &str, value: &str) -> Result<(), String> {
 
 /// The bracketed level of `/sys/power/pm_test`'s list.
 fn current_level(list: &str) -> String {
-    list.split_whitespace()
-        .find_map(|word| word.strip_prefix('[')?.strip_suffix(']'))
-        .unwrap_or("none")
-        .to_string()
+    list.split_whitespace().find_map(|word| word.strip_prefix('[')?.strip_suffix(']')).unwrap_or("none").to_string()
 }
