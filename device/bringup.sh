@@ -14,11 +14,13 @@
 #                 started here (it negotiates the ABI with wic_shim at start and refuses another)
 #   gpu-sharing   each GPU against the deployment rule (wicd gpus: EXCLUSIVE_PROCESS or MIG);
 #                 WARN, not FAIL, for a shared GPU
-#   attach, host, timeout, close, gpu-producer, daemon-death
+#   attach, host, timeout, close, gpu-producer, neighbour, process-kill, daemon-death
 #                 the CUDA cases of device/tests/bringup.cu (built here with nvcc): bytes checked,
-#                 fault -> wake percentiles, a timeout, a channel close, a GPU producer's DMA where
-#                 two GPUs have peer access, and wicd killed during a held wait (only a wicd this
-#                 script started, or with --kill-wicd)
+#                 fault -> wake percentiles, a timeout, a channel close, a GPU producer's copy where
+#                 two GPUs have peer access, another process's faulting kernel beside a held fault
+#                 (what the hold costs it), a process killed with a fault held (gone within a
+#                 second, the GPU still running), and wicd killed during a held wait (only a wicd
+#                 this script started, or with --kill-wicd)
 #
 # Prints one table and exits 0 when nothing failed, 1 otherwise, 2 for bad arguments.
 set -uo pipefail

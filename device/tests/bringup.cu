@@ -16,6 +16,17 @@
  *                 fewer than two GPUs with peer access)
  *   daemon-death  wicd killed (SIGKILL, WICD_PID) while warps wait: every warp gets WIC_ECONNECT
  *                 (skipped without WICD_PID)
+ *   neighbour     another process's kernel, faulting on managed memory the host wrote, runs on
+ *                 the consumer's GPU while a fault is held there (this program again, as
+ *                 `bringup --neighbour`): it must finish, its sums right, and the warps get the
+ *                 bytes published 500 ms later; how long it took says what the held fault cost
+ *                 it (time-slicing waits while a fault is held: docs/operations.md). Skipped
+ *                 where the GPU admits one process (EXCLUSIVE_PROCESS, as the deployment rule
+ *                 wants)
+ *   process-kill  a process holding a fault (this program again, as `bringup --holder SOCKET`)
+ *                 is killed with SIGKILL: nvidia-uvm stops its channels at exit, which must not
+ *                 wait for the hold's bound (the hook's uvm_wic_space_shutdown()); it must be
+ *                 gone within a second, and a kernel of this process run after it
  *
  * Usage: bringup SOCKET [WICD_PID]
  * Prints one line per case, "CASE name PASS|FAIL|SKIP detail", and exits 0 when none failed.
@@ -27,11 +38,14 @@
  */
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <sys/select.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <vector>
 
@@ -350,10 +364,220 @@ void daemon_death_case(wic_client *client, pid_t wicd)
 				     : "not every warp got WIC_ECONNECT");
 }
 
+/* Milliseconds since @start. */
+double ms_since(std::chrono::steady_clock::time_point start)
+{
+	return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+}
+
+/*
+ * Runs this program again with @args, its stdout a pipe; the child's pid, and in *@out the
+ * pipe's read end. -1 on failure.
+ */
+pid_t spawn_self(const std::vector<const char *> &args, int *out)
+{
+	int fds[2];
+	if (pipe(fds))
+		return -1;
+	const pid_t pid = fork();
+	if (pid == 0) {
+		dup2(fds[1], STDOUT_FILENO);
+		close(fds[0]);
+		close(fds[1]);
+		std::vector<char *> argv{const_cast<char *>("bringup")};
+		for (const char *arg : args)
+			argv.push_back(const_cast<char *>(arg));
+		argv.push_back(nullptr);
+		execv("/proc/self/exe", argv.data());
+		_exit(127);
+	}
+	close(fds[1]);
+	if (pid < 0) {
+		close(fds[0]);
+		return -1;
+	}
+	*out = fds[0];
+	return pid;
+}
+
+/* The child's first line, waiting at most @timeout_ms; empty when none came. */
+std::string read_line(int fd, int timeout_ms)
+{
+	std::string line;
+	const auto start = std::chrono::steady_clock::now();
+	char c;
+	while (ms_since(start) < timeout_ms) {
+		fd_set set;
+		FD_ZERO(&set);
+		FD_SET(fd, &set);
+		struct timeval tv = {0, 10000};
+		if (select(fd + 1, &set, nullptr, nullptr, &tv) <= 0)
+			continue;
+		if (read(fd, &c, 1) != 1 || c == '\n')
+			return line;
+		line += c;
+	}
+	return line;
+}
+
+/* The neighbour's kernel: one read of every page. */
+__global__ void touch(const uint8_t *pages, uint64_t count, unsigned long long *sum)
+{
+	unsigned long long s = 0;
+	for (uint64_t i = threadIdx.x; i < count; i += blockDim.x)
+		s += pages[i * 4096];
+	atomicAdd(sum, s);
+}
+
+/*
+ * `bringup --neighbour`: a kernel faulting on 256 pages of managed memory the host wrote.
+ * Prints "NEIGHBOUR ok|wrong|error MS detail"; exits 3 when it cannot have a context.
+ */
+int neighbour_main()
+{
+	constexpr uint64_t pages = 256;
+	const auto start = std::chrono::steady_clock::now();
+	cudaError_t err = cudaFree(0);
+	if (err != cudaSuccess) {
+		printf("NEIGHBOUR nocontext 0 %s\n", cudaGetErrorString(err));
+		return 3;
+	}
+	uint8_t *memory = nullptr;
+	unsigned long long *sum = nullptr;
+	if ((err = cudaMallocManaged(&memory, pages * 4096)) != cudaSuccess ||
+	    (err = cudaMallocManaged(&sum, sizeof(*sum))) != cudaSuccess) {
+		printf("NEIGHBOUR error 0 %s\n", cudaGetErrorString(err));
+		return 1;
+	}
+	unsigned long long want = 0;
+	for (uint64_t i = 0; i < pages; i++) {
+		memory[i * 4096] = (uint8_t)(i * 3 + 1);
+		want += (uint8_t)(i * 3 + 1);
+	}
+	*sum = 0;
+	touch<<<1, 256>>>(memory, pages, sum);
+	err = cudaDeviceSynchronize();
+	const double took = ms_since(start);
+	if (err != cudaSuccess) {
+		printf("NEIGHBOUR error %.1f %s\n", took, cudaGetErrorString(err));
+		return 1;
+	}
+	printf("NEIGHBOUR %s %.1f sum %llu of %llu\n", *sum == want ? "ok" : "wrong", took, *sum, want);
+	return *sum == want ? 0 : 1;
+}
+
+void neighbour_case(wic_client *client)
+{
+	placed p;
+	std::string why;
+	if (p.create(client, host_spec(long_timeout_ns), &why) != WIC_OK)
+		return report("neighbour", "FAIL", why);
+	std::vector<uint8_t> batch(p.info.batch_bytes);
+	for (uint64_t i = 0; i < batch.size(); i++)
+		batch[i] = pattern(0, (uint32_t)(i / message_bytes), (uint32_t)(i % message_bytes));
+	std::string line;
+	int published = WIC_OK;
+	const outcome out = run_consume(p, 0, true, [&] {
+		usleep(100000); /* the warps' faults are held by now */
+		int fd = -1;
+		const pid_t child = spawn_self({"--neighbour"}, &fd);
+		if (child < 0) {
+			line = "cannot start the neighbour";
+		} else {
+			usleep(500000);
+			published = wic_publish_copy(p.channel, 0, batch.data(), batch.size());
+			line = read_line(fd, 20000);
+			close(fd);
+			kill(child, SIGKILL);
+			waitpid(child, nullptr, 0);
+		}
+		if (published != WIC_OK)
+			published = wic_publish_copy(p.channel, 0, batch.data(), batch.size());
+	});
+	char verdict[16] = "", detail[160] = "";
+	double took = 0;
+	if (sscanf(line.c_str(), "NEIGHBOUR %15s %lf %159[^\n]", verdict, &took, detail) < 2)
+		return report("neighbour", "FAIL", "the neighbour said nothing in 20 s: " + line);
+	if (!strcmp(verdict, "nocontext"))
+		return report("neighbour", "SKIP",
+			      std::string("no second process can use the GPU (EXCLUSIVE_PROCESS, as the deployment rule wants): ") +
+				      detail);
+	const bool ok = !strcmp(verdict, "ok") && out.all(WIC_OK) && out.wrong == 0 && published == WIC_OK;
+	char text[400];
+	snprintf(text, sizeof(text),
+		 "another process's faulting kernel took %.0f ms (its start included) while a fault was held for ~500 ms; its %s; the warps %s",
+		 took, detail, out.all(WIC_OK) && out.wrong == 0 ? "got their bytes" : "did not all get their bytes");
+	report("neighbour", ok ? "PASS" : "FAIL", text);
+}
+
+/*
+ * `bringup --holder SOCKET`: a consumer whose fault is held (nobody publishes); prints
+ * "HOLDER held" once its kernel runs, then waits to be killed.
+ */
+int holder_main(const char *socket)
+{
+	if (cudaFree(0) != cudaSuccess)
+		return 1;
+	wic_client *client = nullptr;
+	uint32_t space = 0;
+	if (wic_connect(socket, &client) != WIC_OK || attach_space(client, &space) != WIC_OK)
+		return 1;
+	placed p;
+	std::string why;
+	if (p.create(client, host_spec(long_timeout_ns), &why) != WIC_OK)
+		return 1;
+	int *status = nullptr;
+	uint64_t *wait_ns = nullptr;
+	unsigned *wrong = nullptr;
+	const uint32_t warps = p.info.warps_per_batch;
+	if (cudaMalloc(&status, warps * sizeof(int)) != cudaSuccess ||
+	    cudaMalloc(&wait_ns, warps * sizeof(uint64_t)) != cudaSuccess ||
+	    cudaMalloc(&wrong, sizeof(unsigned)) != cudaSuccess)
+		return 1;
+	consume<<<1, warps * 32>>>(p.device, 0, false, status, wait_ns, wrong);
+	usleep(200000);
+	printf("HOLDER held\n");
+	fflush(stdout);
+	cudaDeviceSynchronize();
+	return 0;
+}
+
+__global__ void nothing() {}
+
+void process_kill_case(const char *socket)
+{
+	int fd = -1;
+	const pid_t child = spawn_self({"--holder", socket}, &fd);
+	if (child < 0)
+		return report("process-kill", "FAIL", "cannot start the holding process");
+	const std::string line = read_line(fd, 20000);
+	close(fd);
+	if (line != "HOLDER held") {
+		kill(child, SIGKILL);
+		waitpid(child, nullptr, 0);
+		return report("process-kill", "FAIL", "the holding process did not start its consumer: " + line);
+	}
+	const auto killed = std::chrono::steady_clock::now();
+	kill(child, SIGKILL);
+	waitpid(child, nullptr, 0);
+	const double gone = ms_since(killed);
+	nothing<<<1, 1>>>();
+	const cudaError_t err = cudaDeviceSynchronize();
+	const double ran = ms_since(killed);
+	char detail[200];
+	snprintf(detail, sizeof(detail), "a process killed with a fault held was gone %.0f ms after SIGKILL; a kernel of ours ran %.0f ms after it%s",
+		 gone, ran, err == cudaSuccess ? "" : (std::string(": ") + cudaGetErrorString(err)).c_str());
+	report("process-kill", gone < 1000 && err == cudaSuccess ? "PASS" : "FAIL", detail);
+}
+
 } /* namespace */
 
 int main(int argc, char **argv)
 {
+	if (argc == 2 && !strcmp(argv[1], "--neighbour"))
+		return neighbour_main();
+	if (argc == 3 && !strcmp(argv[1], "--holder"))
+		return holder_main(argv[2]);
 	if (argc < 2 || argc > 3) {
 		fprintf(stderr, "usage: %s SOCKET [WICD_PID]\n", argv[0]);
 		return 2;
@@ -392,6 +616,8 @@ int main(int argc, char **argv)
 	timeout_case(client);
 	close_case(client);
 	gpu_producer_case(client);
+	neighbour_case(client);
+	process_kill_case(argv[1]);
 	daemon_death_case(client, wicd);
 	wic_disconnect(client);
 	return failed_any ? 1 : 0;
