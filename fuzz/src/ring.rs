@@ -11,7 +11,10 @@
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use wic_proto::kabi::{ring_bytes, WicFaultRecord, WicRingHeader, WIC_RECORD_PAT, WIC_RING_RECORDS_OFFSET};
+use wic_proto::kabi::{
+    ring_bytes, WicFaultRecord, WicRingHeader, WIC_RECORD_EXPIRED, WIC_RECORD_PAT, WIC_RECORD_UNSUPPORTED_GPU,
+    WIC_RING_RECORDS_OFFSET,
+};
 
 /// Bytes of `struct wic_ring_header`.
 pub const HEADER_BYTES: usize = std::mem::size_of::<WicRingHeader>();
@@ -169,7 +172,7 @@ pub fn record_for(seq: u64) -> WicFaultRecord {
         space_id: seq as u32,
         gpu_id: (seq >> 32) as u32,
         range_id: !seq as u32,
-        flags: (seq & u64::from(WIC_RECORD_PAT)) as u32,
+        flags: (seq & u64::from(WIC_RECORD_PAT | WIC_RECORD_EXPIRED | WIC_RECORD_UNSUPPORTED_GPU)) as u32,
         held_ns: seq.rotate_left(29),
         entry,
     }
