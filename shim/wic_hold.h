@@ -165,13 +165,14 @@ static inline void wic_hold_untabled(struct wic_hold_clock *c, u64 now)
 }
 
 /*
- * The bound in force, in ns: @max_hold_ns (max_hold_ms; 0 for none), or @min_period_ns while
- * the GPUs suspend. RM then preempts every channel and waits for each, which a held fault
- * keeps from being preempted: a hold lasts until the expiry's next run.
+ * The bound in force, in ns: @max_hold_ns (max_hold_ms; 0 for none), or 1 while the GPUs
+ * suspend. RM then preempts every channel and waits for each, which a held fault keeps from
+ * being preempted: every hold is due at the expiry's next run, whose period is then its
+ * shortest.
  */
-static inline u64 wic_hold_bound(u64 max_hold_ns, bool suspending, u64 min_period_ns)
+static inline u64 wic_hold_bound(u64 max_hold_ns, bool suspending)
 {
-	return suspending ? min_period_ns : max_hold_ns;
+	return suspending ? 1 : max_hold_ns;
 }
 
 /*

@@ -85,19 +85,20 @@ module_param_cb(max_hold_ms, &wic_max_hold_ops, &max_hold_ms, 0644);
 MODULE_PARM_DESC(max_hold_ms, "Longest hold in ms, then completed timed out; 0: no bound");
 
 /*
- * Set while the system suspends or hibernates (a PM notifier sets it at the prepare
- * notification and clears it at the post one) and while the GPUs are suspended through
- * NVIDIA's procfs interface, which its systemd units drive before the kernel's suspend begins
- * (deploy/systemd's sleep units write this parameter around them). Either way RM preempts
- * every user channel first: nv_suspend_devices() runs nv_preempt_user_channels() before
- * nv_uvm_suspend(), whose uvm_suspend() says "The RM guarantees that all user channels have
- * been preempted before uvm_suspend() is called", and a held replayable fault keeps its
- * channel from being preempted. So setting it completes every held fault at once (timeout
- * marker), and while it is set a hold lasts until the expiry's next run, at most
- * WIC_EXPIRE_MIN_PERIOD_MS: faults are still held, not passed, so that no warp reads a wic
- * page before its data or a marker.
+ * The GPUs suspend: while the system suspends or hibernates (wic_pm_suspending, set by a PM
+ * notifier from the prepare notification to the post one), and while this parameter is set,
+ * as deploy/wic-sleep.service sets it around NVIDIA's procfs suspend, which its systemd units
+ * drive before the kernel's suspend begins. Either way RM preempts every user channel first:
+ * nv_suspend_devices() runs nv_preempt_user_channels() before nv_uvm_suspend(), whose
+ * uvm_suspend() says "The RM guarantees that all user channels have been preempted before
+ * uvm_suspend() is called", and a held replayable fault keeps its channel from being
+ * preempted. So either completes every held fault at once (timeout marker), and while either
+ * is set a hold lasts until the expiry's next run, WIC_EXPIRE_MIN_PERIOD_MS later at most
+ * (wic_hold_bound()): faults are still held, not passed, so that no warp reads a wic page
+ * before its data or a marker.
  */
 static bool suspending;
+static bool wic_pm_suspending;
 static int wic_suspending_set(const char *val, const struct kernel_param *kp);
 static const struct kernel_param_ops wic_suspending_ops = {
 	.set = wic_suspending_set,
@@ -123,6 +124,13 @@ static struct workqueue_struct *wic_wq;
 #define WIC_GROUP_MAX 64
 /* Held faults one step of a sweep of the held table handles at once (wic_complete_held()). */
 #define WIC_COMPLETE_BATCH 16
+/*
+ * The most commands a batch io_uring issues inline may have (its first issue, with
+ * IO_URING_F_NONBLOCK, from the submitting task): such a batch runs without letting the expiry
+ * in between its steps (wic_submit_yield() would wait), so it must be short; a longer one runs
+ * on io_uring's worker.
+ */
+#define WIC_INLINE_COMMANDS 16
 /* Runs the expiry completed whose late completions are refused (struct wic_session.expired). */
 #define WIC_EXPIRED_RUNS 64
 /* Sweeps of the held table a session's release makes before it lets the last faults go. */
@@ -139,14 +147,11 @@ static struct workqueue_struct *wic_wq;
  *	that faults held without a held-table entry (table full) fault again
  * @gone: nvidia-uvm said the space's process is gone (ESRCH), or going away
  *	(wic_space_shutdown()): its faults are passed
- * @unsupported_told: the GPUs wic cannot hold faults of on which a wic page of this space
- *	faulted, each told to wicd once (WIC_RECORD_UNSUPPORTED_GPU)
  */
 struct wic_space_entry {
 	struct uvm_wic_space *uvm;
 	struct wic_range_list ranges;
 	DECLARE_BITMAP(held_gpus, WIC_GPU_BITS);
-	DECLARE_BITMAP(unsupported_told, WIC_GPU_BITS);
 	bool gone;
 };
 
@@ -524,45 +529,56 @@ static void wic_held_record(struct wic_session *s, struct wic_held *held,
 	held->recorded = true;
 }
 
-/* The bound in force, in ns: max_hold_ms, or the shortest period while suspending. */
+/* Whether the GPUs suspend (the suspending parameter's comment). */
+static bool wic_suspending(void)
+{
+	return READ_ONCE(suspending) || READ_ONCE(wic_pm_suspending);
+}
+
+/* The bound in force, in ns: max_hold_ms, or none at all while the GPUs suspend. */
 static u64 wic_bound_ns(void)
 {
-	return wic_hold_bound((u64)READ_ONCE(max_hold_ms) * NSEC_PER_MSEC, READ_ONCE(suspending),
-			      WIC_EXPIRE_MIN_PERIOD_MS * NSEC_PER_MSEC);
+	return wic_hold_bound((u64)READ_ONCE(max_hold_ms) * NSEC_PER_MSEC, wic_suspending());
 }
 
 /* Where the bound in force comes from, for the log. */
 static const char *wic_bound_name(void)
 {
-	return READ_ONCE(suspending) ? " (GPUs suspending)" : " (max_hold_ms)";
+	return wic_suspending() ? " (GPUs suspending)" : " (max_hold_ms)";
 }
 
 /* The period of the expiry work: a quarter of the bound in force, at least 10 ms. */
 static unsigned long wic_expire_period(void)
 {
-	unsigned int bound = wic_bound_ns() / NSEC_PER_MSEC;
+	u64 bound_ns = wic_bound_ns();
 
-	if (!bound)
+	if (!bound_ns)
 		return msecs_to_jiffies(WIC_EXPIRE_IDLE_PERIOD_MS);
-	return msecs_to_jiffies(max_t(unsigned int, bound / 4, WIC_EXPIRE_MIN_PERIOD_MS));
+	return nsecs_to_jiffies(max_t(u64, bound_ns / 4, WIC_EXPIRE_MIN_PERIOD_MS * NSEC_PER_MSEC));
 }
 
 /*
  * A fault on a GPU wic cannot hold (UVM_WIC_FAULT_UNSUPPORTED: registered in the space after
  * it was attached, which refuses such spaces): nvidia-uvm services it, and on a wic page its
- * warp reads the page without its data. wicd is told once per space and GPU, with a record
- * (WIC_RECORD_UNSUPPORTED_GPU) when the ring has room, and fails the channel. Under @lock;
- * returns whether a record was posted.
+ * warp reads the page without its data. wicd is told once per range, with a record
+ * (WIC_RECORD_UNSUPPORTED_GPU), and fails the range's channel; with the ring full the record is
+ * counted dropped and posted at the range's next such fault. Under @lock; returns whether the
+ * fault was on a wic page wicd had not been told of.
  */
-static bool wic_tell_unsupported(struct wic_session *s, struct wic_space_entry *space,
-				 u32 space_id, const struct wic_range_entry *range,
-				 const struct uvm_wic_fault *fault, const struct wic_hold_facts *facts,
-				 u64 now)
+static bool wic_tell_unsupported(struct wic_session *s, u32 space_id,
+				 const struct wic_range_entry *range, const struct uvm_wic_fault *fault,
+				 const struct wic_hold_facts *facts, u64 now)
 {
-	if (!facts->wic_page || facts->gone || !facts->gpu_valid || !wic_ring_room(s) ||
-	    test_bit(fault->gpu_id, space->unsupported_told))
+	/* Written under @lock, as wic_mark_gone() writes @gone. */
+	struct wic_range_entry *entry = (struct wic_range_entry *)range;
+
+	if (!facts->wic_page || facts->gone || !facts->gpu_valid || entry->unsupported_told)
 		return false;
-	__set_bit(fault->gpu_id, space->unsupported_told);
+	if (!wic_ring_room(s)) {
+		s->ring->dropped++;
+		return true;
+	}
+	entry->unsupported_told = 1;
 	wic_ring_post(s, space_id, fault->gpu_id, range->id, WIC_RECORD_UNSUPPORTED_GPU, now,
 		      fault->raw);
 	return true;
@@ -616,7 +632,7 @@ static enum uvm_wic_verdict wic_classify(const struct uvm_wic_fault *fault)
 	facts.wic_page = range && range->kind != WIC_RANGE_SOURCE;
 	facts.gone = space->gone || (range && range->gone);
 	if (fault->flags & UVM_WIC_FAULT_UNSUPPORTED) {
-		told = wic_tell_unsupported(s, space, space_id, range, fault, &facts, now);
+		told = wic_tell_unsupported(s, space_id, range, fault, &facts, now);
 		goto out;
 	}
 	if (facts.wic_page && !facts.prefetch)
@@ -663,7 +679,7 @@ out:
 	if (action == WIC_HOLD_ENTER_RECORD || action == WIC_HOLD_RECORD || told)
 		wake_up_interruptible(&s->poll_wait);
 	if (told)
-		pr_warn_ratelimited("a wic page at %#llx faulted on GPU id %u, which wic cannot hold faults of (pre-Volta, or a MIG partition of this driver): serviced without its data; wicd told\n",
+		pr_warn_ratelimited("a wic page at %#llx faulted on GPU id %u, which wic cannot hold faults of (pre-Volta, or a MIG partition of this driver): serviced without its data; wicd told (or told at the range's next such fault when its ring is full)\n",
 				    fault->va, fault->gpu_id);
 	else if (action == WIC_HOLD_INVALID_GPU)
 		pr_warn_ratelimited("fault at %#llx of GPU id %u, outside 1 to %u: held, not recorded\n",
@@ -675,9 +691,9 @@ out:
  * wic_space_shutdown() - nvidia-uvm's word that a space's process is going away
  * @uvm: the space
  *
- * nvidia-uvm is about to stop the space's channels (uvm_va_space_mm_shutdown(), at exit_mm()
- * of a killed process, before its files are closed and wicd hears of it), expecting its
- * faults serviced; a held fault would keep its channel from being stopped. The space is
+ * nvidia-uvm is about to stop the space's channels (uvm_va_space_mm_shutdown(), when the
+ * process's UVM mm file is released: an exiting process's files are closed in no fixed order,
+ * so wicd may not have heard of it yet), expecting its faults serviced; a held fault would keep its channel from being stopped. The space is
  * marked gone, so that its faults are passed from now, and when it is attached nvidia-uvm
  * replays its GPUs: the held faults come back and are serviced (nothing of the process reads
  * them any more). Their held-table entries stay until a completion or the expiry finds the
@@ -1188,8 +1204,16 @@ static void wic_expired_add(struct wic_session *s, const struct wic_run_expiry *
 	wic_expired_forget_read(s);
 	at = s->nr_expired;
 	if (at == WIC_EXPIRED_RUNS) {
+		/*
+		 * Full: the oldest posted run goes, whose record wicd is the likeliest to have read
+		 * by now; an entry without a record replaces another without one first, so that
+		 * those (which nothing else forgets) never push out a run wicd has yet to read.
+		 */
 		for (at = 0, i = 1; i < s->nr_expired; i++)
 			if (s->expired[i].seq < s->expired[at].seq)
+				at = i;
+		for (i = 0; seq == U64_MAX && i < s->nr_expired; i++)
+			if (s->expired[i].seq == U64_MAX)
 				at = i;
 	} else {
 		s->nr_expired++;
@@ -1202,20 +1226,28 @@ static void wic_expired_add(struct wic_session *s, const struct wic_run_expiry *
 }
 
 /*
- * A PCM page the expiry completed alone (its range registered without runs, or its run refused
- * whole): wicd is not told, so its next completion of the page is the one it meant for the
- * generation whose warps read the timeout marker, and is refused once (ESTALE, an entry with
- * no record: wic_expired_take()), as a run's are until wicd reads the run's record.
+ * A PCM page of a range registered without runs that the expiry completed, its fault recorded:
+ * wicd is not told, so its next completion of the page is the one it meant for the generation
+ * whose warp read the timeout marker, and is refused once (ESTALE, an entry with no record:
+ * wic_expired_take()), as a run's are until wicd reads the run's record. A fault wicd never
+ * heard of (not recorded) gets none: its next completion is for a later generation. In a range
+ * with runs a page expires alone only when nvidia-uvm refused its whole run; the run's late
+ * completion is then refused the same way, or fails as the expiry's did.
  */
 static void wic_expired_page(struct wic_session *s, const struct wic_held *held)
 {
 	const struct wic_run_expiry x = {
 		.space_id = held->space_id, .gpu_id = held->gpu_id, .run = held->va, .pages = 1,
 	};
+	const struct wic_range_entry *range;
 	unsigned long flags;
 
+	if (!held->recorded)
+		return;
 	spin_lock_irqsave(&s->lock, flags);
-	wic_expired_add(s, &x, U64_MAX);
+	range = wic_range_find(&s->spaces[held->space_id - 1].ranges, held->va);
+	if (range && !range->run_pages)
+		wic_expired_add(s, &x, U64_MAX);
 	spin_unlock_irqrestore(&s->lock, flags);
 }
 
@@ -1405,15 +1437,16 @@ static void wic_expire(struct work_struct *work)
 }
 
 /*
- * The GPUs are about to suspend (@on), or have resumed: see the suspending parameter. Every
- * held fault is completed now, and the expiry work runs at once so that its period is the
- * short one. Holding wic_active_lock keeps the session from being released meanwhile.
+ * @source (the parameter's flag, or the PM notifier's) says that the GPUs are about to suspend
+ * (@on), or have resumed: see the suspending parameter. Every held fault is completed now, and
+ * the expiry work runs at once so that its period is the short one. Holding wic_active_lock
+ * keeps the session from being released meanwhile.
  */
-static void wic_suspend(bool on)
+static void wic_suspend(bool *source, bool on)
 {
 	struct wic_session *s;
 
-	WRITE_ONCE(suspending, on);
+	WRITE_ONCE(*source, on);
 	if (!on)
 		return;
 	mutex_lock(&wic_active_lock);
@@ -1421,7 +1454,7 @@ static void wic_suspend(bool on)
 	if (s) {
 		wic_expire_held(s, true);
 		mod_delayed_work(wic_wq, &s->expire, 0);
-		pr_info("GPUs suspending: held faults completed with the timeout marker, holds kept under %u ms\n",
+		pr_info("GPUs suspending: held faults completed with the timeout marker, holds kept to about %u ms\n",
 			WIC_EXPIRE_MIN_PERIOD_MS);
 	}
 	mutex_unlock(&wic_active_lock);
@@ -1434,7 +1467,7 @@ static int wic_suspending_set(const char *val, const struct kernel_param *kp)
 
 	if (err)
 		return err;
-	wic_suspend(on);
+	wic_suspend(&suspending, on);
 	return 0;
 }
 
@@ -1444,12 +1477,12 @@ static int wic_pm_notify(struct notifier_block *nb, unsigned long event, void *u
 	case PM_SUSPEND_PREPARE:
 	case PM_HIBERNATION_PREPARE:
 	case PM_RESTORE_PREPARE:
-		wic_suspend(true);
+		wic_suspend(&wic_pm_suspending, true);
 		break;
 	case PM_POST_SUSPEND:
 	case PM_POST_HIBERNATION:
 	case PM_POST_RESTORE:
-		wic_suspend(false);
+		wic_suspend(&wic_pm_suspending, false);
 		break;
 	default:
 		break;
@@ -1644,7 +1677,6 @@ static long wic_attach(struct wic_session *s, struct wic_attach __user *uarg)
 	spin_lock_irqsave(&s->lock, flags);
 	s->spaces[id - 1].uvm = uvm;
 	s->spaces[id - 1].gone = false;
-	bitmap_zero(s->spaces[id - 1].unsupported_told, WIC_GPU_BITS);
 	spin_unlock_irqrestore(&s->lock, flags);
 	wic_index_publish(s, index);
 	a.space_id = id;
@@ -1974,7 +2006,7 @@ static void wic_submit_yield(struct wic_session *s)
  * was gathered before runs; what succeeded is counted whether or not its result was stored,
  * unless that was the first command (EFAULT, as wic_abi.h says).
  */
-static long wic_submit(struct wic_session *s, const struct wic_submit *sub)
+static long wic_submit(struct wic_session *s, const struct wic_submit *sub, bool may_yield)
 {
 	struct wic_command __user *ucmds = u64_to_user_ptr(sub->commands);
 	struct wic_command cmd;
@@ -2000,7 +2032,7 @@ static long wic_submit(struct wic_session *s, const struct wic_submit *sub)
 				break;
 		}
 		/* Between two steps; this command is checked after, against the ranges then. */
-		if (!s->group->nr)
+		if (!s->group->nr && may_yield)
 			wic_submit_yield(s);
 		space = wic_space(s, cmd.space_id);
 		cmd.result = wic_check_command(&cmd, space ? &space->ranges : NULL);
@@ -2054,7 +2086,7 @@ static long wic_ioctl(struct file *file, unsigned int op, unsigned long arg)
 		ret = wic_unregister(s, uarg);
 		break;
 	case WIC_IOC_SUBMIT:
-		ret = copy_from_user(&sub, uarg, sizeof(sub)) ? -EFAULT : wic_submit(s, &sub);
+		ret = copy_from_user(&sub, uarg, sizeof(sub)) ? -EFAULT : wic_submit(s, &sub, true);
 		break;
 	default:
 		ret = -ENOTTY;
@@ -2075,6 +2107,7 @@ static int wic_uring_cmd(struct io_uring_cmd *ioucmd, unsigned int issue_flags)
 {
 	struct wic_session *s = ioucmd->file->private_data;
 	struct wic_submit sub;
+	bool nonblock;
 	long ret;
 
 	if (ioucmd->cmd_op != WIC_IOC_SUBMIT)
@@ -2083,17 +2116,21 @@ static int wic_uring_cmd(struct io_uring_cmd *ioucmd, unsigned int issue_flags)
 	memcpy(&sub, wic_uring_payload(ioucmd), sizeof(sub));
 	/*
 	 * io_uring first issues a command from the submitting task, with IO_URING_F_NONBLOCK,
-	 * and runs one that answers -EAGAIN on a worker of its own. A batch waits on nvidia-uvm
-	 * as an ioctl does (its locks, the TLB invalidates), and running there is what io_uring
-	 * is used for; the session's mutex, which another batch or the expiry may hold for a
-	 * whole step, is not waited for there: the submitter (with SQPOLL, every request of the
-	 * ring) would wait with it.
+	 * and runs one that answers -EAGAIN on a worker of its own. A short batch waits on
+	 * nvidia-uvm as an ioctl does (its locks, the TLB invalidates), and running it there is
+	 * what io_uring is used for; but the session's mutex, which another batch or the expiry
+	 * may hold for a whole step, and the expiry's turn between two steps of a long batch are
+	 * not waited for there: the submitter (with SQPOLL, every request of the ring) would wait
+	 * with them.
 	 */
-	if (!(issue_flags & IO_URING_F_NONBLOCK))
+	nonblock = issue_flags & IO_URING_F_NONBLOCK;
+	if (nonblock && sub.count > WIC_INLINE_COMMANDS)
+		return -EAGAIN;
+	if (!nonblock)
 		mutex_lock(&s->mutex);
 	else if (!mutex_trylock(&s->mutex))
 		return -EAGAIN;
-	ret = s->negotiated ? wic_submit(s, &sub) : -EPROTO;
+	ret = s->negotiated ? wic_submit(s, &sub, !nonblock) : -EPROTO;
 	mutex_unlock(&s->mutex);
 	if (ret < 0)
 		return ret;

@@ -33,6 +33,8 @@
  * @run_pages: the pages of each run of a PCM range registered with them, else 0
  * @gone: 0, or the errno with which nvidia-uvm said its pages are gone for good (see
  *	wic_hold.h): its faults are no longer held
+ * @unsupported_told: wicd was told that a page of it faulted on a GPU whose faults cannot be
+ *	held (WIC_RECORD_UNSUPPORTED_GPU)
  */
 struct wic_range_entry {
 	u64 start;
@@ -41,6 +43,7 @@ struct wic_range_entry {
 	u32 kind;
 	u32 run_pages;
 	u32 gone;
+	u32 unsupported_told;
 };
 
 /**

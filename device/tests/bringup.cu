@@ -23,10 +23,12 @@
  *                 it (time-slicing waits while a fault is held: docs/operations.md). Skipped
  *                 where the GPU admits one process (EXCLUSIVE_PROCESS, as the deployment rule
  *                 wants)
- *   process-kill  a process holding a fault (this program again, as `bringup --holder SOCKET`)
- *                 is killed with SIGKILL: nvidia-uvm stops its channels at exit, which must not
- *                 wait for the hold's bound (the hook's uvm_wic_space_shutdown()); it must be
- *                 gone within a second, and a kernel of this process run after it
+ *   process-kill  a process holding a fault (this program again, as `bringup --holder SOCKET`;
+ *                 its connection to wicd kept open by another process, so that wicd does not
+ *                 end the hold) is killed with SIGKILL: nvidia-uvm stops its channels at exit,
+ *                 which must not wait for the hold's bound (the hook's
+ *                 uvm_wic_space_shutdown()); it must be gone within a second, and a kernel of
+ *                 this process run after it
  *
  * Usage: bringup SOCKET [WICD_PID]
  * Prints one line per case, "CASE name PASS|FAIL|SKIP detail", and exits 0 when none failed.
@@ -512,15 +514,23 @@ void neighbour_case(wic_client *client)
 
 /*
  * `bringup --holder SOCKET`: a consumer whose fault is held (nobody publishes); prints
- * "HOLDER held" once its kernel runs, then waits to be killed.
+ * "HOLDER held KEEPER" once its kernel is seen waiting, then waits to be killed. KEEPER is a
+ * process forked before CUDA starts that keeps the connection to wicd open (and nothing of
+ * CUDA's), so that wicd does not hear of the holder's death: what ends the hold must be the
+ * exit's own teardown, not wicd destroying the channel.
  */
 int holder_main(const char *socket)
 {
-	if (cudaFree(0) != cudaSuccess)
-		return 1;
 	wic_client *client = nullptr;
 	uint32_t space = 0;
-	if (wic_connect(socket, &client) != WIC_OK || attach_space(client, &space) != WIC_OK)
+	if (wic_connect(socket, &client) != WIC_OK)
+		return 1;
+	const pid_t keeper = fork();
+	if (keeper == 0) {
+		sleep(60);
+		_exit(0);
+	}
+	if (keeper < 0 || cudaFree(0) != cudaSuccess || attach_space(client, &space) != WIC_OK)
 		return 1;
 	placed p;
 	std::string why;
@@ -535,8 +545,13 @@ int holder_main(const char *socket)
 	    cudaMalloc(&wrong, sizeof(unsigned)) != cudaSuccess)
 		return 1;
 	consume<<<1, warps * 32>>>(p.device, 0, false, status, wait_ns, wrong);
+	cudaError_t err = cudaGetLastError();
 	usleep(200000);
-	printf("HOLDER held\n");
+	/* Still running 200 ms later: its warps wait on the held fault. */
+	if (err == cudaSuccess && cudaStreamQuery(0) == cudaErrorNotReady)
+		printf("HOLDER held %d\n", (int)keeper);
+	else
+		printf("HOLDER notheld %s\n", err == cudaSuccess ? "the consumer kernel ended" : cudaGetErrorString(err));
 	fflush(stdout);
 	cudaDeviceSynchronize();
 	return 0;
@@ -552,15 +567,18 @@ void process_kill_case(const char *socket)
 		return report("process-kill", "FAIL", "cannot start the holding process");
 	const std::string line = read_line(fd, 20000);
 	close(fd);
-	if (line != "HOLDER held") {
+	int keeper = 0;
+	if (sscanf(line.c_str(), "HOLDER held %d", &keeper) != 1 || keeper <= 0) {
 		kill(child, SIGKILL);
 		waitpid(child, nullptr, 0);
-		return report("process-kill", "FAIL", "the holding process did not start its consumer: " + line);
+		return report("process-kill", "FAIL", "the holding process had no held fault: " + line);
 	}
 	const auto killed = std::chrono::steady_clock::now();
 	kill(child, SIGKILL);
 	waitpid(child, nullptr, 0);
 	const double gone = ms_since(killed);
+	/* Now wicd may hear of it. */
+	kill(keeper, SIGKILL);
 	nothing<<<1, 1>>>();
 	const cudaError_t err = cudaDeviceSynchronize();
 	const double ran = ms_since(killed);

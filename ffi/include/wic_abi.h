@@ -11,10 +11,11 @@
  * over the daemon's socket) and registers their PCM and PAT ranges. Faults on registered pages
  * are held and appear in the ring; poll() reports POLLIN while records are unread. Commands go
  * in batches, through WIC_IOC_SUBMIT or an io_uring IORING_OP_URING_CMD whose cmd_op is
- * WIC_IOC_SUBMIT and whose 16-byte command area holds a struct wic_submit. A batch runs inline,
- * from the submitting task, unless another batch or the module's expiry holds the session:
- * then io_uring runs it on one of its workers (the command answers -EAGAIN to the inline
- * issue), and io_uring_enter() does not wait for the session.
+ * WIC_IOC_SUBMIT and whose 16-byte command area holds a struct wic_submit. A batch of at most
+ * 16 commands runs inline, from the submitting task, unless another batch or the module's
+ * expiry holds the session; a longer one, or one that finds the session held, runs on one of
+ * io_uring's workers (the command answers -EAGAIN to the inline issue), so that
+ * io_uring_enter() never waits for the session nor for the expiry.
  *
  * When the session's file is released (wicd exits or is killed), every held fault is
  * completed with the WIC_MARKER_DAEMON_GONE error marker, mapped and replayed.

@@ -67,3 +67,9 @@ void wic_fuzz_ranges_remove(struct wic_range_entry *dst, const struct wic_range_
 {
 	wic_ranges_remove(dst, src, at);
 }
+
+/* sizeof(struct wic_range_entry), which fuzz/src/shim.rs mirrors. */
+unsigned long wic_fuzz_range_entry_size(void)
+{
+	return sizeof(struct wic_range_entry);
+}

@@ -17,6 +17,7 @@ pub struct RangeEntry {
     pub kind: u32,
     pub run_pages: u32,
     pub gone: u32,
+    pub unsupported_told: u32,
 }
 
 /// `struct wic_range_list`, borrowing a slice; the C side only reads through it.
@@ -54,6 +55,7 @@ extern "C" {
     fn wic_fuzz_ranges_insert(dst: *mut RangeEntry, src: *const RangeList, at: u32, entry: *const RangeEntry);
     fn wic_fuzz_range_index(list: *const RangeList, range_id: u32) -> c_int;
     fn wic_fuzz_ranges_remove(dst: *mut RangeEntry, src: *const RangeList, at: u32);
+    fn wic_fuzz_range_entry_size() -> std::os::raw::c_ulong;
 }
 
 /// A C verdict: 0 is `Ok`, `-errno` is `Err(errno)`.
@@ -92,6 +94,9 @@ pub struct Session {
 
 impl Default for Session {
     fn default() -> Self {
+        // SAFETY: a function of no argument returning a constant.
+        let c_size = unsafe { wic_fuzz_range_entry_size() };
+        assert_eq!(c_size as usize, std::mem::size_of::<RangeEntry>(), "RangeEntry is not struct wic_range_entry");
         Self { spaces: vec![None; WIC_MAX_SPACES as usize], next_range_id: 1 }
     }
 }
@@ -142,7 +147,7 @@ impl Session {
         let slot = Self::slot(r.space_id).expect("a range was accepted for an invalid space id");
         let old = self.spaces[slot].as_ref().expect("a range was accepted for a detached space");
         assert!(at as usize <= old.len(), "wic_check_register() put the range at {at} of {}", old.len());
-        let entry = RangeEntry { start: r.start, end, id: self.next_range_id, kind: r.kind, run_pages: r.run_pages, gone: 0 };
+        let entry = RangeEntry { start: r.start, end, id: self.next_range_id, kind: r.kind, run_pages: r.run_pages, gone: 0, unsupported_told: 0 };
         let mut new = vec![RangeEntry::default(); old.len() + 1];
         // SAFETY: `new` has room for one entry more than `old`, `at` is at most `old.len()`
         // (checked above), and `old` and `entry` outlive the call.

@@ -16,8 +16,8 @@
  * first partition.
  * Pre-Volta GPUs (Pascal, which the proprietary 580 nvidia.ko still drives) cancel faults per
  * uTLB, and those paths would kill the contexts of held faults or service their pages: their
- * faults are never shown to classify (so never held), and the helpers refuse them with
- * -EOPNOTSUPP.
+ * faults are never held (shown to classify with UVM_WIC_FAULT_UNSUPPORTED, the verdict
+ * ignored), and the helpers refuse them with -EOPNOTSUPP.
  */
 #ifndef _UVM_WIC_H
 #define _UVM_WIC_H

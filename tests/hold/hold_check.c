@@ -32,8 +32,8 @@
  *   (every held fault is completed in time, recorded or not, with an entry or not);
  * - no warp of the other application stays stalled past the deferred replay (a fault the
  *   hardware dropped does not wait for ever);
- * - while the system suspends, no warp stays stalled past the deferred replay and two short
- *   periods (RM's preemption of its channel is not held up);
+ * - while the system suspends, no warp stays stalled past the deferred replay and the
+ *   expiry's next run (RM's preemption of its channel is not held up);
  * - every warp is done at the end.
  *
  * Usage: hold_check [--seeds N] [--first SEED] [--verbose]. Exits 1 at the first violation,
@@ -60,8 +60,8 @@
 #define ROUNDS (20 * MS)
 #define LIMIT_WIC (DEFER + BOUND + PERIOD + ROUNDS)
 #define LIMIT_OTHER (DEFER + ROUNDS)
-/* A stall while the system suspends: a dropped fault's deferred replay, then one short period. */
-#define LIMIT_SUSPEND (DEFER + 2 * RELIEF_PERIOD + ROUNDS)
+/* A stall while the system suspends: a dropped fault's deferred replay, then the next expiry run. */
+#define LIMIT_SUSPEND (DEFER + RELIEF_PERIOD + ROUNDS)
 #define END (40000 * MS)
 
 #define MAX_WARPS 12
@@ -296,7 +296,7 @@ static void replay(struct sim *s)
 /* The bound in force (wic_bound_ns()) and the expiry's period (wic_expire_period()). */
 static u64 bound(struct sim *s)
 {
-	return wic_hold_bound(BOUND, s->suspending, RELIEF_PERIOD);
+	return wic_hold_bound(BOUND, s->suspending);
 }
 
 static u64 period(struct sim *s)

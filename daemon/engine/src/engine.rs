@@ -512,6 +512,27 @@ impl Engine {
     fn close_with(&mut self, id: ChannelId, marker: ErrorMarker, out: &mut Vec<Command>) -> Result<(), EngineError> {
         let channel =
             self.channels.get_mut(id.0 as usize).and_then(Option::take).ok_or(EngineError::UnknownChannel(id))?;
+        self.release(channel, marker, out);
+        Ok(())
+    }
+
+    /// Fails a channel: as [`Engine::close_channel`] (its held requests completed with the
+    /// closed marker, its slots and pages freed), but its id stays taken, by a channel with no
+    /// slot, until `close_channel`: whoever keeps the id (the daemon's registry, its grants)
+    /// must not reach another channel that reuses it.
+    pub fn fail_channel(&mut self, id: ChannelId, out: &mut Vec<Command>) -> Result<(), EngineError> {
+        let channel = self.channel_mut(id)?;
+        let emptied = Channel {
+            spec: channel.spec,
+            slot_ids: std::mem::take(&mut channel.slot_ids),
+            runs: std::mem::take(&mut channel.runs),
+        };
+        self.release(emptied, ErrorMarker::ChannelClosed, out);
+        Ok(())
+    }
+
+    /// Completes `channel`'s held requests with `marker` and frees its slots and pages.
+    fn release(&mut self, channel: Channel, marker: ErrorMarker, out: &mut Vec<Command>) {
         for slot_id in channel.slot_ids {
             let route = self.routes[slot_id as usize].take().expect("channel slots are live");
             let slot = self.slots[slot_id as usize];
@@ -528,7 +549,6 @@ impl Engine {
             self.pool.free(run).expect("channel runs are allocated");
         }
         self.activator.flush_replays(out);
-        Ok(())
     }
 
     /// Feeds one batch of raw fault-buffer entries fetched from `gpu`.

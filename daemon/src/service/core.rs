@@ -247,8 +247,9 @@ impl<B: Backend> Core<B> {
         self.backend.retry();
     }
 
-    /// A channel the core failed: its held faults completed with the closed marker, its
-    /// regions closed, as [`Core::destroy`] leaves them. The caller drops what it keeps of it.
+    /// A channel the core failed: its held faults completed with the closed marker, its pages
+    /// given back and its regions closed, as [`Core::destroy`] leaves them, but its id kept
+    /// until its owner destroys it. The caller stops listening to its doorbells.
     pub fn take_failed(&mut self) -> Option<u32> {
         self.failed.pop()
     }
@@ -278,7 +279,7 @@ impl<B: Backend> Core<B> {
     /// daemon's log says why.
     fn fail_unservable(&mut self) {
         while let Some(channel) = self.engine.take_unservable() {
-            if self.engine.close_channel(channel, &mut self.commands).is_err() {
+            if self.engine.fail_channel(channel, &mut self.commands).is_err() {
                 continue;
             }
             tracing::error!(
@@ -536,6 +537,12 @@ mod tests {
         assert_eq!(client.consumer.state(), ChannelState::Closed);
         assert!(!pair.core.has(id));
         assert!(pair.core.has(other.layout.id.0), "other channels go on");
+        // Its id is not given to another channel until its owner destroys it.
+        let next = pair.open(Pair::spec(0, 1, 1_000_000));
+        assert_ne!(next.layout.id.0, id);
+        pair.core.destroy(id).unwrap();
+        assert_eq!(pair.core.snapshot().stats.channels, 2);
+        assert_eq!(pair.open(Pair::spec(0, 1, 1_000_000)).layout.id.0, id, "destroyed, its id is free again");
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! The control side asks through [`super::control`]. Nothing here blocks on a client: every read
 //! is of the daemon's own eventfds and shared regions.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::Arc;
@@ -53,8 +53,6 @@ struct Dataplane<B> {
     next_token: u64,
     start: Instant,
     completions: Vec<(u64, i32)>,
-    /// Channels the core failed ([`Core::take_failed`]) that their owner has not destroyed.
-    failed: HashSet<u32>,
 }
 
 /// Starts the fast path: `engine` driving `backend`.
@@ -77,7 +75,6 @@ pub fn spawn<B: Backend + Send + 'static>(
         next_token: 1,
         start: Instant::now(),
         completions: Vec::new(),
-        failed: HashSet::new(),
     };
     dataplane.arm_wake().map_err(|e| format!("io_uring: {e}"))?;
     dataplane.arm_source(Source::FaultRing).map_err(|e| format!("io_uring: {e}"))?;
@@ -166,7 +163,6 @@ impl<B: Backend> Dataplane<B> {
             self.core.tick(now);
             while let Some(channel) = self.core.take_failed() {
                 self.close_bells(channel);
-                self.failed.insert(channel);
             }
         }
         tracing::debug!("fast path stopped");
@@ -277,8 +273,7 @@ impl<B: Backend> Dataplane<B> {
                     let _ = reply.send(self.core.backend().watch(space, start, end));
                 }
                 Ok(Control::Destroy { channel, reply }) => {
-                    // Failed already: its owner's destroy finds it gone, as it should.
-                    let destroyed = if self.failed.remove(&channel) { Ok(()) } else { self.core.destroy(channel) };
+                    let destroyed = self.core.destroy(channel);
                     if destroyed.is_ok() {
                         self.close_bells(channel);
                     }

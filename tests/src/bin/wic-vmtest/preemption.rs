@@ -5,9 +5,9 @@
 //! the daemon never completes keeps another context's switch waiting until the channel is reset
 //! and the held warp killed. Under the module's default `max_hold_ms` (3 s) the module ends the
 //! hold first and the switch is done before RM's default timeout. And a process that exits with
-//! a fault held: nvidia-uvm stops its channels at `exit_mm()` (`uvm_va_space_mm_shutdown()`),
-//! before its files close and wicd hears of it, and the stop must not wait for the bound. The
-//! parameter is restored whatever happens.
+//! a fault held: nvidia-uvm stops its channels when its UVM mm file is released
+//! (`uvm_va_space_mm_shutdown()`), in no fixed order with its socket to wicd, and the stop must
+//! not wait for the bound. The parameter is restored whatever happens.
 
 use std::time::{Duration, Instant};
 
