@@ -9,7 +9,8 @@
 #   2. puts the wic hook into its nvidia-uvm (shim/nvidia-uvm/apply-hook.sh: the patch of the
 #      driver's branch, uvm_wic.c, uvm_wic_hook.h, uvm_wic.h; an unsupported release is refused,
 #      naming it),
-#   3. builds nvidia.ko and nvidia-uvm.ko from it (only nvidia-uvm.ko is installed),
+#   3. builds nvidia.ko and nvidia-uvm.ko from it (only nvidia-uvm.ko is installed, as
+#      nvidia-uvm-wic.ko),
 #   4. builds shim/wic_shim.ko against nvidia-uvm's Module.symvers.
 # Nothing is downloaded.
 #
@@ -22,7 +23,13 @@
 # checkout whose `make modules` has been run once (its kernel-open/ is used).
 set -eu
 
-kver=${1:?usage: dkms-build.sh KERNELVER [JOBS]}
+case ${1:-} in
+'' | -*)
+	echo "usage: dkms-build.sh KERNELVER [JOBS] (run by DKMS: deploy/dkms/README.md)" >&2
+	exit 2
+	;;
+esac
+kver=$1
 jobs=${2:-$(nproc 2>/dev/null || echo 1)}
 here=$(pwd)
 

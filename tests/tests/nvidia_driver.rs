@@ -271,23 +271,9 @@ fn dkms_builds_the_wic_package_against_debians_nvidia_dkms_tree() {
     }
     // As deploy/dkms/README.md installs it.
     let repo = workspace();
-    std::fs::create_dir_all(wic_dir.join("ffi")).expect("/usr/src/wic-*");
-    let conf = std::fs::read_to_string(repo.join("deploy/dkms/dkms.conf")).expect("dkms.conf");
-    let conf: String = conf
-        .lines()
-        .map(|l| {
-            if l.starts_with("PACKAGE_VERSION=") {
-                format!("PACKAGE_VERSION=\"{wic_version}\"\n")
-            } else {
-                format!("{l}\n")
-            }
-        })
-        .collect();
-    std::fs::write(wic_dir.join("dkms.conf"), conf).expect("dkms.conf");
-    assert!(run(Command::new("cp").arg(repo.join("deploy/dkms/dkms-build.sh")).arg(&wic_dir)).status.success());
-    assert!(run(Command::new("cp").arg("-r").arg(repo.join("shim")).arg(&wic_dir)).status.success());
-    assert!(run(Command::new("cp").arg("-r").arg(repo.join("ffi/include")).arg(wic_dir.join("ffi"))).status.success());
-    let _ = Command::new("make").arg("-C").arg(wic_dir.join("shim")).arg(format!("KVER={kver}")).arg("clean").output();
+    let source = run(Command::new(repo.join("deploy/dkms/install-source.sh")).arg(&wic_dir).arg(&wic_version));
+    assert!(source.status.success(), "install-source.sh: {}", text(&source));
+    assert!(!wic_dir.join("shim/wic_shim.ko").exists() && !wic_dir.join("shim/test").exists(), "build output copied");
 
     let add = run(Command::new("dkms").args(["add", "-m", "wic", "-v", &wic_version]));
     assert!(add.status.success(), "dkms add: {}", text(&add));
@@ -332,7 +318,8 @@ fn dkms_builds_the_wic_package_against_debians_nvidia_dkms_tree() {
     };
     let modinfo =
         |path: &Path, field: &str| text(&run(Command::new("modinfo").args(["-F", field]).arg(path))).trim().to_string();
-    let uvm = module("nvidia-uvm");
+    // Installed under its own name, never over NVIDIA's nvidia-uvm.ko (DEST_MODULE_NAME).
+    let uvm = module("nvidia-uvm-wic");
     let shim = module("wic_shim");
     assert_eq!(modinfo(&uvm, "version"), nvidia_version, "{}", uvm.display());
     assert!(

@@ -1,0 +1,217 @@
+//! The module selection of a server with wic installed, against the real kmod (depmod, modprobe,
+//! modinfo) on a module tree laid out as NVIDIA's and wic's DKMS packages lay it out, with small
+//! stand-in modules built here: NVIDIA's `nvidia.ko` and `nvidia-uvm.ko` in `kernel/`, wic's hooked
+//! nvidia-uvm installed under its own name (`updates/dkms/nvidia-uvm-wic.ko`, as
+//! `deploy/dkms/dkms.conf`'s `DEST_MODULE_NAME` installs it) and `wic_shim.ko`.
+//!
+//! Without `deploy/modprobe/00-wic.conf`, `modprobe nvidia-uvm` loads NVIDIA's file. With it,
+//! modprobe runs `deploy/modprobe/wic-modprobe`, which loads wic's module when it was built for
+//! the installed nvidia release and NVIDIA's otherwise (through a distribution's own rule when
+//! there is one, as Debian's), and refuses wic_shim then; the rule comes first whatever the
+//! other files are named. NVIDIA's file is never changed. Needs kernel headers (CI installs
+//! them for the kernel VM): without them the test says so and skips, unless
+//! `WIC_REQUIRE_NVIDIA_SOURCE` is set, as CI sets it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use wic_tests::{scratch, workspace};
+
+const NVIDIA: &str = "550.163.01";
+const OLD_NVIDIA: &str = "550.144.03";
+/// A distribution's rule for nvidia-uvm, as Debian redirects it to its own file name.
+const DEBIAN_RULE: &str = "install nvidia-uvm /sbin/modprobe nvidia-current-open-uvm $CMDLINE_OPTS\n";
+
+fn kernel_with_headers() -> Option<String> {
+    let mut kernels: Vec<String> = std::fs::read_dir("/lib/modules")
+        .ok()?
+        .filter_map(|d| d.ok())
+        .filter(|d| d.path().join("build").is_dir())
+        .filter_map(|d| d.file_name().into_string().ok())
+        .collect();
+    kernels.sort();
+    kernels.pop()
+}
+
+fn text(out: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.output().unwrap_or_else(|e| panic!("running {cmd:?}: {e}"))
+}
+
+/// Builds the stand-in modules into `dir` for `kver`: nvidia (exporting a symbol), an
+/// nvidia-uvm of `uvm_version` using it, exporting `uvm_wic_register` when `hooked`, and
+/// wic_shim using that.
+fn build(dir: &Path, kver: &str, uvm_version: &str, hooked: bool) {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(
+        dir.join("nvidia.c"),
+        format!(
+            "#include <linux/module.h>\nint nv_stand_in(void) {{ return 0; }}\nEXPORT_SYMBOL(nv_stand_in);\n\
+             MODULE_LICENSE(\"GPL\");\nMODULE_VERSION(\"{NVIDIA}\");\n"
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("nvidia-uvm.c"),
+        format!(
+            "#include <linux/module.h>\nextern int nv_stand_in(void);\nint uvm_wic_register(void) {{ return nv_stand_in(); }}\n\
+             {}MODULE_LICENSE(\"GPL\");\nMODULE_VERSION(\"{uvm_version}\");\n",
+            if hooked { "EXPORT_SYMBOL(uvm_wic_register);\n" } else { "" }
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("wic_shim.c"),
+        "#include <linux/module.h>\nextern int uvm_wic_register(void);\n\
+         static int __init shim_init(void) { return uvm_wic_register(); }\nmodule_init(shim_init);\nMODULE_LICENSE(\"GPL\");\n",
+    )
+    .unwrap();
+    let objects = if hooked { "nvidia.o nvidia-uvm.o wic_shim.o" } else { "nvidia.o nvidia-uvm.o" };
+    std::fs::write(dir.join("Kbuild"), format!("obj-m := {objects}\n")).unwrap();
+    let out = run(Command::new("make")
+        .arg("-C")
+        .arg(format!("/lib/modules/{kver}/build"))
+        .arg(format!("M={}", dir.display()))
+        .arg("modules"));
+    assert!(out.status.success(), "building the stand-in modules: {}", text(&out));
+}
+
+struct Tree {
+    root: PathBuf,
+    kver: String,
+    modules: PathBuf,
+}
+
+impl Tree {
+    fn modprobe(&self, args: &[&str]) -> Output {
+        run(Command::new("modprobe")
+            .arg("-d")
+            .arg(&self.root)
+            .arg("-C")
+            .arg(self.root.join("etc/modprobe.d"))
+            .args(["-S", &self.kver])
+            .args(args))
+    }
+
+    /// What `modprobe -n -v module` would do.
+    fn dry_run(&self, module: &str) -> String {
+        let out = self.modprobe(&["-n", "-v", module]);
+        assert!(out.status.success(), "modprobe -n -v {module}: {}", text(&out));
+        text(&out)
+    }
+
+    /// What wic-modprobe would run for `module`, and whether it would.
+    fn wic_modprobe(&self, module: &str) -> (bool, String) {
+        let out = run(Command::new("sh")
+            .arg(workspace().join("deploy/modprobe/wic-modprobe"))
+            .arg(module)
+            .arg("opt=1")
+            .env("WIC_MODULES_ROOT", &self.root)
+            .env("WIC_KERNEL", &self.kver)
+            .env("WIC_MODPROBE_DRY_RUN", "1"));
+        (out.status.success(), text(&out))
+    }
+
+    fn depmod(&self) {
+        let out = run(Command::new("depmod").arg("-b").arg(&self.root).arg(&self.kver));
+        assert!(out.status.success(), "depmod: {}", text(&out));
+    }
+}
+
+#[test]
+fn the_rule_loads_wics_nvidia_uvm_only_when_built_for_the_installed_driver() {
+    let Some(kver) = kernel_with_headers() else {
+        assert!(
+            std::env::var_os("WIC_REQUIRE_NVIDIA_SOURCE").is_none(),
+            "WIC_REQUIRE_NVIDIA_SOURCE is set but no kernel headers are under /lib/modules/*/build"
+        );
+        println!("SKIPPED: no kernel headers under /lib/modules/*/build");
+        return;
+    };
+    let dir = scratch("modprobe-rule");
+    let (hooked, stock, stale) = (dir.join("hooked"), dir.join("stock"), dir.join("stale"));
+    build(&hooked, &kver, NVIDIA, true);
+    build(&stock, &kver, NVIDIA, false);
+    build(&stale, &kver, OLD_NVIDIA, true);
+
+    let root = dir.join("root");
+    let modules = root.join("lib/modules").join(&kver);
+    for sub in ["kernel/nvidia", "updates/dkms"] {
+        std::fs::create_dir_all(modules.join(sub)).unwrap();
+    }
+    std::fs::create_dir_all(root.join("etc/modprobe.d")).unwrap();
+    for file in ["modules.builtin", "modules.order", "modules.builtin.modinfo"] {
+        std::fs::write(modules.join(file), "").unwrap();
+    }
+    let nvidia_uvm = modules.join("kernel/nvidia/nvidia-uvm.ko");
+    std::fs::copy(stock.join("nvidia.ko"), modules.join("kernel/nvidia/nvidia.ko")).unwrap();
+    std::fs::copy(stock.join("nvidia-uvm.ko"), &nvidia_uvm).unwrap();
+    let nvidias_bytes = std::fs::read(&nvidia_uvm).unwrap();
+    let wic_uvm = modules.join("updates/dkms/nvidia-uvm-wic.ko");
+    std::fs::copy(hooked.join("nvidia-uvm.ko"), &wic_uvm).unwrap();
+    std::fs::copy(hooked.join("wic_shim.ko"), modules.join("updates/dkms/wic_shim.ko")).unwrap();
+    let tree = Tree { root, kver, modules };
+    tree.depmod();
+
+    // Without the rule: NVIDIA's module, whatever sits in updates/.
+    let plain = tree.dry_run("nvidia-uvm");
+    assert!(plain.contains("kernel/nvidia/nvidia-uvm.ko"), "without wic's rule, modprobe nvidia-uvm: {plain}");
+
+    // With it (its script at the repository's path), before a distribution's rule of a later name.
+    let script = workspace().join("deploy/modprobe/wic-modprobe");
+    let conf = std::fs::read_to_string(workspace().join("deploy/modprobe/00-wic.conf"))
+        .unwrap()
+        .replace("/usr/lib/wic/wic-modprobe", &script.display().to_string());
+    std::fs::write(tree.root.join("etc/modprobe.d/00-wic.conf"), conf).unwrap();
+    std::fs::write(tree.root.join("etc/modprobe.d/nvidia.conf"), DEBIAN_RULE).unwrap();
+    for module in ["nvidia-uvm", "nvidia_uvm", "wic_shim"] {
+        let planned = tree.dry_run(module);
+        assert!(
+            planned.contains(&format!("install {}", script.display())),
+            "with wic's rule, modprobe {module}: {planned}"
+        );
+    }
+    let (ok, chosen) = tree.wic_modprobe("nvidia_uvm");
+    assert!(
+        ok && chosen.contains("--ignore-install nvidia-uvm-wic opt=1"),
+        "a build of the installed release: {chosen}"
+    );
+    let target = text(&tree.modprobe(&["-n", "-v", "--ignore-install", "nvidia-uvm-wic"]));
+    assert!(target.contains("updates/dkms/nvidia-uvm-wic.ko"), "nvidia-uvm-wic resolves to: {target}");
+    let (ok, shim) = tree.wic_modprobe("wic_shim");
+    assert!(ok && shim.contains("--ignore-install wic_shim opt=1"), "wic_shim with a matching build: {shim}");
+
+    // A build of another release (the driver was upgraded, wic not rebuilt yet): NVIDIA's own,
+    // through the distribution's rule, and wic_shim refused, saying why.
+    std::fs::copy(stale.join("nvidia-uvm.ko"), &wic_uvm).unwrap();
+    tree.depmod();
+    let (ok, chosen) = tree.wic_modprobe("nvidia_uvm");
+    assert!(
+        ok && chosen.contains("/sbin/modprobe nvidia-current-open-uvm opt=1"),
+        "a stale build, Debian's rule: {chosen}"
+    );
+    assert!(chosen.contains(&format!("built for NVIDIA {OLD_NVIDIA}, the nvidia module is {NVIDIA}")), "{chosen}");
+    let (ok, shim) = tree.wic_modprobe("wic_shim");
+    assert!(!ok && shim.contains("not loading wic_shim"), "wic_shim with a stale build: {shim}");
+    std::fs::remove_file(tree.root.join("etc/modprobe.d/nvidia.conf")).unwrap();
+    let (ok, chosen) = tree.wic_modprobe("nvidia-uvm");
+    assert!(ok && chosen.contains("--ignore-install nvidia-uvm opt=1"), "a stale build, no other rule: {chosen}");
+
+    // No wic build for this kernel: NVIDIA's own.
+    std::fs::remove_file(&wic_uvm).unwrap();
+    tree.depmod();
+    let (ok, chosen) = tree.wic_modprobe("nvidia_uvm");
+    assert!(
+        ok && chosen.contains("--ignore-install nvidia-uvm opt=1") && chosen.contains("no nvidia-uvm-wic.ko"),
+        "{chosen}"
+    );
+
+    // Rolled back: the rule removed, NVIDIA's file again, unchanged all along.
+    std::fs::remove_file(tree.root.join("etc/modprobe.d/00-wic.conf")).unwrap();
+    assert!(tree.dry_run("nvidia-uvm").contains("kernel/nvidia/nvidia-uvm.ko"));
+    assert_eq!(std::fs::read(&nvidia_uvm).unwrap(), nvidias_bytes, "NVIDIA's nvidia-uvm.ko changed");
+    assert!(tree.modules.join("kernel/nvidia/nvidia.ko").is_file());
+}
