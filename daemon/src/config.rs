@@ -23,7 +23,8 @@ pub struct Config {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum BackendChoice {
-    /// The shim if its device node exists, else the emulated GPU.
+    /// The shim if its device node exists; else the emulated GPU, unless wic_shim is installed
+    /// for the running kernel (then the shim was expected, and wicd refuses to start).
     Auto,
     Emulated,
     Shim,

@@ -104,8 +104,18 @@ fn start_fast_path(config: &Config) -> Result<(DataplaneHandle, JoinHandle<()>, 
     let device = &config.service.device;
     let shim = match config.service.backend {
         BackendChoice::Emulated => false,
-        BackendChoice::Auto => device.exists(),
-        BackendChoice::Shim => true,
+        BackendChoice::Auto if !device.exists() => {
+            if let Some(kernel) = shim_installed_for_running_kernel() {
+                return Err(format!(
+                    "{} is missing although wic_shim is installed for kernel {kernel}: wic_shim is not loaded \
+                     (sudo modprobe wic_shim; the kernel log says why it was refused), so the shim backend \
+                     cannot run; service.backend = \"emulated\" runs without it",
+                    device.display()
+                ));
+            }
+            false
+        }
+        BackendChoice::Auto | BackendChoice::Shim => true,
     };
     if !shim {
         let gpus = config.emulated.gpus;
@@ -123,6 +133,22 @@ fn start_fast_path(config: &Config) -> Result<(DataplaneHandle, JoinHandle<()>, 
     let name = backend.name();
     let (handle, thread) = dataplane::spawn(engine, backend)?;
     Ok((handle, thread, name, 0))
+}
+
+/// The running kernel's release when its module index lists wic_shim (installed, by DKMS or
+/// by hand, for this kernel).
+fn shim_installed_for_running_kernel() -> Option<String> {
+    let kernel = nix::sys::utsname::uname().ok()?.release().to_string_lossy().into_owned();
+    let index = std::fs::read_to_string(Path::new("/lib/modules").join(&kernel).join("modules.dep")).ok()?;
+    index_lists_shim(&index).then_some(kernel)
+}
+
+/// Whether a modules.dep lists wic_shim.ko (compressed or not).
+fn index_lists_shim(modules_dep: &str) -> bool {
+    modules_dep.lines().filter_map(|line| line.split(':').next()).any(|path| {
+        let name = path.rsplit('/').next().unwrap_or(path);
+        name == "wic_shim.ko" || name.starts_with("wic_shim.ko.")
+    })
 }
 
 /// A socket path this process bound, removed again on exit.
@@ -333,6 +359,21 @@ async fn feed_watchdog(handle: DataplaneHandle, every: Duration) {
             systemd::notify("WATCHDOG=1");
         } else {
             tracing::error!("fast path did not answer within {every:?}; withholding the watchdog");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::index_lists_shim;
+
+    #[test]
+    fn the_module_index_says_whether_wic_shim_is_installed() {
+        let nvidia_only = "kernel/nvidia/nvidia-uvm.ko: kernel/nvidia/nvidia.ko\nkernel/nvidia/nvidia.ko:\n";
+        assert!(!index_lists_shim(nvidia_only));
+        assert!(!index_lists_shim("updates/dkms/wic_shim_other.ko:\nextra/not_wic_shim.ko:\n"));
+        for listed in ["updates/dkms/wic_shim.ko: updates/dkms/nvidia-uvm-wic.ko", "updates/dkms/wic_shim.ko.xz:"] {
+            assert!(index_lists_shim(&format!("{nvidia_only}{listed}\n")), "{listed}");
         }
     }
 }

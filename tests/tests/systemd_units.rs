@@ -183,7 +183,11 @@ fn assert_directives(unit_name: &str, section_name: &str, expected: &[(&str, &st
 
 #[test]
 fn units_carry_the_daemon_contract() {
-    assert_directives("wicd.service", "Unit", &[("Requires", "wicd.socket"), ("After", "wicd.socket")]);
+    assert_directives(
+        "wicd.service",
+        "Unit",
+        &[("Requires", "wicd.socket"), ("After", "wicd.socket"), ("After", "systemd-modules-load.service")],
+    );
     assert_directives(
         "wicd.service",
         "Service",
