@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install wic: wicd, wicctl, libwic and the systemd/udev integration files.
+# Install wic: wicd, wicctl, libwic (wic.h, and wic.cuh for CUDA code) and the systemd/udev
+# integration files.
 #
 # Usage: deploy/install.sh [BUILD_DIR]
 #   BUILD_DIR  directory holding wicd, wicctl, libwic.so, libwic.a
@@ -81,6 +82,8 @@ if [[ -f $repo_root/ffi/include/wic.h ]]; then
 else
     warn "ffi/include/wic.h not found, skipping"
 fi
+# The device library for CUDA code (#include <wic/wic.cuh>, which includes wic.h).
+install_file 0644 "$repo_root/device/include/wic/wic.cuh" "$INCLUDEDIR/wic/wic.cuh"
 if [[ -f $repo_root/ffi/wic.pc.in ]]; then
     printf '    generate %s from ffi/wic.pc.in (version %s)\n' "$DESTDIR$PKGCONFIGDIR/wic.pc" "$VERSION"
     mkdir -p "$DESTDIR$PKGCONFIGDIR"
