@@ -22,7 +22,9 @@
 #                 second, the GPU still running), and wicd killed during a held wait (only a wicd
 #                 this script started, or with --kill-wicd)
 #
-# Prints one table and exits 0 when nothing failed, 1 otherwise, 2 for bad arguments.
+# Prints one table and exits 0 only when every check passed: 1 when one failed, 3 when none
+# failed but one warned or was skipped (not a full pass: a shared GPU, one GPU where a case needs
+# two), 2 for bad arguments. A wicd it started is stopped however it ends, interrupted included.
 set -uo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -49,20 +51,30 @@ row() { rows+=("$1|$2|$3"); }
 work=$(mktemp -d "${TMPDIR:-/tmp}/wic-bringup.XXXXXX")
 own_wicd=
 
-finish() {
+stop_own_wicd() {
 	if [[ -n $own_wicd ]] && kill -0 "$own_wicd" 2>/dev/null; then
 		kill -TERM "$own_wicd" 2>/dev/null
 		wait "$own_wicd" 2>/dev/null
 	fi
+	own_wicd=
+}
+# Interrupted: the wicd started here must not stay holding /dev/wic.
+trap 'stop_own_wicd; rm -rf "$work"; exit 130' INT TERM
+
+finish() {
+	stop_own_wicd
 	printf '%-14s %-6s %s\n' CHECK RESULT DETAIL
-	local failed=0 r name result detail
+	local status=0 r name result detail
 	for r in "${rows[@]}"; do
 		IFS='|' read -r name result detail <<<"$r"
 		printf '%-14s %-6s %s\n' "$name" "$result" "$detail"
-		[[ $result != FAIL ]] || failed=1
+		case $result in
+		FAIL) status=1 ;;
+		WARN | SKIP) ((status == 1)) || status=3 ;;
+		esac
 	done
 	rm -rf "$work"
-	exit "$failed"
+	exit "$status"
 }
 
 # hook: the patched nvidia-uvm, or nothing else can run. nvidia-uvm loads with the first CUDA
@@ -80,6 +92,14 @@ if ! grep -qE '[[:space:]]uvm_wic_register($|[[:space:]])' /proc/kallsyms; then
 	finish
 fi
 row hook PASS "nvidia-uvm $uvm_version exports the wic hook"
+
+# versions: nvidia-uvm built from another release than the nvidia module it runs on.
+nvidia_version=$(cat /sys/module/nvidia/version 2>/dev/null)
+if [[ $uvm_version != "$nvidia_version" ]]; then
+	row versions FAIL "nvidia-uvm $uvm_version runs on nvidia ${nvidia_version:-(not loaded)}: rebuild wic for the installed driver (deploy/dkms/README.md)"
+	finish
+fi
+row versions PASS "nvidia and nvidia-uvm are both $uvm_version"
 
 # shim
 if [[ ! -d /sys/module/wic_shim || ! -c /dev/wic ]]; then
