@@ -58,8 +58,12 @@ stop_own_wicd() {
 	fi
 	own_wicd=
 }
-# Interrupted: the wicd started here must not stay holding /dev/wic.
-trap 'stop_own_wicd; rm -rf "$work"; exit 130' INT TERM
+# However the script ends (an error, a signal, a lost terminal), the wicd started here must not
+# stay holding /dev/wic.
+trap 'stop_own_wicd; rm -rf "$work"' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+trap 'exit 129' HUP
 
 finish() {
 	stop_own_wicd

@@ -136,11 +136,19 @@ fn start_fast_path(config: &Config) -> Result<(DataplaneHandle, JoinHandle<()>, 
 }
 
 /// The running kernel's release when its module index lists wic_shim (installed, by DKMS or
-/// by hand, for this kernel).
+/// by hand, for this kernel). An index that exists but cannot be read is said in the log: the
+/// check is then blind.
 fn shim_installed_for_running_kernel() -> Option<String> {
     let kernel = nix::sys::utsname::uname().ok()?.release().to_string_lossy().into_owned();
-    let index = std::fs::read_to_string(Path::new("/lib/modules").join(&kernel).join("modules.dep")).ok()?;
-    index_lists_shim(&index).then_some(kernel)
+    let path = Path::new("/lib/modules").join(&kernel).join("modules.dep");
+    match std::fs::read_to_string(&path) {
+        Ok(index) => index_lists_shim(&index).then_some(kernel),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => {
+            tracing::warn!("cannot read {}: {e}; cannot tell whether wic_shim is installed", path.display());
+            None
+        }
+    }
 }
 
 /// Whether a modules.dep lists wic_shim.ko (compressed or not).

@@ -19,8 +19,11 @@ use wic_tests::{scratch, workspace};
 
 const NVIDIA: &str = "550.163.01";
 const OLD_NVIDIA: &str = "550.144.03";
-/// A distribution's rule for nvidia-uvm, as Debian redirects it to its own file name.
-const DEBIAN_RULE: &str = "install nvidia-uvm /sbin/modprobe nvidia-current-open-uvm $CMDLINE_OPTS\n";
+/// Debian's rule for nvidia-uvm (nvidia-kernel-support), which redirects it to its own file name.
+const DEBIAN_RULE: &str = "install nvidia-uvm modprobe nvidia ; modprobe -i nvidia-current-open-uvm $CMDLINE_OPTS\n";
+/// A soft dependency some distributions declare, which makes modprobe run nvidia-uvm's install
+/// rule again while wic's module loads nvidia.
+const SOFTDEP: &str = "softdep nvidia post: nvidia-uvm\n";
 
 fn kernel_with_headers() -> Option<String> {
     let mut kernels: Vec<String> = std::fs::read_dir("/lib/modules")
@@ -103,12 +106,15 @@ impl Tree {
         text(&out)
     }
 
-    /// What wic-modprobe would run for `module`, and whether it would.
+    /// What wic-modprobe would run for `module`, and whether it would, in the environment
+    /// nvidia-modprobe gives modprobe (CUDA's way of loading nvidia-uvm): PATH=/sbin alone.
     fn wic_modprobe(&self, module: &str) -> (bool, String) {
-        let out = run(Command::new("sh")
+        let out = run(Command::new("/bin/sh")
             .arg(workspace().join("deploy/modprobe/wic-modprobe"))
             .arg(module)
             .arg("opt=1")
+            .env_clear()
+            .env("PATH", "/sbin")
             .env("WIC_MODULES_ROOT", &self.root)
             .env("WIC_KERNEL", &self.kver)
             .env("WIC_MODPROBE_DRY_RUN", "1"));
@@ -149,7 +155,6 @@ fn the_rule_loads_wics_nvidia_uvm_only_when_built_for_the_installed_driver() {
     let nvidia_uvm = modules.join("kernel/nvidia/nvidia-uvm.ko");
     std::fs::copy(stock.join("nvidia.ko"), modules.join("kernel/nvidia/nvidia.ko")).unwrap();
     std::fs::copy(stock.join("nvidia-uvm.ko"), &nvidia_uvm).unwrap();
-    let nvidias_bytes = std::fs::read(&nvidia_uvm).unwrap();
     let wic_uvm = modules.join("updates/dkms/nvidia-uvm-wic.ko");
     std::fs::copy(hooked.join("nvidia-uvm.ko"), &wic_uvm).unwrap();
     std::fs::copy(hooked.join("wic_shim.ko"), modules.join("updates/dkms/wic_shim.ko")).unwrap();
@@ -190,7 +195,7 @@ fn the_rule_loads_wics_nvidia_uvm_only_when_built_for_the_installed_driver() {
     tree.depmod();
     let (ok, chosen) = tree.wic_modprobe("nvidia_uvm");
     assert!(
-        ok && chosen.contains("/sbin/modprobe nvidia-current-open-uvm opt=1"),
+        ok && chosen.contains("modprobe nvidia ; modprobe -i nvidia-current-open-uvm  'opt=1'"),
         "a stale build, Debian's rule: {chosen}"
     );
     assert!(chosen.contains(&format!("built for NVIDIA {OLD_NVIDIA}, the nvidia module is {NVIDIA}")), "{chosen}");
@@ -199,6 +204,17 @@ fn the_rule_loads_wics_nvidia_uvm_only_when_built_for_the_installed_driver() {
     std::fs::remove_file(tree.root.join("etc/modprobe.d/nvidia.conf")).unwrap();
     let (ok, chosen) = tree.wic_modprobe("nvidia-uvm");
     assert!(ok && chosen.contains("--ignore-install nvidia-uvm opt=1"), "a stale build, no other rule: {chosen}");
+
+    // The running kernel found under PATH=/sbin too (uname is not in /sbin).
+    let release = text(&run(Command::new("uname").arg("-r")));
+    let out = run(Command::new("/bin/sh")
+        .arg(&script)
+        .arg("nvidia_uvm")
+        .env_clear()
+        .env("PATH", "/sbin")
+        .env("WIC_MODULES_ROOT", &tree.root)
+        .env("WIC_MODPROBE_DRY_RUN", "1"));
+    assert!(text(&out).contains(&format!("-S {}", release.trim())), "under PATH=/sbin: {}", text(&out));
 
     // No wic build for this kernel: NVIDIA's own.
     std::fs::remove_file(&wic_uvm).unwrap();
@@ -209,9 +225,24 @@ fn the_rule_loads_wics_nvidia_uvm_only_when_built_for_the_installed_driver() {
         "{chosen}"
     );
 
-    // Rolled back: the rule removed, NVIDIA's file again, unchanged all along.
+    // A soft dependency brings nvidia-uvm's rule back while wic's module loads nvidia: the
+    // inner call, which finds the outer one's mark, must do nothing (or it would recurse).
+    std::fs::copy(hooked.join("nvidia-uvm.ko"), &wic_uvm).unwrap();
+    tree.depmod();
+    std::fs::write(tree.root.join("etc/modprobe.d/nvidia-softdep.conf"), SOFTDEP).unwrap();
+    let plan = text(&tree.modprobe(&["-n", "-v", "--ignore-install", "nvidia-uvm-wic"]));
+    assert!(plan.contains(&format!("install {} nvidia_uvm", script.display())), "no re-entry to guard against: {plan}");
+    let inner = run(Command::new("/bin/sh")
+        .arg(&script)
+        .arg("nvidia_uvm")
+        .env("WIC_MODPROBE_ACTIVE", "1")
+        .env("WIC_MODULES_ROOT", &tree.root)
+        .env("WIC_KERNEL", &tree.kver)
+        .env("WIC_MODPROBE_DRY_RUN", "1"));
+    assert!(inner.status.success() && text(&inner).is_empty(), "the re-entered rule did something: {}", text(&inner));
+
+    // Rolled back: the rule removed, NVIDIA's file again.
     std::fs::remove_file(tree.root.join("etc/modprobe.d/00-wic.conf")).unwrap();
     assert!(tree.dry_run("nvidia-uvm").contains("kernel/nvidia/nvidia-uvm.ko"));
-    assert_eq!(std::fs::read(&nvidia_uvm).unwrap(), nvidias_bytes, "NVIDIA's nvidia-uvm.ko changed");
-    assert!(tree.modules.join("kernel/nvidia/nvidia.ko").is_file());
+    assert!(tree.modules.join("kernel/nvidia/nvidia.ko").is_file() && nvidia_uvm.is_file());
 }

@@ -205,7 +205,7 @@ fn units_carry_the_daemon_contract() {
             ("DeviceAllow", "/dev/nvidia-uvm-tools rw"),
             // What NVML opens for the GPU-sharing check (deploy/wicd.service says where measured).
             ("DeviceAllow", "char-nvidia rw"),
-            ("DeviceAllow", "/dev/nvidia-uvm rw"),
+            ("DeviceAllow", "char-nvidia-uvm rw"),
             ("DeviceAllow", "char-nvidia-caps r"),
             ("CapabilityBoundingSet", "CAP_IPC_LOCK"),
             ("AmbientCapabilities", "CAP_IPC_LOCK"),
