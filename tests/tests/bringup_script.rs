@@ -11,7 +11,8 @@ fn without_the_patched_driver_bringup_fails_at_the_hook_check() {
     // Only where no NVIDIA driver is installed (as on CI): elsewhere the script would load
     // nvidia-uvm (nvidia-modprobe), and on a machine with wic it would go on to the GPU cases.
     let driver = std::path::Path::new("/sys/module/nvidia").exists()
-        || std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()).any(|d| d.join("nvidia-modprobe").is_file());
+        || std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+            .any(|d| d.join("nvidia-modprobe").is_file());
     if driver {
         println!("SKIPPED: an NVIDIA driver is installed here; this test is for machines without one");
         return;
