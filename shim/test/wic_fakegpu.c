@@ -1194,46 +1194,56 @@ static long wic_hw_switch(u32 gpu_id, u32 timeout_ms, u64 *waited_ns)
 	return killed;
 }
 
+/* Reads and checks a struct wic_fakegpu_preempt (WIC_FAKEGPU_IOC_PREEMPT, _EXIT). */
+static long wic_preempt_args(struct wic_fakegpu_preempt __user *uarg,
+			     struct wic_fakegpu_preempt *args)
+{
+	if (copy_from_user(args, uarg, sizeof(*args)))
+		return -EFAULT;
+	if (!wic_gpu_valid(args->gpu_id))
+		return -ENODEV;
+	if (args->reserved || !args->timeout_ms || args->timeout_ms > WIC_FAKEGPU_MAX_SWITCH_MS)
+		return -EINVAL;
+	return 0;
+}
+
+/* The switch of @args's GPU (wic_hw_switch()), its outcome written back to @uarg. */
+static long wic_preempt_switch(struct wic_fakegpu_preempt __user *uarg,
+			       struct wic_fakegpu_preempt *args)
+{
+	long killed = wic_hw_switch(args->gpu_id, args->timeout_ms, &args->waited_ns);
+
+	if (killed < 0)
+		return killed;
+	args->killed = killed;
+	return copy_to_user(uarg, args, sizeof(*args)) ? -EFAULT : 0;
+}
+
 static long wic_ioctl_preempt(struct wic_fakegpu_preempt __user *uarg)
 {
 	struct wic_fakegpu_preempt args;
-	long killed;
+	long ret = wic_preempt_args(uarg, &args);
 
-	if (copy_from_user(&args, uarg, sizeof(args)))
-		return -EFAULT;
-	if (!wic_gpu_valid(args.gpu_id))
-		return -ENODEV;
-	if (args.reserved || !args.timeout_ms || args.timeout_ms > WIC_FAKEGPU_MAX_SWITCH_MS)
-		return -EINVAL;
-	killed = wic_hw_switch(args.gpu_id, args.timeout_ms, &args.waited_ns);
-	if (killed < 0)
-		return killed;
-	args.killed = killed;
-	return copy_to_user(uarg, &args, sizeof(args)) ? -EFAULT : 0;
+	return ret ?: wic_preempt_switch(uarg, &args);
 }
 
 /*
  * The space's process goes away, as uvm_va_space_mm_shutdown() handles it: the hook's
  * uvm_wic_space_shutdown() (the shim's space_shutdown callback, then a replay of every GPU
  * when it may have held faults of the space, and the bottom half of the faults coming back),
- * then the space's channels stop, which waits as
- * a context switch does (wic_hw_switch()) on @gpu_id; from then on the helpers refuse the
- * space (ESRCH).
+ * then the space's channels stop, which waits as a context switch does (wic_hw_switch()) on
+ * @gpu_id; from then on the helpers refuse the space (ESRCH).
  */
 static long wic_ioctl_exit(struct uvm_wic_space *space, struct wic_fakegpu_preempt __user *uarg)
 {
 	const struct uvm_wic_ops *ops;
 	struct wic_fakegpu_preempt args;
+	long ret = wic_preempt_args(uarg, &args);
 	bool held = false;
-	long killed;
 	u32 gpu_id;
 
-	if (copy_from_user(&args, uarg, sizeof(args)))
-		return -EFAULT;
-	if (!wic_gpu_valid(args.gpu_id))
-		return -ENODEV;
-	if (args.reserved || !args.timeout_ms || args.timeout_ms > WIC_FAKEGPU_MAX_SWITCH_MS)
-		return -EINVAL;
+	if (ret)
+		return ret;
 	rcu_read_lock();
 	ops = rcu_dereference(wic_ops);
 	if (ops && ops->space_shutdown)
@@ -1252,12 +1262,11 @@ static long wic_ioctl_exit(struct uvm_wic_space *space, struct wic_fakegpu_preem
 		}
 		mutex_unlock(&wic_hw_lock);
 	}
-	killed = wic_hw_switch(args.gpu_id, args.timeout_ms, &args.waited_ns);
-	if (killed < 0)
-		return killed;
-	args.killed = killed;
-	WRITE_ONCE(space->exited, true);
-	return copy_to_user(uarg, &args, sizeof(args)) ? -EFAULT : 0;
+	ret = wic_preempt_switch(uarg, &args);
+	/* Stopped, unless interrupted: the channel's reset or switch happened. */
+	if (ret != -EINTR)
+		WRITE_ONCE(space->exited, true);
+	return ret;
 }
 
 /*

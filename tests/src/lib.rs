@@ -47,6 +47,21 @@ pub fn binary(name: &str) -> PathBuf {
     path
 }
 
+/// The newest kernel release with headers installed (`/lib/modules/<release>/build`), compared
+/// by its numbers.
+pub fn kernel_with_headers() -> Option<String> {
+    let mut kernels: Vec<String> = std::fs::read_dir("/lib/modules")
+        .ok()?
+        .filter_map(|d| d.ok())
+        .filter(|d| d.path().join("build").is_dir())
+        .filter_map(|d| d.file_name().into_string().ok())
+        .collect();
+    kernels.sort_by_key(|k| {
+        k.split(|c: char| !c.is_ascii_digit()).filter_map(|n| n.parse::<u64>().ok()).collect::<Vec<_>>()
+    });
+    kernels.pop()
+}
+
 /// A scratch directory unique to this test process and `name`, emptied first.
 pub fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("wic-test-{}-{name}", std::process::id()));

@@ -15,7 +15,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use wic_tests::{scratch, workspace};
+use wic_tests::{kernel_with_headers, scratch, workspace};
 
 const NVIDIA: &str = "550.163.01";
 const OLD_NVIDIA: &str = "550.144.03";
@@ -24,17 +24,6 @@ const DEBIAN_RULE: &str = "install nvidia-uvm modprobe nvidia ; modprobe -i nvid
 /// A soft dependency some distributions declare, which makes modprobe run nvidia-uvm's install
 /// rule again while wic's module loads nvidia.
 const SOFTDEP: &str = "softdep nvidia post: nvidia-uvm\n";
-
-fn kernel_with_headers() -> Option<String> {
-    let mut kernels: Vec<String> = std::fs::read_dir("/lib/modules")
-        .ok()?
-        .filter_map(|d| d.ok())
-        .filter(|d| d.path().join("build").is_dir())
-        .filter_map(|d| d.file_name().into_string().ok())
-        .collect();
-    kernels.sort();
-    kernels.pop()
-}
 
 fn text(out: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))

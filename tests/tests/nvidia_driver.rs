@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Mutex;
 
-use wic_tests::{scratch, target_dir, workspace};
+use wic_tests::{kernel_with_headers, scratch, target_dir, workspace};
 
 /// Debian's tarball of the kernel-open tree, inside the unpacked package.
 const TARBALL: &str = "nvidia-open-kernel-source/usr/src/nvidia-open-kernel.tar.xz";
@@ -192,20 +192,6 @@ impl Drop for Installed {
             let _ = std::fs::remove_dir_all(nvidia);
         }
     }
-}
-
-/// The newest kernel with headers installed.
-fn kernel_with_headers() -> Option<String> {
-    let mut kernels: Vec<String> = std::fs::read_dir("/lib/modules")
-        .ok()?
-        .filter_map(|d| d.ok())
-        .filter(|d| d.path().join("build").is_dir())
-        .filter_map(|d| d.file_name().into_string().ok())
-        .collect();
-    kernels.sort_by_key(|k| {
-        k.split(|c: char| !c.is_ascii_digit()).filter_map(|n| n.parse::<u64>().ok()).collect::<Vec<_>>()
-    });
-    kernels.pop()
 }
 
 /// The first compiler error of a build log, when it is in NVIDIA's own nvidia.ko sources and

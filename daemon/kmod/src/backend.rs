@@ -364,6 +364,21 @@ mod tests {
     use wic_engine::fault::AccessType;
     use wic_engine::{ChannelSpec, Engine, EngineConfig, FaultEntry, Producer};
 
+    /// The ring's `seq`-th record: a read fault at `va` on `gpu_id`, in range 1 of space 1.
+    fn read_fault(seq: usize, gpu_id: u32, va: u64) -> Record {
+        Record {
+            seq: seq as u64,
+            space_id: 1,
+            gpu_id,
+            range_id: 1,
+            pat: false,
+            expired: false,
+            unsupported_gpu: false,
+            held_ns: 0,
+            entry: FaultEntry::replayable_gpc(va, AccessType::Read, 0, 0x1000, 0, 0).encode(),
+        }
+    }
+
     #[test]
     fn records_reach_the_engine_gpu_by_gpu_in_ring_order() {
         let mut engine = Engine::new(EngineConfig::default()).unwrap();
@@ -396,21 +411,7 @@ mod tests {
         for (seq, &(gpu, slot)) in order.iter().enumerate() {
             let (layout, placement) = &placed[gpu];
             let va = placement.process_va(layout.slots[slot].runs[0]).unwrap();
-            let entry = FaultEntry::replayable_gpc(va, AccessType::Read, 0, 0x1000, 0, 0).encode();
-            memory.write(
-                seq as u64,
-                &Record {
-                    seq: seq as u64,
-                    space_id: 1,
-                    gpu_id: gpu as u32,
-                    range_id: 1,
-                    pat: false,
-                    expired: false,
-                    unsupported_gpu: false,
-                    held_ns: 0,
-                    entry,
-                },
-            );
+            memory.write(seq as u64, &read_fault(seq, gpu as u32, va));
         }
         memory.publish(order.len() as u64);
         out.clear();
@@ -443,19 +444,7 @@ mod tests {
         // Two pages of the channel read on an unsupported GPU, then a held fault.
         for (seq, (&run, unsupported_gpu)) in runs.iter().zip([true, true, false]).enumerate() {
             let va = placement.process_va(run).unwrap();
-            let entry = FaultEntry::replayable_gpc(va, AccessType::Read, 0, 0x1000, 0, 0).encode();
-            let record = Record {
-                seq: seq as u64,
-                space_id: 1,
-                gpu_id: 0,
-                range_id: 1,
-                pat: false,
-                expired: false,
-                unsupported_gpu,
-                held_ns: 0,
-                entry,
-            };
-            memory.write(seq as u64, &record);
+            memory.write(seq as u64, &Record { unsupported_gpu, ..read_fault(seq, 0, va) });
         }
         memory.publish(runs.len() as u64);
         let mut out = Vec::new();
@@ -482,21 +471,7 @@ mod tests {
         // SAFETY: `memory` owns the ring's bytes, is not moved, and outlives the reader.
         let mut ring = unsafe { FaultRing::new(memory.base(), memory.bytes()) }.unwrap();
         for (seq, &(va, expired)) in records.iter().enumerate() {
-            let entry = FaultEntry::replayable_gpc(va, AccessType::Read, 0, 0x1000, 0, 0).encode();
-            memory.write(
-                seq as u64,
-                &Record {
-                    seq: seq as u64,
-                    space_id: 1,
-                    gpu_id: 0,
-                    range_id: 1,
-                    pat: false,
-                    expired,
-                    unsupported_gpu: false,
-                    held_ns: 0,
-                    entry,
-                },
-            );
+            memory.write(seq as u64, &Record { expired, ..read_fault(seq, 0, va) });
         }
         memory.publish(records.len() as u64);
         let mut out = Vec::new();
@@ -531,21 +506,7 @@ mod tests {
         // SAFETY: `memory` owns the ring's bytes, is not moved, and outlives the reader.
         let mut ring = unsafe { FaultRing::new(memory.base(), memory.bytes()) }.unwrap();
         for (seq, &(gpu_id, space_id, va)) in records.iter().enumerate() {
-            let entry = FaultEntry::replayable_gpc(va, AccessType::Read, 0, 0x1000, 0, 0).encode();
-            memory.write(
-                seq as u64,
-                &Record {
-                    seq: seq as u64,
-                    space_id,
-                    gpu_id,
-                    range_id: 1,
-                    pat: false,
-                    expired: false,
-                    unsupported_gpu: false,
-                    held_ns: 0,
-                    entry,
-                },
-            );
+            memory.write(seq as u64, &Record { space_id, ..read_fault(seq, gpu_id, va) });
         }
         memory.publish(records.len() as u64);
         out.clear();

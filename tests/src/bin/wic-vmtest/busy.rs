@@ -10,11 +10,10 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use io_uring::{opcode, types, IoUring};
-use wic_kmod::device::raw::ioc_submit;
 use wic_kmod::fakegpu::{self, Fail};
-use wic_proto::kabi::{self, WicCommand, WicSubmit};
+use wic_proto::kabi::{self, WicCommand};
 
-use crate::rig::{ensure, wait_events, Direct, GPU};
+use crate::rig::{ensure, submit_on, wait_events, Direct, GPU};
 
 const PAGE: u64 = 4096;
 /// How long the stalled batch holds the session: what a blocking submission would wait.
@@ -42,15 +41,7 @@ pub fn run() -> Result<(), String> {
     let mut ring = IoUring::new(4).map_err(|e| format!("io_uring setup: {e}"))?;
     let (entered, completion, stalled) = std::thread::scope(|scope| {
         let commands = &mut batch;
-        let holder = scope.spawn(move || {
-            let mut arg = WicSubmit {
-                commands: commands.as_mut_ptr() as u64,
-                count: commands.len() as u32,
-                ..WicSubmit::default()
-            };
-            // SAFETY: checked ABI; `commands` outlives the call, the session the scope.
-            unsafe { ioc_submit(fd, &mut arg) }
-        });
+        let holder = scope.spawn(move || submit_on(fd, commands));
         let stalled = wait_events(&fake, PROMPT * 4, |seen| seen.iter().any(|e| e.kind == fakegpu::EVENT_STALLED))
             .map(drop)
             .map_err(|_| "the batch's write never stalled".to_string());

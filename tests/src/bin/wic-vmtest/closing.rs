@@ -22,7 +22,7 @@ use wic_kmod::fakegpu::{self, Event, Fail, FakeGpu};
 use wic_kmod::{Device, DeviceError};
 use wic_proto::kabi::{self, WicCommand, WIC_MARKER_CHANNEL_CLOSED};
 
-use crate::rig::{ensure, fault, wait_events, Memory, DEVICE, GPU};
+use crate::rig::{ensure, fault, marker, wait_events, Memory, DEVICE, GPU};
 
 const PAGE: u64 = 4096;
 /// Pages of each range the steps register.
@@ -357,11 +357,6 @@ impl Step<'_> {
 
 fn is_map(e: &Event) -> bool {
     e.kind == fakegpu::EVENT_MAP || e.kind == fakegpu::EVENT_MAP_WRITABLE
-}
-
-/// The first word of the page at `va`.
-fn marker(memory: &Memory, va: u64) -> u64 {
-    u64::from_le_bytes(memory.read(va, 8).try_into().expect("8 bytes"))
 }
 
 fn expect_errno(what: &str, got: Result<(), DeviceError>, want: Errno) -> Result<(), String> {

@@ -18,7 +18,7 @@ use wic_kmod::Submission;
 use wic_proto::kabi::WIC_MARKER_DAEMON_GONE;
 
 use crate::deliver::deliver_one;
-use crate::rig::{ensure, fault, host_spec, wait_events, Daemon, Memory, GPU};
+use crate::rig::{ensure, fault, host_spec, marker, wait_events, Daemon, Memory, GPU};
 
 /// The argument that makes this binary the daemon to be killed.
 pub const HOLDER_ARG: &str = "--hold-as-daemon";
@@ -85,7 +85,7 @@ pub fn run() -> Result<(), String> {
         ensure(events.iter().any(|e| e.kind == fakegpu::EVENT_MAP && e.va == *va), || {
             format!("page {va:#x} never mapped")
         })?;
-        let word = u64::from_le_bytes(memory.read(*va, 8).try_into().unwrap());
+        let word = marker(&memory, *va);
         ensure(word == WIC_MARKER_DAEMON_GONE, || format!("page {va:#x} holds {word:#x}, not the daemon-gone marker"))?;
     }
     // The markers, then the maps, went to nvidia-uvm in calls of up to SWEEP_BATCH pages each.
@@ -137,7 +137,7 @@ fn held_faults_stay_held_until_their_marker(fake: &FakeGpu, memory: &mut Memory)
     })
     .map_err(|_| "the held faults were not all completed after the stall".to_string())?;
     ensure(!events.iter().any(|e| e.kind == fakegpu::EVENT_SERVICED), || "a held fault was serviced".into())?;
-    let word = u64::from_le_bytes(memory.read(again, 8).try_into().unwrap());
+    let word = marker(memory, again);
     ensure(word == WIC_MARKER_DAEMON_GONE, || format!("page {again:#x} holds {word:#x}, not the daemon-gone marker"))?;
     println!("daemon-death: a held fault coming back during the release stayed held until its marker");
     Ok(())

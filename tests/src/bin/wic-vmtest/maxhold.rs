@@ -11,12 +11,11 @@ use std::time::{Duration, Instant};
 
 use wic_engine::fault::AccessType;
 use wic_engine::{FaultEntry, VaWidth};
-use wic_kmod::device::raw::ioc_submit;
 use wic_kmod::fakegpu::{self, Event, Fail, FakeGpu};
 use wic_kmod::Device;
-use wic_proto::kabi::{self, WicCommand, WicSubmit, WIC_MARKER_TIMEOUT};
+use wic_proto::kabi::{self, WicCommand, WIC_MARKER_TIMEOUT};
 
-use crate::rig::{ensure, fault, wait_events, Direct, Memory, GPU};
+use crate::rig::{ensure, fault, marker, submit_on, wait_events, Direct, Memory, GPU};
 
 const PARAM: &str = wic_kmod::device::MAX_HOLD_MS_PARAM;
 const PAGE: u64 = 4096;
@@ -131,7 +130,7 @@ fn a_late_completion_of_an_expired_page_is_refused_once(
     ensure(late[0].result == -libc::ESTALE, || {
         format!("a completion of the page the expiry completed got {}, not ESTALE", late[0].result)
     })?;
-    let word = u64::from_le_bytes(memory.read(va, 8).try_into().expect("8 bytes"));
+    let word = marker(memory, va);
     ensure(word == WIC_MARKER_TIMEOUT, || format!("the late completion wrote {word:#x} over the timeout marker"))?;
     let mut next = [complete(va + PAGE, va), complete(va, va + PAGE)];
     device.submit(&mut next).map_err(|e| format!("complete: {e}"))?;
@@ -182,7 +181,7 @@ fn a_whole_run_expires_as_wicd_would_end_it(
     })?;
     set(0)?;
     for page in [run, va] {
-        let word = u64::from_le_bytes(memory.read(page, 8).try_into().expect("8 bytes"));
+        let word = marker(memory, page);
         ensure(word == WIC_MARKER_TIMEOUT, || {
             format!("page {page:#x} of the run holds {word:#x}, not the timeout marker: {events:?}")
         })?;
@@ -212,7 +211,7 @@ fn a_whole_run_expires_as_wicd_would_end_it(
     ensure(stale[0].result == -libc::ESTALE, || {
         format!("a completion of the expired generation got {}, not ESTALE", stale[0].result)
     })?;
-    let word = u64::from_le_bytes(memory.read(run, 8).try_into().expect("8 bytes"));
+    let word = marker(memory, run);
     ensure(word == WIC_MARKER_TIMEOUT, || format!("the late completion wrote {word:#x} into the expired run"))?;
     let mut records = Vec::new();
     device.ring().read(&mut records, 16);
@@ -495,15 +494,7 @@ fn a_long_batch_lets_the_expiry_in(device: &mut Device) -> Result<(), String> {
     let fd = device.fd().as_raw_fd();
     let (expired, submitted) = std::thread::scope(|scope| {
         let commands = &mut batch;
-        let submit = scope.spawn(move || {
-            let mut arg = WicSubmit {
-                commands: commands.as_mut_ptr() as u64,
-                count: commands.len() as u32,
-                ..WicSubmit::default()
-            };
-            // SAFETY: checked ABI; `commands` outlives the call, the session the scope.
-            unsafe { ioc_submit(fd, &mut arg) }
-        });
+        let submit = scope.spawn(move || submit_on(fd, commands));
         let expired = wait_events(&first, SLACK * 4, |seen| seen.iter().any(|e| e.kind == fakegpu::EVENT_STALLED))
             .map_err(|_| "the batch's first write never stalled".to_string())
             .and_then(|_| {
@@ -565,7 +556,7 @@ fn check_page(fake: &FakeGpu, memory: &Memory, events: &[Event], va: u64) -> Res
     ensure(completed(events, va).is_some(), || {
         format!("page {va:#x} not written with the timeout marker, mapped and replayed: {events:?}")
     })?;
-    let word = u64::from_le_bytes(memory.read(va, 8).try_into().expect("8 bytes"));
+    let word = marker(memory, va);
     ensure(word == WIC_MARKER_TIMEOUT, || format!("page {va:#x} holds {word:#x}, not the timeout marker"))?;
     let state = fake.page_state(GPU, va).map_err(|e| format!("page state: {e}"))?;
     ensure(state & fakegpu::PAGE_MAPPED != 0, || format!("page {va:#x} is not mapped on the GPU"))

@@ -11,11 +11,9 @@
 
 use std::time::{Duration, Instant};
 
-use wic_engine::fault::AccessType;
-use wic_kmod::fakegpu::{self, FakeGpu};
-use wic_kmod::Device;
+use wic_kmod::fakegpu;
 
-use crate::rig::{ensure, fault, Direct, GPU};
+use crate::rig::{ensure, stall_held, Direct, GPU};
 
 const PARAM: &str = wic_kmod::device::MAX_HOLD_MS_PARAM;
 const PAGE: u64 = 4096;
@@ -108,15 +106,4 @@ fn exiting() -> Result<(), String> {
     })?;
     println!("preemption: an exiting process's channel stopped {waited:?} after its exit began, a fault of it held");
     Ok(())
-}
-
-/// A warp of `GPU` stalls on `va`, a wic page, and the bottom half holds its fault; its record
-/// is read and left alone (the daemon never completes it).
-fn stall_held(fake: &FakeGpu, device: &mut Device, va: u64) -> Result<(), String> {
-    fake.warps(GPU, &[fault(va, AccessType::Read)]).map_err(|e| format!("warps: {e}"))?;
-    let run = fake.bottom_half(GPU).map_err(|e| format!("bottom half: {e}"))?;
-    ensure(run.stalled == 1 && run.replays == 0, || format!("the warp's fault was not held: {run:?}"))?;
-    let mut records = Vec::new();
-    device.ring().read(&mut records, 16);
-    ensure(records.len() == 1, || format!("{} records for one held fault", records.len()))
 }

@@ -225,6 +225,34 @@ pub fn wait_events(
     Ok(seen)
 }
 
+/// The first word of the page at `va`: a marker, or the data's first bytes.
+pub fn marker(memory: &Memory, va: u64) -> u64 {
+    u64::from_le_bytes(memory.read(va, 8).try_into().expect("8 bytes"))
+}
+
+/// A warp of `GPU` stalls on `va`, a wic page, and the bottom half holds its fault; its record
+/// is read and left alone (the daemon never completes it).
+pub fn stall_held(fake: &FakeGpu, device: &mut wic_kmod::Device, va: u64) -> Result<(), String> {
+    fake.warps(GPU, &[fault(va, AccessType::Read)]).map_err(|e| format!("warps: {e}"))?;
+    let run = fake.bottom_half(GPU).map_err(|e| format!("bottom half: {e}"))?;
+    ensure(run.stalled == 1 && run.replays == 0, || format!("the warp's fault was not held: {run:?}"))?;
+    let mut records = Vec::new();
+    device.ring().read(&mut records, 16);
+    ensure(records.len() == 1, || format!("{} records for one held fault", records.len()))
+}
+
+/// `WIC_IOC_SUBMIT` of `commands` on the session `fd`, for a thread that cannot borrow its
+/// `Device` (another holds it); the caller keeps the session open for the call.
+pub fn submit_on(fd: std::os::fd::RawFd, commands: &mut [wic_proto::kabi::WicCommand]) -> nix::Result<libc::c_int> {
+    let mut arg = wic_proto::kabi::WicSubmit {
+        commands: commands.as_mut_ptr() as u64,
+        count: commands.len() as u32,
+        ..Default::default()
+    };
+    // SAFETY: checked ABI; `commands` is valid for reads and writes for the call.
+    unsafe { wic_kmod::device::raw::ioc_submit(fd, &mut arg) }
+}
+
 /// Fails with `what` unless `cond`.
 pub fn ensure(cond: bool, what: impl FnOnce() -> String) -> Result<(), String> {
     if cond {

@@ -25,7 +25,7 @@ use wic_proto::kabi::{
 use wic_proto::message::{ChannelSpec, ErrorCode, Producer, Stats};
 
 use crate::death::BOUND;
-use crate::rig::{ensure, fault, wait_events, Memory, GPU};
+use crate::rig::{ensure, fault, marker, wait_events, Memory, GPU};
 
 const SOCKET: &str = "/run/wic/wicd.sock";
 const LOG: &str = "/tmp/wicd.log";
@@ -195,10 +195,6 @@ fn completed(fake: &FakeGpu, pages: &[u64], timeout: Duration) -> Result<Vec<fak
     })
 }
 
-fn word_at(memory: &Memory, va: u64) -> u64 {
-    u64::from_le_bytes(memory.read(va, 8).try_into().expect("8 bytes"))
-}
-
 pub fn run() -> Result<(), String> {
     let _ = std::fs::remove_file(LOG);
     let result = scenario();
@@ -260,7 +256,7 @@ fn scenario() -> Result<(), String> {
     fake.reset().map_err(|e| e.to_string())?;
     hold(&fake, &[short_runs[0]])?;
     completed(&fake, &[short_runs[0]], PATIENCE)?;
-    ensure(word_at(&memory, short_runs[0]) == WIC_MARKER_TIMEOUT, || "no timeout marker".into())?;
+    ensure(marker(&memory, short_runs[0]) == WIC_MARKER_TIMEOUT, || "no timeout marker".into())?;
 
     // A destroyed channel's pages are no longer held.
     short.close().map_err(|e| format!("destroy: {e}"))?;
@@ -315,7 +311,7 @@ fn scenario() -> Result<(), String> {
     fake.reset().map_err(|e| e.to_string())?;
     hold(&fake, &[silent_runs[0]])?;
     completed(&fake, &[silent_runs[0]], PATIENCE)?;
-    ensure(word_at(&memory, silent_runs[0]) == WIC_MARKER_TIMEOUT, || {
+    ensure(marker(&memory, silent_runs[0]) == WIC_MARKER_TIMEOUT, || {
         "no timeout marker for a GPU producer's channel".into()
     })?;
 
@@ -354,7 +350,7 @@ fn scenario() -> Result<(), String> {
     let took = killed.elapsed();
     ensure(took <= BOUND, || format!("held faults completed {took:?} after kill -9, bound {BOUND:?}"))?;
     for va in &pages {
-        ensure(word_at(&memory, *va) == WIC_MARKER_DAEMON_GONE, || {
+        ensure(marker(&memory, *va) == WIC_MARKER_DAEMON_GONE, || {
             format!("page {va:#x} lacks the daemon-gone marker")
         })?;
     }
@@ -373,7 +369,7 @@ fn scenario() -> Result<(), String> {
     held_by_wicd(unsafe { &*client }, 1)?;
     wicd.signal(Signal::SIGTERM)?;
     completed(&fake, &[run], PATIENCE)?;
-    ensure(word_at(&memory, run) == WIC_MARKER_DAEMON_STOPPING, || "no stopping marker after SIGTERM".into())?;
+    ensure(marker(&memory, run) == WIC_MARKER_DAEMON_STOPPING, || "no stopping marker after SIGTERM".into())?;
     let status = wicd.wait()?;
     ensure(status.success(), || format!("wicd exited with {status} after SIGTERM:\n{}", log_tail()))?;
     ensure(!PathBuf::from(SOCKET).exists(), || "wicd left its socket behind".into())?;
@@ -418,7 +414,7 @@ fn refused_unregister_asked_again(fake: &FakeGpu, memory: &mut Memory) -> Result
         })?;
         std::thread::sleep(Duration::from_millis(20));
     }
-    ensure(word_at(memory, runs[0]) == WIC_MARKER_CHANNEL_CLOSED, || {
+    ensure(marker(memory, runs[0]) == WIC_MARKER_CHANNEL_CLOSED, || {
         "the held fault did not get the closed marker".into()
     })?;
     drop(client);
@@ -522,8 +518,8 @@ fn pascal_registered_later_fails_the_channel() -> Result<(), String> {
     let (verdicts, _) = fake.inject(PASCAL, &[fault(runs[1], AccessType::Read)]).map_err(|e| e.to_string())?;
     ensure(verdicts == [fakegpu::VERDICT_PASS], || format!("the Pascal GPU's fault was {verdicts:?}"))?;
     completed(&fake, &[runs[0]], PATIENCE).map_err(|e| format!("the held fault was not completed: {e}"))?;
-    ensure(word_at(&memory, runs[0]) == WIC_MARKER_CHANNEL_CLOSED, || {
-        format!("the held fault got {:#x}, not the closed marker:\n{}", word_at(&memory, runs[0]), log_tail())
+    ensure(marker(&memory, runs[0]) == WIC_MARKER_CHANNEL_CLOSED, || {
+        format!("the held fault got {:#x}, not the closed marker:\n{}", marker(&memory, runs[0]), log_tail())
     })?;
     // The producer learns it when it waits for the delivery of what it publishes.
     channel.publish_copy(1, &[1; 8]).map_err(|e| format!("publish: {e}"))?;

@@ -15,12 +15,10 @@
 
 use std::time::{Duration, Instant};
 
-use wic_engine::fault::AccessType;
 use wic_kmod::fakegpu::{self, FakeGpu};
-use wic_kmod::Device;
 use wic_proto::kabi::WIC_MARKER_TIMEOUT;
 
-use crate::rig::{ensure, fault, wait_events, Direct, Memory, GPU};
+use crate::rig::{ensure, marker, stall_held, wait_events, Direct, GPU};
 
 const MAX_HOLD: &str = wic_kmod::device::MAX_HOLD_MS_PARAM;
 const SUSPENDING: &str = "/sys/module/wic_shim/parameters/suspending";
@@ -108,25 +106,10 @@ fn steps() -> Result<(), String> {
     Ok(())
 }
 
-/// A warp of `GPU` stalls on `va`, a wic page, and the bottom half holds its fault; its record
-/// is read and left alone (the daemon never completes it).
-fn stall_held(fake: &FakeGpu, device: &mut Device, va: u64) -> Result<(), String> {
-    fake.warps(GPU, &[fault(va, AccessType::Read)]).map_err(|e| format!("warps: {e}"))?;
-    let run = fake.bottom_half(GPU).map_err(|e| format!("bottom half: {e}"))?;
-    ensure(run.stalled == 1 && run.replays == 0, || format!("the warp's fault was not held: {run:?}"))?;
-    let mut records = Vec::new();
-    device.ring().read(&mut records, 16);
-    ensure(records.len() == 1, || format!("{} records for one held fault", records.len()))
-}
-
 fn resumed_within(fake: &FakeGpu, va: u64, limit: Duration, what: &str) -> Result<(), String> {
     wait_events(fake, limit, |seen| seen.iter().any(|e| e.kind == fakegpu::EVENT_RESUMED && e.va == va))
         .map(drop)
         .map_err(|e| format!("{what} was not completed within {limit:?}: {e}"))
-}
-
-fn marker(memory: &Memory, va: u64) -> u64 {
-    u64::from_le_bytes(memory.read(va, 8).try_into().expect("8 bytes"))
 }
 
 fn write(path: &str, value: &str) -> Result<(), String> {
