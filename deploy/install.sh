@@ -68,15 +68,26 @@ for bin in wicd wicctl; do
 done
 
 say "installing libwic"
-for lib in libwic.so libwic.a; do
-    if [[ -f $build_dir/$lib ]]; then
-        mode=0644
-        [[ $lib == *.so ]] && mode=0755
-        install_file "$mode" "$build_dir/$lib" "$LIBDIR/$lib"
-    else
-        warn "$build_dir/$lib not found, skipping"
-    fi
-done
+# The shared library under its full version, the SONAME the dynamic loader asks for (libwic.so.0.1
+# for 0.1.x, ffi/libwic/build.rs) and libwic.so for the linker, both links to it.
+if [[ -f $build_dir/libwic.so ]]; then
+    have readelf || die "readelf (binutils) is needed to read libwic.so's SONAME"
+    soname=$(readelf -d "$build_dir/libwic.so" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
+    [[ $soname == libwic.so.* ]] || die "$build_dir/libwic.so has no SONAME libwic.so.N (built by an old tree?)"
+    lib_version=$(sed -n 's/^version *= *"\([^"]*\)".*/\1/p' "$repo_root/ffi/libwic/Cargo.toml" | head -n1)
+    real=libwic.so.${lib_version:?}
+    [[ $real == "$soname"* ]] || die "SONAME $soname does not fit libwic's version $lib_version"
+    install_file 0755 "$build_dir/libwic.so" "$LIBDIR/$real"
+    [[ $soname == "$real" ]] || run ln -sfn "$real" "$DESTDIR$LIBDIR/$soname"
+    run ln -sfn "$soname" "$DESTDIR$LIBDIR/libwic.so"
+else
+    warn "$build_dir/libwic.so not found, skipping"
+fi
+if [[ -f $build_dir/libwic.a ]]; then
+    install_file 0644 "$build_dir/libwic.a" "$LIBDIR/libwic.a"
+else
+    warn "$build_dir/libwic.a not found, skipping"
+fi
 if [[ -f $repo_root/ffi/include/wic.h ]]; then
     install_file 0644 "$repo_root/ffi/include/wic.h" "$INCLUDEDIR/wic.h"
 else
@@ -126,6 +137,11 @@ if [[ -n $DESTDIR ]]; then
 fi
 
 say "applying system configuration"
+if have ldconfig; then
+    run ldconfig
+else
+    warn "ldconfig not found: run it once libwic is in $LIBDIR"
+fi
 if have systemd-sysusers; then
     run systemd-sysusers "$SYSUSERSDIR/wic.conf"
 else

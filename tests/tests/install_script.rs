@@ -33,6 +33,29 @@ fn install_sh_stages_every_documented_file() {
         assert!(root.join(file).is_file(), "install.sh did not stage {file}:\n{log}");
     }
     assert!(log.contains("DESTDIR is set: not running"), "install.sh ran system tools into a staging root:\n{log}");
+
+    // libwic under its version, with the links the loader (its SONAME) and the linker use.
+    let lib = root.join("usr/lib");
+    let version = std::fs::read_to_string(workspace().join("ffi/libwic/Cargo.toml"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("version = \"").and_then(|v| v.strip_suffix('"')).map(str::to_owned))
+        .expect("libwic's version");
+    let real = format!("libwic.so.{version}");
+    assert!(lib.join(&real).is_file() && !lib.join(&real).is_symlink(), "no {real}:\n{log}");
+    let readelf = Command::new("readelf").arg("-d").arg(lib.join(&real)).output().expect("run readelf");
+    let dynamic = String::from_utf8_lossy(&readelf.stdout);
+    let soname = dynamic
+        .lines()
+        .find(|l| l.contains("(SONAME)"))
+        .and_then(|l| l.split('[').nth(1))
+        .and_then(|l| l.strip_suffix(']'))
+        .unwrap_or_else(|| panic!("libwic has no SONAME:\n{dynamic}"))
+        .to_string();
+    assert!(real.starts_with(&soname) && soname.starts_with("libwic.so."), "SONAME {soname} of {real}");
+    assert_eq!(std::fs::read_link(lib.join(&soname)).unwrap(), std::path::Path::new(&real), "{soname}");
+    assert_eq!(std::fs::read_link(lib.join("libwic.so")).unwrap(), std::path::Path::new(&soname), "libwic.so");
+    assert!(lib.join("libwic.a").is_file(), "libwic.a:\n{log}");
     // The README's table and the script agree on what goes where.
     let readme = std::fs::read_to_string(workspace().join("deploy/README.md")).unwrap();
     for unit in ["wicd.service", "wicd.socket", "wic-sleep.service"] {

@@ -79,13 +79,29 @@ fn static_library_links_and_runs() {
     assert_eq!(run(&program), expected_output());
 }
 
+/// The SONAME the build gives the shared library (`build.rs`).
+fn soname() -> String {
+    let major: u32 = env!("CARGO_PKG_VERSION_MAJOR").parse().unwrap();
+    if major == 0 {
+        format!("libwic.so.0.{}", env!("CARGO_PKG_VERSION_MINOR"))
+    } else {
+        format!("libwic.so.{major}")
+    }
+}
+
 #[test]
 fn shared_library_links_and_runs() {
     let dir = scratch_dir("link-shared");
     let source = source(&dir);
     let program = dir.join("link-shared");
     let include = format!("-I{}", arg(&include_dir()));
-    let lib_dir = artifact("libwic.so").parent().unwrap().to_owned();
+    // Laid out as deploy/install.sh installs it: libwic.so for the linker and the SONAME for
+    // the dynamic loader, both links to the library.
+    let lib_dir = dir.join("lib");
+    std::fs::create_dir_all(&lib_dir).unwrap();
+    for link in ["libwic.so".to_string(), soname()] {
+        std::os::unix::fs::symlink(artifact("libwic.so"), lib_dir.join(link)).unwrap();
+    }
     let search = format!("-L{}", arg(&lib_dir));
     let rpath = format!("-Wl,-rpath,{}", arg(&lib_dir));
     compile(
@@ -104,11 +120,14 @@ fn shared_library_links_and_runs() {
             &rpath,
         ],
     );
+    // The program asks the loader for the SONAME, not for the linker's name.
     let binary = std::fs::read(&program).unwrap();
+    let needed = format!("{}\0", soname());
     assert!(
-        binary.windows(b"libwic.so".len()).any(|w| w == b"libwic.so"),
-        "{} does not load libwic.so",
-        program.display()
+        binary.windows(needed.len()).any(|w| w == needed.as_bytes()),
+        "{} does not load {}",
+        program.display(),
+        soname()
     );
     assert_eq!(run(&program), expected_output());
 }
