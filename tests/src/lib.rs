@@ -62,6 +62,64 @@ pub fn kernel_with_headers() -> Option<String> {
     kernels.pop()
 }
 
+/// Writes the sources of small stand-ins for NVIDIA's modules into `dir`, with a `Kbuild` for
+/// them: `nvidia` (exporting a symbol, of version `nvidia_version`) and an `nvidia-uvm` of
+/// `uvm_version` using it, which also exports `uvm_wic_register` and is followed by a
+/// `wic_shim` using that when `hooked`. They stand for NVIDIA's files where a test needs only
+/// their names, versions and links, never their code.
+pub fn write_stand_in_modules(dir: &Path, nvidia_version: &str, uvm_version: &str, hooked: bool) {
+    std::fs::create_dir_all(dir).expect("stand-in module dir");
+    let write = |name: &str, text: String| std::fs::write(dir.join(name), text).expect("stand-in module source");
+    write(
+        "nvidia.c",
+        format!(
+            "#include <linux/module.h>\nint nv_stand_in(void) {{ return 0; }}\nEXPORT_SYMBOL(nv_stand_in);\n\
+             MODULE_LICENSE(\"GPL\");\nMODULE_VERSION(\"{nvidia_version}\");\n"
+        ),
+    );
+    write(
+        "nvidia-uvm.c",
+        format!(
+            "#include <linux/module.h>\nextern int nv_stand_in(void);\nint uvm_wic_register(void) {{ return nv_stand_in(); }}\n\
+             {}MODULE_LICENSE(\"GPL\");\nMODULE_VERSION(\"{uvm_version}\");\n",
+            if hooked { "EXPORT_SYMBOL(uvm_wic_register);\n" } else { "" }
+        ),
+    );
+    if hooked {
+        write(
+            "wic_shim.c",
+            "#include <linux/module.h>\nextern int uvm_wic_register(void);\n\
+             static int __init shim_init(void) { return uvm_wic_register(); }\nmodule_init(shim_init);\n\
+             MODULE_LICENSE(\"GPL\");\n"
+                .into(),
+        );
+    }
+    let objects = if hooked { "nvidia.o nvidia-uvm.o wic_shim.o" } else { "nvidia.o nvidia-uvm.o" };
+    write("Kbuild", format!("obj-m := {objects}\n"));
+}
+
+/// What `deploy/modprobe/wic-modprobe` would run to load `module` for kernel `kver` (it runs
+/// nothing: `WIC_MODPROBE_DRY_RUN`), and whether it would, with the module tree under
+/// `modules_root` (the system's when `None`), in the environment nvidia-modprobe gives modprobe
+/// (CUDA's way of loading nvidia-uvm): `PATH=/sbin` alone. The module is given the option `opt=1`.
+pub fn wic_modprobe_dry_run(modules_root: Option<&Path>, kver: &str, module: &str) -> (bool, String) {
+    let mut command = Command::new("/bin/sh");
+    command
+        .arg(workspace().join("deploy/modprobe/wic-modprobe"))
+        .arg(module)
+        .arg("opt=1")
+        .env_clear()
+        .env("PATH", "/sbin")
+        .env("WIC_KERNEL", kver)
+        .env("WIC_MODPROBE_DRY_RUN", "1");
+    if let Some(root) = modules_root {
+        command.env("WIC_MODULES_ROOT", root);
+    }
+    let out = command.output().expect("run wic-modprobe");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
 /// A scratch directory unique to this test process and `name`, emptied first.
 pub fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("wic-test-{}-{name}", std::process::id()));

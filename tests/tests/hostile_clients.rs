@@ -742,3 +742,55 @@ fn a_client_flooding_its_own_fault_ring_keeps_neither_other_channels_nor_request
     drop(attacker);
     daemon.stop();
 }
+
+/// `wicctl ARGS` as `uid` (this process's, root, when `None`): its exit status and output.
+fn wicctl_as(daemon: &Daemon, uid: Option<u32>, args: &[&str]) -> (Option<i32>, String) {
+    let mut command = Command::new(wic_tests::binary("wicctl"));
+    command.args(args).env("WIC_SOCKET", &daemon.socket);
+    if let Some(uid) = uid {
+        command.uid(uid).gid(uid);
+    }
+    let output = command.output().expect("run wicctl");
+    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    (output.status.code(), text)
+}
+
+#[test]
+fn only_operators_drain_and_a_drain_refuses_every_new_channel_until_undone() {
+    if !can_switch_uid() {
+        return;
+    }
+    let daemon = Daemon::start("drain", &config(""));
+    let (code, text) = wicctl_as(&daemon, Some(ATTACKER), &["drain", "--no-wait"]);
+    assert_eq!(code, Some(1), "a user drained wicd: {text}");
+    assert!(text.contains("only root and wicd's own user"), "{text}");
+
+    // A job's channel, then the drain: it waits for the channel, which keeps working, and
+    // every new channel is refused, root's too.
+    let create = Request::CreateChannel { spec: spec(), base_va: None };
+    let mut job = Client::connect(&daemon.socket, "job").expect("connect");
+    let Reply::Channel(info) = job.call(&create).expect("create") else { panic!("not a channel") };
+    let (code, text) = wicctl_as(&daemon, None, &["drain", "--wait", "0.5"]);
+    assert_eq!(code, Some(4), "{text}");
+    assert!(text.contains("waiting for 1 channels to end") && text.contains("1 channels are left after"), "{text}");
+    let (_, status) = wicctl_as(&daemon, None, &["status"]);
+    assert!(status.lines().any(|l| l.starts_with("draining") && l.contains("yes")), "{status}");
+    let mut root = Client::connect(&daemon.socket, "operator").expect("connect");
+    let (code, message) = refusal(root.call(&create));
+    assert_eq!(code, ErrorCode::Stopping, "{message}");
+    assert!(message.contains("draining"), "{message}");
+    job.call(&Request::Publish { channel: info.channel, slot: 0 }).expect("a publish while draining");
+
+    // The job ends: the drain is done.
+    job.call(&Request::DestroyChannel { channel: info.channel }).expect("destroy");
+    let (code, text) = wicctl_as(&daemon, None, &["drain"]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("drained: no channels left"), "{text}");
+
+    // Undone: channels again.
+    let (code, text) = wicctl_as(&daemon, None, &["drain", "--undo"]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(matches!(root.call(&create), Ok(Reply::Channel(_))), "a channel after the drain was undone");
+    let log = daemon.log();
+    assert!(log.contains("draining: new channels are refused") && log.contains("drain undone"), "{log}");
+}

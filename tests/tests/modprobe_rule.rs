@@ -15,7 +15,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use wic_tests::{kernel_with_headers, scratch, workspace};
+use wic_tests::{kernel_with_headers, scratch, wic_modprobe_dry_run, workspace, write_stand_in_modules};
 
 const NVIDIA: &str = "550.163.01";
 const OLD_NVIDIA: &str = "550.144.03";
@@ -33,36 +33,10 @@ fn run(cmd: &mut Command) -> Output {
     cmd.output().unwrap_or_else(|e| panic!("running {cmd:?}: {e}"))
 }
 
-/// Builds the stand-in modules into `dir` for `kver`: nvidia (exporting a symbol), an
-/// nvidia-uvm of `uvm_version` using it, exporting `uvm_wic_register` when `hooked`, and
-/// wic_shim using that.
+/// Builds the stand-in modules into `dir` for `kver`: nvidia, an nvidia-uvm of `uvm_version`
+/// and, when `hooked`, wic_shim (`write_stand_in_modules`).
 fn build(dir: &Path, kver: &str, uvm_version: &str, hooked: bool) {
-    std::fs::create_dir_all(dir).unwrap();
-    std::fs::write(
-        dir.join("nvidia.c"),
-        format!(
-            "#include <linux/module.h>\nint nv_stand_in(void) {{ return 0; }}\nEXPORT_SYMBOL(nv_stand_in);\n\
-             MODULE_LICENSE(\"GPL\");\nMODULE_VERSION(\"{NVIDIA}\");\n"
-        ),
-    )
-    .unwrap();
-    std::fs::write(
-        dir.join("nvidia-uvm.c"),
-        format!(
-            "#include <linux/module.h>\nextern int nv_stand_in(void);\nint uvm_wic_register(void) {{ return nv_stand_in(); }}\n\
-             {}MODULE_LICENSE(\"GPL\");\nMODULE_VERSION(\"{uvm_version}\");\n",
-            if hooked { "EXPORT_SYMBOL(uvm_wic_register);\n" } else { "" }
-        ),
-    )
-    .unwrap();
-    std::fs::write(
-        dir.join("wic_shim.c"),
-        "#include <linux/module.h>\nextern int uvm_wic_register(void);\n\
-         static int __init shim_init(void) { return uvm_wic_register(); }\nmodule_init(shim_init);\nMODULE_LICENSE(\"GPL\");\n",
-    )
-    .unwrap();
-    let objects = if hooked { "nvidia.o nvidia-uvm.o wic_shim.o" } else { "nvidia.o nvidia-uvm.o" };
-    std::fs::write(dir.join("Kbuild"), format!("obj-m := {objects}\n")).unwrap();
+    write_stand_in_modules(dir, NVIDIA, uvm_version, hooked);
     let out = run(Command::new("make")
         .arg("-C")
         .arg(format!("/lib/modules/{kver}/build"))
@@ -95,19 +69,9 @@ impl Tree {
         text(&out)
     }
 
-    /// What wic-modprobe would run for `module`, and whether it would, in the environment
-    /// nvidia-modprobe gives modprobe (CUDA's way of loading nvidia-uvm): PATH=/sbin alone.
+    /// What wic-modprobe would run for `module` in this tree (`wic_modprobe_dry_run`).
     fn wic_modprobe(&self, module: &str) -> (bool, String) {
-        let out = run(Command::new("/bin/sh")
-            .arg(workspace().join("deploy/modprobe/wic-modprobe"))
-            .arg(module)
-            .arg("opt=1")
-            .env_clear()
-            .env("PATH", "/sbin")
-            .env("WIC_MODULES_ROOT", &self.root)
-            .env("WIC_KERNEL", &self.kver)
-            .env("WIC_MODPROBE_DRY_RUN", "1"));
-        (out.status.success(), text(&out))
+        wic_modprobe_dry_run(Some(&self.root), &self.kver, module)
     }
 
     fn depmod(&self) {

@@ -1,28 +1,34 @@
 //! The nvidia-uvm hook against NVIDIA's real driver source: Debian's `nvidia-open-kernel-source`
 //! (550.163.01, from trixie's contrib, downloaded by `tests/nvidia/debian-source.sh` with apt on a
 //! private list derived from the system's own sources) is patched by
-//! `shim/nvidia-uvm/apply-hook.sh`, and `shim/nvidia-uvm/check-driver.sh --full` builds the hook's
-//! objects with `W=1` (any warning in our code fails), the real `nvidia.ko` (Debian ships the
-//! RM core, `nv-kernel.o_binary`) and the patched `nvidia-uvm.ko` against the installed kernel
-//! headers, then `wic_shim.ko` against their `Module.symvers`, and checks that every `uvm_wic_*`
-//! symbol the shim imports is exported with the same CRC. Nothing is loaded: there is no GPU.
+//! `shim/nvidia-uvm/apply-hook.sh`, and `shim/nvidia-uvm/check-driver.sh` builds the hook's
+//! objects with `W=1` (any warning in our code fails) against the installed kernel headers.
+//! Where the DKMS test below cannot run, `--full` also builds the real `nvidia.ko` (Debian ships
+//! the RM core, `nv-kernel.o_binary`) and the patched `nvidia-uvm.ko`, then `wic_shim.ko` against
+//! their `Module.symvers`, and checks that every `uvm_wic_*` symbol the shim imports is exported
+//! with the same CRC. Nothing is loaded: there is no GPU.
 //!
-//! `WIC_NVIDIA_SOURCE` names another source (a tree or Debian's tarball). Without one, the
-//! package is downloaded into `target/nvidia-source` when running as root (as CI does); where it
-//! cannot be had (not root, no network, no apt) the test says why and skips, unless
-//! `WIC_REQUIRE_NVIDIA_SOURCE` is set (as `.ci/run` sets it): then that is a failure.
+//! `WIC_NVIDIA_SOURCE` names another source (a tree or Debian's tarball), always built whole.
+//! Without one, the package is downloaded into `target/nvidia-source` when running as root (as CI
+//! does); where it cannot be had (not root, no network, no apt) the test says why and skips,
+//! unless `WIC_REQUIRE_NVIDIA_SOURCE` is set (as `.ci/run` sets it): then that is a failure.
 //!
-//! Then DKMS, as a user of Debian's `nvidia-open-kernel-dkms` would run it: its tree in
-//! `/usr/src/nvidia-current-open-<version>`, the wic package in `/usr/src/wic-<version>` as
-//! deploy/dkms/README.md installs it, `dkms add` and `dkms build` for the installed kernel
-//! headers, and the two modules checked. As root with `dkms` installed (CI installs it from
-//! Debian main); what the test put on the system is removed afterwards.
+//! Then DKMS, as the administrator of a server runs it, into the machine's module tree (as root,
+//! with `dkms`, where no NVIDIA driver is installed): Debian's `nvidia-open-kernel-dkms` tree in
+//! `/usr/src/nvidia-current-open-<version>` as wic's build finds it, a DKMS package standing for
+//! NVIDIA's driver with `nvidia.ko` and `nvidia-uvm.ko` in `updates/dkms` (as the CUDA repository
+//! installs them), and the wic package in `/usr/src/wic-<version>` as deploy/dkms/README.md
+//! installs it: `dkms build` and `dkms install` for the installed kernel, the CRCs of the installed
+//! pair, which nvidia-uvm modprobe picks with and without wic's rule, the rebuild for a second
+//! kernel by `dkms autoinstall`, a driver upgrade that makes wic's build stale, and `dkms remove`.
+//! NVIDIA's files must stay byte for byte what they were. What the test put on the system is
+//! removed afterwards, and at the next run after a killed one.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Mutex;
 
-use wic_tests::{kernel_with_headers, scratch, target_dir, workspace};
+use wic_tests::{kernel_with_headers, scratch, target_dir, wic_modprobe_dry_run, workspace, write_stand_in_modules};
 
 /// Debian's tarball of the kernel-open tree, inside the unpacked package.
 const TARBALL: &str = "nvidia-open-kernel-source/usr/src/nvidia-open-kernel.tar.xz";
@@ -90,19 +96,27 @@ fn the_hook_builds_into_nvidias_real_driver_and_the_shim_links_against_it() {
         println!("SKIPPED: the compile check against NVIDIA's driver source did not run: no kernel headers under /lib/modules/*/build");
         return;
     }
-    let check =
-        run(Command::new("bash").arg(workspace().join("shim/nvidia-uvm/check-driver.sh")).arg("--full").arg(&source));
+    // The modules themselves are built by the DKMS test where it runs (Debian's source, as
+    // root, with dkms), which checks the CRCs of the installed pair: here they would be built
+    // once more. A source named in WIC_NVIDIA_SOURCE is always built whole.
+    let full = std::env::var_os("WIC_NVIDIA_SOURCE").is_some_and(|v| !v.is_empty())
+        || kernel_with_headers().and_then(|kver| dkms_test_blocked(&kver)).is_some();
+    let mut command = Command::new("bash");
+    command.arg(workspace().join("shim/nvidia-uvm/check-driver.sh"));
+    if full {
+        command.arg("--full");
+    }
+    let check = run(command.arg(&source));
     let out = text(&check);
     println!("{out}");
+    assert!(check.status.success() && out.contains("PASS "), "check-driver.sh {} failed:\n{out}", source.display());
+    // With --full, nvidia-uvm.ko is built (with nvidia.ko, or alone when NVIDIA's own nvidia.ko
+    // does not build against this kernel) and the shim's imports are checked against its exports.
     assert!(
-        check.status.success() && out.contains("PASS "),
-        "check-driver.sh --full {} failed:\n{out}",
-        source.display()
-    );
-    // nvidia-uvm.ko is built (with nvidia.ko, or alone when NVIDIA's own nvidia.ko does not build
-    // against this kernel) and the shim's imports are checked against its exports.
-    assert!(
-        out.contains("nvidia-uvm.ko built") && out.contains("wic_shim.ko built") && out.contains("exports and CRCs"),
+        !full
+            || out.contains("nvidia-uvm.ko built")
+                && out.contains("wic_shim.ko built")
+                && out.contains("exports and CRCs"),
         "the full build did not run:\n{out}"
     );
 }
@@ -158,39 +172,78 @@ fn apply_hook_refuses_a_supported_release_the_patch_does_not_fit_and_changes_not
     assert!(!tree.join("kernel-open/nvidia-uvm/uvm_wic.c").exists());
 }
 
-/// Marks an NVIDIA tree the DKMS test copied into /usr/src, so that a run killed before it
+/// Marks what the DKMS test put on the system (NVIDIA's tree copied into /usr/src, the stand-in
+/// package's source, the second kernel's module directory), so that a run killed before it
 /// cleaned up is cleaned up by the next.
 const COPIED_MARK: &str = ".wic-test-copy";
+/// The DKMS package standing for NVIDIA's (below).
+const NVIDIA_STAND_IN: &str = "wictest-nvidia";
+/// A second kernel release for DKMS: the installed kernel's headers under another name, as DKMS
+/// sees a kernel that an upgrade installed. Nothing built for it is loaded. Its numbers sort
+/// below every real kernel's, so `kernel_with_headers()` never picks it.
+const SECOND_KERNEL: &str = "0.0.0-wictest";
 
-/// Removes what an earlier run of the DKMS test left: marked NVIDIA trees, and wic packages of
-/// a test version.
+fn dkms(args: &[&str]) -> Output {
+    run(Command::new("dkms").args(args).env_remove("WIC_NVIDIA_SRC"))
+}
+
+/// Removes what an earlier run of the DKMS test left: its DKMS packages (wic of a test
+/// version, the NVIDIA stand-in), then its marked directories.
 fn remove_leftovers() {
-    for entry in std::fs::read_dir("/usr/src").into_iter().flatten().flatten() {
-        let path = entry.path();
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if path.join(COPIED_MARK).exists() {
+    let entries = |dir: &str| -> Vec<PathBuf> {
+        std::fs::read_dir(dir).into_iter().flatten().flatten().map(|e| e.path()).collect()
+    };
+    for path in entries("/usr/src") {
+        let name = path.file_name().unwrap_or_default().to_string_lossy().into_owned();
+        if let Some(version) = name.strip_prefix("wic-").filter(|v| v.starts_with("0.0.0-test")) {
+            dkms(&["remove", "-m", "wic", "-v", version, "--all"]);
             let _ = std::fs::remove_dir_all(&path);
-        } else if let Some(version) = name.strip_prefix("wic-").filter(|v| v.starts_with("0.0.0-test")) {
-            let _ = Command::new("dkms").args(["remove", "-m", "wic", "-v", version, "--all"]).output();
+        } else if let Some(version) = name.strip_prefix(&format!("{NVIDIA_STAND_IN}-")) {
+            dkms(&["remove", "-m", NVIDIA_STAND_IN, "-v", version, "--all"]);
+        }
+    }
+    for path in entries("/usr/src").into_iter().chain(entries("/lib/modules")) {
+        if path.join(COPIED_MARK).exists() {
             let _ = std::fs::remove_dir_all(&path);
         }
     }
 }
 
-/// What the DKMS test put on the system, removed when dropped.
+/// What the DKMS test put on the system, removed when dropped (after a failed assertion too):
+/// its DKMS packages, then its directories, and the module index of the installed kernel
+/// rebuilt.
 struct Installed {
-    wic: (String, PathBuf),
-    nvidia: Option<PathBuf>,
+    kver: String,
+    packages: Vec<(String, String)>,
+    dirs: Vec<PathBuf>,
+}
+
+impl Installed {
+    /// A directory the test creates, marked as the test's.
+    fn create(&mut self, dir: &Path) {
+        assert!(!dir.exists(), "{} exists: not the test's to replace", dir.display());
+        std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        std::fs::write(dir.join(COPIED_MARK), "").expect("mark the test's directory");
+        self.dirs.push(dir.to_path_buf());
+    }
+
+    /// `dkms add` of the source in /usr/src/NAME-VERSION, removed again when dropped.
+    fn add(&mut self, name: &str, version: &str) {
+        let add = dkms(&["add", "-m", name, "-v", version]);
+        assert!(add.status.success(), "dkms add {name}/{version}: {}", text(&add));
+        self.packages.push((name.into(), version.into()));
+    }
 }
 
 impl Drop for Installed {
     fn drop(&mut self) {
-        let (version, dir) = &self.wic;
-        let _ = Command::new("dkms").args(["remove", "-m", "wic", "-v", version, "--all"]).output();
-        let _ = std::fs::remove_dir_all(dir);
-        if let Some(nvidia) = &self.nvidia {
-            let _ = std::fs::remove_dir_all(nvidia);
+        for (name, version) in &self.packages {
+            dkms(&["remove", "-m", name, "-v", version, "--all"]);
         }
+        for dir in &self.dirs {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        let _ = Command::new("depmod").arg("-a").arg(&self.kver).output();
     }
 }
 
@@ -208,24 +261,180 @@ fn nvidia_own_error(log: &str) -> Option<String> {
     })
 }
 
-#[test]
-fn dkms_builds_the_wic_package_against_debians_nvidia_dkms_tree() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let skip = |why: String| println!("SKIPPED: dkms build of the wic package did not run: {why}");
+/// Debian's 550.163.01 calls `pci_resize_resource()` with three arguments; bookworm's current
+/// kernel declares a fourth, `exclude_bars` (a stable backport), so NVIDIA's own nvidia.ko no
+/// longer builds against it: NVIDIA's 580 tests for the argument in its conftest and passes 0.
+/// The copy the DKMS test installs passes 0 where the kernel's header declares it, so that the
+/// packaging is tested here. Only nvidia.ko's BAR resizing is touched, which wic's build
+/// compiles only to resolve nvidia-uvm's symbols and never installs. Says what it changed.
+fn adapt_to_kernel(tree: &Path, kver: &str) -> Option<String> {
+    let header = ["source", "build"]
+        .iter()
+        .find_map(|dir| std::fs::read_to_string(format!("/lib/modules/{kver}/{dir}/include/linux/pci.h")).ok())?;
+    let at = header.find("int __must_check pci_resize_resource(")?;
+    let declaration = &header[at..at + header[at..].find(';')?];
+    if !declaration.contains("exclude_bars") {
+        return None;
+    }
+    let file = tree.join("nvidia/nv-pci.c");
+    let code = std::fs::read_to_string(&file).ok()?;
+    let call = "pci_resize_resource(pci_dev, NV_GPU_BAR1, requested_size)";
+    code.contains(call).then(|| {
+        std::fs::write(&file, code.replace(call, "pci_resize_resource(pci_dev, NV_GPU_BAR1, requested_size, 0)"))
+            .expect("nv-pci.c");
+        format!("nvidia/nv-pci.c passes exclude_bars = 0 to pci_resize_resource() as {kver} declares it")
+    })
+}
+
+/// Registers, builds and installs for `kernels` a DKMS package standing for NVIDIA's driver of
+/// `version` as NVIDIA's CUDA repository lays it out: `nvidia.ko` and `nvidia-uvm.ko` in
+/// `updates/dkms`, the very names wic's package must never overwrite. Its modules are small
+/// stand-ins (`write_stand_in_modules`): building NVIDIA's real ones takes minutes and tests
+/// nothing of wic's package, whose own build compiles NVIDIA's real source.
+fn install_nvidia_stand_in(installed: &mut Installed, version: &str, kernels: &[&str]) {
+    let dir = Path::new("/usr/src").join(format!("{NVIDIA_STAND_IN}-{version}"));
+    installed.create(&dir);
+    write_stand_in_modules(&dir, version, version, false);
+    std::fs::write(
+        dir.join("dkms.conf"),
+        format!(
+            "PACKAGE_NAME=\"{NVIDIA_STAND_IN}\"\nPACKAGE_VERSION=\"{version}\"\n\
+             MAKE[0]=\"make -C ${{kernel_source_dir}} M=${{dkms_tree}}/${{PACKAGE_NAME}}/${{PACKAGE_VERSION}}/build modules\"\n\
+             CLEAN=\"true\"\n\
+             BUILT_MODULE_NAME[0]=\"nvidia\"\nDEST_MODULE_LOCATION[0]=\"/updates/dkms\"\n\
+             BUILT_MODULE_NAME[1]=\"nvidia-uvm\"\nDEST_MODULE_LOCATION[1]=\"/updates/dkms\"\n\
+             AUTOINSTALL=\"yes\"\n"
+        ),
+    )
+    .expect("the stand-in's dkms.conf");
+    installed.add(NVIDIA_STAND_IN, version);
+    for kernel in kernels {
+        let install = dkms(&["install", "-m", NVIDIA_STAND_IN, "-v", version, "-k", kernel]);
+        assert!(install.status.success(), "dkms install {NVIDIA_STAND_IN}/{version} -k {kernel}: {}", text(&install));
+    }
+}
+
+/// The module files of `kernel`'s `updates/dkms` whose names start with `name` and a dot.
+fn installed_module(kernel: &str, name: &str) -> Option<PathBuf> {
+    std::fs::read_dir(format!("/lib/modules/{kernel}/updates/dkms"))
+        .ok()?
+        .filter_map(|d| d.ok())
+        .map(|d| d.path())
+        .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(&format!("{name}.ko"))))
+}
+
+/// The contents of NVIDIA's (the stand-in's) two modules for `kernel`.
+fn nvidias_files(kernel: &str) -> Vec<(PathBuf, Vec<u8>)> {
+    ["nvidia", "nvidia-uvm"]
+        .iter()
+        .map(|name| {
+            let path = installed_module(kernel, name).unwrap_or_else(|| panic!("no {name}.ko for {kernel}"));
+            let bytes = std::fs::read(&path).expect("NVIDIA's module");
+            (path, bytes)
+        })
+        .collect()
+}
+
+fn modinfo(path: &Path, field: &str) -> String {
+    text(&run(Command::new("modinfo").args(["-F", field]).arg(path))).trim().to_string()
+}
+
+/// What `modprobe -n -v` plans for `args` on `kernel`, with only the configuration in `conf`.
+fn planned(conf: &Path, kernel: &str, args: &[&str]) -> String {
+    let out = run(Command::new("modprobe").arg("-C").arg(conf).args(["-S", kernel, "-n", "-v"]).args(args));
+    assert!(out.status.success(), "modprobe -n -v {args:?}: {}", text(&out));
+    text(&out)
+}
+
+/// Why the DKMS test cannot run on this machine.
+enum Blocked {
+    /// What the machine lacks (root, dkms) or holds that would change the build.
+    Here(String),
+    /// A driver is installed: the test installs stand-ins for NVIDIA's modules and never goes
+    /// beside a real one.
+    Driver(String),
+}
+
+/// Whether the DKMS test can run here for kernel `kver`; removes what an earlier, killed run of
+/// it left first.
+fn dkms_test_blocked(kver: &str) -> Option<Blocked> {
     if !nix::unistd::geteuid().is_root() {
-        return skip("not root".into());
+        return Some(Blocked::Here("not root".into()));
     }
     if !Command::new("dkms").arg("--version").output().is_ok_and(|o| o.status.success()) {
-        return skip("dkms is not installed (CI installs it from Debian main)".into());
+        return Some(Blocked::Here("dkms is not installed (CI installs it from Debian main)".into()));
     }
+    // What would choose another source than the one the test installs.
+    if Path::new("/etc/wic/nvidia-src").exists() {
+        return Some(Blocked::Here("/etc/wic/nvidia-src names this machine's NVIDIA source".into()));
+    }
+    remove_leftovers();
+    if Path::new(&format!("/lib/modules/{SECOND_KERNEL}")).exists() {
+        return Some(Blocked::Here(format!("/lib/modules/{SECOND_KERNEL} exists and is not the test's")));
+    }
+    ["nvidia", "nvidia-uvm", "nvidia-current-open", "nvidia-current", "nvidia-uvm-wic"]
+        .iter()
+        .find(|m| Command::new("modinfo").args(["-k", kver, "-n", m]).output().is_ok_and(|o| o.status.success()))
+        .map(|module| Blocked::Driver(format!("kernel {kver} has a module {module}")))
+}
+
+/// The CRCs of the `uvm_wic_*` symbols `module` exports: each `__crc_<symbol>` is the offset of
+/// its CRC, a 32-bit word, in the module's `__kcrctab` section.
+fn exported_crcs(module: &Path, scratch: &Path) -> Vec<(String, u32)> {
+    let table = scratch.join("kcrctab");
+    let copy = run(Command::new("objcopy").args(["-O", "binary", "--only-section=__kcrctab"]).arg(module).arg(&table));
+    assert!(copy.status.success(), "objcopy {}: {}", module.display(), text(&copy));
+    let crcs = std::fs::read(&table).expect("the CRC table");
+    let symbols = run(Command::new("nm").arg(module));
+    assert!(symbols.status.success(), "nm {}: {}", module.display(), text(&symbols));
+    String::from_utf8_lossy(&symbols.stdout)
+        .lines()
+        .filter_map(|line| {
+            let [offset, _, name] = line.split_whitespace().collect::<Vec<_>>()[..] else { return None };
+            let symbol = name.strip_prefix("__crc_").filter(|s| s.starts_with("uvm_wic_"))?;
+            let at = usize::from_str_radix(offset, 16).ok()?;
+            let word = crcs.get(at..at + 4)?;
+            Some((symbol.to_string(), u32::from_le_bytes(word.try_into().ok()?)))
+        })
+        .collect()
+}
+
+/// The `uvm_wic_*` symbols `module` imports, with the CRCs it was built against.
+fn imported_crcs(module: &Path) -> Vec<(String, u32)> {
+    let dump = run(Command::new("modprobe").arg("--dump-modversions").arg(module));
+    assert!(dump.status.success(), "modprobe --dump-modversions {}: {}", module.display(), text(&dump));
+    String::from_utf8_lossy(&dump.stdout)
+        .lines()
+        .filter_map(|line| {
+            let (crc, symbol) = line.split_once(char::is_whitespace)?;
+            let symbol = symbol.trim();
+            symbol
+                .starts_with("uvm_wic_")
+                .then(|| (symbol.to_string(), u32::from_str_radix(crc.trim_start_matches("0x"), 16).expect("a CRC")))
+        })
+        .collect()
+}
+
+#[test]
+fn dkms_installs_wic_beside_nvidias_package_and_removes_only_its_own() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let skip = |why: String| {
+        assert!(
+            std::env::var_os("WIC_REQUIRE_NVIDIA_SOURCE").is_none(),
+            "WIC_REQUIRE_NVIDIA_SOURCE is set but the DKMS test cannot run: {why}"
+        );
+        println!("SKIPPED: the DKMS install and removal of the wic package did not run: {why}");
+    };
     let Some(kver) = kernel_with_headers() else {
         return skip("no kernel headers under /lib/modules/*/build".into());
     };
-    // What would choose another source than the one installed here.
-    if Path::new("/etc/wic/nvidia-src").exists() {
-        return skip("/etc/wic/nvidia-src names this machine's NVIDIA source".into());
+    match dkms_test_blocked(&kver) {
+        Some(Blocked::Here(why)) => return skip(why),
+        Some(Blocked::Driver(why)) => {
+            return println!("SKIPPED: the DKMS install and removal of the wic package did not run: {why}")
+        }
+        None => {}
     }
-    remove_leftovers();
     let packages = match downloaded() {
         Ok(dir) => dir,
         Err(why) => return skip(why),
@@ -239,34 +448,52 @@ fn dkms_builds_the_wic_package_against_debians_nvidia_dkms_tree() {
         .expect("nvidia-current-open-<version> in the DKMS package");
     let nvidia_version =
         tree.file_name().unwrap().to_string_lossy().trim_start_matches("nvidia-current-open-").to_string();
+    let mut installed = Installed { kver: kver.clone(), packages: Vec::new(), dirs: Vec::new() };
+
+    // NVIDIA's source where Debian's package puts it, for wic's build to find.
     let installed_tree = Path::new("/usr/src").join(tree.file_name().unwrap());
-    // The wic package under a version of its own, so that a real installation is not touched.
+    if installed_tree.exists() {
+        return skip(format!("{} exists and is not the test's", installed_tree.display()));
+    }
+    installed.create(&installed_tree);
+    let copy = run(Command::new("cp").arg("-a").arg(format!("{}/.", tree.display())).arg(&installed_tree));
+    assert!(copy.status.success(), "copy {}: {}", tree.display(), text(&copy));
+    if let Some(change) = adapt_to_kernel(&installed_tree, &kver) {
+        println!("NVIDIA's tree adapted to the kernel: {change}");
+    }
+
+    // The second kernel: the headers of the installed one under another release.
+    let second = Path::new("/lib/modules").join(SECOND_KERNEL);
+    installed.create(&second);
+    for link in ["build", "source"] {
+        if let Ok(target) = std::fs::read_link(format!("/lib/modules/{kver}/{link}")) {
+            std::os::unix::fs::symlink(target, second.join(link)).expect("the second kernel's headers");
+        }
+    }
+    let kernels = [kver.as_str(), SECOND_KERNEL];
+    install_nvidia_stand_in(&mut installed, &nvidia_version, &kernels);
+    let nvidias = [nvidias_files(&kver), nvidias_files(SECOND_KERNEL)];
+    let untouched = |when: &str| {
+        for (path, bytes) in nvidias.iter().flatten() {
+            assert!(
+                std::fs::read(path).is_ok_and(|now| &now == bytes),
+                "{when}: NVIDIA's {} was changed",
+                path.display()
+            );
+        }
+    };
+
+    // wic, as deploy/dkms/README.md installs it, under a version of its own so that a real
+    // installation is never touched.
     let wic_version = format!("0.0.0-test{}", std::process::id());
     let wic_dir = Path::new("/usr/src").join(format!("wic-{wic_version}"));
-    let installed = Installed {
-        wic: (wic_version.clone(), wic_dir.clone()),
-        nvidia: (!installed_tree.exists()).then(|| installed_tree.clone()),
-    };
-    if installed.nvidia.is_some() {
-        assert!(
-            run(Command::new("cp").arg("-a").arg(&tree).arg(&installed_tree)).status.success(),
-            "copy {} to /usr/src",
-            tree.display()
-        );
-        std::fs::write(installed_tree.join(COPIED_MARK), "").expect("mark the copy");
-    }
-    // As deploy/dkms/README.md installs it.
+    installed.dirs.push(wic_dir.clone());
     let repo = workspace();
     let source = run(Command::new(repo.join("deploy/dkms/install-source.sh")).arg(&wic_dir).arg(&wic_version));
     assert!(source.status.success(), "install-source.sh: {}", text(&source));
     assert!(!wic_dir.join("shim/wic_shim.ko").exists() && !wic_dir.join("shim/test").exists(), "build output copied");
-
-    let add = run(Command::new("dkms").args(["add", "-m", "wic", "-v", &wic_version]));
-    assert!(add.status.success(), "dkms add: {}", text(&add));
-    // Only the DKMS tree: WIC_NVIDIA_SRC and /etc/wic/nvidia-src would override the search.
-    let build = run(Command::new("dkms")
-        .args(["build", "-m", "wic", "-v", &wic_version, "-k", &kver])
-        .env_remove("WIC_NVIDIA_SRC"));
+    installed.add("wic", &wic_version);
+    let build = dkms(&["build", "-m", "wic", "-v", &wic_version, "-k", &kver]);
     // In the build directory while it builds and after a failure; moved under the kernel's
     // directory after a success.
     let log = [
@@ -292,32 +519,85 @@ fn dkms_builds_the_wic_package_against_debians_nvidia_dkms_tree() {
         "the build did not use NVIDIA {nvidia_version} from {}:\n{log}",
         installed_tree.display()
     );
-
-    let modules = PathBuf::from(format!("/var/lib/dkms/wic/{wic_version}/{kver}/{}/module", std::env::consts::ARCH));
-    let module = |name: &str| {
-        std::fs::read_dir(&modules)
-            .unwrap_or_else(|e| panic!("{}: {e}", modules.display()))
-            .filter_map(|d| d.ok())
-            .map(|d| d.path())
-            .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(&format!("{name}.ko"))))
-            .unwrap_or_else(|| panic!("dkms built no {name}.ko in {}", modules.display()))
+    // No --force: nothing of NVIDIA's is replaced.
+    let install = dkms(&["install", "-m", "wic", "-v", &wic_version, "-k", &kver]);
+    assert!(install.status.success(), "dkms install: {}", text(&install));
+    let wics = |kernel: &str| {
+        let uvm =
+            installed_module(kernel, "nvidia-uvm-wic").unwrap_or_else(|| panic!("no nvidia-uvm-wic.ko for {kernel}"));
+        let shim = installed_module(kernel, "wic_shim").unwrap_or_else(|| panic!("no wic_shim.ko for {kernel}"));
+        assert_eq!(modinfo(&uvm, "version"), nvidia_version, "{}", uvm.display());
+        assert!(
+            modinfo(&shim, "depends").split(',').any(|d| d == "nvidia-uvm"),
+            "wic_shim.ko does not depend on nvidia-uvm: {}",
+            modinfo(&shim, "depends")
+        );
+        (uvm, shim)
     };
-    let modinfo =
-        |path: &Path, field: &str| text(&run(Command::new("modinfo").args(["-F", field]).arg(path))).trim().to_string();
-    // Installed under its own name, never over NVIDIA's nvidia-uvm.ko (DEST_MODULE_NAME).
-    let uvm = module("nvidia-uvm-wic");
-    let shim = module("wic_shim");
-    assert_eq!(modinfo(&uvm, "version"), nvidia_version, "{}", uvm.display());
+    let (uvm, shim) = wics(&kver);
+    untouched("after dkms install");
+    // wic_shim was built against this very nvidia-uvm: every uvm_wic_* it imports is exported
+    // with the same CRC, or the kernel would refuse to load it.
+    let exports = exported_crcs(&uvm, &scratch("dkms-crc"));
+    let imports = imported_crcs(&shim);
+    assert!(!imports.is_empty(), "wic_shim.ko imports no uvm_wic_* symbol with a CRC (no MODVERSIONS?)");
+    for import in &imports {
+        assert!(exports.contains(import), "wic_shim imports {import:?}; nvidia-uvm-wic exports {exports:?}");
+    }
+    println!("dkms installed {} and {} beside NVIDIA {nvidia_version}'s package", uvm.display(), shim.display());
+
+    // Which nvidia-uvm modprobe loads: NVIDIA's without wic's rule, wic's with it.
+    let conf = scratch("dkms-modprobe");
+    let plain = planned(&conf, &kver, &["nvidia-uvm"]);
+    assert!(plain.contains("updates/dkms/nvidia-uvm.ko"), "without wic's rule, modprobe nvidia-uvm: {plain}");
+    let script = repo.join("deploy/modprobe/wic-modprobe");
+    let rule = std::fs::read_to_string(repo.join("deploy/modprobe/00-wic.conf"))
+        .unwrap()
+        .replace("/usr/lib/wic/wic-modprobe", &script.display().to_string());
+    std::fs::write(conf.join("00-wic.conf"), rule).unwrap();
+    let ruled = planned(&conf, &kver, &["nvidia-uvm"]);
+    assert!(ruled.contains(&format!("install {} nvidia_uvm", script.display())), "with wic's rule: {ruled}");
+    let (ok, chosen) = wic_modprobe_dry_run(None, &kver, "nvidia_uvm");
+    assert!(ok && chosen.contains("--ignore-install nvidia-uvm-wic opt=1"), "the rule chose: {chosen}");
+    let target = planned(&conf, &kver, &["--ignore-install", "nvidia-uvm-wic"]);
+    assert!(target.contains("updates/dkms/nvidia-uvm-wic.ko"), "nvidia-uvm-wic resolves to: {target}");
+
+    // A kernel update: its postinst runs `dkms autoinstall` (no --force), which must build and
+    // install both of wic's modules.
+    let auto = dkms(&["autoinstall", "-k", SECOND_KERNEL]);
+    assert!(auto.status.success(), "dkms autoinstall -k {SECOND_KERNEL}: {}", text(&auto));
+    wics(SECOND_KERNEL);
+    untouched("after the rebuild for a new kernel");
+
+    // A driver upgrade before wic is rebuilt: NVIDIA's package of another release replaces the
+    // first, as apt upgrades it. wic's build is refused as stale, naming both releases, and
+    // CUDA gets NVIDIA's nvidia-uvm.
+    let upgraded = format!("{nvidia_version}.1");
+    dkms(&["remove", "-m", NVIDIA_STAND_IN, "-v", &nvidia_version, "--all"]);
+    install_nvidia_stand_in(&mut installed, &upgraded, &kernels);
+    let (ok, chosen) = wic_modprobe_dry_run(None, &kver, "nvidia_uvm");
     assert!(
-        modinfo(&shim, "depends").split(',').any(|d| d == "nvidia-uvm"),
-        "wic_shim.ko does not depend on nvidia-uvm: {}",
-        modinfo(&shim, "depends")
+        ok && chosen.contains("--ignore-install nvidia-uvm opt=1")
+            && chosen.contains(&format!("built for NVIDIA {nvidia_version}, the nvidia module is {upgraded}")),
+        "a stale build: {chosen}"
     );
-    println!(
-        "dkms built {} and {} for {kver} from NVIDIA {nvidia_version} ({})",
-        uvm.display(),
-        shim.display(),
-        installed_tree.display()
-    );
+    let (ok, refused) = wic_modprobe_dry_run(None, &kver, "wic_shim");
+    assert!(!ok && refused.contains("not loading wic_shim"), "wic_shim with a stale build: {refused}");
+    let nvidias = [nvidias_files(&kver), nvidias_files(SECOND_KERNEL)];
+
+    // Removal deletes wic's two modules from every kernel and nothing else.
+    let remove = dkms(&["remove", "-m", "wic", "-v", &wic_version, "--all"]);
+    assert!(remove.status.success(), "dkms remove: {}", text(&remove));
+    for kernel in kernels {
+        for name in ["nvidia-uvm-wic", "wic_shim"] {
+            assert!(installed_module(kernel, name).is_none(), "dkms remove left {name} for {kernel}");
+        }
+    }
+    for (path, bytes) in nvidias.iter().flatten() {
+        assert!(std::fs::read(path).is_ok_and(|now| &now == bytes), "after dkms remove: {} changed", path.display());
+    }
+    std::fs::remove_file(conf.join("00-wic.conf")).unwrap();
+    let restored = planned(&conf, &kver, &["nvidia-uvm"]);
+    assert!(restored.contains("updates/dkms/nvidia-uvm.ko"), "after removal, modprobe nvidia-uvm: {restored}");
     drop(installed);
 }

@@ -24,7 +24,11 @@ const MAX_WATCH_SECS: f64 = 86_400.0;
 const EXIT_STATUS_HELP: &str = "\
 Exit status: 0 done; 1 wicd cannot be reached, refused, timed out or answered nonsense (or the
 output could not be written); 2 bad arguments or a malformed $WIC_TIMEOUT_MS; 3 wicd is stopping,
-or hung up after answering the hello (it stopped, e.g. during stats --watch).";
+or hung up after answering the hello (it stopped, e.g. during stats --watch); 4 drain --wait
+ran out with channels left, or the drain was undone meanwhile.";
+
+/// How often `drain` asks wicd how many channels are left.
+const DRAIN_POLL: Duration = Duration::from_secs(1);
 
 #[derive(Parser, Debug)]
 #[command(version, about, after_help = EXIT_STATUS_HELP)]
@@ -55,6 +59,28 @@ enum Command {
     Metrics,
     /// Decode a raw 32-byte fault-buffer entry given as 64 hex digits (no daemon needed).
     DecodeFault(DecodeFaultArgs),
+    /// Refuse new channels and wait until those there are have ended, before wicd is stopped
+    /// or restarted (root and wicd's user only).
+    ///
+    /// A fault on a channel's pages while no wicd runs is served with the page's old contents:
+    /// stop wicd only once this says the channels have ended. The drain lasts until `--undo`
+    /// or wicd's restart; channels that exist keep working meanwhile. --timeout-ms bounds each
+    /// request, not the wait.
+    Drain(DrainArgs),
+}
+
+#[derive(Args, Debug)]
+struct DrainArgs {
+    /// Undo a drain: wicd creates channels again.
+    #[arg(long, conflicts_with_all = ["no_wait", "wait"])]
+    undo: bool,
+    /// Only start the drain; do not wait for the channels to end.
+    #[arg(long, conflicts_with = "wait")]
+    no_wait: bool,
+    /// Give up waiting after SECS seconds (exit status 4; the drain stays on) [default: wait
+    /// until the channels have ended].
+    #[arg(long, value_name = "SECS", value_parser = parse_interval)]
+    wait: Option<Duration>,
 }
 
 /// The `--json` switch of the commands that have nothing else.
@@ -120,6 +146,8 @@ enum Failure {
     Stopped(String),
     /// Writing the output failed.
     Output(io::Error),
+    /// `drain` ended with channels left: status 4.
+    NotDrained(String),
 }
 
 impl Failure {
@@ -128,6 +156,7 @@ impl Failure {
             Self::Daemon(_) | Self::Output(_) => ExitCode::from(1),
             Self::Usage(_) => ExitCode::from(2),
             Self::Stopped(_) => ExitCode::from(3),
+            Self::NotDrained(_) => ExitCode::from(4),
         }
     }
 }
@@ -135,7 +164,9 @@ impl Failure {
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Daemon(message) | Self::Usage(message) | Self::Stopped(message) => f.write_str(message),
+            Self::Daemon(message) | Self::Usage(message) | Self::Stopped(message) | Self::NotDrained(message) => {
+                f.write_str(message)
+            }
             Self::Output(e) => write!(f, "cannot write the output: {e}"),
         }
     }
@@ -186,6 +217,16 @@ impl Session {
         self.client.call(request).map_err(|e| daemon_failure(&self.path, self.timeout, e, true))
     }
 
+    /// Sends a request that wicd grants to operators alone.
+    fn call_as_operator(&mut self, request: &Request) -> Result<Reply, Failure> {
+        self.call(request).map_err(|failure| match failure {
+            Failure::Daemon(message) if message.contains(PERMISSION_HINT) => {
+                Failure::Daemon(message.replace(PERMISSION_HINT, "only root and wicd's own user may ask this"))
+            }
+            other => other,
+        })
+    }
+
     fn status(&mut self) -> Result<Status, Failure> {
         match self.call(&Request::Status {})? {
             Reply::Status(status) => Ok(status),
@@ -206,6 +247,9 @@ impl Session {
     }
 }
 
+/// What a refusal for want of permission suggests, for the requests anyone in the group may make.
+const PERMISSION_HINT: &str = "are you in the `wic` group?";
+
 /// Explains a client error, naming the socket and what usually causes it. `greeted`: wicd had
 /// answered the hello, so its hanging up now means it stopped.
 fn daemon_failure(path: &Path, timeout: Timeout, error: ClientError, greeted: bool) -> Failure {
@@ -223,7 +267,7 @@ fn daemon_failure(path: &Path, timeout: Timeout, error: ClientError, greeted: bo
                     "no such socket; is wicd running? (--socket or $WIC_SOCKET choose another)".to_owned()
                 }
                 io::ErrorKind::ConnectionRefused => "connection refused; is wicd running?".to_owned(),
-                io::ErrorKind::PermissionDenied => "permission denied; are you in the `wic` group?".to_owned(),
+                io::ErrorKind::PermissionDenied => format!("permission denied; {PERMISSION_HINT}"),
                 _ => {
                     // The client puts the path in front of the system's message; it is said already.
                     let text = e.to_string();
@@ -238,7 +282,7 @@ fn daemon_failure(path: &Path, timeout: Timeout, error: ClientError, greeted: bo
              (--timeout-ms or $WIC_TIMEOUT_MS set the limit)"
         ),
         ClientError::Refused(e) if e.code == ErrorCode::Permission => {
-            format!("wicd at {at} refused: {e}; are you in the `wic` group?")
+            format!("wicd at {at} refused: {e}; {PERMISSION_HINT}")
         }
         other => format!("{other} (socket {at})"),
     })
@@ -274,6 +318,7 @@ fn run(cli: Cli, out: &mut dyn Write) -> Result<(), Failure> {
             let status = session.status()?;
             out.write_all(render::metrics(&stats, &status).as_bytes())?;
         }
+        Command::Drain(args) => drain(&mut Session::connect(&cli.socket, cli.timeout_ms)?, &args, out)?,
         Command::DecodeFault(args) => {
             let raw = RawFaultEntry::from_hex(&args.hex.join(" "))
                 .map_err(|e| Failure::Usage(format!("bad fault entry: {e}")))?;
@@ -286,6 +331,59 @@ fn run(cli: Cli, out: &mut dyn Write) -> Result<(), Failure> {
     }
     out.flush()?;
     Ok(())
+}
+
+/// `wicctl drain`: starts (or undoes) the drain, then waits, saying what is left whenever that
+/// changes, until no channel is left.
+fn drain(session: &mut Session, args: &DrainArgs, out: &mut dyn Write) -> Result<(), Failure> {
+    match session.call_as_operator(&Request::Drain { on: !args.undo })? {
+        Reply::Done => {}
+        other => return Err(session.unexpected("drain", &other)),
+    }
+    if args.undo {
+        writeln!(out, "drain undone: wicd creates channels again")?;
+        return Ok(());
+    }
+    writeln!(out, "draining: wicd refuses new channels (wicctl drain --undo ends this)")?;
+    out.flush()?;
+    if args.no_wait {
+        return Ok(());
+    }
+    let started = Instant::now();
+    let mut told = None;
+    loop {
+        session.restart_clock();
+        let status = session.status()?;
+        if !status.draining {
+            return Err(Failure::NotDrained("the drain was undone (wicctl drain --undo) while waiting".into()));
+        }
+        if status.channels == 0 && status.held == 0 {
+            writeln!(out, "drained: no channels left; wicd may be stopped or restarted now")?;
+            return Ok(());
+        }
+        let left = (status.channels, status.held);
+        if told != Some(left) {
+            let waited = started.elapsed().as_secs();
+            writeln!(out, "{waited} s: waiting for {} channels to end ({} held faults)", left.0, left.1)?;
+            out.flush()?;
+            told = Some(left);
+        }
+        let pause = match args.wait {
+            Some(limit) => {
+                let remaining = limit.saturating_sub(started.elapsed());
+                if remaining.is_zero() {
+                    return Err(Failure::NotDrained(format!(
+                        "{} channels are left after {limit:?}; the drain stays on (wicctl channels lists them, \
+                         wicctl drain --undo ends it)",
+                        status.channels
+                    )));
+                }
+                remaining.min(DRAIN_POLL)
+            }
+            None => DRAIN_POLL,
+        };
+        std::thread::sleep(pause);
+    }
 }
 
 /// `value` as indented JSON.
@@ -424,32 +522,37 @@ mod tests {
 
     /// A daemon on a fresh socket that answers `hello`, then each request with `answer`, or
     /// hangs up where that is `None`; it serves one connection after the other.
-    fn fake_daemon(name: &str, answer: impl Fn(&Request) -> Option<Response> + Send + 'static) -> PathBuf {
+    fn fake_daemon(name: &str, answer: impl Fn(&Request) -> Option<Response> + Send + Sync + 'static) -> PathBuf {
         let path = std::env::temp_dir().join(format!("wicctl-test-{}-{name}.sock", std::process::id()));
         let _ = std::fs::remove_file(&path);
         let listener = UnixListener::bind(&path).unwrap();
+        let answer = std::sync::Arc::new(answer);
         std::thread::spawn(move || {
+            // Each connection on its own thread, as wicd serves them: one may wait on another.
             for stream in listener.incoming() {
                 let mut stream = stream.unwrap();
-                let mut header = [0u8; frame::HEADER_BYTES];
-                // A failed read is the client hanging up.
-                while stream.read_exact(&mut header).is_ok() {
-                    let mut body = vec![0u8; frame::body_len(header, 1 << 20).unwrap()];
-                    stream.read_exact(&mut body).unwrap();
-                    let response = match serde_json::from_slice::<Request>(&body).unwrap() {
-                        Request::Hello { .. } => Response::Ok(Reply::Hello {
-                            version: wic_proto::PROTOCOL_VERSION,
-                            daemon: "test".into(),
-                            backend: "emulated".into(),
-                            warps_per_batch: 16,
-                        }),
-                        request => match answer(&request) {
-                            Some(response) => response,
-                            None => break,
-                        },
-                    };
-                    stream.write_all(&frame::encode(&serde_json::to_vec(&response).unwrap())).unwrap();
-                }
+                let answer = answer.clone();
+                std::thread::spawn(move || {
+                    let mut header = [0u8; frame::HEADER_BYTES];
+                    // A failed read is the client hanging up.
+                    while stream.read_exact(&mut header).is_ok() {
+                        let mut body = vec![0u8; frame::body_len(header, 1 << 20).unwrap()];
+                        stream.read_exact(&mut body).unwrap();
+                        let response = match serde_json::from_slice::<Request>(&body).unwrap() {
+                            Request::Hello { .. } => Response::Ok(Reply::Hello {
+                                version: wic_proto::PROTOCOL_VERSION,
+                                daemon: "test".into(),
+                                backend: "emulated".into(),
+                                warps_per_batch: 16,
+                            }),
+                            request => match answer(&request) {
+                                Some(response) => response,
+                                None => break,
+                            },
+                        };
+                        stream.write_all(&frame::encode(&serde_json::to_vec(&response).unwrap())).unwrap();
+                    }
+                });
             }
         });
         path
@@ -505,6 +608,7 @@ mod tests {
                     held: 0,
                     pool_pages: 0,
                     pool_pages_used: 0,
+                    draining: false,
                 })),
                 _ => Response::Error(WireError::new(ErrorCode::Permission, "not for you")),
             })
@@ -518,6 +622,97 @@ mod tests {
         let _ = std::fs::remove_file(&path);
         assert_eq!(failure.exit_code(), ExitCode::from(1));
         assert!(failure.to_string().contains("`wic` group"), "{failure}");
+    }
+
+    /// A daemon that takes `drain` and reports `left` channels at each status, then none; its
+    /// status says `draining` as the last drain request set it.
+    fn draining_daemon(name: &str, left: &'static [u32]) -> PathBuf {
+        let draining = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let asked = std::sync::atomic::AtomicUsize::new(0);
+        fake_daemon(name, move |request| {
+            use std::sync::atomic::Ordering::Relaxed;
+            Some(match request {
+                Request::Drain { on } => {
+                    draining.store(*on, Relaxed);
+                    Response::Ok(Reply::Done)
+                }
+                Request::Status {} => {
+                    let channels = left.get(asked.fetch_add(1, Relaxed)).copied().unwrap_or(0);
+                    Response::Ok(Reply::Status(Status {
+                        version: "0.1.0".into(),
+                        protocol: 1,
+                        pid: 1,
+                        backend: "shim".into(),
+                        gpus: 0,
+                        uptime_ns: 0,
+                        clients: 1,
+                        channels,
+                        held: channels.min(1),
+                        pool_pages: 0,
+                        pool_pages_used: 0,
+                        draining: draining.load(Relaxed),
+                    }))
+                }
+                other => panic!("drain asked {other:?}"),
+            })
+        })
+    }
+
+    #[test]
+    fn drain_waits_for_the_channels_to_end_saying_what_is_left() {
+        let path = draining_daemon("drain", &[2, 2, 1]);
+        let text = run_args(&["--socket", path.to_str().unwrap(), "drain"]);
+        let _ = std::fs::remove_file(&path);
+        let text = text.unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 4, "{text}");
+        assert!(lines[0].starts_with("draining: wicd refuses new channels"), "{text}");
+        assert!(lines[1].ends_with("waiting for 2 channels to end (1 held faults)"), "{text}");
+        assert!(lines[2].ends_with("waiting for 1 channels to end (1 held faults)"), "{text}");
+        assert!(lines[3].starts_with("drained: no channels left"), "{text}");
+    }
+
+    #[test]
+    fn drain_gives_up_after_its_wait_and_the_drain_stays_on() {
+        let path = draining_daemon("drain-wait", &[3; 64]);
+        let started = Instant::now();
+        let failure = run_args(&["--socket", path.to_str().unwrap(), "drain", "--wait", "0.2"]).unwrap_err();
+        let _ = std::fs::remove_file(&path);
+        assert!(started.elapsed() < Duration::from_secs(1), "waited {:?}", started.elapsed());
+        assert_eq!(failure.exit_code(), ExitCode::from(4));
+        assert!(failure.to_string().starts_with("3 channels are left after"), "{failure}");
+    }
+
+    #[test]
+    fn drain_undone_while_waiting_fails_and_undo_says_so() {
+        // Each status comes from a fresh connection's view of the same daemon: a second wicctl
+        // undoes the drain while the first waits.
+        let path = draining_daemon("drain-undo", &[1; 64]);
+        let socket = path.to_str().unwrap().to_owned();
+        let waiting = std::thread::spawn({
+            let socket = socket.clone();
+            move || run_args(&["--socket", &socket, "drain"])
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        let undone = run_args(&["--socket", &socket, "drain", "--undo"]).unwrap();
+        let failure = waiting.join().unwrap().unwrap_err();
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(undone.trim(), "drain undone: wicd creates channels again");
+        assert_eq!(failure.exit_code(), ExitCode::from(4));
+        assert!(failure.to_string().contains("the drain was undone"), "{failure}");
+    }
+
+    #[test]
+    fn drain_refused_names_who_may() {
+        let path =
+            fake_daemon("drain-refused", |_| Some(Response::Error(WireError::new(ErrorCode::Permission, "operators"))));
+        let failure = run_args(&["--socket", path.to_str().unwrap(), "drain", "--no-wait"]).unwrap_err();
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(failure.exit_code(), ExitCode::from(1));
+        let message = failure.to_string();
+        assert!(message.contains("only root and wicd's own user") && !message.contains("group"), "{message}");
+        let clash = Cli::try_parse_from(["wicctl", "drain", "--undo", "--wait", "5"]);
+        assert!(clash.is_err(), "--undo with --wait was taken");
     }
 
     #[test]

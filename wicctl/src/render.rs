@@ -42,7 +42,7 @@ struct Scalar {
 
 /// Every scalar field of `s`, in the order of the human form. Listing them once keeps the human
 /// and Prometheus forms from drifting apart.
-fn scalars(s: &Stats) -> [Scalar; 24] {
+fn scalars(s: &Stats) -> [Scalar; 25] {
     use Kind::{Counter, Gauge};
     let row = |group, name, kind, help, value: u64| Scalar { group, name, kind, help, value };
     [
@@ -72,6 +72,13 @@ fn scalars(s: &Stats) -> [Scalar; 24] {
             Counter,
             "Commands the backend could not carry out (the daemon logs each).",
             s.commands_failed,
+        ),
+        row(
+            "faults",
+            "faults_expired_in_module",
+            Counter,
+            "Holds the kernel module ended at its own bound (max_hold_ms): each stalled the GPU that long.",
+            s.faults_expired_in_module,
         ),
         row("monitor", "pfq_depth", Gauge, "Requests waiting now.", u64::from(s.pfq_depth)),
         row("monitor", "dab_updates", Counter, "Data-availability bits set.", s.dab_updates),
@@ -188,6 +195,7 @@ pub fn status(s: &Status) -> String {
         ("channels", s.channels.to_string()),
         ("held", s.held.to_string()),
         ("pool", format!("{}/{} pages used", s.pool_pages_used, s.pool_pages)),
+        ("draining", if s.draining { "yes: new channels are refused (wicctl drain --undo)" } else { "no" }.into()),
     ])
 }
 
@@ -521,6 +529,7 @@ mod tests {
             fault_buffer_overflows: 1011,
             replays: 1012,
             commands_failed: 1018,
+            faults_expired_in_module: 1019,
             channels: 2,
             clients: 3,
             uvm_spaces: 1,
@@ -548,6 +557,7 @@ mod tests {
             held: 7,
             pool_pages: 4096,
             pool_pages_used: 12,
+            draining: false,
         }
     }
 

@@ -189,7 +189,12 @@ pub struct EngineStats {
     /// DAB bits set.
     pub dab_updates: u64,
     pub delivered: u64,
+    /// Requests completed with the timeout marker, by the engine's deadline or the backend's
+    /// own bound ([`Engine::expired_elsewhere`]).
     pub timed_out: u64,
+    /// Holds the backend ended itself ([`Engine::expired_elsewhere`]), counted whether or not
+    /// a slot moved on: each means a warp stalled for the module's whole bound.
+    pub expired_elsewhere: u64,
     /// Held faults completed because their channel closed.
     pub closed_while_held: u64,
     /// Request-to-delivery time of every delivered request, 0 for one whose data was already
@@ -767,6 +772,7 @@ impl Engine {
     /// or of a generation the slot has left already, changes nothing. Returns whether the slot
     /// moved on.
     pub fn expired_elsewhere(&mut self, gpu: GpuId, va: u64, out: &mut Vec<Command>) -> bool {
+        self.stats.expired_elsewhere += 1;
         let Some(page) = pool_page(self.config.pool_base, va, &self.pages) else { return false };
         let PageUse::Pcm { slot: slot_id, side } = self.pages[page] else { return false };
         let slot = &mut self.slots[slot_id as usize];
@@ -1039,7 +1045,7 @@ mod tests {
         assert_eq!(kinds(&out), ["error", "replay"]);
         let timeout = Fill::Marker(ErrorMarker::Timeout);
         assert_eq!(out[0], one_page(layout.id, 0, p[0], p[1], timeout));
-        assert_eq!((e.held(), e.stats().timed_out), (0, 1));
+        assert_eq!((e.held(), e.stats().timed_out, e.stats().expired_elsewhere), (0, 1, 0));
         out.clear();
         e.handle_faults(2_000, 0, &[fault(p[1], AccessType::Read)], &mut out);
         e.publish(2_001, layout.id, 0, &mut out).unwrap();
@@ -1072,6 +1078,9 @@ mod tests {
         let data = Fill::Data { len: 4096, source: DataSource::Host { offset: 0 } };
         assert_eq!(out[0], one_page(layout.id, 0, p[1], p[0], data));
         assert!(!e.expired_elsewhere(0, 0xdead_0000, &mut Vec::new()), "a page of no slot");
+        // Every report counts as the module's expiry, each a warp stalled for its whole bound;
+        // only the one that moved the slot on counts as a timeout.
+        assert_eq!((e.stats().expired_elsewhere, e.stats().timed_out), (5, 1));
     }
 
     #[test]

@@ -358,6 +358,7 @@ impl<B: Backend> Core<B> {
             fault_buffer_overflows: counts.overflows,
             replays: self.counters.replays,
             commands_failed: self.counters.commands_failed,
+            faults_expired_in_module: s.expired_elsewhere,
             channels: self.engine.channel_count() as u32,
             clients: 0,
             ..Stats::default()

@@ -131,6 +131,8 @@ struct Registry {
     /// what they will hold: they count against the bounds before they exist, so concurrent
     /// creations cannot overshoot them.
     creating: HashMap<ConnId, Holding>,
+    /// New channels are refused (`drain`), so that those there are can end before a restart.
+    draining: bool,
 }
 
 /// What a channel holds of what all users share, counted against its owner's uid.
@@ -590,6 +592,7 @@ fn op_name(request: &Request) -> &'static str {
         Request::Status {} => "status",
         Request::Channels {} => "channels",
         Request::Stats {} => "stats",
+        Request::Drain { .. } => "drain",
     }
 }
 
@@ -655,10 +658,12 @@ async fn handle(shared: &Shared, conn: ConnId, peer: Peer, request: Request, fds
                 gpus: shared.gpus,
                 uptime_ns: shared.started.elapsed().as_nanos() as u64,
                 clients: registry.clients.len() as u32,
-                channels: registry.channels.len() as u32,
+                // Those being created too: a drain waits for them as well.
+                channels: (registry.channels.len() + registry.creating.len()) as u32,
                 held: snapshot.held,
                 pool_pages: snapshot.stats.pool_pages,
                 pool_pages_used: snapshot.stats.pool_pages_used,
+                draining: registry.draining,
             };
             Ok((Reply::Status(status), Vec::new()))
         }
@@ -692,6 +697,18 @@ async fn handle(shared: &Shared, conn: ConnId, peer: Peer, request: Request, fds
             let mut stats = shared.dataplane.ask(|reply| Control::Snapshot { reply }).await?.stats;
             stats.clients = shared.registry().clients.len() as u32;
             Ok((Reply::Stats(Box::new(stats)), Vec::new()))
+        }
+        Request::Drain { on } => {
+            if !shared.is_operator(peer) {
+                return Err(error(ErrorCode::Permission, "only root and wicd's user may drain wicd"));
+            }
+            let was = std::mem::replace(&mut shared.registry().draining, on);
+            if was != on {
+                let what =
+                    if on { "draining: new channels are refused" } else { "drain undone: channels may be created" };
+                tracing::info!(pid = peer.pid, uid = peer.uid, "{what}");
+            }
+            Ok((Reply::Done, Vec::new()))
         }
     }
 }
@@ -822,6 +839,14 @@ async fn create(shared: &Shared, conn: ConnId, peer: Peer, spec: ChannelSpec, ba
 /// Counts a channel about to be created against the bounds, or says which it would pass.
 fn reserve_creation(shared: &Shared, conn: ConnId, peer: Peer, new: Holding, limits: &Limits) -> Result<(), WireError> {
     let mut registry = shared.registry();
+    // Under the registry's lock, as `drain` sets it: a creation either counts in `creating`
+    // before the drain begins, and so in the channels status reports, or is refused.
+    if registry.draining {
+        return Err(error(
+            ErrorCode::Stopping,
+            "wicd is draining for maintenance (wicctl drain): no new channels until the drain is undone or wicd restarts",
+        ));
+    }
     let owned = registry.channels.values().filter(|r| r.owner == conn).count();
     if owned >= limits.max_channels_per_client as usize {
         return Err(error(

@@ -45,6 +45,13 @@ pub enum Request {
     Channels {},
     /// Engine and backend statistics.
     Stats {},
+    /// Operators only (root and wicd's own user): with `on`, refuses every later
+    /// `create_channel` with [`ErrorCode::Stopping`] until a `drain` with `on` false (or a
+    /// restart of wicd), so that the channels there are can end before wicd is stopped: a
+    /// fault on a channel's pages while no wicd runs is served with the page's old contents.
+    /// Channels that exist keep working, attachments included. [`Status::draining`] says
+    /// whether it is on.
+    Drain { on: bool },
 }
 
 /// Who produces a channel's data.
@@ -166,6 +173,9 @@ pub struct Status {
     pub held: u32,
     pub pool_pages: u32,
     pub pool_pages_used: u32,
+    /// New channels are refused ([`Request::Drain`]).
+    #[serde(default)]
+    pub draining: bool,
 }
 
 /// One channel in [`Reply::Channels`].
@@ -239,6 +249,12 @@ pub struct Stats {
     /// or data the backend does not have. The daemon logs each.
     #[serde(default)]
     pub commands_failed: u64,
+    /// Holds the kernel module ended at its own bound (`max_hold_ms`) before wicd completed
+    /// them: each one a warp that stalled its GPU, and every other context time-sliced on it,
+    /// for that long. Those of a hold wicd still waited on also count in `faults_timed_out`.
+    /// Shim backend only.
+    #[serde(default)]
+    pub faults_expired_in_module: u64,
     pub channels: u32,
     pub clients: u32,
     /// Address spaces whose GPU faults are observed through nvidia-uvm-tools now.
@@ -526,6 +542,7 @@ mod reference {
             Request::Status {},
             Request::Channels {},
             Request::Stats {},
+            Request::Drain { on: true },
         ];
         let mut ops: Vec<String> =
             requests.iter().map(|r| serde_json::to_value(r).unwrap()["op"].as_str().unwrap().to_owned()).collect();

@@ -461,6 +461,22 @@ fn timeouts_below_the_module_bound(fake: &FakeGpu, memory: &mut Memory) -> Resul
         refused_above(&client, memory, 500, &[10_000_000_000, 500_000_000, 400_000_000, 0])?;
         placed(&client, memory, &spec(1, 100_000_000))
             .map_err(|e| format!("a 100 ms timeout with max_hold_ms 500: {e}"))?;
+        // wicd stopped past the module's bound: the module ends the hold itself with the
+        // timeout marker, and wicd, resumed, counts it as the module's expiry.
+        let (_bounded, bounded_runs) = placed(&client, memory, &spec(1, 300_000_000))?;
+        fake.reset().map_err(|e| e.to_string())?;
+        hold(fake, &[bounded_runs[0]])?;
+        held_by_wicd(&client, 1)?;
+        wicd.signal(Signal::SIGSTOP)?;
+        let ended = completed(fake, &[bounded_runs[0]], PATIENCE);
+        wicd.signal(Signal::SIGCONT)?;
+        ended.map_err(|e| format!("the module's bound with wicd stopped: {e}"))?;
+        ensure(marker(memory, bounded_runs[0]) == WIC_MARKER_TIMEOUT, || {
+            "no timeout marker from the module's bound".into()
+        })?;
+        let stats = stats_until(&client, "the module's expiry counted", |s| s.faults_expired_in_module == 1)?;
+        ensure(stats.faults_timed_out == 1, || format!("the expired hold as a timeout: {stats:?}"))?;
+        println!("service: the module's own bound ended a hold while wicd was stopped; wicd counted it");
         let log = std::fs::read_to_string(LOG).unwrap_or_default();
         ensure(log.contains("channels created without a timeout are refused"), || {
             "no warning about the default timeout at start".into()
