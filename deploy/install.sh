@@ -112,10 +112,14 @@ say "installing systemd units into $UNITDIR"
 install_file 0644 "$script_dir/wicd.socket" "$UNITDIR/wicd.socket"
 install_file 0644 "$script_dir/wicd.service" "$UNITDIR/wicd.service"
 install_file 0644 "$script_dir/wic-sleep.service" "$UNITDIR/wic-sleep.service"
+install_file 0644 "$script_dir/wic-compute-mode.service" "$UNITDIR/wic-compute-mode.service"
+install_file 0755 "$script_dir/wic-compute-mode" "/usr/lib/wic/wic-compute-mode"
 if [[ $BINDIR != /usr/bin || $SYSCONFDIR != /etc ]]; then
     printf '    rewrite ExecStart= to %s/wicd serve --config %s/wic/wicd.toml\n' "$BINDIR" "$SYSCONFDIR"
     sed -i -e "s|^ExecStart=/usr/bin/wicd serve --config /etc/wic/wicd.toml|ExecStart=$BINDIR/wicd serve --config $SYSCONFDIR/wic/wicd.toml|" \
         "$DESTDIR$UNITDIR/wicd.service"
+    sed -i -e "s|^ExecStart=/usr/lib/wic/wic-compute-mode /etc/wic/wicd.toml|ExecStart=/usr/bin/env WICD=$BINDIR/wicd /usr/lib/wic/wic-compute-mode $SYSCONFDIR/wic/wicd.toml|" \
+        "$DESTDIR$UNITDIR/wic-compute-mode.service"
 fi
 
 say "installing sysusers.d, tmpfiles.d and udev files"
@@ -164,3 +168,4 @@ fi
 
 say "done; enable the daemon with: systemctl enable --now wicd.socket"
 say "on a machine that suspends or hibernates, also: systemctl enable wic-sleep.service"
+say "with [shim] gpus listing wic's GPUs, to set their compute mode at boot: systemctl enable wic-compute-mode.service"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT OR Apache-2.0
 #
-# device/bringup.sh [--bin DIR] [--socket PATH] [--nvcc NVCC] [--arch ARCH] [--kill-wicd]
+# device/bringup.sh [--bin DIR] [--socket PATH] [--nvcc NVCC] [--arch ARCH] [--gpus LIST] [--kill-wicd]
 #
 # The bring-up test of a machine with the patched driver: is the fault transport there, and
 # does it work? Run as root on the GPU machine, from the repository (or with --bin pointing at
@@ -12,8 +12,9 @@
 #   shim          wic_shim is loaded (/dev/wic), with its max_hold_ms
 #   wicd          a wicd serving the shim backend: the one on --socket if it answers, else one
 #                 started here (it negotiates the ABI with wic_shim at start and refuses another)
-#   gpu-sharing   each GPU against the deployment rule (wicd gpus: EXCLUSIVE_PROCESS or MIG);
-#                 WARN, not FAIL, for a shared GPU
+#   gpu-sharing   each GPU (of --gpus) against the deployment rule (wicd gpus: EXCLUSIVE_PROCESS
+#                 or MIG); WARN, not FAIL, for a shared GPU
+#   gpu-ids       nvidia-uvm's ids of the consumer's and the producer's GPU (wic::uvm_gpu_id)
 #   attach, host, timeout, close, gpu-producer, neighbour, process-kill, daemon-death
 #                 the CUDA cases of device/tests/bringup.cu (built here with nvcc): bytes checked,
 #                 fault -> wake percentiles, a timeout, a channel close, a GPU producer's copy where
@@ -21,6 +22,11 @@
 #                 (what the hold costs it), a process killed with a fault held (gone within a
 #                 second, the GPU still running), and wicd killed during a held wait (only a wicd
 #                 this script started, or with --kill-wicd)
+#
+# --gpus LIST runs the CUDA cases on those GPUs alone, the consumer first and the producer
+# second: CUDA_VISIBLE_DEVICES's form, UUIDs (GPU-..., MIG-...) or indexes, e.g.
+# --gpus GPU-f8b6392b-54c8-ef74-2dc3-c6ed7bde1ec5,GPU-6871d114-5c34-a5ec-0b30-451b680ec522. Without
+# it they run on the first two GPUs CUDA sees: on a shared server, name GPUs no one else uses.
 #
 # Prints one table and exits 0 only when every check passed: 1 when one failed, 3 when none
 # failed but one warned or was skipped (not a full pass: a shared GPU, one GPU where a case needs
@@ -33,6 +39,7 @@ socket=${WIC_SOCKET:-/run/wic/wicd.sock}
 nvcc=${NVCC:-nvcc}
 arch=native # nvcc's -arch: the GPUs of this machine
 kill_wicd=0
+gpus=
 
 while (($#)); do
 	case $1 in
@@ -40,8 +47,9 @@ while (($#)); do
 	--socket) socket=${2:?--socket PATH}; shift ;;
 	--nvcc) nvcc=${2:?--nvcc NVCC}; shift ;;
 	--arch) arch=${2:?--arch ARCH}; shift ;;
+	--gpus) gpus=${2:?--gpus LIST}; shift ;;
 	--kill-wicd) kill_wicd=1 ;;
-	*) echo "usage: device/bringup.sh [--bin DIR] [--socket PATH] [--nvcc NVCC] [--arch ARCH] [--kill-wicd]" >&2; exit 2 ;;
+	*) echo "usage: device/bringup.sh [--bin DIR] [--socket PATH] [--nvcc NVCC] [--arch ARCH] [--gpus LIST] [--kill-wicd]" >&2; exit 2 ;;
 	esac
 	shift
 done
@@ -148,8 +156,20 @@ else
 	row wicd PASS "wicd started here (pid $pid) on the shim backend: the module's ABI agreed"
 fi
 
-# gpu-sharing: the deployment rule, GPU by GPU.
+# gpu-sharing: the deployment rule, GPU by GPU (those of --gpus: by UUID, or "GPU <index> (").
+listed() {
+	[[ -z $gpus ]] && return 0
+	local gpu
+	for gpu in ${gpus//,/ }; do
+		case $gpu in
+		*[!0-9]*) [[ $1 == *"${gpu#GPU-}"* ]] && return 0 ;;
+		*) [[ $1 == *"GPU $gpu ("* ]] && return 0 ;;
+		esac
+	done
+	return 1
+}
 while IFS= read -r line; do
+	listed "$line" || continue
 	case $line in
 	*"safe for held faults"*) row gpu-sharing PASS "$line" ;;
 	*shared:*) row gpu-sharing WARN "$line (docs/operations.md, Held faults and GPU time-slicing)" ;;
@@ -162,6 +182,9 @@ if ! "$nvcc" -O2 -arch="$arch" -std=c++17 -I"$repo/device/include" -I"$repo/ffi/
 	"$repo/device/tests/bringup.cu" "$bin/libwic.a" -lcuda -lpthread -ldl -lm -o "$work/bringup" >"$work/nvcc.log" 2>&1; then
 	row build FAIL "nvcc: $(head -n 1 "$work/nvcc.log")"
 	finish
+fi
+if [[ -n $gpus ]]; then
+	export CUDA_VISIBLE_DEVICES=$gpus
 fi
 timeout 300 "$work/bringup" "$socket" ${pid:+"$pid"} >"$work/cases.log" 2>&1
 rc=$?

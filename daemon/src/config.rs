@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use wic_engine::{EngineConfig, Nanos};
+use wic_types::uvm_gpu::Uuid;
 
 use crate::service::sharing::SharingPolicy;
 
@@ -98,7 +99,7 @@ pub enum SubmissionChoice {
 }
 
 /// `[shim]`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ShimConfig {
     pub submission: SubmissionChoice,
@@ -108,15 +109,36 @@ pub struct ShimConfig {
     /// At each attach, what to do about GPUs that would time-slice other contexts with held
     /// faults (compute mode not EXCLUSIVE_PROCESS, no MIG), as NVML reports them.
     pub gpu_sharing: SharingPolicy,
+    /// The GPUs wic may hold faults on, by UUID as `nvidia-smi -L` prints them (`GPU-…`, or
+    /// `MIG-…` for a MIG instance); empty: every GPU. Channels whose GPUs are not listed are
+    /// refused, and only the listed GPUs are judged by `gpu_sharing`.
+    pub gpus: Vec<String>,
 }
 
 impl Default for ShimConfig {
     fn default() -> Self {
-        Self { submission: SubmissionChoice::IoUring, open_wait_ms: 2000, gpu_sharing: SharingPolicy::Refuse }
+        Self {
+            submission: SubmissionChoice::IoUring,
+            open_wait_ms: 2000,
+            gpu_sharing: SharingPolicy::Refuse,
+            gpus: Vec::new(),
+        }
     }
 }
 
 impl ShimConfig {
+    /// `gpus` as UUIDs, or which entry is not one.
+    pub fn allowed_gpus(&self) -> Result<Vec<Uuid>, String> {
+        self.gpus
+            .iter()
+            .map(|text| {
+                Uuid::parse(text).ok_or_else(|| {
+                    format!("shim.gpus: `{text}` is not a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, as nvidia-smi -L prints it)")
+                })
+            })
+            .collect()
+    }
+
     /// The backend's submission path.
     pub fn submission(&self) -> wic_kmod::Submission {
         match self.submission {
@@ -266,6 +288,7 @@ impl Config {
         if self.emulated.gpus == 0 {
             return Err("emulated.gpus must be at least 1".into());
         }
+        self.shim.allowed_gpus()?;
         Ok(())
     }
 
@@ -334,6 +357,10 @@ mod tests {
         assert!(err.contains("max_grants_per_uid"), "{err}");
         let err = Config::parse("[limits]\nmax_clients = 4\nreserved_clients = 4\n").unwrap_err();
         assert!(err.contains("reserved_clients"), "{err}");
+        let err = Config::parse("[shim]\ngpus = [\"GPU-0\"]\n").unwrap_err();
+        assert!(err.contains("shim.gpus") && err.contains("`GPU-0`"), "{err}");
+        let listed = Config::parse("[shim]\ngpus = [\"GPU-6871d114-5c34-a5ec-0b30-451b680ec522\"]\n").unwrap();
+        assert_eq!(listed.shim.allowed_gpus().unwrap()[0].to_string(), "6871d114-5c34-a5ec-0b30-451b680ec522");
     }
 
     #[test]

@@ -34,7 +34,19 @@ enum Command {
     Serve(serve::ServeArgs),
     /// List the GPUs NVIDIA's driver reports (NVML) and whether each keeps wic's held faults
     /// from stalling other contexts: compute mode EXCLUSIVE_PROCESS, or MIG on.
-    Gpus,
+    Gpus(GpusArgs),
+}
+
+#[derive(clap::Args)]
+struct GpusArgs {
+    /// Configuration file whose `[shim] gpus` marks wic's GPUs (default: /etc/wic/wicd.toml if
+    /// present).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Print only the UUIDs of `[shim] gpus`, one per line (nothing when the list is empty),
+    /// and ask NVML nothing: for scripts (deploy/wic-compute-mode).
+    #[arg(long)]
+    listed: bool,
 }
 
 #[derive(clap::Args)]
@@ -92,7 +104,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Demo(args) => run_demo(args),
         Command::Serve(args) => serve::run(args),
-        Command::Gpus => run_gpus(),
+        Command::Gpus(args) => run_gpus(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -103,7 +115,20 @@ fn main() -> ExitCode {
     }
 }
 
-fn run_gpus() -> Result<(), String> {
+fn run_gpus(args: &GpusArgs) -> Result<(), String> {
+    let config = match args.config.clone().or_else(serve::default_config) {
+        Some(path) => config::Config::load(&path)?,
+        None => config::Config::default(),
+    };
+    let listed = config.shim.allowed_gpus()?;
+    if args.listed {
+        // As nvidia-smi -i takes them: a MIG instance's with its prefix, any other as a GPU's.
+        for (text, uuid) in config.shim.gpus.iter().zip(&listed) {
+            let prefix = if text.trim().to_ascii_uppercase().starts_with("MIG-") { "MIG" } else { "GPU" };
+            println!("{prefix}-{uuid}");
+        }
+        return Ok(());
+    }
     let gpus = nvml::survey().map_err(|e| e.to_string())?;
     if gpus.is_empty() {
         println!("NVML reports no GPU");
@@ -114,7 +139,12 @@ fn run_gpus() -> Result<(), String> {
             None => "safe for held faults".to_string(),
             Some(why) => format!("shared: {why}"),
         };
-        println!("GPU {} {} {}: compute mode {}{mig}; {verdict}", gpu.index, gpu.name, gpu.uuid, gpu.compute_mode);
+        let theirs = wic_types::uvm_gpu::Uuid::parse(&gpu.uuid).is_some_and(|uuid| !listed.contains(&uuid));
+        let scope = if !listed.is_empty() && theirs { " (not in [shim] gpus: wic does not use it)" } else { "" };
+        println!(
+            "GPU {} {} {}{scope}: compute mode {}{mig}; {verdict}",
+            gpu.index, gpu.name, gpu.uuid, gpu.compute_mode
+        );
     }
     Ok(())
 }

@@ -21,6 +21,7 @@ use crate::service::control::{Control, DataplaneHandle};
 use crate::service::dataplane;
 use crate::service::emulated::EmulatedGpus;
 use crate::service::server::{self, Shared};
+use crate::service::sharing::GpuRules;
 use crate::service::shim::ShimGpus;
 use crate::systemd;
 
@@ -44,9 +45,14 @@ pub struct ServeArgs {
     pub gpus: Option<u16>,
 }
 
+/// The configuration file read when none is named: [`DEFAULT_CONFIG`], if it exists.
+pub fn default_config() -> Option<PathBuf> {
+    Path::new(DEFAULT_CONFIG).exists().then(|| DEFAULT_CONFIG.into())
+}
+
 impl ServeArgs {
     fn config_path(&self) -> Option<PathBuf> {
-        self.config.clone().or_else(|| Path::new(DEFAULT_CONFIG).exists().then(|| DEFAULT_CONFIG.into()))
+        self.config.clone().or_else(default_config)
     }
 
     fn load(&self) -> Result<Config, String> {
@@ -271,13 +277,16 @@ async fn serve(
     };
     let warps_per_batch = config.engine().warps_per_batch;
     // Only the shim holds faults; the emulated backend's GPUs stall nobody.
-    let gpu_sharing = (backend == "shim").then_some(config.shim.gpu_sharing);
+    let gpu_rules = match backend {
+        "shim" => Some(GpuRules { sharing: config.shim.gpu_sharing, allowed: config.shim.allowed_gpus()? }),
+        _ => None,
+    };
     let ready = signals()
         .map_err(|e| format!("signal handlers: {e}"))
         .and_then(|signals| {
             Ok((
                 signals,
-                Shared::new(config.limits, nofile, handle.clone(), backend, gpus, warps_per_batch, gpu_sharing)?,
+                Shared::new(config.limits, nofile, handle.clone(), backend, gpus, warps_per_batch, gpu_rules)?,
             ))
         })
         .and_then(|(signals, shared)| Ok((signals, shared, bind(&config)?)));

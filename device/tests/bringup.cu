@@ -33,10 +33,10 @@
  * Usage: bringup SOCKET [WICD_PID]
  * Prints one line per case, "CASE name PASS|FAIL|SKIP detail", and exits 0 when none failed.
  *
- * The shim backend names GPUs as nvidia-uvm does (the processor id of a fault: 1 + 8 x the
- * GPU's registration index + its MIG sub-index), not as CUDA does: the consumer (CUDA device 0)
- * is taken as GPU 1 and the producer (CUDA device 1) as GPU 9, the first two GPUs nvidia-uvm
- * registers; WIC_BRINGUP_GPUS="CONSUMER PRODUCER" says otherwise.
+ * The shim backend names GPUs as nvidia-uvm does (the processor id of a fault), not as CUDA
+ * does: the consumer is CUDA device 0 and the producer CUDA device 1 (CUDA_VISIBLE_DEVICES picks
+ * them: bringup.sh --gpus), each translated with wic::uvm_gpu_id(). The ids depend on which GPUs
+ * the machine's processes use, so they are never assumed.
  */
 #include <algorithm>
 #include <cerrno>
@@ -62,7 +62,7 @@ constexpr uint64_t long_timeout_ns = 2000000000; /* under wic_shim's default max
 constexpr uint64_t short_timeout_ns = 100000000;
 
 bool failed_any = false;
-uint16_t consumer_id = 1, producer_id = 9;
+uint16_t consumer_id = 0, producer_id = 0; /* nvidia-uvm's ids of CUDA devices 0 and 1 */
 
 void report(const char *name, const char *result, const std::string &detail)
 {
@@ -601,21 +601,26 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	const pid_t wicd = argc == 3 ? (pid_t)atoi(argv[2]) : 0;
-	if (const char *ids = getenv("WIC_BRINGUP_GPUS")) {
-		unsigned consumer = 0, producer = 0;
-		if (sscanf(ids, "%u %u", &consumer, &producer) != 2 || !consumer || !producer || consumer > 256 ||
-		    producer > 256) {
-			fprintf(stderr, "bringup: WIC_BRINGUP_GPUS must be two nvidia-uvm GPU ids, 1 to 256\n");
-			return 2;
-		}
-		consumer_id = (uint16_t)consumer;
-		producer_id = (uint16_t)producer;
-	}
 	cudaError_t err = cudaFree(0); /* the context, and with it CUDA's nvidia-uvm files */
 	if (err != cudaSuccess) {
 		report("cuda", "FAIL", cuda_error("cudaFree(0)", err));
 		return 1;
 	}
+	int devices = 0;
+	cudaGetDeviceCount(&devices);
+	uint16_t *ids[] = {&consumer_id, &producer_id};
+	for (int device = 0; device < std::min(devices, 2); device++) {
+		uint32_t id = 0;
+		int rc = wic::uvm_gpu_id(device, &id);
+		if (rc != WIC_OK || id == 0 || id > 0xffff) {
+			report("gpu-ids", "FAIL", wic_error(("wic::uvm_gpu_id(" + std::to_string(device) + ")").c_str(), rc));
+			return 1;
+		}
+		*ids[device] = (uint16_t)id;
+	}
+	report("gpu-ids", "PASS",
+	       "CUDA device 0 is nvidia-uvm GPU " + std::to_string(consumer_id) +
+		       (devices > 1 ? ", device 1 GPU " + std::to_string(producer_id) : std::string()));
 	wic_client *client = nullptr;
 	uint32_t space = 0;
 	int rc = wic_connect(argv[1], &client);

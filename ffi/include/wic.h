@@ -108,8 +108,8 @@ typedef struct wic_channel wic_channel;
  *
  * GPUs are numbered as the daemon's backend numbers them: the emulated backend's GPUs are 0 to
  * its count - 1; on the shim backend a GPU is nvidia-uvm's processor id of it, the id its
- * faults carry (1 + 8 x the GPU's registration index in nvidia-uvm + its MIG sub-index: 1 for
- * the first GPU, 9 for the second), not CUDA's device index.
+ * faults carry (1 + 8 x the GPU's registration index in nvidia-uvm + its MIG sub-index), not
+ * CUDA's device index: wic_uvm_gpu_id() translates a CUDA device's UUID.
  */
 struct wic_channel_spec {
 	uint16_t consumer_gpu;
@@ -429,6 +429,25 @@ int wic_wait_writable(wic_channel *ch, uint32_t slot, uint64_t timeout_ns);
  * WIC_EUNSUPPORTED on the shim backend, whose consumers are GPU kernels.
  */
 int wic_consume(wic_channel *ch, uint32_t slot, void *dst, size_t len);
+
+/**
+ * wic_uvm_gpu_id() - nvidia-uvm's id of a GPU, from its UUID
+ * @uuid: the GPU's 16-byte UUID, as CUDA gives it (cudaDeviceProp::uuid.bytes,
+ *	cuDeviceGetUuid()): a MIG device's UUID names that MIG instance
+ * @gpu_id: receives the id, what wic_channel_spec's GPU fields take on the shim backend
+ *
+ * nvidia-uvm hands out a GPU's id when it first registers the GPU, which CUDA does for every
+ * GPU a process can see when it initializes, and takes it back when no process has the GPU
+ * registered: the id depends on which GPUs other processes use and on CUDA_VISIBLE_DEVICES, and
+ * stays the same only while some process, the caller included, has CUDA initialized. Call it
+ * after CUDA is initialized. Reads nvidia-uvm's /proc/driver/nvidia-uvm/gpus; needs no daemon.
+ *
+ * Return: WIC_OK; WIC_ENOT_FOUND if no GPU of that UUID is registered (CUDA not initialized,
+ * or not an NVIDIA GPU's UUID), or if it is the physical UUID of a GPU split into several MIG
+ * instances (give the MIG device's UUID); WIC_EUNSUPPORTED where nvidia-uvm is not loaded;
+ * WIC_EINVALID for a NULL pointer.
+ */
+int wic_uvm_gpu_id(const uint8_t uuid[16], uint32_t *gpu_id);
 
 /**
  * wic_stats() - fetch the daemon's statistics

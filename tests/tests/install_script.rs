@@ -25,6 +25,8 @@ fn install_sh_stages_every_documented_file() {
         "usr/lib/systemd/system/wicd.service",
         "usr/lib/systemd/system/wicd.socket",
         "usr/lib/systemd/system/wic-sleep.service",
+        "usr/lib/systemd/system/wic-compute-mode.service",
+        "usr/lib/wic/wic-compute-mode",
         "usr/lib/sysusers.d/wic.conf",
         "usr/lib/tmpfiles.d/wic.conf",
         "usr/lib/udev/rules.d/70-wic.rules",
@@ -58,7 +60,7 @@ fn install_sh_stages_every_documented_file() {
     assert!(lib.join("libwic.a").is_file(), "libwic.a:\n{log}");
     // The README's table and the script agree on what goes where.
     let readme = std::fs::read_to_string(workspace().join("deploy/README.md")).unwrap();
-    for unit in ["wicd.service", "wicd.socket", "wic-sleep.service"] {
+    for unit in ["wicd.service", "wicd.socket", "wic-sleep.service", "wic-compute-mode.service"] {
         assert!(readme.contains(&format!("`/usr/lib/systemd/system/{unit}`")), "deploy/README.md does not list {unit}");
     }
 }

@@ -379,24 +379,37 @@ fn dkms_test_blocked(kver: &str) -> Option<Blocked> {
 }
 
 /// The CRCs of the `uvm_wic_*` symbols `module` exports: each `__crc_<symbol>` is the offset of
-/// its CRC, a 32-bit word, in the module's `__kcrctab` section.
+/// its CRC, a 32-bit word, in the module's `__kcrctab` or `__kcrctab_gpl` section.
 fn exported_crcs(module: &Path, scratch: &Path) -> Vec<(String, u32)> {
-    let table = scratch.join("kcrctab");
-    let copy = run(Command::new("objcopy").args(["-O", "binary", "--only-section=__kcrctab"]).arg(module).arg(&table));
-    assert!(copy.status.success(), "objcopy {}: {}", module.display(), text(&copy));
-    let crcs = std::fs::read(&table).expect("the CRC table");
-    let symbols = run(Command::new("nm").arg(module));
-    assert!(symbols.status.success(), "nm {}: {}", module.display(), text(&symbols));
-    String::from_utf8_lossy(&symbols.stdout)
-        .lines()
-        .filter_map(|line| {
-            let [offset, _, name] = line.split_whitespace().collect::<Vec<_>>()[..] else { return None };
-            let symbol = name.strip_prefix("__crc_").filter(|s| s.starts_with("uvm_wic_"))?;
-            let at = usize::from_str_radix(offset, 16).ok()?;
-            let word = crcs.get(at..at + 4)?;
-            Some((symbol.to_string(), u32::from_le_bytes(word.try_into().ok()?)))
-        })
-        .collect()
+    let symbols = run(Command::new("objdump").arg("-t").arg(module));
+    assert!(symbols.status.success(), "objdump -t {}: {}", module.display(), text(&symbols));
+    let section = |name: &str| {
+        let file = scratch.join(name);
+        let copy = run(Command::new("objcopy")
+            .args(["-O", "binary", &format!("--only-section={name}")])
+            .arg(module)
+            .arg(&file));
+        assert!(copy.status.success(), "objcopy {name} of {}: {}", module.display(), text(&copy));
+        std::fs::read(&file).expect("a CRC table")
+    };
+    let mut tables = std::collections::HashMap::new();
+    let mut crcs = Vec::new();
+    // "<offset> l       __kcrctab_gpl\t<size> __crc_<symbol>"
+    for line in String::from_utf8_lossy(&symbols.stdout).lines() {
+        let Some((place, name)) = line.split_once('\t') else { continue };
+        let Some(symbol) = name.split_whitespace().last().and_then(|n| n.strip_prefix("__crc_")) else { continue };
+        let (Some(offset), Some(table)) = (place.split_whitespace().next(), place.split_whitespace().last()) else {
+            continue;
+        };
+        if !symbol.starts_with("uvm_wic_") || !table.starts_with("__kcrctab") {
+            continue;
+        }
+        let at = usize::from_str_radix(offset, 16).expect("an offset");
+        let bytes = tables.entry(table.to_string()).or_insert_with(|| section(table));
+        let word: [u8; 4] = bytes[at..at + 4].try_into().expect("4 bytes");
+        crcs.push((symbol.to_string(), u32::from_le_bytes(word)));
+    }
+    crcs
 }
 
 /// The `uvm_wic_*` symbols `module` imports, with the CRCs it was built against.

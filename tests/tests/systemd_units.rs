@@ -7,7 +7,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const UNITS: [&str; 3] = ["wicd.service", "wicd.socket", "wic-sleep.service"];
+const UNITS: [&str; 4] = ["wicd.service", "wicd.socket", "wic-sleep.service", "wic-compute-mode.service"];
 
 fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("deploy")
@@ -296,7 +296,15 @@ fn example_config_has_exactly_the_documented_keys_and_defaults() {
         ),
         ("engine", vec![("pool_pages", I(16384)), ("warps_per_batch", I(16)), ("max_slots", I(4096))]),
         ("emulated", vec![("gpus", I(4))]),
-        ("shim", vec![("submission", s("io_uring")), ("open_wait_ms", I(2000)), ("gpu_sharing", s("refuse"))]),
+        (
+            "shim",
+            vec![
+                ("submission", s("io_uring")),
+                ("open_wait_ms", I(2000)),
+                ("gpu_sharing", s("refuse")),
+                ("gpus", toml::Value::Array(Vec::new())),
+            ],
+        ),
         (
             "limits",
             vec![

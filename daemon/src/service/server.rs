@@ -18,6 +18,7 @@
 use std::collections::HashMap;
 use std::io::{self, IoSlice};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -28,14 +29,15 @@ use tokio::net::{UnixListener, UnixStream};
 use wic_engine::PAGE_SIZE;
 use wic_proto::frame::{self, FrameError};
 use wic_proto::message::{
-    ChannelInfo, ChannelSpec, ChannelSummary, ErrorCode, FdKind, Reply, Request, Response, Role, SlotInfo, Status,
-    WireError,
+    ChannelInfo, ChannelSpec, ChannelSummary, ErrorCode, FdKind, Producer, Reply, Request, Response, Role, SlotInfo,
+    Status, WireError,
 };
 use wic_proto::PROTOCOL_VERSION;
+use wic_types::uvm_gpu::{UvmGpus, PROCFS_GPUS};
 
 use super::control::{Control, Created, DataplaneHandle, PlacementRequest};
 use super::quota::{self, RefusalLog};
-use super::sharing::{self, SharingPolicy};
+use super::sharing::{self, GpuRules, SharingPolicy};
 use crate::config::Limits;
 use crate::nvml;
 
@@ -173,9 +175,9 @@ pub struct Shared {
     pub started: Instant,
     /// The daemon's own uid: with root, the operators who see every client's channels.
     operator_uid: u32,
-    /// What to do at attach about GPUs that time-slice other contexts with held faults;
-    /// `None` where no fault is held (the emulated backend).
-    gpu_sharing: Option<SharingPolicy>,
+    /// What to do at attach about GPUs that time-slice other contexts with held faults, and
+    /// which GPUs channels may use; `None` where no fault is held (the emulated backend).
+    gpu_rules: Option<GpuRules>,
     /// Whether the log said already that NVML cannot tell how the GPUs are shared.
     unchecked_gpus_told: AtomicBool,
     registry: Mutex<Registry>,
@@ -192,7 +194,7 @@ impl Shared {
         backend: &'static str,
         gpus: u16,
         warps_per_batch: u32,
-        gpu_sharing: Option<SharingPolicy>,
+        gpu_rules: Option<GpuRules>,
     ) -> Result<Arc<Self>, String> {
         let channels = quota::channel_capacity(&limits, nofile)?;
         tracing::info!("descriptor limit {nofile}: room for {} clients and {channels} channels", limits.max_clients);
@@ -205,7 +207,7 @@ impl Shared {
             warps_per_batch,
             started: Instant::now(),
             operator_uid: nix::unistd::geteuid().as_raw(),
-            gpu_sharing,
+            gpu_rules,
             unchecked_gpus_told: AtomicBool::new(false),
             registry: Mutex::new(Registry::default()),
             refusals: Mutex::new(RefusalLog::default()),
@@ -794,12 +796,12 @@ async fn attach_space(shared: &Shared, conn: ConnId, peer: Peer, fds: Vec<OwnedF
 /// change a GPU's compute mode between two): a GPU that time-slices other contexts with wic's
 /// held faults is logged, or the attachment refused, as `[shim] gpu_sharing` says.
 async fn check_gpu_sharing(shared: &Shared, peer: Peer) -> Result<(), WireError> {
-    let Some(policy) = shared.gpu_sharing.filter(|p| *p != SharingPolicy::Ignore) else { return Ok(()) };
+    let Some(rules) = shared.gpu_rules.as_ref().filter(|r| r.sharing != SharingPolicy::Ignore) else { return Ok(()) };
     // NVML's calls reach the driver and can take a while: off the control plane's threads.
     let survey = tokio::task::spawn_blocking(nvml::survey)
         .await
         .map_err(|e| error(ErrorCode::Io, format!("checking the GPUs: {e}")))?;
-    match sharing::check(policy, &survey) {
+    match sharing::check(rules, &survey) {
         Ok(warnings) => {
             // Without NVML every attachment would say the same: once is enough.
             let first_unchecked = survey.is_err() && !shared.unchecked_gpus_told.swap(true, Ordering::Relaxed);
@@ -937,6 +939,9 @@ async fn create_reserved(
             ));
         }
     }
+    if let Some(rules) = shared.gpu_rules.as_ref().filter(|r| !r.allowed.is_empty()) {
+        admit_gpus(rules, &spec).await?;
+    }
     let engine_spec = spec.into();
     let placement = match base_va {
         None => None,
@@ -980,6 +985,21 @@ async fn create_reserved(
     tracing::debug!(channel = info.channel, pid = peer.pid, uid = peer.uid, slots = spec.slots, "channel created");
     shared.registry().channels.insert(info.channel, record);
     Ok((Reply::Channel(info), fds))
+}
+
+/// Whether the channel's GPUs are among `[shim] gpus`, by nvidia-uvm's listing of its GPUs now.
+async fn admit_gpus(rules: &GpuRules, spec: &ChannelSpec) -> Result<(), WireError> {
+    let gpus = tokio::task::spawn_blocking(|| UvmGpus::read(Path::new(PROCFS_GPUS)))
+        .await
+        .map_err(|e| error(ErrorCode::Io, format!("reading nvidia-uvm's GPUs: {e}")))?
+        .map_err(|e| error(ErrorCode::Unsupported, format!("{PROCFS_GPUS}: {e}: is nvidia-uvm loaded?")))?;
+    rules
+        .admit(&gpus, spec.consumer_gpu)
+        .map_err(|why| error(ErrorCode::Permission, format!("consumer_gpu: {why}")))?;
+    if let Producer::Gpu { gpu, .. } = spec.producer {
+        rules.admit(&gpus, gpu).map_err(|why| error(ErrorCode::Permission, format!("producer gpu: {why}")))?;
+    }
+    Ok(())
 }
 
 fn attach(shared: &Shared, conn: ConnId, peer: Peer, token: &str) -> Handled {

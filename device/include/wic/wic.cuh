@@ -1358,6 +1358,26 @@ inline channel fault_channel(const struct wic_channel_info *info, const struct w
 	return ch;
 }
 
+/*
+ * uvm_gpu_id() - nvidia-uvm's id of a CUDA device, what a fault channel's GPU fields take
+ * @device: the CUDA device (as CUDA_VISIBLE_DEVICES numbers them)
+ * @id: receives the id
+ *
+ * The shim backend names GPUs as nvidia-uvm does, by ids that depend on which GPUs the
+ * processes of the machine use (wic_uvm_gpu_id() in wic.h): translate, never assume 1 and 9.
+ * Initializes CUDA if it is not yet, which registers every visible GPU with nvidia-uvm (seen
+ * with the stock 580.159.04 driver), and creates no context.
+ *
+ * Return: WIC_OK, WIC_EIO if CUDA cannot say the device's UUID, or wic_uvm_gpu_id()'s error.
+ */
+inline int uvm_gpu_id(int device, uint32_t *id)
+{
+	cudaDeviceProp prop;
+	if (cudaGetDeviceProperties(&prop, device) != cudaSuccess)
+		return WIC_EIO;
+	return wic_uvm_gpu_id(reinterpret_cast<const uint8_t *>(prop.uuid.bytes), id);
+}
+
 } /* namespace wic */
 
 #endif /* WIC_WIC_CUH */

@@ -14,9 +14,11 @@ use std::time::Duration;
 
 use wic_proto::message::ErrorCode;
 
+use wic_types::uvm_gpu::{Uuid, UvmGpus, PROCFS_GPUS};
+
 use crate::abi::{
-    err, role_from_c, WicChannelInfo, WicChannelSpec, WicSlotInfo, WicStats, WIC_EINVALID, WIC_EIO, WIC_EPROTOCOL,
-    WIC_OK, WIC_TOKEN_LEN,
+    err, role_from_c, WicChannelInfo, WicChannelSpec, WicSlotInfo, WicStats, WIC_EINVALID, WIC_EIO, WIC_ENOT_FOUND,
+    WIC_EPROTOCOL, WIC_EUNSUPPORTED, WIC_OK, WIC_TOKEN_LEN,
 };
 use crate::channel::{self, Channel};
 use crate::client::{self, spec_from_abi, stats_to_abi, Client};
@@ -483,6 +485,39 @@ pub unsafe extern "C" fn wic_stats(client: *mut Client, out: *mut WicStats) -> c
     })
 }
 
+/// nvidia-uvm's id of the GPU whose UUID is `uuid`, from `dir` (nvidia-uvm's procfs listing).
+fn uvm_gpu_id(dir: &Path, uuid: [u8; 16]) -> Result<u32, c_int> {
+    let gpus = UvmGpus::read(dir).map_err(|e| match e.kind() {
+        // No nvidia-uvm loaded.
+        std::io::ErrorKind::NotFound => WIC_EUNSUPPORTED,
+        _ => WIC_EIO,
+    })?;
+    gpus.id_of(Uuid(uuid)).map_err(|_| WIC_ENOT_FOUND)
+}
+
+/// nvidia-uvm's id of a GPU, from its 16-byte UUID.
+///
+/// # Safety
+/// `uuid` is NULL or points to 16 readable bytes; `gpu_id` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn wic_uvm_gpu_id(uuid: *const u8, gpu_id: *mut u32) -> c_int {
+    guard(|| {
+        if uuid.is_null() || gpu_id.is_null() {
+            return WIC_EINVALID;
+        }
+        // SAFETY: checked non-null; the caller guarantees 16 readable bytes.
+        let uuid = unsafe { uuid.cast::<[u8; 16]>().read_unaligned() };
+        match uvm_gpu_id(Path::new(PROCFS_GPUS), uuid) {
+            Ok(id) => {
+                // SAFETY: checked non-null; the caller guarantees it is writable.
+                unsafe { gpu_id.write_unaligned(id) };
+                WIC_OK
+            }
+            Err(code) => code,
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -535,5 +570,28 @@ mod tests {
         // SAFETY: a valid C string and a live out pointer.
         assert_eq!(unsafe { wic_connect(c"/nonexistent/wicd.sock".as_ptr(), &mut client) }, WIC_ECONNECT);
         assert!(client.is_null());
+    }
+
+    #[test]
+    fn uvm_gpu_ids_come_from_nvidia_uvms_listing() {
+        let uuid = [0x68, 0x71, 0xd1, 0x14, 0x5c, 0x34, 0xa5, 0xec, 0x0b, 0x30, 0x45, 0x1b, 0x68, 0x0e, 0xc5, 0x22];
+        let dir = std::env::temp_dir().join(format!("libwic-uvm-gpus-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::os::unix::fs::symlink("GPU-6871d114-5c34-a5ec-0b30-451b680ec522/0", dir.join("9")).unwrap();
+        let found = uvm_gpu_id(&dir, uuid);
+        let other = uvm_gpu_id(&dir, [0; 16]);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!((found, other), (Ok(9), Err(WIC_ENOT_FOUND)));
+        assert_eq!(uvm_gpu_id(Path::new("/nonexistent/gpus"), uuid), Err(WIC_EUNSUPPORTED));
+        let mut id = 0;
+        // SAFETY: NULL is refused before anything is read.
+        assert_eq!(unsafe { wic_uvm_gpu_id(null(), &mut id) }, WIC_EINVALID);
+        // SAFETY: `uuid` is 16 readable bytes; NULL out is refused.
+        assert_eq!(unsafe { wic_uvm_gpu_id(uuid.as_ptr(), null_mut()) }, WIC_EINVALID);
+        if !Path::new(PROCFS_GPUS).exists() {
+            // SAFETY: both pointers are valid.
+            assert_eq!(unsafe { wic_uvm_gpu_id(uuid.as_ptr(), &mut id) }, WIC_EUNSUPPORTED);
+        }
     }
 }
