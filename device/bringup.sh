@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT OR Apache-2.0
 #
-# device/bringup.sh [--bin DIR] [--socket PATH] [--nvcc NVCC] [--arch ARCH] [--gpus LIST] [--kill-wicd]
+# device/bringup.sh [--bin DIR] [--socket PATH] [--nvcc NVCC] [--arch ARCH] [--gpus LIST] [--user USER]
+#                   [--kill-wicd]
 #
 # The bring-up test of a machine with the patched driver: is the fault transport there, and
 # does it work? Run as root on the GPU machine, from the repository (or with --bin pointing at
@@ -12,6 +13,9 @@
 #   shim          wic_shim is loaded (/dev/wic), with its max_hold_ms
 #   wicd          a wicd serving the shim backend: the one on --socket if it answers, else one
 #                 started here (it negotiates the ABI with wic_shim at start and refuses another)
+#   service       the wicd on the socket is the installed service: its user (wicd) and its unit's
+#                 sandbox; a wicd started here is not (WARN: start wicd.socket for a full pass)
+#   access        a user outside the socket's group is refused (the service's wicd only)
 #   gpu-sharing   each GPU (of --gpus) against the deployment rule (wicd gpus: EXCLUSIVE_PROCESS
 #                 or MIG); WARN, not FAIL, for a shared GPU
 #   gpu-ids       nvidia-uvm's ids of the consumer's and the producer's GPU (wic::uvm_gpu_id)
@@ -28,6 +32,9 @@
 # --gpus GPU-f8b6392b-54c8-ef74-2dc3-c6ed7bde1ec5,GPU-6871d114-5c34-a5ec-0b30-451b680ec522. Without
 # it they run on the first two GPUs CUDA sees: on a shared server, name GPUs no one else uses.
 #
+# --user USER runs the CUDA cases as USER, a member of the socket's group, as applications run
+# (default: the user sudo ran this for, if any); as root they WARN.
+#
 # Prints one table and exits 0 only when every check passed: 1 when one failed, 3 when none
 # failed but one warned or was skipped (not a full pass: a shared GPU, one GPU where a case needs
 # two), 2 for bad arguments. A wicd it started is stopped however it ends, interrupted included.
@@ -40,6 +47,7 @@ nvcc=${NVCC:-nvcc}
 arch=native # nvcc's -arch: the GPUs of this machine
 kill_wicd=0
 gpus=
+user=${SUDO_USER:-}
 
 while (($#)); do
 	case $1 in
@@ -48,8 +56,9 @@ while (($#)); do
 	--nvcc) nvcc=${2:?--nvcc NVCC}; shift ;;
 	--arch) arch=${2:?--arch ARCH}; shift ;;
 	--gpus) gpus=${2:?--gpus LIST}; shift ;;
+	--user) user=${2:?--user USER}; shift ;;
 	--kill-wicd) kill_wicd=1 ;;
-	*) echo "usage: device/bringup.sh [--bin DIR] [--socket PATH] [--nvcc NVCC] [--arch ARCH] [--gpus LIST] [--kill-wicd]" >&2; exit 2 ;;
+	*) echo "usage: device/bringup.sh [--bin DIR] [--socket PATH] [--nvcc NVCC] [--arch ARCH] [--gpus LIST] [--user USER] [--kill-wicd]" >&2; exit 2 ;;
 	esac
 	shift
 done
@@ -156,6 +165,34 @@ else
 	row wicd PASS "wicd started here (pid $pid) on the shim backend: the module's ABI agreed"
 fi
 
+# service: the applications' wicd is the installed unit's, as its user inside its sandbox.
+wicd_pid=${own_wicd:-$(sed -n 's/.*"pid": *\([0-9]*\).*/\1/p' <<<"$status")}
+if [[ -n $own_wicd ]]; then
+	row service WARN "the wicd started here runs as root without the unit's sandbox: start the service (systemctl start wicd.socket) for a full pass"
+else
+	wicd_uid=$(awk '/^Uid:/ { print $2 }' "/proc/$wicd_pid/status" 2>/dev/null)
+	unit=$(sed -n 's/^[0-9]*:[^:]*:.*\/\([^/]*\.service\)$/\1/p' "/proc/$wicd_pid/cgroup" 2>/dev/null | head -n 1)
+	if [[ $wicd_uid == "$(id -u wicd 2>/dev/null)" && $unit == wicd.service ]]; then
+		row service PASS "wicd (pid $wicd_pid) runs as user wicd in wicd.service's sandbox"
+	else
+		row service WARN "wicd (pid $wicd_pid) runs as uid ${wicd_uid:-?} in ${unit:-no service unit}, not as wicd.service's user wicd"
+	fi
+fi
+
+# access: the socket's group decides who reaches wicd.
+if [[ -z $own_wicd ]] && id nobody >/dev/null 2>&1; then
+	group=$(stat -c %G "$socket" 2>/dev/null)
+	if id -nG nobody | tr ' ' '\n' | grep -qx "$group"; then
+		row access SKIP "nobody is in the socket's group $group: no outsider to try"
+	elif runuser -u nobody -- "$bin/wicctl" --socket "$socket" --timeout-ms 3000 status >/dev/null 2>&1; then
+		row access FAIL "user nobody, outside group $group, reached wicd on $socket: check service.socket_mode and socket_group"
+	else
+		row access PASS "user nobody, outside group $group, is refused on $socket"
+	fi
+else
+	row access SKIP "the wicd started here listens on a private socket"
+fi
+
 # gpu-sharing: the deployment rule, GPU by GPU (those of --gpus: by UUID, or "GPU <index> (").
 listed() {
 	[[ -z $gpus ]] && return 0
@@ -186,7 +223,24 @@ fi
 if [[ -n $gpus ]]; then
 	export CUDA_VISIBLE_DEVICES=$gpus
 fi
-timeout 300 "$work/bringup" "$socket" ${pid:+"$pid"} >"$work/cases.log" 2>&1
+# As an application runs: a user of the socket's group, not root (only with the service's wicd,
+# whose socket that group reaches).
+as_user=()
+if [[ -n $pid && -z $own_wicd ]]; then
+	row user WARN "--kill-wicd: the CUDA cases run as root, which may kill the service's wicd"
+elif [[ -z $own_wicd && -n $user && $user != root ]]; then
+	group=$(stat -c %G "$socket" 2>/dev/null)
+	if ! id -nG "$user" 2>/dev/null | tr ' ' '\n' | grep -qx "$group"; then
+		row cases FAIL "--user $user is not in the socket's group $group (usermod -aG $group $user)"
+		finish
+	fi
+	chmod 0755 "$work" && chmod 0755 "$work/bringup"
+	as_user=(runuser -u "$user" --)
+	row user PASS "the CUDA cases run as $user, a member of group $group"
+elif [[ -z $own_wicd ]]; then
+	row user WARN "the CUDA cases run as root: --user USER (a member of the socket's group) runs them as applications run"
+fi
+timeout 300 "${as_user[@]}" "$work/bringup" "$socket" ${pid:+"$pid"} >"$work/cases.log" 2>&1
 rc=$?
 while read -r tag name result detail; do
 	[[ $tag == CASE ]] && row "$name" "$result" "$detail"
