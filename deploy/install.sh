@@ -76,7 +76,7 @@ if [[ -f $build_dir/libwic.so ]]; then
     [[ $soname == libwic.so.* ]] || die "$build_dir/libwic.so has no SONAME libwic.so.N (built by an old tree?)"
     lib_version=$(sed -n 's/^version *= *"\([^"]*\)".*/\1/p' "$repo_root/ffi/libwic/Cargo.toml" | head -n1)
     real=libwic.so.${lib_version:?}
-    [[ $real == "$soname"* ]] || die "SONAME $soname does not fit libwic's version $lib_version"
+    [[ $real == "$soname" || $real == "$soname".* ]] || die "SONAME $soname does not fit libwic's version $lib_version"
     install_file 0755 "$build_dir/libwic.so" "$LIBDIR/$real"
     [[ $soname == "$real" ]] || run ln -sfn "$real" "$DESTDIR$LIBDIR/$soname"
     run ln -sfn "$soname" "$DESTDIR$LIBDIR/libwic.so"

@@ -33,7 +33,7 @@
 # it they run on the first two GPUs CUDA sees: on a shared server, name GPUs no one else uses.
 #
 # --user USER runs the CUDA cases as USER, a member of the socket's group, as applications run
-# (default: the user sudo ran this for, if any); as root they WARN.
+# (default: the user sudo ran this for, if that user is in the group); as root they WARN.
 #
 # Prints one table and exits 0 only when every check passed: 1 when one failed, 3 when none
 # failed but one warned or was skipped (not a full pass: a shared GPU, one GPU where a case needs
@@ -47,7 +47,7 @@ nvcc=${NVCC:-nvcc}
 arch=native # nvcc's -arch: the GPUs of this machine
 kill_wicd=0
 gpus=
-user=${SUDO_USER:-}
+user=
 
 while (($#)); do
 	case $1 in
@@ -184,24 +184,40 @@ if [[ -z $own_wicd ]] && id nobody >/dev/null 2>&1; then
 	group=$(stat -c %G "$socket" 2>/dev/null)
 	if id -nG nobody | tr ' ' '\n' | grep -qx "$group"; then
 		row access SKIP "nobody is in the socket's group $group: no outsider to try"
-	elif runuser -u nobody -- "$bin/wicctl" --socket "$socket" --timeout-ms 3000 status >/dev/null 2>&1; then
-		row access FAIL "user nobody, outside group $group, reached wicd on $socket: check service.socket_mode and socket_group"
 	else
-		row access PASS "user nobody, outside group $group, is refused on $socket"
+		# A copy nobody can run wherever the repository is.
+		install -m 0755 "$bin/wicctl" "$work/wicctl" && chmod 0755 "$work"
+		outsider=$(runuser -u nobody -- "$work/wicctl" --socket "$socket" --timeout-ms 3000 status 2>&1)
+		case $? in
+		0) row access FAIL "user nobody, outside group $group, reached wicd on $socket: check service.socket_mode and socket_group" ;;
+		*)
+			if grep -qi "permission denied" <<<"$outsider"; then
+				row access PASS "user nobody, outside group $group, is refused on $socket"
+			else
+				row access WARN "user nobody could not be tried: $outsider"
+			fi
+			;;
+		esac
 	fi
 else
 	row access SKIP "the wicd started here listens on a private socket"
 fi
 
-# gpu-sharing: the deployment rule, GPU by GPU (those of --gpus: by UUID, or "GPU <index> (").
+# gpu-sharing: the deployment rule, GPU by GPU: those of --gpus when it names them all by their
+# GPU- UUIDs (an index or a MIG instance does not say which of NVML's GPUs it is: then every
+# GPU), and every line that is not a GPU's (an error of wicd gpus).
+judged=()
 listed() {
-	[[ -z $gpus ]] && return 0
+	[[ -z $gpus || $1 != "GPU "* ]] && return 0
 	local gpu
 	for gpu in ${gpus//,/ }; do
-		case $gpu in
-		*[!0-9]*) [[ $1 == *"${gpu#GPU-}"* ]] && return 0 ;;
-		*) [[ $1 == *"GPU $gpu ("* ]] && return 0 ;;
-		esac
+		[[ $gpu == GPU-* ]] || return 0
+	done
+	for gpu in ${gpus//,/ }; do
+		if [[ $1 == *"$gpu"* ]]; then
+			judged+=("$gpu")
+			return 0
+		fi
 	done
 	return 1
 }
@@ -213,6 +229,11 @@ while IFS= read -r line; do
 	*) row gpu-sharing WARN "$line" ;;
 	esac
 done < <("$bin/wicd" gpus 2>&1)
+for gpu in ${gpus//,/ }; do
+	if [[ $gpu == GPU-* && " ${judged[*]} " != *" $gpu "* ]]; then
+		row gpu-sharing WARN "$gpu of --gpus: NVML (wicd gpus) reports no such GPU"
+	fi
+done
 
 # The CUDA cases.
 if ! "$nvcc" -O2 -arch="$arch" -std=c++17 -I"$repo/device/include" -I"$repo/ffi/include" \
@@ -226,19 +247,26 @@ fi
 # As an application runs: a user of the socket's group, not root (only with the service's wicd,
 # whose socket that group reaches).
 as_user=()
-if [[ -n $pid && -z $own_wicd ]]; then
-	row user WARN "--kill-wicd: the CUDA cases run as root, which may kill the service's wicd"
-elif [[ -z $own_wicd && -n $user && $user != root ]]; then
+if [[ -z $own_wicd && -z $pid ]]; then
 	group=$(stat -c %G "$socket" 2>/dev/null)
-	if ! id -nG "$user" 2>/dev/null | tr ' ' '\n' | grep -qx "$group"; then
+	in_group() { id -nG "$1" 2>/dev/null | tr ' ' '\n' | grep -qx "$group"; }
+	if [[ -n $user ]] && ! in_group "$user"; then
 		row cases FAIL "--user $user is not in the socket's group $group (usermod -aG $group $user)"
 		finish
 	fi
-	chmod 0755 "$work" && chmod 0755 "$work/bringup"
-	as_user=(runuser -u "$user" --)
-	row user PASS "the CUDA cases run as $user, a member of group $group"
+	# Else the user sudo ran this for, if that user is in the group.
+	if [[ -z $user && -n ${SUDO_USER:-} && ${SUDO_USER:-} != root ]] && in_group "$SUDO_USER"; then
+		user=$SUDO_USER
+	fi
+	if [[ -n $user ]]; then
+		chmod 0755 "$work" "$work/bringup"
+		as_user=(runuser -u "$user" --)
+		row user PASS "the CUDA cases run as $user, a member of group $group"
+	else
+		row user WARN "the CUDA cases run as root: --user USER (a member of the socket's group) runs them as applications run"
+	fi
 elif [[ -z $own_wicd ]]; then
-	row user WARN "the CUDA cases run as root: --user USER (a member of the socket's group) runs them as applications run"
+	row user WARN "--kill-wicd: the CUDA cases run as root, which may kill the service's wicd"
 fi
 timeout 300 "${as_user[@]}" "$work/bringup" "$socket" ${pid:+"$pid"} >"$work/cases.log" 2>&1
 rc=$?

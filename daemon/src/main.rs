@@ -116,9 +116,16 @@ fn main() -> ExitCode {
 }
 
 fn run_gpus(args: &GpusArgs) -> Result<(), String> {
-    let config = match args.config.clone().or_else(serve::default_config) {
-        Some(path) => config::Config::load(&path)?,
-        None => config::Config::default(),
+    // A named file must be right; the default one only marks wic's GPUs in the listing, which
+    // must not fail for it.
+    let config = match (&args.config, serve::default_config()) {
+        (Some(path), _) => config::Config::load(path)?,
+        (None, Some(path)) if !args.listed => config::Config::load(&path).unwrap_or_else(|e| {
+            eprintln!("wicd: {e}: listing the GPUs without its [shim] gpus");
+            config::Config::default()
+        }),
+        (None, Some(path)) => config::Config::load(&path)?,
+        (None, None) => config::Config::default(),
     };
     let listed = config.shim.allowed_gpus()?;
     if args.listed {

@@ -568,6 +568,70 @@ void refusals()
 	check(peer_picks, "pick_peer_transport(): tagged up to 4 KiB of whole 8-byte words, push otherwise");
 }
 
+/*
+ * The typed receives: block 0's warps each in recv<K>(), block 1 together in recv_block<K>(),
+ * copy generation 0 of slot 0 out; first, recv<> of another transport must refuse the channel.
+ */
+template <wic::transport K, wic::transport Other>
+__global__ void typed_copy_out(wic::channel ch, uint8_t *out, int *status)
+{
+	const uint32_t w = threadIdx.x / 32, lane = threadIdx.x % 32;
+	const uint8_t *message = nullptr;
+	if (wic::recv<Other>(ch, 0, 0, w, &message, 1000) != WIC_EINVALID || message)
+		atomicExch(status, -100);
+	int rc;
+	if (blockIdx.x == 0) {
+		rc = wic::recv<K>(ch, 0, 0, w, &message);
+	} else {
+		rc = wic::recv_block<K>(ch, 0, 0, &message);
+		message += w * message_bytes;
+	}
+	if (rc != WIC_OK && lane == 0)
+		atomicExch(status, rc);
+	uint8_t *dst = out + ((size_t)blockIdx.x * warps + w) * message_bytes;
+	for (uint32_t i = lane; i < message_bytes; i += 32)
+		dst[i] = message[i];
+}
+
+template <wic::transport K, wic::transport Other>
+void typed_delivery()
+{
+	const uint32_t batch = warps * message_bytes;
+	wic::host_channel ch;
+	uint8_t *out;
+	int *status, rc = 0;
+	CHECK(ch.create(K, 1, message_bytes, warps));
+	CHECK(cudaMalloc(&out, 2 * (size_t)batch));
+	CHECK(cudaMalloc(&status, sizeof(int)));
+	CHECK(cudaMemset(status, 0, sizeof(int)));
+	CHECK(cudaDeviceSynchronize());
+	cudaStream_t stream, copy_stream;
+	CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+	CHECK(cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking));
+	typed_copy_out<K, Other><<<2, warps * 32, 0, stream>>>(ch.device(), out, status);
+	CHECK(cudaGetLastError());
+	std::vector<uint8_t> buf(batch);
+	for (uint32_t i = 0; i < batch; i++)
+		buf[i] = (uint8_t)(i * 11 + 5);
+	CHECK(ch.publish(0, buf.data(), batch, copy_stream));
+	CHECK(cudaStreamSynchronize(stream));
+	CHECK(cudaMemcpy(&rc, status, sizeof(int), cudaMemcpyDeviceToHost));
+	std::vector<uint8_t> got(2 * (size_t)batch);
+	CHECK(cudaMemcpy(got.data(), out, got.size(), cudaMemcpyDeviceToHost));
+	size_t wrong = 0;
+	for (size_t i = 0; i < got.size(); i++)
+		wrong += got[i] != buf[i % batch];
+	char what[160];
+	snprintf(what, sizeof(what),
+		 "%s: recv<%s>() and recv_block<>() deliver byte for byte (%zu wrong, status %d); recv<%s>() refuses it",
+		 wic::transport_name(K), wic::transport_name(K), wrong, rc, wic::transport_name(Other));
+	check(wrong == 0 && rc == WIC_OK, what);
+	CHECK(cudaStreamDestroy(stream));
+	CHECK(cudaStreamDestroy(copy_stream));
+	CHECK(cudaFree(out));
+	CHECK(cudaFree(status));
+}
+
 void timeout(wic::transport kind)
 {
 	wic::host_channel ch;
@@ -650,6 +714,11 @@ int main()
 	host_tagged(256, 16, 8, 128);
 	host_tagged(65536, 1, 4, 64);
 	host_tagged(65536, 16, 4, 32);
+	typed_delivery<wic::transport::push, wic::transport::tagged>();
+	typed_delivery<wic::transport::poll, wic::transport::push>();
+	typed_delivery<wic::transport::alg1, wic::transport::fault>();
+	typed_delivery<wic::transport::mapped, wic::transport::push>();
+	typed_delivery<wic::transport::tagged, wic::transport::push>();
 	refusals();
 	results();
 	fault_addressing();

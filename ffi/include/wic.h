@@ -42,7 +42,7 @@ extern "C" {
 /* Error codes: -(the protocol's error code); wic_strerror() describes them. */
 #define WIC_EINVALID (-1)      /* a malformed request or an argument out of range */
 #define WIC_EPERMISSION (-2)   /* not allowed for this caller or handle */
-#define WIC_ENOT_FOUND (-3)    /* no such channel, slot or token */
+#define WIC_ENOT_FOUND (-3)    /* no such channel, slot, token or GPU */
 #define WIC_EEXHAUSTED (-4)    /* page pool, slot table, or a per-client or per-user limit */
 #define WIC_EBUSY (-5)         /* the slot's previous data has not been delivered yet */
 #define WIC_ETIMED_OUT (-6)    /* the wait exceeded its timeout, or wicd did not answer in time */
@@ -433,7 +433,8 @@ int wic_consume(wic_channel *ch, uint32_t slot, void *dst, size_t len);
 /**
  * wic_uvm_gpu_id() - nvidia-uvm's id of a GPU, from its UUID
  * @uuid: the GPU's 16-byte UUID, as CUDA gives it (cudaDeviceProp::uuid.bytes,
- *	cuDeviceGetUuid()): a MIG device's UUID names that MIG instance
+ *	cuDeviceGetUuid()): a MIG device's UUID names that MIG instance (nvidia-uvm's
+ *	intent; not yet seen on a MIG GPU)
  * @gpu_id: receives the id, what wic_channel_spec's GPU fields take on the shim backend
  *
  * nvidia-uvm hands out a GPU's id when it first registers the GPU, which CUDA does for every

@@ -76,3 +76,79 @@ fn every_cuda_source_compiles_for_hopper_without_warnings() {
         );
     }
 }
+
+/// Registers and stack bytes of each kernel, from ptxas's `-v` report.
+fn kernel_resources(report: &str) -> std::collections::BTreeMap<String, (u32, u32)> {
+    let mut kernels = std::collections::BTreeMap::new();
+    let mut current: Option<String> = None;
+    let number_before = |line: &str, word: &str| -> Option<u32> {
+        let at = line.find(word)?;
+        line[..at].split_whitespace().last()?.parse().ok()
+    };
+    for line in report.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            current = rest.split('\'').next().map(str::to_owned);
+            kernels.insert(current.clone().unwrap_or_default(), (0, 0));
+        } else if let Some(name) = &current {
+            let entry = kernels.get_mut(name).expect("inserted above");
+            if let Some(stack) = number_before(line, "bytes stack frame") {
+                entry.1 = stack;
+            }
+            if let Some(registers) = number_before(line, "registers") {
+                entry.0 = registers;
+            }
+        }
+    }
+    kernels
+}
+
+/// A consumer pays for its own transport's wait only (`wic::recv<K>()`): the newcomer's kernels of
+/// `device/tests/register_budget.cu` stay within budgets set from their measured use (nvcc 13.0,
+/// sm_90, -O2, 2026-11-28): 25 registers for a 16-warp consumer and 13 to 15 for a one-warp one on
+/// push, poll, alg1, mapped and fault, no stack; tagged, which unpacks lines, 56 to 58 and a 64-byte
+/// stack; the run-time `wic::recv()`, which carries every wait, 63 and 64 bytes. A 16-warp consumer
+/// of any transport launches with its 512 threads.
+#[test]
+fn each_transports_consumer_stays_within_its_register_budget() {
+    let Some(nvcc) = nvcc() else {
+        assert!(std::env::var_os("WIC_REQUIRE_NVCC").is_none(), "WIC_REQUIRE_NVCC is set but no nvcc was found");
+        eprintln!("skipped: no nvcc");
+        return;
+    };
+    let root = workspace();
+    let out = wic_tests::scratch("register-budget");
+    let output = Command::new(&nvcc)
+        .args(["-c", "-O2", "-arch=sm_90", "-std=c++17", "-Xptxas", "-v"])
+        .arg("-I")
+        .arg(root.join("device/include"))
+        .arg("-I")
+        .arg(root.join("ffi/include"))
+        .arg(root.join("device/tests/register_budget.cu"))
+        .arg("-o")
+        .arg(out.join("budget.o"))
+        .output()
+        .expect("run nvcc");
+    let report = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "register_budget.cu does not compile:\n{report}");
+    let kernels = kernel_resources(&report);
+    // (transport, registers, stack bytes) at most.
+    let budgets = [
+        ("fault", 32, 0),
+        ("push", 32, 0),
+        ("poll", 32, 0),
+        ("alg1", 32, 0),
+        ("mapped", 32, 0),
+        ("tagged", 64, 64),
+        ("any", 64, 64),
+    ];
+    for (transport, registers, stack) in budgets {
+        for shape in ["consume16", "latency1"] {
+            let name = format!("{shape}_{transport}");
+            let &(used, frame) = kernels.get(&name).unwrap_or_else(|| panic!("ptxas reported no {name}:\n{report}"));
+            assert!(
+                used <= registers && frame <= stack,
+                "{name} uses {used} registers and {frame} stack bytes; its budget is {registers} and {stack}"
+            );
+        }
+    }
+}

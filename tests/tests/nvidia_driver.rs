@@ -99,8 +99,7 @@ fn the_hook_builds_into_nvidias_real_driver_and_the_shim_links_against_it() {
     // The modules themselves are built by the DKMS test where it runs (Debian's source, as
     // root, with dkms), which checks the CRCs of the installed pair: here they would be built
     // once more. A source named in WIC_NVIDIA_SOURCE is always built whole.
-    let full = std::env::var_os("WIC_NVIDIA_SOURCE").is_some_and(|v| !v.is_empty())
-        || kernel_with_headers().and_then(|kver| dkms_test_blocked(&kver)).is_some();
+    let full = std::env::var_os("WIC_NVIDIA_SOURCE").is_some_and(|v| !v.is_empty()) || dkms_test_blocked().is_some();
     let mut command = Command::new("bash");
     command.arg(workspace().join("shim/nvidia-uvm/check-driver.sh"));
     if full {
@@ -190,6 +189,11 @@ fn dkms(args: &[&str]) -> Output {
 /// Removes what an earlier run of the DKMS test left: its DKMS packages (wic of a test
 /// version, the NVIDIA stand-in), then its marked directories.
 fn remove_leftovers() {
+    if !nix::unistd::geteuid().is_root()
+        || !Command::new("dkms").arg("--version").output().is_ok_and(|o| o.status.success())
+    {
+        return;
+    }
     let entries = |dir: &str| -> Vec<PathBuf> {
         std::fs::read_dir(dir).into_iter().flatten().flatten().map(|e| e.path()).collect()
     };
@@ -355,27 +359,72 @@ enum Blocked {
     Driver(String),
 }
 
-/// Whether the DKMS test can run here for kernel `kver`; removes what an earlier, killed run of
-/// it left first.
-fn dkms_test_blocked(kver: &str) -> Option<Blocked> {
+/// Whether the DKMS test can run on this machine. It installs into the machine's module tree and
+/// runs `dkms autoinstall`: never where a driver is installed for any kernel, nor where other DKMS
+/// packages would be built by it. What a killed run left counts too (its cleanup comes first in
+/// the DKMS test, under [`machine_lock`]).
+fn dkms_test_blocked() -> Option<Blocked> {
     if !nix::unistd::geteuid().is_root() {
         return Some(Blocked::Here("not root".into()));
     }
-    if !Command::new("dkms").arg("--version").output().is_ok_and(|o| o.status.success()) {
+    let status = Command::new("dkms").arg("status").output().ok().filter(|o| o.status.success());
+    let Some(status) = status else {
         return Some(Blocked::Here("dkms is not installed (CI installs it from Debian main)".into()));
-    }
+    };
     // What would choose another source than the one the test installs.
     if Path::new("/etc/wic/nvidia-src").exists() {
         return Some(Blocked::Here("/etc/wic/nvidia-src names this machine's NVIDIA source".into()));
     }
-    remove_leftovers();
+    let listed = String::from_utf8_lossy(&status.stdout).trim().to_string();
+    if !listed.is_empty() {
+        return Some(Blocked::Here(format!(
+            "dkms has packages installed, which dkms autoinstall would build: {listed}"
+        )));
+    }
     if Path::new(&format!("/lib/modules/{SECOND_KERNEL}")).exists() {
         return Some(Blocked::Here(format!("/lib/modules/{SECOND_KERNEL} exists and is not the test's")));
     }
-    ["nvidia", "nvidia-uvm", "nvidia-current-open", "nvidia-current", "nvidia-uvm-wic"]
-        .iter()
-        .find(|m| Command::new("modinfo").args(["-k", kver, "-n", m]).output().is_ok_and(|o| o.status.success()))
-        .map(|module| Blocked::Driver(format!("kernel {kver} has a module {module}")))
+    let unmarked = |dir: &Path| !dir.join(COPIED_MARK).exists();
+    let source = std::fs::read_dir("/usr/src")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("nvidia")) && unmarked(p));
+    if let Some(source) = source {
+        return Some(Blocked::Driver(format!("{} holds an NVIDIA driver's source", source.display())));
+    }
+    nvidia_module_under(Path::new("/lib/modules"))
+        .map(|module| Blocked::Driver(format!("{} is an NVIDIA driver's module", module.display())))
+}
+
+/// An NVIDIA module (`nvidia*.ko*`) anywhere under `dir`, for any kernel.
+fn nvidia_module_under(dir: &Path) -> Option<PathBuf> {
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        let path = entry.path();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        // Symbolic links (a kernel's build and source trees) lead out of the module tree.
+        let kind = entry.file_type().ok()?;
+        if kind.is_dir() {
+            if let Some(found) = nvidia_module_under(&path) {
+                return Some(found);
+            }
+        } else if kind.is_file() && name.starts_with("nvidia") && name.contains(".ko") {
+            return Some(path);
+        }
+    }
+    None
+}
+
+/// Held by the DKMS test while it changes the machine: one run at a time across processes (two
+/// checkouts, two CI jobs), so that one's cleanup never removes what another is using.
+fn machine_lock() -> std::fs::File {
+    let path = ["/run/lock", "/tmp"].iter().map(Path::new).find(|d| d.is_dir()).expect("a lock directory");
+    let file = std::fs::File::create(path.join("wic-dkms-test.lock")).expect("the lock file");
+    // SAFETY: flock on a descriptor this function owns; it blocks until the lock is free.
+    let locked = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX) };
+    assert_eq!(locked, 0, "flock: {}", std::io::Error::last_os_error());
+    file
 }
 
 /// The CRCs of the `uvm_wic_*` symbols `module` exports: each `__crc_<symbol>` is the offset of
@@ -441,7 +490,9 @@ fn dkms_installs_wic_beside_nvidias_package_and_removes_only_its_own() {
     let Some(kver) = kernel_with_headers() else {
         return skip("no kernel headers under /lib/modules/*/build".into());
     };
-    match dkms_test_blocked(&kver) {
+    let _machine = machine_lock();
+    remove_leftovers();
+    match dkms_test_blocked() {
         Some(Blocked::Here(why)) => return skip(why),
         Some(Blocked::Driver(why)) => {
             return println!("SKIPPED: the DKMS install and removal of the wic package did not run: {why}")
@@ -577,6 +628,7 @@ fn dkms_installs_wic_beside_nvidias_package_and_removes_only_its_own() {
 
     // A kernel update: its postinst runs `dkms autoinstall` (no --force), which must build and
     // install both of wic's modules.
+    // No other DKMS package is installed (dkms_test_blocked), so this builds wic's alone.
     let auto = dkms(&["autoinstall", "-k", SECOND_KERNEL]);
     assert!(auto.status.success(), "dkms autoinstall -k {SECOND_KERNEL}: {}", text(&auto));
     wics(SECOND_KERNEL);

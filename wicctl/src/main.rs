@@ -223,6 +223,10 @@ impl Session {
             Failure::Daemon(message) if message.contains(PERMISSION_HINT) => {
                 Failure::Daemon(message.replace(PERMISSION_HINT, "only root and wicd's own user may ask this"))
             }
+            // serde's word for an op it does not know: a wicd older than the request.
+            Failure::Daemon(message) if message.contains("unknown variant") => {
+                Failure::Daemon(format!("{message}; this wicd is older than wicctl and cannot do this: upgrade it"))
+            }
             other => other,
         })
     }
@@ -711,6 +715,15 @@ mod tests {
         assert_eq!(failure.exit_code(), ExitCode::from(1));
         let message = failure.to_string();
         assert!(message.contains("only root and wicd's own user") && !message.contains("group"), "{message}");
+        let old = fake_daemon("drain-old", |_| {
+            Some(Response::Error(WireError::new(
+                ErrorCode::Invalid,
+                "unknown variant `drain`, expected one of `hello`",
+            )))
+        });
+        let failure = run_args(&["--socket", old.to_str().unwrap(), "drain", "--no-wait"]).unwrap_err();
+        let _ = std::fs::remove_file(&old);
+        assert!(failure.to_string().contains("this wicd is older than wicctl"), "{failure}");
         let clash = Cli::try_parse_from(["wicctl", "drain", "--undo", "--wait", "5"]);
         assert!(clash.is_err(), "--undo with --wait was taken");
     }

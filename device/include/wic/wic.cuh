@@ -372,6 +372,85 @@ __device__ inline int wait_ready(const channel &ch, uint32_t slot, uint32_t gene
 
 } /* namespace detail */
 
+namespace detail {
+
+/* How a transport's consumers wait: three kinds, which the typed receives pick at compile time. */
+enum class wait_kind { fault, lines, word };
+
+__host__ __device__ constexpr wait_kind wait_of(transport kind)
+{
+	return kind == transport::fault ? wait_kind::fault : kind == transport::tagged ? wait_kind::lines : wait_kind::word;
+}
+
+template <wait_kind W>
+__device__ inline int recv_as(const channel &ch, uint32_t slot, uint32_t generation, uint32_t warp_in_batch,
+			      const uint8_t **message, uint64_t timeout_ns)
+{
+	const unsigned lane = threadIdx.x % 32;
+	const uint64_t offset = (uint64_t)warp_in_batch * ch.message_bytes;
+	const uint8_t *at;
+	int status = WIC_OK;
+
+	if constexpr (W == wait_kind::fault) {
+		at = reinterpret_cast<const uint8_t *>(ch.runs[2 * slot + generation % 2]) + offset;
+		if (lane == 0) {
+			/* The load that stalls until wicd maps the run; markers sit at page starts. */
+			const uint64_t page = reinterpret_cast<uint64_t>(at) & ~4095ULL;
+
+			status = marker_status(load_volatile(reinterpret_cast<const void *>(page)));
+		}
+	} else if constexpr (W == wait_kind::lines) {
+		/* Every lane unpacks every 32nd line of the message. */
+		at = ch.data + (uint64_t)slot * ch.batch_bytes + offset;
+		const int rc = receive_lines(ch, slot, generation, offset / 8 + lane, (offset + ch.message_bytes) / 8, 32,
+					     timeout_ns);
+		status = __any_sync(0xffffffff, rc != WIC_OK) ? WIC_ETIMED_OUT : WIC_OK;
+	} else {
+		at = ch.data + (uint64_t)slot * ch.batch_bytes + offset;
+		if (lane == 0)
+			status = wait_ready(ch, slot, generation, timeout_ns);
+	}
+	status = __shfl_sync(0xffffffff, status, 0);
+	__syncwarp();
+	*message = at;
+	return status;
+}
+
+/* recv_block()'s body for one kind of wait; @status is the block's shared word. */
+template <wait_kind W>
+__device__ inline int recv_block_as(const channel &ch, uint32_t slot, uint32_t generation, const uint8_t **batch,
+				    uint64_t timeout_ns, int *status)
+{
+	const uint8_t *at;
+
+	if constexpr (W == wait_kind::fault)
+		at = reinterpret_cast<const uint8_t *>(ch.runs[2 * slot + generation % 2]);
+	else
+		at = ch.data + (uint64_t)slot * ch.batch_bytes;
+	__syncthreads();
+	if constexpr (W == wait_kind::lines) {
+		/* No word to wait on: the block unpacks the batch's lines, each thread every n-th. */
+		const int rc =
+			receive_lines(ch, slot, generation, thread_in_block(), ch.batch_bytes / 8, block_threads(), timeout_ns);
+		*batch = at;
+		return __syncthreads_or(rc != WIC_OK) ? WIC_ETIMED_OUT : WIC_OK;
+	} else {
+		if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
+			if constexpr (W == wait_kind::fault)
+				*status = marker_status(load_volatile(at));
+			else
+				*status = wait_ready(ch, slot, generation, timeout_ns);
+		}
+		__syncthreads();
+		const int result = *status;
+		__syncthreads();
+		*batch = at;
+		return result;
+	}
+}
+
+} /* namespace detail */
+
 /*
  * recv() - wait for this warp's message of generation @generation of @slot
  * @ch: the channel
@@ -385,38 +464,37 @@ __device__ inline int wait_ready(const channel &ch, uint32_t slot, uint32_t gene
  * Called by every lane of the warp (the warp must be converged). Return: WIC_OK, or for the
  * fault transport the error wicd or the module completed the request with: WIC_ETIMED_OUT,
  * WIC_ECLOSED, WIC_ESTOPPING or WIC_ECONNECT (wicd died); the others: WIC_ETIMED_OUT.
+ *
+ * This form decides at run time how to wait, so a kernel carries the code, and the registers,
+ * of every transport's wait (tagged's the most); recv<K>() below carries only K's.
  */
 __device__ inline int recv(const channel &ch, uint32_t slot, uint32_t generation, uint32_t warp_in_batch,
 			   const uint8_t **message, uint64_t timeout_ns = 0)
 {
-	const unsigned lane = threadIdx.x % 32;
-	const uint64_t offset = (uint64_t)warp_in_batch * ch.message_bytes;
-	const uint8_t *at;
-	int status = WIC_OK;
-
-	if (ch.kind == transport::fault) {
-		at = reinterpret_cast<const uint8_t *>(ch.runs[2 * slot + generation % 2]) + offset;
-		if (lane == 0) {
-			/* The load that stalls until wicd maps the run; markers sit at page starts. */
-			const uint64_t page = reinterpret_cast<uint64_t>(at) & ~4095ULL;
-
-			status = detail::marker_status(detail::load_volatile(reinterpret_cast<const void *>(page)));
-		}
-	} else if (ch.kind == transport::tagged) {
-		/* Every lane unpacks every 32nd line of the message. */
-		at = ch.data + (uint64_t)slot * ch.batch_bytes + offset;
-		const int rc = detail::receive_lines(ch, slot, generation, offset / 8 + lane,
-						     (offset + ch.message_bytes) / 8, 32, timeout_ns);
-		status = __any_sync(0xffffffff, rc != WIC_OK) ? WIC_ETIMED_OUT : WIC_OK;
-	} else {
-		at = ch.data + (uint64_t)slot * ch.batch_bytes + offset;
-		if (lane == 0)
-			status = detail::wait_ready(ch, slot, generation, timeout_ns);
+	switch (detail::wait_of(ch.kind)) {
+	case detail::wait_kind::fault:
+		return detail::recv_as<detail::wait_kind::fault>(ch, slot, generation, warp_in_batch, message, timeout_ns);
+	case detail::wait_kind::lines:
+		return detail::recv_as<detail::wait_kind::lines>(ch, slot, generation, warp_in_batch, message, timeout_ns);
+	default:
+		return detail::recv_as<detail::wait_kind::word>(ch, slot, generation, warp_in_batch, message, timeout_ns);
 	}
-	status = __shfl_sync(0xffffffff, status, 0);
-	__syncwarp();
-	*message = at;
-	return status;
+}
+
+/*
+ * recv<K>() - recv() for a channel of transport @K, known when the kernel is compiled: the kernel
+ *	carries @K's wait alone (a push consumer of 16 warps: 25 registers against the run-time
+ *	form's 64, device_compile's budgets)
+ *
+ * Return: as recv(); WIC_EINVALID, and *@message untouched, for a channel of another transport.
+ */
+template <transport K>
+__device__ inline int recv(const channel &ch, uint32_t slot, uint32_t generation, uint32_t warp_in_batch,
+			   const uint8_t **message, uint64_t timeout_ns = 0)
+{
+	if (ch.kind != K)
+		return WIC_EINVALID;
+	return detail::recv_as<detail::wait_of(K)>(ch, slot, generation, warp_in_batch, message, timeout_ns);
 }
 
 /*
@@ -435,7 +513,7 @@ __device__ inline int recv(const channel &ch, uint32_t slot, uint32_t generation
  * then read through the returned address; (10) __syncthreads(), after which every thread has
  * the status. A trailing barrier lets the next call's thread 0 overwrite the shared status
  * safely. tagged has no word to wait on: every thread unpacks its share of the batch's lines,
- * then the barrier.
+ * then the barrier. recv_block<K>() carries @K's wait alone, as recv<K>() does.
  *
  * Return: as recv(), the same in every thread.
  */
@@ -443,29 +521,26 @@ __device__ inline int recv_block(const channel &ch, uint32_t slot, uint32_t gene
 				 uint64_t timeout_ns = 0)
 {
 	__shared__ int status;
-	const uint8_t *at;
 
-	if (ch.kind == transport::fault)
-		at = reinterpret_cast<const uint8_t *>(ch.runs[2 * slot + generation % 2]);
-	else
-		at = ch.data + (uint64_t)slot * ch.batch_bytes;
-	__syncthreads();
-	if (ch.kind == transport::tagged) {
-		/* No word to wait on: the block unpacks the batch's lines, each thread every n-th. */
-		const int rc = detail::receive_lines(ch, slot, generation, detail::thread_in_block(),
-						     ch.batch_bytes / 8, detail::block_threads(), timeout_ns);
-		*batch = at;
-		return __syncthreads_or(rc != WIC_OK) ? WIC_ETIMED_OUT : WIC_OK;
+	switch (detail::wait_of(ch.kind)) {
+	case detail::wait_kind::fault:
+		return detail::recv_block_as<detail::wait_kind::fault>(ch, slot, generation, batch, timeout_ns, &status);
+	case detail::wait_kind::lines:
+		return detail::recv_block_as<detail::wait_kind::lines>(ch, slot, generation, batch, timeout_ns, &status);
+	default:
+		return detail::recv_block_as<detail::wait_kind::word>(ch, slot, generation, batch, timeout_ns, &status);
 	}
-	if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0)
-		status = ch.kind == transport::fault
-				 ? detail::marker_status(detail::load_volatile(at))
-				 : detail::wait_ready(ch, slot, generation, timeout_ns);
-	__syncthreads();
-	const int result = status;
-	__syncthreads();
-	*batch = at;
-	return result;
+}
+
+template <transport K>
+__device__ inline int recv_block(const channel &ch, uint32_t slot, uint32_t generation, const uint8_t **batch,
+				 uint64_t timeout_ns = 0)
+{
+	__shared__ int status;
+
+	if (ch.kind != K)
+		return WIC_EINVALID;
+	return detail::recv_block_as<detail::wait_of(K)>(ch, slot, generation, batch, timeout_ns, &status);
 }
 
 /*

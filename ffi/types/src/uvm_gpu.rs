@@ -35,11 +35,14 @@ pub const PROCFS_GPUS: &str = "/proc/driver/nvidia-uvm/gpus";
 pub struct Uuid(pub [u8; 16]);
 
 impl Uuid {
-    /// Parses the UUID at the end of `text`, after any prefix (`GPU-`, `MIG-`, `GI-`,
-    /// `UVM-GPU-`): 32 hex digits in the groups 8-4-4-4-12.
+    /// Parses a UUID, bare or after one of the prefixes NVIDIA's tools and nvidia-uvm write
+    /// (`GPU-`, `MIG-`, `GI-`, `UVM-GPU-`): 32 hex digits in the groups 8-4-4-4-12.
     pub fn parse(text: &str) -> Option<Self> {
         let text = text.trim();
-        let tail = text.get(text.len().checked_sub(36)?..)?;
+        let tail = ["UVM-GPU-", "GPU-", "MIG-", "GI-", ""].iter().find_map(|prefix| text.strip_prefix(prefix))?;
+        if tail.len() != 36 || !tail.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') {
+            return None;
+        }
         let groups: Vec<&str> = tail.split('-').collect();
         if groups.iter().map(|g| g.len()).ne([8, 4, 4, 4, 12]) {
             return None;
@@ -191,12 +194,23 @@ mod tests {
             assert_eq!(uuid(&text).to_string(), A, "{text}");
         }
         assert_eq!(uuid(A).0[..4], [0xf8, 0xb6, 0x39, 0x2b]);
-        for bad in ["", "GPU-", "f8b6392b54c8ef742dc3c6ed7bde1ec5", &A.replace('-', "_"), &A.replace('f', "g")] {
+        let signed = format!("+{}", &A[1..]);
+        let prefixed = format!("junkGPU-{A}");
+        for bad in [
+            "",
+            "GPU-",
+            "f8b6392b54c8ef742dc3c6ed7bde1ec5",
+            &A.replace('-', "_"),
+            &A.replace('f', "g"),
+            &signed,
+            &prefixed,
+        ] {
             assert_eq!(Uuid::parse(bad), None, "{bad}");
         }
     }
 
-    /// The listing seen on 2 x H200 with the stock driver 580.159.04 (probe run of 2026-11-28).
+    /// The form of the listing seen on 2 x H200 with the stock driver 580.159.04 (2026-11-28; the
+    /// UUIDs are those of the first machine probed, the committed results are a second one's).
     #[test]
     fn the_listing_of_580_maps_both_uuids_to_their_ids() {
         let links = [
