@@ -350,39 +350,28 @@ fn planned(conf: &Path, kernel: &str, args: &[&str]) -> String {
     text(&out)
 }
 
-/// Why the DKMS test cannot run on this machine.
-enum Blocked {
-    /// What the machine lacks (root, dkms) or holds that would change the build.
-    Here(String),
-    /// A driver is installed: the test installs stand-ins for NVIDIA's modules and never goes
-    /// beside a real one.
-    Driver(String),
-}
-
-/// Whether the DKMS test can run on this machine. It installs into the machine's module tree and
-/// runs `dkms autoinstall`: never where a driver is installed for any kernel, nor where other DKMS
-/// packages would be built by it. What a killed run left counts too (its cleanup comes first in
-/// the DKMS test, under [`machine_lock`]).
-fn dkms_test_blocked() -> Option<Blocked> {
+/// Why the DKMS test cannot run on this machine, if it cannot. It installs into the machine's
+/// module tree and runs `dkms autoinstall`: never where NVIDIA's driver is installed for any
+/// kernel, nor where other DKMS packages would be built by it. What a killed run left counts too
+/// (its cleanup comes first in the DKMS test, under [`machine_lock`]).
+fn dkms_test_blocked() -> Option<String> {
     if !nix::unistd::geteuid().is_root() {
-        return Some(Blocked::Here("not root".into()));
+        return Some("not root".into());
     }
     let status = Command::new("dkms").arg("status").output().ok().filter(|o| o.status.success());
     let Some(status) = status else {
-        return Some(Blocked::Here("dkms is not installed (CI installs it from Debian main)".into()));
+        return Some("dkms is not installed (CI installs it from Debian main)".into());
     };
     // What would choose another source than the one the test installs.
     if Path::new("/etc/wic/nvidia-src").exists() {
-        return Some(Blocked::Here("/etc/wic/nvidia-src names this machine's NVIDIA source".into()));
+        return Some("/etc/wic/nvidia-src names this machine's NVIDIA source".into());
     }
     let listed = String::from_utf8_lossy(&status.stdout).trim().to_string();
     if !listed.is_empty() {
-        return Some(Blocked::Here(format!(
-            "dkms has packages installed, which dkms autoinstall would build: {listed}"
-        )));
+        return Some(format!("dkms has packages installed, which dkms autoinstall would build: {listed}"));
     }
     if Path::new(&format!("/lib/modules/{SECOND_KERNEL}")).exists() {
-        return Some(Blocked::Here(format!("/lib/modules/{SECOND_KERNEL} exists and is not the test's")));
+        return Some(format!("/lib/modules/{SECOND_KERNEL} exists and is not the test's"));
     }
     let unmarked = |dir: &Path| !dir.join(COPIED_MARK).exists();
     let source = std::fs::read_dir("/usr/src")
@@ -392,13 +381,19 @@ fn dkms_test_blocked() -> Option<Blocked> {
         .map(|e| e.path())
         .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("nvidia")) && unmarked(p));
     if let Some(source) = source {
-        return Some(Blocked::Driver(format!("{} holds an NVIDIA driver's source", source.display())));
+        return Some(format!("{} holds an NVIDIA driver's source", source.display()));
     }
     nvidia_module_under(Path::new("/lib/modules"))
-        .map(|module| Blocked::Driver(format!("{} is an NVIDIA driver's module", module.display())))
+        .map(|module| format!("{} is an NVIDIA driver's module", module.display()))
 }
 
-/// An NVIDIA module (`nvidia*.ko*`) anywhere under `dir`, for any kernel.
+/// The modules of NVIDIA's driver, by file name before `.ko`: `nvidia`, and those starting with
+/// one of these (Debian's `nvidia-current-open-uvm` included). The kernel's own modules named
+/// after NVIDIA (`nvidia-wmi-ec-backlight`) are not the driver's.
+const NVIDIA_MODULES: [&str; 6] =
+    ["nvidia-uvm", "nvidia-modeset", "nvidia-drm", "nvidia-peermem", "nvidia-current", "nvidia-vgpu"];
+
+/// A module of NVIDIA's driver ([`NVIDIA_MODULES`]) anywhere under `dir`, for any kernel.
 fn nvidia_module_under(dir: &Path) -> Option<PathBuf> {
     for entry in std::fs::read_dir(dir).ok()?.flatten() {
         let path = entry.path();
@@ -409,8 +404,10 @@ fn nvidia_module_under(dir: &Path) -> Option<PathBuf> {
             if let Some(found) = nvidia_module_under(&path) {
                 return Some(found);
             }
-        } else if kind.is_file() && name.starts_with("nvidia") && name.contains(".ko") {
-            return Some(path);
+        } else if let Some((stem, _)) = name.split_once(".ko").filter(|_| kind.is_file()) {
+            if stem == "nvidia" || NVIDIA_MODULES.iter().any(|m| stem.starts_with(m)) {
+                return Some(path);
+            }
         }
     }
     None
@@ -492,12 +489,8 @@ fn dkms_installs_wic_beside_nvidias_package_and_removes_only_its_own() {
     };
     let _machine = machine_lock();
     remove_leftovers();
-    match dkms_test_blocked() {
-        Some(Blocked::Here(why)) => return skip(why),
-        Some(Blocked::Driver(why)) => {
-            return println!("SKIPPED: the DKMS install and removal of the wic package did not run: {why}")
-        }
-        None => {}
+    if let Some(why) = dkms_test_blocked() {
+        return skip(why);
     }
     let packages = match downloaded() {
         Ok(dir) => dir,
