@@ -152,3 +152,28 @@ fn each_transports_consumer_stays_within_its_register_budget() {
         }
     }
 }
+
+/// `wic::error_name()` (wic.cuh) names every status wic.h defines, with wic.h's own name.
+#[test]
+fn every_status_of_wic_h_has_its_name_in_wic_cuh() {
+    let root = workspace();
+    let header = std::fs::read_to_string(root.join("ffi/include/wic.h")).expect("wic.h");
+    let device = std::fs::read_to_string(root.join("device/include/wic/wic.cuh")).expect("wic.cuh");
+    // WIC_OK and the error codes, whose values are negative: "#define WIC_EIO (-12)".
+    let names: Vec<&str> = header
+        .lines()
+        .filter_map(|line| line.strip_prefix("#define "))
+        .filter_map(|rest| {
+            let mut words = rest.split_whitespace();
+            let (name, value) = (words.next()?, words.next()?);
+            (name == "WIC_OK" || name.starts_with("WIC_E") && value.starts_with("(-")).then_some(name)
+        })
+        .collect();
+    assert!(names.len() >= 13, "wic.h's statuses: {names:?}");
+    for name in names {
+        assert!(
+            device.contains(&format!("case {name}:\n\t\treturn \"{name}\";")),
+            "wic::error_name() does not name {name}"
+        );
+    }
+}

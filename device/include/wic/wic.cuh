@@ -97,6 +97,45 @@ inline const char *transport_name(transport kind)
 }
 
 /*
+ * error_name() - the name of a WIC_* status, "WIC_ETIMED_OUT" for WIC_ETIMED_OUT, in host and
+ * device code alike and with no library linked (libwic's wic_strerror() describes a status on
+ * the host): a kernel can print what recv() returned. "WIC_E?" for a value wic.h does not define.
+ */
+__host__ __device__ constexpr const char *error_name(int status)
+{
+	switch (status) {
+	case WIC_OK:
+		return "WIC_OK";
+	case WIC_EINVALID:
+		return "WIC_EINVALID";
+	case WIC_EPERMISSION:
+		return "WIC_EPERMISSION";
+	case WIC_ENOT_FOUND:
+		return "WIC_ENOT_FOUND";
+	case WIC_EEXHAUSTED:
+		return "WIC_EEXHAUSTED";
+	case WIC_EBUSY:
+		return "WIC_EBUSY";
+	case WIC_ETIMED_OUT:
+		return "WIC_ETIMED_OUT";
+	case WIC_ECLOSED:
+		return "WIC_ECLOSED";
+	case WIC_ESTOPPING:
+		return "WIC_ESTOPPING";
+	case WIC_EPROTOCOL:
+		return "WIC_EPROTOCOL";
+	case WIC_ECONNECT:
+		return "WIC_ECONNECT";
+	case WIC_EUNSUPPORTED:
+		return "WIC_EUNSUPPORTED";
+	case WIC_EIO:
+		return "WIC_EIO";
+	default:
+		return "WIC_E?";
+	}
+}
+
+/*
  * The longest __nanosleep of push's backoff, in nanoseconds, unless a channel's backoff_ns says
  * otherwise; also the producer's backoff in wait_consumed(). Measured by device/bench/transport
  * (H100, stock driver 580.159.04, 2026-11-26): a 64-byte message's round trip is 9.1 us at
