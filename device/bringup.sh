@@ -180,39 +180,50 @@ else
 fi
 
 # access: the socket's group decides who reaches wicd.
-if [[ -z $own_wicd ]] && id nobody >/dev/null 2>&1; then
+if [[ -n $own_wicd ]]; then
+	row access SKIP "the wicd started here listens on a private socket"
+elif ! id nobody >/dev/null 2>&1; then
+	row access SKIP "no user nobody here to try as an outsider"
+else
 	group=$(stat -c %G "$socket" 2>/dev/null)
 	if id -nG nobody | tr ' ' '\n' | grep -qx "$group"; then
 		row access SKIP "nobody is in the socket's group $group: no outsider to try"
 	else
-		# A copy nobody can run wherever the repository is.
+		# A copy nobody can run wherever the repository is; that it runs is checked first, so
+		# that only wicctl's own refusal counts.
 		install -m 0755 "$bin/wicctl" "$work/wicctl" && chmod 0755 "$work"
-		outsider=$(runuser -u nobody -- "$work/wicctl" --socket "$socket" --timeout-ms 3000 status 2>&1)
-		case $? in
-		0) row access FAIL "user nobody, outside group $group, reached wicd on $socket: check service.socket_mode and socket_group" ;;
-		*)
-			if grep -qi "permission denied" <<<"$outsider"; then
-				row access PASS "user nobody, outside group $group, is refused on $socket"
-			else
-				row access WARN "user nobody could not be tried: $outsider"
-			fi
-			;;
-		esac
+		if ! runuser -u nobody -- "$work/wicctl" --version >/dev/null 2>&1; then
+			row access WARN "user nobody cannot run $work/wicctl (a noexec or private TMPDIR?): the outsider was not tried"
+		else
+			outsider=$(runuser -u nobody -- "$work/wicctl" --socket "$socket" --timeout-ms 3000 status 2>&1)
+			case $? in
+			0) row access FAIL "user nobody, outside group $group, reached wicd on $socket: check service.socket_mode and socket_group" ;;
+			*)
+				if grep -q "cannot connect to wicd at .*permission denied" <<<"$outsider"; then
+					row access PASS "user nobody, outside group $group, is refused on $socket"
+				else
+					row access WARN "user nobody was not refused for want of permission: $outsider"
+				fi
+				;;
+			esac
+		fi
 	fi
-else
-	row access SKIP "the wicd started here listens on a private socket"
 fi
 
 # gpu-sharing: the deployment rule, GPU by GPU: those of --gpus when it names them all by their
 # GPU- UUIDs (an index or a MIG instance does not say which of NVML's GPUs it is: then every
 # GPU), and every line that is not a GPU's (an error of wicd gpus).
 judged=()
-listed() {
-	[[ -z $gpus || $1 != "GPU "* ]] && return 0
-	local gpu
+by_uuid=0
+if [[ -n $gpus ]]; then
+	by_uuid=1
 	for gpu in ${gpus//,/ }; do
-		[[ $gpu == GPU-* ]] || return 0
+		[[ $gpu == GPU-* ]] || by_uuid=0
 	done
+fi
+listed() {
+	((by_uuid)) && [[ $1 == "GPU "* ]] || return 0
+	local gpu
 	for gpu in ${gpus//,/ }; do
 		if [[ $1 == *"$gpu"* ]]; then
 			judged+=("$gpu")
@@ -229,11 +240,14 @@ while IFS= read -r line; do
 	*) row gpu-sharing WARN "$line" ;;
 	esac
 done < <("$bin/wicd" gpus 2>&1)
-for gpu in ${gpus//,/ }; do
-	if [[ $gpu == GPU-* && " ${judged[*]} " != *" $gpu "* ]]; then
-		row gpu-sharing WARN "$gpu of --gpus: NVML (wicd gpus) reports no such GPU"
-	fi
-done
+# Only when every entry is a GPU- UUID: otherwise every GPU was judged, and nothing was recorded.
+if ((by_uuid)); then
+	for gpu in ${gpus//,/ }; do
+		if [[ " ${judged[*]+${judged[*]}} " != *" $gpu "* ]]; then
+			row gpu-sharing WARN "$gpu of --gpus: NVML (wicd gpus) reports no such GPU"
+		fi
+	done
+fi
 
 # The CUDA cases.
 if ! "$nvcc" -O2 -arch="$arch" -std=c++17 -I"$repo/device/include" -I"$repo/ffi/include" \
@@ -267,8 +281,10 @@ if [[ -z $own_wicd && -z $pid ]]; then
 	fi
 elif [[ -z $own_wicd ]]; then
 	row user WARN "--kill-wicd: the CUDA cases run as root, which may kill the service's wicd"
+elif [[ -n $user ]]; then
+	row user WARN "--user $user not used: the wicd started here listens on a private socket, so the cases run as root"
 fi
-timeout 300 "${as_user[@]}" "$work/bringup" "$socket" ${pid:+"$pid"} >"$work/cases.log" 2>&1
+timeout 300 ${as_user[@]+"${as_user[@]}"} "$work/bringup" "$socket" ${pid:+"$pid"} >"$work/cases.log" 2>&1
 rc=$?
 while read -r tag name result detail; do
 	[[ $tag == CASE ]] && row "$name" "$result" "$detail"

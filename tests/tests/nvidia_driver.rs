@@ -93,6 +93,10 @@ fn the_hook_builds_into_nvidias_real_driver_and_the_shim_links_against_it() {
         }
     };
     if kernel_with_headers().is_none() {
+        assert!(
+            std::env::var_os("WIC_REQUIRE_NVIDIA_SOURCE").is_none(),
+            "WIC_REQUIRE_NVIDIA_SOURCE is set but no kernel headers are under /lib/modules/*/build"
+        );
         println!("SKIPPED: the compile check against NVIDIA's driver source did not run: no kernel headers under /lib/modules/*/build");
         return;
     }
@@ -206,6 +210,21 @@ fn remove_leftovers() {
             dkms(&["remove", "-m", NVIDIA_STAND_IN, "-v", version, "--all"]);
         }
     }
+    // Registrations whose source is gone already (a failed removal).
+    for path in entries("/var/lib/dkms/wic") {
+        let version = path.file_name().unwrap_or_default().to_string_lossy().into_owned();
+        if version.starts_with("0.0.0-test") {
+            dkms(&["remove", "-m", "wic", "-v", &version, "--all"]);
+            let _ = std::fs::remove_dir_all(&path);
+        }
+    }
+    // The stand-in package is the test's alone.
+    let stand_in = format!("/var/lib/dkms/{NVIDIA_STAND_IN}");
+    for path in entries(&stand_in) {
+        let version = path.file_name().unwrap_or_default().to_string_lossy().into_owned();
+        dkms(&["remove", "-m", NVIDIA_STAND_IN, "-v", &version, "--all"]);
+    }
+    let _ = std::fs::remove_dir_all(&stand_in);
     for path in entries("/usr/src").into_iter().chain(entries("/lib/modules")) {
         if path.join(COPIED_MARK).exists() {
             let _ = std::fs::remove_dir_all(&path);
@@ -399,7 +418,7 @@ fn nvidia_module_under(dir: &Path) -> Option<PathBuf> {
         let path = entry.path();
         let name = entry.file_name().to_string_lossy().into_owned();
         // Symbolic links (a kernel's build and source trees) lead out of the module tree.
-        let kind = entry.file_type().ok()?;
+        let Ok(kind) = entry.file_type() else { continue };
         if kind.is_dir() {
             if let Some(found) = nvidia_module_under(&path) {
                 return Some(found);
@@ -415,9 +434,16 @@ fn nvidia_module_under(dir: &Path) -> Option<PathBuf> {
 
 /// Held by the DKMS test while it changes the machine: one run at a time across processes (two
 /// checkouts, two CI jobs), so that one's cleanup never removes what another is using.
+/// The lock file is in DKMS's own tree, which only root writes: no other user can take it, plant a
+/// link there or own the file.
 fn machine_lock() -> std::fs::File {
-    let path = ["/run/lock", "/tmp"].iter().map(Path::new).find(|d| d.is_dir()).expect("a lock directory");
-    let file = std::fs::File::create(path.join("wic-dkms-test.lock")).expect("the lock file");
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open("/var/lib/dkms/.wic-dkms-test.lock")
+        .expect("the lock file");
     // SAFETY: flock on a descriptor this function owns; it blocks until the lock is free.
     let locked = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX) };
     assert_eq!(locked, 0, "flock: {}", std::io::Error::last_os_error());
@@ -487,6 +513,10 @@ fn dkms_installs_wic_beside_nvidias_package_and_removes_only_its_own() {
     let Some(kver) = kernel_with_headers() else {
         return skip("no kernel headers under /lib/modules/*/build".into());
     };
+    let has_dkms = Command::new("dkms").arg("--version").output().is_ok_and(|o| o.status.success());
+    if !nix::unistd::geteuid().is_root() || !has_dkms {
+        return skip(dkms_test_blocked().unwrap_or_default());
+    }
     let _machine = machine_lock();
     remove_leftovers();
     if let Some(why) = dkms_test_blocked() {
