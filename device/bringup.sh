@@ -179,35 +179,27 @@ else
 	fi
 fi
 
-# access: the socket's group decides who reaches wicd.
+# The group the socket lets in, and whether a user is in it.
+group=$(stat -c %G "$socket" 2>/dev/null)
+in_group() { id -nG "$1" 2>/dev/null | tr ' ' '\n' | grep -qx "$group"; }
+
+# access: the socket's group decides who reaches wicd. nobody runs a copy of wicctl (wherever
+# the repository is), which it must be able to run, so that only wicctl's own refusal counts.
 if [[ -n $own_wicd ]]; then
 	row access SKIP "the wicd started here listens on a private socket"
 elif ! id nobody >/dev/null 2>&1; then
 	row access SKIP "no user nobody here to try as an outsider"
+elif in_group nobody; then
+	row access SKIP "nobody is in the socket's group $group: no outsider to try"
+elif ! install -m 0755 "$bin/wicctl" "$work/wicctl" || ! chmod 0755 "$work" ||
+	! runuser -u nobody -- "$work/wicctl" --version >/dev/null 2>&1; then
+	row access WARN "user nobody cannot run $work/wicctl (a noexec or private TMPDIR?): the outsider was not tried"
+elif outsider=$(runuser -u nobody -- "$work/wicctl" --socket "$socket" --timeout-ms 3000 status 2>&1); then
+	row access FAIL "user nobody, outside group $group, reached wicd on $socket: check service.socket_mode and socket_group"
+elif grep -q "cannot connect to wicd at .*permission denied" <<<"$outsider"; then
+	row access PASS "user nobody, outside group $group, is refused on $socket"
 else
-	group=$(stat -c %G "$socket" 2>/dev/null)
-	if id -nG nobody | tr ' ' '\n' | grep -qx "$group"; then
-		row access SKIP "nobody is in the socket's group $group: no outsider to try"
-	else
-		# A copy nobody can run wherever the repository is; that it runs is checked first, so
-		# that only wicctl's own refusal counts.
-		install -m 0755 "$bin/wicctl" "$work/wicctl" && chmod 0755 "$work"
-		if ! runuser -u nobody -- "$work/wicctl" --version >/dev/null 2>&1; then
-			row access WARN "user nobody cannot run $work/wicctl (a noexec or private TMPDIR?): the outsider was not tried"
-		else
-			outsider=$(runuser -u nobody -- "$work/wicctl" --socket "$socket" --timeout-ms 3000 status 2>&1)
-			case $? in
-			0) row access FAIL "user nobody, outside group $group, reached wicd on $socket: check service.socket_mode and socket_group" ;;
-			*)
-				if grep -q "cannot connect to wicd at .*permission denied" <<<"$outsider"; then
-					row access PASS "user nobody, outside group $group, is refused on $socket"
-				else
-					row access WARN "user nobody was not refused for want of permission: $outsider"
-				fi
-				;;
-			esac
-		fi
-	fi
+	row access WARN "user nobody was not refused for want of permission: $outsider"
 fi
 
 # gpu-sharing: the deployment rule, GPU by GPU: those of --gpus when it names them all by their
@@ -262,8 +254,6 @@ fi
 # whose socket that group reaches).
 as_user=()
 if [[ -z $own_wicd && -z $pid ]]; then
-	group=$(stat -c %G "$socket" 2>/dev/null)
-	in_group() { id -nG "$1" 2>/dev/null | tr ' ' '\n' | grep -qx "$group"; }
 	if [[ -n $user ]] && ! in_group "$user"; then
 		row cases FAIL "--user $user is not in the socket's group $group (usermod -aG $group $user)"
 		finish

@@ -31,6 +31,24 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// `nvcc -c` of `source` into `object` for Hopper at -O2, with the include paths of wic.cuh and
+/// wic.h and `flags` besides.
+fn compile(nvcc: &Path, source: &Path, object: &Path, flags: &[&str]) -> std::process::Output {
+    let root = workspace();
+    Command::new(nvcc)
+        .args(["-c", "-O2", "-arch=sm_90", "-std=c++17"])
+        .args(flags)
+        .arg("-I")
+        .arg(root.join("device/include"))
+        .arg("-I")
+        .arg(root.join("ffi/include"))
+        .arg(source)
+        .arg("-o")
+        .arg(object)
+        .output()
+        .expect("run nvcc")
+}
+
 #[test]
 fn every_cuda_source_compiles_for_hopper_without_warnings() {
     let Some(nvcc) = nvcc() else {
@@ -47,26 +65,8 @@ fn every_cuda_source_compiles_for_hopper_without_warnings() {
     assert!(files.len() >= 14, "expected the device sources, found {files:?}");
     let out = wic_tests::scratch("device-compile");
     for (i, file) in files.iter().enumerate() {
-        let output = Command::new(&nvcc)
-            .args([
-                "-c",
-                "-O2",
-                "-arch=sm_90",
-                "-std=c++17",
-                "-Werror",
-                "all-warnings",
-                "-Xcompiler",
-                "-Wall,-Wextra,-Werror",
-            ])
-            .arg("-I")
-            .arg(root.join("device/include"))
-            .arg("-I")
-            .arg(root.join("ffi/include"))
-            .arg(file)
-            .arg("-o")
-            .arg(out.join(format!("{i}.o")))
-            .output()
-            .expect("run nvcc");
+        let warnings = ["-Werror", "all-warnings", "-Xcompiler", "-Wall,-Wextra,-Werror"];
+        let output = compile(&nvcc, file, &out.join(format!("{i}.o")), &warnings);
         assert!(
             output.status.success(),
             "{} does not compile:\n{}{}",
@@ -123,17 +123,8 @@ fn each_transports_consumer_stays_within_its_register_budget() {
     };
     let root = workspace();
     let out = wic_tests::scratch("register-budget");
-    let output = Command::new(&nvcc)
-        .args(["-c", "-O2", "-arch=sm_90", "-std=c++17", "-Xptxas", "-v"])
-        .arg("-I")
-        .arg(root.join("device/include"))
-        .arg("-I")
-        .arg(root.join("ffi/include"))
-        .arg(root.join("device/tests/register_budget.cu"))
-        .arg("-o")
-        .arg(out.join("budget.o"))
-        .output()
-        .expect("run nvcc");
+    let source = root.join("device/tests/register_budget.cu");
+    let output = compile(&nvcc, &source, &out.join("budget.o"), &["-Xptxas", "-v"]);
     let report = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
     assert!(output.status.success(), "register_budget.cu does not compile:\n{report}");
     let kernels = kernel_resources(&report);

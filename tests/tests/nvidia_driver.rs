@@ -190,12 +190,19 @@ fn dkms(args: &[&str]) -> Output {
     run(Command::new("dkms").args(args).env_remove("WIC_NVIDIA_SRC"))
 }
 
+/// Why DKMS cannot be used here, if it cannot: it needs root, and dkms installed.
+fn dkms_unusable() -> Option<String> {
+    if !nix::unistd::geteuid().is_root() {
+        return Some("not root".into());
+    }
+    let installed = Command::new("dkms").arg("--version").output().is_ok_and(|o| o.status.success());
+    (!installed).then(|| "dkms is not installed (CI installs it from Debian main)".into())
+}
+
 /// Removes what an earlier run of the DKMS test left: its DKMS packages (wic of a test
 /// version, the NVIDIA stand-in), then its marked directories.
 fn remove_leftovers() {
-    if !nix::unistd::geteuid().is_root()
-        || !Command::new("dkms").arg("--version").output().is_ok_and(|o| o.status.success())
-    {
+    if dkms_unusable().is_some() {
         return;
     }
     let entries = |dir: &str| -> Vec<PathBuf> {
@@ -346,16 +353,24 @@ fn installed_module(kernel: &str, name: &str) -> Option<PathBuf> {
         .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(&format!("{name}.ko"))))
 }
 
-/// The contents of NVIDIA's (the stand-in's) two modules for `kernel`.
-fn nvidias_files(kernel: &str) -> Vec<(PathBuf, Vec<u8>)> {
-    ["nvidia", "nvidia-uvm"]
+/// The contents of NVIDIA's (the stand-in's) two modules for each of `kernels`.
+fn nvidias_files(kernels: &[&str]) -> Vec<(PathBuf, Vec<u8>)> {
+    kernels
         .iter()
-        .map(|name| {
+        .flat_map(|kernel| ["nvidia", "nvidia-uvm"].map(|name| (kernel, name)))
+        .map(|(kernel, name)| {
             let path = installed_module(kernel, name).unwrap_or_else(|| panic!("no {name}.ko for {kernel}"));
             let bytes = std::fs::read(&path).expect("NVIDIA's module");
             (path, bytes)
         })
         .collect()
+}
+
+/// Checks that each file of `files` still holds its bytes.
+fn assert_unchanged(files: &[(PathBuf, Vec<u8>)], when: &str) {
+    for (path, bytes) in files {
+        assert!(std::fs::read(path).is_ok_and(|now| &now == bytes), "{when}: NVIDIA's {} was changed", path.display());
+    }
 }
 
 fn modinfo(path: &Path, field: &str) -> String {
@@ -374,13 +389,13 @@ fn planned(conf: &Path, kernel: &str, args: &[&str]) -> String {
 /// kernel, nor where other DKMS packages would be built by it. What a killed run left counts too
 /// (its cleanup comes first in the DKMS test, under [`machine_lock`]).
 fn dkms_test_blocked() -> Option<String> {
-    if !nix::unistd::geteuid().is_root() {
-        return Some("not root".into());
+    if let Some(why) = dkms_unusable() {
+        return Some(why);
     }
-    let status = Command::new("dkms").arg("status").output().ok().filter(|o| o.status.success());
-    let Some(status) = status else {
-        return Some("dkms is not installed (CI installs it from Debian main)".into());
-    };
+    let status = dkms(&["status"]);
+    if !status.status.success() {
+        return Some(format!("dkms status failed: {}", text(&status)));
+    }
     // What would choose another source than the one the test installs.
     if Path::new("/etc/wic/nvidia-src").exists() {
         return Some("/etc/wic/nvidia-src names this machine's NVIDIA source".into());
@@ -513,9 +528,8 @@ fn dkms_installs_wic_beside_nvidias_package_and_removes_only_its_own() {
     let Some(kver) = kernel_with_headers() else {
         return skip("no kernel headers under /lib/modules/*/build".into());
     };
-    let has_dkms = Command::new("dkms").arg("--version").output().is_ok_and(|o| o.status.success());
-    if !nix::unistd::geteuid().is_root() || !has_dkms {
-        return skip(dkms_test_blocked().unwrap_or_default());
+    if let Some(why) = dkms_unusable() {
+        return skip(why);
     }
     let _machine = machine_lock();
     remove_leftovers();
@@ -559,16 +573,7 @@ fn dkms_installs_wic_beside_nvidias_package_and_removes_only_its_own() {
     }
     let kernels = [kver.as_str(), SECOND_KERNEL];
     install_nvidia_stand_in(&mut installed, &nvidia_version, &kernels);
-    let nvidias = [nvidias_files(&kver), nvidias_files(SECOND_KERNEL)];
-    let untouched = |when: &str| {
-        for (path, bytes) in nvidias.iter().flatten() {
-            assert!(
-                std::fs::read(path).is_ok_and(|now| &now == bytes),
-                "{when}: NVIDIA's {} was changed",
-                path.display()
-            );
-        }
-    };
+    let nvidias = nvidias_files(&kernels);
 
     // wic, as deploy/dkms/README.md installs it, under a version of its own so that a real
     // installation is never touched.
@@ -622,7 +627,7 @@ fn dkms_installs_wic_beside_nvidias_package_and_removes_only_its_own() {
         (uvm, shim)
     };
     let (uvm, shim) = wics(&kver);
-    untouched("after dkms install");
+    assert_unchanged(&nvidias, "after dkms install");
     // wic_shim was built against this very nvidia-uvm: every uvm_wic_* it imports is exported
     // with the same CRC, or the kernel would refuse to load it.
     let exports = exported_crcs(&uvm, &scratch("dkms-crc"));
@@ -655,7 +660,7 @@ fn dkms_installs_wic_beside_nvidias_package_and_removes_only_its_own() {
     let auto = dkms(&["autoinstall", "-k", SECOND_KERNEL]);
     assert!(auto.status.success(), "dkms autoinstall -k {SECOND_KERNEL}: {}", text(&auto));
     wics(SECOND_KERNEL);
-    untouched("after the rebuild for a new kernel");
+    assert_unchanged(&nvidias, "after the rebuild for a new kernel");
 
     // A driver upgrade before wic is rebuilt: NVIDIA's package of another release replaces the
     // first, as apt upgrades it. wic's build is refused as stale, naming both releases, and
@@ -671,7 +676,7 @@ fn dkms_installs_wic_beside_nvidias_package_and_removes_only_its_own() {
     );
     let (ok, refused) = wic_modprobe_dry_run(None, &kver, "wic_shim");
     assert!(!ok && refused.contains("not loading wic_shim"), "wic_shim with a stale build: {refused}");
-    let nvidias = [nvidias_files(&kver), nvidias_files(SECOND_KERNEL)];
+    let upgraded_nvidias = nvidias_files(&kernels);
 
     // Removal deletes wic's two modules from every kernel and nothing else.
     let remove = dkms(&["remove", "-m", "wic", "-v", &wic_version, "--all"]);
@@ -681,9 +686,7 @@ fn dkms_installs_wic_beside_nvidias_package_and_removes_only_its_own() {
             assert!(installed_module(kernel, name).is_none(), "dkms remove left {name} for {kernel}");
         }
     }
-    for (path, bytes) in nvidias.iter().flatten() {
-        assert!(std::fs::read(path).is_ok_and(|now| &now == bytes), "after dkms remove: {} changed", path.display());
-    }
+    assert_unchanged(&upgraded_nvidias, "after dkms remove");
     std::fs::remove_file(conf.join("00-wic.conf")).unwrap();
     let restored = planned(&conf, &kver, &["nvidia-uvm"]);
     assert!(restored.contains("updates/dkms/nvidia-uvm.ko"), "after removal, modprobe nvidia-uvm: {restored}");
