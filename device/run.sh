@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds and runs everything of device/ on a machine with an NVIDIA GPU (stock driver):
 # the CMake build and install, a project that finds the installed package, the transport test,
+# the misuse test, the newcomer's loop per transport (tests/newcomer.sh),
 # the transport benchmark, the applications in every mode (median of REPS runs each), the
 # inter-GPU applications where there are two GPUs, each application's bound
 # (bench/bounds.py), the cost of fault-stalled warps to the warps beside them
@@ -34,6 +35,10 @@ cmake --build "$work/consumer" >>"$out/build.log" 2>&1
 
 echo "== transport test"
 "$work/build/transport_test" | tee "$out/transport_test.txt"
+echo "== misuse test"
+"$work/build/misuse_test" | tee "$out/misuse_test.txt"
+echo "== newcomer's loop"
+bash "$here/tests/newcomer.sh" "$work/build/newcomer" | tee "$out/newcomer.txt"
 
 if wanted transport; then
 	echo "== transport benchmark"

@@ -4,7 +4,7 @@
 #
 # Usage: device/bench/microbench.sh NAME [OUTPUT_DIR] [OPTIONS...]
 #        (NAME: transport or stall_cost; default OUTPUT_DIR: $OUT if set, else target/NAME;
-#        OPTIONS go to the benchmark: --quick, and for transport --spin)
+#        OPTIONS go to the benchmark: --quick, and for transport --spin or --streaming)
 #
 # Writes to OUTPUT_DIR: NAME.jsonl (one JSON object per measurement, the first naming the GPU,
 # driver API version and date), NAME.txt (the table it printed) and device.txt.

@@ -39,11 +39,13 @@
  *   streaming        one host thread streams TOTAL bytes (poll and alg1: TOTAL / 8; at least
  *                    two generations of every block, so more with large batches) as batches
  *                    of BYTES to one consumer block per SM (two slots per block, thread 0
- *                    waits, every thread reads the batch); the host reuses a slot once the
- *                    block acknowledged the generation before. GB/s from the first publish
- *                    to the kernel's end, its ratio to bulk_copy, and the host's time per
- *                    call of publish() (push_many, tagged_many: of publish_many(), one per
- *                    generation).
+ *                    waits, every thread reads the batch and one reports it consumed()); the
+ *                    host calls wait_free() before it publishes a slot again: per slot
+ *                    publish() (push, tagged, ...), the same after coalesce() (push_coalesced,
+ *                    tagged_coalesced), or one publish_many() per generation (push_many,
+ *                    tagged_many). GB/s from the first publish to the kernel's end, its ratio
+ *                    to bulk_copy, and the host's time per call of publish() or
+ *                    publish_many().
  *   ce_order_probe   whether a host copy could carry one flag per 128 bytes (NCCL's LL128):
  *                    a pinned buffer, every word g, copied into device memory for g = 1, 2,
  *                    ... while a kernel watches each 128-byte line, spinning on its last word
@@ -76,16 +78,19 @@
  * Every wait gives up after 2 s; a measurement whose wait gave up is reported failed and the
  * program exits 1. Prints a table; with OUT, also one JSON object per line into OUT.
  *
- * Usage: transport [--quick] [--spin] [OUT.jsonl]   (--quick: 64 MiB streams, fewer repetitions;
- *        --spin: only what spinning warps do: spin_pace, spin_copy and poll's latency beside them)
+ * Usage: transport [--quick] [--spin | --streaming] [OUT.jsonl]   (--quick: 64 MiB streams, fewer
+ *        repetitions; --spin: only what spinning warps do: spin_pace, spin_copy and poll's latency
+ *        beside them; --streaming: only bulk_copy and streaming)
  */
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <cuda.h>
@@ -362,26 +367,6 @@ __global__ void fence_after_stores(uint64_t *there, uint32_t bytes, uint32_t rou
  * reads the batch (16 bytes at a time, into @sink) checking its stamp (b << 32 | g + 1, in the
  * first and last 8 bytes), and thread 0 acknowledges in acked[b]; a failure stores ~0 there.
  */
-__global__ void stream_consumer(wic::channel ch, uint32_t generations, unsigned int *acked, uint4 *sink)
-{
-	const uint32_t b = blockIdx.x;
-	uint4 acc = make_uint4(0, 0, 0, 0);
-
-	for (uint32_t g = 0; g < generations; g++) {
-		const uint8_t *batch;
-		const int rc = wic::recv_block(ch, (g % 2) * gridDim.x + b, g / 2, &batch, timeout_ns);
-		const bool bad = rc != WIC_OK || read_stamped(batch, ch.batch_bytes, (uint64_t)b << 32 | (g + 1), &acc);
-		if (__syncthreads_or(bad)) {
-			if (threadIdx.x == 0)
-				wic::detail::store_release(&acked[b], ~0u);
-			return;
-		}
-		if (threadIdx.x == 0)
-			wic::detail::store_release(&acked[b], g + 1);
-	}
-	sink[(size_t)b * blockDim.x + threadIdx.x] = acc;
-}
-
 __device__ inline uint64_t load_acquire64(const uint64_t *at)
 {
 	uint64_t v;
@@ -569,7 +554,7 @@ __global__ void peer_stream_producer(wic::channel ch, uint32_t generations)
  * GPU 0's side of peer_stream_producer: block b receives its stream, reads every batch checking
  * its stamp, and reports each generation consumed; a failure stores 1 into *@failed.
  */
-__global__ void peer_stream_consumer(wic::channel ch, uint32_t generations, unsigned int *failed, uint4 *sink)
+__global__ void stream_consumer(wic::channel ch, uint32_t generations, unsigned int *failed, uint4 *sink)
 {
 	const uint32_t b = blockIdx.x;
 	uint4 acc = make_uint4(0, 0, 0, 0);
@@ -647,6 +632,87 @@ double bulk_copy_gbps(uint64_t bytes)
 	       (unsigned long long)(bytes >> 20));
 	record("bulk_copy").add("bytes", (double)bytes).add("gbps", median).emit();
 	return median;
+}
+
+/*
+ * copy_pipeline() - what the copy engine does with copies of @size bytes queued back to back,
+ * each followed (@words) by a copy of a 4-byte word from pinned memory as push's ready word,
+ * spread round-robin over @streams streams: @total bytes from pinned memory into device memory.
+ * Everything is queued behind a gate (a stream wait on a pinned word) and timed from the gate's
+ * opening to the last stream's end, so the host's time per call does not count; GB/s and the
+ * time over one copy of @total measured the same way. A watchdog opens the gate after 5 s should
+ * the queue fill while it is closed, and the run is then reported as such.
+ */
+void copy_pipeline(uint64_t total, uint32_t size, uint32_t streams, bool words)
+{
+	const uint32_t copies = (uint32_t)(total / size);
+	uint8_t *host, *dev;
+	unsigned int *host_words, *dev_words, *gate, *gate_dev;
+	CHECK(cudaHostAlloc(&host, total, cudaHostAllocDefault));
+	memset(host, 1, total);
+	CHECK(cudaMalloc(&dev, total));
+	CHECK(cudaHostAlloc(&host_words, copies * sizeof(unsigned int), cudaHostAllocDefault));
+	CHECK(cudaMalloc(&dev_words, copies * sizeof(unsigned int)));
+	CHECK(cudaHostAlloc(&gate, sizeof(unsigned int), cudaHostAllocMapped));
+	CHECK(cudaHostGetDevicePointer((void **)&gate_dev, gate, 0));
+	std::vector<cudaStream_t> s(streams);
+	for (auto &stream : s)
+		CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+	/* Once with one copy of everything, then as asked; each the median of 3. */
+	auto timed = [&](bool whole) {
+		std::vector<double> ms;
+		for (int rep = 0; rep < 3; rep++) {
+			*(volatile unsigned int *)gate = 0;
+			for (auto stream : s)
+				if (cuStreamWaitValue32(stream, (CUdeviceptr)gate_dev, 1, CU_STREAM_WAIT_VALUE_GEQ) !=
+				    CUDA_SUCCESS)
+					stuck("copy_pipeline: cuStreamWaitValue32");
+			std::atomic<bool> opened{false};
+			std::thread watchdog([&] {
+				for (int i = 0; i < 5000 && !opened.load(); i++)
+					std::this_thread::sleep_for(std::chrono::milliseconds(1));
+				__atomic_store_n(gate, 1u, __ATOMIC_RELEASE);
+			});
+			for (uint32_t i = 0; i < (whole ? 1 : copies); i++) {
+				cudaStream_t stream = s[i % streams];
+				CHECK(cudaMemcpyAsync(dev + (uint64_t)i * size, host + (uint64_t)i * size, whole ? total : size,
+						      cudaMemcpyHostToDevice, stream));
+				if (words && !whole)
+					CHECK(cudaMemcpyAsync(&dev_words[i], &host_words[i], sizeof(unsigned int),
+							      cudaMemcpyHostToDevice, stream));
+			}
+			const bool late = __atomic_load_n(gate, __ATOMIC_ACQUIRE) != 0;
+			const auto t0 = clock_type::now();
+			__atomic_store_n(gate, 1u, __ATOMIC_RELEASE);
+			opened = true;
+			for (auto stream : s)
+				CHECK(cudaStreamSynchronize(stream));
+			watchdog.join();
+			if (late)
+				stuck("copy_pipeline: the queue filled while the gate was closed");
+			ms.push_back(seconds_since(t0) * 1e3);
+		}
+		return quantile(ms, 0.5);
+	};
+	const double one = timed(true), many = timed(false);
+	printf("%-16s %-10s %8u B x %-5u %s %u stream(s): %7.1f GB/s  %5.2fx one copy (%.1f GB/s)\n", "copy_pipeline",
+	       "reference", size, copies, words ? "+ word" : "alone ", streams, total / (many * 1e6), many / one,
+	       total / (one * 1e6));
+	record("copy_pipeline")
+		.add("bytes", (double)size)
+		.add("copies", (double)copies)
+		.add("words", words ? 1.0 : 0.0)
+		.add("streams", (double)streams)
+		.add("gbps", total / (many * 1e6))
+		.add("time_over_one_copy", many / one)
+		.emit();
+	for (auto stream : s)
+		CHECK(cudaStreamDestroy(stream));
+	CHECK(cudaFreeHost(gate));
+	CHECK(cudaFree(dev_words));
+	CHECK(cudaFreeHost(host_words));
+	CHECK(cudaFree(dev));
+	CHECK(cudaFreeHost(host));
 }
 
 /*
@@ -844,7 +910,8 @@ void latency(wic::transport kind, uint32_t bytes, uint32_t blocks, uint32_t warp
 	     double mapped_one_way, int64_t backoff_ns = -1)
 {
 	wic::host_channel ch;
-	CHECK(ch.create(kind, blocks, bytes, 1));
+	/* The acknowledgement, not wic::consumed(), tells the host that slot 0 may be written again. */
+	CHECK(ch.create(kind, blocks, bytes, 1, wic::reuse::caller));
 	wic::channel dev = ch.device();
 	if (backoff_ns >= 0)
 		dev.backoff_ns = (uint32_t)backoff_ns;
@@ -1259,33 +1326,38 @@ void peer_latency(wic::transport kind, uint32_t bytes, double peer_one_way)
 		.emit();
 }
 
+/* How streaming() publishes: one publish() per slot, the same coalesced, or publish_many(). */
+enum class publishing { per_slot, coalesced, many };
+
 /*
  * streaming() - one host thread streams @stream_total bytes in batches of @bytes through a
- * channel of @kind (@many: a generation of all blocks per publish_many()) to one block per SM.
+ * channel of @kind to one block per SM, as a newcomer would write it: per slot wait_free(),
+ * then publish() (@how: per_slot; coalesced, after coalesce(wic::coalesce_bytes)), or per
+ * generation wait_free() for every slot and one publish_many() (many).
  */
-void streaming(wic::transport kind, bool many, uint32_t bytes, uint64_t stream_total, double bulk_gbps)
+void streaming(wic::transport kind, publishing how, uint32_t bytes, uint64_t stream_total, double bulk_gbps)
 {
 	const uint32_t blocks = cfg.sms, slots = 2 * blocks;
 	const uint32_t generations = (uint32_t)std::max<uint64_t>(2, stream_total / ((uint64_t)bytes * blocks));
 	const uint64_t total = (uint64_t)generations * blocks * bytes;
 	wic::host_channel ch;
 	CHECK(ch.create(kind, slots, bytes, 1));
+	if (how == publishing::coalesced)
+		CHECK(ch.coalesce(wic::coalesce_bytes));
 	uint8_t *staging;
 	CHECK(cudaHostAlloc(&staging, (size_t)slots * bytes, cudaHostAllocDefault));
 	memset(staging, 0x5a, (size_t)slots * bytes);
-	unsigned int *acked, *acked_dev;
-	CHECK(cudaHostAlloc(&acked, blocks * sizeof(unsigned int), cudaHostAllocMapped));
-	memset(acked, 0, blocks * sizeof(unsigned int));
-	CHECK(cudaHostGetDevicePointer((void **)&acked_dev, acked, 0));
+	mapped_word failed;
 	uint4 *sink;
 	CHECK(cudaMalloc(&sink, (size_t)blocks * 256 * sizeof(uint4)));
 	cudaStream_t kernel_stream, copy_stream;
 	CHECK(cudaStreamCreateWithFlags(&kernel_stream, cudaStreamNonBlocking));
 	CHECK(cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking));
 	CHECK(cudaDeviceSynchronize());
-	stream_consumer<<<blocks, 256, 0, kernel_stream>>>(ch.device(), generations, acked_dev, sink);
+	stream_consumer<<<blocks, 256, 0, kernel_stream>>>(ch.device(), generations, failed.dev, sink);
 	CHECK(cudaGetLastError());
-	const std::string named = std::string(wic::transport_name(kind)) + (many ? "_many" : "");
+	const char *suffix[] = {"", "_coalesced", "_many"};
+	const std::string named = std::string(wic::transport_name(kind)) + suffix[(int)how];
 	const char *name = named.c_str();
 	char what[64];
 	snprintf(what, sizeof(what), "streaming %s %u B", name, bytes);
@@ -1295,39 +1367,40 @@ void streaming(wic::transport kind, bool many, uint32_t bytes, uint64_t stream_t
 		const uint32_t first = (g % 2) * blocks;
 		for (uint32_t b = 0; b < blocks; b++) {
 			/* The slot's generation before (g - 2) is consumed, so its copy is done. */
-			if (g >= 2 && !host_wait(&acked[b], g - 1))
+			if (!ch.wait_free(first + b, timeout_ns).ok())
 				stuck(what);
 			const uint64_t stamp = (uint64_t)b << 32 | (g + 1);
 			uint8_t *src = staging + (size_t)(first + b) * bytes;
 			memcpy(src, &stamp, 8);
 			memcpy(src + bytes - 8, &stamp, 8);
-			if (!many) {
+			if (how != publishing::many) {
 				const auto t0 = clock_type::now();
 				CHECK(ch.publish(first + b, src, bytes, copy_stream));
 				in_publish_us += us_between(t0, clock_type::now());
 			}
 		}
-		if (many) {
+		if (how == publishing::many) {
 			const auto t0 = clock_type::now();
 			CHECK(ch.publish_many(first, blocks, staging + (size_t)first * bytes, copy_stream));
 			in_publish_us += us_between(t0, clock_type::now());
 		}
 	}
+	CHECK(ch.flush());
 	finish(kernel_stream, what);
 	const double ms = seconds_since(start) * 1e3;
 	finish(copy_stream, what);
-	bool ok = true;
-	for (uint32_t b = 0; b < blocks; b++)
-		ok &= acked[b] == generations;
+	bool ok = !__atomic_load_n(failed.host, __ATOMIC_ACQUIRE);
+	for (uint32_t s = 0; s < slots; s++)
+		ok &= ch.wait_free(s, 0).ok();
 	if (!ok)
 		stuck(what);
 	CHECK(cudaStreamDestroy(kernel_stream));
 	CHECK(cudaStreamDestroy(copy_stream));
 	CHECK(cudaFree(sink));
-	CHECK(cudaFreeHost(acked));
 	CHECK(cudaFreeHost(staging));
-	const double gbps = total / (ms * 1e6), publishes = many ? generations : (double)generations * blocks;
-	printf("%-16s %-10s %8u B %8.1f GB/s  %5.2fx bulk  publish %6.2f us per call (%.0f calls, %llu MiB)\n",
+	const double gbps = total / (ms * 1e6);
+	const double publishes = how == publishing::many ? generations : (double)generations * blocks;
+	printf("%-16s %-16s %8u B %8.1f GB/s  %5.2fx bulk  publish %6.2f us per call (%.0f calls, %llu MiB)\n",
 	       "streaming", name, bytes, gbps, bulk_gbps / gbps, in_publish_us / publishes, publishes,
 	       (unsigned long long)(total >> 20));
 	record("streaming")
@@ -1419,13 +1492,13 @@ void peer_streaming(wic::transport kind, uint32_t bytes, uint64_t stream_total, 
 		app::on_gpu g(1);
 		app::load(peer_stream_producer);
 	}
-	app::load(peer_stream_consumer);
+	app::load(stream_consumer);
 	app::sync_both();
 	app::stream_pair streams;
 	const auto start = clock_type::now();
 	{
 		app::on_gpu g(0);
-		peer_stream_consumer<<<blocks, 256, 0, streams[0]>>>(ch.device(), generations, failed.dev, sink);
+		stream_consumer<<<blocks, 256, 0, streams[0]>>>(ch.device(), generations, failed.dev, sink);
 		CHECK(cudaGetLastError());
 	}
 	{
@@ -1600,14 +1673,16 @@ void describe_device()
 int main(int argc, char **argv)
 {
 	const char *out = nullptr;
-	bool spin_only = false;
+	bool spin_only = false, streaming_only = false;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--quick"))
 			cfg.quick = true;
 		else if (!strcmp(argv[i], "--spin"))
 			spin_only = true;
+		else if (!strcmp(argv[i], "--streaming"))
+			streaming_only = true;
 		else if (argv[i][0] == '-' || out) {
-			fprintf(stderr, "usage: %s [--quick] [--spin] [OUT.jsonl]\n", argv[0]);
+			fprintf(stderr, "usage: %s [--quick] [--spin | --streaming] [OUT.jsonl]\n", argv[0]);
 			return 2;
 		} else
 			out = argv[i];
@@ -1647,6 +1722,30 @@ int main(int argc, char **argv)
 	}
 
 	const double bulk = bulk_copy_gbps(cfg.stream_total);
+	/* poll and alg1 stream an eighth as much: at tens to thousands of times the bulk copy's time. */
+	auto streams = [&] {
+		for (uint32_t bytes : {4096u, 65536u, 1u << 20}) {
+			streaming(wic::transport::push, publishing::per_slot, bytes, cfg.stream_total, bulk);
+			streaming(wic::transport::push, publishing::coalesced, bytes, cfg.stream_total, bulk);
+			streaming(wic::transport::push, publishing::many, bytes, cfg.stream_total, bulk);
+			streaming(wic::transport::poll, publishing::per_slot, bytes, cfg.stream_total / 8, bulk);
+			streaming(wic::transport::alg1, publishing::per_slot, bytes, cfg.stream_total / 8, bulk);
+			streaming(wic::transport::mapped, publishing::per_slot, bytes, cfg.stream_total, bulk);
+			streaming(wic::transport::tagged, publishing::per_slot, bytes, cfg.stream_total, bulk);
+			streaming(wic::transport::tagged, publishing::coalesced, bytes, cfg.stream_total, bulk);
+			streaming(wic::transport::tagged, publishing::many, bytes, cfg.stream_total, bulk);
+		}
+	};
+	if (streaming_only) {
+		for (uint32_t size : {65536u, 1u << 20, 4u << 20})
+			for (uint32_t k : {1u, 2u, 4u})
+				for (bool words : {false, true})
+					copy_pipeline(size == 65536u ? 32ull << 20 : 256ull << 20, size, k, words);
+		streams();
+		if (bench::json)
+			fclose(bench::json);
+		return 0;
+	}
 	const double mapped = mapped_one_way_us();
 	/* cuStreamBatchMemOp() takes at most 255 operations a call. */
 	ready_words({1, 8, 32, std::min(cfg.sms, 255u), 255}, std::min(cfg.sms, 255u), 64 << 10);
@@ -1679,16 +1778,7 @@ int main(int argc, char **argv)
 		for (const auto &shape : backoff_shapes)
 			latency(wic::transport::push, 64, shape[0], shape[1], false, mapped, backoff);
 
-	/* poll and alg1 stream an eighth as much: at tens to thousands of times the bulk copy's time. */
-	for (uint32_t bytes : {4096u, 65536u, 1u << 20}) {
-		streaming(wic::transport::push, false, bytes, cfg.stream_total, bulk);
-		streaming(wic::transport::push, true, bytes, cfg.stream_total, bulk);
-		streaming(wic::transport::poll, false, bytes, cfg.stream_total / 8, bulk);
-		streaming(wic::transport::alg1, false, bytes, cfg.stream_total / 8, bulk);
-		streaming(wic::transport::mapped, false, bytes, cfg.stream_total, bulk);
-		streaming(wic::transport::tagged, false, bytes, cfg.stream_total, bulk);
-		streaming(wic::transport::tagged, true, bytes, cfg.stream_total, bulk);
-	}
+	streams();
 
 	/* Whether the copy engine's writes could carry a flag per 128 bytes (NCCL's LL128). */
 	for (uint32_t bytes : {4096u, 65536u, 1u << 20})

@@ -51,7 +51,9 @@ extern "C" {
 #define WIC_EPROTOCOL (-9)     /* the daemon and the library do not understand each other */
 #define WIC_ECONNECT (-10)     /* the daemon cannot be reached, or hung up */
 #define WIC_EUNSUPPORTED (-11) /* the backend or channel cannot do this */
-#define WIC_EIO (-12)          /* a system call failed */
+#define WIC_EIO (-12)          /* a system call failed (wic.cuh: a CUDA runtime call) */
+#define WIC_ESTALE (-13)       /* wic.cuh: the generation was overwritten by a newer one */
+#define WIC_ESTREAM (-14)      /* wic.cuh: a stream that waits for the consumer kernel */
 
 /* Bytes of a grant token buffer: 32 hex digits and a NUL. */
 #define WIC_TOKEN_LEN 33

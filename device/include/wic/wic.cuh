@@ -130,10 +130,46 @@ __host__ __device__ constexpr const char *error_name(int status)
 		return "WIC_EUNSUPPORTED";
 	case WIC_EIO:
 		return "WIC_EIO";
+	case WIC_ESTALE:
+		return "WIC_ESTALE";
+	case WIC_ESTREAM:
+		return "WIC_ESTREAM";
 	default:
 		return "WIC_E?";
 	}
 }
+
+/*
+ * outcome - what a host call of wic.cuh returns: a WIC_* status, which error_name() names, and
+ * the cudaError_t it converts to, so code written for the cudaError_t that earlier versions
+ * returned keeps compiling and comparing. A failed CUDA runtime call is WIC_EIO with the
+ * runtime's error; the library's own refusals convert to the cudaError_t each call documents.
+ */
+class outcome {
+public:
+	constexpr outcome(cudaError_t err = cudaSuccess) : status_(err == cudaSuccess ? WIC_OK : WIC_EIO), cuda_(err) {}
+	constexpr outcome(int status, cudaError_t err) : status_(status), cuda_(err) {}
+
+	constexpr int status() const { return status_; }
+	constexpr cudaError_t cuda() const { return cuda_; }
+	constexpr bool ok() const { return status_ == WIC_OK; }
+	constexpr operator cudaError_t() const { return cuda_; }
+
+	/* "WIC_EBUSY", or for a failed runtime call the runtime's name, "cudaErrorMemoryAllocation". */
+	const char *name() const { return status_ == WIC_EIO ? cudaGetErrorName(cuda_) : error_name(status_); }
+
+private:
+	int status_;
+	cudaError_t cuda_;
+};
+
+/*
+ * forever - the timeout of a wait that never gives up. Every wait of wic.cuh, on the device and
+ * on the host, takes a timeout in nanoseconds with the meaning libwic gives it: 0 looks once,
+ * forever waits until the data (or the consumers' report) is there, anything else at most that
+ * long. forever is the default wherever a timeout may be left out.
+ */
+constexpr uint64_t forever = ~0ULL;
 
 /*
  * The longest __nanosleep of push's backoff, in nanoseconds, unless a channel's backoff_ns says
@@ -192,11 +228,12 @@ struct channel {
  * @ready: per slot, @parts ready words
  * @slot_bytes: bytes of a slot
  * @slots: slots; result generation g lives in slot g % slots
- * @parts: parts of a slot, each marked written on its own (post_result())
+ * @parts: parts of a slot, each marked written on its own (post_result(), post_result_warp())
+ * @released: generations the host is done with, counted in order (result_channel::release())
  *
  * A part's word holds g + 1 once the part of generation g is written. With fewer slots than
- * generations the kernel may write generation g only after the host is done with generation
- * g - slots, which the application's own protocol must tell it (the host's next message).
+ * generations the kernel writes generation g only after the host released generation
+ * g - slots: result_flow waits for that.
  */
 struct result_view {
 	uint8_t *data;
@@ -204,6 +241,7 @@ struct result_view {
 	uint64_t slot_bytes;
 	uint32_t slots;
 	uint32_t parts;
+	unsigned int *released;
 
 	__host__ __device__ uint8_t *slot(uint32_t g) const { return data + (uint64_t)(g % slots) * slot_bytes; }
 	__host__ __device__ unsigned int *word(uint32_t g, uint32_t part) const
@@ -263,12 +301,13 @@ __device__ inline int marker_status(uint64_t word)
 
 /*
  * backoff - the pauses of a waiter that looks at a word again and again: sleeps from 32 ns
- * doubling up to @cap_ns (0: spinning), gives up once @timeout_ns (0: never) have passed.
+ * doubling up to @cap_ns (0: spinning), gives up once @timeout_ns (0: after the first look;
+ * forever: never) have passed.
  */
 class backoff {
 public:
 	__device__ backoff(uint32_t cap_ns, uint64_t timeout_ns)
-		: start_(timeout_ns ? globaltimer() : 0), timeout_ns_(timeout_ns), cap_ns_(cap_ns),
+		: start_(timeout_ns != forever ? globaltimer() : 0), timeout_ns_(timeout_ns), cap_ns_(cap_ns),
 		  sleep_ns_(cap_ns < 32 ? cap_ns : 32)
 	{
 	}
@@ -276,7 +315,7 @@ public:
 	/* After a look that found nothing: false once the time is up, else true after a pause. */
 	__device__ bool pause()
 	{
-		if (timeout_ns_ && globaltimer() - start_ > timeout_ns_)
+		if (timeout_ns_ != forever && globaltimer() - start_ >= timeout_ns_)
 			return false;
 		if (sleep_ns_) {
 			__nanosleep(sleep_ns_);
@@ -292,16 +331,22 @@ private:
 	uint32_t sleep_ns_;
 };
 
-/* Waits until @word, which counts generations, passed @generation; WIC_ETIMED_OUT if not. */
+/*
+ * Waits until @word, which counts generations, passed @generation; WIC_ETIMED_OUT if not.
+ * *@seen, if given: the word's value that ended the wait.
+ */
 __device__ inline int wait_past(const unsigned int *word, uint32_t generation, uint32_t backoff_ns,
-				uint64_t timeout_ns)
+				uint64_t timeout_ns, unsigned *seen = nullptr)
 {
 	backoff pause(backoff_ns, timeout_ns);
+	unsigned value;
 
 	/* Wrapping difference: generations count modulo 2^32. */
-	while ((int)(load_acquire(word) - generation) <= 0)
+	while ((int)((value = load_acquire(word)) - generation) <= 0)
 		if (!pause.pause())
 			return WIC_ETIMED_OUT;
+	if (seen)
+		*seen = value;
 	return WIC_OK;
 }
 
@@ -360,7 +405,8 @@ __device__ inline void send_lines(const channel &ch, uint32_t slot, uint32_t gen
 /*
  * Lines [@first, @end) of @slot, every @stride-th from @first: each waited for until it
  * carries generation @generation's tag, its 8 data bytes then unpacked into the slot's place
- * in ch.data. WIC_OK once all are; WIC_ETIMED_OUT once @timeout_ns (0: never) passed before.
+ * in ch.data. WIC_OK once all are; WIC_ESTALE when the first of a round's lines carries a
+ * later generation's tag; WIC_ETIMED_OUT once @timeout_ns passed before.
  */
 __device__ inline int receive_lines(const channel &ch, uint32_t slot, uint32_t generation, uint64_t first,
 				    uint64_t end, uint32_t stride, uint64_t timeout_ns)
@@ -382,6 +428,13 @@ __device__ inline int receive_lines(const channel &ch, uint32_t slot, uint32_t g
 				break;
 			/* Not there yet: this one line is waited for, the round's later ones were loaded early. */
 			while ((uint32_t)(lo[j] >> 32) != tag || (uint32_t)(hi[j] >> 32) != tag) {
+				/*
+				 * A later tag: the generation was overwritten. Looked for in the first
+				 * half of a round's first line alone (the other half and lines follow
+				 * soon): a look at every line cost the run-time recv() 14 registers.
+				 */
+				if (j == 0 && (int)((uint32_t)(lo[j] >> 32) - tag) > 0)
+					return WIC_ESTALE;
 				if (!pause.pause())
 					return WIC_ETIMED_OUT;
 				load_line(line_at(ch, slot, at), &lo[j], &hi[j]);
@@ -403,10 +456,34 @@ __device__ inline uint32_t block_threads()
 	return blockDim.x * blockDim.y * blockDim.z;
 }
 
-/* Lane 0 waits until @slot has published @generation; WIC_ETIMED_OUT after @timeout_ns. */
+/*
+ * Lane 0 waits until @slot has published @generation: WIC_OK; WIC_ESTALE if the slot holds a
+ * later generation; WIC_ETIMED_OUT after @timeout_ns.
+ */
 __device__ inline int wait_ready(const channel &ch, uint32_t slot, uint32_t generation, uint64_t timeout_ns)
 {
-	return wait_past(&ch.ready[slot], generation, ch.backoff_ns, timeout_ns);
+	unsigned seen;
+	const int status = wait_past(&ch.ready[slot], generation, ch.backoff_ns, timeout_ns, &seen);
+
+	return status == WIC_OK && seen != generation + 1 ? WIC_ESTALE : status;
+}
+
+/*
+ * The warp's status from each lane's: the lowest, so WIC_ESTALE (-13) before WIC_ETIMED_OUT (-6)
+ * before WIC_OK; one instruction (redux.sync).
+ */
+__device__ inline int warp_status(int own)
+{
+	return __reduce_min_sync(0xffffffff, own);
+}
+
+/* The block's status from each thread's: stale data before a timeout. */
+
+__device__ inline int block_status(int own)
+{
+	if (__syncthreads_or(own == WIC_ESTALE))
+		return WIC_ESTALE;
+	return __syncthreads_or(own != WIC_OK) ? WIC_ETIMED_OUT : WIC_OK;
 }
 
 } /* namespace detail */
@@ -430,6 +507,9 @@ __device__ inline int recv_as(const channel &ch, uint32_t slot, uint32_t generat
 	const uint8_t *at;
 	int status = WIC_OK;
 
+	if (slot >= ch.slots || warp_in_batch >= ch.warps_per_batch)
+		return WIC_EINVALID;
+
 	if constexpr (W == wait_kind::fault) {
 		at = reinterpret_cast<const uint8_t *>(ch.runs[2 * slot + generation % 2]) + offset;
 		if (lane == 0) {
@@ -443,7 +523,7 @@ __device__ inline int recv_as(const channel &ch, uint32_t slot, uint32_t generat
 		at = ch.data + (uint64_t)slot * ch.batch_bytes + offset;
 		const int rc = receive_lines(ch, slot, generation, offset / 8 + lane, (offset + ch.message_bytes) / 8, 32,
 					     timeout_ns);
-		status = __any_sync(0xffffffff, rc != WIC_OK) ? WIC_ETIMED_OUT : WIC_OK;
+		status = warp_status(rc);
 	} else {
 		at = ch.data + (uint64_t)slot * ch.batch_bytes + offset;
 		if (lane == 0)
@@ -462,6 +542,8 @@ __device__ inline int recv_block_as(const channel &ch, uint32_t slot, uint32_t g
 {
 	const uint8_t *at;
 
+	if (slot >= ch.slots)
+		return WIC_EINVALID;
 	if constexpr (W == wait_kind::fault)
 		at = reinterpret_cast<const uint8_t *>(ch.runs[2 * slot + generation % 2]);
 	else
@@ -472,7 +554,7 @@ __device__ inline int recv_block_as(const channel &ch, uint32_t slot, uint32_t g
 		const int rc =
 			receive_lines(ch, slot, generation, thread_in_block(), ch.batch_bytes / 8, block_threads(), timeout_ns);
 		*batch = at;
-		return __syncthreads_or(rc != WIC_OK) ? WIC_ETIMED_OUT : WIC_OK;
+		return block_status(rc);
 	} else {
 		if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
 			if constexpr (W == wait_kind::fault)
@@ -497,18 +579,25 @@ __device__ inline int recv_block_as(const channel &ch, uint32_t slot, uint32_t g
  * @generation: the generation, counted from 0 per slot
  * @warp_in_batch: this warp's index among the batch's warps_per_batch
  * @message: receives the address of this warp's message_bytes
- * @timeout_ns: give up after this long (0: wait forever); fault: the channel's timeout, set
- *	at creation, applies instead
+ * @timeout_ns: give up after this long (0: look once; forever, the default: never); fault: the
+ *	channel's timeout, set at creation, applies instead
  *
- * Called by every lane of the warp (the warp must be converged). Return: WIC_OK, or for the
- * fault transport the error wicd or the module completed the request with: WIC_ETIMED_OUT,
- * WIC_ECLOSED, WIC_ESTOPPING or WIC_ECONNECT (wicd died); the others: WIC_ETIMED_OUT.
+ * Called by every lane of the warp, converged, with the same arguments. Return:
+ *  - WIC_OK: *@message holds generation @generation;
+ *  - WIC_EINVALID: @slot or @warp_in_batch is out of range (nothing read);
+ *  - WIC_ESTALE: the slot already holds a later generation, so this one's data is gone (the
+ *    producer overwrote it: it did not wait for wic::consumed(), or this warp came too late);
+ *  - WIC_ETIMED_OUT: not published within @timeout_ns;
+ *  - fault only: the error wicd or the module completed the request with (WIC_ETIMED_OUT,
+ *    WIC_ECLOSED, WIC_ESTOPPING, or WIC_ECONNECT when wicd died); a fault channel cannot tell
+ *    a stale generation.
+ * A generation counts modulo 2^32: "later" means less than 2^31 generations ahead.
  *
  * This form decides at run time how to wait, so a kernel carries the code, and the registers,
  * of every transport's wait (tagged's the most); recv<K>() below carries only K's.
  */
 __device__ inline int recv(const channel &ch, uint32_t slot, uint32_t generation, uint32_t warp_in_batch,
-			   const uint8_t **message, uint64_t timeout_ns = 0)
+			   const uint8_t **message, uint64_t timeout_ns = forever)
 {
 	switch (detail::wait_of(ch.kind)) {
 	case detail::wait_kind::fault:
@@ -529,7 +618,7 @@ __device__ inline int recv(const channel &ch, uint32_t slot, uint32_t generation
  */
 template <transport K>
 __device__ inline int recv(const channel &ch, uint32_t slot, uint32_t generation, uint32_t warp_in_batch,
-			   const uint8_t **message, uint64_t timeout_ns = 0)
+			   const uint8_t **message, uint64_t timeout_ns = forever)
 {
 	if (ch.kind != K)
 		return WIC_EINVALID;
@@ -554,10 +643,10 @@ __device__ inline int recv(const channel &ch, uint32_t slot, uint32_t generation
  * safely. tagged has no word to wait on: every thread unpacks its share of the batch's lines,
  * then the barrier. recv_block<K>() carries @K's wait alone, as recv<K>() does.
  *
- * Return: as recv(), the same in every thread.
+ * Return: as recv() (WIC_EINVALID for a bad @slot), the same in every thread.
  */
 __device__ inline int recv_block(const channel &ch, uint32_t slot, uint32_t generation, const uint8_t **batch,
-				 uint64_t timeout_ns = 0)
+				 uint64_t timeout_ns = forever)
 {
 	__shared__ int status;
 
@@ -573,7 +662,7 @@ __device__ inline int recv_block(const channel &ch, uint32_t slot, uint32_t gene
 
 template <transport K>
 __device__ inline int recv_block(const channel &ch, uint32_t slot, uint32_t generation, const uint8_t **batch,
-				 uint64_t timeout_ns = 0)
+				 uint64_t timeout_ns = forever)
 {
 	__shared__ int status;
 
@@ -597,9 +686,54 @@ __device__ inline void post_result(const result_view &results, uint32_t g, uint3
 {
 	__threadfence_system();
 	__syncthreads();
-	if (threadIdx.x == 0)
+	if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0)
 		detail::store_release(results.word(g, part), g + 1);
 }
+
+/*
+ * post_result_warp() - post_result() for a part one warp wrote: every lane of the warp calls
+ * it after its own writes, and lane 0 marks the part; the rest of the block goes on.
+ */
+__device__ inline void post_result_warp(const result_view &results, uint32_t g, uint32_t part)
+{
+	__threadfence_system();
+	__syncwarp();
+	if (threadIdx.x % 32 == 0)
+		detail::store_release(results.word(g, part), g + 1);
+}
+
+/*
+ * result_flow - flow control of the results direction, kept by the one thread of a block (or
+ * of the grid) that writes result generations in order; a local variable of that thread.
+ *
+ * wait() returns once result generation @g's slot may be written: at once while g is within
+ * @slots of the generations the host released as last seen, else after reading the host's
+ * count again, with push's backoff while the host has not released g - slots. It reads the
+ * count (in host memory) only then, because a GPU thread's read of host memory waits behind
+ * the copies streaming into the GPU: with one read per generation, a streaming loop ran at
+ * 1.65x of the copy's time instead of 1.2x (device/bench/README.md, "Results back"). Give the
+ * result_channel enough slots that the host's releases run ahead: each read then frees
+ * several generations. The threads that write the slot follow wait() through a barrier
+ * (__syncthreads(), __syncwarp()).
+ *
+ * Return: WIC_OK; WIC_ETIMED_OUT after @timeout_ns (0: look once; forever, the default: never).
+ */
+struct result_flow {
+	uint32_t released = 0; /* the host's count as last read */
+
+	__device__ int wait(const result_view &results, uint32_t g, uint64_t timeout_ns = forever)
+	{
+		unsigned seen;
+
+		if ((int)(g - released) < (int)results.slots)
+			return WIC_OK;
+		const int status =
+			detail::wait_past(results.released, g - results.slots, push_max_sleep_ns, timeout_ns, &seen);
+		if (status == WIC_OK)
+			released = seen;
+		return status;
+	}
+};
 
 /*
  * slot_buffer() - where a GPU producer writes the batch of @slot (push, poll, alg1, tagged)
@@ -634,11 +768,13 @@ __device__ inline uint8_t *slot_buffer(const channel &ch, uint32_t slot)
  * which for more than a few lines publish_block() does faster. Before writing generation
  * g > 0 of a slot, the producer waits for wait_consumed(ch, slot, g - 1).
  *
- * Return: WIC_OK; WIC_EUNSUPPORTED for a fault channel, whose GPU producer publishes by writing
- * the slot's PAT page (needs the patched driver).
+ * Return: WIC_OK; WIC_EINVALID for a bad @slot; WIC_EUNSUPPORTED for a fault channel, whose GPU
+ * producer publishes by writing the slot's PAT page (needs the patched driver).
  */
 __device__ inline int publish(const channel &ch, uint32_t slot, uint32_t generation)
 {
+	if (slot >= ch.slots)
+		return WIC_EINVALID;
 	if (ch.kind == transport::fault)
 		return WIC_EUNSUPPORTED;
 	if (ch.kind == transport::tagged) {
@@ -666,6 +802,8 @@ __device__ inline int publish(const channel &ch, uint32_t slot, uint32_t generat
  */
 __device__ inline int publish_block(const channel &ch, uint32_t slot, uint32_t generation)
 {
+	if (slot >= ch.slots)
+		return WIC_EINVALID;
 	if (ch.kind == transport::fault)
 		return WIC_EUNSUPPORTED;
 	if (ch.kind == transport::tagged) {
@@ -707,16 +845,20 @@ __device__ inline void consumed(const channel &ch, uint32_t slot, uint32_t gener
  * @ch: the channel
  * @slot: the slot
  * @generation: the generation the producer is about to overwrite
- * @timeout_ns: give up after this long (0: wait forever)
+ * @timeout_ns: give up after this long (0: look once; forever, the default: never)
  *
  * One thread calls it; the others of its block write the slot after a __syncthreads() that
  * follows it. The word is in this GPU's memory: the thread waits with push's backoff, an
  * acquire load at system scope each time, so the block's stores come after the consumers' reads.
  *
- * Return: WIC_OK (at once for channels without consumed words); WIC_ETIMED_OUT.
+ * Return: WIC_OK (at once for channels without consumed words); WIC_EINVALID for a bad @slot;
+ * WIC_ETIMED_OUT.
  */
-__device__ inline int wait_consumed(const channel &ch, uint32_t slot, uint32_t generation, uint64_t timeout_ns = 0)
+__device__ inline int wait_consumed(const channel &ch, uint32_t slot, uint32_t generation,
+				    uint64_t timeout_ns = forever)
 {
+	if (slot >= ch.slots)
+		return WIC_EINVALID;
 	if (!ch.consumed)
 		return WIC_OK;
 	return detail::wait_past(&ch.consumed[slot], generation, push_max_sleep_ns, timeout_ns);
@@ -792,26 +934,53 @@ inline channel empty_channel(transport kind, uint32_t slots, uint32_t message_by
 }
 
 /*
- * Zeroes @bytes of device memory at @ptr, done when this returns. On a stream of its own that
- * does not wait for others: the legacy default stream would wait for every blocking stream's
- * kernels, a running persistent consumer's among them, and cudaMemset() may return early.
+ * Runs @queue(stream) on a stream of its own and waits for it. Not the legacy default stream,
+ * which would wait for every blocking stream's kernels, a running persistent consumer's among
+ * them; and the wait makes the operation done when this returns (cudaMemset() may return early).
  */
-inline cudaError_t zero_device(void *ptr, size_t bytes)
+template <typename F>
+inline cudaError_t on_own_stream(F queue)
 {
 	cudaStream_t stream;
 	cudaError_t err = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
 	if (err != cudaSuccess)
 		return err;
-	err = cudaMemsetAsync(ptr, 0, bytes, stream);
+	err = queue(stream);
 	const cudaError_t synced = cudaStreamSynchronize(stream);
 	const cudaError_t destroyed = cudaStreamDestroy(stream);
 	return err != cudaSuccess ? err : synced != cudaSuccess ? synced : destroyed;
 }
 
-/* Whether @timeout_ns (0: never) has passed since @start. */
+/* Zeroes @bytes of device memory at @ptr, done when this returns. */
+inline cudaError_t zero_device(void *ptr, size_t bytes)
+{
+	return on_own_stream([&](cudaStream_t stream) { return cudaMemsetAsync(ptr, 0, bytes, stream); });
+}
+
+/* Copies @bytes of device memory at @from to host memory at @to, done when this returns. */
+inline cudaError_t read_device(void *to, const void *from, size_t bytes)
+{
+	return on_own_stream(
+		[&](cudaStream_t stream) { return cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToHost, stream); });
+}
+
+/* Whether @timeout_ns (forever: never) has passed since @start. */
 inline bool past(std::chrono::steady_clock::time_point start, uint64_t timeout_ns)
 {
-	return timeout_ns && std::chrono::steady_clock::now() - start > std::chrono::nanoseconds(timeout_ns);
+	/* Beyond 2^63 ns (292 years) is never too. */
+	return timeout_ns <= (uint64_t)INT64_MAX &&
+	       std::chrono::steady_clock::now() - start >= std::chrono::nanoseconds((int64_t)timeout_ns);
+}
+
+/* The refusals of a bad argument and of a wait that ran out, as the cudaError_t they were. */
+constexpr outcome invalid()
+{
+	return outcome{WIC_EINVALID, cudaErrorInvalidValue};
+}
+
+constexpr outcome timed_out()
+{
+	return outcome{WIC_ETIMED_OUT, cudaErrorTimeout};
 }
 
 /*
@@ -879,6 +1048,27 @@ inline void format_lines(uint64_t *to, const uint8_t *from, size_t bytes, uint64
 } /* namespace detail */
 
 /*
+ * reuse - who keeps a host_channel's producer from overwriting a generation its consumers have
+ * not read yet.
+ *  - checked (the default): the channel. publish() refuses a slot whose last generation the
+ *    consumers have not reported done (wic::consumed()) with WIC_EBUSY; wait_free() waits for
+ *    that report.
+ *  - caller: the application's own protocol (its consumers acknowledge through words of its
+ *    own, say); publish() overwrites without looking, and a consumer that asks for an older
+ *    generation than the slot holds gets WIC_ESTALE.
+ */
+enum class reuse { checked, caller };
+
+/*
+ * coalesce_bytes - a good limit for host_channel::coalesce(): a run of publishes is queued as
+ * one copy once it holds this many bytes. The first slot of a run waits for the run to fill and
+ * be copied (4 MiB: about 80 us on PCIe 5); in exchange the per-copy costs of the copy engine
+ * and the runtime are paid once per 4 MiB. device/bench/README.md ("Per-slot publishing") has
+ * the measurements.
+ */
+constexpr size_t coalesce_bytes = 4 << 20;
+
+/*
  * host_channel - a push, poll, alg1, mapped or tagged channel with a host producer: its memory
  * and its producer side (host code).
  *
@@ -894,6 +1084,10 @@ inline void format_lines(uint64_t *to, const uint8_t *from, size_t bytes, uint64
  * consumed word per slot in pinned host memory: consumers report a generation done with
  * wic::consumed(), and wait_free() holds the producer back until the slot it is about to overwrite
  * is free.
+ *
+ * Every call returns an outcome: a WIC_* status (WIC_EIO when a CUDA runtime call failed, with
+ * its cudaError_t in outcome::cuda()), which converts to the cudaError_t earlier versions
+ * returned. After a runtime call failed the channel's state is unknown: destroy() it.
  */
 class host_channel {
 public:
@@ -903,16 +1097,25 @@ public:
 	~host_channel() { destroy(); }
 
 	/*
-	 * Return: cudaSuccess; cudaErrorInvalidValue for fault, a zero size, or tagged messages of
-	 * a size that is not a multiple of 8 bytes; else the failed call's error.
+	 * create() - allocates the channel on the current device
+	 * @kind: push, poll, alg1, mapped or tagged
+	 * @slots: slots
+	 * @message_bytes: bytes of one warp's message (tagged: a multiple of 8)
+	 * @warps_per_batch: messages of one generation of a slot
+	 * @who: who keeps the producer from overwriting unread data (reuse::checked: the channel)
+	 *
+	 * Return: WIC_OK; WIC_EINVALID for fault, a zero size, or tagged messages of a size that
+	 * is not a multiple of 8 bytes; else WIC_EIO with the failed call's error.
 	 */
-	cudaError_t create(transport kind, uint32_t slots, uint32_t message_bytes, uint32_t warps_per_batch)
+	outcome create(transport kind, uint32_t slots, uint32_t message_bytes, uint32_t warps_per_batch,
+		       reuse who = reuse::checked)
 	{
 		if (kind == transport::fault || kind > transport::tagged || !slots || !message_bytes ||
 		    !warps_per_batch || (kind == transport::tagged && message_bytes % 8))
-			return cudaErrorInvalidValue;
+			return detail::invalid();
 		destroy();
 		ch_ = detail::empty_channel(kind, slots, message_bytes, warps_per_batch);
+		reuse_ = who;
 		published_ = new unsigned int[slots]();
 		const size_t data_bytes = ch_.batch_bytes * slots, ready_bytes = slots * sizeof(unsigned int);
 		cudaError_t err;
@@ -973,41 +1176,64 @@ public:
 	/* What kernels take. */
 	channel device() const { return ch_; }
 
-	/* The generation publish() gives @slot next (generations published so far); 0 for a bad slot. */
+	/*
+	 * The generation publish() gives @slot next (generations published so far); 0 for a bad
+	 * slot, which the form below tells apart from a slot not yet published.
+	 */
 	unsigned int next_generation(uint32_t slot) const { return slot < ch_.slots ? published_[slot] : 0; }
+
+	/* The same into *@generation: WIC_OK, or WIC_EINVALID for a bad slot (nothing written). */
+	outcome next_generation(uint32_t slot, unsigned int *generation) const
+	{
+		if (slot >= ch_.slots || !generation)
+			return detail::invalid();
+		*generation = published_[slot];
+		return outcome{};
+	}
 
 	/*
 	 * wait_free() - flow control: waits until the consumers reported every generation of @slot
 	 * published so far done (wic::consumed()), so that the next publish() may overwrite it
 	 * @slot: the slot
-	 * @timeout_ns: give up after this long (0: wait forever)
+	 * @timeout_ns: give up after this long (0: look once; forever, the default: never)
 	 *
-	 * Spins on the slot's word in pinned host memory, yielding the CPU between looks.
-	 * Return: cudaSuccess; cudaErrorInvalidValue for a bad slot; cudaErrorTimeout.
+	 * Spins on the slot's word in pinned host memory, yielding the CPU between looks. When it
+	 * has to wait at all, it first queues what coalesce() holds back, which the consumers may
+	 * be waiting for.
+	 *
+	 * Return: WIC_OK; WIC_EINVALID for a bad slot; WIC_ETIMED_OUT (cudaErrorTimeout);
+	 * WIC_ESTREAM (also cudaErrorTimeout) when, at the timeout, the copy of the slot's last
+	 * generation has not reached the device (push, tagged): its stream has not run it, as
+	 * when the stream waits for the consumer kernel (the stream rule at publish()).
 	 */
-	cudaError_t wait_free(uint32_t slot, uint64_t timeout_ns = 0) const
+	outcome wait_free(uint32_t slot, uint64_t timeout_ns = forever)
 	{
 		if (slot >= ch_.slots)
-			return cudaErrorInvalidValue;
+			return detail::invalid();
+		if (free_now(slot))
+			return outcome{};
+		outcome queued = flush();
+		if (!queued.ok())
+			return queued;
 		const auto start = std::chrono::steady_clock::now();
-		/* Wrapping difference, as the generations on the device. */
-		while ((int)(__atomic_load_n(&consumed_[slot], __ATOMIC_ACQUIRE) - published_[slot]) < 0) {
+		while (!free_now(slot)) {
 			if (detail::past(start, timeout_ns))
-				return cudaErrorTimeout;
+				return not_arrived(slot) ? outcome{WIC_ESTREAM, cudaErrorTimeout} : detail::timed_out();
 			std::this_thread::yield();
 		}
-		return cudaSuccess;
+		return outcome{};
 	}
 
 	/*
 	 * reset() - back to no generation published or consumed, for another run; no kernel may
 	 * use the channel now, and no publish() may be in flight (its stream synchronized): push's
-	 * words are cleared on a stream of their own, which waits for no other.
+	 * words are cleared on a stream of their own, which waits for no other. A run coalesce()
+	 * still holds back is dropped.
 	 */
-	cudaError_t reset()
+	outcome reset()
 	{
 		if (!published_)
-			return cudaErrorInvalidValue;
+			return detail::invalid();
 		const size_t words = ch_.slots * sizeof(unsigned int);
 		cudaError_t err = cudaSuccess;
 		if (ch_.kind == transport::push) {
@@ -1019,61 +1245,135 @@ public:
 		}
 		memset(consumed_, 0, words);
 		memset(published_, 0, words);
+		run_ = pending{};
 		return err;
 	}
 
 	/*
-	 * Publishes the next generation of @slot: @bytes (at most batch_bytes) from @src, which
-	 * must stay valid until @stream reaches this point. push: the copy and a copy of the
-	 * ready word from pinned memory are queued on @stream (the consumer kernel runs on
-	 * another). poll: the copy completes, then the ready word is stored by this thread, as a
-	 * naive producer would. alg1 and mapped: this thread writes the data, then the ready word
-	 * with a release store (@stream is not used); alg1's pages go where nvidia-uvm moves them,
-	 * mapped's stay in host memory. tagged: this thread formats the whole batch as lines with
-	 * the generation's tag (bytes past @bytes are zeros, since the consumers wait for every
-	 * line) and queues one copy of them on @stream; @src is read before publish() returns.
-	 * push's pinned word and tagged's formatted lines are reused for the slot's next
-	 * generation, so, as with every transport, the producer publishes it only after
-	 * wait_free() (or its own protocol) says the consumers are done with this one: after they
-	 * saw it, not merely after they stopped waiting for it.
+	 * publish() - publishes the next generation of @slot
+	 * @slot: the slot
+	 * @src: the batch; push and poll copy from it on @stream, so it must stay valid until
+	 *	@stream gets there, and only pinned memory (cudaHostAlloc) lets the copy overlap;
+	 *	alg1, mapped and tagged read it before publish() returns
+	 * @bytes: bytes of the batch, at most batch_bytes. Past them the slot keeps what it held
+	 *	(push, poll, alg1, mapped) or holds zeros (tagged).
+	 * @stream: push, poll, tagged: where the copies are queued (see the stream rule below)
 	 *
-	 * The stream rule (push, poll and tagged): @stream must not wait for the consumer kernel,
-	 * which runs until its last message arrives. Use a stream created with cudaStreamNonBlocking other than
-	 * the kernel's; the legacy default stream (0 unless built with per-thread default streams)
-	 * is refused, since it waits for every blocking stream's kernels.
+	 * push: the copy and a copy of the ready word from pinned memory are queued on @stream.
+	 * poll: the copy completes, then this thread stores the ready word, as a naive producer
+	 * would. alg1 and mapped: this thread writes the data, then the ready word with a release
+	 * store; alg1's pages go where nvidia-uvm moves them, mapped's stay in host memory.
+	 * tagged: this thread formats the whole batch as lines with the generation's tag and
+	 * queues one copy of them on @stream. With coalesce() on, push, poll and tagged may hold
+	 * the copies back to queue them with the next publishes' (see there).
 	 *
-	 * Return: cudaSuccess; cudaErrorInvalidValue for a bad slot or size, or the legacy default
-	 * stream (push, poll, tagged); else the error of the runtime call that failed.
+	 * Reuse: with reuse::checked (the default) a slot whose last generation its consumers
+	 * have not reported done is refused with WIC_EBUSY, and nothing is written: call
+	 * wait_free() first. With reuse::caller the slot is overwritten.
+	 *
+	 * The stream rule: @stream must never wait for the consumer kernel, which runs until its
+	 * last message arrives. Use a stream created with cudaStreamNonBlocking, not the kernel's.
+	 * The legacy default stream (0 unless built with per-thread default streams), which waits
+	 * for every blocking stream's kernels, is refused for every transport with WIC_ESTREAM;
+	 * the kernel's own stream cannot be told at publish() and shows at wait_free() as
+	 * WIC_ESTREAM.
+	 *
+	 * Return: WIC_OK; WIC_EINVALID (cudaErrorInvalidValue) for a bad slot or size;
+	 * WIC_ESTREAM (cudaErrorInvalidValue) for the legacy default stream; WIC_EBUSY
+	 * (cudaErrorNotReady) for a slot not free; WIC_EIO with the failed runtime call's error.
 	 */
-	cudaError_t publish(uint32_t slot, const void *src, size_t bytes, cudaStream_t stream)
+	outcome publish(uint32_t slot, const void *src, size_t bytes, cudaStream_t stream)
 	{
 		if (slot >= ch_.slots || bytes > ch_.batch_bytes)
-			return cudaErrorInvalidValue;
-		return publish_range(slot, 1, src, bytes, stream);
+			return detail::invalid();
+		outcome checked = may_publish(slot, 1, stream);
+		if (!checked.ok())
+			return checked;
+		if (!coalesce_bytes_ || !queued_on_stream())
+			return publish_now(slot, 1, static_cast<const uint8_t *>(src), bytes, stream);
+		return publish_later(slot, static_cast<const uint8_t *>(src), bytes, stream);
 	}
 
 	/*
 	 * publish_many() - publishes the next generation of @count consecutive slots from @first
 	 * @first: the first slot
 	 * @count: slots; first + count at most slots
-	 * @src: their batches back to back, batch_bytes each, valid until @stream reaches this
+	 * @src: their batches back to back, batch_bytes each, as publish() reads it
 	 * @stream: as publish()
 	 *
 	 * push: one copy of the data and one of the ready words for all of them, instead of two
 	 * per slot; poll: one copy, then the words; alg1 and mapped: one memcpy(), then the words;
-	 * tagged: all slots formatted, then one copy.
+	 * tagged: all slots formatted, then one copy. A run coalesce() holds back is queued
+	 * first. All slots must be free (reuse::checked) or none is published.
 	 *
 	 * Return: as publish().
 	 */
-	cudaError_t publish_many(uint32_t first, uint32_t count, const void *src, cudaStream_t stream)
+	outcome publish_many(uint32_t first, uint32_t count, const void *src, cudaStream_t stream)
 	{
 		if (first >= ch_.slots || !count || count > ch_.slots - first)
-			return cudaErrorInvalidValue;
-		return publish_range(first, count, src, ch_.batch_bytes, stream);
+			return detail::invalid();
+		outcome checked = may_publish(first, count, stream);
+		if (checked.ok())
+			checked = flush();
+		if (!checked.ok())
+			return checked;
+		return publish_now(first, count, static_cast<const uint8_t *>(src), ch_.batch_bytes, stream);
+	}
+
+	/*
+	 * coalesce() - lets publish() gather consecutive publishes into one copy (push, poll,
+	 * tagged; alg1 and mapped have no copy to gather)
+	 * @max_bytes: queue a run once it holds this many bytes (coalesce_bytes is a good value);
+	 *	0 turns coalescing off, after queueing what is held back
+	 *
+	 * A publish() joins the run when it continues it: the next slot, the same stream, and for
+	 * push and poll a source right after the previous batch, which was whole (tagged formats
+	 * each batch into the slot's own place, so any source joins). The run is queued as one
+	 * copy of the data and one of the ready words (tagged: of the lines) when it holds
+	 * @max_bytes, when it reaches the channel's last slot, when a publish() does not continue
+	 * it, when wait_free() has to wait or publish_many() is called, and on flush(). Until then
+	 * its generations are published (next_generation() counts them) but not queued: nothing
+	 * the consumers can see. Call flush() when the producer stops publishing for a while: the
+	 * last run of a pause otherwise waits for the producer's next call.
+	 *
+	 * Runs are queued alternately on their publishes' stream and on a stream of the channel's
+	 * own, which coalesce() creates (non-blocking, so the stream rule holds): a run's ready
+	 * words wait for its data to land, and meanwhile the next run's data moves on the other
+	 * stream. So a cudaStreamSynchronize() of the publishes' stream does not wait for every
+	 * run; wait_free() is how a producer learns that a slot's copy is done with its source.
+	 *
+	 * Return: WIC_OK; WIC_EIO if the stream cannot be created; or flush()'s error when turned off.
+	 */
+	outcome coalesce(size_t max_bytes)
+	{
+		if (max_bytes && !lane_ && queued_on_stream()) {
+			const cudaError_t err = cudaStreamCreateWithFlags(&lane_, cudaStreamNonBlocking);
+			if (err != cudaSuccess)
+				return err;
+		}
+		coalesce_bytes_ = max_bytes;
+		return max_bytes ? outcome{} : flush();
+	}
+
+	/* flush() - queues the run coalesce() holds back, if any. Return: WIC_OK; WIC_EIO. */
+	outcome flush()
+	{
+		if (!run_.count)
+			return outcome{};
+		const pending run = run_;
+		run_ = pending{};
+		on_lane_ = !on_lane_ && lane_;
+		return queue(run.first, run.count, run.src, run.last_bytes, on_lane_ ? lane_ : run.stream);
 	}
 
 	void destroy()
 	{
+		if (lane_) {
+			/* Its copies read the pinned words and lines freed below. */
+			cudaStreamSynchronize(lane_);
+			cudaStreamDestroy(lane_);
+			lane_ = nullptr;
+		}
 		const bool host_data = ch_.kind == transport::mapped;
 		const bool host_ready = ch_.kind == transport::poll || ch_.kind == transport::mapped;
 		if (data_)
@@ -1096,88 +1396,156 @@ public:
 		host_lines_ = nullptr;
 		host_ready_ = nullptr;
 		published_ = nullptr;
+		run_ = pending{};
+		coalesce_bytes_ = 0;
+		on_lane_ = false;
 		ch_ = channel{};
 	}
 
 private:
-	/* Slots first..first + count - 1, @bytes of each (count > 1: batch_bytes) from @src. */
-	cudaError_t publish_range(uint32_t first, uint32_t count, const void *src, size_t bytes, cudaStream_t stream)
+	/* A run of publishes held back by coalesce(): slots first..first + count - 1. */
+	struct pending {
+		uint32_t first = 0, count = 0;
+		const uint8_t *src = nullptr; /* push, poll: the first slot's batch */
+		size_t last_bytes = 0;	      /* bytes of the last slot's batch */
+		cudaStream_t stream = nullptr;
+	};
+
+	/* Whether publishing copies on a stream: push, poll, tagged. */
+	bool queued_on_stream() const { return ch_.kind != transport::alg1 && ch_.kind != transport::mapped; }
+
+	/* Whether the consumers reported every generation of @slot published so far done. */
+	bool free_now(uint32_t slot) const
 	{
-		const bool host_stores = ch_.kind == transport::alg1 || ch_.kind == transport::mapped;
-		if (!host_stores && detail::legacy_default(stream))
-			return cudaErrorInvalidValue;
-		uint8_t *dst = static_cast<uint8_t *>(data_) + (uint64_t)first * ch_.batch_bytes;
-		const size_t span = (size_t)(count - 1) * ch_.batch_bytes + bytes;
-		if (host_stores) {
-			memcpy(dst, src, span);
+		/* Wrapping difference, as the generations on the device. */
+		return (int)(__atomic_load_n(&consumed_[slot], __ATOMIC_ACQUIRE) - published_[slot]) >= 0;
+	}
+
+	/*
+	 * Whether the copy of @slot's last generation has not reached the device: push's ready
+	 * word, tagged's first line (whose tag is the generation + 1) still shows an earlier one.
+	 * Read on a stream of its own, which waits for none of the application's.
+	 */
+	bool not_arrived(uint32_t slot) const
+	{
+		unsigned int seen = published_[slot];
+		if (ch_.kind == transport::push)
+			detail::read_device(&seen, &ready_[slot], sizeof(seen));
+		else if (ch_.kind == transport::tagged)
+			detail::read_device(&seen, reinterpret_cast<const uint8_t *>(lines_ + 2 * slot * (ch_.batch_bytes / 8)) + 4,
+					    sizeof(seen));
+		return seen != published_[slot];
+	}
+
+	/* The stream rule and the reuse rule for slots first..first + count - 1. */
+	outcome may_publish(uint32_t first, uint32_t count, cudaStream_t stream) const
+	{
+		if (detail::legacy_default(stream))
+			return outcome{WIC_ESTREAM, cudaErrorInvalidValue};
+		for (uint32_t s = first; reuse_ == reuse::checked && s < first + count; s++)
+			if (!free_now(s))
+				return outcome{WIC_EBUSY, cudaErrorNotReady};
+		return outcome{};
+	}
+
+	/* publish() under coalesce(): joins the run, or queues it and begins another. */
+	outcome publish_later(uint32_t slot, const uint8_t *src, size_t bytes, cudaStream_t stream)
+	{
+		const bool tagged = ch_.kind == transport::tagged;
+		const bool joins = run_.count && stream == run_.stream && slot == run_.first + run_.count &&
+				   (tagged || (run_.last_bytes == ch_.batch_bytes &&
+					       src == run_.src + (uint64_t)run_.count * ch_.batch_bytes));
+		if (!joins) {
+			outcome queued = flush();
+			if (!queued.ok())
+				return queued;
+			run_ = pending{slot, 0, src, 0, stream};
+		}
+		if (tagged)
+			format(slot, 1, src, bytes);
+		published_[slot]++;
+		run_.count++;
+		run_.last_bytes = bytes;
+		if ((uint64_t)run_.count * ch_.batch_bytes >= coalesce_bytes_ || slot == ch_.slots - 1)
+			return flush();
+		return outcome{};
+	}
+
+	/* Slots first..first + count - 1, @bytes of the last (of the others batch_bytes), now. */
+	outcome publish_now(uint32_t first, uint32_t count, const uint8_t *src, size_t bytes, cudaStream_t stream)
+	{
+		if (!queued_on_stream()) {
+			uint8_t *dst = static_cast<uint8_t *>(data_) + (uint64_t)first * ch_.batch_bytes;
+			memcpy(dst, src, (size_t)(count - 1) * ch_.batch_bytes + bytes);
 			for (uint32_t s = first; s < first + count; s++)
 				__atomic_store_n(&ready_[s], ++published_[s], __ATOMIC_RELEASE);
-			return cudaSuccess;
+			return outcome{};
 		}
 		if (ch_.kind == transport::tagged)
-			return publish_lines(first, count, static_cast<const uint8_t *>(src), bytes, stream);
-		cudaError_t err = cudaMemcpyAsync(dst, src, span, cudaMemcpyHostToDevice, stream);
+			format(first, count, src, bytes);
+		for (uint32_t s = first; s < first + count; s++)
+			published_[s]++;
+		return queue(first, count, src, bytes, stream);
+	}
+
+	/*
+	 * The copies that make slots first..first + count - 1 visible at the generations
+	 * published_ counts: push, the data's copy and then one copy of the ready words from
+	 * pinned memory, in stream order; poll, the data's copy, waited for, then the words by
+	 * this thread; tagged, one copy of the slots' formatted lines.
+	 *
+	 * push's ready words: that a kernel already running on another stream which sees a word
+	 * then also sees the data is what push relies on and NVIDIA does not document for copies;
+	 * the transport test checks it byte by byte (a write-value operation's default fence did
+	 * guarantee it). Not a stream write-value operation per word: each costs the GPU's stream
+	 * about as much as a small copy, so a generation of many slots would wait for its words
+	 * after its data (device/bench/README.md, "Ready words"). A slot's pinned word is read
+	 * when the copy runs and written again only for its next generation, after its consumers
+	 * saw this one, so after the copy engine read it (tagged's pinned lines likewise).
+	 */
+	outcome queue(uint32_t first, uint32_t count, const uint8_t *src, size_t bytes, cudaStream_t stream)
+	{
+		if (ch_.kind == transport::tagged) {
+			const uint64_t words = ch_.batch_bytes / 8;
+			return cudaMemcpyAsync(lines_ + 2 * first * words, host_lines_ + 2 * first * words,
+					       (size_t)count * 2 * ch_.batch_bytes, cudaMemcpyHostToDevice, stream);
+		}
+		uint8_t *dst = static_cast<uint8_t *>(data_) + (uint64_t)first * ch_.batch_bytes;
+		cudaError_t err = cudaMemcpyAsync(dst, src, (size_t)(count - 1) * ch_.batch_bytes + bytes,
+						  cudaMemcpyHostToDevice, stream);
 		if (err != cudaSuccess)
 			return err;
 		if (ch_.kind == transport::poll) {
 			err = cudaStreamSynchronize(stream);
 			for (uint32_t s = first; s < first + count && err == cudaSuccess; s++)
-				__atomic_store_n(&ready_[s], ++published_[s], __ATOMIC_RELEASE);
+				__atomic_store_n(&ready_[s], published_[s], __ATOMIC_RELEASE);
 			return err;
 		}
-		return publish_ready(first, count, stream);
+		for (uint32_t s = first; s < first + count; s++)
+			host_ready_[s] = published_[s];
+		return cudaMemcpyAsync(&ready_[first], &host_ready_[first], count * sizeof(unsigned int),
+				       cudaMemcpyHostToDevice, stream);
 	}
 
 	/*
-	 * push: the ready words of slots first..first + count - 1, one copy of their next values
-	 * from pinned memory, queued on @stream after the data's copy, which in stream order is
-	 * complete before this copy starts. That a kernel already running on another stream which
-	 * sees a word then also sees the data is what push relies on and NVIDIA does not document
-	 * for copies; the transport test checks it byte by byte (a write-value operation's default
-	 * fence did guarantee it). Not a
-	 * stream write-value operation per word: on an H100 each took 0.7 us of the GPU's time in
-	 * stream order, so a generation of 132 slots waited 90 us for its words after the 160 us
-	 * copy of its 8.25 MiB, and one copy of the 132 words takes 3 us (device/bench/README.md,
-	 * "Ready words"). The word's value is read when the copy runs: a slot's pinned word is
-	 * written again only for its next generation, after its consumers saw this one (the rule
-	 * publish() states), so after the copy engine read it.
+	 * tagged: slots first..first + count - 1 formatted as lines into their pinned copy with
+	 * their next generation's tag, each slot's whole batch (past @bytes of the last, zeros,
+	 * since the consumers wait for every line).
 	 */
-	cudaError_t publish_ready(uint32_t first, uint32_t count, cudaStream_t stream)
-	{
-		for (uint32_t s = first; s < first + count; s++)
-			host_ready_[s] = published_[s] + 1;
-		const cudaError_t err = cudaMemcpyAsync(&ready_[first], &host_ready_[first], count * sizeof(unsigned int),
-							cudaMemcpyHostToDevice, stream);
-		if (err != cudaSuccess)
-			return err;
-		for (uint32_t s = first; s < first + count; s++)
-			published_[s]++;
-		return cudaSuccess;
-	}
-
-	/*
-	 * tagged: slots first..first + count - 1 as lines, each slot's whole batch (past @bytes of
-	 * the last, zeros) formatted into its pinned copy of the lines with its next generation's
-	 * tag, then one copy of them all into the device's lines; no ready word. A slot's pinned
-	 * lines are formatted again only for its next generation, after its consumers saw every
-	 * line of this one, so after the copy engine read them.
-	 */
-	cudaError_t publish_lines(uint32_t first, uint32_t count, const uint8_t *src, size_t bytes, cudaStream_t stream)
+	void format(uint32_t first, uint32_t count, const uint8_t *src, size_t bytes)
 	{
 		const uint64_t words = ch_.batch_bytes / 8;
 		for (uint32_t i = 0; i < count; i++)
 			detail::format_lines(host_lines_ + 2 * (first + i) * words, src + (uint64_t)i * ch_.batch_bytes,
 					     i + 1 < count ? ch_.batch_bytes : bytes, words, published_[first + i] + 1);
-		const cudaError_t err = cudaMemcpyAsync(lines_ + 2 * first * words, host_lines_ + 2 * first * words,
-							(size_t)count * 2 * ch_.batch_bytes, cudaMemcpyHostToDevice, stream);
-		if (err != cudaSuccess)
-			return err;
-		for (uint32_t s = first; s < first + count; s++)
-			published_[s]++;
-		return cudaSuccess;
 	}
 
 	channel ch_{};
+	reuse reuse_ = reuse::checked;
+	size_t coalesce_bytes_ = 0;
+	pending run_{};
+	cudaStream_t lane_ = nullptr; /* coalesce(): every other run is queued here */
+	bool on_lane_ = false;	      /* whether the last run was */
 	void *data_ = nullptr;
 	unsigned int *ready_ = nullptr;
 	unsigned int *consumed_ = nullptr;
@@ -1188,10 +1556,12 @@ private:
 };
 
 /*
- * result_channel - the host end of the results direction (host code): the slots and ready
- * words of a result_view in pinned host memory mapped into the current device. Kernels take
- * device() and call post_result(); the host reads a part once ready() says it is written, or
- * waits for it (wait()).
+ * result_channel - the host end of the results direction (host code): the slots, ready words and
+ * released words of a result_view in pinned host memory mapped into the current device. Kernels
+ * take device(), write a generation's parts, and call post_result() or post_result_warp(); the
+ * host reads a part once ready() says it is written, or waits for it (wait()), and release()s
+ * the generation when done with its slot, which result_flow on the device waits for before it
+ * lets the slot be written again.
  */
 class result_channel {
 public:
@@ -1200,24 +1570,32 @@ public:
 	result_channel &operator=(const result_channel &) = delete;
 	~result_channel() { destroy(); }
 
-	/* @slots slots of @slot_bytes, @parts parts each; the data is left as allocated. */
-	cudaError_t create(uint32_t slots, uint64_t slot_bytes, uint32_t parts)
+	/*
+	 * @slots slots of @slot_bytes, @parts parts each; the data is left as allocated.
+	 * Return: WIC_OK; WIC_EINVALID for a zero size; WIC_EIO with the failed call's error.
+	 */
+	outcome create(uint32_t slots, uint64_t slot_bytes, uint32_t parts)
 	{
 		if (!slots || !slot_bytes || !parts)
-			return cudaErrorInvalidValue;
+			return detail::invalid();
 		destroy();
 		const size_t words = (size_t)slots * parts * sizeof(unsigned int);
-		host_ = result_view{nullptr, nullptr, slot_bytes, slots, parts};
+		host_ = result_view{nullptr, nullptr, slot_bytes, slots, parts, nullptr};
 		cudaError_t err = cudaHostAlloc(&host_.data, slots * slot_bytes, cudaHostAllocMapped);
 		if (err == cudaSuccess)
 			err = cudaHostAlloc(&host_.ready, words, cudaHostAllocMapped);
+		if (err == cudaSuccess)
+			err = cudaHostAlloc(&host_.released, sizeof(unsigned int), cudaHostAllocMapped);
 		if (err == cudaSuccess) {
 			memset(host_.ready, 0, words);
+			*host_.released = 0;
 			dev_ = host_;
 			err = cudaHostGetDevicePointer((void **)&dev_.data, host_.data, 0);
 		}
 		if (err == cudaSuccess)
 			err = cudaHostGetDevicePointer((void **)&dev_.ready, host_.ready, 0);
+		if (err == cudaSuccess)
+			err = cudaHostGetDevicePointer((void **)&dev_.released, host_.released, 0);
 		if (err != cudaSuccess)
 			destroy();
 		return err;
@@ -1236,20 +1614,35 @@ public:
 
 	/*
 	 * Waits until @part of generation @g is written, yielding the CPU between looks.
-	 * Return: cudaSuccess; cudaErrorInvalidValue for a bad part; cudaErrorTimeout after
-	 * @timeout_ns (0: never).
+	 * Return: WIC_OK; WIC_EINVALID for a bad part; WIC_ETIMED_OUT (cudaErrorTimeout) after
+	 * @timeout_ns (0: look once; forever, the default: never).
 	 */
-	cudaError_t wait(uint32_t g, uint32_t part, uint64_t timeout_ns = 0) const
+	outcome wait(uint32_t g, uint32_t part, uint64_t timeout_ns = forever) const
 	{
 		if (!host_.ready || part >= host_.parts)
-			return cudaErrorInvalidValue;
+			return detail::invalid();
 		const auto start = std::chrono::steady_clock::now();
 		while (!ready(g, part)) {
 			if (detail::past(start, timeout_ns))
-				return cudaErrorTimeout;
+				return detail::timed_out();
 			std::this_thread::yield();
 		}
-		return cudaSuccess;
+		return outcome{};
+	}
+
+	/*
+	 * release() - the host is done with generation @g and every one before it: their slots
+	 * may take the generations @slots later (result_flow). Releasing a generation older than
+	 * one already released changes nothing. Return: WIC_OK; WIC_EINVALID before create().
+	 */
+	outcome release(uint32_t g)
+	{
+		if (!host_.released)
+			return detail::invalid();
+		/* Wrapping difference, as the generations: never back. */
+		if ((int)(g + 1 - *host_.released) > 0)
+			__atomic_store_n(host_.released, g + 1, __ATOMIC_RELEASE);
+		return outcome{};
 	}
 
 	void destroy()
@@ -1258,6 +1651,8 @@ public:
 			cudaFreeHost(host_.data);
 		if (host_.ready)
 			cudaFreeHost(host_.ready);
+		if (host_.released)
+			cudaFreeHost(host_.released);
 		host_ = result_view{};
 		dev_ = result_view{};
 	}
@@ -1337,6 +1732,40 @@ inline cudaError_t enable_peer_access(int a, int b)
 }
 
 /*
+ * co_resident() - whether every block of a launch of @kernel would run at once on the current
+ * device, as a kernel whose blocks wait for each other's messages (or a grid barrier) needs:
+ * blocks that have not started cannot publish or consume, so the ones running wait forever
+ * @kernel: the kernel
+ * @grid: the grid it will be launched with
+ * @block: its blocks
+ * @shared_bytes: dynamic shared memory per block
+ *
+ * From the occupancy the runtime computes for the kernel's registers, shared memory and block
+ * size on an idle device; kernels running beside it take SMs of their own, which this does not
+ * see.
+ *
+ * Return: WIC_OK; WIC_EEXHAUSTED (cudaErrorCooperativeLaunchTooLarge) when the blocks would not
+ * all be resident, also when not even one fits (too many registers per thread for the block);
+ * WIC_EIO with a failed runtime call's error.
+ */
+template <typename Kernel>
+inline outcome co_resident(Kernel *kernel, dim3 grid, dim3 block, size_t shared_bytes = 0)
+{
+	int device, sms, per_sm;
+	cudaError_t err = cudaGetDevice(&device);
+	if (err == cudaSuccess)
+		err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+	if (err == cudaSuccess)
+		err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, (int)(block.x * block.y * block.z),
+								    shared_bytes);
+	if (err != cudaSuccess)
+		return err;
+	if ((uint64_t)grid.x * grid.y * grid.z > (uint64_t)per_sm * sms)
+		return outcome{WIC_EEXHAUSTED, cudaErrorCooperativeLaunchTooLarge};
+	return outcome{};
+}
+
+/*
  * peer_channel - a push, poll, alg1 or tagged channel whose producer is a kernel on GPU
  * @producer and whose consumers run on GPU @consumer (host code; the GPUs may be the same one).
  *
@@ -1358,16 +1787,16 @@ public:
 	~peer_channel() { destroy(); }
 
 	/*
-	 * Return: cudaSuccess; cudaErrorInvalidValue for fault and mapped (host_channel), a zero
-	 * size, or tagged messages of a size that is not a multiple of 8 bytes; else the failed
-	 * call's error.
+	 * Return: WIC_OK; WIC_EINVALID for fault and mapped (host_channel), a zero size, or tagged
+	 * messages of a size that is not a multiple of 8 bytes; else WIC_EIO with the failed call's
+	 * error.
 	 */
-	cudaError_t create(transport kind, int consumer, int producer, uint32_t slots, uint32_t message_bytes,
+	outcome create(transport kind, int consumer, int producer, uint32_t slots, uint32_t message_bytes,
 			   uint32_t warps_per_batch)
 	{
 		if (kind == transport::fault || kind == transport::mapped || kind > transport::tagged || !slots ||
 		    !message_bytes || !warps_per_batch || (kind == transport::tagged && message_bytes % 8))
-			return cudaErrorInvalidValue;
+			return detail::invalid();
 		destroy();
 		cudaError_t err = enable_peer_access(consumer, producer);
 		if (err != cudaSuccess)
@@ -1415,10 +1844,10 @@ public:
 	channel device() const { return ch_; }
 
 	/* Back to no generation published or consumed, for another run; no kernel may use it now. */
-	cudaError_t reset()
+	outcome reset()
 	{
 		if (!consumed_)
-			return cudaErrorInvalidValue;
+			return detail::invalid();
 		const size_t bytes = ch_.slots * sizeof(unsigned int);
 		const cudaError_t err = lines_ ? detail::zero_on(consumer_, lines_, 2 * ch_.batch_bytes * ch_.slots)
 					       : detail::zero_on(ready_device(), ready_, bytes);

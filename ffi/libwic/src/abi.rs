@@ -48,6 +48,10 @@ pub const WIC_ECONNECT: c_int = err(ErrorCode::Connect);
 pub const WIC_EUNSUPPORTED: c_int = err(ErrorCode::Unsupported);
 /// `WIC_EIO`.
 pub const WIC_EIO: c_int = err(ErrorCode::Io);
+/// `WIC_ESTALE`.
+pub const WIC_ESTALE: c_int = err(ErrorCode::Stale);
+/// `WIC_ESTREAM`.
+pub const WIC_ESTREAM: c_int = err(ErrorCode::Stream);
 
 /// `WIC_TOKEN_LEN`: bytes of a grant token buffer, 32 hex digits and a NUL.
 pub const WIC_TOKEN_LEN: usize = 33;
@@ -185,6 +189,8 @@ mod tests {
             WIC_ECONNECT,
             WIC_EUNSUPPORTED,
             WIC_EIO,
+            WIC_ESTALE,
+            WIC_ESTREAM,
         ];
         assert_eq!(named.len(), ErrorCode::ALL.len());
         for (value, code) in named.into_iter().zip(ErrorCode::ALL) {

@@ -370,11 +370,16 @@ pub enum ErrorCode {
     Unsupported = 11,
     /// A system call failed.
     Io = 12,
+    /// The generation asked for was overwritten by a newer one (device library only).
+    Stale = 13,
+    /// A stream broke the stream rule: the legacy default stream, or one whose queued copies
+    /// did not run while the consumers waited (device library only).
+    Stream = 14,
 }
 
 impl ErrorCode {
     /// Every code, in value order.
-    pub const ALL: [Self; 12] = [
+    pub const ALL: [Self; 14] = [
         Self::Invalid,
         Self::Permission,
         Self::NotFound,
@@ -387,6 +392,8 @@ impl ErrorCode {
         Self::Connect,
         Self::Unsupported,
         Self::Io,
+        Self::Stale,
+        Self::Stream,
     ];
 
     /// The name used on the wire and, prefixed with `WIC_E`, in `wic.h`.
@@ -404,6 +411,8 @@ impl ErrorCode {
             Self::Connect => "CONNECT",
             Self::Unsupported => "UNSUPPORTED",
             Self::Io => "IO",
+            Self::Stale => "STALE",
+            Self::Stream => "STREAM",
         }
     }
 
@@ -424,6 +433,8 @@ impl ErrorCode {
             Self::Connect => "cannot reach wicd",
             Self::Unsupported => "not supported by this backend",
             Self::Io => "I/O error",
+            Self::Stale => "stale: the generation was overwritten by a newer one",
+            Self::Stream => "stream rule broken: the publish's stream waits for the consumer kernel",
         }
     }
 
@@ -498,7 +509,7 @@ mod tests {
             assert_eq!(json, format!("\"{}\"", code.name()));
         }
         assert_eq!(ErrorCode::from_c(0), None);
-        assert_eq!(ErrorCode::from_c(-13), None);
+        assert_eq!(ErrorCode::from_c(-(ErrorCode::ALL.len() as i32) - 1), None);
     }
 }
 
