@@ -93,8 +93,10 @@ if [[ -f $repo_root/ffi/include/wic.h ]]; then
 else
     warn "ffi/include/wic.h not found, skipping"
 fi
-# The device library for CUDA code (#include <wic/wic.cuh>, which includes wic.h).
-install_file 0644 "$repo_root/device/include/wic/wic.cuh" "$INCLUDEDIR/wic/wic.cuh"
+# The device library for CUDA code (#include <wic/wic.cuh>, which includes its parts and wic.h).
+for header in "$repo_root"/device/include/wic/*.cuh; do
+    install_file 0644 "$header" "$INCLUDEDIR/wic/$(basename "$header")"
+done
 if [[ -f $repo_root/ffi/wic.pc.in ]]; then
     printf '    generate %s from ffi/wic.pc.in (version %s)\n' "$DESTDIR$PKGCONFIGDIR/wic.pc" "$VERSION"
     mkdir -p "$DESTDIR$PKGCONFIGDIR"

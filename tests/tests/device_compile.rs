@@ -77,6 +77,36 @@ fn every_cuda_source_compiles_for_hopper_without_warnings() {
     }
 }
 
+/// Each part of the device library (`device/include/wic/*.cuh`) compiles on its own, so a reader
+/// may include just the one they need, and together through `wic/wic.cuh`.
+#[test]
+fn every_header_compiles_on_its_own() {
+    let Some(nvcc) = nvcc() else {
+        assert!(std::env::var_os("WIC_REQUIRE_NVCC").is_none(), "WIC_REQUIRE_NVCC is set but no nvcc was found");
+        eprintln!("skipped: no nvcc");
+        return;
+    };
+    let out = wic_tests::scratch("device-headers");
+    let mut headers: Vec<_> = std::fs::read_dir(workspace().join("device/include/wic"))
+        .expect("device/include/wic")
+        .map(|entry| entry.expect("entry").file_name().into_string().expect("UTF-8 name"))
+        .collect();
+    headers.sort();
+    assert!(headers.len() >= 9 && headers.contains(&"wic.cuh".to_owned()), "the device headers: {headers:?}");
+    for header in headers {
+        let source = out.join(format!("{header}.cu"));
+        std::fs::write(&source, format!("#include <wic/{header}>\nint main() {{ return 0; }}\n")).expect("write");
+        let warnings = ["-Werror", "all-warnings", "-Xcompiler", "-Wall,-Wextra,-Werror"];
+        let output = compile(&nvcc, &source, &out.join(format!("{header}.o")), &warnings);
+        assert!(
+            output.status.success(),
+            "wic/{header} does not compile on its own:\n{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
+
 /// Registers and stack bytes of each kernel, from ptxas's `-v` report: an entry's registers
 /// follow its "Compiling entry function 'NAME'" line, its stack frame the "Function properties for
 /// NAME" line of the same name (a function not inlined has a block of its own).
@@ -150,12 +180,12 @@ fn each_transports_consumer_stays_within_its_register_budget() {
     }
 }
 
-/// `wic::error_name()` (wic.cuh) names every status wic.h defines, with wic.h's own name.
+/// `wic::error_name()` (wic/status.cuh) names every status wic.h defines, with wic.h's own name.
 #[test]
 fn every_status_of_wic_h_has_its_name_in_wic_cuh() {
     let root = workspace();
     let header = std::fs::read_to_string(root.join("ffi/include/wic.h")).expect("wic.h");
-    let device = std::fs::read_to_string(root.join("device/include/wic/wic.cuh")).expect("wic.cuh");
+    let device = std::fs::read_to_string(root.join("device/include/wic/status.cuh")).expect("wic/status.cuh");
     // WIC_OK and the error codes, whose values are negative: "#define WIC_EIO (-12)".
     let names: Vec<&str> = header
         .lines()

@@ -35,6 +35,11 @@ fn install_sh_stages_every_documented_file() {
         assert!(root.join(file).is_file(), "install.sh did not stage {file}:\n{log}");
     }
     assert!(log.contains("DESTDIR is set: not running"), "install.sh ran system tools into a staging root:\n{log}");
+    // Every part of the device library that wic.cuh includes.
+    for header in std::fs::read_dir(workspace().join("device/include/wic")).unwrap() {
+        let name = header.unwrap().file_name();
+        assert!(root.join("usr/include/wic").join(&name).is_file(), "install.sh did not stage wic/{name:?}:\n{log}");
+    }
 
     // libwic under its version, with the links the loader (its SONAME) and the linker use.
     let lib = root.join("usr/lib");
