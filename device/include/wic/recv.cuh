@@ -52,8 +52,8 @@ __device__ inline int recv(const channel &ch, uint32_t slot, uint32_t generation
 
 /*
  * recv<K>() - recv() for a channel of transport @K, known when the kernel is compiled: the kernel
- *	carries @K's wait alone (a push consumer of 16 warps: 25 registers against the run-time
- *	form's 64, device_compile's budgets)
+ *	carries @K's wait alone, and needs only its registers (device/README.md has the figures;
+ *	device_compile holds them to budgets)
  *
  * Return: as recv(); WIC_EINVALID, and *@message untouched, for a channel of another transport.
  */

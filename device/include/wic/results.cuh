@@ -85,10 +85,9 @@ __device__ inline void post_result_warp(const result_view &results, uint32_t g, 
  * @slots of the generations the host released as last seen, else after reading the host's
  * count again, with push's backoff while the host has not released g - slots. It reads the
  * count (in host memory) only then, because a GPU thread's read of host memory waits behind
- * the copies streaming into the GPU: with one read per generation, a streaming loop ran at
- * 1.65x of the copy's time instead of 1.2x (device/bench/README.md, "Results back"). Give the
- * result_channel enough slots that the host's releases run ahead: each read then frees
- * several generations. The threads that write the slot follow wait() through a barrier
+ * the copies streaming into the GPU, and a read per generation slows the whole stream
+ * (device/bench/README.md, "Results back"). Give the result_channel enough slots that the
+ * host's releases run ahead: each read then frees several generations. The threads that write the slot follow wait() through a barrier
  * (__syncthreads(), __syncwarp()).
  *
  * Return: WIC_OK; WIC_ETIMED_OUT after @timeout_ns (0: look once; forever, the default: never).

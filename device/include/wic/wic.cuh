@@ -53,9 +53,19 @@
  * producer GPU's memory for a GPU producer (wic::wait_consumed()), in pinned host memory for a
  * host producer (host_channel::wait_free()).
  *
- * Device code includes this header; host code uses wic::host_channel to create push, poll,
- * alg1, mapped and tagged channels with a host producer and to publish, wic::peer_channel for ones
- * whose producer is a kernel on another GPU, and wic::fault_channel() to wrap a libwic channel.
+ * This header includes every part; each part also stands alone:
+ *  - wic/status.cuh: error_name(), outcome (what host calls return), forever (timeouts);
+ *  - wic/channel.cuh: the transports and wic::channel, what kernels take;
+ *  - wic/wait.cuh: each transport's wait, in one place;
+ *  - wic/recv.cuh: the consumer's recv(), recv_block() (typed: recv<K>(), recv_block<K>()) and
+ *    consumed();
+ *  - wic/host_producer.cuh: wic::host_channel, a host thread's push, poll, alg1, mapped and
+ *    tagged channels, and pick_host_transport();
+ *  - wic/gpu_producer.cuh: wic::peer_channel and the producer kernel's calls, and
+ *    pick_peer_transport();
+ *  - wic/results.cuh: the results direction, GPU to host, with its flow control;
+ *  - wic/fault.cuh: a libwic channel's device view, nvidia-uvm's GPU ids;
+ *  - wic/launch.cuh: co_resident(), whether a grid's blocks all run at once.
  */
 #ifndef WIC_WIC_CUH
 #define WIC_WIC_CUH
