@@ -107,6 +107,44 @@ fn every_header_compiles_on_its_own() {
     }
 }
 
+/// wic.cuh's host side runs without a GPU over a fake CUDA runtime (`device/tests/host/`): what
+/// publish() refuses, the copies coalesce() queues and on which stream, when a held-back run is
+/// queued, wait_free()'s answers and timeouts, tagged's lines, release(). nvcc drives the host
+/// compiler with CUDA's headers and links no CUDA runtime (`-cudart none`): the fake's calls are
+/// the only ones.
+#[test]
+fn host_side_runs_over_a_fake_runtime() {
+    let Some(nvcc) = nvcc() else {
+        assert!(std::env::var_os("WIC_REQUIRE_NVCC").is_none(), "WIC_REQUIRE_NVCC is set but no nvcc was found");
+        eprintln!("skipped: no nvcc");
+        return;
+    };
+    let root = workspace();
+    let host = root.join("device/tests/host");
+    let binary = wic_tests::scratch("device-host").join("host_logic");
+    let output = Command::new(&nvcc)
+        .args(["-std=c++17", "-cudart", "none", "-Xcompiler", "-Wall,-Wextra,-Werror", "-I"])
+        .arg(root.join("device/include"))
+        .arg("-I")
+        .arg(root.join("ffi/include"))
+        .arg(host.join("host_logic.cc"))
+        .arg(host.join("fake_cudart.cc"))
+        .arg("-o")
+        .arg(&binary)
+        .output()
+        .expect("run nvcc");
+    assert!(
+        output.status.success(),
+        "host_logic.cc does not build:\n{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let run = Command::new(&binary).output().expect("run host_logic");
+    let report = String::from_utf8_lossy(&run.stdout);
+    assert!(run.status.success() && report.contains("ok: 0 failed"), "host_logic failed:\n{report}");
+    assert!(report.lines().filter(|l| l.starts_with("ok ")).count() >= 12, "too few checks ran:\n{report}");
+}
+
 /// Registers and stack bytes of each kernel, from ptxas's `-v` report: an entry's registers
 /// follow its "Compiling entry function 'NAME'" line, its stack frame the "Function properties for
 /// NAME" line of the same name (a function not inlined has a block of its own).
