@@ -26,7 +26,7 @@
 
 #define CHECK(call)                                                                                            \
 	do {                                                                                                   \
-		const wic::outcome o_ = (call);                                                                \
+		const wic::outcome o_{(call)};                                                                  \
 		if (!o_.ok()) {                                                                                \
 			fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, o_.name());              \
 			exit(2);                                                                               \
@@ -224,9 +224,11 @@ __global__ void post_in_turn(wic::result_view results, uint32_t generations, int
 		if (threadIdx.x == 0)
 			allowed = flow.wait(results, g, 5 * second_ns);
 		__syncthreads();
-		if (allowed != WIC_OK) {
+		const int verdict = allowed;
+		__syncthreads(); /* every thread read it before thread 0 writes the next */
+		if (verdict != WIC_OK) {
 			if (threadIdx.x == 0)
-				*status = allowed;
+				*status = verdict;
 			return;
 		}
 		uint32_t *slot = reinterpret_cast<uint32_t *>(results.slot(g));

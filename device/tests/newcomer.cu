@@ -33,7 +33,7 @@
 
 #define CHECK(call)                                                                                            \
 	do {                                                                                                   \
-		const wic::outcome o_ = (call);                                                                \
+		const wic::outcome o_{(call)};                                                                  \
 		if (!o_.ok()) {                                                                                \
 			fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, o_.name());              \
 			exit(2);                                                                               \

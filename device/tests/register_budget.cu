@@ -47,7 +47,7 @@ __device__ void latency(const wic::channel &ch, uint32_t generations, unsigned l
 } /* namespace */
 
 #define RECV(K)                                                                                                \
-	[](const wic::channel &c, uint32_t s, uint32_t g, uint32_t w, const uint8_t **m, uint64_t t = 0) {           \
+	[](const wic::channel &c, uint32_t s, uint32_t g, uint32_t w, const uint8_t **m, uint64_t t = wic::forever) {       \
 		return wic::recv<wic::transport::K>(c, s, g, w, m, t);                                                \
 	}
 #define BUDGET_KERNELS(K)                                                                                      \
@@ -69,7 +69,7 @@ BUDGET_KERNELS(tagged)
 
 /* The run-time form, which carries every transport's wait. */
 #define RECV_ANY                                                                                               \
-	[](const wic::channel &c, uint32_t s, uint32_t g, uint32_t w, const uint8_t **m, uint64_t t = 0) {           \
+	[](const wic::channel &c, uint32_t s, uint32_t g, uint32_t w, const uint8_t **m, uint64_t t = wic::forever) {       \
 		return wic::recv(c, s, g, w, m, t);                                                                   \
 	}
 extern "C" __global__ void consume16_any(wic::channel ch, uint32_t n, unsigned long long *out)

@@ -178,10 +178,11 @@ fn kernel_resources(report: &str) -> std::collections::BTreeMap<String, (u32, u3
 
 /// A consumer pays for its own transport's wait only (`wic::recv<K>()`): the newcomer's kernels of
 /// `device/tests/register_budget.cu` stay within budgets set from their measured use (nvcc 13.0,
-/// sm_90, -O2, 2026-11-28, with the argument checks and stale reports): 25 registers for a 16-warp
-/// consumer and 14 to 15 for a one-warp one on push, poll, alg1, mapped and fault; tagged, which
-/// unpacks lines, 64 and 48; the run-time `wic::recv()`, which carries every wait, 56 and 55; none
-/// uses a stack. A 16-warp consumer of any transport launches with its 512 threads.
+/// sm_90, -O2, 2026-11-28, with the argument checks and stale reports, waiting without a timeout):
+/// 25 registers for a 16-warp consumer and 14 to 15 for a one-warp one on push, poll, alg1, mapped
+/// and fault; tagged, which unpacks lines, 62 and 48; the run-time `wic::recv()`, which carries
+/// every wait, 64 and 55; none uses a stack. A 16-warp consumer of any transport launches with its
+/// 512 threads.
 #[test]
 fn each_transports_consumer_stays_within_its_register_budget() {
     let Some(nvcc) = nvcc() else {

@@ -171,7 +171,8 @@ __device__ inline int wait_past(const unsigned int *word, uint32_t generation, u
 /*
  * The tagged transport's lines. Generation g's tag is g + 1, so the zeroed lines of a new slot
  * carry none; a slot's line holds the tag of its last generation until the next one's
- * arrives, and the producer writes generation g + 1 only after generation g was consumed.
+ * arrives; the producer writes generation g + 1 after generation g was consumed (unless a host
+ * producer's channel leaves reuse to the caller, wic::reuse::caller).
  */
 __device__ inline uint64_t *line_at(const channel &ch, uint32_t slot, uint64_t line)
 {

@@ -273,7 +273,7 @@ public:
 		destroy();
 		cudaError_t err = enable_peer_access(consumer, producer);
 		if (err != cudaSuccess)
-			return err;
+			return outcome{err};
 		ch_ = detail::empty_channel(kind, slots, message_bytes, warps_per_batch);
 		consumer_ = consumer;
 		producer_ = producer;
@@ -303,14 +303,14 @@ public:
 			err = detail::alloc_on(producer, word_bytes, true, (void **)&consumed_);
 		if (err != cudaSuccess) {
 			destroy();
-			return err;
+			return outcome{err};
 		}
 		ch_.data = static_cast<const uint8_t *>(data_);
 		ch_.ready = ready_;
 		ch_.consumed = consumed_;
 		ch_.lines = lines_;
 		ch_.staging = staging_;
-		return cudaSuccess;
+		return outcome{};
 	}
 
 	/* What the producer and the consumer kernels take. */
@@ -324,7 +324,7 @@ public:
 		const size_t bytes = ch_.slots * sizeof(unsigned int);
 		const cudaError_t err = lines_ ? detail::zero_on(consumer_, lines_, 2 * ch_.batch_bytes * ch_.slots)
 					       : detail::zero_on(ready_device(), ready_, bytes);
-		return err != cudaSuccess ? err : detail::zero_on(producer_, consumed_, bytes);
+		return outcome{err != cudaSuccess ? err : detail::zero_on(producer_, consumed_, bytes)};
 	}
 
 	void destroy()

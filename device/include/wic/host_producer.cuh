@@ -122,7 +122,10 @@ inline void format_lines(uint64_t *to, const uint8_t *from, size_t bytes, uint64
  *    that report.
  *  - caller: the application's own protocol (its consumers acknowledge through words of its
  *    own, say); publish() overwrites without looking, and a consumer that asks for an older
- *    generation than the slot holds gets WIC_ESTALE.
+ *    generation than the slot holds gets WIC_ESTALE. The protocol must still let the
+ *    consumers see a slot's generation before the next is published into it: push's ready
+ *    word and tagged's lines are copied from pinned memory that the next publish() rewrites,
+ *    so a copy not yet run would carry the newer value beside the older data.
  */
 enum class reuse { checked, caller };
 
@@ -237,7 +240,7 @@ public:
 			ch_.ready = ready_;
 		if (err != cudaSuccess)
 			destroy();
-		return err;
+		return outcome{err};
 	}
 
 	/* What kernels take. */
@@ -271,15 +274,17 @@ public:
 	 * Return: WIC_OK; WIC_EINVALID for a bad slot; WIC_ETIMED_OUT (cudaErrorTimeout);
 	 * WIC_ESTREAM (also cudaErrorTimeout) when, at the timeout, the copy of the slot's last
 	 * generation has not reached the device (push, tagged): its stream has not run it, as
-	 * when the stream waits for the consumer kernel (the stream rule at publish()).
+	 * when the stream waits for the consumer kernel (the stream rule at publish()). A copy
+	 * still on its way at a short timeout shows so too: give a timeout well beyond a copy's
+	 * time when the answer matters.
 	 */
-	outcome wait_free(uint32_t slot, uint64_t timeout_ns = forever)
+	outcome wait_free(uint32_t slot, uint64_t timeout_ns = forever) const
 	{
 		if (slot >= ch_.slots)
 			return detail::invalid();
 		if (free_now(slot))
 			return outcome{};
-		outcome queued = flush();
+		outcome queued = queue_run();
 		if (!queued.ok())
 			return queued;
 		const auto start = std::chrono::steady_clock::now();
@@ -295,7 +300,7 @@ public:
 	 * reset() - back to no generation published or consumed, for another run; no kernel may
 	 * use the channel now, and no publish() may be in flight (its stream synchronized): push's
 	 * words are cleared on a stream of their own, which waits for no other. A run coalesce()
-	 * still holds back is dropped.
+	 * still holds back is dropped; what it queued on the channel's own streams is waited for.
 	 */
 	outcome reset()
 	{
@@ -303,6 +308,11 @@ public:
 			return detail::invalid();
 		const size_t words = ch_.slots * sizeof(unsigned int);
 		cudaError_t err = cudaSuccess;
+		for (cudaStream_t lane : lanes_)
+			if (lane && err == cudaSuccess)
+				err = cudaStreamSynchronize(lane);
+		if (err != cudaSuccess)
+			return outcome{err};
 		if (ch_.kind == transport::push) {
 			err = detail::zero_device(ready_, words);
 		} else if (ch_.kind == transport::tagged) {
@@ -313,15 +323,16 @@ public:
 		memset(consumed_, 0, words);
 		memset(published_, 0, words);
 		run_ = pending{};
-		return err;
+		return outcome{err};
 	}
 
 	/*
 	 * publish() - publishes the next generation of @slot
 	 * @slot: the slot
-	 * @src: the batch; push and poll copy from it on @stream, so it must stay valid until
-	 *	@stream gets there, and only pinned memory (cudaHostAlloc) lets the copy overlap;
-	 *	alg1, mapped and tagged read it before publish() returns
+	 * @src: the batch; push and poll copy from it later, so it must stay valid and unchanged
+	 *	until the slot's next wait_free() returns (with coalesce(), the copy may be queued
+	 *	after publish() returns), and only pinned memory (cudaHostAlloc) lets the copy
+	 *	overlap; alg1, mapped and tagged read it before publish() returns
 	 * @bytes: bytes of the batch, at most batch_bytes. Past them the slot keeps what it held
 	 *	(push, poll, alg1, mapped) or holds zeros (tagged).
 	 * @stream: push, poll, tagged: where the copies are queued (see the stream rule below)
@@ -336,7 +347,8 @@ public:
 	 *
 	 * Reuse: with reuse::checked (the default) a slot whose last generation its consumers
 	 * have not reported done is refused with WIC_EBUSY, and nothing is written: call
-	 * wait_free() first. With reuse::caller the slot is overwritten.
+	 * wait_free() first (a run coalesce() holds back is queued then, so that the consumers
+	 * can get there). With reuse::caller the slot is overwritten.
 	 *
 	 * The stream rule: @stream must never wait for the consumer kernel, which runs until its
 	 * last message arrives. Use a stream created with cudaStreamNonBlocking, not the kernel's.
@@ -381,7 +393,7 @@ public:
 			return detail::invalid();
 		outcome checked = may_publish(first, count, stream);
 		if (checked.ok())
-			checked = flush();
+			checked = queue_run();
 		if (!checked.ok())
 			return checked;
 		return publish_now(first, count, static_cast<const uint8_t *>(src), ch_.batch_bytes, stream);
@@ -403,44 +415,46 @@ public:
 	 * the consumers can see. Call flush() when the producer stops publishing for a while: the
 	 * last run of a pause otherwise waits for the producer's next call.
 	 *
-	 * Runs are queued alternately on their publishes' stream and on a stream of the channel's
-	 * own, which coalesce() creates (non-blocking, so the stream rule holds): a run's ready
-	 * words wait for its data to land, and meanwhile the next run's data moves on the other
-	 * stream. So a cudaStreamSynchronize() of the publishes' stream does not wait for every
-	 * run; wait_free() is how a producer learns that a slot's copy is done with its source.
+	 * Once coalesce() was called, the channel queues its copies on two streams of its own
+	 * (non-blocking, so the stream rule holds), each run first made to wait for the work
+	 * queued on the publishes' stream so far: runs alternate between the two, so that one
+	 * run's data moves while the run before waits for its data to land before its ready
+	 * words. (reuse::caller: one stream, so that two runs of one slot land in order.) So a
+	 * cudaStreamSynchronize() of the publishes' stream does not wait for the copies;
+	 * wait_free() is how a producer learns that a slot's copy is done with its source. Call
+	 * it after create(), with the channel's device current; create() and destroy() end it.
 	 *
-	 * Return: WIC_OK; WIC_EIO if the stream cannot be created; or flush()'s error when turned off.
+	 * Return: WIC_OK; WIC_EIO if a stream cannot be created; or flush()'s error when turned off.
 	 */
 	outcome coalesce(size_t max_bytes)
 	{
-		if (max_bytes && !lane_ && queued_on_stream()) {
-			const cudaError_t err = cudaStreamCreateWithFlags(&lane_, cudaStreamNonBlocking);
+		if (max_bytes && !lanes_[0] && queued_on_stream()) {
+			cudaError_t err = cudaEventCreateWithFlags(&after_caller_, cudaEventDisableTiming);
+			for (int i = 0; i < (reuse_ == reuse::checked ? 2 : 1) && err == cudaSuccess; i++)
+				err = cudaStreamCreateWithFlags(&lanes_[i], cudaStreamNonBlocking);
 			if (err != cudaSuccess)
-				return err;
+				return outcome{err};
 		}
 		coalesce_bytes_ = max_bytes;
 		return max_bytes ? outcome{} : flush();
 	}
 
 	/* flush() - queues the run coalesce() holds back, if any. Return: WIC_OK; WIC_EIO. */
-	outcome flush()
-	{
-		if (!run_.count)
-			return outcome{};
-		const pending run = run_;
-		run_ = pending{};
-		on_lane_ = !on_lane_ && lane_;
-		return queue(run.first, run.count, run.src, run.last_bytes, on_lane_ ? lane_ : run.stream);
-	}
+	outcome flush() { return queue_run(); }
 
 	void destroy()
 	{
-		if (lane_) {
-			/* Its copies read the pinned words and lines freed below. */
-			cudaStreamSynchronize(lane_);
-			cudaStreamDestroy(lane_);
-			lane_ = nullptr;
+		for (cudaStream_t &lane : lanes_) {
+			if (lane) {
+				/* Its copies read the pinned words and lines freed below. */
+				cudaStreamSynchronize(lane);
+				cudaStreamDestroy(lane);
+				lane = nullptr;
+			}
 		}
+		if (after_caller_)
+			cudaEventDestroy(after_caller_);
+		after_caller_ = nullptr;
 		const bool host_data = ch_.kind == transport::mapped;
 		const bool host_ready = ch_.kind == transport::poll || ch_.kind == transport::mapped;
 		if (data_)
@@ -465,7 +479,7 @@ public:
 		published_ = nullptr;
 		run_ = pending{};
 		coalesce_bytes_ = 0;
-		on_lane_ = false;
+		next_lane_ = 0;
 		ch_ = channel{};
 	}
 
@@ -504,15 +518,32 @@ private:
 		return seen != published_[slot];
 	}
 
-	/* The stream rule and the reuse rule for slots first..first + count - 1. */
+	/*
+	 * The stream rule and the reuse rule for slots first..first + count - 1. A refusal for a
+	 * slot not free queues the run held back, which may hold the generation the consumers
+	 * have to see before they can free it.
+	 */
 	outcome may_publish(uint32_t first, uint32_t count, cudaStream_t stream) const
 	{
 		if (detail::legacy_default(stream))
 			return outcome{WIC_ESTREAM, cudaErrorInvalidValue};
-		for (uint32_t s = first; reuse_ == reuse::checked && s < first + count; s++)
-			if (!free_now(s))
-				return outcome{WIC_EBUSY, cudaErrorNotReady};
+		for (uint32_t s = first; reuse_ == reuse::checked && s < first + count; s++) {
+			if (!free_now(s)) {
+				const outcome queued = queue_run();
+				return queued.ok() ? outcome{WIC_EBUSY, cudaErrorNotReady} : queued;
+			}
+		}
 		return outcome{};
+	}
+
+	/* The run coalesce() holds back, queued now. */
+	outcome queue_run() const
+	{
+		if (!run_.count)
+			return outcome{};
+		const pending run = run_;
+		run_ = pending{};
+		return queue(run.first, run.count, run.src, run.last_bytes, run.stream);
 	}
 
 	/* publish() under coalesce(): joins the run, or queues it and begins another. */
@@ -523,7 +554,7 @@ private:
 				   (tagged || (run_.last_bytes == ch_.batch_bytes &&
 					       src == run_.src + (uint64_t)run_.count * ch_.batch_bytes));
 		if (!joins) {
-			outcome queued = flush();
+			outcome queued = queue_run();
 			if (!queued.ok())
 				return queued;
 			run_ = pending{slot, 0, src, 0, stream};
@@ -534,7 +565,7 @@ private:
 		run_.count++;
 		run_.last_bytes = bytes;
 		if ((uint64_t)run_.count * ch_.batch_bytes >= coalesce_bytes_ || slot == ch_.slots - 1)
-			return flush();
+			return queue_run();
 		return outcome{};
 	}
 
@@ -570,28 +601,39 @@ private:
 	 * when the copy runs and written again only for its next generation, after its consumers
 	 * saw this one, so after the copy engine read it (tagged's pinned lines likewise).
 	 */
-	outcome queue(uint32_t first, uint32_t count, const uint8_t *src, size_t bytes, cudaStream_t stream)
+	outcome queue(uint32_t first, uint32_t count, const uint8_t *src, size_t bytes, cudaStream_t stream) const
 	{
+		if (lanes_[0]) {
+			/* coalesce(): on the next of the channel's streams, after the work on @stream. */
+			const cudaStream_t lane = lanes_[next_lane_];
+			next_lane_ = lanes_[1] ? 1 - next_lane_ : 0;
+			cudaError_t err = cudaEventRecord(after_caller_, stream);
+			if (err == cudaSuccess)
+				err = cudaStreamWaitEvent(lane, after_caller_, 0);
+			if (err != cudaSuccess)
+				return outcome{err};
+			stream = lane;
+		}
 		if (ch_.kind == transport::tagged) {
 			const uint64_t words = ch_.batch_bytes / 8;
-			return cudaMemcpyAsync(lines_ + 2 * first * words, host_lines_ + 2 * first * words,
-					       (size_t)count * 2 * ch_.batch_bytes, cudaMemcpyHostToDevice, stream);
+			return outcome{cudaMemcpyAsync(lines_ + 2 * first * words, host_lines_ + 2 * first * words,
+						       (size_t)count * 2 * ch_.batch_bytes, cudaMemcpyHostToDevice, stream)};
 		}
 		uint8_t *dst = static_cast<uint8_t *>(data_) + (uint64_t)first * ch_.batch_bytes;
 		cudaError_t err = cudaMemcpyAsync(dst, src, (size_t)(count - 1) * ch_.batch_bytes + bytes,
 						  cudaMemcpyHostToDevice, stream);
 		if (err != cudaSuccess)
-			return err;
+			return outcome{err};
 		if (ch_.kind == transport::poll) {
 			err = cudaStreamSynchronize(stream);
 			for (uint32_t s = first; s < first + count && err == cudaSuccess; s++)
 				__atomic_store_n(&ready_[s], published_[s], __ATOMIC_RELEASE);
-			return err;
+			return outcome{err};
 		}
 		for (uint32_t s = first; s < first + count; s++)
 			host_ready_[s] = published_[s];
-		return cudaMemcpyAsync(&ready_[first], &host_ready_[first], count * sizeof(unsigned int),
-				       cudaMemcpyHostToDevice, stream);
+		return outcome{cudaMemcpyAsync(&ready_[first], &host_ready_[first], count * sizeof(unsigned int),
+					       cudaMemcpyHostToDevice, stream)};
 	}
 
 	/*
@@ -610,9 +652,10 @@ private:
 	channel ch_{};
 	reuse reuse_ = reuse::checked;
 	size_t coalesce_bytes_ = 0;
-	pending run_{};
-	cudaStream_t lane_ = nullptr; /* coalesce(): every other run is queued here */
-	bool on_lane_ = false;	      /* whether the last run was */
+	mutable pending run_{};
+	cudaStream_t lanes_[2] = {};	     /* coalesce(): the channel's own streams */
+	cudaEvent_t after_caller_ = nullptr; /* where a run waits for the publishes' stream */
+	mutable uint32_t next_lane_ = 0;
 	void *data_ = nullptr;
 	unsigned int *ready_ = nullptr;
 	unsigned int *consumed_ = nullptr;

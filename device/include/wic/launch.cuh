@@ -41,7 +41,7 @@ inline outcome co_resident(Kernel *kernel, dim3 grid, dim3 block, size_t shared_
 		err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, (int)(block.x * block.y * block.z),
 								    shared_bytes);
 	if (err != cudaSuccess)
-		return err;
+		return outcome{err};
 	if ((uint64_t)grid.x * grid.y * grid.z > (uint64_t)per_sm * sms)
 		return outcome{WIC_EEXHAUSTED, cudaErrorCooperativeLaunchTooLarge};
 	return outcome{};

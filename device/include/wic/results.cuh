@@ -66,14 +66,15 @@ __device__ inline void post_result(const result_view &results, uint32_t g, uint3
 }
 
 /*
- * post_result_warp() - post_result() for a part one warp wrote: every lane of the warp calls
- * it after its own writes, and lane 0 marks the part; the rest of the block goes on.
+ * post_result_warp() - post_result() for a part one warp wrote: every lane of a whole warp
+ * (32 threads of the block, counted in x, then y, then z) calls it after its own writes, and the
+ * warp's first lane marks the part; the rest of the block goes on.
  */
 __device__ inline void post_result_warp(const result_view &results, uint32_t g, uint32_t part)
 {
 	__threadfence_system();
 	__syncwarp();
-	if (threadIdx.x % 32 == 0)
+	if (detail::thread_in_block() % 32 == 0)
 		detail::store_release(results.word(g, part), g + 1);
 }
 
@@ -154,7 +155,7 @@ public:
 			err = cudaHostGetDevicePointer((void **)&dev_.released, host_.released, 0);
 		if (err != cudaSuccess)
 			destroy();
-		return err;
+		return outcome{err};
 	}
 
 	/* What kernels take. */

@@ -64,7 +64,8 @@ __host__ __device__ constexpr const char *error_name(int status)
  */
 class outcome {
 public:
-	constexpr outcome(cudaError_t err = cudaSuccess) : status_(err == cudaSuccess ? WIC_OK : WIC_EIO), cuda_(err) {}
+	constexpr outcome() : status_(WIC_OK), cuda_(cudaSuccess) {}
+	constexpr explicit outcome(cudaError_t err) : status_(err == cudaSuccess ? WIC_OK : WIC_EIO), cuda_(err) {}
 	constexpr outcome(int status, cudaError_t err) : status_(status), cuda_(err) {}
 
 	constexpr int status() const { return status_; }

@@ -63,8 +63,11 @@ __device__ inline int receive_lines(const channel &ch, uint32_t slot, uint32_t g
 			while ((uint32_t)(lo[j] >> 32) != tag || (uint32_t)(hi[j] >> 32) != tag) {
 				/*
 				 * A later tag: the generation was overwritten. Looked for in the first
-				 * half of a round's first line alone (the other half and lines follow
-				 * soon): a look at every line cost the run-time recv() 14 registers.
+				 * half of a round's first line alone: a look at every line cost the
+				 * run-time recv() 14 registers and a stack, and waiting for the round's
+				 * lines one by one in a loop not unrolled 8. So a generation overwritten
+				 * while a thread waits for a later line of a round is waited for until
+				 * the timeout; only a producer under reuse::caller can overwrite one.
 				 */
 				if (j == 0 && (int)((uint32_t)(lo[j] >> 32) - tag) > 0)
 					return WIC_ESTALE;
@@ -92,11 +95,17 @@ __device__ inline int wait_ready(const channel &ch, uint32_t slot, uint32_t gene
 
 /*
  * The warp's status from each lane's: the lowest, so WIC_ESTALE (-13) before WIC_ETIMED_OUT (-6)
- * before WIC_OK; one instruction (redux.sync).
+ * before WIC_OK; one instruction (redux.sync) from sm_80 on.
  */
 __device__ inline int warp_status(int own)
 {
+#if __CUDA_ARCH__ >= 800
 	return __reduce_min_sync(0xffffffff, own);
+#else
+	if (__any_sync(0xffffffff, own == WIC_ESTALE))
+		return WIC_ESTALE;
+	return __any_sync(0xffffffff, own != WIC_OK) ? WIC_ETIMED_OUT : WIC_OK;
+#endif
 }
 
 /* The block's status from each thread's: stale data before a timeout. */

@@ -14,6 +14,10 @@ namespace {
 std::vector<fake::copy> log_;
 std::set<cudaStream_t> held_;
 std::map<cudaStream_t, std::deque<std::function<void()>>> queued_;
+/* An event recorded on a held stream: the stream it waits for. */
+std::map<cudaEvent_t, cudaStream_t> pending_;
+/* Streams made to wait for a held stream's event: released with it. */
+std::multimap<cudaStream_t, cudaStream_t> waiting_;
 int streams_;
 
 /* Runs @op now, or after release() of its stream while it is held. */
@@ -56,6 +60,15 @@ void release(cudaStream_t stream)
 	for (auto &op : queued_[stream])
 		op();
 	queued_.erase(stream);
+	for (auto it = pending_.begin(); it != pending_.end();)
+		it = it->second == stream ? pending_.erase(it) : std::next(it);
+	const auto [first, last] = waiting_.equal_range(stream);
+	std::vector<cudaStream_t> waiters;
+	for (auto it = first; it != last; ++it)
+		waiters.push_back(it->second);
+	waiting_.erase(stream);
+	for (cudaStream_t waiter : waiters)
+		release(waiter);
 }
 
 int live_streams()
@@ -130,6 +143,40 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaM
 cudaError_t cudaMemsetAsync(void *ptr, int value, size_t bytes, cudaStream_t stream)
 {
 	submit(stream, [=] { std::memset(ptr, value, bytes); });
+	return cudaSuccess;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int)
+{
+	*event = reinterpret_cast<cudaEvent_t>(new char);
+	return cudaSuccess;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t event)
+{
+	pending_.erase(event);
+	delete reinterpret_cast<char *>(event);
+	return cudaSuccess;
+}
+
+/* An event recorded on a held stream completes when the stream is released. */
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
+{
+	if (held_.count(stream))
+		pending_[event] = stream;
+	else
+		pending_.erase(event);
+	return cudaSuccess;
+}
+
+/* A stream that waits for a pending event is held until the event's stream is released. */
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int)
+{
+	const auto it = pending_.find(event);
+	if (it != pending_.end()) {
+		held_.insert(stream);
+		waiting_.emplace(it->second, stream);
+	}
 	return cudaSuccess;
 }
 

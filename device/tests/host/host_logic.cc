@@ -95,7 +95,7 @@ void coalescing()
 	ch.create(wic::transport::push, slots, batch, 1);
 	const int streams_before = fake::live_streams();
 	ch.coalesce(4 * batch);
-	const bool lane = fake::live_streams() == streams_before + 1;
+	const bool lanes = fake::live_streams() == streams_before + 2;
 	const wic::channel dev = ch.device();
 	fake::clear();
 
@@ -110,9 +110,10 @@ void coalescing()
 			       c[0].dst == dev.data && c[1].bytes == 4 * sizeof(unsigned) && c[1].dst == dev.ready &&
 			       c[0].stream == c[1].stream && c[0].stream != stream;
 	const bool landed = memcmp(dev.data, src.data(), 4 * batch) == 0 && dev.ready[0] == 1 && dev.ready[3] == 1;
-	check(lane && held && first_run && landed,
+	check(lanes && held && first_run && landed,
 	      "coalesce(): a run is held back until it holds max_bytes, then queued as one data copy and one copy "
-	      "of its ready words, on the channel's own stream");
+	      "of its ready words, on one of the channel's two streams");
+	const cudaStream_t first_lane = c[0].stream;
 
 	/* Slots 4, 5 from a source that does not follow: two runs; slot 6 partial; slot 7, the last, alone. */
 	std::vector<uint8_t> other(batch, 0xab);
@@ -120,7 +121,7 @@ void coalescing()
 	ch.publish(4, src.data() + 4 * batch, batch, stream);
 	ch.publish(5, other.data(), batch, stream); /* does not continue: slot 4's run is queued */
 	const bool split = fake::copies().size() == 2 && fake::copies()[0].bytes == batch &&
-			   fake::copies()[0].stream == stream;
+			   fake::copies()[0].stream != stream && fake::copies()[0].stream != first_lane;
 	ch.publish(6, src.data() + 6 * batch, batch / 2, stream); /* not contiguous with 5's source */
 	const size_t before_last = fake::copies().size();
 	ch.publish(7, src.data() + 7 * batch, batch, stream); /* after a partial batch: a run of its own */
@@ -169,6 +170,24 @@ void coalescing()
 		      ran.status() == WIC_ETIMED_OUT,
 	      what);
 
+	/* A refused publish() queues the run held back: a retry loop gets there. */
+	consume(ch, 5, 0);
+	fake::clear();
+	ch.publish(5, src.data() + 5 * batch, batch, stream);
+	const wic::outcome refused = ch.publish(5, src.data() + 5 * batch, batch, stream);
+	check(refused.status() == WIC_EBUSY && fake::copies().size() == 2 && dev.ready[5] == 2,
+	      "a publish() refused for a slot held back in the run queues the run, so its consumers can free it");
+
+	/* A run waits for the work queued on the publishes' stream before it. */
+	consume(ch, 6, 0);
+	fake::hold(stream);
+	ch.publish(6, src.data() + 6 * batch, batch, stream);
+	ch.flush();
+	const bool waited = dev.ready[6] == 1;
+	fake::release(stream);
+	check(waited && dev.ready[6] == 2,
+	      "a run on the channel's stream waits for what was queued on the publishes' stream before it");
+
 	/* flush() and destroy() with a run held back. */
 	ch.coalesce(wic::coalesce_bytes);
 	consume(ch, 3, 0);
@@ -182,6 +201,26 @@ void coalescing()
 	ch.destroy();
 	check(pending && queued && fake::live_streams() == streams_before,
 	      "flush() queues the run held back; destroy() ends the channel's stream");
+	cudaStreamDestroy(stream);
+}
+
+/* reuse::caller: one stream of the channel's own, so that two runs of a slot land in order. */
+void one_lane()
+{
+	const cudaStream_t stream = new_stream();
+	const int before = fake::live_streams();
+	wic::host_channel ch;
+	ch.create(wic::transport::push, 4, 64, 1, wic::reuse::caller);
+	ch.coalesce(64);
+	uint8_t batch[64] = {};
+	fake::clear();
+	for (int i = 0; i < 4; i++)
+		ch.publish(0, batch, 64, stream);
+	bool one = fake::live_streams() == before + 1 && fake::copies().size() == 8;
+	for (const auto &c : fake::copies())
+		one &= c.stream == fake::copies()[0].stream;
+	check(one && ch.device().ready[0] == 4,
+	      "reuse::caller, coalesced: every run on the one stream, so a slot's generations land in order");
 	cudaStreamDestroy(stream);
 }
 
@@ -235,6 +274,7 @@ int main()
 {
 	refusals();
 	coalescing();
+	one_lane();
 	tagged_lines();
 	results();
 	printf("%s: %d failed\n", failures ? "FAIL" : "ok", failures);
