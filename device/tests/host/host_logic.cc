@@ -251,6 +251,26 @@ void tagged_lines()
 	cudaStreamDestroy(stream);
 }
 
+/*
+ * Code written for the cudaError_t that host calls returned before wic::outcome: it compiles and
+ * compares as it did (a conditional expression with a cudaError_t, a const channel's wait_free()).
+ */
+void earlier_code()
+{
+	const cudaStream_t stream = new_stream();
+	wic::host_channel ch;
+	const cudaError_t created = ch.create(wic::transport::push, 2, 64, 1);
+	const wic::host_channel &view = ch;
+	uint8_t batch[64] = {};
+	const bool skip = false;
+	const cudaError_t published = skip ? cudaErrorInvalidValue : ch.publish(0, batch, 64, stream);
+	const cudaError_t again = ch.publish(0, batch, 64, stream);
+	const bool compared = ch.publish(0, batch, 64, stream) != cudaSuccess && view.wait_free(1) == cudaSuccess;
+	check(created == cudaSuccess && published == cudaSuccess && again == cudaErrorNotReady && compared,
+	      "code written for cudaError_t: assignments, conditional expressions, comparisons, a const channel");
+	cudaStreamDestroy(stream);
+}
+
 void results()
 {
 	wic::result_channel r;
@@ -276,6 +296,7 @@ int main()
 	coalescing();
 	one_lane();
 	tagged_lines();
+	earlier_code();
 	results();
 	printf("%s: %d failed\n", failures ? "FAIL" : "ok", failures);
 	return failures ? 1 : 0;
