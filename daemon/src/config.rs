@@ -266,10 +266,38 @@ impl EngineSection {
     }
 }
 
+/// The largest configuration file wicd reads: the documented file is a few KiB.
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// The text of the configuration file at `path`, read so that no file can stop or swell the
+/// thread that reads it (wicd's control thread, on SIGHUP): opened without blocking (a FIFO with
+/// no writer), refused unless it is a regular file (a FIFO, `/dev/zero`, a directory), and read
+/// only up to [`MAX_CONFIG_BYTES`], which a longer file exceeds as a refusal.
+fn read_config(path: &Path) -> Result<String, String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| e.to_string())?;
+    let kind = file.metadata().map_err(|e| e.to_string())?.file_type();
+    if !kind.is_file() {
+        return Err("not a regular file: refused (a FIFO or a device could stop or swell wicd)".into());
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_CONFIG_BYTES + 1).read_to_end(&mut bytes).map_err(|e| e.to_string())?;
+    if bytes.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(format!("larger than {MAX_CONFIG_BYTES} bytes: refused"));
+    }
+    String::from_utf8(bytes).map_err(|_| "not UTF-8 text".into())
+}
+
 impl Config {
-    /// Reads and checks `path`.
+    /// Reads and checks `path` (a regular file of at most [`MAX_CONFIG_BYTES`]).
     pub fn load(path: &Path) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let text = read_config(path).map_err(|e| format!("{}: {e}", path.display()))?;
         Self::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
     }
 
@@ -341,6 +369,48 @@ mod tests {
     fn shipped_example_is_the_defaults() {
         let example = include_str!("../../deploy/wicd.toml");
         assert_eq!(Config::parse(example).unwrap(), Config::default());
+    }
+
+    /// `Config::load` on another thread, which must answer within a few seconds.
+    fn load_in_time(path: &Path) -> Result<Config, String> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = path.to_owned();
+        std::thread::spawn(move || {
+            let _ = tx.send(Config::load(&path));
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(5)).expect("load() did not return within 5 s")
+    }
+
+    #[test]
+    fn only_a_regular_file_of_bounded_size_is_read() {
+        let dir = std::env::temp_dir().join(format!("wicd-config-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ok = dir.join("ok.toml");
+        std::fs::write(&ok, "[limits]\n").unwrap();
+        assert_eq!(load_in_time(&ok).unwrap(), Config::default());
+
+        // A FIFO with no writer: a blocking open or read would wait for one for ever.
+        let fifo = dir.join("fifo.toml");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRUSR | nix::sys::stat::Mode::S_IWUSR).unwrap();
+        let err = load_in_time(&fifo).unwrap_err();
+        assert!(err.contains("not a regular file"), "{err}");
+
+        // A device behind a symlink: /dev/zero would be read until memory runs out.
+        let zero = dir.join("zero.toml");
+        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+        let err = load_in_time(&zero).unwrap_err();
+        assert!(err.contains("not a regular file"), "{err}");
+
+        // Larger than the bound: refused by its size, whatever it holds; at the bound, read.
+        let line = format!("#{}\n", "x".repeat(1022));
+        let at_bound = line.repeat((MAX_CONFIG_BYTES / 1024) as usize);
+        let big = dir.join("big.toml");
+        std::fs::write(&big, format!("{at_bound}#\n")).unwrap();
+        let err = load_in_time(&big).unwrap_err();
+        assert!(err.contains(&format!("larger than {MAX_CONFIG_BYTES} bytes")), "{err}");
+        std::fs::write(&big, at_bound).unwrap();
+        assert_eq!(load_in_time(&big).unwrap(), Config::default());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -401,6 +401,46 @@ fn grant_tokens_are_bounded_per_channel_and_per_uid_freed_with_their_owner_and_r
     daemon.stop();
 }
 
+/// SIGHUP re-reads the configuration on wicd's control thread: a FIFO with no writer, a symlink
+/// to /dev/zero or a file of 2 MiB at its path is refused at once, the running configuration is
+/// kept, and wicd goes on serving (a blocking read of the FIFO stopped every client; /dev/zero
+/// grew wicd until the OOM killer ended it).
+#[test]
+fn a_reload_from_a_fifo_a_device_or_a_huge_file_is_refused_and_wicd_keeps_serving() {
+    let mut daemon = Daemon::start("hostile-reload", &config(""));
+    let path = daemon.dir.join("wicd.toml");
+    let reload_refused = |daemon: &mut Daemon, times: usize, why: &str| {
+        daemon.signal(nix::sys::signal::Signal::SIGHUP);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while daemon.log().matches("reload failed").count() < times {
+            assert!(Instant::now() < deadline, "reload {times} was not refused:\n{}", daemon.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let log = daemon.log();
+        let last = log.lines().rfind(|l| l.contains("reload failed")).unwrap_or_default().to_owned();
+        assert!(last.contains(why), "{last}");
+        assert!(daemon.alive());
+        wicctl_status(daemon);
+    };
+
+    std::fs::remove_file(&path).unwrap();
+    nix::unistd::mkfifo(&path, nix::sys::stat::Mode::S_IRUSR | nix::sys::stat::Mode::S_IWUSR).unwrap();
+    reload_refused(&mut daemon, 1, "not a regular file");
+
+    std::fs::remove_file(&path).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", &path).unwrap();
+    reload_refused(&mut daemon, 2, "not a regular file");
+
+    std::fs::remove_file(&path).unwrap();
+    std::fs::write(&path, "#\n".repeat(1 << 20)).unwrap();
+    reload_refused(&mut daemon, 3, "larger than");
+
+    std::fs::write(&path, config("")).unwrap();
+    daemon.signal(nix::sys::signal::Signal::SIGHUP);
+    wait_for_log(&daemon, "configuration reloaded");
+    daemon.stop();
+}
+
 #[test]
 fn channels_are_bounded_per_uid() {
     if !can_switch_uid() {
