@@ -167,6 +167,11 @@ pub struct Limits {
     /// Pages the channels of one uid may hold together: of wicd's pool on the emulated
     /// backend, counted alike on the shim.
     pub max_pages_per_uid: u32,
+    /// Of the channels wicd can hold (its descriptor limit's), the last ones free, which only
+    /// operators may take; likewise of the engine's slots and of the pool's pages.
+    pub reserved_channels: u32,
+    pub reserved_slots: u32,
+    pub reserved_pages: u32,
     /// Address spaces the connections of one uid may have attached at once.
     pub max_spaces_per_uid: u32,
     /// Unused grant tokens a channel may have outstanding.
@@ -193,6 +198,9 @@ impl Default for Limits {
             max_channels_per_uid: 256,
             max_slots_per_uid: 1024,
             max_pages_per_uid: 4096,
+            reserved_channels: 16,
+            reserved_slots: 256,
+            reserved_pages: 1024,
             max_spaces_per_uid: 32,
             max_grants_per_channel: 64,
             max_grants_per_uid: 1024,
@@ -271,19 +279,22 @@ pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
 /// The text of the configuration file at `path`, read so that no file can stop or swell the
 /// thread that reads it (wicd's control thread, on SIGHUP): opened without blocking (a FIFO with
-/// no writer), refused unless it is a regular file (a FIFO, `/dev/zero`, a directory), and read
-/// only up to [`MAX_CONFIG_BYTES`], which a longer file exceeds as a refusal.
+/// no writer), refused unless it is a regular file or `/dev/null` (a FIFO, `/dev/zero`, a
+/// directory), and read only up to [`MAX_CONFIG_BYTES`], which a longer file exceeds as a
+/// refusal.
 fn read_config(path: &Path) -> Result<String, String> {
     use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
         .open(path)
         .map_err(|e| e.to_string())?;
-    let kind = file.metadata().map_err(|e| e.to_string())?.file_type();
-    if !kind.is_file() {
+    let metadata = file.metadata().map_err(|e| e.to_string())?;
+    // /dev/null stands for an empty file, as for any program that reads one.
+    let null = metadata.file_type().is_char_device() && metadata.rdev() == libc::makedev(1, 3);
+    if !metadata.is_file() && !null {
         return Err("not a regular file: refused (a FIFO or a device could stop or swell wicd)".into());
     }
     let mut bytes = Vec::new();
@@ -313,6 +324,15 @@ impl Config {
         crate::logging::parse_level(&self.service.log_level)?;
         self.limits.check()?;
         self.engine.check()?;
+        let reserves = [
+            ("reserved_slots", self.limits.reserved_slots, "engine.max_slots", self.engine.max_slots),
+            ("reserved_pages", self.limits.reserved_pages, "engine.pool_pages", self.engine.pool_pages),
+        ];
+        for (key, reserved, of, total) in reserves {
+            if reserved >= total {
+                return Err(format!("limits.{key} ({reserved}) must leave room below {of} ({total}) for other users"));
+            }
+        }
         if self.emulated.gpus == 0 {
             return Err("emulated.gpus must be at least 1".into());
         }
@@ -388,6 +408,7 @@ mod tests {
         let ok = dir.join("ok.toml");
         std::fs::write(&ok, "[limits]\n").unwrap();
         assert_eq!(load_in_time(&ok).unwrap(), Config::default());
+        assert_eq!(load_in_time(Path::new("/dev/null")).unwrap(), Config::default(), "an empty configuration");
 
         // A FIFO with no writer: a blocking open or read would wait for one for ever.
         let fifo = dir.join("fifo.toml");

@@ -20,7 +20,7 @@ use crate::service::backend::Backend;
 use crate::service::control::{Control, DataplaneHandle};
 use crate::service::dataplane;
 use crate::service::emulated::EmulatedGpus;
-use crate::service::server::{self, Shared};
+use crate::service::server::{self, EngineShape, Shared};
 use crate::service::sharing::GpuRules;
 use crate::service::shim::ShimGpus;
 use crate::systemd;
@@ -286,7 +286,19 @@ async fn serve(
         .and_then(|signals| {
             Ok((
                 signals,
-                Shared::new(config.limits, nofile, handle.clone(), backend, gpus, warps_per_batch, gpu_rules)?,
+                Shared::new(
+                    config.limits,
+                    nofile,
+                    handle.clone(),
+                    backend,
+                    gpus,
+                    EngineShape {
+                        warps_per_batch,
+                        slots: config.engine.max_slots,
+                        pool_pages: config.engine.pool_pages,
+                    },
+                    gpu_rules,
+                )?,
             ))
         })
         .and_then(|(signals, shared)| Ok((signals, shared, bind(&config)?)));

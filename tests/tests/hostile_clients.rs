@@ -331,7 +331,7 @@ fn the_limits_must_fit_the_descriptor_limit_and_channels_stop_short_of_it() {
     let limit = FDS_RESERVED + FDS_PER_CONNECTION * max_clients + 4 * FDS_PER_CHANNEL;
     let daemon = Daemon::start_with(
         "hostile-budget",
-        &config(&format!("max_clients = {max_clients}\n")),
+        &config(&format!("max_clients = {max_clients}\nreserved_channels = 1\n")),
         with_descriptor_limit(limit),
     );
     let mut client = Client::connect(&daemon.socket, "test").expect("connect");
@@ -491,6 +491,47 @@ fn slots_and_pool_pages_every_user_shares_are_bounded_per_uid() {
     behave(&daemon, OTHER_USER);
     pages.release();
     many.release();
+    daemon.stop();
+}
+
+/// Four uids, each within its limits, once took every pool page and slot (each: 8 channels of
+/// 128 slots of 16 messages of 512 bytes, 1024 slots and 4096 pages, its limits exactly), and
+/// nobody could create a channel after them, root included. Now each may hold at most half of
+/// what the other users leave: 8, 8, 7 and 3 channels; root creates one of the same size out
+/// of the operators' reserve, and a fifth user is still served.
+#[test]
+fn uids_within_their_limits_together_leave_operators_their_reserve_and_the_next_user_room() {
+    if !can_switch_uid() {
+        return;
+    }
+    let daemon = Daemon::start("hostile-group", &config(""));
+    let socket = daemon.socket.to_str().expect("utf-8 path");
+    let take_all =
+        |uid: u32| Hostile::start(uid, &["channels", socket, "1", "8", "--slots", "128", "--message-bytes", "512"]);
+    let mut group = Vec::new();
+    let mut lines = Vec::new();
+    for uid in [ATTACKER, OTHER_USER, THIRD_USER, THIRD_USER - 1] {
+        let mut taker = take_all(uid);
+        lines.push(taker.line());
+        group.push(taker);
+    }
+    assert!(lines[0].starts_with("created 8 | -"), "{lines:?}");
+    assert!(lines[1].starts_with("created 8 | -"), "{lines:?}");
+    assert!(
+        lines[2].starts_with("created 7 | EXHAUSTED uid 65532 holds 896 slots; 128 more would pass its share of 896"),
+        "{lines:?}"
+    );
+    assert!(
+        lines[3].starts_with("created 3 | EXHAUSTED uid 65531 holds 384 slots; 128 more would pass its share of 448"),
+        "{lines:?}"
+    );
+    let mut root = Client::connect(&daemon.socket, "operator").unwrap();
+    let big = ChannelSpec { slots: 128, message_bytes: 512, ..spec() };
+    assert!(matches!(root.call(&Request::CreateChannel { spec: big, base_va: None }), Ok(Reply::Channel(_))));
+    behave(&daemon, THIRD_USER - 2);
+    for taker in group {
+        taker.release();
+    }
     daemon.stop();
 }
 

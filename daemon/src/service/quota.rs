@@ -1,6 +1,7 @@
 //! What clients may make wicd hold, as arithmetic the server applies: the descriptor budget
-//! that keeps `accept` from ever failing with `EMFILE`, and the rate limit on logging refusals.
-//! No I/O here: the server passes in the descriptor limit and the time.
+//! that keeps `accept` from ever failing with `EMFILE`, the rule by which users share what they
+//! all draw from (channels, slots, pool pages), and the rate limit on logging refusals. No I/O
+//! here: the server passes in the descriptor limit, the holdings and the time.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -37,6 +38,64 @@ pub fn channel_capacity(limits: &Limits, nofile: u64) -> Result<u64, String> {
         )
     })?;
     Ok(room / FDS_PER_CHANNEL)
+}
+
+/// [`channel_capacity`], refused when `limits.reserved_channels` leaves users none of it.
+pub fn reserved_capacity(limits: &Limits, nofile: u64) -> Result<u64, String> {
+    let capacity = channel_capacity(limits, nofile)?;
+    if u64::from(limits.reserved_channels) >= capacity {
+        return Err(format!(
+            "limits.reserved_channels ({}) must leave room below the {capacity} channels wicd's descriptor limit allows",
+            limits.reserved_channels
+        ));
+    }
+    Ok(capacity)
+}
+
+/// One resource all users draw from: how much there is, the part only operators may take, and
+/// what one uid may hold at most.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pool {
+    pub total: u64,
+    pub reserved: u64,
+    pub per_uid: u64,
+}
+
+/// Why a user may not take more of a [`Pool`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// It would eat into what is reserved for operators.
+    Reserve,
+    /// It would pass the uid's own bound.
+    PerUid,
+    /// It would pass the uid's share: half of what the other users leave, `bound`.
+    Share { bound: u64 },
+}
+
+/// Whether a user who holds `mine` may take `more` of `pool`, where everyone (operators
+/// included) holds `everyone` and the other users `others`.
+///
+/// Three bounds, in the order they are told: the uid's own bound, `per_uid`. The reserve: users
+/// together never hold more than `total - reserved`, so operators always find room. And a share: a uid may hold at
+/// most half of what the other users leave of the users' part. Per-uid bounds alone let a few
+/// uids within their bounds take everything (four, with the defaults, for pool pages and slots);
+/// with the share, each further uid that takes all it may leaves half of what it found, so the
+/// next uid always finds room until the users' part is down to a unit, about log2 of it uids in
+/// (14 for the default pool), and the reserve is left whatever they do.
+pub fn user_may_take(pool: Pool, everyone: u64, others: u64, mine: u64, more: u64) -> Result<(), Refusal> {
+    let holding = mine.saturating_add(more);
+    if holding > pool.per_uid {
+        return Err(Refusal::PerUid);
+    }
+    let users_part = pool.total.saturating_sub(pool.reserved);
+    if everyone.saturating_add(more) > users_part {
+        return Err(Refusal::Reserve);
+    }
+    let bound = users_part.saturating_sub(others) / 2;
+    if holding > bound {
+        return Err(Refusal::Share { bound });
+    }
+    Ok(())
 }
 
 /// Refusals of one uid logged in a burst before the rest of the period is only counted.
@@ -105,6 +164,58 @@ mod tests {
         assert_eq!(channel_capacity(&limits, FDS_RESERVED + connections), Ok(0));
         let err = channel_capacity(&limits, FDS_RESERVED + connections - 1).unwrap_err();
         assert!(err.contains("max_clients = 100") && err.contains("RLIMIT_NOFILE"), "{err}");
+    }
+
+    /// The pool of the report: 16384 pages, 4096 per uid, 1024 reserved.
+    const PAGES: Pool = Pool { total: 16384, reserved: 1024, per_uid: 4096 };
+
+    /// Uids in turn, each taking `unit` at a time for as long as it may: what each got.
+    fn greedy(pool: Pool, uids: usize, unit: u64) -> Vec<u64> {
+        let mut held = Vec::new();
+        for _ in 0..uids {
+            let others: u64 = held.iter().sum();
+            let mut mine = 0;
+            while user_may_take(pool, others + mine, others, mine, unit).is_ok() {
+                mine += unit;
+            }
+            held.push(mine);
+        }
+        held
+    }
+
+    #[test]
+    fn greedy_uids_leave_the_reserve_and_room_for_the_next_uid() {
+        // The four uids, each 8 channels of 512 pages: 8, 8, 7 and 3 channels.
+        assert_eq!(greedy(PAGES, 4, 512), [4096, 4096, 3584, 1536]);
+        // One page at a time, as many uids as it takes: the users' part is never passed, and
+        // each uid leaves the next some room while there is more than one page left.
+        let held = greedy(PAGES, 40, 1);
+        let users_part = PAGES.total - PAGES.reserved;
+        assert!(held.iter().sum::<u64>() <= users_part);
+        let mut left = users_part;
+        for &got in &held {
+            if left > 1 {
+                assert!(got >= 1, "a uid found no room with {left} pages left: {held:?}");
+            }
+            left -= got;
+        }
+        assert!(held.iter().filter(|&&got| got > 0).count() >= 14, "{held:?}");
+    }
+
+    #[test]
+    fn each_bound_refuses_with_its_own_reason() {
+        // The reserve: whoever holds what, users stop at total - reserved.
+        assert_eq!(user_may_take(PAGES, 15360, 0, 0, 1), Err(Refusal::Reserve));
+        assert_eq!(user_may_take(PAGES, 15359, 15359, 0, 1), Err(Refusal::Share { bound: 0 }));
+        // The uid's own bound.
+        assert_eq!(user_may_take(PAGES, 4096, 0, 4096, 1), Err(Refusal::PerUid));
+        // The share: half of what the others leave.
+        assert_eq!(user_may_take(PAGES, 12000, 12000, 0, 1681), Err(Refusal::Share { bound: 1680 }));
+        assert_eq!(user_may_take(PAGES, 12000, 12000, 0, 1680), Ok(()));
+        // Operators' holdings count against the reserve only through `everyone`.
+        assert_eq!(user_may_take(PAGES, 1024, 0, 0, 4096), Ok(()));
+        // Alone, a uid takes up to its bound.
+        assert_eq!(user_may_take(PAGES, 0, 0, 0, 4096), Ok(()));
     }
 
     #[test]

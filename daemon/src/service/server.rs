@@ -137,6 +137,14 @@ struct Registry {
     draining: bool,
 }
 
+/// Channels, slots and pages held together.
+#[derive(Debug, Clone, Copy, Default)]
+struct Held {
+    channels: u64,
+    slots: u64,
+    pages: u64,
+}
+
 /// What a channel holds of what all users share, counted against its owner's uid.
 #[derive(Debug, Clone, Copy, Default)]
 struct Holding {
@@ -155,11 +163,26 @@ impl Registry {
     }
 
     /// The channels of `uid`, those being created included: how many, their slots and pages.
-    fn holdings_of(&self, uid: u32) -> (usize, u64, u64) {
+    /// Channels, slots and pages held (or being created) by the uids `which` selects.
+    fn holdings(&self, which: impl Fn(u32) -> bool) -> Held {
         let existing = self.channels.values().map(Record::holding);
-        let all = existing.chain(self.creating.values().copied()).filter(|h| h.uid == uid);
-        all.fold((0, 0, 0), |(channels, slots, pages), h| (channels + 1, slots + h.slots, pages + h.pages))
+        let all = existing.chain(self.creating.values().copied()).filter(|h| which(h.uid));
+        all.fold(Held::default(), |held, h| Held {
+            channels: held.channels + 1,
+            slots: held.slots + h.slots,
+            pages: held.pages + h.pages,
+        })
     }
+}
+
+/// What the control plane needs of the engine's configuration.
+#[derive(Debug, Clone, Copy)]
+pub struct EngineShape {
+    /// Warps per slot generation: what a channel's placement size follows from.
+    pub warps_per_batch: u32,
+    /// Slots and pool pages, which every user draws from.
+    pub slots: u32,
+    pub pool_pages: u32,
 }
 
 /// What every connection task shares.
@@ -172,6 +195,9 @@ pub struct Shared {
     pub gpus: u16,
     /// The engine's warps per slot generation: what a channel's placement size follows from.
     pub warps_per_batch: u32,
+    /// The engine's slots and pool pages, which every user draws from.
+    engine_slots: u64,
+    pool_pages: u64,
     pub started: Instant,
     /// The daemon's own uid: with root, the operators who see every client's channels.
     operator_uid: u32,
@@ -193,10 +219,10 @@ impl Shared {
         dataplane: DataplaneHandle,
         backend: &'static str,
         gpus: u16,
-        warps_per_batch: u32,
+        engine: EngineShape,
         gpu_rules: Option<GpuRules>,
     ) -> Result<Arc<Self>, String> {
-        let channels = quota::channel_capacity(&limits, nofile)?;
+        let channels = quota::reserved_capacity(&limits, nofile)?;
         tracing::info!("descriptor limit {nofile}: room for {} clients and {channels} channels", limits.max_clients);
         Ok(Arc::new(Self {
             limits: RwLock::new(limits),
@@ -204,7 +230,9 @@ impl Shared {
             dataplane,
             backend,
             gpus,
-            warps_per_batch,
+            warps_per_batch: engine.warps_per_batch,
+            engine_slots: u64::from(engine.slots),
+            pool_pages: u64::from(engine.pool_pages),
             started: Instant::now(),
             operator_uid: nix::unistd::geteuid().as_raw(),
             gpu_rules,
@@ -220,7 +248,7 @@ impl Shared {
 
     /// Applies reloaded limits, unless they could make wicd run out of descriptors.
     pub fn set_limits(&self, limits: Limits) -> Result<(), String> {
-        quota::channel_capacity(&limits, self.nofile)?;
+        quota::reserved_capacity(&limits, self.nofile)?;
         *self.limits.write().expect("limits lock") = limits;
         Ok(())
     }
@@ -228,7 +256,11 @@ impl Shared {
     /// Root and wicd's own user: they see every channel, are not held to the per-uid bounds
     /// and may take the connections reserved for them.
     fn is_operator(&self, peer: Peer) -> bool {
-        peer.uid == 0 || peer.uid == self.operator_uid
+        self.is_operator_uid(peer.uid)
+    }
+
+    fn is_operator_uid(&self, uid: u32) -> bool {
+        uid == 0 || uid == self.operator_uid
     }
 
     /// Logs a refusal with who was refused, unless too many of that uid's were logged just now.
@@ -856,44 +888,76 @@ fn reserve_creation(shared: &Shared, conn: ConnId, peer: Peer, new: Holding, lim
             format!("a client may own at most {} channels", limits.max_channels_per_client),
         ));
     }
-    if !shared.is_operator(peer) {
-        // Slots (the engine's tags) and pool pages are shared by every user: one channel asking
-        // for all of them must not lock the others out.
-        let (channels, slots, pages) = registry.holdings_of(peer.uid);
-        let uid = peer.uid;
-        if channels >= limits.max_channels_per_uid as usize {
-            return Err(error(
-                ErrorCode::Exhausted,
-                format!("uid {uid} owns its limit of {} channels", limits.max_channels_per_uid),
-            ));
-        }
-        if slots.saturating_add(new.slots) > u64::from(limits.max_slots_per_uid) {
-            return Err(error(
-                ErrorCode::Exhausted,
-                format!(
-                    "uid {uid} holds {slots} slots; {} more would pass its limit of {}",
-                    new.slots, limits.max_slots_per_uid
-                ),
-            ));
-        }
-        if pages.saturating_add(new.pages) > u64::from(limits.max_pages_per_uid) {
-            return Err(error(
-                ErrorCode::Exhausted,
-                format!(
-                    "uid {uid} holds {pages} pages; {} more would pass its limit of {}",
-                    new.pages, limits.max_pages_per_uid
-                ),
-            ));
-        }
-    }
     // Within the descriptor limit, the channels that fit besides every connection: past
     // them, accept() would fail with EMFILE and lock everyone out, operators included.
     let capacity = quota::channel_capacity(limits, shared.nofile).unwrap_or(0);
-    if (registry.channels.len() + registry.creating.len()) as u64 >= capacity {
+    let everyone = registry.holdings(|_| true);
+    if everyone.channels >= capacity {
         return Err(error(
             ErrorCode::Exhausted,
             format!("wicd holds {capacity} channels, all its descriptor limit allows"),
         ));
+    }
+    if !shared.is_operator(peer) {
+        // Channels, slots (the engine's tags) and pool pages are shared by every user: neither
+        // one channel asking for all of them nor a group of uids each within its bounds may
+        // lock the others out, and operators keep a reserve of each.
+        let uid = peer.uid;
+        let mine = registry.holdings(|owner| owner == uid);
+        let others = registry.holdings(|owner| owner != uid && !shared.is_operator_uid(owner));
+        // (what, total, reserved, per uid, held by everyone, by the other users, by this uid, asked)
+        let pools = [
+            (
+                "channels",
+                capacity,
+                limits.reserved_channels,
+                limits.max_channels_per_uid,
+                everyone.channels,
+                others.channels,
+                mine.channels,
+                1,
+            ),
+            (
+                "slots",
+                shared.engine_slots,
+                limits.reserved_slots,
+                limits.max_slots_per_uid,
+                everyone.slots,
+                others.slots,
+                mine.slots,
+                new.slots,
+            ),
+            (
+                "pages",
+                shared.pool_pages,
+                limits.reserved_pages,
+                limits.max_pages_per_uid,
+                everyone.pages,
+                others.pages,
+                mine.pages,
+                new.pages,
+            ),
+        ];
+        for (what, total, reserved, per_uid, all, theirs, held, more) in pools {
+            let pool = quota::Pool { total, reserved: u64::from(reserved), per_uid: u64::from(per_uid) };
+            if let Err(refusal) = quota::user_may_take(pool, all, theirs, held, more) {
+                let why = match refusal {
+                    quota::Refusal::Reserve => {
+                        format!("the last {reserved} {what} of {total} are reserved for operators")
+                    }
+                    quota::Refusal::PerUid if what == "channels" => {
+                        format!("uid {uid} owns its limit of {per_uid} channels")
+                    }
+                    quota::Refusal::PerUid => {
+                        format!("uid {uid} holds {held} {what}; {more} more would pass its limit of {per_uid}")
+                    }
+                    quota::Refusal::Share { bound } => format!(
+                        "uid {uid} holds {held} {what}; {more} more would pass its share of {bound}, half of what the other users leave"
+                    ),
+                };
+                return Err(error(ErrorCode::Exhausted, why));
+            }
+        }
     }
     registry.creating.insert(conn, new);
     Ok(())
