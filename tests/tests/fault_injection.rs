@@ -54,7 +54,7 @@ fn wait_stats(client: &Client, what: &str, done: impl Fn(&Stats) -> bool) -> Sta
 #[test]
 fn an_exhausted_pool_refuses_clearly_keeps_serving_and_recovers() {
     // 4 KiB messages x 16 warps: 16 pages per run, 32 per slot, so 64 pages hold two channels.
-    let daemon = Daemon::start("inject-pool", "[engine]\npool_pages = 64\n");
+    let daemon = Daemon::start("inject-pool", "[engine]\npool_pages = 64\n\n[limits]\nreserved_pages = 8\n");
     let client = connect(&daemon);
     let first = client.create_channel(&spec(1, 4096)).expect("first channel");
     let second = client.create_channel(&spec(1, 4096)).expect("second channel");

@@ -535,6 +535,45 @@ fn uids_within_their_limits_together_leave_operators_their_reserve_and_the_next_
     daemon.stop();
 }
 
+/// Uids that together would fill the channels wicd's descriptor limit allows (20 here) leave the
+/// operators their reserve (4) and each the next uid some room: 8, 4, 2, 1, then none; root
+/// still creates its 4 and more up to the limit. The previous wicd gave the first uid all 20.
+#[test]
+fn uids_together_leave_operators_channels_within_the_descriptor_limit() {
+    if !can_switch_uid() {
+        return;
+    }
+    let max_clients = 16;
+    let limit = FDS_RESERVED + FDS_PER_CONNECTION * max_clients + 20 * FDS_PER_CHANNEL;
+    let daemon = Daemon::start_with(
+        "hostile-capacity",
+        &config(&format!("max_clients = {max_clients}\nreserved_channels = 4\n")),
+        with_descriptor_limit(limit),
+    );
+    let socket = daemon.socket.to_str().expect("utf-8 path");
+    let mut group = Vec::new();
+    let mut lines = Vec::new();
+    for uid in [ATTACKER, OTHER_USER, THIRD_USER, THIRD_USER - 1, THIRD_USER - 2] {
+        let mut taker = Hostile::start(uid, &["channels", socket, "1", "20"]);
+        lines.push(taker.line());
+        group.push(taker);
+    }
+    let counts: Vec<&str> = lines.iter().map(|l| l.split(" |").next().unwrap_or_default()).collect();
+    assert_eq!(counts, ["created 8", "created 4", "created 2", "created 1", "created 0"], "{lines:?}");
+    assert!(lines[0].contains("holds 8 channels; 1 more would pass its share of 8"), "{lines:?}");
+    assert!(lines[4].contains("holds 0 channels; 1 more would pass its share of 0"), "{lines:?}");
+    let mut root = Client::connect(&daemon.socket, "operator").unwrap();
+    for _ in 0..5 {
+        assert!(matches!(root.call(&Request::CreateChannel { spec: spec(), base_va: None }), Ok(Reply::Channel(_))));
+    }
+    let (code, message) = refusal(root.call(&Request::CreateChannel { spec: spec(), base_va: None }));
+    assert!(code == ErrorCode::Exhausted && message.contains("descriptor limit"), "{message}");
+    for taker in group {
+        taker.release();
+    }
+    daemon.stop();
+}
+
 #[test]
 fn requests_that_never_finish_and_replies_never_read_are_cut_off() {
     let daemon = Daemon::start("hostile-slow", &config("request_timeout_ms = 500\n"));
