@@ -185,6 +185,10 @@ pub struct Limits {
     /// How long the rest of a request may take to arrive once its first byte has, and how long
     /// a client may take to read a reply.
     pub request_timeout_ms: u64,
+    /// How long a connection that said hello may sit idle holding nothing (no channel, no
+    /// attachment, no address space) while the connections users may take are three quarters
+    /// full or more; it is then closed to make room. 0: never.
+    pub idle_close_ms: u64,
 }
 
 impl Default for Limits {
@@ -208,6 +212,7 @@ impl Default for Limits {
             default_timeout_ms: 1000,
             hello_timeout_ms: 5000,
             request_timeout_ms: 10_000,
+            idle_close_ms: 60_000,
         }
     }
 }

@@ -574,6 +574,57 @@ fn uids_together_leave_operators_channels_within_the_descriptor_limit() {
     daemon.stop();
 }
 
+/// Users who said hello and then sat idle, each within its limits, once filled every
+/// connection users may take, for as long as they liked. Now a connection that holds nothing is
+/// closed after `idle_close_ms` of silence once three quarters of the users' connections are
+/// taken: a further user gets in, and a connection that holds a channel stays.
+#[test]
+fn idle_connections_holding_nothing_make_room_when_the_table_fills() {
+    if !can_switch_uid() {
+        return;
+    }
+    // 16 connections for users (20 less 4 reserved), 4 per uid.
+    let daemon =
+        Daemon::start("hostile-idle", &config("max_clients = 20\nmax_clients_per_uid = 4\nidle_close_ms = 300\n"));
+    let socket = daemon.socket.to_str().expect("utf-8 path");
+    let mut holder = Hostile::start(THIRD_USER - 3, &["channels", socket, "1", "1"]);
+    assert!(holder.line().starts_with("created 1 | -"));
+    let mut idlers = Vec::new();
+    for uid in [ATTACKER, OTHER_USER, THIRD_USER, THIRD_USER - 1] {
+        let mut idler = Hostile::start(uid, &["idle", socket, "4"]);
+        let line = idler.line();
+        assert!(line.starts_with("connected 4 | -") || line.starts_with("connected 3 | EXHAUSTED"), "{line}");
+        idlers.push(idler);
+    }
+    // A fifth user finds the table full at first, and gets in once the idle ones are closed.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let output = Command::new(env!("CARGO_BIN_EXE_wic-hostile"))
+            .args(["behave".as_ref(), daemon.socket.as_os_str()])
+            .uid(THIRD_USER - 2)
+            .gid(THIRD_USER - 2)
+            .output()
+            .expect("run wic-hostile behave");
+        if output.status.success() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "a fifth user never got in:\n{}", daemon.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    wait_for_log(&daemon, "holding nothing");
+    let mut root = Client::connect(&daemon.socket, "operator").unwrap();
+    let listed = match root.call(&Request::Channels {}).expect("channels") {
+        Reply::Channels { channels } => channels,
+        other => panic!("unexpected {other:?}"),
+    };
+    assert_eq!(listed.len(), 1, "the holder's channel, and its connection, stay: {listed:?}");
+    for idler in idlers {
+        idler.release();
+    }
+    holder.release();
+    daemon.stop();
+}
+
 #[test]
 fn requests_that_never_finish_and_replies_never_read_are_cut_off() {
     let daemon = Daemon::start("hostile-slow", &config("request_timeout_ms = 500\n"));

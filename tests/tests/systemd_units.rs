@@ -326,6 +326,7 @@ fn example_config_has_exactly_the_documented_keys_and_defaults() {
                 ("default_timeout_ms", I(1000)),
                 ("hello_timeout_ms", I(5000)),
                 ("request_timeout_ms", I(10000)),
+                ("idle_close_ms", I(60000)),
             ],
         ),
     ]);

@@ -163,6 +163,14 @@ impl Registry {
     }
 
     /// The channels of `uid`, those being created included: how many, their slots and pages.
+    /// Whether `conn` holds nothing wicd keeps for it: no channel it owns, is attached to or is
+    /// creating, and no address space.
+    fn holds_nothing(&self, conn: ConnId) -> bool {
+        !self.spaces.contains_key(&conn)
+            && !self.creating.contains_key(&conn)
+            && !self.channels.values().any(|r| r.owner == conn || r.attached.contains_key(&conn))
+    }
+
     /// Channels, slots and pages held (or being created) by the uids `which` selects.
     fn holdings(&self, which: impl Fn(u32) -> bool) -> Held {
         let existing = self.channels.values().map(Record::holding);
@@ -383,6 +391,43 @@ async fn serve_connection(shared: Arc<Shared>, mut stream: UnixStream) {
     disconnect(&shared, conn, peer).await;
 }
 
+/// Waits for the first byte of a greeted client's next request. Every `idle_close_ms` it looks
+/// whether the connection holds nothing while the connections users may take are three
+/// quarters full: such a connection, the longest idle first, is closed to make room, so that
+/// users who connect and wait cannot lock others out.
+async fn idle_wait(
+    shared: &Shared,
+    stream: &mut UnixStream,
+    inbound: &mut Inbound,
+    byte: &mut [u8],
+    conn: ConnId,
+    limits: &Limits,
+) -> io::Result<bool> {
+    if limits.idle_close_ms == 0 {
+        return inbound.read_exact(stream, byte).await;
+    }
+    let period = Duration::from_millis(limits.idle_close_ms);
+    loop {
+        // Dropped only while no byte has come: a one-byte read completes as soon as one does.
+        if let Ok(begun) = tokio::time::timeout(period, inbound.read_exact(stream, byte)).await {
+            return begun;
+        }
+        let registry = shared.registry();
+        let users_part = u64::from(limits.max_clients - limits.reserved_clients);
+        let crowded = 4 * registry.clients.len() as u64 >= 3 * users_part;
+        if crowded && registry.holds_nothing(conn) {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "idle for {} ms holding nothing while {} of {users_part} connections are taken",
+                    limits.idle_close_ms,
+                    registry.clients.len()
+                ),
+            ));
+        }
+    }
+}
+
 /// Records a new client, unless that would pass `max_clients`, take one of the connections
 /// reserved for operators, or pass the uid's own bound.
 fn register(shared: &Shared, peer: Peer, limits: &Limits) -> Result<ConnId, WireError> {
@@ -523,10 +568,14 @@ async fn session(shared: &Shared, stream: &mut UnixStream, conn: ConnId, peer: P
         let hello_deadline = connected + Duration::from_millis(limits.hello_timeout_ms);
         let no_hello = || format!("no hello within {} ms of connecting", limits.hello_timeout_ms);
         let mut header = [0u8; frame::HEADER_BYTES];
-        // Between requests a greeted client may stay silent as long as it likes: its channels
-        // are in use meanwhile. Before its hello, a connection serves nobody.
-        let first = inbound.read_exact(stream, &mut header[..1]);
-        let begun = if greeted { first.await? } else { within(hello_deadline, no_hello, first).await? };
+        // Between requests a greeted client may stay silent as long as it likes while it holds
+        // something (its channels are in use meanwhile), or while there is room for others.
+        // Before its hello, a connection serves nobody.
+        let begun = if greeted {
+            idle_wait(shared, stream, &mut inbound, &mut header[..1], conn, &limits).await?
+        } else {
+            within(hello_deadline, no_hello, inbound.read_exact(stream, &mut header[..1])).await?
+        };
         if !begun {
             return Ok(());
         }

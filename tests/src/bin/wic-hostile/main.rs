@@ -39,6 +39,9 @@ enum Attack {
     /// Creates `channels` channels and issues up to `per_channel` grant tokens for each, until
     /// refused; holds them until a line arrives on stdin.
     Grants { socket: PathBuf, channels: u32, per_channel: u32 },
+    /// Opens `connections` connections that say hello and then nothing, reports how many were
+    /// served, and holds them until a line arrives on stdin.
+    Idle { socket: PathBuf, connections: u32 },
     /// A well-behaved user: connects, creates a channel, grants and attaches to it.
     Behave { socket: PathBuf },
 }
@@ -50,6 +53,7 @@ fn main() -> ExitCode {
             channels(&socket, connections, per_connection, spec(slots, message_bytes))
         }
         Attack::Grants { socket, channels, per_channel } => grants(&socket, channels, per_channel),
+        Attack::Idle { socket, connections } => idle(&socket, connections),
         Attack::Behave { socket } => behave(&socket),
     };
     match result {
@@ -146,6 +150,23 @@ fn silent(socket: &Path, connections: u32, wait: Duration) -> Result<(), String>
         closed = open.iter().map(peek).filter(|s| matches!(s, Ok(Silent::Closed))).count();
     }
     println!("closed {closed} {}", start.elapsed().as_millis());
+    Ok(())
+}
+
+fn idle(socket: &Path, connections: u32) -> Result<(), String> {
+    let mut clients = Vec::new();
+    let mut refusal = None;
+    for _ in 0..connections {
+        match Client::connect(socket, "wic-hostile") {
+            Ok(client) => clients.push(client),
+            Err(e) => {
+                refusal = Some(e);
+                break;
+            }
+        }
+    }
+    report("connected", &[clients.len() as u32], refusal);
+    wait_for_stdin();
     Ok(())
 }
 
