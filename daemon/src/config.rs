@@ -185,9 +185,9 @@ pub struct Limits {
     /// How long the rest of a request may take to arrive once its first byte has, and how long
     /// a client may take to read a reply.
     pub request_timeout_ms: u64,
-    /// How long a connection that said hello may sit idle holding nothing (no channel, no
-    /// attachment, no address space) while the connections users may take are three quarters
-    /// full or more; it is then closed to make room. 0: never.
+    /// How long a user's connection that said hello may sit idle holding nothing (no channel,
+    /// no attachment, no address space) while users hold three quarters of the connections they
+    /// may take or more; it is then closed to make room. 0: never.
     pub idle_close_ms: u64,
 }
 

@@ -177,8 +177,8 @@ impl Registry {
         let all = existing.chain(self.creating.values().copied()).filter(|h| which(h.uid));
         all.fold(Held::default(), |held, h| Held {
             channels: held.channels + 1,
-            slots: held.slots + h.slots,
-            pages: held.pages + h.pages,
+            slots: held.slots.saturating_add(h.slots),
+            pages: held.pages.saturating_add(h.pages),
         })
     }
 }
@@ -257,6 +257,16 @@ impl Shared {
     /// Applies reloaded limits, unless they could make wicd run out of descriptors.
     pub fn set_limits(&self, limits: Limits) -> Result<(), String> {
         quota::reserved_capacity(&limits, self.nofile)?;
+        // Against the engine as it runs: its sizes change only at a restart.
+        let reserves = [
+            ("reserved_slots", limits.reserved_slots, "engine.max_slots", self.engine_slots),
+            ("reserved_pages", limits.reserved_pages, "engine.pool_pages", self.pool_pages),
+        ];
+        for (key, reserved, of, total) in reserves {
+            if u64::from(reserved) >= total {
+                return Err(format!("limits.{key} ({reserved}) must leave room below the running {of} ({total})"));
+            }
+        }
         *self.limits.write().expect("limits lock") = limits;
         Ok(())
     }
@@ -391,37 +401,39 @@ async fn serve_connection(shared: Arc<Shared>, mut stream: UnixStream) {
     disconnect(&shared, conn, peer).await;
 }
 
-/// Waits for the first byte of a greeted client's next request. Every `idle_close_ms` it looks
-/// whether the connection holds nothing while the connections users may take are three
-/// quarters full: such a connection, the longest idle first, is closed to make room, so that
-/// users who connect and wait cannot lock others out.
+/// Waits for the first byte of a greeted client's next request. Every `idle_close_ms` (with
+/// the limits as they are then: a reload applies) it looks whether the connection, not an
+/// operator's, holds nothing while three quarters of the connections users may take are taken
+/// by users: every such connection is then closed, so that users who connect and wait cannot
+/// lock others out.
 async fn idle_wait(
     shared: &Shared,
     stream: &mut UnixStream,
     inbound: &mut Inbound,
     byte: &mut [u8],
     conn: ConnId,
-    limits: &Limits,
+    peer: Peer,
 ) -> io::Result<bool> {
-    if limits.idle_close_ms == 0 {
-        return inbound.read_exact(stream, byte).await;
-    }
-    let period = Duration::from_millis(limits.idle_close_ms);
     loop {
+        let limits = shared.limits();
+        // Without the rule, still a look every second, for a reload that sets it.
+        let period = Duration::from_millis(if limits.idle_close_ms == 0 { 1000 } else { limits.idle_close_ms });
         // Dropped only while no byte has come: a one-byte read completes as soon as one does.
         if let Ok(begun) = tokio::time::timeout(period, inbound.read_exact(stream, byte)).await {
             return begun;
         }
+        if limits.idle_close_ms == 0 || shared.is_operator(peer) {
+            continue;
+        }
         let registry = shared.registry();
         let users_part = u64::from(limits.max_clients - limits.reserved_clients);
-        let crowded = 4 * registry.clients.len() as u64 >= 3 * users_part;
-        if crowded && registry.holds_nothing(conn) {
+        let users = registry.clients.values().filter(|p| !shared.is_operator(**p)).count() as u64;
+        if 4 * users >= 3 * users_part && registry.holds_nothing(conn) {
             return Err(io::Error::new(
                 io::ErrorKind::TimedOut,
                 format!(
-                    "idle for {} ms holding nothing while {} of {users_part} connections are taken",
-                    limits.idle_close_ms,
-                    registry.clients.len()
+                    "idle for at least {} ms holding nothing while users hold {users} of their {users_part} connections",
+                    limits.idle_close_ms
                 ),
             ));
         }
@@ -572,7 +584,7 @@ async fn session(shared: &Shared, stream: &mut UnixStream, conn: ConnId, peer: P
         // something (its channels are in use meanwhile), or while there is room for others.
         // Before its hello, a connection serves nobody.
         let begun = if greeted {
-            idle_wait(shared, stream, &mut inbound, &mut header[..1], conn, &limits).await?
+            idle_wait(shared, stream, &mut inbound, &mut header[..1], conn, peer).await?
         } else {
             within(hello_deadline, no_hello, inbound.read_exact(stream, &mut header[..1])).await?
         };
@@ -955,6 +967,9 @@ fn reserve_creation(shared: &Shared, conn: ConnId, peer: Peer, new: Holding, lim
         let mine = registry.holdings(|owner| owner == uid);
         let others = registry.holdings(|owner| owner != uid && !shared.is_operator_uid(owner));
         // (what, total, reserved, per uid, held by everyone, by the other users, by this uid, asked)
+        // On the shim a channel's pages are the application's own memory, not a pool wicd
+        // has: they count against the uid's bound alone.
+        let pages_pool = if shared.backend == "shim" { u64::MAX } else { shared.pool_pages };
         let pools = [
             (
                 "channels",
@@ -978,7 +993,7 @@ fn reserve_creation(shared: &Shared, conn: ConnId, peer: Peer, new: Holding, lim
             ),
             (
                 "pages",
-                shared.pool_pages,
+                pages_pool,
                 limits.reserved_pages,
                 limits.max_pages_per_uid,
                 everyone.pages,
@@ -1096,7 +1111,11 @@ async fn create_reserved(
     let mut info = record.info.clone();
     info.fds = kinds;
     tracing::debug!(channel = info.channel, pid = peer.pid, uid = peer.uid, slots = spec.slots, "channel created");
-    shared.registry().channels.insert(info.channel, record);
+    let mut registry = shared.registry();
+    registry.channels.insert(info.channel, record);
+    // Counted once: from now as the channel, no longer as a creation.
+    registry.creating.remove(&conn);
+    drop(registry);
     Ok((Reply::Channel(info), fds))
 }
 
