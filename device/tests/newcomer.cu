@@ -31,14 +31,7 @@
 
 #include <wic/wic.cuh>
 
-#define CHECK(call)                                                                                            \
-	do {                                                                                                   \
-		const wic::outcome o_{(call)};                                                                  \
-		if (!o_.ok()) {                                                                                \
-			fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, o_.name());              \
-			exit(2);                                                                               \
-		}                                                                                              \
-	} while (0)
+#include "check_outcome.h"
 
 namespace {
 

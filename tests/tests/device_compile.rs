@@ -20,6 +20,21 @@ fn nvcc() -> Option<PathBuf> {
     Command::new("nvcc").arg("--version").output().ok().filter(|o| o.status.success()).map(|_| "nvcc".into())
 }
 
+/// nvcc, or `None` after saying the test is skipped; a failure instead under `WIC_REQUIRE_NVCC`.
+fn nvcc_or_skip() -> Option<PathBuf> {
+    let found = nvcc();
+    if found.is_none() {
+        assert!(std::env::var_os("WIC_REQUIRE_NVCC").is_none(), "WIC_REQUIRE_NVCC is set but no nvcc was found");
+        eprintln!(
+            "skipped: no nvcc (set WIC_NVCC, put nvcc on the PATH, or run .ci/run, which installs the CUDA wheels)"
+        );
+    }
+    found
+}
+
+/// Every warning an error, nvcc's and the host compiler's.
+const WARNINGS: [&str; 4] = ["-Werror", "all-warnings", "-Xcompiler", "-Wall,-Wextra,-Werror"];
+
 fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).expect("device/ is readable").flatten() {
         let path = entry.path();
@@ -51,11 +66,7 @@ fn compile(nvcc: &Path, source: &Path, object: &Path, flags: &[&str]) -> std::pr
 
 #[test]
 fn every_cuda_source_compiles_for_hopper_without_warnings() {
-    let Some(nvcc) = nvcc() else {
-        assert!(std::env::var_os("WIC_REQUIRE_NVCC").is_none(), "WIC_REQUIRE_NVCC is set but no nvcc was found");
-        eprintln!(
-            "skipped: no nvcc (set WIC_NVCC, put nvcc on the PATH, or run .ci/run, which installs the CUDA wheels)"
-        );
+    let Some(nvcc) = nvcc_or_skip() else {
         return;
     };
     let root = workspace();
@@ -65,8 +76,7 @@ fn every_cuda_source_compiles_for_hopper_without_warnings() {
     assert!(files.len() >= 14, "expected the device sources, found {files:?}");
     let out = wic_tests::scratch("device-compile");
     for (i, file) in files.iter().enumerate() {
-        let warnings = ["-Werror", "all-warnings", "-Xcompiler", "-Wall,-Wextra,-Werror"];
-        let output = compile(&nvcc, file, &out.join(format!("{i}.o")), &warnings);
+        let output = compile(&nvcc, file, &out.join(format!("{i}.o")), &WARNINGS);
         assert!(
             output.status.success(),
             "{} does not compile:\n{}{}",
@@ -81,9 +91,7 @@ fn every_cuda_source_compiles_for_hopper_without_warnings() {
 /// may include just the one they need, and together through `wic/wic.cuh`.
 #[test]
 fn every_header_compiles_on_its_own() {
-    let Some(nvcc) = nvcc() else {
-        assert!(std::env::var_os("WIC_REQUIRE_NVCC").is_none(), "WIC_REQUIRE_NVCC is set but no nvcc was found");
-        eprintln!("skipped: no nvcc");
+    let Some(nvcc) = nvcc_or_skip() else {
         return;
     };
     let out = wic_tests::scratch("device-headers");
@@ -96,8 +104,7 @@ fn every_header_compiles_on_its_own() {
     for header in headers {
         let source = out.join(format!("{header}.cu"));
         std::fs::write(&source, format!("#include <wic/{header}>\nint main() {{ return 0; }}\n")).expect("write");
-        let warnings = ["-Werror", "all-warnings", "-Xcompiler", "-Wall,-Wextra,-Werror"];
-        let output = compile(&nvcc, &source, &out.join(format!("{header}.o")), &warnings);
+        let output = compile(&nvcc, &source, &out.join(format!("{header}.o")), &WARNINGS);
         assert!(
             output.status.success(),
             "wic/{header} does not compile on its own:\n{}{}",
@@ -114,9 +121,7 @@ fn every_header_compiles_on_its_own() {
 /// the only ones.
 #[test]
 fn host_side_runs_over_a_fake_runtime() {
-    let Some(nvcc) = nvcc() else {
-        assert!(std::env::var_os("WIC_REQUIRE_NVCC").is_none(), "WIC_REQUIRE_NVCC is set but no nvcc was found");
-        eprintln!("skipped: no nvcc");
+    let Some(nvcc) = nvcc_or_skip() else {
         return;
     };
     let root = workspace();
@@ -185,9 +190,7 @@ fn kernel_resources(report: &str) -> std::collections::BTreeMap<String, (u32, u3
 /// 512 threads.
 #[test]
 fn each_transports_consumer_stays_within_its_register_budget() {
-    let Some(nvcc) = nvcc() else {
-        assert!(std::env::var_os("WIC_REQUIRE_NVCC").is_none(), "WIC_REQUIRE_NVCC is set but no nvcc was found");
-        eprintln!("skipped: no nvcc");
+    let Some(nvcc) = nvcc_or_skip() else {
         return;
     };
     let root = workspace();

@@ -86,14 +86,20 @@ impl Hostile {
     }
 }
 
-/// A well-behaved user's whole round (create, grant, attach, destroy) as `uid`.
-fn behave(daemon: &Daemon, uid: u32) {
-    let output = Command::new(env!("CARGO_BIN_EXE_wic-hostile"))
+/// `wic-hostile behave` as `uid`: a well-behaved user's whole round (create, grant, attach,
+/// destroy), whatever came of it.
+fn try_behave(daemon: &Daemon, uid: u32) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_wic-hostile"))
         .args(["behave".as_ref(), daemon.socket.as_os_str()])
         .uid(uid)
         .gid(uid)
         .output()
-        .expect("run wic-hostile behave");
+        .expect("run wic-hostile behave")
+}
+
+/// A well-behaved user's whole round as `uid`, which must be served.
+fn behave(daemon: &Daemon, uid: u32) {
+    let output = try_behave(daemon, uid);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success() && stdout.trim() == "served",
@@ -101,6 +107,19 @@ fn behave(daemon: &Daemon, uid: u32) {
         String::from_utf8_lossy(&output.stderr),
         daemon.log()
     );
+}
+
+/// `wic-hostile` with `args` as each of `uids` in turn, each started once the one before said
+/// what it got: the processes, holding what they got, and their first lines.
+fn in_turn(uids: &[u32], args: &[&str]) -> (Vec<Hostile>, Vec<String>) {
+    let mut started = Vec::new();
+    let mut lines = Vec::new();
+    for &uid in uids {
+        let mut hostile = Hostile::start(uid, args);
+        lines.push(hostile.line());
+        started.push(hostile);
+    }
+    (started, lines)
 }
 
 /// `wicctl status` as this process's user (root: an operator).
@@ -506,15 +525,10 @@ fn uids_within_their_limits_together_leave_operators_their_reserve_and_the_next_
     }
     let daemon = Daemon::start("hostile-group", &config(""));
     let socket = daemon.socket.to_str().expect("utf-8 path");
-    let take_all =
-        |uid: u32| Hostile::start(uid, &["channels", socket, "1", "8", "--slots", "128", "--message-bytes", "512"]);
-    let mut group = Vec::new();
-    let mut lines = Vec::new();
-    for uid in [ATTACKER, OTHER_USER, THIRD_USER, THIRD_USER - 1] {
-        let mut taker = take_all(uid);
-        lines.push(taker.line());
-        group.push(taker);
-    }
+    let (group, lines) = in_turn(
+        &[ATTACKER, OTHER_USER, THIRD_USER, THIRD_USER - 1],
+        &["channels", socket, "1", "8", "--slots", "128", "--message-bytes", "512"],
+    );
     assert!(lines[0].starts_with("created 8 | -"), "{lines:?}");
     assert!(lines[1].starts_with("created 8 | -"), "{lines:?}");
     assert!(
@@ -551,13 +565,8 @@ fn uids_together_leave_operators_channels_within_the_descriptor_limit() {
         with_descriptor_limit(limit),
     );
     let socket = daemon.socket.to_str().expect("utf-8 path");
-    let mut group = Vec::new();
-    let mut lines = Vec::new();
-    for uid in [ATTACKER, OTHER_USER, THIRD_USER, THIRD_USER - 1, THIRD_USER - 2] {
-        let mut taker = Hostile::start(uid, &["channels", socket, "1", "20"]);
-        lines.push(taker.line());
-        group.push(taker);
-    }
+    let (group, lines) =
+        in_turn(&[ATTACKER, OTHER_USER, THIRD_USER, THIRD_USER - 1, THIRD_USER - 2], &["channels", socket, "1", "20"]);
     let counts: Vec<&str> = lines.iter().map(|l| l.split(" |").next().unwrap_or_default()).collect();
     assert_eq!(counts, ["created 8", "created 4", "created 2", "created 1", "created 0"], "{lines:?}");
     assert!(lines[0].contains("holds 8 channels; 1 more would pass its share of 8"), "{lines:?}");
@@ -589,23 +598,14 @@ fn idle_connections_holding_nothing_make_room_when_the_table_fills() {
     let socket = daemon.socket.to_str().expect("utf-8 path");
     let mut holder = Hostile::start(THIRD_USER - 3, &["channels", socket, "1", "1"]);
     assert!(holder.line().starts_with("created 1 | -"));
-    let mut idlers = Vec::new();
-    for uid in [ATTACKER, OTHER_USER, THIRD_USER, THIRD_USER - 1] {
-        let mut idler = Hostile::start(uid, &["idle", socket, "4"]);
-        let line = idler.line();
+    let (idlers, lines) = in_turn(&[ATTACKER, OTHER_USER, THIRD_USER, THIRD_USER - 1], &["idle", socket, "4"]);
+    for line in lines {
         assert!(line.starts_with("connected 4 | -") || line.starts_with("connected 3 | EXHAUSTED"), "{line}");
-        idlers.push(idler);
     }
     // A fifth user finds the table full at first, and gets in once the idle ones are closed.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let output = Command::new(env!("CARGO_BIN_EXE_wic-hostile"))
-            .args(["behave".as_ref(), daemon.socket.as_os_str()])
-            .uid(THIRD_USER - 2)
-            .gid(THIRD_USER - 2)
-            .output()
-            .expect("run wic-hostile behave");
-        if output.status.success() {
+        if try_behave(&daemon, THIRD_USER - 2).status.success() {
             break;
         }
         assert!(Instant::now() < deadline, "a fifth user never got in:\n{}", daemon.log());
