@@ -584,6 +584,143 @@ static bool wic_tell_unsupported(struct wic_session *s, u32 space_id,
 	return true;
 }
 
+/*
+ * Faults held without a held-table entry (the table full), by page. No sweep of the held
+ * table finds such a fault, so none writes its page's marker; once the page stops being a wic
+ * page (its range unregistered, its space detached, the session gone), the fault comes back at
+ * the next replay, is passed, and nvidia-uvm services it: the warp would read the page without
+ * its data or its marker. So a PCM range remembers these pages until they are completed, and
+ * whatever ends the range writes their marker first (wic_mark_untabled()). A PAT page gets no
+ * marker, only a writable map, which nvidia-uvm's service of the passed fault gives it too.
+ */
+
+/* Pages of @range: bits of each of its two bitmaps. */
+static unsigned long wic_untabled_bits(const struct wic_range_entry *range)
+{
+	return DIV_ROUND_UP(range->end - range->start, PAGE_SIZE);
+}
+
+/* The second bitmap: the pages whose marker the close under way wrote. */
+static unsigned long *wic_untabled_marked(const struct wic_range_entry *range)
+{
+	return range->untabled + BITS_TO_LONGS(wic_untabled_bits(range));
+}
+
+/* Gives a PCM range its bitmaps, at registration: no close can then fail for want of memory. */
+static int wic_untabled_alloc(struct wic_range_entry *range)
+{
+	if (range->kind != WIC_RANGE_PCM)
+		return 0;
+	range->untabled = kvcalloc(2 * BITS_TO_LONGS(wic_untabled_bits(range)),
+				   sizeof(*range->untabled), GFP_KERNEL);
+	return range->untabled ? 0 : -ENOMEM;
+}
+
+/* Frees the bitmaps of the ranges of @entries (@nr) that lie in [@start, @end). */
+static void wic_untabled_free(struct wic_range_entry *entries, u32 nr, u64 start, u64 end)
+{
+	u32 i;
+
+	for (i = 0; i < nr; i++) {
+		if (entries[i].start >= start && entries[i].end <= end)
+			kvfree(entries[i].untabled);
+	}
+}
+
+/*
+ * A fault on @va of @range held without an entry; under @lock. A page whose marker the close
+ * under way wrote needs nothing more.
+ */
+static void wic_untabled_note(const struct wic_range_entry *range, u64 va)
+{
+	unsigned long page = (va - range->start) >> PAGE_SHIFT;
+
+	if (range->untabled && !test_bit(page, wic_untabled_marked(range)))
+		__set_bit(page, range->untabled);
+}
+
+/* [@va, @va + @pages pages) of @space_id were mapped with their data or a marker; under @lock. */
+static void wic_untabled_served(struct wic_session *s, u32 space_id, u64 va, u32 pages)
+{
+	const struct wic_range_entry *range = wic_range_find(&s->spaces[space_id - 1].ranges, va);
+	unsigned long first, nr;
+
+	if (!range || !range->untabled)
+		return;
+	first = (va - range->start) >> PAGE_SHIFT;
+	nr = min_t(unsigned long, pages, wic_untabled_bits(range) - first);
+	bitmap_clear(range->untabled, first, nr);
+	bitmap_clear(wic_untabled_marked(range), first, nr);
+}
+
+/* Whether a page of a range of @space_id inside [@start, @end) awaits its marker; under @lock. */
+static bool wic_untabled_any(struct wic_session *s, u32 space_id, u64 start, u64 end)
+{
+	const struct wic_range_list *ranges = &s->spaces[space_id - 1].ranges;
+	u32 i;
+
+	for (i = 0; i < ranges->nr; i++) {
+		const struct wic_range_entry *range = &ranges->entries[i];
+		unsigned long bits = wic_untabled_bits(range);
+
+		if (range->untabled && range->start >= start && range->end <= end &&
+		    find_first_bit(range->untabled, bits) < bits)
+			return true;
+	}
+	return false;
+}
+
+/*
+ * Takes up to WIC_COMPLETE_BATCH pages of the ranges of @space_id inside [@start, @end) that
+ * await their marker, notes them written, and fills a marker's write (no map) into @c for
+ * each; returns how many.
+ */
+static u32 wic_untabled_take(struct wic_session *s, u32 space_id, u64 start, u64 end, u64 marker,
+			     struct uvm_wic_completion *c)
+{
+	const struct wic_range_list *ranges = &s->spaces[space_id - 1].ranges;
+	unsigned long flags, page;
+	u32 i, n = 0;
+
+	spin_lock_irqsave(&s->lock, flags);
+	for (i = 0; i < ranges->nr && n < WIC_COMPLETE_BATCH; i++) {
+		const struct wic_range_entry *range = &ranges->entries[i];
+		unsigned long bits = wic_untabled_bits(range);
+
+		if (!range->untabled || range->start < start || range->end > end)
+			continue;
+		for_each_set_bit(page, range->untabled, bits) {
+			__clear_bit(page, range->untabled);
+			__set_bit(page, wic_untabled_marked(range));
+			/* The GPU is not known, nor needed: nothing is mapped. */
+			c[n++] = (struct uvm_wic_completion){
+				.va = range->start + page * PAGE_SIZE, .pages = 1,
+				.marker = marker, .flags = UVM_WIC_COMPLETE_NO_MAP,
+			};
+			if (n == WIC_COMPLETE_BATCH)
+				break;
+		}
+	}
+	spin_unlock_irqrestore(&s->lock, flags);
+	return n;
+}
+
+/* The marker's write on @va of @space_id failed: the page awaits it again. */
+static void wic_untabled_again(struct wic_session *s, u32 space_id, u64 va)
+{
+	const struct wic_range_entry *range;
+	unsigned long flags, page;
+
+	spin_lock_irqsave(&s->lock, flags);
+	range = wic_range_find(&s->spaces[space_id - 1].ranges, va);
+	if (range && range->untabled) {
+		page = (va - range->start) >> PAGE_SHIFT;
+		__clear_bit(page, wic_untabled_marked(range));
+		__set_bit(page, range->untabled);
+	}
+	spin_unlock_irqrestore(&s->lock, flags);
+}
+
 /**
  * wic_classify() - nvidia-uvm's question: hold this fault?
  * @fault: the fault
@@ -664,6 +801,7 @@ static enum uvm_wic_verdict wic_classify(const struct uvm_wic_fault *fault)
 	case WIC_HOLD_UNTABLED:
 		wic_hold_untabled(&s->clock, now);
 		__set_bit(fault->gpu_id, s->untabled_gpus);
+		wic_untabled_note(range, fault->va);
 		break;
 	default:
 		break;
@@ -788,6 +926,7 @@ static void wic_held_done(struct wic_session *s, struct wic_held *held, unsigned
 
 	spin_lock_irqsave(&s->lock, flags);
 	__set_bit(held->gpu_id, replay);
+	wic_untabled_served(s, held->space_id, held->va, 1);
 	wic_held_release(s, held);
 	spin_unlock_irqrestore(&s->lock, flags);
 }
@@ -845,6 +984,47 @@ static void wic_gone(struct wic_session *s, u32 space_id, u64 va, int err)
 	spin_lock_irqsave(&s->lock, flags);
 	wic_mark_gone(s, space_id, va, err);
 	spin_unlock_irqrestore(&s->lock, flags);
+}
+
+/**
+ * wic_mark_untabled() - write a marker into the pages of faults held without a table entry
+ * @s: the session, its @mutex held: the ranges stay as they are
+ * @space_id: the space, 0 for every space
+ * @start: first byte of the ranges concerned
+ * @end: one past their last byte
+ * @marker: the WIC_MARKER_* word
+ * @stop: at a write nvidia-uvm refuses, stop with the page awaiting its marker again (a close,
+ *	which fails and is called again), rather than go on without it (the session's release)
+ *
+ * The pages stay unmapped: which GPU faulted is not known, and the fault, passed once the page
+ * is no longer a wic page, has nvidia-uvm map the page where the warp reads the marker. A page
+ * whose fault is held with an entry meanwhile is the sweeps' (wic_complete_held()). A page
+ * nvidia-uvm says is gone needs no marker: no warp reads it.
+ *
+ * Return: 0, or with @stop the errno of the first write that failed.
+ */
+static int wic_mark_untabled(struct wic_session *s, u32 space_id, u64 start, u64 end, u64 marker,
+			     bool stop)
+{
+	struct uvm_wic_completion *c = s->sweep;
+	int ret, err, first = 0;
+	u32 id, i, n;
+
+	for (id = 1; id <= WIC_MAX_SPACES; id++) {
+		if ((space_id && id != space_id) || !s->spaces[id - 1].uvm)
+			continue;
+		while (!first && (n = wic_untabled_take(s, id, start, end, marker, c))) {
+			ret = uvm_wic_complete(s->spaces[id - 1].uvm, c, n);
+			for (i = 0; i < n; i++) {
+				err = ret ?: c[i].result;
+				if (!err || wic_page_gone(err) || !stop)
+					continue;
+				wic_untabled_again(s, id, c[i].va);
+				first = first ?: err;
+			}
+		}
+	}
+	return first;
 }
 
 /**
@@ -1030,11 +1210,12 @@ static int wic_complete_held(struct wic_session *s, u32 space_id, u64 start, u64
  *
  * While it runs the pages are closing: classify still holds faults on them and enters them in
  * the held table without recording them. Every fault held there is completed with
- * WIC_MARKER_CHANNEL_CLOSED (wic_complete_held()); only once none is left, under @lock, are
- * the space's ranges replaced by @ranges, so that no fault on those pages is passed before
- * its marker is in place. Then the GPUs of the faults completed are replayed, and every GPU on
- * which the space held a fault, recorded or not: one held without a held-table entry comes
- * back only with a replay.
+ * WIC_MARKER_CHANNEL_CLOSED (wic_complete_held()), and every page on which a fault was held
+ * without a held-table entry (the table full) gets the marker, unmapped (wic_mark_untabled());
+ * only once neither is left, under @lock, are the space's ranges replaced by @ranges, so that
+ * no fault on those pages is passed before its marker is in place. Then the GPUs of the faults
+ * completed are replayed, and every GPU on which the space held a fault, recorded or not: one
+ * held without a held-table entry comes back only with a replay.
  *
  * Return: 0, or the errno of the marker's write or map that failed (see wic_complete_held()):
  * then the space's ranges stay registered as they were (no longer closing; a new fault on them
@@ -1048,7 +1229,7 @@ static int wic_close(struct wic_session *s, u32 space_id, u64 start, u64 end,
 	struct wic_range_entry *old = NULL;
 	DECLARE_BITMAP(replay, WIC_GPU_BITS);
 	unsigned long flags;
-	u32 gpu;
+	u32 gpu, old_nr = 0;
 	int err;
 
 	bitmap_zero(replay, WIC_GPU_BITS);
@@ -1060,11 +1241,16 @@ static int wic_close(struct wic_session *s, u32 space_id, u64 start, u64 end,
 	do {
 		err = wic_complete_held(s, space_id, start, end, U64_MAX, WIC_MARKER_CHANNEL_CLOSED,
 					replay, WIC_STOP);
+		if (!err)
+			err = wic_mark_untabled(s, space_id, start, end, WIC_MARKER_CHANNEL_CLOSED,
+						true);
 		spin_lock_irqsave(&s->lock, flags);
-		if (!err && !wic_held_any(s, space_id, start, end)) {
+		if (!err && !wic_held_any(s, space_id, start, end) &&
+		    !wic_untabled_any(s, space_id, start, end)) {
 			wic_pass_once_forget(s, space_id, 0, start, end);
 			wic_expired_forget(s, space_id, start, end);
 			old = space->ranges.entries;
+			old_nr = space->ranges.nr;
 			s->nr_ranges = s->nr_ranges - space->ranges.nr + nr;
 			space->ranges.entries = ranges;
 			space->ranges.nr = nr;
@@ -1083,6 +1269,7 @@ static int wic_close(struct wic_session *s, u32 space_id, u64 start, u64 end,
 		}
 		spin_unlock_irqrestore(&s->lock, flags);
 	} while (s->closing_space);
+	wic_untabled_free(old, old_nr, start, end);
 	kvfree(old);
 	for_each_set_bit(gpu, replay, WIC_GPU_BITS)
 		uvm_wic_replay(gpu);
@@ -1090,11 +1277,13 @@ static int wic_close(struct wic_session *s, u32 space_id, u64 start, u64 end,
 }
 
 /*
- * Releases the held faults of [va, va + pages) on @gpu_id; their pages are now mapped. The
- * cheaper of a lookup per page and a walk of the held table is taken, so that the time spent
- * with interrupts off is bounded by WIC_MAX_HELD whatever the command's size.
+ * Releases the held faults of [va, va + pages) on @gpu_id; their pages are now mapped, with
+ * their data or a marker when @filled (not a companion's late duplicates, nor a page gone).
+ * The cheaper of a lookup per page and a walk of the held table is taken, so that the time
+ * spent with interrupts off is bounded by WIC_MAX_HELD whatever the command's size.
  */
-static void wic_release_held(struct wic_session *s, u32 space_id, u32 gpu_id, u64 va, u32 pages)
+static void wic_release_held(struct wic_session *s, u32 space_id, u32 gpu_id, u64 va, u32 pages,
+			     bool filled)
 {
 	u64 end = va + (u64)pages * PAGE_SIZE;
 	struct wic_held *held;
@@ -1118,6 +1307,8 @@ static void wic_release_held(struct wic_session *s, u32 space_id, u32 gpu_id, u6
 	}
 	/* wicd has these pages in hand again: a later fault there waits for its data. */
 	wic_pass_once_forget(s, space_id, gpu_id, va, end);
+	if (filled)
+		wic_untabled_served(s, space_id, va, pages);
 	spin_unlock_irqrestore(&s->lock, flags);
 }
 
@@ -1338,10 +1529,10 @@ static void wic_expire_runs(struct wic_session *s, u64 before, unsigned long *re
 		if (!err)
 			wic_post_expired(s, &x);
 		if (!err || c.companion_unmapped)
-			wic_release_held(s, x.space_id, x.gpu_id, x.companion, x.pages);
+			wic_release_held(s, x.space_id, x.gpu_id, x.companion, x.pages, false);
 		if (err)
 			continue;
-		wic_release_held(s, x.space_id, x.gpu_id, x.run, x.pages);
+		wic_release_held(s, x.space_id, x.gpu_id, x.run, x.pages, true);
 		__set_bit(x.gpu_id, replay);
 	}
 }
@@ -1567,6 +1758,7 @@ static int wic_release(struct inode *inode, struct file *file)
 	for (sweeps = 1; ; sweeps++) {
 		wic_complete_held(s, 0, 0, U64_MAX, U64_MAX, WIC_MARKER_DAEMON_GONE, replay,
 				  WIC_RELEASE);
+		wic_mark_untabled(s, 0, 0, U64_MAX, WIC_MARKER_DAEMON_GONE, false);
 		spin_lock_irqsave(&s->lock, flags);
 		wic_take_held_gpus(s, 0, replay);
 		bitmap_or(replay, replay, s->untabled_gpus, WIC_GPU_BITS);
@@ -1586,8 +1778,12 @@ static int wic_release(struct inode *inode, struct file *file)
 		bitmap_zero(replay, WIC_GPU_BITS);
 		msleep(WIC_RELEASE_SETTLE_MS);
 	}
-	/* Draining: no fault takes an entry any more; the last ones get their marker now. */
+	/*
+	 * Draining: no fault takes an entry any more; the last ones get their marker now, and so
+	 * do the pages of faults held without an entry since the last sweep.
+	 */
 	wic_complete_held(s, 0, 0, U64_MAX, U64_MAX, WIC_MARKER_DAEMON_GONE, replay, WIC_RELEASE);
+	wic_mark_untabled(s, 0, 0, U64_MAX, WIC_MARKER_DAEMON_GONE, false);
 	mutex_unlock(&s->mutex);
 	mutex_lock(&wic_active_lock);
 	RCU_INIT_POINTER(wic_active, NULL);
@@ -1604,6 +1800,7 @@ static int wic_release(struct inode *inode, struct file *file)
 	for (i = 0; i < WIC_MAX_SPACES; i++) {
 		if (s->spaces[i].uvm)
 			uvm_wic_space_put(s->spaces[i].uvm);
+		wic_untabled_free(s->spaces[i].ranges.entries, s->spaces[i].ranges.nr, 0, U64_MAX);
 		kvfree(s->spaces[i].ranges.entries);
 	}
 	/* synchronize_rcu() above: no classify reads it any more. */
@@ -1803,6 +2000,11 @@ static long wic_register(struct wic_session *s, struct wic_range __user *uarg)
 		.start = r.start, .end = end, .id = r.range_id, .kind = r.kind,
 		.run_pages = r.run_pages,
 	};
+	err = wic_untabled_alloc(&entry);
+	if (err) {
+		kvfree(ranges);
+		return err;
+	}
 	wic_ranges_insert(ranges, &space->ranges, at, &entry);
 	wic_swap_ranges(s, space, ranges, space->ranges.nr + 1);
 	return copy_to_user(uarg, &r, sizeof(r)) ? -EFAULT : 0;
@@ -1856,7 +2058,7 @@ static int wic_service_pat(struct wic_session *s, struct uvm_wic_space *uvm,
 	int err = uvm_wic_map(uvm, cmd->gpu_id, cmd->va, (u64)cmd->pages * PAGE_SIZE, true);
 
 	if (!err)
-		wic_release_held(s, cmd->space_id, cmd->gpu_id, cmd->va, cmd->pages);
+		wic_release_held(s, cmd->space_id, cmd->gpu_id, cmd->va, cmd->pages, true);
 	return err;
 }
 
@@ -1904,14 +2106,15 @@ static long wic_group_run(struct wic_session *s, struct wic_command __user *ucmd
 		 * would hide the next real fault on its page.
 		 */
 		if (!ret && c->companion_unmapped)
-			wic_release_held(s, g->space_id, cmd->gpu_id, cmd->companion, cmd->pages);
+			wic_release_held(s, g->space_id, cmd->gpu_id, cmd->companion, cmd->pages,
+					 false);
 		if (!result) {
-			wic_release_held(s, g->space_id, cmd->gpu_id, cmd->va, cmd->pages);
+			wic_release_held(s, g->space_id, cmd->gpu_id, cmd->va, cmd->pages, true);
 			done++;
 		} else if (result == -ESRCH) {
 			/* The process is gone: its faults go, passed when they return. */
 			wic_gone(s, g->space_id, cmd->va, result);
-			wic_release_held(s, g->space_id, cmd->gpu_id, cmd->va, cmd->pages);
+			wic_release_held(s, g->space_id, cmd->gpu_id, cmd->va, cmd->pages, false);
 		}
 		if (put_user(result, &ucmds[g->index[i]].result))
 			*unstored = true;

@@ -6,6 +6,9 @@
 //! The fake GPU's armed failures and stalls (`WIC_FAKEGPU_IOC_FAIL`) stand in for nvidia-uvm
 //! refusing (suspended, out of memory) and for a slow write.
 //!
+//! A fault held without a held-table entry (the table full), before UNREGISTER or while it
+//! runs, gets the marker in its page too: the table cannot find it, its range remembers it.
+//!
 //! A held page that nvidia-uvm cannot map on the faulting GPU (resident only on a GPU without
 //! peer access to it, `WIC_FAKEGPU_IOC_RESIDE`): a MAP fails with EXDEV and leaves the fault
 //! held (no release, so no endless fault, release, fault again), and UNREGISTER still completes
@@ -55,8 +58,8 @@ pub fn run() -> Result<(), String> {
         step.page_gone(&mut memory).map_err(|e| format!("unregister of a page that is gone: {e}")),
         step.fault_while_unregistering(&mut memory).map_err(|e| format!("a fault while unregistering: {e}")),
         step.unmappable(&mut memory).map_err(|e| format!("a held page the GPU cannot map: {e}")),
-        step.unrecorded_fault_replayed(&mut memory)
-            .map_err(|e| format!("a fault held unrecorded on an unregistered range: {e}")),
+        step.untabled_faults_get_the_marker(&mut memory)
+            .map_err(|e| format!("faults held without a table entry on an unregistered range: {e}")),
         step.detach_refused(&mut memory).map_err(|e| format!("detach with a marker's write refused: {e}")),
     ];
     fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
@@ -317,19 +320,22 @@ impl Step<'_> {
 }
 
 impl Step<'_> {
-    /// A fault on a range held without a held-table entry (the table is full) comes back only
-    /// with a replay: UNREGISTER of that range, which finds nothing of it to complete, replays
-    /// the GPUs on which the space held faults, so that the warp faults again and nvidia-uvm
-    /// services the page, no longer a wic page.
-    fn unrecorded_fault_replayed(&mut self, memory: &mut Memory) -> Result<(), String> {
+    /// Faults on a range held without a held-table entry (the table is full): the table does
+    /// not know their pages, yet once the range is gone they come back at a replay and are
+    /// passed, and nvidia-uvm services them. So UNREGISTER writes the closed marker into their
+    /// pages first, one held before UNREGISTER began and one held while it ran, leaves them
+    /// unmapped (which GPU faulted is not known), then replays the GPUs on which the space held
+    /// faults: the warps fault again and read the marker.
+    fn untabled_faults_get_the_marker(&mut self, memory: &mut Memory) -> Result<(), String> {
         let held = u64::from(kabi::WIC_MAX_HELD);
-        let (va, small) = self.range(memory)?;
-        let big = memory.take(held * PAGE)?;
+        let (base, small) = self.range(memory)?;
+        self.inject(base, fakegpu::VERDICT_HOLD)?;
+        let big = memory.take((held - 1) * PAGE)?;
         let big_id = self
             .device
-            .register(self.space, kabi::WIC_RANGE_PCM, big, held * PAGE, 0)
+            .register(self.space, kabi::WIC_RANGE_PCM, big, (held - 1) * PAGE, 0)
             .map_err(|e| format!("register: {e}"))?;
-        let pages: Vec<u64> = (0..held).map(|p| big + p * PAGE).collect();
+        let pages: Vec<u64> = (0..held - 1).map(|p| big + p * PAGE).collect();
         // In chunks the ring holds, read as they come: the held table fills, not the ring.
         for chunk in pages.chunks(256) {
             let entries: Vec<_> = chunk.iter().map(|va| fault(*va, AccessType::Read)).collect();
@@ -339,18 +345,66 @@ impl Step<'_> {
             })?;
             self.drain();
         }
+        let before = base + PAGE;
+        let during = base + 2 * PAGE;
         let dropped = self.device.ring().dropped();
-        self.inject(va, fakegpu::VERDICT_HOLD)?;
+        self.inject(before, fakegpu::VERDICT_HOLD)?;
         ensure(self.device.ring().dropped() == dropped + 1, || {
             "the fault past the full held table was recorded".into()
         })?;
         self.fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
-        self.device.unregister(small).map_err(|e| format!("UNREGISTER: {e}"))?;
-        let events = self.events()?;
-        ensure(events.iter().any(|e| e.kind == fakegpu::EVENT_REPLAY && e.gpu_id == GPU), || {
-            format!("UNREGISTER did not replay GPU {GPU}: {events:?}")
+
+        // UNREGISTER stalls on the first marker it writes (the tabled fault's page): a fault
+        // then finds the table still full.
+        self.fake
+            .fail(Fail { writes: 1, flags: fakegpu::FAIL_STALL, ..Default::default() })
+            .map_err(|e| format!("arm the stall: {e}"))?;
+        let fd = self.device.fd().as_raw_fd();
+        let fake = self.fake;
+        let (stalled, verdicts, unregistered) = std::thread::scope(|scope| {
+            // SAFETY: checked ABI; the module reads one u32; the session outlives the scope.
+            let unregister = scope.spawn(move || unsafe { ioc_unregister(fd, &small) });
+            let stalled =
+                wait_events(fake, Duration::from_secs(5), |seen| seen.iter().any(|e| e.kind == fakegpu::EVENT_STALLED));
+            let verdicts = fake.inject(GPU, &[fault(during, AccessType::Read)]);
+            let released = fake.fail(Fail::default());
+            let unregistered = unregister.join().map_err(|_| "the UNREGISTER thread panicked".to_string());
+            (
+                stalled.and_then(|s| released.map(|_| s).map_err(|e| format!("release the stall: {e}"))),
+                verdicts,
+                unregistered,
+            )
+        });
+        let stalled = stalled?;
+        let (verdicts, _) = verdicts.map_err(|e| format!("inject: {e}"))?;
+        ensure(verdicts == [fakegpu::VERDICT_HOLD], || {
+            format!("the fault during UNREGISTER was not held (verdict {verdicts:?})")
         })?;
-        self.inject(va, fakegpu::VERDICT_PASS)?;
+        unregistered?.map_err(|errno| format!("UNREGISTER: {errno}"))?;
+        ensure(self.device.ring().dropped() == dropped + 2, || {
+            "the fault during UNREGISTER took an entry: the table was not full".into()
+        })?;
+        let events = [stalled, self.events()?].concat();
+        self.completed(memory, &events, base)?;
+        let replay = events.iter().rposition(|e| e.kind == fakegpu::EVENT_REPLAY && e.gpu_id == GPU);
+        for va in [before, during] {
+            let write = events
+                .iter()
+                .position(|e| e.kind == fakegpu::EVENT_WRITE && e.va == va && e.data0 == WIC_MARKER_CHANNEL_CLOSED);
+            ensure(matches!((write, replay), (Some(w), Some(r)) if w < r), || {
+                format!("page {va:#x}, held without an entry, not written with the marker before the replay: {events:?}")
+            })?;
+            ensure(marker(memory, va) == WIC_MARKER_CHANNEL_CLOSED, || {
+                format!("page {va:#x} does not hold the marker")
+            })?;
+            ensure(!self.mapped(va)?, || format!("page {va:#x} is mapped"))?;
+            // Its fault comes back and is nvidia-uvm's to service: the warp reads the marker.
+            self.inject(va, fakegpu::VERDICT_PASS)?;
+        }
+        ensure(
+            !events.iter().any(|e| e.kind == fakegpu::EVENT_WRITE && e.va == base + 3 * PAGE),
+            || format!("a page without a held fault was written: {events:?}"),
+        )?;
         self.device.unregister(big_id).map_err(|e| format!("UNREGISTER of the full range: {e}"))
     }
 }
