@@ -15,8 +15,9 @@
  *                    of them from pinned memory; and a generation of 132 batches of 64 KiB,
  *                    its copy alone and followed by each way of writing its 132 words
  *
- * Measurements, for push, poll, alg1, mapped and tagged (push_many, tagged_many: publishing a
- * whole generation with one publish_many()):
+ * Measurements, for push, poll, alg1, mapped, tagged and launch (push_many, tagged_many: publishing a
+ * whole generation with one publish_many(); launch: no kernel waits, each message's consumer is
+ * launched by the channel after its copies, so its latency includes the launch):
  *   latency          host publishes a message of BYTES into slot 0; the consumer block receives
  *                    it and reads all of it, checking its first and last 8 bytes (the
  *                    message's stamp) in those loads, and thread 0 stores an acknowledgement
@@ -78,9 +79,11 @@
  * Every wait gives up after 2 s; a measurement whose wait gave up is reported failed and the
  * program exits 1. Prints a table; with OUT, also one JSON object per line into OUT.
  *
- * Usage: transport [--quick] [--spin | --streaming] [OUT.jsonl]   (--quick: 64 MiB streams, fewer
- *        repetitions; --spin: only what spinning warps do: spin_pace, spin_copy and poll's latency
- *        beside them; --streaming: only bulk_copy and streaming)
+ * Usage: transport [--quick] [--spin | --streaming | --launch] [OUT.jsonl]   (--quick: 64 MiB
+ *        streams, fewer repetitions; --spin: only what spinning warps do: spin_pace, spin_copy
+ *        and poll's latency beside them; --streaming: only bulk_copy and streaming; --launch:
+ *        launch beside push, latency with one and 16 warps and streaming in every way of
+ *        publishing)
  */
 #include <algorithm>
 #include <atomic>
@@ -298,6 +301,28 @@ __global__ void latency_consumer(wic::channel ch, bool block, unsigned int *ack,
 		if (threadIdx.x == 0)
 			wic::detail::store_release(ack, i + 1);
 	}
+	sink[threadIdx.x] = acc;
+}
+
+/*
+ * launch: the consumer of one latency message, launched by the channel after its copies: the
+ * block receives slot 0 at the generation it was launched for (there at the first look),
+ * checks its stamp (generation + 1) and acknowledges it in *@ack; ~0 on a failure.
+ */
+__global__ void launched_latency_consumer(wic::channel ch, unsigned int *ack, uint4 *sink)
+{
+	const uint32_t g = wic::launched_generation(ch, 0);
+	const uint8_t *m;
+	uint4 acc = make_uint4(0, 0, 0, 0);
+	const int rc = wic::recv_block<wic::transport::launch>(ch, 0, g, &m, 0);
+
+	if (__syncthreads_or(rc != WIC_OK || read_stamped(m, ch.message_bytes, g + 1, &acc))) {
+		if (threadIdx.x == 0)
+			wic::detail::store_release(ack, ~0u);
+		return;
+	}
+	if (threadIdx.x == 0)
+		wic::detail::store_release(ack, g + 1);
 	sink[threadIdx.x] = acc;
 }
 
@@ -572,6 +597,31 @@ __global__ void stream_consumer(wic::channel ch, uint32_t generations, unsigned 
 		if (threadIdx.x == 0)
 			wic::consumed(ch, slot, g / 2);
 	}
+	sink[(size_t)b * blockDim.x + threadIdx.x] = acc;
+}
+
+/*
+ * launch: the consumer of one delivery of the streaming measurement: block i takes slot
+ * d.first_slot + i as stream_consumer() takes it (slot s holds block s % @blocks's batches of
+ * every other generation), checks the stamp and reports the generation consumed.
+ */
+__global__ void launched_stream_consumer(wic::channel ch, wic::delivery d, uint32_t blocks, unsigned int *failed,
+					 uint4 *sink)
+{
+	const uint32_t slot = d.first_slot + blockIdx.x, b = slot % blocks;
+	const uint32_t g = wic::launched_generation(ch, slot);
+	const uint64_t stamp = (uint64_t)b << 32 | (2 * g + slot / blocks + 1);
+	const uint8_t *batch;
+	uint4 acc = make_uint4(0, 0, 0, 0);
+	const int rc = wic::recv_block<wic::transport::launch>(ch, slot, g, &batch, 0);
+
+	if (__syncthreads_or(rc != WIC_OK || read_stamped(batch, ch.batch_bytes, stamp, &acc))) {
+		if (threadIdx.x == 0)
+			wic::detail::store_release(failed, 1);
+		return;
+	}
+	if (threadIdx.x == 0)
+		wic::consumed(ch, slot, g);
 	sink[(size_t)b * blockDim.x + threadIdx.x] = acc;
 }
 
@@ -904,7 +954,8 @@ double peer_one_way_us()
  * latency() - host -> warp: @blocks blocks of @warps warps wait on a channel of @kind whose
  * waiters sleep at most @backoff_ns (-1: the transport's default); block 0's messages of @bytes
  * are timed, at most cfg.latency_iterations or as many as fit in cfg.point_budget_s (at least
- * 50).
+ * 50). launch: no kernel waits; each message's consumer (one block of @warps warps) is launched
+ * by the channel after its copies (@blocks must be 1).
  */
 void latency(wic::transport kind, uint32_t bytes, uint32_t blocks, uint32_t warps, bool block,
 	     double mapped_one_way, int64_t backoff_ns = -1)
@@ -925,7 +976,14 @@ void latency(wic::transport kind, uint32_t bytes, uint32_t blocks, uint32_t warp
 	CHECK(cudaStreamCreateWithFlags(&kernel_stream, cudaStreamNonBlocking));
 	CHECK(cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking));
 	CHECK(cudaDeviceSynchronize());
-	latency_consumer<<<blocks, warps * 32, 0, kernel_stream>>>(dev, block, ack.dev, failed.dev, sink);
+	const bool launched = kind == wic::transport::launch;
+	if (launched)
+		CHECK(ch.launch_consumer([&](const wic::delivery &, cudaStream_t stream) {
+			launched_latency_consumer<<<1, warps * 32, 0, stream>>>(dev, ack.dev, sink);
+			return cudaGetLastError();
+		}));
+	else
+		latency_consumer<<<blocks, warps * 32, 0, kernel_stream>>>(dev, block, ack.dev, failed.dev, sink);
 	CHECK(cudaGetLastError());
 	char what[96];
 	snprintf(what, sizeof(what), "latency %s %u B %u waiters", wic::transport_name(kind), bytes, blocks * warps);
@@ -948,10 +1006,12 @@ void latency(wic::transport kind, uint32_t bytes, uint32_t blocks, uint32_t warp
 		rt.push_back(us_between(t0, clock_type::now()));
 		api.push_back(us_between(t0, t1));
 	}
-	send(0);
-	/* The other blocks' slots, each once: they end. */
-	for (uint32_t b = 1; b < blocks; b++)
-		CHECK(ch.publish(b, staging, 16, copy_stream));
+	if (!launched) {
+		send(0);
+		/* The other blocks' slots, each once: they end. */
+		for (uint32_t b = 1; b < blocks; b++)
+			CHECK(ch.publish(b, staging, 16, copy_stream));
+	}
 	finish(kernel_stream, what);
 	finish(copy_stream, what);
 	if (__atomic_load_n(failed.host, __ATOMIC_ACQUIRE))
@@ -1333,7 +1393,10 @@ enum class publishing { per_slot, coalesced, many };
  * streaming() - one host thread streams @stream_total bytes in batches of @bytes through a
  * channel of @kind to one block per SM, as a newcomer would write it: per slot wait_free(),
  * then publish() (@how: per_slot; coalesced, after coalesce(wic::coalesce_bytes)), or per
- * generation wait_free() for every slot and one publish_many() (many).
+ * generation wait_free() for every slot and one publish_many() (many). launch: no kernel runs
+ * meanwhile; each delivery's consumer is launched by the channel after its copies, and
+ * per_slot publishes alternate between two streams, so that a consumer runs beside the next
+ * slot's copy.
  */
 void streaming(wic::transport kind, publishing how, uint32_t bytes, uint64_t stream_total, double bulk_gbps)
 {
@@ -1350,11 +1413,21 @@ void streaming(wic::transport kind, publishing how, uint32_t bytes, uint64_t str
 	mapped_word failed;
 	uint4 *sink;
 	CHECK(cudaMalloc(&sink, (size_t)blocks * 256 * sizeof(uint4)));
-	cudaStream_t kernel_stream, copy_stream;
+	cudaStream_t kernel_stream, copy_streams[2];
 	CHECK(cudaStreamCreateWithFlags(&kernel_stream, cudaStreamNonBlocking));
-	CHECK(cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking));
+	for (cudaStream_t &stream : copy_streams)
+		CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+	const cudaStream_t copy_stream = copy_streams[0];
 	CHECK(cudaDeviceSynchronize());
-	stream_consumer<<<blocks, 256, 0, kernel_stream>>>(ch.device(), generations, failed.dev, sink);
+	const bool launched = kind == wic::transport::launch;
+	const wic::channel dev = ch.device();
+	if (launched)
+		CHECK(ch.launch_consumer([&](const wic::delivery &d, cudaStream_t stream) {
+			launched_stream_consumer<<<d.slots, 256, 0, stream>>>(dev, d, blocks, failed.dev, sink);
+			return cudaGetLastError();
+		}));
+	else
+		stream_consumer<<<blocks, 256, 0, kernel_stream>>>(dev, generations, failed.dev, sink);
 	CHECK(cudaGetLastError());
 	const char *suffix[] = {"", "_coalesced", "_many"};
 	const std::string named = std::string(wic::transport_name(kind)) + suffix[(int)how];
@@ -1375,7 +1448,7 @@ void streaming(wic::transport kind, publishing how, uint32_t bytes, uint64_t str
 			memcpy(src + bytes - 8, &stamp, 8);
 			if (how != publishing::many) {
 				const auto t0 = clock_type::now();
-				CHECK(ch.publish(first + b, src, bytes, copy_stream));
+				CHECK(ch.publish(first + b, src, bytes, copy_streams[launched ? b % 2 : 0]));
 				in_publish_us += us_between(t0, clock_type::now());
 			}
 		}
@@ -1386,16 +1459,22 @@ void streaming(wic::transport kind, publishing how, uint32_t bytes, uint64_t str
 		}
 	}
 	CHECK(ch.flush());
+	if (launched)
+		for (uint32_t s = 0; s < slots; s++)
+			if (!ch.wait_free(s, timeout_ns).ok())
+				stuck(what);
 	finish(kernel_stream, what);
 	const double ms = seconds_since(start) * 1e3;
-	finish(copy_stream, what);
+	for (cudaStream_t stream : copy_streams)
+		finish(stream, what);
 	bool ok = !__atomic_load_n(failed.host, __ATOMIC_ACQUIRE);
 	for (uint32_t s = 0; s < slots; s++)
 		ok &= ch.wait_free(s, 0).ok();
 	if (!ok)
 		stuck(what);
 	CHECK(cudaStreamDestroy(kernel_stream));
-	CHECK(cudaStreamDestroy(copy_stream));
+	for (cudaStream_t stream : copy_streams)
+		CHECK(cudaStreamDestroy(stream));
 	CHECK(cudaFree(sink));
 	CHECK(cudaFreeHost(staging));
 	const double gbps = total / (ms * 1e6);
@@ -1673,7 +1752,7 @@ void describe_device()
 int main(int argc, char **argv)
 {
 	const char *out = nullptr;
-	bool spin_only = false, streaming_only = false;
+	bool spin_only = false, streaming_only = false, launch_only = false;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--quick"))
 			cfg.quick = true;
@@ -1681,8 +1760,10 @@ int main(int argc, char **argv)
 			spin_only = true;
 		else if (!strcmp(argv[i], "--streaming"))
 			streaming_only = true;
+		else if (!strcmp(argv[i], "--launch"))
+			launch_only = true;
 		else if (argv[i][0] == '-' || out) {
-			fprintf(stderr, "usage: %s [--quick] [--spin | --streaming] [OUT.jsonl]\n", argv[0]);
+			fprintf(stderr, "usage: %s [--quick] [--spin | --streaming | --launch] [OUT.jsonl]\n", argv[0]);
 			return 2;
 		} else
 			out = argv[i];
@@ -1734,8 +1815,26 @@ int main(int argc, char **argv)
 			streaming(wic::transport::tagged, publishing::per_slot, bytes, cfg.stream_total, bulk);
 			streaming(wic::transport::tagged, publishing::coalesced, bytes, cfg.stream_total, bulk);
 			streaming(wic::transport::tagged, publishing::many, bytes, cfg.stream_total, bulk);
+			streaming(wic::transport::launch, publishing::per_slot, bytes, cfg.stream_total, bulk);
+			streaming(wic::transport::launch, publishing::coalesced, bytes, cfg.stream_total, bulk);
+			streaming(wic::transport::launch, publishing::many, bytes, cfg.stream_total, bulk);
 		}
 	};
+	if (launch_only) {
+		/* launch beside push, the transport it builds on: latency, then streaming. */
+		const double mapped = mapped_one_way_us();
+		for (wic::transport kind : {wic::transport::push, wic::transport::launch})
+			for (uint32_t bytes = 64; bytes <= (1u << 20); bytes *= 4)
+				for (uint32_t warps : {1u, 16u})
+					latency(kind, bytes, 1, warps, true, mapped);
+		for (uint32_t bytes : {4096u, 65536u, 1u << 20})
+			for (wic::transport kind : {wic::transport::push, wic::transport::launch})
+				for (publishing how : {publishing::per_slot, publishing::coalesced, publishing::many})
+					streaming(kind, how, bytes, cfg.stream_total, bulk);
+		if (bench::json)
+			fclose(bench::json);
+		return 0;
+	}
 	if (streaming_only) {
 		for (uint32_t size : {65536u, 1u << 20, 4u << 20})
 			for (uint32_t k : {1u, 2u, 4u})
@@ -1752,10 +1851,12 @@ int main(int argc, char **argv)
 
 	const wic::transport host_kinds[] = {wic::transport::push, wic::transport::poll, wic::transport::alg1,
 					     wic::transport::mapped, wic::transport::tagged};
-	/* One warp waiting: against the message size. */
+	/* One warp waiting: against the message size (launch: one warp launched per message). */
 	for (wic::transport kind : host_kinds)
 		for (uint32_t bytes = 64; bytes <= (1u << 20); bytes *= 4)
 			latency(kind, bytes, 1, 1, kind == wic::transport::alg1, mapped);
+	for (uint32_t bytes = 64; bytes <= (1u << 20); bytes *= 4)
+		latency(wic::transport::launch, bytes, 1, 1, true, mapped);
 	/* 64-byte messages: against the warps waiting at once. */
 	const uint32_t shapes[][2] = {{1, 16}, {cfg.sms, 1}, {cfg.sms, 16}};
 	for (wic::transport kind : host_kinds)

@@ -11,6 +11,8 @@
  * each warp's message in the run of its generation and turns each error marker into its code
  * (its pages are ordinary device memory here, so nothing stalls); a producer kernel delivers
  * through push, poll, alg1 and tagged peer channels (publish_block(); recv() and recv_block()),
+ * a launch channel launches each delivery's consumer after its data landed (per publish(), per
+ * publish_many() and per coalesced run), byte for byte,
  * reusing each slot only after its consumers reported it consumed, and a wait for a generation
  * never published times out: on one GPU (producer and consumer kernels side by side), and from GPU 1
  * to GPU 0 where there are two with peer access.
@@ -328,6 +330,107 @@ void block_delivery(wic::transport kind, bool many)
 		exit(1); /* the consumer kernel still spins: nothing after it could run */
 	CHECK(cudaStreamDestroy(stream));
 	CHECK(cudaStreamDestroy(copy_stream));
+	CHECK(cudaFree(status));
+	CHECK(cudaFree(out));
+}
+
+/*
+ * A launch channel's consumer of one delivery: block i takes slot d.first_slot + i at the
+ * generation it was launched for, which must be there at the first look (a timeout of 0), each
+ * warp copies its message to out as block_copy_out() does, and thread 0 reports it consumed.
+ */
+__global__ void launched_copy_out(wic::channel ch, wic::delivery d, uint32_t generations, uint8_t *out, int *status)
+{
+	const uint32_t slot = d.first_slot + blockIdx.x, w = threadIdx.x / 32, lane = threadIdx.x % 32;
+	const uint32_t g = wic::launched_generation(ch, slot);
+	const uint8_t *batch;
+
+	if (wic::recv_block<wic::transport::launch>(ch, slot, g, &batch, 0) != WIC_OK || g >= generations) {
+		if (threadIdx.x == 0)
+			atomicExch(status, g >= generations ? WIC_ESTALE : WIC_ETIMED_OUT);
+		return;
+	}
+	uint8_t *dst = out + (((size_t)slot * generations + g) * warps + w) * message_bytes;
+	for (uint32_t i = lane; i < message_bytes; i += 32)
+		dst[i] = batch[w * message_bytes + i];
+	__syncthreads();
+	if (threadIdx.x == 0)
+		wic::consumed(ch, slot, g);
+}
+
+/* How launch_delivery() publishes. */
+enum class publishing { per_slot, many, coalesced };
+
+/*
+ * Every slot's batches through a launch channel, each delivery's consumer launched by the
+ * channel after its copies: per slot with publish() (slot b on stream b % 2, so that two
+ * consumers may run at once), a generation of all slots with publish_many(), or per slot
+ * under coalesce() in runs of 3 slots; byte for byte, one launch per publish() (per run
+ * coalesced, per publish_many()), and every consumer finding its generation at once.
+ */
+void launch_delivery(publishing how)
+{
+	const uint32_t blocks = 8, generations = 32, batch = warps * message_bytes;
+	wic::host_channel ch;
+	uint8_t *out;
+	int *status, rc = 0;
+	CHECK(ch.create(wic::transport::launch, blocks, message_bytes, warps));
+	CHECK(cudaMalloc(&out, (size_t)blocks * generations * batch));
+	CHECK(cudaMalloc(&status, sizeof(int)));
+	CHECK(cudaMemset(status, 0, sizeof(int)));
+	CHECK(cudaDeviceSynchronize());
+	const bool refused = ch.publish(0, out, batch, cudaStreamPerThread) == cudaErrorInvalidValue;
+	uint32_t launches = 0, launched_slots = 0;
+	const wic::channel view = ch.device();
+	CHECK(ch.launch_consumer([&](const wic::delivery &d, cudaStream_t stream) {
+		launches++;
+		launched_slots += d.slots;
+		launched_copy_out<<<d.slots, warps * 32, 0, stream>>>(view, d, generations, out, status);
+		return cudaGetLastError();
+	}));
+	if (how == publishing::coalesced)
+		CHECK(ch.coalesce(3 * batch));
+	auto pattern = [](uint32_t b, uint32_t g, uint32_t i) { return (uint8_t)(b * 29 + g * 13 + i * 7 + 5); };
+	cudaStream_t streams[2];
+	for (cudaStream_t &stream : streams)
+		CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+	std::vector<uint8_t> buf((size_t)blocks * batch);
+	for (uint32_t g = 0; g < generations; g++) {
+		/* Every slot free first: no wait_free() between two publishes cuts a coalesced run short. */
+		for (uint32_t b = 0; b < blocks; b++)
+			CHECK(ch.wait_free(b, 20000000000ull));
+		for (uint32_t b = 0; b < blocks; b++) {
+			for (uint32_t i = 0; i < batch; i++)
+				buf[(size_t)b * batch + i] = pattern(b, g, i);
+			if (how != publishing::many)
+				CHECK(ch.publish(b, buf.data() + (size_t)b * batch, batch,
+						 streams[how == publishing::per_slot ? b % 2 : 0]));
+		}
+		if (how == publishing::many)
+			CHECK(ch.publish_many(0, blocks, buf.data(), streams[0]));
+	}
+	CHECK(ch.flush());
+	for (uint32_t b = 0; b < blocks; b++)
+		CHECK(ch.wait_free(b, 20000000000ull));
+	CHECK(cudaDeviceSynchronize());
+	CHECK(cudaMemcpy(&rc, status, sizeof(int), cudaMemcpyDeviceToHost));
+	const size_t wrong = wrong_bytes(out, blocks, generations, batch, pattern);
+	/* Coalesced runs end at 3 slots or at the last slot: 3 runs per generation of 8 slots. */
+	const uint32_t want = how == publishing::per_slot ? blocks * generations
+			      : how == publishing::many	 ? generations
+							 : 3 * generations;
+	char what[224];
+	snprintf(what, sizeof(what),
+		 "launch: %u x %u batches by %s, each delivery's consumer launched after its copies, byte for byte "
+		 "(%zu wrong, status %d, %u launches of %u slots, want %u; publish before launch_consumer() %s)",
+		 blocks, generations,
+		 how == publishing::per_slot ? "publish() on two streams"
+		 : how == publishing::many   ? "publish_many()"
+					     : "coalesced publish()",
+		 wrong, rc, launches, launched_slots, want, refused ? "refused" : "NOT refused");
+	check(wrong == 0 && rc == WIC_OK && launches == want && launched_slots == blocks * generations && refused, what);
+	for (cudaStream_t stream : streams)
+		CHECK(cudaStreamDestroy(stream));
 	CHECK(cudaFree(status));
 	CHECK(cudaFree(out));
 }
@@ -704,6 +807,9 @@ int main()
 	block_delivery(wic::transport::mapped, false);
 	block_delivery(wic::transport::push, true);
 	block_delivery(wic::transport::alg1, true);
+	launch_delivery(publishing::per_slot);
+	launch_delivery(publishing::many);
+	launch_delivery(publishing::coalesced);
 	timeout(wic::transport::alg1);
 	timeout(wic::transport::mapped);
 	timeout(wic::transport::tagged);

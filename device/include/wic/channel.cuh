@@ -15,8 +15,11 @@
 
 namespace wic {
 
-/* How a channel's consumers wait. */
-enum class transport : uint32_t { fault = 0, push = 1, poll = 2, alg1 = 3, mapped = 4, tagged = 5 };
+/*
+ * How a channel's consumers wait. launch: they do not; the consumer kernel of a delivery is
+ * launched in stream order after its data has landed (host_channel::launch_consumer()).
+ */
+enum class transport : uint32_t { fault = 0, push = 1, poll = 2, alg1 = 3, mapped = 4, tagged = 5, launch = 6 };
 
 /* The transport's name, as the benchmarks and applications print it. */
 inline const char *transport_name(transport kind)
@@ -34,6 +37,8 @@ inline const char *transport_name(transport kind)
 		return "mapped";
 	case transport::tagged:
 		return "tagged";
+	case transport::launch:
+		return "launch";
 	}
 	return "unknown";
 }
@@ -54,11 +59,12 @@ constexpr unsigned push_max_sleep_ns = 256;
  * @warps_per_batch: warps served by one generation of a slot
  * @batch_bytes: warps_per_batch * message_bytes
  * @runs: fault: device array of 2 * slots run addresses, runs[2 * s + g % 2]
- * @data: push, poll, tagged: the consumer GPU's memory (tagged: where consumers unpack the
- *	lines); alg1: managed memory; mapped: pinned host memory; slot s at data + s * batch_bytes
- * @ready: generations published per slot: push (the consumer GPU's memory), poll (pinned host
- *	memory for a host producer, the producer GPU's memory for a GPU producer), alg1 (managed
- *	memory), mapped (pinned host memory)
+ * @data: push, poll, tagged, launch: the consumer GPU's memory (tagged: where consumers unpack
+ *	the lines); alg1: managed memory; mapped: pinned host memory; slot s at
+ *	data + s * batch_bytes
+ * @ready: generations published per slot: push and launch (the consumer GPU's memory), poll
+ *	(pinned host memory for a host producer, the producer GPU's memory for a GPU producer),
+ *	alg1 (managed memory), mapped (pinned host memory)
  * @consumed: per slot, generations its consumers are done with (wic::consumed()): in the
  *	producer GPU's memory (peer_channel) or pinned host memory (host_channel); null for fault
  *	channels

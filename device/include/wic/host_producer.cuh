@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT OR Apache-2.0 */
 /*
  * wic/host_producer.cuh - a host thread as the producer: wic::host_channel (push, poll, alg1,
- * mapped, tagged) with publish(), publish_many(), coalesce() and wait_free(), and
- * pick_host_transport().
+ * mapped, tagged, launch) with publish(), publish_many(), coalesce() and wait_free(),
+ * launch_consumer(), and pick_host_transport().
  */
 #ifndef WIC_HOST_PRODUCER_CUH
 #define WIC_HOST_PRODUCER_CUH
@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <thread>
 #include <cuda_runtime.h>
 #if defined(__SSE2__) && !defined(__CUDA_ARCH__)
@@ -139,21 +140,49 @@ enum class reuse { checked, caller };
 constexpr size_t coalesce_bytes = 4 << 20;
 
 /*
- * host_channel - a push, poll, alg1, mapped or tagged channel with a host producer: its memory
- * and its producer side (host code).
+ * delivery - what a launch channel's consumer is launched for: the generations just landed in
+ * slots first_slot to first_slot + slots - 1 (one slot for publish(), more for publish_many()
+ * and coalesce()'s runs). Its kernel learns each slot's generation with
+ * wic::launched_generation() and receives it as any consumer does (recv(), recv_block()),
+ * which finds it there at the first look.
+ */
+struct delivery {
+	uint32_t first_slot;
+	uint32_t slots;
+};
+
+/*
+ * launcher - queues a launch channel's consumer of @d on @stream: a kernel launch or a CUDA
+ * graph's (cudaGraphLaunch()), and nothing that waits for the host. Returns the launch's
+ * error (cudaGetLastError() after a <<<>>> launch).
+ */
+using launcher = std::function<cudaError_t(const delivery &d, cudaStream_t stream)>;
+
+/*
+ * host_channel - a push, poll, alg1, mapped, tagged or launch channel with a host producer:
+ * its memory and its producer side (host code).
  *
  * create() allocates the slots' data and the ready words: push, both in the current device's
  * memory, and pinned host memory its ready words are copied from; poll, the data there and the
  * words in pinned host memory; alg1, both in managed memory, as the paper's Algorithm 1 keeps
  * them; mapped, both in pinned host memory mapped into the device, which the consumers read across
  * the link; tagged, no ready words but the lines (zeroed) and the data the consumers unpack them
- * into in the device's memory, and a pinned copy of the lines where the host formats them.
+ * into in the device's memory, and a pinned copy of the lines where the host formats them;
+ * launch, as push.
  * publish() copies a batch into a slot and marks its next generation ready (push and poll in
  * stream order; alg1 and mapped by the calling thread's stores; tagged by the tags in the lines it
  * copies), so a kernel that sees the ready word sees the data. Every transport also gets a
  * consumed word per slot in pinned host memory: consumers report a generation done with
  * wic::consumed(), and wait_free() holds the producer back until the slot it is about to overwrite
  * is free.
+ *
+ * launch: no consumer waits. publish() queues push's copies and then, on the same stream, the
+ * launch of the consumer of what landed, which launch_consumer() gave: nothing of the consumer
+ * is resident on the GPU between two deliveries, so waiting costs the work beside it nothing.
+ * What it gives up: each delivery pays a launch (a few microseconds from the copy's end to the
+ * kernel's start), and a consumer keeps no state on the SMs (registers, shared memory) from one
+ * delivery to the next. Consumers of one stream run one after the other; deliveries on two
+ * streams may run at once.
  *
  * Every call returns an outcome: a WIC_* status (WIC_EIO when a CUDA runtime call failed, with
  * its cudaError_t in outcome::cuda()), which converts to the cudaError_t earlier versions
@@ -168,7 +197,8 @@ public:
 
 	/*
 	 * create() - allocates the channel on the current device
-	 * @kind: push, poll, alg1, mapped or tagged
+	 * @kind: push, poll, alg1, mapped, tagged or launch (then launch_consumer() before the
+	 *	first publish)
 	 * @slots: slots
 	 * @message_bytes: bytes of one warp's message (tagged: a multiple of 8)
 	 * @warps_per_batch: messages of one generation of a slot
@@ -180,7 +210,7 @@ public:
 	outcome create(transport kind, uint32_t slots, uint32_t message_bytes, uint32_t warps_per_batch,
 		       reuse who = reuse::checked)
 	{
-		if (kind == transport::fault || kind > transport::tagged || !slots || !message_bytes ||
+		if (kind == transport::fault || kind > transport::launch || !slots || !message_bytes ||
 		    !warps_per_batch || (kind == transport::tagged && message_bytes % 8))
 			return detail::invalid();
 		destroy();
@@ -191,6 +221,7 @@ public:
 		cudaError_t err;
 		switch (kind) {
 		case transport::push:
+		case transport::launch:
 			err = cudaMalloc(&data_, data_bytes);
 			if (err == cudaSuccess)
 				err = cudaMalloc(&ready_, ready_bytes);
@@ -227,8 +258,8 @@ public:
 			memset(consumed_, 0, ready_bytes);
 		if (err == cudaSuccess)
 			err = cudaHostGetDevicePointer((void **)&ch_.consumed, consumed_, 0);
-		/* Host-visible words (all but push's; tagged has none) start at generation 0 by the host's stores. */
-		if (err == cudaSuccess && kind != transport::push && kind != transport::tagged)
+		/* Host-visible words (all but push's and launch's; tagged has none) start at 0 by the host's stores. */
+		if (err == cudaSuccess && !device_ready() && kind != transport::tagged)
 			memset(ready_, 0, ready_bytes);
 		if (err == cudaSuccess && kind == transport::mapped)
 			err = cudaHostGetDevicePointer((void **)&ch_.data, data_, 0);
@@ -245,6 +276,21 @@ public:
 
 	/* What kernels take. */
 	channel device() const { return ch_; }
+
+	/*
+	 * launch_consumer() - what a launch channel launches for each delivery
+	 * @consume: queues the consumer of a delivery on the stream it is given (see launcher),
+	 *	called by publish(), publish_many() and flush() on their thread
+	 *
+	 * Return: WIC_OK; WIC_EINVALID for a channel of another transport or an empty @consume.
+	 */
+	outcome launch_consumer(launcher consume)
+	{
+		if (ch_.kind != transport::launch || !consume)
+			return detail::invalid();
+		launch_ = std::move(consume);
+		return outcome{};
+	}
 
 	/*
 	 * The generation publish() gives @slot next (generations published so far); 0 for a bad
@@ -313,7 +359,7 @@ public:
 				err = cudaStreamSynchronize(lane);
 		if (err != cudaSuccess)
 			return outcome{err};
-		if (ch_.kind == transport::push) {
+		if (device_ready()) {
 			err = detail::zero_device(ready_, words);
 		} else if (ch_.kind == transport::tagged) {
 			err = detail::zero_device(lines_, 2 * ch_.batch_bytes * ch_.slots);
@@ -342,8 +388,9 @@ public:
 	 * would. alg1 and mapped: this thread writes the data, then the ready word with a release
 	 * store; alg1's pages go where nvidia-uvm moves them, mapped's stay in host memory.
 	 * tagged: this thread formats the whole batch as lines with the generation's tag and
-	 * queues one copy of them on @stream. With coalesce() on, push, poll and tagged may hold
-	 * the copies back to queue them with the next publishes' (see there).
+	 * queues one copy of them on @stream. launch: push's copies, then the consumer's launch
+	 * (launch_consumer()), on @stream. With coalesce() on, push, poll, tagged and launch may
+	 * hold the copies back to queue them with the next publishes' (see there).
 	 *
 	 * Reuse: with reuse::checked (the default) a slot whose last generation its consumers
 	 * have not reported done is refused with WIC_EBUSY, and nothing is written: call
@@ -357,9 +404,10 @@ public:
 	 * the kernel's own stream cannot be told at publish() and shows at wait_free() as
 	 * WIC_ESTREAM.
 	 *
-	 * Return: WIC_OK; WIC_EINVALID (cudaErrorInvalidValue) for a bad slot or size;
-	 * WIC_ESTREAM (cudaErrorInvalidValue) for the legacy default stream; WIC_EBUSY
-	 * (cudaErrorNotReady) for a slot not free; WIC_EIO with the failed runtime call's error.
+	 * Return: WIC_OK; WIC_EINVALID (cudaErrorInvalidValue) for a bad slot or size, or a
+	 * launch channel without its consumer; WIC_ESTREAM (cudaErrorInvalidValue) for the
+	 * legacy default stream; WIC_EBUSY (cudaErrorNotReady) for a slot not free; WIC_EIO with
+	 * the failed runtime call's (or consumer launch's) error.
 	 */
 	outcome publish(uint32_t slot, const void *src, size_t bytes, cudaStream_t stream)
 	{
@@ -382,7 +430,8 @@ public:
 	 *
 	 * push: one copy of the data and one of the ready words for all of them, instead of two
 	 * per slot; poll: one copy, then the words; alg1 and mapped: one memcpy(), then the words;
-	 * tagged: all slots formatted, then one copy. A run coalesce() holds back is queued
+	 * tagged: all slots formatted, then one copy; launch: push's copies, then one launch of
+	 * the consumer for all of them. A run coalesce() holds back is queued
 	 * first. All slots must be free (reuse::checked) or none is published.
 	 *
 	 * Return: as publish().
@@ -401,7 +450,7 @@ public:
 
 	/*
 	 * coalesce() - lets publish() gather consecutive publishes into one copy (push, poll,
-	 * tagged; alg1 and mapped have no copy to gather)
+	 * tagged, launch: and one launch; alg1 and mapped have no copy to gather)
 	 * @max_bytes: queue a run once it holds this many bytes (coalesce_bytes is a good value);
 	 *	0 turns coalescing off, after queueing what is held back
 	 *
@@ -457,6 +506,7 @@ public:
 		after_caller_ = nullptr;
 		const bool host_data = ch_.kind == transport::mapped;
 		const bool host_ready = ch_.kind == transport::poll || ch_.kind == transport::mapped;
+		launch_ = nullptr;
 		if (data_)
 			host_data ? cudaFreeHost(data_) : cudaFree(data_);
 		if (ready_)
@@ -492,8 +542,11 @@ private:
 		cudaStream_t stream = nullptr;
 	};
 
-	/* Whether publishing copies on a stream: push, poll, tagged. */
+	/* Whether publishing copies on a stream: push, poll, tagged, launch. */
 	bool queued_on_stream() const { return ch_.kind != transport::alg1 && ch_.kind != transport::mapped; }
+
+	/* Whether the ready words are in device memory, copied from pinned ones: push, launch. */
+	bool device_ready() const { return ch_.kind == transport::push || ch_.kind == transport::launch; }
 
 	/* Whether the consumers reported every generation of @slot published so far done. */
 	bool free_now(uint32_t slot) const
@@ -510,7 +563,7 @@ private:
 	bool not_arrived(uint32_t slot) const
 	{
 		unsigned int seen = published_[slot];
-		if (ch_.kind == transport::push)
+		if (device_ready())
 			detail::read_device(&seen, &ready_[slot], sizeof(seen));
 		else if (ch_.kind == transport::tagged)
 			detail::read_device(&seen, reinterpret_cast<const uint8_t *>(lines_ + 2 * slot * (ch_.batch_bytes / 8)) + 4,
@@ -525,6 +578,8 @@ private:
 	 */
 	outcome may_publish(uint32_t first, uint32_t count, cudaStream_t stream) const
 	{
+		if (ch_.kind == transport::launch && !launch_)
+			return detail::invalid();
 		if (detail::legacy_default(stream))
 			return outcome{WIC_ESTREAM, cudaErrorInvalidValue};
 		for (uint32_t s = first; reuse_ == reuse::checked && s < first + count; s++) {
@@ -590,7 +645,8 @@ private:
 	 * The copies that make slots first..first + count - 1 visible at the generations
 	 * published_ counts: push, the data's copy and then one copy of the ready words from
 	 * pinned memory, in stream order; poll, the data's copy, waited for, then the words by
-	 * this thread; tagged, one copy of the slots' formatted lines.
+	 * this thread; tagged, one copy of the slots' formatted lines; launch, push's copies and
+	 * then the consumer's launch.
 	 *
 	 * push's ready words: that a kernel already running on another stream which sees a word
 	 * then also sees the data is what push relies on and NVIDIA does not document for copies;
@@ -632,8 +688,11 @@ private:
 		}
 		for (uint32_t s = first; s < first + count; s++)
 			host_ready_[s] = published_[s];
-		return outcome{cudaMemcpyAsync(&ready_[first], &host_ready_[first], count * sizeof(unsigned int),
-					       cudaMemcpyHostToDevice, stream)};
+		err = cudaMemcpyAsync(&ready_[first], &host_ready_[first], count * sizeof(unsigned int),
+				      cudaMemcpyHostToDevice, stream);
+		if (err == cudaSuccess && ch_.kind == transport::launch)
+			err = launch_(delivery{first, count}, stream);
+		return outcome{err};
 	}
 
 	/*
@@ -661,7 +720,8 @@ private:
 	unsigned int *consumed_ = nullptr;
 	uint64_t *lines_ = nullptr;
 	uint64_t *host_lines_ = nullptr;
-	unsigned int *host_ready_ = nullptr; /* push: the ready words' next values, copied from here */
+	unsigned int *host_ready_ = nullptr; /* push, launch: the ready words' next values, copied from here */
+	launcher launch_;		     /* launch: queues the consumer of a delivery */
 	unsigned int *published_ = nullptr;
 };
 

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT OR Apache-2.0 */
 /*
  * wic/launch.cuh - launching consumer kernels: co_resident(), whether all blocks of a grid run
- * at once, as blocks that wait for each other's messages need.
+ * at once, as blocks that wait for each other's messages need; launched_generation(), what a
+ * launch channel's consumer was launched for.
  */
 #ifndef WIC_LAUNCH_CUH
 #define WIC_LAUNCH_CUH
@@ -9,9 +10,24 @@
 #include <cstdint>
 #include <cuda_runtime.h>
 
-#include <wic/status.cuh>
+#include <wic/channel.cuh>
 
 namespace wic {
+
+#ifdef __CUDACC__
+
+/*
+ * launched_generation() - in the consumer kernel of a launch channel's delivery (struct
+ * delivery), the generation of @slot it was launched for: the slot's ready word, which landed
+ * before the launch. Read it before the slot's wic::consumed(): after that the producer may
+ * publish the slot's next generation.
+ */
+__device__ inline uint32_t launched_generation(const channel &ch, uint32_t slot)
+{
+	return detail::load_acquire(&ch.ready[slot]) - 1;
+}
+
+#endif /* __CUDACC__ */
 
 /*
  * co_resident() - whether every block of a launch of @kernel would run at once on the current

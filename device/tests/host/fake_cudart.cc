@@ -191,6 +191,8 @@ const char *cudaGetErrorName(cudaError_t error)
 		return "cudaErrorNotReady";
 	case cudaErrorTimeout:
 		return "cudaErrorTimeout";
+	case cudaErrorLaunchOutOfResources:
+		return "cudaErrorLaunchOutOfResources";
 	default:
 		return "cudaError?";
 	}

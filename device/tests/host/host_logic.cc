@@ -3,7 +3,7 @@
  * host_logic - wic.cuh's host side without a GPU, over fake_cudart (host memory, streams that run
  * their copies at once unless held): what publish() refuses, which copies coalesce() queues on
  * which stream and with which ready words, when a held-back run is queued, what wait_free() and
- * a timeout of 0 answer, tagged's lines, the results direction's release(). The consumers are
+ * a timeout of 0 answer, tagged's lines, launch's deliveries, the results direction's release(). The consumers are
  * played by the test, which writes a slot's consumed word as wic::consumed() would. Built and
  * run by tests/tests/device_compile.rs; device/tests/misuse_test.cu checks the same answers on a
  * GPU. Exits 0 when every check passed; prints one line per check.
@@ -81,6 +81,74 @@ void refusals()
 	const bool overwrites = caller.publish(0, batch, 64, stream).ok() && caller.publish(0, batch, 64, stream).ok() &&
 				caller.device().ready[0] == 2;
 	check(overwrites, "reuse::caller: publish() overwrites, the ready word counts both generations");
+	cudaStreamDestroy(stream);
+}
+
+/*
+ * launch: publish() refuses a channel without its consumer; the consumer is launched once per
+ * publish(), publish_many() or coalesced run, on the stream of that delivery's copies, after
+ * the data's and the ready words' copies; a launch's error is publish()'s.
+ */
+void launch_deliveries()
+{
+	const uint32_t slots = 4, batch = 64;
+	const cudaStream_t stream = new_stream();
+	std::vector<uint8_t> src(slots * batch, 3);
+	wic::host_channel ch, push;
+	const bool created = ch.create(wic::transport::launch, slots, batch, 1).ok() &&
+			     push.create(wic::transport::push, slots, batch, 1).ok();
+	const wic::outcome unset = ch.publish(0, src.data(), batch, stream);
+	const wic::outcome empty = ch.launch_consumer(nullptr);
+	const wic::outcome other = push.launch_consumer([](const wic::delivery &, cudaStream_t) { return cudaSuccess; });
+	struct launched {
+		wic::delivery d;
+		cudaStream_t stream;
+		size_t copies_before;
+		unsigned ready;
+	};
+	std::vector<launched> seen;
+	cudaError_t fail = cudaSuccess;
+	const wic::channel dev = ch.device();
+	ch.launch_consumer([&](const wic::delivery &d, cudaStream_t on) {
+		seen.push_back({d, on, fake::copies().size(), dev.ready[d.first_slot]});
+		return fail;
+	});
+	fake::clear();
+	const bool one = ch.publish(1, src.data(), batch, stream).ok() && seen.size() == 1 &&
+			 seen[0].d.first_slot == 1 && seen[0].d.slots == 1 && seen[0].stream == stream &&
+			 seen[0].copies_before == 2 && fake::copies()[1].dst == dev.ready + 1 && seen[0].ready == 1;
+	consume(ch, 1, 0);
+	seen.clear();
+	fake::clear();
+	const bool many = ch.publish_many(0, slots, src.data(), stream).ok() && seen.size() == 1 &&
+			  seen[0].d.first_slot == 0 && seen[0].d.slots == slots && seen[0].copies_before == 2 &&
+			  seen[0].ready == 1;
+	for (uint32_t s = 0; s < slots; s++)
+		consume(ch, s, s == 1 ? 1 : 0);
+	ch.coalesce(2 * batch);
+	seen.clear();
+	fake::clear();
+	ch.publish(0, src.data(), batch, stream);
+	const bool held = seen.empty();
+	ch.publish(1, src.data() + batch, batch, stream);
+	const bool run = held && seen.size() == 1 && seen[0].d.first_slot == 0 && seen[0].d.slots == 2 &&
+			 seen[0].stream != stream && seen[0].stream == fake::copies()[0].stream && seen[0].copies_before == 2;
+	ch.coalesce(0);
+	for (uint32_t s = 0; s < 2; s++)
+		consume(ch, s, s == 1 ? 2 : 1);
+	fail = cudaErrorLaunchOutOfResources;
+	const wic::outcome failed = ch.publish(0, src.data(), batch, stream);
+	char what[288];
+	snprintf(what, sizeof(what),
+		 "launch: publish() before launch_consumer() %s, an empty consumer %s, on a push channel %s; the "
+		 "consumer launched once per publish(), publish_many() and coalesced run, on its copies' stream after "
+		 "them; a failed launch %s (%s)",
+		 unset.name(), empty.name(), other.name(), wic::error_name(failed.status()),
+		 cudaGetErrorName((cudaError_t)failed));
+	check(created && unset.status() == WIC_EINVALID && empty.status() == WIC_EINVALID &&
+		      other.status() == WIC_EINVALID && one && many && run && failed.status() == WIC_EIO &&
+		      (cudaError_t)failed == cudaErrorLaunchOutOfResources,
+	      what);
 	cudaStreamDestroy(stream);
 }
 
@@ -294,6 +362,7 @@ int main()
 {
 	refusals();
 	coalescing();
+	launch_deliveries();
 	one_lane();
 	tagged_lines();
 	earlier_code();
