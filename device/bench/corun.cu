@@ -609,8 +609,13 @@ public:
 	virtual void idle() {}
 	/* Ends the consumers (the stop message, where they wait for one) and waits for them. */
 	virtual void stop() = 0;
-	/* The consumer blocks each SM ran after @published publishes. */
+	/*
+	 * The consumer blocks each SM ran after @published publishes; for consumers launched per
+	 * generation, the mean (the scheduler places each launch's blocks anew).
+	 */
 	virtual uint32_t blocks_per_sm(uint32_t /* published */) const { return 1; }
+	/* Whether the consumers are launched per generation. */
+	virtual bool launched() const { return false; }
 	/* The fault row's: what its warps did; false for the others. */
 	virtual bool stalls(stall_stats *) const { return false; }
 };
@@ -665,6 +670,7 @@ public:
 	}
 	void stop() override { finish(r_.copy_stream, "launch_raw"); }
 	uint32_t blocks_per_sm(uint32_t published) const override { return published; }
+	bool launched() const override { return true; }
 
 private:
 	rig &r_;
@@ -690,6 +696,7 @@ public:
 	void publish(uint32_t) override { CHECK(ch_.publish_many(0, r_.sms, r_.staging, r_.copy_stream)); }
 	void stop() override { finish(r_.copy_stream, "launch"); }
 	uint32_t blocks_per_sm(uint32_t published) const override { return published; }
+	bool launched() const override { return true; }
 
 private:
 	rig &r_;
@@ -877,12 +884,16 @@ run_result run(rig &r, const transport_entry &t, const neighbour_kind &n, uint32
 	out.span_ms = (span[1] - span[0]) / 1e6;
 	const uint32_t want = c->blocks_per_sm(out.published);
 	uint32_t with_neighbour = 0;
+	uint64_t consumer_total = 0;
 	for (uint32_t s = 0; s < max_smid; s++) {
 		const unsigned int consumer_blocks = counts[s], neighbour_blocks = counts[max_smid + s];
 		with_neighbour += neighbour_blocks == 1;
-		out.shared &= neighbour_blocks <= 1 && consumer_blocks == (neighbour_blocks ? want : 0);
+		consumer_total += consumer_blocks;
+		/* Launched consumers: every SM ran some, all of them ran. */
+		const bool consumers_there = c->launched() && want ? consumer_blocks >= 1 : consumer_blocks == want;
+		out.shared &= neighbour_blocks <= 1 && (neighbour_blocks ? consumers_there : consumer_blocks == 0);
 	}
-	out.shared &= with_neighbour == r.sms;
+	out.shared &= with_neighbour == r.sms && consumer_total == (uint64_t)want * r.sms;
 	return out;
 }
 
@@ -924,7 +935,8 @@ double mapped_one_way_us(const rig &r, uint32_t n)
  */
 void prepare_kernels(const cudaDeviceProp &prop)
 {
-	const void *consumer_kernels[] = {(const void *)wait_and_use, (const void *)use_batch, (const void *)stall};
+	const void *consumer_kernels[] = {(const void *)wait_and_use, (const void *)use_batch, (const void *)use_delivery,
+					  (const void *)stall};
 	const void *n = (const void *)neighbour;
 	CHECK(cudaFuncSetAttribute(n, cudaFuncAttributeMaxDynamicSharedMemorySize, neighbour_smem));
 	CHECK(cudaFuncSetAttribute(n, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));

@@ -1396,7 +1396,8 @@ enum class publishing { per_slot, coalesced, many };
  * generation wait_free() for every slot and one publish_many() (many). launch: no kernel runs
  * meanwhile; each delivery's consumer is launched by the channel after its copies, and
  * per_slot publishes alternate between two streams, so that a consumer runs beside the next
- * slot's copy.
+ * slot's copy (coalesced: one stream, or no run would continue; the channel's own two streams
+ * overlap the runs).
  */
 void streaming(wic::transport kind, publishing how, uint32_t bytes, uint64_t stream_total, double bulk_gbps)
 {
@@ -1448,7 +1449,8 @@ void streaming(wic::transport kind, publishing how, uint32_t bytes, uint64_t str
 			memcpy(src + bytes - 8, &stamp, 8);
 			if (how != publishing::many) {
 				const auto t0 = clock_type::now();
-				CHECK(ch.publish(first + b, src, bytes, copy_streams[launched ? b % 2 : 0]));
+				const bool two = launched && how == publishing::per_slot;
+				CHECK(ch.publish(first + b, src, bytes, copy_streams[two ? b % 2 : 0]));
 				in_publish_us += us_between(t0, clock_type::now());
 			}
 		}

@@ -625,11 +625,12 @@ void refusals()
 	wic::peer_channel p;
 	const bool refused = h.create(wic::transport::fault, 1, 64, 1) == cudaErrorInvalidValue &&
 			     h.create(wic::transport::tagged, 1, 60, 1) == cudaErrorInvalidValue &&
-			     h.create((wic::transport)6, 1, 64, 1) == cudaErrorInvalidValue &&
+			     h.create((wic::transport)7, 1, 64, 1) == cudaErrorInvalidValue &&
 			     h.create(wic::transport::push, 0, 64, 1) == cudaErrorInvalidValue &&
 			     p.create(wic::transport::mapped, 0, 0, 1, 64, 1) == cudaErrorInvalidValue &&
 			     p.create(wic::transport::tagged, 0, 0, 1, 60, 1) == cudaErrorInvalidValue &&
-			     p.create((wic::transport)6, 0, 0, 1, 64, 1) == cudaErrorInvalidValue;
+			     p.create(wic::transport::launch, 0, 0, 1, 64, 1) == cudaErrorInvalidValue &&
+			     p.create((wic::transport)7, 0, 0, 1, 64, 1) == cudaErrorInvalidValue;
 	CHECK(h.create(wic::transport::push, 2, 64, 1));
 	cudaStream_t stream;
 	CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
