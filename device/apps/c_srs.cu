@@ -4,8 +4,8 @@
  * slot's batches as they arrive (per warp: energy and peak of 1024 samples). Checked against a
  * CPU reference computed in double precision.
  *
- * Usage: c_srs MODE [REPS] [BLOCKS] [GENERATIONS]   (MODE: push, poll, alg1, nowait; BLOCKS defaults to
- * the number of SMs, GENERATIONS to 64, REPS to 7)
+ * Usage: c_srs MODE [REPS] [BLOCKS] [GENERATIONS]   (MODE: push, poll, alg1, launch, nowait; BLOCKS
+ * defaults to the number of SMs, GENERATIONS to 64, REPS to 7)
  * Prints the median wall time of REPS runs and whether every result matched.
  */
 #include <cmath>
@@ -26,7 +26,7 @@ __global__ void consume(wic::channel ch, app::placement place, float2 *results, 
 	const uint32_t w = threadIdx.x / 32;
 	const uint32_t lane = threadIdx.x % 32;
 
-	for (uint32_t g = 0; g < place.generations; g++) {
+	for (uint32_t g = place.first; g < place.end(); g++) {
 		const uint8_t *message;
 		const int status = app::receive(ch, place.slot(b, g), place.generation(g), w, &message);
 		if (status != WIC_OK) {
@@ -64,7 +64,7 @@ float sample(uint64_t seed, uint32_t b, uint32_t g, uint32_t i)
 int main(int argc, char **argv)
 {
 	app::command_line cli;
-	if (!app::parse_command_line(argc, argv, "[BLOCKS] [GENERATIONS]", &cli))
+	if (!app::parse_command_line(argc, argv, "[BLOCKS] [GENERATIONS]", &cli, false, true))
 		return 2;
 	const uint32_t sms = app::sm_count();
 	const int reps = cli.reps;

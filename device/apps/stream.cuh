@@ -35,14 +35,17 @@ namespace app {
  * paper's Algorithm 1 made correct on this hardware; tagged, and picked: the transport
  * wic::pick_peer_transport() picks for the run's messages, where the producer is a kernel on
  * another GPU), or (nowait) all of it in device memory before the kernel starts, the lower
- * bound on the consumer's time.
+ * bound on the consumer's time; launch (streaming applications with a host producer): no
+ * kernel waits, the channel launches the consumer of each generation once it landed.
  */
-enum class mode { push, poll, alg1, tagged, picked, nowait };
+enum class mode { push, poll, alg1, tagged, picked, nowait, launch };
 
-/* The transport a mode names: push, poll, alg1, tagged; nowait publishes through push. */
+/* The transport a mode names: push, poll, alg1, tagged, launch; nowait publishes through push. */
 inline wic::transport named_transport(mode m)
 {
 	switch (m) {
+	case mode::launch:
+		return wic::transport::launch;
 	case mode::poll:
 		return wic::transport::poll;
 	case mode::alg1:
@@ -82,11 +85,16 @@ inline const char *mode_name(mode m)
 	}
 }
 
-/* @text as a mode; tagged and picked only for an application whose producer is a GPU (@gpu_producer). */
-inline bool parse_mode(const char *text, bool gpu_producer, mode *out)
+/*
+ * @text as a mode; tagged and picked only for an application whose producer is a GPU
+ * (@gpu_producer), launch only for one whose consumer kernel can be launched per generation
+ * (@launched).
+ */
+inline bool parse_mode(const char *text, bool gpu_producer, bool launched, mode *out)
 {
-	for (mode m : {mode::push, mode::poll, mode::alg1, mode::tagged, mode::picked, mode::nowait})
-		if (!strcmp(text, mode_name(m)) && (gpu_producer || (m != mode::tagged && m != mode::picked))) {
+	for (mode m : {mode::push, mode::poll, mode::alg1, mode::tagged, mode::picked, mode::nowait, mode::launch})
+		if (!strcmp(text, mode_name(m)) && (gpu_producer || (m != mode::tagged && m != mode::picked)) &&
+		    (launched || m != mode::launch)) {
 			*out = m;
 			return true;
 		}
@@ -114,12 +122,15 @@ struct command_line {
  * Parses MODE and REPS; prints the usage, naming @sizes, and returns false on a bad MODE.
  * @gpu_producer: the application's producers are kernels on another GPU, which tagged and
  *	picked need.
+ * @launched: its consumer kernel runs for the generations its placement gives (from first,
+ *	count of them), as the launch mode launches it for each.
  */
-inline bool parse_command_line(int argc, char **argv, const char *sizes, command_line *out, bool gpu_producer = false)
+inline bool parse_command_line(int argc, char **argv, const char *sizes, command_line *out, bool gpu_producer = false,
+			       bool launched = false)
 {
-	if (argc < 2 || !parse_mode(argv[1], gpu_producer, &out->m)) {
-		fprintf(stderr, "usage: %s push|poll|alg1|%snowait [REPS] %s\n", argv[0], gpu_producer ? "tagged|picked|" : "",
-			sizes);
+	if (argc < 2 || !parse_mode(argv[1], gpu_producer, launched, &out->m)) {
+		fprintf(stderr, "usage: %s push|poll|alg1|%s%snowait [REPS] %s\n", argv[0],
+			gpu_producer ? "tagged|picked|" : "", launched ? "launch|" : "", sizes);
 		return false;
 	}
 	out->reps = argc > 2 ? atoi(argv[2]) : 7;
@@ -141,14 +152,19 @@ inline uint32_t sm_count()
  * two slots, b and blocks + b, used in turn (generation g / 2), so the producer writes item
  * g + 1 while the consumer reads item g, and a generation's slots are consecutive (one
  * publish_many() publishes it). The no-wait run gives every item its own slot, b * generations
- * + g (as peer.cuh's ring does), all published before the kernel starts.
+ * + g (as peer.cuh's ring does), all published before the kernel starts. A kernel takes the
+ * generations from @first to end(): all of them, or (launch mode) the one it was launched for.
  */
 struct placement {
 	uint32_t blocks;
 	uint32_t generations;
 	bool nowait;
+	uint32_t first = 0;
+	uint32_t count = 0; /* 0: to the last generation */
 
 	static constexpr uint32_t depth = 2;
+
+	__host__ __device__ uint32_t end() const { return count ? first + count : generations; }
 
 	__host__ __device__ uint32_t slot(uint32_t b, uint32_t g) const
 	{
@@ -344,6 +360,9 @@ public:
 	placement place() const { return place_; }
 	forward view() const { return forward{channel(), place_}; }
 
+	/* launch mode: what the channel launches for each delivery. */
+	void launch_consumer(wic::launcher consume) { CHECK(ch_.launch_consumer(std::move(consume))); }
+
 	/*
 	 * publish() - publishes item (b, g); @fill writes its batch into pinned staging, and the
 	 * time it takes counts as the producer's (work()). First waits until every warp finished
@@ -466,7 +485,9 @@ inline double host_pipeline(uint32_t blocks, uint32_t generations, size_t batch,
  * Runs one streaming execution: @fill(b, g, buf) writes item (b, g)'s batch_bytes into buf, and
  * may be called from several threads at once; @launch(channel, placement, stream)
  * starts the consumer kernel. The producer makes a generation of all streams at a time on
- * every core and publishes it with one call. nowait also times host_pipeline().
+ * every core and publishes it with one call. nowait also times host_pipeline(). launch: no
+ * kernel waits; the channel launches the consumer of each generation, placed at that
+ * generation alone, on the producer's stream once its copies are done.
  */
 inline timing run(mode m, uint32_t blocks, uint32_t generations, uint32_t message_bytes, uint32_t warps,
 		  const std::function<void(uint32_t, uint32_t, uint8_t *)> &fill,
@@ -476,17 +497,29 @@ inline timing run(mode m, uint32_t blocks, uint32_t generations, uint32_t messag
 	worker_pool pool(std::max(1u, std::thread::hardware_concurrency()));
 	cudaStream_t kernel_stream;
 	CHECK(cudaStreamCreateWithFlags(&kernel_stream, cudaStreamNonBlocking));
+	uint32_t publishing = 0;
 	auto publish_all = [&] {
-		for (uint32_t g = 0; g < generations; g++)
+		for (uint32_t g = 0; g < generations; g++) {
+			publishing = g;
 			prod.publish_generation(g, pool, [&](uint32_t b, uint8_t *buf) { fill(b, g, buf); });
+		}
 	};
+	if (m == mode::launch)
+		prod.launch_consumer([&](const wic::delivery &, cudaStream_t stream) {
+			placement one = prod.place();
+			one.first = publishing;
+			one.count = 1;
+			launch(prod.channel(), one, stream);
+			return cudaGetLastError();
+		});
 	const auto start = std::chrono::steady_clock::now();
 	if (m == mode::nowait) {
 		publish_all();
 		prod.flush();
 	}
 	const auto launched = std::chrono::steady_clock::now();
-	launch(prod.channel(), prod.place(), kernel_stream);
+	if (m != mode::launch)
+		launch(prod.channel(), prod.place(), kernel_stream);
 	CHECK(cudaGetLastError());
 	if (m != mode::nowait)
 		publish_all();

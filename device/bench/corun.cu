@@ -44,19 +44,17 @@
  * and, once for each kind of neighbour:
  *   none        no consumers: the neighbour against its own runs alone (the A/A run: how far
  *               two runs of the same thing differ)
- *   fault       a reference: lane 0 of every consumer warp reads pages of 8 MiB of managed
- *               memory (its own, every other page of the range, under nvidia-uvm's prefetch
- *               threshold) one after another and round again, while the host thread writes
- *               every page again and again. A read of a page the host has taken back is a
- *               replayable fault that stalls the warp until nvidia-uvm migrated the page, as
- *               stall_cost.cu's stalled warps are; a read that took under 10 us found its page
- *               still on the GPU, and the warp sleeps 20 us rather than spin through resident
- *               pages. What warps held on faults, as the fault transport's waiters are, cost
- *               the neighbour. They stop when the neighbour has ended or after 2 s (a
- *               memory-bound neighbour beside them may barely move: stall_cost.cu): besides
- *               throughput, progress_while_held, the neighbour's speed while they ran against
- *               alone, assuming alone's speed after; stalled_share, the share of their time
- *               that they were stalled.
+ *   fault       a reference: lane 0 of every consumer warp reads never-touched pages of
+ *               managed memory allocated afresh for the run (its own, every other page of the
+ *               range, under nvidia-uvm's prefetch threshold) one after another: each read is a
+ *               replayable fault that stalls the warp until nvidia-uvm populated the page, as
+ *               stall_cost.cu's "fresh" stalled warps are, so the warps are stalled nearly all
+ *               the time, as the fault transport's waiters are while their faults are held.
+ *               What that costs the neighbour. They stop when the neighbour has ended, after 2 s
+ *               (a memory-bound neighbour beside them may barely move: stall_cost.cu) or out of
+ *               pages: besides throughput, progress_while_held, the neighbour's speed while
+ *               they ran against alone, assuming alone's speed after; stalled_share, the share
+ *               of their time that they were stalled (reads over 10 us).
  * A further transport is a class with start(), publish() and stop() (consumers, below) and a
  * line in the table of transports.
  *
@@ -82,8 +80,9 @@
  *        one run each, alone 2 + 2)
  * Prints one line per row; writes one JSON object per row to OUT.jsonl, the first naming the
  * GPU, its driver and the date. Every wait gives up after 2 s (a neighbour's run after 20 s)
- * and stops the program with exit status 1. Managed memory: the fault row's 8 MiB and alg1's
- * channel (1 KiB per SM). Reads the GPU's state; changes none of its settings.
+ * and stops the program with exit status 1. Managed memory: the fault row's 2.1 GiB of address
+ * space (132 SMs; half of it populated, then freed, at each of its runs) and alg1's channel
+ * (1 KiB per SM). Reads the GPU's state; changes none of its settings.
  */
 #include <algorithm>
 #include <chrono>
@@ -125,11 +124,16 @@ constexpr uint32_t batch_bytes = consumer_warps * message_bytes;
 constexpr uint32_t neighbour_smem = 120 * 1024;
 /* Block counts per %smid, which may number SMs beyond the SM count. */
 constexpr uint32_t max_smid = 1024;
-constexpr uint64_t fault_bytes = 8 << 20;
 constexpr uint64_t page_bytes = 4096;
-/* A page read that took this long was a fault; after a shorter one the warp sleeps fault_nap_ns. */
+/*
+ * The fault row's pages per warp: never touched, each read of one a fault that populates it
+ * (some 100 to 250 us each beside a neighbour), enough for a neighbour's run several times
+ * longer than alone. Every other page of the range is read: 528 warps (132 SMs) take 2.1 GiB
+ * of managed address space and populate half of it.
+ */
+constexpr uint32_t fault_pages_per_warp = 512;
+/* A page read that took this long was a fault. */
 constexpr uint64_t fault_stall_ns = 10000;
-constexpr unsigned fault_nap_ns = 20000;
 /* The fault row's warps stop by themselves after this long: beside them a memory-bound neighbour may barely move. */
 constexpr uint64_t fault_hold_ns = 2000000000;
 
@@ -353,9 +357,8 @@ __global__ void __launch_bounds__(consumer_threads) use_delivery(wic::channel ch
 
 /*
  * stall() - the fault row's consumers: lane 0 of warp i of the grid (of grid_warps) reads the
- * first word of page 2 (k grid_warps + i) of @pages for k = 0 .. @per_warp - 1, and round
- * again, until *@stop (device memory) is set, or for fault_hold_ns at most. A read under
- * fault_stall_ns found its page on the GPU: the warp sleeps fault_nap_ns before the next.
+ * first word of page 2 (k grid_warps + i) of @pages (never touched) for k = 0 .. @per_warp - 1,
+ * until *@stop (device memory) is set, or for fault_hold_ns at most.
  */
 __global__ void __launch_bounds__(consumer_threads)
 	stall(const uint8_t *pages, uint32_t per_warp, const unsigned int *stop, consumer_record rec, fault_record f)
@@ -369,16 +372,15 @@ __global__ void __launch_bounds__(consumer_threads)
 	const uint64_t start = wic::detail::globaltimer();
 	uint64_t stalled = 0, sum = 0, now = start;
 	uint32_t faults = 0;
-	for (uint32_t k = 0; !*static_cast<const volatile unsigned int *>(stop) && now - start < fault_hold_ns; k++) {
-		const uint8_t *at = pages + 2 * ((uint64_t)(k % per_warp) * grid_warps + i) * page_bytes;
+	for (uint32_t k = 0;
+	     k < per_warp && !*static_cast<const volatile unsigned int *>(stop) && now - start < fault_hold_ns; k++) {
+		const uint8_t *at = pages + 2 * ((uint64_t)k * grid_warps + i) * page_bytes;
 		const uint64_t t0 = wic::detail::globaltimer();
 		sum += wic::detail::load_volatile(at);
 		now = wic::detail::globaltimer();
 		if (now - t0 >= fault_stall_ns) {
 			stalled += now - t0;
 			faults++;
-		} else {
-			__nanosleep(fault_nap_ns);
 		}
 	}
 	f.stalled_ns[i] = stalled;
@@ -470,7 +472,8 @@ struct rig {
 	uint32_t *sink = nullptr;
 	uint8_t *staging = nullptr; /* pinned: a generation, one batch per block */
 	uint8_t *batches = nullptr; /* launch_raw's copy of a generation */
-	uint8_t *pages = nullptr;   /* managed: the fault row's */
+	uint8_t *pages = nullptr;   /* managed: the fault row's, allocated afresh for each run */
+	const uint64_t fault_bytes = 2ull * sms * consumer_warps * fault_pages_per_warp * page_bytes;
 	unsigned int *stop = nullptr;
 	uint64_t *fault_ns = nullptr; /* per fault warp: stalled, then active */
 	uint32_t *faults = nullptr;
@@ -490,7 +493,6 @@ struct rig {
 		CHECK(cudaHostAlloc(&staging, sms * batch_bytes, cudaHostAllocDefault));
 		memset(staging, 0, sms * batch_bytes);
 		CHECK(cudaMalloc(&batches, sms * batch_bytes));
-		CHECK(cudaMallocManaged(&pages, fault_bytes));
 		CHECK(cudaMalloc(&stop, sizeof(unsigned int)));
 		CHECK(cudaMalloc(&fault_ns, 2 * sms * consumer_warps * sizeof(uint64_t)));
 		CHECK(cudaMalloc(&faults, sms * consumer_warps * sizeof(uint32_t)));
@@ -703,23 +705,21 @@ private:
 	wic::host_channel ch_;
 };
 
-/* fault: stall()'s warps on pages the host thread takes back again and again. */
+/* fault: stall()'s warps on pages never touched, allocated afresh for each run. */
 class fault_consumers : public consumers {
 public:
-	explicit fault_consumers(rig &r)
-		: r_(r), warps_(r.sms * consumer_warps), per_warp_((uint32_t)(fault_bytes / page_bytes / 2 / warps_))
-	{
-	}
+	explicit fault_consumers(rig &r) : r_(r), warps_(r.sms * consumer_warps) {}
 	bool publishes() const override { return false; }
 	void start() override
 	{
-		take_back();
-		stall<<<r_.sms, consumer_threads, 0, r_.consumer_stream>>>(r_.pages, per_warp_, r_.stop,
+		/* Fresh pages: every read a fault. Freed with nothing running (cudaFree() waits). */
+		CHECK(cudaFree(r_.pages));
+		CHECK(cudaMallocManaged(&r_.pages, r_.fault_bytes));
+		stall<<<r_.sms, consumer_threads, 0, r_.consumer_stream>>>(r_.pages, fault_pages_per_warp, r_.stop,
 									   r_.consumer_rec(), r_.fault_rec());
 		CHECK(cudaGetLastError());
 	}
 	void publish(uint32_t) override {}
-	void idle() override { take_back(); }
 	void stop() override
 	{
 		CHECK(cudaMemsetAsync(r_.stop, 0xff, sizeof(unsigned int), r_.copy_stream));
@@ -748,18 +748,8 @@ public:
 	}
 
 private:
-	/* The CPU writes every page the warps read: a page on the GPU comes back (a CPU fault). */
-	void take_back()
-	{
-		volatile uint8_t *p = r_.pages;
-		pass_++;
-		for (uint64_t k = 0; k < (uint64_t)warps_ * per_warp_; k++)
-			p[2 * k * page_bytes] = pass_;
-	}
-
 	rig &r_;
-	uint32_t warps_, per_warp_;
-	uint8_t pass_ = 0;
+	uint32_t warps_;
 	stall_stats stats_{0, 0, 0, 0};
 };
 
@@ -1109,13 +1099,13 @@ int main(int argc, char **argv)
 	prepare_kernels(prop);
 	rig r;
 	r.mapped_one_way_us = mapped_one_way_us(r, quick ? 1000 : 4000);
-	/* The fault row needs the host to write managed memory while a kernel runs, and a page per warp. */
-	const bool fault_row = managed && fault_bytes / page_bytes / 2 >= r.sms * consumer_warps;
+	/* The fault row's pages fault on the GPU only with concurrent managed access (Linux, Pascal on). */
+	const bool fault_row = managed;
 	printf("corun: %s (%u SMs), driver %s, CUDA driver API %d, runtime %d, %s\n", prop.name, r.sms,
 	       driver.c_str(), driver_api, runtime, date);
 	printf("corun: per SM %u consumer warps (%u-byte messages) beside %u neighbour warps; mapped one way %.2f us%s\n",
 	       consumer_warps, message_bytes, bench::work_warps, r.mapped_one_way_us,
-	       fault_row ? "" : "; no fault row (needs concurrentManagedAccess and a page per warp)");
+	       fault_row ? "" : "; no fault row (needs concurrentManagedAccess)");
 	record("device")
 		.add("name", prop.name)
 		.add("sms", (double)r.sms)

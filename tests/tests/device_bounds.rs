@@ -12,6 +12,7 @@ use wic_tests::{scratch, workspace};
 const APPS: &str = "\
 C_A nowait blocks=1 median_ms=2.000 min_ms=1 max_ms=3 producer_ms=20.000 bytes=1000000000 correct=yes
 C_A push blocks=1 median_ms=25.000 min_ms=1 max_ms=3 producer_ms=21.000 bytes=1000000000 correct=yes
+C_A launch blocks=1 median_ms=30.000 min_ms=1 max_ms=3 producer_ms=21.000 bytes=1000000000 correct=yes
 C_A poll blocks=1 median_ms=100.000 min_ms=1 max_ms=3 producer_ms=21.000 bytes=1000000000 correct=yes
 C_A alg1 blocks=1 median_ms=200.000 min_ms=1 max_ms=3 producer_ms=21.000 bytes=1000000000 correct=yes
 C_B nowait blocks=1 median_ms=1.000 min_ms=1 max_ms=3 producer_ms=5.000 bytes=5000000000 correct=yes
@@ -64,22 +65,22 @@ fn bounds_take_the_largest_term_and_ratios_follow_from_it() {
     let table = String::from_utf8(out.stdout).unwrap();
 
     // Columns: app, bound, binds, copy, producer, pipeline, nowait, serial, push/bound,
-    // tagged/bound, picked/bound, poll/bound, alg1/bound, alg1/push, all correct.
+    // launch/bound, tagged/bound, picked/bound, poll/bound, alg1/bound, alg1/push, all correct.
     let a = row(&table, "C_A");
     assert_eq!(&a[1..8], ["20.00", "producer", "10.00", "20.00", "-", "2.00", "32.00"], "{table}");
-    assert_eq!(&a[8..15], ["1.25", "-", "-", "5.00", "10.00", "8.00", "yes"], "{table}");
+    assert_eq!(&a[8..16], ["1.25", "1.50", "-", "-", "5.00", "10.00", "8.00", "yes"], "{table}");
     let d = row(&table, "C_D");
     assert_eq!(&d[1..8], ["24.00", "pipeline", "10.00", "20.00", "24.00", "2.00", "32.00"], "{table}");
     assert_eq!(d[8], "1.25", "{table}");
     let b = row(&table, "C_B");
     assert_eq!(&b[1..4], ["50.00", "copy", "50.00"], "{table}");
-    assert_eq!(&b[8..15], ["1.20", "-", "-", "-", "2.40", "2.00", "NO"], "{table}");
+    assert_eq!(&b[8..16], ["1.20", "-", "-", "-", "-", "2.40", "2.00", "NO"], "{table}");
     let c = row(&table, "C_C");
     assert_eq!(&c[1..3], ["40.00", "consumer"], "{table}");
     assert_eq!(c[8], "1.10", "{table}");
     let x = row(&table, "G_X");
     assert_eq!(&x[1..4], ["4.00", "consumer", "-"], "{table}");
-    assert_eq!(&x[8..15], ["1.25", "1.10", "1.15", "-", "10.00", "8.00", "yes"], "{table}");
+    assert_eq!(&x[8..16], ["1.25", "-", "1.10", "1.15", "-", "10.00", "8.00", "yes"], "{table}");
 
     // alg1 / push over the four applications: (8 * 2 * 2 * 8)^(1/4) = 4.
     assert!(table.contains("geometric mean over 4 applications: 4.00"), "{table}");
