@@ -42,6 +42,32 @@ inline transport pick_host_transport(uint32_t message_bytes, uint32_t warps_per_
 	return batch_bytes <= 512 && message_bytes % 8 == 0 ? transport::tagged : transport::push;
 }
 
+/*
+ * sharing - what else runs on the consumers' GPU while they wait, for pick_host_transport():
+ * nothing (alone), kernels bound by arithmetic, or kernels bound by memory (loads that hit in
+ * L2 or stream from device memory).
+ */
+enum class sharing { alone, arithmetic, memory };
+
+/*
+ * pick_host_transport() - the same, knowing what shares the GPU (@beside)
+ *
+ * Alone or beside arithmetic, as above: every transport's waiters cost arithmetic 3.2% of its
+ * speed at most. Beside memory-bound work, push: waiters that spin across PCIe (mapped) left
+ * such a kernel 1.4 to 3.5% of its speed, tagged's spinning on device memory cost it up to
+ * 6.5%, push's sleeping 2.3% at most (device/bench/corun.cu on an H200; device/README.md, "What
+ * waiting costs the work beside it"). launch, which costs it 1.5% at most with nothing resident
+ * while it waits, is the caller's choice: only the caller knows whether its consumer can be
+ * launched anew for every delivery.
+ */
+inline transport pick_host_transport(uint32_t message_bytes, uint32_t warps_per_batch, uint32_t spinning_waiters,
+				     sharing beside)
+{
+	if (beside == sharing::memory)
+		return transport::push;
+	return pick_host_transport(message_bytes, warps_per_batch, spinning_waiters);
+}
+
 namespace detail {
 
 /* Copies @bytes of device memory at @from to host memory at @to, done when this returns. */

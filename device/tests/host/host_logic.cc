@@ -152,6 +152,23 @@ void launch_deliveries()
 	cudaStreamDestroy(stream);
 }
 
+/* pick_host_transport() with what shares the GPU: beside memory-bound work, push, never a spinner across PCIe. */
+void picks_beside_other_work()
+{
+	bool same = true;
+	for (uint32_t bytes : {8u, 64u, 256u, 1024u, 65536u})
+		for (uint32_t waiters : {1u, 16u})
+			for (wic::sharing beside : {wic::sharing::alone, wic::sharing::arithmetic})
+				same &= wic::pick_host_transport(bytes, 1, waiters, beside) ==
+					wic::pick_host_transport(bytes, 1, waiters);
+	const bool memory = wic::pick_host_transport(64, 1, 1, wic::sharing::memory) == wic::transport::push &&
+			    wic::pick_host_transport(64, 1, 16, wic::sharing::memory) == wic::transport::push &&
+			    wic::pick_host_transport(65536, 16, 16, wic::sharing::memory) == wic::transport::push &&
+			    wic::pick_host_transport(64, 1, 1) == wic::transport::mapped;
+	check(same && memory, "pick_host_transport(): alone or beside arithmetic as without the argument; beside "
+			      "memory-bound work push, where alone it would be mapped or tagged");
+}
+
 void coalescing()
 {
 	const uint32_t slots = 8, batch = 64;
@@ -363,6 +380,7 @@ int main()
 	refusals();
 	coalescing();
 	launch_deliveries();
+	picks_beside_other_work();
 	one_lane();
 	tagged_lines();
 	earlier_code();
