@@ -628,29 +628,52 @@ static void wic_untabled_free(struct wic_range_entry *entries, u32 nr, u64 start
 }
 
 /*
+ * The range of @space_id holding @va, to change its bitmaps; under @lock, which every reader
+ * and writer of them holds (wic_mark_gone() writes @gone the same way).
+ */
+static struct wic_range_entry *wic_untabled_range(struct wic_session *s, u32 space_id, u64 va)
+{
+	struct wic_range_entry *range =
+		(struct wic_range_entry *)wic_range_find(&s->spaces[space_id - 1].ranges, va);
+
+	return range && range->untabled ? range : NULL;
+}
+
+/* Page @page of @range awaits its marker; under @lock. */
+static void wic_untabled_set(struct wic_range_entry *range, unsigned long page)
+{
+	if (!__test_and_set_bit(page, range->untabled))
+		range->untabled_pending++;
+}
+
+/*
  * A fault on @va of @range held without an entry; under @lock. A page whose marker the close
  * under way wrote needs nothing more.
  */
-static void wic_untabled_note(const struct wic_range_entry *range, u64 va)
+static void wic_untabled_note(struct wic_range_entry *range, u64 va)
 {
 	unsigned long page = (va - range->start) >> PAGE_SHIFT;
 
 	if (range->untabled && !test_bit(page, wic_untabled_marked(range)))
-		__set_bit(page, range->untabled);
+		wic_untabled_set(range, page);
 }
 
 /* [@va, @va + @pages pages) of @space_id were mapped with their data or a marker; under @lock. */
 static void wic_untabled_served(struct wic_session *s, u32 space_id, u64 va, u32 pages)
 {
-	const struct wic_range_entry *range = wic_range_find(&s->spaces[space_id - 1].ranges, va);
-	unsigned long first, nr;
+	struct wic_range_entry *range = wic_untabled_range(s, space_id, va);
+	unsigned long first, end, page;
 
-	if (!range || !range->untabled)
+	if (!range)
 		return;
 	first = (va - range->start) >> PAGE_SHIFT;
-	nr = min_t(unsigned long, pages, wic_untabled_bits(range) - first);
-	bitmap_clear(range->untabled, first, nr);
-	bitmap_clear(wic_untabled_marked(range), first, nr);
+	end = first + min_t(unsigned long, pages, wic_untabled_bits(range) - first);
+	for (page = first; range->untabled_pending &&
+	     (page = find_next_bit(range->untabled, end, page)) < end; page++) {
+		__clear_bit(page, range->untabled);
+		range->untabled_pending--;
+	}
+	bitmap_clear(wic_untabled_marked(range), first, end - first);
 }
 
 /* Whether a page of a range of @space_id inside [@start, @end) awaits its marker; under @lock. */
@@ -661,10 +684,8 @@ static bool wic_untabled_any(struct wic_session *s, u32 space_id, u64 start, u64
 
 	for (i = 0; i < ranges->nr; i++) {
 		const struct wic_range_entry *range = &ranges->entries[i];
-		unsigned long bits = wic_untabled_bits(range);
 
-		if (range->untabled && range->start >= start && range->end <= end &&
-		    find_first_bit(range->untabled, bits) < bits)
+		if (range->untabled_pending && range->start >= start && range->end <= end)
 			return true;
 	}
 	return false;
@@ -673,52 +694,72 @@ static bool wic_untabled_any(struct wic_session *s, u32 space_id, u64 start, u64
 /*
  * Takes up to WIC_COMPLETE_BATCH pages of the ranges of @space_id inside [@start, @end) that
  * await their marker, notes them written, and fills a marker's write (no map) into @c for
- * each; returns how many.
+ * each; returns how many. A range with none costs no walk of its bitmap.
  */
 static u32 wic_untabled_take(struct wic_session *s, u32 space_id, u64 start, u64 end, u64 marker,
 			     struct uvm_wic_completion *c)
 {
-	const struct wic_range_list *ranges = &s->spaces[space_id - 1].ranges;
+	struct wic_range_list *ranges = &s->spaces[space_id - 1].ranges;
 	unsigned long flags, page;
 	u32 i, n = 0;
 
 	spin_lock_irqsave(&s->lock, flags);
 	for (i = 0; i < ranges->nr && n < WIC_COMPLETE_BATCH; i++) {
-		const struct wic_range_entry *range = &ranges->entries[i];
+		struct wic_range_entry *range = &ranges->entries[i];
 		unsigned long bits = wic_untabled_bits(range);
 
-		if (!range->untabled || range->start < start || range->end > end)
+		if (!range->untabled_pending || range->start < start || range->end > end)
 			continue;
-		for_each_set_bit(page, range->untabled, bits) {
+		for (page = 0; range->untabled_pending && n < WIC_COMPLETE_BATCH &&
+		     (page = find_next_bit(range->untabled, bits, page)) < bits; page++) {
 			__clear_bit(page, range->untabled);
+			range->untabled_pending--;
 			__set_bit(page, wic_untabled_marked(range));
 			/* The GPU is not known, nor needed: nothing is mapped. */
 			c[n++] = (struct uvm_wic_completion){
 				.va = range->start + page * PAGE_SIZE, .pages = 1,
 				.marker = marker, .flags = UVM_WIC_COMPLETE_NO_MAP,
 			};
-			if (n == WIC_COMPLETE_BATCH)
-				break;
 		}
 	}
 	spin_unlock_irqrestore(&s->lock, flags);
 	return n;
 }
 
-/* The marker's write on @va of @space_id failed: the page awaits it again. */
+/* The marker's write on @va of @space_id failed: the page awaits it again; under @lock. */
 static void wic_untabled_again(struct wic_session *s, u32 space_id, u64 va)
 {
-	const struct wic_range_entry *range;
-	unsigned long flags, page;
+	struct wic_range_entry *range = wic_untabled_range(s, space_id, va);
+	unsigned long page;
 
-	spin_lock_irqsave(&s->lock, flags);
-	range = wic_range_find(&s->spaces[space_id - 1].ranges, va);
-	if (range && range->untabled) {
+	if (range) {
 		page = (va - range->start) >> PAGE_SHIFT;
 		__clear_bit(page, wic_untabled_marked(range));
-		__set_bit(page, range->untabled);
+		wic_untabled_set(range, page);
 	}
-	spin_unlock_irqrestore(&s->lock, flags);
+}
+
+/*
+ * A close of the ranges of @space_id inside [@start, @end) failed and they stay: the pages whose
+ * marker it wrote await theirs again, so that the next close or the release writes it (again)
+ * rather than count on a marker a completion may overwrite meanwhile; under @lock.
+ */
+static void wic_untabled_reopen(struct wic_session *s, u32 space_id, u64 start, u64 end)
+{
+	struct wic_range_list *ranges = &s->spaces[space_id - 1].ranges;
+	unsigned long page;
+	u32 i;
+
+	for (i = 0; i < ranges->nr; i++) {
+		struct wic_range_entry *range = &ranges->entries[i];
+		unsigned long bits = wic_untabled_bits(range);
+
+		if (!range->untabled || range->start < start || range->end > end)
+			continue;
+		for_each_set_bit(page, wic_untabled_marked(range), bits)
+			wic_untabled_set(range, page);
+		bitmap_zero(wic_untabled_marked(range), bits);
+	}
 }
 
 /**
@@ -801,7 +842,8 @@ static enum uvm_wic_verdict wic_classify(const struct uvm_wic_fault *fault)
 	case WIC_HOLD_UNTABLED:
 		wic_hold_untabled(&s->clock, now);
 		__set_bit(fault->gpu_id, s->untabled_gpus);
-		wic_untabled_note(range, fault->va);
+		/* Written under @lock, as wic_mark_gone() writes @gone. */
+		wic_untabled_note((struct wic_range_entry *)range, fault->va);
 		break;
 	default:
 		break;
@@ -920,13 +962,15 @@ static bool wic_held_any(struct wic_session *s, u32 space_id, u64 start, u64 end
 }
 
 /* Releases a held fault that was completed and adds its GPU to @replay. */
-static void wic_held_done(struct wic_session *s, struct wic_held *held, unsigned long *replay)
+static void wic_held_done(struct wic_session *s, struct wic_held *held, unsigned long *replay,
+			  bool served)
 {
 	unsigned long flags;
 
 	spin_lock_irqsave(&s->lock, flags);
 	__set_bit(held->gpu_id, replay);
-	wic_untabled_served(s, held->space_id, held->va, 1);
+	if (served)
+		wic_untabled_served(s, held->space_id, held->va, 1);
 	wic_held_release(s, held);
 	spin_unlock_irqrestore(&s->lock, flags);
 }
@@ -1008,6 +1052,7 @@ static int wic_mark_untabled(struct wic_session *s, u32 space_id, u64 start, u64
 {
 	struct uvm_wic_completion *c = s->sweep;
 	int ret, err, first = 0;
+	unsigned long flags;
 	u32 id, i, n;
 
 	for (id = 1; id <= WIC_MAX_SPACES; id++) {
@@ -1017,10 +1062,16 @@ static int wic_mark_untabled(struct wic_session *s, u32 space_id, u64 start, u64
 			ret = uvm_wic_complete(s->spaces[id - 1].uvm, c, n);
 			for (i = 0; i < n; i++) {
 				err = ret ?: c[i].result;
-				if (!err || wic_page_gone(err) || !stop)
+				if (!err || (!wic_page_gone(err) && !stop))
 					continue;
-				wic_untabled_again(s, id, c[i].va);
-				first = first ?: err;
+				spin_lock_irqsave(&s->lock, flags);
+				if (wic_page_gone(err))
+					wic_mark_gone(s, id, c[i].va, err);
+				else
+					wic_untabled_again(s, id, c[i].va);
+				spin_unlock_irqrestore(&s->lock, flags);
+				if (!wic_page_gone(err))
+					first = first ?: err;
 			}
 		}
 	}
@@ -1074,7 +1125,8 @@ static bool wic_complete_failed(struct wic_session *s, struct wic_held *held, in
 			s->nr_pass_once++;
 		}
 		spin_unlock_irqrestore(&s->lock, flags);
-		wic_held_done(s, held, replay);
+		/* Released unmapped: only an EXDEV page has its marker (the map failed after it). */
+		wic_held_done(s, held, replay, err == -EXDEV);
 		return false;
 	}
 	if (on_failure == WIC_SKIP_FAILED) {
@@ -1181,7 +1233,7 @@ static int wic_complete_held(struct wic_session *s, u32 space_id, u64 start, u64
 					    found[i]->kind == WIC_RANGE_PCM)
 						wic_expired_page(s, found[i]);
 					if (!err[i] && map)
-						wic_held_done(s, found[i], replay);
+						wic_held_done(s, found[i], replay, true);
 					else if (!err[i])
 						found[i]->marked = gen;
 					else if (wic_complete_failed(s, found[i], err[i], on_failure,
@@ -1265,6 +1317,7 @@ static int wic_close(struct wic_session *s, u32 space_id, u64 start, u64 end,
 				bitmap_or(replay, replay, space->held_gpus, WIC_GPU_BITS);
 			s->closing_space = 0;
 		} else if (err) {
+			wic_untabled_reopen(s, space_id, start, end);
 			s->closing_space = 0;
 		}
 		spin_unlock_irqrestore(&s->lock, flags);

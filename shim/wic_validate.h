@@ -35,6 +35,7 @@
  *	wic_hold.h): its faults are no longer held
  * @unsupported_told: wicd was told that a page of it faulted on a GPU whose faults cannot be
  *	held (WIC_RECORD_UNSUPPORTED_GPU)
+ * @untabled_pending: pages set in the first of @untabled's bitmaps
  * @untabled: a PCM range's two bitmaps of one bit per page, NULL for other kinds: the pages on
  *	which a fault was held without a held-table entry since the page was last completed,
  *	then the pages whose marker the close under way wrote (wic_shim.c, wic_untabled_note())
@@ -47,6 +48,7 @@ struct wic_range_entry {
 	u32 run_pages;
 	u32 gone;
 	u32 unsupported_told;
+	u32 untabled_pending;
 	unsigned long *untabled;
 };
 

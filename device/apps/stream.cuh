@@ -504,6 +504,10 @@ inline timing run(mode m, uint32_t blocks, uint32_t generations, uint32_t messag
 			prod.publish_generation(g, pool, [&](uint32_t b, uint8_t *buf) { fill(b, g, buf); });
 		}
 	};
+	/*
+	 * The channel launches inside publish_generation()'s one publish_many() (nothing is
+	 * coalesced), so the delivery is generation @publishing of every stream.
+	 */
 	if (m == mode::launch)
 		prod.launch_consumer([&](const wic::delivery &, cudaStream_t stream) {
 			placement one = prod.place();

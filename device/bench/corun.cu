@@ -99,17 +99,22 @@
 
 #include "../apps/check.cuh"
 #include "../apps/description.h"
+#include "host.cuh"
 #include "report.cuh"
 #include "work.cuh"
 
 namespace {
 
+using bench::clock_type;
+using bench::finish;
+using bench::host_wait;
 using bench::quantile;
 using bench::record;
-using clock_type = std::chrono::steady_clock;
-
-constexpr uint64_t timeout_ns = 2000000000;
-constexpr double timeout_s = 2.0;
+using bench::seconds_since;
+using bench::stuck;
+using bench::timeout_ns;
+using bench::timeout_s;
+using bench::us_between;
 /* A neighbour's run is fixed work, which the consumers beside it may slow many times over. */
 constexpr double neighbour_limit_s = 20.0;
 constexpr double neighbour_target_ms = 50.0;
@@ -392,48 +397,9 @@ __global__ void __launch_bounds__(consumer_threads)
 
 /* ---- host side ---- */
 
-double seconds_since(clock_type::time_point t)
-{
-	return std::chrono::duration<double>(clock_type::now() - t).count();
-}
 
-double us_between(clock_type::time_point a, clock_type::time_point b)
-{
-	return std::chrono::duration<double, std::micro>(b - a).count();
-}
 
-/* Exits after a wait gave up: a kernel may still be spinning, so nothing after it is safe. */
-[[noreturn]] void stuck(const char *what)
-{
-	fprintf(stderr, "corun: %s: a wait gave up or a check failed; stopping\n", what);
-	exit(1);
-}
 
-/* Waits for @stream's work, or gives up after 3 s. */
-void finish(cudaStream_t stream, const char *what)
-{
-	const auto start = clock_type::now();
-	cudaError_t err;
-	while ((err = cudaStreamQuery(stream)) == cudaErrorNotReady)
-		if (seconds_since(start) > timeout_s + 1)
-			stuck(what);
-	CHECK(err);
-}
-
-/* Spins until *@word, written by a GPU, reaches @want; false after 2 s or on the failure value ~0. */
-bool host_wait(const unsigned int *word, unsigned int want)
-{
-	const auto start = clock_type::now();
-	for (unsigned spins = 0;; spins++) {
-		const unsigned int v = __atomic_load_n(word, __ATOMIC_ACQUIRE);
-		if (v == ~0u)
-			return false;
-		if ((int)(v - want) >= 0)
-			return true;
-		if (spins % 4096 == 0 && seconds_since(start) > timeout_s)
-			return false;
-	}
-}
 
 /* @n words of pinned host memory mapped into the device, zeroed: host and device addresses. */
 struct mapped_words {
@@ -1070,22 +1036,7 @@ void report(const rig &r, const row &w, const neighbour_kind &n, double alone_ms
 
 int main(int argc, char **argv)
 {
-	bool quick = false;
-	const char *out = nullptr;
-	for (int i = 1; i < argc; i++) {
-		if (!strcmp(argv[i], "--quick")) {
-			quick = true;
-		} else if (argv[i][0] == '-') {
-			fprintf(stderr, "usage: %s [--quick] [OUT.jsonl]\n", argv[0]);
-			return 2;
-		} else {
-			out = argv[i];
-		}
-	}
-	if (out && !(bench::json = fopen(out, "w"))) {
-		perror(out);
-		return 2;
-	}
+	const bool quick = bench::quick_and_output(argc, argv);
 	cudaDeviceProp prop;
 	CHECK(cudaGetDeviceProperties(&prop, 0));
 	int driver_api = 0, runtime = 0, managed = 0;

@@ -1,13 +1,16 @@
 /* SPDX-License-Identifier: MIT OR Apache-2.0 */
 /*
  * report.cuh - what the benchmarks write: quantiles of a sample, and one JSON object per
- * measurement (a line of the file bench::json names, when it names one).
+ * measurement (a line of the file bench::json names, when it names one); the command line that
+ * names that file.
  */
 #ifndef WIC_BENCH_REPORT_CUH
 #define WIC_BENCH_REPORT_CUH
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -58,6 +61,31 @@ public:
 private:
 	std::string fields_;
 };
+
+/*
+ * The command line of a benchmark that takes [--quick] [OUT.jsonl]: whether --quick was given;
+ * opens OUT as json. Prints the usage and exits 2 on anything else, or 2 if OUT cannot be opened.
+ */
+inline bool quick_and_output(int argc, char **argv)
+{
+	bool quick = false;
+	const char *out = nullptr;
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--quick")) {
+			quick = true;
+		} else if (argv[i][0] == '-' || out) {
+			fprintf(stderr, "usage: %s [--quick] [OUT.jsonl]\n", argv[0]);
+			exit(2);
+		} else {
+			out = argv[i];
+		}
+	}
+	if (out && !(json = fopen(out, "w"))) {
+		perror(out);
+		exit(2);
+	}
+	return quick;
+}
 
 } /* namespace bench */
 

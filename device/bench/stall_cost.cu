@@ -427,22 +427,7 @@ void measure(bench_state &st, work kind, uint32_t rounds, uint32_t stalled, bool
 
 int main(int argc, char **argv)
 {
-	bool quick = false;
-	const char *out = nullptr;
-	for (int i = 1; i < argc; i++) {
-		if (!strcmp(argv[i], "--quick")) {
-			quick = true;
-		} else if (argv[i][0] == '-') {
-			fprintf(stderr, "usage: %s [--quick] [OUT.jsonl]\n", argv[0]);
-			return 2;
-		} else {
-			out = argv[i];
-		}
-	}
-	if (out && !(bench::json = fopen(out, "w"))) {
-		perror(out);
-		return 2;
-	}
+	const bool quick = bench::quick_and_output(argc, argv);
 	cudaDeviceProp prop;
 	CHECK(cudaGetDeviceProperties(&prop, 0));
 	int driver = 0;

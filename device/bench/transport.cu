@@ -99,14 +99,19 @@
 #include <cuda.h>
 
 #include "../apps/peer.cuh"
+#include "host.cuh"
 #include "report.cuh"
 
 namespace {
 
-constexpr uint64_t timeout_ns = 2000000000;
-constexpr double timeout_s = 2.0;
-
-using clock_type = std::chrono::steady_clock;
+using bench::clock_type;
+using bench::finish;
+using bench::host_wait;
+using bench::seconds_since;
+using bench::stuck;
+using bench::timeout_ns;
+using bench::timeout_s;
+using bench::us_between;
 
 struct settings {
 	bool quick = false;
@@ -118,52 +123,12 @@ struct settings {
 
 settings cfg;
 
-double seconds_since(clock_type::time_point t)
-{
-	return std::chrono::duration<double>(clock_type::now() - t).count();
-}
-
-double us_between(clock_type::time_point a, clock_type::time_point b)
-{
-	return std::chrono::duration<double, std::micro>(b - a).count();
-}
 
 using bench::quantile;
 using bench::record;
 
-/* Exits after a wait gave up: a kernel may still be spinning, so nothing after it is safe. */
-[[noreturn]] void stuck(const char *what)
-{
-	fprintf(stderr, "transport: %s: a wait gave up after %.0f s or a check failed; stopping\n", what,
-		timeout_s);
-	exit(1);
-}
 
-/* Waits for @stream's work, or gives up after 2 s more. */
-void finish(cudaStream_t stream, const char *what)
-{
-	const auto start = clock_type::now();
-	cudaError_t err;
-	while ((err = cudaStreamQuery(stream)) == cudaErrorNotReady)
-		if (seconds_since(start) > timeout_s + 1)
-			stuck(what);
-	CHECK(err);
-}
 
-/* Spins until *@word, written by a GPU, reaches @want; false after 2 s or on the failure value ~0. */
-bool host_wait(const unsigned int *word, unsigned int want)
-{
-	const auto start = clock_type::now();
-	for (unsigned spins = 0;; spins++) {
-		const unsigned int v = __atomic_load_n(word, __ATOMIC_ACQUIRE);
-		if (v == ~0u)
-			return false;
-		if ((int)(v - want) >= 0)
-			return true;
-		if (spins % 4096 == 0 && seconds_since(start) > timeout_s)
-			return false;
-	}
-}
 
 /* A word of pinned host memory mapped into the current device: host and device addresses. */
 struct mapped_word {

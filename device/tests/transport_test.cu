@@ -12,7 +12,8 @@
  * (its pages are ordinary device memory here, so nothing stalls); a producer kernel delivers
  * through push, poll, alg1 and tagged peer channels (publish_block(); recv() and recv_block()),
  * a launch channel launches each delivery's consumer after its data landed (per publish(), per
- * publish_many() and per coalesced run), byte for byte,
+ * publish_many() and per coalesced run; for a producer kernel, after a stream wait for its
+ * ready words), byte for byte,
  * reusing each slot only after its consumers reported it consumed, and a wait for a generation
  * never published times out: on one GPU (producer and consumer kernels side by side), and from GPU 1
  * to GPU 0 where there are two with peer access.
@@ -157,64 +158,171 @@ __global__ void peer_consume(wic::channel ch, uint32_t generations, uint64_t tim
 	}
 }
 
+/*
+ * A launch channel's consumer of one generation of every slot, launched once the producer
+ * kernel published it: warp w of block b copies its message of slot b, there at the first look,
+ * to out as peer_consume() does.
+ */
+__global__ void peer_launched_consume(wic::channel ch, wic::delivery d, uint32_t generations, uint8_t *out,
+				      int *status)
+{
+	const uint32_t b = d.first_slot + blockIdx.x, w = threadIdx.x / 32, lane = threadIdx.x % 32;
+	const uint32_t g = wic::launched_generation(ch, b);
+	const uint8_t *message;
+
+	if (wic::recv<wic::transport::launch>(ch, b, g, w, &message, 0) != WIC_OK || g >= generations) {
+		if (lane == 0)
+			*(volatile int *)status = g >= generations ? WIC_ESTALE : WIC_ETIMED_OUT;
+		return;
+	}
+	uint8_t *dst = out + (((size_t)b * generations + g) * ch.warps_per_batch + w) * ch.message_bytes;
+	for (uint32_t i = lane; i < ch.message_bytes; i += 32)
+		dst[i] = message[i];
+	__syncthreads();
+	if (threadIdx.x == 0)
+		wic::consumed(ch, b, g);
+}
+
+/* The shape of the producer-kernel tests: blocks x generations batches of peer_warps messages. */
+constexpr uint32_t peer_blocks = 8, peer_generations = 32, peer_warps = 4;
+constexpr size_t peer_batch = (size_t)peer_warps * message_bytes;
+
+/*
+ * What a producer-kernel test runs on: a stream on each GPU with its kernel loaded (with lazy
+ * loading a launch may wait for the other, running kernel), and on the consumer GPU out (every
+ * batch, poisoned) and a status word. The consumer GPU is current after the constructor and
+ * after run_producer().
+ */
+struct peer_rig {
+	int consumer, producer;
+	cudaStream_t stream[2];
+	uint8_t *out;
+	int *status;
+
+	peer_rig(int c, int p, const void *consumer_kernel) : consumer(c), producer(p)
+	{
+		for (int side = 0; side < 2; side++) {
+			cudaFuncAttributes attr;
+			CHECK(cudaSetDevice(side ? producer : consumer));
+			CHECK(cudaStreamCreateWithFlags(&stream[side], cudaStreamNonBlocking));
+			CHECK(cudaFuncGetAttributes(&attr, side ? (const void *)peer_produce : consumer_kernel));
+		}
+		CHECK(cudaSetDevice(consumer));
+		CHECK(cudaMalloc(&out, peer_blocks * peer_generations * peer_batch));
+		CHECK(cudaMalloc(&status, sizeof(int)));
+		CHECK(cudaMemset(out, 0xa5, peer_blocks * peer_generations * peer_batch));
+		CHECK(cudaMemset(status, 0, sizeof(int)));
+		CHECK(cudaDeviceSynchronize());
+	}
+	peer_rig(const peer_rig &) = delete;
+	peer_rig &operator=(const peer_rig &) = delete;
+	~peer_rig()
+	{
+		for (int side = 0; side < 2; side++) {
+			CHECK(cudaSetDevice(side ? producer : consumer));
+			CHECK(cudaStreamDestroy(stream[side]));
+		}
+		CHECK(cudaSetDevice(consumer));
+		CHECK(cudaFree(out));
+		CHECK(cudaFree(status));
+		CHECK(cudaSetDevice(0));
+	}
+
+	/* Starts peer_produce() on the producer GPU and waits for both streams. */
+	void run_producer(const wic::channel &ch)
+	{
+		CHECK(cudaSetDevice(producer));
+		peer_produce<<<peer_blocks, 128, 0, stream[1]>>>(ch, peer_generations, 2000000000, status);
+		CHECK(cudaGetLastError());
+		for (int side = 0; side < 2; side++) {
+			CHECK(cudaSetDevice(side ? producer : consumer));
+			CHECK(cudaStreamSynchronize(stream[side]));
+		}
+		CHECK(cudaSetDevice(consumer));
+	}
+
+	int status_now() const
+	{
+		int rc;
+		CHECK(cudaMemcpy(&rc, status, sizeof(int), cudaMemcpyDeviceToHost));
+		return rc;
+	}
+
+	size_t wrong() const { return wrong_bytes(out, peer_blocks, peer_generations, peer_batch, peer_pattern); }
+};
+
+/*
+ * A producer kernel on GPU @producer, and on GPU @consumer a launch channel's consumers: every
+ * generation's wait and launch queued before the producer starts (launch_when_published()),
+ * each found there at the first look and copied byte for byte; a bad delivery refused.
+ */
+void peer_launch(int consumer, int producer)
+{
+	wic::peer_channel ch;
+	CHECK(ch.create(wic::transport::launch, consumer, producer, peer_blocks, message_bytes, peer_warps));
+	{
+		peer_rig rig(consumer, producer, (const void *)peer_launched_consume);
+		const wic::channel view = ch.device();
+		uint32_t launches = 0;
+		const wic::launcher consume = [&](const wic::delivery &d, cudaStream_t s) {
+			launches++;
+			peer_launched_consume<<<d.slots, peer_warps * 32, 0, s>>>(view, d, peer_generations, rig.out,
+										  rig.status);
+			return cudaGetLastError();
+		};
+		const bool refused =
+			ch.launch_when_published(peer_blocks, 1, 0, consume, rig.stream[0]) == cudaErrorInvalidValue &&
+			ch.launch_when_published(0, 1, 0, consume, cudaStreamLegacy).status() == WIC_ESTREAM &&
+			launches == 0;
+		for (uint32_t g = 0; g < peer_generations; g++)
+			CHECK(ch.launch_when_published(0, peer_blocks, g, consume, rig.stream[0]));
+		rig.run_producer(ch.device());
+		const int rc = rig.status_now();
+		const size_t wrong = rig.wrong();
+		char what[224];
+		snprintf(what, sizeof(what),
+			 "peer launch: a kernel on GPU %d delivers %u x %u batches to consumers launched on GPU %d once "
+			 "each generation was published, byte for byte (%zu wrong, status %d, %u launches; bad "
+			 "deliveries %s)",
+			 producer, peer_blocks, peer_generations, consumer, wrong, rc, launches,
+			 refused ? "refused" : "NOT refused");
+		check(wrong == 0 && rc == WIC_OK && launches == peer_generations && refused, what);
+	}
+	ch.destroy();
+}
+
 /* A producer kernel on GPU @producer, consumers on GPU @consumer (possibly the same GPU). */
 void gpu_producer(wic::transport kind, int consumer, int producer)
 {
-	const uint32_t blocks = 8, generations = 32, peer_warps = 4;
-	const size_t batch = (size_t)peer_warps * message_bytes, bytes = blocks * generations * batch;
 	wic::peer_channel ch;
-	uint8_t *out;
-	int *status, rc;
-	cudaStream_t stream[2];
-	CHECK(ch.create(kind, consumer, producer, blocks, message_bytes, peer_warps));
-	for (int side = 0; side < 2; side++) {
-		/* Loaded before either starts: with lazy loading a launch may wait for the running kernel. */
-		cudaFuncAttributes attr;
-		CHECK(cudaSetDevice(side ? producer : consumer));
-		CHECK(cudaStreamCreateWithFlags(&stream[side], cudaStreamNonBlocking));
-		CHECK(cudaFuncGetAttributes(&attr, side ? (const void *)peer_produce : (const void *)peer_consume));
+	CHECK(ch.create(kind, consumer, producer, peer_blocks, message_bytes, peer_warps));
+	{
+		peer_rig rig(consumer, producer, (const void *)peer_consume);
+		const uint64_t timeout_ns = 2000000000;
+		peer_consume<<<peer_blocks, peer_warps * 32, 0, rig.stream[0]>>>(ch.device(), peer_generations, timeout_ns,
+										 rig.out, rig.status);
+		CHECK(cudaGetLastError());
+		rig.run_producer(ch.device());
+		int rc = rig.status_now();
+		const size_t wrong = rig.wrong();
+		char what[160];
+		snprintf(what, sizeof(what),
+			 "peer %s: a kernel on GPU %d delivers %u x %u batches to GPU %d byte for byte, slots reused after "
+			 "consumed() (%zu wrong, status %d)",
+			 wic::transport_name(kind), producer, peer_blocks, peer_generations, consumer, wrong, rc);
+		check(wrong == 0 && rc == WIC_OK, what);
+		/* Nothing more is published: the next generation's wait ends at its timeout. */
+		CHECK(cudaMemsetAsync(rig.status, 0, sizeof(int), rig.stream[0]));
+		wait_next<<<2, peer_warps * 32, 0, rig.stream[0]>>>(ch.device(), peer_generations, 1000000, rig.status);
+		CHECK(cudaGetLastError());
+		CHECK(cudaStreamSynchronize(rig.stream[0]));
+		rc = rig.status_now();
+		snprintf(what, sizeof(what),
+			 "peer %s: recv() and recv_block() of an unpublished generation time out after 1 ms",
+			 wic::transport_name(kind));
+		check(rc == 2 * WIC_ETIMED_OUT, what);
 	}
-	CHECK(cudaSetDevice(consumer));
-	CHECK(cudaMalloc(&out, bytes));
-	CHECK(cudaMalloc(&status, sizeof(int)));
-	CHECK(cudaMemset(out, 0xa5, bytes));
-	CHECK(cudaMemset(status, 0, sizeof(int)));
-	CHECK(cudaDeviceSynchronize());
-	const uint64_t timeout_ns = 2000000000;
-	peer_consume<<<blocks, peer_warps * 32, 0, stream[0]>>>(ch.device(), generations, timeout_ns, out, status);
-	CHECK(cudaGetLastError());
-	CHECK(cudaSetDevice(producer));
-	peer_produce<<<blocks, 128, 0, stream[1]>>>(ch.device(), generations, timeout_ns, status);
-	CHECK(cudaGetLastError());
-	for (int side = 0; side < 2; side++)
-		CHECK(cudaStreamSynchronize(stream[side]));
-	CHECK(cudaSetDevice(consumer));
-	CHECK(cudaMemcpy(&rc, status, sizeof(int), cudaMemcpyDeviceToHost));
-	const size_t wrong = wrong_bytes(out, blocks, generations, batch, peer_pattern);
-	char what[160];
-	snprintf(what, sizeof(what),
-		 "peer %s: a kernel on GPU %d delivers %u x %u batches to GPU %d byte for byte, slots reused after "
-		 "consumed() (%zu wrong, status %d)",
-		 wic::transport_name(kind), producer, blocks, generations, consumer, wrong, rc);
-	check(wrong == 0 && rc == WIC_OK, what);
-	/* Nothing more is published: the next generation's wait ends at its timeout. */
-	CHECK(cudaMemsetAsync(status, 0, sizeof(int), stream[0]));
-	wait_next<<<2, peer_warps * 32, 0, stream[0]>>>(ch.device(), generations, 1000000, status);
-	CHECK(cudaGetLastError());
-	CHECK(cudaStreamSynchronize(stream[0]));
-	CHECK(cudaMemcpy(&rc, status, sizeof(int), cudaMemcpyDeviceToHost));
-	snprintf(what, sizeof(what), "peer %s: recv() and recv_block() of an unpublished generation time out after 1 ms",
-		 wic::transport_name(kind));
-	check(rc == 2 * WIC_ETIMED_OUT, what);
-	for (int side = 0; side < 2; side++) {
-		CHECK(cudaSetDevice(side ? producer : consumer));
-		CHECK(cudaStreamDestroy(stream[side]));
-	}
-	CHECK(cudaSetDevice(consumer));
-	CHECK(cudaFree(out));
-	CHECK(cudaFree(status));
 	ch.destroy();
-	CHECK(cudaSetDevice(0));
 }
 
 void delivery(app::mode mode)
@@ -629,7 +737,6 @@ void refusals()
 			     h.create(wic::transport::push, 0, 64, 1) == cudaErrorInvalidValue &&
 			     p.create(wic::transport::mapped, 0, 0, 1, 64, 1) == cudaErrorInvalidValue &&
 			     p.create(wic::transport::tagged, 0, 0, 1, 60, 1) == cudaErrorInvalidValue &&
-			     p.create(wic::transport::launch, 0, 0, 1, 64, 1) == cudaErrorInvalidValue &&
 			     p.create((wic::transport)7, 0, 0, 1, 64, 1) == cudaErrorInvalidValue;
 	CHECK(h.create(wic::transport::push, 2, 64, 1));
 	cudaStream_t stream;
@@ -833,6 +940,7 @@ int main()
 	gpu_producer(wic::transport::poll, 0, 0);
 	gpu_producer(wic::transport::alg1, 0, 0);
 	gpu_producer(wic::transport::tagged, 0, 0);
+	peer_launch(0, 0);
 	int gpus = 0;
 	CHECK(cudaGetDeviceCount(&gpus));
 	const cudaError_t peer = gpus >= 2 ? wic::enable_peer_access(0, 1) : cudaErrorInvalidDevice;
@@ -841,6 +949,7 @@ int main()
 		gpu_producer(wic::transport::poll, 0, 1);
 		gpu_producer(wic::transport::alg1, 0, 1);
 		gpu_producer(wic::transport::tagged, 0, 1);
+		peer_launch(0, 1);
 	} else {
 		printf("-- peer channels between two GPUs not checked: %d GPU(s)%s%s\n", gpus, gpus >= 2 ? ", " : "",
 		       gpus >= 2 ? cudaGetErrorString(peer) : "");

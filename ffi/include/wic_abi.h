@@ -128,7 +128,9 @@ struct wic_attach {
  * overlaps a range of the space; EMEDIUMTYPE when it is not entirely managed memory of the
  * space (cudaMallocManaged): malloc or mmap memory (HMM for nvidia-uvm) and other allocations
  * are refused, since nvidia-uvm can complete faults on managed memory only; EAGAIN while
- * nvidia-uvm is suspended. WIC_IOC_UNREGISTER fails with ENOENT for an id no range has.
+ * nvidia-uvm is suspended; ENOMEM when the module cannot allocate the range's table or, for a
+ * PCM range, its two bits per page (below). WIC_IOC_UNREGISTER fails with ENOENT for an id no
+ * range has.
  *
  * WIC_IOC_UNREGISTER (a range) and WIC_IOC_DETACH (a space and all its ranges) first complete
  * the faults held there with the channel-closed marker: each held PCM page gets the marker and
@@ -140,7 +142,9 @@ struct wic_attach {
  * process, memory or GPU is gone (ESRCH, EFAULT, ENODEV) is dropped without its marker. A
  * held page nvidia-uvm cannot map on the faulting GPU (EXDEV, see struct wic_command) gets
  * its marker and is released unmapped: once the range is gone its fault comes back and
- * nvidia-uvm services it as any fault, so the warp reads the marker.
+ * nvidia-uvm services it as any fault, so the warp reads the marker. So does a fault held
+ * without a held-table entry (the table full), whose page a PCM range remembers until it is
+ * completed: its marker is written, unmapped, before the range goes.
  */
 struct wic_range {
 	__u32 space_id;

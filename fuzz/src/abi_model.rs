@@ -179,7 +179,7 @@ impl Session {
         }
         self.issued += 1;
         self.total += 1;
-        ranges.insert(r.start, RangeEntry { start: r.start, end, id: self.issued, kind: r.kind, run_pages: r.run_pages, gone: 0, unsupported_told: 0, untabled: 0 });
+        ranges.insert(r.start, RangeEntry { start: r.start, end, id: self.issued, kind: r.kind, run_pages: r.run_pages, gone: 0, unsupported_told: 0, untabled_pending: 0, untabled: 0 });
         Ok(self.issued)
     }
 

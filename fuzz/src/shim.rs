@@ -18,7 +18,8 @@ pub struct RangeEntry {
     pub run_pages: u32,
     pub gone: u32,
     pub unsupported_told: u32,
-    /// The kernel's bitmaps of pages held without a held-table entry: never set here.
+    /// The kernel's count and bitmaps of pages held without a held-table entry: never set here.
+    pub untabled_pending: u32,
     pub untabled: usize,
 }
 
@@ -149,7 +150,7 @@ impl Session {
         let slot = Self::slot(r.space_id).expect("a range was accepted for an invalid space id");
         let old = self.spaces[slot].as_ref().expect("a range was accepted for a detached space");
         assert!(at as usize <= old.len(), "wic_check_register() put the range at {at} of {}", old.len());
-        let entry = RangeEntry { start: r.start, end, id: self.next_range_id, kind: r.kind, run_pages: r.run_pages, gone: 0, unsupported_told: 0, untabled: 0 };
+        let entry = RangeEntry { start: r.start, end, id: self.next_range_id, kind: r.kind, run_pages: r.run_pages, gone: 0, unsupported_told: 0, untabled_pending: 0, untabled: 0 };
         let mut new = vec![RangeEntry::default(); old.len() + 1];
         // SAFETY: `new` has room for one entry more than `old`, `at` is at most `old.len()`
         // (checked above), and `old` and `entry` outlive the call.

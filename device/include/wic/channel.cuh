@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <cuda_runtime.h>
 
 #include <wic/status.cuh>
@@ -92,6 +93,26 @@ struct channel {
 	uint8_t *staging;
 	uint32_t backoff_ns;
 };
+
+/*
+ * delivery - what a launch channel's consumer is launched for: the generations just landed in
+ * slots first_slot to first_slot + slots - 1 (a host producer's: one slot for publish(), more
+ * for publish_many() and coalesce()'s runs; a producer kernel's: the slots given to
+ * peer_channel::launch_when_published()). Its kernel learns each slot's generation with
+ * wic::launched_generation() and receives it as any consumer does (recv(), recv_block()),
+ * which finds it there at the first look.
+ */
+struct delivery {
+	uint32_t first_slot;
+	uint32_t slots;
+};
+
+/*
+ * launcher - queues a launch channel's consumer of @d on @stream: a kernel launch or a CUDA
+ * graph's (cudaGraphLaunch()), and nothing that waits for the host. Returns the launch's
+ * error (cudaGetLastError() after a <<<>>> launch).
+ */
+using launcher = std::function<cudaError_t(const delivery &d, cudaStream_t stream)>;
 
 #ifdef __CUDACC__
 
@@ -246,6 +267,19 @@ inline cudaError_t on_own_stream(F queue)
 	const cudaError_t synced = cudaStreamSynchronize(stream);
 	const cudaError_t destroyed = cudaStreamDestroy(stream);
 	return err != cudaSuccess ? err : synced != cudaSuccess ? synced : destroyed;
+}
+
+/*
+ * Whether @stream is the legacy default stream, which waits for the kernels of every blocking
+ * stream: a publish queued there never runs while a persistent consumer kernel does.
+ */
+inline bool legacy_default(cudaStream_t stream)
+{
+#ifdef CUDA_API_PER_THREAD_DEFAULT_STREAM
+	return stream == cudaStreamLegacy;
+#else
+	return stream == cudaStreamLegacy || stream == nullptr;
+#endif
 }
 
 /* Zeroes @bytes of device memory at @ptr, done when this returns. */

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <wic/channel.cuh>
@@ -204,6 +205,33 @@ inline void free_on(int device, void *ptr)
 		on_device(device, [&] { return cudaFree(ptr); });
 }
 
+/*
+ * Queues on @stream a wait until the word at @word (device memory) is at least @value, modulo
+ * 2^32 as generations count: a stream memory operation, cuStreamWaitValue32(), which the
+ * stream's front end runs, no SM. Taken from the driver through the runtime, so that nothing
+ * links libcuda. Returns cudaErrorNotSupported where the driver has none; its CUresult
+ * otherwise (the codes of this call's errors are the runtime's numbers).
+ */
+inline cudaError_t stream_wait_at_least(cudaStream_t stream, const unsigned int *word, unsigned int value)
+{
+	using wait_value32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+	static const wait_value32 wait = [] {
+		void *found = nullptr;
+		cudaDriverEntryPointQueryResult result = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+		const cudaError_t err =
+			cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &found, 12000, cudaEnableDefault, &result);
+#else
+		const cudaError_t err = cudaGetDriverEntryPoint("cuStreamWaitValue32", &found, cudaEnableDefault, &result);
+#endif
+		return err == cudaSuccess && result == cudaDriverEntryPointSuccess ? reinterpret_cast<wait_value32>(found)
+										 : nullptr;
+	}();
+	if (!wait)
+		return cudaErrorNotSupported;
+	return (cudaError_t)wait(stream, (CUdeviceptr)word, value, CU_STREAM_WAIT_VALUE_GEQ);
+}
+
 } /* namespace detail */
 
 /*
@@ -239,7 +267,7 @@ inline cudaError_t enable_peer_access(int a, int b)
 }
 
 /*
- * peer_channel - a push, poll, alg1 or tagged channel whose producer is a kernel on GPU
+ * peer_channel - a push, poll, alg1, tagged or launch channel whose producer is a kernel on GPU
  * @producer and whose consumers run on GPU @consumer (host code; the GPUs may be the same one).
  *
  * create() enables peer access both ways and allocates the slots' data and (push) the ready
@@ -251,6 +279,10 @@ inline cudaError_t enable_peer_access(int a, int b)
  * for all four. The producer kernel writes a batch into slot_buffer(), publish()es it, and
  * waits for wait_consumed() before it writes the slot again; consumers recv() and report
  * consumed(). No generation is published or consumed after create() or reset().
+ *
+ * launch: the producer kernel publishes as for push; no consumer waits on the GPU. The host
+ * queues, with launch_when_published(), a wait of the consumer GPU's stream for a delivery's
+ * ready words and then its consumer's launch: nothing of the consumer is resident meanwhile.
  */
 class peer_channel {
 public:
@@ -267,7 +299,7 @@ public:
 	outcome create(transport kind, int consumer, int producer, uint32_t slots, uint32_t message_bytes,
 			   uint32_t warps_per_batch)
 	{
-		if (kind == transport::fault || kind == transport::mapped || kind > transport::tagged || !slots ||
+		if (kind == transport::fault || kind == transport::mapped || kind > transport::launch || !slots ||
 		    !message_bytes || !warps_per_batch || (kind == transport::tagged && message_bytes % 8))
 			return detail::invalid();
 		destroy();
@@ -293,7 +325,7 @@ public:
 			if (err == cudaSuccess)
 				err = detail::alloc_on(producer, data_bytes, false, (void **)&staging_);
 			break;
-		default: /* push, poll */
+		default: /* push, poll, launch */
 			err = detail::alloc_on(consumer, data_bytes, false, &data_);
 			if (err == cudaSuccess)
 				err = detail::alloc_on(ready_device(), word_bytes, true, (void **)&ready_);
@@ -315,6 +347,41 @@ public:
 
 	/* What the producer and the consumer kernels take. */
 	channel device() const { return ch_; }
+
+	/*
+	 * launch_when_published() - a launch channel's consumer of @generation of slots
+	 * @first_slot to @first_slot + @slots - 1, queued on @stream (a stream of the consumer GPU)
+	 * @first_slot: the first slot
+	 * @slots: slots of the delivery
+	 * @generation: the generation the producer kernel publishes into each of them
+	 * @consume: queues the consumer (see launcher), called now
+	 * @stream: where the waits and the consumer go; not the legacy default stream
+	 *
+	 * Queues a wait until each slot's ready word says @generation was published (a stream
+	 * memory operation: the stream's front end waits, no SM), then @consume's launch with
+	 * delivery{@first_slot, @slots}. Returns at once: queue a run's deliveries ahead,
+	 * generation after generation; the stream runs them in order, and the producer still waits
+	 * for wic::consumed() before it writes a slot again.
+	 *
+	 * Return: WIC_OK; WIC_EINVALID for a channel of another transport, slots out of range or
+	 * an empty @consume; WIC_ESTREAM for the legacy default stream; WIC_EIO with the failed
+	 * call's error (cudaErrorNotSupported where the driver has no stream memory operations).
+	 */
+	outcome launch_when_published(uint32_t first_slot, uint32_t slots, uint32_t generation, const launcher &consume,
+				      cudaStream_t stream) const
+	{
+		if (ch_.kind != transport::launch || !consume || first_slot >= ch_.slots || !slots ||
+		    slots > ch_.slots - first_slot)
+			return detail::invalid();
+		if (detail::legacy_default(stream))
+			return outcome{WIC_ESTREAM, cudaErrorInvalidValue};
+		cudaError_t err = cudaSuccess;
+		for (uint32_t s = first_slot; s < first_slot + slots && err == cudaSuccess; s++)
+			err = detail::stream_wait_at_least(stream, &ready_[s], generation + 1);
+		if (err == cudaSuccess)
+			err = consume(delivery{first_slot, slots}, stream);
+		return outcome{err};
+	}
 
 	/* Back to no generation published or consumed, for another run; no kernel may use it now. */
 	outcome reset()

@@ -10,7 +10,6 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
-#include <functional>
 #include <thread>
 #include <cuda_runtime.h>
 #if defined(__SSE2__) && !defined(__CUDA_ARCH__)
@@ -75,19 +74,6 @@ inline cudaError_t read_device(void *to, const void *from, size_t bytes)
 {
 	return on_own_stream(
 		[&](cudaStream_t stream) { return cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToHost, stream); });
-}
-
-/*
- * Whether @stream is the legacy default stream, which waits for the kernels of every blocking
- * stream: a publish queued there never runs while a persistent consumer kernel does.
- */
-inline bool legacy_default(cudaStream_t stream)
-{
-#ifdef CUDA_API_PER_THREAD_DEFAULT_STREAM
-	return stream == cudaStreamLegacy;
-#else
-	return stream == cudaStreamLegacy || stream == nullptr;
-#endif
 }
 
 /*
@@ -164,25 +150,6 @@ enum class reuse { checked, caller };
  * the measurements.
  */
 constexpr size_t coalesce_bytes = 4 << 20;
-
-/*
- * delivery - what a launch channel's consumer is launched for: the generations just landed in
- * slots first_slot to first_slot + slots - 1 (one slot for publish(), more for publish_many()
- * and coalesce()'s runs). Its kernel learns each slot's generation with
- * wic::launched_generation() and receives it as any consumer does (recv(), recv_block()),
- * which finds it there at the first look.
- */
-struct delivery {
-	uint32_t first_slot;
-	uint32_t slots;
-};
-
-/*
- * launcher - queues a launch channel's consumer of @d on @stream: a kernel launch or a CUDA
- * graph's (cudaGraphLaunch()), and nothing that waits for the host. Returns the launch's
- * error (cudaGetLastError() after a <<<>>> launch).
- */
-using launcher = std::function<cudaError_t(const delivery &d, cudaStream_t stream)>;
 
 /*
  * host_channel - a push, poll, alg1, mapped, tagged or launch channel with a host producer:
@@ -306,7 +273,13 @@ public:
 	/*
 	 * launch_consumer() - what a launch channel launches for each delivery
 	 * @consume: queues the consumer of a delivery on the stream it is given (see launcher),
-	 *	called by publish(), publish_many() and flush() on their thread
+	 *	called on the producer's thread wherever the channel queues copies: publish(),
+	 *	publish_many(), and with coalesce() also flush(), wait_free(), coalesce(0) and a
+	 *	refused publish(), which queue the run held back
+	 *
+	 * A launch that fails leaves its delivery published and consumed by nobody: under
+	 * reuse::checked its slots never come free. The call that queued it returns WIC_EIO with
+	 * the launch's error; destroy() the channel, as after any WIC_EIO.
 	 *
 	 * Return: WIC_OK; WIC_EINVALID for a channel of another transport or an empty @consume.
 	 */
@@ -494,9 +467,11 @@ public:
 	 * (non-blocking, so the stream rule holds), each run first made to wait for the work
 	 * queued on the publishes' stream so far: runs alternate between the two, so that one
 	 * run's data moves while the run before waits for its data to land before its ready
-	 * words. (reuse::caller: one stream, so that two runs of one slot land in order.) So a
-	 * cudaStreamSynchronize() of the publishes' stream does not wait for the copies;
-	 * wait_free() is how a producer learns that a slot's copy is done with its source. Call
+	 * words. (reuse::caller: one stream, so that two runs of one slot land in order; launch:
+	 * one stream, so that the consumers it launches run one after the other, as on the
+	 * publishes' stream.) So a cudaStreamSynchronize() of the publishes' stream does not wait
+	 * for the copies, nor for a launch channel's consumers; wait_free() is how a producer
+	 * learns that a slot's copy is done with its source and its consumers with the slot. Call
 	 * it after create(), with the channel's device current; create() and destroy() end it.
 	 *
 	 * Return: WIC_OK; WIC_EIO if a stream cannot be created; or flush()'s error when turned off.
@@ -505,7 +480,7 @@ public:
 	{
 		if (max_bytes && !lanes_[0] && queued_on_stream()) {
 			cudaError_t err = cudaEventCreateWithFlags(&after_caller_, cudaEventDisableTiming);
-			for (int i = 0; i < (reuse_ == reuse::checked ? 2 : 1) && err == cudaSuccess; i++)
+			for (int i = 0; i < (two_lanes() ? 2 : 1) && err == cudaSuccess; i++)
 				err = cudaStreamCreateWithFlags(&lanes_[i], cudaStreamNonBlocking);
 			if (err != cudaSuccess)
 				return outcome{err};
@@ -570,6 +545,13 @@ private:
 
 	/* Whether publishing copies on a stream: push, poll, tagged, launch. */
 	bool queued_on_stream() const { return ch_.kind != transport::alg1 && ch_.kind != transport::mapped; }
+
+	/*
+	 * Whether coalesce()'s runs alternate between two streams: not when two runs of one slot
+	 * must land in order (reuse::caller), nor when consumers launched on them must not overlap
+	 * (launch).
+	 */
+	bool two_lanes() const { return reuse_ == reuse::checked && ch_.kind != transport::launch; }
 
 	/* Whether the ready words are in device memory, copied from pinned ones: push, launch. */
 	bool device_ready() const { return ch_.kind == transport::push || ch_.kind == transport::launch; }

@@ -133,8 +133,12 @@ void launch_deliveries()
 	ch.publish(1, src.data() + batch, batch, stream);
 	const bool run = held && seen.size() == 1 && seen[0].d.first_slot == 0 && seen[0].d.slots == 2 &&
 			 seen[0].stream != stream && seen[0].stream == fake::copies()[0].stream && seen[0].copies_before == 2;
+	/* The next run's consumer on the same stream: runs' consumers never overlap. */
+	ch.publish(2, src.data() + 2 * batch, batch, stream);
+	ch.publish(3, src.data() + 3 * batch, batch, stream);
+	const bool in_turn = seen.size() == 2 && seen[1].d.first_slot == 2 && seen[1].stream == seen[0].stream;
 	ch.coalesce(0);
-	for (uint32_t s = 0; s < 2; s++)
+	for (uint32_t s = 0; s < slots; s++)
 		consume(ch, s, s == 1 ? 2 : 1);
 	fail = cudaErrorLaunchOutOfResources;
 	const wic::outcome failed = ch.publish(0, src.data(), batch, stream);
@@ -142,11 +146,11 @@ void launch_deliveries()
 	snprintf(what, sizeof(what),
 		 "launch: publish() before launch_consumer() %s, an empty consumer %s, on a push channel %s; the "
 		 "consumer launched once per publish(), publish_many() and coalesced run, on its copies' stream after "
-		 "them; a failed launch %s (%s)",
+		 "them, every run's on one stream; a failed launch %s (%s)",
 		 unset.name(), empty.name(), other.name(), wic::error_name(failed.status()),
 		 cudaGetErrorName((cudaError_t)failed));
 	check(created && unset.status() == WIC_EINVALID && empty.status() == WIC_EINVALID &&
-		      other.status() == WIC_EINVALID && one && many && run && failed.status() == WIC_EIO &&
+		      other.status() == WIC_EINVALID && one && many && run && in_turn && failed.status() == WIC_EIO &&
 		      (cudaError_t)failed == cudaErrorLaunchOutOfResources,
 	      what);
 	cudaStreamDestroy(stream);

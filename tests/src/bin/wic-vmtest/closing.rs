@@ -325,7 +325,8 @@ impl Step<'_> {
     /// passed, and nvidia-uvm services them. So UNREGISTER writes the closed marker into their
     /// pages first, one held before UNREGISTER began and one held while it ran, leaves them
     /// unmapped (which GPU faulted is not known), then replays the GPUs on which the space held
-    /// faults: the warps fault again and read the marker.
+    /// faults: the warps fault again and read the marker. A page completed after its fault was
+    /// held keeps what the completion wrote.
     fn untabled_faults_get_the_marker(&mut self, memory: &mut Memory) -> Result<(), String> {
         let held = u64::from(kabi::WIC_MAX_HELD);
         let (base, small) = self.range(memory)?;
@@ -347,11 +348,25 @@ impl Step<'_> {
         }
         let before = base + PAGE;
         let during = base + 2 * PAGE;
+        let served = base + 3 * PAGE;
         let dropped = self.device.ring().dropped();
         self.inject(before, fakegpu::VERDICT_HOLD)?;
-        ensure(self.device.ring().dropped() == dropped + 1, || {
-            "the fault past the full held table was recorded".into()
-        })?;
+        self.inject(served, fakegpu::VERDICT_HOLD)?;
+        ensure(self.device.ring().dropped() == dropped + 2, || "a fault past the full held table was recorded".into())?;
+        // wicd completes that page (here with the timeout marker): it is no longer awaiting one.
+        let mut cmds = [WicCommand {
+            opcode: kabi::WIC_CMD_COMPLETE,
+            space_id: self.space,
+            gpu_id: GPU,
+            pages: 1,
+            va: served,
+            arg: kabi::WIC_MARKER_TIMEOUT,
+            // A completion names the slot's other run; unmapping it leaves its fault as it was.
+            companion: before,
+            ..Default::default()
+        }];
+        self.device.submit(&mut cmds).map_err(|e| format!("COMPLETE: {e}"))?;
+        ensure(cmds[0].result == 0, || format!("COMPLETE of the page: result {}", cmds[0].result))?;
         self.fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
 
         // UNREGISTER stalls on the first marker it writes (the tabled fault's page): a fault
@@ -381,7 +396,7 @@ impl Step<'_> {
             format!("the fault during UNREGISTER was not held (verdict {verdicts:?})")
         })?;
         unregistered?.map_err(|errno| format!("UNREGISTER: {errno}"))?;
-        ensure(self.device.ring().dropped() == dropped + 2, || {
+        ensure(self.device.ring().dropped() == dropped + 3, || {
             "the fault during UNREGISTER took an entry: the table was not full".into()
         })?;
         let events = [stalled, self.events()?].concat();
@@ -392,7 +407,9 @@ impl Step<'_> {
                 .iter()
                 .position(|e| e.kind == fakegpu::EVENT_WRITE && e.va == va && e.data0 == WIC_MARKER_CHANNEL_CLOSED);
             ensure(matches!((write, replay), (Some(w), Some(r)) if w < r), || {
-                format!("page {va:#x}, held without an entry, not written with the marker before the replay: {events:?}")
+                format!(
+                    "page {va:#x}, held without an entry, not written with the marker before the replay: {events:?}"
+                )
             })?;
             ensure(marker(memory, va) == WIC_MARKER_CHANNEL_CLOSED, || {
                 format!("page {va:#x} does not hold the marker")
@@ -401,10 +418,13 @@ impl Step<'_> {
             // Its fault comes back and is nvidia-uvm's to service: the warp reads the marker.
             self.inject(va, fakegpu::VERDICT_PASS)?;
         }
-        ensure(
-            !events.iter().any(|e| e.kind == fakegpu::EVENT_WRITE && e.va == base + 3 * PAGE),
-            || format!("a page without a held fault was written: {events:?}"),
-        )?;
+        // The page completed since its fault was held gets no closed marker over what it holds.
+        ensure(!events.iter().any(|e| e.kind == fakegpu::EVENT_WRITE && e.va == served), || {
+            format!("the page completed after its fault was held was written again: {events:?}")
+        })?;
+        ensure(marker(memory, served) == kabi::WIC_MARKER_TIMEOUT, || {
+            format!("page {served:#x} no longer holds what its completion wrote")
+        })?;
         self.device.unregister(big_id).map_err(|e| format!("UNREGISTER of the full range: {e}"))
     }
 }
