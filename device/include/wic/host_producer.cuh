@@ -467,12 +467,13 @@ public:
 	 * (non-blocking, so the stream rule holds), each run first made to wait for the work
 	 * queued on the publishes' stream so far: runs alternate between the two, so that one
 	 * run's data moves while the run before waits for its data to land before its ready
-	 * words. (reuse::caller: one stream, so that two runs of one slot land in order; launch:
-	 * one stream, so that the consumers it launches run one after the other, as on the
-	 * publishes' stream.) So a cudaStreamSynchronize() of the publishes' stream does not wait
-	 * for the copies, nor for a launch channel's consumers; wait_free() is how a producer
-	 * learns that a slot's copy is done with its source and its consumers with the slot. Call
-	 * it after create(), with the channel's device current; create() and destroy() end it.
+	 * words. (reuse::caller: one stream, so that two runs of one slot land in order.) A launch
+	 * channel's consumer of a run waits for the run before's consumer besides its copies, so
+	 * the consumers run one after the other, as on the publishes' stream, while the next run's
+	 * data moves. So a cudaStreamSynchronize() of the publishes' stream does not wait for the
+	 * copies, nor for a launch channel's consumers; wait_free() is how a producer learns that
+	 * a slot's copy is done with its source and its consumers with the slot. Call it after
+	 * create(), with the channel's device current; create() and destroy() end it.
 	 *
 	 * Return: WIC_OK; WIC_EIO if a stream cannot be created; or flush()'s error when turned off.
 	 */
@@ -480,7 +481,9 @@ public:
 	{
 		if (max_bytes && !lanes_[0] && queued_on_stream()) {
 			cudaError_t err = cudaEventCreateWithFlags(&after_caller_, cudaEventDisableTiming);
-			for (int i = 0; i < (two_lanes() ? 2 : 1) && err == cudaSuccess; i++)
+			if (err == cudaSuccess && ch_.kind == transport::launch)
+				err = cudaEventCreateWithFlags(&consumers_done_, cudaEventDisableTiming);
+			for (int i = 0; i < (reuse_ == reuse::checked ? 2 : 1) && err == cudaSuccess; i++)
 				err = cudaStreamCreateWithFlags(&lanes_[i], cudaStreamNonBlocking);
 			if (err != cudaSuccess)
 				return outcome{err};
@@ -502,9 +505,11 @@ public:
 				lane = nullptr;
 			}
 		}
-		if (after_caller_)
-			cudaEventDestroy(after_caller_);
-		after_caller_ = nullptr;
+		for (cudaEvent_t *event : {&after_caller_, &consumers_done_}) {
+			if (*event)
+				cudaEventDestroy(*event);
+			*event = nullptr;
+		}
 		const bool host_data = ch_.kind == transport::mapped;
 		const bool host_ready = ch_.kind == transport::poll || ch_.kind == transport::mapped;
 		launch_ = nullptr;
@@ -545,13 +550,6 @@ private:
 
 	/* Whether publishing copies on a stream: push, poll, tagged, launch. */
 	bool queued_on_stream() const { return ch_.kind != transport::alg1 && ch_.kind != transport::mapped; }
-
-	/*
-	 * Whether coalesce()'s runs alternate between two streams: not when two runs of one slot
-	 * must land in order (reuse::caller), nor when consumers launched on them must not overlap
-	 * (launch).
-	 */
-	bool two_lanes() const { return reuse_ == reuse::checked && ch_.kind != transport::launch; }
 
 	/* Whether the ready words are in device memory, copied from pinned ones: push, launch. */
 	bool device_ready() const { return ch_.kind == transport::push || ch_.kind == transport::launch; }
@@ -698,8 +696,15 @@ private:
 			host_ready_[s] = published_[s];
 		err = cudaMemcpyAsync(&ready_[first], &host_ready_[first], count * sizeof(unsigned int),
 				      cudaMemcpyHostToDevice, stream);
-		if (err == cudaSuccess && ch_.kind == transport::launch)
+		if (err != cudaSuccess || ch_.kind != transport::launch)
+			return outcome{err};
+		/* On the channel's two streams: after the run before's consumer, on the other one. */
+		if (consumers_done_)
+			err = cudaStreamWaitEvent(stream, consumers_done_, 0);
+		if (err == cudaSuccess)
 			err = launch_(delivery{first, count}, stream);
+		if (err == cudaSuccess && consumers_done_)
+			err = cudaEventRecord(consumers_done_, stream);
 		return outcome{err};
 	}
 
@@ -722,6 +727,7 @@ private:
 	mutable pending run_{};
 	cudaStream_t lanes_[2] = {};	     /* coalesce(): the channel's own streams */
 	cudaEvent_t after_caller_ = nullptr; /* where a run waits for the publishes' stream */
+	cudaEvent_t consumers_done_ = nullptr; /* launch, coalesce(): after the last run's consumer */
 	mutable uint32_t next_lane_ = 0;
 	void *data_ = nullptr;
 	unsigned int *ready_ = nullptr;

@@ -71,6 +71,11 @@ void release(cudaStream_t stream)
 		release(waiter);
 }
 
+bool held(cudaStream_t stream)
+{
+	return held_.count(stream) != 0;
+}
+
 int live_streams()
 {
 	return streams_;

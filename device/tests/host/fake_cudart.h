@@ -31,6 +31,9 @@ void clear();
 void hold(cudaStream_t stream);
 void release(cudaStream_t stream);
 
+/* Whether @stream is held: by hold(), or waiting for an event of a held stream. */
+bool held(cudaStream_t stream);
+
 /* Streams created and not yet destroyed. */
 int live_streams();
 

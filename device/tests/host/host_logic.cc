@@ -105,12 +105,16 @@ void launch_deliveries()
 		cudaStream_t stream;
 		size_t copies_before;
 		unsigned ready;
+		bool held; /* the consumer's stream waits for something not done */
 	};
 	std::vector<launched> seen;
 	cudaError_t fail = cudaSuccess;
+	bool keeps_running = false; /* the consumer launched holds its stream, as a running kernel would */
 	const wic::channel dev = ch.device();
 	ch.launch_consumer([&](const wic::delivery &d, cudaStream_t on) {
-		seen.push_back({d, on, fake::copies().size(), dev.ready[d.first_slot]});
+		seen.push_back({d, on, fake::copies().size(), dev.ready[d.first_slot], fake::held(on)});
+		if (keeps_running)
+			fake::hold(on);
 		return fail;
 	});
 	fake::clear();
@@ -128,15 +132,22 @@ void launch_deliveries()
 	ch.coalesce(2 * batch);
 	seen.clear();
 	fake::clear();
+	keeps_running = true;
 	ch.publish(0, src.data(), batch, stream);
 	const bool held = seen.empty();
 	ch.publish(1, src.data() + batch, batch, stream);
 	const bool run = held && seen.size() == 1 && seen[0].d.first_slot == 0 && seen[0].d.slots == 2 &&
 			 seen[0].stream != stream && seen[0].stream == fake::copies()[0].stream && seen[0].copies_before == 2;
-	/* The next run's consumer on the same stream: runs' consumers never overlap. */
+	/*
+	 * The next run on the channel's other stream: its copies land while the first run's
+	 * consumer still runs, and its consumer waits for that one.
+	 */
+	keeps_running = false;
 	ch.publish(2, src.data() + 2 * batch, batch, stream);
 	ch.publish(3, src.data() + 3 * batch, batch, stream);
-	const bool in_turn = seen.size() == 2 && seen[1].d.first_slot == 2 && seen[1].stream == seen[0].stream;
+	const bool in_turn = seen.size() == 2 && seen[1].d.first_slot == 2 && seen[1].stream != seen[0].stream &&
+			     seen[1].ready == 2 && seen[1].held && !seen[0].held;
+	fake::release(seen[0].stream);
 	ch.coalesce(0);
 	for (uint32_t s = 0; s < slots; s++)
 		consume(ch, s, s == 1 ? 2 : 1);
@@ -146,7 +157,7 @@ void launch_deliveries()
 	snprintf(what, sizeof(what),
 		 "launch: publish() before launch_consumer() %s, an empty consumer %s, on a push channel %s; the "
 		 "consumer launched once per publish(), publish_many() and coalesced run, on its copies' stream after "
-		 "them, every run's on one stream; a failed launch %s (%s)",
+		 "them, each run's after the run before's consumer; a failed launch %s (%s)",
 		 unset.name(), empty.name(), other.name(), wic::error_name(failed.status()),
 		 cudaGetErrorName((cudaError_t)failed));
 	check(created && unset.status() == WIC_EINVALID && empty.status() == WIC_EINVALID &&
