@@ -5,6 +5,7 @@
 pub mod apps;
 pub mod calibration;
 pub mod compare;
+pub mod corun;
 pub mod payload;
 pub mod sim;
 pub mod workload;

@@ -110,7 +110,7 @@ impl Workload {
 pub const H100_BALANCE: f64 = 67.0 / 3.35;
 
 /// [`Phase::memory_share`] of a kernel of `intensity` flop per byte of device memory.
-fn memory_share(intensity: f64) -> f64 {
+pub fn memory_share(intensity: f64) -> f64 {
     1.0 / (1.0 + intensity / H100_BALANCE)
 }
 

@@ -17,7 +17,7 @@ use wic_emu::apps::{self, Validation};
 use wic_emu::compare::{
     calibration_summary, compare, geomean_speedup, geomean_speedup_over_push, percent, Comparison, MODES,
 };
-use wic_emu::{workload, Calibration, Mode, Workload};
+use wic_emu::{corun, workload, Calibration, Mode, Workload};
 
 /// The sweep's thread counts and applications (the paper's Fig. 16).
 const SWEEP_THREADS: [u32; 4] = [64, 1 << 10, 1 << 14, 1 << 20];
@@ -70,6 +70,10 @@ struct Args {
     /// tests/vm/run.sh); the report then says it was not run. `--quick` implies it.
     #[arg(long)]
     no_vm: bool,
+    /// The co-run measured on a GPU (`device/bench/corun.cu`'s JSON lines), which the model's
+    /// co-run is set beside.
+    #[arg(long, default_value = "device/bench/results/corun-h200-2026-11-28.jsonl")]
+    corun: PathBuf,
 }
 
 fn main() -> ExitCode {
@@ -157,6 +161,12 @@ fn run(args: &Args) -> Result<(), String> {
     let validation = apps::validate(&apps::measured_runs(), &apps::MODES, &cal, args.seed);
     let validation_seconds = validation_started.elapsed().as_secs_f64();
 
+    eprintln!("wic-report: the co-run on the emulator, against the GPU's");
+    let corun_started = Instant::now();
+    let measured_corun = measured_corun(&args.corun)?;
+    let corun_rows = model_corun(&cal, &PLANE_STALL, args.seed)?;
+    let corun_seconds = corun_started.elapsed().as_secs_f64();
+
     eprintln!("wic-report: fast-path benchmarks");
     let bench_settings = Settings::new(args.quick, if args.quick { 1 } else { 5 }, args.seed);
     let results = wic_bench::run(&bench_settings, &[]);
@@ -192,6 +202,10 @@ fn run(args: &Args) -> Result<(), String> {
     fields.set("validation_table", validation_table(&validation));
     fields.set("validation_notes", validation_notes(&validation));
     fields.set("validation_seconds", format!("{validation_seconds:.0}"));
+    fields.set("corun_source", args.corun.display().to_string());
+    fields.set("corun_table", corun_table(&corun_rows, &measured_corun));
+    fields.set("corun_plane", corun_plane(&corun_rows, &cal));
+    fields.set("corun_seconds", format!("{corun_seconds:.0}"));
     fields.set("bench_summary", summary(&results).iter().map(|l| format!("- {l}\n")).collect());
     fields.set("bench_recorded", recorded(&args.recorded)?);
     fields.set("bench_interrupter", interrupter_table(&results));
@@ -213,6 +227,109 @@ fn run(args: &Args) -> Result<(), String> {
         started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// Generations of the model's co-run, and the gaps between publishes it runs.
+const CORUN_GENERATIONS: u32 = 200;
+const CORUN_GAPS_NS: [u64; 2] = [0, 1_000_000];
+
+/// The model's co-run: each mode at each gap with the calibration, and WIC's at each stall cost
+/// of the plane (fault path as calibrated).
+struct CorunRow {
+    mode: Mode,
+    gap_ns: u64,
+    stall: Option<f64>,
+    throughput: Vec<f64>,
+}
+
+fn model_corun(cal: &Calibration, stalls: &[Option<f64>], seed: u64) -> Result<Vec<CorunRow>, String> {
+    let mut rows = Vec::new();
+    for mode in corun::MODES {
+        for gap_ns in CORUN_GAPS_NS {
+            let points: &[Option<f64>] = if mode == Mode::Fault { stalls } else { &[None] };
+            for &stall in points {
+                let c = plane_calibration(cal, 1.0, stall);
+                let throughput = corun::throughput(&c, mode, CORUN_GENERATIONS, gap_ns, seed)
+                    .map_err(|e| format!("co-run, {} at a gap of {gap_ns} ns: {e}", mode.name()))?;
+                rows.push(CorunRow { mode, gap_ns, stall, throughput });
+            }
+        }
+    }
+    Ok(rows)
+}
+
+/// The GPU's co-run by (transport, neighbour, gap in us): the neighbour's throughput; for the
+/// fault row (no gap) its progress while the warps were stalled.
+fn measured_corun(path: &Path) -> Result<BTreeMap<(String, String, u64), f64>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).map_err(|e| format!("{}: {e}", path.display()))?;
+        if v["measurement"] != "corun" {
+            continue;
+        }
+        let (Some(transport), Some(neighbour)) = (v["transport"].as_str(), v["neighbour"].as_str()) else {
+            return Err(format!("{}: a corun line without transport or neighbour", path.display()));
+        };
+        let gap = v["gap_us"].as_f64().unwrap_or(0.0) as u64;
+        let key = if transport == "fault" { "progress_while_held" } else { "throughput" };
+        let value = v[key].as_f64().ok_or_else(|| format!("{}: {transport} {neighbour}: no {key}", path.display()))?;
+        out.insert((transport.to_string(), neighbour.to_string(), gap), value);
+    }
+    if out.is_empty() {
+        return Err(format!("{}: no corun measurement", path.display()));
+    }
+    Ok(out)
+}
+
+/// The model's co-run beside the GPU's, per mode and kind of neighbour: "model / GPU".
+fn corun_table(rows: &[CorunRow], measured: &BTreeMap<(String, String, u64), f64>) -> String {
+    let kinds = corun::neighbours();
+    let mut t = format!(
+        "| mode, gap | {} |\n|---|{}\n",
+        kinds.iter().map(|(name, _)| *name).collect::<Vec<_>>().join(" | "),
+        "---|".repeat(kinds.len())
+    );
+    for row in rows.iter().filter(|r| r.stall.is_none()) {
+        let gap_us = row.gap_ns / 1000;
+        // WIC's held faults beside the GPU's warps stalled on faults the stock driver serves.
+        let (gpu_name, gpu_gap) = if row.mode == Mode::Fault { ("fault", 0) } else { (row.mode.name(), gap_us) };
+        let cells: Vec<String> = kinds
+            .iter()
+            .zip(&row.throughput)
+            .map(|((kind, _), model)| {
+                let gpu = measured.get(&(gpu_name.to_string(), kind.to_string(), gpu_gap));
+                format!("{model:.3} / {}", gpu.map_or("-".into(), |g| format!("{g:.3}")))
+            })
+            .collect();
+        let name = if row.mode == Mode::Fault { "fault (WIC; GPU: stalled on stock faults)" } else { row.mode.name() };
+        t.push_str(&format!("| {name}, {gap_us} us | {} |\n", cells.join(" | ")));
+    }
+    t
+}
+
+/// WIC's neighbour by the model at each stall cost of the plane, against push's, back to back:
+/// arithmetic and memory-bound neighbours.
+fn corun_plane(rows: &[CorunRow], cal: &Calibration) -> String {
+    let kinds = corun::neighbours();
+    let (arithmetic, memory) = (1, 3);
+    let push = rows.iter().find(|r| r.mode == Mode::Push && r.gap_ns == 0).map(|r| &r.throughput);
+    let mut t = String::from(
+        "| stall cost (memory progress beside a stalled warp) | WIC, arithmetic | push, arithmetic | WIC, memory-bound | push, memory-bound |\n|---|---|---|---|---|\n",
+    );
+    for row in rows.iter().filter(|r| r.mode == Mode::Fault && r.gap_ns == 0) {
+        let p = |i: usize| push.map_or("-".into(), |v| format!("{:.3}", v[i]));
+        t.push_str(&format!(
+            "| {} | {:.3} | {} | {:.3} | {} |\n",
+            stall_label(row.stall, cal),
+            row.throughput[arithmetic],
+            p(arithmetic),
+            row.throughput[memory],
+            p(memory)
+        ));
+    }
+    debug_assert_eq!((kinds[arithmetic].1, kinds[memory].1), (0.0, 1.0));
+    t
 }
 
 /// The verdicts of every run recorded in `dir` (`wic-bench --json`), file by file.

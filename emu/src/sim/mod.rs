@@ -29,6 +29,8 @@ mod producers;
 mod sm;
 mod wicd;
 
+pub use sm::Neighbour;
+
 /// How consumer warps wait for producer data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -214,6 +216,8 @@ struct Sm {
     occupied_ns: f64,
     wait_ns: f64,
     overlap_ns: f64,
+    /// Per neighbour (`Sim::neighbours`), its work done on this SM: time at its speed here.
+    neighbour_work: Vec<f64>,
 }
 
 #[derive(Default)]
@@ -356,6 +360,41 @@ pub fn try_run(workload: &Workload, mode: Mode, cal: &Calibration, seed: u64) ->
     Ok(sim.report())
 }
 
+/// Runs `workload` as [`try_run`] does, with `neighbours`, kernels sharing every SM of GPU 0
+/// with it, and reports besides each neighbour's throughput relative to alone over the run:
+/// its speed at each moment (the issue slots it shares with the run's computing and polling
+/// warps, and its progress while a warp of the SM is stalled on a fault or spins on host
+/// memory: the rules the run's own warps go by) averaged over the SMs and the run's time. The
+/// neighbours do not slow the run itself: the model has no way for them to.
+pub fn try_run_beside(
+    workload: &Workload,
+    mode: Mode,
+    cal: &Calibration,
+    seed: u64,
+    neighbours: &[Neighbour],
+) -> Result<(RunReport, Vec<f64>), String> {
+    let config = check(workload)?;
+    let mut sim = Sim::new(workload, mode, cal, seed, config)?;
+    sim.neighbours = neighbours.to_vec();
+    sim.execute()?;
+    let runtime = sim.runtime.unwrap_or(sim.now);
+    let sms = &sim.gpus[0].sms;
+    let throughput = (0..neighbours.len())
+        .map(|i| {
+            let work: f64 = sms
+                .iter()
+                .map(|s| {
+                    // From the SM's last change to the run's end, at the speed of its state then.
+                    let tail = runtime.saturating_sub(s.last) as f64 * sim.neighbour_speed(s, &neighbours[i]);
+                    s.neighbour_work.get(i).copied().unwrap_or(0.0) + tail
+                })
+                .sum();
+            work / (runtime.max(1) as f64 * sms.len() as f64)
+        })
+        .collect();
+    Ok((sim.report(), throughput))
+}
+
 /// Slots of the engine a fault-mode run gets at least.
 const ENGINE_SLOTS: u32 = 16 * 1024;
 
@@ -483,6 +522,8 @@ struct Sim<'a> {
     /// Steps past `progress_at` that make the run stuck.
     stall_steps: u64,
     stats: Counters,
+    /// Kernels on every SM beside the run's, whose speed the run tracks (`try_run_beside`).
+    neighbours: Vec<Neighbour>,
 }
 
 #[derive(Default)]
@@ -563,6 +604,7 @@ impl<'a> Sim<'a> {
                 * STALL_STEPS_PER_WARP
                 + STALL_STEPS,
             stats: Counters::default(),
+            neighbours: Vec::new(),
         };
         for (index, phase) in workload.phases.iter().enumerate() {
             let state = sim.phase_state(index, phase.clone())?;

@@ -3,35 +3,84 @@
 
 use super::*;
 
+/// Instructions per cycle of each of `computing` warps of an SM beside `polling` spinning ones:
+/// processor sharing of the SM's issue slots.
+fn issue_ipc(cal: &Calibration, computing: f64, polling: f64) -> f64 {
+    let g = &cal.gpu;
+    let demand = computing + cal.poll.issue_weight.value * polling;
+    if demand > 0.0 {
+        g.warp_ipc.value.min(f64::from(g.schedulers_per_sm.value) / demand)
+    } else {
+        0.0
+    }
+}
+
+/// Speed, relative to alone, of work that spends `memory_share` of its time alone on memory
+/// accesses leaving the SM, on an SM where a warp is stalled on a fault or warps spin on host
+/// memory: the same rule for the SM's own warps and for another kernel's beside them.
+fn progress_beside(cal: &Calibration, fault_stalled: bool, host_spinners: bool, memory_share: f64) -> f64 {
+    if fault_stalled {
+        return cal.stall.progress(memory_share);
+    }
+    if host_spinners {
+        return cal.poll.progress_beside_host_spinners(memory_share);
+    }
+    1.0
+}
+
+/// Another kernel's warps on every SM beside the run's (`try_run_beside`): how many, and the
+/// share of their time alone spent on memory accesses that leave the SM.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Neighbour {
+    pub warps: u32,
+    pub memory_share: f64,
+}
+
 impl Sim<'_> {
     pub(super) fn rate(&self, sm: &Sm) -> f64 {
-        let g = &self.cal.gpu;
-        let demand = f64::from(sm.computing) + self.cal.poll.issue_weight.value * f64::from(sm.polling);
-        let ipc = if demand > 0.0 { g.warp_ipc.value.min(f64::from(g.schedulers_per_sm.value) / demand) } else { 0.0 };
-        ipc * g.clock_ghz.value * self.stall_progress(sm)
+        let ipc = issue_ipc(self.cal, f64::from(sm.computing), f64::from(sm.polling));
+        ipc * self.cal.gpu.clock_ghz.value * self.stall_progress(sm)
+    }
+
+    /// Whether the SM's polling warps spin on a ready word in host memory (poll with a host
+    /// producer).
+    fn host_spinners(&self, sm: &Sm) -> bool {
+        sm.polling > 0 && self.mode == Mode::Poll && self.current().phase.producer == Endpoint::Host
     }
 
     /// The computing warps' speed relative to alone: below 1 while a warp of the SM is stalled
     /// on a fault, or spins on a ready word in host memory (poll with a host producer).
     pub(super) fn stall_progress(&self, sm: &Sm) -> f64 {
-        let phase = &self.current().phase;
-        if sm.fault_stalled > 0 {
-            return self.cal.stall.progress(phase.memory_share);
-        }
-        if sm.polling > 0 && self.mode == Mode::Poll && phase.producer == Endpoint::Host {
-            return self.cal.poll.progress_beside_host_spinners(phase.memory_share);
-        }
-        1.0
+        progress_beside(self.cal, sm.fault_stalled > 0, self.host_spinners(sm), self.current().phase.memory_share)
+    }
+
+    /// A neighbour's speed on the SM relative to alone: its warps share issue with the SM's
+    /// computing and polling warps, and make the progress beside their stalls and spinning that
+    /// the SM's own work makes.
+    pub(super) fn neighbour_speed(&self, sm: &Sm, n: &Neighbour) -> f64 {
+        let own = f64::from(n.warps);
+        let alone = issue_ipc(self.cal, own, 0.0);
+        let beside = issue_ipc(self.cal, own + f64::from(sm.computing), f64::from(sm.polling));
+        beside / alone * progress_beside(self.cal, sm.fault_stalled > 0, self.host_spinners(sm), n.memory_share)
     }
 
     pub(super) fn advance(&mut self, gpu: u16, sm: u32) {
         let rate = self.rate(&self.gpus[gpu as usize].sms[sm as usize]);
         let progress = self.stall_progress(&self.gpus[gpu as usize].sms[sm as usize]);
         let weight = self.cal.poll.issue_weight.value;
+        let speeds: Vec<f64> = self
+            .neighbours
+            .iter()
+            .map(|n| self.neighbour_speed(&self.gpus[gpu as usize].sms[sm as usize], n))
+            .collect();
         let now = self.now;
         let s = &mut self.gpus[gpu as usize].sms[sm as usize];
         let dt = (now - s.last) as f64;
         s.last = now;
+        s.neighbour_work.resize(speeds.len(), 0.0);
+        for (work, speed) in s.neighbour_work.iter_mut().zip(speeds) {
+            *work += dt * speed;
+        }
         if s.computing > 0 {
             s.vtime += rate * dt;
         }
