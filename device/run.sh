@@ -53,10 +53,7 @@ if wanted apps; then
 	echo "== applications (median of $reps runs)"
 	: >"$out/apps.txt"
 	for app in c_srs c_cg c_fe c_h3d; do
-		modes=(nowait push poll alg1)
-		# launch: the streaming application, whose consumer the channel launches per generation.
-		[[ $app == c_srs ]] && modes+=(launch)
-		for mode in "${modes[@]}"; do
+		for mode in nowait push poll alg1 launch; do
 			# An incorrect result is reported and the rest still run; the script fails at the end.
 			timeout "$app_limit" "$work/build/$app" "$mode" "$reps" | tee -a "$out/apps.txt" || failed+=("$app $mode")
 		done

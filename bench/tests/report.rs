@@ -24,6 +24,8 @@ fn report(template: &Path, out: &Path) -> Output {
         .arg(out)
         .arg("--recorded")
         .arg(workspace().join("bench/results"))
+        .arg("--corun")
+        .arg(workspace().join("device/bench/results/corun-h200-2026-11-28.jsonl"))
         .output()
         .expect("run wic-report")
 }
@@ -44,6 +46,8 @@ fn the_quick_report_fills_every_field_and_writes_every_figure() {
         "monitor:",
         "batch of 256 entries",
         "| memory progress beside a stalled warp",
+        "| mode, gap | fma_chain |",
+        "| fault (WIC; GPU: stalled on stock faults), 0 us |",
         "not run in this regeneration",
         "bench/results/",
     ] {

@@ -13,7 +13,9 @@
  * without any waiting: a lower bound). The host's updates are then replayed with the results
  * it returned and must reproduce the recorded directions.
  *
- * Usage: c_cg MODE [REPS] [N] [ITERATIONS]   (MODE: push, poll, alg1, nowait; N defaults to 64,
+ * launch: no kernel waits; each iteration's two steps are kernels the channel launches once its
+ * direction landed.
+ * Usage: c_cg MODE [REPS] [N] [ITERATIONS]   (MODE: push, poll, alg1, launch, nowait; N defaults to 64,
  * ITERATIONS to 50, REPS to 7; one block per SM, and only warp 0 of each block waits, so poll
  * spins with one warp per SM)
  * Prints the median wall time of REPS runs and whether every result matched.
@@ -31,6 +33,24 @@ __global__ void solve(app::forward fwd, wic::result_view back, cg::layout l, cg:
 		      uint32_t iterations, app::grid_barrier grid, int *errors)
 {
 	cg::iterate(fwd, back, l, a, p, iterations, grid, errors);
+}
+
+/*
+ * launch mode: iteration @k in two kernels that the channel launches once the direction
+ * landed, the second starting when every block of the first is done (what the persistent
+ * kernel's grid barrier does between the two steps).
+ */
+__global__ void direction_step(app::forward fwd, cg::layout l, float *p, uint32_t k, int *errors)
+{
+	cg::take_direction(fwd, l, p, k, errors);
+}
+
+__global__ void multiply_step(app::forward fwd, wic::result_view back, cg::layout l, cg::csr_view a, const float *p,
+			 uint32_t k)
+{
+	if (blockIdx.x == 0 && threadIdx.x == 0)
+		wic::consumed(fwd.ch, fwd.place.slot(0, k), fwd.place.generation(k));
+	cg::multiply(back, l, a, p, k);
 }
 
 /*
@@ -96,7 +116,7 @@ cg::csr make_matrix(uint32_t n, std::mt19937_64 &rng)
 int main(int argc, char **argv)
 {
 	app::command_line cli;
-	if (!app::parse_command_line(argc, argv, "[N] [ITERATIONS]", &cli))
+	if (!app::parse_command_line(argc, argv, "[N] [ITERATIONS]", &cli, false, true))
 		return 2;
 	const uint32_t sms = app::sm_count();
 	const int reps = cli.reps;
@@ -141,6 +161,11 @@ int main(int argc, char **argv)
 		run.launch = [&](const std::vector<app::forward> &fwd, const wic::result_view &back, cudaStream_t s) {
 			app::launch_cooperative(solve, blocks, threads, s, fwd[0], back, l, dev.view(), p, iterations,
 						barrier.barrier(), errors);
+		};
+		run.launch_step = [&](const std::vector<app::forward> &fwd, const wic::result_view &back, uint32_t, uint32_t,
+				      uint32_t k, cudaStream_t s) {
+			direction_step<<<blocks, threads, 0, s>>>(fwd[0], l, p, k, errors);
+			multiply_step<<<blocks, threads, 0, s>>>(fwd[0], back, l, dev.view(), p, k);
 		};
 		run.host = [&](app::host_io &io) { cg::host_iterations(io, 0, l, solver, b, iterations); };
 		const app::exchange_timing t = app::exchange(mode, run);

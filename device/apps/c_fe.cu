@@ -16,7 +16,9 @@
  * published before the kernel starts; the kernel alone is timed, a lower bound. The host's
  * updates are then replayed with its results and must reproduce the recorded directions.
  *
- * Usage: c_fe MODE [REPS] [E] [ITERATIONS]   (MODE: push, poll, alg1, nowait; E defaults to 48,
+ * launch: no kernel waits; each generation of elements, the conversion after the last, and each
+ * CG iteration's two steps are kernels the channels launch once their data landed.
+ * Usage: c_fe MODE [REPS] [E] [ITERATIONS]   (MODE: push, poll, alg1, launch, nowait; E defaults to 48,
  * ITERATIONS to 20, REPS to 7; one block of 4 warps per SM, all of them receiving elements, so
  * poll spins with 4 warps per SM while elements stream and 1 during CG)
  * Prints the median wall time of REPS runs and whether every result matched.
@@ -167,6 +169,28 @@ __host__ __device__ inline void assemble(const element &e, const uint32_t *row_p
 	}
 }
 
+/* Block b's warps receive their elements of generation @g and assemble them into @sums. */
+__device__ void assemble_generation(const app::forward &elements, const cg::csr_view &a, unsigned long long *sums,
+				    uint32_t g, int *errors)
+{
+	const uint32_t b = blockIdx.x, w = threadIdx.x / 32, lane = threadIdx.x % 32;
+	const uint8_t *message;
+	const int status = app::receive(elements.ch, elements.place.slot(b, g), elements.place.generation(g), w, &message);
+
+	if (status == WIC_OK)
+		assemble<float>(reinterpret_cast<const element *>(message)[lane], a.row_ptr, a.cols, sums);
+	else if (lane == 0)
+		atomicAdd(errors, 1);
+	app::block_consumed(elements.ch, elements.place.slot(b, g), elements.place.generation(g));
+}
+
+/* The matrix's values from the sums, once every element is in: the grid's threads share them. */
+__device__ void convert(uint32_t nnz, const unsigned long long *sums, float *vals)
+{
+	for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < nnz; i += gridDim.x * blockDim.x)
+		vals[i] = from_fixed(sums[i]);
+}
+
 /*
  * Streams the elements in (4 warps x 32 per block and generation) and assembles them into
  * @sums, converts the sums to @vals (a.vals), then runs CG.
@@ -175,23 +199,40 @@ __global__ void solve(app::forward elements, app::forward directions, wic::resul
 		      cg::csr_view a, uint32_t nnz, unsigned long long *sums, float *vals, float *p,
 		      uint32_t iterations, app::grid_barrier grid, int *errors)
 {
-	const uint32_t b = blockIdx.x, w = threadIdx.x / 32, lane = threadIdx.x % 32;
-
-	for (uint32_t g = 0; g < elements.place.generations; g++) {
-		const uint8_t *message;
-		const int status =
-			app::receive(elements.ch, elements.place.slot(b, g), elements.place.generation(g), w, &message);
-		if (status == WIC_OK)
-			assemble<float>(reinterpret_cast<const element *>(message)[lane], a.row_ptr, a.cols, sums);
-		else if (lane == 0)
-			atomicAdd(errors, 1);
-		app::block_consumed(elements.ch, elements.place.slot(b, g), elements.place.generation(g));
-	}
+	for (uint32_t g = 0; g < elements.place.generations; g++)
+		assemble_generation(elements, a, sums, g, errors);
 	grid.sync(); /* the matrix is whole */
-	for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < nnz; i += gridDim.x * blockDim.x)
-		vals[i] = from_fixed(sums[i]);
+	convert(nnz, sums, vals);
 	/* iterate() synchronizes the grid before its first product */
 	cg::iterate(directions, back, l, a, p, iterations, grid, errors);
+}
+
+/*
+ * launch mode: a generation of elements, the conversion after the last, and each CG
+ * iteration's two steps, as kernels the channels launch once their data landed.
+ */
+__global__ void assemble_step(app::forward elements, cg::csr_view a, unsigned long long *sums, uint32_t g,
+			      int *errors)
+{
+	assemble_generation(elements, a, sums, g, errors);
+}
+
+__global__ void convert_step(uint32_t nnz, const unsigned long long *sums, float *vals)
+{
+	convert(nnz, sums, vals);
+}
+
+__global__ void direction_step(app::forward directions, cg::layout l, float *p, uint32_t k, int *errors)
+{
+	cg::take_direction(directions, l, p, k, errors);
+}
+
+__global__ void multiply_step(app::forward directions, wic::result_view back, cg::layout l, cg::csr_view a,
+			      const float *p, uint32_t k)
+{
+	if (blockIdx.x == 0 && threadIdx.x == 0)
+		wic::consumed(directions.ch, directions.place.slot(0, k), directions.place.generation(k));
+	cg::multiply(back, l, a, p, k);
 }
 
 /* Node (i, j, k)'s unknown in an E^3 mesh: the interior nodes, in order; -1 on the boundary. */
@@ -282,7 +323,7 @@ element element_for(const mesh &m, const std::vector<uint32_t> &order, uint32_t 
 int main(int argc, char **argv)
 {
 	app::command_line cli;
-	if (!app::parse_command_line(argc, argv, "[E] [ITERATIONS]", &cli))
+	if (!app::parse_command_line(argc, argv, "[E] [ITERATIONS]", &cli, false, true))
 		return 2;
 	const uint32_t sms = app::sm_count();
 	const int reps = cli.reps;
@@ -304,9 +345,11 @@ int main(int argc, char **argv)
 	float *p;
 	int *errors;
 	app::grid_counter barrier;
+	cudaEvent_t assembled; /* launch mode: after the conversion */
 	CHECK(cudaMalloc(&sums, nnz * sizeof(unsigned long long)));
 	CHECK(cudaMalloc(&p, 2 * (size_t)l.rows * sizeof(float)));
 	CHECK(cudaMalloc(&errors, sizeof(int)));
+	CHECK(cudaEventCreateWithFlags(&assembled, cudaEventDisableTiming));
 	std::vector<double> times;
 	std::vector<app::host_work> host;
 	bool correct = true;
@@ -340,6 +383,25 @@ int main(int argc, char **argv)
 		run.launch = [&](const std::vector<app::forward> &fwd, const wic::result_view &back, cudaStream_t s) {
 			app::launch_cooperative(solve, blocks, threads, s, fwd[0], fwd[1], back, l, dev.view(), nnz, sums,
 						dev.vals(), p, iterations, barrier.barrier(), errors);
+		};
+		/*
+		 * The two channels launch on streams of their own: the first product waits for the
+		 * conversion, which the elements' channel queued before the host sent a direction.
+		 */
+		run.launch_step = [&](const std::vector<app::forward> &fwd, const wic::result_view &back, uint32_t channel,
+				      uint32_t, uint32_t g, cudaStream_t s) {
+			if (channel == 0) {
+				assemble_step<<<blocks, threads, 0, s>>>(fwd[0], dev.view(), sums, g, errors);
+				if (g + 1 == generations) {
+					convert_step<<<blocks, threads, 0, s>>>(nnz, sums, dev.vals());
+					CHECK(cudaEventRecord(assembled, s));
+				}
+				return;
+			}
+			if (g == 0)
+				CHECK(cudaStreamWaitEvent(s, assembled, 0));
+			direction_step<<<blocks, threads, 0, s>>>(fwd[1], l, p, g, errors);
+			multiply_step<<<blocks, threads, 0, s>>>(fwd[1], back, l, dev.view(), p, g);
 		};
 		run.host = [&](app::host_io &io) {
 			/* A generation's batches on every core, published at once. */
@@ -387,5 +449,6 @@ int main(int argc, char **argv)
 	CHECK(cudaFree(sums));
 	CHECK(cudaFree(p));
 	CHECK(cudaFree(errors));
+	CHECK(cudaEventDestroy(assembled));
 	return correct ? 0 : 1;
 }

@@ -16,7 +16,9 @@
  * GPU's sweeps without waiting: a lower bound). The host's sweeps are then replayed with the
  * kernel's bands and must reproduce the recorded ones.
  *
- * Usage: c_h3d MODE [REPS] [N] [ITERATIONS] [TILES]   (MODE: push, poll, alg1, nowait; N (even)
+ * launch: no kernel waits; the inner planes' sweeps and each band's are kernels the channel
+ * launches once the band landed.
+ * Usage: c_h3d MODE [REPS] [N] [ITERATIONS] [TILES]   (MODE: push, poll, alg1, launch, nowait; N (even)
  * defaults to 64, ITERATIONS to 100, TILES to 8, REPS to 7; the host's sweeps grow as N^3, so
  * a small cube keeps the exchange a large share; only the TILES receiving warps wait, so poll
  * spins with TILES warps)
@@ -48,6 +50,55 @@ __host__ __device__ inline uint32_t band(uint32_t n, uint32_t tiles, uint32_t j)
 	return (uint32_t)((uint64_t)n * j / tiles);
 }
 
+/* Sweep @t of the planes above the boundary, which need no halo: the grid's threads share them. */
+__device__ void sweep_inner(uint32_t n, float *u, uint32_t t)
+{
+	const uint32_t depth = n - n / 2;
+	const size_t plane = (size_t)n * n, half = depth * plane;
+	const float *cur = u + (t % 2) * half;
+	float *next = u + ((t + 1) % 2) * half;
+
+	for (size_t i = plane + (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < half;
+	     i += (size_t)gridDim.x * blockDim.x) {
+		const size_t z = i / plane;
+		const uint32_t y = i / n % n, x = i % n;
+		next[i] = sweep(cur + z * plane, cur[i - plane], z + 1 < depth ? cur[i + plane] : 0.0f, n, x, y);
+	}
+}
+
+/*
+ * Sweep @t of band @j of the boundary plane, by the calling block, once the host's band j is
+ * there: its rows are swept and returned as part j of result generation t at once.
+ */
+__device__ void sweep_band(const app::forward &halo, const wic::result_view &back, uint32_t n, uint32_t tiles,
+			   float *u, uint32_t t, uint32_t j, int *errors)
+{
+	const uint32_t depth = n - n / 2, y0 = band(n, tiles, j), y1 = band(n, tiles, j + 1);
+	const size_t plane = (size_t)n * n, half = depth * plane;
+	const float *cur = u + (t % 2) * half;
+	float *next = u + ((t + 1) % 2) * half;
+	__shared__ const float *message;
+
+	if (threadIdx.x < 32) {
+		const uint8_t *m;
+		int status = wic::recv(halo.ch, halo.place.slot(j, t), halo.place.generation(t), 0, &m);
+		if (threadIdx.x == 0) {
+			if (status != WIC_OK)
+				atomicAdd(errors, 1);
+			message = reinterpret_cast<const float *>(m);
+		}
+	}
+	__syncthreads();
+	float *out = reinterpret_cast<float *>(back.slot(t));
+	for (uint32_t i = y0 * n + threadIdx.x; i < y1 * n; i += blockDim.x) {
+		const float v = sweep(cur, message[i - y0 * n], depth > 1 ? cur[i + plane] : 0.0f, n, i % n, i / n);
+		next[i] = v;
+		out[i] = v;
+	}
+	app::block_consumed(halo.ch, halo.place.slot(j, t), halo.place.generation(t));
+	wic::post_result(back, t, j);
+}
+
 /*
  * The kernel's half: planes z = n/2 .. n - 1 at u + (t % 2) * half before sweep t. Halo band j
  * (the host's plane n/2 - 1, rows of band j) is item (j, t) of @halo; the kernel's plane n/2
@@ -56,47 +107,30 @@ __host__ __device__ inline uint32_t band(uint32_t n, uint32_t tiles, uint32_t j)
 __global__ void sweeps(app::forward halo, wic::result_view back, uint32_t n, uint32_t tiles, float *u,
 		       uint32_t iterations, app::grid_barrier grid, int *errors)
 {
-	const uint32_t depth = n - n / 2;
-	const size_t plane = (size_t)n * n, half = depth * plane;
-	__shared__ const float *message;
-
 	for (uint32_t t = 0; t < iterations; t++) {
-		const float *cur = u + (t % 2) * half;
-		float *next = u + ((t + 1) % 2) * half;
-
 		/* Planes above the boundary need no halo: every block sweeps them first. */
-		for (size_t i = plane + (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < half;
-		     i += (size_t)gridDim.x * blockDim.x) {
-			const size_t z = i / plane;
-			const uint32_t y = i / n % n, x = i % n;
-			next[i] = sweep(cur + z * plane, cur[i - plane], z + 1 < depth ? cur[i + plane] : 0.0f, n, x, y);
-		}
-
+		sweep_inner(n, u, t);
 		/* Block j sweeps band j of the boundary plane once the host's band j is there. */
-		if (blockIdx.x < tiles) {
-			const uint32_t j = blockIdx.x, y0 = band(n, tiles, j), y1 = band(n, tiles, j + 1);
-			if (threadIdx.x < 32) {
-				const uint8_t *m;
-				int status = wic::recv(halo.ch, halo.place.slot(j, t), halo.place.generation(t), 0, &m);
-				if (threadIdx.x == 0) {
-					if (status != WIC_OK)
-						atomicAdd(errors, 1);
-					message = reinterpret_cast<const float *>(m);
-				}
-			}
-			__syncthreads();
-			float *out = reinterpret_cast<float *>(back.slot(t));
-			for (uint32_t i = y0 * n + threadIdx.x; i < y1 * n; i += blockDim.x) {
-				const float v = sweep(cur, message[i - y0 * n], depth > 1 ? cur[i + plane] : 0.0f, n,
-						      i % n, i / n);
-				next[i] = v;
-				out[i] = v;
-			}
-			app::block_consumed(halo.ch, halo.place.slot(j, t), halo.place.generation(t));
-			wic::post_result(back, t, j);
-		}
+		if (blockIdx.x < tiles)
+			sweep_band(halo, back, n, tiles, u, t, blockIdx.x, errors);
 		grid.sync(); /* sweep t + 1 reads what every block wrote */
 	}
+}
+
+/*
+ * launch mode: the inner planes' sweep and each band's, as kernels the channel launches once
+ * the band landed. The inner sweep t + 1 is queued after the last band of sweep t, so that it
+ * runs while the host works on its side, as the persistent kernel's does.
+ */
+__global__ void inner_step(uint32_t n, float *u, uint32_t t)
+{
+	sweep_inner(n, u, t);
+}
+
+__global__ void band_step(app::forward halo, wic::result_view back, uint32_t n, uint32_t tiles, float *u, uint32_t t,
+			  uint32_t j, int *errors)
+{
+	sweep_band(halo, back, n, tiles, u, t, j, errors);
 }
 
 /* The cube's split: the host owns planes z < h, the kernel the others; TILES bands of rows. */
@@ -189,7 +223,7 @@ std::vector<double> reference(const std::vector<float> &u0, uint32_t n, uint32_t
 int main(int argc, char **argv)
 {
 	app::command_line cli;
-	if (!app::parse_command_line(argc, argv, "[N] [ITERATIONS] [TILES]", &cli))
+	if (!app::parse_command_line(argc, argv, "[N] [ITERATIONS] [TILES]", &cli, false, true))
 		return 2;
 	const uint32_t sms = app::sm_count();
 	const int reps = cli.reps;
@@ -236,6 +270,14 @@ int main(int argc, char **argv)
 		run.launch = [&](const std::vector<app::forward> &fwd, const wic::result_view &back, cudaStream_t s) {
 			app::launch_cooperative(sweeps, blocks, threads, s, fwd[0], back, n, tiles, u, iterations,
 						barrier.barrier(), errors);
+		};
+		run.launch_step = [&](const std::vector<app::forward> &fwd, const wic::result_view &back, uint32_t,
+				      uint32_t j, uint32_t t, cudaStream_t s) {
+			if (t == 0 && j == 0)
+				inner_step<<<blocks, threads, 0, s>>>(n, u, 0);
+			band_step<<<1, threads, 0, s>>>(fwd[0], back, n, tiles, u, t, j, errors);
+			if (j + 1 == tiles && t + 1 < iterations)
+				inner_step<<<blocks, threads, 0, s>>>(n, u, t + 1);
 		};
 		run.host = [&](app::host_io &io) { host_sweeps(io, c, u0, iterations, mine, next); };
 		const app::exchange_timing t = app::exchange(mode, run);

@@ -136,6 +136,55 @@ __device__ inline float block_sum(float v)
 }
 
 /*
+ * take_direction() - iteration @k's first step: block b receives its rows of the direction and
+ * copies them into p's half k % 2, where every block gathers from once all have. Every thread
+ * of the block calls it; a failed receive is counted in *@errors and the block goes on.
+ */
+__device__ inline void take_direction(const app::forward &fwd, const layout &l, float *p, uint32_t k, int *errors)
+{
+	__shared__ const float *message;
+	const uint32_t b = blockIdx.x, lo = l.first(b), hi = l.first(b + 1);
+	float *pk = p + (size_t)(k % 2) * l.rows;
+
+	if (threadIdx.x < 32) {
+		const uint8_t *m;
+		int status = wic::recv(fwd.ch, fwd.place.slot(0, k), fwd.place.generation(k), b, &m);
+		if (threadIdx.x == 0) {
+			if (status != WIC_OK)
+				atomicAdd(errors, 1);
+			message = reinterpret_cast<const float *>(m);
+		}
+	}
+	__syncthreads();
+	for (uint32_t i = lo + threadIdx.x; i < hi; i += blockDim.x)
+		pk[i] = message[i - lo];
+}
+
+/*
+ * multiply() - iteration @k's second step, once every block took its rows: block b's rows of
+ * q = A p and its part of p.q, posted as the result of @k. Every thread of the block calls it.
+ */
+__device__ inline void multiply(const wic::result_view &back, const layout &l, csr_view a, const float *p, uint32_t k)
+{
+	const uint32_t b = blockIdx.x, lo = l.first(b), hi = l.first(b + 1);
+	const float *pk = p + (size_t)(k % 2) * l.rows;
+	float *q = reinterpret_cast<float *>(back.slot(k));
+	float pq = 0.0f;
+
+	for (uint32_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+		float s = 0.0f;
+		for (uint32_t e = a.row_ptr[i]; e < a.row_ptr[i + 1]; e++)
+			s = fmaf(a.vals[e], pk[a.cols[e]], s);
+		q[i] = s;
+		pq = fmaf(pk[i], s, pq);
+	}
+	pq = block_sum(pq);
+	if (threadIdx.x == 0)
+		q[l.rows + b] = pq;
+	wic::post_result(back, k, b);
+}
+
+/*
  * iterate() - the kernel's side of @iterations iterations; every thread of a cooperative launch
  * of l.blocks blocks calls it.
  * @fwd: the directions, one generation per iteration (layout::forward)
@@ -148,40 +197,12 @@ __device__ inline float block_sum(float v)
 __device__ inline void iterate(const app::forward &fwd, const wic::result_view &back, const layout &l, csr_view a,
 			       float *p, uint32_t iterations, app::grid_barrier &grid, int *errors)
 {
-	__shared__ const float *message;
-	const uint32_t b = blockIdx.x, lo = l.first(b), hi = l.first(b + 1);
-
 	for (uint32_t k = 0; k < iterations; k++) {
-		float *pk = p + (size_t)(k % 2) * l.rows;
-		if (threadIdx.x < 32) {
-			const uint8_t *m;
-			int status = wic::recv(fwd.ch, fwd.place.slot(0, k), fwd.place.generation(k), b, &m);
-			if (threadIdx.x == 0) {
-				if (status != WIC_OK)
-					atomicAdd(errors, 1);
-				message = reinterpret_cast<const float *>(m);
-			}
-		}
-		__syncthreads();
-		for (uint32_t i = lo + threadIdx.x; i < hi; i += blockDim.x)
-			pk[i] = message[i - lo];
+		take_direction(fwd, l, p, k, errors);
 		grid.sync(); /* all of p is in: every block is done with the message */
-		if (b == 0 && threadIdx.x == 0)
+		if (blockIdx.x == 0 && threadIdx.x == 0)
 			wic::consumed(fwd.ch, fwd.place.slot(0, k), fwd.place.generation(k));
-
-		float *q = reinterpret_cast<float *>(back.slot(k));
-		float pq = 0.0f;
-		for (uint32_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-			float s = 0.0f;
-			for (uint32_t e = a.row_ptr[i]; e < a.row_ptr[i + 1]; e++)
-				s = fmaf(a.vals[e], pk[a.cols[e]], s);
-			q[i] = s;
-			pq = fmaf(pk[i], s, pq);
-		}
-		pq = block_sum(pq);
-		if (threadIdx.x == 0)
-			q[l.rows + b] = pq;
-		wic::post_result(back, k, b);
+		multiply(back, l, a, p, k);
 	}
 }
 

@@ -364,6 +364,14 @@ public:
 	void launch_consumer(wic::launcher consume) { CHECK(ch_.launch_consumer(std::move(consume))); }
 
 	/*
+	 * The item the last publish() (stream b, generation g) or publish_generation() (every
+	 * stream from 0, generation g) published: in launch mode, what the consumer the channel
+	 * launches inside it is for (nothing is coalesced).
+	 */
+	uint32_t publishing() const { return publishing_; }
+	uint32_t publishing_stream() const { return publishing_stream_; }
+
+	/*
 	 * publish() - publishes item (b, g); @fill writes its batch into pinned staging, and the
 	 * time it takes counts as the producer's (work()). First waits until every warp finished
 	 * the item the slot held (and so its copy is done).
@@ -377,6 +385,8 @@ public:
 		const auto start = std::chrono::steady_clock::now();
 		fill(buf);
 		const auto filled = std::chrono::steady_clock::now();
+		publishing_ = g;
+		publishing_stream_ = b;
 		CHECK(ch_.publish(slot, buf, batch_, stream_));
 		account(waited, start, filled, batch_);
 	}
@@ -398,6 +408,8 @@ public:
 		const auto start = std::chrono::steady_clock::now();
 		pool.run(blocks, [&](uint32_t b) { fill(b, buffer(b)); });
 		const auto filled = std::chrono::steady_clock::now();
+		publishing_ = g;
+		publishing_stream_ = 0;
 		if (!place_.nowait) {
 			CHECK(ch_.publish_many(place_.slot(0, g), blocks, buffer(0), stream_));
 		} else {
@@ -437,6 +449,8 @@ private:
 	cudaStream_t stream_ = nullptr;
 	uint8_t *staging_ = nullptr;
 	host_work work_{};
+	uint32_t publishing_ = 0;
+	uint32_t publishing_stream_ = 0;
 };
 
 /*
@@ -497,21 +511,15 @@ inline timing run(mode m, uint32_t blocks, uint32_t generations, uint32_t messag
 	worker_pool pool(std::max(1u, std::thread::hardware_concurrency()));
 	cudaStream_t kernel_stream;
 	CHECK(cudaStreamCreateWithFlags(&kernel_stream, cudaStreamNonBlocking));
-	uint32_t publishing = 0;
 	auto publish_all = [&] {
-		for (uint32_t g = 0; g < generations; g++) {
-			publishing = g;
+		for (uint32_t g = 0; g < generations; g++)
 			prod.publish_generation(g, pool, [&](uint32_t b, uint8_t *buf) { fill(b, g, buf); });
-		}
 	};
-	/*
-	 * The channel launches inside publish_generation()'s one publish_many() (nothing is
-	 * coalesced), so the delivery is generation @publishing of every stream.
-	 */
+	/* The delivery is the generation of every stream that publish_generation() publishes. */
 	if (m == mode::launch)
 		prod.launch_consumer([&](const wic::delivery &, cudaStream_t stream) {
 			placement one = prod.place();
-			one.first = publishing;
+			one.first = prod.publishing();
 			one.count = 1;
 			launch(prod.channel(), one, stream);
 			return cudaGetLastError();
@@ -808,6 +816,16 @@ struct alternating {
 	/* Starts the kernel on @stream; @fwd holds one channel per forward spec. */
 	std::function<void(const std::vector<app::forward> &fwd, const wic::result_view &back, cudaStream_t stream)>
 		launch;
+	/*
+	 * launch mode (applications that accept it): queues on @stream the kernels that consume
+	 * item (@first_stream, @generation) of forward channel @channel (a send_generation()'s: of
+	 * every stream from 0), which the channel launches once that item landed; nothing of the
+	 * application's kernel waits on the GPU meanwhile. The kernels of one channel run in the
+	 * order of its items.
+	 */
+	std::function<void(const std::vector<app::forward> &fwd, const wic::result_view &back, uint32_t channel,
+			   uint32_t first_stream, uint32_t generation, cudaStream_t stream)>
+		launch_step;
 	/* The host's side of a run, from its first message to its last result. */
 	std::function<void(host_io &io)> host;
 };
@@ -833,8 +851,8 @@ inline void reset(const alternating &a)
 }
 
 /*
- * One run of @a through channels (push, poll, alg1), timed from the launch to the end of the
- * host side and kernel; *@work gets its producers' work.
+ * One run of @a through channels (push, poll, alg1, launch), timed from the launch (launch: the
+ * first publish) to the end of the host side and kernels; *@work gets its producers' work.
  */
 inline double exchange_run(mode m, const alternating &a, recording *rec, host_work *work)
 {
@@ -851,7 +869,16 @@ inline double exchange_run(mode m, const alternating &a, recording *rec, host_wo
 	cudaStream_t kernel_stream;
 	CHECK(cudaStreamCreateWithFlags(&kernel_stream, cudaStreamNonBlocking));
 	const auto start = std::chrono::steady_clock::now();
-	a.launch(views, back.view(), kernel_stream);
+	if (m == mode::launch) {
+		for (uint32_t c = 0; c < fwd.size(); c++)
+			fwd[c]->launch_consumer([&, c](const wic::delivery &, cudaStream_t stream) {
+				a.launch_step(views, back.view(), c, fwd[c]->publishing_stream(), fwd[c]->publishing(),
+					      stream);
+				return cudaGetLastError();
+			});
+	} else {
+		a.launch(views, back.view(), kernel_stream);
+	}
 	CHECK(cudaGetLastError());
 	a.host(io);
 	CHECK(cudaStreamSynchronize(kernel_stream));
