@@ -32,11 +32,16 @@ inline double us_between(clock_type::time_point a, clock_type::time_point b)
 	return std::chrono::duration<double, std::micro>(b - a).count();
 }
 
-/* Exits after a wait gave up: a kernel may still be spinning, so nothing after it is safe. */
+/*
+ * Exits after a wait gave up: a kernel may still be spinning, so nothing after it is safe, the
+ * runtime's teardown at exit() included, which would wait for that kernel.
+ */
 [[noreturn]] inline void stuck(const char *what)
 {
 	fprintf(stderr, "%s: a wait gave up after %.0f s or a check failed; stopping\n", what, timeout_s);
-	exit(1);
+	fflush(stdout);
+	fflush(stderr);
+	std::_Exit(1); /* the JSON lines are flushed as written */
 }
 
 /* Waits for @stream's work, or gives up after a second more than a wait may take. */
