@@ -35,23 +35,6 @@ __global__ void solve(app::forward fwd, wic::result_view back, cg::layout l, cg:
 	cg::iterate(fwd, back, l, a, p, iterations, grid, errors);
 }
 
-/*
- * launch mode: iteration @k in two kernels that the channel launches once the direction
- * landed, the second starting when every block of the first is done (what the persistent
- * kernel's grid barrier does between the two steps).
- */
-__global__ void direction_step(app::forward fwd, cg::layout l, float *p, uint32_t k, int *errors)
-{
-	cg::take_direction(fwd, l, p, k, errors);
-}
-
-__global__ void multiply_step(app::forward fwd, wic::result_view back, cg::layout l, cg::csr_view a, const float *p,
-			 uint32_t k)
-{
-	if (blockIdx.x == 0 && threadIdx.x == 0)
-		wic::consumed(fwd.ch, fwd.place.slot(0, k), fwd.place.generation(k));
-	cg::multiply(back, l, a, p, k);
-}
 
 /*
  * The matrix: off the diagonal -1 for each grid neighbour and each random partner (rows / 2
@@ -164,8 +147,8 @@ int main(int argc, char **argv)
 		};
 		run.launch_step = [&](const std::vector<app::forward> &fwd, const wic::result_view &back, uint32_t, uint32_t,
 				      uint32_t k, cudaStream_t s) {
-			direction_step<<<blocks, threads, 0, s>>>(fwd[0], l, p, k, errors);
-			multiply_step<<<blocks, threads, 0, s>>>(fwd[0], back, l, dev.view(), p, k);
+			cg::direction_step<<<blocks, threads, 0, s>>>(fwd[0], l, p, k, errors);
+			cg::multiply_step<<<blocks, threads, 0, s>>>(fwd[0], back, l, dev.view(), p, k);
 		};
 		run.host = [&](app::host_io &io) { cg::host_iterations(io, 0, l, solver, b, iterations); };
 		const app::exchange_timing t = app::exchange(mode, run);

@@ -208,8 +208,8 @@ __global__ void solve(app::forward elements, app::forward directions, wic::resul
 }
 
 /*
- * launch mode: a generation of elements, the conversion after the last, and each CG
- * iteration's two steps, as kernels the channels launch once their data landed.
+ * launch mode: a generation of elements, the conversion after the last (and each CG
+ * iteration's two steps, cg.cuh's), as kernels the channels launch once their data landed.
  */
 __global__ void assemble_step(app::forward elements, cg::csr_view a, unsigned long long *sums, uint32_t g,
 			      int *errors)
@@ -222,18 +222,6 @@ __global__ void convert_step(uint32_t nnz, const unsigned long long *sums, float
 	convert(nnz, sums, vals);
 }
 
-__global__ void direction_step(app::forward directions, cg::layout l, float *p, uint32_t k, int *errors)
-{
-	cg::take_direction(directions, l, p, k, errors);
-}
-
-__global__ void multiply_step(app::forward directions, wic::result_view back, cg::layout l, cg::csr_view a,
-			      const float *p, uint32_t k)
-{
-	if (blockIdx.x == 0 && threadIdx.x == 0)
-		wic::consumed(directions.ch, directions.place.slot(0, k), directions.place.generation(k));
-	cg::multiply(back, l, a, p, k);
-}
 
 /* Node (i, j, k)'s unknown in an E^3 mesh: the interior nodes, in order; -1 on the boundary. */
 int32_t unknown(uint32_t e, uint32_t i, uint32_t j, uint32_t k)
@@ -400,8 +388,8 @@ int main(int argc, char **argv)
 			}
 			if (g == 0)
 				CHECK(cudaStreamWaitEvent(s, assembled, 0));
-			direction_step<<<blocks, threads, 0, s>>>(fwd[1], l, p, g, errors);
-			multiply_step<<<blocks, threads, 0, s>>>(fwd[1], back, l, dev.view(), p, g);
+			cg::direction_step<<<blocks, threads, 0, s>>>(fwd[1], l, p, g, errors);
+			cg::multiply_step<<<blocks, threads, 0, s>>>(fwd[1], back, l, dev.view(), p, g);
 		};
 		run.host = [&](app::host_io &io) {
 			/* A generation's batches on every core, published at once. */

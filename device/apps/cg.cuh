@@ -185,6 +185,24 @@ __device__ inline void multiply(const wic::result_view &back, const layout &l, c
 }
 
 /*
+ * launch mode: iteration @k's two steps as kernels of l.blocks blocks, one after the other on a
+ * stream (what iterate()'s grid barrier does between them); the second reports the direction
+ * consumed, every block having taken its rows.
+ */
+__global__ void direction_step(app::forward fwd, layout l, float *p, uint32_t k, int *errors)
+{
+	take_direction(fwd, l, p, k, errors);
+}
+
+__global__ void multiply_step(app::forward fwd, wic::result_view back, layout l, csr_view a, const float *p,
+			      uint32_t k)
+{
+	if (blockIdx.x == 0 && threadIdx.x == 0)
+		wic::consumed(fwd.ch, fwd.place.slot(0, k), fwd.place.generation(k));
+	multiply(back, l, a, p, k);
+}
+
+/*
  * iterate() - the kernel's side of @iterations iterations; every thread of a cooperative launch
  * of l.blocks blocks calls it.
  * @fwd: the directions, one generation per iteration (layout::forward)

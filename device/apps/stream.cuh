@@ -35,8 +35,8 @@ namespace app {
  * paper's Algorithm 1 made correct on this hardware; tagged, and picked: the transport
  * wic::pick_peer_transport() picks for the run's messages, where the producer is a kernel on
  * another GPU), or (nowait) all of it in device memory before the kernel starts, the lower
- * bound on the consumer's time; launch (streaming applications with a host producer): no
- * kernel waits, the channel launches the consumer of each generation once it landed.
+ * bound on the consumer's time; launch (applications with a host producer): no kernel waits,
+ * the channel launches the consumer's kernels for each delivery once it landed.
  */
 enum class mode { push, poll, alg1, tagged, picked, nowait, launch };
 
@@ -122,8 +122,9 @@ struct command_line {
  * Parses MODE and REPS; prints the usage, naming @sizes, and returns false on a bad MODE.
  * @gpu_producer: the application's producers are kernels on another GPU, which tagged and
  *	picked need.
- * @launched: its consumer kernel runs for the generations its placement gives (from first,
- *	count of them), as the launch mode launches it for each.
+ * @launched: the application has a launch mode: a streaming one's consumer kernel runs for
+ *	the generations its placement gives (from first, count of them), an alternating one
+ *	gives launch_step.
  */
 inline bool parse_command_line(int argc, char **argv, const char *sizes, command_line *out, bool gpu_producer = false,
 			       bool launched = false)

@@ -20,8 +20,8 @@ Where host and GPU strictly take turns, their sum is what the application cannot
 table shows it (serial; meaningless for a streaming application), but the bound stays the
 larger term. An inter-GPU application's bound is its no-wait run (tagged, and picked: the
 transport wic::pick_peer_transport() picks, are modes of these only). Prints a Markdown table
-with the ratio of each mode to the bound (launch: the streaming applications whose consumer the
-channel launches per generation), the term that binds, and alg1 / push per application
+with the ratio of each mode to the bound (launch: the CPU-GPU applications, whose consumer
+kernels the channel launches per delivery), the term that binds, and alg1 / push per application
 with their geometric mean. Standard library only.
 """
 

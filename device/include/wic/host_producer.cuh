@@ -53,7 +53,7 @@ enum class sharing { alone, arithmetic, memory };
  *
  * Alone or beside arithmetic, as above: every transport's waiters cost arithmetic 3.2% of its
  * speed at most. Beside memory-bound work, push: waiters that spin across PCIe (mapped) left
- * such a kernel 1.4 to 3.5% of its speed, tagged's spinning on device memory cost it up to
+ * such a kernel 1.4 to 3.6% of its speed, tagged's spinning on device memory cost it up to
  * 6.5%, push's sleeping 2.3% at most (device/bench/corun.cu on an H200; device/README.md, "What
  * waiting costs the work beside it"). launch, which costs it 1.5% at most with nothing resident
  * while it waits, is the caller's choice: only the caller knows whether its consumer can be
@@ -279,7 +279,9 @@ public:
 	 *
 	 * A launch that fails leaves its delivery published and consumed by nobody: under
 	 * reuse::checked its slots never come free. The call that queued it returns WIC_EIO with
-	 * the launch's error; destroy() the channel, as after any WIC_EIO.
+	 * the launch's error; destroy() the channel, as after any WIC_EIO. As for every transport,
+	 * a consumer's wic::consumed() of a slot must come after its last read of it: with
+	 * coalesce() the next run's copies may land while the run before's consumer still runs.
 	 *
 	 * Return: WIC_OK; WIC_EINVALID for a channel of another transport or an empty @consume.
 	 */

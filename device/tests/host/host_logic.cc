@@ -147,7 +147,8 @@ void launch_deliveries()
 	ch.publish(3, src.data() + 3 * batch, batch, stream);
 	const bool in_turn = seen.size() == 2 && seen[1].d.first_slot == 2 && seen[1].stream != seen[0].stream &&
 			     seen[1].ready == 2 && seen[1].held && !seen[0].held;
-	fake::release(seen[0].stream);
+	if (!seen.empty())
+		fake::release(seen[0].stream);
 	ch.coalesce(0);
 	for (uint32_t s = 0; s < slots; s++)
 		consume(ch, s, s == 1 ? 2 : 1);

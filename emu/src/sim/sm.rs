@@ -28,8 +28,8 @@ fn progress_beside(cal: &Calibration, fault_stalled: bool, host_spinners: bool, 
     1.0
 }
 
-/// Another kernel's warps on every SM beside the run's (`try_run_beside`): how many, and the
-/// share of their time alone spent on memory accesses that leave the SM.
+/// Another kernel's warps on every SM beside the run's (`try_run_beside`): how many (at least
+/// one counts), and the share of their time alone spent on memory accesses that leave the SM.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Neighbour {
     pub warps: u32,
@@ -58,7 +58,7 @@ impl Sim<'_> {
     /// computing and polling warps, and make the progress beside their stalls and spinning that
     /// the SM's own work makes.
     pub(super) fn neighbour_speed(&self, sm: &Sm, n: &Neighbour) -> f64 {
-        let own = f64::from(n.warps);
+        let own = f64::from(n.warps.max(1));
         let alone = issue_ipc(self.cal, own, 0.0);
         let beside = issue_ipc(self.cal, own + f64::from(sm.computing), f64::from(sm.polling));
         beside / alone * progress_beside(self.cal, sm.fault_stalled > 0, self.host_spinners(sm), n.memory_share)
