@@ -13,6 +13,7 @@
 
 #include "stream.cuh"
 #include "description.h"
+#include "srs.cuh"
 
 namespace {
 
@@ -33,18 +34,9 @@ __global__ void consume(wic::channel ch, app::placement place, float2 *results, 
 			if (lane == 0)
 				atomicAdd(errors, 1);
 		} else {
-			const float *x = reinterpret_cast<const float *>(message);
-			float energy = 0.0f, peak = 0.0f;
-			for (uint32_t i = lane; i < samples; i += 32) {
-				energy = fmaf(x[i], x[i], energy);
-				peak = fmaxf(peak, fabsf(x[i]));
-			}
-			for (int d = 16; d; d /= 2) {
-				energy += __shfl_down_sync(0xffffffff, energy, d);
-				peak = fmaxf(peak, __shfl_down_sync(0xffffffff, peak, d));
-			}
+			const float2 e = app::energy_and_peak(reinterpret_cast<const float *>(message), samples);
 			if (lane == 0)
-				results[((size_t)b * place.generations + g) * warps + w] = make_float2(energy, peak);
+				results[((size_t)b * place.generations + g) * warps + w] = e;
 		}
 		app::block_consumed(ch, place.slot(b, g), place.generation(g));
 	}

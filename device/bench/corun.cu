@@ -99,6 +99,7 @@
 
 #include "../apps/check.cuh"
 #include "../apps/description.h"
+#include "../apps/srs.cuh"
 #include "host.cuh"
 #include "report.cuh"
 #include "work.cuh"
@@ -215,23 +216,14 @@ __device__ inline uint32_t srs_work(uint32_t rounds, const float *data, uint32_t
 {
 	constexpr uint32_t messages = bench::dram_bytes / (C_SRS_SAMPLES * sizeof(float));
 	const float *mine = data + b * (bench::dram_bytes / sizeof(float));
-	const uint32_t w = t / 32, lane = t % 32;
+	const uint32_t w = t / 32;
 	float energy_sum = 0.0f, peak_max = 0.0f;
 
 	for (uint32_t r = 0; r < rounds; r++)
 		for (uint32_t m = w; m < messages; m += bench::work_warps) {
-			const float *x = mine + (uint64_t)m * C_SRS_SAMPLES;
-			float energy = 0.0f, peak = 0.0f;
-			for (uint32_t i = lane; i < C_SRS_SAMPLES; i += 32) {
-				energy = fmaf(x[i], x[i], energy);
-				peak = fmaxf(peak, fabsf(x[i]));
-			}
-			for (int d = 16; d; d /= 2) {
-				energy += __shfl_down_sync(0xffffffff, energy, d);
-				peak = fmaxf(peak, __shfl_down_sync(0xffffffff, peak, d));
-			}
-			energy_sum += energy;
-			peak_max = fmaxf(peak_max, peak);
+			const float2 e = app::energy_and_peak(mine + (uint64_t)m * C_SRS_SAMPLES, C_SRS_SAMPLES);
+			energy_sum += e.x;
+			peak_max = fmaxf(peak_max, e.y);
 		}
 	return __float_as_uint(energy_sum) ^ __float_as_uint(peak_max);
 }

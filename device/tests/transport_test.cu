@@ -130,6 +130,23 @@ __global__ void peer_produce(wic::channel ch, uint32_t generations, uint64_t tim
 }
 
 /*
+ * Warp w of block b copies its @message of generation @g of slot b to out[(b * G + g) * warps +
+ * w]; then, the block done, thread 0 reports it consumed. Called by every thread of the block.
+ */
+__device__ void peer_copy_out(const wic::channel &ch, uint32_t b, uint32_t g, uint32_t generations,
+			      const uint8_t *message, uint8_t *out)
+{
+	const uint32_t w = threadIdx.x / 32, lane = threadIdx.x % 32;
+	uint8_t *dst = out + (((size_t)b * generations + g) * ch.warps_per_batch + w) * ch.message_bytes;
+
+	for (uint32_t i = lane; i < ch.message_bytes; i += 32)
+		dst[i] = message[i];
+	__syncthreads();
+	if (threadIdx.x == 0)
+		wic::consumed(ch, b, g);
+}
+
+/*
  * The consumers: warp w of block b copies its message of every generation of slot b to out.
  * Even blocks' warps each wait in recv(), odd blocks wait together in recv_block().
  */
@@ -149,12 +166,7 @@ __global__ void peer_consume(wic::channel ch, uint32_t generations, uint64_t tim
 		}
 		if (rc != WIC_OK && lane == 0 && !gave_up)
 			*(volatile int *)status = rc;
-		uint8_t *dst = out + (((size_t)b * generations + g) * ch.warps_per_batch + w) * ch.message_bytes;
-		for (uint32_t i = lane; i < ch.message_bytes; i += 32)
-			dst[i] = message[i];
-		__syncthreads();
-		if (threadIdx.x == 0)
-			wic::consumed(ch, b, g);
+		peer_copy_out(ch, b, g, generations, message, out);
 	}
 }
 
@@ -175,12 +187,7 @@ __global__ void peer_launched_consume(wic::channel ch, wic::delivery d, uint32_t
 			*(volatile int *)status = g >= generations ? WIC_ESTALE : WIC_ETIMED_OUT;
 		return;
 	}
-	uint8_t *dst = out + (((size_t)b * generations + g) * ch.warps_per_batch + w) * ch.message_bytes;
-	for (uint32_t i = lane; i < ch.message_bytes; i += 32)
-		dst[i] = message[i];
-	__syncthreads();
-	if (threadIdx.x == 0)
-		wic::consumed(ch, b, g);
+	peer_copy_out(ch, b, g, generations, message, out);
 }
 
 /* The shape of the producer-kernel tests: blocks x generations batches of peer_warps messages. */

@@ -193,6 +193,23 @@ impl Step<'_> {
         let (base, id) = self.range(memory)?;
         self.inject(base, fakegpu::VERDICT_HOLD)?;
         self.drain();
+        let stalled = self.unregister_with_fault_during(id, base + PAGE)?;
+        ensure(stalled.iter().any(|e| e.kind == fakegpu::EVENT_STALLED && e.va == base), || {
+            format!("not the marker's write stalled: {stalled:?}")
+        })?;
+        ensure(self.drain() == 0, || "the fault during UNREGISTER was recorded".into())?;
+        let events = [stalled, self.events()?].concat();
+        ensure(!events.iter().any(|e| e.kind == fakegpu::EVENT_SERVICED), || {
+            format!("a fault was serviced: {events:?}")
+        })?;
+        self.completed(memory, &events, base)?;
+        self.completed(memory, &events, base + PAGE)
+    }
+
+    /// UNREGISTER of range `id` with its first marker write stalled and, while it stalls, a
+    /// fault on `va`, which must be held; the UNREGISTER must then succeed. Returns the fake
+    /// GPU's events up to the stall.
+    fn unregister_with_fault_during(&mut self, id: u32, va: u64) -> Result<Vec<Event>, String> {
         self.fake
             .fail(Fail { writes: 1, flags: fakegpu::FAIL_STALL, ..Default::default() })
             .map_err(|e| format!("arm the stall: {e}"))?;
@@ -203,7 +220,7 @@ impl Step<'_> {
             let unregister = scope.spawn(move || unsafe { ioc_unregister(fd, &id) });
             let stalled =
                 wait_events(fake, Duration::from_secs(5), |seen| seen.iter().any(|e| e.kind == fakegpu::EVENT_STALLED));
-            let verdicts = fake.inject(GPU, &[fault(base + PAGE, AccessType::Read)]);
+            let verdicts = fake.inject(GPU, &[fault(va, AccessType::Read)]);
             let released = fake.fail(Fail::default());
             let unregistered = unregister.join().map_err(|_| "the UNREGISTER thread panicked".to_string());
             (
@@ -213,21 +230,12 @@ impl Step<'_> {
             )
         });
         let stalled = stalled?;
-        ensure(stalled.iter().any(|e| e.kind == fakegpu::EVENT_STALLED && e.va == base), || {
-            format!("not the marker's write stalled: {stalled:?}")
-        })?;
         let (verdicts, _) = verdicts.map_err(|e| format!("inject: {e}"))?;
         ensure(verdicts == [fakegpu::VERDICT_HOLD], || {
             format!("the fault during UNREGISTER was not held (verdict {verdicts:?})")
         })?;
         unregistered?.map_err(|errno| format!("UNREGISTER: {errno}"))?;
-        ensure(self.drain() == 0, || "the fault during UNREGISTER was recorded".into())?;
-        let events = [stalled, self.events()?].concat();
-        ensure(!events.iter().any(|e| e.kind == fakegpu::EVENT_SERVICED), || {
-            format!("a fault was serviced: {events:?}")
-        })?;
-        self.completed(memory, &events, base)?;
-        self.completed(memory, &events, base + PAGE)
+        Ok(stalled)
     }
 
     /// (c) A held page resident out of the GPU's reach: a completion's map fails with EXDEV
@@ -371,31 +379,7 @@ impl Step<'_> {
 
         // UNREGISTER stalls on the first marker it writes (the tabled fault's page): a fault
         // then finds the table still full.
-        self.fake
-            .fail(Fail { writes: 1, flags: fakegpu::FAIL_STALL, ..Default::default() })
-            .map_err(|e| format!("arm the stall: {e}"))?;
-        let fd = self.device.fd().as_raw_fd();
-        let fake = self.fake;
-        let (stalled, verdicts, unregistered) = std::thread::scope(|scope| {
-            // SAFETY: checked ABI; the module reads one u32; the session outlives the scope.
-            let unregister = scope.spawn(move || unsafe { ioc_unregister(fd, &small) });
-            let stalled =
-                wait_events(fake, Duration::from_secs(5), |seen| seen.iter().any(|e| e.kind == fakegpu::EVENT_STALLED));
-            let verdicts = fake.inject(GPU, &[fault(during, AccessType::Read)]);
-            let released = fake.fail(Fail::default());
-            let unregistered = unregister.join().map_err(|_| "the UNREGISTER thread panicked".to_string());
-            (
-                stalled.and_then(|s| released.map(|_| s).map_err(|e| format!("release the stall: {e}"))),
-                verdicts,
-                unregistered,
-            )
-        });
-        let stalled = stalled?;
-        let (verdicts, _) = verdicts.map_err(|e| format!("inject: {e}"))?;
-        ensure(verdicts == [fakegpu::VERDICT_HOLD], || {
-            format!("the fault during UNREGISTER was not held (verdict {verdicts:?})")
-        })?;
-        unregistered?.map_err(|errno| format!("UNREGISTER: {errno}"))?;
+        let stalled = self.unregister_with_fault_during(small, during)?;
         ensure(self.device.ring().dropped() == dropped + 3, || {
             "the fault during UNREGISTER took an entry: the table was not full".into()
         })?;
