@@ -67,6 +67,10 @@ struct DemoArgs {
     /// A calibration file to use instead of the built-in one.
     #[arg(long)]
     calibration: Option<PathBuf>,
+    /// Skip the co-run table, what each mode's waiting costs a neighbour kernel sharing the
+    /// emulated GPU's SMs (printed whatever `--only` picks; it adds a few seconds).
+    #[arg(long)]
+    no_corun: bool,
 }
 
 /// The fewest consumer threads `--scale` takes: one warp.
@@ -220,6 +224,15 @@ fn run_demo(args: DemoArgs) -> Result<(), String> {
         }
         if rows.iter().flatten().any(|r| r.naive.corrupt_messages + r.fault.corrupt_messages > 0) {
             return Err("some messages arrived corrupted".into());
+        }
+    }
+    if !args.no_corun {
+        let rows = demo::corun_rows(&cal, args.seed, threads);
+        print!("\n{}", demo::corun_table(&rows));
+        for row in &rows {
+            if let Err(reason) = &row.throughput {
+                not_run.push(format!("co-run {} ({reason})", demo::corun_row_label(row)));
+            }
         }
     }
     println!(

@@ -42,7 +42,30 @@ fn the_readmes_sweep_runs_every_row_of_every_table_intact() {
         assert!(table.contains("; over push: "), "{table}");
     }
     assert!(stdout.contains("What the model takes from a GPU, and what it cannot know"), "{stdout}");
+    // The co-run table, once, after the sweep's last table.
+    assert_eq!(stdout.matches(CORUN_TITLE).count(), 1, "{stdout}");
+    assert!(tables[3].contains(CORUN_TITLE), "{stdout}");
     eprintln!("the README's sweep took {took:?}");
+}
+
+const CORUN_TITLE: &str = "What waiting costs the work beside it (emulated;";
+
+/// `--only` picks workloads, not the co-run: its table is printed with any of them, every row
+/// run, unless `--no-corun` skips it.
+#[test]
+fn the_corun_table_is_printed_with_only_and_skipped_with_no_corun() {
+    let (out, took) = wicd_demo(&["--only", "C_CG"]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{:?} after {took:?}\n{stdout}\n{}", out.status, text(&out.stderr));
+    let corun = stdout.split(CORUN_TITLE).nth(1).unwrap_or_else(|| panic!("no co-run table: {stdout}"));
+    let rows: Vec<&str> = corun.lines().skip(2).take_while(|line| line.contains(" us ")).collect();
+    assert_eq!(rows.len(), 8, "{stdout}");
+    assert!(rows.iter().all(|row| !row.contains("not run")), "{stdout}");
+    assert!(corun.contains("The naive (alg1) rows are not validated"), "{stdout}");
+    let (out, took) = wicd_demo(&["--only", "C_CG", "--no-corun"]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{:?} after {took:?}\n{stdout}", out.status);
+    assert!(stdout.contains("C_CG ") && !stdout.contains("What waiting costs"), "{stdout}");
 }
 
 #[test]

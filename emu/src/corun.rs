@@ -15,11 +15,16 @@ use crate::{Calibration, Mode};
 /// WIC's held faults.
 pub const MODES: [Mode; 4] = [Mode::Push, Mode::Poll, Mode::Alg1, Mode::Fault];
 
+/// Generations of a co-run as wic-report and `wicd demo` run it, and the gaps between the
+/// host's publishes: back to back and 1 ms apart, the ends of the GPU run's gaps.
+pub const GENERATIONS: u32 = 200;
+pub const GAPS_NS: [u64; 2] = [0, 1_000_000];
+
 /// The consumers' shape, `corun.cu`'s: warps per SM, bytes of a warp's message.
-const CONSUMER_WARPS: u32 = 4;
+pub const CONSUMER_WARPS: u32 = 4;
 const MESSAGE_BYTES: u32 = 256;
 /// The neighbour's warps per SM, `corun.cu`'s.
-const NEIGHBOUR_WARPS: u32 = 8;
+pub const NEIGHBOUR_WARPS: u32 = 8;
 /// A consumer warp's use of its message: a load per lane and the checks of its stamp.
 const USE_INSTR: u64 = 64;
 

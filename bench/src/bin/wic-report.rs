@@ -229,10 +229,6 @@ fn run(args: &Args) -> Result<(), String> {
     Ok(())
 }
 
-/// Generations of the model's co-run, and the gaps between publishes it runs.
-const CORUN_GENERATIONS: u32 = 200;
-const CORUN_GAPS_NS: [u64; 2] = [0, 1_000_000];
-
 /// The model's co-run: each mode at each gap with the calibration, and WIC's at each stall cost
 /// of the plane (fault path as calibrated).
 struct CorunRow {
@@ -245,11 +241,11 @@ struct CorunRow {
 fn model_corun(cal: &Calibration, stalls: &[Option<f64>], seed: u64) -> Result<Vec<CorunRow>, String> {
     let mut rows = Vec::new();
     for mode in corun::MODES {
-        for gap_ns in CORUN_GAPS_NS {
+        for gap_ns in corun::GAPS_NS {
             let points: &[Option<f64>] = if mode == Mode::Fault { stalls } else { &[None] };
             for &stall in points {
                 let c = plane_calibration(cal, 1.0, stall);
-                let throughput = corun::throughput(&c, mode, CORUN_GENERATIONS, gap_ns, seed)
+                let throughput = corun::throughput(&c, mode, corun::GENERATIONS, gap_ns, seed)
                     .map_err(|e| format!("co-run, {} at a gap of {gap_ns} ns: {e}", mode.name()))?;
                 rows.push(CorunRow { mode, gap_ns, stall, throughput });
             }
