@@ -58,7 +58,20 @@
  * A further transport is a class with start(), publish() and stop() (consumers, below) and a
  * line in the table of transports.
  *
- * What each row reports:
+ * --peer: the producer is a kernel on GPU 1 (peer_publish(), a block per slot), the consumers
+ * and the neighbour stay on GPU 0. Rows none, push, poll, alg1, tagged (a wic::peer_channel;
+ * wait_and_use() also reports each generation consumed, the producer's flow control) and
+ * launch (the host queues, 16 generations ahead of the slowest block, each generation's stream
+ * waits for its ready words and use_delivery()'s launch; the producer publishes only the
+ * generations queued). Each producer block publishes generation g once g - 1 was reported
+ * consumed and the gap passed: the blocks go at their own pace, not a generation at a time. For
+ * the stop, resident consumers get a stop message; launched ones are queued for exactly the
+ * generations published.
+ *
+ * What each row reports (--peer: throughput, shared, and in place of one way and publish the
+ * round trip, from before a producer block's publish to its sight of the consumed report
+ * (recorded for a block's first 1024 generations; median and p90), and for launch the host's
+ * time queueing a generation, which includes waiting for room in the stream):
  *   throughput  the neighbour's work per second beside the consumers over alone: its time
  *               alone over its time beside them, for the same fixed work (a kernel's time: its
  *               first warp's start to its last warp's end, %globaltimer); median of 3 runs (one,
@@ -76,10 +89,12 @@
  *   shared      every SM ran one block of the neighbour and, for each launch of the consumers,
  *               one of theirs (%smid); a row where not is flagged.
  *
- * Usage: corun [--quick] [OUT.jsonl]   (--quick: fma_ilp and dram_loads, gaps 0 and 1000 us,
- *        one run each, alone 2 + 2)
- * Prints one line per row; writes one JSON object per row to OUT.jsonl, the first naming the
- * GPU, its driver and the date. Every wait gives up after 2 s (a neighbour's run after 20 s)
+ * Usage: corun [--quick] [--peer] [OUT.jsonl]   (--quick: fma_ilp and dram_loads, gaps 0 and
+ *        1000 us, one run each, alone 2 + 2; --peer: exit status 77 without two GPUs with peer
+ *        access)
+ * Prints one line per row, a neighbour kind's once all its rows ran (progress, a line a run, on
+ * stderr); writes one JSON object per row to OUT.jsonl, the first naming the GPU, its driver,
+ * the date and the producer. Every wait gives up after 2 s (a neighbour's run after 20 s)
  * and stops the program with exit status 1. Managed memory: the fault row's 2.1 GiB of address
  * space (132 SMs; half of it populated, then freed, at each of its runs) and alg1's channel
  * (1 KiB per SM). Reads the GPU's state; changes none of its settings.
@@ -126,6 +141,10 @@ constexpr uint32_t consumer_threads = consumer_warps * 32;
 /* One 8-byte word per lane. */
 constexpr uint32_t message_bytes = 32 * 8;
 constexpr uint32_t batch_bytes = consumer_warps * message_bytes;
+/* A producer kernel's block writes its batch a word per thread. */
+static_assert(batch_bytes / 8 == consumer_threads, "one 8-byte word of a batch per thread");
+/* The peer rows' producer records the round trips of a block's first generations, this many. */
+constexpr uint32_t recorded_generations = 1024;
 /* The neighbour's dynamic shared memory: more than half an SM's, so one block per SM. */
 constexpr uint32_t neighbour_smem = 120 * 1024;
 /* Block counts per %smid, which may number SMs beyond the SM count. */
@@ -186,6 +205,16 @@ struct neighbour_record {
 	unsigned int *finished;
 	unsigned int *done;
 	uint32_t *sink;
+};
+
+/*
+ * Where the peer rows' producer kernel reports, in its GPU's memory: block b's round trip
+ * (ns) of generation g < recorded_generations at round_trip_ns[b * recorded_generations + g],
+ * and the generations of data it published, ~0 after a wait that gave up.
+ */
+struct producer_record {
+	uint64_t *round_trip_ns;
+	unsigned int *published;
 };
 
 /* The fault row's warps, each: time stalled, time from its start to the stop, faults. */
@@ -273,13 +302,18 @@ __device__ inline int use_message(const uint8_t *m, uint64_t want, uint64_t *acc
 
 /*
  * Once every warp of block @b is done with generation @g (@used: this warp's outcome), thread 0
- * acknowledges it, or a failure (~0). Called by every thread; whether the block goes on.
+ * acknowledges it, or a failure (~0); with @consumed_to (a producer kernel's channel, whose flow
+ * control it is) it first reports a message it used consumed(). Called by every thread;
+ * whether the block goes on.
  */
-__device__ inline bool acknowledge(int used, const consumer_record &rec, uint32_t b, uint32_t g)
+__device__ inline bool acknowledge(int used, const consumer_record &rec, uint32_t b, uint32_t g,
+				   const wic::channel *consumed_to = nullptr)
 {
 	const bool failed = __syncthreads_or(used == use_wrong);
 	const bool stopped = __syncthreads_or(used == use_stop);
 
+	if (threadIdx.x == 0 && consumed_to && !failed && !stopped)
+		wic::consumed(*consumed_to, b, g);
 	if (threadIdx.x == 0 && (failed || !stopped))
 		wic::detail::store_release(&rec.acks[b], failed ? ~0u : g + 1);
 	return !failed && !stopped;
@@ -288,9 +322,11 @@ __device__ inline bool acknowledge(int used, const consumer_record &rec, uint32_
 /*
  * wait_and_use() - a channel's consumers: block b's warps wait for generation 0, 1, ... of
  * slot b (alg1: thread 0 for the block, recv_block(); the others: each warp for its own
- * message, recv()), use it and acknowledge it, until the stop message.
+ * message, recv()), use it and acknowledge it (@report_consumed: reporting it consumed too),
+ * until the stop message.
  */
-__global__ void __launch_bounds__(consumer_threads) wait_and_use(wic::channel ch, consumer_record rec)
+__global__ void __launch_bounds__(consumer_threads)
+	wait_and_use(wic::channel ch, consumer_record rec, bool report_consumed)
 {
 	const uint32_t b = blockIdx.x, w = threadIdx.x / 32;
 	uint64_t acc = 0;
@@ -307,7 +343,8 @@ __global__ void __launch_bounds__(consumer_threads) wait_and_use(wic::channel ch
 		} else {
 			rc = wic::recv(ch, b, g, w, &m, timeout_ns);
 		}
-		if (!acknowledge(rc == WIC_OK ? use_message(m, stamp(b, g), &acc) : use_wrong, rec, b, g))
+		if (!acknowledge(rc == WIC_OK ? use_message(m, stamp(b, g), &acc) : use_wrong, rec, b, g,
+				 report_consumed ? &ch : nullptr))
 			break;
 	}
 	if (acc == 42) /* never: keeps the loads */
@@ -333,11 +370,13 @@ __global__ void __launch_bounds__(consumer_threads) use_batch(const uint8_t *bat
 
 /*
  * use_delivery() - the launch transport's consumers, which the channel launches after a
- * delivery's copies (one block per slot of the delivery): each warp receives its message of
- * the generation it was launched for, there at the first look (a timeout of 0), uses it and
- * the block acknowledges it.
+ * delivery's copies, or after a wait for its ready words where a kernel produces (one block
+ * per slot of the delivery): each warp receives its message of the generation it was launched
+ * for, there at the first look (a timeout of 0), uses it and the block acknowledges it
+ * (@report_consumed: reporting it consumed too).
  */
-__global__ void __launch_bounds__(consumer_threads) use_delivery(wic::channel ch, wic::delivery d, consumer_record rec)
+__global__ void __launch_bounds__(consumer_threads)
+	use_delivery(wic::channel ch, wic::delivery d, consumer_record rec, bool report_consumed)
 {
 	const uint32_t b = d.first_slot + blockIdx.x, w = threadIdx.x / 32;
 	const uint32_t g = wic::launched_generation(ch, b);
@@ -347,7 +386,8 @@ __global__ void __launch_bounds__(consumer_threads) use_delivery(wic::channel ch
 	if (threadIdx.x == 0)
 		atomicAdd(&rec.on_sm[sm_id()], 1u);
 	const int rc = wic::recv<wic::transport::launch>(ch, b, g, w, &m, 0);
-	acknowledge(rc == WIC_OK ? use_message(m, stamp(b, g), &acc) : use_wrong, rec, b, g);
+	acknowledge(rc == WIC_OK ? use_message(m, stamp(b, g), &acc) : use_wrong, rec, b, g,
+		    report_consumed ? &ch : nullptr);
 	if (acc == 42) /* never: keeps the loads */
 		rec.sink[2] = 1;
 }
@@ -387,26 +427,162 @@ __global__ void __launch_bounds__(consumer_threads)
 		rec.sink[3] = 1;
 }
 
+/*
+ * peer_publish() - the peer rows' producer, a kernel on the other GPU: block b writes
+ * generation g of slot b (every 8-byte word stamp(b, g)) and publishes it (publish_block()),
+ * for g = 0, 1, ..., each once the consumers reported g - 1 consumed and @gap_ns more passed,
+ * and only while g < *@until (pinned host memory: the generations whose consumers the host
+ * queued, where they are launched). Once g reached *@until and *@stop is set, it ends, after a
+ * stop message (every word 0) with @stop_message (resident consumers wait for one). The round
+ * trip of a generation: from before its publish to the sight of its consumed report, which it
+ * waits for as wait_consumed() does (push's backoff), as a user's producer would.
+ */
+__global__ void __launch_bounds__(consumer_threads)
+	peer_publish(wic::channel ch, uint64_t gap_ns, const unsigned int *stop, const unsigned int *until,
+		     bool stop_message, producer_record rec)
+{
+	enum { publishing, stopping, failed };
+	__shared__ int next;
+	const uint32_t b = blockIdx.x, t = threadIdx.x;
+	uint64_t published_at = 0;
+	uint32_t g = 0;
+
+	for (;; g++) {
+		if (t == 0) {
+			next = publishing;
+			if (g > 0 && wic::wait_consumed(ch, b, g - 1, timeout_ns) != WIC_OK)
+				next = failed;
+			const uint64_t seen = wic::detail::globaltimer();
+			if (next == publishing && g - 1 < recorded_generations)
+				rec.round_trip_ns[b * recorded_generations + g - 1] = seen - published_at;
+			while (next == publishing && g > 0 && wic::detail::globaltimer() - seen < gap_ns) {
+			}
+			while (next == publishing && g >= wic::detail::load_acquire(until)) {
+				if (wic::detail::load_acquire(stop))
+					next = stopping;
+				else if (wic::detail::globaltimer() - seen > timeout_ns)
+					next = failed;
+			}
+			published_at = wic::detail::globaltimer();
+		}
+		__syncthreads();
+		const int now = next;
+		if (now == failed || (now == stopping && !stop_message))
+			break;
+		reinterpret_cast<uint64_t *>(wic::slot_buffer(ch, b))[t] = now == stopping ? 0 : stamp(b, g);
+		wic::publish_block(ch, b, g);
+		if (now == stopping)
+			break;
+		/* next is thread 0's to write again. */
+		__syncthreads();
+	}
+	if (t == 0)
+		rec.published[b] = next == failed ? ~0u : g;
+}
+
 /* ---- host side ---- */
 
-
-
-
-
-/* @n words of pinned host memory mapped into the device, zeroed: host and device addresses. */
+/*
+ * @n words of pinned host memory mapped into every device (the peer rows' producer GPU reads
+ * them too), zeroed: host and device addresses.
+ */
 struct mapped_words {
 	unsigned int *host = nullptr;
 	unsigned int *dev = nullptr;
 
 	explicit mapped_words(uint32_t n)
 	{
-		CHECK(cudaHostAlloc(&host, n * sizeof(unsigned int), cudaHostAllocMapped));
+		CHECK(cudaHostAlloc(&host, n * sizeof(unsigned int), cudaHostAllocMapped | cudaHostAllocPortable));
 		memset(host, 0, n * sizeof(unsigned int));
 		CHECK(cudaHostGetDevicePointer((void **)&dev, host, 0));
 	}
 	mapped_words(const mapped_words &) = delete;
 	mapped_words &operator=(const mapped_words &) = delete;
 	~mapped_words() { CHECK(cudaFreeHost(host)); }
+};
+
+/* The peer rows' producer GPU; the consumers and the neighbour run on GPU 0. */
+constexpr int producer_gpu = 1;
+
+/*
+ * The peer rows' producer side: a stream on the producer GPU, peer_publish() loaded there (with
+ * lazy loading, its first launch could wait for a running kernel), its record in that GPU's
+ * memory, and the words (pinned) through which the host steers it: stop, until.
+ */
+struct producer_side {
+	const uint32_t blocks;
+	cudaStream_t stream = nullptr;
+	mapped_words steer{2};
+	producer_record rec{};
+
+	explicit producer_side(uint32_t blocks_) : blocks(blocks_)
+	{
+		CHECK(wic::detail::on_device(producer_gpu, [&] {
+			cudaFuncAttributes loaded;
+			cudaError_t err = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+			if (err == cudaSuccess)
+				err = cudaMalloc(&rec.round_trip_ns, blocks * recorded_generations * sizeof(uint64_t));
+			if (err == cudaSuccess)
+				err = cudaMalloc(&rec.published, blocks * sizeof(unsigned int));
+			return err == cudaSuccess ? cudaFuncGetAttributes(&loaded, (const void *)peer_publish) : err;
+		}));
+	}
+	producer_side(const producer_side &) = delete;
+	producer_side &operator=(const producer_side &) = delete;
+	~producer_side()
+	{
+		CHECK(wic::detail::on_device(producer_gpu, [&] {
+			cudaError_t err = cudaStreamDestroy(stream);
+			if (err == cudaSuccess)
+				err = cudaFree(rec.round_trip_ns);
+			return err == cudaSuccess ? cudaFree(rec.published) : err;
+		}));
+	}
+
+	unsigned int *stop() const { return steer.dev; }
+	unsigned int *until() const { return steer.dev + 1; }
+	/* Lets the producer publish the generations below @n. */
+	void allow(uint32_t n) { __atomic_store_n(&steer.host[1], n, __ATOMIC_RELEASE); }
+
+	/* Starts peer_publish() for a run, allowed the generations below @allowed. */
+	void start(const wic::channel &ch, double gap_us, uint32_t allowed, bool stop_message)
+	{
+		__atomic_store_n(&steer.host[0], 0u, __ATOMIC_RELEASE);
+		allow(allowed);
+		CHECK(wic::detail::on_device(producer_gpu, [&] {
+			peer_publish<<<blocks, consumer_threads, 0, stream>>>(ch, (uint64_t)(gap_us * 1000), stop(), until(),
+									      stop_message, rec);
+			return cudaGetLastError();
+		}));
+	}
+
+	/*
+	 * Ends the run: @at_once, each block at its next generation (resident consumers: after
+	 * their stop message); else once it published every generation allowed (consumers were
+	 * queued for them). Waits for it; *@round_trip_us: every recorded generation's round trip;
+	 * returns the fewest generations of data a block published. Stops the program at a
+	 * producer's wait that gave up.
+	 */
+	uint32_t stop_and_collect(bool at_once, std::vector<double> *round_trip_us, const char *what)
+	{
+		if (at_once)
+			allow(0);
+		__atomic_store_n(&steer.host[0], 1u, __ATOMIC_RELEASE);
+		finish(stream, what);
+		std::vector<unsigned int> published(blocks);
+		std::vector<uint64_t> ns(blocks * recorded_generations);
+		CHECK(cudaMemcpy(published.data(), rec.published, blocks * sizeof(unsigned int), cudaMemcpyDefault));
+		CHECK(cudaMemcpy(ns.data(), rec.round_trip_ns, ns.size() * sizeof(uint64_t), cudaMemcpyDefault));
+		uint32_t fewest = ~0u;
+		for (uint32_t b = 0; b < blocks; b++) {
+			if (published[b] == ~0u)
+				stuck(what);
+			fewest = std::min(fewest, published[b]);
+			for (uint32_t g = 0; g < std::min(published[b], recorded_generations); g++)
+				round_trip_us->push_back(ns[b * recorded_generations + g] / 1000.0);
+		}
+		return fewest;
+	}
 };
 
 int sm_count()
@@ -436,6 +612,7 @@ struct rig {
 	uint64_t *fault_ns = nullptr; /* per fault warp: stalled, then active */
 	uint32_t *faults = nullptr;
 	double mapped_one_way_us = 0;
+	std::unique_ptr<producer_side> producer; /* the peer rows' (--peer) */
 
 	rig()
 	{
@@ -552,20 +729,32 @@ struct stall_stats {
 	double faults;
 };
 
+/* What one run measured. */
+struct run_result {
+	double span_ms = 0; /* the neighbour's */
+	bool shared = true;
+	uint32_t published = 0;
+	/* Per generation; a producer kernel's: round trips, and the host's time queueing consumers. */
+	std::vector<double> first_us, all_us, publish_us, round_trip_us;
+	bool stalled = false; /* the fault row: stalls holds its warps' figures */
+	stall_stats stalls{0, 0, 0, 0};
+};
+
 /*
  * consumers - one way of bringing generations to consumers, what runs beside the neighbour. A
  * run calls start() before it launches the neighbour; while the neighbour runs, publish() for
  * generation 0, 1, ... (staged in the rig's staging batches), each once the one before was
- * acknowledged, when publishes(), else idle() again and again; stop() once it has ended.
+ * acknowledged and the gap passed, when publishes(), else idle() again and again (a producer
+ * kernel keeps the gap itself); stop() once it has ended, then results().
  */
 class consumers {
 public:
 	virtual ~consumers() = default;
 	virtual bool publishes() const { return true; }
-	/* Launches the consumers on the rig's consumer stream, or nothing. */
-	virtual void start() = 0;
-	/* Makes generation @g visible to the consumers. */
-	virtual void publish(uint32_t g) = 0;
+	/* Launches the consumers on the rig's consumer stream, or nothing; @gap_us: the row's. */
+	virtual void start(double gap_us) = 0;
+	/* Makes generation @g visible to the consumers (where publishes()). */
+	virtual void publish(uint32_t /* g */) {}
 	virtual void idle() {}
 	/* Ends the consumers (the stop message, where they wait for one) and waits for them. */
 	virtual void stop() = 0;
@@ -576,16 +765,15 @@ public:
 	virtual uint32_t blocks_per_sm(uint32_t /* published */) const { return 1; }
 	/* Whether the consumers are launched per generation. */
 	virtual bool launched() const { return false; }
-	/* The fault row's: what its warps did; false for the others. */
-	virtual bool stalls(stall_stats *) const { return false; }
+	/* What the consumers (fault row) or a producer kernel measured, into @out. */
+	virtual void results(run_result * /* out */) const {}
 };
 
 /* none: the neighbour alone. */
 class no_consumers : public consumers {
 public:
 	bool publishes() const override { return false; }
-	void start() override {}
-	void publish(uint32_t) override {}
+	void start(double) override {}
 	void stop() override {}
 	uint32_t blocks_per_sm(uint32_t) const override { return 0; }
 };
@@ -597,9 +785,9 @@ public:
 	{
 		CHECK(ch_.create(kind, r.sms, message_bytes, consumer_warps, wic::reuse::caller));
 	}
-	void start() override
+	void start(double) override
 	{
-		wait_and_use<<<r_.sms, consumer_threads, 0, r_.consumer_stream>>>(ch_.device(), r_.consumer_rec());
+		wait_and_use<<<r_.sms, consumer_threads, 0, r_.consumer_stream>>>(ch_.device(), r_.consumer_rec(), false);
 		CHECK(cudaGetLastError());
 	}
 	void publish(uint32_t) override { CHECK(ch_.publish_many(0, r_.sms, r_.staging, r_.copy_stream)); }
@@ -620,7 +808,7 @@ private:
 class launched_consumers : public consumers {
 public:
 	explicit launched_consumers(rig &r) : r_(r) {}
-	void start() override {}
+	void start(double) override {}
 	void publish(uint32_t g) override
 	{
 		CHECK(cudaMemcpyAsync(r_.batches, r_.staging, r_.sms * batch_bytes, cudaMemcpyHostToDevice,
@@ -648,11 +836,11 @@ public:
 		const wic::channel dev = ch_.device();
 		const consumer_record rec = r.consumer_rec();
 		CHECK(ch_.launch_consumer([dev, rec](const wic::delivery &d, cudaStream_t stream) {
-			use_delivery<<<d.slots, consumer_threads, 0, stream>>>(dev, d, rec);
+			use_delivery<<<d.slots, consumer_threads, 0, stream>>>(dev, d, rec, false);
 			return cudaGetLastError();
 		}));
 	}
-	void start() override {}
+	void start(double) override {}
 	void publish(uint32_t) override { CHECK(ch_.publish_many(0, r_.sms, r_.staging, r_.copy_stream)); }
 	void stop() override { finish(r_.copy_stream, "launch"); }
 	uint32_t blocks_per_sm(uint32_t published) const override { return published; }
@@ -668,7 +856,7 @@ class fault_consumers : public consumers {
 public:
 	explicit fault_consumers(rig &r) : r_(r), warps_(r.sms * consumer_warps) {}
 	bool publishes() const override { return false; }
-	void start() override
+	void start(double) override
 	{
 		/* Fresh pages: every read a fault. Freed with nothing running (cudaFree() waits). */
 		CHECK(cudaFree(r_.pages));
@@ -677,7 +865,6 @@ public:
 									   r_.consumer_rec(), r_.fault_rec());
 		CHECK(cudaGetLastError());
 	}
-	void publish(uint32_t) override {}
 	void stop() override
 	{
 		CHECK(cudaMemsetAsync(r_.stop, 0xff, sizeof(unsigned int), r_.copy_stream));
@@ -699,16 +886,132 @@ public:
 		stats_ = {quantile(held, 0.5), quantile(share, 0.5), all ? stalled / all / 1000 : 0,
 			  quantile(count, 0.5)};
 	}
-	bool stalls(stall_stats *s) const override
+	void results(run_result *out) const override
 	{
-		*s = stats_;
-		return true;
+		out->stalled = true;
+		out->stalls = stats_;
 	}
 
 private:
 	rig &r_;
 	uint32_t warps_;
 	stall_stats stats_{0, 0, 0, 0};
+};
+
+/*
+ * The peer rows' push, poll, alg1, tagged: a peer_channel from the producer GPU, one slot per
+ * block; wait_and_use() reports each generation consumed, peer_publish() waits for that.
+ */
+class peer_waiting_consumers : public consumers {
+public:
+	peer_waiting_consumers(rig &r, wic::transport kind) : r_(r)
+	{
+		CHECK(ch_.create(kind, 0, producer_gpu, r.sms, message_bytes, consumer_warps));
+	}
+	bool publishes() const override { return false; }
+	void start(double gap_us) override
+	{
+		wait_and_use<<<r_.sms, consumer_threads, 0, r_.consumer_stream>>>(ch_.device(), r_.consumer_rec(), true);
+		CHECK(cudaGetLastError());
+		r_.producer->start(ch_.device(), gap_us, ~0u, true);
+	}
+	void stop() override
+	{
+		const char *what = wic::transport_name(ch_.device().kind);
+		generations_ = r_.producer->stop_and_collect(true, &round_trip_us_, what);
+		finish(r_.consumer_stream, what);
+	}
+	void results(run_result *out) const override
+	{
+		out->published = generations_;
+		out->round_trip_us = round_trip_us_;
+	}
+
+private:
+	rig &r_;
+	wic::peer_channel ch_;
+	uint32_t generations_ = 0;
+	std::vector<double> round_trip_us_;
+};
+
+/*
+ * The peer rows' launch: a peer_channel of transport::launch, one slot per block. The host
+ * queues, window generations ahead of the slowest block's acknowledgement, each generation's
+ * stream waits for its ready words and use_delivery()'s launch (launch_when_published(), on
+ * the copy stream), and allows peer_publish() only the generations queued.
+ */
+class peer_launched_consumers : public consumers {
+public:
+	explicit peer_launched_consumers(rig &r) : r_(r)
+	{
+		CHECK(ch_.create(wic::transport::launch, 0, producer_gpu, r.sms, message_bytes, consumer_warps));
+		const wic::channel dev = ch_.device();
+		const consumer_record rec = r.consumer_rec();
+		consume_ = [dev, rec](const wic::delivery &d, cudaStream_t stream) {
+			use_delivery<<<d.slots, consumer_threads, 0, stream>>>(dev, d, rec, true);
+			return cudaGetLastError();
+		};
+	}
+	bool publishes() const override { return false; }
+	void start(double gap_us) override
+	{
+		/*
+		 * The producer first: a stream takes only so many queued operations before the host's
+		 * next call blocks until the GPU ran some, which here needs the producer.
+		 */
+		r_.producer->start(ch_.device(), gap_us, 0, false);
+		while (queued_ < window) {
+			queue();
+			r_.producer->allow(queued_);
+		}
+	}
+	void idle() override
+	{
+		unsigned int slowest = ~0u;
+		for (uint32_t b = 0; b < r_.sms; b++) {
+			const unsigned int acked = __atomic_load_n(&r_.acks.host[b], __ATOMIC_ACQUIRE);
+			if (acked == ~0u)
+				stuck("launch: a consumer found a wrong message");
+			slowest = std::min(slowest, acked);
+		}
+		if (queued_ < slowest + window) {
+			queue();
+			r_.producer->allow(queued_);
+		}
+	}
+	void stop() override
+	{
+		const uint32_t published = r_.producer->stop_and_collect(false, &round_trip_us_, "launch");
+		finish(r_.copy_stream, "launch");
+		if (published != queued_)
+			stuck("launch: the producer published other generations than the host queued");
+	}
+	uint32_t blocks_per_sm(uint32_t published) const override { return published; }
+	bool launched() const override { return true; }
+	void results(run_result *out) const override
+	{
+		out->published = queued_;
+		out->round_trip_us = round_trip_us_;
+		out->publish_us = queue_us_;
+	}
+
+private:
+	/* Generations queued ahead: enough that the producer never waits for the host's queueing. */
+	static constexpr uint32_t window = 16;
+
+	void queue()
+	{
+		const auto t0 = clock_type::now();
+		CHECK(ch_.launch_when_published(0, r_.sms, queued_, consume_, r_.copy_stream));
+		queue_us_.push_back(us_between(t0, clock_type::now()));
+		queued_++;
+	}
+
+	rig &r_;
+	wic::peer_channel ch_;
+	wic::launcher consume_;
+	uint32_t queued_ = 0;
+	std::vector<double> round_trip_us_, queue_us_;
 };
 
 /* A row's transport: its name, its consumers, and whether its rows go by gap (it publishes). */
@@ -744,6 +1047,17 @@ std::unique_ptr<consumers> make_fault(rig &r)
 	return std::make_unique<fault_consumers>(r);
 }
 
+template <wic::transport K>
+std::unique_ptr<consumers> make_peer_waiting(rig &r)
+{
+	return std::make_unique<peer_waiting_consumers>(r, K);
+}
+
+std::unique_ptr<consumers> make_peer_launched(rig &r)
+{
+	return std::make_unique<peer_launched_consumers>(r);
+}
+
 const transport_entry alone_entry = {"none", make_none, false};
 
 const transport_entry every_transport[] = {
@@ -756,6 +1070,16 @@ const transport_entry every_transport[] = {
 	{"launch", make_delivered, true},
 	{"launch_raw", make_launched, true},
 	{"fault", make_fault, false},
+};
+
+/* --peer: the producer is a kernel on GPU 1. */
+const transport_entry every_peer_transport[] = {
+	alone_entry,
+	{"push", make_peer_waiting<wic::transport::push>, true},
+	{"poll", make_peer_waiting<wic::transport::poll>, true},
+	{"alg1", make_peer_waiting<wic::transport::alg1>, true},
+	{"tagged", make_peer_waiting<wic::transport::tagged>, true},
+	{"launch", make_peer_launched, true},
 };
 
 /* A kind of neighbour: work.cuh's @work, or C_SRS's work with @srs. */
@@ -771,16 +1095,6 @@ const neighbour_kind every_neighbour[] = {
 	{"consumer", bench::work::dram_loads, true},
 };
 
-/* What one run measured. */
-struct run_result {
-	double span_ms = 0; /* the neighbour's */
-	bool shared = true;
-	uint32_t published = 0;
-	std::vector<double> first_us, all_us, publish_us; /* per generation */
-	bool stalled = false;				  /* the fault row: stalls holds its warps' figures */
-	stall_stats stalls{0, 0, 0, 0};
-};
-
 /* One run of @n's neighbour, @rounds rounds, beside @t's consumers, @gap_us between generations. */
 run_result run(rig &r, const transport_entry &t, const neighbour_kind &n, uint32_t rounds, double gap_us)
 {
@@ -788,7 +1102,7 @@ run_result run(rig &r, const transport_entry &t, const neighbour_kind &n, uint32
 	snprintf(what, sizeof(what), "%s beside %s", n.name, t.name);
 	r.reset();
 	std::unique_ptr<consumers> c = t.make(r);
-	c->start();
+	c->start(gap_us);
 	neighbour<<<r.sms, bench::work_threads, neighbour_smem, r.neighbour_stream>>>(n.work, n.srs, rounds, r.data,
 										       r.data_bytes, r.neighbour_rec());
 	CHECK(cudaGetLastError());
@@ -823,7 +1137,7 @@ run_result run(rig &r, const transport_entry &t, const neighbour_kind &n, uint32
 	}
 	finish(r.neighbour_stream, what);
 	c->stop();
-	out.stalled = c->stalls(&out.stalls);
+	c->results(&out);
 
 	unsigned long long span[2];
 	std::vector<unsigned int> counts(2 * max_smid);
@@ -943,6 +1257,8 @@ row measure(rig &r, const transport_entry &t, const neighbour_kind &n, uint32_t 
 {
 	row out{&t, gap_us, {}};
 	for (int i = 0; i < reps; i++) {
+		/* Progress: a kind's table comes once all its rows ran. */
+		fprintf(stderr, "corun: %s beside %s, gap %.0f us, run %d\n", n.name, t.name, gap_us, i + 1);
 		out.runs.push_back(run(r, t, n, rounds, std::max(gap_us, 0.0)));
 		if (out.runs.back().span_ms > long_run_ms)
 			break;
@@ -953,7 +1269,7 @@ row measure(rig &r, const transport_entry &t, const neighbour_kind &n, uint32_t 
 /* Prints @w and writes its JSON object, against the neighbour's time alone, @alone_ms. */
 void report(const rig &r, const row &w, const neighbour_kind &n, double alone_ms)
 {
-	std::vector<double> span, first, all, api, held_ms, progress, share, stall_us, faults;
+	std::vector<double> span, first, all, api, round_trip, held_ms, progress, share, stall_us, faults;
 	uint32_t generations = 0;
 	bool shared = true;
 	for (const run_result &x : w.runs) {
@@ -961,6 +1277,7 @@ void report(const rig &r, const row &w, const neighbour_kind &n, double alone_ms
 		first.insert(first.end(), x.first_us.begin(), x.first_us.end());
 		all.insert(all.end(), x.all_us.begin(), x.all_us.end());
 		api.insert(api.end(), x.publish_us.begin(), x.publish_us.end());
+		round_trip.insert(round_trip.end(), x.round_trip_us.begin(), x.round_trip_us.end());
 		generations += x.published;
 		shared &= x.shared;
 		if (x.stalled) {
@@ -985,7 +1302,7 @@ void report(const rig &r, const row &w, const neighbour_kind &n, double alone_ms
 	printf("corun  %-10s %-10s %-11s  throughput %6.3f (alone %7.2f ms, beside %7.2f ms, %zu run%s)", w.t->name,
 	       n.name, gap, alone_ms / beside, alone_ms, beside, span.size(), span.size() == 1 ? "" : "s");
 	record rec("corun");
-	rec.add("transport", w.t->name).add("neighbour", n.name);
+	rec.add("transport", w.t->name).add("producer", r.producer ? "gpu" : "host").add("neighbour", n.name);
 	if (w.gap_us >= 0)
 		rec.add("gap_us", w.gap_us);
 	rec.add("alone_ms", alone_ms)
@@ -995,7 +1312,7 @@ void report(const rig &r, const row &w, const neighbour_kind &n, double alone_ms
 		.add("throughput_max", alone_ms / fastest)
 		.add("runs", (double)span.size())
 		.add("every_sm_shared", shared);
-	if (generations) {
+	if (!first.empty()) {
 		printf("  one way first %7.2f / all %7.2f us (p90 %7.2f)  publish %6.2f us (p90 %6.2f)  %u generations",
 		       quantile(first, 0.5) - m, quantile(all, 0.5) - m, quantile(all, 0.9) - m, quantile(api, 0.5),
 		       quantile(api, 0.9), generations);
@@ -1007,6 +1324,17 @@ void report(const rig &r, const row &w, const neighbour_kind &n, double alone_ms
 			.add("publish_p50_us", quantile(api, 0.5))
 			.add("publish_p90_us", quantile(api, 0.9))
 			.add("generations", (double)generations);
+	}
+	if (!round_trip.empty()) {
+		printf("  round trip %7.2f us (p90 %7.2f)  %u generations", quantile(round_trip, 0.5),
+		       quantile(round_trip, 0.9), generations);
+		rec.add("round_trip_p50_us", quantile(round_trip, 0.5))
+			.add("round_trip_p90_us", quantile(round_trip, 0.9))
+			.add("generations", (double)generations);
+	}
+	if (!round_trip.empty() && !api.empty()) {
+		printf("  queueing %6.2f us (p90 %6.2f)", quantile(api, 0.5), quantile(api, 0.9));
+		rec.add("queue_p50_us", quantile(api, 0.5)).add("queue_p90_us", quantile(api, 0.9));
 	}
 	if (!share.empty()) {
 		printf("  held %.1f ms, progress while held %.3f, stalled %.3f of it, %.0f us a fault, %.0f faults a warp",
@@ -1028,7 +1356,16 @@ void report(const rig &r, const row &w, const neighbour_kind &n, double alone_ms
 
 int main(int argc, char **argv)
 {
-	const bool quick = bench::quick_and_output(argc, argv);
+	bool peer = false;
+	const bool quick = bench::quick_and_output(argc, argv, "--peer", &peer);
+	int gpus = 0;
+	CHECK(cudaGetDeviceCount(&gpus));
+	const cudaError_t peer_access = gpus >= 2 ? wic::enable_peer_access(0, producer_gpu) : cudaErrorInvalidDevice;
+	if (peer && peer_access != cudaSuccess) {
+		printf("corun: --peer skipped: needs GPUs 0 and 1 with peer access (%d GPU(s)%s%s)\n", gpus,
+		       gpus >= 2 ? ", " : "", gpus >= 2 ? cudaGetErrorString(peer_access) : "");
+		return 77;
+	}
 	cudaDeviceProp prop;
 	CHECK(cudaGetDeviceProperties(&prop, 0));
 	int driver_api = 0, runtime = 0, managed = 0;
@@ -1042,13 +1379,21 @@ int main(int argc, char **argv)
 	prepare_kernels(prop);
 	rig r;
 	r.mapped_one_way_us = mapped_one_way_us(r, quick ? 1000 : 4000);
+	std::string producer = "the host";
+	if (peer) {
+		cudaDeviceProp other;
+		CHECK(cudaGetDeviceProperties(&other, producer_gpu));
+		producer = std::string("a kernel on GPU 1 (") + other.name + ")";
+		r.producer = std::make_unique<producer_side>(r.sms);
+	}
 	/* The fault row's pages fault on the GPU only with concurrent managed access (Linux, Pascal on). */
-	const bool fault_row = managed;
+	const bool fault_row = managed && !peer;
 	printf("corun: %s (%u SMs), driver %s, CUDA driver API %d, runtime %d, %s\n", prop.name, r.sms,
 	       driver.c_str(), driver_api, runtime, date);
+	printf("corun: producer %s\n", producer.c_str());
 	printf("corun: per SM %u consumer warps (%u-byte messages) beside %u neighbour warps; mapped one way %.2f us%s\n",
 	       consumer_warps, message_bytes, bench::work_warps, r.mapped_one_way_us,
-	       fault_row ? "" : "; no fault row (needs concurrentManagedAccess)");
+	       fault_row || peer ? "" : "; no fault row (needs concurrentManagedAccess)");
 	record("device")
 		.add("name", prop.name)
 		.add("sms", (double)r.sms)
@@ -1063,6 +1408,7 @@ int main(int argc, char **argv)
 		.add("neighbour_target_ms", neighbour_target_ms)
 		.add("mapped_one_way_us", r.mapped_one_way_us)
 		.add("quick", quick)
+		.add("producer", producer)
 		.emit();
 
 	std::vector<const neighbour_kind *> kinds;
@@ -1072,13 +1418,16 @@ int main(int argc, char **argv)
 	const std::vector<double> gaps = quick ? std::vector<double>{0, 1000}
 					       : std::vector<double>(std::begin(every_gap_us), std::end(every_gap_us));
 	const int reps = quick ? 1 : 3, alone_reps = quick ? 2 : 3;
+	const transport_entry *const transports = peer ? every_peer_transport : every_transport;
+	const size_t transport_count = peer ? std::size(every_peer_transport) : std::size(every_transport);
 	for (const neighbour_kind *n : kinds) {
 		const uint32_t rounds = rounds_for(r, *n);
 		std::vector<double> before, after;
 		for (int i = 0; i < alone_reps; i++)
 			before.push_back(run(r, alone_entry, *n, rounds, 0).span_ms);
 		std::vector<row> rows;
-		for (const transport_entry &t : every_transport) {
+		for (size_t i = 0; i < transport_count; i++) {
+			const transport_entry &t = transports[i];
 			if (!strcmp(t.name, "fault") && !fault_row)
 				continue;
 			if (!t.by_gap) {

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds and runs the co-run benchmark (corun.cu) on a machine with an NVIDIA GPU: what
-# consumers waiting for a host producer cost a kernel sharing the GPU with them, per transport.
+# consumers waiting for a host producer (--peer: a kernel on GPU 1) cost a kernel sharing the
+# GPU with them, per transport.
 #
-# Usage: device/bench/corun.sh [OUTPUT_DIR] [--quick]   (default: $OUT if set, else target/corun)
+# Usage: device/bench/corun.sh [OUTPUT_DIR] [--quick] [--peer]   (default: $OUT if set, else target/corun)
 #
 # Writes to OUTPUT_DIR: corun.jsonl (one JSON object per row, the first naming the GPU, driver
 # and date), corun.txt (the table it printed) and device.txt.

@@ -4,8 +4,8 @@
 #
 # Usage: device/bench/microbench.sh NAME [OUTPUT_DIR] [OPTIONS...]
 #        (NAME: transport, stall_cost or corun; default OUTPUT_DIR: $OUT if set, else
-#        target/NAME; OPTIONS go to the benchmark: --quick, and for transport --spin,
-#        --streaming or --launch)
+#        target/NAME; OPTIONS go to the benchmark: --quick, for transport --spin,
+#        --streaming, --launch or --peer, for corun --peer)
 #
 # Writes to OUTPUT_DIR: NAME.jsonl (one JSON object per measurement, the first naming the GPU,
 # driver API version and date), NAME.txt (the table it printed) and device.txt.

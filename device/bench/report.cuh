@@ -63,18 +63,22 @@ private:
 };
 
 /*
- * The command line of a benchmark that takes [--quick] [OUT.jsonl]: whether --quick was given;
- * opens OUT as json. Prints the usage and exits 2 on anything else, or 2 if OUT cannot be opened.
+ * The command line of a benchmark that takes [--quick] [OUT.jsonl], and [@flag] where given
+ * (*@flag_given: whether it was): whether --quick was given; opens OUT as json. Prints the
+ * usage and exits 2 on anything else, or 2 if OUT cannot be opened.
  */
-inline bool quick_and_output(int argc, char **argv)
+inline bool quick_and_output(int argc, char **argv, const char *flag = nullptr, bool *flag_given = nullptr)
 {
 	bool quick = false;
 	const char *out = nullptr;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--quick")) {
 			quick = true;
+		} else if (flag && !strcmp(argv[i], flag)) {
+			*flag_given = true;
 		} else if (argv[i][0] == '-' || out) {
-			fprintf(stderr, "usage: %s [--quick] [OUT.jsonl]\n", argv[0]);
+			fprintf(stderr, "usage: %s [--quick]%s%s%s [OUT.jsonl]\n", argv[0], flag ? " [" : "",
+				flag ? flag : "", flag ? "]" : "");
 			exit(2);
 		} else {
 			out = argv[i];

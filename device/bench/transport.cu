@@ -36,7 +36,9 @@
  *                    peer_channel to GPU 0 and publishes it (publish_block()); the consumer
  *                    block receives it, checks the stamp and reports it consumed into GPU 1's
  *                    memory, which the producer waits for before the next message; one_way =
- *                    round trip - peer_one_way (the report's own trip).
+ *                    round trip - peer_one_way (the report's own trip). launch: no consumer
+ *                    resident; the host queued every message's stream wait and consumer
+ *                    launch on GPU 0 (launch_when_published()) once the producer started.
  *   streaming        one host thread streams TOTAL bytes (poll and alg1: TOTAL / 8; at least
  *                    two generations of every block, so more with large batches) as batches
  *                    of BYTES to one consumer block per SM (two slots per block, thread 0
@@ -57,6 +59,8 @@
  *                    batches of BYTES through a peer_channel to one
  *                    consumer block per SM on GPU 0, two slots per block with flow control;
  *                    GB/s from the launches to both kernels' end, and its ratio to peer_copy.
+ *                    launch: per generation the host queues the waits for its slots' ready
+ *                    words and the launch of a block per slot, as it goes (its time counts).
  *   spin_pace        a steady stream of small stores, one every 100 us, from one warp of a
  *                    kernel whose other warps (0 to 2112) spin on pinned host words to the
  *                    host, then from the host to that warp: how much later than the quickest
@@ -79,11 +83,11 @@
  * Every wait gives up after 2 s; a measurement whose wait gave up is reported failed and the
  * program exits 1. Prints a table; with OUT, also one JSON object per line into OUT.
  *
- * Usage: transport [--quick] [--spin | --streaming | --launch] [OUT.jsonl]   (--quick: 64 MiB
- *        streams, fewer repetitions; --spin: only what spinning warps do: spin_pace, spin_copy
- *        and poll's latency beside them; --streaming: only bulk_copy and streaming; --launch:
- *        launch beside push, latency with one and 16 warps and streaming in every way of
- *        publishing)
+ * Usage: transport [--quick] [--spin | --streaming | --launch | --peer] [OUT.jsonl]   (--quick:
+ *        64 MiB streams, fewer repetitions; --spin: only what spinning warps do: spin_pace,
+ *        spin_copy and poll's latency beside them; --streaming: only bulk_copy and streaming;
+ *        --launch: launch beside push, latency with one and 16 warps and streaming in every way
+ *        of publishing; --peer: only the two-GPU measurements)
  */
 #include <algorithm>
 #include <atomic>
@@ -333,6 +337,25 @@ __global__ void peer_consumer(wic::channel ch, uint32_t iterations, uint4 *sink)
 		if (threadIdx.x == 0)
 			wic::consumed(ch, 0, i);
 	}
+	sink[threadIdx.x] = acc;
+}
+
+/*
+ * launch: peer_consumer's side of one message, launched once it was published: read and
+ * check it, there at the first look, and report it consumed (a failure leaves the producer's
+ * wait to give up).
+ */
+__global__ void peer_launched_consumer(wic::channel ch, wic::delivery, uint4 *sink)
+{
+	const uint32_t i = wic::launched_generation(ch, 0);
+	const uint8_t *m;
+	uint4 acc = make_uint4(0, 0, 0, 0);
+	const int rc = wic::recv_block<wic::transport::launch>(ch, 0, i, &m, 0);
+
+	if (__syncthreads_or(rc != WIC_OK || read_stamped(m, ch.message_bytes, i + 1, &acc)))
+		return;
+	if (threadIdx.x == 0)
+		wic::consumed(ch, 0, i);
 	sink[threadIdx.x] = acc;
 }
 
@@ -1313,16 +1336,32 @@ void peer_latency(wic::transport kind, uint32_t bytes, double peer_one_way)
 	}
 	app::sync_both();
 	app::stream_pair streams;
+	const bool launched = kind == wic::transport::launch;
 	{
 		app::on_gpu g(0);
-		app::load(peer_consumer);
-		peer_consumer<<<1, 256, 0, streams[0]>>>(ch.device(), iterations, sink);
-		CHECK(cudaGetLastError());
+		if (launched) {
+			app::load(peer_launched_consumer);
+		} else {
+			app::load(peer_consumer);
+			peer_consumer<<<1, 256, 0, streams[0]>>>(ch.device(), iterations, sink);
+			CHECK(cudaGetLastError());
+		}
 	}
 	{
 		app::on_gpu g(1);
 		peer_producer<<<1, 256, 0, streams[1]>>>(ch.device(), iterations, rt_ns);
 		CHECK(cudaGetLastError());
+	}
+	if (launched) {
+		/* Queued once the producer runs: a full queue blocks the host until the GPU drains it. */
+		app::on_gpu g(0);
+		const wic::channel dev = ch.device();
+		const wic::launcher consume = [dev, sink](const wic::delivery &d, cudaStream_t s) {
+			peer_launched_consumer<<<1, 256, 0, s>>>(dev, d, sink);
+			return cudaGetLastError();
+		};
+		for (uint32_t i = 0; i < iterations; i++)
+			CHECK(ch.launch_when_published(0, 1, i, consume, streams[0]));
 	}
 	char what[64];
 	snprintf(what, sizeof(what), "peer_latency %s %u B", wic::transport_name(kind), bytes);
@@ -1534,15 +1573,19 @@ void peer_streaming(wic::transport kind, uint32_t bytes, uint64_t stream_total, 
 	CHECK(ch.create(kind, 0, 1, 2 * blocks, bytes, 1));
 	uint4 *sink = app::alloc_on<uint4>(0, (size_t)blocks * 256);
 	mapped_word failed;
+	const bool launched = kind == wic::transport::launch;
 	{
 		app::on_gpu g(1);
 		app::load(peer_stream_producer);
 	}
-	app::load(stream_consumer);
+	if (launched)
+		app::load(launched_stream_consumer);
+	else
+		app::load(stream_consumer);
 	app::sync_both();
 	app::stream_pair streams;
 	const auto start = clock_type::now();
-	{
+	if (!launched) {
 		app::on_gpu g(0);
 		stream_consumer<<<blocks, 256, 0, streams[0]>>>(ch.device(), generations, failed.dev, sink);
 		CHECK(cudaGetLastError());
@@ -1551,6 +1594,18 @@ void peer_streaming(wic::transport kind, uint32_t bytes, uint64_t stream_total, 
 		app::on_gpu g(1);
 		peer_stream_producer<<<blocks, 256, 0, streams[1]>>>(ch.device(), generations);
 		CHECK(cudaGetLastError());
+	}
+	if (launched) {
+		/* Generation g: slot (g % 2) * blocks + b of every block b, each at its generation g / 2. */
+		app::on_gpu g(0);
+		const wic::channel dev = ch.device();
+		unsigned int *failed_dev = failed.dev;
+		const wic::launcher consume = [dev, blocks, failed_dev, sink](const wic::delivery &d, cudaStream_t s) {
+			launched_stream_consumer<<<d.slots, 256, 0, s>>>(dev, d, blocks, failed_dev, sink);
+			return cudaGetLastError();
+		};
+		for (uint32_t gen = 0; gen < generations; gen++)
+			CHECK(ch.launch_when_published((gen % 2) * blocks, blocks, gen / 2, consume, streams[0]));
 	}
 	char what[64];
 	snprintf(what, sizeof(what), "peer_streaming %s %u B", wic::transport_name(kind), bytes);
@@ -1714,12 +1769,44 @@ void describe_device()
 		.emit();
 }
 
+/*
+ * Producer kernels on GPU 1, consumers on GPU 0: peer_fence, then peer_latency and
+ * peer_streaming for every transport a peer_channel has, against peer_one_way and peer_copy.
+ * Says so and records it where there are not two GPUs with peer access.
+ */
+void peer_measurements()
+{
+	int gpus = 0;
+	CHECK(cudaGetDeviceCount(&gpus));
+	const cudaError_t peer = gpus >= 2 ? wic::enable_peer_access(0, 1) : cudaErrorInvalidDevice;
+	if (peer != cudaSuccess) {
+		printf("peer measurements skipped: %d GPU(s)%s%s\n", gpus, gpus >= 2 ? ", " : "",
+		       gpus >= 2 ? cudaGetErrorString(peer) : "");
+		record("peer_skipped").add("gpus", (double)gpus).emit();
+		return;
+	}
+	const wic::transport kinds[] = {wic::transport::push, wic::transport::tagged, wic::transport::poll,
+					wic::transport::alg1, wic::transport::launch};
+	const double peer_ref = peer_one_way_us();
+	for (uint32_t bytes : {64u, 4096u})
+		peer_fence(bytes);
+	for (wic::transport kind : kinds)
+		for (uint32_t bytes = 64; bytes <= (1u << 20); bytes *= 4)
+			peer_latency(kind, bytes, peer_ref);
+	const double peer_copy = peer_copy_gbps(cfg.stream_total);
+	/* 16 KiB: G_BS's, G_C2D's and G_GEM's messages. alg1 streams an eighth as much (slow). */
+	for (uint32_t bytes : {4096u, 16384u, 65536u, 1u << 20})
+		for (wic::transport kind : kinds)
+			peer_streaming(kind, bytes, kind == wic::transport::alg1 ? cfg.stream_total / 8 : cfg.stream_total,
+				       peer_copy);
+}
+
 } /* namespace */
 
 int main(int argc, char **argv)
 {
 	const char *out = nullptr;
-	bool spin_only = false, streaming_only = false, launch_only = false;
+	bool spin_only = false, streaming_only = false, launch_only = false, peer_only = false;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--quick"))
 			cfg.quick = true;
@@ -1729,8 +1816,11 @@ int main(int argc, char **argv)
 			streaming_only = true;
 		else if (!strcmp(argv[i], "--launch"))
 			launch_only = true;
+		else if (!strcmp(argv[i], "--peer"))
+			peer_only = true;
 		else if (argv[i][0] == '-' || out) {
-			fprintf(stderr, "usage: %s [--quick] [--spin | --streaming | --launch] [OUT.jsonl]\n", argv[0]);
+			fprintf(stderr, "usage: %s [--quick] [--spin | --streaming | --launch | --peer] [OUT.jsonl]\n",
+				argv[0]);
 			return 2;
 		} else
 			out = argv[i];
@@ -1746,6 +1836,12 @@ int main(int argc, char **argv)
 	}
 	cfg.sms = app::sm_count();
 	describe_device();
+	if (peer_only) {
+		peer_measurements();
+		if (bench::json)
+			fclose(bench::json);
+		return 0;
+	}
 
 	/* The poll applications' spinning: none, one warp, a block's 16, one and 4 and 16 per SM. */
 	const uint32_t spin_shapes[][2] = {{0, 0}, {1, 1}, {1, 16}, {cfg.sms, 1}, {cfg.sms, 4}, {cfg.sms, 16}};
@@ -1868,30 +1964,7 @@ int main(int argc, char **argv)
 		}
 	}
 
-	int gpus = 0;
-	CHECK(cudaGetDeviceCount(&gpus));
-	const cudaError_t peer = gpus >= 2 ? wic::enable_peer_access(0, 1) : cudaErrorInvalidDevice;
-	if (peer == cudaSuccess) {
-		const double peer_ref = peer_one_way_us();
-		for (uint32_t bytes : {64u, 4096u})
-			peer_fence(bytes);
-		for (wic::transport kind :
-		     {wic::transport::push, wic::transport::tagged, wic::transport::poll, wic::transport::alg1})
-			for (uint32_t bytes = 64; bytes <= (1u << 20); bytes *= 4)
-				peer_latency(kind, bytes, peer_ref);
-		const double peer_copy = peer_copy_gbps(cfg.stream_total);
-		/* 16 KiB: G_BS's, G_C2D's and G_GEM's messages. */
-		for (uint32_t bytes : {4096u, 16384u, 65536u, 1u << 20}) {
-			peer_streaming(wic::transport::push, bytes, cfg.stream_total, peer_copy);
-			peer_streaming(wic::transport::tagged, bytes, cfg.stream_total, peer_copy);
-			peer_streaming(wic::transport::poll, bytes, cfg.stream_total, peer_copy);
-			peer_streaming(wic::transport::alg1, bytes, cfg.stream_total / 8, peer_copy);
-		}
-	} else {
-		printf("peer measurements skipped: %d GPU(s)%s%s\n", gpus, gpus >= 2 ? ", " : "",
-		       gpus >= 2 ? cudaGetErrorString(peer) : "");
-		record("peer_skipped").add("gpus", (double)gpus).emit();
-	}
+	peer_measurements();
 	if (bench::json)
 		fclose(bench::json);
 	return 0;

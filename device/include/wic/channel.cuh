@@ -45,6 +45,13 @@ inline const char *transport_name(transport kind)
 }
 
 /*
+ * sharing - what else runs on the consumers' GPU while they wait, for pick_host_transport()
+ * and pick_peer_transport(): nothing (alone), kernels bound by arithmetic, or kernels bound by
+ * memory (loads that hit in L2 or stream from device memory).
+ */
+enum class sharing { alone, arithmetic, memory };
+
+/*
  * push_max_sleep_ns - the longest __nanosleep of push's backoff, in nanoseconds, unless a
  * channel's backoff_ns says otherwise; also the backoff of wait_consumed() and result_flow. A
  * shorter cap wakes a waiter sooner and takes more issue slots from the warps beside it;

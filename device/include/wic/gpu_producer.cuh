@@ -169,6 +169,25 @@ inline transport pick_peer_transport(uint32_t message_bytes, uint32_t warps_per_
 	return batch_bytes <= 4096 && message_bytes % 8 == 0 ? transport::tagged : transport::push;
 }
 
+/*
+ * pick_peer_transport() - the same, knowing what shares the consumers' GPU (@beside)
+ *
+ * Alone or beside arithmetic, as above: every transport's waiters but alg1's cost arithmetic
+ * 2.3% of its speed at most. Beside memory-bound work, push: tagged's waiters, spinning on
+ * device memory, left an L2-bound kernel 93.3% of its speed, push's sleeping 98.6% at least;
+ * alg1's page migrations 88 to 90% 1 ms apart (device/bench/corun.cu --peer on two H200s;
+ * device/README.md, "What waiting costs the work beside it"). poll cost the neighbour 0.4% at
+ * most, but its waiters spin across the link on the producer GPU's memory, a cost the co-run
+ * does not see. launch, with nothing resident while it waits, is the caller's choice: its
+ * stream waits for every slot's ready word in turn, some 2 us each.
+ */
+inline transport pick_peer_transport(uint32_t message_bytes, uint32_t warps_per_batch, sharing beside)
+{
+	if (beside == sharing::memory)
+		return transport::push;
+	return pick_peer_transport(message_bytes, warps_per_batch);
+}
+
 namespace detail {
 
 /* Runs @call with @device current; the caller's current device is kept. */

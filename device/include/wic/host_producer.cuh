@@ -42,13 +42,6 @@ inline transport pick_host_transport(uint32_t message_bytes, uint32_t warps_per_
 }
 
 /*
- * sharing - what else runs on the consumers' GPU while they wait, for pick_host_transport():
- * nothing (alone), kernels bound by arithmetic, or kernels bound by memory (loads that hit in
- * L2 or stream from device memory).
- */
-enum class sharing { alone, arithmetic, memory };
-
-/*
  * pick_host_transport() - the same, knowing what shares the GPU (@beside)
  *
  * Alone or beside arithmetic, as above: every transport's waiters cost arithmetic 3.2% of its

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <vector>
 
+#include <wic/gpu_producer.cuh>
 #include <wic/host_producer.cuh>
 #include <wic/results.cuh>
 
@@ -168,7 +169,10 @@ void launch_deliveries()
 	cudaStreamDestroy(stream);
 }
 
-/* pick_host_transport() with what shares the GPU: beside memory-bound work, push, never a spinner across PCIe. */
+/*
+ * pick_host_transport() and pick_peer_transport() with what shares the GPU: beside memory-bound
+ * work, push, never a spinner across PCIe nor tagged.
+ */
 void picks_beside_other_work()
 {
 	bool same = true;
@@ -183,6 +187,18 @@ void picks_beside_other_work()
 			    wic::pick_host_transport(64, 1, 1) == wic::transport::mapped;
 	check(same && memory, "pick_host_transport(): alone or beside arithmetic as without the argument; beside "
 			      "memory-bound work push, where alone it would be mapped or tagged");
+	bool peer_same = true;
+	for (uint32_t bytes : {8u, 64u, 500u, 1024u, 4096u, 65536u})
+		for (uint32_t warps : {1u, 4u, 16u})
+			for (wic::sharing beside : {wic::sharing::alone, wic::sharing::arithmetic})
+				peer_same &= wic::pick_peer_transport(bytes, warps, beside) ==
+					     wic::pick_peer_transport(bytes, warps);
+	const bool peer_memory = wic::pick_peer_transport(64, 1, wic::sharing::memory) == wic::transport::push &&
+				 wic::pick_peer_transport(1024, 4, wic::sharing::memory) == wic::transport::push &&
+				 wic::pick_peer_transport(65536, 1, wic::sharing::memory) == wic::transport::push &&
+				 wic::pick_peer_transport(64, 1) == wic::transport::tagged;
+	check(peer_same && peer_memory, "pick_peer_transport(): alone or beside arithmetic as without the argument; "
+					"beside memory-bound work push, where alone it would be tagged");
 }
 
 void coalescing()
