@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: MIT OR Apache-2.0
 #
 # device/bringup.sh [--bin DIR] [--socket PATH] [--nvcc NVCC] [--arch ARCH] [--gpus LIST] [--user USER]
-#                   [--kill-wicd]
+#                   [--kill-wicd] [--calibration FILE]
 #
 # The bring-up test of a machine with the patched driver: is the fault transport there, and
 # does it work? Run as root on the GPU machine, from the repository (or with --bin pointing at
@@ -19,6 +19,12 @@
 #   gpu-sharing   each GPU (of --gpus) against the deployment rule (wicd gpus: EXCLUSIVE_PROCESS
 #                 or MIG); WARN, not FAIL, for a shared GPU
 #   gpu-ids       nvidia-uvm's ids of the consumer's and the producer's GPU (wic::uvm_gpu_id)
+#   batches, calibration
+#                 wicd's command batches to the module timed (wicctl stats before and after the
+#                 CUDA program's channels of 1-, 16- and 64-page runs) and fitted by wicd
+#                 calibrate into the emulator's daemon.submission_ns and daemon.per_page_ns:
+#                 written into a calibration file for this machine (--calibration FILE, default
+#                 target/bringup/calibration.toml) that `wicd demo --calibration FILE` reads
 #   attach, host, timeout, close, gpu-producer, neighbour, process-kill, daemon-death
 #                 the CUDA cases of device/tests/bringup.cu (built here with nvcc): bytes checked,
 #                 fault -> wake percentiles, a timeout, a channel close, a GPU producer's copy where
@@ -48,6 +54,7 @@ arch=native # nvcc's -arch: the GPUs of this machine
 kill_wicd=0
 gpus=
 user=
+calibration=$repo/target/bringup/calibration.toml
 
 while (($#)); do
 	case $1 in
@@ -58,7 +65,8 @@ while (($#)); do
 	--gpus) gpus=${2:?--gpus LIST}; shift ;;
 	--user) user=${2:?--user USER}; shift ;;
 	--kill-wicd) kill_wicd=1 ;;
-	*) echo "usage: device/bringup.sh [--bin DIR] [--socket PATH] [--nvcc NVCC] [--arch ARCH] [--gpus LIST] [--user USER] [--kill-wicd]" >&2; exit 2 ;;
+	--calibration) calibration=${2:?--calibration FILE}; shift ;;
+	*) echo "usage: device/bringup.sh [--bin DIR] [--socket PATH] [--nvcc NVCC] [--arch ARCH] [--gpus LIST] [--user USER] [--kill-wicd] [--calibration FILE]" >&2; exit 2 ;;
 	esac
 	shift
 done
@@ -273,6 +281,36 @@ elif [[ -z $own_wicd ]]; then
 	row user WARN "--kill-wicd: the CUDA cases run as root, which may kill the service's wicd"
 elif [[ -n $user ]]; then
 	row user WARN "--user $user not used: the wicd started here listens on a private socket, so the cases run as root"
+fi
+# calibration: before the cases, one of which may kill wicd. The batches' times are wicd's own
+# (stats are cumulative): the difference of two snapshots is what the channels of the batches
+# case made it submit.
+stats() { "$bin/wicctl" --socket "$socket" --timeout-ms 3000 stats --json >"$1" 2>"$work/stats.err"; }
+machine="$(nvidia-smi --query-gpu=name --format=csv,noheader -i 0 2>/dev/null | head -n 1), patched nvidia-uvm $uvm_version, device/bringup.sh $(date -u +%F)"
+if ! stats "$work/stats-before.json"; then
+	row calibration FAIL "wicctl stats: $(head -n 1 "$work/stats.err")"
+else
+	timeout 120 ${as_user[@]+"${as_user[@]}"} "$work/bringup" --batches "$socket" >"$work/batches.log" 2>&1
+	batches_rc=$?
+	batches=$(grep -m 1 '^CASE batches ' "$work/batches.log")
+	if ((batches_rc != 0)) || [[ -z $batches ]]; then
+		detail=${batches#CASE batches FAIL }
+		row batches FAIL "${detail:-bringup --batches exited $batches_rc: $(tail -n 1 "$work/batches.log")}"
+		row calibration SKIP "no batches to time"
+	elif ! stats "$work/stats-after.json"; then
+		row batches PASS "${batches#CASE batches PASS }"
+		row calibration FAIL "wicctl stats: $(head -n 1 "$work/stats.err")"
+	else
+		row batches PASS "${batches#CASE batches PASS }"
+		mkdir -p "$(dirname "$calibration")"
+		if "$bin/wicd" calibrate --before "$work/stats-before.json" --after "$work/stats-after.json" \
+			--machine "$machine" --out "$calibration" >"$work/calibrate.log" 2>&1; then
+			fitted=$(grep -E '^  daemon\.(submission|per_page)_ns' "$work/calibrate.log" | sed 's/^ *//' | paste -sd ';' -)
+			row calibration PASS "$calibration: ${fitted//;/, } (wicd demo --calibration reads it)"
+		else
+			row calibration FAIL "wicd calibrate: $(tail -n 1 "$work/calibrate.log")"
+		fi
+	fi
 fi
 timeout 300 ${as_user[@]+"${as_user[@]}"} "$work/bringup" "$socket" ${pid:+"$pid"} >"$work/cases.log" 2>&1
 rc=$?

@@ -3,11 +3,13 @@
 
 pub mod batch;
 pub mod bitmap;
+pub mod doorbell;
 pub mod interrupter;
 pub mod measure;
 pub mod monitor;
 pub mod paper;
 pub mod svg;
+pub mod wicd;
 
 use std::time::Duration;
 
@@ -35,6 +37,7 @@ pub enum Bench {
     Interrupter,
     Monitor,
     Batch,
+    Doorbell,
 }
 
 /// Runs `benches` (all when empty).
@@ -45,6 +48,7 @@ pub fn run(settings: &Settings, benches: &[Bench]) -> Results {
         interrupter: if wanted(Bench::Interrupter) { interrupter::run(settings) } else { Vec::new() },
         monitor: if wanted(Bench::Monitor) { monitor::run(settings) } else { Vec::new() },
         batch: wanted(Bench::Batch).then(|| batch::run(settings)),
+        doorbell: wanted(Bench::Doorbell).then(|| doorbell::run(settings)),
     }
 }
 
@@ -55,6 +59,7 @@ pub struct Results {
     pub interrupter: Vec<interrupter::Row>,
     pub monitor: Vec<monitor::Row>,
     pub batch: Option<batch::Row>,
+    pub doorbell: Option<doorbell::Row>,
 }
 
 /// The machine's CPU and how many cores it has (all of them, not only those this process may
@@ -124,6 +129,23 @@ pub fn summary(results: &Results) -> Vec<String> {
             batch.path_over_ring_read,
             batch.quiet_path_p99_us / batch.quiet_path_p50_us,
             batch.quiet_control_p99_us / batch.quiet_control_p50_us
+        ));
+    }
+    if let Some(doorbell) = &results.doorbell {
+        lines.push(format!(
+            "doorbell: a libwic publish wakes wicd asleep {:.0} us: doorbell write -> fast path p50 {:.2} us p99 {:.2} us, {:.2}x / {:.2}x a bare eventfd wake in io_uring (p50 {:.2} us, p99 {:.2} us; in read(2) p50 {:.2} us); the publish call p50 {:.2} us p99 {:.2} us; publish -> engine p50 {:.2} us p99 {:.2} us",
+            doorbell.gap_us,
+            doorbell.wakeup_p50_ns / 1e3,
+            doorbell.wakeup_p99_ns / 1e3,
+            doorbell.wakeup_over_uring_p50,
+            doorbell.wakeup_over_uring_p99,
+            doorbell.uring_wake_p50_ns / 1e3,
+            doorbell.uring_wake_p99_ns / 1e3,
+            doorbell.read_wake_p50_ns / 1e3,
+            doorbell.publish_p50_ns / 1e3,
+            doorbell.publish_p99_ns / 1e3,
+            doorbell.span_p50_ns / 1e3,
+            doorbell.span_p99_ns / 1e3
         ));
     }
     lines

@@ -8,7 +8,10 @@
 //!   (target: >= 20 M entries/s, flat in the pages), against decoding alone;
 //! - `batch`: a 256-entry fault batch through the whole user-space path, ring read -> engine
 //!   -> kernel command batch (target: p99 <= 10 us), against reading the ring alone and a
-//!   fixed computation of the same median length, which shows the machine's own tail.
+//!   fixed computation of the same median length, which shows the machine's own tail;
+//! - `doorbell`: a host producer's libwic publish waking a sleeping wicd (this build, emulated
+//!   GPU), from the doorbell write to the fast path's handler, against a bare eventfd wake of a
+//!   thread blocked in io_uring, and in read(2).
 //!
 //! `--json FILE` writes every row; `--quick` runs small sizes only (a smoke run, not a figure).
 

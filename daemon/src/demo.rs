@@ -3,6 +3,7 @@
 //! waiting costs a neighbour kernel beside it (`wic_emu::corun`).
 
 use std::io::Write;
+use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
@@ -23,6 +24,24 @@ pub fn stderr_progress(started: Instant) -> impl FnMut(usize, usize, &RunOutcome
         }
         let _ = std::io::stderr().flush();
     }
+}
+
+/// The constants of the calibration file at `path` that differ from the built-in ones, a line
+/// each with its value and source: what the run took from the file.
+pub fn calibration_file_changes(path: &Path, cal: &Calibration) -> String {
+    let changed: Vec<String> = cal
+        .table()
+        .into_iter()
+        .zip(Calibration::built_in().table())
+        .filter(|(row, built_in)| row != built_in)
+        .map(|((name, value, source, measured), _)| {
+            format!("  {name} = {value}{}: {source}", if measured { " (measured)" } else { "" })
+        })
+        .collect();
+    if changed.is_empty() {
+        return format!("Calibration file {}: every constant as built in.", path.display());
+    }
+    format!("Calibration file {}, where it differs from the built-in one:\n{}", path.display(), changed.join("\n"))
 }
 
 /// How one table runs within the memory at hand.
@@ -270,6 +289,20 @@ mod tests {
     fn committed(path: &str) -> String {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         std::fs::read_to_string(root.join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+    }
+
+    #[test]
+    fn a_calibration_file_is_shown_by_what_it_changes() {
+        let path = Path::new("cal.toml");
+        let built_in = Calibration::built_in();
+        assert_eq!(calibration_file_changes(path, &built_in), "Calibration file cal.toml: every constant as built in.");
+        let text = wic_emu::calibration::set_measured(wic_emu::calibration::BUILT_IN, "daemon.per_page_ns", 7, "here")
+            .unwrap();
+        let shown = calibration_file_changes(path, &Calibration::from_toml(&text).unwrap());
+        assert_eq!(
+            shown,
+            "Calibration file cal.toml, where it differs from the built-in one:\n  daemon.per_page_ns = 7 (measured): here"
+        );
     }
 
     /// The figures MODEL_LIMITS quotes are the built-in calibration's and those of the files it

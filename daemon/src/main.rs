@@ -3,6 +3,7 @@
 // Input reaches this crate from clients, devices and files: failures are errors, never panics.
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+mod calibrate;
 mod config;
 mod demo;
 mod logging;
@@ -32,6 +33,15 @@ enum Command {
     Demo(DemoArgs),
     /// Run the daemon: serve applications on the Unix socket.
     Serve(serve::ServeArgs),
+    /// Measure daemon.submission_ns and daemon.per_page_ns from two `wicctl stats --json`
+    /// snapshots and write them into a calibration file for `wicd demo --calibration`.
+    ///
+    /// The snapshots are of one wicd on the shim backend (the patched NVIDIA driver), taken
+    /// before and after cases that submit command batches of different sizes: a least-squares
+    /// fit of each batch's time against the pages it maps or unmaps gives the two constants.
+    /// The file written is the base (default: the built-in calibration) with those two
+    /// constants measured, their source naming the batches and `--machine`.
+    Calibrate(calibrate::CalibrateArgs),
     /// List the GPUs NVIDIA's driver reports (NVML) and whether each keeps wic's held faults
     /// from stalling other contexts: compute mode EXCLUSIVE_PROCESS, or MIG on.
     Gpus(GpusArgs),
@@ -108,6 +118,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Demo(args) => run_demo(args),
         Command::Serve(args) => serve::run(args),
+        Command::Calibrate(args) => calibrate::run(&args),
         Command::Gpus(args) => run_gpus(&args),
     };
     match result {
@@ -241,6 +252,9 @@ fn run_demo(args: DemoArgs) -> Result<(), String> {
          faults = fault-buffer entries wicd handled; checked = every message compared byte for byte with what its producer wrote."
     );
     println!("{}", wic_emu::compare::calibration_summary(&cal));
+    if let Some(path) = &args.calibration {
+        println!("{}", demo::calibration_file_changes(path, &cal));
+    }
     println!("{}", demo::MODEL_LIMITS);
     println!("Elapsed: {:.1}s", started.elapsed().as_secs_f64());
     if !not_run.is_empty() {

@@ -30,7 +30,11 @@
  *                 uvm_wic_space_shutdown()); it must be gone within a second, and a kernel of
  *                 this process run after it
  *
- * Usage: bringup SOCKET [WICD_PID]
+ *   batches       (alone, as `bringup --batches SOCKET`) channels of 1-, 16- and 64-page runs,
+ *                 32 generations each: the command batches bringup.sh times wicd's submission
+ *                 and per-page costs on (wicctl stats before and after, wicd calibrate)
+ *
+ * Usage: bringup SOCKET [WICD_PID] | bringup --batches SOCKET
  * Prints one line per case, "CASE name PASS|FAIL|SKIP detail", and exits 0 when none failed.
  *
  * The shim backend names GPUs as nvidia-uvm does (the processor id of a fault), not as CUDA
@@ -211,15 +215,49 @@ out:
 	return out;
 }
 
-struct wic_channel_spec host_spec(uint64_t timeout_ns)
+struct wic_channel_spec host_spec(uint64_t timeout_ns, uint32_t bytes = message_bytes)
 {
 	struct wic_channel_spec spec = {};
 	spec.consumer_gpu = consumer_id;
 	spec.producer_kind = WIC_PRODUCER_HOST;
-	spec.message_bytes = message_bytes;
+	spec.message_bytes = bytes;
 	spec.slots = 1;
 	spec.timeout_ns = timeout_ns;
 	return spec;
+}
+
+/*
+ * batches_case() - what device/bringup.sh times wicd's command batches on (wicctl stats before
+ * and after it, then wicd calibrate): host channels of messages of 256 B, 4 KiB and 16 KiB
+ * (with wicd's default 16 warps a batch, runs of 1, 16 and 64 pages), 32 generations each, each
+ * published before its warps read: every generation's completion maps a run of another size,
+ * which is what a fit of a batch's time against its pages needs.
+ */
+void batches_case(wic_client *client)
+{
+	constexpr uint32_t generations = 32;
+	std::string runs;
+	for (uint32_t bytes : {256u, 4096u, 16384u}) {
+		placed p;
+		std::string why;
+		if (p.create(client, host_spec(long_timeout_ns, bytes), &why) != WIC_OK)
+			return report("batches", "FAIL", std::to_string(bytes) + "-byte messages: " + why);
+		std::vector<uint8_t> batch(p.info.batch_bytes, (uint8_t)bytes);
+		runs += (runs.empty() ? "" : ", ") + std::to_string((p.info.batch_bytes + 4095) / 4096);
+		for (uint32_t g = 0; g < generations; g++) {
+			int rc = wic_wait_writable(p.channel, 0, long_timeout_ns);
+			if (rc == WIC_OK)
+				rc = wic_publish_copy(p.channel, 0, batch.data(), batch.size());
+			if (rc != WIC_OK)
+				return report("batches", "FAIL", wic_error("publish", rc));
+			const outcome out = run_consume(p, g, false, [] {});
+			if (!out.all(WIC_OK))
+				return report("batches", "FAIL",
+					      std::to_string(bytes) + "-byte messages, generation " + std::to_string(g) +
+						      ": a warp did not get its data");
+		}
+	}
+	report("batches", "PASS", std::to_string(generations) + " generations each of runs of " + runs + " pages");
 }
 
 void host_case(wic_client *client)
@@ -590,21 +628,16 @@ void process_kill_case(const char *socket)
 
 } /* namespace */
 
-int main(int argc, char **argv)
+/*
+ * Connects to wicd on @socket with this process's address space attached, nvidia-uvm's GPU ids
+ * known; null after a failure, reported.
+ */
+wic_client *connect_attached(const char *socket)
 {
-	if (argc == 2 && !strcmp(argv[1], "--neighbour"))
-		return neighbour_main();
-	if (argc == 3 && !strcmp(argv[1], "--holder"))
-		return holder_main(argv[2]);
-	if (argc < 2 || argc > 3) {
-		fprintf(stderr, "usage: %s SOCKET [WICD_PID]\n", argv[0]);
-		return 2;
-	}
-	const pid_t wicd = argc == 3 ? (pid_t)atoi(argv[2]) : 0;
 	cudaError_t err = cudaFree(0); /* the context, and with it CUDA's nvidia-uvm files */
 	if (err != cudaSuccess) {
 		report("cuda", "FAIL", cuda_error("cudaFree(0)", err));
-		return 1;
+		return nullptr;
 	}
 	int devices = 0;
 	cudaGetDeviceCount(&devices);
@@ -614,7 +647,7 @@ int main(int argc, char **argv)
 		int rc = wic::uvm_gpu_id(device, &id);
 		if (rc != WIC_OK || id == 0 || id > 0xffff) {
 			report("gpu-ids", "FAIL", wic_error(("wic::uvm_gpu_id(" + std::to_string(device) + ")").c_str(), rc));
-			return 1;
+			return nullptr;
 		}
 		*ids[device] = (uint16_t)id;
 	}
@@ -623,18 +656,41 @@ int main(int argc, char **argv)
 		       (devices > 1 ? ", device 1 GPU " + std::to_string(producer_id) : std::string()));
 	wic_client *client = nullptr;
 	uint32_t space = 0;
-	int rc = wic_connect(argv[1], &client);
+	int rc = wic_connect(socket, &client);
 	if (rc != WIC_OK) {
 		report("attach", "FAIL", wic_error("wic_connect", rc));
-		return 1;
+		return nullptr;
 	}
 	rc = attach_space(client, &space);
 	if (rc != WIC_OK) {
 		report("attach", "FAIL", wic_error("wic_attach_space", rc));
 		wic_disconnect(client);
-		return 1;
+		return nullptr;
 	}
 	report("attach", "PASS", "this process's address space attached as space " + std::to_string(space));
+	return client;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc == 2 && !strcmp(argv[1], "--neighbour"))
+		return neighbour_main();
+	if (argc == 3 && !strcmp(argv[1], "--holder"))
+		return holder_main(argv[2]);
+	const bool batches = argc == 3 && !strcmp(argv[1], "--batches");
+	if (argc < 2 || argc > 3) {
+		fprintf(stderr, "usage: %s SOCKET [WICD_PID] | --batches SOCKET\n", argv[0]);
+		return 2;
+	}
+	wic_client *client = connect_attached(argv[batches ? 2 : 1]);
+	if (!client)
+		return 1;
+	if (batches) {
+		batches_case(client);
+		wic_disconnect(client);
+		return failed_any ? 1 : 0;
+	}
+	const pid_t wicd = argc == 3 ? (pid_t)atoi(argv[2]) : 0;
 	host_case(client);
 	timeout_case(client);
 	close_case(client);

@@ -199,6 +199,27 @@ fn within<T: PartialOrd + Debug>(name: &str, value: T, range: &RangeInclusive<T>
     ))
 }
 
+/// `text`, a calibration file, with the integer constant `key` (`section.name`, as
+/// [`Calibration::table`] names it) set to `value`, marked measured and given `source`. Only
+/// those three fields change: the file's comments, layout and other constants stay as written,
+/// so the provenance of the rest survives. The result is checked as [`Calibration::from_toml`]
+/// checks any file.
+pub fn set_measured(text: &str, key: &str, value: u64, source: &str) -> Result<String, String> {
+    let mut file: toml_edit::DocumentMut = text.parse().map_err(|e| format!("calibration: {e}"))?;
+    let constant = key
+        .split('.')
+        .try_fold(file.as_item_mut(), |item, part| item.get_mut(part))
+        .and_then(toml_edit::Item::as_table_like_mut)
+        .ok_or_else(|| format!("calibration: the file has no constant {key}"))?;
+    let value = i64::try_from(value).map_err(|_| format!("calibration: {key} = {value} is past a TOML integer"))?;
+    constant.insert("value", toml_edit::value(value));
+    constant.insert("source", toml_edit::value(source));
+    constant.insert("measured", toml_edit::value(true));
+    let text = file.to_string();
+    Calibration::from_toml(&text)?;
+    Ok(text)
+}
+
 impl Calibration {
     /// Parses and checks a calibration file: every constant must be present, known and within its
     /// range ([`SMS`], [`WARP_SLOTS_PER_SM`], [`SCHEDULERS_PER_SM`], [`CLOCK_GHZ`], [`WARP_IPC`],
@@ -499,6 +520,34 @@ mod tests {
             let cal = Calibration::from_toml(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
             assert_eq!(cal.gpu.sms.value, [1, 1024][end]);
         }
+    }
+
+    #[test]
+    fn setting_a_measured_constant_changes_it_alone_and_keeps_the_comments() {
+        let text = set_measured(BUILT_IN, "daemon.per_page_ns", 173, "measured \"here\"").unwrap();
+        let (cal, built_in) = (Calibration::from_toml(&text).unwrap(), Calibration::built_in());
+        let c = &cal.daemon.per_page_ns;
+        assert_eq!((c.value, c.source.as_str(), c.measured), (173, "measured \"here\"", true));
+        let changed: Vec<_> = cal.table().into_iter().zip(built_in.table()).filter(|(a, b)| a != b).collect();
+        assert_eq!(changed.len(), 1, "{changed:?}");
+        assert!(text.contains("# Derived by device/bench/derive.py"), "{text}");
+        // Already measured: `measured` is not written twice.
+        let again = set_measured(&text, "daemon.per_page_ns", 174, "again").unwrap();
+        assert_eq!(Calibration::from_toml(&again).unwrap().daemon.per_page_ns.value, 174);
+    }
+
+    #[test]
+    fn an_inline_constant_is_set_too_and_bad_settings_are_refused() {
+        let block = BUILT_IN.find("[daemon.publish_ns]").expect("the last constant");
+        let inline = format!("{}[daemon]\npublish_ns = {{ value = 1000, source = \"old\" }}\n", &BUILT_IN[..block]);
+        let cal = Calibration::from_toml(&set_measured(&inline, "daemon.publish_ns", 5, "new").unwrap()).unwrap();
+        assert_eq!((cal.daemon.publish_ns.value, cal.daemon.publish_ns.measured), (5, true));
+        let e = set_measured(BUILT_IN, "daemon.bogus_ns", 5, "x").unwrap_err();
+        assert_eq!(e, "calibration: the file has no constant daemon.bogus_ns");
+        let e = set_measured(BUILT_IN, "daemon.per_page_ns", 1_000_000_001, "x").unwrap_err();
+        assert!(e.contains("daemon.per_page_ns = 1000000001 is outside"), "{e}");
+        let e = set_measured(BUILT_IN, "gpu", 5, "x").unwrap_err();
+        assert!(e.contains("unknown field `value`"), "{e}");
     }
 
     #[test]

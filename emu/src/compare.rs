@@ -144,13 +144,22 @@ pub fn try_compare(
 /// and how many are datasheet, published or estimated values.
 pub fn calibration_summary(cal: &Calibration) -> String {
     let table = cal.table();
-    let measured: Vec<&str> = table.iter().filter(|row| row.3).map(|row| row.0).collect();
-    let list = if measured.is_empty() { String::new() } else { format!(" ({})", measured.join(", ")) };
+    // wicd's own costs are measured where wicd runs (this machine's CPU, or a GPU machine's by
+    // its bring-up test: each source says which); the others on a GPU.
+    let (daemon, gpu): (Vec<&str>, Vec<&str>) =
+        table.iter().filter(|row| row.3).map(|row| row.0).partition(|name| name.starts_with("daemon."));
+    let list = |names: &[&str]| if names.is_empty() { String::new() } else { format!(" ({})", names.join(", ")) };
+    let on_cpu = if daemon.is_empty() {
+        String::new()
+    } else {
+        format!(" and {} of wicd's own costs where wicd ran{}", daemon.len(), list(&daemon))
+    };
     format!(
-        "Calibration: {} of {} constants measured on a GPU{list}; the other {} are datasheet, published or estimated values (sources in emu/calibration.toml).",
-        measured.len(),
+        "Calibration: {} of {} constants measured on a GPU{}{on_cpu}; the other {} are datasheet, published or estimated values (sources in emu/calibration.toml).",
+        gpu.len(),
         table.len(),
-        table.len() - measured.len()
+        list(&gpu),
+        table.len() - gpu.len() - daemon.len()
     )
 }
 
@@ -207,15 +216,24 @@ mod tests {
         cal.gpu.sms.measured = false;
         cal.link.pcie_gbps.measured = true;
         cal.gpu.warp_ipc.measured = true;
+        cal.daemon.wakeup_ns.measured = true;
         let line = calibration_summary(&cal);
         let measured: Vec<&str> = cal.table().into_iter().filter(|row| row.3).map(|row| row.0).collect();
         assert!(measured.contains(&"gpu.warp_ipc") && !measured.contains(&"gpu.sms"));
         for (name, _, _, was_measured) in cal.table() {
             assert_eq!(line.contains(name), was_measured, "{name} in {line}");
         }
+        // wicd's own costs are counted apart: they were measured where wicd ran, not on a GPU.
+        let on_cpu = measured.iter().filter(|name| name.starts_with("daemon.")).count();
+        assert!(on_cpu >= 1, "{measured:?}");
         assert!(
-            line.starts_with(&format!("Calibration: {} of {} constants", measured.len(), cal.table().len())),
+            line.starts_with(&format!(
+                "Calibration: {} of {} constants measured on a GPU",
+                measured.len() - on_cpu,
+                cal.table().len()
+            )),
             "{line}"
         );
+        assert!(line.contains(&format!(" and {on_cpu} of wicd's own costs where wicd ran (")), "{line}");
     }
 }

@@ -6,7 +6,7 @@
 use std::fmt::Write as _;
 
 use serde_json::{json, Value};
-use wic_proto::message::{ChannelSummary, Histogram, Producer, Stats, Status};
+use wic_proto::message::{ChannelSummary, Histogram, Producer, Stats, Status, Submissions};
 use wic_types::fault::{FaultEntry, RawFaultEntry, VaWidth};
 
 /// Nanoseconds per second, for the unit conversions.
@@ -293,6 +293,18 @@ fn histogram_rows(prefix: &str, h: &Histogram, show: impl Fn(f64) -> String) -> 
     ]
 }
 
+/// wicd's command batches to the kernel module: how many, their mean time and pages (what
+/// `wicd calibrate` fits the model's submission and per-page costs to).
+fn submission_rows(s: &Submissions) -> Vec<(String, String)> {
+    let mean = |sum: u64| if s.count > 0 { Some(sum as f64 / s.count as f64) } else { None };
+    let dash = || "-".to_owned();
+    vec![
+        ("submissions".to_owned(), s.count.to_string()),
+        ("submission_mean".to_owned(), mean(s.ns).map_or_else(dash, human_ns)),
+        ("submission_pages_mean".to_owned(), mean(s.pages).map_or_else(dash, |p| format!("{p:.1}"))),
+    ]
+}
+
 /// `wicctl stats`: every counter as a `name  value` line, in sections (faults, monitor, pool,
 /// latency, batches, service). `completed_per_sec`, known from the second sample of a watch on,
 /// adds the rate of `faults_completed`.
@@ -304,7 +316,9 @@ pub fn stats(s: &Stats, completed_per_sec: Option<f64>) -> String {
             // latencies at the end of the uvm section.
             if scalar.group == "uvm" {
                 sections.push(("latency", histogram_rows("wake_latency", &s.wake_latency_ns, human_ns)));
-                sections.push(("batches", histogram_rows("batch_sizes", &s.batch_sizes, human_count)));
+                let mut batches = histogram_rows("batch_sizes", &s.batch_sizes, human_count);
+                batches.extend(submission_rows(&s.submissions));
+                sections.push(("batches", batches));
             }
             if scalar.group == "service" {
                 let rows = &mut sections.last_mut().expect("the uvm section").1;
@@ -541,6 +555,8 @@ mod tests {
             // Values 40_000 and 50_000 ns.
             uvm_fault_latency_ns: Histogram { count: 2, sum: 90_000, max: 50_000, buckets: vec![[65535, 2]] },
             uvm_fault_gpu_latency_ns: Histogram { count: 1, sum: 30_000, max: 30_000, buckets: vec![[32767, 1]] },
+            // Batches of 2 pages in 3 us and 6 pages in 5 us.
+            submissions: Submissions { count: 2, pages: 8, ns: 8_000, pages_squared: 40, pages_ns: 36_000 },
         }
     }
 
@@ -788,6 +804,9 @@ mod tests {
         assert_eq!(rows["batch_sizes_mean"], "1.7");
         assert_eq!(rows["batch_sizes_p50"], "1");
         assert_eq!(rows["batch_sizes_max"], "3");
+        assert_eq!(rows["submissions"], "2");
+        assert_eq!(rows["submission_mean"], "4.00 µs");
+        assert_eq!(rows["submission_pages_mean"], "4.0");
         assert_eq!(rows["uvm_fault_latency_count"], "2");
         assert_eq!(rows["uvm_fault_latency_mean"], "45.00 µs");
         assert_eq!(rows["uvm_fault_latency_max"], "50.00 µs");

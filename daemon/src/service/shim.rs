@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use nix::errno::Errno;
 use wic_engine::{ChannelId, ChannelLayout, ChannelSpec, Command, DataSource, FaultSink, Fill};
 use wic_kmod::{DeviceError, PlacedChannel, ShimBackend};
-use wic_proto::message::{ErrorCode, WireError};
+use wic_proto::message::{ErrorCode, Stats, Submissions, WireError};
 use wic_proto::shm::{ChannelState, ProducerRegion};
 
 use super::backend::{Added, Backend, ChannelMap, Counts, Executed, ExecutionLog, PlacementRequest, Source};
@@ -39,6 +39,22 @@ pub struct ShimGpus {
     /// Ranges, then spaces, to unregister or detach again.
     stuck: Vec<Stuck>,
     last_retry: Instant,
+    /// The command batches submitted to the module and what they took (`wicctl stats`).
+    submissions: Submissions,
+}
+
+/// The pages a batch of `commands` maps or unmaps, as the emulator's model counts them for
+/// `daemon.per_page_ns`: a completed run's companion unmapped and its run mapped, a PAT page
+/// serviced or rearmed.
+fn pages_touched(commands: &[Command]) -> u64 {
+    commands
+        .iter()
+        .map(|command| match *command {
+            Command::Complete { pages, .. } => 2 * u64::from(pages),
+            Command::ServicePat { .. } | Command::RearmPat { .. } => 1,
+            Command::Replay { .. } => 0,
+        })
+        .sum()
 }
 
 /// The control plane's view of a module error: what the client did wrong, or an I/O error.
@@ -64,6 +80,7 @@ impl ShimGpus {
             spaces: HashSet::new(),
             stuck: Vec::new(),
             last_retry: Instant::now(),
+            submissions: Submissions::default(),
         }
     }
 
@@ -183,9 +200,14 @@ impl Backend for ShimGpus {
                 _ => {}
             }
         };
-        if let Err(e) = self.backend.execute(commands, host_data, outcome) {
+        let submitted = Instant::now();
+        let result = self.backend.execute(commands, host_data, outcome);
+        let took = submitted.elapsed().as_nanos().try_into().unwrap_or(u64::MAX);
+        if let Err(e) = result {
             tracing::error!("submitting {} commands to the module: {e}", commands.len());
             done.failed += commands.len() as u64;
+        } else {
+            self.submissions.record(pages_touched(commands), took);
         }
         done
     }
@@ -272,6 +294,10 @@ impl Backend for ShimGpus {
             }
         });
     }
+    fn report(&mut self, stats: &mut Stats) {
+        stats.submissions = self.submissions.clone();
+    }
+
     fn counts(&mut self, _overflows: &mut dyn FnMut(u32, u64)) -> Counts {
         let ring = self.backend.device().ring();
         let anomalies = ring.anomalies();

@@ -281,6 +281,35 @@ pub struct Stats {
     /// Watched fault written by the GPU to its replay done, nanoseconds (GPU clock).
     #[serde(default)]
     pub uvm_fault_gpu_latency_ns: Histogram,
+    /// wicd's command batches to the kernel module and what they took. Shim backend only.
+    #[serde(default)]
+    pub submissions: Submissions,
+}
+
+/// Sums over wicd's command batches to the kernel module (shim backend), each batch's time from
+/// its submission to its last command's result and the pages it maps or unmaps as the
+/// emulator's model counts them (two per page of a completed run: the companion's unmap and the
+/// run's map; one per PAT page serviced or rearmed): what a least-squares fit of time against
+/// pages needs, time = `daemon.submission_ns` + `daemon.per_page_ns` x pages. Cumulative, so the
+/// difference of two snapshots covers what ran between them. Saturating.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Submissions {
+    pub count: u64,
+    pub pages: u64,
+    pub ns: u64,
+    pub pages_squared: u64,
+    pub pages_ns: u64,
+}
+
+impl Submissions {
+    /// Adds one batch of `pages` pages that took `ns`.
+    pub fn record(&mut self, pages: u64, ns: u64) {
+        self.count = self.count.saturating_add(1);
+        self.pages = self.pages.saturating_add(pages);
+        self.ns = self.ns.saturating_add(ns);
+        self.pages_squared = self.pages_squared.saturating_add(pages.saturating_mul(pages));
+        self.pages_ns = self.pages_ns.saturating_add(pages.saturating_mul(ns));
+    }
 }
 
 /// A successful answer.

@@ -522,6 +522,14 @@ impl ProducerRegion {
         true
     }
 
+    /// Whether `slot` was published since the daemon's last scan ([`Self::take_published`]):
+    /// its publish has not reached the engine yet. Reads the dirty bit without taking it, for
+    /// an observer that times the daemon's scan (wic-bench's `doorbell`).
+    pub fn publish_pending(&self, slot: u32) -> bool {
+        assert!(slot < self.layout.slots);
+        self.dirty_word(slot as usize / 64).load(Ordering::Acquire) & (1 << (slot % 64)) != 0
+    }
+
     /// Takes the dirty bits (daemon side), calling `each` with every slot published since the
     /// last scan.
     pub fn take_published(&self, mut each: impl FnMut(u32)) {
@@ -634,9 +642,11 @@ mod tests {
         assert!(producer.publish(129));
         assert!(producer.publish(3));
         assert!(!producer.publish(129), "not delivered yet");
+        assert!(daemon.publish_pending(129) && daemon.publish_pending(3) && !daemon.publish_pending(4));
         let mut seen = Vec::new();
         daemon.take_published(|s| seen.push(s));
         assert_eq!(seen, vec![3, 129]);
+        assert!(!producer.publish_pending(129) && !producer.publish_pending(3), "the scan took them");
         seen.clear();
         daemon.take_published(|s| seen.push(s));
         assert!(seen.is_empty());
