@@ -18,7 +18,7 @@ use libfuzzer_sys::fuzz_target;
 use wic_engine::RawFaultEntry;
 use wic_fuzz::ring::{record_for, Mapping, RingOp, RingScript, DROPPED_OFFSET, HEADER_BYTES, HEAD_OFFSET, RECORD_BYTES, TAIL_OFFSET};
 use wic_kmod::ring::{FaultRing, Record, RingAnomalies, RingError};
-use wic_proto::kabi::{ring_bytes, WIC_RECORD_EXPIRED, WIC_RECORD_PAT, WIC_RECORD_UNSUPPORTED_GPU, WIC_RING_MAGIC};
+use wic_kabi::{ring_bytes, WIC_RECORD_EXPIRED, WIC_RECORD_PAT, WIC_RECORD_UNSUPPORTED_GPU, WIC_RING_MAGIC};
 
 /// How opening a mapping of `len` bytes holding the input's header should end, from the
 /// header's description in `wic_abi.h`: `Ok`, a refused header (`None`), or a mapping too small
@@ -39,7 +39,7 @@ fn expected_open(script: &RingScript, len: usize) -> Result<(), Option<RingError
 }
 
 /// The record a reader should return for the slot contents `raw`.
-fn as_read(raw: &wic_proto::kabi::WicFaultRecord) -> Record {
+fn as_read(raw: &wic_kabi::WicFaultRecord) -> Record {
     Record {
         seq: raw.seq,
         space_id: raw.space_id,

@@ -4,7 +4,7 @@
 //! call where one can be.
 
 use arbitrary::{Arbitrary, Unstructured};
-use wic_proto::kabi::{
+use wic_kabi::{
     WicCommand, WicRange, WicSubmit, WIC_CMD_COMPLETE, WIC_CMD_COMPLETE_COPY, WIC_CMD_REARM_PAT, WIC_CMD_REPLAY,
     WIC_CMD_SERVICE_PAT, WIC_MARKER_MAGIC, WIC_PAGE_SIZE, WIC_RANGE_PAT,
     WIC_RANGE_PCM, WIC_RANGE_SOURCE,

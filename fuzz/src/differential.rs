@@ -3,7 +3,7 @@
 //! input ([`crate::abi_inputs`]). Each panics at the first verdict on which they differ, and
 //! returns the verdicts it saw.
 
-use wic_proto::kabi::{WicRange, WIC_MAX_SPACES, WIC_PAGE_SIZE, WIC_RANGE_PCM};
+use wic_kabi::{WicRange, WIC_MAX_SPACES, WIC_PAGE_SIZE, WIC_RANGE_PCM};
 
 use crate::abi_inputs::{space_id, IdSpec, RangeOp, RangesInput, SubmitInput, MANY_STEP, SUBMIT_SPACES};
 use crate::{abi_model, shim};

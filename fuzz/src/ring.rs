@@ -11,7 +11,7 @@
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use wic_proto::kabi::{
+use wic_kabi::{
     ring_bytes, WicFaultRecord, WicRingHeader, WIC_RECORD_EXPIRED, WIC_RECORD_PAT, WIC_RECORD_UNSUPPORTED_GPU,
     WIC_RING_RECORDS_OFFSET,
 };

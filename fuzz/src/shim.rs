@@ -5,7 +5,7 @@
 use std::os::raw::c_int;
 use std::ptr;
 
-use wic_proto::kabi::{WicCommand, WicRange, WicSubmit, WIC_MAX_SPACES};
+use wic_kabi::{WicCommand, WicRange, WicSubmit, WIC_MAX_SPACES};
 
 /// `struct wic_range_entry`: a registered range.
 #[repr(C)]

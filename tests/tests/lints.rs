@@ -35,7 +35,10 @@ fn every_rust_file_is_formatted_as_rustfmt_toml_says() {
 }
 
 /// The client side (wire protocol, libwic, wicctl) takes what it shares with wicd from the
-/// `wic-types` leaf crate, never from the daemon's engine.
+/// `wic-types` leaf crate, never from the daemon's engine. The kernel ABI (`wic-kabi`) is a leaf
+/// too, taking at most `wic-types`; the daemon's side of the device (`wic-kmod`) reaches it
+/// without the client protocol, and libwic never depends on the daemon's side of the device,
+/// not even for its tests (the kernel-ABI tests live in `tests/tests/kernel_abi.rs`).
 #[test]
 fn crates_outside_the_daemon_do_not_depend_on_the_engine() {
     let output = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
@@ -46,18 +49,34 @@ fn crates_outside_the_daemon_do_not_depend_on_the_engine() {
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     let metadata: serde_json::Value = serde_json::from_slice(&output.stdout).expect("cargo metadata's JSON");
     let packages = metadata["packages"].as_array().expect("packages");
-    let mut checked = 0;
-    for name in ["wic-types", "wic-proto", "wic", "wicctl"] {
+    let workspace_crates: Vec<&str> = packages.iter().filter_map(|p| p["name"].as_str()).collect();
+    // A package's dependencies of every kind (normal, dev, build) or of the normal kind only.
+    let dependencies = |name: &str, all_kinds: bool| -> Vec<&str> {
         let package = packages.iter().find(|p| p["name"] == name).unwrap_or_else(|| panic!("no package {name}"));
-        let normal: Vec<&str> = package["dependencies"]
+        package["dependencies"]
             .as_array()
             .expect("dependencies")
             .iter()
-            .filter(|d| d["kind"].is_null())
+            .filter(|d| all_kinds || d["kind"].is_null())
             .filter_map(|d| d["name"].as_str())
-            .collect();
+            .collect()
+    };
+    let mut checked = 0;
+    for name in ["wic-types", "wic-proto", "wic", "wicctl"] {
+        let normal = dependencies(name, false);
         assert!(!normal.contains(&"wic-engine"), "{name} depends on wic-engine: {normal:?}");
         checked += 1;
     }
     assert_eq!(checked, 4);
+
+    let kabi: Vec<&str> = dependencies("wic-kabi", true)
+        .into_iter()
+        .filter(|d| workspace_crates.contains(d) && *d != "wic-types")
+        .collect();
+    assert!(kabi.is_empty(), "wic-kabi is a leaf (wic-types at most), yet depends on {kabi:?}");
+    let kmod = dependencies("wic-kmod", true);
+    assert!(!kmod.contains(&"wic-proto"), "wic-kmod depends on the client protocol: {kmod:?}");
+    assert!(kmod.contains(&"wic-kabi"), "wic-kmod takes the kernel ABI from wic-kabi: {kmod:?}");
+    let libwic = dependencies("wic", true);
+    assert!(!libwic.contains(&"wic-kmod"), "libwic depends on wic-kmod: {libwic:?}");
 }

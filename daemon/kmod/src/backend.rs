@@ -9,7 +9,7 @@ use std::time::Duration;
 use wic_engine::{
     ChannelId, ChannelLayout, Command, DataSource, EngineConfig, FaultSink, GpuId, Producer, RawFaultEntry, PAGE_SIZE,
 };
-use wic_proto::kabi::{self, WicCommand};
+use wic_kabi::{self as kabi, WicCommand};
 
 use crate::commands::{CommandError, Placement, Translator};
 use crate::device::{Device, DeviceError};

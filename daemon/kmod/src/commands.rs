@@ -10,7 +10,7 @@ use wic_engine::{
     pool_page, ChannelId, ChannelLayout, Command, DataSource, EngineConfig, FaultEntry, Fill, GpuId, RawFaultEntry,
     VaWidth, PAGE_SIZE,
 };
-use wic_proto::kabi::{self, WicCommand};
+use wic_kabi::{self as kabi, WicCommand};
 
 /// Why a command or record could not be translated.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -11,14 +11,14 @@ use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::sys::mman::{mmap, munmap, MapFlags, ProtFlags};
-use wic_proto::kabi::{self, WicAttach, WicCommand, WicRange, WicSubmit, WicVersion};
+use wic_kabi::{self as kabi, WicAttach, WicCommand, WicRange, WicSubmit, WicVersion};
 
 use crate::ring::{FaultRing, RingError};
 
 /// The raw ioctls of `/dev/wic`, for callers that must send what [`Device`] would not (the
 /// hostile-input tests).
 pub mod raw {
-    use wic_proto::kabi::{self, WicAttach, WicRange, WicSubmit, WicVersion};
+    use wic_kabi::{self as kabi, WicAttach, WicRange, WicSubmit, WicVersion};
 
     nix::ioctl_readwrite_bad!(
         /// `WIC_IOC_VERSION`.

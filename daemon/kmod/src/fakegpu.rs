@@ -9,8 +9,8 @@ use std::os::unix::fs::OpenOptionsExt;
 
 use wic_engine::RawFaultEntry;
 
-use wic_proto::c_struct;
-use wic_proto::kabi::StructLayout;
+use wic_kabi::StructLayout;
+use wic_types::c_struct;
 
 /// `WIC_FAKEGPU_DEVICE`.
 pub const DEVICE: &str = "/dev/wic_fakegpu";

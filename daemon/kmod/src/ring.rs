@@ -10,7 +10,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 
 use wic_engine::RawFaultEntry;
-use wic_proto::kabi::{
+use wic_kabi::{
     WicFaultRecord, WicRingHeader, WIC_RECORD_EXPIRED, WIC_RECORD_PAT, WIC_RECORD_UNSUPPORTED_GPU, WIC_RING_MAGIC,
     WIC_RING_RECORDS_OFFSET,
 };
@@ -99,7 +99,7 @@ impl FaultRing {
         if !header.entries.is_power_of_two() {
             return Err(RingError::BadHeader("entry count is not a power of two"));
         }
-        let needed = wic_proto::kabi::ring_bytes(header.entries);
+        let needed = wic_kabi::ring_bytes(header.entries);
         if (len as u64) < needed {
             return Err(RingError::TooSmall { len, needed });
         }
@@ -218,10 +218,10 @@ pub struct MemoryRing {
 impl MemoryRing {
     /// An empty ring of `entries` records, a power of two.
     pub fn new(entries: u32) -> Self {
-        let mut ring = Self { mem: vec![0; wic_proto::kabi::ring_bytes(entries) as usize / 8], entries };
+        let mut ring = Self { mem: vec![0; wic_kabi::ring_bytes(entries) as usize / 8], entries };
         let header = WicRingHeader {
             magic: WIC_RING_MAGIC,
-            abi_version: wic_proto::kabi::WIC_ABI_VERSION,
+            abi_version: wic_kabi::WIC_ABI_VERSION,
             entries,
             record_size: std::mem::size_of::<WicFaultRecord>() as u32,
             ..Default::default()

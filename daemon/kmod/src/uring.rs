@@ -5,7 +5,7 @@ use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 
 use io_uring::{opcode, types, IoUring};
-use wic_proto::kabi::{WicCommand, WicSubmit, WIC_IOC_SUBMIT};
+use wic_kabi::{WicCommand, WicSubmit, WIC_IOC_SUBMIT};
 
 /// A ring used only to submit command batches to `/dev/wic`.
 pub struct UringSubmitter {

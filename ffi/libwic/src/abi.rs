@@ -91,7 +91,7 @@ pub fn role_from_c(value: i64) -> Option<Role> {
     }
 }
 
-use wic_proto::c_struct;
+use wic_types::c_struct;
 
 c_struct! {
     /// `struct wic_channel_spec`: what `wic_channel_create` creates.

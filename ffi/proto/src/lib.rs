@@ -3,8 +3,7 @@
 //! - [`frame`]: how messages travel on the Unix socket (length-prefixed JSON);
 //! - [`message`]: the requests, replies and error codes of protocol version [`PROTOCOL_VERSION`];
 //! - [`shm`]: the shared-memory regions behind the publish and fault fast paths;
-//! - [`client`]: a blocking client used by `wicctl`, libwic and the tests;
-//! - [`kabi`]: the kernel ABI of `/dev/wic` (`ffi/include/wic_abi.h`), spoken by the shim backend.
+//! - [`client`]: a blocking client used by `wicctl`, libwic and the tests.
 //!
 //! `docs/protocol.md` is the reference for all of it; tests keep the two in step.
 
@@ -13,7 +12,6 @@
 
 pub mod client;
 pub mod frame;
-pub mod kabi;
 pub mod message;
 pub mod shm;
 
@@ -38,33 +36,6 @@ pub fn socket_path(explicit: Option<&str>) -> std::path::PathBuf {
 /// The socket `$WIC_SOCKET` names, given its value.
 fn env_socket_path(value: Option<std::ffi::OsString>) -> std::path::PathBuf {
     value.filter(|path| !path.is_empty()).map_or_else(|| DEFAULT_SOCKET.into(), Into::into)
-}
-
-/// Declares a `#[repr(C)]` struct together with its C name and the offset of every field, so
-/// the ABI test sees exactly the fields the struct has.
-#[macro_export]
-macro_rules! c_struct {
-    (
-        $(#[$meta:meta])*
-        pub struct $name:ident = $c_name:literal {
-            $( $(#[$field_meta:meta])* pub $field:ident: $ty:ty, )*
-        }
-    ) => {
-        $(#[$meta])*
-        #[repr(C)]
-        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-        pub struct $name {
-            $( $(#[$field_meta])* pub $field: $ty, )*
-        }
-
-        impl $name {
-            /// The struct's name in its C header (without `struct`).
-            pub const C_NAME: &'static str = $c_name;
-            /// Every field, in declaration order, with its byte offset.
-            pub const FIELDS: &'static [(&'static str, usize)] =
-                &[$( (stringify!($field), std::mem::offset_of!($name, $field)), )*];
-        }
-    };
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 // Input reaches this crate from clients, devices and files: failures are errors, never panics.
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+pub mod c_layout;
 pub mod channel;
 pub mod fault;
 pub mod marker;

@@ -12,7 +12,7 @@ use wic_fuzz::abi_inputs::{RangesInput, SubmitInput};
 use wic_fuzz::differential::{self, Verdicts};
 use wic_fuzz::ring::{RingOp, RingScript};
 use wic_proto::frame;
-use wic_proto::kabi::{WicFaultRecord, WicRingHeader, WIC_ABI_VERSION, WIC_RING_MAGIC};
+use wic_kabi::{WicFaultRecord, WicRingHeader, WIC_ABI_VERSION, WIC_RING_MAGIC};
 use wic_proto::message::{
     ChannelInfo, ChannelSpec, ChannelSummary, ErrorCode, FdKind, Producer, Reply, Request, Response, Role, SlotInfo, Stats, Status,
     WireError,

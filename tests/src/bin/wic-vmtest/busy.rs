@@ -10,8 +10,8 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use io_uring::{opcode, types, IoUring};
+use wic_kabi::{self as kabi, WicCommand};
 use wic_kmod::fakegpu::{self, Fail};
-use wic_proto::kabi::{self, WicCommand};
 
 use crate::rig::{ensure, submit_on, wait_events, Direct, GPU};
 

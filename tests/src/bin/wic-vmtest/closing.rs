@@ -20,10 +20,10 @@ use std::time::Duration;
 
 use nix::errno::Errno;
 use wic_engine::fault::AccessType;
+use wic_kabi::{self as kabi, WicCommand, WIC_MARKER_CHANNEL_CLOSED};
 use wic_kmod::device::raw::ioc_unregister;
 use wic_kmod::fakegpu::{self, Event, Fail, FakeGpu};
 use wic_kmod::{Device, DeviceError};
-use wic_proto::kabi::{self, WicCommand, WIC_MARKER_CHANNEL_CLOSED};
 
 use crate::rig::{ensure, fault, marker, wait_events, Memory, DEVICE, GPU};
 

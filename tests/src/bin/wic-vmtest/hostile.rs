@@ -18,9 +18,9 @@ use std::time::{Duration, Instant};
 use io_uring::{opcode, types, IoUring};
 use nix::errno::Errno;
 use wic_engine::fault::AccessType;
+use wic_kabi::{self as kabi, WicAttach, WicCommand, WicFaultRecord, WicRange, WicRingHeader, WicSubmit, WicVersion};
 use wic_kmod::fakegpu::{self, FakeGpu};
 use wic_kmod::Device;
-use wic_proto::kabi::{self, WicAttach, WicCommand, WicFaultRecord, WicRange, WicRingHeader, WicSubmit, WicVersion};
 
 use crate::rig::fault;
 

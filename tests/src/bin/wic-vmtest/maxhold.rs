@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use wic_engine::fault::AccessType;
 use wic_engine::{FaultEntry, VaWidth};
+use wic_kabi::{self as kabi, WicCommand, WIC_MARKER_TIMEOUT};
 use wic_kmod::fakegpu::{self, Event, Fail, FakeGpu};
 use wic_kmod::Device;
-use wic_proto::kabi::{self, WicCommand, WIC_MARKER_TIMEOUT};
 
 use crate::rig::{ensure, fault, marker, submit_on, wait_events, Direct, Memory, GPU};
 

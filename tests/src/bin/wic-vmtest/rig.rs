@@ -39,7 +39,7 @@ impl Direct {
             .map_err(|e| format!("open {DEVICE}: {e}"))?;
         let space = device.attach(fake.fd()).map_err(|e| format!("attach: {e}"))?;
         device
-            .register(space, wic_proto::kabi::WIC_RANGE_PCM, memory.base(), pages * 4096, 0)
+            .register(space, wic_kabi::WIC_RANGE_PCM, memory.base(), pages * 4096, 0)
             .map_err(|e| format!("register: {e}"))?;
         fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
         Ok(Self { fake, memory, device, space })
@@ -243,8 +243,8 @@ pub fn stall_held(fake: &FakeGpu, device: &mut wic_kmod::Device, va: u64) -> Res
 
 /// `WIC_IOC_SUBMIT` of `commands` on the session `fd`, for a thread that cannot borrow its
 /// `Device` (another holds it); the caller keeps the session open for the call.
-pub fn submit_on(fd: std::os::fd::RawFd, commands: &mut [wic_proto::kabi::WicCommand]) -> nix::Result<libc::c_int> {
-    let mut arg = wic_proto::kabi::WicSubmit {
+pub fn submit_on(fd: std::os::fd::RawFd, commands: &mut [wic_kabi::WicCommand]) -> nix::Result<libc::c_int> {
+    let mut arg = wic_kabi::WicSubmit {
         commands: commands.as_mut_ptr() as u64,
         count: commands.len() as u32,
         ..Default::default()

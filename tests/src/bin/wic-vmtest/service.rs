@@ -18,10 +18,8 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use wic::{abi, capi, Channel, Client};
 use wic_engine::fault::AccessType;
+use wic_kabi::{WIC_MARKER_CHANNEL_CLOSED, WIC_MARKER_DAEMON_GONE, WIC_MARKER_DAEMON_STOPPING, WIC_MARKER_TIMEOUT};
 use wic_kmod::fakegpu::{self, FakeGpu};
-use wic_proto::kabi::{
-    WIC_MARKER_CHANNEL_CLOSED, WIC_MARKER_DAEMON_GONE, WIC_MARKER_DAEMON_STOPPING, WIC_MARKER_TIMEOUT,
-};
 use wic_proto::message::{ChannelSpec, ErrorCode, Producer, Stats};
 
 use crate::death::BOUND;

@@ -15,8 +15,8 @@
 
 use std::time::{Duration, Instant};
 
+use wic_kabi::WIC_MARKER_TIMEOUT;
 use wic_kmod::fakegpu::{self, FakeGpu};
-use wic_proto::kabi::WIC_MARKER_TIMEOUT;
 
 use crate::rig::{ensure, marker, stall_held, wait_events, Direct, GPU};
 

@@ -1,10 +1,14 @@
 //! The kernel ABI of `/dev/wic`: the Rust view of `ffi/include/wic_abi.h`, which is the one
-//! definition. A test in `ffi/libwic/tests/kabi.rs` compiles the header and compares every
-//! size, offset and constant with this module.
+//! definition. A test in `tests/tests/kernel_abi.rs` compiles the header and compares every
+//! size, offset and constant with this crate.
+//!
+//! A leaf crate (it takes only [`wic_types::ErrorMarker`] and [`wic_types::c_struct!`]), so the
+//! daemon's side of the device (`wic-kmod`) does not depend on the client protocol.
 
-use wic_types::ErrorMarker;
+// Input reaches this crate from devices and files: failures are errors, never panics.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
-use crate::c_struct;
+use wic_types::{c_struct, ErrorMarker};
 
 /// `WIC_ABI_VERSION`: negotiated first, by [`WIC_IOC_VERSION`].
 pub const WIC_ABI_VERSION: u32 = 5;
