@@ -282,20 +282,22 @@ elif [[ -z $own_wicd ]]; then
 elif [[ -n $user ]]; then
 	row user WARN "--user $user not used: the wicd started here listens on a private socket, so the cases run as root"
 fi
-# calibration: before the cases, one of which may kill wicd. The batches' times are wicd's own
-# (stats are cumulative): the difference of two snapshots is what the channels of the batches
-# case made it submit.
+# calibration: before the cases, one of which may kill wicd. The stats are cumulative: the
+# difference of two snapshots is what wicd submitted meanwhile, the batches case's channels and,
+# on the service's wicd, any other client's.
 stats() { "$bin/wicctl" --socket "$socket" --timeout-ms 3000 stats --json >"$1" 2>"$work/stats.err"; }
-machine="$(nvidia-smi --query-gpu=name --format=csv,noheader -i 0 2>/dev/null | head -n 1), patched nvidia-uvm $uvm_version, device/bringup.sh $(date -u +%F)"
+consumer_gpu=${gpus%%,*} # the GPU the batches run on: --gpus's first, else CUDA's first
+machine="$(nvidia-smi --query-gpu=name --format=csv,noheader ${consumer_gpu:+-i "$consumer_gpu"} 2>/dev/null | head -n 1), patched nvidia-uvm $uvm_version, device/bringup.sh $(date -u +%F)"
 if ! stats "$work/stats-before.json"; then
 	row calibration FAIL "wicctl stats: $(head -n 1 "$work/stats.err")"
 else
 	timeout 120 ${as_user[@]+"${as_user[@]}"} "$work/bringup" --batches "$socket" >"$work/batches.log" 2>&1
 	batches_rc=$?
 	batches=$(grep -m 1 '^CASE batches ' "$work/batches.log")
-	if ((batches_rc != 0)) || [[ -z $batches ]]; then
+	if ((batches_rc != 0)) || [[ $batches != "CASE batches PASS "* ]]; then
 		detail=${batches#CASE batches FAIL }
-		row batches FAIL "${detail:-bringup --batches exited $batches_rc: $(tail -n 1 "$work/batches.log")}"
+		[[ $batches == "CASE batches FAIL "* ]] || detail="bringup --batches exited $batches_rc: $(tail -n 1 "$work/batches.log")"
+		row batches FAIL "$detail"
 		row calibration SKIP "no batches to time"
 	elif ! stats "$work/stats-after.json"; then
 		row batches PASS "${batches#CASE batches PASS }"
@@ -308,7 +310,9 @@ else
 			fitted=$(grep -E '^  daemon\.(submission|per_page)_ns' "$work/calibrate.log" | sed 's/^ *//' | paste -sd ';' -)
 			row calibration PASS "$calibration: ${fitted//;/, } (wicd demo --calibration reads it)"
 		else
-			row calibration FAIL "wicd calibrate: $(tail -n 1 "$work/calibrate.log")"
+			# The fault transport works; only the measurement did not come out (too few or too
+			# alike batches, noise): not a failed machine.
+			row calibration WARN "wicd calibrate: $(tail -n 1 "$work/calibrate.log")"
 		fi
 	fi
 fi

@@ -6,7 +6,10 @@
 //! Before each publish the fault is held and every thread has slept for [`GAP`], so the fast
 //! path is asleep in io_uring and its CPU idle: the model's sleeping wicd. The producer runs on
 //! one CPU and every thread it wakes (wicd's, the baseline's) on another: a wake-up finds its
-//! CPU idle, as on a host with idle cores, and never preempts the waker instead.
+//! CPU idle, as on a host with idle cores, and never preempts the waker instead. The consumer
+//! thread, which wicd wakes once a publish reached it, runs on a third CPU where there is one,
+//! else beside wicd's: never on the producer's, where its wake-up could preempt the spinning
+//! producer before it saw the end.
 //!
 //! The producer times the publish call, then spins until the slot's dirty bit is cleared: the
 //! fast path's handler takes it and, in the same step, hands the slot to `Engine::publish`. The
@@ -93,9 +96,9 @@ pub fn run(settings: &Settings) -> Row {
     let (warm_up, rounds) = if settings.quick { (10, 100) } else { (100, 3_000) };
     let binary = wicd::binary();
     let allowed = sched_getaffinity(Pid::from_raw(0)).expect("this thread's CPUs");
-    let cpus = two_cpus(&allowed);
+    let cpus = spread_cpus(&allowed);
     // wicd and the waiters inherit the CPU of the thread that starts them.
-    if let Some((_, wakee)) = cpus {
+    if let Some((_, wakee, _)) = cpus {
         pin(wakee);
     }
     let wicd = Wicd::start(&binary);
@@ -110,13 +113,16 @@ pub fn run(settings: &Settings) -> Row {
     let channel = Arc::new(client.create_channel(&spec).expect("a channel"));
     let view = producer_view(&wicd, &channel);
     let (uring, read) = (Waiter::spawn(Blocking::IoUring), Waiter::spawn(Blocking::Read));
-    if let Some((waker, _)) = cpus {
+    if let Some((waker, _, _)) = cpus {
         pin(waker);
     }
     let total = warm_up + rounds;
     let consumer = thread::spawn({
         let channel = Arc::clone(&channel);
         move || {
+            if let Some((_, _, consumer)) = cpus {
+                pin(consumer);
+            }
             let mut data = [0u8; 64];
             for _ in 0..total {
                 channel.consume(SLOT, &mut data).expect("consume");
@@ -242,10 +248,12 @@ impl Drop for Waiter {
     }
 }
 
-/// The first two CPUs of `allowed`, if there are two.
-fn two_cpus(allowed: &CpuSet) -> Option<(usize, usize)> {
+/// The producer's CPU, that of the threads it wakes and the consumer's: the first three of
+/// `allowed`, the consumer on the second when there are only two; none with fewer.
+fn spread_cpus(allowed: &CpuSet) -> Option<(usize, usize, usize)> {
     let mut cpus = (0..CpuSet::count()).filter(|&cpu| allowed.is_set(cpu).unwrap_or(false));
-    Some((cpus.next()?, cpus.next()?))
+    let (waker, wakee) = (cpus.next()?, cpus.next()?);
+    Some((waker, wakee, cpus.next().unwrap_or(wakee)))
 }
 
 /// Runs this thread on `cpu` only.

@@ -1,6 +1,8 @@
 //! `wicd calibrate`: measures the emulator's cost of one command batch to the kernel module,
 //! `daemon.submission_ns + daemon.per_page_ns * pages` (emu/src/sim/wicd.rs `submit`), from the
-//! batches a wicd on the shim backend ran between two `wicctl stats --json` snapshots.
+//! batches a wicd on the shim backend ran between two `wicctl stats --json` snapshots. The model
+//! charges the module's copies of the messages' bytes apart (`host.memcpy_gbps`), so the fit is
+//! of each batch's time less that cost: what remains is the two constants' share alone.
 
 use std::path::{Path, PathBuf};
 
@@ -42,11 +44,12 @@ struct Fit {
 
 pub fn run(args: &CalibrateArgs) -> Result<(), String> {
     let batches = between(&read_stats(&args.before)?, &read_stats(&args.after)?)?;
-    let fit = fit(&batches)?;
     let base = match &args.base {
         Some(path) => read(path)?,
         None => BUILT_IN.to_string(),
     };
+    let copy_ns_per_byte = 1.0 / Calibration::from_toml(&base)?.host.memcpy_gbps.value;
+    let fit = fit(&batches, copy_ns_per_byte)?;
     let source = format!(
         "measured by wicd calibrate from wicd's command batches on the shim backend ({} batches, {} pages): {}",
         batches.count, batches.pages, args.machine
@@ -87,6 +90,8 @@ fn between(before: &Stats, after: &Stats) -> Result<Submissions, String> {
         ns: minus("ns", a.ns, b.ns)?,
         pages_squared: minus("pages_squared", a.pages_squared, b.pages_squared)?,
         pages_ns: minus("pages_ns", a.pages_ns, b.pages_ns)?,
+        bytes: minus("bytes", a.bytes, b.bytes)?,
+        pages_bytes: minus("pages_bytes", a.pages_bytes, b.pages_bytes)?,
     })
 }
 
@@ -105,8 +110,9 @@ fn pages_spread(s: &Submissions) -> f64 {
     cross(s.count, s.pages_squared, s.pages, s.pages)
 }
 
-/// Least squares of time against pages over the batches' sums.
-fn fit(s: &Submissions) -> Result<Fit, String> {
+/// Least squares of time, less the model's cost of the batch's copies at `copy_ns_per_byte`,
+/// against pages over the batches' sums.
+fn fit(s: &Submissions, copy_ns_per_byte: f64) -> Result<Fit, String> {
     if s.count < MIN_BATCHES {
         return Err(format!(
             "{} command batches ran between the snapshots, fewer than the {MIN_BATCHES} the fit needs: run more \
@@ -128,8 +134,11 @@ fn fit(s: &Submissions) -> Result<Fit, String> {
             s.pages / s.count
         ));
     }
-    let per_page_ns = cross(s.count, s.pages_ns, s.pages, s.ns) / spread;
-    let submission_ns = (s.ns as f64 - per_page_ns * s.pages as f64) / s.count as f64;
+    // Sums of the times less the copies: t' = t - c b, so Σt' = Σt - c Σb, Σpt' = Σpt - c Σpb.
+    let copies = copy_ns_per_byte * (s.count as f64 * s.pages_bytes as f64 - s.pages as f64 * s.bytes as f64);
+    let per_page_ns = (cross(s.count, s.pages_ns, s.pages, s.ns) - copies) / spread;
+    let ns = s.ns as f64 - copy_ns_per_byte * s.bytes as f64;
+    let submission_ns = (ns - per_page_ns * s.pages as f64) / s.count as f64;
     if submission_ns.round() < 0.0 || per_page_ns.round() < 0.0 {
         return Err(format!(
             "the fit gives daemon.submission_ns = {submission_ns:.0} ns and daemon.per_page_ns = {per_page_ns:.1} \
@@ -174,7 +183,7 @@ mod tests {
     fn sums(pages: impl IntoIterator<Item = u64>, ns: impl Fn(u64) -> u64) -> Submissions {
         let mut s = Submissions::default();
         for p in pages {
-            s.record(p, ns(p));
+            s.record(p, 0, ns(p));
         }
         s
     }
@@ -190,9 +199,21 @@ mod tests {
     #[test]
     fn the_fit_recovers_the_cost_of_exact_batches() {
         let s = sums(varied(60), |p| 2750 + 187 * p);
-        assert_eq!(fit(&s), Ok(Fit { submission_ns: 2750.0, per_page_ns: 187.0 }));
+        assert_eq!(fit(&s, 0.0), Ok(Fit { submission_ns: 2750.0, per_page_ns: 187.0 }));
         // Zero costs are measurements too.
-        assert_eq!(fit(&sums(varied(20), |p| 40 * p)), Ok(Fit { submission_ns: 0.0, per_page_ns: 40.0 }));
+        assert_eq!(fit(&sums(varied(20), |p| 40 * p), 0.0), Ok(Fit { submission_ns: 0.0, per_page_ns: 40.0 }));
+    }
+
+    #[test]
+    fn the_models_cost_of_the_copies_is_taken_out_before_the_fit() {
+        // Each batch copies 2 KiB per page it maps, at 0.5 ns per byte: the model charges that
+        // apart, so the two constants must not take it in.
+        let mut s = Submissions::default();
+        for p in varied(60) {
+            s.record(p, 2048 * p, 2750 + 187 * p + 1024 * p);
+        }
+        assert_eq!(fit(&s, 0.5), Ok(Fit { submission_ns: 2750.0, per_page_ns: 187.0 }));
+        assert_eq!(fit(&s, 0.0), Ok(Fit { submission_ns: 2750.0, per_page_ns: 1211.0 }), "counted twice");
     }
 
     #[test]
@@ -201,9 +222,9 @@ mod tests {
         for (i, p) in varied(120).enumerate() {
             // Each page count's batches lie 300 ns above the line as often as below it.
             let noise = if (i / 6) % 2 == 0 { 300 } else { -300 };
-            s.record(p, (1500 + 45 * p as i64 + noise) as u64);
+            s.record(p, 0, (1500 + 45 * p as i64 + noise) as u64);
         }
-        assert_eq!(fit(&s), Ok(Fit { submission_ns: 1500.0, per_page_ns: 45.0 }));
+        assert_eq!(fit(&s, 0.0), Ok(Fit { submission_ns: 1500.0, per_page_ns: 45.0 }));
     }
 
     #[test]
@@ -211,11 +232,11 @@ mod tests {
         let before = sums(varied(30), |p| 90_000 + 9_000 * p);
         let mut after = before.clone();
         for p in varied(40) {
-            after.record(p, 3000 + 200 * p);
+            after.record(p, 0, 3000 + 200 * p);
         }
         let batches = between(&snapshot(before), &snapshot(after)).expect("after >= before");
         assert_eq!(batches, sums(varied(40), |p| 3000 + 200 * p));
-        assert_eq!(fit(&batches), Ok(Fit { submission_ns: 3000.0, per_page_ns: 200.0 }));
+        assert_eq!(fit(&batches, 0.0), Ok(Fit { submission_ns: 3000.0, per_page_ns: 200.0 }));
     }
 
     #[test]
@@ -235,29 +256,29 @@ mod tests {
 
     #[test]
     fn too_few_batches_are_refused() {
-        let e = fit(&sums(varied(19), |p| 3000 + 200 * p)).unwrap_err();
+        let e = fit(&sums(varied(19), |p| 3000 + 200 * p), 0.0).unwrap_err();
         assert!(e.starts_with("19 command batches ran between the snapshots, fewer than the 20"), "{e}");
-        assert!(fit(&sums(varied(20), |p| 3000 + 200 * p)).is_ok());
+        assert!(fit(&sums(varied(20), |p| 3000 + 200 * p), 0.0).is_ok());
     }
 
     #[test]
     fn batches_all_of_one_size_are_refused_saying_what_to_run() {
         for pages in [0, 4] {
-            let e = fit(&sums([pages; 50], |p| 3000 + 200 * p)).unwrap_err();
+            let e = fit(&sums([pages; 50], |p| 3000 + 200 * p), 0.0).unwrap_err();
             assert!(e.starts_with(&format!("all 50 batches mapped or unmapped {pages} pages each")), "{e}");
             assert!(e.contains("cannot separate") && e.contains(VARY_PAGES), "{e}");
         }
         let mut inconsistent = sums(varied(30), |p| 3000 + 200 * p);
         inconsistent.pages_squared = 0;
-        assert!(fit(&inconsistent).unwrap_err().contains("inconsistent"));
+        assert!(fit(&inconsistent, 0.0).unwrap_err().contains("inconsistent"));
     }
 
     #[test]
     fn negative_costs_are_refused() {
         // Small batches slow, large ones fast: a negative slope.
-        let e = fit(&sums(varied(30), |p| 10_000 - 100 * p)).unwrap_err();
+        let e = fit(&sums(varied(30), |p| 10_000 - 100 * p), 0.0).unwrap_err();
         assert!(e.contains("daemon.per_page_ns = -100.0 ns per page") && e.contains("negative"), "{e}");
-        let e = fit(&sums(varied(30), |p| (1000 * p).saturating_sub(500))).unwrap_err();
+        let e = fit(&sums(varied(30), |p| (1000 * p).saturating_sub(500)), 0.0).unwrap_err();
         assert!(e.contains("daemon.submission_ns = -") && e.contains("negative"), "{e}");
     }
 

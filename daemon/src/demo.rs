@@ -1,6 +1,7 @@
-//! `wicd demo`: the ten workloads, naive polling, wic.cuh's push and WIC, on the emulated GPU
-//! through the real engine, run on worker threads with progress on stderr; then what each mode's
-//! waiting costs a neighbour kernel beside it (`wic_emu::corun`).
+//! `wicd demo`: the ten workloads with the naive baseline (alg1, the paper's Algorithm 1),
+//! wic.cuh's push and WIC, on the emulated GPU through the real engine, run on worker threads
+//! with progress on stderr; then what each mode's waiting costs a neighbour kernel beside it
+//! (`wic_emu::corun`).
 
 use std::io::Write;
 use std::path::Path;
@@ -96,9 +97,9 @@ pub fn available_memory() -> Option<u64> {
 }
 
 /// The comparison table, one workload a row (a row that could not run says why), plus the
-/// geometric-mean speedups of the rows that ran, over push and over naive polling. WIC over push
+/// geometric-mean speedups of the rows that ran, over push and over alg1. WIC over push
 /// leads: the model's push is validated against the GPU (within 25% for the ten programs), its
-/// naive baseline is not ([`NAIVE_UNVALIDATED`]), so its columns are starred.
+/// naive baseline (alg1, the paper's Algorithm 1) is not ([`NAIVE_UNVALIDATED`]), so its columns are starred.
 pub fn table(rows: &[Result<Comparison, RowError>]) -> String {
     let mut out = String::new();
     out.push_str(&format!(
@@ -154,18 +155,19 @@ pub fn table(rows: &[Result<Comparison, RowError>]) -> String {
     let geomean = geomean_speedup(rows.iter().flatten());
     let over_push = geomean_speedup_over_push(rows.iter().flatten());
     out.push_str(&format!(
-        "geometric-mean speedup of WIC over push: {over_push:.3}x; over naive polling*: {geomean:.3}x\n"
+        "geometric-mean speedup of WIC over push: {over_push:.3}x; over the naive baseline (alg1)*: {geomean:.3}x\n"
     ));
     out.push_str(NAIVE_UNVALIDATED);
     out.push('\n');
     out
 }
 
-/// Under the comparison table: why its naive columns are starred.
+/// Under the comparison table: why its alg1 columns (headed `naive`) are starred.
 pub const NAIVE_UNVALIDATED: &str = "\
 * not validated: the model has no part for nvidia-uvm's thrashing mitigation (throttling, then
-  pinning and mapping remotely a page two processors keep writing), which sets the naive
-  baseline's cost on a GPU; its naive runs miss the GPU's by large factors (docs/evaluation.md).";
+  pinning and mapping remotely a page two processors keep writing), which sets the cost of
+  the naive baseline (alg1, the paper's Algorithm 1) on a GPU; its alg1 runs miss the GPU's by
+  large factors (docs/evaluation.md).";
 
 /// One row of the co-run table: consumers waiting in `mode` for a host that publishes every
 /// `gap_ns`, and the neighbour's throughput beside them over alone per kind of
@@ -395,7 +397,7 @@ mod tests {
     }
 
     /// The co-run runs in the table's order, every run ran, and the note's claims hold: the setup is the
-    /// model's, the GPU's figures are its committed run's, and the model's naive rows are far
+    /// model's, the GPU's figures are its committed run's, and the model's alg1 rows are far
     /// below them.
     #[test]
     fn the_corun_runs_every_mode_at_every_gap_and_its_note_holds() {
@@ -476,7 +478,7 @@ mod tests {
         assert_eq!(lines[2], "G_GEM  not run: no room");
         assert_eq!(
             lines[4],
-            format!("geometric-mean speedup of WIC over push: {over_push:.3}x; over naive polling*: {speedup:.3}x")
+            format!("geometric-mean speedup of WIC over push: {over_push:.3}x; over the naive baseline (alg1)*: {speedup:.3}x")
         );
         // WIC over push leads the row, the naive figures after it.
         let cells: Vec<&str> = lines[1].split_whitespace().collect();

@@ -29,7 +29,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the paper's ten applications, naive polling vs WIC, on the emulated GPU.
+    /// Run the paper's ten applications with push, WIC and the naive baseline (alg1) on the emulated GPU.
     Demo(DemoArgs),
     /// Run the daemon: serve applications on the Unix socket.
     Serve(serve::ServeArgs),

@@ -24,7 +24,7 @@ fn temp(name: &str) -> PathBuf {
 /// `submissions` with one batch of each page count in `pages`, each taking `ns(pages)`.
 fn record(submissions: &mut Submissions, pages: &[u64], ns: impl Fn(u64) -> u64) {
     for &p in pages {
-        submissions.record(p, ns(p));
+        submissions.record(p, 0, ns(p));
     }
 }
 
@@ -67,10 +67,9 @@ fn the_fitted_file_loads_and_the_demo_runs_with_it() {
     assert!(stdout.contains("daemon.submission_ns = 2600 ns per batch"), "{stdout}");
     assert!(stdout.contains("daemon.per_page_ns = 140 ns per page"), "{stdout}");
     assert!(stdout.contains("fitted over 48 batches, 1472 pages"), "{stdout}");
-    assert!(
-        stdout.contains("still estimates: fault.buffer_entries, ") && stdout.contains("daemon.wakeup_ns"),
-        "{stdout}"
-    );
+    // wicd's other costs were measured where wicd ran: only the fault path's estimates are left.
+    let estimates = stdout.lines().find(|l| l.starts_with("still estimates: ")).expect("the estimates' line");
+    assert!(estimates.contains("fault.buffer_entries") && !estimates.contains("daemon."), "{stdout}");
 
     let cal = Calibration::from_toml(&std::fs::read_to_string(&out).expect("the file written")).expect("it loads");
     let (submission, per_page) = (&cal.daemon.submission_ns, &cal.daemon.per_page_ns);

@@ -40,7 +40,7 @@ fn the_readmes_sweep_runs_every_row_of_every_table_intact() {
             assert_eq!((cells.len(), cells[12]), (13, "ok"), "{threads} threads: {row}");
         }
         assert!(table.contains("geometric-mean speedup of WIC over push: "), "{table}");
-        assert!(table.contains("; over naive polling*: "), "{table}");
+        assert!(table.contains("; over the naive baseline (alg1)*: "), "{table}");
     }
     assert!(stdout.contains("What the model takes from a GPU, and what it cannot know"), "{stdout}");
     // The co-run table, once, after the sweep's last table.

@@ -28,7 +28,7 @@
  * exactly.
  *
  * push: the ready words are in the receiving GPU's memory; its warps wait with backoff. poll
- * (the naive baseline): they are in the sending GPU's memory; the receiving warps spin on them
+ * (spinning): they are in the sending GPU's memory; the receiving warps spin on them
  * across the link.
  *
  * nowait: a GPU's messages of a level depend on the other GPU's of the level before, so none

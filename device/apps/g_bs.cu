@@ -31,7 +31,7 @@
  * The keys, put back in global order, must equal std::sort of the input exactly.
  *
  * push: the ready words are in the receiving GPU's memory; its warps wait with backoff. poll
- * (the naive baseline): they are in the sending GPU's memory; the receiving warps spin on them
+ * (spinning): they are in the sending GPU's memory; the receiving warps spin on them
  * across the link.
  *
  * nowait: a GPU's messages depend on the other GPU's sort, so none can all be there before the

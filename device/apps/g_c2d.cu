@@ -38,7 +38,7 @@
  * run.
  *
  * push: the ready words are in the receiving GPU's memory; its warps wait with backoff. poll
- * (the naive baseline): they are in the sending GPU's memory; the receiving warps spin on them
+ * (spinning): they are in the sending GPU's memory; the receiving warps spin on them
  * across the link.
  *
  * nowait: in an exchange neither GPU's messages can all be there before the other starts. As in

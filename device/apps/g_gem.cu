@@ -31,8 +31,8 @@
  * the tolerance), a missing one more still; C is poisoned (NaN) before each run, and so are the
  * channel's slots.
  *
- * push: the ready words are in GPU 0's memory, its warps wait with backoff. poll (the naive
- * baseline): they are in GPU 1's memory, GPU 0's warps spin on them across the link.
+ * push: the ready words are in GPU 0's memory, its warps wait with backoff. poll
+ * (spinning): they are in GPU 1's memory, GPU 0's warps spin on them across the link.
  * nowait: GPU 1's kernel runs to its end first, each message in a slot of its own; then GPU 0's
  * kernel starts and is timed alone (the consumer with every message already there).
  *

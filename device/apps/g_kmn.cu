@@ -25,8 +25,8 @@
  * double and integers) does, and the counts and squared distances must match it exactly, the
  * centroids to float rounding.
  *
- * push: the ready words are in GPU 0's memory, its warps wait with backoff. poll (the naive
- * baseline): they are in GPU 1's memory, GPU 0's warps spin on them across the link.
+ * push: the ready words are in GPU 0's memory, its warps wait with backoff. poll
+ * (spinning): they are in GPU 1's memory, GPU 0's warps spin on them across the link.
  * nowait: GPU 1's kernel runs to its end first, each message in a slot of its own; then GPU 0's
  * kernel starts and is timed alone (the consumer with every message already there).
  *

@@ -18,7 +18,7 @@
  * that even one late or stale band, which the smoothing would hide, is caught.
  *
  * push: the ready words are in the receiving GPU's memory; its warps wait with backoff. poll
- * (the naive baseline): they are in the sending GPU's memory; the receiving warps spin on them
+ * (spinning): they are in the sending GPU's memory; the receiving warps spin on them
  * across the link.
  *
  * nowait: in an exchange neither GPU's messages can all be there before the other starts, for

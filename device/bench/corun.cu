@@ -918,6 +918,18 @@ public:
 	void stop() override
 	{
 		const char *what = wic::transport_name(ch_.device().kind);
+		/*
+		 * Before the producer's stop: a consumer that failed (~0) never reported its
+		 * generation consumed, so the producer's wait gave up too, which is all that
+		 * stop_and_collect() would say.
+		 */
+		for (uint32_t b = 0; b < r_.sms; b++) {
+			if (__atomic_load_n(&r_.acks.host[b], __ATOMIC_ACQUIRE) == ~0u) {
+				char why[96];
+				snprintf(why, sizeof(why), "%s: a consumer found a wrong message or its wait gave up", what);
+				stuck(why);
+			}
+		}
 		generations_ = r_.producer->stop_and_collect(true, &round_trip_us_, what);
 		finish(r_.consumer_stream, what);
 	}
@@ -996,11 +1008,18 @@ public:
 	}
 
 private:
-	/* Generations queued ahead: enough that the producer never waits for the host's queueing. */
+	/*
+	 * Generations the host may queue ahead of the slowest block. The copy stream's room limits
+	 * it first: a generation is a wait per block and a launch, and once the stream is full each
+	 * queueing call waits for the GPU to run some (measured: 350 us a generation, longer than
+	 * the 285 us round trip), so the producer does wait for the host's queueing; 16 only keeps
+	 * the window from adding a limit of its own.
+	 */
 	static constexpr uint32_t window = 16;
 
 	void queue()
 	{
+		const bench::blocking_call_guard guard("launch: queueing a generation's consumers");
 		const auto t0 = clock_type::now();
 		CHECK(ch_.launch_when_published(0, r_.sms, queued_, consume_, r_.copy_stream));
 		queue_us_.push_back(us_between(t0, clock_type::now()));
@@ -1360,7 +1379,9 @@ int main(int argc, char **argv)
 	const bool quick = bench::quick_and_output(argc, argv, "--peer", &peer);
 	int gpus = 0;
 	CHECK(cudaGetDeviceCount(&gpus));
-	const cudaError_t peer_access = gpus >= 2 ? wic::enable_peer_access(0, producer_gpu) : cudaErrorInvalidDevice;
+	/* Only for --peer: peer access makes a context on GPU 1 and maps between the GPUs. */
+	const cudaError_t peer_access =
+		peer && gpus >= 2 ? wic::enable_peer_access(0, producer_gpu) : cudaErrorInvalidDevice;
 	if (peer && peer_access != cudaSuccess) {
 		printf("corun: --peer skipped: needs GPUs 0 and 1 with peer access (%d GPU(s)%s%s)\n", gpus,
 		       gpus >= 2 ? ", " : "", gpus >= 2 ? cudaGetErrorString(peer_access) : "");

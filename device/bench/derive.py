@@ -9,7 +9,7 @@ copied unchanged. Measurements that only fix a sum of several constants do not s
 the sum is written as a comment at the top of OUTPUT.toml (and printed), next to what the model
 currently assumes, so nobody has to invent a split.
 
-How emu/src/sim.rs uses the fault-path constants (this decides what a measurement determines):
+How emu/src/sim/ (fault_path.rs, wicd.rs) uses the fault-path constants (this decides what a measurement determines):
 
   A GPU access to an unmapped page raises one fault-buffer entry. When the bottom half is idle it
   starts after `fault.interrupt_to_bh_ns` (I) and takes up to `fault.batch_max` entries. A batch

@@ -1352,6 +1352,8 @@ void peer_latency(wic::transport kind, uint32_t bytes, double peer_one_way)
 		peer_producer<<<1, 256, 0, streams[1]>>>(ch.device(), iterations, rt_ns);
 		CHECK(cudaGetLastError());
 	}
+	char what[64];
+	snprintf(what, sizeof(what), "peer_latency %s %u B", wic::transport_name(kind), bytes);
 	if (launched) {
 		/* Queued once the producer runs: a full queue blocks the host until the GPU drains it. */
 		app::on_gpu g(0);
@@ -1360,11 +1362,11 @@ void peer_latency(wic::transport kind, uint32_t bytes, double peer_one_way)
 			peer_launched_consumer<<<1, 256, 0, s>>>(dev, d, sink);
 			return cudaGetLastError();
 		};
-		for (uint32_t i = 0; i < iterations; i++)
+		for (uint32_t i = 0; i < iterations; i++) {
+			const bench::blocking_call_guard guard(what);
 			CHECK(ch.launch_when_published(0, 1, i, consume, streams[0]));
+		}
 	}
-	char what[64];
-	snprintf(what, sizeof(what), "peer_latency %s %u B", wic::transport_name(kind), bytes);
 	for (int d = 0; d < 2; d++)
 		finish(streams[d], what);
 	std::vector<uint64_t> ns(iterations);
@@ -1584,6 +1586,8 @@ void peer_streaming(wic::transport kind, uint32_t bytes, uint64_t stream_total, 
 		app::load(stream_consumer);
 	app::sync_both();
 	app::stream_pair streams;
+	char what[64];
+	snprintf(what, sizeof(what), "peer_streaming %s %u B", wic::transport_name(kind), bytes);
 	const auto start = clock_type::now();
 	if (!launched) {
 		app::on_gpu g(0);
@@ -1604,11 +1608,11 @@ void peer_streaming(wic::transport kind, uint32_t bytes, uint64_t stream_total, 
 			launched_stream_consumer<<<d.slots, 256, 0, s>>>(dev, d, blocks, failed_dev, sink);
 			return cudaGetLastError();
 		};
-		for (uint32_t gen = 0; gen < generations; gen++)
+		for (uint32_t gen = 0; gen < generations; gen++) {
+			const bench::blocking_call_guard guard(what);
 			CHECK(ch.launch_when_published((gen % 2) * blocks, blocks, gen / 2, consume, streams[0]));
+		}
 	}
-	char what[64];
-	snprintf(what, sizeof(what), "peer_streaming %s %u B", wic::transport_name(kind), bytes);
 	for (int d = 0; d < 2; d++)
 		finish(streams[d], what);
 	const double ms = seconds_since(start) * 1e3;

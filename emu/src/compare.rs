@@ -1,5 +1,6 @@
-//! Every workload three ways, naive polling, wic.cuh's push and WIC, on worker threads: the
-//! comparison that `wicd demo` prints and the evaluation report plots.
+//! Every workload three ways, the naive baseline (alg1, the paper's Algorithm 1), wic.cuh's push
+//! and WIC, on worker threads: the comparison that `wicd demo` prints and the evaluation report
+//! plots.
 
 use crossbeam::channel;
 
@@ -10,14 +11,14 @@ pub const MODES: [Mode; 3] = [Mode::Alg1, Mode::Push, Mode::Fault];
 
 /// The same workload three ways.
 pub struct Comparison {
-    /// Naive polling: the paper's Algorithm 1 ([`Mode::Alg1`]).
+    /// The naive baseline: alg1, the paper's Algorithm 1 ([`Mode::Alg1`]).
     pub naive: RunReport,
     pub push: RunReport,
     pub fault: RunReport,
 }
 
 impl Comparison {
-    /// WIC's speedup over naive polling.
+    /// WIC's speedup over the naive baseline (alg1).
     pub fn speedup(&self) -> f64 {
         self.naive.runtime_ns as f64 / self.fault.runtime_ns as f64
     }
@@ -33,7 +34,7 @@ pub fn percent(share: f64) -> String {
     format!("{:.1}%", 100.0 * share)
 }
 
-/// The geometric mean of the rows' speedups over naive polling (1 for no rows): of a slice
+/// The geometric mean of the rows' speedups over the naive baseline (alg1; 1 for no rows): of a slice
 /// (`&rows`), or of the rows that ran (`rows.iter().flatten()` over results).
 pub fn geomean_speedup<'a>(rows: impl IntoIterator<Item = &'a Comparison>) -> f64 {
     geomean(rows, Comparison::speedup)

@@ -556,7 +556,15 @@ mod tests {
             uvm_fault_latency_ns: Histogram { count: 2, sum: 90_000, max: 50_000, buckets: vec![[65535, 2]] },
             uvm_fault_gpu_latency_ns: Histogram { count: 1, sum: 30_000, max: 30_000, buckets: vec![[32767, 1]] },
             // Batches of 2 pages in 3 us and 6 pages in 5 us.
-            submissions: Submissions { count: 2, pages: 8, ns: 8_000, pages_squared: 40, pages_ns: 36_000 },
+            submissions: Submissions {
+                count: 2,
+                pages: 8,
+                ns: 8_000,
+                pages_squared: 40,
+                pages_ns: 36_000,
+                bytes: 12_288,
+                pages_bytes: 61_440,
+            },
         }
     }
 

@@ -44,17 +44,19 @@ pub struct ShimGpus {
 }
 
 /// The pages a batch of `commands` maps or unmaps, as the emulator's model counts them for
-/// `daemon.per_page_ns`: a completed run's companion unmapped and its run mapped, a PAT page
-/// serviced or rearmed.
-fn pages_touched(commands: &[Command]) -> u64 {
-    commands
-        .iter()
-        .map(|command| match *command {
-            Command::Complete { pages, .. } => 2 * u64::from(pages),
-            Command::ServicePat { .. } | Command::RearmPat { .. } => 1,
-            Command::Replay { .. } => 0,
-        })
-        .sum()
+/// `daemon.per_page_ns` (a completed run's companion unmapped and its run mapped, a PAT page
+/// serviced or rearmed), and the bytes the module copies from host producers; None when a
+/// producer GPU's data is copied, a DMA the model charges to the link instead.
+fn pages_and_host_bytes(commands: &[Command]) -> Option<(u64, u64)> {
+    commands.iter().try_fold((0, 0), |(pages, bytes), command| match *command {
+        Command::Complete { fill: Fill::Data { source: DataSource::Gpu { .. }, .. }, .. } => None,
+        Command::Complete { pages: run, fill, .. } => {
+            let copied = if let Fill::Data { len, .. } = fill { len } else { 0 };
+            Some((pages + 2 * u64::from(run), bytes + copied))
+        }
+        Command::ServicePat { .. } | Command::RearmPat { .. } => Some((pages + 1, bytes)),
+        Command::Replay { .. } => Some((pages, bytes)),
+    })
 }
 
 /// The control plane's view of a module error: what the client did wrong, or an I/O error.
@@ -165,8 +167,10 @@ impl Backend for ShimGpus {
             channels.get(&channel.0)?.producer.as_ref()?.data_address(offset, len)
         };
         let mut done = Executed::default();
+        let mut all_carried_out = true;
         let outcome = |command: &Command, result: Result<i32, wic_kmod::CommandError>| {
             let carried_out = result == Ok(0);
+            all_carried_out &= carried_out;
             // The module's own expiry (max_hold_ms) completed that generation with the timeout
             // marker before this completion came: nothing to retry. wicd hears of it from the
             // expiry's record, or, when the ring had no room for that, from its own timeout.
@@ -206,8 +210,11 @@ impl Backend for ShimGpus {
         if let Err(e) = result {
             tracing::error!("submitting {} commands to the module: {e}", commands.len());
             done.failed += commands.len() as u64;
-        } else {
-            self.submissions.record(pages_touched(commands), took);
+        } else if all_carried_out {
+            // A batch with a failed or expired command took another path than the model's.
+            if let Some((pages, bytes)) = pages_and_host_bytes(commands) {
+                self.submissions.record(pages, bytes, took);
+            }
         }
         done
     }

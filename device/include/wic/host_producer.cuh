@@ -28,8 +28,8 @@ namespace wic {
  *	per block with recv_block()
  *
  * mapped for batches of up to 1 KiB with a single spinning waiter; tagged for batches of up to
- * 512 bytes made of whole 8-byte words with more waiters; push otherwise. poll (the naive
- * baseline) and alg1 (the paper's algorithm, kept to compare with) are never the pick. The
+ * 512 bytes made of whole 8-byte words with more waiters; push otherwise. poll (spinning
+ * across the link) and alg1 (the paper's algorithm, kept to compare with) are never the pick. The
  * measurements behind the limits: device/bench/README.md, "Choosing a host producer's
  * transport".
  */
@@ -378,7 +378,7 @@ public:
 	 * @stream: push, poll, tagged: where the copies are queued (see the stream rule below)
 	 *
 	 * push: the copy and a copy of the ready word from pinned memory are queued on @stream.
-	 * poll: the copy completes, then this thread stores the ready word, as a naive producer
+	 * poll: the copy completes, then this thread stores the ready word, as the simplest producer
 	 * would. alg1 and mapped: this thread writes the data, then the ready word with a release
 	 * store; alg1's pages go where nvidia-uvm moves them, mapped's stay in host memory.
 	 * tagged: this thread formats the whole batch as lines with the generation's tag and

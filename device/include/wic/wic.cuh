@@ -18,7 +18,7 @@
  *    across a link. A host producer copies and sets the word in stream order (host_channel); a
  *    kernel on another GPU writes both over the peer link (peer_channel, wic::publish()). Runs
  *    on the stock driver.
- *  - poll: the naive baseline: the data is in the consumer GPU's memory, the ready word in the
+ *  - poll: spinning: the data is in the consumer GPU's memory, the ready word in the
  *    producer's (pinned host memory, or the producer GPU's memory), and warps spin on it without
  *    backoff across PCIe or the peer link.
  *  - alg1: the WIC paper's Algorithm 1 made correct on a GPU without host-native atomics: data

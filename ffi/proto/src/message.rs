@@ -286,11 +286,13 @@ pub struct Stats {
     pub submissions: Submissions,
 }
 
-/// Sums over wicd's command batches to the kernel module (shim backend), each batch's time from
-/// its submission to its last command's result and the pages it maps or unmaps as the
-/// emulator's model counts them (two per page of a completed run: the companion's unmap and the
-/// run's map; one per PAT page serviced or rearmed): what a least-squares fit of time against
-/// pages needs, time = `daemon.submission_ns` + `daemon.per_page_ns` x pages. Cumulative, so the
+/// Sums over wicd's command batches to the kernel module (shim backend) whose every command was
+/// carried out and whose data, if any, came from host producers: each batch's time from its
+/// submission to its last command's result, the pages it maps or unmaps as the emulator's model
+/// counts them (two per page of a completed run: the companion's unmap and the run's map; one
+/// per PAT page serviced or rearmed) and the bytes the module copied into runs. What a
+/// least-squares fit of time, less the model's own cost of those copies, against pages needs:
+/// time = `daemon.submission_ns` + `daemon.per_page_ns` x pages + copy. Cumulative, so the
 /// difference of two snapshots covers what ran between them. Saturating.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Submissions {
@@ -299,16 +301,22 @@ pub struct Submissions {
     pub ns: u64,
     pub pages_squared: u64,
     pub pages_ns: u64,
+    #[serde(default)]
+    pub bytes: u64,
+    #[serde(default)]
+    pub pages_bytes: u64,
 }
 
 impl Submissions {
-    /// Adds one batch of `pages` pages that took `ns`.
-    pub fn record(&mut self, pages: u64, ns: u64) {
+    /// Adds one batch of `pages` pages and `bytes` copied that took `ns`.
+    pub fn record(&mut self, pages: u64, bytes: u64, ns: u64) {
         self.count = self.count.saturating_add(1);
         self.pages = self.pages.saturating_add(pages);
         self.ns = self.ns.saturating_add(ns);
         self.pages_squared = self.pages_squared.saturating_add(pages.saturating_mul(pages));
         self.pages_ns = self.pages_ns.saturating_add(pages.saturating_mul(ns));
+        self.bytes = self.bytes.saturating_add(bytes);
+        self.pages_bytes = self.pages_bytes.saturating_add(pages.saturating_mul(bytes));
     }
 }
 

@@ -6,7 +6,7 @@
 //! Usage: `wic-soak [--messages N] [--seed S] [--jobs J]` (defaults: 1,000,000 messages, seed 1,
 //! one job per core). Each run takes one of the ten workloads with a random consumer thread
 //! count, iteration count, jitter, request probability and producer speed, runs it both ways
-//! (naive polling and WIC) with its own seed, and checks it. Progress goes to stderr; the last
+//! (alg1, the naive baseline, and WIC) with its own seed, and checks it. Progress goes to stderr; the last
 //! line on stdout is a JSON summary. Exits 1 at the first broken invariant, naming the run so it
 //! can be replayed (`--seed` and the run number fix it).
 
@@ -102,9 +102,9 @@ fn main() -> ExitCode {
                     let index = next.fetch_add(1, Ordering::Relaxed);
                     let w = randomized(&all, options.seed, index);
                     let run_seed = mix(options.seed.wrapping_add(index));
-                    let (poll, fault) = (run(&w, Mode::Alg1, &cal, run_seed), run(&w, Mode::Fault, &cal, run_seed));
+                    let (alg1, fault) = (run(&w, Mode::Alg1, &cal, run_seed), run(&w, Mode::Fault, &cal, run_seed));
                     let warps_per_batch = u64::from(w.phases[0].warps_per_cta);
-                    if let Err(e) = wic_tests::check_runs(&poll, &fault, warps_per_batch) {
+                    if let Err(e) = wic_tests::check_runs(&alg1, &fault, warps_per_batch) {
                         *failure.lock().expect("failure lock") =
                             Some(format!("run {index} (seed {}): {e}", options.seed));
                         stop.store(true, Ordering::Relaxed);
@@ -112,7 +112,7 @@ fn main() -> ExitCode {
                     }
                     totals.runs.fetch_add(1, Ordering::Relaxed);
                     totals.messages.fetch_add(fault.messages_checked, Ordering::Relaxed);
-                    totals.bytes.fetch_add(poll.bytes_checked + fault.bytes_checked, Ordering::Relaxed);
+                    totals.bytes.fetch_add(alg1.bytes_checked + fault.bytes_checked, Ordering::Relaxed);
                     totals.faults.fetch_add(fault.gpu_faults, Ordering::Relaxed);
                     let mut last = last_report.lock().expect("report lock");
                     if last.elapsed() >= Duration::from_secs(5) {
