@@ -3,8 +3,10 @@
 //! Byte `i` of a slot's generation is a pure function of (workload seed, phase, slot, generation,
 //! i), so a consumer checks what it received without the producer keeping copies.
 
-/// SplitMix64: a fast, well-mixed 64-bit permutation.
-pub fn mix(mut x: u64) -> u64 {
+/// SplitMix64's finalizer: a fast, well-mixed 64-bit permutation. The one copy in the
+/// workspace: the model's message bytes and [`Rng`] draw from it, and so do the load and soak
+/// tools (`wic-tests`), whose outputs stay reproducible only while its arithmetic does.
+pub fn splitmix64(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
     x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
@@ -22,12 +24,15 @@ pub struct MessageKey {
 
 impl MessageKey {
     fn stream(&self) -> u64 {
-        mix(self.seed ^ mix(u64::from(self.phase) << 40 ^ u64::from(self.slot) << 8 ^ mix(self.generation)))
+        splitmix64(
+            self.seed
+                ^ splitmix64(u64::from(self.phase) << 40 ^ u64::from(self.slot) << 8 ^ splitmix64(self.generation)),
+        )
     }
 
     /// Byte `at` of the message whose stream is `stream`.
     fn byte_at(stream: u64, at: u64) -> u8 {
-        (mix(stream ^ (at / 8)) >> (8 * (at % 8))) as u8
+        (splitmix64(stream ^ (at / 8)) >> (8 * (at % 8))) as u8
     }
 
     /// Fills `out` with bytes `offset..offset + out.len()` of the message.
@@ -50,12 +55,12 @@ pub struct Rng(u64);
 
 impl Rng {
     pub fn new(seed: u64) -> Self {
-        Self(mix(seed))
+        Self(splitmix64(seed))
     }
 
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        mix(self.0)
+        splitmix64(self.0)
     }
 
     /// Uniform in [0, 1).

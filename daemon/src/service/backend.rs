@@ -194,11 +194,10 @@ pub trait Backend {
     fn report(&mut self, _stats: &mut Stats) {}
 }
 
-/// A blocking eventfd. Blocking on purpose: io_uring reads of a non-blocking eventfd fail with
-/// EAGAIN instead of waiting.
-pub fn eventfd() -> io::Result<OwnedFd> {
-    let fd = EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC)?;
-    Ok(OwnedFd::from(fd))
+/// A blocking eventfd: the fast path's wake-up and every channel's doorbells. Blocking on
+/// purpose: io_uring reads of a non-blocking eventfd fail with EAGAIN instead of waiting.
+pub fn eventfd() -> nix::Result<EventFd> {
+    EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC)
 }
 
 /// The error a failed set-up of shared memory or a doorbell answers.
@@ -229,7 +228,7 @@ impl Added {
         let (region, region_fd) =
             ProducerRegion::create(ProducerLayout { slots: spec.slots, batch_bytes: layout.batch_bytes })
                 .map_err(setup_error)?;
-        let bell = eventfd().map_err(setup_error)?;
+        let bell = OwnedFd::from(eventfd().map_err(|e| setup_error(e.into()))?);
         added.publish_doorbell = Some(bell.try_clone().map_err(setup_error)?);
         added.producer_region = Some(region_fd);
         added.bells.push((bell, Bell::Published));

@@ -13,11 +13,11 @@ use std::time::{Duration, Instant};
 
 use crossbeam::channel::{Receiver, TryRecvError};
 use io_uring::{opcode, types, IoUring};
-use nix::sys::eventfd::{EfdFlags, EventFd};
+use nix::sys::eventfd::EventFd;
 use wic_engine::{ChannelSpec, Engine, Nanos};
 use wic_proto::message::{ErrorCode, WireError};
 
-use super::backend::{Added, Backend, Bell, PlacementRequest, Source};
+use super::backend::{eventfd, Added, Backend, Bell, PlacementRequest, Source};
 use super::control::{Control, Created, DataplaneHandle};
 use super::core::Core;
 
@@ -61,9 +61,7 @@ pub fn spawn<B: Backend + Send + 'static>(
     backend: B,
 ) -> Result<(DataplaneHandle, std::thread::JoinHandle<()>), String> {
     let uring = IoUring::new(URING_ENTRIES).map_err(|e| format!("io_uring setup: {e}"))?;
-    // Blocking on purpose: io_uring reads of a non-blocking eventfd fail with EAGAIN instead of
-    // waiting.
-    let wake = Arc::new(EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC).map_err(|e| format!("eventfd: {e}"))?);
+    let wake = Arc::new(eventfd().map_err(|e| format!("eventfd: {e}"))?);
     let (tx, control) = crossbeam::channel::unbounded();
     let mut dataplane = Dataplane {
         core: Core::new(engine, backend),

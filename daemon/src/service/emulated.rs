@@ -196,7 +196,7 @@ impl Backend for EmulatedGpus {
         let (mut added, region) = Added::with_producer(spec, layout)?;
         let consumer_layout = ConsumerLayout { slots: spec.slots, pages_per_run: layout.pages_per_run };
         let (consumer, consumer_fd) = ConsumerRegion::create(consumer_layout).map_err(setup_error)?;
-        let fault_bell = eventfd().map_err(setup_error)?;
+        let fault_bell = OwnedFd::from(eventfd().map_err(|e| setup_error(e.into()))?);
         added.consumer_region = Some(consumer_fd);
         added.fault_doorbell = Some(fault_bell.try_clone().map_err(setup_error)?);
         added.bells.push((fault_bell, Bell::Faults));

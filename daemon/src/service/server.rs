@@ -17,7 +17,7 @@
 
 use std::collections::HashMap;
 use std::io::{self, IoSlice};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -514,54 +514,26 @@ impl Inbound {
     }
 
     fn recv(&mut self, socket: RawFd, buf: &mut [u8]) -> io::Result<usize> {
-        let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-        // SAFETY: an all-zero msghdr is a valid empty one.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = self.control.as_mut_ptr().cast();
-        msg.msg_controllen = self.control.len();
-        // SAFETY: `msg` points at `iov` over `buf` and at the control buffer, all live and
-        // writable for the call.
-        let got = unsafe { libc::recvmsg(socket, &mut msg, libc::MSG_CMSG_CLOEXEC | libc::MSG_DONTWAIT) };
-        if got < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // Taken by hand rather than through nix, which refuses truncated control data: the
-        // kernel truncates it when wicd is out of descriptors (EMFILE) after installing some,
-        // and those must be closed, not leaked.
-        // SAFETY: recvmsg filled `msg`; the CMSG macros stay within `msg_controllen` of it.
-        let mut header = unsafe { libc::CMSG_FIRSTHDR(&msg) };
-        while !header.is_null() {
-            // SAFETY: a non-null header from CMSG_FIRSTHDR/NXTHDR lies within the control data.
-            let cmsg = unsafe { &*header };
-            if cmsg.cmsg_level == libc::SOL_SOCKET && cmsg.cmsg_type == libc::SCM_RIGHTS {
-                // SAFETY: CMSG_LEN has no preconditions.
-                let data_len = cmsg.cmsg_len as usize - unsafe { libc::CMSG_LEN(0) } as usize;
-                // SAFETY: the header's data holds `data_len` bytes of descriptors.
-                let data = unsafe { libc::CMSG_DATA(header) }.cast::<RawFd>();
-                for i in 0..data_len / std::mem::size_of::<RawFd>() {
-                    // SAFETY: within the data; SCM_RIGHTS installed the descriptor in this
-                    // process just now and nothing else owns it.
-                    self.fds.push(unsafe { OwnedFd::from_raw_fd(data.add(i).read_unaligned()) });
-                }
-            }
-            // SAFETY: `header` is a header of `msg`'s control data.
-            header = unsafe { libc::CMSG_NXTHDR(&msg, header) };
-        }
+        let (got, truncated) = wic_proto::frame::recv_with_fds(
+            socket,
+            buf,
+            &mut self.control,
+            libc::MSG_CMSG_CLOEXEC | libc::MSG_DONTWAIT,
+            &mut self.fds,
+        )?;
         // Closed now, not when the request is complete: a client trickling a request out with
         // descriptors on every byte must not make wicd hold them.
         if self.fds.len() > MAX_FDS_PER_REQUEST {
             self.excess_fds += self.fds.len() - MAX_FDS_PER_REQUEST;
             self.fds.truncate(MAX_FDS_PER_REQUEST);
         }
-        if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        if truncated {
             // Descriptors were lost: the request cannot be served as sent.
             return Err(io::Error::other(
                 "descriptors passed with a request were cut off (wicd is out of descriptors)",
             ));
         }
-        Ok(got as usize)
+        Ok(got)
     }
 
     /// The complete request's descriptors, and how many more it came with.

@@ -7,7 +7,7 @@
 
 use std::ffi::OsStr;
 use std::fmt;
-use std::io::{self, IoSlice, IoSliceMut};
+use std::io::{self, IoSlice};
 use std::net::Shutdown;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
@@ -18,8 +18,7 @@ use std::time::{Duration, Instant};
 use nix::errno::Errno;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::socket::{
-    connect, recv, recvmsg, send, sendmsg, socket, AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType,
-    UnixAddr,
+    connect, recv, send, sendmsg, socket, AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType, UnixAddr,
 };
 
 use crate::frame::{self, FrameError, MAX_REPLY_BYTES};
@@ -404,19 +403,22 @@ impl Client {
         let mut filled = 0;
         while filled < buf.len() {
             let mut space = nix::cmsg_space!([RawFd; MAX_FDS]);
-            let mut iov = [IoSliceMut::new(&mut buf[filled..])];
-            let received =
-                match recvmsg::<()>(self.stream.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC) {
-                    Ok(msg) => {
-                        frame::take_passed_fds(&msg, fds).map_err(|e| ClientError::Io(e.into()))?;
-                        msg.bytes
-                    }
-                    Err(Errno::EAGAIN) => {
-                        self.wait_for(PollFlags::POLLIN, deadline)?;
-                        continue;
-                    }
-                    Err(e) => return Err(ClientError::Io(e.into())),
-                };
+            let received = match frame::recv_with_fds(
+                self.stream.as_raw_fd(),
+                &mut buf[filled..],
+                &mut space,
+                libc::MSG_CMSG_CLOEXEC,
+                fds,
+            ) {
+                Ok((bytes, false)) => bytes,
+                // Descriptors were lost: the reply cannot be used as sent.
+                Ok((_, true)) => return Err(ClientError::Io(Errno::ENOBUFS.into())),
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
+                    self.wait_for(PollFlags::POLLIN, deadline)?;
+                    continue;
+                }
+                Err(e) => return Err(ClientError::Io(e)),
+            };
             if received == 0 {
                 return Err(ClientError::Io(io::Error::new(
                     io::ErrorKind::UnexpectedEof,

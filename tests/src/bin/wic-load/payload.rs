@@ -4,6 +4,8 @@
 
 use std::time::Instant;
 
+use wic_emu::payload::splitmix64;
+
 /// Which stream a message belongs to: one channel of one client in one round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Stream {
@@ -21,16 +23,9 @@ impl Stream {
 /// Header words: the stream's key, the sequence number, the publish time.
 const HEADER_WORDS: usize = 3;
 
-/// splitmix64: the body words from the message's name.
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
-
+/// The body words, from the message's name.
 fn body_word(stream: Stream, sequence: u64, index: usize) -> u64 {
-    mix(stream.key() ^ mix(sequence) ^ (index as u64).rotate_left(48))
+    splitmix64(stream.key() ^ splitmix64(sequence) ^ (index as u64).rotate_left(48))
 }
 
 /// Nanoseconds since `epoch`, the clock every message's publish time is read on.

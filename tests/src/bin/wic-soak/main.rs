@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use wic_emu::payload::splitmix64;
 use wic_emu::{run, workload, Calibration, Mode, Workload};
 
 struct Options {
@@ -40,20 +41,12 @@ fn parse(args: &[String]) -> Result<Options, String> {
     Ok(options)
 }
 
-/// splitmix64: the run's parameters from (seed, run number), reproducibly.
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
-
 /// Run `index`'s workload: one of the ten, its parameters drawn from `(seed, index)`.
 fn randomized(all: &[Workload], seed: u64, index: u64) -> Workload {
     let mut draw = {
-        let mut state = mix(seed ^ mix(index));
+        let mut state = splitmix64(seed ^ splitmix64(index));
         move || {
-            state = mix(state);
+            state = splitmix64(state);
             state
         }
     };
@@ -101,7 +94,7 @@ fn main() -> ExitCode {
                 while !stop.load(Ordering::Relaxed) && totals.messages.load(Ordering::Relaxed) < options.messages {
                     let index = next.fetch_add(1, Ordering::Relaxed);
                     let w = randomized(&all, options.seed, index);
-                    let run_seed = mix(options.seed.wrapping_add(index));
+                    let run_seed = splitmix64(options.seed.wrapping_add(index));
                     let (alg1, fault) = (run(&w, Mode::Alg1, &cal, run_seed), run(&w, Mode::Fault, &cal, run_seed));
                     let warps_per_batch = u64::from(w.phases[0].warps_per_cta);
                     if let Err(e) = wic_tests::check_runs(&alg1, &fault, warps_per_batch) {
