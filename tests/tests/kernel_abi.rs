@@ -3,55 +3,34 @@
 //! `wic_kmod::fakegpu`: each header is compiled as user-space C and every size, field offset and
 //! constant it prints is compared with the Rust side, in both directions.
 
-// The header reader libwic's ABI test uses for `wic.h`.
-#[path = "../../ffi/libwic/tests/common/header.rs"]
-mod header;
+// The C-compiling helpers and header reader libwic's ABI test uses for `wic.h`.
+#[path = "../../ffi/libwic/tests/common/mod.rs"]
+mod common;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use header::{c_program, parse_header};
+use common::header::{c_program, parse_header};
+use common::{arg, c_compiler, compile, run};
 use wic_kabi as kabi;
 use wic_kmod::fakegpu;
 use wic_tests::{scratch, workspace};
 
-/// The C compiler: `$CC`, else `cc`.
-fn c_compiler() -> String {
-    std::env::var("CC").unwrap_or_else(|_| "cc".into())
-}
-
-/// Runs the C compiler with `args` and fails the test unless it succeeds.
-fn compile(args: &[&str]) {
-    let compiler = c_compiler();
-    let output = Command::new(&compiler).args(args).output().unwrap_or_else(|e| {
-        panic!("this test needs a C compiler: cannot run `{compiler}` ({e}; set $CC to use another)")
-    });
-    assert!(
-        output.status.success(),
-        "{compiler} {} failed ({}):\n{}{}",
-        args.join(" "),
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
-
-/// Runs a compiled program and returns its standard output, failing the test if it fails.
-fn run(program: &Path) -> String {
-    let output = Command::new(program).output().unwrap_or_else(|e| panic!("cannot run {}: {e}", program.display()));
-    assert!(output.status.success(), "{} failed ({})", program.display(), output.status);
-    String::from_utf8(output.stdout).expect("the program prints UTF-8")
-}
-
-/// A path as a compiler argument.
-fn arg(path: &Path) -> &str {
-    path.to_str().expect("test paths are UTF-8")
-}
-
 /// The directory holding `wic_abi.h`.
-fn include_dir() -> PathBuf {
+fn abi_include_dir() -> PathBuf {
     workspace().join("ffi/include")
+}
+
+/// Runs the compiled `program` and checks that what it prints of its header is `rust_lines`,
+/// the Rust view's `what`.
+fn assert_header_matches(program: &Path, rust_lines: BTreeSet<String>, what: &str) {
+    let c_lines: BTreeSet<String> = run(program).lines().map(str::to_owned).collect();
+    let only_c: Vec<_> = c_lines.difference(&rust_lines).collect();
+    let only_rust: Vec<_> = rust_lines.difference(&c_lines).collect();
+    assert!(
+        only_c.is_empty() && only_rust.is_empty(),
+        "{what} disagree\n  in C only:    {only_c:#?}\n  in Rust only: {only_rust:#?}"
+    );
 }
 
 fn lines(structs: Vec<kabi::StructLayout>, constants: Vec<(&str, i128)>) -> BTreeSet<String> {
@@ -71,7 +50,7 @@ fn lines(structs: Vec<kabi::StructLayout>, constants: Vec<(&str, i128)>) -> BTre
 
 #[test]
 fn rust_view_matches_the_kernel_abi_header() {
-    let text = std::fs::read_to_string(include_dir().join("wic_abi.h")).expect("ffi/include/wic_abi.h");
+    let text = std::fs::read_to_string(abi_include_dir().join("wic_abi.h")).expect("ffi/include/wic_abi.h");
     let header = parse_header(&text);
     assert_eq!(header.structs.len(), kabi::structs().len(), "{header:#?}");
 
@@ -79,17 +58,10 @@ fn rust_view_matches_the_kernel_abi_header() {
     let source = dir.join("kabi.c");
     let program = dir.join("kabi");
     std::fs::write(&source, c_program(&header, "wic_abi.h")).unwrap();
-    let include = format!("-I{}", arg(&include_dir()));
-    compile(&["-std=gnu11", "-Wall", "-Wextra", "-Werror", &include, "-o", arg(&program), arg(&source)]);
+    let include = format!("-I{}", arg(&abi_include_dir()));
+    compile(&c_compiler(), &["-std=gnu11", "-Wall", "-Wextra", "-Werror", &include, "-o", arg(&program), arg(&source)]);
 
-    let c_lines: BTreeSet<String> = run(&program).lines().map(str::to_owned).collect();
-    let rust_lines = lines(kabi::structs(), kabi::constants());
-    let only_c: Vec<_> = c_lines.difference(&rust_lines).collect();
-    let only_rust: Vec<_> = rust_lines.difference(&c_lines).collect();
-    assert!(
-        only_c.is_empty() && only_rust.is_empty(),
-        "wic_abi.h and wic_kabi disagree\n  in C only:    {only_c:#?}\n  in Rust only: {only_rust:#?}"
-    );
+    assert_header_matches(&program, lines(kabi::structs(), kabi::constants()), "wic_abi.h and wic_kabi");
 }
 
 #[test]
@@ -104,8 +76,8 @@ fn the_ring_size_macro_agrees() {
          (unsigned long long)WIC_RING_BYTES(65536)); return 0; }\n",
     )
     .unwrap();
-    let include = format!("-I{}", arg(&include_dir()));
-    compile(&["-Wall", "-Werror", &include, "-o", arg(&program), arg(&source)]);
+    let include = format!("-I{}", arg(&abi_include_dir()));
+    compile(&c_compiler(), &["-Wall", "-Werror", &include, "-o", arg(&program), arg(&source)]);
     assert_eq!(run(&program).trim(), format!("{} {}", kabi::ring_bytes(256), kabi::ring_bytes(65536)));
 }
 
@@ -120,13 +92,10 @@ fn rust_view_matches_the_fake_gpu_header() {
     let program = dir.join("fakegpu");
     std::fs::write(&source, c_program(&header, "wic_fakegpu.h")).unwrap();
     let include = format!("-I{}", arg(&shim_test));
-    compile(&["-std=gnu11", &include, "-o", arg(&program), arg(&source)]);
-    let c_lines: BTreeSet<String> = run(&program).lines().map(str::to_owned).collect();
-    let rust_lines = lines(fakegpu::structs(), fakegpu::constants());
-    let only_c: Vec<_> = c_lines.difference(&rust_lines).collect();
-    let only_rust: Vec<_> = rust_lines.difference(&c_lines).collect();
-    assert!(
-        only_c.is_empty() && only_rust.is_empty(),
-        "wic_fakegpu.h and wic_kmod::fakegpu disagree\n  in C only:    {only_c:#?}\n  in Rust only: {only_rust:#?}"
+    compile(&c_compiler(), &["-std=gnu11", &include, "-o", arg(&program), arg(&source)]);
+    assert_header_matches(
+        &program,
+        lines(fakegpu::structs(), fakegpu::constants()),
+        "wic_fakegpu.h and wic_kmod::fakegpu",
     );
 }

@@ -1,6 +1,5 @@
 //! Reading a C header's ABI: its structs, fields and constants, and a C program printing
 //! their sizes, offsets and values as the C compiler sees them.
-//! Also included (by path) by `tests/tests/kernel_abi.rs`, for `wic_abi.h` and `wic_fakegpu.h`.
 
 use std::fmt::Write as _;
 

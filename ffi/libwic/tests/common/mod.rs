@@ -1,4 +1,5 @@
-//! Helpers shared by the tests that compile C and C++ against `wic.h`.
+//! Helpers shared by the tests that compile C and C++ against `wic.h`, and by
+//! `tests/tests/kernel_abi.rs` (included by path) for `wic_abi.h` and `wic_fakegpu.h`.
 
 // Each test binary uses only some of these.
 #![allow(dead_code)]
