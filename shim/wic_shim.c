@@ -208,8 +208,8 @@ struct wic_space_index {
  * @space_id: their space
  * @nr: completions gathered
  * @bounce_used: bytes of &wic_session.bounce their data takes
- * @filled: bytes they fill, data and copies: at most WIC_MAX_WRITE_BYTES, so that one step of a
- *	batch (what the expiry may wait for, wic_submit_yield()) is bounded
+ * @filled: bytes they fill, data, copies and heads: at most WIC_MAX_WRITE_BYTES, so that one
+ *	step of a batch (what the expiry may wait for, wic_submit_yield()) is bounded
  * @index: each one's command index in the batch
  * @cmds: the commands
  * @completions: what nvidia-uvm is asked
@@ -2180,7 +2180,8 @@ static long wic_group_run(struct wic_session *s, struct wic_command __user *ucmd
 
 /*
  * Adds a checked completion to the group, which must have room for it and be of its space:
- * a WIC_CMD_COMPLETE's data is copied into the bounce buffer now.
+ * a WIC_CMD_COMPLETE's data, or a WIC_CMD_COMPLETE_HEADS' head words, are copied into the
+ * bounce buffer now.
  */
 static int wic_group_add(struct wic_session *s, const struct wic_command *cmd, u32 index)
 {
@@ -2194,6 +2195,8 @@ static int wic_group_add(struct wic_session *s, const struct wic_command *cmd, u
 		.va = cmd->va,
 		.companion = cmd->companion,
 		.length = cmd->length,
+		/* Only the heads: the application wrote the rest of each page itself. */
+		.flags = cmd->opcode == WIC_CMD_COMPLETE_HEADS ? UVM_WIC_COMPLETE_HEADS : 0,
 	};
 	if (copy) {
 		c->src_va = cmd->arg;
@@ -2280,7 +2283,9 @@ static long wic_submit(struct wic_session *s, const struct wic_submit *sub, bool
 
 		if (copy_from_user(&cmd, &ucmds[i], sizeof(cmd)))
 			break;
-		completion = cmd.opcode == WIC_CMD_COMPLETE || cmd.opcode == WIC_CMD_COMPLETE_COPY;
+		completion = cmd.opcode == WIC_CMD_COMPLETE ||
+			     cmd.opcode == WIC_CMD_COMPLETE_COPY ||
+			     cmd.opcode == WIC_CMD_COMPLETE_HEADS;
 		/* The end of a step: the completions gathered run before this command. */
 		if (!completion || !wic_group_fits(s, &cmd)) {
 			done += wic_group_run(s, ucmds, &unstored);

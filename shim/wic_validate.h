@@ -265,7 +265,9 @@ static inline bool wic_marker_valid(u64 marker)
  *
  * Checks in the order wic_abi.h lists the errors. A WIC_CMD_REPLAY that passes has no pages to
  * check; any other command that passes lies inside one range of @space, of the kind its opcode
- * needs, and so does a completion's companion run and a copy's source bytes.
+ * needs, and so does a completion's companion run and a copy's source bytes. A
+ * WIC_CMD_COMPLETE_HEADS that passes has one 8-byte head word per page, within
+ * WIC_MAX_WRITE_BYTES.
  *
  * Return: 0, -EINVAL, -ENODEV, -ENOENT or -ERANGE.
  */
@@ -274,15 +276,16 @@ static inline int wic_check_command(const struct wic_command *cmd,
 {
 	bool pat = cmd->opcode == WIC_CMD_SERVICE_PAT || cmd->opcode == WIC_CMD_REARM_PAT;
 	bool copy = cmd->opcode == WIC_CMD_COMPLETE_COPY;
-	bool complete = cmd->opcode == WIC_CMD_COMPLETE || copy;
-	bool data = copy || (cmd->opcode == WIC_CMD_COMPLETE && cmd->length);
+	bool heads = cmd->opcode == WIC_CMD_COMPLETE_HEADS;
+	bool complete = cmd->opcode == WIC_CMD_COMPLETE || copy || heads;
+	bool data = copy || heads || (cmd->opcode == WIC_CMD_COMPLETE && cmd->length);
 	bool marker = cmd->opcode == WIC_CMD_COMPLETE && !cmd->length;
 	const struct wic_range_entry *range;
 	u64 bytes, end, companion_end = 0, source_end;
 
 	if (cmd->reserved || cmd->result)
 		return -EINVAL;
-	if (cmd->opcode < WIC_CMD_SERVICE_PAT || cmd->opcode > WIC_CMD_COMPLETE_COPY)
+	if (cmd->opcode < WIC_CMD_SERVICE_PAT || cmd->opcode > WIC_CMD_COMPLETE_HEADS)
 		return -EINVAL;
 	if (!wic_gpu_id_valid(cmd->gpu_id))
 		return -ENODEV;
@@ -314,6 +317,9 @@ static inline int wic_check_command(const struct wic_command *cmd,
 			return -ERANGE;
 	}
 	if (data && (!cmd->length || cmd->length > bytes || cmd->length > WIC_MAX_WRITE_BYTES))
+		return -EINVAL;
+	/* One 8-byte head word per page: only as many pages as WIC_MAX_WRITE_BYTES has words. */
+	if (heads && cmd->length != (u64)cmd->pages * sizeof(u64))
 		return -EINVAL;
 	if (marker && !wic_marker_valid(cmd->arg))
 		return -EINVAL;

@@ -34,7 +34,7 @@
 #include <linux/ioctl.h>
 #include <linux/types.h>
 
-#define WIC_ABI_VERSION 5
+#define WIC_ABI_VERSION 6
 
 #define WIC_PAGE_SIZE 4096
 
@@ -166,6 +166,7 @@ struct wic_range {
 #define WIC_CMD_REPLAY 7	/* replay the GPU's faults; @space_id, @va, @pages unused */
 #define WIC_CMD_COMPLETE 8	/* one wake-up: fill @va, unmap @companion, map @va and release */
 #define WIC_CMD_COMPLETE_COPY 9	/* WIC_CMD_COMPLETE, its data copied from a GPU producer */
+#define WIC_CMD_COMPLETE_HEADS 10	/* WIC_CMD_COMPLETE of a run its producer wrote in place */
 
 /**
  * struct wic_command - one command of a submission
@@ -175,14 +176,17 @@ struct wic_range {
  * @pages: pages from @va, 1 to WIC_MAX_RANGE_BYTES / WIC_PAGE_SIZE (1 for the PAT commands)
  * @va: page-aligned, inside one registered range of @space_id (a PAT range for PAT commands)
  * @length: WIC_CMD_COMPLETE with data and WIC_CMD_COMPLETE_COPY: bytes to copy, at least 1,
- *	at most WIC_MAX_WRITE_BYTES and no more than the @pages pages hold; otherwise 0
+ *	at most WIC_MAX_WRITE_BYTES and no more than the @pages pages hold;
+ *	WIC_CMD_COMPLETE_HEADS: exactly 8 x @pages (so @pages is at most
+ *	WIC_MAX_WRITE_BYTES / 8); otherwise 0
  * @arg: WIC_CMD_COMPLETE with @length: the daemon's address of the bytes;
  *	WIC_CMD_COMPLETE_COPY: the application's address of the bytes, @length of them inside
- *	one WIC_RANGE_SOURCE range of @space_id; WIC_CMD_COMPLETE without @length: one of the
- *	four WIC_MARKER_* values; otherwise 0
- * @companion: WIC_CMD_COMPLETE and WIC_CMD_COMPLETE_COPY: the other run of the slot, @pages
- *	pages from this page-aligned address, in a PCM range of @space_id and not overlapping
- *	@va's; otherwise 0
+ *	one WIC_RANGE_SOURCE range of @space_id; WIC_CMD_COMPLETE_HEADS: the daemon's address of
+ *	@pages 8-byte words, the heads; WIC_CMD_COMPLETE without @length: one of the four
+ *	WIC_MARKER_* values; otherwise 0
+ * @companion: WIC_CMD_COMPLETE, WIC_CMD_COMPLETE_COPY and WIC_CMD_COMPLETE_HEADS: the other
+ *	run of the slot, @pages pages from this page-aligned address, in a PCM range of
+ *	@space_id and not overlapping @va's; otherwise 0
  * @result: in: 0; out: 0 or a negative errno
  * @reserved: must be 0
  *
@@ -198,13 +202,25 @@ struct wic_range {
  * from where they reach @va's pages. The producer makes its bytes visible before it signals
  * (a system-scope fence before its PAT write), as for any copy engine reading its memory.
  *
+ * WIC_CMD_COMPLETE_HEADS is the same wake-up for a host producer that wrote its batch straight
+ * into @va's pages (CPU-resident, and unmapped on the GPU while the fault is held), all but the
+ * first 8 bytes of each page: those head words are where error markers go, and only
+ * completions (wicd's, the module's expiry, the channel's close, the session's release) write
+ * them, one at a time under the module's session mutex, so that a producer still writing when
+ * a timeout marker lands can never overwrite the marker. The producer hands its heads to the
+ * daemon, and the fill writes word i of @arg at the start of page i of @va's run: 8 bytes a
+ * page instead of the whole batch. The bytes after each head were written by the application
+ * itself; the module never writes them. Then, exactly as WIC_CMD_COMPLETE, the unmap of
+ * @companion and the map of @va, which releases their held faults.
+ *
  * Errors in @result, in the order checked: EINVAL for @reserved or @result set or an unknown
  * opcode; ENODEV for @gpu_id; EINVAL for @length, @arg or @companion set where the opcode does
  * not use them (WIC_CMD_REPLAY needs nothing more), for @pages or @va broken, or pages that
  * would end past 2^64 - 1, and for a @companion that is not page aligned, would end past
  * 2^64 - 1 or overlaps @va's pages; ENOENT when @space_id names no attached space; ERANGE when
  * the pages (or the companion's) are not inside one range of the kind the opcode needs; EINVAL
- * for the data's @length or the marker's @arg; ERANGE when a copy's source bytes are not inside
+ * for the data's @length, the marker's @arg, or a WIC_CMD_COMPLETE_HEADS whose @length is not
+ * 8 x @pages (or is above WIC_MAX_WRITE_BYTES); ERANGE when a copy's source bytes are not inside
  * one WIC_RANGE_SOURCE range; ESTALE for a completion of a run the module's expiry
  * completed (max_hold_ms) whose WIC_RECORD_EXPIRED record the daemon has not read yet (or, when
  * the ring had no room for the record, the first completion of that run after the expiry), or
@@ -213,8 +229,8 @@ struct wic_range {
  * already read the timeout marker, and nothing is written. Running the command may fail too (EFAULT for @arg bytes that cannot
  * be read, or what nvidia-uvm returns).
  *
- * WIC_CMD_SERVICE_PAT, WIC_CMD_COMPLETE and WIC_CMD_COMPLETE_COPY release held faults only when
- * the map succeeded. It fails with ENODATA when a page is resident nowhere (never written; a
+ * WIC_CMD_SERVICE_PAT and the three completions release held faults only when the map
+ * succeeded. It fails with ENODATA when a page is resident nowhere (never written; a
  * PAT page, mapped writable, is made resident, zeroed, instead) and
  * with EXDEV when nvidia-uvm cannot map a page on @gpu_id: it is resident only on a GPU without
  * peer access to @gpu_id, or policy keeps it from a remote mapping (read duplication, a

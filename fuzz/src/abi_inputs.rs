@@ -5,7 +5,7 @@
 
 use arbitrary::{Arbitrary, Unstructured};
 use wic_kabi::{
-    WicCommand, WicRange, WicSubmit, WIC_CMD_COMPLETE, WIC_CMD_COMPLETE_COPY, WIC_CMD_REARM_PAT, WIC_CMD_REPLAY,
+    WicCommand, WicRange, WicSubmit, WIC_CMD_COMPLETE, WIC_CMD_COMPLETE_COPY, WIC_CMD_COMPLETE_HEADS, WIC_CMD_REARM_PAT, WIC_CMD_REPLAY,
     WIC_CMD_SERVICE_PAT, WIC_MARKER_MAGIC, WIC_PAGE_SIZE, WIC_RANGE_PAT,
     WIC_RANGE_PCM, WIC_RANGE_SOURCE,
 };
@@ -140,8 +140,9 @@ impl BatchSpec {
 }
 
 /// The opcodes, in the order the corpus was made with: 1 to 4, which the module refuses since
-/// kernel ABI 5 (a completion's steps as commands of their own), then the five it runs.
-const OPCODES: [u32; 9] = [
+/// kernel ABI 5 (a completion's steps as commands of their own), then the five it runs; then
+/// the heads completion of kernel ABI 6.
+const OPCODES: [u32; 10] = [
     4, // was WIC_CMD_MAP: zero bytes made a valid command of it
     3,
     1,
@@ -151,12 +152,13 @@ const OPCODES: [u32; 9] = [
     WIC_CMD_REPLAY,
     WIC_CMD_COMPLETE,
     WIC_CMD_COMPLETE_COPY,
+    WIC_CMD_COMPLETE_HEADS,
 ];
 
-/// A command's opcode: one of the nine, or any value.
+/// A command's opcode: one of the ten, or any value.
 #[derive(Arbitrary, Debug)]
 pub enum OpcodeSpec {
-    /// `OPCODES[n % 9]`.
+    /// `OPCODES[n % 10]`.
     Known(u8),
     Raw(u32),
 }
@@ -213,6 +215,9 @@ pub struct CommandSpec {
     pub companion: CompanionSpec,
     pub result: i32,
     pub reserved: u32,
+    /// `length` is 8 x the command's pages whatever `length` says, as a heads completion needs
+    /// (last: an input's last command decodes as it did before the field was added).
+    pub length_per_page: bool,
 }
 
 impl CommandSpec {
@@ -253,7 +258,7 @@ impl CommandSpec {
             gpu_id: self.raw_gpu_id.unwrap_or(u32::from(self.gpu_id)),
             pages,
             va,
-            length: self.length,
+            length: if self.length_per_page { 8 * u64::from(pages) } else { self.length },
             arg,
             companion,
             result: self.result,

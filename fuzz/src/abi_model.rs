@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use libc::{EEXIST, EFAULT, EINVAL, ENODEV, ENOENT, ENOSPC, ERANGE};
 use wic_kabi::{
-    WicCommand, WicRange, WicSubmit, WIC_CMD_COMPLETE, WIC_CMD_COMPLETE_COPY, WIC_CMD_REARM_PAT, WIC_CMD_REPLAY,
+    WicCommand, WicRange, WicSubmit, WIC_CMD_COMPLETE, WIC_CMD_COMPLETE_COPY, WIC_CMD_COMPLETE_HEADS, WIC_CMD_REARM_PAT, WIC_CMD_REPLAY,
     WIC_CMD_SERVICE_PAT, WIC_MARKER_CHANNEL_CLOSED, WIC_MARKER_DAEMON_GONE, WIC_MARKER_DAEMON_STOPPING,
     WIC_MARKER_TIMEOUT, WIC_MAX_COMMANDS, WIC_MAX_GPU_ID, WIC_MAX_RANGES, WIC_MAX_RANGE_BYTES, WIC_MAX_SPACES, WIC_MAX_WRITE_BYTES,
     WIC_PAGE_SIZE, WIC_RANGE_PAT, WIC_RANGE_PCM, WIC_RANGE_SOURCE,
@@ -34,7 +34,7 @@ pub fn command(cmd: &WicCommand, space: Option<&[RangeEntry]>) -> Result<(), i32
         return Err(EINVAL);
     }
     // Opcodes 1 to 4 (the steps of a completion as commands of their own) are not used.
-    if !(WIC_CMD_SERVICE_PAT..=WIC_CMD_COMPLETE_COPY).contains(&op) {
+    if !(WIC_CMD_SERVICE_PAT..=WIC_CMD_COMPLETE_HEADS).contains(&op) {
         return Err(EINVAL);
     }
     // "@gpu_id: the GPU the command concerns, 1 to WIC_MAX_GPU_ID".
@@ -42,10 +42,11 @@ pub fn command(cmd: &WicCommand, space: Option<&[RangeEntry]>) -> Result<(), i32
         return Err(ENODEV);
     }
     // A completion fills with data when it has a length, else with a marker; a copy always
-    // with data.
+    // with data, and so does a heads completion (its data is the head words).
     let copy = op == WIC_CMD_COMPLETE_COPY;
-    let complete = op == WIC_CMD_COMPLETE || copy;
-    let data = copy || (op == WIC_CMD_COMPLETE && cmd.length != 0);
+    let heads = op == WIC_CMD_COMPLETE_HEADS;
+    let complete = op == WIC_CMD_COMPLETE || copy || heads;
+    let data = copy || heads || (op == WIC_CMD_COMPLETE && cmd.length != 0);
     let marker = op == WIC_CMD_COMPLETE && cmd.length == 0;
     // @length, @arg and @companion are 0 unless the opcode uses them.
     if (!data && cmd.length != 0) || (!data && !marker && cmd.arg != 0) || (!complete && cmd.companion != 0) {
@@ -85,6 +86,10 @@ pub fn command(cmd: &WicCommand, space: Option<&[RangeEntry]>) -> Result<(), i32
         return Err(ERANGE);
     }
     if data && (cmd.length == 0 || cmd.length > bytes || cmd.length > u64::from(WIC_MAX_WRITE_BYTES)) {
+        return Err(EINVAL);
+    }
+    // "WIC_CMD_COMPLETE_HEADS: exactly 8 x @pages".
+    if heads && cmd.length != 8 * u64::from(cmd.pages) {
         return Err(EINVAL);
     }
     if marker && !MARKERS.contains(&cmd.arg) {

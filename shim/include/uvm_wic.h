@@ -32,9 +32,9 @@
  * 7: uvm_wic_run_final_replay() defers a held-only run's replay instead of skipping it;
  * uvm_wic_write(), uvm_wic_copy() and uvm_wic_unmap() go (uvm_wic_complete() does their work).
  * 8: struct uvm_wic_ops.space_shutdown; faults of unsupported GPUs shown with
- * UVM_WIC_FAULT_UNSUPPORTED.
+ * UVM_WIC_FAULT_UNSUPPORTED. 9: UVM_WIC_COMPLETE_HEADS.
  */
-#define UVM_WIC_HOOK_VERSION 8
+#define UVM_WIC_HOOK_VERSION 9
 
 /*
  * The largest id of a GPU in a fault or a helper call: nvidia-uvm's processor ids of GPUs run
@@ -217,8 +217,9 @@ struct mm_struct *uvm_wic_space_mm(struct uvm_wic_space *space);
 #define UVM_WIC_COMPLETE_NO_FILL	(1U << 0)	/* no fill: the run is mapped as it is */
 #define UVM_WIC_COMPLETE_NO_MAP		(1U << 1)	/* the fill alone: the run stays unmapped */
 #define UVM_WIC_COMPLETE_WRITABLE	(1U << 2)	/* map the run read-write (a PAT page) */
+#define UVM_WIC_COMPLETE_HEADS		(1U << 3)	/* fill: word i of @src at page i */
 #define UVM_WIC_COMPLETE_FLAGS		(UVM_WIC_COMPLETE_NO_FILL | UVM_WIC_COMPLETE_NO_MAP | \
-					 UVM_WIC_COMPLETE_WRITABLE)
+					 UVM_WIC_COMPLETE_WRITABLE | UVM_WIC_COMPLETE_HEADS)
 
 /**
  * struct uvm_wic_completion - one wake-up of a slot, or a step of one, for uvm_wic_complete()
@@ -226,17 +227,22 @@ struct mm_struct *uvm_wic_space_mm(struct uvm_wic_space *space);
  * @pages: pages of the run, and of its companion
  * @va: the run, page-aligned
  * @companion: the slot's other run, page-aligned, not overlapping the run; 0 for none
- * @src: kernel memory holding @length bytes for the run, or NULL
+ * @src: kernel memory holding @length bytes for the run, or NULL; with
+ *	UVM_WIC_COMPLETE_HEADS, @pages 8-byte words, the heads of the run's pages
  * @src_va: with @src NULL and @length not 0: where the @length bytes are copied from (a GPU
  *	producer's managed buffer, read where it is resident: from GPU memory by that GPU's
  *	copy engine, from CPU memory by memcpy(), a page resident nowhere as zeros; ordered
  *	after UVM's own work on it, not after the producer's kernel, which fences system-wide
  *	before it signals and leaves the bytes alone until the completion returned); neither
  *	wrapping nor overlapping the run
- * @length: bytes of data, at most @pages pages; 0 for a marker
+ * @length: bytes of data, at most @pages pages; 0 for a marker; with UVM_WIC_COMPLETE_HEADS,
+ *	8 x @pages
  * @marker: with @length 0: the word written at the start of each page of the run
  * @flags: UVM_WIC_COMPLETE_* (0: fill, unmap the companion, map read-only); NO_FILL with a
- *	@length, and NO_MAP with WRITABLE, are refused
+ *	@length, NO_MAP with WRITABLE, and HEADS without @src, with NO_FILL or with a @length
+ *	other than 8 x @pages, are refused. HEADS: a run its producer wrote in place, all but the
+ *	first 8 bytes of each page (where markers go, which only completions write); the fill
+ *	writes word i of @src at the start of page i of the run and nothing else
  * @result: out: 0 or a negative errno, of the step that failed
  * @companion_unmapped: out: the companion's unmap was done, even if the map after it failed
  *	(the faults held on the companion are late duplicates the shim can let go)
@@ -257,8 +263,9 @@ struct uvm_wic_completion {
 
 /**
  * uvm_wic_complete() - complete wake-ups: each one's fill (the data written, or copied, or
- *	the marker), the unmap of its companion from the GPU (waiting for the TLB invalidate) and
- *	the map of its run (the steps its flags and companion leave)
+ *	the marker, or with UVM_WIC_COMPLETE_HEADS one head word at the start of each page), the
+ *	unmap of its companion from the GPU (waiting for the TLB invalidate) and the map of its
+ *	run (the steps its flags and companion leave)
  * @space: the space
  * @completions: the wake-ups, run in order
  * @count: how many

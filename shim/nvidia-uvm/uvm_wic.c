@@ -1244,14 +1244,21 @@ static NV_STATUS wic_fill(struct wic_ctx *ctx, u64 va, const void *src, u64 src_
 	return status;
 }
 
-/* Writes the 8-byte @marker at the start of each of the @pages pages at @va, one chunk each. */
-static NV_STATUS wic_fill_marker(struct wic_ctx *ctx, u64 va, u32 pages, const u64 *marker)
+/*
+ * Writes an 8-byte word at the start of each of the @pages pages at @va, one chunk each: the
+ * first word at @words on every page (a marker), or with @per_page word i of @words on page i
+ * (the heads of a run its producer wrote in place; the rest of each page is left as it is).
+ */
+static NV_STATUS wic_fill_marker(struct wic_ctx *ctx, u64 va, u32 pages, const void *words,
+				 bool per_page)
 {
 	NV_STATUS status = NV_OK;
 	u32 i;
 
 	for (i = 0; status == NV_OK && i < pages; i++)
-		status = wic_fill(ctx, va + (u64)i * PAGE_SIZE, marker, 0, sizeof(*marker));
+		status = wic_fill(ctx, va + (u64)i * PAGE_SIZE,
+				  (const u8 *)words + (per_page ? (u64)i * sizeof(u64) : 0), 0,
+				  sizeof(u64));
 
 	return status;
 }
@@ -1621,8 +1628,8 @@ EXPORT_SYMBOL_GPL(uvm_wic_revoke_write);
  * A wake-up's arguments: a page-aligned run and companion of @pages pages, at least one, that
  * neither wrap nor overlap (the companion is unmapped after the run is filled, and the run
  * mapped after that); data of at most the run's size, from kernel memory or from a source
- * range that neither wraps nor overlaps the run. The GPU is checked by its operations, as the
- * helpers do.
+ * range that neither wraps nor overlaps the run; heads, one 8-byte word per page, from kernel
+ * memory. The GPU is checked by its operations, as the helpers do.
  */
 static bool wic_completion_valid(const struct uvm_wic_completion *c)
 {
@@ -1633,6 +1640,10 @@ static bool wic_completion_valid(const struct uvm_wic_completion *c)
 	if ((c->flags & UVM_WIC_COMPLETE_NO_FILL) && c->length)
 		return false;
 	if ((c->flags & UVM_WIC_COMPLETE_NO_MAP) && (c->flags & UVM_WIC_COMPLETE_WRITABLE))
+		return false;
+	if ((c->flags & UVM_WIC_COMPLETE_HEADS) &&
+	    (!c->src || (c->flags & UVM_WIC_COMPLETE_NO_FILL) ||
+	     c->length != (u64)c->pages * sizeof(u64)))
 		return false;
 	if (!wic_range_valid(c->va, len))
 		return false;
@@ -1664,10 +1675,12 @@ static int wic_complete_one(struct wic_ctx *ctx, struct uvm_wic_completion *c)
 		return -EINVAL;
 
 	if (wic_completion_fills(c)) {
-		if (c->length)
+		if (c->flags & UVM_WIC_COMPLETE_HEADS)
+			status = wic_fill_marker(ctx, c->va, c->pages, c->src, true);
+		else if (c->length)
 			status = wic_fill(ctx, c->va, c->src, c->src_va, c->length);
 		else
-			status = wic_fill_marker(ctx, c->va, c->pages, &c->marker);
+			status = wic_fill_marker(ctx, c->va, c->pages, &c->marker, false);
 		if (status != NV_OK)
 			return wic_errno(status);
 	}
@@ -1759,18 +1772,22 @@ static int wic_complete(struct uvm_wic_space *space, struct uvm_wic_completion *
  *
  * Each wake-up, in order: its fill (with @length not 0, the bytes at @src written, or with
  * @src NULL those at @src_va copied, into the run; with @length 0, the 8-byte @marker written
- * at the start of each page of the run), the unmap of @companion from @gpu_id, the map of the
- * run on @gpu_id (read-only, or read-write with UVM_WIC_COMPLETE_WRITABLE), each page checked
- * once mapped. UVM_WIC_COMPLETE_NO_FILL leaves out the fill, UVM_WIC_COMPLETE_NO_MAP the map,
- * a @companion of 0 the unmap: the shim's sweeps of held faults (markers on every page, then
- * maps) run as a few calls instead of one per page and step. It stops at its first failing step
- * (a run whose fill failed is never mapped), its @result gets the errno, and the next wake-up
- * goes on. Steps of later wake-ups are ordered after earlier ones' PTE writes on the same VA
- * block (the block's tracker), so a run unmapped as a companion earlier in the call is written
- * only once the GPU can no longer reach it. Process context only, no UVM lock held.
+ * at the start of each page of the run; with UVM_WIC_COMPLETE_HEADS, word i of @src written at
+ * the start of page i of the run, and no other byte: the application's host producer wrote the
+ * rest of each page itself, and only completions write the heads, where markers go), the
+ * unmap of @companion from @gpu_id, the map of the run on @gpu_id (read-only, or read-write
+ * with UVM_WIC_COMPLETE_WRITABLE), each page checked once mapped. UVM_WIC_COMPLETE_NO_FILL
+ * leaves out the fill, UVM_WIC_COMPLETE_NO_MAP the map, a @companion of 0 the unmap: the shim's
+ * sweeps of held faults (markers on every page, then maps) run as a few calls instead of one
+ * per page and step. It stops at its first failing step (a run whose fill failed is never
+ * mapped), its @result gets the errno, and the next wake-up goes on. Steps of later wake-ups
+ * are ordered after earlier ones' PTE writes on the same VA block (the block's tracker), so a
+ * run unmapped as a companion earlier in the call is written only once the GPU can no longer
+ * reach it. Process context only, no UVM lock held.
  *
  * @result of a wake-up: -EINVAL for unaligned, empty, wrapping or overlapping runs, data
- * longer than the run or a source range that wraps or overlaps the run; otherwise 0 or the
+ * longer than the run, a source range that wraps or overlaps the run, or heads without @src,
+ * with UVM_WIC_COMPLETE_NO_FILL or with a @length other than 8 x @pages; otherwise 0 or the
  * errno of the step that failed: the fill's (wic_fill(): -EFAULT outside managed memory,
  * -ENOMEM...), the unmap's and the map's as uvm_wic_map() returns it (-ENODEV, -EOPNOTSUPP,
  * -ENODATA, -EXDEV, -EFAULT...). When the final wait, or the

@@ -18,6 +18,7 @@
 
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
+#include <linux/atomic.h>
 #include <linux/bitmap.h>
 #include <linux/build_bug.h>
 #include <linux/delay.h>
@@ -104,6 +105,8 @@ MODULE_PARM_DESC(strict_write,
  * @pre_volta: the pre-Volta GPUs registered in the space, by GPU id (WIC_FAKEGPU_IOC_PRE_VOLTA)
  * @exited: the space's process went away (WIC_FAKEGPU_IOC_EXIT): the helpers fail with ESRCH,
  *	as the hook's do once nvidia-uvm released the space's mm
+ * @filled: bytes the fills of completions wrote into the space's runs, data, copies, markers
+ *	and heads (WIC_FAKEGPU_IOC_FILLED); only grows
  *
  * @lock also protects the fail_* fields, @managed, @remote, @gpu_pages and their counts.
  */
@@ -133,6 +136,7 @@ struct uvm_wic_space {
 	u32 nr_gpu_pages;
 	DECLARE_BITMAP(pre_volta, WIC_FAKEGPU_NR_GPUS + 1);
 	bool exited;
+	atomic64_t filled;
 };
 
 /* A page resident in a fake GPU's memory: the GPU and the page's bytes there. */
@@ -1521,6 +1525,8 @@ static long wic_fakegpu_ioctl(struct file *file, unsigned int cmd, unsigned long
 		return wic_ioctl_preempt(uarg);
 	case WIC_FAKEGPU_IOC_EXIT:
 		return wic_ioctl_exit(space, uarg);
+	case WIC_FAKEGPU_IOC_FILLED:
+		return put_user((u64)atomic64_read(&space->filled), (u64 __user *)uarg);
 	case WIC_FAKEGPU_IOC_PRE_VOLTA: {
 		u32 gpu_id;
 
@@ -1549,6 +1555,7 @@ static int wic_fakegpu_open(struct inode *inode, struct file *file)
 	if (space->mm)
 		mmgrab(space->mm);
 	mutex_init(&space->lock);
+	atomic64_set(&space->filled, 0);
 	init_waitqueue_head(&space->fail_wait);
 	for (gpu_id = 0; gpu_id < WIC_FAKEGPU_NR_GPUS; gpu_id++)
 		xa_init(&space->pages[gpu_id]);
@@ -1845,21 +1852,38 @@ static int wic_complete_one(struct uvm_wic_space *space, struct uvm_wic_completi
 {
 	u64 bytes = (u64)c->pages * WIC_FAKEGPU_PAGE_SIZE;
 	bool fill = !(c->flags & UVM_WIC_COMPLETE_NO_FILL);
+	bool heads = c->flags & UVM_WIC_COMPLETE_HEADS;
 	int ret = 0;
 	u32 i;
 
 	c->companion_unmapped = false;
 	if (!c->pages || (c->length && c->length > bytes) || (c->flags & ~UVM_WIC_COMPLETE_FLAGS) ||
 	    (!fill && c->length) ||
-	    ((c->flags & UVM_WIC_COMPLETE_NO_MAP) && (c->flags & UVM_WIC_COMPLETE_WRITABLE)))
+	    ((c->flags & UVM_WIC_COMPLETE_NO_MAP) && (c->flags & UVM_WIC_COMPLETE_WRITABLE)) ||
+	    (heads && (!c->src || !fill || c->length != (u64)c->pages * sizeof(u64))))
 		return -EINVAL;
-	if (fill && c->length && c->src)
-		ret = wic_fill_write(space, c->va, c->src, c->length);
-	else if (fill && c->length)
-		ret = wic_fill_copy(space, c->va, c->src_va, c->length);
-	for (i = 0; fill && !c->length && !ret && i < c->pages; i++)
+	if (fill && heads) {
+		/* Word i at the start of page i; the rest of each page is the application's. */
+		for (i = 0; !ret && i < c->pages; i++) {
+			const u8 *word = (const u8 *)c->src + (u64)i * sizeof(u64);
+
+			ret = wic_fill_write(space, c->va + (u64)i * WIC_FAKEGPU_PAGE_SIZE, word,
+					     sizeof(u64));
+			if (!ret)
+				atomic64_add(sizeof(u64), &space->filled);
+		}
+	} else if (fill && c->length) {
+		ret = c->src ? wic_fill_write(space, c->va, c->src, c->length) :
+			       wic_fill_copy(space, c->va, c->src_va, c->length);
+		if (!ret)
+			atomic64_add(c->length, &space->filled);
+	}
+	for (i = 0; fill && !c->length && !ret && i < c->pages; i++) {
 		ret = wic_fill_write(space, c->va + (u64)i * WIC_FAKEGPU_PAGE_SIZE, &c->marker,
 				    sizeof(c->marker));
+		if (!ret)
+			atomic64_add(sizeof(c->marker), &space->filled);
+	}
 	if (!ret && c->companion) {
 		ret = wic_unmap_pages(space, c->gpu_id, c->companion, bytes);
 		c->companion_unmapped = !ret;
@@ -1877,10 +1901,12 @@ static int wic_complete_one(struct uvm_wic_space *space, struct uvm_wic_completi
  * @count: how many
  *
  * Process context only. Logs %WIC_FAKEGPU_EVENT_COMPLETE with @count, then runs each wake-up
- * as wic_fill_write() or wic_fill_copy() of its fill (a marker: at the start of each page),
- * wic_unmap_pages() of its companion and uvm_wic_map() of its run, which log their own events,
- * leaving out the steps its flags and a companion of 0 leave out; a wake-up stops at its first
- * failing step and its @result gets the errno.
+ * as wic_fill_write() or wic_fill_copy() of its fill (a marker: at the start of each page;
+ * with UVM_WIC_COMPLETE_HEADS, word i of @src at the start of page i, a write of 8 bytes each,
+ * the rest of the page left alone), counting the bytes written in the space's fill counter
+ * (WIC_FAKEGPU_IOC_FILLED), wic_unmap_pages() of its companion and uvm_wic_map() of its run,
+ * which log their own events, leaving out the steps its flags and a companion of 0 leave out;
+ * a wake-up stops at its first failing step and its @result gets the errno.
  *
  * Return: 0, or -EINVAL for no space or no completion (then no @result is set).
  */

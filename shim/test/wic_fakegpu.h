@@ -58,6 +58,10 @@
  * space fail with an errno of its choice, or stall until it lets them go on
  * (WIC_FAKEGPU_IOC_FAIL), to see what wic_shim does when nvidia-uvm refuses, or what happens
  * while a helper runs.
+ *
+ * The fake counts the bytes completions' fills wrote into each space (WIC_FAKEGPU_IOC_FILLED),
+ * so that a test can tell a completion that wrote only its runs' head words
+ * (UVM_WIC_COMPLETE_HEADS) from one that wrote its whole data.
  */
 #ifndef _WIC_FAKEGPU_H
 #define _WIC_FAKEGPU_H
@@ -422,5 +426,12 @@ struct wic_fakegpu_preempt {
  * helper calls fail with ESRCH from then on.
  */
 #define WIC_FAKEGPU_IOC_EXIT _IOWR(WIC_FAKEGPU_IOC_MAGIC, 13, struct wic_fakegpu_preempt)
+/*
+ * The bytes completions' fills wrote into this file's space since it was opened, into the
+ * __u64 argument: the data written or copied, 8 per page of a marker, 8 per page of a
+ * UVM_WIC_COMPLETE_HEADS completion (its head words alone). Counted once written, never reset
+ * (not by WIC_FAKEGPU_IOC_RESET either): a test reads it before and after. Errors: EFAULT.
+ */
+#define WIC_FAKEGPU_IOC_FILLED _IOR(WIC_FAKEGPU_IOC_MAGIC, 14, __u64)
 
 #endif /* _WIC_FAKEGPU_H */

@@ -225,6 +225,8 @@ pub const IOC_BOTTOM_HALF: u32 = nix::request_code_readwrite!(IOC_MAGIC, 10, std
 pub const IOC_PREEMPT: u32 = nix::request_code_readwrite!(IOC_MAGIC, 12, std::mem::size_of::<Preempt>()) as u32;
 /// `WIC_FAKEGPU_IOC_EXIT`.
 pub const IOC_EXIT: u32 = nix::request_code_readwrite!(IOC_MAGIC, 13, std::mem::size_of::<Preempt>()) as u32;
+/// `WIC_FAKEGPU_IOC_FILLED`: the bytes completions' fills wrote into the space.
+pub const IOC_FILLED: u32 = nix::request_code_read!(IOC_MAGIC, 14, std::mem::size_of::<u64>()) as u32;
 
 nix::ioctl_readwrite_bad!(ioc_inject, IOC_INJECT, Inject);
 nix::ioctl_readwrite_bad!(ioc_events, IOC_EVENTS, Events);
@@ -240,6 +242,7 @@ nix::ioctl_readwrite_bad!(ioc_bottom_half, IOC_BOTTOM_HALF, Warps);
 nix::ioctl_write_ptr_bad!(ioc_pre_volta, IOC_PRE_VOLTA, u32);
 nix::ioctl_readwrite_bad!(ioc_preempt, IOC_PREEMPT, Preempt);
 nix::ioctl_readwrite_bad!(ioc_exit, IOC_EXIT, Preempt);
+nix::ioctl_read_bad!(ioc_filled, IOC_FILLED, u64);
 
 /// Every constant of the header with its value, for the ABI test.
 pub fn constants() -> Vec<(&'static str, i128)> {
@@ -300,6 +303,7 @@ pub fn constants() -> Vec<(&'static str, i128)> {
         ("WIC_FAKEGPU_IOC_PRE_VOLTA", IOC_PRE_VOLTA.into()),
         ("WIC_FAKEGPU_IOC_PREEMPT", IOC_PREEMPT.into()),
         ("WIC_FAKEGPU_IOC_EXIT", IOC_EXIT.into()),
+        ("WIC_FAKEGPU_IOC_FILLED", IOC_FILLED.into()),
     ]
 }
 
@@ -459,6 +463,16 @@ impl FakeGpu {
         // SAFETY: checked ABI; `arg` is valid for reads and writes.
         check(unsafe { ioc_exit(self.file.as_raw_fd(), &mut arg) })?;
         Ok(arg)
+    }
+
+    /// The bytes completions' fills wrote into this space since it was opened: data and copies
+    /// whole, 8 per page of a marker or of a heads completion's words. Never reset: read it
+    /// before and after.
+    pub fn filled(&self) -> io::Result<u64> {
+        let mut filled = 0u64;
+        // SAFETY: checked ABI; the module writes one u64 into `filled`.
+        check(unsafe { ioc_filled(self.file.as_raw_fd(), &mut filled) })?;
+        Ok(filled)
     }
 
     /// Empties the event log, unmaps this space's pages, makes them reachable again, forgets

@@ -11,7 +11,7 @@
 use wic_types::{c_struct, ErrorMarker};
 
 /// `WIC_ABI_VERSION`: negotiated first, by [`WIC_IOC_VERSION`].
-pub const WIC_ABI_VERSION: u32 = 5;
+pub const WIC_ABI_VERSION: u32 = 6;
 /// `WIC_PAGE_SIZE`.
 pub const WIC_PAGE_SIZE: u64 = 4096;
 /// `WIC_MAX_SPACES`: VA spaces one session may attach.
@@ -59,6 +59,10 @@ pub const WIC_CMD_COMPLETE: u32 = 8;
 /// `WIC_CMD_COMPLETE_COPY`: [`WIC_CMD_COMPLETE`] for a GPU producer, its data copied from the
 /// application's memory (by the copy engine of the GPU holding it).
 pub const WIC_CMD_COMPLETE_COPY: u32 = 9;
+/// `WIC_CMD_COMPLETE_HEADS`: [`WIC_CMD_COMPLETE`] of a run a host producer wrote in place, all
+/// but the first 8 bytes of each page: `length` is 8 x `pages` and `arg` the daemon's address of
+/// the head words, word i written at the start of page i; the module writes nothing else.
+pub const WIC_CMD_COMPLETE_HEADS: u32 = 10;
 
 /// `WIC_RING_MAGIC`: "WICR".
 pub const WIC_RING_MAGIC: u32 = 0x5749_4352;
@@ -139,13 +143,15 @@ c_struct! {
         pub pages: u32,
         /// Page-aligned start.
         pub va: u64,
-        /// Bytes to copy ([`WIC_CMD_COMPLETE`] with data, [`WIC_CMD_COMPLETE_COPY`]).
+        /// Bytes to copy ([`WIC_CMD_COMPLETE`] with data, [`WIC_CMD_COMPLETE_COPY`]); 8 x
+        /// `pages` ([`WIC_CMD_COMPLETE_HEADS`]).
         pub length: u64,
-        /// The daemon's address of the bytes, the application's ([`WIC_CMD_COMPLETE_COPY`]),
-        /// or the marker.
+        /// The daemon's address of the bytes or of the head words
+        /// ([`WIC_CMD_COMPLETE_HEADS`]), the application's ([`WIC_CMD_COMPLETE_COPY`]), or the
+        /// marker.
         pub arg: u64,
-        /// [`WIC_CMD_COMPLETE`], [`WIC_CMD_COMPLETE_COPY`]: the slot's other run, unmapped
-        /// before `va` is mapped.
+        /// [`WIC_CMD_COMPLETE`], [`WIC_CMD_COMPLETE_COPY`], [`WIC_CMD_COMPLETE_HEADS`]: the
+        /// slot's other run, unmapped before `va` is mapped.
         pub companion: u64,
         /// Out: 0 or a negative errno.
         pub result: i32,
@@ -261,6 +267,7 @@ pub fn constants() -> Vec<(&'static str, i128)> {
         ("WIC_CMD_REPLAY", WIC_CMD_REPLAY.into()),
         ("WIC_CMD_COMPLETE", WIC_CMD_COMPLETE.into()),
         ("WIC_CMD_COMPLETE_COPY", WIC_CMD_COMPLETE_COPY.into()),
+        ("WIC_CMD_COMPLETE_HEADS", WIC_CMD_COMPLETE_HEADS.into()),
         ("WIC_RING_MAGIC", WIC_RING_MAGIC.into()),
         ("WIC_RING_RECORDS_OFFSET", WIC_RING_RECORDS_OFFSET.into()),
         ("WIC_RECORD_PAT", WIC_RECORD_PAT.into()),

@@ -310,6 +310,27 @@ impl Mapping {
         Ok(Self { addr: addr.cast(), pages, holes: Vec::new() })
     }
 
+    /// Address space alone: `pages` pages no access may touch, reserving no memory, which the
+    /// module may register but never writes into.
+    fn reserved(pages: usize) -> Result<Self, String> {
+        // SAFETY: a new private anonymous mapping at an address the kernel picks: it aliases
+        // nothing.
+        let addr = unsafe {
+            libc::mmap(
+                ptr::null_mut(),
+                pages * PAGE_BYTES,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if addr == libc::MAP_FAILED {
+            return Err(format!("mmap of {pages} reserved pages: {}", Errno::last()));
+        }
+        Ok(Self { addr: addr.cast(), pages, holes: Vec::new() })
+    }
+
     /// A shared mapping of the session's file.
     fn device(fd: RawFd, len: usize, offset: i64) -> Result<Self, Errno> {
         // SAFETY: a new shared mapping at an address the kernel picks: it aliases nothing.
@@ -816,6 +837,25 @@ fn command_cases(c: &mut Checker, fd: RawFd, fake: &FakeGpu, ring: &mut IoUring,
     // A GPU producer's batches, pages 10 and 11: what a COMPLETE_COPY may read.
     let source = c.accepted("REGISTER a source range", register(fd, s1, SOURCE, st.region.page(10), 2 * PAGE))?;
     let copy = WicCommand { opcode: kabi::WIC_CMD_COMPLETE_COPY, length: 16, arg: st.region.page(10), ..complete };
+    // A run its host producer wrote in place: one 8-byte head word per page, nothing more.
+    let words = [0x0123_4567_89ab_cdefu64; 2];
+    let heads = WicCommand { opcode: kabi::WIC_CMD_COMPLETE_HEADS, length: 8, arg: words.as_ptr() as u64, ..complete };
+    // A heads completion has at most WIC_MAX_WRITE_BYTES / 8 pages, whatever its ranges hold:
+    // a run and companion one page longer each, address space alone (never touched).
+    let most = (kabi::WIC_MAX_WRITE_BYTES / 8) as usize;
+    let vast = Mapping::reserved(2 * (most + 1))?;
+    vast.manage(fake, 0, 2 * (most + 1))?;
+    let vast_range = c.accepted(
+        "REGISTER a PCM range of 2 x (WIC_MAX_WRITE_BYTES / 8 + 1) pages",
+        register(fd, s1, PCM, vast.page(0), 2 * (most as u64 + 1) * PAGE),
+    )?;
+    let heads_of = |pages: usize| WicCommand {
+        va: vast.page(0),
+        companion: vast.page(most + 1),
+        pages: pages as u32,
+        length: 8 * pages as u64,
+        ..heads
+    };
     let table: Vec<(&str, WicCommand, i32)> = vec![
         ("opcode 0", WicCommand { opcode: 0, ..complete }, einval),
         ("opcode 1 (unused: a completion's data write alone)", WicCommand { opcode: 1, ..with_data }, einval),
@@ -823,7 +863,7 @@ fn command_cases(c: &mut Checker, fd: RawFd, fake: &FakeGpu, ring: &mut IoUring,
         ("opcode 3 (unused: a completion's unmap alone)", WicCommand { opcode: 3, ..command(3, s1, a, 1) }, einval),
         ("opcode 4 (unused: a completion's map alone)", WicCommand { opcode: 4, ..command(4, s1, a, 1) }, einval),
         ("unknown opcode 99", WicCommand { opcode: 99, ..complete }, einval),
-        ("opcode 10, one past COMPLETE_COPY", WicCommand { opcode: 10, ..complete }, einval),
+        ("opcode 11, one past COMPLETE_HEADS", WicCommand { opcode: 11, ..complete }, einval),
         ("opcode u32::MAX", WicCommand { opcode: u32::MAX, ..complete }, einval),
         ("reserved != 0", WicCommand { reserved: 1, ..complete }, einval),
         ("REPLAY with reserved != 0", WicCommand { reserved: 1, ..replay(GPU) }, einval),
@@ -959,6 +999,40 @@ fn command_cases(c: &mut Checker, fd: RawFd, fake: &FakeGpu, ring: &mut IoUring,
             neg(Errno::ERANGE),
         ),
         ("COMPLETE_COPY longer than its run", WicCommand { length: PAGE + 1, ..copy }, einval),
+        ("COMPLETE_HEADS without length", WicCommand { length: 0, ..heads }, einval),
+        ("COMPLETE_HEADS of 1 page with length 7", WicCommand { length: 7, ..heads }, einval),
+        ("COMPLETE_HEADS of 1 page with length 16", WicCommand { length: 16, ..heads }, einval),
+        (
+            "COMPLETE_HEADS of 2 pages with length 8",
+            WicCommand { pages: 2, companion: st.region.page(6), ..heads },
+            einval,
+        ),
+        (
+            "COMPLETE_HEADS with length 16 outside every range (the range is checked first)",
+            WicCommand { va: st.region.page(40), length: 16, ..heads },
+            neg(Errno::ERANGE),
+        ),
+        ("COMPLETE_HEADS of WIC_MAX_WRITE_BYTES / 8 + 1 pages, length 8 x pages", heads_of(most + 1), einval),
+        (
+            "COMPLETE_HEADS of WIC_MAX_WRITE_BYTES / 8 pages, its heads from address 8 (checks passed)",
+            WicCommand { arg: LOW_ADDR, ..heads_of(most) },
+            neg(Errno::EFAULT),
+        ),
+        ("COMPLETE_HEADS with its own run as companion", WicCommand { companion: a, ..heads }, einval),
+        ("COMPLETE_HEADS with a companion overlapping its run", WicCommand { pages: 2, length: 16, ..heads }, einval),
+        (
+            "COMPLETE_HEADS with an unaligned companion",
+            WicCommand { companion: st.region.page(5) + 8, ..heads },
+            einval,
+        ),
+        ("COMPLETE_HEADS with the companion on a PAT page", WicCommand { companion: p, ..heads }, neg(Errno::ERANGE)),
+        ("COMPLETE_HEADS on a PAT page", WicCommand { va: p, ..heads }, neg(Errno::ERANGE)),
+        ("COMPLETE_HEADS with its heads from address 8", WicCommand { arg: LOW_ADDR, ..heads }, neg(Errno::EFAULT)),
+        (
+            "COMPLETE_HEADS with its heads at a kernel address",
+            WicCommand { arg: KERNEL_ADDR, ..heads },
+            neg(Errno::EFAULT),
+        ),
         ("a REPLAY of GPU 1 (valid)", replay(GPU), 0),
     ];
 
@@ -1004,6 +1078,8 @@ fn command_cases(c: &mut Checker, fd: RawFd, fake: &FakeGpu, ring: &mut IoUring,
         format!("verdict {verdicts:?}")
     })?;
     c.accepted("UNREGISTER the source range", unregister(fd, source))?;
+    c.accepted("UNREGISTER the heads' vast range", unregister(fd, vast_range))?;
+    drop(vast);
 
     // Batch refusals through io_uring, as through ioctl.
     let mut one = [replay(GPU)];
