@@ -71,6 +71,28 @@ impl Placement {
     }
 }
 
+/// A `WIC_CMD_COMPLETE_HEADS`: the wake-up of the `pages`-page run at `va` of space `space_id`
+/// on GPU `gpu_id`, whose host producer wrote the batch into the run's pages itself, all but
+/// the first 8 bytes of each page. The module writes the `pages` 8-byte head words at the
+/// daemon's address `heads` (word i at the start of page i, and nothing else), unmaps the
+/// `pages` pages at `companion`, maps the run and releases its held faults, as a
+/// `WIC_CMD_COMPLETE` with data would after copying the whole batch. Addresses are the
+/// process's, as [`Translator::to_kernel`] gives them; `heads` must stay readable until the
+/// submission returns.
+pub fn complete_heads(space_id: u32, gpu_id: u32, va: u64, pages: u32, companion: u64, heads: u64) -> WicCommand {
+    WicCommand {
+        opcode: kabi::WIC_CMD_COMPLETE_HEADS,
+        space_id,
+        gpu_id,
+        pages,
+        va,
+        length: 8 * u64::from(pages),
+        arg: heads,
+        companion,
+        ..WicCommand::default()
+    }
+}
+
 /// Where a placed page is on the other side (the space matters on the process side), and how
 /// many pages of its run start there; 0 pages marks a page no placed run covers. 16 bytes.
 #[derive(Debug, Clone, Copy, Default)]
@@ -259,6 +281,15 @@ mod tests {
     /// A read fault at `va`.
     fn fault(va: u64) -> RawFaultEntry {
         FaultEntry::replayable_gpc(va, AccessType::Read, 5, 0x1000, 0, 0).encode()
+    }
+
+    #[test]
+    fn a_heads_completion_carries_one_word_per_page() {
+        let c = complete_heads(7, 1, 0x7000_0000, 3, 0x7000_3000, 0xdead_0000);
+        assert_eq!(
+            (c.opcode, c.space_id, c.gpu_id, c.va, c.pages, c.length, c.arg, c.companion, c.result, c.reserved),
+            (kabi::WIC_CMD_COMPLETE_HEADS, 7, 1, 0x7000_0000, 3, 24, 0xdead_0000, 0x7000_3000, 0, 0)
+        );
     }
 
     #[test]

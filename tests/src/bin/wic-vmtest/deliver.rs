@@ -1,16 +1,19 @@
 //! A held fault receives exactly the producer's bytes: the shim holds a warp's read of a PCM
 //! page, the host publishes, and the page gets the data, its companion is unmapped, the run is
 //! mapped and the GPU replayed, in that order. A producer GPU's write of its PAT page marks the
-//! slot's tag available and is released writable.
+//! slot's tag available and is released writable. A host producer that wrote its batch into
+//! the run itself hands over only the pages' head words (`WIC_CMD_COMPLETE_HEADS`): the module
+//! writes those 16 bytes of a 2-page run and nothing else.
 
 use std::time::Duration;
 
 use wic_engine::fault::AccessType;
 use wic_engine::{ChannelLayout, ChannelSpec, Command, DataSource, Fill, Producer};
+use wic_kabi::{self as kabi, WicCommand};
 use wic_kmod::fakegpu::{self, FakeGpu};
 use wic_kmod::{PlacedChannel, Submission};
 
-use crate::rig::{ensure, fault, host_spec, wait_events, Daemon, Memory, GPU};
+use crate::rig::{ensure, fault, host_spec, stall_held, wait_events, Daemon, Direct, Memory, GPU};
 
 /// The producer GPU of the PAT case: the second GPU of the first parent (MIG).
 const PRODUCER_GPU: u32 = 2;
@@ -41,7 +44,10 @@ pub fn run() -> Result<(), String> {
     prefetch_is_held_unrecorded(&fake, &mut daemon, space, &mut memory)?;
     pat_marks_the_tag_available(&fake, &mut daemon, space, &mut memory)?;
     daemon.backend.unplace(&placed).map_err(|e| e.to_string())?;
-    daemon.backend.device().detach(space).map_err(|e| e.to_string())
+    daemon.backend.device().detach(space).map_err(|e| e.to_string())?;
+    // The next step drives the module itself, in a session of its own.
+    drop(daemon);
+    heads_of_a_run_written_in_place()
 }
 
 /// One warp of `slot`'s next batch faults on `gpu` (the channel's consumer GPU), the host
@@ -215,4 +221,97 @@ fn pat_marks_the_tag_available(
         "PAT page not writable".into()
     })?;
     daemon.backend.unplace(&placed).map_err(|e| e.to_string())
+}
+
+/// A host producer wrote its batch straight into a held 2-page run, all but the 8-byte head of
+/// each page (where only completions write, markers included), and hands the two head words
+/// over: `WIC_CMD_COMPLETE_HEADS` writes those 16 bytes, unmaps the companion, maps the run and
+/// releases the warp; every other byte is the producer's. The fake GPU's fill counter grows by
+/// 16; a `WIC_CMD_COMPLETE` of the same run grows it by the whole batch.
+fn heads_of_a_run_written_in_place() -> Result<(), String> {
+    const PAGE: u64 = kabi::WIC_PAGE_SIZE;
+    let Direct { fake, memory, mut device, space } = Direct::open(4)?;
+    let (run, companion) = (memory.base(), memory.base() + 2 * PAGE);
+    // The batch's last warp reads the run's last page: held, recorded.
+    stall_held(&fake, &mut device, run + PAGE)?;
+
+    // The producer writes through the process's own mapping, the heads left alone.
+    let batch: Vec<u8> = (0..2 * PAGE).map(|i| (i * 13 + 1) as u8).collect();
+    for page in 0..2 {
+        let body = (page * PAGE + 8) as usize..((page + 1) * PAGE) as usize;
+        // SAFETY: `memory` maps the run's two pages, readable and writable; no Rust reference
+        // covers them, and the module writes only their heads, in the submission below.
+        unsafe {
+            std::ptr::copy_nonoverlapping(batch[body.clone()].as_ptr(), (run as *mut u8).add(body.start), body.len());
+        }
+    }
+    let heads = [0x1122_3344_5566_7788u64, 0x99aa_bbcc_ddee_ff00];
+    let before = fake.filled().map_err(|e| format!("fill counter: {e}"))?;
+    fake.events(4096, 0).map_err(|e| format!("events: {e}"))?;
+    let mut cmds = [
+        wic_kmod::commands::complete_heads(space, GPU, run, 2, companion, heads.as_ptr() as u64),
+        WicCommand { opcode: kabi::WIC_CMD_REPLAY, gpu_id: GPU, ..WicCommand::default() },
+    ];
+    let done = device.submit(&mut cmds).map_err(|e| format!("submit: {e}"))?;
+    ensure(done == 2 && cmds.iter().all(|c| c.result == 0), || {
+        format!("the heads completion and the replay: {done} succeeded, results {:?}", cmds.map(|c| c.result))
+    })?;
+
+    let events =
+        wait_events(&fake, Duration::from_secs(5), |seen| seen.iter().any(|e| e.kind == fakegpu::EVENT_RESUMED))?;
+    let steps: Vec<(u32, u64, u64)> = events.iter().map(|e| (e.kind, e.va, e.length)).collect();
+    let expected = [
+        (fakegpu::EVENT_COMPLETE, 0, 1),
+        (fakegpu::EVENT_WRITE, run, 8),
+        (fakegpu::EVENT_WRITE, run + PAGE, 8),
+        (fakegpu::EVENT_UNMAP, companion, 2 * PAGE),
+        (fakegpu::EVENT_MAP, run, 2 * PAGE),
+        (fakegpu::EVENT_REPLAY, 0, 0),
+        (fakegpu::EVENT_RESUMED, run + PAGE, PAGE),
+    ];
+    ensure(steps == expected, || format!("fake GPU saw {events:?}, expected (kind, va, length) {expected:?}"))?;
+    ensure(events[1].data0 == heads[0] && events[2].data0 == heads[1], || {
+        format!("the heads written: {:#x} and {:#x}", events[1].data0, events[2].data0)
+    })?;
+    let state = fake.page_state(GPU, run + PAGE).map_err(|e| format!("page state: {e}"))?;
+    ensure(state & fakegpu::PAGE_MAPPED != 0 && state & fakegpu::PAGE_STALLED == 0, || {
+        format!("the warp's page after the completion: {state:#x}, not mapped with the warp resumed")
+    })?;
+    let mut want = batch.clone();
+    want[..8].copy_from_slice(&heads[0].to_le_bytes());
+    want[PAGE as usize..PAGE as usize + 8].copy_from_slice(&heads[1].to_le_bytes());
+    let got = memory.read(run, want.len());
+    let wrong = got.iter().zip(&want).position(|(g, w)| g != w);
+    ensure(wrong.is_none(), || {
+        let at = wrong.unwrap_or(0);
+        format!("byte {at} of the run is {:#x}, not {:#x}: heads first, the producer's bytes after", got[at], want[at])
+    })?;
+    let after = fake.filled().map_err(|e| format!("fill counter: {e}"))?;
+    ensure(after - before == 16, || format!("the heads completion filled {} bytes, not 2 x 8", after - before))?;
+
+    // The slot's next generation goes to the companion (a marker, which unmaps this run); the
+    // one after is this run's again, its whole batch copied by the module.
+    let marker = WicCommand {
+        opcode: kabi::WIC_CMD_COMPLETE,
+        space_id: space,
+        gpu_id: GPU,
+        pages: 2,
+        va: companion,
+        arg: kabi::WIC_MARKER_TIMEOUT,
+        companion: run,
+        ..WicCommand::default()
+    };
+    let mut next = [marker];
+    device.submit(&mut next).map_err(|e| format!("submit: {e}"))?;
+    ensure(next[0].result == 0, || format!("the companion's completion got {}", next[0].result))?;
+    let before = fake.filled().map_err(|e| format!("fill counter: {e}"))?;
+    let whole = WicCommand { va: run, companion, arg: batch.as_ptr() as u64, length: batch.len() as u64, ..marker };
+    let mut again = [whole];
+    device.submit(&mut again).map_err(|e| format!("submit: {e}"))?;
+    ensure(again[0].result == 0, || format!("the run's COMPLETE with data got {}", again[0].result))?;
+    let after = fake.filled().map_err(|e| format!("fill counter: {e}"))?;
+    ensure(after - before == batch.len() as u64, || {
+        format!("a COMPLETE of the 2-page run filled {} bytes, not its {}", after - before, batch.len())
+    })?;
+    ensure(memory.read(run, batch.len()) == batch, || "the COMPLETE's batch did not arrive whole".into())
 }
