@@ -52,7 +52,7 @@ extern "C" {
 #define WIC_ECONNECT (-10)     /* the daemon cannot be reached, or hung up */
 #define WIC_EUNSUPPORTED (-11) /* the backend or channel cannot do this */
 #define WIC_EIO (-12)          /* a system call failed (wic.cuh: a CUDA runtime call) */
-#define WIC_ESTALE (-13)       /* wic.cuh: the generation was overwritten by a newer one */
+#define WIC_ESTALE (-13)       /* the generation was overwritten, or an in-place publish missed it */
 #define WIC_ESTREAM (-14)      /* wic.cuh: a stream that waits for the consumer kernel */
 
 /* Bytes of a grant token buffer: 32 hex digits and a NUL. */
@@ -409,10 +409,87 @@ int wic_publish_copy(wic_channel *ch, uint32_t slot, const void *data, size_t le
  * @slot: the slot
  * @timeout_ns: longest wait; 0 checks once
  *
- * Return: WIC_OK once the slot's last generation has been delivered; WIC_ETIMED_OUT;
+ * Return: WIC_OK once the slot's last generation has been delivered; WIC_ESTALE, once, if it
+ * was an in-place publish that missed its generation (see wic_run_publish()); WIC_ETIMED_OUT;
  * WIC_ECLOSED or WIC_ESTOPPING; WIC_ECONNECT if the daemon hung up.
  */
 int wic_wait_writable(wic_channel *ch, uint32_t slot, uint64_t timeout_ns);
+
+/**
+ * struct wic_run - a slot's run, lent to its host producer to write the next batch in place
+ * @data: the run: batch_bytes bytes in the consumers' own pages, except the first 8 bytes of
+ *	each 4096-byte page, which belong to @heads
+ * @heads: one word per page: the batch's bytes [4096 p, 4096 p + 8) go to heads[p], never to
+ *	data + 4096 p
+ * @batch_bytes: bytes of the batch
+ * @pages: pages of the run (and words of @heads)
+ * @side: which of the slot's two runs
+ *
+ * The daemon writes the head words at the start of the run's pages when it maps the run, and
+ * copies nothing else. Why a producer never writes those 8 bytes itself: a generation can end
+ * while its producer is still writing (the channel's timeout, the module's bound, a close),
+ * and then an error marker goes there and the run is mapped; stores that come later land in
+ * pages the consumers read, but never on the marker, so a consumer reads either its marker or
+ * the whole batch. wic_run_write() copies into a run with the head bytes put where they go.
+ */
+struct wic_run {
+	void *data;
+	uint64_t *heads;
+	uint64_t batch_bytes;
+	uint32_t pages;
+	uint32_t side;
+};
+
+/**
+ * wic_run_acquire() - wait until a slot may be published again, and lend its run to write in place
+ * @ch: the handle that can reach the consumers' pages: the owner's handle of a channel placed in
+ *	this process's managed memory (wic_channel_create_at()), or, on the emulated backend, a
+ *	handle that may also consume
+ * @slot: the slot
+ * @timeout_ns: longest wait; 0 checks once
+ * @out: receives the run
+ *
+ * Instead of filling the slot buffer, which the daemon then copies into the consumers' pages,
+ * the producer writes the batch straight into those pages: no GPU can read the run until
+ * wic_run_publish() has it mapped. Write it with wic_run_write() or by hand, following
+ * struct wic_run's rule for the head words, then wic_run_publish(). One thread per slot.
+ *
+ * The run's pages should stay in CPU memory (cudaMemAdviseSetPreferredLocation to
+ * cudaCpuDeviceId on the placement): a GPU fault on other managed data of their 2 MiB block can
+ * otherwise migrate them to GPU memory, where every write from the CPU would move them back.
+ *
+ * Return: WIC_OK; WIC_ESTALE, once, when the slot's last in-place publish missed its generation
+ * (it ended before the run was mapped, and the consumers read an error marker instead): call
+ * again and write the batch again into the run it lends; WIC_EUNSUPPORTED for a handle that
+ * cannot reach the pages (publish from the slot buffer instead) or a daemon older than in-place
+ * publishing; otherwise as wic_wait_writable().
+ */
+int wic_run_acquire(wic_channel *ch, uint32_t slot, uint64_t timeout_ns, struct wic_run *out);
+
+/**
+ * wic_run_write() - copy bytes into a lent run, the head bytes into the head words
+ * @run: from wic_run_acquire() of a handle not yet closed, not yet published
+ * @offset: where in the batch
+ * @src: the bytes
+ * @len: how many
+ *
+ * Return: WIC_OK, or WIC_EINVALID for a NULL argument or bytes beyond the batch.
+ */
+int wic_run_write(const struct wic_run *run, uint64_t offset, const void *src, size_t len);
+
+/**
+ * wic_run_publish() - publish the batch written in place into a lent run
+ * @ch: the handle that acquired @run
+ * @slot: the slot
+ * @run: from wic_run_acquire() of @slot
+ *
+ * The daemon writes the head words and maps the run, or, if the generation ended before (a
+ * timeout, or a run acquired before the generation ended), drops the publish: the next
+ * wic_run_acquire() or wic_wait_writable() of the slot says so with WIC_ESTALE.
+ *
+ * Return: as wic_publish(), and WIC_EINVALID for a NULL @run or one of another slot's size.
+ */
+int wic_run_publish(wic_channel *ch, uint32_t slot, const struct wic_run *run);
 
 /**
  * wic_consume() - read a slot's next generation as the consumer warps would

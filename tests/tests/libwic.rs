@@ -171,6 +171,101 @@ fn a_timeout_uses_up_the_generation_and_a_stopping_daemon_wakes_its_consumers() 
     assert_eq!(consuming.join().unwrap().unwrap_err().code(), ErrorCode::Stopping);
 }
 
+/// Writes `bytes` into `run` as the batch, the head bytes into its head words.
+fn write_run(run: &wic::Run, bytes: &[u8]) {
+    // SAFETY: the run was just lent by acquire_run and is not yet published; the bytes are one
+    // batch.
+    unsafe { run.write(0, bytes) };
+}
+
+#[test]
+fn a_producer_writes_runs_in_place_and_its_consumers_read_them() {
+    let daemon = Daemon::start("libwic-in-place", PATIENT);
+    let client = Client::connect(Some(&daemon.socket)).unwrap();
+    // Two pages a run: the second page's head is a head word too.
+    let ch = client.create_channel(&spec(512, 2)).unwrap();
+    let batch = ch.info().batch_bytes as usize;
+    assert!(batch > 4096, "a run of more than one page");
+    let mut got = vec![0u8; batch];
+    for generation in 0..4u32 {
+        for slot in 0..2 {
+            let run = ch.acquire_run(slot, Duration::from_secs(5)).unwrap();
+            assert_eq!(u32::from(run.side), generation % 2, "generation {generation} reads run {}", generation % 2);
+            write_run(&run, &pattern(slot, generation, batch));
+            ch.publish_run(slot, &run).unwrap();
+            assert_eq!(ch.publish_run(slot, &run).unwrap_err().code(), ErrorCode::Busy);
+        }
+        for slot in 0..2 {
+            assert_eq!(ch.consume(slot, &mut got).unwrap(), batch);
+            assert_eq!(got, pattern(slot, generation, batch), "slot {slot} generation {generation}");
+        }
+    }
+    // Buffer and in-place publishes mix on one slot.
+    ch.wait_writable(0, Duration::from_secs(5)).unwrap();
+    ch.publish_copy(0, &pattern(0, 9, batch)).unwrap();
+    ch.consume(0, &mut got).unwrap();
+    assert_eq!(got, pattern(0, 9, batch));
+    let run = ch.acquire_run(0, Duration::from_secs(5)).unwrap();
+    assert_eq!(run.side, 1, "the buffer publish used run 0");
+    write_run(&run, &pattern(0, 10, batch));
+    ch.publish_run(0, &run).unwrap();
+    ch.consume(0, &mut got).unwrap();
+    assert_eq!(got, pattern(0, 10, batch));
+
+    let stats = client.stats().unwrap();
+    assert_eq!(stats.host_publishes, 4 * 2 + 2);
+
+    // Handles that cannot reach the pages are told so.
+    let other = Client::connect(Some(&daemon.socket)).unwrap();
+    let producer = other.attach(&ch.grant(Role::Producer, None).unwrap()).unwrap();
+    assert_eq!(producer.acquire_run(1, Duration::ZERO).unwrap_err().code(), ErrorCode::Unsupported);
+    daemon.stop();
+}
+
+#[test]
+fn an_in_place_publish_that_misses_its_generation_is_reported_and_never_read() {
+    let daemon = Daemon::start("libwic-in-place-missed", PATIENT);
+    let client = Client::connect(Some(&daemon.socket)).unwrap();
+    let ch = client.create_channel(&ChannelSpec { timeout_ns: 50_000_000, ..spec(512, 1) }).unwrap();
+    let batch = ch.info().batch_bytes as usize;
+    let mut got = vec![0u8; batch];
+
+    // The producer is still writing when generation 0 times out: its consumer reads the
+    // marker, though the producer's bytes (all but the heads) are already in the run.
+    let late = ch.acquire_run(0, Duration::from_secs(5)).unwrap();
+    write_run(&late, &pattern(0, 0, batch));
+    assert_eq!(ch.consume(0, &mut got).unwrap_err().code(), ErrorCode::TimedOut);
+    // The producer, not knowing, finishes and publishes run 0: generation 1 reads run 1.
+    write_run(&late, &pattern(0, 1, batch));
+    ch.publish_run(0, &late).unwrap();
+    assert_eq!(ch.wait_writable(0, Duration::from_secs(5)).unwrap_err().code(), ErrorCode::Stale);
+    ch.wait_writable(0, Duration::ZERO).unwrap();
+
+    // The next run is the other one; published in time, it is what generation 1 reads.
+    let run = ch.acquire_run(0, Duration::from_secs(5)).unwrap();
+    assert_eq!((late.side, run.side), (0, 1));
+    write_run(&run, &pattern(0, 2, batch));
+    ch.publish_run(0, &run).unwrap();
+    assert_eq!(ch.consume(0, &mut got).unwrap(), batch);
+    assert_eq!(got, pattern(0, 2, batch));
+    ch.wait_writable(0, Duration::from_secs(5)).unwrap();
+
+    // A miss found by acquire_run itself: generation 2 times out with nothing published,
+    // then the run acquired before it ended is published too late.
+    let stale = ch.acquire_run(0, Duration::from_secs(5)).unwrap();
+    assert_eq!(ch.consume(0, &mut got).unwrap_err().code(), ErrorCode::TimedOut);
+    write_run(&stale, &pattern(0, 3, batch));
+    ch.publish_run(0, &stale).unwrap();
+    assert_eq!(ch.acquire_run(0, Duration::from_secs(5)).unwrap_err().code(), ErrorCode::Stale);
+    let run = ch.acquire_run(0, Duration::from_secs(5)).unwrap();
+    assert_ne!(run.side, stale.side);
+    write_run(&run, &pattern(0, 4, batch));
+    ch.publish_run(0, &run).unwrap();
+    assert_eq!(ch.consume(0, &mut got).unwrap(), batch);
+    assert_eq!(got, pattern(0, 4, batch));
+    daemon.stop();
+}
+
 #[test]
 fn closing_the_channel_wakes_consumers_and_producers() {
     let daemon = Daemon::start("libwic-close", PATIENT);
@@ -321,6 +416,25 @@ fn the_whole_c_api_round_trips_through_the_daemon() {
         let big = vec![0u8; batch + 1];
         assert_eq!(wic_publish_copy(producer, 0, big.as_ptr().cast(), big.len()), WIC_EINVALID);
         assert_eq!(wic_publish_copy(producer, 0, big.as_ptr().cast(), batch), WIC_OK);
+
+        // In place, through the owner's handle, which holds the consumer region too; the
+        // granted producer's handle cannot reach the pages.
+        let mut run = WicRun::default();
+        assert_eq!(wic_run_acquire(producer, 1, 0, &mut run), WIC_EUNSUPPORTED);
+        assert_eq!(wic_run_acquire(ch, 1, 5_000_000_000, null_mut()), WIC_EINVALID);
+        assert_eq!(wic_run_acquire(ch, 1, 5_000_000_000, &mut run), WIC_OK);
+        assert_eq!((run.batch_bytes, run.pages, run.side), (info.batch_bytes, info.pages_per_run, 1));
+        let data = pattern(1, 3, batch);
+        assert_eq!(wic_run_write(&run, 0, data.as_ptr().cast(), batch), WIC_OK);
+        assert_eq!(wic_run_write(&run, 1, data.as_ptr().cast(), batch), WIC_EINVALID, "past the batch");
+        assert_eq!(wic_run_write(null(), 0, data.as_ptr().cast(), 1), WIC_EINVALID);
+        assert_eq!(wic_run_publish(ch, 1, &WicRun { batch_bytes: 1, ..run }), WIC_EINVALID);
+        assert_eq!(wic_run_publish(ch, 1, &run), WIC_OK);
+        assert_eq!(wic_run_publish(ch, 1, &run), WIC_EBUSY);
+        let mut got = vec![0u8; batch];
+        assert_eq!(wic_consume(ch, 1, got.as_mut_ptr().cast(), batch), WIC_OK);
+        assert_eq!(got, data);
+        assert_eq!(wic_wait_writable(ch, 1, 5_000_000_000), WIC_OK);
 
         let mut stats = WicStats::default();
         assert_eq!(wic_stats(client, &mut stats), WIC_OK);

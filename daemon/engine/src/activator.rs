@@ -27,6 +27,10 @@ pub enum Fill {
     Data { len: u64, source: DataSource },
     /// `marker` at the start of each page.
     Marker(ErrorMarker),
+    /// The head words of a host producer's in-place batch at the start of each page (the
+    /// producer wrote the rest of the run itself; [`crate::Engine::publish_in_place`]); the
+    /// backend finds them by the command's channel and slot.
+    Heads,
 }
 
 /// One action for the backend, in the order emitted.
@@ -45,6 +49,14 @@ pub enum Command {
     RearmPat { gpu: GpuId, va: u64 },
     /// Replay `gpu`'s faults: stalled warps whose pages are now mapped resume.
     Replay { gpu: GpuId },
+    /// The in-place publish of `slot` of `channel` will never be delivered: its generation
+    /// ended without it. Count it missed and let the producer publish again.
+    MissedPublish { channel: ChannelId, slot: u32 },
+    /// The backend's own bound ended the current generation of host-produced `slot` of
+    /// `channel` ([`crate::Engine::expired_elsewhere`]): the slot's companion run at
+    /// `companion_va` is unmapped, so its producer may write it in place next; `missed`: an
+    /// in-place publish waiting for that generation was dropped, as by [`Command::MissedPublish`].
+    Expired { channel: ChannelId, slot: u32, companion_va: u64, missed: bool },
 }
 
 /// The slot a wake-up completes and the pages it touches: the run that faulted and its
@@ -71,6 +83,12 @@ impl Activator {
     #[inline]
     pub fn deliver(&mut self, wake: Wake, len: u64, source: DataSource, out: &mut Vec<Command>) {
         self.complete(wake, Fill::Data { len, source }, out);
+    }
+
+    /// Completes `wake` with the head words of an in-place batch.
+    #[inline]
+    pub fn deliver_heads(&mut self, wake: Wake, out: &mut Vec<Command>) {
+        self.complete(wake, Fill::Heads, out);
     }
 
     /// Completes `wake` with `marker` instead of data.

@@ -184,8 +184,13 @@ pub struct EngineStats {
     pub pat_publishes: u64,
     /// PAT faults on a tag already available.
     pub pat_duplicates: u64,
-    /// Host publishes.
+    /// Host publishes, in place ones included.
     pub host_publishes: u64,
+    /// Host publishes whose producer wrote the run in place.
+    pub in_place_publishes: u64,
+    /// In-place publishes that missed their generation: it had ended (timed out, expired in
+    /// the backend) or was on the other run when they came, so they were dropped.
+    pub in_place_missed: u64,
     /// DAB bits set.
     pub dab_updates: u64,
     pub delivered: u64,
@@ -244,6 +249,8 @@ struct SlotRoute {
     source: DataSource,
     /// Bytes delivered per generation.
     len: u64,
+    /// The publish waiting in the DAB was made in place: its wake-up writes the head words only.
+    in_place: bool,
 }
 
 struct Channel {
@@ -445,8 +452,15 @@ impl Engine {
                 consumer_gpu: spec.consumer_gpu,
                 producer_gpu: producer_gpu.unwrap_or(spec.consumer_gpu),
             };
-            self.routes[slot_id as usize] =
-                Some(SlotRoute { channel: id, index: index as u32, runs: pcm, pat, source, len: batch_bytes });
+            self.routes[slot_id as usize] = Some(SlotRoute {
+                channel: id,
+                index: index as u32,
+                runs: pcm,
+                pat,
+                source,
+                len: batch_bytes,
+                in_place: false,
+            });
             self.channel_mut(id).expect("inserted above").slot_ids.push(slot_id);
         }
         Ok(layout)
@@ -703,21 +717,69 @@ impl Engine {
         slot: u32,
         out: &mut Vec<Command>,
     ) -> Result<(), EngineError> {
-        let ch = self.channel(channel)?;
-        if !matches!(ch.spec.producer, Producer::Host) {
-            return Err(EngineError::NotHostProducer(channel));
-        }
-        let slot_id = *ch.slot_ids.get(slot as usize).ok_or(EngineError::SlotOutOfRange {
-            channel,
-            slot,
-            slots: ch.spec.slots,
-        })?;
+        let slot_id = self.host_slot(channel, slot)?;
         if !self.make_available(now, slot_id, out) {
             return Err(EngineError::AlreadyPublished { channel, slot });
         }
         self.stats.host_publishes += 1;
         self.activator.flush_replays(out);
         Ok(())
+    }
+
+    /// A host producer wrote `slot`'s run `side` in place, all but the first 8 bytes of each
+    /// page, which it left in the shared buffer's head words: the wake-up writes those alone
+    /// ([`Fill::Heads`]) and maps the run.
+    ///
+    /// Why the heads are not the producer's to write: a generation can end while its producer
+    /// is still writing (the timeout, the backend's own bound, a close), and its wake-up then
+    /// writes an error marker at the start of each page and maps the run. Stores the producer
+    /// makes after that land in pages the consumers read, but never on a marker, so a consumer
+    /// reads either its marker or, once the wake-up wrote the heads, the whole batch.
+    ///
+    /// A publish for the run the current generation does not read came too late: its
+    /// generation ended, and the run it wrote may be mapped with a marker. It is dropped with a
+    /// [`Command::MissedPublish`], so the producer learns it and writes the other run. One that
+    /// matches waits in the DAB like a buffer publish; should the generation end before it is
+    /// delivered (only the backend's own bound can end a generation while its data waits:
+    /// [`Engine::expired_elsewhere`]), it is dropped the same way.
+    pub fn publish_in_place(
+        &mut self,
+        now: Nanos,
+        channel: ChannelId,
+        slot: u32,
+        side: u8,
+        out: &mut Vec<Command>,
+    ) -> Result<(), EngineError> {
+        let slot_id = self.host_slot(channel, slot)?;
+        if u64::from(side) != self.slots[slot_id as usize].generation % 2 {
+            self.stats.in_place_missed += 1;
+            out.push(Command::MissedPublish { channel, slot });
+            return Ok(());
+        }
+        let route = self.routes[slot_id as usize].as_mut().expect("a channel's slot is live");
+        let was = std::mem::replace(&mut route.in_place, true);
+        if !self.make_available(now, slot_id, out) {
+            // The DAB bit was set already: the pending publish keeps its own kind.
+            self.routes[slot_id as usize].as_mut().expect("live").in_place = was;
+            return Err(EngineError::AlreadyPublished { channel, slot });
+        }
+        self.stats.host_publishes += 1;
+        self.stats.in_place_publishes += 1;
+        self.activator.flush_replays(out);
+        Ok(())
+    }
+
+    /// The slot id of `slot` of `channel`, a host-producer channel.
+    fn host_slot(&self, channel: ChannelId, slot: u32) -> Result<u32, EngineError> {
+        let ch = self.channel(channel)?;
+        if !matches!(ch.spec.producer, Producer::Host) {
+            return Err(EngineError::NotHostProducer(channel));
+        }
+        ch.slot_ids.get(slot as usize).copied().ok_or(EngineError::SlotOutOfRange {
+            channel,
+            slot,
+            slots: ch.spec.slots,
+        })
     }
 
     /// Sets the slot's DAB bit and wakes its waiters; false if the bit was already set.
@@ -740,12 +802,17 @@ impl Engine {
     #[inline(always)]
     fn deliver(&mut self, now: Nanos, slot_id: u32, out: &mut Vec<Command>) {
         let slot = &mut self.slots[slot_id as usize];
-        let route = self.routes[slot_id as usize].as_ref().expect("live slot");
+        let route = self.routes[slot_id as usize].as_mut().expect("live slot");
         self.dab.clear(slot.tag);
         let held_since = std::mem::replace(&mut slot.held_since, NOT_HELD);
         let waited = if held_since == NOT_HELD { 0 } else { now.saturating_sub(held_since) };
         self.stats.wake_latency_ns.record(waited);
-        self.activator.deliver(wake_of(slot, route, &self.config), route.len, route.source, out);
+        let wake = wake_of(slot, route, &self.config);
+        if std::mem::take(&mut route.in_place) {
+            self.activator.deliver_heads(wake, out);
+        } else {
+            self.activator.deliver(wake, route.len, route.source, out);
+        }
         rearm_previous_pat(slot, route, slot.generation, &self.config, out);
         slot.generation += 1;
         self.stats.delivered += 1;
@@ -779,13 +846,29 @@ impl Engine {
         if gpu != slot.consumer_gpu || u64::from(side) != slot.generation % 2 {
             return false;
         }
-        let route = self.routes[slot_id as usize].as_ref().expect("a page in use belongs to a live slot");
+        let route = self.routes[slot_id as usize].as_mut().expect("a page in use belongs to a live slot");
         let generation = slot.generation;
         // Its deadline entry, if it was held, no longer ends a current hold and is dropped.
         slot.held_since = NOT_HELD;
         slot.generation += 1;
         self.pfq.remove(slot_id);
         self.stats.timed_out += 1;
+        // An in-place batch waiting for this generation is in the run that just got the
+        // marker: the next generation reads the other run, so the batch can never be its.
+        let missed = std::mem::take(&mut route.in_place);
+        if missed {
+            self.dab.clear(slot.tag);
+            self.stats.in_place_missed += 1;
+        }
+        if matches!(route.source, DataSource::Host { .. }) {
+            let wake = wake_of_generation(slot, route, generation, &self.config);
+            out.push(Command::Expired {
+                channel: route.channel,
+                slot: route.index,
+                companion_va: wake.companion_va,
+                missed,
+            });
+        }
         rearm_previous_pat(slot, route, generation, &self.config, out);
         true
     }
@@ -922,6 +1005,10 @@ mod tests {
             .map(|c| match c {
                 Command::Complete { fill: Fill::Data { .. }, .. } => "deliver",
                 Command::Complete { fill: Fill::Marker(_), .. } => "error",
+                Command::Complete { fill: Fill::Heads, .. } => "heads",
+                Command::MissedPublish { .. } => "missed",
+                Command::Expired { missed: false, .. } => "expired",
+                Command::Expired { missed: true, .. } => "expired-missed",
                 Command::ServicePat { .. } => "service-pat",
                 Command::RearmPat { .. } => "rearm-pat",
                 Command::Replay { .. } => "replay",
@@ -1058,7 +1145,7 @@ mod tests {
     }
 
     #[test]
-    fn a_hold_the_backend_ended_moves_the_slot_on_without_a_command() {
+    fn a_hold_the_backend_ended_moves_the_slot_on_and_hands_the_other_run_to_the_producer() {
         let mut e = engine();
         let layout = e.open_channel(host_spec(1)).unwrap();
         let p = layout.slots[0].runs;
@@ -1068,7 +1155,9 @@ mod tests {
         assert!(!e.expired_elsewhere(1, p[0], &mut out), "another GPU's expiry");
         assert!(!e.expired_elsewhere(0, p[1], &mut out), "the other run: not this generation's");
         assert!(e.expired_elsewhere(0, p[0] + 4095, &mut out), "any byte of the run");
-        assert!(out.is_empty(), "the backend completed the run itself");
+        let expired = Command::Expired { channel: layout.id, slot: 0, companion_va: p[1], missed: false };
+        assert_eq!(out, [expired], "the backend completed the run itself: only its producer is told");
+        out.clear();
         assert_eq!((e.held(), e.stats().timed_out, e.next_deadline()), (0, 1, None));
         assert!(!e.expired_elsewhere(0, p[0], &mut out), "a second report of it");
         // The warp's next generation faults on the other run: a request, not a stale fault.
@@ -1081,6 +1170,52 @@ mod tests {
         // Every report counts as the module's expiry, each a warp stalled for its whole bound;
         // only the one that moved the slot on counts as a timeout.
         assert_eq!((e.stats().expired_elsewhere, e.stats().timed_out), (5, 1));
+    }
+
+    #[test]
+    fn an_in_place_publish_completes_with_the_heads_and_one_for_the_other_run_is_missed() {
+        let mut e = engine();
+        let layout = e.open_channel(host_spec(1)).unwrap();
+        let p = layout.slots[0].runs;
+        let mut out = Vec::new();
+        e.handle_faults(10, 0, &[fault(p[0], AccessType::Read)], &mut out);
+        e.publish_in_place(20, layout.id, 0, 0, &mut out).unwrap();
+        assert_eq!(kinds(&out), ["heads", "replay"]);
+        assert_eq!(out[0], one_page(layout.id, 0, p[0], p[1], Fill::Heads));
+        out.clear();
+        // Generation 1 reads run 1: a batch written into run 0 came too late for anything.
+        e.publish_in_place(30, layout.id, 0, 0, &mut out).unwrap();
+        assert_eq!(out, [Command::MissedPublish { channel: layout.id, slot: 0 }]);
+        out.clear();
+        e.handle_faults(40, 0, &[fault(p[1], AccessType::Read)], &mut out);
+        assert_eq!((out.len(), e.held()), (0, 1), "the missed publish left nothing available");
+        e.publish_in_place(50, layout.id, 0, 1, &mut out).unwrap();
+        assert_eq!(out[0], one_page(layout.id, 0, p[1], p[0], Fill::Heads));
+        let s = e.stats();
+        assert_eq!((s.host_publishes, s.in_place_publishes, s.in_place_missed, s.delivered), (2, 2, 1, 2));
+        // A buffer publish next completes with the data, as before.
+        out.clear();
+        e.publish(60, layout.id, 0, &mut out).unwrap();
+        e.handle_faults(70, 0, &[fault(p[0], AccessType::Read)], &mut out);
+        assert_eq!(kinds(&out), ["deliver", "replay"]);
+    }
+
+    #[test]
+    fn an_in_place_batch_waiting_for_a_generation_the_backend_ended_is_dropped() {
+        let mut e = engine();
+        let layout = e.open_channel(host_spec(1)).unwrap();
+        let p = layout.slots[0].runs;
+        let mut out = Vec::new();
+        // Its fault never reached the engine (the module's ring was full), so the batch waits.
+        e.publish_in_place(10, layout.id, 0, 0, &mut out).unwrap();
+        assert!(e.expired_elsewhere(0, p[0], &mut out));
+        assert_eq!(out, [Command::Expired { channel: layout.id, slot: 0, companion_va: p[1], missed: true }]);
+        out.clear();
+        // Generation 1's request waits for its own data instead of taking run 0's heads.
+        e.handle_faults(20, 0, &[fault(p[1], AccessType::Read)], &mut out);
+        assert_eq!((out.len(), e.held(), e.stats().in_place_missed), (0, 1, 1));
+        e.publish_in_place(30, layout.id, 0, 1, &mut out).unwrap();
+        assert_eq!(out[0], one_page(layout.id, 0, p[1], p[0], Fill::Heads));
     }
 
     #[test]

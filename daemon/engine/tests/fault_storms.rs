@@ -2,9 +2,11 @@
 //! life (generation, published, held since): more requests outstanding than one 256-entry fault
 //! batch, a duplicate storm after every global replay (each stalled warp faults again), stale
 //! packets from before a wake-up, faults from a GPU that is not the consumer, timeouts, publishes
-//! in any order and twice, and channels closed with requests held. Whatever the interleaving,
-//! every generation of a slot completes exactly once (with its data, the timeout marker or the
-//! closed marker), nothing stays held, and every page returns to the pool.
+//! in any order and twice, in place or from the buffer, in-place ones for the wrong run, and
+//! channels closed with requests held. Whatever the interleaving, every generation of a slot
+//! completes exactly once (with its data, an in-place batch's heads, the timeout marker or the
+//! closed marker), every in-place publish for a run the slot's generation does not read is
+//! dropped as missed, nothing stays held, and every page returns to the pool.
 
 use std::collections::HashMap;
 
@@ -26,6 +28,9 @@ enum Step {
     /// Warps fault: (slot, warp, on the stale side, from the wrong GPU).
     Faults(Vec<(usize, u32, bool, bool)>),
     Publish(usize),
+    /// The slot's producer publishes a batch written in place: into the run its current
+    /// generation reads, or (true) into the other one.
+    PublishInPlace(usize, bool),
     /// Time passes by this many ns and held requests past their deadline expire.
     Advance(u64),
 }
@@ -35,6 +40,7 @@ enum Step {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Completion {
     Data,
+    Heads,
     Marker(ErrorMarker),
 }
 
@@ -42,6 +48,7 @@ impl Completion {
     fn word(self) -> u64 {
         match self {
             Self::Data => 0,
+            Self::Heads => 1,
             Self::Marker(marker) => marker.word(),
         }
     }
@@ -51,6 +58,8 @@ impl Completion {
 struct SlotModel {
     generation: u64,
     published: bool,
+    /// The pending publish was made in place.
+    in_place: bool,
     held_since: Option<u64>,
 }
 
@@ -74,6 +83,8 @@ struct Harness {
     out: Vec<Command>,
     /// The model's completions of the current call, compared with the engine's.
     expected: Vec<(usize, u64, Completion)>,
+    /// The slots whose in-place publish of the current call the model drops as missed.
+    expected_missed: Vec<usize>,
     replay_pending: bool,
     max_held: u32,
 }
@@ -124,6 +135,7 @@ impl Harness {
             now: 0,
             out: Vec::new(),
             expected: Vec::new(),
+            expected_missed: Vec::new(),
             replay_pending: false,
             max_held: 0,
         }
@@ -134,8 +146,18 @@ impl Harness {
         self.expected.push((slot, model.generation, how));
         model.generation += 1;
         model.held_since = None;
-        if how == Completion::Data {
+        if matches!(how, Completion::Data | Completion::Heads) {
             model.published = false;
+            model.in_place = false;
+        }
+    }
+
+    /// What the pending publish of `slot` completes with.
+    fn published_fill(&self, slot: usize) -> Completion {
+        if self.model[slot].in_place {
+            Completion::Heads
+        } else {
+            Completion::Data
         }
     }
 
@@ -146,7 +168,7 @@ impl Harness {
             return;
         }
         if model.published {
-            self.complete(slot, Completion::Data);
+            self.complete(slot, self.published_fill(slot));
         } else {
             self.model[slot].held_since = Some(self.now);
         }
@@ -160,6 +182,7 @@ impl Harness {
 
     fn step(&mut self, step: &Step) -> Result<(), TestCaseError> {
         self.expected.clear();
+        self.expected_missed.clear();
         self.out.clear();
         match step {
             Step::Faults(picks) => {
@@ -200,6 +223,25 @@ impl Harness {
                     }
                 }
             }
+            Step::PublishInPlace(slot, other_run) => {
+                let slot = slot % self.slots.len();
+                let s = &self.slots[slot];
+                let side = (self.model[slot].generation % 2) as u8 ^ u8::from(*other_run);
+                let result = self.engine.publish_in_place(self.now, s.channel, s.index, side, &mut self.out);
+                if *other_run {
+                    prop_assert_eq!(result, Ok(()));
+                    self.expected_missed.push(slot);
+                } else if self.model[slot].published {
+                    prop_assert_eq!(result, Err(EngineError::AlreadyPublished { channel: s.channel, slot: s.index }));
+                } else {
+                    prop_assert_eq!(result, Ok(()));
+                    self.model[slot].published = true;
+                    self.model[slot].in_place = true;
+                    if self.model[slot].held_since.is_some() {
+                        self.complete(slot, Completion::Heads);
+                    }
+                }
+            }
             Step::Advance(ns) => {
                 self.now += ns;
                 for slot in 0..self.slots.len() {
@@ -220,6 +262,7 @@ impl Harness {
     /// and no replay comes without one (each fault batch replays on its own).
     fn check_commands(&mut self) -> Result<(), TestCaseError> {
         let mut seen = Vec::new();
+        let mut missed = Vec::new();
         let mut wakes = Vec::new();
         let mut replay_owed = false;
         for command in &self.out {
@@ -235,6 +278,7 @@ impl Harness {
                             Completion::Data
                         }
                         Fill::Marker(marker) => Completion::Marker(marker),
+                        Fill::Heads => Completion::Heads,
                     };
                     seen.push((slot, side, how));
                     wakes.push((run_va, companion_va));
@@ -245,10 +289,15 @@ impl Harness {
                     prop_assert!(replay_owed, "a replay with nothing completed before it");
                     replay_owed = false;
                 }
+                Command::MissedPublish { channel, slot: index } => {
+                    let slot = self.slots.iter().position(|s| (s.channel, s.index) == (channel, index));
+                    missed.push(slot.expect("a slot of the test's channels"));
+                }
                 ref other => prop_assert!(false, "a host channel got {:?}", other),
             }
         }
         prop_assert!(!replay_owed, "completions without a replay after them");
+        prop_assert_eq!(&missed, &self.expected_missed, "in-place publishes dropped as missed");
         let mut expected: Vec<(usize, usize, Completion)> =
             self.expected.iter().map(|&(slot, generation, how)| (slot, (generation % 2) as usize, how)).collect();
         expected.sort_by_key(|&(slot, side, how)| (slot, side, how.word()));
@@ -309,7 +358,8 @@ fn steps() -> impl Strategy<Value = Vec<Step>> {
     let pick = (0usize..10_000, 0u32..WARPS, prop::bool::weighted(0.1), prop::bool::weighted(0.05));
     let step = prop_oneof![
         4 => prop::collection::vec(pick, 1..300).prop_map(Step::Faults),
-        3 => (0usize..10_000).prop_map(Step::Publish),
+        2 => (0usize..10_000).prop_map(Step::Publish),
+        2 => (0usize..10_000, prop::bool::weighted(0.25)).prop_map(|(slot, other)| Step::PublishInPlace(slot, other)),
         1 => (1u64..2_000).prop_map(Step::Advance),
     ];
     prop::collection::vec(step, 1..120)

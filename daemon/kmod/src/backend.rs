@@ -6,12 +6,10 @@ use std::ops::Range;
 use std::path::Path;
 use std::time::Duration;
 
-use wic_engine::{
-    ChannelId, ChannelLayout, Command, DataSource, EngineConfig, FaultSink, GpuId, Producer, RawFaultEntry, PAGE_SIZE,
-};
+use wic_engine::{ChannelLayout, Command, EngineConfig, FaultSink, GpuId, Producer, RawFaultEntry, PAGE_SIZE};
 use wic_kabi::{self as kabi, WicCommand};
 
-use crate::commands::{CommandError, Placement, Translator};
+use crate::commands::{CommandError, HostBytes, Placement, Translator};
 use crate::device::{Device, DeviceError};
 use crate::ring::FaultRing;
 use crate::uring::UringSubmitter;
@@ -199,18 +197,20 @@ impl BatchPath {
     pub fn translate(
         &mut self,
         commands: &[Command],
-        host_data: impl Fn(ChannelId, DataSource, u64) -> Option<u64>,
+        host: impl HostBytes,
         outcome: &mut impl FnMut(&Command, Result<i32, CommandError>),
         untranslatable: &mut usize,
     ) -> &mut Vec<WicCommand> {
         self.batch.clear();
         self.origin.clear();
         for (index, command) in commands.iter().enumerate() {
-            match self.translator.to_kernel(command, &host_data) {
-                Ok(kernel) => {
+            match self.translator.to_kernel(command, &host) {
+                Ok(Some(kernel)) => {
                     self.batch.push(kernel);
                     self.origin.push(index as u32);
                 }
+                // The daemon's own: reported after the batch, in order with it.
+                Ok(None) => {}
                 Err(e) => {
                     *untranslatable += 1;
                     outcome(command, Err(e));
@@ -232,6 +232,15 @@ impl BatchPath {
                 done.failed += 1;
             }
             outcome(&commands[index as usize], Ok(kernel.result));
+        }
+        Self::report_daemon_side(commands, outcome);
+    }
+
+    /// The commands no kernel command stands for, carried out by the caller's `outcome`.
+    fn report_daemon_side(commands: &[Command], outcome: &mut impl FnMut(&Command, Result<i32, CommandError>)) {
+        for command in commands.iter().filter(|c| matches!(c, Command::MissedPublish { .. } | Command::Expired { .. }))
+        {
+            outcome(command, Ok(0));
         }
     }
 }
@@ -332,18 +341,19 @@ impl ShimBackend {
         self.path.stray_records
     }
 
-    /// Runs the engine's `commands` as one batch. `host_data` gives the daemon's address of
+    /// Runs the engine's `commands` as one batch. `host` gives the daemon's address of
     /// host producer bytes (see [`Translator::to_kernel`]); `outcome` receives every command
     /// with the module's result (0 or a negative errno) or why it was not translated.
     pub fn execute(
         &mut self,
         commands: &[Command],
-        host_data: impl Fn(ChannelId, DataSource, u64) -> Option<u64>,
+        host: impl HostBytes,
         mut outcome: impl FnMut(&Command, Result<i32, CommandError>),
     ) -> Result<KernelOutcome, DeviceError> {
         let mut done = KernelOutcome::default();
-        let batch = self.path.translate(commands, host_data, &mut outcome, &mut done.untranslatable);
+        let batch = self.path.translate(commands, host, &mut outcome, &mut done.untranslatable);
         if batch.is_empty() {
+            BatchPath::report_daemon_side(commands, &mut outcome);
             return Ok(done);
         }
         done.succeeded = match &mut self.uring {

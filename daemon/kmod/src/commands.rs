@@ -32,6 +32,26 @@ impl std::fmt::Display for CommandError {
 
 impl std::error::Error for CommandError {}
 
+/// Where the host producers' bytes are in the daemon: what a kernel command's `arg` points to.
+pub trait HostBytes {
+    /// The daemon's address of the `len` bytes `source` names in `channel`'s producer buffer.
+    fn data(&self, channel: ChannelId, source: DataSource, len: u64) -> Option<u64>;
+    /// The daemon's address of the `pages` head words of `slot` of `channel` (an in-place
+    /// publish, [`Fill::Heads`]).
+    fn heads(&self, channel: ChannelId, slot: u32, pages: u32) -> Option<u64>;
+}
+
+/// A function giving the data's address serves callers with no in-place producers.
+impl<F: Fn(ChannelId, DataSource, u64) -> Option<u64>> HostBytes for F {
+    fn data(&self, channel: ChannelId, source: DataSource, len: u64) -> Option<u64> {
+        self(channel, source, len)
+    }
+
+    fn heads(&self, _: ChannelId, _: u32, _: u32) -> Option<u64> {
+        None
+    }
+}
+
 /// Where a channel's pages are in its application: the PCM range, then the PAT range.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Placement {
@@ -220,14 +240,11 @@ impl Translator {
     /// The kernel command for `command`: a completion is one `WIC_CMD_COMPLETE`, its fill
     /// (data, or with length 0 a marker) on the run, the companion's unmap and the run's map;
     /// with a GPU producer's data, one `WIC_CMD_COMPLETE_COPY` from the producer's address in
-    /// the application (its buffer is the channel's source range). `host_data(channel, source,
-    /// len)` gives the daemon's address of the `len` bytes `source` names in the host producer
-    /// buffer of `channel`.
-    pub fn to_kernel(
-        &self,
-        command: &Command,
-        host_data: impl Fn(ChannelId, DataSource, u64) -> Option<u64>,
-    ) -> Result<WicCommand, CommandError> {
+    /// the application (its buffer is the channel's source range); with an in-place batch's
+    /// head words, one `WIC_CMD_COMPLETE_HEADS`. `host` gives the daemon's address of a host
+    /// producer's bytes. `None` for a command the daemon carries out itself
+    /// ([`Command::MissedPublish`], [`Command::Expired`]).
+    pub fn to_kernel(&self, command: &Command, host: &impl HostBytes) -> Result<Option<WicCommand>, CommandError> {
         let kernel = |opcode, gpu: GpuId, (space_id, va): (u32, u64), pages| WicCommand {
             opcode,
             space_id,
@@ -236,16 +253,20 @@ impl Translator {
             va,
             ..WicCommand::default()
         };
-        Ok(match *command {
-            Command::Complete { gpu, channel, run_va, companion_va, pages, fill, .. } => {
+        Ok(Some(match *command {
+            Command::Complete { gpu, channel, slot, run_va, companion_va, pages, fill } => {
+                let no_data = CommandError::NoHostData { va: run_va };
                 let (opcode, length, arg) = match fill {
                     Fill::Data { len, source: DataSource::Gpu { va, .. } } => (kabi::WIC_CMD_COMPLETE_COPY, len, va),
-                    Fill::Data { len, source } => (
-                        kabi::WIC_CMD_COMPLETE,
-                        len,
-                        host_data(channel, source, len).ok_or(CommandError::NoHostData { va: run_va })?,
-                    ),
+                    Fill::Data { len, source } => {
+                        (kabi::WIC_CMD_COMPLETE, len, host.data(channel, source, len).ok_or(no_data)?)
+                    }
                     Fill::Marker(marker) => (kabi::WIC_CMD_COMPLETE, 0, marker.word()),
+                    Fill::Heads => (
+                        kabi::WIC_CMD_COMPLETE_HEADS,
+                        8 * u64::from(pages),
+                        host.heads(channel, slot, pages).ok_or(no_data)?,
+                    ),
                 };
                 // Data longer than the run is refused here rather than by the module.
                 let run = self.to_process(run_va, pages.max(length.div_ceil(PAGE_SIZE) as u32))?;
@@ -255,7 +276,8 @@ impl Translator {
             Command::ServicePat { gpu, va } => kernel(kabi::WIC_CMD_SERVICE_PAT, gpu, self.to_process(va, 1)?, 1),
             Command::RearmPat { gpu, va } => kernel(kabi::WIC_CMD_REARM_PAT, gpu, self.to_process(va, 1)?, 1),
             Command::Replay { gpu } => kernel(kabi::WIC_CMD_REPLAY, gpu, (0, 0), 0),
-        })
+            Command::MissedPublish { .. } | Command::Expired { .. } => return Ok(None),
+        }))
     }
 }
 
@@ -360,7 +382,7 @@ mod tests {
         ];
         let fields: Vec<_> = commands
             .iter()
-            .map(|command| t.to_kernel(command, host).unwrap())
+            .map(|command| t.to_kernel(command, &host).unwrap().unwrap())
             .map(|c| (c.opcode, c.space_id, c.gpu_id, c.va, c.pages, c.length, c.arg, c.companion))
             .collect();
         let marker = ErrorMarker::Timeout.word();
@@ -381,10 +403,32 @@ mod tests {
             (Command::RearmPat { gpu: 1, va: 0x50_0000 }, CommandError::Unplaced { va: 0x50_0000 }),
         ];
         for (command, error) in refused {
-            assert_eq!(t.to_kernel(&command, host), Err(error));
+            assert_eq!(t.to_kernel(&command, &host), Err(error));
         }
-        let no_data = t.to_kernel(&complete(0x10_0000, 0x10_2000, data(1)), |_, _, _| None);
+        let no_data = t.to_kernel(&complete(0x10_0000, 0x10_2000, data(1)), &|_, _, _| None);
         assert_eq!(no_data, Err(CommandError::NoHostData { va: 0x10_0000 }));
+
+        // An in-place batch: its slot's head words, one per page, from where the daemon has them.
+        struct Heads;
+        impl HostBytes for Heads {
+            fn data(&self, _: ChannelId, _: DataSource, _: u64) -> Option<u64> {
+                None
+            }
+            fn heads(&self, channel: ChannelId, slot: u32, pages: u32) -> Option<u64> {
+                (channel == ChannelId(3) && pages == 2).then_some(0xbeef_0000 + u64::from(slot))
+            }
+        }
+        let heads = t.to_kernel(&complete(0x30_2000, 0x30_0000, Fill::Heads), &Heads).unwrap().unwrap();
+        assert_eq!(
+            heads,
+            complete_heads(7, 1, 0x7000_6000, 2, 0x7000_4000, 0xbeef_0000),
+            "the same command as complete_heads() builds"
+        );
+        let unheaded = t.to_kernel(&complete(0x30_2000, 0x30_0000, Fill::Heads), &host);
+        assert_eq!(unheaded, Err(CommandError::NoHostData { va: 0x30_2000 }));
+        // What the daemon tells its producers itself has no kernel command.
+        let missed = Command::MissedPublish { channel: ChannelId(3), slot: 0 };
+        assert_eq!(t.to_kernel(&missed, &host), Ok(None));
     }
 
     #[test]
@@ -431,7 +475,7 @@ mod tests {
             pages: 2,
             fill: Fill::Marker(ErrorMarker::Timeout),
         };
-        let kernel = t.to_kernel(&complete, host).unwrap();
+        let kernel = t.to_kernel(&complete, &host).unwrap().unwrap();
         assert_eq!((kernel.space_id, kernel.va), (8, 0x9000_6000), "the engine run now belongs to the second channel");
         assert_eq!(t.engine_va(7, 1, &fault(0x7000_6000), VaWidth::Bits57), None, "the first channel is gone");
         assert_eq!(

@@ -25,7 +25,7 @@ pub mod uring;
 pub mod uvmtools;
 
 pub use backend::{BatchPath, KernelOutcome, PlacedChannel, ShimBackend, Submission, UnplaceError};
-pub use commands::{CommandError, Placement, Translator};
+pub use commands::{CommandError, HostBytes, Placement, Translator};
 pub use device::{Device, DeviceError};
 pub use ring::{FaultRing, MemoryRing, Record, RingError};
 pub use uring::UringSubmitter;

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use wic_engine::{ChannelId, ChannelSpec, Command, Engine, EngineError, ErrorMarker, Fill, Nanos, PoolError};
 use wic_proto::message::{ErrorCode, Stats, WireError};
-use wic_proto::shm::ChannelState;
+use wic_proto::shm::{ChannelState, Publish};
 
 use super::backend::ChannelMap;
 use super::backend::{Added, Backend, Bell, ExecutionLog, PlacementRequest, Source};
@@ -79,7 +79,15 @@ fn engine_error(e: EngineError) -> WireError {
 fn marker_retries(unfilled: &[Command], out: &mut Vec<Command>) {
     let mut gpus = Vec::new();
     for &command in unfilled {
-        if let Command::Complete { gpu, channel, slot, run_va, companion_va, pages, fill: Fill::Data { .. } } = command
+        if let Command::Complete {
+            gpu,
+            channel,
+            slot,
+            run_va,
+            companion_va,
+            pages,
+            fill: Fill::Data { .. } | Fill::Heads,
+        } = command
         {
             out.push(Command::Complete {
                 gpu,
@@ -209,9 +217,17 @@ impl<B: Backend> Core<B> {
                 let Some(producer) = self.backend.producer(channel) else { return };
                 let mut published = 0;
                 let (engine, commands) = (&mut self.engine, &mut self.commands);
-                producer.take_published(|slot| match engine.publish(now, ChannelId(channel), slot, commands) {
-                    Ok(()) => published += 1,
-                    Err(e) => tracing::debug!("channel {channel}: publish of slot {slot} ignored: {e}"),
+                producer.take_published(|slot| {
+                    let result = match producer.take_publish(slot) {
+                        Publish::Buffer => engine.publish(now, ChannelId(channel), slot, commands),
+                        Publish::InPlace { side } => {
+                            engine.publish_in_place(now, ChannelId(channel), slot, side, commands)
+                        }
+                    };
+                    match result {
+                        Ok(()) => published += 1,
+                        Err(e) => tracing::debug!("channel {channel}: publish of slot {slot} ignored: {e}"),
+                    }
                 });
                 self.counters.channels.entry(channel).or_default().publishes += published;
             }

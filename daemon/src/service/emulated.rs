@@ -98,8 +98,34 @@ impl EmulatedGpus {
         Some(&self.channels.get(&channel)?.consumer)
     }
 
+    /// Writes the head words of the producer's in-place batch at the start of each page of the
+    /// run (the producer wrote the rest through its own mapping of the consumer region); false
+    /// if the channel has no host producer region with them.
+    fn write_heads(&mut self, place: RunPlace, pages: u32) -> bool {
+        let Some(channel) = self.channels.get(&place.channel) else { return false };
+        let Some(producer) = channel.producer.as_ref().filter(|p| p.supports_in_place()) else {
+            tracing::error!("channel {}: heads for a channel without a host producer region", place.channel);
+            return false;
+        };
+        let mut heads = vec![0u64; pages as usize];
+        producer.read_heads(place.slot, &mut heads);
+        let first = channel.consumer.layout().run_page(place.slot, place.side);
+        for (page, head) in (first..).zip(heads) {
+            channel.consumer.write_pages(page, &head.to_ne_bytes());
+        }
+        true
+    }
+
+    /// Tells `place`'s producer that the slot's other run, just unmapped, may be written in
+    /// place next.
+    fn hand_over(&self, place: RunPlace) {
+        if let Some(producer) = self.channels.get(&place.channel).and_then(|c| c.producer.as_ref()) {
+            producer.set_writable_side(place.slot, 1 - place.side as u8);
+        }
+    }
+
     /// Copies the producer's bytes into the run; false if there are none this backend can copy.
-    fn write_data(&mut self, place: RunPlace, len: u64, source: DataSource, log: &mut impl ExecutionLog) -> bool {
+    fn write_data(&mut self, place: RunPlace, len: u64, source: DataSource) -> bool {
         let DataSource::Host { offset } = source else {
             tracing::error!("emulated backend cannot copy from a GPU producer");
             return false;
@@ -113,9 +139,16 @@ impl EmulatedGpus {
         self.scratch.resize(len.min(capacity) as usize, 0);
         producer.read_data(offset, &mut self.scratch);
         channel.consumer.write_pages(channel.consumer.layout().run_page(place.slot, place.side), &self.scratch);
-        producer.mark_delivered(place.slot);
-        log.delivered(place.channel);
         true
+    }
+
+    /// Counts `place`'s publish delivered, once the run is mapped (an in-place one) or
+    /// filled, and lets its producer publish again.
+    fn delivered(&self, place: RunPlace, log: &mut impl ExecutionLog) {
+        if let Some(producer) = self.producer(place.channel) {
+            producer.mark_delivered(place.slot);
+        }
+        log.delivered(place.channel);
     }
 
     /// One turn of `channel` at its faults: one pass over its ring, at most
@@ -243,7 +276,8 @@ impl Backend for EmulatedGpus {
                         continue;
                     };
                     let filled = match fill {
-                        Fill::Data { len, source } => self.write_data(place, len, source, log),
+                        Fill::Data { len, source } => self.write_data(place, len, source),
+                        Fill::Heads => self.write_heads(place, pages),
                         Fill::Marker(marker) => {
                             if let Some(region) = self.consumer(place.channel) {
                                 let first = region.layout().run_page(place.slot, place.side);
@@ -255,10 +289,19 @@ impl Backend for EmulatedGpus {
                             true
                         }
                     };
-                    // As in the module: a run whose fill failed is not mapped.
+                    // As in the module: a run whose fill failed is not mapped. The engine consumed
+                    // the generation either way: its producer may publish again, told that an
+                    // in-place batch missed it.
                     if !filled {
                         done.failed += 1;
                         log.unfilled(*command);
+                        if let Some(producer) = self.producer(place.channel) {
+                            if fill == Fill::Heads {
+                                producer.mark_missed(place.slot);
+                            } else if let Fill::Data { .. } = fill {
+                                producer.mark_delivered(place.slot);
+                            }
+                        }
                         continue;
                     }
                     if let Some(region) = self.consumer(place.channel) {
@@ -266,6 +309,22 @@ impl Backend for EmulatedGpus {
                         region.set_pages(layout.run_page(place.slot, 1 - place.side), pages as usize, PAGE_UNMAPPED);
                         region.set_pages(layout.run_page(place.slot, place.side), pages as usize, PAGE_MAPPED);
                     }
+                    // The companion is unmapped: said before the publish counts delivered, so a
+                    // producer that sees the delivery writes that run next, never this one.
+                    self.hand_over(place);
+                    if matches!(fill, Fill::Data { .. } | Fill::Heads) {
+                        self.delivered(place, log);
+                    }
+                }
+                Command::MissedPublish { channel, slot } => {
+                    if let Some(producer) = self.producer(channel.0) {
+                        producer.mark_missed(slot);
+                    }
+                }
+                // This backend has no bound of its own on a hold.
+                Command::Expired { .. } => {
+                    tracing::error!("emulated backend got {command:?}, which it never causes");
+                    done.failed += 1;
                 }
                 Command::ServicePat { .. } | Command::RearmPat { .. } => {
                     // Channels with GPU producers are refused at creation by this backend.

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use wic_engine::{ChannelId, ChannelLayout, ChannelSpec, Command, DataSource, FaultSink, Fill};
-use wic_kmod::{DeviceError, PlacedChannel, ShimBackend};
+use wic_kmod::{DeviceError, HostBytes, PlacedChannel, ShimBackend};
 use wic_proto::message::{ErrorCode, Stats, Submissions, WireError};
 use wic_proto::shm::{ChannelState, ProducerRegion};
 
@@ -18,6 +18,34 @@ use super::backend::{Added, Backend, ChannelMap, Counts, Executed, ExecutionLog,
 pub struct ShimChannel {
     pub producer: Option<ProducerRegion>,
     placed: PlacedChannel,
+    /// Each slot's runs, by the engine's addresses: which of them a command names.
+    runs: Vec<[u64; 2]>,
+}
+
+impl ShimChannel {
+    /// Tells the host producer, if any, that the run of `slot` at `companion_va` is unmapped
+    /// and may be written in place next; before the delivery is counted, so that a producer
+    /// that sees the delivery never writes the run just mapped.
+    fn hand_over(&self, slot: u32, companion_va: u64) {
+        let (Some(producer), Some(runs)) = (&self.producer, self.runs.get(slot as usize)) else { return };
+        producer.set_writable_side(slot, u8::from(companion_va == runs[1]));
+    }
+}
+
+/// The host producers' bytes as the module reads them: the daemon's mappings of their regions.
+struct ProducerBytes<'a>(&'a ChannelMap<ShimChannel>);
+
+impl HostBytes for ProducerBytes<'_> {
+    fn data(&self, channel: ChannelId, source: DataSource, len: u64) -> Option<u64> {
+        let DataSource::Host { offset } = source else { return None };
+        self.0.get(&channel.0)?.producer.as_ref()?.data_address(offset, len)
+    }
+
+    fn heads(&self, channel: ChannelId, slot: u32, pages: u32) -> Option<u64> {
+        let producer = self.0.get(&channel.0)?.producer.as_ref().filter(|p| p.supports_in_place())?;
+        (slot < producer.layout().slots && pages as usize <= producer.layout().pages_per_run())
+            .then(|| producer.heads_ptr(slot) as u64)
+    }
 }
 
 /// How often a range or space the module refused to let go of is asked again.
@@ -51,11 +79,15 @@ fn pages_and_host_bytes(commands: &[Command]) -> Option<(u64, u64)> {
     commands.iter().try_fold((0, 0), |(pages, bytes), command| match *command {
         Command::Complete { fill: Fill::Data { source: DataSource::Gpu { .. }, .. }, .. } => None,
         Command::Complete { pages: run, fill, .. } => {
-            let copied = if let Fill::Data { len, .. } = fill { len } else { 0 };
+            let copied = match fill {
+                Fill::Data { len, .. } => len,
+                Fill::Heads => 8 * u64::from(run),
+                Fill::Marker(_) => 0,
+            };
             Some((pages + 2 * u64::from(run), bytes + copied))
         }
         Command::ServicePat { .. } | Command::RearmPat { .. } => Some((pages + 1, bytes)),
-        Command::Replay { .. } => Some((pages, bytes)),
+        Command::Replay { .. } | Command::MissedPublish { .. } | Command::Expired { .. } => Some((pages, bytes)),
     })
 }
 
@@ -109,7 +141,8 @@ impl ShimGpus {
             slot.runs = slot.runs.map(process);
             slot.pat = slot.pat.map(|pat| pat.map(process));
         }
-        self.channels.insert(layout.id.0, ShimChannel { producer: region, placed });
+        let runs = layout.slots.iter().map(|slot| slot.runs).collect();
+        self.channels.insert(layout.id.0, ShimChannel { producer: region, placed, runs });
         Ok(seen)
     }
 }
@@ -162,10 +195,6 @@ impl Backend for ShimGpus {
     /// Runs `commands` as one batch.
     fn execute(&mut self, commands: &[Command], log: &mut impl ExecutionLog) -> Executed {
         let channels = &self.channels;
-        let host_data = |channel: ChannelId, source: DataSource, len: u64| {
-            let DataSource::Host { offset } = source else { return None };
-            channels.get(&channel.0)?.producer.as_ref()?.data_address(offset, len)
-        };
         let mut done = Executed::default();
         let mut all_carried_out = true;
         let outcome = |command: &Command, result: Result<i32, wic_kmod::CommandError>| {
@@ -181,19 +210,42 @@ impl Backend for ShimGpus {
                 done.failed += 1;
                 tracing::warn!("{command:?} failed: {}", describe(result));
             }
+            // An expired run's companion was unmapped by the module's own completion.
+            if let (true, Command::Complete { channel, slot, companion_va, .. }) = (carried_out || expired, command) {
+                if let Some(placed) = channels.get(&channel.0) {
+                    placed.hand_over(*slot, *companion_va);
+                }
+            }
             match *command {
-                Command::Complete { channel, slot, fill: Fill::Data { .. }, .. } => {
+                Command::Complete { channel, slot, fill: fill @ (Fill::Data { .. } | Fill::Heads), .. } => {
                     if !carried_out && !expired {
                         log.unfilled(*command);
                     }
-                    let Some(placed) = channels.get(&channel.0) else { return };
+                    let Some(producer) = channels.get(&channel.0).and_then(|c| c.producer.as_ref()) else {
+                        return;
+                    };
                     // The engine consumed the generation either way: the producer may publish
-                    // the next.
-                    if let Some(producer) = &placed.producer {
+                    // the next; an in-place batch whose run was not mapped with its heads
+                    // missed its generation (its consumers read a marker).
+                    if carried_out {
+                        producer.mark_delivered(slot);
+                        log.delivered(channel.0);
+                    } else if fill == Fill::Heads {
+                        producer.mark_missed(slot);
+                    } else {
                         producer.mark_delivered(slot);
                     }
-                    if carried_out {
-                        log.delivered(channel.0);
+                }
+                Command::MissedPublish { channel, slot } => {
+                    if let Some(producer) = channels.get(&channel.0).and_then(|c| c.producer.as_ref()) {
+                        producer.mark_missed(slot);
+                    }
+                }
+                Command::Expired { channel, slot, companion_va, missed } => {
+                    let Some(placed) = channels.get(&channel.0) else { return };
+                    placed.hand_over(slot, companion_va);
+                    if let (true, Some(producer)) = (missed, &placed.producer) {
+                        producer.mark_missed(slot);
                     }
                 }
                 _ if !carried_out => {}
@@ -205,7 +257,7 @@ impl Backend for ShimGpus {
             }
         };
         let submitted = Instant::now();
-        let result = self.backend.execute(commands, host_data, outcome);
+        let result = self.backend.execute(commands, ProducerBytes(channels), outcome);
         let took = submitted.elapsed().as_nanos().try_into().unwrap_or(u64::MAX);
         if let Err(e) = result {
             tracing::error!("submitting {} commands to the module: {e}", commands.len());

@@ -130,6 +130,19 @@ c_struct! {
 }
 
 c_struct! {
+    /// `struct wic_run`: a slot's run lent to its host producer to write in place.
+    pub struct WicRun = "wic_run" {
+        /// `void *`: the run, in the consumers' pages.
+        pub data: usize,
+        /// `uint64_t *`: the head word of each page.
+        pub heads: usize,
+        pub batch_bytes: u64,
+        pub pages: u32,
+        pub side: u32,
+    }
+}
+
+c_struct! {
     /// `struct wic_channel_info`: the channel as the daemon laid it out.
     pub struct WicChannelInfo = "wic_channel_info" {
         pub channel_id: u32,

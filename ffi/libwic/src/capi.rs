@@ -17,8 +17,8 @@ use wic_proto::message::ErrorCode;
 use wic_types::uvm_gpu::{Uuid, UvmGpus, PROCFS_GPUS};
 
 use crate::abi::{
-    err, role_from_c, WicChannelInfo, WicChannelSpec, WicSlotInfo, WicStats, WIC_EINVALID, WIC_EIO, WIC_ENOT_FOUND,
-    WIC_EPROTOCOL, WIC_EUNSUPPORTED, WIC_OK, WIC_TOKEN_LEN,
+    err, role_from_c, WicChannelInfo, WicChannelSpec, WicRun, WicSlotInfo, WicStats, WIC_EINVALID, WIC_EIO,
+    WIC_ENOT_FOUND, WIC_EPROTOCOL, WIC_EUNSUPPORTED, WIC_OK, WIC_TOKEN_LEN,
 };
 use crate::channel::{self, Channel};
 use crate::client::{self, spec_from_abi, stats_to_abi, Client};
@@ -439,6 +439,94 @@ pub unsafe extern "C" fn wic_wait_writable(ch: *mut Channel, slot: u32, timeout_
         // SAFETY: the caller guarantees `ch` is NULL or live.
         let Some(ch) = (unsafe { ch.as_ref() }) else { return WIC_EINVALID };
         status(ch.wait_writable(slot, Duration::from_nanos(timeout_ns)))
+    })
+}
+
+/// Waits until `slot` may be published again and lends its run to write in place.
+///
+/// # Safety
+/// `ch` is NULL or a live handle; `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn wic_run_acquire(ch: *mut Channel, slot: u32, timeout_ns: u64, out: *mut WicRun) -> c_int {
+    guard(|| {
+        // SAFETY: the caller guarantees `ch` is NULL or live.
+        let Some(ch) = (unsafe { ch.as_ref() }) else { return WIC_EINVALID };
+        if out.is_null() {
+            return WIC_EINVALID;
+        }
+        match ch.acquire_run(slot, Duration::from_nanos(timeout_ns)) {
+            Ok(run) => {
+                let run = WicRun {
+                    data: run.data as usize,
+                    heads: run.heads as usize,
+                    batch_bytes: ch.info().batch_bytes,
+                    pages: run.pages,
+                    side: u32::from(run.side),
+                };
+                // SAFETY: non-null and writable, per the caller.
+                unsafe { out.write(run) };
+                WIC_OK
+            }
+            Err(e) => status(Err(e)),
+        }
+    })
+}
+
+/// The run `run` describes, once checked: `None` for one that cannot have come from
+/// `wic_run_acquire` (no pages, or heads for fewer pages than the batch spans).
+fn lent_run(run: &WicRun) -> Option<channel::Run> {
+    let spans = run.batch_bytes.div_ceil(wic_types::PAGE_SIZE);
+    if run.data == 0 || run.heads == 0 || run.side > 1 || u64::from(run.pages) < spans {
+        return None;
+    }
+    Some(channel::Run {
+        data: run.data as *mut u8,
+        heads: run.heads as *mut u64,
+        pages: run.pages,
+        side: run.side as u8,
+    })
+}
+
+/// Copies `len` bytes from `src` to `offset` of the batch in `run`.
+///
+/// # Safety
+/// `run` is NULL or from `wic_run_acquire` of a channel still open and not yet published;
+/// `src` is readable for `len` bytes (or `len` is 0).
+#[no_mangle]
+pub unsafe extern "C" fn wic_run_write(run: *const WicRun, offset: u64, src: *const c_void, len: usize) -> c_int {
+    guard(|| {
+        // SAFETY: the caller guarantees `run` is NULL or valid.
+        let Some(run) = (unsafe { run.as_ref() }) else { return WIC_EINVALID };
+        let Some(lent) = lent_run(run) else { return WIC_EINVALID };
+        if (src.is_null() && len > 0) || offset.checked_add(len as u64).is_none_or(|end| end > run.batch_bytes) {
+            return WIC_EINVALID;
+        }
+        if len == 0 {
+            return WIC_OK;
+        }
+        // SAFETY: non-null, and the caller guarantees `len` readable bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(src.cast::<u8>(), len) };
+        // SAFETY: the run is lent and unpublished, per the caller, and the bytes end within
+        // its batch, checked above.
+        unsafe { lent.write(offset as usize, bytes) };
+        WIC_OK
+    })
+}
+
+/// Publishes the batch written in place into `run`.
+///
+/// # Safety
+/// `ch` is NULL or a live handle; `run` is NULL or readable.
+#[no_mangle]
+pub unsafe extern "C" fn wic_run_publish(ch: *mut Channel, slot: u32, run: *const WicRun) -> c_int {
+    guard(|| {
+        // SAFETY: the caller guarantees `ch` is NULL or live, `run` NULL or readable.
+        let (Some(ch), Some(run)) = (unsafe { ch.as_ref() }, unsafe { run.as_ref() }) else { return WIC_EINVALID };
+        if run.batch_bytes != ch.info().batch_bytes {
+            return WIC_EINVALID;
+        }
+        let Some(lent) = lent_run(run) else { return WIC_EINVALID };
+        status(ch.publish_run(slot, &lent))
     })
 }
 

@@ -3,7 +3,10 @@
 //!
 //! - **Host producers** fill a slot's buffer in the producer region and publish it by bumping the
 //!   slot's `published` counter, then ring the publish doorbell; the slot can be written again
-//!   once the daemon has delivered the generation (`delivered` catches up, futex-woken).
+//!   once the daemon has delivered the generation (`delivered` catches up, futex-woken). A
+//!   producer that can reach the consumers' pages writes the batch there instead
+//!   ([`Channel::acquire_run`], [`Channel::publish_run`]) and the daemon copies nothing but
+//!   the head words (docs/architecture.md, "Host producers in place").
 //! - **Consumers** (on the emulated backend) play the warps of one batch: read the slot's run for
 //!   the next generation, and while its pages are unmapped, post a replayable fault to the
 //!   channel's fault ring, ring the fault doorbell and sleep until the daemon replays.
@@ -68,6 +71,12 @@ pub enum Error {
     Stopping,
     /// The daemon hung up while a caller waited for it.
     DaemonGone,
+    /// This handle cannot reach the consumers' pages to write a run in place.
+    NotInPlace(&'static str),
+    /// The last in-place publish of the slot missed its generation: the generation ended
+    /// (timed out, or the module's bound) before its run was mapped, so the consumers read an
+    /// error marker instead. The batch must be written again, into the run acquired next.
+    Missed,
     /// Ringing a doorbell failed.
     Doorbell(io::Error),
 }
@@ -89,6 +98,8 @@ impl Error {
             Self::Closed => ErrorCode::Closed,
             Self::Stopping => ErrorCode::Stopping,
             Self::DaemonGone => ErrorCode::Connect,
+            Self::NotInPlace(_) => ErrorCode::Unsupported,
+            Self::Missed => ErrorCode::Stale,
         }
     }
 }
@@ -110,6 +121,8 @@ impl fmt::Display for Error {
             Self::Closed => f.write_str(ErrorCode::Closed.describe()),
             Self::Stopping => f.write_str(ErrorCode::Stopping.describe()),
             Self::DaemonGone => f.write_str("wicd hung up"),
+            Self::NotInPlace(why) => write!(f, "cannot write in place: {why}"),
+            Self::Missed => f.write_str("the last in-place publish missed its generation; write the batch again"),
             Self::Doorbell(e) => write!(f, "ringing the doorbell: {e}"),
         }
     }
@@ -150,6 +163,53 @@ struct ConsumerSide {
 struct ProducerSide {
     region: ProducerRegion,
     doorbell: OwnedFd,
+    /// Per slot, the region's count of missed in-place publishes last reported.
+    missed_seen: Vec<AtomicU32>,
+}
+
+/// A slot's run, lent to its host producer to write the next batch in place
+/// ([`Channel::acquire_run`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Run {
+    /// The run: [`ChannelInfo::batch_bytes`] bytes in the consumers' pages, except the first
+    /// 8 bytes of each page, which belong to `heads`.
+    pub data: *mut u8,
+    /// One word per page: the batch's bytes `[4096 p, 4096 p + 8)` go to `heads[p]`, never to
+    /// `data + 4096 p`, where a generation that ends meanwhile puts its error marker.
+    pub heads: *mut u64,
+    /// Pages of the run.
+    pub pages: u32,
+    /// Which of the slot's two runs.
+    pub side: u8,
+}
+
+impl Run {
+    /// Copies `bytes` to `offset` of the batch, the head words' share into the heads.
+    ///
+    /// # Safety
+    /// `self` came from [`Channel::acquire_run`] of a channel still open, and is not yet
+    /// published; `offset + bytes.len()` is within the batch.
+    pub unsafe fn write(&self, offset: usize, bytes: &[u8]) {
+        let page = PAGE_SIZE as usize;
+        let mut done = 0;
+        while done < bytes.len() {
+            let at = offset + done;
+            let (index, within) = (at / page, at % page);
+            let take = if within < 8 { 8 - within } else { page - within }.min(bytes.len() - done);
+            let chunk = &bytes[done..done + take];
+            // SAFETY: in the caller's bounds, per this function's contract: the head word of
+            // page `index` is one of `pages`, and the rest of the page is in the run.
+            unsafe {
+                if within < 8 {
+                    let head = self.heads.add(index).cast::<u8>().add(within);
+                    std::ptr::copy_nonoverlapping(chunk.as_ptr(), head, take);
+                } else {
+                    std::ptr::copy_nonoverlapping(chunk.as_ptr(), self.data.add(at), take);
+                }
+            }
+            done += take;
+        }
+    }
 }
 
 /// A channel this process created or attached to.
@@ -158,6 +218,9 @@ pub struct Channel {
     conn: Arc<Connection>,
     consumer: Option<ConsumerSide>,
     producer: Option<ProducerSide>,
+    /// The channel was placed in this process's managed memory: its runs' addresses are this
+    /// process's (shim backend).
+    placed_here: bool,
 }
 
 impl fmt::Debug for Channel {
@@ -220,7 +283,12 @@ fn check_open(state: ChannelState) -> Result<(), Error> {
 
 impl Channel {
     /// Opens a channel from the daemon's reply and the descriptors that came with it.
-    pub(crate) fn open(conn: Arc<Connection>, info: ChannelInfo, fds: Vec<OwnedFd>) -> Result<Self, Error> {
+    pub(crate) fn open(
+        conn: Arc<Connection>,
+        info: ChannelInfo,
+        fds: Vec<OwnedFd>,
+        placed_here: bool,
+    ) -> Result<Self, Error> {
         if fds.len() != info.fds.len() {
             return Err(Error::Protocol(format!("{} descriptors announced, {} received", info.fds.len(), fds.len())));
         }
@@ -260,11 +328,12 @@ impl Channel {
         let producer = match producer {
             Some((fd, doorbell)) => {
                 let layout = ProducerLayout { slots: info.spec.slots, batch_bytes: info.batch_bytes };
-                Some(ProducerSide { region: ProducerRegion::open(&fd, layout)?, doorbell })
+                let missed_seen = (0..info.spec.slots).map(|_| AtomicU32::new(0)).collect();
+                Some(ProducerSide { region: ProducerRegion::open(&fd, layout)?, doorbell, missed_seen })
             }
             None => None,
         };
-        Ok(Self { info, conn, consumer, producer })
+        Ok(Self { info, conn, consumer, producer, placed_here })
     }
 
     /// The daemon's description of the channel.
@@ -328,7 +397,7 @@ impl Channel {
     /// Releases the handle; the owner's handle also destroys the channel in the daemon. A
     /// channel the daemon already dropped (closed, or not found) is not an error.
     pub fn close(self) -> Result<(), Error> {
-        let Self { info, conn, consumer, producer } = self;
+        let Self { info, conn, consumer, producer, .. } = self;
         drop((consumer, producer));
         if info.role != Role::Owner {
             return Ok(());
@@ -402,7 +471,8 @@ impl Channel {
     }
 
     /// Waits until `slot` can be published again: its last generation has been delivered.
-    /// `timeout` of zero polls once.
+    /// `timeout` of zero polls once. [`Error::Missed`], once, when the last in-place publish
+    /// missed its generation.
     pub fn wait_writable(&self, slot: u32, timeout: Duration) -> Result<(), Error> {
         let side = self.producer()?;
         self.check_slot(slot)?;
@@ -411,7 +481,7 @@ impl Channel {
         loop {
             let delivered = region.delivered(slot).load(Ordering::Acquire);
             if region.published(slot).load(Ordering::Acquire) == delivered {
-                return Ok(());
+                return Self::report_missed(side, slot);
             }
             check_open(region.state())?;
             let wait = match deadline {
@@ -429,6 +499,61 @@ impl Channel {
                 return Err(Error::DaemonGone);
             }
         }
+    }
+
+    /// [`Error::Missed`] if an in-place publish of `slot` missed its generation since the last
+    /// report.
+    fn report_missed(side: &ProducerSide, slot: u32) -> Result<(), Error> {
+        if !side.region.supports_in_place() {
+            return Ok(());
+        }
+        let missed = side.region.missed(slot).load(Ordering::Acquire);
+        if side.missed_seen[slot as usize].swap(missed, Ordering::Relaxed) != missed {
+            return Err(Error::Missed);
+        }
+        Ok(())
+    }
+
+    /// Waits until `slot` can be published again ([`Channel::wait_writable`]) and lends its
+    /// producer the run the next batch goes to, to write in place: the consumers' own pages,
+    /// which no GPU can read until [`Channel::publish_run`] has them mapped, so the daemon
+    /// copies only the head words.
+    ///
+    /// Only the handle that can reach those pages writes in place: the owner's handle of a
+    /// channel placed in this process's managed memory (shim backend; the pages should live
+    /// on the CPU: `cudaMemAdviseSetPreferredLocation` to `cudaCpuDeviceId`, or a GPU fault
+    /// on other data in their 2 MiB block can migrate them), or a handle holding the consumer
+    /// region (emulated backend). [`Error::Missed`] when the previous in-place publish missed
+    /// its generation: acquire again and write the batch again.
+    pub fn acquire_run(&self, slot: u32, timeout: Duration) -> Result<Run, Error> {
+        let side = self.producer()?;
+        self.check_slot(slot)?;
+        if !side.region.supports_in_place() {
+            return Err(Error::NotInPlace("the daemon is older than in-place publishing"));
+        }
+        self.wait_writable(slot, timeout)?;
+        let run_side = (side.region.writable_side(slot).load(Ordering::Acquire) & 1) as u8;
+        let data = if self.placed_here && self.info.role == Role::Owner {
+            self.info.slots[slot as usize].runs[run_side as usize] as *mut u8
+        } else if let Some(consumer) = &self.consumer {
+            consumer.region.page_ptr(consumer.region.layout().run_page(slot, run_side as usize))
+        } else {
+            return Err(Error::NotInPlace("the consumers' pages are in another process: publish from the slot buffer"));
+        };
+        let heads = side.region.heads_ptr(slot);
+        Ok(Run { data, heads, pages: self.info.pages_per_run, side: run_side })
+    }
+
+    /// Publishes the batch written into `run`, from [`Channel::acquire_run`] of `slot`.
+    pub fn publish_run(&self, slot: u32, run: &Run) -> Result<(), Error> {
+        let region = self.producer_slot(slot)?;
+        if !region.supports_in_place() {
+            return Err(Error::NotInPlace("the daemon is older than in-place publishing"));
+        }
+        if !region.publish_in_place(slot, run.side) {
+            return Err(Error::Busy);
+        }
+        self.ring_publish()
     }
 
     // ---- Consumer (emulated backend) ----

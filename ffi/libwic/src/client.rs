@@ -155,7 +155,7 @@ impl Client {
             return Err(Error::Protocol(format!("expected a channel, got {reply:?}")));
         };
         let id = info.channel;
-        Channel::open(Arc::clone(&self.conn), info, fds).map_err(|e| {
+        Channel::open(Arc::clone(&self.conn), info, fds, base_va.is_some()).map_err(|e| {
             // The daemon holds a channel nobody can use: give it back. Best effort, the
             // daemon also drops it when this session ends.
             let _ = self.conn.call(&Request::DestroyChannel { channel: id });
@@ -169,7 +169,7 @@ impl Client {
         let Reply::Channel(info) = reply else {
             return Err(Error::Protocol(format!("expected a channel, got {reply:?}")));
         };
-        Ok(Channel::open(Arc::clone(&self.conn), info, fds)?)
+        Ok(Channel::open(Arc::clone(&self.conn), info, fds, false)?)
     }
 
     /// The daemon's statistics.

@@ -23,7 +23,7 @@ pub mod channel;
 pub mod client;
 mod connection;
 
-pub use channel::Channel;
+pub use channel::{Channel, Run};
 pub use client::Client;
 pub use wic_proto::client::Timeout;
 pub use wic_proto::message::{ChannelInfo, ChannelSpec, ErrorCode, Producer, Role, SlotInfo, Stats};

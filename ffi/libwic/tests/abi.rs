@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 
 use common::header::{c_program, parse_header};
 use common::{arg, c_compiler, check_success, compile, cxx_compiler, include_dir, run, scratch_dir, try_compile};
-use wic::abi::{self, WicChannelInfo, WicChannelSpec, WicSlotInfo, WicStats};
+use wic::abi::{self, WicChannelInfo, WicChannelSpec, WicRun, WicSlotInfo, WicStats};
 use wic_proto::message::ErrorCode;
 use wic_types::ErrorMarker;
 
@@ -29,6 +29,7 @@ fn rust_lines() -> BTreeSet<String> {
     layout::<WicSlotInfo>(&mut lines, WicSlotInfo::C_NAME, WicSlotInfo::FIELDS);
     layout::<WicChannelInfo>(&mut lines, WicChannelInfo::C_NAME, WicChannelInfo::FIELDS);
     layout::<WicStats>(&mut lines, WicStats::C_NAME, WicStats::FIELDS);
+    layout::<WicRun>(&mut lines, WicRun::C_NAME, WicRun::FIELDS);
 
     let version = |part: &str| part.parse::<i128>().unwrap();
     let mut constants: Vec<(String, i128)> = vec![
@@ -56,7 +57,7 @@ fn rust_mirrors_match_the_header() {
     let header_text = std::fs::read_to_string(include_dir().join("wic.h")).expect("ffi/include/wic.h");
     let header = parse_header(&header_text);
     let names: Vec<&str> = header.structs.iter().map(|s| s.name.as_str()).collect();
-    assert_eq!(names, ["wic_channel_spec", "wic_slot_info", "wic_channel_info", "wic_stats"], "{header:#?}");
+    assert_eq!(names, ["wic_channel_spec", "wic_slot_info", "wic_channel_info", "wic_stats", "wic_run"], "{header:#?}");
     assert!(header.constants.len() > 20, "too few constants read from wic.h: {:?}", header.constants);
 
     let dir = scratch_dir("abi");

@@ -470,7 +470,7 @@ impl ErrorCode {
             Self::Connect => "cannot reach wicd",
             Self::Unsupported => "not supported by this backend",
             Self::Io => "I/O error",
-            Self::Stale => "stale: the generation was overwritten by a newer one",
+            Self::Stale => "stale: the generation was overwritten by a newer one, or an in-place publish missed it",
             Self::Stream => "stream rule broken: the publish's stream waits for the consumer kernel",
         }
     }

@@ -7,7 +7,12 @@
 //!   (mapped or not, the futex a stalled warp sleeps on is the replay counter), the channel's
 //!   fault ring (raw 32-byte fault-buffer entries, written by stalled warps) and the pages;
 //! - the **producer region** is the host producer's: per-slot `published` and `delivered`
-//!   generation counters, the dirty bits the daemon scans after a doorbell, and the slot buffers.
+//!   generation counters, the dirty bits the daemon scans after a doorbell, and the slot buffers;
+//!   after them, the in-place area: per slot, the run the producer may write in place next, the
+//!   side of its pending in-place publish, a count of in-place publishes that missed their
+//!   generation, and the run's head words (docs/architecture.md, "Host producers in place").
+//!   A region without that area (a daemon older than it) still opens: in place is then
+//!   unsupported.
 //!
 //! The daemon trusts nothing it reads here: it keeps its own ring index, bounds every scan and
 //! computes every offset itself.
@@ -151,9 +156,35 @@ impl ProducerLayout {
         align_up(self.dirty_offset() + 8 * self.dirty_words(), PAGE_SIZE as usize)
     }
 
+    /// Bytes of the region before the in-place area: what a region without it holds.
+    fn base_bytes(&self) -> usize {
+        self.data_offset() + self.slots as usize * self.batch_bytes as usize
+    }
+
+    /// Pages of one run: the head words a slot has.
+    pub fn pages_per_run(&self) -> usize {
+        self.batch_bytes.div_ceil(PAGE_SIZE) as usize
+    }
+
+    fn in_place_offset(&self) -> usize {
+        align_up(self.base_bytes(), 64)
+    }
+
+    fn writable_side_offset(&self) -> usize {
+        self.in_place_offset() + 4 * self.slots as usize
+    }
+
+    fn missed_offset(&self) -> usize {
+        self.writable_side_offset() + 4 * self.slots as usize
+    }
+
+    fn heads_offset(&self) -> usize {
+        align_up(self.missed_offset() + 4 * self.slots as usize, 8)
+    }
+
     /// Total bytes of the region.
     pub fn bytes(&self) -> usize {
-        self.data_offset() + self.slots as usize * self.batch_bytes as usize
+        self.heads_offset() + 8 * self.slots as usize * self.pages_per_run()
     }
 }
 
@@ -349,6 +380,13 @@ impl ConsumerRegion {
         self.map.write(self.page_offset(index), bytes);
     }
 
+    /// A pointer to page `index` of the channel, for a host producer that writes a run in
+    /// place (the emulated GPU's memory is this region).
+    pub fn page_ptr(&self, index: usize) -> *mut u8 {
+        assert!(index < self.layout.pages());
+        self.map.ptr(self.page_offset(index), PAGE_SIZE as usize)
+    }
+
     /// Reads from the start of page `index`.
     pub fn read_pages(&self, index: usize, dst: &mut [u8]) {
         assert!(index * PAGE_SIZE as usize + dst.len() <= self.layout.pages() * PAGE_SIZE as usize);
@@ -430,18 +468,37 @@ impl ConsumerRegion {
 pub struct ProducerRegion {
     map: Mapping,
     layout: ProducerLayout,
+    /// The mapping holds the in-place area (every region the daemon creates does).
+    in_place: bool,
+}
+
+/// A host producer's pending in-place publish, as the daemon takes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Publish {
+    /// The slot buffer holds the batch.
+    Buffer,
+    /// The producer wrote run `side` of the slot in place, and its head words.
+    InPlace { side: u8 },
 }
 
 impl ProducerRegion {
     /// Creates the region (daemon side): nothing published.
     pub fn create(layout: ProducerLayout) -> io::Result<(Self, OwnedFd)> {
         let (map, fd) = Self::header(layout).create(c"wic-producer", layout.bytes())?;
-        Ok((Self { map, layout }, fd))
+        Ok((Self { map, layout, in_place: true }, fd))
     }
 
-    /// Maps a region received from the daemon and checks it matches `layout`.
+    /// Maps a region received from the daemon and checks it matches `layout`; one without the
+    /// in-place area (from an older daemon) is mapped without it.
     pub fn open(fd: &OwnedFd, layout: ProducerLayout) -> Result<Self, ShmError> {
-        Ok(Self { map: Self::header(layout).open(fd, layout.bytes())?, layout })
+        let in_place = mapped_len(fd)? >= layout.bytes();
+        let bytes = if in_place { layout.bytes() } else { layout.base_bytes() };
+        Ok(Self { map: Self::header(layout).open(fd, bytes)?, layout, in_place })
+    }
+
+    /// Whether the region has the in-place area.
+    pub fn supports_in_place(&self) -> bool {
+        self.in_place
     }
 
     fn header(layout: ProducerLayout) -> Header {
@@ -502,6 +559,85 @@ impl ProducerRegion {
     pub fn slot_ptr(&self, slot: u32) -> *mut u8 {
         assert!(slot < self.layout.slots);
         self.map.ptr(self.layout.data_offset() + self.slot_offset(slot) as usize, self.layout.batch_bytes as usize)
+    }
+
+    fn in_place_word(&self, slot: u32) -> &AtomicU32 {
+        assert!(self.in_place && slot < self.layout.slots);
+        self.map.u32_at(self.layout.in_place_offset() + 4 * slot as usize)
+    }
+
+    /// The run of `slot` its producer may write in place next (0 or 1): the daemon sets it
+    /// once the run is unmapped on the consumer GPU (the companion of a completed generation),
+    /// before it counts that generation's publish delivered.
+    pub fn writable_side(&self, slot: u32) -> &AtomicU32 {
+        assert!(self.in_place && slot < self.layout.slots);
+        self.map.u32_at(self.layout.writable_side_offset() + 4 * slot as usize)
+    }
+
+    /// In-place publishes of `slot` that missed their generation: it had ended (timed out,
+    /// expired in the module, or its completion failed) before their data could be mapped,
+    /// so its consumers read an error marker instead.
+    pub fn missed(&self, slot: u32) -> &AtomicU32 {
+        assert!(self.in_place && slot < self.layout.slots);
+        self.map.u32_at(self.layout.missed_offset() + 4 * slot as usize)
+    }
+
+    /// `slot`'s head words, one per page of a run: the first 8 bytes of each page of an
+    /// in-place batch, which the daemon's completion writes and the producer never does.
+    pub fn heads_ptr(&self, slot: u32) -> *mut u64 {
+        assert!(self.in_place && slot < self.layout.slots);
+        let pages = self.layout.pages_per_run();
+        self.map.ptr(self.layout.heads_offset() + 8 * slot as usize * pages, 8 * pages).cast()
+    }
+
+    /// Reads `slot`'s head words (daemon side).
+    pub fn read_heads(&self, slot: u32, dst: &mut [u64]) {
+        let pages = self.layout.pages_per_run();
+        assert!(dst.len() <= pages);
+        let mut bytes = vec![0u8; 8 * dst.len()];
+        self.map.read(self.layout.heads_offset() + 8 * slot as usize * pages, &mut bytes);
+        for (word, chunk) in dst.iter_mut().zip(bytes.chunks_exact(8)) {
+            *word = u64::from_ne_bytes(chunk.try_into().expect("8 bytes"));
+        }
+    }
+
+    /// Publishes `slot` in place (producer side): run `side` and the head words hold the
+    /// batch. Fails with `false` if the previous generation has not been delivered yet.
+    pub fn publish_in_place(&self, slot: u32, side: u8) -> bool {
+        let delivered = self.delivered(slot).load(Ordering::Acquire);
+        if self.published(slot).load(Ordering::Acquire) != delivered {
+            return false;
+        }
+        // Ordered before the daemon's read by the release of publish()'s claim and dirty bit.
+        self.in_place_word(slot).store(u32::from(side) + 1, Ordering::Relaxed);
+        self.publish(slot)
+    }
+
+    /// How `slot`'s publish just taken by [`Self::take_published`] carries its batch (daemon
+    /// side); takes the in-place mark, so that the next publish starts from the buffer.
+    pub fn take_publish(&self, slot: u32) -> Publish {
+        if !self.in_place {
+            return Publish::Buffer;
+        }
+        match self.in_place_word(slot).swap(0, Ordering::AcqRel) {
+            0 => Publish::Buffer,
+            mark => Publish::InPlace { side: ((mark - 1) & 1) as u8 },
+        }
+    }
+
+    /// Records that `slot`'s run `side` is unmapped on the consumer GPU and may be written in
+    /// place (daemon side).
+    pub fn set_writable_side(&self, slot: u32, side: u8) {
+        if self.in_place {
+            self.writable_side(slot).store(u32::from(side), Ordering::Release);
+        }
+    }
+
+    /// Records that `slot`'s in-place publish missed its generation, and lets the producer
+    /// publish again (daemon side).
+    pub fn mark_missed(&self, slot: u32) {
+        self.missed(slot).fetch_add(1, Ordering::AcqRel);
+        self.mark_delivered(slot);
     }
 
     /// Publishes `slot` (producer side): the buffer must already hold the data. Fails with

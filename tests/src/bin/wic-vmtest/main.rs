@@ -3,7 +3,7 @@
 //! (crate wic-kmod) and engine.
 //!
 //! Usage: `wic-vmtest SCENARIO...` with scenarios `deliver`, `daemon-death`, `hostile`, `busy`,
-//! `storms`, `overflow`, `race`, `closing`, `max-hold`, `preemption`, `suspend`, `service` (needs `wicd` on the PATH), `bench` or `all` (all but `bench`). Prints `PASS name` or `FAIL name: why` per scenario
+//! `storms`, `overflow`, `race`, `closing`, `max-hold`, `preemption`, `suspend`, `service` and `in-place` (need `wicd` on the PATH), `bench` or `all` (all but `bench`). Prints `PASS name` or `FAIL name: why` per scenario
 //! and exits non-zero if any failed. `bench` prints its results as a file block for the
 //! harness (`WIC-VM-FILE-BEGIN kernel-bench.json`).
 
@@ -13,6 +13,7 @@ mod closing;
 mod death;
 mod deliver;
 mod hostile;
+mod inplace;
 mod maxhold;
 mod overflow;
 mod preemption;
@@ -44,6 +45,7 @@ fn main() -> ExitCode {
             "preemption",
             "suspend",
             "service",
+            "in-place",
         ];
         // The list the kernel VM test checks, each for its PASS line.
         println!("SCENARIOS {}", scenarios.join(" "));
@@ -63,8 +65,9 @@ fn main() -> ExitCode {
             "preemption" => preemption::run(),
             "suspend" => suspend::run(),
             "service" => service::run(),
+            "in-place" => inplace::run(),
             "bench" => bench::run(),
-            other => Err(format!("unknown scenario {other:?} (deliver, daemon-death, hostile, busy, storms, overflow, race, closing, max-hold, preemption, suspend, service, bench, all)")),
+            other => Err(format!("unknown scenario {other:?} (deliver, daemon-death, hostile, busy, storms, overflow, race, closing, max-hold, preemption, suspend, service, in-place, bench, all)")),
         };
         match result {
             Ok(()) => println!("PASS {name}"),

@@ -25,25 +25,25 @@ use wic_proto::message::{ChannelSpec, ErrorCode, Producer, Stats};
 use crate::death::BOUND;
 use crate::rig::{ensure, fault, marker, wait_events, Memory, GPU};
 
-const SOCKET: &str = "/run/wic/wicd.sock";
-const LOG: &str = "/tmp/wicd.log";
+pub(crate) const SOCKET: &str = "/run/wic/wicd.sock";
+pub(crate) const LOG: &str = "/tmp/wicd.log";
 /// The fake GPU's model of Confidential Computing.
 const CONF_COMPUTING: &str = "/sys/module/wic_fakegpu/parameters/conf_computing";
 /// `[shim] gpu_sharing = "warn"`: see [`Wicd::start`].
 const WARN_CONFIG: &str = "/tmp/wicd-warn.toml";
 /// Start-up and shutdown allowance: the kernel runs under emulation.
-const PATIENCE: Duration = Duration::from_secs(20);
+pub(crate) const PATIENCE: Duration = Duration::from_secs(20);
 /// A channel timeout no step waits out: the longest that wicd accepts under the module's
 /// default `max_hold_ms` of 3 s (`longest_timeout_ns`: 2.25 s).
-const LONG_NS: u64 = 2_250_000_000;
+pub(crate) const LONG_NS: u64 = 2_250_000_000;
 
 /// A `wicd serve --backend shim` child.
-struct Wicd(Child);
+pub(crate) struct Wicd(Child);
 
 impl Wicd {
     /// A wicd that attaches whatever NVML says of the GPUs (the VM has no NVIDIA driver: the
     /// default, `refuse`, would refuse every attachment; `gpu_sharing` checks that it does).
-    fn start() -> Result<Self, String> {
+    pub(crate) fn start() -> Result<Self, String> {
         std::fs::write(WARN_CONFIG, "[shim]\ngpu_sharing = \"warn\"\n").map_err(|e| format!("{WARN_CONFIG}: {e}"))?;
         Self::start_with(&["--config", WARN_CONFIG])
     }
@@ -73,12 +73,12 @@ impl Wicd {
         Ok(wicd)
     }
 
-    fn signal(&self, signal: Signal) -> Result<(), String> {
+    pub(crate) fn signal(&self, signal: Signal) -> Result<(), String> {
         kill(Pid::from_raw(self.0.id() as i32), signal).map_err(|e| format!("{signal}: {e}"))
     }
 
     /// Stops it with SIGTERM and waits for it to end.
-    fn stop(mut self) -> Result<(), String> {
+    pub(crate) fn stop(mut self) -> Result<(), String> {
         self.signal(Signal::SIGTERM)?;
         self.wait().map(drop)
     }
@@ -105,7 +105,7 @@ impl Drop for Wicd {
     }
 }
 
-fn log_tail() -> String {
+pub(crate) fn log_tail() -> String {
     let log = std::fs::read_to_string(LOG).unwrap_or_default();
     let lines: Vec<&str> = log.lines().collect();
     lines[lines.len().saturating_sub(30)..].join("\n")
@@ -114,7 +114,7 @@ fn log_tail() -> String {
 /// The GPU of the GPU producers: another parent GPU than the consumer's.
 const PRODUCER_GPU: u16 = 9;
 
-fn spec(slots: u32, timeout_ns: u64) -> ChannelSpec {
+pub(crate) fn spec(slots: u32, timeout_ns: u64) -> ChannelSpec {
     ChannelSpec { consumer_gpu: GPU as u16, producer: Producer::Host, message_bytes: 512, slots, timeout_ns }
 }
 
@@ -137,7 +137,7 @@ fn signal(fake: &FakeGpu, channel: &Channel, slot: usize, generation: usize) -> 
 }
 
 /// An application: a libwic session with its space attached.
-fn connect(fake: &FakeGpu) -> Result<Client, String> {
+pub(crate) fn connect(fake: &FakeGpu) -> Result<Client, String> {
     let client = Client::connect(Some(Path::new(SOCKET))).map_err(|e| format!("connect: {e}"))?;
     ensure(client.daemon().backend == "shim", || format!("wicd runs the {} backend", client.daemon().backend))?;
     client.attach_space(fake.fd()).map_err(|e| format!("attach_space: {e}"))?;
@@ -145,7 +145,7 @@ fn connect(fake: &FakeGpu) -> Result<Client, String> {
 }
 
 /// A channel placed in `memory`; the first VA of each slot's even run.
-fn placed(client: &Client, memory: &mut Memory, spec: &ChannelSpec) -> Result<(Channel, Vec<u64>), String> {
+pub(crate) fn placed(client: &Client, memory: &mut Memory, spec: &ChannelSpec) -> Result<(Channel, Vec<u64>), String> {
     let bytes = client.placement_bytes(spec).map_err(|e| format!("placement_bytes: {e}"))?;
     let base = memory.take(bytes)?;
     let channel = client.create_channel_at(spec, base).map_err(|e| format!("create_channel_at: {e}"))?;
@@ -157,19 +157,19 @@ fn placed(client: &Client, memory: &mut Memory, spec: &ChannelSpec) -> Result<(C
 }
 
 /// Injects read faults on `pages`; all must be held.
-fn hold(fake: &FakeGpu, pages: &[u64]) -> Result<(), String> {
+pub(crate) fn hold(fake: &FakeGpu, pages: &[u64]) -> Result<(), String> {
     let entries: Vec<_> = pages.iter().map(|va| fault(*va, AccessType::Read)).collect();
     let (verdicts, _) = fake.inject(GPU, &entries).map_err(|e| format!("inject: {e}"))?;
     ensure(verdicts.iter().all(|v| *v == fakegpu::VERDICT_HOLD), || format!("not all held: {verdicts:?}"))
 }
 
 /// Waits until wicd's engine holds `depth` requests.
-fn held_by_wicd(client: &Client, depth: u32) -> Result<Stats, String> {
+pub(crate) fn held_by_wicd(client: &Client, depth: u32) -> Result<Stats, String> {
     stats_until(client, &format!("{depth} requests held"), |stats| stats.pfq_depth == depth)
 }
 
 /// Waits until wicd's stats satisfy `done`.
-fn stats_until(client: &Client, what: &str, done: impl Fn(&Stats) -> bool) -> Result<Stats, String> {
+pub(crate) fn stats_until(client: &Client, what: &str, done: impl Fn(&Stats) -> bool) -> Result<Stats, String> {
     let deadline = Instant::now() + PATIENCE;
     loop {
         let stats = client.stats().map_err(|e| format!("stats: {e}"))?;
@@ -184,7 +184,7 @@ fn stats_until(client: &Client, what: &str, done: impl Fn(&Stats) -> bool) -> Re
 }
 
 /// Waits until every page of `pages` was mapped and a replay followed; the events seen.
-fn completed(fake: &FakeGpu, pages: &[u64], timeout: Duration) -> Result<Vec<fakegpu::Event>, String> {
+pub(crate) fn completed(fake: &FakeGpu, pages: &[u64], timeout: Duration) -> Result<Vec<fakegpu::Event>, String> {
     wait_events(fake, timeout, |seen| {
         let mapped = pages
             .iter()
