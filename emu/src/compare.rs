@@ -6,7 +6,8 @@ use crossbeam::channel;
 
 use crate::{try_run, Calibration, Mode, RunReport, Workload};
 
-/// The modes of a comparison, in the order its runs are reported.
+/// The modes of a comparison, in the order its runs are reported: WIC's host producers write
+/// their batches in place ([`Mode::Fault`]); [`try_compare_with`] runs another way of WIC's.
 pub const MODES: [Mode; 3] = [Mode::Alg1, Mode::Push, Mode::Fault];
 
 /// The same workload three ways.
@@ -14,6 +15,7 @@ pub struct Comparison {
     /// The naive baseline: alg1, the paper's Algorithm 1 ([`Mode::Alg1`]).
     pub naive: RunReport,
     pub push: RunReport,
+    /// WIC: [`Mode::Fault`], or the way [`try_compare_with`] was given (its `mode` says which).
     pub fault: RunReport,
 }
 
@@ -69,6 +71,37 @@ pub fn compare(
     rows.into_iter().map(|row| row.unwrap_or_else(|e| panic!("{e}"))).collect()
 }
 
+/// Runs every workload as [`compare`] does, WIC both with its host producers writing in place
+/// ([`Mode::Fault`]) and with wicd copying their batches ([`Mode::FaultCopy`], the path before
+/// in place): per workload the two comparisons, in place first, sharing their alg1 and push
+/// runs.
+///
+/// # Panics
+/// If the model cannot hold a workload.
+pub fn compare_in_place_and_copy(
+    workloads: &[Workload],
+    cal: &Calibration,
+    seed: u64,
+    threads: usize,
+    mut progress: impl FnMut(usize, usize, &RunReport),
+) -> Vec<(Comparison, Comparison)> {
+    let modes = [Mode::Alg1, Mode::Push, Mode::Fault, Mode::FaultCopy];
+    let rows = try_run_modes(workloads, &modes, cal, seed, threads, |done, total, run| {
+        if let Ok(report) = run {
+            progress(done, total, report);
+        }
+    });
+    rows.into_iter()
+        .map(|row| match <[RunReport; 4]>::try_from(row.unwrap_or_else(|e| panic!("{e}"))) {
+            Ok([naive, push, in_place, copy]) => (
+                Comparison { naive: naive.clone(), push: push.clone(), fault: in_place },
+                Comparison { naive, push, fault: copy },
+            ),
+            Err(_) => unreachable!("a run per mode"),
+        })
+        .collect()
+}
+
 /// Why a workload has no row: the model cannot hold it (see [`crate::sim::check`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RowError {
@@ -96,47 +129,79 @@ pub fn try_compare(
     cal: &Calibration,
     seed: u64,
     threads: usize,
-    mut progress: impl FnMut(usize, usize, &RunOutcome),
+    progress: impl FnMut(usize, usize, &RunOutcome),
 ) -> Vec<Result<Comparison, RowError>> {
-    let jobs: Vec<(usize, Mode)> = (0..workloads.len()).flat_map(|i| MODES.map(|m| (i, m))).collect();
+    try_compare_with(workloads, Mode::Fault, cal, seed, threads, progress)
+}
+
+/// [`try_compare`] with WIC run as `wic` ([`Mode::Fault`], [`Mode::FaultCopy`] or
+/// [`Mode::FaultCopyEngine`]) instead of [`MODES`]' in place.
+pub fn try_compare_with(
+    workloads: &[Workload],
+    wic: Mode,
+    cal: &Calibration,
+    seed: u64,
+    threads: usize,
+    progress: impl FnMut(usize, usize, &RunOutcome),
+) -> Vec<Result<Comparison, RowError>> {
+    assert!(wic.is_wic(), "{} is not a way of WIC's", wic.name());
+    try_run_modes(workloads, &[Mode::Alg1, Mode::Push, wic], cal, seed, threads, progress)
+        .into_iter()
+        .map(|row| {
+            let [naive, push, fault] =
+                <[RunReport; 3]>::try_from(row?).unwrap_or_else(|_| unreachable!("a run per mode"));
+            Ok(Comparison { naive, push, fault })
+        })
+        .collect()
+}
+
+/// Runs every workload in every mode of `modes` on `threads` workers (no more than there are
+/// runs), one row per workload in order, its reports in `modes`' order; a workload the model
+/// cannot hold is that row's error (the first mode's reason, whichever run finished first, so
+/// the row reads the same every time) and the others still run. `progress` sees each finished
+/// run.
+fn try_run_modes(
+    workloads: &[Workload],
+    modes: &[Mode],
+    cal: &Calibration,
+    seed: u64,
+    threads: usize,
+    mut progress: impl FnMut(usize, usize, &RunOutcome),
+) -> Vec<Result<Vec<RunReport>, RowError>> {
+    let jobs: Vec<(usize, usize)> = (0..workloads.len()).flat_map(|i| (0..modes.len()).map(move |m| (i, m))).collect();
     let (job_tx, job_rx) = channel::unbounded();
     for job in &jobs {
         job_tx.send(*job).expect("receiver alive");
     }
     drop(job_tx);
     let (done_tx, done_rx) = channel::unbounded();
-    let mut results: Vec<[Option<RunOutcome>; 3]> = (0..workloads.len()).map(|_| [None, None, None]).collect();
+    let mut results: Vec<Vec<Option<RunOutcome>>> = (0..workloads.len()).map(|_| vec![None; modes.len()]).collect();
     crossbeam::scope(|scope| {
         for _ in 0..threads.clamp(1, jobs.len().max(1)) {
             let (job_rx, done_tx) = (job_rx.clone(), done_tx.clone());
             scope.spawn(move |_| {
-                for (index, mode) in job_rx {
-                    let workload = &workloads[index];
+                for (index, m) in job_rx {
+                    let (workload, mode) = (&workloads[index], modes[m]);
                     let outcome = try_run(workload, mode, cal, seed).map_err(|e| (workload.name, mode, e));
-                    if done_tx.send((index, mode, outcome)).is_err() {
+                    if done_tx.send((index, m, outcome)).is_err() {
                         return;
                     }
                 }
             });
         }
         drop(done_tx);
-        for (finished, (index, mode, outcome)) in done_rx.iter().enumerate() {
+        for (finished, (index, m, outcome)) in done_rx.iter().enumerate() {
             progress(finished + 1, jobs.len(), &outcome);
-            results[index][MODES.iter().position(|m| *m == mode).expect("one of MODES")] = Some(outcome);
+            results[index][m] = Some(outcome);
         }
     })
     .expect("a worker panicked");
     results
         .into_iter()
-        .map(|[naive, push, fault]| {
-            match (naive.expect("naive run"), push.expect("push run"), fault.expect("fault run")) {
-                (Ok(naive), Ok(push), Ok(fault)) => Ok(Comparison { naive, push, fault }),
-                // The first mode's reason, whichever run finished first, so the row reads the same
-                // every time.
-                (Err((workload, _, reason)), _, _)
-                | (_, Err((workload, _, reason)), _)
-                | (_, _, Err((workload, _, reason))) => Err(RowError { workload, reason }),
-            }
+        .map(|row| {
+            row.into_iter()
+                .map(|run| run.expect("a run per mode").map_err(|(workload, _, reason)| RowError { workload, reason }))
+                .collect()
         })
         .collect()
 }
@@ -209,6 +274,31 @@ mod tests {
         let results = [Ok(row("C_CG")), Err(RowError { workload: "G_GEM", reason: "no room".into() })];
         assert!((geomean_speedup(results.iter().flatten()) - a).abs() < 1e-12, "only the rows that ran");
         assert_eq!(geomean_speedup(&[]), 1.0);
+    }
+
+    /// The report's before and after: WIC in place and WIC copying, beside the same alg1 and
+    /// push runs; and a comparison of one other way of WIC's.
+    #[test]
+    fn in_place_and_copy_share_the_baselines_and_a_comparison_runs_the_way_asked() {
+        let cal = Calibration::built_in();
+        let set = [by_name("C_SRS").unwrap().with_threads(1024), by_name("G_STN").unwrap().with_threads(64)];
+        let mut runs = 0;
+        let rows = compare_in_place_and_copy(&set, &cal, 1, 2, |_, total, _| {
+            runs += 1;
+            assert_eq!(total, 8);
+        });
+        assert_eq!(runs, 8);
+        for ((in_place, copy), w) in rows.iter().zip(&set) {
+            assert_eq!((in_place.fault.mode, copy.fault.mode), (Mode::Fault, Mode::FaultCopy));
+            assert_eq!((in_place.naive.workload, copy.push.workload), (w.name, w.name));
+            assert_eq!(in_place.push.runtime_ns, copy.push.runtime_ns);
+            assert_eq!(in_place.naive.runtime_ns, copy.naive.runtime_ns);
+        }
+        // C_SRS's host producer's 16 KiB batches are no longer copied by wicd.
+        assert!(rows[0].0.speedup_over_push() > rows[0].1.speedup_over_push());
+        assert_eq!(rows[1].0.fault.runtime_ns, rows[1].1.fault.runtime_ns, "a GPU producer's path is the same");
+        let engine = try_compare_with(&set[..1], Mode::FaultCopyEngine, &cal, 1, 1, |_, _, _| {});
+        assert_eq!(engine[0].as_ref().unwrap().fault.mode, Mode::FaultCopyEngine);
     }
 
     #[test]

@@ -6,6 +6,7 @@ pub mod apps;
 pub mod calibration;
 pub mod compare;
 pub mod corun;
+pub mod host_fill;
 pub mod payload;
 pub mod sim;
 pub mod workload;

@@ -152,7 +152,7 @@ impl Sim<'_> {
     }
 
     pub(super) fn data_va(&self, slot: u32) -> u64 {
-        DATA_BASE + self.phase as u64 * PHASE_SPAN + u64::from(slot) * DATA_PAGES * PAGE_SIZE
+        DATA_BASE + self.phase as u64 * PHASE_SPAN + u64::from(slot) * data_stride(&self.current().phase) * PAGE_SIZE
     }
 
     /// Thread 0 of the CTA: read the flag until it is set, then read the data.

@@ -31,7 +31,7 @@ impl Sim<'_> {
 
     pub(super) fn managed_loc(&self, va: u64) -> &Loc {
         let state = &self.phases[self.phase];
-        match managed_page(va) {
+        match managed_page(&state.phase, va) {
             (slot, true) => &state.data_loc[slot],
             (slot, false) => &state.flag_loc[slot],
         }
@@ -39,7 +39,7 @@ impl Sim<'_> {
 
     pub(super) fn set_managed_loc(&mut self, va: u64, loc: Loc) {
         let state = &mut self.phases[self.phase];
-        match managed_page(va) {
+        match managed_page(&state.phase, va) {
             (slot, true) => state.data_loc[slot] = loc,
             (slot, false) => state.flag_loc[slot] = loc,
         }
@@ -98,7 +98,7 @@ impl Sim<'_> {
     /// Time to migrate a managed page (a flag page, or a whole data region) to `gpu`.
     pub(super) fn migration_ns(&self, gpu: u16, va: u64) -> u64 {
         let phase = &self.current().phase;
-        let bytes = match managed_page(va) {
+        let bytes = match managed_page(phase, va) {
             (_, true) => u64::from(phase.warps_per_cta) * u64::from(phase.message_bytes),
             (_, false) => PAGE_SIZE,
         };
@@ -198,7 +198,7 @@ impl Sim<'_> {
                 let id = self.warps[warp as usize].cta;
                 let (gpu, sm) = self.unstall(warp);
                 match self.mode {
-                    Mode::Fault => {
+                    Mode::Fault | Mode::FaultCopy | Mode::FaultCopyEngine => {
                         self.set_waiting(warp, WarpState::Computing);
                         self.wic_read(warp, va);
                     }

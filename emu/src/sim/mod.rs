@@ -37,8 +37,25 @@ pub enum Mode {
     /// The paper's Algorithm 1 (wic.cuh's alg1 is its form made correct): thread 0 of each CTA
     /// spins on a managed flag, whose page migrates between producer and consumer.
     Alg1,
-    /// WIC: each warp touches its PCM page and stalls until wicd serves the fault.
+    /// WIC: each warp touches its PCM page and stalls until wicd serves the fault. A host
+    /// producer writes its batch in place, straight into the run the slot's generation reads
+    /// (CPU-resident, unmapped on the consumer GPU while the fault is held), all but the first 8
+    /// bytes of each page, which it leaves in wicd's shared buffer; wicd's completion writes
+    /// those head words alone and maps the run (`Engine::publish_in_place`, `Fill::Heads`).
+    /// A GPU producer's batches go as in [`Mode::FaultCopy`].
     Fault,
+    /// WIC with wicd copying each host producer's batch into the run on its one thread, at the
+    /// measured single-thread memcpy rate (`host.memcpy_gbps`): the path before in place, and
+    /// the one left to a producer that cannot write the run (another process). GPU producers:
+    /// their PAT writes fault, and nvidia-uvm copies the batch over the link.
+    FaultCopy,
+    /// WIC with nvidia-uvm's copy engine filling the run instead of wicd's CPU copy: a host
+    /// producer's batch crosses PCIe (`link.pcie_gbps`, one `link.pcie_latency_ns` a
+    /// submission) as a DMA that does not occupy wicd's thread, into GPU-resident pages, so the
+    /// consumers read local memory, not across PCIe. No copy-engine set-up latency has been
+    /// measured, so none is charged, and the DMA overlaps the submission's page-table work:
+    /// the model's figures for it are a lower bound. GPU producers as in [`Mode::FaultCopy`].
+    FaultCopyEngine,
     /// wic.cuh's push on the stock driver: the producer's batch is copied into the consumer
     /// GPU's memory and a ready word set there; warps wait on the word with backoff, neither
     /// faulting nor crossing a link, at an issue cost the model leaves out (measured on H100s:
@@ -59,10 +76,17 @@ impl Mode {
         match self {
             Self::Alg1 => "alg1",
             Self::Fault => "fault",
+            Self::FaultCopy => "fault-copy",
+            Self::FaultCopyEngine => "fault-ce",
             Self::Push => "push",
             Self::Poll => "poll",
             Self::NoWait => "nowait",
         }
+    }
+
+    /// Whether warps wait on held faults, wicd serving them: WIC, however the runs are filled.
+    pub fn is_wic(self) -> bool {
+        matches!(self, Self::Fault | Self::FaultCopy | Self::FaultCopyEngine)
     }
 }
 
@@ -78,6 +102,12 @@ pub struct RunReport {
     pub overlap_efficiency: f64,
     /// wicd's busy time as a share of the runtime (Fig. 15, host side).
     pub daemon_share: f64,
+    /// wicd's busy time (WIC modes; 0 otherwise).
+    pub daemon_busy_ns: Nanos,
+    /// Mean time from a batch's production (a host producer's publish call, a producer kernel's
+    /// write) to each warp's receiving its message from it; a warp that asks after its message
+    /// is there counts its own lateness too.
+    pub mean_delivery_ns: f64,
     /// Fault packets the GPUs wrote, duplicates included.
     pub gpu_faults: u64,
     pub fault_batches: u64,
@@ -116,8 +146,10 @@ enum Event {
     FlagVisible {
         slot: u32,
     },
+    /// A host producer's publish reaches wicd; `in_place`: the run side it wrote in place.
     PublishArrives {
         slot: u32,
+        in_place: Option<u8>,
     },
     /// push: a slot's batch and ready word are in the consumer GPU's memory.
     ReadyArrives {
@@ -254,6 +286,8 @@ impl From<Endpoint> for Loc {
 enum DaemonInput {
     Faults(u16, Vec<RawFaultEntry>),
     Publish(u32),
+    /// A slot whose producer wrote run `side` in place.
+    PublishInPlace(u32, u8),
 }
 
 struct Daemon {
@@ -293,6 +327,8 @@ struct PhaseState {
     /// The producer's buffer: `slots x batch_bytes`.
     buffer: Vec<u8>,
     produced: Vec<u64>,
+    /// When each slot's latest batch was produced.
+    produced_at: Vec<Nanos>,
     consumed: Vec<u64>,
     /// Warps of the current generation that have read each slot.
     readers: Vec<u32>,
@@ -310,8 +346,12 @@ struct PhaseState {
 const FLAG_BASE: u64 = 0x5000_0000_0000;
 const DATA_BASE: u64 = 0x6000_0000_0000;
 const PHASE_SPAN: u64 = 1 << 36;
-/// Pages reserved for one slot's data region in poll mode.
+/// Pages reserved for one slot's data region in alg1 mode, at least: a batch of more takes
+/// as many as it fills ([`data_stride`]).
 const DATA_PAGES: u64 = 16;
+/// The bytes at the start of each page of an in-place run that the producer leaves in wicd's
+/// shared buffer and wicd's completion writes (`Fill::Heads`).
+const HEAD_BYTES: usize = 8;
 const CHANNEL_TIMEOUT_NS: Nanos = 1_000_000_000;
 /// Why a run may stop short: a wait that timed out is the one way into a state the model does
 /// not follow.
@@ -327,18 +367,25 @@ const STALL_STEPS_PER_WARP: u64 = 1024;
 /// overflow, so that one more step from a time below it (every step saturates) cannot wrap.
 const CLOCK_LIMIT: Nanos = 1 << 62;
 
-/// The slot of a managed page of a phase, and whether it is the data region (else the flag).
-fn managed_page(va: u64) -> (usize, bool) {
+/// The slot of a managed page of `phase`, and whether it is the data region (else the flag).
+fn managed_page(phase: &Phase, va: u64) -> (usize, bool) {
     let page = (va % PHASE_SPAN) / PAGE_SIZE;
     if va >= DATA_BASE {
-        ((page / DATA_PAGES) as usize, true)
+        ((page / data_stride(phase)) as usize, true)
     } else {
         (page as usize, false)
     }
 }
 
-/// Slots a phase may have: poll mode gives every slot [`DATA_PAGES`] pages of its phase's
-/// address span (2^20 slots; a million consumer threads make at most 6144).
+/// Pages between two slots' data regions in alg1 mode: [`DATA_PAGES`], or the pages of a
+/// larger batch.
+fn data_stride(phase: &Phase) -> u64 {
+    (u64::from(phase.warps_per_cta) * u64::from(phase.message_bytes)).div_ceil(PAGE_SIZE).max(DATA_PAGES)
+}
+
+/// Slots a phase may have whose batches are at most [`DATA_PAGES`] pages: alg1 mode gives
+/// every slot that many pages of its phase's address span (2^20 slots; a million consumer
+/// threads make at most 6144). A phase of larger batches may have fewer.
 pub const MAX_PHASE_SLOTS: u64 = PHASE_SPAN / (DATA_PAGES * PAGE_SIZE);
 
 /// Runs `workload` in `mode` on the model and reports what it measured.
@@ -414,16 +461,10 @@ pub fn check(workload: &Workload) -> Result<EngineConfig, String> {
         if !(0.0..=1.0).contains(&phase.memory_share) {
             return Err(format!("phase {index}'s memory share {} is not a share (0 to 1)", phase.memory_share));
         }
-        if phase_slots > MAX_PHASE_SLOTS {
+        let most = PHASE_SPAN / (data_stride(phase) * PAGE_SIZE);
+        if phase_slots > most {
             return Err(format!(
-                "phase {index} has {phase_slots} request slots; the model's address layout holds at most {MAX_PHASE_SLOTS} a phase"
-            ));
-        }
-        let batch_bytes = u64::from(phase.warps_per_cta) * u64::from(phase.message_bytes);
-        if batch_bytes > DATA_PAGES * PAGE_SIZE {
-            return Err(format!(
-                "phase {index} moves {batch_bytes} bytes a slot; the model's address layout holds at most {} a slot",
-                DATA_PAGES * PAGE_SIZE
+                "phase {index} has {phase_slots} request slots; the model's address layout holds at most {most} a phase"
             ));
         }
         if phase.sends_back
@@ -473,7 +514,7 @@ pub fn memory_estimate(workload: &Workload, mode: Mode) -> u64 {
         let batch_bytes = u128::from(phase.warps_per_cta) * u128::from(phase.message_bytes);
         // The buffer, the per-slot vectors and, in poll mode, each slot's managed pages.
         total += slots * (batch_bytes + 64);
-        if mode == Mode::Fault && phase.consumer != Endpoint::Host {
+        if mode.is_wic() && phase.consumer != Endpoint::Host {
             // Two PCM runs a slot with their bytes, map and mapped-page entries, the engine's
             // slot, route, tag, deadline and page tables, and the channel layout.
             let pages = 2 * slots * batch_bytes.div_ceil(u128::from(PAGE_SIZE)).max(1) + 2 * slots;
@@ -535,6 +576,8 @@ struct Counters {
     flushed: u64,
     messages: u64,
     bytes: u64,
+    /// Summed over the messages received: from their batch's production to their receipt.
+    delivery_ns: f64,
     corrupt: u64,
     markers: u64,
     sends: u64,
@@ -557,7 +600,7 @@ impl<'a> Sim<'a> {
             })
             .collect();
         let daemon = match mode {
-            Mode::Fault => Some(Daemon {
+            Mode::Fault | Mode::FaultCopy | Mode::FaultCopyEngine => Some(Daemon {
                 engine: Engine::new(config).map_err(|e| format!("engine: {e}"))?,
                 inbox: VecDeque::new(),
                 awake: false,
@@ -653,6 +696,7 @@ impl<'a> Sim<'a> {
             reverse_sent: vec![0; slots],
             buffer: vec![0; slots * batch_bytes as usize],
             produced: vec![0; slots],
+            produced_at: vec![0; slots],
             consumed: vec![0; slots],
             readers: vec![0; slots],
             flag_visible: vec![0; slots],
@@ -727,7 +771,10 @@ impl<'a> Sim<'a> {
             Event::SmDone { gpu, sm, version } => self.sm_done(gpu, sm, version),
             Event::SlotProduced { slot } => self.slot_produced(slot),
             Event::FlagVisible { slot } => self.flag_visible(slot),
-            Event::PublishArrives { slot } => self.daemon_input(DaemonInput::Publish(slot)),
+            Event::PublishArrives { slot, in_place: None } => self.daemon_input(DaemonInput::Publish(slot)),
+            Event::PublishArrives { slot, in_place: Some(side) } => {
+                self.daemon_input(DaemonInput::PublishInPlace(slot, side))
+            }
             Event::ReadyArrives { slot } => self.ready_arrives(slot),
             Event::BhRun { gpu } => self.bh_run(gpu),
             Event::BatchDone { gpu } => self.batch_done(gpu),
@@ -886,6 +933,8 @@ impl<'a> Sim<'a> {
             consumer_overhead: if occupied > 0.0 { (wait - overlap) / occupied } else { 0.0 },
             overlap_efficiency: if wait > 0.0 { overlap / wait } else { 1.0 },
             daemon_share: daemon.map_or(0.0, |d| d.busy_ns as f64 / runtime.max(1) as f64),
+            daemon_busy_ns: daemon.map_or(0, |d| d.busy_ns),
+            mean_delivery_ns: self.stats.delivery_ns / self.stats.messages.max(1) as f64,
             gpu_faults: self.stats.gpu_faults,
             fault_batches: self.stats.batches,
             replays: self.stats.replays,

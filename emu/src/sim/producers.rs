@@ -11,12 +11,20 @@ impl Sim<'_> {
         let key = MessageKey { seed: self.seed, phase: self.phase as u32, slot, generation };
         key.fill(0, &mut state.buffer[slot as usize * batch..(slot as usize + 1) * batch]);
         state.produced[slot as usize] += 1;
+        state.produced_at[slot as usize] = self.now;
         self.slots_left -= 1;
         match (self.mode, state.phase.producer) {
             (Mode::Fault, Endpoint::Host) => {
-                self.schedule(self.after(self.cal.daemon.publish_ns.value), Event::PublishArrives { slot });
+                let side = (generation % 2) as u8;
+                self.write_in_place(slot, side);
+                let at = self.after(self.cal.daemon.publish_ns.value);
+                self.schedule(at, Event::PublishArrives { slot, in_place: Some(side) });
             }
-            (Mode::Fault, Endpoint::Gpu(gpu)) => {
+            (Mode::FaultCopy | Mode::FaultCopyEngine, Endpoint::Host) => {
+                let at = self.after(self.cal.daemon.publish_ns.value);
+                self.schedule(at, Event::PublishArrives { slot, in_place: None });
+            }
+            (Mode::Fault | Mode::FaultCopy | Mode::FaultCopyEngine, Endpoint::Gpu(gpu)) => {
                 let layout = state.channel.as_ref().expect("fault mode has channels");
                 let pat =
                     layout.slots[slot as usize].pat.expect("GPU producer has PAT pages")[(generation % 2) as usize];
@@ -63,6 +71,27 @@ impl Sim<'_> {
             }
         }
         self.maybe_finish_phase();
+    }
+
+    /// A host producer's in-place write of `slot`'s batch into its run `side`, the one the
+    /// slot's generation reads (unmapped on the consumer GPU since the completion before):
+    /// every byte but the first 8 of each page, which stay as they were until wicd's
+    /// completion writes the head words from the producer's buffer ([`Sim::submit`]). These
+    /// are the application's own stores, made while it makes the batch: the model charges the
+    /// producer nothing for them, as it charges nothing for writing its buffer on the other
+    /// paths (a producer's time is its workload's `produce_ns`).
+    fn write_in_place(&mut self, slot: u32, side: u8) {
+        let state = &self.phases[self.phase];
+        let batch = state.phase.warps_per_cta as usize * state.phase.message_bytes as usize;
+        let va = state.channel.as_ref().expect("fault mode has channels").slots[slot as usize].runs[side as usize];
+        let bytes = &state.buffer[slot as usize * batch..(slot as usize + 1) * batch];
+        let run = self.daemon.as_mut().expect("fault mode").pcm.entry(va).or_default();
+        // A phase of smaller CTAs fills only the first part of the run, as a copy does.
+        run.resize(batch, 0);
+        for (run, bytes) in run.chunks_mut(PAGE_SIZE as usize).zip(bytes.chunks(PAGE_SIZE as usize)) {
+            let head = HEAD_BYTES.min(bytes.len());
+            run[head..].copy_from_slice(&bytes[head..]);
+        }
     }
 
     /// A host producer's slot handed over: by the host thread, which publishes one call at a

@@ -169,7 +169,7 @@ impl Sim<'_> {
             self.stats.sends += 1;
             self.set_waiting(warp, WarpState::Waiting);
             match self.mode {
-                Mode::Fault => self.wic_send(warp),
+                Mode::Fault | Mode::FaultCopy | Mode::FaultCopyEngine => self.wic_send(warp),
                 _ => self.schedule(self.after(self.send_ns()), Event::SendDone { warp }),
             }
             return;
@@ -185,7 +185,7 @@ impl Sim<'_> {
                 return;
             }
             match self.mode {
-                Mode::Fault => self.wic_request(warp),
+                Mode::Fault | Mode::FaultCopy | Mode::FaultCopyEngine => self.wic_request(warp),
                 Mode::Alg1 => self.arrive_at_barrier(warp),
                 Mode::Push | Mode::NoWait => self.ready_word_request(warp, WarpState::Waiting),
                 Mode::Poll => self.ready_word_request(warp, WarpState::Polling),
@@ -230,6 +230,7 @@ impl Sim<'_> {
         }
         self.stats.messages += 1;
         self.stats.bytes += msg as u64;
+        self.stats.delivery_ns += self.now.saturating_sub(state.produced_at[slot as usize]) as f64;
         let c2 = self.current().phase.c2_instr;
         self.warps[warp as usize].requests += 1;
         self.start_compute(warp, c2);
@@ -255,7 +256,9 @@ impl Sim<'_> {
             Mode::Push | Mode::Alg1 => link.saturating_add(self.cal.push.peer_one_way_ns.value),
             Mode::Poll => link.saturating_add(self.cal.poll.peer_one_way_ns.value),
             Mode::NoWait => 0,
-            Mode::Fault => unreachable!("under WIC a send is a PAT fault of its own (Sim::wic_send)"),
+            Mode::Fault | Mode::FaultCopy | Mode::FaultCopyEngine => {
+                unreachable!("under WIC a send is a PAT fault of its own (Sim::wic_send)")
+            }
         }
     }
 }

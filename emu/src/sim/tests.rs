@@ -87,15 +87,18 @@ mod calibration {
         cal
     }
 
-    /// Every workload both ways at the ends of every calibration range, at 16K consumer threads:
-    /// each run finishes, none panics (overflow checks are on in tests), and every message
-    /// arrives intact.
+    /// Every workload every way (WIC's three ways with host producers) at the ends of every
+    /// calibration range, at 16K consumer threads: each run finishes, none panics (overflow
+    /// checks are on in tests), and every message arrives intact.
     #[test]
     fn every_workload_runs_at_the_ends_of_every_calibration_range() {
         for slow in [true, false] {
             let cal = extreme(slow);
             for w in all().into_iter().map(|w| w.with_threads(16 << 10)) {
-                for mode in [Mode::Alg1, Mode::Push, Mode::Fault] {
+                let host_fed = w.phases.iter().any(|p| p.producer == Endpoint::Host);
+                let wic_ways: &[Mode] =
+                    if host_fed { &[Mode::Fault, Mode::FaultCopy, Mode::FaultCopyEngine] } else { &[Mode::Fault] };
+                for &mode in [Mode::Alg1, Mode::Push].iter().chain(wic_ways) {
                     let report =
                         try_run(&w, mode, &cal, 1).unwrap_or_else(|e| panic!("{} {}: {e}", w.name, mode.name()));
                     assert!(
@@ -432,5 +435,73 @@ mod calibration {
             e.starts_with("the run is stuck at ") && e.contains(" events and faults without a warp finishing"),
             "{e}"
         );
+    }
+}
+
+/// WIC's host producers write their batches in place ([`Mode::Fault`]); wicd then writes only
+/// each page's head word and maps the run, where it used to copy the batch ([`Mode::FaultCopy`]).
+mod in_place {
+    use super::super::*;
+    use crate::host_fill;
+    use crate::workload::by_name;
+
+    /// Every message a consumer reads in place is its producer's, byte for byte, as after a
+    /// copy: the producer's stores and wicd's head words together make the batch (a head left
+    /// unwritten, or written from another slot or generation, fails the consumers' check). Runs
+    /// alternate between a slot's two runs, phases of smaller CTAs fill the first part of a run,
+    /// and GPU producers are untouched.
+    #[test]
+    fn in_place_delivers_the_same_bytes_as_the_copy_path() {
+        let c_cg = by_name("C_CG").unwrap().with_threads(4096);
+        let wide = Phase { warps_per_cta: 4, message_bytes: 5000, ctas: 64, ..c_cg.phases[0].clone() };
+        let narrow = Phase { warps_per_cta: 1, message_bytes: 3572, ctas: 132, requests_per_warp: 2, ..wide.clone() };
+        let mixed = Workload { iterations: 3, phases: vec![wide, narrow], ..c_cg };
+        let mut set: Vec<Workload> =
+            ["C_SRS", "C_CG", "C_FE", "C_H3D"].iter().map(|n| by_name(n).unwrap().with_threads(4096)).collect();
+        set.push(mixed);
+        set.push(host_fill::workload(64 << 10));
+        let cal = Calibration::built_in();
+        for w in &set {
+            let copy = try_run(w, Mode::FaultCopy, &cal, 1).expect("the copy run ends");
+            let in_place = try_run(w, Mode::Fault, &cal, 1).expect("the in-place run ends");
+            for r in [&copy, &in_place] {
+                assert!(r.messages_checked > 0, "{}", w.name);
+                assert_eq!((r.corrupt_messages, r.error_markers), (0, 0), "{} {}", w.name, r.mode.name());
+                assert!(r.pool_restored && r.pfq_empty, "{} {}", w.name, r.mode.name());
+            }
+            assert_eq!(in_place.messages_checked, copy.messages_checked, "{}", w.name);
+            let (a, b) = (in_place.engine.as_ref().unwrap(), copy.engine.as_ref().unwrap());
+            assert!(a.in_place_publishes > 0 && a.in_place_publishes == a.host_publishes, "{}: {a:?}", w.name);
+            assert_eq!((a.in_place_missed, b.in_place_publishes), (0, 0), "{}", w.name);
+            assert_eq!((a.delivered, a.host_publishes), (b.delivered, b.host_publishes), "{}", w.name);
+        }
+        // Between GPUs nothing changes: the producer kernel's batches go through its PAT pages.
+        let stn = by_name("G_STN").unwrap().with_threads(4096);
+        let (copy, in_place) =
+            (try_run(&stn, Mode::FaultCopy, &cal, 1).unwrap(), try_run(&stn, Mode::Fault, &cal, 1).unwrap());
+        assert_eq!((in_place.runtime_ns, in_place.daemon_busy_ns), (copy.runtime_ns, copy.daemon_busy_ns));
+        assert_eq!(in_place.engine.unwrap().in_place_publishes, 0);
+    }
+
+    /// In place, wicd's thread writes 8 bytes a page where it copied the whole batch: its busy
+    /// time per batch falls by exactly the copy's cost at the measured memcpy rate less the
+    /// head words', and each batch reaches its warps that much sooner. (Were the head words
+    /// charged as the whole batch, nothing would fall.)
+    #[test]
+    fn wicds_busy_time_per_batch_falls_by_the_copys_cost() {
+        let cal = Calibration::built_in();
+        for bytes in [64, 1024, 16 << 10] {
+            let w = host_fill::workload(bytes);
+            let copy = try_run(&w, Mode::FaultCopy, &cal, 1).expect("the copy run ends");
+            let in_place = try_run(&w, Mode::Fault, &cal, 1).expect("the in-place run ends");
+            let len = u64::from(bytes * host_fill::WARPS);
+            let pages = len.div_ceil(PAGE_SIZE);
+            let saved = cal.memcpy_ns(len) - cal.memcpy_ns(HEAD_BYTES as u64 * pages);
+            assert!(saved > 0 && cal.memcpy_ns(len) > 2 * cal.memcpy_ns(HEAD_BYTES as u64 * pages), "{bytes}");
+            let batches = u64::from(host_fill::BATCHES);
+            assert_eq!(copy.daemon_busy_ns - in_place.daemon_busy_ns, batches * saved, "{bytes} B a warp");
+            assert_eq!(copy.runtime_ns - in_place.runtime_ns, batches * saved, "{bytes} B a warp");
+            assert_eq!(copy.mean_delivery_ns - in_place.mean_delivery_ns, saved as f64, "{bytes} B a warp");
+        }
     }
 }

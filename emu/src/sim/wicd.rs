@@ -32,6 +32,13 @@ impl Sim<'_> {
                         self.stopped = Some(format!("publish: {e}{TIMEOUT_HINT}"));
                     }
                 }
+                DaemonInput::PublishInPlace(slot, side) => {
+                    t = t.saturating_add(cal.daemon.engine_per_entry_ns.value);
+                    let id = self.phases[phase].channel.as_ref().expect("fault mode").id;
+                    if let Err(e) = daemon.engine.publish_in_place(t, id, slot, side, &mut out) {
+                        self.stopped = Some(format!("publish in place: {e}{TIMEOUT_HINT}"));
+                    }
+                }
             }
         }
         daemon.engine.expire(t, &mut out);
@@ -54,46 +61,79 @@ impl Sim<'_> {
     }
 
     /// Executes one engine step's commands as one batched submission starting at `at`; returns
-    /// when it completes. Copies over one link pipeline (one latency per link per submission);
-    /// mapping changes land in order when the submission completes, replays after that.
+    /// when wicd's thread is done with it. Copies over one link pipeline (one latency per link
+    /// per submission); mapping changes land in order when the submission completes, replays
+    /// after that. wicd's thread copies a host producer's batch itself ([`Mode::FaultCopy`]),
+    /// or only the head words of an in-place batch, 8 bytes a page ([`Mode::Fault`]); with
+    /// the copy engine ([`Mode::FaultCopyEngine`]) the batch is a DMA over PCIe that starts
+    /// once the submission reached the module and leaves wicd's thread free, and the mapping
+    /// changes land when both it and the thread's part are done.
     pub(super) fn submit(&mut self, commands: &mut Vec<Command>, at: Nanos) -> Nanos {
         let cal = self.cal;
+        let copy_engine = self.mode == Mode::FaultCopyEngine;
         let state = &self.phases[self.phase];
         // The engine lays a channel's slots out by its batch, the workload's largest CTA's; a
         // phase of smaller CTAs fills the first part of each.
         let batch = u64::from(state.phase.warps_per_cta) * u64::from(state.phase.message_bytes);
         let (forward, engine_batch) = state.channel.as_ref().map_or((None, batch), |c| (Some(c.id), c.batch_bytes));
         let daemon = self.daemon.as_mut().expect("fault mode");
-        let (mut host_copy, mut pcie, mut nvlink, mut pages) = (0u64, 0u64, 0u64, 0u64);
+        let (mut host_copy, mut dma, mut pcie, mut nvlink, mut pages) = (0u64, 0u64, 0u64, 0u64, 0u64);
         let mut landing = Vec::new();
         for command in commands.drain(..) {
             match command {
-                Command::Complete { gpu, channel, run_va: va, companion_va, pages: n, fill, .. } => {
+                Command::Complete { gpu, channel, slot, run_va: va, companion_va, pages: n, fill } => {
                     let run = daemon.pcm.entry(va).or_default();
-                    run.clear();
                     match fill {
                         // Another channel's data (an exchange's reverse channel, whose bytes the
                         // model does not keep, or an earlier phase's): only its copy counts.
-                        Fill::Data { len, source } if Some(channel) != forward => match source {
-                            DataSource::Host { .. } => host_copy += len,
-                            DataSource::Gpu { .. } => nvlink += len,
-                        },
+                        Fill::Data { len, source } if Some(channel) != forward => {
+                            run.clear();
+                            match source {
+                                DataSource::Host { .. } if copy_engine => dma += len,
+                                DataSource::Host { .. } => host_copy += len,
+                                DataSource::Gpu { .. } => nvlink += len,
+                            }
+                        }
                         Fill::Data { len, source } => {
+                            run.clear();
                             let (from, on_host) = match source {
                                 DataSource::Host { offset } => (offset, true),
                                 DataSource::Gpu { va: src, .. } => (src % PHASE_SPAN, false),
                             };
                             let (start, len) = (from / engine_batch * batch, len.min(batch));
                             run.extend_from_slice(&state.buffer[start as usize..(start + len) as usize]);
-                            if on_host {
+                            if on_host && !copy_engine {
                                 host_copy += len;
                                 daemon.host_resident_runs.insert(va);
                             } else {
-                                nvlink += len;
+                                // Into GPU-resident pages, by a copy engine: a producer GPU's
+                                // over its link, the host's over PCIe.
+                                if on_host {
+                                    dma += len;
+                                } else {
+                                    nvlink += len;
+                                }
                                 daemon.host_resident_runs.remove(&va);
                             }
                         }
+                        // The producer wrote the rest of the run in place (`Sim::write_in_place`);
+                        // the head words come from its buffer, which stands for wicd's shared one.
+                        Fill::Heads => {
+                            host_copy += HEAD_BYTES as u64 * u64::from(n);
+                            if Some(channel) == forward {
+                                let start = u64::from(slot) * batch;
+                                let heads = &state.buffer[start as usize..(start + batch) as usize];
+                                for (run, heads) in
+                                    run.chunks_mut(PAGE_SIZE as usize).zip(heads.chunks(PAGE_SIZE as usize))
+                                {
+                                    let head = HEAD_BYTES.min(run.len());
+                                    run[..head].copy_from_slice(&heads[..head]);
+                                }
+                            }
+                            daemon.host_resident_runs.insert(va);
+                        }
                         Fill::Marker(marker) => {
+                            run.clear();
                             run.resize((u64::from(n) * PAGE_SIZE) as usize, 0);
                             run[..8].copy_from_slice(&marker.word().to_le_bytes());
                             daemon.host_resident_runs.insert(va);
@@ -119,6 +159,16 @@ impl Sim<'_> {
                     landing.push(Event::Unmap { gpu, va, pages: 1 });
                 }
                 Command::Replay { gpu } => landing.push(Event::Replay { gpu, resume_bh: false }),
+                // An in-place batch for a generation that had ended: only a timed-out wait
+                // ends one before its data (the model has no backend bound), where the model
+                // does not follow.
+                Command::MissedPublish { slot, .. } => {
+                    self.stopped = Some(format!("slot {slot}'s in-place publish missed its generation{TIMEOUT_HINT}"));
+                }
+                Command::Expired { slot, .. } => {
+                    self.stopped =
+                        Some(format!("slot {slot}'s generation expired in a backend the model does not have"));
+                }
             }
         }
         let link = |bytes: u64, f: fn(&Calibration, u64) -> u64| if bytes > 0 { f(cal, bytes) } else { 0 };
@@ -131,11 +181,13 @@ impl Sim<'_> {
         ]
         .into_iter()
         .fold(at, u64::saturating_add);
+        let landed =
+            done.max(at.saturating_add(cal.daemon.submission_ns.value).saturating_add(link(dma, Calibration::pcie_ns)));
         for event in landing {
             let when = if matches!(event, Event::Replay { .. }) {
-                done.saturating_add(cal.fault.replay_ns.value)
+                landed.saturating_add(cal.fault.replay_ns.value)
             } else {
-                done
+                landed
             };
             self.schedule(when, event);
         }
