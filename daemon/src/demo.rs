@@ -209,12 +209,38 @@ pub fn corun_rows(cal: &Calibration, seed: u64, workers: usize) -> Vec<CorunRow>
     done.into_iter().map(|(_, row)| row).collect()
 }
 
-/// A mode as the demo names it: Algorithm 1 is its naive baseline, held faults are WIC.
+/// A mode as the demo names it: Algorithm 1 is its naive baseline, held faults are WIC (its
+/// host producers writing in place unless the label says otherwise).
 pub fn mode_label(mode: Mode) -> &'static str {
     match mode {
         Mode::Alg1 => "naive (alg1)",
         Mode::Fault => "WIC",
+        Mode::FaultCopy => "WIC (copy)",
+        Mode::FaultCopyEngine => "WIC (copy engine)",
         other => other.name(),
+    }
+}
+
+/// The ways `--host-fill` takes, by name: how WIC's host producers' batches reach their runs.
+pub const HOST_FILLS: [(&str, Mode); 3] =
+    [("in-place", Mode::Fault), ("copy", Mode::FaultCopy), ("copy-engine", Mode::FaultCopyEngine)];
+
+/// `--host-fill`'s value: the WIC mode of a name of [`HOST_FILLS`].
+pub fn parse_host_fill(text: &str) -> Result<Mode, String> {
+    HOST_FILLS.iter().find(|(name, _)| name.eq_ignore_ascii_case(text.trim())).map(|&(_, mode)| mode).ok_or_else(|| {
+        let names: Vec<&str> = HOST_FILLS.iter().map(|(name, _)| *name).collect();
+        format!("`{text}` is not a way to fill a host producer's run (one of {})", names.join(", "))
+    })
+}
+
+/// The legend's line on how the WIC columns' host producers hand over their batches in `wic`.
+pub fn host_fill_legend(wic: Mode) -> &'static str {
+    match wic {
+        Mode::FaultCopy => "WIC's host producers: wicd copies each batch into its run (--host-fill copy, as before in place).",
+        Mode::FaultCopyEngine => {
+            "WIC's host producers: a copy engine fills GPU-resident runs, set-up not charged (--host-fill copy-engine)."
+        }
+        _ => "WIC's host producers write each batch in place; wicd writes 8 bytes a page (--host-fill copy: wicd copies it).",
     }
 }
 
@@ -430,6 +456,24 @@ mod tests {
     }
 
     use wic_emu::workload::by_name;
+
+    /// `--host-fill` names each way of WIC's, in place by default, and the legend says which
+    /// way the WIC columns ran, in one line short enough for the legend.
+    #[test]
+    fn host_fill_picks_a_way_of_wics_and_the_legend_names_it() {
+        assert_eq!(parse_host_fill("in-place"), Ok(Mode::Fault));
+        assert_eq!(parse_host_fill("Copy"), Ok(Mode::FaultCopy));
+        assert_eq!(parse_host_fill("copy-engine"), Ok(Mode::FaultCopyEngine));
+        let e = parse_host_fill("dma").unwrap_err();
+        assert!(e.contains("`dma`") && e.contains("in-place, copy, copy-engine"), "{e}");
+        for (name, mode) in HOST_FILLS {
+            let line = host_fill_legend(mode);
+            assert!(!line.contains('\n') && line.len() <= 120, "{line}");
+            assert!(line.contains(if mode == Mode::Fault { "in place" } else { name }), "{line}");
+            assert!(mode.is_wic() && mode_label(mode).starts_with("WIC"));
+        }
+        assert_eq!(mode_label(Mode::Fault), "WIC");
+    }
 
     #[test]
     fn plan_refuses_a_row_whose_run_does_not_fit_and_runs_the_rest_on_fewer_workers() {

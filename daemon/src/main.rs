@@ -81,6 +81,11 @@ struct DemoArgs {
     /// emulated GPU's SMs (printed whatever `--only` picks; it adds a few seconds).
     #[arg(long)]
     no_corun: bool,
+    /// How WIC's host producers hand over their batches: in-place (they write the run, wicd
+    /// writes 8 bytes a page), copy (wicd copies each batch, the path before in place) or
+    /// copy-engine (nvidia-uvm's copy engine, a lower bound). The co-run keeps in place.
+    #[arg(long, default_value = "in-place", value_parser = demo::parse_host_fill)]
+    host_fill: wic_emu::Mode,
 }
 
 /// The fewest consumer threads `--scale` takes: one warp.
@@ -215,9 +220,15 @@ fn run_demo(args: DemoArgs) -> Result<(), String> {
         let plan = demo::plan(&set, threads, demo::available_memory());
         let runnable: Vec<_> =
             set.iter().zip(&plan.refused).filter(|(_, why)| why.is_none()).map(|(w, _)| w.clone()).collect();
-        let mut ran =
-            wic_emu::compare::try_compare(&runnable, &cal, args.seed, plan.workers, demo::stderr_progress(started))
-                .into_iter();
+        let mut ran = wic_emu::compare::try_compare_with(
+            &runnable,
+            args.host_fill,
+            &cal,
+            args.seed,
+            plan.workers,
+            demo::stderr_progress(started),
+        )
+        .into_iter();
         let rows: Vec<_> = set
             .iter()
             .zip(plan.refused)
@@ -251,6 +262,7 @@ fn run_demo(args: DemoArgs) -> Result<(), String> {
          overlap = share of waiting time its SM still computed (paper Fig. 14); WIC ovh = wicd busy time / runtime (Fig. 15);\n\
          faults = fault-buffer entries wicd handled; checked = every message compared byte for byte with what its producer wrote."
     );
+    println!("{}", demo::host_fill_legend(args.host_fill));
     println!("{}", wic_emu::compare::calibration_summary(&cal));
     if let Some(path) = &args.calibration {
         println!("{}", demo::calibration_file_changes(path, &cal));
