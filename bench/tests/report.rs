@@ -40,12 +40,26 @@ fn the_quick_report_fills_every_field_and_writes_every_figure() {
     for app in ["C_CG", "G_STN"] {
         assert!(text.lines().any(|l| l.starts_with(&format!("| {app} |"))), "no row for {app}");
     }
+    // A row a message size, each way's busy time and delivery in microseconds.
+    for size in ["64 B", "1 KiB", "4 KiB", "16 KiB", "64 KiB"] {
+        let row =
+            text.lines().find(|l| l.starts_with(&format!("| {size} |"))).unwrap_or_else(|| panic!("no {size} row"));
+        assert_eq!(row.matches(" us |").count(), 6, "{row}");
+    }
+    // The plane's cells: in place / copying, over push (over naive polling).
+    let plane = text.lines().find(|l| l.starts_with("| measured (")).expect("the plane's first row");
+    assert!(plane.contains("x / ") && plane.contains("x (") && plane.contains("x)"), "{plane}");
     for needed in [
         "Geometric-mean speedup",
         "interrupter at 16K pages",
         "monitor:",
         "batch of 256 entries",
         "| memory progress beside a stalled warp",
+        "| message per warp (batch of 16 warps) | wicd busy per batch: copy (CPU) | copy (CE) | in place |",
+        "- copy (CE) against copy (CPU): ",
+        "- in place against copy (CPU): ",
+        "| WIC in place beats push at | WIC copying beat push at |",
+        "- The programs of `device/apps` for which WIC beats push at the calibration's point: in place ",
         "| mode, gap | fma_chain |",
         "| fault (WIC; GPU: stalled on stock faults), 0 us |",
         "not run in this regeneration",

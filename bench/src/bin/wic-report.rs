@@ -15,8 +15,10 @@ use wic_bench::svg::{self, Series};
 use wic_bench::{summary, Results, Settings};
 use wic_emu::apps::{self, Validation};
 use wic_emu::compare::{
-    calibration_summary, compare, geomean_speedup, geomean_speedup_over_push, percent, Comparison, MODES,
+    calibration_summary, compare, compare_in_place_and_copy, geomean_speedup, geomean_speedup_over_push, percent,
+    Comparison, MODES,
 };
+use wic_emu::host_fill::{self, Cost};
 use wic_emu::{corun, workload, Calibration, Mode, Workload};
 
 /// The sweep's thread counts and applications (the paper's Fig. 16).
@@ -29,19 +31,41 @@ const SWEEP_APPS: [&str; 4] = ["C_CG", "C_H3D", "G_BFS", "G_STN"];
 const PLANE_LATENCY: [f64; 4] = [0.1, 0.3, 1.0, 3.0];
 const PLANE_STALL: [Option<f64>; 4] = [None, Some(0.1), Some(0.5), Some(1.0)];
 
-/// One point of the plane for device/apps' programs: each one's three runs.
+/// Runs a workload takes in the report's comparisons: alg1, push, and WIC both in place and
+/// with wicd copying (`compare_in_place_and_copy`).
+const RUNS_PER_ROW: usize = MODES.len() + 1;
+
+/// One point of the plane for device/apps' programs: each one's comparisons, WIC in place
+/// and with wicd copying.
 struct AppPlanePoint {
     latency: f64,
     stall: Option<f64>,
-    rows: Vec<Comparison>,
+    rows: Vec<(Comparison, Comparison)>,
 }
 
-/// One point of the plane: WIC's geometric-mean speedup over push and over naive polling.
+/// One point of the plane: WIC's geometric-mean speedup over push and over naive polling, in
+/// place and (`_copy`) with wicd copying host producers' batches.
 struct PlanePoint {
     latency: f64,
     stall: Option<f64>,
     over_push: f64,
     over_naive: f64,
+    over_push_copy: f64,
+    over_naive_copy: f64,
+}
+
+impl PlanePoint {
+    fn new(latency: f64, stall: Option<f64>, rows: &[(Comparison, Comparison)]) -> Self {
+        let (in_place, copy) = (|| rows.iter().map(|r| &r.0), || rows.iter().map(|r| &r.1));
+        Self {
+            latency,
+            stall,
+            over_push: geomean_speedup_over_push(in_place()),
+            over_naive: geomean_speedup(in_place()),
+            over_push_copy: geomean_speedup_over_push(copy()),
+            over_naive_copy: geomean_speedup(copy()),
+        }
+    }
 }
 
 #[derive(Debug, Parser)]
@@ -100,8 +124,8 @@ fn run(args: &Args) -> Result<(), String> {
         workload::all()
     };
     eprintln!("wic-report: {} applications, naive and WIC, on the emulator", apps.len());
-    let rows = compare(&apps, &cal, args.seed, threads, progress("applications"));
-    check_messages(&rows)?;
+    let both = compare_in_place_and_copy(&apps, &cal, args.seed, threads, progress("applications"));
+    check_both(&both)?;
     let apps_seconds = started.elapsed().as_secs_f64();
 
     let sweep_started = Instant::now();
@@ -131,30 +155,34 @@ fn run(args: &Args) -> Result<(), String> {
         for &latency in plane_latency {
             let point_cal = plane_calibration(&cal, latency, stall);
             eprintln!("wic-report: plane, device/apps, fault path x{latency}, stall {}", stall_label(stall, &cal));
-            let app_rows = compare(&device_apps, &point_cal, args.seed, threads, progress("plane, device/apps"));
-            check_messages(&app_rows)?;
-            plane_runs += MODES.len() * app_rows.len();
+            let app_rows =
+                compare_in_place_and_copy(&device_apps, &point_cal, args.seed, threads, progress("plane, device/apps"));
+            check_both(&app_rows)?;
+            plane_runs += RUNS_PER_ROW * app_rows.len();
             app_plane.push(AppPlanePoint { latency, stall, rows: app_rows });
             // The calibration's own point is the applications' table above: not run again.
             let point_rows = if latency == 1.0 && stall.is_none() {
                 None
             } else {
                 eprintln!("wic-report: plane, fault path x{latency}, stall {}", stall_label(stall, &cal));
-                let rows = compare(&apps, &point_cal, args.seed, threads, progress("plane"));
-                check_messages(&rows)?;
-                plane_runs += MODES.len() * rows.len();
+                let rows = compare_in_place_and_copy(&apps, &point_cal, args.seed, threads, progress("plane"));
+                check_both(&rows)?;
+                plane_runs += RUNS_PER_ROW * rows.len();
                 Some(rows)
             };
-            let point = point_rows.as_deref().unwrap_or(&rows);
-            plane.push(PlanePoint {
-                latency,
-                stall,
-                over_push: geomean_speedup_over_push(point),
-                over_naive: geomean_speedup(point),
-            });
+            plane.push(PlanePoint::new(latency, stall, point_rows.as_deref().unwrap_or(&both)));
         }
     }
     let plane_seconds = plane_started.elapsed().as_secs_f64();
+    let (rows, rows_copy): (Vec<Comparison>, Vec<Comparison>) = both.into_iter().unzip();
+
+    eprintln!("wic-report: a host producer's batch, copied, by the copy engine and in place");
+    let host_fill_started = Instant::now();
+    let host_fill = host_fill::MESSAGE_BYTES
+        .iter()
+        .map(|&bytes| host_fill::costs(&cal, bytes, args.seed).map(|costs| (bytes, costs)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let host_fill_seconds = host_fill_started.elapsed().as_secs_f64();
 
     eprintln!("wic-report: device/apps on the emulator, against their GPU runs");
     let validation_started = Instant::now();
@@ -185,9 +213,14 @@ fn run(args: &Args) -> Result<(), String> {
     fields.set("machine", results.machine.clone());
     fields.set("calibration", calibration_summary(&cal));
     fields.set("seed", args.seed.to_string());
-    fields.set("apps_table", apps_table(&rows));
+    fields.set("apps_table", apps_table(&rows, &rows_copy));
     fields.set("apps_seconds", format!("{apps_seconds:.0}"));
-    fields.set("apps_runs", (MODES.len() * rows.len()).to_string());
+    fields.set("apps_runs", (RUNS_PER_ROW * rows.len()).to_string());
+    fields.set("geomean_over_push_copy", format!("{:.2}x", geomean_speedup_over_push(&rows_copy)));
+    fields.set("host_fill_table", host_fill_table(&host_fill));
+    fields.set("host_fill_verdict", host_fill_verdict(&host_fill));
+    fields.set("host_fill_seconds", format!("{host_fill_seconds:.1}"));
+    fields.set("host_fill_batches", host_fill::BATCHES.to_string());
     fields.set("geomean", format!("{:.2}x", geomean_speedup(&rows)));
     fields.set("geomean_over_push", format!("{:.2}x", geomean_speedup_over_push(&rows)));
     fields.set("paper_geomean", format!("{:.2}x", paper::MEAN_SPEEDUP));
@@ -197,6 +230,7 @@ fn run(args: &Args) -> Result<(), String> {
     fields.set("plane_table", plane_table(&plane, &cal));
     fields.set("plane_runs", plane_runs.to_string());
     fields.set("app_plane_table", app_plane_table(&app_plane, &cal));
+    fields.set("plane_verdict", plane_verdict(&plane, (&rows, &rows_copy), &app_plane, &cal));
     fields.set("plane_seconds", format!("{plane_seconds:.0}"));
     fields.set("validation_sources", apps::MEASURED.iter().map(|(_, source, _)| format!("- {source}\n")).collect());
     fields.set("validation_table", validation_table(&validation));
@@ -447,9 +481,14 @@ fn progress(what: &'static str) -> impl FnMut(usize, usize, &wic_emu::RunReport)
     move |done, total, report| eprintln!("  {what} [{done}/{total}] {} {}", report.workload, report.mode.name())
 }
 
+/// [`check_messages`] for both ways of WIC's.
+fn check_both(rows: &[(Comparison, Comparison)]) -> Result<(), String> {
+    check_messages(rows.iter().flat_map(|(in_place, copy)| [in_place, copy]))
+}
+
 /// A report built on corrupted deliveries would be worthless: refuse it.
-fn check_messages(rows: &[Comparison]) -> Result<(), String> {
-    match rows.iter().find(|r| {
+fn check_messages<'a>(rows: impl IntoIterator<Item = &'a Comparison>) -> Result<(), String> {
+    match rows.into_iter().find(|r| {
         r.naive.corrupt_messages + r.fault.corrupt_messages > 0 || !r.fault.pool_restored || !r.fault.pfq_empty
     }) {
         Some(bad) => Err(format!("{}: corrupted messages or state left behind in the emulator", bad.naive.workload)),
@@ -465,20 +504,23 @@ fn paper_of(row: &Comparison) -> Option<&'static PaperApp> {
     paper::app_named(row.naive.workload)
 }
 
-fn apps_table(rows: &[Comparison]) -> String {
+/// The applications' table, WIC's host producers writing in place; `copy`: the same rows with
+/// wicd copying their batches, whose WIC runtime stands beside.
+fn apps_table(rows: &[Comparison], copy: &[Comparison]) -> String {
     let mut t = String::from(
-        "| app | naive ms | push ms | WIC ms | speedup | WIC over push | paper speedup | consumer overhead naive / WIC | overlap naive / WIC | paper overlap WIC | wicd busy | paper host overhead | faults handled |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| app | naive ms | push ms | WIC ms | WIC ms, wicd copying | speedup | WIC over push | paper speedup | consumer overhead naive / WIC | overlap naive / WIC | paper overlap WIC | wicd busy | paper host overhead | faults handled |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
-    for row in rows {
+    for (row, copy) in rows.iter().zip(copy) {
         let paper = paper_of(row);
         let faults = row.fault.engine.as_ref().map_or(0, |e| e.entries);
         t.push_str(&format!(
-            "| {} | {:.3} | {:.3} | {:.3} | {:.2}x | {:.2}x | {} | {} / {} | {} / {} | {} | {} | {} | {} |\n",
+            "| {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.2}x | {:.2}x | {} | {} / {} | {} / {} | {} | {} | {} | {} |\n",
             row.naive.workload,
             row.naive.runtime_ns as f64 / 1e6,
             row.push.runtime_ns as f64 / 1e6,
             row.fault.runtime_ns as f64 / 1e6,
+            copy.fault.runtime_ns as f64 / 1e6,
             row.speedup(),
             row.speedup_over_push(),
             or_dash(paper.and_then(|p| p.speedup), |s| format!("≈{s:.2}x")),
@@ -576,41 +618,246 @@ fn validation_notes(rows: &[Validation]) -> String {
 }
 
 /// Per program of device/apps: WIC's speedup over push and over alg1 at the calibration's
-/// point and at the plane's most favourable one, and the points where WIC beats push.
+/// point and at the plane's most favourable one, and the points where WIC beats push; each
+/// cell in place / with wicd copying.
 fn app_plane_table(points: &[AppPlanePoint], cal: &Calibration) -> String {
     let Some(calibrated) = points.iter().find(|p| p.latency == 1.0 && p.stall.is_none()) else { return String::new() };
-    let stall_rank = |p: &AppPlanePoint| p.stall.map_or(0.0, |s| s.max(cal.stall.memory_progress.value));
-    let best = points
-        .iter()
-        .min_by(|a, b| a.latency.total_cmp(&b.latency).then(stall_rank(b).total_cmp(&stall_rank(a))))
-        .expect("a point");
+    let best = best_point(points, cal);
     let mut t = format!(
-        "| app | over push, calibration | over alg1, calibration | over push, fault path {} and stall {} | over alg1, there | WIC beats push at |\n|---|---|---|---|---|---|\n",
+        "| app | over push, calibration | over alg1, calibration | over push, fault path {} and stall {} | over alg1, there | WIC in place beats push at | WIC copying beat push at |\n|---|---|---|---|---|---|---|\n",
         latency_label(best.latency),
         stall_label(best.stall, cal)
     );
+    let both = |(in_place, copy): &(Comparison, Comparison), ratio: fn(&Comparison) -> f64| {
+        format!("{:.2}x / {:.2}x", ratio(in_place), ratio(copy))
+    };
     for (index, row) in calibrated.rows.iter().enumerate() {
-        let wins: Vec<String> = points
-            .iter()
-            .filter(|p| p.rows[index].speedup_over_push() > 1.0)
-            .map(|p| format!("{}, stall {}", latency_label(p.latency), stall_label(p.stall, cal)))
-            .collect();
         let there = &best.rows[index];
         t.push_str(&format!(
-            "| {} | {:.2}x | {:.2}x | {:.2}x | {:.2}x | {} |\n",
-            row.naive.workload,
-            row.speedup_over_push(),
-            row.speedup(),
-            there.speedup_over_push(),
-            there.speedup(),
-            match wins.len() {
-                0 => "nowhere".to_string(),
-                n if n == points.len() => "everywhere on the plane".to_string(),
-                _ => wins.join("; "),
-            }
+            "| {} | {} | {} | {} | {} | {} | {} |\n",
+            row.0.naive.workload,
+            both(row, Comparison::speedup_over_push),
+            both(row, Comparison::speedup),
+            both(there, Comparison::speedup_over_push),
+            both(there, Comparison::speedup),
+            wins_label(points, index, |r| &r.0, cal),
+            wins_label(points, index, |r| &r.1, cal),
         ));
     }
     t
+}
+
+/// The plane's most favourable point for WIC: the fastest fault path, the cheapest stall.
+fn best_point<'a>(points: &'a [AppPlanePoint], cal: &Calibration) -> &'a AppPlanePoint {
+    let stall_rank = |p: &AppPlanePoint| p.stall.map_or(0.0, |s| s.max(cal.stall.memory_progress.value));
+    points
+        .iter()
+        .min_by(|a, b| a.latency.total_cmp(&b.latency).then(stall_rank(b).total_cmp(&stall_rank(a))))
+        .expect("a point")
+}
+
+/// The points of the plane where program `index`'s WIC (the way `way` picks) beats push.
+fn win_points(
+    points: &[AppPlanePoint],
+    index: usize,
+    way: fn(&(Comparison, Comparison)) -> &Comparison,
+) -> impl Iterator<Item = &AppPlanePoint> {
+    points.iter().filter(move |p| way(&p.rows[index]).speedup_over_push() > 1.0)
+}
+
+fn wins_label(
+    points: &[AppPlanePoint],
+    index: usize,
+    way: fn(&(Comparison, Comparison)) -> &Comparison,
+    cal: &Calibration,
+) -> String {
+    let wins: Vec<String> = win_points(points, index, way)
+        .map(|p| format!("{}, stall {}", latency_label(p.latency), stall_label(p.stall, cal)))
+        .collect();
+    match wins.len() {
+        0 => "nowhere".to_string(),
+        n if n == points.len() => "everywhere on the plane".to_string(),
+        _ => wins.join("; "),
+    }
+}
+
+/// The rows of `rows` whose WIC beats push, with its speedup over push: `C_CG (1.09x), ...`.
+fn beating_push<'a>(rows: impl IntoIterator<Item = &'a Comparison>) -> String {
+    let names: Vec<String> = rows
+        .into_iter()
+        .filter(|r| r.speedup_over_push() > 1.0)
+        .map(|r| format!("{} ({:.2}x)", r.naive.workload, r.speedup_over_push()))
+        .collect();
+    if names.is_empty() {
+        "none".into()
+    } else {
+        names.join(", ")
+    }
+}
+
+/// What the plane says, in words from its numbers: the paper's patterns (`patterns`, the rows
+/// at the calibration's point, in place and copying) and the programs of device/apps for which
+/// WIC beats push, in place and with wicd copying.
+fn plane_verdict(
+    plane: &[PlanePoint],
+    patterns: (&[Comparison], &[Comparison]),
+    app_plane: &[AppPlanePoint],
+    cal: &Calibration,
+) -> String {
+    let mut out = String::new();
+    let calibrated = plane.iter().find(|p| p.latency == 1.0 && p.stall.is_none());
+    let best = |over: fn(&PlanePoint) -> f64| plane.iter().max_by(|a, b| over(a).total_cmp(&over(b)));
+    let at = |p: &PlanePoint| format!("fault path {}, stall {}", latency_label(p.latency), stall_label(p.stall, cal));
+    if let (Some(c), Some(in_place), Some(copy)) = (calibrated, best(|p| p.over_push), best(|p| p.over_push_copy)) {
+        let wins = |over: fn(&PlanePoint) -> f64| plane.iter().filter(|p| over(p) > 1.0).count();
+        out.push_str(&format!(
+            "- The paper's patterns, geometric mean of WIC over push: {:.2}x in place at the calibration's point (copying: {:.2}x); at best {:.2}x ({}), copying {:.2}x ({}). WIC beats push at {} of the plane's {} points in place, at {} copying.\n",
+            c.over_push,
+            c.over_push_copy,
+            in_place.over_push,
+            at(in_place),
+            copy.over_push_copy,
+            at(copy),
+            wins(|p| p.over_push),
+            plane.len(),
+            wins(|p| p.over_push_copy),
+        ));
+    }
+    out.push_str(&format!(
+        "- The paper's patterns for which WIC beats push at the calibration's point (WIC over push): in place {}; copying {}.\n",
+        beating_push(patterns.0),
+        beating_push(patterns.1)
+    ));
+    let Some(calibrated) = app_plane.iter().find(|p| p.latency == 1.0 && p.stall.is_none()) else { return out };
+    let anywhere = |way: fn(&(Comparison, Comparison)) -> &Comparison| {
+        let names: Vec<String> = (0..calibrated.rows.len())
+            .filter_map(|index| {
+                let best = win_points(app_plane, index, way)
+                    .map(|p| way(&p.rows[index]).speedup_over_push())
+                    .max_by(f64::total_cmp)?;
+                Some(format!("{} (up to {best:.2}x)", way(&calibrated.rows[index]).naive.workload))
+            })
+            .collect();
+        if names.is_empty() {
+            "none".to_string()
+        } else {
+            names.join(", ")
+        }
+    };
+    let closest = |way: fn(&(Comparison, Comparison)) -> &Comparison| {
+        let mut rows: Vec<&Comparison> = calibrated.rows.iter().map(way).collect();
+        rows.sort_by(|a, b| b.speedup_over_push().total_cmp(&a.speedup_over_push()));
+        rows.iter()
+            .take(2)
+            .map(|r| format!("{} {:.2}x", r.naive.workload, r.speedup_over_push()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    out.push_str(&format!(
+        "- The programs of `device/apps` for which WIC beats push at the calibration's point: in place {}; copying {} (closest in place: {}; copying: {}).\n",
+        beating_push(calibrated.rows.iter().map(|r| &r.0)),
+        beating_push(calibrated.rows.iter().map(|r| &r.1)),
+        closest(|r| &r.0),
+        closest(|r| &r.1),
+    ));
+    out.push_str(&format!(
+        "- Those for which it beats push anywhere on the plane: in place {}; copying {}.\n",
+        anywhere(|r| &r.0),
+        anywhere(|r| &r.1)
+    ));
+    out
+}
+
+/// wicd's busy time per batch and the delivery latency, by message size, for each way of
+/// [`host_fill::MODES`].
+fn host_fill_table(rows: &[(u32, [Cost; 3])]) -> String {
+    let names = host_fill::MODES.map(host_fill_name);
+    let mut t = format!(
+        "| message per warp (batch of {} warps) | wicd busy per batch: {} | {} | {} | delivery: {} | {} | {} |\n|---|---|---|---|---|---|---|\n",
+        host_fill::WARPS,
+        names[0],
+        names[1],
+        names[2],
+        names[0],
+        names[1],
+        names[2]
+    );
+    for (bytes, costs) in rows {
+        let us = |ns: f64| format!("{:.1} us", ns / 1000.0);
+        t.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} |\n",
+            size_label(*bytes),
+            us(costs[0].busy_per_batch_ns),
+            us(costs[1].busy_per_batch_ns),
+            us(costs[2].busy_per_batch_ns),
+            us(costs[0].delivery_ns),
+            us(costs[1].delivery_ns),
+            us(costs[2].delivery_ns),
+        ));
+    }
+    t
+}
+
+fn host_fill_name(mode: Mode) -> &'static str {
+    match mode {
+        Mode::FaultCopy => "copy (CPU)",
+        Mode::FaultCopyEngine => "copy (CE)",
+        Mode::Fault => "in place",
+        other => other.name(),
+    }
+}
+
+/// 64 B, 1 KiB, 64 KiB.
+fn size_label(bytes: u32) -> String {
+    if bytes >= 1024 && bytes % 1024 == 0 {
+        format!("{} KiB", bytes / 1024)
+    } else {
+        format!("{bytes} B")
+    }
+}
+
+/// Which way wins where, in words from the table's numbers: each pair of ways, the sizes at
+/// which the first takes less of wicd's time and delivers sooner, and by how much.
+fn host_fill_verdict(rows: &[(u32, [Cost; 3])]) -> String {
+    let index = |mode: Mode| host_fill::MODES.iter().position(|m| *m == mode).expect("a way of host_fill's");
+    let (cpu, ce, in_place) = (index(Mode::FaultCopy), index(Mode::FaultCopyEngine), index(Mode::Fault));
+    let mut out = String::new();
+    for (a, b) in [(ce, cpu), (in_place, cpu), (ce, in_place)] {
+        let (name_a, name_b) = (host_fill_name(host_fill::MODES[a]), host_fill_name(host_fill::MODES[b]));
+        let mut line = format!("- {name_a} against {name_b}:");
+        for (what, unit, of) in [
+            ("takes less of wicd's thread", " a batch", (|c: &Cost| c.busy_per_batch_ns) as fn(&Cost) -> f64),
+            ("delivers sooner", "", |c: &Cost| c.delivery_ns),
+        ] {
+            let ahead: Vec<(u32, f64)> = rows
+                .iter()
+                .map(|(bytes, costs)| (*bytes, of(&costs[b]) - of(&costs[a])))
+                .filter(|(_, d)| *d > 0.0)
+                .collect();
+            let sizes = if ahead.len() == rows.len() {
+                "at every size".to_string()
+            } else if ahead.is_empty() {
+                "at no size".to_string()
+            } else {
+                format!("at {}", ahead.iter().map(|(b, _)| size_label(*b)).collect::<Vec<_>>().join(", "))
+            };
+            let by = match (ahead.first(), ahead.last()) {
+                (Some(first), Some(last)) => format!(
+                    " (by {:.1} us{unit} at {} to {:.1} us at {})",
+                    first.1 / 1000.0,
+                    size_label(first.0),
+                    last.1 / 1000.0,
+                    size_label(last.0)
+                ),
+                _ => String::new(),
+            };
+            line.push_str(&format!(" {what} {sizes}{by};"));
+        }
+        line.pop();
+        line.push_str(".\n");
+        out.push_str(&line);
+    }
+    out
 }
 
 /// The calibration at a point of the plane.
@@ -649,7 +896,8 @@ fn plane_row(plane: &[PlanePoint]) -> &[PlanePoint] {
     &plane[..n]
 }
 
-/// WIC over push (over naive polling), one row per stall cost, one column per fault-path factor.
+/// WIC over push (over naive polling), one row per stall cost, one column per fault-path factor;
+/// each figure in place / with wicd copying.
 fn plane_table(plane: &[PlanePoint], cal: &Calibration) -> String {
     let columns = plane_row(plane);
     let header: Vec<String> = columns.iter().map(|p| latency_label(p.latency)).collect();
@@ -659,7 +907,15 @@ fn plane_table(plane: &[PlanePoint], cal: &Calibration) -> String {
         "---|".repeat(header.len())
     );
     for row in plane.chunks(columns.len().max(1)) {
-        let cells: Vec<String> = row.iter().map(|p| format!("{:.2}x ({:.2}x)", p.over_push, p.over_naive)).collect();
+        let cells: Vec<String> = row
+            .iter()
+            .map(|p| {
+                format!(
+                    "{:.2}x / {:.2}x ({:.2}x / {:.2}x)",
+                    p.over_push, p.over_push_copy, p.over_naive, p.over_naive_copy
+                )
+            })
+            .collect();
         t.push_str(&format!("| {} | {} |\n", stall_label(row[0].stall, cal), cells.join(" | ")));
     }
     t
@@ -668,15 +924,16 @@ fn plane_table(plane: &[PlanePoint], cal: &Calibration) -> String {
 fn plane_figure(plane: &[PlanePoint], cal: &Calibration) -> String {
     let columns = plane_row(plane);
     let labels: Vec<String> = columns.iter().map(|p| latency_label(p.latency)).collect();
-    let series: Vec<Series> = plane
-        .chunks(columns.len().max(1))
-        .map(|row| Series {
-            name: format!("stall: {}", stall_label(row[0].stall, cal)),
-            values: row.iter().map(|p| Some(p.over_push)).collect(),
+    let way = |name: &'static str, over: fn(&PlanePoint) -> f64| {
+        plane.chunks(columns.len().max(1)).map(move |row| Series {
+            name: format!("{name}, stall: {}", stall_label(row[0].stall, cal)),
+            values: row.iter().map(|p| Some(over(p))).collect(),
         })
-        .collect();
+    };
+    let series: Vec<Series> =
+        way("in place", |p| p.over_push).chain(way("wicd copying", |p| p.over_push_copy)).collect();
     svg::lines(
-        "WIC over push (geometric mean, ten applications) by fault-path latency and stall cost, emulator",
+        "WIC over push (geometric mean, ten applications) by fault-path latency and stall cost, in place and wicd copying, emulator",
         "fault-path latencies, factor of the calibration's",
         "WIC over push",
         &labels,
