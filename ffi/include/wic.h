@@ -410,7 +410,8 @@ int wic_publish_copy(wic_channel *ch, uint32_t slot, const void *data, size_t le
  * @timeout_ns: longest wait; 0 checks once
  *
  * Return: WIC_OK once the slot's last generation has been delivered; WIC_ESTALE, once, if it
- * was an in-place publish that missed its generation (see wic_run_publish()); WIC_ETIMED_OUT;
+ * was this handle's in-place publish and missed its generation (see wic_run_publish());
+ * WIC_ETIMED_OUT;
  * WIC_ECLOSED or WIC_ESTOPPING; WIC_ECONNECT if the daemon hung up.
  */
 int wic_wait_writable(wic_channel *ch, uint32_t slot, uint64_t timeout_ns);
@@ -424,6 +425,8 @@ int wic_wait_writable(wic_channel *ch, uint32_t slot, uint64_t timeout_ns);
  * @batch_bytes: bytes of the batch
  * @pages: pages of the run (and words of @heads)
  * @side: which of the slot's two runs
+ * @slot: the slot
+ * @reserved: 0
  *
  * The daemon writes the head words at the start of the run's pages when it maps the run, and
  * copies nothing else. Why a producer never writes those 8 bytes itself: a generation can end
@@ -438,6 +441,8 @@ struct wic_run {
 	uint64_t batch_bytes;
 	uint32_t pages;
 	uint32_t side;
+	uint32_t slot;
+	uint32_t reserved;
 };
 
 /**
@@ -450,9 +455,12 @@ struct wic_run {
  * @out: receives the run
  *
  * Instead of filling the slot buffer, which the daemon then copies into the consumers' pages,
- * the producer writes the batch straight into those pages: no GPU can read the run until
- * wic_run_publish() has it mapped. Write it with wic_run_write() or by hand, following
- * struct wic_run's rule for the head words, then wic_run_publish(). One thread per slot.
+ * the producer writes the batch straight into those pages, which no GPU reads until
+ * wic_run_publish() has them mapped with its head words (or, if the generation ends first, with
+ * an error marker at each page's head, which the producer's stores never reach). Write it with
+ * wic_run_write() or by hand, following struct wic_run's rule for the head words, then
+ * wic_run_publish(); the run and its head words are valid until then, and never after the
+ * handle is closed. One thread per slot.
  *
  * The run's pages should stay in CPU memory (cudaMemAdviseSetPreferredLocation to
  * cudaCpuDeviceId on the placement): a GPU fault on other managed data of their 2 MiB block can
@@ -473,7 +481,8 @@ int wic_run_acquire(wic_channel *ch, uint32_t slot, uint64_t timeout_ns, struct 
  * @src: the bytes
  * @len: how many
  *
- * Return: WIC_OK, or WIC_EINVALID for a NULL argument or bytes beyond the batch.
+ * Return: WIC_OK, or WIC_EINVALID for a NULL @run, a NULL @src with a @len, or bytes beyond the
+ * batch.
  */
 int wic_run_write(const struct wic_run *run, uint64_t offset, const void *src, size_t len);
 
@@ -487,7 +496,7 @@ int wic_run_write(const struct wic_run *run, uint64_t offset, const void *src, s
  * timeout, or a run acquired before the generation ended), drops the publish: the next
  * wic_run_acquire() or wic_wait_writable() of the slot says so with WIC_ESTALE.
  *
- * Return: as wic_publish(), and WIC_EINVALID for a NULL @run or one of another slot's size.
+ * Return: as wic_publish(), and WIC_EINVALID for a NULL @run or one lent for another slot.
  */
 int wic_run_publish(wic_channel *ch, uint32_t slot, const struct wic_run *run);
 

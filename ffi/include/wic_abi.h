@@ -206,8 +206,8 @@ struct wic_range {
  * into @va's pages (CPU-resident, and unmapped on the GPU while the fault is held), all but the
  * first 8 bytes of each page: those head words are where error markers go, and only
  * completions (wicd's, the module's expiry, the channel's close, the session's release) write
- * them, one at a time under the module's session mutex, so that a producer still writing when
- * a timeout marker lands can never overwrite the marker. The producer hands its heads to the
+ * them. The producer never does, so that one still writing when a timeout marker lands can
+ * never overwrite the marker. The producer hands its heads to the
  * daemon, and the fill writes word i of @arg at the start of page i of @va's run: 8 bytes a
  * page instead of the whole batch. The bytes after each head were written by the application
  * itself; the module never writes them. Then, exactly as WIC_CMD_COMPLETE, the unmap of

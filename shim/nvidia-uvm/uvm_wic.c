@@ -1249,8 +1249,8 @@ static NV_STATUS wic_fill(struct wic_ctx *ctx, u64 va, const void *src, u64 src_
  * first word at @words on every page (a marker), or with @per_page word i of @words on page i
  * (the heads of a run its producer wrote in place; the rest of each page is left as it is).
  */
-static NV_STATUS wic_fill_marker(struct wic_ctx *ctx, u64 va, u32 pages, const void *words,
-				 bool per_page)
+static NV_STATUS wic_fill_words(struct wic_ctx *ctx, u64 va, u32 pages, const void *words,
+				bool per_page)
 {
 	NV_STATUS status = NV_OK;
 	u32 i;
@@ -1676,11 +1676,11 @@ static int wic_complete_one(struct wic_ctx *ctx, struct uvm_wic_completion *c)
 
 	if (wic_completion_fills(c)) {
 		if (c->flags & UVM_WIC_COMPLETE_HEADS)
-			status = wic_fill_marker(ctx, c->va, c->pages, c->src, true);
+			status = wic_fill_words(ctx, c->va, c->pages, c->src, true);
 		else if (c->length)
 			status = wic_fill(ctx, c->va, c->src, c->src_va, c->length);
 		else
-			status = wic_fill_marker(ctx, c->va, c->pages, &c->marker, false);
+			status = wic_fill_words(ctx, c->va, c->pages, &c->marker, false);
 		if (status != NV_OK)
 			return wic_errno(status);
 	}

@@ -172,7 +172,7 @@ fn a_timeout_uses_up_the_generation_and_a_stopping_daemon_wakes_its_consumers() 
 }
 
 /// Writes `bytes` into `run` as the batch, the head bytes into its head words.
-fn write_run(run: &wic::Run, bytes: &[u8]) {
+fn write_run(run: &wic::Run<'_>, bytes: &[u8]) {
     // SAFETY: the run was just lent by acquire_run and is not yet published; the bytes are one
     // batch.
     unsafe { run.write(0, bytes) };
@@ -192,8 +192,8 @@ fn a_producer_writes_runs_in_place_and_its_consumers_read_them() {
             let run = ch.acquire_run(slot, Duration::from_secs(5)).unwrap();
             assert_eq!(u32::from(run.side), generation % 2, "generation {generation} reads run {}", generation % 2);
             write_run(&run, &pattern(slot, generation, batch));
-            ch.publish_run(slot, &run).unwrap();
-            assert_eq!(ch.publish_run(slot, &run).unwrap_err().code(), ErrorCode::Busy);
+            ch.publish_run(&run).unwrap();
+            assert_eq!(ch.publish_run(&run).unwrap_err().code(), ErrorCode::Busy);
         }
         for slot in 0..2 {
             assert_eq!(ch.consume(slot, &mut got).unwrap(), batch);
@@ -208,7 +208,7 @@ fn a_producer_writes_runs_in_place_and_its_consumers_read_them() {
     let run = ch.acquire_run(0, Duration::from_secs(5)).unwrap();
     assert_eq!(run.side, 1, "the buffer publish used run 0");
     write_run(&run, &pattern(0, 10, batch));
-    ch.publish_run(0, &run).unwrap();
+    ch.publish_run(&run).unwrap();
     ch.consume(0, &mut got).unwrap();
     assert_eq!(got, pattern(0, 10, batch));
 
@@ -218,7 +218,10 @@ fn a_producer_writes_runs_in_place_and_its_consumers_read_them() {
     // Handles that cannot reach the pages are told so.
     let other = Client::connect(Some(&daemon.socket)).unwrap();
     let producer = other.attach(&ch.grant(Role::Producer, None).unwrap()).unwrap();
-    assert_eq!(producer.acquire_run(1, Duration::ZERO).unwrap_err().code(), ErrorCode::Unsupported);
+    ch.publish_copy(1, &pattern(1, 11, batch)).unwrap();
+    let refused = producer.acquire_run(1, Duration::from_millis(50));
+    assert_eq!(refused.unwrap_err().code(), ErrorCode::Unsupported, "at once, though the slot is busy");
+    ch.consume(1, &mut got).unwrap();
     daemon.stop();
 }
 
@@ -237,7 +240,7 @@ fn an_in_place_publish_that_misses_its_generation_is_reported_and_never_read() {
     assert_eq!(ch.consume(0, &mut got).unwrap_err().code(), ErrorCode::TimedOut);
     // The producer, not knowing, finishes and publishes run 0: generation 1 reads run 1.
     write_run(&late, &pattern(0, 1, batch));
-    ch.publish_run(0, &late).unwrap();
+    ch.publish_run(&late).unwrap();
     assert_eq!(ch.wait_writable(0, Duration::from_secs(5)).unwrap_err().code(), ErrorCode::Stale);
     ch.wait_writable(0, Duration::ZERO).unwrap();
 
@@ -245,7 +248,7 @@ fn an_in_place_publish_that_misses_its_generation_is_reported_and_never_read() {
     let run = ch.acquire_run(0, Duration::from_secs(5)).unwrap();
     assert_eq!((late.side, run.side), (0, 1));
     write_run(&run, &pattern(0, 2, batch));
-    ch.publish_run(0, &run).unwrap();
+    ch.publish_run(&run).unwrap();
     assert_eq!(ch.consume(0, &mut got).unwrap(), batch);
     assert_eq!(got, pattern(0, 2, batch));
     ch.wait_writable(0, Duration::from_secs(5)).unwrap();
@@ -255,14 +258,20 @@ fn an_in_place_publish_that_misses_its_generation_is_reported_and_never_read() {
     let stale = ch.acquire_run(0, Duration::from_secs(5)).unwrap();
     assert_eq!(ch.consume(0, &mut got).unwrap_err().code(), ErrorCode::TimedOut);
     write_run(&stale, &pattern(0, 3, batch));
-    ch.publish_run(0, &stale).unwrap();
+    ch.publish_run(&stale).unwrap();
     assert_eq!(ch.acquire_run(0, Duration::from_secs(5)).unwrap_err().code(), ErrorCode::Stale);
     let run = ch.acquire_run(0, Duration::from_secs(5)).unwrap();
     assert_ne!(run.side, stale.side);
     write_run(&run, &pattern(0, 4, batch));
-    ch.publish_run(0, &run).unwrap();
+    ch.publish_run(&run).unwrap();
     assert_eq!(ch.consume(0, &mut got).unwrap(), batch);
     assert_eq!(got, pattern(0, 4, batch));
+
+    // The misses were the owner's: a producer handle that never wrote in place hears of none.
+    let other = Client::connect(Some(&daemon.socket)).unwrap();
+    let producer = other.attach(&ch.grant(Role::Producer, None).unwrap()).unwrap();
+    producer.wait_writable(0, Duration::from_secs(5)).unwrap();
+    ch.wait_writable(0, Duration::from_secs(5)).unwrap();
     daemon.stop();
 }
 
@@ -429,6 +438,8 @@ fn the_whole_c_api_round_trips_through_the_daemon() {
         assert_eq!(wic_run_write(&run, 1, data.as_ptr().cast(), batch), WIC_EINVALID, "past the batch");
         assert_eq!(wic_run_write(null(), 0, data.as_ptr().cast(), 1), WIC_EINVALID);
         assert_eq!(wic_run_publish(ch, 1, &WicRun { batch_bytes: 1, ..run }), WIC_EINVALID);
+        assert_eq!(wic_run_publish(ch, 0, &run), WIC_EINVALID, "a run lent for slot 1");
+        assert_eq!(wic_run_publish(ch, 1, &WicRun { reserved: 1, ..run }), WIC_EINVALID);
         assert_eq!(wic_run_publish(ch, 1, &run), WIC_OK);
         assert_eq!(wic_run_publish(ch, 1, &run), WIC_EBUSY);
         let mut got = vec![0u8; batch];

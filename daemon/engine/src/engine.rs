@@ -835,18 +835,35 @@ impl Engine {
     /// The backend ended a hold itself (the kernel module's own bound on a hold): the run of
     /// the PCM page at `va` has the timeout marker, the slot's other run is unmapped and the
     /// run mapped, as [`Engine::expire`] would have them. The slot moves on to its next
-    /// generation as after a timeout, without a command for the run; a page of no live slot,
-    /// or of a generation the slot has left already, changes nothing. Returns whether the slot
-    /// moved on.
+    /// generation as after a timeout, without a command for the run but its host producer's
+    /// [`Command::Expired`]; a page of no live slot changes nothing, nor one of a generation the
+    /// slot has left already, whose host producer is only told the run it may write. Returns
+    /// whether the slot moved on.
     pub fn expired_elsewhere(&mut self, gpu: GpuId, va: u64, out: &mut Vec<Command>) -> bool {
         self.stats.expired_elsewhere += 1;
         let Some(page) = pool_page(self.config.pool_base, va, &self.pages) else { return false };
         let PageUse::Pcm { slot: slot_id, side } = self.pages[page] else { return false };
         let slot = &mut self.slots[slot_id as usize];
-        if gpu != slot.consumer_gpu || u64::from(side) != slot.generation % 2 {
+        if gpu != slot.consumer_gpu {
             return false;
         }
         let route = self.routes[slot_id as usize].as_mut().expect("a page in use belongs to a live slot");
+        if u64::from(side) != slot.generation % 2 {
+            // The slot moved on already: its completion of the expired generation came before
+            // this record (the module refused it as stale). The module's completion unmapped
+            // the run the slot reads now, which its host producer may write, and a delivery
+            // of the refused completion said nothing of it.
+            if matches!(route.source, DataSource::Host { .. }) {
+                let wake = wake_of(slot, route, &self.config);
+                out.push(Command::Expired {
+                    channel: route.channel,
+                    slot: route.index,
+                    companion_va: wake.run_va,
+                    missed: false,
+                });
+            }
+            return false;
+        }
         let generation = slot.generation;
         // Its deadline entry, if it was held, no longer ends a current hold and is dropped.
         slot.held_since = NOT_HELD;
@@ -1153,13 +1170,20 @@ mod tests {
         e.handle_faults(100, 0, &[fault(p[0], AccessType::Read)], &mut out);
         assert_eq!(e.held(), 1);
         assert!(!e.expired_elsewhere(1, p[0], &mut out), "another GPU's expiry");
+        assert!(out.is_empty(), "another GPU's page tells nobody anything");
         assert!(!e.expired_elsewhere(0, p[1], &mut out), "the other run: not this generation's");
+        let reading = Command::Expired { channel: layout.id, slot: 0, companion_va: p[0], missed: false };
+        assert_eq!(out, [reading], "the producer is told the run the slot reads, unmapped");
+        out.clear();
         assert!(e.expired_elsewhere(0, p[0] + 4095, &mut out), "any byte of the run");
         let expired = Command::Expired { channel: layout.id, slot: 0, companion_va: p[1], missed: false };
         assert_eq!(out, [expired], "the backend completed the run itself: only its producer is told");
         out.clear();
         assert_eq!((e.held(), e.stats().timed_out, e.next_deadline()), (0, 1, None));
         assert!(!e.expired_elsewhere(0, p[0], &mut out), "a second report of it");
+        let told = Command::Expired { channel: layout.id, slot: 0, companion_va: p[1], missed: false };
+        assert_eq!(out, [told], "the run the slot reads now, which the module left unmapped");
+        out.clear();
         // The warp's next generation faults on the other run: a request, not a stale fault.
         e.handle_faults(2_000, 0, &[fault(p[1], AccessType::Read)], &mut out);
         assert_eq!((e.held(), e.stats().stale), (1, 0));

@@ -209,7 +209,7 @@ impl BatchPath {
                     self.batch.push(kernel);
                     self.origin.push(index as u32);
                 }
-                // The daemon's own: reported after the batch, in order with it.
+                // The daemon's own: reported with the batch's results, in the engine's order.
                 Ok(None) => {}
                 Err(e) => {
                     *untranslatable += 1;
@@ -220,27 +220,29 @@ impl BatchPath {
         &mut self.batch
     }
 
-    /// After the batch ran: every translated command with the module's result.
+    /// After the batch: in the engine's order, every translated command with the module's
+    /// result (when the batch `ran`), and the daemon's own commands, which the caller's
+    /// `outcome` carries out. The order matters: what a command tells a host producer (the run
+    /// it may write next) must come after what the commands before it told.
     fn report(
         &self,
         commands: &[Command],
+        ran: bool,
         done: &mut KernelOutcome,
         outcome: &mut impl FnMut(&Command, Result<i32, CommandError>),
     ) {
-        for (kernel, &index) in self.batch.iter().zip(&self.origin) {
-            if kernel.result != 0 {
-                done.failed += 1;
+        let mut kernel = self.batch.iter().zip(&self.origin).peekable();
+        for (index, command) in commands.iter().enumerate() {
+            if let Some((result, _)) = kernel.next_if(|(_, &origin)| origin as usize == index) {
+                if ran {
+                    if result.result != 0 {
+                        done.failed += 1;
+                    }
+                    outcome(command, Ok(result.result));
+                }
+            } else if matches!(command, Command::MissedPublish { .. } | Command::Expired { .. }) {
+                outcome(command, Ok(0));
             }
-            outcome(&commands[index as usize], Ok(kernel.result));
-        }
-        Self::report_daemon_side(commands, outcome);
-    }
-
-    /// The commands no kernel command stands for, carried out by the caller's `outcome`.
-    fn report_daemon_side(commands: &[Command], outcome: &mut impl FnMut(&Command, Result<i32, CommandError>)) {
-        for command in commands.iter().filter(|c| matches!(c, Command::MissedPublish { .. } | Command::Expired { .. }))
-        {
-            outcome(command, Ok(0));
         }
     }
 }
@@ -352,17 +354,16 @@ impl ShimBackend {
     ) -> Result<KernelOutcome, DeviceError> {
         let mut done = KernelOutcome::default();
         let batch = self.path.translate(commands, host, &mut outcome, &mut done.untranslatable);
-        if batch.is_empty() {
-            BatchPath::report_daemon_side(commands, &mut outcome);
-            return Ok(done);
-        }
-        done.succeeded = match &mut self.uring {
+        let submitted = match &mut self.uring {
+            _ if batch.is_empty() => Ok(0),
             Some(uring) => uring
                 .submit(self.device.fd(), batch)
-                .map_err(|error| DeviceError::Uring { what: "io_uring submission", error })?,
-            None => self.device.submit(batch)?,
+                .map_err(|error| DeviceError::Uring { what: "io_uring submission", error }),
+            None => self.device.submit(batch),
         };
-        self.path.report(commands, &mut done, &mut outcome);
+        // The daemon's own commands are carried out whatever became of the batch.
+        self.path.report(commands, submitted.is_ok(), &mut done, &mut outcome);
+        done.succeeded = submitted?;
         Ok(done)
     }
 }
@@ -549,17 +550,33 @@ mod tests {
         };
         let [slot0, slot1] = [0, 1].map(|slot| layout.slots[slot].runs);
         let unplaced = complete(0x10, slot0[1]);
-        let commands =
-            [complete(slot0[0], slot0[1]), unplaced, complete(slot1[0], slot1[1]), Command::Replay { gpu: 0 }];
+        // The daemon's own commands among the kernel's: reported in the engine's order.
+        let expired = Command::Expired { channel: layout.id, slot: 1, companion_va: slot1[0], missed: false };
+        let missed = Command::MissedPublish { channel: layout.id, slot: 0 };
+        let commands = [
+            expired,
+            complete(slot0[0], slot0[1]),
+            unplaced,
+            complete(slot1[0], slot1[1]),
+            missed,
+            Command::Replay { gpu: 0 },
+        ];
         let (mut untranslatable, mut refused) = (0, Vec::new());
         let batch = path.translate(&commands, |_, _, _| None, &mut |c, e| refused.push((*c, e)), &mut untranslatable);
         assert_eq!(batch.len(), 3, "one kernel command per translated engine command");
         // The module refuses the second completion.
         batch[1].result = -22;
         let (mut done, mut results) = (KernelOutcome::default(), Vec::new());
-        path.report(&commands, &mut done, &mut |c, r| results.push((*c, r)));
-        assert_eq!(results, [(commands[0], Ok(0)), (commands[2], Ok(-22)), (commands[3], Ok(0))]);
+        path.report(&commands, true, &mut done, &mut |c, r| results.push((*c, r)));
+        assert_eq!(
+            results,
+            [(expired, Ok(0)), (commands[1], Ok(0)), (commands[3], Ok(-22)), (missed, Ok(0)), (commands[5], Ok(0))]
+        );
         assert_eq!(refused, [(unplaced, Err(CommandError::Unplaced { va: 0x10 }))]);
         assert_eq!((done.failed, untranslatable), (1, 1));
+        // A batch the module never ran: the daemon's own commands are still carried out.
+        let (mut done, mut results) = (KernelOutcome::default(), Vec::new());
+        path.report(&commands, false, &mut done, &mut |c, r| results.push((*c, r)));
+        assert_eq!((results, done.failed), (vec![(expired, Ok(0)), (missed, Ok(0))], 0));
     }
 }

@@ -139,6 +139,9 @@ c_struct! {
         pub batch_bytes: u64,
         pub pages: u32,
         pub side: u32,
+        pub slot: u32,
+        /// 0.
+        pub reserved: u32,
     }
 }
 

@@ -462,6 +462,8 @@ pub unsafe extern "C" fn wic_run_acquire(ch: *mut Channel, slot: u32, timeout_ns
                     batch_bytes: ch.info().batch_bytes,
                     pages: run.pages,
                     side: u32::from(run.side),
+                    slot: run.slot,
+                    reserved: 0,
                 };
                 // SAFETY: non-null and writable, per the caller.
                 unsafe { out.write(run) };
@@ -474,16 +476,17 @@ pub unsafe extern "C" fn wic_run_acquire(ch: *mut Channel, slot: u32, timeout_ns
 
 /// The run `run` describes, once checked: `None` for one that cannot have come from
 /// `wic_run_acquire` (no pages, or heads for fewer pages than the batch spans).
-fn lent_run(run: &WicRun) -> Option<channel::Run> {
+///
+/// # Safety
+/// `run` came from `wic_run_acquire` of a channel this process still has open.
+unsafe fn lent_run(run: &WicRun) -> Option<channel::Run<'static>> {
     let spans = run.batch_bytes.div_ceil(wic_types::PAGE_SIZE);
-    if run.data == 0 || run.heads == 0 || run.side > 1 || u64::from(run.pages) < spans {
+    if run.data == 0 || run.heads == 0 || run.side > 1 || u64::from(run.pages) < spans || run.reserved != 0 {
         return None;
     }
-    Some(channel::Run {
-        data: run.data as *mut u8,
-        heads: run.heads as *mut u64,
-        pages: run.pages,
-        side: run.side as u8,
+    // SAFETY: as the caller guarantees.
+    Some(unsafe {
+        channel::Run::from_raw(run.data as *mut u8, run.heads as *mut u64, run.pages, run.side as u8, run.slot)
     })
 }
 
@@ -497,7 +500,8 @@ pub unsafe extern "C" fn wic_run_write(run: *const WicRun, offset: u64, src: *co
     guard(|| {
         // SAFETY: the caller guarantees `run` is NULL or valid.
         let Some(run) = (unsafe { run.as_ref() }) else { return WIC_EINVALID };
-        let Some(lent) = lent_run(run) else { return WIC_EINVALID };
+        // SAFETY: the caller guarantees `run` is from wic_run_acquire of an open channel.
+        let Some(lent) = (unsafe { lent_run(run) }) else { return WIC_EINVALID };
         if (src.is_null() && len > 0) || offset.checked_add(len as u64).is_none_or(|end| end > run.batch_bytes) {
             return WIC_EINVALID;
         }
@@ -522,11 +526,12 @@ pub unsafe extern "C" fn wic_run_publish(ch: *mut Channel, slot: u32, run: *cons
     guard(|| {
         // SAFETY: the caller guarantees `ch` is NULL or live, `run` NULL or readable.
         let (Some(ch), Some(run)) = (unsafe { ch.as_ref() }, unsafe { run.as_ref() }) else { return WIC_EINVALID };
-        if run.batch_bytes != ch.info().batch_bytes {
+        if run.batch_bytes != ch.info().batch_bytes || run.slot != slot {
             return WIC_EINVALID;
         }
-        let Some(lent) = lent_run(run) else { return WIC_EINVALID };
-        status(ch.publish_run(slot, &lent))
+        // SAFETY: the caller guarantees `run` is from wic_run_acquire of `ch`, which is live.
+        let Some(lent) = (unsafe { lent_run(run) }) else { return WIC_EINVALID };
+        status(ch.publish_run(&lent))
     })
 }
 

@@ -16,8 +16,9 @@
 
 use std::fmt;
 use std::io;
+use std::marker::PhantomData;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -163,14 +164,16 @@ struct ConsumerSide {
 struct ProducerSide {
     region: ProducerRegion,
     doorbell: OwnedFd,
-    /// Per slot, the region's count of missed in-place publishes last reported.
+    /// Per slot, the region's count of missed in-place publishes last seen by this handle.
     missed_seen: Vec<AtomicU32>,
+    /// Per slot, this handle published in place and has not yet said whether it missed.
+    in_place_pending: Vec<AtomicBool>,
 }
 
 /// A slot's run, lent to its host producer to write the next batch in place
-/// ([`Channel::acquire_run`]).
+/// ([`Channel::acquire_run`]); it borrows the channel, whose region holds the head words.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Run {
+pub struct Run<'a> {
     /// The run: [`ChannelInfo::batch_bytes`] bytes in the consumers' pages, except the first
     /// 8 bytes of each page, which belong to `heads`.
     pub data: *mut u8,
@@ -181,9 +184,21 @@ pub struct Run {
     pub pages: u32,
     /// Which of the slot's two runs.
     pub side: u8,
+    /// The slot.
+    pub slot: u32,
+    channel: PhantomData<&'a Channel>,
 }
 
-impl Run {
+impl Run<'_> {
+    /// The run `data`, `heads`, `pages`, `side` and `slot` describe, as a C caller hands it
+    /// back (`struct wic_run`).
+    ///
+    /// # Safety
+    /// The fields come from [`Channel::acquire_run`] of a channel this process still has open.
+    pub unsafe fn from_raw(data: *mut u8, heads: *mut u64, pages: u32, side: u8, slot: u32) -> Self {
+        Self { data, heads, pages, side, slot, channel: PhantomData }
+    }
+
     /// Copies `bytes` to `offset` of the batch, the head words' share into the heads.
     ///
     /// # Safety
@@ -328,8 +343,13 @@ impl Channel {
         let producer = match producer {
             Some((fd, doorbell)) => {
                 let layout = ProducerLayout { slots: info.spec.slots, batch_bytes: info.batch_bytes };
-                let missed_seen = (0..info.spec.slots).map(|_| AtomicU32::new(0)).collect();
-                Some(ProducerSide { region: ProducerRegion::open(&fd, layout)?, doorbell, missed_seen })
+                let region = ProducerRegion::open(&fd, layout)?;
+                // Misses before this handle existed are not its own.
+                let seen =
+                    |slot| if region.supports_in_place() { region.missed(slot).load(Ordering::Acquire) } else { 0 };
+                let missed_seen = (0..info.spec.slots).map(|slot| AtomicU32::new(seen(slot))).collect();
+                let in_place_pending = (0..info.spec.slots).map(|_| AtomicBool::new(false)).collect();
+                Some(ProducerSide { region, doorbell, missed_seen, in_place_pending })
             }
             None => None,
         };
@@ -501,14 +521,15 @@ impl Channel {
         }
     }
 
-    /// [`Error::Missed`] if an in-place publish of `slot` missed its generation since the last
-    /// report.
+    /// [`Error::Missed`] if this handle's last in-place publish of `slot`, now delivered or
+    /// dropped, missed its generation; said once.
     fn report_missed(side: &ProducerSide, slot: u32) -> Result<(), Error> {
         if !side.region.supports_in_place() {
             return Ok(());
         }
         let missed = side.region.missed(slot).load(Ordering::Acquire);
-        if side.missed_seen[slot as usize].swap(missed, Ordering::Relaxed) != missed {
+        let seen = side.missed_seen[slot as usize].swap(missed, Ordering::Relaxed);
+        if side.in_place_pending[slot as usize].swap(false, Ordering::Relaxed) && seen != missed {
             return Err(Error::Missed);
         }
         Ok(())
@@ -525,34 +546,39 @@ impl Channel {
     /// on other data in their 2 MiB block can migrate them), or a handle holding the consumer
     /// region (emulated backend). [`Error::Missed`] when the previous in-place publish missed
     /// its generation: acquire again and write the batch again.
-    pub fn acquire_run(&self, slot: u32, timeout: Duration) -> Result<Run, Error> {
+    pub fn acquire_run(&self, slot: u32, timeout: Duration) -> Result<Run<'_>, Error> {
         let side = self.producer()?;
         self.check_slot(slot)?;
         if !side.region.supports_in_place() {
             return Err(Error::NotInPlace("the daemon is older than in-place publishing"));
         }
+        let owner_here = self.placed_here && self.info.role == Role::Owner;
+        if !owner_here && self.consumer.is_none() {
+            return Err(Error::NotInPlace("the consumers' pages are in another process: publish from the slot buffer"));
+        }
         self.wait_writable(slot, timeout)?;
         let run_side = (side.region.writable_side(slot).load(Ordering::Acquire) & 1) as u8;
-        let data = if self.placed_here && self.info.role == Role::Owner {
-            self.info.slots[slot as usize].runs[run_side as usize] as *mut u8
-        } else if let Some(consumer) = &self.consumer {
-            consumer.region.page_ptr(consumer.region.layout().run_page(slot, run_side as usize))
-        } else {
-            return Err(Error::NotInPlace("the consumers' pages are in another process: publish from the slot buffer"));
+        let data = match &self.consumer {
+            _ if owner_here => self.info.slots[slot as usize].runs[run_side as usize] as *mut u8,
+            Some(consumer) => consumer.region.page_ptr(consumer.region.layout().run_page(slot, run_side as usize)),
+            None => unreachable!("checked above"),
         };
         let heads = side.region.heads_ptr(slot);
-        Ok(Run { data, heads, pages: self.info.pages_per_run, side: run_side })
+        // SAFETY: the run and head words of a channel this handle has open.
+        Ok(unsafe { Run::from_raw(data, heads, self.info.pages_per_run, run_side, slot) })
     }
 
-    /// Publishes the batch written into `run`, from [`Channel::acquire_run`] of `slot`.
-    pub fn publish_run(&self, slot: u32, run: &Run) -> Result<(), Error> {
-        let region = self.producer_slot(slot)?;
+    /// Publishes the batch written into `run`, from [`Channel::acquire_run`] of its slot.
+    pub fn publish_run(&self, run: &Run<'_>) -> Result<(), Error> {
+        let region = self.producer_slot(run.slot)?;
         if !region.supports_in_place() {
             return Err(Error::NotInPlace("the daemon is older than in-place publishing"));
         }
-        if !region.publish_in_place(slot, run.side) {
+        if !region.publish_in_place(run.slot, run.side) {
             return Err(Error::Busy);
         }
+        let side = self.producer.as_ref().expect("checked by producer_slot()");
+        side.in_place_pending[run.slot as usize].store(true, Ordering::Relaxed);
         self.ring_publish()
     }
 

@@ -604,13 +604,14 @@ impl ProducerRegion {
     /// Publishes `slot` in place (producer side): run `side` and the head words hold the
     /// batch. Fails with `false` if the previous generation has not been delivered yet.
     pub fn publish_in_place(&self, slot: u32, side: u8) -> bool {
-        let delivered = self.delivered(slot).load(Ordering::Acquire);
-        if self.published(slot).load(Ordering::Acquire) != delivered {
+        if !self.claim(slot) {
             return false;
         }
-        // Ordered before the daemon's read by the release of publish()'s claim and dirty bit.
+        // Marked only once claimed, so a refused publish leaves no mark for the next one; the
+        // daemon reads it after the dirty bit, whose release orders it first.
         self.in_place_word(slot).store(u32::from(side) + 1, Ordering::Relaxed);
-        self.publish(slot)
+        self.mark_dirty(slot);
+        true
     }
 
     /// How `slot`'s publish just taken by [`Self::take_published`] carries its batch (daemon
@@ -643,19 +644,25 @@ impl ProducerRegion {
     /// Publishes `slot` (producer side): the buffer must already hold the data. Fails with
     /// `false` if the previous generation has not been delivered yet.
     pub fn publish(&self, slot: u32) -> bool {
-        let delivered = self.delivered(slot).load(Ordering::Acquire);
-        // A compare-exchange, so two threads publishing one slot cannot both succeed.
-        let claimed = self.published(slot).compare_exchange(
-            delivered,
-            delivered.wrapping_add(1),
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        );
-        if claimed.is_err() {
+        if !self.claim(slot) {
             return false;
         }
-        self.dirty_word(slot as usize / 64).fetch_or(1 << (slot % 64), Ordering::AcqRel);
+        self.mark_dirty(slot);
         true
+    }
+
+    /// Claims `slot`'s next generation: false if the previous one is not delivered yet. A
+    /// compare-exchange, so two threads publishing one slot cannot both succeed.
+    fn claim(&self, slot: u32) -> bool {
+        let delivered = self.delivered(slot).load(Ordering::Acquire);
+        self.published(slot)
+            .compare_exchange(delivered, delivered.wrapping_add(1), Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Sets `slot`'s dirty bit, which the daemon's scan takes.
+    fn mark_dirty(&self, slot: u32) {
+        self.dirty_word(slot as usize / 64).fetch_or(1 << (slot % 64), Ordering::AcqRel);
     }
 
     /// Whether `slot` was published since the daemon's last scan ([`Self::take_published`]):
@@ -740,11 +747,51 @@ mod tests {
             assert!(c.data_offset() >= c.ring_offset() + RING_ENTRY_BYTES * FAULT_RING_ENTRIES as usize);
             assert_eq!(c.data_offset() % PAGE_SIZE as usize, 0);
             assert_eq!(c.run_page(slots - 1, 1) + ppr as usize, c.pages());
-            let p = ProducerLayout { slots, batch_bytes: 1000 };
+            let p = ProducerLayout { slots, batch_bytes: 1000 * u64::from(ppr) };
             assert!(p.dirty_offset() >= p.delivered_offset() + 4 * slots as usize);
             assert_eq!(p.data_offset() % PAGE_SIZE as usize, 0);
-            assert_eq!(p.bytes(), p.data_offset() + slots as usize * 1000);
+            assert_eq!(p.base_bytes(), p.data_offset() + slots as usize * 1000 * ppr as usize);
+            // The in-place area comes after everything a region without it has.
+            assert!(p.in_place_offset() >= p.base_bytes());
+            assert_eq!(p.missed_offset(), p.writable_side_offset() + 4 * slots as usize);
+            assert!(p.heads_offset() >= p.missed_offset() + 4 * slots as usize);
+            assert_eq!(p.heads_offset() % 8, 0);
+            assert_eq!(p.pages_per_run(), (1000 * ppr as usize).div_ceil(PAGE_SIZE as usize));
+            assert_eq!(p.bytes(), p.heads_offset() + 8 * slots as usize * p.pages_per_run());
         }
+    }
+
+    #[test]
+    fn a_region_without_the_in_place_area_opens_and_publishes_from_the_buffer() {
+        let layout = ProducerLayout { slots: 2, batch_bytes: 5000 };
+        // What an older daemon creates: the region up to the slot buffers.
+        let (_daemon, fd) = ProducerRegion::header(layout).create(c"wic-producer", layout.base_bytes()).unwrap();
+        let producer = ProducerRegion::open(&fd, layout).unwrap();
+        assert!(!producer.supports_in_place());
+        assert_eq!(producer.take_publish(0), Publish::Buffer);
+        assert!(producer.publish(0), "the buffer path works as before");
+    }
+
+    #[test]
+    fn an_in_place_publish_marks_its_run_only_once_claimed() {
+        let layout = ProducerLayout { slots: 1, batch_bytes: 8192 };
+        let (daemon, fd) = ProducerRegion::create(layout).unwrap();
+        let producer = ProducerRegion::open(&fd, layout).unwrap();
+        assert!(producer.supports_in_place());
+        assert!(producer.publish_in_place(0, 1));
+        // Refused while the first is not delivered: it must leave the mark as it was.
+        assert!(!producer.publish_in_place(0, 0));
+        let mut slots = Vec::new();
+        daemon.take_published(|slot| slots.push(slot));
+        assert_eq!((slots, daemon.take_publish(0)), (vec![0], Publish::InPlace { side: 1 }));
+        daemon.set_writable_side(0, 0);
+        daemon.mark_missed(0);
+        assert_eq!(producer.missed(0).load(Ordering::Acquire), 1);
+        assert_eq!(producer.writable_side(0).load(Ordering::Acquire), 0);
+        // A buffer publish after it reads as one.
+        assert!(producer.publish(0));
+        daemon.take_published(|_| ());
+        assert_eq!(daemon.take_publish(0), Publish::Buffer);
     }
 
     #[test]

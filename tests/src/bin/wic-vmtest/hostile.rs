@@ -1000,11 +1000,12 @@ fn command_cases(c: &mut Checker, fd: RawFd, fake: &FakeGpu, ring: &mut IoUring,
         ),
         ("COMPLETE_COPY longer than its run", WicCommand { length: PAGE + 1, ..copy }, einval),
         ("COMPLETE_HEADS without length", WicCommand { length: 0, ..heads }, einval),
-        ("COMPLETE_HEADS of 1 page with length 7", WicCommand { length: 7, ..heads }, einval),
-        ("COMPLETE_HEADS of 1 page with length 16", WicCommand { length: 16, ..heads }, einval),
+        // From address 8: a length let through to the copy would fail with EFAULT, not EINVAL.
+        ("COMPLETE_HEADS of 1 page with length 7", WicCommand { length: 7, arg: LOW_ADDR, ..heads }, einval),
+        ("COMPLETE_HEADS of 1 page with length 16", WicCommand { length: 16, arg: LOW_ADDR, ..heads }, einval),
         (
             "COMPLETE_HEADS of 2 pages with length 8",
-            WicCommand { pages: 2, companion: st.region.page(6), ..heads },
+            WicCommand { pages: 2, companion: st.region.page(6), arg: LOW_ADDR, ..heads },
             einval,
         ),
         (

@@ -19,12 +19,12 @@ fn batch_of(generation: u32, len: usize) -> Vec<u8> {
 }
 
 /// Lends the slot-0 run the producer writes next.
-fn acquire(channel: &Channel) -> Result<Run, String> {
+fn acquire(channel: &Channel) -> Result<Run<'_>, String> {
     channel.acquire_run(0, PATIENCE).map_err(|e| format!("acquire_run: {e}"))
 }
 
 /// Writes `bytes` as the batch of `run`.
-fn write(run: &Run, bytes: &[u8]) {
+fn write(run: &Run<'_>, bytes: &[u8]) {
     // SAFETY: `run` was lent by acquire_run of a channel still open and is not yet published;
     // `bytes` is one batch.
     unsafe { run.write(0, bytes) };
@@ -86,7 +86,7 @@ fn delivered_with_the_heads_alone(fake: &FakeGpu, client: &Client, memory: &mut 
                 format!("generation {generation} lent {:p}, not {run_va:#x}", run.data)
             })?;
             write(&run, &data);
-            channel.publish_run(0, &run).map_err(|e| format!("publish_run: {e}"))?;
+            channel.publish_run(&run).map_err(|e| format!("publish_run: {e}"))?;
         } else {
             channel.wait_writable(0, PATIENCE).map_err(|e| format!("wait_writable: {e}"))?;
             channel.publish_copy(0, &data).map_err(|e| format!("publish_copy: {e}"))?;
@@ -120,7 +120,7 @@ fn missed_at_the_timeout(fake: &FakeGpu, client: &Client, memory: &mut Memory) -
     completed(fake, &pages_of(runs[0], pages), PATIENCE)?;
     heads_are(memory, runs[0], pages, WIC_MARKER_TIMEOUT, "wicd's timeout")?;
     write(&late, &batch_of(0, batch));
-    channel.publish_run(0, &late).map_err(|e| format!("the late publish_run: {e}"))?;
+    channel.publish_run(&late).map_err(|e| format!("the late publish_run: {e}"))?;
     let missed = channel.wait_writable(0, PATIENCE);
     ensure(missed.as_ref().is_err_and(|e| e.code() == ErrorCode::Stale), || {
         format!("the late publish was not reported missed: {missed:?}")
@@ -149,7 +149,7 @@ fn next_generation_in_place(
     fake.reset().map_err(|e| e.to_string())?;
     hold(fake, &pages_of(run_va, pages))?;
     held_by_wicd(client, 1)?;
-    channel.publish_run(0, &run).map_err(|e| format!("publish_run: {e}"))?;
+    channel.publish_run(&run).map_err(|e| format!("publish_run: {e}"))?;
     completed(fake, &pages_of(run_va, pages), PATIENCE)?;
     ensure(memory.read(run_va, batch) == data, || format!("generation {generation}'s run lacks its batch"))
 }
@@ -166,6 +166,7 @@ fn missed_at_a_close(fake: &FakeGpu, client: &Client, memory: &mut Memory) -> Re
     fake.reset().map_err(|e| e.to_string())?;
     hold(fake, &pages_of(runs[0], pages))?;
     held_by_wicd(client, 1)?;
+    let run_data = run.data;
     channel.close().map_err(|e| format!("destroy: {e}"))?;
     completed(fake, &pages_of(runs[0], pages), PATIENCE)?;
     // The handle, and the head words with it, are gone; the producer's stores into the run
@@ -175,7 +176,7 @@ fn missed_at_a_close(fake: &FakeGpu, client: &Client, memory: &mut Memory) -> Re
         let body = page * WIC_PAGE_SIZE as usize + 8..((page + 1) * WIC_PAGE_SIZE as usize).min(batch);
         // SAFETY: the run's pages are the process's own memory (`memory`), outlive the channel,
         // and no Rust reference covers them.
-        unsafe { std::ptr::copy_nonoverlapping(data[body.clone()].as_ptr(), run.data.add(body.start), body.len()) };
+        unsafe { std::ptr::copy_nonoverlapping(data[body.clone()].as_ptr(), run_data.add(body.start), body.len()) };
     }
     heads_are(memory, runs[0], pages, WIC_MARKER_CHANNEL_CLOSED, "the close")?;
     println!("in-place: a close during the producer's writes left the closed marker on every head");
@@ -203,7 +204,7 @@ fn missed_at_the_modules_bound(fake: &FakeGpu, memory: &mut Memory) -> Result<()
         write(&run, &batch_of(0, batch)[..batch / 2]);
         let ended = completed(fake, &pages_of(runs[0], pages), PATIENCE);
         write(&run, &batch_of(0, batch));
-        let published = channel.publish_run(0, &run);
+        let published = channel.publish_run(&run);
         wicd.signal(Signal::SIGCONT)?;
         ended.map_err(|e| format!("the module's bound with wicd stopped: {e}"))?;
         published.map_err(|e| format!("publish_run while wicd was stopped: {e}"))?;
