@@ -54,6 +54,26 @@ pub enum Request {
     Drain { on: bool },
 }
 
+impl Request {
+    /// The operation's name on the wire (its `op`), as logs name it.
+    pub fn op(&self) -> &'static str {
+        match self {
+            Self::Hello { .. } => "hello",
+            Self::CreateChannel { .. } => "create_channel",
+            Self::AttachSpace {} => "attach_space",
+            Self::Watch { .. } => "watch",
+            Self::DestroyChannel { .. } => "destroy_channel",
+            Self::Grant { .. } => "grant",
+            Self::Attach { .. } => "attach",
+            Self::Publish { .. } => "publish",
+            Self::Status {} => "status",
+            Self::Channels {} => "channels",
+            Self::Stats {} => "stats",
+            Self::Drain { .. } => "drain",
+        }
+    }
+}
+
 /// Who produces a channel's data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
@@ -594,6 +614,9 @@ mod reference {
         ];
         let mut ops: Vec<String> =
             requests.iter().map(|r| serde_json::to_value(r).unwrap()["op"].as_str().unwrap().to_owned()).collect();
+        for (request, op) in requests.iter().zip(&ops) {
+            assert_eq!(request.op(), op, "the name logs give {request:?}");
+        }
         ops.sort();
         let mut documented = documented_ops();
         documented.sort();
