@@ -16,11 +16,13 @@ use wic_kmod::ShimBackend;
 
 use crate::config::{BackendChoice, Config};
 use crate::logging::{self, LevelHandle};
-use crate::service::backend::Backend;
+use crate::service::backend::{Backend, BackendTraits};
 use crate::service::control::{Control, DataplaneHandle};
 use crate::service::dataplane;
 use crate::service::emulated::EmulatedGpus;
-use crate::service::server::{self, EngineShape, Shared};
+use crate::service::hold::longest_timeout_ns;
+use crate::service::registry::Capacity;
+use crate::service::server::{self, Shared};
 use crate::service::sharing::GpuRules;
 use crate::service::shim::ShimGpus;
 use crate::systemd;
@@ -78,12 +80,12 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     let config = args.load()?;
     let level = logging::init(logging::parse_level(&config.service.log_level)?);
     let nofile = raise_descriptor_limit()?;
-    let (handle, fast_path, name, gpus) = start_fast_path(&config)?;
+    let (handle, fast_path, backend, gpus) = start_fast_path(&config)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("tokio runtime: {e}"))?;
-    let result = runtime.block_on(serve(args, config, level, handle, name, gpus, nofile));
+    let result = runtime.block_on(serve(args, config, level, handle, backend, gpus, nofile));
     fast_path.join().map_err(|_| "the fast path panicked".to_string())?;
     result
 }
@@ -101,10 +103,10 @@ fn raise_descriptor_limit() -> Result<u64, String> {
     Ok(hard)
 }
 
-/// Starts the fast path on the configured backend; returns its handle and thread, the
-/// backend's name and how many GPUs the daemon knows of (0: the shim learns GPU ids from the
+/// Starts the fast path on the configured backend; returns its handle and thread, what the
+/// backend is and how many GPUs the daemon knows of (0: the shim learns GPU ids from the
 /// faults themselves).
-fn start_fast_path(config: &Config) -> Result<(DataplaneHandle, JoinHandle<()>, &'static str, u16), String> {
+fn start_fast_path(config: &Config) -> Result<(DataplaneHandle, JoinHandle<()>, BackendTraits, u16), String> {
     // The engine validates the configuration before the backend sizes anything by it.
     let engine = Engine::new(config.engine()).map_err(|e| format!("engine configuration: {e}"))?;
     let device = &config.service.device;
@@ -126,9 +128,9 @@ fn start_fast_path(config: &Config) -> Result<(DataplaneHandle, JoinHandle<()>, 
     if !shim {
         let gpus = config.emulated.gpus;
         let backend = EmulatedGpus::new(gpus, engine.config(), &config.service.uvm_tools);
-        let name = backend.name();
+        let traits = backend.traits();
         let (handle, thread) = dataplane::spawn(engine, backend)?;
-        return Ok((handle, thread, name, gpus));
+        return Ok((handle, thread, traits, gpus));
     }
     let wait = Duration::from_millis(config.shim.open_wait_ms);
     let session = ShimBackend::open(device, wait, config.shim.submission(), engine.config()).map_err(|e| {
@@ -136,9 +138,9 @@ fn start_fast_path(config: &Config) -> Result<(DataplaneHandle, JoinHandle<()>, 
     })?;
     tracing::info!("{}: session opened", device.display());
     let backend = ShimGpus::new(session);
-    let name = backend.name();
+    let traits = backend.traits();
     let (handle, thread) = dataplane::spawn(engine, backend)?;
-    Ok((handle, thread, name, 0))
+    Ok((handle, thread, traits, 0))
 }
 
 /// The running kernel's release when its module index lists wic_shim (installed, by DKMS or
@@ -263,7 +265,7 @@ async fn serve(
     config: Config,
     level: LevelHandle,
     handle: DataplaneHandle,
-    backend: &'static str,
+    backend: BackendTraits,
     gpus: u16,
     nofile: u64,
 ) -> Result<(), String> {
@@ -275,31 +277,24 @@ async fn serve(
     let signals = || -> std::io::Result<_> {
         Ok((signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?, signal(SignalKind::hangup())?))
     };
-    let warps_per_batch = config.engine().warps_per_batch;
-    // Only the shim holds faults; the emulated backend's GPUs stall nobody.
-    let gpu_rules = match backend {
-        "shim" => Some(GpuRules { sharing: config.shim.gpu_sharing, allowed: config.shim.allowed_gpus()? }),
-        _ => None,
+    let capacity = Capacity {
+        nofile,
+        warps_per_batch: config.engine().warps_per_batch,
+        slots: u64::from(config.engine.max_slots),
+        pool_pages: u64::from(config.engine.pool_pages),
+        pages_from_pool: backend.pages_from_pool,
+    };
+    // Only a backend that holds real GPU faults stalls anybody (the shim; the emulated
+    // backend's GPUs are shared memory).
+    let gpu_rules = if backend.holds_gpu_faults {
+        Some(GpuRules { sharing: config.shim.gpu_sharing, allowed: config.shim.allowed_gpus()? })
+    } else {
+        None
     };
     let ready = signals()
         .map_err(|e| format!("signal handlers: {e}"))
         .and_then(|signals| {
-            Ok((
-                signals,
-                Shared::new(
-                    config.limits,
-                    nofile,
-                    handle.clone(),
-                    backend,
-                    gpus,
-                    EngineShape {
-                        warps_per_batch,
-                        slots: config.engine.max_slots,
-                        pool_pages: config.engine.pool_pages,
-                    },
-                    gpu_rules,
-                )?,
-            ))
+            Ok((signals, Shared::new(config.limits, capacity, handle.clone(), backend, gpus, gpu_rules)?))
         })
         .and_then(|(signals, shared)| Ok((signals, shared, bind(&config)?)));
     let ((mut terminate, mut interrupt, mut hangup), shared, (listener, bound)) = match ready {
@@ -312,16 +307,20 @@ async fn serve(
     let accept = tokio::spawn(server::accept_loop(listener, shared.clone()));
     let refusals = tokio::spawn(log_left_out_refusals(shared.clone()));
     let watchdog = systemd::watchdog_interval().map(|every| tokio::spawn(feed_watchdog(handle.clone(), every)));
-    tracing::info!(backend, gpus, "wicd {} ready", env!("CARGO_PKG_VERSION"));
-    if let Some(bound_ms) = (backend == "shim").then(wic_kmod::device::module_max_hold_ms).flatten() {
-        if config.limits.default_timeout_ns() > server::longest_timeout_ns(bound_ms) {
-            tracing::warn!(
-                "limits.default_timeout_ms {} is not well below wic_shim's max_hold_ms {bound_ms}: channels created without a timeout are refused",
-                config.limits.default_timeout_ms
-            );
+    let name = backend.name;
+    tracing::info!(backend = name, gpus, "wicd {} ready", env!("CARGO_PKG_VERSION"));
+    if let Some(bound) = backend.hold_bound {
+        if let Some(bound_ms) = (bound.read_ms)() {
+            if config.limits.default_timeout_ns() > longest_timeout_ns(bound_ms) {
+                tracing::warn!(
+                    "limits.default_timeout_ms {} is not well below {} {bound_ms}: channels created without a timeout are refused",
+                    config.limits.default_timeout_ms,
+                    bound.what
+                );
+            }
         }
     }
-    systemd::notify(&format!("READY=1\nSTATUS=serving, {backend} backend"));
+    systemd::notify(&format!("READY=1\nSTATUS=serving, {name} backend"));
     let mut config = config;
     loop {
         tokio::select! {

@@ -15,6 +15,8 @@ use wic_engine::{ChannelLayout, ChannelSpec, Command, ErrorMarker, FaultSink, Pr
 use wic_proto::message::{ErrorCode, Stats, WireError};
 use wic_proto::shm::{ChannelState, ProducerLayout, ProducerRegion};
 
+pub use super::hold::HoldBound;
+
 /// Channel id -> a backend's state for it. Channel ids are the engine's small integers, never
 /// chosen by clients, so a multiplicative hash serves: a lookup per delivered command costs a
 /// few instructions instead of SipHash's tens of nanoseconds.
@@ -113,10 +115,27 @@ pub struct Counts {
     pub anomalies: u64,
 }
 
+/// What the rest of wicd needs to know of a backend, as the backend describes itself:
+/// `serve.rs` and the control plane decide by these, never by its name.
+#[derive(Debug, Clone, Copy)]
+pub struct BackendTraits {
+    /// Its name: in logs, and the `backend` clients read in `hello` and `status`.
+    pub name: &'static str,
+    /// Whether it holds real GPU faults, which stall warps on the GPUs: the rules on GPUs
+    /// shared with other contexts and on which GPUs channels may use (`[shim]`) apply.
+    pub holds_gpu_faults: bool,
+    /// Whether channels' pages come from the engine's pool, which every user draws from;
+    /// otherwise they are the application's own memory, counted against its uid's bound alone.
+    pub pages_from_pool: bool,
+    /// The bound its GPU side puts on a held fault, if any: channel timeouts must end well
+    /// below it.
+    pub hold_bound: Option<HoldBound>,
+}
+
 /// A GPU backend, as the service core drives it.
 pub trait Backend {
-    /// Its name, in logs and errors.
-    fn name(&self) -> &'static str;
+    /// What it is, for the control plane and `serve.rs`.
+    fn traits(&self) -> BackendTraits;
 
     /// Refuses what this backend cannot serve, before the engine opens the channel.
     fn check(&self, spec: &ChannelSpec, placement: Option<PlacementRequest>) -> Result<(), WireError>;

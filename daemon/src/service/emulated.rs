@@ -22,7 +22,8 @@ use wic_proto::shm::{
 };
 
 use super::backend::{
-    eventfd, setup_error, Added, Backend, Bell, ChannelMap, Counts, Executed, ExecutionLog, PlacementRequest, Source,
+    eventfd, setup_error, Added, Backend, BackendTraits, Bell, ChannelMap, Counts, Executed, ExecutionLog,
+    PlacementRequest, Source,
 };
 use super::observe::Observer;
 use super::runs::{RunIndex, RunPlace};
@@ -192,8 +193,9 @@ impl EmulatedGpus {
 }
 
 impl Backend for EmulatedGpus {
-    fn name(&self) -> &'static str {
-        "emulated"
+    /// Its GPUs are shared memory: no warp of a real GPU waits on it; its pages are the pool's.
+    fn traits(&self) -> BackendTraits {
+        BackendTraits { name: "emulated", holds_gpu_faults: false, pages_from_pool: true, hold_bound: None }
     }
 
     fn check(&self, spec: &ChannelSpec, placement: Option<PlacementRequest>) -> Result<(), WireError> {

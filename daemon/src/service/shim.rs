@@ -12,7 +12,9 @@ use wic_kmod::{DeviceError, HostBytes, PlacedChannel, ShimBackend};
 use wic_proto::message::{ErrorCode, Stats, Submissions, WireError};
 use wic_proto::shm::{ChannelState, ProducerRegion};
 
-use super::backend::{Added, Backend, ChannelMap, Counts, Executed, ExecutionLog, PlacementRequest, Source};
+use super::backend::{
+    Added, Backend, BackendTraits, ChannelMap, Counts, Executed, ExecutionLog, HoldBound, PlacementRequest, Source,
+};
 
 /// A channel placed in an application's address space.
 pub struct ShimChannel {
@@ -148,8 +150,18 @@ impl ShimGpus {
 }
 
 impl Backend for ShimGpus {
-    fn name(&self) -> &'static str {
-        "shim"
+    /// It holds real GPU faults, in the application's own memory, and the module ends a hold
+    /// itself after its `max_hold_ms`.
+    fn traits(&self) -> BackendTraits {
+        BackendTraits {
+            name: "shim",
+            holds_gpu_faults: true,
+            pages_from_pool: false,
+            hold_bound: Some(HoldBound {
+                what: "wic_shim's max_hold_ms",
+                read_ms: wic_kmod::device::module_max_hold_ms,
+            }),
+        }
     }
 
     fn check(&self, _spec: &ChannelSpec, placement: Option<PlacementRequest>) -> Result<(), WireError> {
