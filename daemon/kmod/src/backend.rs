@@ -221,9 +221,10 @@ impl BatchPath {
     }
 
     /// After the batch: in the engine's order, every translated command with the module's
-    /// result (when the batch `ran`), and the daemon's own commands, which the caller's
-    /// `outcome` carries out. The order matters: what a command tells a host producer (the run
-    /// it may write next) must come after what the commands before it told.
+    /// result, or [`CommandError::NotSubmitted`] when the batch never `ran`, and the daemon's
+    /// own commands, which the caller's `outcome` carries out. The order matters: what a
+    /// command tells a host producer (the run it may write next) must come after what the
+    /// commands before it told.
     fn report(
         &self,
         commands: &[Command],
@@ -234,12 +235,14 @@ impl BatchPath {
         let mut kernel = self.batch.iter().zip(&self.origin).peekable();
         for (index, command) in commands.iter().enumerate() {
             if let Some((result, _)) = kernel.next_if(|(_, &origin)| origin as usize == index) {
-                if ran {
-                    if result.result != 0 {
-                        done.failed += 1;
-                    }
-                    outcome(command, Ok(result.result));
+                if !ran {
+                    outcome(command, Err(CommandError::NotSubmitted));
+                    continue;
                 }
+                if result.result != 0 {
+                    done.failed += 1;
+                }
+                outcome(command, Ok(result.result));
             } else if matches!(command, Command::MissedPublish { .. } | Command::Expired { .. }) {
                 outcome(command, Ok(0));
             }
@@ -574,9 +577,20 @@ mod tests {
         );
         assert_eq!(refused, [(unplaced, Err(CommandError::Unplaced { va: 0x10 }))]);
         assert_eq!((done.failed, untranslatable), (1, 1));
-        // A batch the module never ran: the daemon's own commands are still carried out.
+        // A batch the module never ran: its commands are said not to have run (the
+        // untranslatable one was said already), the daemon's own are still carried out.
         let (mut done, mut results) = (KernelOutcome::default(), Vec::new());
         path.report(&commands, false, &mut done, &mut |c, r| results.push((*c, r)));
-        assert_eq!((results, done.failed), (vec![(expired, Ok(0)), (missed, Ok(0))], 0));
+        let not_run = Err(CommandError::NotSubmitted);
+        assert_eq!(
+            results,
+            [
+                (expired, Ok(0)),
+                (commands[1], not_run.clone()),
+                (commands[3], not_run.clone()),
+                (missed, Ok(0)),
+                (commands[5], not_run)
+            ]
+        );
     }
 }

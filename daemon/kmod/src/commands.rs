@@ -19,6 +19,8 @@ pub enum CommandError {
     Unplaced { va: u64 },
     /// Producer data that is not in a host buffer the daemon can read.
     NoHostData { va: u64 },
+    /// The batch it was in could not be submitted to the module: it did not run.
+    NotSubmitted,
 }
 
 impl std::fmt::Display for CommandError {
@@ -26,6 +28,7 @@ impl std::fmt::Display for CommandError {
         match self {
             Self::Unplaced { va } => write!(f, "engine page {va:#x} belongs to no placed channel"),
             Self::NoHostData { va } => write!(f, "no host data for the run at {va:#x}"),
+            Self::NotSubmitted => f.write_str("its batch could not be submitted to the module"),
         }
     }
 }

@@ -222,8 +222,9 @@ impl Backend for ShimGpus {
                 done.failed += 1;
                 tracing::warn!("{command:?} failed: {}", describe(result));
             }
-            // An expired run's companion was unmapped by the module's own completion.
-            if let (true, Command::Complete { channel, slot, companion_va, .. }) = (carried_out || expired, command) {
+            // Its companion is unmapped: before the delivery is counted. An expired run's record
+            // says so instead (the module may have completed the page alone, leaving it mapped).
+            if let (true, Command::Complete { channel, slot, companion_va, .. }) = (carried_out, command) {
                 if let Some(placed) = channels.get(&channel.0) {
                     placed.hand_over(*slot, *companion_va);
                 }
@@ -272,8 +273,8 @@ impl Backend for ShimGpus {
         let result = self.backend.execute(commands, ProducerBytes(channels), outcome);
         let took = submitted.elapsed().as_nanos().try_into().unwrap_or(u64::MAX);
         if let Err(e) = result {
+            // Each of its commands was counted failed, and its producers told, as it came back.
             tracing::error!("submitting {} commands to the module: {e}", commands.len());
-            done.failed += commands.len() as u64;
         } else if all_carried_out {
             // A batch with a failed or expired command took another path than the model's.
             if let Some((pages, bytes)) = pages_and_host_bytes(commands) {
