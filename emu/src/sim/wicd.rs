@@ -172,17 +172,22 @@ impl Sim<'_> {
             }
         }
         let link = |bytes: u64, f: fn(&Calibration, u64) -> u64| if bytes > 0 { f(cal, bytes) } else { 0 };
+        // wicd's thread: the submission, the page-table work, its own copies, and a producer
+        // GPU's copy, which nvidia-uvm waits for inside the call.
         let done = [
             cal.daemon.submission_ns.value,
             cal.daemon.per_page_ns.value.saturating_mul(pages),
             cal.memcpy_ns(host_copy),
-            link(pcie, Calibration::pcie_ns),
             link(nvlink, Calibration::nvlink_ns),
         ]
         .into_iter()
         .fold(at, u64::saturating_add);
-        let landed =
-            done.max(at.saturating_add(cal.daemon.submission_ns.value).saturating_add(link(dma, Calibration::pcie_ns)));
+        // The consumers' read of a host-resident run crosses PCIe once it is mapped, on their
+        // time, not wicd's: it delays when they have their data (counted here, before the map
+        // lands), while wicd goes on to its next step.
+        let landed = done
+            .saturating_add(link(pcie, Calibration::pcie_ns))
+            .max(at.saturating_add(cal.daemon.submission_ns.value).saturating_add(link(dma, Calibration::pcie_ns)));
         for event in landing {
             let when = if matches!(event, Event::Replay { .. }) {
                 landed.saturating_add(cal.fault.replay_ns.value)
