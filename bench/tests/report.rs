@@ -26,6 +26,8 @@ fn report(template: &Path, out: &Path) -> Output {
         .arg(workspace().join("bench/results"))
         .arg("--corun")
         .arg(workspace().join("device/bench/results/corun-h200-2026-11-28.jsonl"))
+        .arg("--device-results")
+        .arg(workspace().join("device/bench/results"))
         .output()
         .expect("run wic-report")
 }

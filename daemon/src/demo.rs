@@ -5,10 +5,9 @@
 
 use std::io::Write;
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-use wic_emu::compare::{geomean_speedup, geomean_speedup_over_push, percent, Comparison, RowError, RunOutcome, MODES};
+use wic_emu::compare::{geomean_speedup, geomean_speedup_over_push, percent, Comparison, RowError, RunOutcome};
 use wic_emu::sim::memory_estimate;
 use wic_emu::{corun, Calibration, Mode, Workload};
 
@@ -66,7 +65,7 @@ pub fn plan(set: &[Workload], threads: usize, available: Option<u64>) -> Plan {
     let refused = set
         .iter()
         .map(|w| {
-            let needs = MODES.map(|mode| memory_estimate(w, mode));
+            let needs = Mode::COMPARED.map(|mode| memory_estimate(w, mode));
             let largest = needs.into_iter().max().unwrap_or(0);
             if largest > available {
                 return Some(format!("a run needs about {} of memory, {} is available", gib(largest), gib(available)));
@@ -179,34 +178,20 @@ pub struct CorunRow {
     pub throughput: Result<Vec<f64>, String>,
 }
 
-/// The co-run's runs, as wic-report runs them: every mode of [`corun::MODES`] at every gap of
+/// The co-run's runs, as wic-report runs them: every mode of [`Mode::CORUN`] at every gap of
 /// [`corun::GAPS_NS`].
 fn corun_runs() -> Vec<(Mode, u64)> {
-    corun::MODES.iter().flat_map(|&mode| corun::GAPS_NS.map(|gap_ns| (mode, gap_ns))).collect()
+    Mode::CORUN.iter().flat_map(|&mode| corun::GAPS_NS.map(|gap_ns| (mode, gap_ns))).collect()
 }
 
 /// The co-run's rows, in [`corun_runs`]'s order, run on up to `workers` threads.
 pub fn corun_rows(cal: &Calibration, seed: u64, workers: usize) -> Vec<CorunRow> {
-    let jobs = corun_runs();
-    let next = AtomicUsize::new(0);
-    let mut done: Vec<(usize, CorunRow)> = std::thread::scope(|scope| {
-        let threads: Vec<_> = (0..workers.clamp(1, jobs.len()))
-            .map(|_| {
-                scope.spawn(|| {
-                    let mut rows = Vec::new();
-                    loop {
-                        let index = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(&(mode, gap_ns)) = jobs.get(index) else { return rows };
-                        let throughput = corun::throughput(cal, mode, corun::GENERATIONS, gap_ns, seed);
-                        rows.push((index, CorunRow { mode, gap_ns, throughput }));
-                    }
-                })
-            })
-            .collect();
-        threads.into_iter().flat_map(|t| t.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
-    });
-    done.sort_unstable_by_key(|(index, _)| *index);
-    done.into_iter().map(|(_, row)| row).collect()
+    let row = |&(mode, gap_ns): &(Mode, u64)| CorunRow {
+        mode,
+        gap_ns,
+        throughput: corun::throughput(cal, mode, corun::GENERATIONS, gap_ns, seed),
+    };
+    wic_emu::pool::run_in_order(&corun_runs(), workers, row, |_, _, _| {})
 }
 
 /// A mode as the demo names it: Algorithm 1 is its naive baseline, held faults are WIC (its
@@ -313,6 +298,7 @@ Read the speedups as the model's, not as a prediction for a GPU.";
 #[cfg(test)]
 mod tests {
     use super::*;
+    use wic_emu::validation;
 
     fn committed(path: &str) -> String {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
@@ -358,10 +344,11 @@ mod tests {
         assert!(MODEL_LIMITS.contains(&format!("slowed the arithmetic\nbeside them {poll_arith:.3}x")), "{poll_arith}");
         let memory = 1.0 / cal.poll.host_spin_memory_progress.value;
         assert!(MODEL_LIMITS.contains(&format!("(memory-bound work {memory:.1}x,")), "{memory}");
-        let cal_rows = wic_emu::apps::validate(&wic_emu::apps::measured_runs(), &[wic_emu::Mode::Push], &cal, 1);
-        let close = cal_rows.iter().filter(|r| r.error().is_some_and(|e| e.abs() <= wic_emu::apps::TOLERANCE)).count();
+        let results = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(validation::RESULTS_DIR);
+        let runs = validation::measured_runs(&results).unwrap();
+        let cal_rows = validation::validate(&runs, &[Mode::Push], &cal, 1);
+        let close = cal_rows.iter().filter(|r| r.error().is_some_and(|e| e.abs() <= validation::TOLERANCE)).count();
         assert!(MODEL_LIMITS.contains(&format!("GPU for {close} of the {}", cal_rows.len())), "{close}");
-        let runs = wic_emu::apps::measured_runs();
         let median = |app: &str, mode: &str| {
             wic_emu::apps::find_run(&runs, app, mode).and_then(|r| r.number("median_ms").ok()).unwrap()
         };
@@ -481,7 +468,7 @@ mod tests {
             vec![by_name("C_SRS").unwrap().with_threads(4 << 20), by_name("G_BFS").unwrap().with_threads(4 << 20)];
         let srs = memory_estimate(&set[0], wic_emu::Mode::Fault);
         // Poll, push, fault: the fault run is the largest.
-        let bfs = MODES.map(|m| memory_estimate(&set[1], m));
+        let bfs = Mode::COMPARED.map(|m| memory_estimate(&set[1], m));
         assert!(srs > bfs[0] + bfs[1] + bfs[2] && bfs[2] > bfs[0].max(bfs[1]));
         assert_eq!(plan(&set, 8, None), Plan { refused: vec![None, None], workers: 8 });
         assert_eq!(
@@ -510,7 +497,7 @@ mod tests {
         let cal = wic_emu::Calibration::built_in();
         let cg = by_name("C_CG").unwrap().with_threads(64);
         let row = || {
-            let [naive, push, fault] = MODES.map(|m| wic_emu::run(&cg, m, &cal, 1));
+            let [naive, push, fault] = Mode::COMPARED.map(|m| wic_emu::run(&cg, m, &cal, 1));
             Comparison { naive, push, fault }
         };
         let (speedup, over_push) = (row().speedup(), row().speedup_over_push());

@@ -60,9 +60,6 @@ fn described_sizes(app: &str) -> Result<Vec<(&'static str, u64)>, String> {
     })
 }
 
-/// The modes a device application runs that the emulator also runs, named as both name them.
-pub const MODES: [Mode; 4] = [Mode::NoWait, Mode::Push, Mode::Poll, Mode::Alg1];
-
 /// One line of a device application's output: `NAME MODE key=value ...`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AppRun {
@@ -126,7 +123,8 @@ pub struct DeviceApp {
     /// What the description approximates, for the validation table.
     pub estimates: &'static str,
     /// The mechanisms the model lacks that make its runtime in a mode miss the measured one by
-    /// more than [`TOLERANCE`]: named for exactly the rows that miss (a test checks both ways).
+    /// more than [`crate::validation::TOLERANCE`]: named for exactly the rows that miss (a test
+    /// in `validation` checks both ways).
     pub missing: &'static [(Mode, &'static str)],
     describe: fn(&AppRun, &Calibration) -> Result<Workload, String>,
 }
@@ -535,87 +533,15 @@ pub fn by_name(name: &str) -> Option<DeviceApp> {
     all().into_iter().find(|a| a.name == name)
 }
 
-/// The runs the validation compares with, committed under device/bench/results: each
-/// application measured on H100s on the current code, the CPU-GPU ones on one, the inter-GPU
-/// ones on a pair.
-pub const MEASURED: [(&str, &str, &str); 2] = [
-    (
-        "C_",
-        "NVIDIA H100 80GB HBM3, driver 580.159.04, 2026-11-26, device/bench/results/apps-h100-2026-11-26-current.txt",
-        include_str!("../../device/bench/results/apps-h100-2026-11-26-current.txt"),
-    ),
-    (
-        "G_",
-        "2 x NVIDIA H100 80GB HBM3 (NVLink), driver 580.159.04, 2026-11-26, device/bench/results/apps-h100x2-2026-11-26-validation.txt",
-        include_str!("../../device/bench/results/apps-h100x2-2026-11-26-validation.txt"),
-    ),
-];
-
-/// The committed runs of [`MEASURED`]: of each file, the applications it is for.
-pub fn measured_runs() -> Vec<AppRun> {
-    MEASURED
-        .iter()
-        .flat_map(|(prefix, _, text)| parse_runs(text).into_iter().filter(move |r| r.app.starts_with(prefix)))
-        .collect()
-}
-
-/// The largest error, either way, of a row the model is held to.
-pub const TOLERANCE: f64 = 0.25;
-
 /// The workload of every application of `runs` that has a no-wait run.
 pub fn workloads(runs: &[AppRun], cal: &Calibration) -> Result<Vec<Workload>, String> {
     all().iter().filter_map(|app| find_run(runs, app.name, "nowait").map(|r| app.workload(r, cal))).collect()
 }
 
-/// One row of the validation: an application in one mode, measured and emulated.
-#[derive(Debug, Clone)]
-pub struct Validation {
-    pub app: &'static str,
-    pub mode: Mode,
-    pub measured_ms: f64,
-    /// The emulated runtime, or why the model could not run it.
-    pub emulated_ms: Result<f64, String>,
-}
-
-impl Validation {
-    /// emulated / measured - 1.
-    pub fn error(&self) -> Option<f64> {
-        self.emulated_ms.as_ref().ok().map(|e| e / self.measured_ms - 1.0)
-    }
-}
-
-/// Every application of `runs` with a no-wait run, in each of `modes` that `runs` measured:
-/// described from its no-wait run and run on the model with `cal`.
-pub fn validate(runs: &[AppRun], modes: &[Mode], cal: &Calibration, seed: u64) -> Vec<Validation> {
-    let mut rows = Vec::new();
-    for app in all() {
-        let Some(nowait) = find_run(runs, app.name, "nowait") else { continue };
-        let workload = app.workload(nowait, cal);
-        for &mode in modes {
-            let Some(measured) = find_run(runs, app.name, mode.name()) else { continue };
-            let emulated_ms = workload
-                .as_ref()
-                .map_err(Clone::clone)
-                .and_then(|w| crate::try_run(w, mode, cal, seed))
-                .map(|report| report.runtime_ns as f64 / 1e6);
-            rows.push(Validation {
-                app: app.name,
-                mode,
-                measured_ms: measured.number("median_ms").unwrap_or(f64::NAN),
-                emulated_ms,
-            });
-        }
-    }
-    rows
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn validation() -> Vec<Validation> {
-        validate(&measured_runs(), &MODES, &Calibration::built_in(), 1)
-    }
+    use crate::validation::committed_runs;
 
     #[test]
     fn a_result_line_parses_and_other_lines_do_not() {
@@ -637,19 +563,8 @@ mod tests {
     }
 
     #[test]
-    fn every_application_was_measured_correct_in_every_mode_the_model_runs() {
-        let runs = measured_runs();
-        for app in all() {
-            for mode in MODES {
-                let found = runs.iter().filter(|r| r.app == app.name && r.mode == mode.name()).collect::<Vec<_>>();
-                assert!(found.len() == 1 && found[0].correct(), "{} {}: {found:?}", app.name, mode.name());
-            }
-        }
-    }
-
-    #[test]
     fn a_description_takes_only_its_own_no_wait_run_and_whole_sizes() {
-        let runs = measured_runs();
+        let runs = committed_runs();
         let find = |app: &str, mode: &str| find_run(&runs, app, mode).unwrap();
         let cal = Calibration::built_in();
         let srs = by_name("C_SRS").unwrap();
@@ -662,7 +577,7 @@ mod tests {
 
     #[test]
     fn a_run_of_other_sizes_than_the_description_is_refused() {
-        let runs = measured_runs();
+        let runs = committed_runs();
         let nowait = find_run(&runs, "G_STN", "nowait").unwrap();
         let cal = Calibration::built_in();
         let stn = by_name("G_STN").unwrap();
@@ -708,21 +623,6 @@ mod tests {
         assert!(described("C_SRS_BLOCKS").unwrap_err().contains("defines no C_SRS_BLOCKS"));
     }
 
-    /// The no-wait rows check the descriptions, not the model: the consumer's compute comes
-    /// from those very runs, and must come back out of the model.
-    #[test]
-    fn the_no_wait_rows_give_back_the_time_they_were_described_with() {
-        let runs = measured_runs();
-        let cal = Calibration::built_in();
-        for app in all() {
-            let nowait = find_run(&runs, app.name, "nowait").unwrap();
-            let report = crate::run(&app.workload(nowait, &cal).unwrap(), Mode::NoWait, &cal, 1);
-            let error = report.runtime_ns as f64 / 1e6 / nowait.number("median_ms").unwrap() - 1.0;
-            assert!(error.abs() < 0.005, "{}: {error}", app.name);
-            assert_eq!((report.corrupt_messages, report.error_markers), (0, 0), "{}", app.name);
-        }
-    }
-
     /// Fault entries still queued when the workload ended used to be handled after its
     /// channels closed: their pages, back in the pool, were taken for managed ones (a panic
     /// indexing past a phase's slots). G_BS with a fault path three times the calibration's
@@ -730,7 +630,7 @@ mod tests {
     #[test]
     fn a_run_ends_with_its_workload_not_with_the_entries_still_queued() {
         let cal = Calibration::built_in();
-        let runs = measured_runs();
+        let runs = committed_runs();
         let nowait = find_run(&runs, "G_BS", "nowait").unwrap();
         let workload = by_name("G_BS").unwrap().workload(nowait, &cal).unwrap();
         let mut slow = cal.clone();
@@ -744,7 +644,7 @@ mod tests {
     #[test]
     fn an_exchange_pays_one_send_per_message_taken() {
         let cal = Calibration::built_in();
-        let runs = measured_runs();
+        let runs = committed_runs();
         let nowait = find_run(&runs, "G_STN", "nowait").unwrap();
         let exchange = by_name("G_STN").unwrap().workload(nowait, &cal).unwrap();
         assert!(exchange.phases.iter().all(|p| p.sends_back));
@@ -756,22 +656,5 @@ mod tests {
         assert!((added / sends - 1.0).abs() < 0.1, "{added} ns added, {sends} ns of sends");
         assert_eq!(runtime(&exchange, Mode::NoWait), runtime(&one_way, Mode::NoWait));
         assert!(runtime(&exchange, Mode::Fault) > runtime(&one_way, Mode::Fault));
-    }
-
-    #[test]
-    fn every_row_is_within_the_tolerance_or_names_the_mechanism_the_model_lacks() {
-        for row in validation() {
-            let app = by_name(row.app).unwrap();
-            let error = row.error().unwrap_or_else(|| panic!("{} {}: {:?}", row.app, row.mode.name(), row.emulated_ms));
-            let named = app.missing.iter().any(|(mode, _)| *mode == row.mode);
-            assert_eq!(
-                error.abs() > TOLERANCE,
-                named,
-                "{} {}: error {:+.0}%, missing mechanism named: {named}",
-                row.app,
-                row.mode.name(),
-                100.0 * error
-            );
-        }
     }
 }

@@ -2,13 +2,8 @@
 //! and WIC, on worker threads: the comparison that `wicd demo` prints and the evaluation report
 //! plots.
 
-use crossbeam::channel;
-
+use crate::pool::run_in_order;
 use crate::{try_run, Calibration, Mode, RunReport, Workload};
-
-/// The modes of a comparison, in the order its runs are reported: WIC's host producers write
-/// their batches in place ([`Mode::Fault`]); [`try_compare_with`] runs another way of WIC's.
-pub const MODES: [Mode; 3] = [Mode::Alg1, Mode::Push, Mode::Fault];
 
 /// The same workload three ways.
 pub struct Comparison {
@@ -85,7 +80,8 @@ pub fn compare_in_place_and_copy(
     threads: usize,
     mut progress: impl FnMut(usize, usize, &RunReport),
 ) -> Vec<(Comparison, Comparison)> {
-    let modes = [Mode::Alg1, Mode::Push, Mode::Fault, Mode::FaultCopy];
+    let [naive, push, in_place] = Mode::COMPARED;
+    let modes = [naive, push, in_place, Mode::FaultCopy];
     let rows = try_run_modes(workloads, &modes, cal, seed, threads, |done, total, run| {
         if let Ok(report) = run {
             progress(done, total, report);
@@ -121,7 +117,7 @@ impl std::error::Error for RowError {}
 /// could not run and why.
 pub type RunOutcome = Result<RunReport, (&'static str, Mode, String)>;
 
-/// Runs every workload in every mode ([`MODES`]) on `threads` workers (no more than there are
+/// Runs every workload in every mode ([`Mode::COMPARED`]) on `threads` workers (no more than there are
 /// runs), one row per workload in order; a workload the model cannot hold is that row's error and the
 /// others still run. `progress` sees each finished run.
 pub fn try_compare(
@@ -135,7 +131,7 @@ pub fn try_compare(
 }
 
 /// [`try_compare`] with WIC run as `wic` ([`Mode::Fault`], [`Mode::FaultCopy`] or
-/// [`Mode::FaultCopyEngine`]) instead of [`MODES`]' in place.
+/// [`Mode::FaultCopyEngine`]) instead of [`Mode::COMPARED`]'s in place.
 pub fn try_compare_with(
     workloads: &[Workload],
     wic: Mode,
@@ -145,7 +141,8 @@ pub fn try_compare_with(
     progress: impl FnMut(usize, usize, &RunOutcome),
 ) -> Vec<Result<Comparison, RowError>> {
     assert!(wic.is_wic(), "{} is not a way of WIC's", wic.name());
-    try_run_modes(workloads, &[Mode::Alg1, Mode::Push, wic], cal, seed, threads, progress)
+    let [naive, push, _] = Mode::COMPARED;
+    try_run_modes(workloads, &[naive, push, wic], cal, seed, threads, progress)
         .into_iter()
         .map(|row| {
             let [naive, push, fault] =
@@ -166,42 +163,23 @@ fn try_run_modes(
     cal: &Calibration,
     seed: u64,
     threads: usize,
-    mut progress: impl FnMut(usize, usize, &RunOutcome),
+    progress: impl FnMut(usize, usize, &RunOutcome),
 ) -> Vec<Result<Vec<RunReport>, RowError>> {
-    let jobs: Vec<(usize, usize)> = (0..workloads.len()).flat_map(|i| (0..modes.len()).map(move |m| (i, m))).collect();
-    let (job_tx, job_rx) = channel::unbounded();
-    for job in &jobs {
-        job_tx.send(*job).expect("receiver alive");
-    }
-    drop(job_tx);
-    let (done_tx, done_rx) = channel::unbounded();
-    let mut results: Vec<Vec<Option<RunOutcome>>> = (0..workloads.len()).map(|_| vec![None; modes.len()]).collect();
-    crossbeam::scope(|scope| {
-        for _ in 0..threads.clamp(1, jobs.len().max(1)) {
-            let (job_rx, done_tx) = (job_rx.clone(), done_tx.clone());
-            scope.spawn(move |_| {
-                for (index, m) in job_rx {
-                    let (workload, mode) = (&workloads[index], modes[m]);
-                    let outcome = try_run(workload, mode, cal, seed).map_err(|e| (workload.name, mode, e));
-                    if done_tx.send((index, m, outcome)).is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-        drop(done_tx);
-        for (finished, (index, m, outcome)) in done_rx.iter().enumerate() {
-            progress(finished + 1, jobs.len(), &outcome);
-            results[index][m] = Some(outcome);
-        }
-    })
-    .expect("a worker panicked");
-    results
-        .into_iter()
-        .map(|row| {
-            row.into_iter()
-                .map(|run| run.expect("a run per mode").map_err(|(workload, _, reason)| RowError { workload, reason }))
-                .collect()
+    let jobs: Vec<(&Workload, Mode)> = workloads.iter().flat_map(|w| modes.iter().map(move |&m| (w, m))).collect();
+    let mut outcomes = run_in_order(
+        &jobs,
+        threads,
+        |&(workload, mode)| try_run(workload, mode, cal, seed).map_err(|e| (workload.name, mode, e)),
+        progress,
+    )
+    .into_iter();
+    workloads
+        .iter()
+        .map(|_| {
+            // The whole row is taken before its first error is kept, so the next row starts
+            // at its own first run.
+            let row: Vec<RunOutcome> = outcomes.by_ref().take(modes.len()).collect();
+            row.into_iter().map(|run| run.map_err(|(workload, _, reason)| RowError { workload, reason })).collect()
         })
         .collect()
 }
@@ -262,7 +240,7 @@ mod tests {
         let cal = Calibration::built_in();
         let row = |name| {
             let w = by_name(name).unwrap().with_threads(64);
-            let [naive, push, fault] = MODES.map(|m| crate::run(&w, m, &cal, 1));
+            let [naive, push, fault] = Mode::COMPARED.map(|m| crate::run(&w, m, &cal, 1));
             Comparison { naive, push, fault }
         };
         let rows = vec![row("C_CG"), row("G_STN")];

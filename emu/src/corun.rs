@@ -5,15 +5,12 @@
 //! share of its time on memory accesses that leave the SM. The run is the model's own
 //! ([`crate::sim::try_run_beside`]): the neighbour's speed at each moment follows from the SM's
 //! state by the rules the model's warps go by (issue sharing, progress beside a fault-stalled
-//! warp and beside warps spinning on host memory), nothing fitted to the co-run's results.
+//! warp and beside warps spinning on host memory), nothing fitted to the co-run's results. Its
+//! modes are [`Mode::CORUN`].
 
 use crate::sim::{try_run_beside, Neighbour};
 use crate::workload::{memory_share, Endpoint, Phase, ProduceOrder, Workload};
 use crate::{Calibration, Mode};
-
-/// The modes of the co-run the model has: the stock driver's push, poll and Algorithm 1, and
-/// WIC's held faults.
-pub const MODES: [Mode; 4] = [Mode::Push, Mode::Poll, Mode::Alg1, Mode::Fault];
 
 /// Generations of a co-run as wic-report and `wicd demo` run it, and the gaps between the
 /// host's publishes: back to back and 1 ms apart, the ends of the GPU run's gaps.

@@ -8,7 +8,9 @@ pub mod compare;
 pub mod corun;
 pub mod host_fill;
 pub mod payload;
+pub mod pool;
 pub mod sim;
+pub mod validation;
 pub mod workload;
 
 pub use calibration::Calibration;

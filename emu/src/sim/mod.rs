@@ -72,6 +72,33 @@ pub enum Mode {
 }
 
 impl Mode {
+    /// Every mode the model runs: the one list of them. The tables each run a subset, named
+    /// below, in the order of their columns.
+    pub const ALL: [Mode; 7] =
+        [Self::NoWait, Self::Push, Self::Poll, Self::Alg1, Self::Fault, Self::FaultCopy, Self::FaultCopyEngine];
+
+    /// A comparison's (`compare`, `wicd demo`'s table, wic-report's application tables and
+    /// plane), in the order of `Comparison`'s fields: the naive baseline, what the stock driver
+    /// runs today, and WIC, its host producers writing in place. The other ways of WIC's are
+    /// run beside it only where a table asks (`compare::try_compare_with`).
+    pub const COMPARED: [Mode; 3] = [Self::Alg1, Self::Push, Self::Fault];
+
+    /// What device/apps' programs run that the model runs too, the validation's rows: the
+    /// modes the stock driver runs, so every mode but WIC's (the stock driver cannot hold a
+    /// fault).
+    pub const STOCK_DRIVER: [Mode; 4] = [Self::NoWait, Self::Push, Self::Poll, Self::Alg1];
+
+    /// The co-run's (`corun`), the modes `device/bench/corun.cu`'s rows are set beside: the
+    /// stock driver's three ways of waiting (no `NoWait`: nothing waits) and WIC as a
+    /// comparison runs it, in place.
+    pub const CORUN: [Mode; 4] = [Self::Push, Self::Poll, Self::Alg1, Self::Fault];
+
+    /// The ways a host producer's batch reaches its run under WIC (`host_fill`), in its table's
+    /// order: wicd copying, the copy engine, in place.
+    pub const HOST_FILLS: [Mode; 3] = [Self::FaultCopy, Self::FaultCopyEngine, Self::Fault];
+
+    /// Its name, the transport's (wic.cuh's and device/apps' `MODE` argument, where they have
+    /// it): the word tables, errors and the GPU runs' result lines use.
     pub fn name(self) -> &'static str {
         match self {
             Self::Alg1 => "alg1",

@@ -505,3 +505,31 @@ mod in_place {
         }
     }
 }
+
+mod modes {
+    use super::super::*;
+
+    /// Each table's modes are drawn from [`Mode::ALL`], once each, and are what their names say:
+    /// the stock driver's are exactly the modes that are not WIC's, the host fills exactly
+    /// WIC's; a comparison and the co-run run WIC in place.
+    #[test]
+    fn every_subset_is_drawn_from_the_one_list() {
+        let names: Vec<&str> = Mode::ALL.iter().map(|m| m.name()).collect();
+        assert!(names.iter().enumerate().all(|(i, n)| !names[..i].contains(n)), "{names:?}");
+        let subsets: [&[Mode]; 4] = [&Mode::COMPARED, &Mode::STOCK_DRIVER, &Mode::CORUN, &Mode::HOST_FILLS];
+        for subset in subsets {
+            assert!(subset.iter().all(|m| Mode::ALL.contains(m)), "{subset:?}");
+            assert!(subset.iter().enumerate().all(|(i, m)| !subset[..i].contains(m)), "{subset:?}");
+        }
+        let sorted = |mut modes: Vec<Mode>| {
+            modes.sort_by_key(|m| m.name());
+            modes
+        };
+        let stock: Vec<Mode> = Mode::ALL.into_iter().filter(|m| !m.is_wic()).collect();
+        assert_eq!(sorted(Mode::STOCK_DRIVER.to_vec()), sorted(stock));
+        let wic: Vec<Mode> = Mode::ALL.into_iter().filter(|m| m.is_wic()).collect();
+        assert_eq!(sorted(Mode::HOST_FILLS.to_vec()), sorted(wic));
+        assert_eq!(Mode::COMPARED.iter().filter(|m| m.is_wic()).collect::<Vec<_>>(), [&Mode::Fault]);
+        assert_eq!(Mode::CORUN.iter().filter(|m| m.is_wic()).collect::<Vec<_>>(), [&Mode::Fault]);
+    }
+}
