@@ -11,7 +11,7 @@ use std::io;
 use std::os::fd::{OwnedFd, RawFd};
 
 use nix::sys::eventfd::{EfdFlags, EventFd};
-use wic_engine::{ChannelLayout, ChannelSpec, Command, ErrorMarker, FaultSink, Producer};
+use wic_engine::{ChannelLayout, ChannelSpec, Command, ErrorMarker, FaultSink, Nanos, Producer};
 use wic_proto::message::{ErrorCode, Stats, WireError};
 use wic_proto::shm::{ChannelState, ProducerLayout, ProducerRegion};
 
@@ -51,6 +51,15 @@ impl Hasher for ChannelIdHasher {
 pub struct PlacementRequest {
     pub space: u32,
     pub base_va: u64,
+}
+
+/// What one pass over a channel's fault ring read ([`Backend::take_channel_faults`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RingPass {
+    /// Less than a ring's worth, or nothing: the ring was empty when the pass ended.
+    Emptied,
+    /// A whole ring's worth: more entries may be waiting, for another turn.
+    Full,
 }
 
 /// Which doorbell a descriptor the fast path reads is.
@@ -163,25 +172,11 @@ pub trait Backend {
     /// Runs `commands` in order.
     fn execute(&mut self, commands: &[Command], log: &mut impl ExecutionLog) -> Executed;
 
-    /// Reads the faults `channel`'s consumers posted into `sink`: one pass over its fault ring
-    /// (emulated backend).
-    fn take_channel_faults(&mut self, channel: u32, sink: &mut impl FaultSink);
-
-    /// Whether `channel` is owed another turn at its faults: its last pass read a whole
-    /// ring's worth, so more may wait.
-    fn owes_turn(&self, _channel: u32) -> bool {
-        false
-    }
-
-    /// How many channels are owed a turn; while any is, the fast path must not sleep.
-    fn owed_turns(&self) -> usize {
-        0
-    }
-
-    /// The channel whose owed turn comes next (round robin), no longer owed.
-    fn next_owed(&mut self) -> Option<u32> {
-        None
-    }
+    /// Reads the faults `channel`'s consumers posted to the channel's own fault ring, if the
+    /// backend gives its channels one (their doorbells include a [`Bell::Faults`]), into
+    /// `sink`: one pass, at most a ring's worth of entries. Whether more may wait is the
+    /// core's to act on ([`RingPass::Full`]).
+    fn take_channel_faults(&mut self, channel: u32, sink: &mut impl FaultSink) -> RingPass;
 
     /// The descriptor to poll for `source`.
     fn source_fd(&mut self, source: Source) -> Option<RawFd>;
@@ -198,13 +193,15 @@ pub trait Backend {
     /// Watches `start..end` of an observed space.
     fn watch(&mut self, space: u32, start: u64, end: u64) -> Result<(), WireError>;
 
-    /// When the backend next wants [`Backend::retry`], from now, in nanoseconds.
-    fn retry_in(&self) -> Option<u64> {
+    /// How long after `now`, the core's time in nanoseconds, the backend next wants
+    /// [`Backend::retry`]; None while it has nothing to do again.
+    fn retry_in(&self, _now: Nanos) -> Option<Nanos> {
         None
     }
 
-    /// Asks the module again to let go of what it refused.
-    fn retry(&mut self) {}
+    /// Does again what the device side refused and the backend must not give up on (letting
+    /// go of ranges or spaces), if [`Backend::retry_in`] said it is due by `now`.
+    fn retry(&mut self, _now: Nanos) {}
 
     /// What the backend counts; each channel's own count of overflows goes to `overflows`.
     fn counts(&mut self, overflows: &mut dyn FnMut(u32, u64)) -> Counts;

@@ -6,14 +6,14 @@
 //! the same core runs under the fast path's io_uring loop and under the unit tests below, which
 //! drive it against the emulated backend with simulated time.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 use wic_engine::{ChannelId, ChannelSpec, Command, Engine, EngineError, ErrorMarker, Fill, Nanos, PoolError};
 use wic_proto::message::{ErrorCode, Stats, WireError};
 use wic_proto::shm::{ChannelState, Publish};
 
 use super::backend::ChannelMap;
-use super::backend::{Added, Backend, Bell, ExecutionLog, PlacementRequest, Source};
+use super::backend::{Added, Backend, Bell, ExecutionLog, PlacementRequest, RingPass, Source};
 
 /// Per-channel counters.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -114,12 +114,22 @@ pub struct Core<B> {
     commands: Vec<Command>,
     /// Channels the core failed, not yet taken ([`Core::take_failed`]).
     failed: Vec<u32>,
+    /// Channels owed another turn at their fault rings ([`Core::take_owed`]), in the order
+    /// their turns come: each once, and only while it exists.
+    owed: VecDeque<u32>,
 }
 
 impl<B: Backend> Core<B> {
     /// Drives `backend` with `engine`.
     pub fn new(engine: Engine, backend: B) -> Self {
-        Self { engine, backend, counters: Counters::default(), commands: Vec::new(), failed: Vec::new() }
+        Self {
+            engine,
+            backend,
+            counters: Counters::default(),
+            commands: Vec::new(),
+            failed: Vec::new(),
+            owed: VecDeque::new(),
+        }
     }
 
     /// The backend, for what needs no decision (attaching spaces, descriptors to poll).
@@ -134,7 +144,7 @@ impl<B: Backend> Core<B> {
 
     /// When the core must next run: the engine's next deadline, or the backend's next retry.
     pub fn next_deadline(&mut self, now: Nanos) -> Option<Nanos> {
-        let retry = self.backend.retry_in().map(|wait| now.saturating_add(wait));
+        let retry = self.backend.retry_in(now).map(|wait| now.saturating_add(wait));
         match (self.engine.next_deadline(), retry) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -178,6 +188,7 @@ impl<B: Backend> Core<B> {
     fn forget(&mut self, channel: u32, state: ChannelState) {
         self.backend.remove(channel, state);
         self.counters.channels.remove(&channel);
+        self.owed.retain(|&owed| owed != channel);
     }
 
     /// Publishes `slot` on behalf of its host producer (the control request; producers
@@ -209,10 +220,8 @@ impl<B: Backend> Core<B> {
     pub fn rung(&mut self, now: Nanos, channel: u32, bell: Bell) {
         match bell {
             // A channel already owed a turn gets no extra one by ringing.
-            Bell::Faults if self.backend.owes_turn(channel) => return,
-            Bell::Faults => {
-                self.backend.take_channel_faults(channel, &mut self.engine.intake(now, &mut self.commands));
-            }
+            Bell::Faults if self.owed.contains(&channel) => return,
+            Bell::Faults => self.take_turn(now, channel),
             Bell::Published => {
                 let Some(producer) = self.backend.producer(channel) else { return };
                 let mut published = 0;
@@ -241,26 +250,41 @@ impl<B: Backend> Core<B> {
         self.execute();
     }
 
+    /// One turn of `channel` at its fault ring: one pass, at most a ring's worth of entries.
+    ///
+    /// The client writes its ring and can keep refilling it as fast as wicd reads it. Reading
+    /// until it is empty would then never end, and every other channel, control request and
+    /// the watchdog's snapshot would wait. So a pass that read a whole ring's worth, which may
+    /// have left entries behind, owes the channel another turn, after the channels owed one
+    /// already: on the next iteration of the fast path's loop, after control requests and
+    /// other doorbells; meanwhile the loop does not sleep ([`Core::owes_turns`]).
+    fn take_turn(&mut self, now: Nanos, channel: u32) {
+        let pass = self.backend.take_channel_faults(channel, &mut self.engine.intake(now, &mut self.commands));
+        if pass == RingPass::Full && !self.owed.contains(&channel) {
+            self.owed.push_back(channel);
+        }
+    }
+
     /// Gives each channel owed a turn at its faults its next one, in the order they were
     /// owed; a channel whose ring is still not empty is owed again, for the next call.
     pub fn take_owed(&mut self, now: Nanos) {
-        for _ in 0..self.backend.owed_turns() {
-            let Some(channel) = self.backend.next_owed() else { break };
-            self.backend.take_channel_faults(channel, &mut self.engine.intake(now, &mut self.commands));
+        for _ in 0..self.owed.len() {
+            let Some(channel) = self.owed.pop_front() else { break };
+            self.take_turn(now, channel);
             self.execute();
         }
     }
 
-    /// Whether the backend owes channels a turn, so the caller must not sleep.
+    /// Whether channels are owed a turn, so the caller must not sleep.
     pub fn owes_turns(&self) -> bool {
-        self.backend.owed_turns() > 0
+        !self.owed.is_empty()
     }
 
     /// Times out what is due at `now`, and lets the backend retry what it must.
     pub fn tick(&mut self, now: Nanos) {
         self.engine.expire(now, &mut self.commands);
         self.execute();
-        self.backend.retry();
+        self.backend.retry(now);
     }
 
     /// A channel the core failed: its held faults completed with the closed marker, its pages
@@ -617,22 +641,92 @@ mod tests {
         assert_eq!(snapshot.channels[&victim.layout.id.0].deliveries, 0);
     }
 
+    /// Fills `client`'s fault ring with faults on its first run; how many it took.
+    fn fill_ring(client: &Client) -> u64 {
+        let entry = fault(client.run_va(0, 0), client.gpu);
+        let mut posted = 0;
+        while client.consumer.post_fault(&entry).is_ok() {
+            posted += 1;
+        }
+        posted
+    }
+
+    /// Ring entries the core has read so far, routed or not.
+    fn captured(pair: &mut Pair) -> u64 {
+        pair.core.snapshot().stats.faults_captured
+    }
+
     #[test]
     fn a_full_fault_ring_owes_its_channel_another_turn_after_the_others() {
         let mut pair = Pair::new(1);
         let busy = pair.open(Pair::spec(0, 1, 1_000_000));
-        let entry = fault(busy.run_va(0, 0), 0);
-        let mut posted = 0;
-        while busy.consumer.post_fault(&entry).is_ok() {
-            posted += 1;
-        }
+        let posted = fill_ring(&busy);
         pair.core.rung(pair.now, busy.layout.id.0, Bell::Faults);
-        assert!(pair.core.owes_turns(), "a whole ring's worth was read: more may wait");
+        assert_eq!(captured(&mut pair), posted);
+        assert!(pair.core.owes_turns(), "a whole ring's worth was read: more may wait, the loop must not sleep");
         pair.core.take_owed(pair.now);
         assert!(!pair.core.owes_turns(), "the next pass found the ring empty");
         let snapshot = pair.core.snapshot();
         assert_eq!(snapshot.stats.fault_buffer_overflows, 1, "the ring was found full once");
         assert_eq!(snapshot.held, 1, "{posted} entries for one run hold one fault");
+    }
+
+    #[test]
+    fn channels_refilling_their_rings_endlessly_take_turns_and_starve_no_one() {
+        let mut pair = Pair::new(1);
+        let first = pair.open(Pair::spec(0, 1, 1_000_000));
+        let second = pair.open(Pair::spec(0, 1, 1_000_000));
+        let quiet = pair.open(Pair::spec(0, 1, 1_000_000));
+        let ring = fill_ring(&first);
+        pair.core.rung(pair.now, first.layout.id.0, Bell::Faults);
+        assert_eq!(fill_ring(&first), ring, "the pass read the whole ring");
+        // Ringing again while owed a turn gives it no extra one.
+        pair.core.rung(pair.now, first.layout.id.0, Bell::Faults);
+        assert_eq!(captured(&mut pair), ring);
+        assert_eq!(fill_ring(&second), ring);
+        pair.core.rung(pair.now, second.layout.id.0, Bell::Faults);
+        assert_eq!(captured(&mut pair), 2 * ring);
+
+        // Another channel's doorbell and a control request are served at once, owed turns or not.
+        pair.fault_at(&quiet, quiet.run_va(0, 0));
+        assert_eq!(captured(&mut pair), 2 * ring + 1);
+        pair.core.publish(pair.now, quiet.layout.id.0, 0).unwrap();
+        assert!(quiet.mapped(0, 0), "its warp was served while the others were owed turns");
+        assert!(pair.core.owes_turns());
+
+        // One turn each per round, in the order they were owed: the first, refilled, is owed
+        // again after the second; the second, not refilled, is done.
+        pair.core.take_owed(pair.now);
+        assert_eq!(captured(&mut pair), 3 * ring + 1);
+        assert!(pair.core.owes_turns());
+        for round in 1..=3 {
+            assert_eq!(fill_ring(&first), ring);
+            pair.core.take_owed(pair.now);
+            assert_eq!(captured(&mut pair), (3 + round) * ring + 1, "one turn per round, round {round}");
+            assert!(pair.core.owes_turns(), "the loop does not sleep while a turn is owed");
+        }
+        pair.core.take_owed(pair.now);
+        assert!(!pair.core.owes_turns(), "its ring was found empty at last");
+        assert_eq!(captured(&mut pair), 6 * ring + 1);
+    }
+
+    #[test]
+    fn a_channel_that_goes_while_owed_a_turn_is_owed_nothing() {
+        let mut pair = Pair::new(1);
+        let busy = pair.open(Pair::spec(0, 1, 1_000_000));
+        let id = busy.layout.id.0;
+        fill_ring(&busy);
+        pair.core.rung(pair.now, id, Bell::Faults);
+        assert!(pair.core.owes_turns());
+        pair.core.destroy(id).unwrap();
+        assert!(!pair.core.owes_turns(), "the loop may sleep again");
+        // A new channel given its id is not owed the old one's turn: its doorbell is read.
+        let next = pair.open(Pair::spec(0, 1, 1_000_000));
+        assert_eq!(next.layout.id.0, id);
+        let before = captured(&mut pair);
+        pair.fault_at(&next, next.run_va(0, 0));
+        assert_eq!(captured(&mut pair), before + 1);
+        assert!(!pair.core.owes_turns());
     }
 
     #[test]

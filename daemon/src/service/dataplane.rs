@@ -166,8 +166,8 @@ impl<B: Backend> Dataplane<B> {
         tracing::debug!("fast path stopped");
     }
 
-    /// Waits for a completion or the core's next deadline; does not wait while the backend
-    /// owes channels a turn.
+    /// Waits for a completion or the core's next deadline; does not wait while channels are
+    /// owed a turn at their fault rings.
     fn wait(&mut self) -> io::Result<()> {
         let result = match self.core.next_deadline(self.now()) {
             _ if self.core.owes_turns() => self.uring.submit(),

@@ -8,7 +8,6 @@
 //! On a machine with a GPU, the backend also observes real GPU faults of applications that
 //! attach their address space ([`Observer`]).
 
-use std::collections::VecDeque;
 use std::os::fd::{OwnedFd, RawFd};
 use std::path::Path;
 
@@ -23,7 +22,7 @@ use wic_proto::shm::{
 
 use super::backend::{
     eventfd, setup_error, Added, Backend, BackendTraits, Bell, ChannelMap, Counts, Executed, ExecutionLog,
-    PlacementRequest, Source,
+    PlacementRequest, RingPass, Source,
 };
 use super::observe::Observer;
 use super::runs::{RunIndex, RunPlace};
@@ -35,15 +34,12 @@ pub struct EmulatedChannel {
     pub producer: Option<ProducerRegion>,
     /// The daemon's own read index of the consumer region's fault ring.
     fault_get: u64,
-    /// The channel is in `EmulatedGpus::owed`: its last pass read a whole ring's worth, so
-    /// more entries may be waiting.
-    owed: bool,
 }
 
 impl EmulatedChannel {
     /// A channel consuming on `consumer_gpu`.
     pub fn new(consumer_gpu: GpuId, consumer: ConsumerRegion, producer: Option<ProducerRegion>) -> Self {
-        Self { consumer_gpu, consumer, producer, fault_get: 0, owed: false }
+        Self { consumer_gpu, consumer, producer, fault_get: 0 }
     }
 }
 
@@ -53,9 +49,6 @@ pub struct EmulatedGpus {
     va_width: VaWidth,
     channels: ChannelMap<EmulatedChannel>,
     runs: RunIndex,
-    /// Channels whose last pass over their ring read a whole ring's worth, in the order their
-    /// next turn comes (round robin).
-    owed: VecDeque<u32>,
     /// Passes over a channel's fault ring that read a whole ring's worth of entries: the
     /// rings wicd found full.
     rings_found_full: u64,
@@ -75,7 +68,6 @@ impl EmulatedGpus {
             va_width: config.va_width,
             channels: ChannelMap::default(),
             runs: RunIndex::new(config),
-            owed: VecDeque::new(),
             rings_found_full: 0,
             misdirected: 0,
             observer: Observer::new(uvm_tools),
@@ -152,17 +144,12 @@ impl EmulatedGpus {
         log.delivered(place.channel);
     }
 
-    /// One turn of `channel` at its faults: one pass over its ring, at most
-    /// [`FAULT_RING_ENTRIES`] entries.
-    ///
-    /// The client writes its ring and can keep refilling it as fast as wicd reads it. Reading
-    /// until it is empty would then never end, and every other channel, control request and
-    /// the watchdog's snapshot would wait. So a pass that read a whole ring's worth, which may
-    /// have left entries behind, owes the channel another turn on the next iteration of the
-    /// fast path's loop, after control requests and other doorbells; meanwhile the loop does
-    /// not sleep.
-    fn take_turn(&mut self, channel: u32, sink: &mut impl FaultSink) {
-        let Some(regions) = self.channels.get_mut(&channel) else { return };
+    /// One pass over `channel`'s fault ring, at most [`FAULT_RING_ENTRIES`] entries: the
+    /// client can keep refilling its ring as fast as wicd reads it, so the core gives each
+    /// channel its turns in round robin, another one after a pass that read a whole ring's
+    /// worth ([`RingPass::Full`]).
+    fn take_turn(&mut self, channel: u32, sink: &mut impl FaultSink) -> RingPass {
+        let Some(regions) = self.channels.get_mut(&channel) else { return RingPass::Emptied };
         let gpu = regions.consumer_gpu;
         self.faults.clear();
         regions.consumer.take_faults(&mut regions.fault_get, &mut self.faults);
@@ -170,13 +157,12 @@ impl EmulatedGpus {
         // whole ring's worth of entries found the ring full, and warps faulting meanwhile were
         // turned away. Counted from entries read, not from a word the client writes, a client
         // can add at most one per ring's worth of entries it posts.
-        if self.faults.len() == FAULT_RING_ENTRIES as usize {
+        let pass = if self.faults.len() == FAULT_RING_ENTRIES as usize {
             self.rings_found_full = self.rings_found_full.saturating_add(1);
-            if !regions.owed {
-                regions.owed = true;
-                self.owed.push_back(channel);
-            }
-        }
+            RingPass::Full
+        } else {
+            RingPass::Emptied
+        };
         // A client writes only its own channel's ring: entries naming another channel's pages
         // are dropped, so no process can complete or steal another's requests.
         let before = self.faults.len();
@@ -189,6 +175,7 @@ impl EmulatedGpus {
         if !self.faults.is_empty() {
             sink.faults(gpu, &self.faults);
         }
+        pass
     }
 }
 
@@ -246,9 +233,6 @@ impl Backend for EmulatedGpus {
         removed.consumer.set_state(state);
         if let Some(producer) = &removed.producer {
             producer.set_state(state);
-        }
-        if removed.owed {
-            self.owed.retain(|&c| c != channel);
         }
     }
 
@@ -344,26 +328,8 @@ impl Backend for EmulatedGpus {
         done
     }
 
-    fn take_channel_faults(&mut self, channel: u32, sink: &mut impl FaultSink) {
-        self.take_turn(channel, sink);
-    }
-
-    fn owes_turn(&self, channel: u32) -> bool {
-        self.channels.get(&channel).is_some_and(|c| c.owed)
-    }
-
-    fn owed_turns(&self) -> usize {
-        self.owed.len()
-    }
-
-    fn next_owed(&mut self) -> Option<u32> {
-        while let Some(channel) = self.owed.pop_front() {
-            if let Some(regions) = self.channels.get_mut(&channel) {
-                regions.owed = false;
-                return Some(channel);
-            }
-        }
-        None
+    fn take_channel_faults(&mut self, channel: u32, sink: &mut impl FaultSink) -> RingPass {
+        self.take_turn(channel, sink)
     }
 
     fn source_fd(&mut self, source: Source) -> Option<RawFd> {

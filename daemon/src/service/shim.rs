@@ -7,13 +7,14 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
-use wic_engine::{ChannelId, ChannelLayout, ChannelSpec, Command, DataSource, FaultSink, Fill};
+use wic_engine::{ChannelId, ChannelLayout, ChannelSpec, Command, DataSource, FaultSink, Fill, Nanos};
 use wic_kmod::{DeviceError, HostBytes, PlacedChannel, ShimBackend};
 use wic_proto::message::{ErrorCode, Stats, Submissions, WireError};
 use wic_proto::shm::{ChannelState, ProducerRegion};
 
 use super::backend::{
-    Added, Backend, BackendTraits, ChannelMap, Counts, Executed, ExecutionLog, HoldBound, PlacementRequest, Source,
+    Added, Backend, BackendTraits, ChannelMap, Counts, Executed, ExecutionLog, HoldBound, PlacementRequest, RingPass,
+    Source,
 };
 
 /// A channel placed in an application's address space.
@@ -68,7 +69,8 @@ pub struct ShimGpus {
     spaces: HashSet<u32>,
     /// Ranges, then spaces, to unregister or detach again.
     stuck: Vec<Stuck>,
-    last_retry: Instant,
+    /// When the module was last asked again, in the core's time (its start when never).
+    last_retry: Nanos,
     /// The command batches submitted to the module and what they took (`wicctl stats`).
     submissions: Submissions,
 }
@@ -115,7 +117,7 @@ impl ShimGpus {
             channels: ChannelMap::default(),
             spaces: HashSet::new(),
             stuck: Vec::new(),
-            last_retry: Instant::now(),
+            last_retry: 0,
             submissions: Submissions::default(),
         }
     }
@@ -284,7 +286,9 @@ impl Backend for ShimGpus {
         done
     }
     /// The shim's consumers are GPU kernels: their faults come through the module's ring.
-    fn take_channel_faults(&mut self, _channel: u32, _sink: &mut impl FaultSink) {}
+    fn take_channel_faults(&mut self, _channel: u32, _sink: &mut impl FaultSink) -> RingPass {
+        RingPass::Emptied
+    }
 
     fn source_fd(&mut self, source: Source) -> Option<RawFd> {
         match source {
@@ -333,8 +337,10 @@ impl Backend for ShimGpus {
         ))
     }
 
-    fn retry_in(&self) -> Option<u64> {
-        (!self.stuck.is_empty()).then_some(RELEASE_RETRY.as_nanos() as u64)
+    /// What is left of [`RELEASE_RETRY`] since the last time the module was asked again.
+    fn retry_in(&self, now: Nanos) -> Option<Nanos> {
+        let due = self.last_retry.saturating_add(RELEASE_RETRY.as_nanos() as Nanos);
+        (!self.stuck.is_empty()).then(|| due.saturating_sub(now))
     }
 
     /// Asks the module again, at most every [`RELEASE_RETRY`], to let go of the ranges and
@@ -342,11 +348,11 @@ impl Backend for ShimGpus {
     /// until then their pages stay wic pages, and a fault there, such as the application's once
     /// it reuses the memory, would be held with no channel to complete it. Ranges first: a
     /// space's detach closes its ranges too, after which their unregister finds nothing.
-    fn retry(&mut self) {
-        if self.stuck.is_empty() || self.last_retry.elapsed() < RELEASE_RETRY {
+    fn retry(&mut self, now: Nanos) {
+        if self.stuck.is_empty() || now.saturating_sub(self.last_retry) < RELEASE_RETRY.as_nanos() as Nanos {
             return;
         }
-        self.last_retry = Instant::now();
+        self.last_retry = now;
         let device = self.backend.device();
         self.stuck.sort_by_key(|stuck| matches!(stuck, Stuck::Space(_)));
         self.stuck.retain(|&stuck| {
