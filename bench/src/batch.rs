@@ -1,5 +1,5 @@
 //! One 256-entry fault batch through wicd's whole user-space path on the shim backend: the
-//! fault ring read, records translated to engine addresses, the engine (decode, classify,
+//! record ring read, records translated to engine addresses, the engine (decode, classify,
 //! deliver: every slot's data is already published), and its commands translated into the
 //! kernel batch that one io_uring submission or ioctl would carry, with wicd's bookkeeping
 //! around it: each delivery's channel looked up to find the producer's bytes, and again after
@@ -21,13 +21,13 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use wic_engine::fault::AccessType;
 use wic_engine::{ChannelId, ChannelSpec, Command, DataSource, Engine, EngineConfig, FaultEntry, Fill, Producer};
-use wic_kmod::{BatchPath, FaultRing, MemoryRing, Placement, Record};
+use wic_kmod::{BatchPath, MemoryRing, Placement, Record, RecordRing};
 
 use crate::measure::{percentile, sorted, spin};
 use crate::Settings;
 
 const BATCH: u32 = 256;
-/// A fault ring as large as the module's default, so a batch never wraps onto itself.
+/// A record ring as large as the module's default, so a batch never wraps onto itself.
 const RING_ENTRIES: u32 = 1024;
 /// Where the channel sits in the (pretend) application's address space.
 const PROCESS_BASE: u64 = 0x7000_0000_0000;
@@ -88,9 +88,9 @@ pub fn run(settings: &Settings) -> Row {
     path.add(&placement, &[RANGE_ID]);
     let mut memory = MemoryRing::new(RING_ENTRIES);
     // SAFETY: `memory` owns the ring's bytes, is not moved, and outlives both readers.
-    let mut ring = unsafe { FaultRing::new(memory.base(), memory.bytes()) }.expect("a well-formed ring");
+    let mut ring = unsafe { RecordRing::new(memory.base(), memory.bytes()) }.expect("a well-formed ring");
     // SAFETY: as above.
-    let mut baseline_ring = unsafe { FaultRing::new(memory.base(), memory.bytes()) }.expect("a well-formed ring");
+    let mut baseline_ring = unsafe { RecordRing::new(memory.base(), memory.bytes()) }.expect("a well-formed ring");
     // Per channel id, where its producer's bytes are mapped in the daemon, and its deliveries.
     let mut data_base = vec![None; layout.id.0 as usize + 1];
     data_base[layout.id.0 as usize] = Some(0x5000_0000_0000u64);

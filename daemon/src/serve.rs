@@ -12,14 +12,14 @@ use std::time::Duration;
 use nix::sys::resource::{getrlimit, setrlimit, Resource};
 use tokio::signal::unix::{signal, SignalKind};
 use wic_engine::Engine;
-use wic_kmod::ShimBackend;
+use wic_kmod::ShimSession;
 
 use crate::config::{BackendChoice, Config};
 use crate::logging::{self, LevelHandle};
 use crate::service::backend::{Backend, BackendTraits};
 use crate::service::control::{Control, DataplaneHandle};
 use crate::service::dataplane;
-use crate::service::emulated::EmulatedGpus;
+use crate::service::emulated::SharedMemoryGpus;
 use crate::service::hold::longest_timeout_ns;
 use crate::service::registry::Capacity;
 use crate::service::server::{self, Shared};
@@ -127,13 +127,13 @@ fn start_fast_path(config: &Config) -> Result<(DataplaneHandle, JoinHandle<()>, 
     };
     if !shim {
         let gpus = config.emulated.gpus;
-        let backend = EmulatedGpus::new(gpus, engine.config(), &config.service.uvm_tools);
+        let backend = SharedMemoryGpus::new(gpus, engine.config(), &config.service.uvm_tools);
         let traits = backend.traits();
         let (handle, thread) = dataplane::spawn(engine, backend)?;
         return Ok((handle, thread, traits, gpus));
     }
     let wait = Duration::from_millis(config.shim.open_wait_ms);
-    let session = ShimBackend::open(device, wait, config.shim.submission(), engine.config()).map_err(|e| {
+    let session = ShimSession::open(device, wait, config.shim.submission(), engine.config()).map_err(|e| {
         format!("{}: {e} (is wic_shim loaded? service.backend = \"emulated\" runs without it)", device.display())
     })?;
     tracing::info!("{}: session opened", device.display());

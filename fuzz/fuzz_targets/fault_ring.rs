@@ -1,4 +1,4 @@
-//! The daemon's fault-ring reader (`wic_kmod::ring::FaultRing`) on a mapping whose header comes
+//! The daemon's fault-ring reader (`wic_kmod::ring::RecordRing`) on a mapping whose header comes
 //! from the input, through publishes, reads and corruptions the input orders (format in
 //! `src/ring.rs`).
 //!
@@ -17,7 +17,7 @@ use std::collections::VecDeque;
 use libfuzzer_sys::fuzz_target;
 use wic_engine::RawFaultEntry;
 use wic_fuzz::ring::{record_for, Mapping, RingOp, RingScript, DROPPED_OFFSET, HEADER_BYTES, HEAD_OFFSET, RECORD_BYTES, TAIL_OFFSET};
-use wic_kmod::ring::{FaultRing, Record, RingAnomalies, RingError};
+use wic_kmod::ring::{RecordRing, Record, RingAnomalies, RingError};
 use wic_kabi::{ring_bytes, WIC_RECORD_EXPIRED, WIC_RECORD_PAT, WIC_RECORD_UNSUPPORTED_GPU, WIC_RING_MAGIC};
 
 /// How opening a mapping of `len` bytes holding the input's header should end, from the
@@ -76,7 +76,7 @@ fuzz_target!(|data: &[u8]| {
     let mapping = Mapping::new(script.mapping_len(), &script.header);
     // SAFETY: the mapping is 8-byte aligned, `bytes()` long, and outlives the reader (declared
     // first, dropped last); the test writes it only through atomics, between the reader's calls.
-    let opened = unsafe { FaultRing::new(mapping.base(), mapping.bytes()) };
+    let opened = unsafe { RecordRing::new(mapping.base(), mapping.bytes()) };
     match (&opened, expected_open(&script, mapping.bytes())) {
         (Ok(_), Ok(())) | (Err(RingError::BadHeader(_)), Err(None)) => {}
         (Err(got), Err(Some(want))) if *got == want => {}

@@ -1,4 +1,4 @@
-//! The shim backend: the engine's port to `/dev/wic`. Held faults come out of the fault ring,
+//! The shim backend: the engine's port to `/dev/wic`. Held faults come out of the record ring,
 //! are translated to engine addresses and handed to the engine's owner; the engine's commands are
 //! translated back and submitted in one batch, through io_uring or ioctl.
 
@@ -11,7 +11,7 @@ use wic_kabi::{self as kabi, WicCommand};
 
 use crate::commands::{CommandError, HostBytes, Placement, Translator};
 use crate::device::{Device, DeviceError};
-use crate::ring::FaultRing;
+use crate::ring::RecordRing;
 use crate::uring::UringSubmitter;
 
 /// How command batches reach the module.
@@ -117,7 +117,7 @@ impl BatchPath {
     /// the faults before it; a page read on a GPU the module cannot hold faults of
     /// ([`kabi::WIC_RECORD_UNSUPPORTED_GPU`]) goes to `sink` at once. Returns how many records
     /// were read.
-    pub fn take_faults(&mut self, ring: &mut FaultRing, sink: &mut impl FaultSink) -> usize {
+    pub fn take_faults(&mut self, ring: &mut RecordRing, sink: &mut impl FaultSink) -> usize {
         let Self { translator, width, entries, gpus, expired, stray_records, .. } = self;
         entries.clear();
         gpus.clear();
@@ -250,14 +250,16 @@ impl BatchPath {
     }
 }
 
-/// The backend.
-pub struct ShimBackend {
+/// A session's command path on `/dev/wic`: the device, its record ring and the submitter of
+/// command batches. wicd's shim backend (`service::shim` in wicd) drives one; this is not a
+/// backend itself.
+pub struct ShimSession {
     device: Device,
     uring: Option<UringSubmitter>,
     path: BatchPath,
 }
 
-impl ShimBackend {
+impl ShimSession {
     /// Opens a session on `path` for an engine configured as `config`.
     pub fn open(
         path: &Path,
@@ -421,7 +423,7 @@ mod tests {
         let order = [(1, 2), (0, 1), (1, 0), (0, 2), (1, 1), (0, 0)];
         let mut memory = MemoryRing::new(16);
         // SAFETY: `memory` owns the ring's bytes, is not moved, and outlives the reader.
-        let mut ring = unsafe { FaultRing::new(memory.base(), memory.bytes()) }.unwrap();
+        let mut ring = unsafe { RecordRing::new(memory.base(), memory.bytes()) }.unwrap();
         for (seq, &(gpu, slot)) in order.iter().enumerate() {
             let (layout, placement) = &placed[gpu];
             let va = placement.process_va(layout.slots[slot].runs[0]).unwrap();
@@ -454,7 +456,7 @@ mod tests {
         let runs = [layout.slots[0].runs[0], layout.slots[1].runs[1], layout.slots[0].runs[0]];
         let mut memory = MemoryRing::new(16);
         // SAFETY: `memory` owns the ring's bytes, is not moved, and outlives the reader.
-        let mut ring = unsafe { FaultRing::new(memory.base(), memory.bytes()) }.unwrap();
+        let mut ring = unsafe { RecordRing::new(memory.base(), memory.bytes()) }.unwrap();
         // Two pages of the channel read on an unsupported GPU, then a held fault.
         for (seq, (&run, unsupported_gpu)) in runs.iter().zip([true, true, false]).enumerate() {
             let va = placement.process_va(run).unwrap();
@@ -483,7 +485,7 @@ mod tests {
         let records = [(p, false), (p, true), (p_next, false)];
         let mut memory = MemoryRing::new(16);
         // SAFETY: `memory` owns the ring's bytes, is not moved, and outlives the reader.
-        let mut ring = unsafe { FaultRing::new(memory.base(), memory.bytes()) }.unwrap();
+        let mut ring = unsafe { RecordRing::new(memory.base(), memory.bytes()) }.unwrap();
         for (seq, &(va, expired)) in records.iter().enumerate() {
             memory.write(seq as u64, &Record { expired, ..read_fault(seq, 0, va) });
         }
@@ -518,7 +520,7 @@ mod tests {
         let records = [(0, 1, va(0)), (1 << 16, 1, va(1)), (0, 2, va(1)), (0, 1, 0x6000_0000_0000), (0, 1, va(1))];
         let mut memory = MemoryRing::new(16);
         // SAFETY: `memory` owns the ring's bytes, is not moved, and outlives the reader.
-        let mut ring = unsafe { FaultRing::new(memory.base(), memory.bytes()) }.unwrap();
+        let mut ring = unsafe { RecordRing::new(memory.base(), memory.bytes()) }.unwrap();
         for (seq, &(gpu_id, space_id, va)) in records.iter().enumerate() {
             memory.write(seq as u64, &Record { space_id, ..read_fault(seq, gpu_id, va) });
         }

@@ -1,4 +1,4 @@
-//! A session on `/dev/wic`: open, negotiate the version, map the fault ring, attach spaces,
+//! A session on `/dev/wic`: open, negotiate the version, map the record ring, attach spaces,
 //! register ranges and submit commands by ioctl.
 
 use std::fs::{File, OpenOptions};
@@ -13,7 +13,7 @@ use nix::errno::Errno;
 use nix::sys::mman::{mmap, munmap, MapFlags, ProtFlags};
 use wic_kabi::{self as kabi, WicAttach, WicCommand, WicRange, WicSubmit, WicVersion};
 
-use crate::ring::{FaultRing, RingError};
+use crate::ring::{RecordRing, RingError};
 
 /// The raw ioctls of `/dev/wic`, for callers that must send what [`Device`] would not (the
 /// hostile-input tests).
@@ -69,7 +69,7 @@ pub enum DeviceError {
     Busy,
     /// The module speaks another ABI version.
     Version { module: u32 },
-    /// The fault ring the module mapped is not one this daemon reads.
+    /// The record ring the module mapped is not one this daemon reads.
     Ring(RingError),
     /// The module announced a ring of this many records: not a power of two, or too large to
     /// map.
@@ -90,7 +90,7 @@ impl std::fmt::Display for DeviceError {
             }
             Self::Ring(e) => write!(f, "{e}"),
             Self::RingSize { entries } => {
-                write!(f, "the module's fault ring has {entries} records, not a power of two this process can map")
+                write!(f, "the module's record ring has {entries} records, not a power of two this process can map")
             }
             Self::Uring { what, error } => write!(f, "{what}: {error}"),
             Self::Call { call, errno } => write!(f, "{call}: {}", errno.desc()),
@@ -133,10 +133,10 @@ pub struct Device {
     limits: WicVersion,
     ring_map: NonNull<u8>,
     ring_len: usize,
-    ring: FaultRing,
+    ring: RecordRing,
 }
 
-// SAFETY: the mapping is owned by the session and only read through `FaultRing`'s atomics.
+// SAFETY: the mapping is owned by the session and only read through `RecordRing`'s atomics.
 unsafe impl Send for Device {}
 
 impl Device {
@@ -178,11 +178,11 @@ impl Device {
         let map = unsafe {
             mmap(None, len, ProtFlags::PROT_READ | ProtFlags::PROT_WRITE, MapFlags::MAP_SHARED, file.as_fd(), 0)
         }
-        .map_err(|errno| DeviceError::Call { call: "mmap of the fault ring", errno })?;
+        .map_err(|errno| DeviceError::Call { call: "mmap of the record ring", errno })?;
         let ring_map = map.cast::<u8>();
         // SAFETY: `ring_len` bytes were just mapped at `ring_map`, page aligned, and stay
         // mapped until `self` drops (the ring is dropped with it).
-        let ring = match unsafe { FaultRing::new(ring_map, ring_len) } {
+        let ring = match unsafe { RecordRing::new(ring_map, ring_len) } {
             Ok(ring) => ring,
             Err(e) => {
                 // SAFETY: the mapping made above, not used after this.
@@ -203,8 +203,8 @@ impl Device {
         self.file.as_fd()
     }
 
-    /// The fault ring.
-    pub fn ring(&mut self) -> &mut FaultRing {
+    /// The record ring.
+    pub fn ring(&mut self) -> &mut RecordRing {
         &mut self.ring
     }
 
@@ -276,7 +276,7 @@ mod tests {
     fn ring_and_io_uring_failures_keep_their_cause() {
         let ring = DeviceError::from(RingError::BadHeader("magic"));
         assert!(matches!(ring, DeviceError::Ring(RingError::BadHeader("magic"))));
-        assert_eq!(ring.to_string(), "fault ring header: magic");
+        assert_eq!(ring.to_string(), "record ring header: magic");
         assert!(ring.source().is_some_and(|e| e.is::<RingError>()));
         let uring =
             DeviceError::Uring { what: "io_uring submission", error: io::Error::from_raw_os_error(libc::EBUSY) };

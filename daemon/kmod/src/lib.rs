@@ -1,7 +1,7 @@
 //! The daemon's side of `/dev/wic`, the character device of `wic_shim.ko`.
 //!
 //! - [`device`]: a session: version negotiation, VA spaces, ranges, commands by ioctl;
-//! - [`ring`]: the reader of the mapped fault ring, which trusts nothing the ring says;
+//! - [`ring`]: the reader of the mapped record ring, which trusts nothing the ring says;
 //! - [`uring`]: command batches through io_uring `IORING_OP_URING_CMD`;
 //! - [`commands`]: the engine's commands turned into [`wic_kabi::WicCommand`]s;
 //! - [`backend`]: all of it behind the engine: ring records in, command batches out;
@@ -24,9 +24,9 @@ pub mod ring;
 pub mod uring;
 pub mod uvmtools;
 
-pub use backend::{BatchPath, KernelOutcome, PlacedChannel, ShimBackend, Submission, UnplaceError};
+pub use backend::{BatchPath, KernelOutcome, PlacedChannel, ShimSession, Submission, UnplaceError};
 pub use commands::{CommandError, HostBytes, Placement, Translator};
 pub use device::{Device, DeviceError};
-pub use ring::{FaultRing, MemoryRing, Record, RingError};
+pub use ring::{MemoryRing, Record, RecordRing, RingError};
 pub use uring::UringSubmitter;
 pub use uvmtools::{Event, EventTracker, FaultStats, UvmToolsError};

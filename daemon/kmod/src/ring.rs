@@ -1,4 +1,4 @@
-//! The fault ring: records the module writes and the daemon reads.
+//! The record ring: records the module writes and the daemon reads.
 //!
 //! The module publishes a record by writing its sequence number last and then advancing the
 //! header's `head`; the daemon advances `tail`. Nothing in the mapping is trusted: the daemon
@@ -47,8 +47,8 @@ pub enum RingError {
 impl std::fmt::Display for RingError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::TooSmall { len, needed } => write!(f, "fault ring mapping of {len} bytes, {needed} needed"),
-            Self::BadHeader(what) => write!(f, "fault ring header: {what}"),
+            Self::TooSmall { len, needed } => write!(f, "record ring mapping of {len} bytes, {needed} needed"),
+            Self::BadHeader(what) => write!(f, "record ring header: {what}"),
         }
     }
 }
@@ -64,8 +64,8 @@ pub struct RingAnomalies {
     pub bad_head: u64,
 }
 
-/// A reader of a mapped fault ring.
-pub struct FaultRing {
+/// A reader of a mapped record ring.
+pub struct RecordRing {
     base: NonNull<u8>,
     entries: u64,
     /// The next sequence number to read; the daemon's own, never read back from the mapping.
@@ -75,9 +75,9 @@ pub struct FaultRing {
 
 // SAFETY: the ring is plain shared memory accessed through atomics and volatile reads; the
 // reader owns its index and may move to another thread.
-unsafe impl Send for FaultRing {}
+unsafe impl Send for RecordRing {}
 
-impl FaultRing {
+impl RecordRing {
     /// A reader of the ring mapped at `base` for `len` bytes.
     ///
     /// # Safety
@@ -208,7 +208,7 @@ impl FaultRing {
     }
 }
 
-/// A fault ring in ordinary memory, laid out and written the way the module writes it: for
+/// A record ring in ordinary memory, laid out and written the way the module writes it: for
 /// benchmarks of the reader and the path behind it, and for the reader's tests.
 pub struct MemoryRing {
     mem: Vec<u64>,
@@ -231,7 +231,7 @@ impl MemoryRing {
         ring
     }
 
-    /// Where the ring starts, for [`FaultRing::new`].
+    /// Where the ring starts, for [`RecordRing::new`].
     pub fn base(&mut self) -> NonNull<u8> {
         NonNull::from(&mut self.mem[..]).cast()
     }
@@ -296,10 +296,10 @@ mod tests {
         fake.write(seq, &record);
     }
 
-    fn reader(fake: &mut MemoryRing) -> FaultRing {
+    fn reader(fake: &mut MemoryRing) -> RecordRing {
         let len = fake.bytes();
         // SAFETY: the fake outlives the reader in every test.
-        unsafe { FaultRing::new(fake.base(), len) }.unwrap()
+        unsafe { RecordRing::new(fake.base(), len) }.unwrap()
     }
 
     #[test]
@@ -388,18 +388,18 @@ mod tests {
         let mut fake = MemoryRing::new(256);
         let len = fake.bytes();
         // SAFETY: as in `reader`.
-        assert!(matches!(unsafe { FaultRing::new(fake.base(), 64) }, Err(RingError::TooSmall { .. })));
+        assert!(matches!(unsafe { RecordRing::new(fake.base(), 64) }, Err(RingError::TooSmall { .. })));
         // SAFETY: as in `reader`.
-        assert!(matches!(unsafe { FaultRing::new(fake.base(), len - 8) }, Err(RingError::TooSmall { .. })));
+        assert!(matches!(unsafe { RecordRing::new(fake.base(), len - 8) }, Err(RingError::TooSmall { .. })));
         // Entries 300, record_size 64.
         fake.mem[1] = 300 | (64 << 32);
         assert_eq!(
             // SAFETY: as in `reader`.
-            unsafe { FaultRing::new(fake.base(), len) }.err(),
+            unsafe { RecordRing::new(fake.base(), len) }.err(),
             Some(RingError::BadHeader("entry count is not a power of two"))
         );
         fake.mem[0] = 0;
         // SAFETY: as in `reader`.
-        assert_eq!(unsafe { FaultRing::new(fake.base(), len) }.err(), Some(RingError::BadHeader("wrong magic")));
+        assert_eq!(unsafe { RecordRing::new(fake.base(), len) }.err(), Some(RingError::BadHeader("wrong magic")));
     }
 }

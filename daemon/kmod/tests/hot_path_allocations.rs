@@ -1,6 +1,6 @@
 //! The fault hot path allocates nothing once warm: in the engine, decoding and classifying a
 //! batch, holding requests, publishing, delivering, dropping duplicates and expiring timeouts;
-//! around it, on the shim backend, reading the fault ring, translating records and building the
+//! around it, on the shim backend, reading the record ring, translating records and building the
 //! kernel command batch. All of it runs on memory the engine and its caller already have. A
 //! counting global allocator proves it. It counts per thread, so the test harness's own threads
 //! cannot disturb the count.
@@ -12,7 +12,7 @@ use wic_engine::fault::AccessType;
 use wic_engine::{
     ChannelId, ChannelSpec, Command, DataSource, Engine, EngineConfig, FaultEntry, Producer, RawFaultEntry,
 };
-use wic_kmod::{BatchPath, FaultRing, MemoryRing, Placement, Record};
+use wic_kmod::{BatchPath, MemoryRing, Placement, Record, RecordRing};
 
 struct Counting;
 
@@ -183,7 +183,7 @@ fn a_warm_batch_path_reads_translates_and_builds_commands_without_allocating() {
     path.add(&placement, &[1]);
     let mut memory = MemoryRing::new(1024);
     // SAFETY: `memory` owns the ring's bytes, is not moved, and outlives the reader.
-    let mut ring = unsafe { FaultRing::new(memory.base(), memory.bytes()) }.expect("a well-formed ring");
+    let mut ring = unsafe { RecordRing::new(memory.base(), memory.bytes()) }.expect("a well-formed ring");
     let host_data = |_: ChannelId, source: DataSource, _: u64| match source {
         DataSource::Host { offset } => Some(0x5000_0000_0000 + offset),
         DataSource::Gpu { .. } => None,

@@ -75,8 +75,8 @@ pub enum Bell {
 /// read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
-    /// The module's fault ring (shim backend).
-    FaultRing,
+    /// The module's record ring (shim backend).
+    RecordRing,
     /// An observed address space's event queue (emulated backend on a GPU machine).
     Space(u32),
 }

@@ -352,7 +352,7 @@ impl<B: Backend> Core<B> {
         // marker like the rest, not the closed marker their channel's removal would give. One
         // pass each reads all a ring holds; a warp posting after it sees the stopping state.
         let mut intake = self.engine.intake(now, &mut self.commands);
-        self.backend.take_source(Source::FaultRing, &mut intake);
+        self.backend.take_source(Source::RecordRing, &mut intake);
         for &channel in &channels {
             self.backend.take_channel_faults(channel, &mut intake);
         }
@@ -418,7 +418,7 @@ mod tests {
     use std::sync::atomic::Ordering;
 
     use super::*;
-    use crate::service::emulated::EmulatedGpus;
+    use crate::service::emulated::SharedMemoryGpus;
     use wic_engine::fault::AccessType;
     use wic_engine::{ChannelLayout, DataSource, EngineConfig, FaultEntry, Producer, RawFaultEntry};
     use wic_proto::shm::{ConsumerLayout, ConsumerRegion, ProducerLayout, ProducerRegion, PAGE_MAPPED};
@@ -426,7 +426,7 @@ mod tests {
     /// The core on the emulated backend and one application's side of its channels, with
     /// simulated time: each step is an event the fast path would hand the core.
     struct Pair {
-        core: Core<EmulatedGpus>,
+        core: Core<SharedMemoryGpus>,
         now: Nanos,
     }
 
@@ -441,7 +441,7 @@ mod tests {
     impl Pair {
         fn new(gpus: u16) -> Self {
             let engine = Engine::new(EngineConfig { pool_pages: 256, ..EngineConfig::default() }).unwrap();
-            let backend = EmulatedGpus::new(gpus, engine.config(), Path::new("/nonexistent"));
+            let backend = SharedMemoryGpus::new(gpus, engine.config(), Path::new("/nonexistent"));
             Self { core: Core::new(engine, backend), now: 0 }
         }
 

@@ -26,7 +26,7 @@ const WAKE_TOKEN: u64 = 0;
 /// io_uring user data of cancel requests (their completions carry no work).
 const CANCEL_TOKEN: u64 = u64::MAX;
 /// io_uring user data of the poll of the backend's fault ring.
-const FAULT_RING_TOKEN: u64 = u64::MAX - 1;
+const RECORD_RING_TOKEN: u64 = u64::MAX - 1;
 /// io_uring user data of the polls of address spaces' descriptors: this bit, ORed with the
 /// space id (doorbell tokens count up from 1 and never reach it).
 const SPACE_TOKEN: u64 = 1 << 62;
@@ -75,7 +75,7 @@ pub fn spawn<B: Backend + Send + 'static>(
         completions: Vec::new(),
     };
     dataplane.arm_wake().map_err(|e| format!("io_uring: {e}"))?;
-    dataplane.arm_source(Source::FaultRing).map_err(|e| format!("io_uring: {e}"))?;
+    dataplane.arm_source(Source::RecordRing).map_err(|e| format!("io_uring: {e}"))?;
     let thread = std::thread::Builder::new()
         .name("wicd-fastpath".into())
         .spawn(move || dataplane.run())
@@ -86,7 +86,7 @@ pub fn spawn<B: Backend + Send + 'static>(
 /// The io_uring user data of `source`'s poll.
 fn source_token(source: Source) -> u64 {
     match source {
-        Source::FaultRing => FAULT_RING_TOKEN,
+        Source::RecordRing => RECORD_RING_TOKEN,
         Source::Space(space) => SPACE_TOKEN | u64::from(space),
     }
 }
@@ -198,7 +198,7 @@ impl<B: Backend> Dataplane<B> {
                         tracing::error!("fast path: cannot re-arm the control doorbell: {e}");
                     }
                 }
-                FAULT_RING_TOKEN => self.on_source(Source::FaultRing, result),
+                RECORD_RING_TOKEN => self.on_source(Source::RecordRing, result),
                 token if token & SPACE_TOKEN != 0 => self.on_source(Source::Space(token as u32), result),
                 token => self.on_bell(token, result),
             }
@@ -213,7 +213,7 @@ impl<B: Backend> Dataplane<B> {
         if result < 0 {
             let error = io::Error::from_raw_os_error(-result);
             match source {
-                Source::FaultRing => tracing::error!("fast path: polling the fault ring failed: {error}"),
+                Source::RecordRing => tracing::error!("fast path: polling the fault ring failed: {error}"),
                 Source::Space(space) => tracing::warn!(space, "polling the address space failed: {error}"),
             }
         }

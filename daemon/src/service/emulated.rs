@@ -43,8 +43,10 @@ impl EmulatedChannel {
     }
 }
 
-/// The emulated GPUs: the channels' regions and an index from run VA to channel slot.
-pub struct EmulatedGpus {
+/// The emulated backend's GPUs, stood in for by shared-memory regions that libwic's host
+/// consumers fault on (not the discrete-event model of `wic_emu`): the channels' regions and an
+/// index from run VA to channel slot.
+pub struct SharedMemoryGpus {
     gpus: u16,
     va_width: VaWidth,
     channels: ChannelMap<EmulatedChannel>,
@@ -59,7 +61,7 @@ pub struct EmulatedGpus {
     faults: Vec<RawFaultEntry>,
 }
 
-impl EmulatedGpus {
+impl SharedMemoryGpus {
     /// `gpus` GPUs and no channels yet, for an engine configured as `config`; real GPU faults
     /// are observed through nvidia-uvm's tools node `uvm_tools`.
     pub fn new(gpus: u16, config: &EngineConfig, uvm_tools: &Path) -> Self {
@@ -179,7 +181,7 @@ impl EmulatedGpus {
     }
 }
 
-impl Backend for EmulatedGpus {
+impl Backend for SharedMemoryGpus {
     /// Its GPUs are shared memory: no warp of a real GPU waits on it; its pages are the pool's.
     fn traits(&self) -> BackendTraits {
         BackendTraits { name: "emulated", holds_gpu_faults: false, pages_from_pool: true, hold_bound: None }
@@ -334,7 +336,7 @@ impl Backend for EmulatedGpus {
 
     fn source_fd(&mut self, source: Source) -> Option<RawFd> {
         match source {
-            Source::FaultRing => None,
+            Source::RecordRing => None,
             Source::Space(space) => self.observer.fd(space),
         }
     }
@@ -405,7 +407,7 @@ mod tests {
         let layout = engine.open_channel(spec).unwrap();
         let (consumer, _fd) =
             ConsumerRegion::create(ConsumerLayout { slots: 1, pages_per_run: layout.pages_per_run }).unwrap();
-        let mut gpus = EmulatedGpus::new(1, engine.config(), Path::new("/nonexistent"));
+        let mut gpus = SharedMemoryGpus::new(1, engine.config(), Path::new("/nonexistent"));
         // No producer region: there are no bytes to copy.
         gpus.insert(layout.id.0, EmulatedChannel::new(0, consumer, None), layout.slots.iter().map(|s| s.runs));
         let [run, companion] = layout.slots[0].runs;
@@ -419,7 +421,7 @@ mod tests {
             fill,
         };
         let data = Fill::Data { len: 64, source: DataSource::Host { offset: 0 } };
-        let mapped = |gpus: &EmulatedGpus| {
+        let mapped = |gpus: &SharedMemoryGpus| {
             gpus.consumer(layout.id.0).unwrap().page_state(0).load(std::sync::atomic::Ordering::Acquire) == PAGE_MAPPED
         };
         let mut log = Log::default();

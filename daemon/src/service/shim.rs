@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use wic_engine::{ChannelId, ChannelLayout, ChannelSpec, Command, DataSource, FaultSink, Fill, Nanos};
-use wic_kmod::{DeviceError, HostBytes, PlacedChannel, ShimBackend};
+use wic_kmod::{DeviceError, HostBytes, PlacedChannel, ShimSession};
 use wic_proto::message::{ErrorCode, Stats, Submissions, WireError};
 use wic_proto::shm::{ChannelState, ProducerRegion};
 
@@ -64,7 +64,7 @@ enum Stuck {
 
 /// The session on `/dev/wic` and the channels placed through it.
 pub struct ShimGpus {
-    backend: ShimBackend,
+    backend: ShimSession,
     channels: ChannelMap<ShimChannel>,
     spaces: HashSet<u32>,
     /// Ranges, then spaces, to unregister or detach again.
@@ -111,7 +111,7 @@ fn wire_error(what: &str, e: DeviceError) -> WireError {
 
 impl ShimGpus {
     /// Drives `backend`.
-    pub fn new(backend: ShimBackend) -> Self {
+    pub fn new(backend: ShimSession) -> Self {
         Self {
             backend,
             channels: ChannelMap::default(),
@@ -292,13 +292,13 @@ impl Backend for ShimGpus {
 
     fn source_fd(&mut self, source: Source) -> Option<RawFd> {
         match source {
-            Source::FaultRing => Some(self.backend.device().fd().as_raw_fd()),
+            Source::RecordRing => Some(self.backend.device().fd().as_raw_fd()),
             Source::Space(_) => None,
         }
     }
 
     fn take_source(&mut self, source: Source, sink: &mut impl FaultSink) {
-        if source == Source::FaultRing {
+        if source == Source::RecordRing {
             self.backend.take_faults(sink);
         }
     }

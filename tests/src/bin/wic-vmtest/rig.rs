@@ -13,7 +13,7 @@ use wic_engine::{
     RawFaultEntry,
 };
 use wic_kmod::fakegpu::{Event, FakeGpu};
-use wic_kmod::{PlacedChannel, ShimBackend, Submission};
+use wic_kmod::{PlacedChannel, ShimSession, Submission};
 
 pub const DEVICE: &str = "/dev/wic";
 
@@ -116,7 +116,7 @@ impl Drop for Memory {
 
 /// A daemon: the shim backend and the engine, with the host producers' data.
 pub struct Daemon {
-    pub backend: ShimBackend,
+    pub backend: ShimSession,
     pub engine: Engine,
     pub commands: Vec<Command>,
     pub host_data: Vec<u8>,
@@ -126,7 +126,7 @@ pub struct Daemon {
 impl Daemon {
     pub fn open(submission: Submission) -> Result<Self, String> {
         let config = EngineConfig { pool_pages: 16 * 1024, max_slots: 1024, ..EngineConfig::default() };
-        let backend = ShimBackend::open(Path::new(DEVICE), Duration::from_secs(5), submission, &config)
+        let backend = ShimSession::open(Path::new(DEVICE), Duration::from_secs(5), submission, &config)
             .map_err(|e| format!("open {DEVICE}: {e}"))?;
         let engine = Engine::new(config).map_err(|e| format!("engine: {e}"))?;
         Ok(Self { backend, engine, commands: Vec::new(), host_data: vec![0; 1 << 25], start: Instant::now() })
