@@ -11,11 +11,23 @@ use std::io;
 use std::os::fd::{OwnedFd, RawFd};
 
 use nix::sys::eventfd::{EfdFlags, EventFd};
-use wic_engine::{ChannelLayout, ChannelSpec, Command, ErrorMarker, FaultSink, Nanos, Producer};
+use wic_engine::{ChannelLayout, ChannelSpec, Command, ErrorMarker, FaultSink, Fill, Nanos, Producer};
 use wic_proto::message::{ErrorCode, Stats, WireError};
 use wic_proto::shm::{ChannelState, ProducerLayout, ProducerRegion};
 
 pub use super::hold::HoldBound;
+
+/// Ends a host producer's publish whose completion, with `fill` (its data or an in-place batch's
+/// heads), was `carried_out` or not. The engine consumed the generation either way, so the
+/// producer may publish again; an in-place batch whose run was not mapped with its heads missed
+/// its generation (its consumers read a marker), and the producer is told so.
+pub fn end_publish(producer: &ProducerRegion, slot: u32, fill: Fill, carried_out: bool) {
+    if !carried_out && fill == Fill::Heads {
+        producer.mark_missed(slot);
+    } else {
+        producer.mark_delivered(slot);
+    }
+}
 
 /// Channel id -> a backend's state for it. Channel ids are the engine's small integers, never
 /// chosen by clients, so a multiplicative hash serves: a lookup per delivered command costs a

@@ -79,28 +79,13 @@ fn engine_error(e: EngineError) -> WireError {
 fn marker_retries(unfilled: &[Command], out: &mut Vec<Command>) {
     let mut gpus = Vec::new();
     for &command in unfilled {
-        if let Command::Complete {
-            gpu,
-            channel,
-            slot,
-            run_va,
-            companion_va,
-            pages,
-            fill: Fill::Data { .. } | Fill::Heads,
-        } = command
-        {
-            out.push(Command::Complete {
-                gpu,
-                channel,
-                slot,
-                run_va,
-                companion_va,
-                pages,
-                fill: Fill::Marker(ErrorMarker::Timeout),
-            });
-            if !gpus.contains(&gpu) {
-                gpus.push(gpu);
+        let mut retry = command;
+        if let Command::Complete { gpu, fill: fill @ (Fill::Data { .. } | Fill::Heads), .. } = &mut retry {
+            *fill = Fill::Marker(ErrorMarker::Timeout);
+            if !gpus.contains(gpu) {
+                gpus.push(*gpu);
             }
+            out.push(retry);
         }
     }
     out.extend(gpus.into_iter().map(|gpu| Command::Replay { gpu }));

@@ -21,7 +21,7 @@ use wic_proto::shm::{
 };
 
 use super::backend::{
-    eventfd, setup_error, Added, Backend, BackendTraits, Bell, ChannelMap, Counts, Executed, ExecutionLog,
+    end_publish, eventfd, setup_error, Added, Backend, BackendTraits, Bell, ChannelMap, Counts, Executed, ExecutionLog,
     PlacementRequest, RingPass, Source,
 };
 use super::observe::Observer;
@@ -284,11 +284,7 @@ impl Backend for SharedMemoryGpus {
                         done.failed += 1;
                         log.unfilled(*command);
                         if let Some(producer) = self.producer(place.channel) {
-                            if fill == Fill::Heads {
-                                producer.mark_missed(place.slot);
-                            } else if let Fill::Data { .. } = fill {
-                                producer.mark_delivered(place.slot);
-                            }
+                            end_publish(producer, place.slot, fill, false);
                         }
                         continue;
                     }

@@ -13,8 +13,8 @@ use wic_proto::message::{ErrorCode, Stats, Submissions, WireError};
 use wic_proto::shm::{ChannelState, ProducerRegion};
 
 use super::backend::{
-    Added, Backend, BackendTraits, ChannelMap, Counts, Executed, ExecutionLog, HoldBound, PlacementRequest, RingPass,
-    Source,
+    end_publish, Added, Backend, BackendTraits, ChannelMap, Counts, Executed, ExecutionLog, HoldBound,
+    PlacementRequest, RingPass, Source,
 };
 
 /// A channel placed in an application's address space.
@@ -239,16 +239,9 @@ impl Backend for ShimGpus {
                     let Some(producer) = channels.get(&channel.0).and_then(|c| c.producer.as_ref()) else {
                         return;
                     };
-                    // The engine consumed the generation either way: the producer may publish
-                    // the next; an in-place batch whose run was not mapped with its heads
-                    // missed its generation (its consumers read a marker).
+                    end_publish(producer, slot, fill, carried_out);
                     if carried_out {
-                        producer.mark_delivered(slot);
                         log.delivered(channel.0);
-                    } else if fill == Fill::Heads {
-                        producer.mark_missed(slot);
-                    } else {
-                        producer.mark_delivered(slot);
                     }
                 }
                 Command::MissedPublish { channel, slot } => {
