@@ -93,14 +93,27 @@ pub enum Source {
     Space(u32),
 }
 
+/// One side of a channel as a client shares it with wicd: the side's region and its doorbell
+/// (duplicates; the fast path keeps its own of the doorbell).
+pub struct SharedSide {
+    pub region: OwnedFd,
+    pub doorbell: OwnedFd,
+}
+
+/// The descriptors a channel's clients get, by side: the consumers' region and fault doorbell
+/// (none on the shim, whose consumers are GPU kernels), the host producer's region and publish
+/// doorbell (none for a GPU producer). Which of them a client gets depends on its role.
+#[derive(Default)]
+pub struct ClientFds {
+    pub consumer: Option<SharedSide>,
+    pub producer: Option<SharedSide>,
+}
+
 /// A channel the backend has set up: the layout its consumers use, the descriptors to hand to
-/// clients (duplicates) and the doorbells the fast path reads (the daemon's own).
+/// clients and the doorbells the fast path reads (the daemon's own).
 pub struct Added {
     pub layout: ChannelLayout,
-    pub consumer_region: Option<OwnedFd>,
-    pub fault_doorbell: Option<OwnedFd>,
-    pub producer_region: Option<OwnedFd>,
-    pub publish_doorbell: Option<OwnedFd>,
+    pub fds: ClientFds,
     pub bells: Vec<(OwnedFd, Bell)>,
 }
 
@@ -242,14 +255,7 @@ impl Added {
         spec: &ChannelSpec,
         layout: &ChannelLayout,
     ) -> Result<(Self, Option<ProducerRegion>), WireError> {
-        let mut added = Self {
-            layout: layout.clone(),
-            consumer_region: None,
-            fault_doorbell: None,
-            producer_region: None,
-            publish_doorbell: None,
-            bells: Vec::new(),
-        };
+        let mut added = Self { layout: layout.clone(), fds: ClientFds::default(), bells: Vec::new() };
         if let Producer::Gpu { .. } = spec.producer {
             return Ok((added, None));
         }
@@ -257,8 +263,7 @@ impl Added {
             ProducerRegion::create(ProducerLayout { slots: spec.slots, batch_bytes: layout.batch_bytes })
                 .map_err(setup_error)?;
         let bell = OwnedFd::from(eventfd().map_err(|e| setup_error(e.into()))?);
-        added.publish_doorbell = Some(bell.try_clone().map_err(setup_error)?);
-        added.producer_region = Some(region_fd);
+        added.fds.producer = Some(SharedSide { region: region_fd, doorbell: bell.try_clone().map_err(setup_error)? });
         added.bells.push((bell, Bell::Published));
         Ok((added, Some(region)))
     }

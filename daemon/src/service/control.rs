@@ -11,6 +11,7 @@ use tokio::sync::oneshot;
 use wic_engine::{ChannelLayout, ChannelSpec};
 use wic_proto::message::{ErrorCode, WireError};
 
+use super::backend::ClientFds;
 pub use super::backend::PlacementRequest;
 use super::core::Snapshot;
 
@@ -57,14 +58,10 @@ pub enum Control {
 }
 
 /// A new channel: its layout with the addresses its consumers use, and the descriptors to
-/// hand to clients (duplicates; the fast path keeps its own). Shim channels have no consumer
-/// region: their consumers are GPU kernels.
+/// hand to clients.
 pub struct Created {
     pub layout: ChannelLayout,
-    pub consumer_region: Option<OwnedFd>,
-    pub fault_doorbell: Option<OwnedFd>,
-    pub producer_region: Option<OwnedFd>,
-    pub publish_doorbell: Option<OwnedFd>,
+    pub fds: ClientFds,
 }
 
 /// The control side's handle.

@@ -438,9 +438,9 @@ mod tests {
             let added = self.core.create(spec, None).unwrap();
             let layout = added.layout;
             let consumer_layout = ConsumerLayout { slots: spec.slots, pages_per_run: layout.pages_per_run };
-            let consumer = ConsumerRegion::open(&added.consumer_region.unwrap(), consumer_layout).unwrap();
+            let consumer = ConsumerRegion::open(&added.fds.consumer.unwrap().region, consumer_layout).unwrap();
             let producer_layout = ProducerLayout { slots: spec.slots, batch_bytes: layout.batch_bytes };
-            let producer = ProducerRegion::open(&added.producer_region.unwrap(), producer_layout).unwrap();
+            let producer = ProducerRegion::open(&added.fds.producer.unwrap().region, producer_layout).unwrap();
             assert_eq!(added.bells.len(), 2, "a fault and a publish doorbell");
             Client { layout, consumer, producer, gpu: spec.consumer_gpu }
         }

@@ -308,8 +308,7 @@ impl<B: Backend> Dataplane<B> {
     }
 
     fn create(&mut self, spec: ChannelSpec, placement: Option<PlacementRequest>) -> Result<Created, WireError> {
-        let Added { layout, consumer_region, fault_doorbell, producer_region, publish_doorbell, bells } =
-            self.core.create(spec, placement)?;
+        let Added { layout, fds, bells } = self.core.create(spec, placement)?;
         let id = layout.id.0;
         for (fd, bell) in bells {
             if let Err(e) = self.register(fd, id, bell) {
@@ -318,7 +317,7 @@ impl<B: Backend> Dataplane<B> {
                 return Err(WireError::new(ErrorCode::Io, format!("cannot wait on the channel's doorbell: {e}")));
             }
         }
-        Ok(Created { layout, consumer_region, fault_doorbell, producer_region, publish_doorbell })
+        Ok(Created { layout, fds })
     }
 
     /// Cancels the doorbell reads of a channel that is gone.

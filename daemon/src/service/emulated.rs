@@ -22,7 +22,7 @@ use wic_proto::shm::{
 
 use super::backend::{
     end_publish, eventfd, setup_error, Added, Backend, BackendTraits, Bell, ChannelMap, Counts, Executed, ExecutionLog,
-    PlacementRequest, RingPass, Source,
+    PlacementRequest, RingPass, SharedSide, Source,
 };
 use super::observe::Observer;
 use super::runs::{RunIndex, RunPlace};
@@ -221,8 +221,8 @@ impl Backend for SharedMemoryGpus {
         let consumer_layout = ConsumerLayout { slots: spec.slots, pages_per_run: layout.pages_per_run };
         let (consumer, consumer_fd) = ConsumerRegion::create(consumer_layout).map_err(setup_error)?;
         let fault_bell = OwnedFd::from(eventfd().map_err(|e| setup_error(e.into()))?);
-        added.consumer_region = Some(consumer_fd);
-        added.fault_doorbell = Some(fault_bell.try_clone().map_err(setup_error)?);
+        added.fds.consumer =
+            Some(SharedSide { region: consumer_fd, doorbell: fault_bell.try_clone().map_err(setup_error)? });
         added.bells.push((fault_bell, Bell::Faults));
         let channel = EmulatedChannel::new(spec.consumer_gpu, consumer, region);
         self.insert(layout.id.0, channel, layout.slots.iter().map(|s| s.runs));

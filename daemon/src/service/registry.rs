@@ -14,11 +14,12 @@
 //! its unit tests below drive it directly.
 
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 
 use wic_engine::PAGE_SIZE;
 use wic_proto::message::{ChannelInfo, ChannelSpec, ChannelSummary, ErrorCode, FdKind, Role, SlotInfo, WireError};
 
+use super::backend::ClientFds;
 use super::control::{Created, PlacementRequest};
 use super::core::ChannelCounters;
 use super::quota;
@@ -75,10 +76,7 @@ struct Record {
     owner: ConnId,
     owner_peer: Peer,
     info: ChannelInfo,
-    consumer_region: Option<OwnedFd>,
-    fault_doorbell: Option<OwnedFd>,
-    producer_region: Option<OwnedFd>,
-    publish_doorbell: Option<OwnedFd>,
+    fds: ClientFds,
     /// Connections attached through grants, with their role.
     attached: HashMap<ConnId, Role>,
     /// Pages of its placement: the pool's on the emulated backend, the application's own on the
@@ -103,13 +101,15 @@ impl Record {
     fn fds_for(&self, role: Role) -> (Vec<FdKind>, Vec<RawFd>) {
         let mut kinds = Vec::new();
         let mut fds = Vec::new();
-        if let (true, Some(region), Some(bell)) = (role.may_consume(), &self.consumer_region, &self.fault_doorbell) {
-            kinds.extend([FdKind::ConsumerRegion, FdKind::FaultDoorbell]);
-            fds.extend([region.as_raw_fd(), bell.as_raw_fd()]);
-        }
-        if let (true, Some(region), Some(bell)) = (role.may_publish(), &self.producer_region, &self.publish_doorbell) {
-            kinds.extend([FdKind::ProducerRegion, FdKind::PublishDoorbell]);
-            fds.extend([region.as_raw_fd(), bell.as_raw_fd()]);
+        let sides = [
+            (role.may_consume(), &self.fds.consumer, [FdKind::ConsumerRegion, FdKind::FaultDoorbell]),
+            (role.may_publish(), &self.fds.producer, [FdKind::ProducerRegion, FdKind::PublishDoorbell]),
+        ];
+        for (allowed, side, side_kinds) in sides {
+            if let (true, Some(side)) = (allowed, side) {
+                kinds.extend(side_kinds);
+                fds.extend([side.region.as_raw_fd(), side.doorbell.as_raw_fd()]);
+            }
         }
         (kinds, fds)
     }
@@ -513,17 +513,7 @@ impl Registry {
             slots: layout.slots.iter().map(|s| SlotInfo { runs: s.runs, pat: s.pat, tag: s.tag.0 }).collect(),
             fds: Vec::new(),
         };
-        let record = Record {
-            owner: conn,
-            owner_peer: peer,
-            info,
-            consumer_region: created.consumer_region,
-            fault_doorbell: created.fault_doorbell,
-            producer_region: created.producer_region,
-            publish_doorbell: created.publish_doorbell,
-            attached: HashMap::new(),
-            pages,
-        };
+        let record = Record { owner: conn, owner_peer: peer, info, fds: created.fds, attached: HashMap::new(), pages };
         let handed = record.handed_to(Role::Owner);
         self.channels.insert(handed.0.channel, record);
         // Counted once: from now as the channel, no longer as a creation.
@@ -655,11 +645,13 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use std::fs::File;
+    use std::os::fd::OwnedFd;
 
     use wic_engine::{ChannelId, ChannelLayout, SlotLayout, TagId};
     use wic_proto::message::Producer;
 
     use super::*;
+    use crate::service::backend::SharedSide;
     use crate::service::quota::{FDS_PER_CHANNEL, FDS_PER_CONNECTION, FDS_RESERVED};
 
     /// wicd's own uid here; root is the other operator.
@@ -690,8 +682,8 @@ mod tests {
         ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 64, slots, timeout_ns: 0 }
     }
 
-    fn descriptor() -> Option<OwnedFd> {
-        Some(File::open("/dev/null").expect("/dev/null").into())
+    fn descriptor() -> OwnedFd {
+        File::open("/dev/null").expect("/dev/null").into()
     }
 
     impl Shell {
@@ -732,13 +724,8 @@ mod tests {
                 batch_bytes: 64,
                 slots: (0..slots).map(|s| SlotLayout { runs: [0, 1], tag: TagId(s), pat: None }).collect(),
             };
-            let created = Created {
-                layout,
-                consumer_region: descriptor(),
-                fault_doorbell: descriptor(),
-                producer_region: descriptor(),
-                publish_doorbell: descriptor(),
-            };
+            let side = || Some(SharedSide { region: descriptor(), doorbell: descriptor() });
+            let created = Created { layout, fds: ClientFds { consumer: side(), producer: side() } };
             let (info, fds) = self.registry.add_channel(conn, peer(uid), spec(slots), created, pages);
             assert_eq!((info.role, fds.len()), (Role::Owner, 4), "its owner gets every descriptor");
             Ok(info.channel)
