@@ -78,7 +78,7 @@ pub fn run(settings: &Settings) -> Row {
         producer: Producer::Host,
         message_bytes: 256,
         slots: BATCH,
-        timeout: u64::MAX / 4,
+        timeout_ns: u64::MAX / 4,
     };
     let layout = engine.open_channel(spec).expect("channel");
     let placement = Placement::new(&layout, 1, PROCESS_BASE);

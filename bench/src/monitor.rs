@@ -90,7 +90,7 @@ impl Workload {
             producer: Producer::Host,
             message_bytes: MESSAGE_BYTES,
             slots: pages / 2,
-            timeout: 500,
+            timeout_ns: 500,
         };
         let layout = engine.open_channel(spec).expect("channel");
         let runs: Vec<[u64; 2]> = layout.slots.iter().map(|s| s.runs).collect();

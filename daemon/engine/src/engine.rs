@@ -447,7 +447,7 @@ impl Engine {
             self.slots[slot_id as usize] = SlotState {
                 held_since: NOT_HELD,
                 generation: 0,
-                timeout: spec.timeout,
+                timeout: spec.timeout_ns,
                 tag,
                 consumer_gpu: spec.consumer_gpu,
                 producer_gpu: producer_gpu.unwrap_or(spec.consumer_gpu),
@@ -1014,7 +1014,7 @@ mod tests {
     }
 
     fn host_spec(slots: u32) -> ChannelSpec {
-        ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 256, slots, timeout: 1_000 }
+        ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 256, slots, timeout_ns: 1_000 }
     }
 
     fn kinds(out: &[Command]) -> Vec<&'static str> {
@@ -1246,7 +1246,7 @@ mod tests {
     fn delivered_holds_do_not_pile_up_in_the_deadline_heap_and_live_holds_still_time_out() {
         let mut e = engine();
         let a = e.open_channel(host_spec(1)).unwrap();
-        let b = e.open_channel(ChannelSpec { timeout: 1_000_000_000, ..host_spec(1) }).unwrap();
+        let b = e.open_channel(ChannelSpec { timeout_ns: 1_000_000_000, ..host_spec(1) }).unwrap();
         let mut out = Vec::new();
         let mut now = 0;
         // B's holds are all delivered long before their deadlines; A's first stays held.
@@ -1317,7 +1317,7 @@ mod tests {
         // Generation 1 times out: it ends like a delivery, re-arming generation 2's page.
         out.clear();
         e.handle_faults(10, 0, &[fault(slot.runs[1], AccessType::Read)], &mut out);
-        e.expire(10 + spec.timeout, &mut out);
+        e.expire(10 + spec.timeout_ns, &mut out);
         assert_eq!(kinds(&out), ["error", "rearm-pat", "replay"]);
         assert_eq!(out[1], Command::RearmPat { gpu: 1, va: pat[0] });
         // Generation 2's publish then faults and delivers.

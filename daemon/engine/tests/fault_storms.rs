@@ -103,7 +103,13 @@ impl Harness {
         let mut slots = Vec::new();
         let mut runs = HashMap::new();
         for &(count, message_bytes, timeout) in channels {
-            let spec = ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes, slots: count, timeout };
+            let spec = ChannelSpec {
+                consumer_gpu: 0,
+                producer: Producer::Host,
+                message_bytes,
+                slots: count,
+                timeout_ns: timeout,
+            };
             let free = engine.pool().free_pages();
             let layout: ChannelLayout = match engine.open_channel(spec) {
                 Ok(layout) => layout,
@@ -412,7 +418,7 @@ fn a_gpu_producers_tag_is_published_once_whoever_else_tries() {
         producer: Producer::Gpu { gpu: 1, base_va: 0x9000_0000 },
         message_bytes: 256,
         slots: 1,
-        timeout: u64::MAX / 4,
+        timeout_ns: u64::MAX / 4,
     };
     let layout = engine.open_channel(spec).unwrap();
     let slot = &layout.slots[0];

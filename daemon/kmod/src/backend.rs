@@ -406,7 +406,7 @@ mod tests {
                 producer: Producer::Host,
                 message_bytes: 256,
                 slots: 3,
-                timeout: 1_000,
+                timeout_ns: 1_000,
             };
             let layout = engine.open_channel(spec).unwrap();
             let placement = Placement::new(&layout, 1, 0x7000_0000_0000 + u64::from(gpu) * 0x100_0000);
@@ -448,7 +448,7 @@ mod tests {
     fn a_page_read_on_a_gpu_the_module_cannot_hold_marks_its_channel_unservable_once() {
         let mut engine = Engine::new(EngineConfig::default()).unwrap();
         let spec =
-            ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 256, slots: 2, timeout: 1_000 };
+            ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 256, slots: 2, timeout_ns: 1_000 };
         let layout = engine.open_channel(spec).unwrap();
         let placement = Placement::new(&layout, 1, 0x7000_0000_0000);
         let mut path = BatchPath::new(engine.config());
@@ -474,7 +474,7 @@ mod tests {
     fn a_hold_the_module_ended_moves_its_slot_on_between_the_faults_around_it() {
         let mut engine = Engine::new(EngineConfig::default()).unwrap();
         let spec =
-            ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 256, slots: 1, timeout: 1_000 };
+            ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 256, slots: 1, timeout_ns: 1_000 };
         let layout = engine.open_channel(spec).unwrap();
         let placement = Placement::new(&layout, 1, 0x7000_0000_0000);
         let mut path = BatchPath::new(engine.config());
@@ -505,7 +505,7 @@ mod tests {
     fn records_of_unknown_gpus_or_unplaced_pages_are_counted_and_the_rest_delivered() {
         let mut engine = Engine::new(EngineConfig::default()).unwrap();
         let spec =
-            ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 256, slots: 2, timeout: 1_000 };
+            ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 256, slots: 2, timeout_ns: 1_000 };
         let layout = engine.open_channel(spec).unwrap();
         let placement = Placement::new(&layout, 1, 0x7000_0000_0000);
         let mut path = BatchPath::new(engine.config());
@@ -539,7 +539,7 @@ mod tests {
     fn results_go_back_to_their_engine_commands_past_the_untranslatable() {
         let mut engine = Engine::new(EngineConfig::default()).unwrap();
         let spec =
-            ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 256, slots: 2, timeout: 1_000 };
+            ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 256, slots: 2, timeout_ns: 1_000 };
         let layout = engine.open_channel(spec).unwrap();
         let mut path = BatchPath::new(engine.config());
         path.add(&Placement::new(&layout, 1, 0x7000_0000_0000), &[1]);

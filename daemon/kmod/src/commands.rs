@@ -332,7 +332,7 @@ mod tests {
         for (producer, message_bytes, slots) in
             [(Producer::Host, 100, 3), (Producer::Gpu { gpu: 1, base_va: 0 }, 5000, 2)]
         {
-            let spec = ChannelSpec { consumer_gpu: 0, producer, message_bytes, slots, timeout: 1 };
+            let spec = ChannelSpec { consumer_gpu: 0, producer, message_bytes, slots, timeout_ns: 1 };
             let mut engine = Engine::new(EngineConfig::default()).unwrap();
             let layout = engine.open_channel(spec).unwrap();
             let p = Placement::new(&layout, 1, 0x1000_0000);
@@ -343,7 +343,7 @@ mod tests {
             producer: Producer::Host,
             message_bytes,
             slots,
-            timeout: 1,
+            timeout_ns: 1,
         };
         assert_eq!(host(0, 1).placement_bytes(16), None, "no message byte");
         assert_eq!(host(64, 0).placement_bytes(16), None, "no slot");

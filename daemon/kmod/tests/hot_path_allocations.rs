@@ -119,8 +119,13 @@ fn round(
 #[test]
 fn a_warm_engine_handles_faults_publishes_and_timeouts_without_allocating() {
     let mut engine = Engine::new(EngineConfig::default()).expect("engine");
-    let spec =
-        ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 256, slots: SLOTS, timeout: 500_000 };
+    let spec = ChannelSpec {
+        consumer_gpu: 0,
+        producer: Producer::Host,
+        message_bytes: 256,
+        slots: SLOTS,
+        timeout_ns: 500_000,
+    };
     let layout = engine.open_channel(spec).expect("channel");
     let runs: Vec<[u64; 2]> = layout.slots.iter().map(|s| s.runs).collect();
     let (mut generation, mut now) = (0, 0);
@@ -143,7 +148,7 @@ fn holds_delivered_long_before_their_timeout_do_not_grow_the_deadline_heap() {
         producer: Producer::Host,
         message_bytes: 256,
         slots: SLOTS,
-        timeout: u64::MAX / 4,
+        timeout_ns: u64::MAX / 4,
     };
     let layout = engine.open_channel(spec).expect("channel");
     let mut out = Vec::new();
@@ -173,8 +178,13 @@ fn holds_delivered_long_before_their_timeout_do_not_grow_the_deadline_heap() {
 #[test]
 fn a_warm_batch_path_reads_translates_and_builds_commands_without_allocating() {
     let mut engine = Engine::new(EngineConfig::default()).expect("engine");
-    let spec =
-        ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 256, slots: SLOTS, timeout: 500_000 };
+    let spec = ChannelSpec {
+        consumer_gpu: 0,
+        producer: Producer::Host,
+        message_bytes: 256,
+        slots: SLOTS,
+        timeout_ns: 500_000,
+    };
     let layout = engine.open_channel(spec).expect("channel");
     let placement = Placement::new(&layout, 1, 0x7000_0000_0000);
     let process_runs: Vec<[u64; 2]> =

@@ -431,7 +431,7 @@ mod tests {
         }
 
         fn spec(gpu: u16, slots: u32, timeout: Nanos) -> ChannelSpec {
-            ChannelSpec { consumer_gpu: gpu, producer: Producer::Host, message_bytes: 64, slots, timeout }
+            ChannelSpec { consumer_gpu: gpu, producer: Producer::Host, message_bytes: 64, slots, timeout_ns: timeout }
         }
 
         fn open(&mut self, spec: ChannelSpec) -> Client {

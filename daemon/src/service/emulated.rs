@@ -399,7 +399,7 @@ mod tests {
     fn a_completion_that_cannot_be_filled_is_counted_failed_and_leaves_its_run_unmapped() {
         let mut engine = Engine::new(EngineConfig::default()).unwrap();
         let spec =
-            ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 64, slots: 1, timeout: 1_000 };
+            ChannelSpec { consumer_gpu: 0, producer: Producer::Host, message_bytes: 64, slots: 1, timeout_ns: 1_000 };
         let layout = engine.open_channel(spec).unwrap();
         let (consumer, _fd) =
             ConsumerRegion::create(ConsumerLayout { slots: 1, pages_per_run: layout.pages_per_run }).unwrap();

@@ -380,8 +380,7 @@ impl Registry {
                 format!("message_bytes {} exceeds the limit of {}", spec.message_bytes, limits.max_message_bytes),
             ));
         }
-        let engine_spec: wic_engine::ChannelSpec = (*spec).into();
-        let placement = engine_spec.placement_bytes(self.capacity.warps_per_batch);
+        let placement = spec.placement_bytes(self.capacity.warps_per_batch);
         let pages = placement.map_or(u64::MAX, |bytes| bytes / PAGE_SIZE);
         let new = Holding { uid: peer.uid, slots: u64::from(spec.slots), pages };
         // The shell reads and sets the registry under one lock, as `drain` sets it: a creation

@@ -413,9 +413,7 @@ async fn create_reserved(
     }
     shared.admission.channel(&spec).await?;
     let placement = shared.registry().placement(conn, base_va)?;
-    let engine_spec = spec.into();
-    let created: Created =
-        shared.dataplane.ask(|reply| Control::Create { spec: engine_spec, placement, reply }).await??;
+    let created: Created = shared.dataplane.ask(|reply| Control::Create { spec, placement, reply }).await??;
     let (info, fds) = shared.registry().add_channel(conn, peer, spec, created, pages);
     tracing::debug!(channel = info.channel, pid = peer.pid, uid = peer.uid, slots = spec.slots, "channel created");
     Ok((Reply::Channel(info), fds))

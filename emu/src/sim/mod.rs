@@ -510,7 +510,7 @@ pub fn check(workload: &Workload) -> Result<EngineConfig, String> {
             },
             message_bytes: phase.message_bytes,
             slots: phase_slots as u32,
-            timeout: CHANNEL_TIMEOUT_NS,
+            timeout_ns: CHANNEL_TIMEOUT_NS,
         };
         let bytes =
             spec.placement_bytes(warps_per_batch).ok_or_else(|| format!("phase {index} cannot be a channel"))?;
@@ -697,7 +697,7 @@ impl<'a> Sim<'a> {
                     producer,
                     message_bytes: phase.message_bytes,
                     slots: slots as u32,
-                    timeout: CHANNEL_TIMEOUT_NS,
+                    timeout_ns: CHANNEL_TIMEOUT_NS,
                 };
                 Some(daemon.engine.open_channel(spec).map_err(|e| format!("open channel: {e}"))?)
             }
@@ -712,7 +712,7 @@ impl<'a> Sim<'a> {
                     producer: Producer::Gpu { gpu: consumer, base_va: DATA_BASE + index as u64 * PHASE_SPAN },
                     message_bytes: phase.message_bytes,
                     slots: slots as u32,
-                    timeout: CHANNEL_TIMEOUT_NS,
+                    timeout_ns: CHANNEL_TIMEOUT_NS,
                 };
                 Some(daemon.engine.open_channel(spec).map_err(|e| format!("open the reverse channel: {e}"))?)
             }

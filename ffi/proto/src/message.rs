@@ -74,43 +74,7 @@ impl Request {
     }
 }
 
-/// Who produces a channel's data.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", deny_unknown_fields)]
-pub enum Producer {
-    /// A host thread publishes through libwic.
-    Host,
-    /// A kernel on another GPU publishes by writing the slot's PAT page; its message bytes are
-    /// at `base_va` on that GPU.
-    Gpu { gpu: u16, base_va: u64 },
-}
-
-/// What a channel is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ChannelSpec {
-    pub consumer_gpu: u16,
-    pub producer: Producer,
-    pub message_bytes: u32,
-    pub slots: u32,
-    /// How long a consumer may be held waiting for data; 0 means the daemon's default.
-    pub timeout_ns: u64,
-}
-
-impl From<ChannelSpec> for wic_types::ChannelSpec {
-    fn from(spec: ChannelSpec) -> Self {
-        Self {
-            consumer_gpu: spec.consumer_gpu,
-            producer: match spec.producer {
-                Producer::Host => wic_types::Producer::Host,
-                Producer::Gpu { gpu, base_va } => wic_types::Producer::Gpu { gpu, base_va },
-            },
-            message_bytes: spec.message_bytes,
-            slots: spec.slots,
-            timeout: spec.timeout_ns,
-        }
-    }
-}
+pub use wic_types::{ChannelSpec, Producer};
 
 /// The part of a channel a process holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -2,27 +2,35 @@
 
 use crate::{GpuId, Nanos, PAGE_SIZE};
 
-/// Who produces a channel's data.
+/// Who produces a channel's data. On the wire (`serde`): `"host"`, or
+/// `{"gpu":{"gpu":1,"base_va":4096}}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case", deny_unknown_fields))]
 pub enum Producer {
-    /// A host thread; slot `s` reads `batch_bytes` at offset `s * batch_bytes` of the channel's
-    /// host buffer, and availability comes from the client's publish (wicd's engine).
+    /// A host thread publishes through libwic; slot `s` reads `batch_bytes` at offset
+    /// `s * batch_bytes` of the channel's host buffer, or the run the producer wrote in place.
     Host,
-    /// A kernel on `gpu`; slot `s` reads at `base_va + s * batch_bytes` there, and availability
-    /// comes from that GPU's faults on the slot's PAT page.
+    /// A kernel on `gpu` publishes by writing the slot's PAT page; slot `s` reads at
+    /// `base_va + s * batch_bytes` there.
     Gpu { gpu: GpuId, base_va: u64 },
 }
 
-/// What a client asks for when it opens a channel.
+/// What a client asks for when it opens a channel: the same value on the wire, in libwic and
+/// in wicd's engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(deny_unknown_fields))]
 pub struct ChannelSpec {
     pub consumer_gpu: GpuId,
     pub producer: Producer,
     /// Bytes each warp receives per request.
     pub message_bytes: u32,
     pub slots: u32,
-    /// How long a fault may be held before it is completed with [`crate::ErrorMarker::Timeout`].
-    pub timeout: Nanos,
+    /// How long a fault may be held before it is completed with
+    /// [`crate::ErrorMarker::Timeout`]. A client's 0 asks for wicd's default, which wicd puts
+    /// in before its engine opens the channel.
+    pub timeout_ns: Nanos,
 }
 
 impl ChannelSpec {

@@ -91,6 +91,7 @@ fn wire_protocol() {
         held: 0,
         pool_pages: 4096,
         pool_pages_used: 16,
+        draining: false,
     };
     let summary = ChannelSummary {
         channel: 1,

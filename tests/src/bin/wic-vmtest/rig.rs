@@ -193,7 +193,7 @@ impl Daemon {
 
 /// A host-producer channel spec.
 pub fn host_spec(slots: u32, message_bytes: u32) -> ChannelSpec {
-    ChannelSpec { consumer_gpu: GPU as u16, producer: Producer::Host, message_bytes, slots, timeout: 10_000_000_000 }
+    ChannelSpec { consumer_gpu: GPU as u16, producer: Producer::Host, message_bytes, slots, timeout_ns: 10_000_000_000 }
 }
 
 /// The raw entry a warp of `gpu` writes when it reads (or writes) `va`.
