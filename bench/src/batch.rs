@@ -21,7 +21,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use wic_engine::fault::AccessType;
 use wic_engine::{ChannelId, ChannelSpec, Command, DataSource, Engine, EngineConfig, FaultEntry, Fill, Producer};
-use wic_kmod::{BatchPath, MemoryRing, Placement, Record, RecordRing};
+use wic_kernel_io::{BatchPath, MemoryRing, Placement, Record, RecordRing};
 
 use crate::measure::{percentile, sorted, spin};
 use crate::Settings;

@@ -140,10 +140,10 @@ impl ShimConfig {
     }
 
     /// The backend's submission path.
-    pub fn submission(&self) -> wic_kmod::Submission {
+    pub fn submission(&self) -> wic_kernel_io::Submission {
         match self.submission {
-            SubmissionChoice::IoUring => wic_kmod::Submission::Uring,
-            SubmissionChoice::Ioctl => wic_kmod::Submission::Ioctl,
+            SubmissionChoice::IoUring => wic_kernel_io::Submission::Uring,
+            SubmissionChoice::Ioctl => wic_kernel_io::Submission::Ioctl,
         }
     }
 }

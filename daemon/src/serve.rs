@@ -12,7 +12,7 @@ use std::time::Duration;
 use nix::sys::resource::{getrlimit, setrlimit, Resource};
 use tokio::signal::unix::{signal, SignalKind};
 use wic_engine::Engine;
-use wic_kmod::ShimSession;
+use wic_kernel_io::ShimSession;
 
 use crate::config::{BackendChoice, Config};
 use crate::logging::{self, LevelHandle};

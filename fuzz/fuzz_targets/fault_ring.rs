@@ -1,4 +1,4 @@
-//! The daemon's fault-ring reader (`wic_kmod::ring::RecordRing`) on a mapping whose header comes
+//! The daemon's fault-ring reader (`wic_kernel_io::ring::RecordRing`) on a mapping whose header comes
 //! from the input, through publishes, reads and corruptions the input orders (format in
 //! `src/ring.rs`).
 //!
@@ -17,7 +17,7 @@ use std::collections::VecDeque;
 use libfuzzer_sys::fuzz_target;
 use wic_engine::RawFaultEntry;
 use wic_fuzz::ring::{record_for, Mapping, RingOp, RingScript, DROPPED_OFFSET, HEADER_BYTES, HEAD_OFFSET, RECORD_BYTES, TAIL_OFFSET};
-use wic_kmod::ring::{RecordRing, Record, RingAnomalies, RingError};
+use wic_kernel_io::ring::{RecordRing, Record, RingAnomalies, RingError};
 use wic_kabi::{ring_bytes, WIC_RECORD_EXPIRED, WIC_RECORD_PAT, WIC_RECORD_UNSUPPORTED_GPU, WIC_RING_MAGIC};
 
 /// How opening a mapping of `len` bytes holding the input's header should end, from the

@@ -1,6 +1,6 @@
 //! `wic_abi.h` (the kernel ABI of `/dev/wic`) and its Rust view `wic_kabi` describe the same
 //! structs and constants, and so do `wic_fakegpu.h` (the VM tests' stand-in for nvidia-uvm) and
-//! `wic_kmod::fakegpu`: each header is compiled as user-space C and every size, field offset and
+//! `wic_kernel_io::fakegpu`: each header is compiled as user-space C and every size, field offset and
 //! constant it prints is compared with the Rust side, in both directions.
 
 // The C-compiling helpers and header reader libwic's ABI test uses for `wic.h`.
@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use common::header::{c_program, parse_header};
 use common::{arg, c_compiler, compile, run};
 use wic_kabi as kabi;
-use wic_kmod::fakegpu;
+use wic_kernel_io::fakegpu;
 use wic_tests::{scratch, workspace};
 
 /// The directory holding `wic_abi.h`.
@@ -96,6 +96,6 @@ fn rust_view_matches_the_fake_gpu_header() {
     assert_header_matches(
         &program,
         lines(fakegpu::structs(), fakegpu::constants()),
-        "wic_fakegpu.h and wic_kmod::fakegpu",
+        "wic_fakegpu.h and wic_kernel_io::fakegpu",
     );
 }

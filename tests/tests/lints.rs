@@ -36,7 +36,7 @@ fn every_rust_file_is_formatted_as_rustfmt_toml_says() {
 
 /// The client side (wire protocol, libwic, wicctl) takes what it shares with wicd from the
 /// `wic-types` leaf crate, never from the daemon's engine. The kernel ABI (`wic-kabi`) is a leaf
-/// too, taking at most `wic-types`; the daemon's side of the device (`wic-kmod`) reaches it
+/// too, taking at most `wic-types`; the daemon's side of the device (`wic-kernel-io`) reaches it
 /// without the client protocol, and libwic never depends on the daemon's side of the device,
 /// not even for its tests (the kernel-ABI tests live in `tests/tests/kernel_abi.rs`).
 #[test]
@@ -74,9 +74,9 @@ fn crates_outside_the_daemon_do_not_depend_on_the_engine() {
         .filter(|d| workspace_crates.contains(d) && *d != "wic-types")
         .collect();
     assert!(kabi.is_empty(), "wic-kabi is a leaf (wic-types at most), yet depends on {kabi:?}");
-    let kmod = dependencies("wic-kmod", true);
-    assert!(!kmod.contains(&"wic-proto"), "wic-kmod depends on the client protocol: {kmod:?}");
-    assert!(kmod.contains(&"wic-kabi"), "wic-kmod takes the kernel ABI from wic-kabi: {kmod:?}");
+    let kernel_io = dependencies("wic-kernel-io", true);
+    assert!(!kernel_io.contains(&"wic-proto"), "wic-kernel-io depends on the client protocol: {kernel_io:?}");
+    assert!(kernel_io.contains(&"wic-kabi"), "wic-kernel-io takes the kernel ABI from wic-kabi: {kernel_io:?}");
     let libwic = dependencies("wic", true);
-    assert!(!libwic.contains(&"wic-kmod"), "libwic depends on wic-kmod: {libwic:?}");
+    assert!(!libwic.contains(&"wic-kernel-io"), "libwic depends on wic-kernel-io: {libwic:?}");
 }

@@ -10,7 +10,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 
 use wic_engine::Histogram;
-use wic_kmod::uvmtools::{flush_events, Event, EventTracker, FaultStats, UvmToolsError};
+use wic_kernel_io::uvmtools::{flush_events, Event, EventTracker, FaultStats, UvmToolsError};
 use wic_proto::message::{ErrorCode, Stats, WireError};
 
 /// Entries of each observed space's event queue (72 bytes each: 4.5 MiB, pinned by the driver).

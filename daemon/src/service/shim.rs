@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use wic_engine::{ChannelId, ChannelLayout, ChannelSpec, Command, DataSource, FaultSink, Fill, Nanos};
-use wic_kmod::{DeviceError, HostBytes, PlacedChannel, ShimSession};
+use wic_kernel_io::{DeviceError, HostBytes, PlacedChannel, ShimSession};
 use wic_proto::message::{ErrorCode, Stats, Submissions, WireError};
 use wic_proto::shm::{ChannelState, ProducerRegion};
 
@@ -161,7 +161,7 @@ impl Backend for ShimGpus {
             pages_from_pool: false,
             hold_bound: Some(HoldBound {
                 what: "wic_shim's max_hold_ms",
-                read_ms: wic_kmod::device::module_max_hold_ms,
+                read_ms: wic_kernel_io::device::module_max_hold_ms,
             }),
         }
     }
@@ -211,7 +211,7 @@ impl Backend for ShimGpus {
         let channels = &self.channels;
         let mut done = Executed::default();
         let mut all_carried_out = true;
-        let outcome = |command: &Command, result: Result<i32, wic_kmod::CommandError>| {
+        let outcome = |command: &Command, result: Result<i32, wic_kernel_io::CommandError>| {
             let carried_out = result == Ok(0);
             all_carried_out &= carried_out;
             // The module's own expiry (max_hold_ms) completed that generation with the timeout
@@ -390,7 +390,7 @@ fn unplaced() -> WireError {
     )
 }
 
-fn describe(result: Result<i32, wic_kmod::CommandError>) -> String {
+fn describe(result: Result<i32, wic_kernel_io::CommandError>) -> String {
     match result {
         Ok(errno) => Errno::from_raw(-errno).desc().to_string(),
         Err(e) => e.to_string(),

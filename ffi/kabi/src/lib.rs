@@ -3,7 +3,7 @@
 //! size, offset and constant with this crate.
 //!
 //! A leaf crate (it takes only [`wic_types::ErrorMarker`] and [`wic_types::c_struct!`]), so the
-//! daemon's side of the device (`wic-kmod`) does not depend on the client protocol.
+//! daemon's side of the device (`wic-kernel-io`) does not depend on the client protocol.
 
 // Input reaches this crate from devices and files: failures are errors, never panics.
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]

@@ -138,8 +138,7 @@ impl Client {
 
     /// Bytes of managed memory a channel of `spec` is placed in (shim backend).
     pub fn placement_bytes(&self, spec: &ChannelSpec) -> Result<u64, Error> {
-        wic_types::ChannelSpec::from(*spec)
-            .placement_bytes(self.daemon.warps_per_batch)
+        spec.placement_bytes(self.daemon.warps_per_batch)
             .ok_or(Error::Invalid("a channel needs a slot and a message byte, and a placement that fits in 64 bits"))
     }
 

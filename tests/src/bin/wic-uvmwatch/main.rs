@@ -1,5 +1,5 @@
 //! `wic-uvmwatch`: counts and times the GPU faults of a running CUDA process with the stock
-//! NVIDIA driver's UVM tools interface (crate wic-kmod, module `uvmtools`), the way wicd does
+//! NVIDIA driver's UVM tools interface (crate wic-kernel-io, module `uvmtools`), the way wicd does
 //! for an application that passed it its `/dev/nvidia-uvm` descriptor.
 //!
 //! ```text
@@ -38,7 +38,7 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
 use serde_json::json;
 use wic_engine::Histogram;
-use wic_kmod::uvmtools::{flush_events, Event, EventTracker, FaultStats, UvmToolsError};
+use wic_kernel_io::uvmtools::{flush_events, Event, EventTracker, FaultStats, UvmToolsError};
 
 const USAGE: &str = "usage: wic-uvmwatch watch --pid PID [--fd N] [OPTIONS]
        wic-uvmwatch run [OPTIONS] -- PROGRAM [ARGS...]

@@ -15,8 +15,8 @@ use std::time::Duration;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use wic_engine::fault::AccessType;
 use wic_engine::{Command, Fill};
-use wic_kmod::fakegpu::{self, FakeGpu};
-use wic_kmod::Submission;
+use wic_kernel_io::fakegpu::{self, FakeGpu};
+use wic_kernel_io::Submission;
 
 use crate::rig::{ensure, fault, host_spec, wait_events, Daemon, Memory, GPU};
 

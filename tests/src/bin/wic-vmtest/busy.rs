@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use io_uring::{opcode, types, IoUring};
 use wic_kabi::{self as kabi, WicCommand};
-use wic_kmod::fakegpu::{self, Fail};
+use wic_kernel_io::fakegpu::{self, Fail};
 
 use crate::rig::{ensure, submit_on, wait_events, Direct, GPU};
 

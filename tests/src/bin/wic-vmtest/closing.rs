@@ -21,9 +21,9 @@ use std::time::Duration;
 use nix::errno::Errno;
 use wic_engine::fault::AccessType;
 use wic_kabi::{self as kabi, WicCommand, WIC_MARKER_CHANNEL_CLOSED};
-use wic_kmod::device::raw::ioc_unregister;
-use wic_kmod::fakegpu::{self, Event, Fail, FakeGpu};
-use wic_kmod::{Device, DeviceError};
+use wic_kernel_io::device::raw::ioc_unregister;
+use wic_kernel_io::fakegpu::{self, Event, Fail, FakeGpu};
+use wic_kernel_io::{Device, DeviceError};
 
 use crate::rig::{ensure, fault, marker, wait_events, Memory, DEVICE, GPU};
 

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use nix::fcntl::{fcntl, FcntlArg, FdFlag};
 use wic_engine::fault::AccessType;
 use wic_kabi::WIC_MARKER_DAEMON_GONE;
-use wic_kmod::fakegpu::{self, Fail, FakeGpu};
-use wic_kmod::Submission;
+use wic_kernel_io::fakegpu::{self, Fail, FakeGpu};
+use wic_kernel_io::Submission;
 
 use crate::deliver::deliver_one;
 use crate::rig::{ensure, fault, host_spec, marker, wait_events, Daemon, Memory, GPU};

@@ -10,8 +10,8 @@ use std::time::Duration;
 use wic_engine::fault::AccessType;
 use wic_engine::{ChannelLayout, ChannelSpec, Command, DataSource, Fill, Producer};
 use wic_kabi::{self as kabi, WicCommand};
-use wic_kmod::fakegpu::{self, FakeGpu};
-use wic_kmod::{PlacedChannel, Submission};
+use wic_kernel_io::fakegpu::{self, FakeGpu};
+use wic_kernel_io::{PlacedChannel, Submission};
 
 use crate::rig::{ensure, fault, host_spec, stall_held, wait_events, Daemon, Direct, Memory, GPU};
 
@@ -249,7 +249,7 @@ fn heads_of_a_run_written_in_place() -> Result<(), String> {
     let before = fake.filled().map_err(|e| format!("fill counter: {e}"))?;
     fake.events(4096, 0).map_err(|e| format!("events: {e}"))?;
     let mut cmds = [
-        wic_kmod::commands::complete_heads(space, GPU, run, 2, companion, heads.as_ptr() as u64),
+        wic_kernel_io::commands::complete_heads(space, GPU, run, 2, companion, heads.as_ptr() as u64),
         WicCommand { opcode: kabi::WIC_CMD_REPLAY, gpu_id: GPU, ..WicCommand::default() },
     ];
     let done = device.submit(&mut cmds).map_err(|e| format!("submit: {e}"))?;

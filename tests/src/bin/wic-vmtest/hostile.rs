@@ -5,7 +5,7 @@
 //!
 //! Runs as root with `wic_fakegpu.ko` and `wic_shim.ko` loaded and no other session open. The
 //! calls are raw ioctls on the device file, so that values and sequences the safe
-//! [`wic_kmod::Device`] API never sends can be sent.
+//! [`wic_kernel_io::Device`] API never sends can be sent.
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::{AsRawFd, RawFd};
@@ -19,8 +19,8 @@ use io_uring::{opcode, types, IoUring};
 use nix::errno::Errno;
 use wic_engine::fault::AccessType;
 use wic_kabi::{self as kabi, WicAttach, WicCommand, WicFaultRecord, WicRange, WicRingHeader, WicSubmit, WicVersion};
-use wic_kmod::fakegpu::{self, FakeGpu};
-use wic_kmod::Device;
+use wic_kernel_io::fakegpu::{self, FakeGpu};
+use wic_kernel_io::Device;
 
 use crate::rig::fault;
 
@@ -42,7 +42,7 @@ const REGION_PAGES: usize = 64;
 /// pages) and its companion run.
 const LONG_PAGES: usize = 2 * 257;
 
-use wic_kmod::device::raw::{ioc_attach, ioc_detach, ioc_register, ioc_submit, ioc_unregister, ioc_version};
+use wic_kernel_io::device::raw::{ioc_attach, ioc_detach, ioc_register, ioc_submit, ioc_unregister, ioc_version};
 
 /// `_IO('W', 0x7f)`: a number the module does not know.
 const IOC_UNKNOWN: u32 = nix::request_code_none!(kabi::WIC_IOC_MAGIC, 0x7f) as u32;

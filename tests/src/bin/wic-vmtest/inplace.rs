@@ -8,7 +8,7 @@
 use nix::sys::signal::Signal;
 use wic::{Channel, Client, ErrorCode, Run};
 use wic_kabi::{WIC_MARKER_CHANNEL_CLOSED, WIC_MARKER_TIMEOUT, WIC_PAGE_SIZE};
-use wic_kmod::fakegpu::{self, FakeGpu};
+use wic_kernel_io::fakegpu::{self, FakeGpu};
 
 use crate::rig::{ensure, marker, Memory};
 use crate::service::{completed, connect, held_by_wicd, hold, placed, spec, stats_until, Wicd, LONG_NS, PATIENCE};
@@ -187,7 +187,7 @@ fn missed_at_a_close(fake: &FakeGpu, client: &Client, memory: &mut Memory) -> Re
 /// timeout marker while the producer writes and publishes; resumed, wicd drops the publish as
 /// missed, and the marker stays on every head.
 fn missed_at_the_modules_bound(fake: &FakeGpu, memory: &mut Memory) -> Result<(), String> {
-    let param = wic_kmod::device::MAX_HOLD_MS_PARAM;
+    let param = wic_kernel_io::device::MAX_HOLD_MS_PARAM;
     let default = std::fs::read_to_string(param).map_err(|e| format!("{param}: {e}"))?;
     std::fs::write(param, "500\n").map_err(|e| format!("{param}: {e}"))?;
     let result = (|| {

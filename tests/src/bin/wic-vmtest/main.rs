@@ -1,6 +1,6 @@
 //! The test driver that runs inside the kernel VM (tests/vm): real `wic_shim.ko` with
 //! `wic_fakegpu.ko` standing in for nvidia-uvm, driven by the daemon's own shim backend
-//! (crate wic-kmod) and engine.
+//! (crate wic-kernel-io) and engine.
 //!
 //! Usage: `wic-vmtest SCENARIO...` with scenarios `deliver`, `daemon-death`, `hostile`, `busy`,
 //! `storms`, `overflow`, `race`, `closing`, `max-hold`, `preemption`, `suspend`, `service` and `in-place` (need `wicd` on the PATH), `bench` or `all` (all but `bench`). Prints `PASS name` or `FAIL name: why` per scenario

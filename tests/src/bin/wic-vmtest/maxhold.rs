@@ -12,12 +12,12 @@ use std::time::{Duration, Instant};
 use wic_engine::fault::AccessType;
 use wic_engine::{FaultEntry, VaWidth};
 use wic_kabi::{self as kabi, WicCommand, WIC_MARKER_TIMEOUT};
-use wic_kmod::fakegpu::{self, Event, Fail, FakeGpu};
-use wic_kmod::Device;
+use wic_kernel_io::fakegpu::{self, Event, Fail, FakeGpu};
+use wic_kernel_io::Device;
 
 use crate::rig::{ensure, fault, marker, submit_on, wait_events, Direct, Memory, GPU};
 
-const PARAM: &str = wic_kmod::device::MAX_HOLD_MS_PARAM;
+const PARAM: &str = wic_kernel_io::device::MAX_HOLD_MS_PARAM;
 const PAGE: u64 = 4096;
 /// The bound the scenario sets.
 const BOUND: Duration = Duration::from_millis(200);

@@ -9,8 +9,8 @@
 
 use wic_engine::fault::AccessType;
 use wic_engine::Command;
-use wic_kmod::fakegpu::{self, FakeGpu};
-use wic_kmod::Submission;
+use wic_kernel_io::fakegpu::{self, FakeGpu};
+use wic_kernel_io::Submission;
 
 use crate::rig::{ensure, fault, host_spec, Daemon, Memory, GPU};
 

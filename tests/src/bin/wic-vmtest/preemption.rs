@@ -11,11 +11,11 @@
 
 use std::time::{Duration, Instant};
 
-use wic_kmod::fakegpu;
+use wic_kernel_io::fakegpu;
 
 use crate::rig::{ensure, stall_held, Direct, GPU};
 
-const PARAM: &str = wic_kmod::device::MAX_HOLD_MS_PARAM;
+const PARAM: &str = wic_kernel_io::device::MAX_HOLD_MS_PARAM;
 const PAGE: u64 = 4096;
 /// RM's default runlist context-switch timeout: 0x3fffff ticks of 1.024 us.
 const RM_SWITCH_TIMEOUT: Duration = Duration::from_millis(4295);

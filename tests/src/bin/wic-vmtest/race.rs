@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use wic_engine::fault::{AccessType, VaWidth};
 use wic_engine::FaultEntry;
-use wic_kmod::fakegpu;
+use wic_kernel_io::fakegpu;
 
 use crate::rig::{ensure, fault, wait_events, Direct, GPU};
 

@@ -12,8 +12,8 @@ use wic_engine::{
     ChannelId, ChannelLayout, ChannelSpec, Command, DataSource, Engine, EngineConfig, FaultEntry, Producer,
     RawFaultEntry,
 };
-use wic_kmod::fakegpu::{Event, FakeGpu};
-use wic_kmod::{PlacedChannel, ShimSession, Submission};
+use wic_kernel_io::fakegpu::{Event, FakeGpu};
+use wic_kernel_io::{PlacedChannel, ShimSession, Submission};
 
 pub const DEVICE: &str = "/dev/wic";
 
@@ -27,15 +27,15 @@ pub const GPU: u32 = 1;
 pub struct Direct {
     pub fake: FakeGpu,
     pub memory: Memory,
-    pub device: wic_kmod::Device,
+    pub device: wic_kernel_io::Device,
     pub space: u32,
 }
 
 impl Direct {
     pub fn open(pages: u64) -> Result<Self, String> {
-        let fake = FakeGpu::open().map_err(|e| format!("open {}: {e}", wic_kmod::fakegpu::DEVICE))?;
+        let fake = FakeGpu::open().map_err(|e| format!("open {}: {e}", wic_kernel_io::fakegpu::DEVICE))?;
         let memory = Memory::new(&fake, 1 << 20)?;
-        let device = wic_kmod::Device::open(Path::new(DEVICE), Duration::from_secs(5))
+        let device = wic_kernel_io::Device::open(Path::new(DEVICE), Duration::from_secs(5))
             .map_err(|e| format!("open {DEVICE}: {e}"))?;
         let space = device.attach(fake.fd()).map_err(|e| format!("attach: {e}"))?;
         device
@@ -232,7 +232,7 @@ pub fn marker(memory: &Memory, va: u64) -> u64 {
 
 /// A warp of `GPU` stalls on `va`, a wic page, and the bottom half holds its fault; its record
 /// is read and left alone (the daemon never completes it).
-pub fn stall_held(fake: &FakeGpu, device: &mut wic_kmod::Device, va: u64) -> Result<(), String> {
+pub fn stall_held(fake: &FakeGpu, device: &mut wic_kernel_io::Device, va: u64) -> Result<(), String> {
     fake.warps(GPU, &[fault(va, AccessType::Read)]).map_err(|e| format!("warps: {e}"))?;
     let run = fake.bottom_half(GPU).map_err(|e| format!("bottom half: {e}"))?;
     ensure(run.stalled == 1 && run.replays == 0, || format!("the warp's fault was not held: {run:?}"))?;
@@ -250,7 +250,7 @@ pub fn submit_on(fd: std::os::fd::RawFd, commands: &mut [wic_kabi::WicCommand]) 
         ..Default::default()
     };
     // SAFETY: checked ABI; `commands` is valid for reads and writes for the call.
-    unsafe { wic_kmod::device::raw::ioc_submit(fd, &mut arg) }
+    unsafe { wic_kernel_io::device::raw::ioc_submit(fd, &mut arg) }
 }
 
 /// Fails with `what` unless `cond`.

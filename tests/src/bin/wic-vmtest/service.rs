@@ -19,7 +19,7 @@ use nix::unistd::Pid;
 use wic::{abi, capi, Channel, Client};
 use wic_engine::fault::AccessType;
 use wic_kabi::{WIC_MARKER_CHANNEL_CLOSED, WIC_MARKER_DAEMON_GONE, WIC_MARKER_DAEMON_STOPPING, WIC_MARKER_TIMEOUT};
-use wic_kmod::fakegpu::{self, FakeGpu};
+use wic_kernel_io::fakegpu::{self, FakeGpu};
 use wic_proto::message::{ChannelSpec, ErrorCode, Producer, Stats};
 
 use crate::death::BOUND;
@@ -427,7 +427,7 @@ fn refused_unregister_asked_again(fake: &FakeGpu, memory: &mut Memory) -> Result
 /// timeout is not well below it is refused, and so under a bound written at runtime (500 ms):
 /// the module would end the hold first, knowing only the faulting page.
 fn timeouts_below_the_module_bound(fake: &FakeGpu, memory: &mut Memory) -> Result<(), String> {
-    let param = wic_kmod::device::MAX_HOLD_MS_PARAM;
+    let param = wic_kernel_io::device::MAX_HOLD_MS_PARAM;
     let default = std::fs::read_to_string(param).map_err(|e| format!("{param}: {e}"))?;
     ensure(default.trim() == "3000", || format!("max_hold_ms defaults to {}, not 3000", default.trim()))?;
     let refused_above = |client: &Client, memory: &mut Memory, bound_ms: u64, timeouts: &[u64]| -> Result<(), String> {

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use wic_engine::fault::AccessType;
 use wic_engine::{ChannelLayout, ErrorMarker, RawFaultEntry};
-use wic_kmod::fakegpu::{self, FakeGpu};
-use wic_kmod::{PlacedChannel, Submission};
+use wic_kernel_io::fakegpu::{self, FakeGpu};
+use wic_kernel_io::{PlacedChannel, Submission};
 
 use crate::rig::{ensure, fault, host_spec, wait_events, Daemon, Memory, GPU};
 

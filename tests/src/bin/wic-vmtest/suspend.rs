@@ -16,11 +16,11 @@
 use std::time::{Duration, Instant};
 
 use wic_kabi::WIC_MARKER_TIMEOUT;
-use wic_kmod::fakegpu::{self, FakeGpu};
+use wic_kernel_io::fakegpu::{self, FakeGpu};
 
 use crate::rig::{ensure, marker, stall_held, wait_events, Direct, GPU};
 
-const MAX_HOLD: &str = wic_kmod::device::MAX_HOLD_MS_PARAM;
+const MAX_HOLD: &str = wic_kernel_io::device::MAX_HOLD_MS_PARAM;
 const SUSPENDING: &str = "/sys/module/wic_shim/parameters/suspending";
 const SWITCH: &str = "/sys/module/wic_fakegpu/parameters/suspend_switch_ms";
 const PM_TEST: &str = "/sys/power/pm_test";

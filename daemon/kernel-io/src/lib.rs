@@ -1,4 +1,5 @@
-//! The daemon's side of `/dev/wic`, the character device of `wic_shim.ko`.
+//! wicd's I/O with kernel devices: `/dev/wic`, the character device of `wic_shim.ko`, and
+//! nvidia-uvm's tools interface.
 //!
 //! - [`device`]: a session: version negotiation, VA spaces, ranges, commands by ioctl;
 //! - [`ring`]: the reader of the mapped record ring, which trusts nothing the ring says;

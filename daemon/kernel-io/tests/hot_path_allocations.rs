@@ -12,7 +12,7 @@ use wic_engine::fault::AccessType;
 use wic_engine::{
     ChannelId, ChannelSpec, Command, DataSource, Engine, EngineConfig, FaultEntry, Producer, RawFaultEntry,
 };
-use wic_kmod::{BatchPath, MemoryRing, Placement, Record, RecordRing};
+use wic_kernel_io::{BatchPath, MemoryRing, Placement, Record, RecordRing};
 
 struct Counting;
 
