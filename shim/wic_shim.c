@@ -11,9 +11,11 @@
  * ffi/include/wic_abi.h; the one to nvidia-uvm is shim/include/uvm_wic.h.
  *
  * Locking: @wic_active is RCU-protected; classify runs inside the hook's RCU read-side
- * section. Per session, @mutex serialises every call that changes state or runs commands and
- * @lock (a spinlock, taken by classify in atomic context) guards spaces, ranges, held faults
- * and the ring's head. No nvidia-uvm helper is called under @lock.
+ * section. Per session, @sem is held for writing by every call that changes spaces or ranges
+ * and by the sweeps of the held table (the expiry, a close, the release), and for reading by
+ * command batches, so that batches submitted by several threads run at once, each with a
+ * group of its own (@groups); @lock (a spinlock, taken by classify in atomic context) guards
+ * spaces, ranges, held faults and the ring's head. No nvidia-uvm helper is called under @lock.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
@@ -32,7 +34,9 @@
 #include <linux/overflow.h>
 #include <linux/poll.h>
 #include <linux/rcupdate.h>
+#include <linux/rwsem.h>
 #include <linux/sched/mm.h>
+#include <linux/semaphore.h>
 #include <linux/slab.h>
 #include <linux/spinlock.h>
 #include <linux/suspend.h>
@@ -167,7 +171,8 @@ struct wic_space_entry {
  * @recorded: wicd was told of it (a ring record); else the next fault on it that finds the
  *	ring with room records it
  * @marked: the &wic_session.close_gen of the wic_complete_held() call that wrote its page's
- *	marker, 0 when none did; read and written only under &wic_session.mutex
+ *	marker, 0 when none did; read and written only under
+ *	&wic_session.sem held for writing (the sweeps)
  * @failed: the &wic_session.close_gen of the sweep that left it held after nvidia-uvm refused
  *	its write or map (WIC_SKIP_FAILED), or that tried its whole run (wic_expire_runs()); 0
  *	when none did; as @marked
@@ -190,9 +195,9 @@ struct wic_held {
  * @nr: entries
  * @entries: the spaces' nvidia-uvm pointers and ids
  *
- * Replaced whole under &wic_session.mutex at attach and detach, read by classify without a
- * lock: a fault of a process wicd does not serve costs a binary search, never the session's
- * spinlock.
+ * Replaced whole under &wic_session.sem held for writing at attach and detach, read by
+ * classify without a lock: a fault of a process wicd does not serve costs a binary search,
+ * never the session's spinlock.
  */
 struct wic_space_index {
 	struct rcu_head rcu;
@@ -204,10 +209,12 @@ struct wic_space_index {
 };
 
 /**
- * struct wic_group - consecutive completions of a batch, run by one uvm_wic_complete() call
+ * struct wic_group - consecutive completions of a batch, run by one uvm_wic_complete() call;
+ *	one batch's own while it runs (wic_batch_begin())
+ * @bounce: WIC_MAX_WRITE_BYTES of kernel memory for the data of the completions
  * @space_id: their space
  * @nr: completions gathered
- * @bounce_used: bytes of &wic_session.bounce their data takes
+ * @bounce_used: bytes of @bounce their data takes
  * @filled: bytes they fill, data, copies and heads: at most WIC_MAX_WRITE_BYTES, so that one
  *	step of a batch (what the expiry may wait for, wic_submit_yield()) is bounded
  * @index: each one's command index in the batch
@@ -215,6 +222,7 @@ struct wic_space_index {
  * @completions: what nvidia-uvm is asked
  */
 struct wic_group {
+	void *bounce;
 	u32 space_id;
 	u32 nr;
 	size_t bounce_used;
@@ -226,7 +234,8 @@ struct wic_group {
 
 /**
  * struct wic_session - one open /dev/wic: the daemon's view of the module
- * @mutex: serialises calls that change state or run commands
+ * @sem: held for writing by calls that change state and by the sweeps of the held table, for
+ *	reading by command batches (the file's header comment)
  * @lock: guards the fields classify reads; taken with interrupts off
  * @negotiated: WIC_IOC_VERSION succeeded
  * @spaces: attached spaces; id = index + 1
@@ -240,10 +249,12 @@ struct wic_group {
  * @ring: the mapped fault ring
  * @ring_bytes: its size
  * @poll_wait: woken when a record is published
- * @bounce: WIC_MAX_WRITE_BYTES of kernel memory for the data of the completions of @group
- * @group: the completions of the batch being run, not run yet; under @mutex
+ * @groups: WIC_MAX_CONCURRENT_BATCHES groups, one for each batch running (wic_batch_begin()),
+ *	each with a bounce buffer of WIC_MAX_WRITE_BYTES
+ * @groups_busy: which of @groups a batch has taken
+ * @groups_free: counts the groups not taken
  * @sweep: the steps one uvm_wic_complete() call of a sweep of the held table runs
- *	(wic_sweep_step()); under @mutex
+ *	(wic_sweep_step()); under @sem held for writing
  * @closing_space: the space whose pages WIC_IOC_UNREGISTER or WIC_IOC_DETACH is closing, 0 when
  *	none is: faults on [@closing_start, @closing_end) of it are held and entered in
  *	@held_hash but not recorded, and that call completes them with the closed marker
@@ -252,7 +263,7 @@ struct wic_group {
  * @releasing: the session's file is being released: every wic page is closing
  * @draining: the release is ending: classify passes every fault that has no held-table entry
  * @close_gen: counts the sweeps of the held table (wic_complete_held(), wic_expire_runs()),
- *	which mark the entries they handled with it (never 0); under @mutex
+ *	which mark the entries they handled with it (never 0); under @sem held for writing
  * @pass_once: held faults the expiry released unmapped because nvidia-uvm cannot map their
  *	page on their GPU (-EXDEV), their marker written: the next fault on each is passed, so
  *	that nvidia-uvm services it (moving the page where the GPU reaches it) and the warp reads
@@ -268,11 +279,12 @@ struct wic_group {
  *	(wic_hold_relief_due()); under @lock
  * @expire: completes the faults held longer than max_hold_ms; queued by classify when it
  *	holds a fault, it queues itself again while any is held
- * @expire_waiting: the expiry work waits for @mutex: a batch lets it in at its next step
- *	(wic_submit_yield())
+ * @expire_waiting: how many expiries (the work's, a suspend's) wait for @sem: every batch
+ *	lets them in at its next step (wic_submit_yield()); a count, so that the first one in
+ *	does not end the wait of the other
  */
 struct wic_session {
-	struct mutex mutex;
+	struct rw_semaphore sem;
 	spinlock_t lock;
 	bool negotiated;
 	struct wic_space_entry spaces[WIC_MAX_SPACES];
@@ -286,8 +298,9 @@ struct wic_session {
 	struct wic_ring_header *ring;
 	size_t ring_bytes;
 	wait_queue_head_t poll_wait;
-	void *bounce;
-	struct wic_group *group;
+	struct wic_group *groups[WIC_MAX_CONCURRENT_BATCHES];
+	unsigned long groups_busy;
+	struct semaphore groups_free;
 	struct uvm_wic_completion sweep[WIC_COMPLETE_BATCH];
 	u32 closing_space;
 	u64 closing_start;
@@ -312,7 +325,7 @@ struct wic_session {
 	struct wic_hold_clock clock;
 	DECLARE_BITMAP(untabled_gpus, WIC_GPU_BITS);
 	struct delayed_work expire;
-	bool expire_waiting;
+	atomic_t expire_waiting;
 };
 
 static struct wic_session __rcu *wic_active;
@@ -386,7 +399,7 @@ static u32 wic_index_find(const struct wic_space_index *index, const struct uvm_
 	return 0;
 }
 
-/* The id of the attached space @uvm, or 0; under @s->mutex. */
+/* The id of the attached space @uvm, or 0; under @s->sem. */
 static u32 wic_space_id(struct wic_session *s, struct uvm_wic_space *uvm)
 {
 	u32 i;
@@ -399,7 +412,8 @@ static u32 wic_space_id(struct wic_session *s, struct uvm_wic_space *uvm)
 
 /*
  * Publishes @index (zeroed, allocated by the caller before it changed anything) as the index
- * of the attached spaces, after an attach or a detach, under @s->mutex. The entries are few:
+ * of the attached spaces, after an attach or a detach, under @s->sem held for writing. The
+ * entries are few:
  * rebuilt by insertion, in order.
  */
 static void wic_index_publish(struct wic_session *s, struct wic_space_index *index)
@@ -419,7 +433,7 @@ static void wic_index_publish(struct wic_session *s, struct wic_space_index *ind
 		index->entries[at].id = i + 1;
 		index->nr++;
 	}
-	old = rcu_replace_pointer(s->index, index, lockdep_is_held(&s->mutex));
+	old = rcu_replace_pointer(s->index, index, lockdep_is_held(&s->sem));
 	if (old)
 		kfree_rcu(old, rcu);
 }
@@ -921,7 +935,8 @@ static bool wic_held_in(const struct wic_held *held, u32 space_id, u64 start, u6
  * The walk of the held table starts at bucket *@bkt and leaves *@bkt where the next call goes
  * on: a sweep of the table in chunks costs one walk, not one per chunk. The caller changes
  * the entries found (marks or releases them), so a bucket walked again skips them. The entries
- * stay valid while the caller holds @mutex: only calls under @mutex release held faults.
+ * stay valid while the caller holds @sem for writing: batches, which release held faults too,
+ * hold it for reading.
  */
 static u32 wic_peek_held(struct wic_session *s, u32 space_id, u64 start, u64 end, u64 before,
 			 u32 gen, bool marked, u32 *bkt, struct wic_held **found)
@@ -1032,7 +1047,7 @@ static void wic_gone(struct wic_session *s, u32 space_id, u64 va, int err)
 
 /**
  * wic_mark_untabled() - write a marker into the pages of faults held without a table entry
- * @s: the session, its @mutex held: the ranges stay as they are
+ * @s: the session, its @sem held for writing: the ranges stay as they are
  * @space_id: the space, 0 for every space
  * @start: first byte of the ranges concerned
  * @end: one past their last byte
@@ -1603,13 +1618,14 @@ static void wic_expire_runs(struct wic_session *s, u64 before, unsigned long *re
  * WIC_MARKER_TIMEOUT at the start of each page of the run, the slot's other run unmapped, the
  * run mapped, and a WIC_RECORD_EXPIRED record for wicd. Elsewhere (a PAT page, a range without
  * runs) page by page (wic_complete_held()): the marker in its PCM page, the page mapped (a PAT
- * page writable) and the fault released. Then the GPUs are replayed. It runs under @mutex,
- * between wicd's commands. A write or map that nvidia-uvm refuses leaves its fault held, the
- * others going on, and the next run tries it again. Faults held without an entry (the table
- * full) are bounded too (wic_hold.h): half the bound into such an episode, and at every run
- * after while they keep coming back without an entry, their GPUs are replayed, every entry
- * completed first when none is free, so that they come back, find an entry and carry the
- * episode's age into it; during an episode the work runs every WIC_EXPIRE_MIN_PERIOD_MS.
+ * page writable) and the fault released. Then the GPUs are replayed. It runs under @sem held
+ * for writing, between the steps of wicd's batches. A write or map that nvidia-uvm refuses
+ * leaves its fault held, the others going on, and the next run tries it again. Faults held
+ * without an entry (the table full) are bounded too (wic_hold.h): half the bound into such an
+ * episode, and at every run after while they keep coming back without an entry, their GPUs
+ * are replayed, every entry completed first when none is free, so that they come back, find
+ * an entry and carry the episode's age into it; during an episode the work runs every
+ * WIC_EXPIRE_MIN_PERIOD_MS.
  * Queued again while any fault is held, and at once when max_hold_ms is written; with
  * max_hold_ms 0 nothing expires. While the GPUs suspend, the bound is the shortest period
  * (wic_hold_bound()).
@@ -1625,13 +1641,15 @@ static void wic_expire_held(struct wic_session *s, bool all)
 	u32 gpu;
 
 	bitmap_zero(replay, WIC_GPU_BITS);
-	/* A batch in progress lets us in between its steps (wic_submit_yield()). */
-	WRITE_ONCE(s->expire_waiting, true);
-	mutex_lock(&s->mutex);
-	WRITE_ONCE(s->expire_waiting, false);
-	/* The store before wake_up_var()'s look for waiters (its documented barrier). */
-	smp_mb();
-	wake_up_var(&s->expire_waiting);
+	/* The batches in progress let us in between their steps (wic_submit_yield()). */
+	atomic_inc(&s->expire_waiting);
+	down_write(&s->sem);
+	/*
+	 * Fully ordered, as wake_up_var() needs before its look for waiters. Another expiry
+	 * still waiting keeps the batches waiting too: it comes next.
+	 */
+	if (atomic_dec_and_test(&s->expire_waiting))
+		wake_up_var(&s->expire_waiting);
 	/* After the wait: what is due is what is due now. */
 	now = ktime_get_ns();
 	spin_lock_irqsave(&s->lock, flags);
@@ -1657,7 +1675,7 @@ static void wic_expire_held(struct wic_session *s, bool all)
 				 jiffies_to_nsecs(wic_expire_period()),
 				 WIC_EXPIRE_MIN_PERIOD_MS * NSEC_PER_MSEC);
 	spin_unlock_irqrestore(&s->lock, flags);
-	mutex_unlock(&s->mutex);
+	up_write(&s->sem);
 	for_each_set_bit(gpu, replay, WIC_GPU_BITS)
 		uvm_wic_replay(gpu);
 	/* wic_suspend() says what a run for the suspend did. */
@@ -1738,6 +1756,36 @@ static struct notifier_block wic_pm_notifier = {
 	.notifier_call = wic_pm_notify,
 };
 
+/* Frees what wic_groups_alloc() allocated, all or part of it. */
+static void wic_groups_free(struct wic_session *s)
+{
+	u32 i;
+
+	for (i = 0; i < WIC_MAX_CONCURRENT_BATCHES; i++) {
+		if (s->groups[i])
+			kvfree(s->groups[i]->bounce);
+		kvfree(s->groups[i]);
+	}
+}
+
+/* Allocates the groups of the batches that may run at once; -ENOMEM when it cannot. */
+static int wic_groups_alloc(struct wic_session *s)
+{
+	u32 i;
+
+	/* One bit of @groups_busy each. */
+	BUILD_BUG_ON(WIC_MAX_CONCURRENT_BATCHES > BITS_PER_LONG);
+	for (i = 0; i < WIC_MAX_CONCURRENT_BATCHES; i++) {
+		s->groups[i] = kvzalloc(sizeof(*s->groups[i]), GFP_KERNEL);
+		if (!s->groups[i])
+			return -ENOMEM;
+		s->groups[i]->bounce = kvmalloc(WIC_MAX_WRITE_BYTES, GFP_KERNEL);
+		if (!s->groups[i]->bounce)
+			return -ENOMEM;
+	}
+	return 0;
+}
+
 static int wic_open(struct inode *inode, struct file *file)
 {
 	struct wic_session *s;
@@ -1747,7 +1795,8 @@ static int wic_open(struct inode *inode, struct file *file)
 	s = kvzalloc(sizeof(*s), GFP_KERNEL);
 	if (!s)
 		return -ENOMEM;
-	mutex_init(&s->mutex);
+	init_rwsem(&s->sem);
+	sema_init(&s->groups_free, WIC_MAX_CONCURRENT_BATCHES);
 	spin_lock_init(&s->lock);
 	hash_init(s->held_hash);
 	init_waitqueue_head(&s->poll_wait);
@@ -1756,9 +1805,7 @@ static int wic_open(struct inode *inode, struct file *file)
 	s->held_pool = kvcalloc(WIC_MAX_HELD, sizeof(*s->held_pool), GFP_KERNEL);
 	s->ring_bytes = PAGE_ALIGN(WIC_RING_BYTES(ring_entries));
 	s->ring = vmalloc_user(s->ring_bytes);
-	s->bounce = kvmalloc(WIC_MAX_WRITE_BYTES, GFP_KERNEL);
-	s->group = kvzalloc(sizeof(*s->group), GFP_KERNEL);
-	if (!s->held_pool || !s->ring || !s->bounce || !s->group)
+	if (!s->held_pool || !s->ring || wic_groups_alloc(s))
 		goto free;
 	for (i = 0; i < WIC_MAX_HELD; i++)
 		hlist_add_head(&s->held_pool[i].node, &s->held_free);
@@ -1780,8 +1827,7 @@ static int wic_open(struct inode *inode, struct file *file)
 
 free:
 	vfree(s->ring);
-	kvfree(s->bounce);
-	kvfree(s->group);
+	wic_groups_free(s);
 	kvfree(s->held_pool);
 	kvfree(s);
 	return err;
@@ -1804,7 +1850,7 @@ static int wic_release(struct inode *inode, struct file *file)
 	 * few sweeps with faults still coming, the release drains: new faults are passed, and
 	 * those with an entry get their marker in a last sweep before the session goes.
 	 */
-	mutex_lock(&s->mutex);
+	down_write(&s->sem);
 	spin_lock_irqsave(&s->lock, flags);
 	s->releasing = true;
 	spin_unlock_irqrestore(&s->lock, flags);
@@ -1837,7 +1883,7 @@ static int wic_release(struct inode *inode, struct file *file)
 	 */
 	wic_complete_held(s, 0, 0, U64_MAX, U64_MAX, WIC_MARKER_DAEMON_GONE, replay, WIC_RELEASE);
 	wic_mark_untabled(s, 0, 0, U64_MAX, WIC_MARKER_DAEMON_GONE, false);
-	mutex_unlock(&s->mutex);
+	up_write(&s->sem);
 	mutex_lock(&wic_active_lock);
 	RCU_INIT_POINTER(wic_active, NULL);
 	mutex_unlock(&wic_active_lock);
@@ -1859,8 +1905,7 @@ static int wic_release(struct inode *inode, struct file *file)
 	/* synchronize_rcu() above: no classify reads it any more. */
 	kfree(rcu_dereference_protected(s->index, true));
 	vfree(s->ring);
-	kvfree(s->bounce);
-	kvfree(s->group);
+	wic_groups_free(s);
 	kvfree(s->held_pool);
 	kvfree(s);
 	return 0;
@@ -2136,10 +2181,9 @@ static int wic_run_command(struct wic_session *s, struct wic_space_entry *space,
  * what each one did (its companion unmapped, its run mapped) and stores every result. Returns
  * how many succeeded; *@unstored is set when a result could not be stored.
  */
-static long wic_group_run(struct wic_session *s, struct wic_command __user *ucmds,
-			  bool *unstored)
+static long wic_group_run(struct wic_session *s, struct wic_group *g,
+			  struct wic_command __user *ucmds, bool *unstored)
 {
-	struct wic_group *g = s->group;
 	struct wic_space_entry *space = wic_space(s, g->space_id);
 	long done = 0;
 	int ret;
@@ -2183,9 +2227,8 @@ static long wic_group_run(struct wic_session *s, struct wic_command __user *ucmd
  * a WIC_CMD_COMPLETE's data, or a WIC_CMD_COMPLETE_HEADS' head words, are copied into the
  * bounce buffer now.
  */
-static int wic_group_add(struct wic_session *s, const struct wic_command *cmd, u32 index)
+static int wic_group_add(struct wic_group *g, const struct wic_command *cmd, u32 index)
 {
-	struct wic_group *g = s->group;
 	struct uvm_wic_completion *c = &g->completions[g->nr];
 	bool copy = cmd->opcode == WIC_CMD_COMPLETE_COPY;
 
@@ -2201,8 +2244,8 @@ static int wic_group_add(struct wic_session *s, const struct wic_command *cmd, u
 	if (copy) {
 		c->src_va = cmd->arg;
 	} else if (cmd->length) {
-		c->src = s->bounce + g->bounce_used;
-		if (copy_from_user(s->bounce + g->bounce_used, u64_to_user_ptr(cmd->arg),
+		c->src = g->bounce + g->bounce_used;
+		if (copy_from_user(g->bounce + g->bounce_used, u64_to_user_ptr(cmd->arg),
 				   cmd->length))
 			return -EFAULT;
 		g->bounce_used += cmd->length;
@@ -2217,10 +2260,8 @@ static int wic_group_add(struct wic_session *s, const struct wic_command *cmd, u
 }
 
 /* Whether @cmd, a checked completion, can join the group without running it first. */
-static bool wic_group_fits(const struct wic_session *s, const struct wic_command *cmd)
+static bool wic_group_fits(const struct wic_group *g, const struct wic_command *cmd)
 {
-	const struct wic_group *g = s->group;
-
 	/* The data it copies into the bounce buffer is part of what it fills. */
 	return !g->nr || (g->space_id == cmd->space_id && g->nr < WIC_GROUP_MAX &&
 			  g->filled + cmd->length <= WIC_MAX_WRITE_BYTES);
@@ -2239,20 +2280,61 @@ static bool wic_expired_late(struct wic_session *s, const struct wic_command *cm
 }
 
 /*
- * Between two steps of a batch (no completion gathered), lets the expiry work in when it waits
- * for @mutex: a batch may hold @mutex for long (up to WIC_MAX_COMMANDS commands, each up to a
- * megabyte to fill or copy), and a held fault must not wait past max_hold_ms for it, nor its
- * GPU's other contexts past RM's context-switch timeout. The batch goes on once the expiry has
- * run; other calls may run meanwhile too, and each later command is checked against the ranges
- * as they are then.
+ * Between two steps of a batch (no completion gathered), lets the expiry in when it waits for
+ * @sem: a batch may hold @sem for long (up to WIC_MAX_COMMANDS commands, each up to a megabyte
+ * to fill or copy), and a held fault must not wait past max_hold_ms for it, nor its GPU's
+ * other contexts past RM's context-switch timeout. With several batches running, the expiry
+ * gets @sem once each of them is between two steps, as each one then waits here. A batch goes
+ * on once no expiry waits any more; other calls may run meanwhile too, and each later command
+ * is checked against the ranges as they are then.
  */
 static void wic_submit_yield(struct wic_session *s)
 {
-	if (!READ_ONCE(s->expire_waiting))
+	if (!atomic_read(&s->expire_waiting))
 		return;
-	mutex_unlock(&s->mutex);
-	wait_var_event(&s->expire_waiting, !READ_ONCE(s->expire_waiting));
-	mutex_lock(&s->mutex);
+	up_read(&s->sem);
+	wait_var_event(&s->expire_waiting, !atomic_read(&s->expire_waiting));
+	down_read(&s->sem);
+}
+
+/*
+ * Begins a batch, one of those that may run at once: takes a free group for it, then @sem for
+ * reading. The group comes first, and goes last (wic_batch_end()): a batch waiting for a group
+ * holds nothing an expiry waits for, while the batches that hold the groups let the expiry in
+ * (wic_submit_yield()) and end. @nonblock (io_uring's inline issue) waits for neither.
+ *
+ * Return: the batch's group; ERR_PTR(-EAGAIN) when @nonblock would have waited,
+ * ERR_PTR(-EINTR) when the caller was killed while it waited for a group.
+ */
+static struct wic_group *wic_batch_begin(struct wic_session *s, bool nonblock)
+{
+	u32 i;
+
+	if (nonblock ? down_trylock(&s->groups_free) : down_killable(&s->groups_free))
+		return ERR_PTR(nonblock ? -EAGAIN : -EINTR);
+	/* The count says one is free: a bit is clear, and stays so for this caller alone. */
+	for (i = 0; test_and_set_bit_lock(i, &s->groups_busy); i++)
+		;
+	if (!nonblock) {
+		down_read(&s->sem);
+	} else if (!down_read_trylock(&s->sem)) {
+		clear_bit_unlock(i, &s->groups_busy);
+		up(&s->groups_free);
+		return ERR_PTR(-EAGAIN);
+	}
+	return s->groups[i];
+}
+
+/* Ends a batch that wic_batch_begin() began with @g. */
+static void wic_batch_end(struct wic_session *s, struct wic_group *g)
+{
+	u32 i;
+
+	up_read(&s->sem);
+	for (i = 0; s->groups[i] != g; i++)
+		;
+	clear_bit_unlock(i, &s->groups_busy);
+	up(&s->groups_free);
 }
 
 /*
@@ -2265,7 +2347,8 @@ static void wic_submit_yield(struct wic_session *s)
  * was gathered before runs; what succeeded is counted whether or not its result was stored,
  * unless that was the first command (EFAULT, as wic_abi.h says).
  */
-static long wic_submit(struct wic_session *s, const struct wic_submit *sub, bool may_yield)
+static long wic_submit(struct wic_session *s, struct wic_group *g, const struct wic_submit *sub,
+		       bool may_yield)
 {
 	struct wic_command __user *ucmds = u64_to_user_ptr(sub->commands);
 	struct wic_command cmd;
@@ -2287,20 +2370,20 @@ static long wic_submit(struct wic_session *s, const struct wic_submit *sub, bool
 			     cmd.opcode == WIC_CMD_COMPLETE_COPY ||
 			     cmd.opcode == WIC_CMD_COMPLETE_HEADS;
 		/* The end of a step: the completions gathered run before this command. */
-		if (!completion || !wic_group_fits(s, &cmd)) {
-			done += wic_group_run(s, ucmds, &unstored);
+		if (!completion || !wic_group_fits(g, &cmd)) {
+			done += wic_group_run(s, g, ucmds, &unstored);
 			if (unstored)
 				break;
 		}
 		/* Between two steps; this command is checked after, against the ranges then. */
-		if (!s->group->nr && may_yield)
+		if (!g->nr && may_yield)
 			wic_submit_yield(s);
 		space = wic_space(s, cmd.space_id);
 		cmd.result = wic_check_command(&cmd, space ? &space->ranges : NULL);
 		if (!cmd.result && completion && wic_expired_late(s, &cmd))
 			cmd.result = -ESTALE;
 		if (!cmd.result && completion) {
-			cmd.result = wic_group_add(s, &cmd, i);
+			cmd.result = wic_group_add(g, &cmd, i);
 			if (!cmd.result)
 				continue;
 		} else if (!cmd.result) {
@@ -2311,7 +2394,7 @@ static long wic_submit(struct wic_session *s, const struct wic_submit *sub, bool
 		if (put_user(cmd.result, &ucmds[i].result))
 			unstored = true;
 	}
-	done += wic_group_run(s, ucmds, &unstored);
+	done += wic_group_run(s, g, ucmds, &unstored);
 	/* The first command could not be read, or answered: wic_abi.h's EFAULT. */
 	if (i == 0 || (i == 1 && unstored))
 		return -EFAULT;
@@ -2323,9 +2406,22 @@ static long wic_ioctl(struct file *file, unsigned int op, unsigned long arg)
 	struct wic_session *s = file->private_data;
 	void __user *uarg = (void __user *)arg;
 	struct wic_submit sub;
+	struct wic_group *g;
 	long ret;
 
-	mutex_lock(&s->mutex);
+	if (op == WIC_IOC_SUBMIT) {
+		g = wic_batch_begin(s, false);
+		if (IS_ERR(g))
+			return PTR_ERR(g);
+		if (!s->negotiated)
+			ret = -EPROTO;
+		else
+			ret = copy_from_user(&sub, uarg, sizeof(sub)) ? -EFAULT :
+			      wic_submit(s, g, &sub, true);
+		wic_batch_end(s, g);
+		return ret;
+	}
+	down_write(&s->sem);
 	if (op == WIC_IOC_VERSION) {
 		ret = wic_version(s, uarg);
 		goto out;
@@ -2346,14 +2442,11 @@ static long wic_ioctl(struct file *file, unsigned int op, unsigned long arg)
 	case WIC_IOC_UNREGISTER:
 		ret = wic_unregister(s, uarg);
 		break;
-	case WIC_IOC_SUBMIT:
-		ret = copy_from_user(&sub, uarg, sizeof(sub)) ? -EFAULT : wic_submit(s, &sub, true);
-		break;
 	default:
 		ret = -ENOTTY;
 	}
 out:
-	mutex_unlock(&s->mutex);
+	up_write(&s->sem);
 	return ret;
 }
 
@@ -2368,6 +2461,7 @@ static int wic_uring_cmd(struct io_uring_cmd *ioucmd, unsigned int issue_flags)
 {
 	struct wic_session *s = ioucmd->file->private_data;
 	struct wic_submit sub;
+	struct wic_group *g;
 	bool nonblock;
 	long ret;
 
@@ -2379,20 +2473,19 @@ static int wic_uring_cmd(struct io_uring_cmd *ioucmd, unsigned int issue_flags)
 	 * io_uring first issues a command from the submitting task, with IO_URING_F_NONBLOCK,
 	 * and runs one that answers -EAGAIN on a worker of its own. A short batch waits on
 	 * nvidia-uvm as an ioctl does (its locks, the TLB invalidates), and running it there is
-	 * what io_uring is used for; but the session's mutex, which another batch or the expiry
-	 * may hold for a whole step, and the expiry's turn between two steps of a long batch are
-	 * not waited for there: the submitter (with SQPOLL, every request of the ring) would wait
-	 * with them.
+	 * what io_uring is used for; but a free group and the session's @sem, which a call or
+	 * the expiry may hold for writing for a whole step, and the expiry's turn between two
+	 * steps of a long batch are not waited for there: the submitter (with SQPOLL, every
+	 * request of the ring) would wait with them.
 	 */
 	nonblock = issue_flags & IO_URING_F_NONBLOCK;
 	if (nonblock && sub.count > WIC_INLINE_COMMANDS)
 		return -EAGAIN;
-	if (!nonblock)
-		mutex_lock(&s->mutex);
-	else if (!mutex_trylock(&s->mutex))
-		return -EAGAIN;
-	ret = s->negotiated ? wic_submit(s, &sub, !nonblock) : -EPROTO;
-	mutex_unlock(&s->mutex);
+	g = wic_batch_begin(s, nonblock);
+	if (IS_ERR(g))
+		return PTR_ERR(g);
+	ret = s->negotiated ? wic_submit(s, g, &sub, !nonblock) : -EPROTO;
+	wic_batch_end(s, g);
 	if (ret < 0)
 		return ret;
 	/* A count is a success: completed here, so that io_uring does not mark it failed. */

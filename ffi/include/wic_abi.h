@@ -3,7 +3,7 @@
  * wic_abi.h - the interface between wicd and wic_shim.ko (/dev/wic).
  *
  * The one definition of the kernel <-> daemon ABI: the module includes it, the daemon's Rust
- * view (crate wic-proto, module kabi) is checked against it by a test.
+ * view (crate wic-kabi) is checked against it by a test.
  *
  * Session: wicd opens /dev/wic (one open session at a time), negotiates the version with
  * WIC_IOC_VERSION, maps the fault ring (mmap offset 0, WIC_RING_BYTES(entries) bytes), attaches
@@ -12,10 +12,17 @@
  * are held and appear in the ring; poll() reports POLLIN while records are unread. Commands go
  * in batches, through WIC_IOC_SUBMIT or an io_uring IORING_OP_URING_CMD whose cmd_op is
  * WIC_IOC_SUBMIT and whose 16-byte command area holds a struct wic_submit. A batch of at most
- * 16 commands runs inline, from the submitting task, unless another batch or the module's
- * expiry holds the session; a longer one, or one that finds the session held, runs on one of
- * io_uring's workers (the command answers -EAGAIN to the inline issue), so that
- * io_uring_enter() never waits for the session nor for the expiry.
+ * 16 commands runs inline, from the submitting task, unless WIC_MAX_CONCURRENT_BATCHES batches
+ * run already or a call or the module's expiry holds the session; a longer one, or one that
+ * finds the session held, runs on one of io_uring's workers (the command answers -EAGAIN to
+ * the inline issue), so that io_uring_enter() never waits for the session nor for the expiry.
+ *
+ * Batches submitted from several threads (or io_uring workers) run at once, up to
+ * WIC_MAX_CONCURRENT_BATCHES of them; the other calls, and the module's own sweeps of its held
+ * faults (expiry, closing, release), run alone. The module orders nothing between two batches
+ * that run at once: commands naming the same pages, or a run and the companion it unmaps,
+ * must be in one batch or in batches that do not overlap in time. A wicd that submits from
+ * one thread is served as before.
  *
  * When the session's file is released (wicd exits or is killed), every held fault is
  * completed with the WIC_MARKER_DAEMON_GONE error marker, mapped and replayed.
@@ -45,6 +52,12 @@
 #define WIC_MAX_COMMANDS 1024
 #define WIC_MAX_RANGE_BYTES (1ULL << 36)
 #define WIC_MAX_WRITE_BYTES (1U << 20)
+
+/*
+ * Batches of one session that run at once at most: submitted from several threads, they run
+ * together, and a further one waits for one of them to end.
+ */
+#define WIC_MAX_CONCURRENT_BATCHES 4
 
 /*
  * GPU ids are nvidia-uvm's processor ids of GPUs: parent GPU index * 8 + MIG sub-index + 1,

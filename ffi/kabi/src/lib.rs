@@ -26,6 +26,8 @@ pub const WIC_MAX_COMMANDS: u32 = 1024;
 pub const WIC_MAX_RANGE_BYTES: u64 = 1 << 36;
 /// `WIC_MAX_WRITE_BYTES`: the most bytes one completion copies.
 pub const WIC_MAX_WRITE_BYTES: u32 = 1 << 20;
+/// `WIC_MAX_CONCURRENT_BATCHES`: batches of one session that run at once at most.
+pub const WIC_MAX_CONCURRENT_BATCHES: u32 = 4;
 /// `WIC_MAX_GPU_ID`: GPU ids are nvidia-uvm's, 1 to this (0 is the CPU).
 pub const WIC_MAX_GPU_ID: u32 = 256;
 
@@ -253,6 +255,7 @@ pub fn constants() -> Vec<(&'static str, i128)> {
         ("WIC_MAX_COMMANDS", WIC_MAX_COMMANDS.into()),
         ("WIC_MAX_RANGE_BYTES", WIC_MAX_RANGE_BYTES.into()),
         ("WIC_MAX_WRITE_BYTES", WIC_MAX_WRITE_BYTES.into()),
+        ("WIC_MAX_CONCURRENT_BATCHES", WIC_MAX_CONCURRENT_BATCHES.into()),
         ("WIC_MAX_GPU_ID", WIC_MAX_GPU_ID.into()),
         ("WIC_MARKER_MAGIC", WIC_MARKER_MAGIC.into()),
         ("WIC_MARKER_TIMEOUT", WIC_MARKER_TIMEOUT.into()),

@@ -3,13 +3,14 @@
 //! (crate wic-kernel-io) and engine.
 //!
 //! Usage: `wic-vmtest SCENARIO...` with scenarios `deliver`, `daemon-death`, `hostile`, `busy`,
-//! `storms`, `overflow`, `race`, `closing`, `max-hold`, `preemption`, `suspend`, `service` and `in-place` (need `wicd` on the PATH), `bench` or `all` (all but `bench`). Prints `PASS name` or `FAIL name: why` per scenario
+//! `storms`, `overflow`, `race`, `closing`, `max-hold`, `preemption`, `suspend`, `service` and `in-place` (need `wicd` on the PATH), `concurrent`, `bench` or `all` (all but `bench`). Prints `PASS name` or `FAIL name: why` per scenario
 //! and exits non-zero if any failed. `bench` prints its results as a file block for the
 //! harness (`WIC-VM-FILE-BEGIN kernel-bench.json`).
 
 mod bench;
 mod busy;
 mod closing;
+mod concurrent;
 mod death;
 mod deliver;
 mod hostile;
@@ -46,6 +47,7 @@ fn main() -> ExitCode {
             "suspend",
             "service",
             "in-place",
+            "concurrent",
         ];
         // The list the kernel VM test checks, each for its PASS line.
         println!("SCENARIOS {}", scenarios.join(" "));
@@ -66,8 +68,9 @@ fn main() -> ExitCode {
             "suspend" => suspend::run(),
             "service" => service::run(),
             "in-place" => inplace::run(),
+            "concurrent" => concurrent::run(),
             "bench" => bench::run(),
-            other => Err(format!("unknown scenario {other:?} (deliver, daemon-death, hostile, busy, storms, overflow, race, closing, max-hold, preemption, suspend, service, in-place, bench, all)")),
+            other => Err(format!("unknown scenario {other:?} (deliver, daemon-death, hostile, busy, storms, overflow, race, closing, max-hold, preemption, suspend, service, in-place, concurrent, bench, all)")),
         };
         match result {
             Ok(()) => println!("PASS {name}"),

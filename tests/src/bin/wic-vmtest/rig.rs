@@ -107,6 +107,12 @@ impl Memory {
     }
 }
 
+// SAFETY: the mapping is plain memory owned by the value: its `&self` methods only read it
+// (volatile reads, of bytes the kernel writes), and it is unmapped once, in Drop.
+unsafe impl Sync for Memory {}
+// SAFETY: as above; nothing ties the mapping to the thread that made it.
+unsafe impl Send for Memory {}
+
 impl Drop for Memory {
     fn drop(&mut self) {
         // SAFETY: the mapping made in `new`, not used after this.
