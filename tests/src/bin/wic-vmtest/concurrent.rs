@@ -13,7 +13,7 @@ use wic_engine::fault::AccessType;
 use wic_kabi::{self as kabi, WicCommand, WIC_MARKER_CHANNEL_CLOSED, WIC_MAX_CONCURRENT_BATCHES};
 use wic_kernel_io::device::raw;
 use wic_kernel_io::fakegpu::{self, Fail, FakeGpu};
-use wic_kernel_io::Device;
+use wic_kernel_io::{Device, UringSubmitter};
 
 use crate::rig::{ensure, fault, marker, submit_on, wait_events, Memory, DEVICE, GPU};
 
@@ -27,7 +27,7 @@ pub fn run() -> Result<(), String> {
     let device = Device::open(std::path::Path::new(DEVICE), Duration::from_secs(5))
         .map_err(|e| format!("open {DEVICE}: {e}"))?;
     set_bound(0)?;
-    let checks: [(&str, fn(&Device) -> Result<(), String>); 4] = [
+    let checks: [(&str, fn(&Device) -> Result<(), String>); 5] = [
         (
             "a batch stalled in one space holds back no other space",
             a_batch_stalled_in_one_space_holds_back_no_other_space,
@@ -35,6 +35,7 @@ pub fn run() -> Result<(), String> {
         ("a batch past the limit waits for one to end", a_batch_past_the_limit_waits_for_one_to_end),
         ("the expiry gets in between the steps of every batch", the_expiry_gets_in_between_the_steps_of_every_batch),
         ("batches at once keep their data apart", batches_at_once_keep_their_data_apart),
+        ("the chunks of one io_uring batch run in order", the_chunks_of_one_io_uring_batch_run_in_order),
     ];
     let outcome = checks.iter().try_for_each(|(name, check)| check(&device).map_err(|e| format!("{name}: {e}")));
     set_bound(0)?;
@@ -330,6 +331,43 @@ fn batches_at_once_keep_their_data_apart(device: &Device) -> Result<(), String> 
     }
     expiring.detach(device)?;
     churned.detach(device)
+}
+
+/// A batch wicd submits through io_uring in chunks (the module's limit on one submission) runs
+/// chunk after chunk: the second chunk, of another space, does not run while the first one's
+/// fill stalls. Unlinked, the chunks go to io_uring's workers (each is longer than the module
+/// runs inline) and the module runs them at once.
+fn the_chunks_of_one_io_uring_batch_run_in_order(device: &Device) -> Result<(), String> {
+    const CHUNK: u64 = 17;
+    let (first, second) = (Space::open(device, 2 * CHUNK)?, Space::open(device, 2 * CHUNK)?);
+    let mut commands: Vec<WicCommand> = [&first, &second]
+        .iter()
+        .flat_map(|space| (0..CHUNK).map(|run| space.complete(2 * run, WIC_MARKER_CHANNEL_CLOSED)))
+        .collect();
+    let mut submitter = UringSubmitter::new(CHUNK as u32).map_err(|e| format!("io_uring: {e}"))?;
+    first.stall()?;
+    let fd = device.fd();
+    let outcome = std::thread::scope(|scope| {
+        let commands = &mut commands;
+        let submitted = scope.spawn(move || submitter.submit(fd, commands));
+        let order = first.wait_stalled().and_then(|()| {
+            match wait_events(&second.fake, Duration::from_millis(500), |seen| {
+                seen.iter().any(|e| e.kind == fakegpu::EVENT_WRITE)
+            }) {
+                Ok(seen) => Err(format!("the second chunk ran while the first stalled: {seen:?}")),
+                Err(_) => Ok(()),
+            }
+        });
+        let released = first.release();
+        let done = submitted.join().map_err(|_| "the submitting thread panicked".to_string())?;
+        order.and(released)?;
+        done.map_err(|e| format!("submit: {e}"))
+    })?;
+    ensure(outcome == 2 * CHUNK as usize && commands.iter().all(|c| c.result == 0), || {
+        format!("{outcome} of {} done", 2 * CHUNK)
+    })?;
+    first.detach(device)?;
+    second.detach(device)
 }
 
 /// Sets the module's `max_hold_ms`.
