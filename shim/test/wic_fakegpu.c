@@ -84,6 +84,9 @@ MODULE_PARM_DESC(strict_write,
  * @file: the file; the references that uvm_wic_space_get() hands out are references to it
  * @mm: the opener's address space (mmgrab()bed), or NULL when a kernel thread opened the file
  * @lock: serialises changes to @pages and @nr_pages (process context only)
+ * @stage_lock: as the hook's (uvm_wic.c), held for the whole of a call that fills
+ *	(uvm_wic_complete() with a fill or a writable map) or maps writable: such calls of one
+ *	space run one after another, whoever makes them, those of different spaces at once
  * @pages: per fake GPU (GPU id - 1), page index (va >> 12) to xa_mk_value(WIC_FAKEGPU_PAGE_*
  *	flags); only mapped pages have an entry
  * @nr_pages: entries in all of @pages
@@ -114,6 +117,7 @@ struct uvm_wic_space {
 	struct file *file;
 	struct mm_struct *mm;
 	struct mutex lock;	/* protects pages' contents, nr_pages and the fail_* fields */
+	struct mutex stage_lock;
 	struct xarray pages[WIC_FAKEGPU_NR_GPUS];
 	unsigned long nr_pages;
 	u32 fail_writes;
@@ -1555,6 +1559,7 @@ static int wic_fakegpu_open(struct inode *inode, struct file *file)
 	if (space->mm)
 		mmgrab(space->mm);
 	mutex_init(&space->lock);
+	mutex_init(&space->stage_lock);
 	atomic64_set(&space->filled, 0);
 	init_waitqueue_head(&space->fail_wait);
 	for (gpu_id = 0; gpu_id < WIC_FAKEGPU_NR_GPUS; gpu_id++)
@@ -1847,6 +1852,7 @@ static int wic_fill_copy(struct uvm_wic_space *space, u64 va, u64 src_va, size_t
 
 /* One completion of uvm_wic_complete(): its steps as the helpers take them. */
 static int wic_unmap_pages(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len);
+static int wic_map(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len, bool writable);
 
 static int wic_complete_one(struct uvm_wic_space *space, struct uvm_wic_completion *c)
 {
@@ -1889,8 +1895,7 @@ static int wic_complete_one(struct uvm_wic_space *space, struct uvm_wic_completi
 		c->companion_unmapped = !ret;
 	}
 	if (!ret && !(c->flags & UVM_WIC_COMPLETE_NO_MAP))
-		ret = uvm_wic_map(space, c->gpu_id, c->va, bytes,
-				  c->flags & UVM_WIC_COMPLETE_WRITABLE);
+		ret = wic_map(space, c->gpu_id, c->va, bytes, c->flags & UVM_WIC_COMPLETE_WRITABLE);
 	return ret;
 }
 
@@ -1913,14 +1918,23 @@ static int wic_complete_one(struct uvm_wic_space *space, struct uvm_wic_completi
 int uvm_wic_complete(struct uvm_wic_space *space, struct uvm_wic_completion *completions,
 		     u32 count)
 {
+	bool stage = false;
 	u32 i;
 
 	might_sleep();
 	if (IS_ERR_OR_NULL(space) || !completions || !count)
 		return -EINVAL;
+	/* As the hook: every fill goes through the space's staging page, under its lock. */
+	for (i = 0; i < count; i++)
+		stage |= !(completions[i].flags & UVM_WIC_COMPLETE_NO_FILL) ||
+			 (completions[i].flags & UVM_WIC_COMPLETE_WRITABLE);
+	if (stage)
+		mutex_lock(&space->stage_lock);
 	wic_log_event(WIC_FAKEGPU_EVENT_COMPLETE, WIC_FAKEGPU_GPU_NONE, 0, count, 0);
 	for (i = 0; i < count; i++)
 		completions[i].result = wic_complete_one(space, &completions[i]);
+	if (stage)
+		mutex_unlock(&space->stage_lock);
 	return 0;
 }
 EXPORT_SYMBOL_GPL(uvm_wic_complete);
@@ -1941,16 +1955,31 @@ EXPORT_SYMBOL_GPL(uvm_wic_complete);
  * than %WIC_FAKEGPU_MAX_PAGES pages; -EXDEV when a page of the range is resident out of
  * @gpu_id's reach (WIC_FAKEGPU_IOC_RESIDE; nothing is mapped or logged); -ENOSPC when the
  * space would have more mapped pages than that, or -ENOMEM (then part of the range may be
- * mapped); the errno WIC_FAKEGPU_IOC_FAIL armed.
+ * mapped); the errno WIC_FAKEGPU_IOC_FAIL armed. A writable map holds the space's stage_lock, as
+ * the hook's does.
  */
 int uvm_wic_map(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len, bool writable)
 {
-	unsigned long set = WIC_FAKEGPU_PAGE_MAPPED;
 	int ret;
 
 	might_sleep();
 	if (IS_ERR_OR_NULL(space))
 		return -EINVAL;
+	if (writable)
+		mutex_lock(&space->stage_lock);
+	ret = wic_map(space, gpu_id, va, len, writable);
+	if (writable)
+		mutex_unlock(&space->stage_lock);
+	return ret;
+}
+EXPORT_SYMBOL_GPL(uvm_wic_map);
+
+/* uvm_wic_map() without the stage_lock: its callers take it where the hook does. */
+static int wic_map(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len, bool writable)
+{
+	unsigned long set = WIC_FAKEGPU_PAGE_MAPPED;
+	int ret;
+
 	ret = wic_check_range(space, gpu_id, va, len);
 	if (ret)
 		return ret;
@@ -1982,7 +2011,6 @@ int uvm_wic_map(struct uvm_wic_space *space, u32 gpu_id, u64 va, u64 len, bool w
 		      gpu_id, va, len, 0);
 	return 0;
 }
-EXPORT_SYMBOL_GPL(uvm_wic_map);
 
 /**
  * uvm_wic_range_managed() - whether a range is managed memory of the space
