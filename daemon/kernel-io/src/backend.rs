@@ -1,6 +1,7 @@
 //! The shim backend: the engine's port to `/dev/wic`. Held faults come out of the record ring,
 //! are translated to engine addresses and handed to the engine's owner; the engine's commands are
-//! translated back and submitted in one batch, through io_uring or ioctl.
+//! translated back and submitted in one batch, through io_uring or ioctl; through io_uring, the
+//! commands of different GPUs run at once, in one lane per GPU.
 
 use std::ops::Range;
 use std::path::Path;
@@ -59,6 +60,44 @@ pub struct KernelOutcome {
     pub untranslatable: usize,
 }
 
+/// A batch that names several GPUs regrouped into lanes, one per GPU, which run at once, phase
+/// after phase ([`BatchPath::plan_lanes`]).
+#[derive(Debug, Default)]
+struct Lanes {
+    /// The batch's commands, lane after lane.
+    commands: Vec<WicCommand>,
+    /// The index in the batch of each of `commands`.
+    positions: Vec<u32>,
+    /// Each lane's commands in `commands`, phase after phase.
+    lanes: Vec<Range<usize>>,
+    /// Each phase's lanes in `lanes`.
+    phases: Vec<Range<usize>>,
+}
+
+impl Lanes {
+    /// Adds a phase of `commands`, the batch's from `start` on: one lane per GPU, in the order
+    /// the GPUs first come, each with that GPU's commands in the batch's order.
+    fn add_phase(&mut self, commands: &[WicCommand], start: usize) {
+        let first_lane = self.lanes.len();
+        for (i, command) in commands.iter().enumerate() {
+            let gpu = command.gpu_id;
+            let seen = self.lanes[first_lane..].iter().any(|lane| self.commands[lane.start].gpu_id == gpu);
+            if seen {
+                continue;
+            }
+            let lane_start = self.commands.len();
+            for (j, same) in commands.iter().enumerate().skip(i).filter(|(_, c)| c.gpu_id == gpu) {
+                self.commands.push(*same);
+                self.positions.push((start + j) as u32);
+            }
+            self.lanes.push(lane_start..self.commands.len());
+        }
+        if self.lanes.len() > first_lane {
+            self.phases.push(first_lane..self.lanes.len());
+        }
+    }
+}
+
 /// The user-space path of a fault batch, without the device: ring records are translated to
 /// engine addresses and handed to a [`FaultSink`] (the engine's), and the engine's commands are translated into one
 /// batch of kernel commands. The backend wraps it around `/dev/wic`; benchmarks run it on a
@@ -80,6 +119,8 @@ pub struct BatchPath {
     batch: Vec<WicCommand>,
     /// The index of the engine command each kernel command of `batch` was translated from.
     origin: Vec<u32>,
+    /// `batch` as lanes, when it names several GPUs ([`BatchPath::plan_lanes`]).
+    lanes: Lanes,
     /// Records of pages no placed channel has (stale, or a closed channel's).
     pub stray_records: u64,
 }
@@ -97,6 +138,7 @@ impl BatchPath {
             expired: Vec::new(),
             batch: Vec::new(),
             origin: Vec::new(),
+            lanes: Lanes::default(),
             stray_records: 0,
         }
     }
@@ -220,6 +262,68 @@ impl BatchPath {
         &mut self.batch
     }
 
+    /// Plans the translated batch as lanes, one per GPU, when it names several GPUs; false, and
+    /// nothing planned, when it names one: it runs as it is.
+    ///
+    /// A GPU's commands stay in one lane, in their order, its replays with them, so that its
+    /// warps never wait for another GPU's lane. Lanes run at once, as the commands of different
+    /// GPUs need no order between them, but for one: a GPU producer's PAT page re-armed on the
+    /// producer's GPU (`WIC_CMD_REARM_PAT`) must be so before another GPU's replay that comes
+    /// after it, the consumers', or the producer's next publish, which those consumers let it
+    /// make, could find the page still writable and never fault. Such a replay starts a new
+    /// phase, which runs once every lane of the one before has ended.
+    pub fn plan_lanes(&mut self) -> bool {
+        let batch = &self.batch;
+        let Some(first) = batch.first() else { return false };
+        if batch.iter().all(|c| c.gpu_id == first.gpu_id) {
+            return false;
+        }
+        let lanes = &mut self.lanes;
+        lanes.commands.clear();
+        lanes.positions.clear();
+        lanes.lanes.clear();
+        lanes.phases.clear();
+        // The GPUs on which the current phase re-arms a PAT page: at most a few.
+        let mut rearmed: Vec<u32> = Vec::new();
+        let mut start = 0;
+        for (i, command) in batch.iter().enumerate() {
+            match command.opcode {
+                kabi::WIC_CMD_REPLAY if rearmed.iter().any(|&gpu| gpu != command.gpu_id) => {
+                    lanes.add_phase(&batch[start..i], start);
+                    start = i;
+                    rearmed.clear();
+                }
+                kabi::WIC_CMD_REARM_PAT if !rearmed.contains(&command.gpu_id) => rearmed.push(command.gpu_id),
+                _ => {}
+            }
+        }
+        lanes.add_phase(&batch[start..], start);
+        true
+    }
+
+    /// Runs the planned lanes through `submit` (the lanes of one phase at once), phase after
+    /// phase, and gives each command of the batch its result. Stops at a phase `submit` refused.
+    fn submit_lanes(
+        &mut self,
+        mut submit: impl FnMut(&mut [WicCommand], &[Range<usize>]) -> std::io::Result<usize>,
+    ) -> std::io::Result<usize> {
+        let Lanes { commands, positions, lanes, phases } = &mut self.lanes;
+        let mut succeeded = Ok(0);
+        for phase in phases.iter() {
+            match submit(commands, &lanes[phase.clone()]) {
+                Ok(n) => succeeded = succeeded.map(|total| total + n),
+                Err(e) => {
+                    succeeded = Err(e);
+                    break;
+                }
+            }
+        }
+        for (command, &position) in commands.iter().zip(positions.iter()) {
+            self.batch[position as usize].result = command.result;
+        }
+        succeeded
+    }
+
     /// After the batch: in the engine's order, every translated command with the module's
     /// result, or [`CommandError::NotSubmitted`] when the batch never `ran`, and the daemon's
     /// own commands, which the caller's `outcome` carries out. The order matters: what a
@@ -257,6 +361,8 @@ pub struct ShimSession {
     device: Device,
     uring: Option<UringSubmitter>,
     path: BatchPath,
+    /// Whether a batch that names several GPUs runs in lanes, one per GPU, at once.
+    parallel: bool,
 }
 
 impl ShimSession {
@@ -275,7 +381,13 @@ impl ShimSession {
             ),
             Submission::Ioctl => None,
         };
-        Ok(Self { device, uring, path: BatchPath::new(config) })
+        Ok(Self { device, uring, path: BatchPath::new(config), parallel: true })
+    }
+
+    /// Whether a batch that names several GPUs runs in lanes, one per GPU, at once (io_uring
+    /// only; on by default), or as one chain.
+    pub fn set_parallel(&mut self, parallel: bool) {
+        self.parallel = parallel;
     }
 
     /// The session.
@@ -358,13 +470,20 @@ impl ShimSession {
         mut outcome: impl FnMut(&Command, Result<i32, CommandError>),
     ) -> Result<KernelOutcome, DeviceError> {
         let mut done = KernelOutcome::default();
-        let batch = self.path.translate(commands, host, &mut outcome, &mut done.untranslatable);
+        let empty = self.path.translate(commands, host, &mut outcome, &mut done.untranslatable).is_empty();
+        let io_uring_error = |error| DeviceError::Uring { what: "io_uring submission", error };
         let submitted = match &mut self.uring {
-            _ if batch.is_empty() => Ok(0),
-            Some(uring) => uring
-                .submit(self.device.fd(), batch)
-                .map_err(|error| DeviceError::Uring { what: "io_uring submission", error }),
-            None => self.device.submit(batch),
+            _ if empty => Ok(0),
+            // One lane per GPU, run at once (the module runs batches of several submitters
+            // together); with ioctl, one call at a time, the batch runs as it is.
+            Some(uring) if self.parallel && self.path.plan_lanes() => {
+                let fd = self.device.fd();
+                self.path
+                    .submit_lanes(|commands, lanes| uring.submit_lanes(fd, commands, lanes))
+                    .map_err(io_uring_error)
+            }
+            Some(uring) => uring.submit(self.device.fd(), &mut self.path.batch).map_err(io_uring_error),
+            None => self.device.submit(&mut self.path.batch),
         };
         // The daemon's own commands are carried out whatever became of the batch.
         self.path.report(commands, submitted.is_ok(), &mut done, &mut outcome);
@@ -594,5 +713,151 @@ mod tests {
                 (commands[5], not_run)
             ]
         );
+    }
+
+    /// A kernel command of `opcode` on `gpu_id`, told apart by `va`.
+    fn kernel(opcode: u32, gpu_id: u32, va: u64) -> WicCommand {
+        WicCommand { opcode, gpu_id, va, ..WicCommand::default() }
+    }
+
+    /// The planned lanes, phase by phase, as the `va`s of their commands, and whether each
+    /// command keeps its batch position.
+    fn planned(path: &BatchPath) -> Vec<Vec<Vec<u64>>> {
+        let lanes = &path.lanes;
+        for (command, &position) in lanes.commands.iter().zip(&lanes.positions) {
+            assert_eq!(*command, path.batch[position as usize], "a lane's command is the batch's at its position");
+        }
+        let mut positions = lanes.positions.clone();
+        positions.sort_unstable();
+        assert_eq!(positions, (0..path.batch.len() as u32).collect::<Vec<_>>(), "each command in one lane");
+        lanes
+            .phases
+            .iter()
+            .map(|phase| {
+                lanes.lanes[phase.clone()]
+                    .iter()
+                    .map(|l| lanes.commands[l.clone()].iter().map(|c| c.va).collect())
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_batch_of_one_gpu_runs_as_it_is() {
+        let mut path = BatchPath::new(&EngineConfig::default());
+        assert!(!path.plan_lanes(), "an empty batch");
+        path.batch = vec![
+            kernel(kabi::WIC_CMD_COMPLETE, 3, 1),
+            kernel(kabi::WIC_CMD_COMPLETE, 3, 2),
+            kernel(kabi::WIC_CMD_REPLAY, 3, 0),
+        ];
+        assert!(!path.plan_lanes());
+    }
+
+    #[test]
+    fn each_gpu_gets_a_lane_with_its_commands_in_order_and_its_replay_at_its_end() {
+        use kabi::{WIC_CMD_COMPLETE as COMPLETE, WIC_CMD_REPLAY as REPLAY};
+        let mut path = BatchPath::new(&EngineConfig::default());
+        path.batch = vec![
+            kernel(COMPLETE, 1, 10),
+            kernel(COMPLETE, 2, 20),
+            kernel(COMPLETE, 1, 11),
+            kernel(REPLAY, 1, 12),
+            kernel(REPLAY, 2, 21),
+            // A second step, of GPU 2 alone.
+            kernel(COMPLETE, 2, 22),
+            kernel(REPLAY, 2, 23),
+        ];
+        assert!(path.plan_lanes());
+        assert_eq!(planned(&path), [vec![vec![10, 11, 12], vec![20, 21, 22, 23]]], "one phase: nothing to wait for");
+    }
+
+    #[test]
+    fn a_replay_after_another_gpus_pat_page_was_rearmed_waits_for_every_lane() {
+        use kabi::{WIC_CMD_COMPLETE_COPY as COPY, WIC_CMD_REARM_PAT as REARM, WIC_CMD_REPLAY as REPLAY};
+        let mut path = BatchPath::new(&EngineConfig::default());
+        // The consumer (GPU 1) copies from the producer (GPU 2), whose next PAT page is re-armed.
+        path.batch = vec![
+            kernel(kabi::WIC_CMD_SERVICE_PAT, 2, 30),
+            kernel(COPY, 1, 10),
+            kernel(REARM, 2, 31),
+            kernel(REPLAY, 2, 32),
+            kernel(REPLAY, 1, 11),
+        ];
+        assert!(path.plan_lanes());
+        // The producer's own replay goes with its lane; the consumer's waits for the re-arm.
+        assert_eq!(planned(&path), [vec![vec![30, 31, 32], vec![10]], vec![vec![11]]]);
+    }
+
+    #[test]
+    fn the_results_of_the_lanes_go_back_to_the_batch() {
+        use kabi::{WIC_CMD_COMPLETE as COMPLETE, WIC_CMD_REPLAY as REPLAY};
+        let mut path = BatchPath::new(&EngineConfig::default());
+        path.batch =
+            vec![kernel(COMPLETE, 1, 10), kernel(COMPLETE, 2, 20), kernel(REPLAY, 1, 11), kernel(REPLAY, 2, 21)];
+        assert!(path.plan_lanes());
+        let mut phases = 0;
+        let succeeded = path
+            .submit_lanes(|commands, lanes| {
+                phases += 1;
+                assert_eq!(lanes.len(), 2, "both GPUs' lanes at once");
+                for command in &mut commands[lanes[1].clone()] {
+                    command.result = -(command.va as i32);
+                }
+                Ok(lanes[0].len())
+            })
+            .unwrap();
+        assert_eq!((phases, succeeded), (1, 2));
+        assert_eq!(path.batch.iter().map(|c| c.result).collect::<Vec<_>>(), [0, -20, 0, -21]);
+        // A refused phase ends the batch there: a second phase, for GPU 1's replay after GPU
+        // 2 re-armed a PAT page, never runs.
+        path.batch.push(kernel(kabi::WIC_CMD_REARM_PAT, 2, 22));
+        path.batch.push(kernel(REPLAY, 1, 12));
+        assert!(path.plan_lanes());
+        assert_eq!(path.lanes.phases.len(), 2);
+        let mut phases = 0;
+        let refused = path.submit_lanes(|_, _| {
+            phases += 1;
+            Err(std::io::Error::from_raw_os_error(libc::EINVAL))
+        });
+        assert_eq!((phases, refused.unwrap_err().raw_os_error()), (1, Some(libc::EINVAL)));
+    }
+
+    proptest::proptest! {
+        /// Whatever the batch: every command runs once, each GPU's in the batch's order, and a
+        /// replay runs after every PAT page re-armed on another GPU before it in the batch.
+        #[test]
+        fn lanes_keep_each_gpus_order_and_replay_after_other_gpus_rearms(
+            commands in proptest::collection::vec((0u32..4, 1u32..4), 2..40)
+        ) {
+            let opcodes =
+                [kabi::WIC_CMD_COMPLETE, kabi::WIC_CMD_SERVICE_PAT, kabi::WIC_CMD_REARM_PAT, kabi::WIC_CMD_REPLAY];
+            let mut path = BatchPath::new(&EngineConfig::default());
+            path.batch = commands.iter().enumerate().map(|(i, &(op, gpu))| kernel(opcodes[op as usize], gpu, i as u64)).collect();
+            if !path.plan_lanes() {
+                proptest::prop_assert!(path.batch.iter().all(|c| c.gpu_id == path.batch[0].gpu_id));
+                return Ok(());
+            }
+            // (phase, position in its lane's order) of each batch position.
+            let planned = planned(&path);
+            let mut at = vec![(usize::MAX, 0usize); path.batch.len()];
+            for (phase, lanes) in planned.iter().enumerate() {
+                for lane in lanes {
+                    for (k, &va) in lane.iter().enumerate() {
+                        at[va as usize] = (phase, k);
+                    }
+                }
+            }
+            for (i, a) in path.batch.iter().enumerate() {
+                for (j, b) in path.batch.iter().enumerate().skip(i + 1) {
+                    if a.gpu_id == b.gpu_id {
+                        proptest::prop_assert!(at[i] < at[j], "GPU {}'s commands {} and {} out of order", a.gpu_id, i, j);
+                    }
+                    if a.opcode == kabi::WIC_CMD_REARM_PAT && b.opcode == kabi::WIC_CMD_REPLAY && a.gpu_id != b.gpu_id {
+                        proptest::prop_assert!(at[i].0 < at[j].0, "replay {} may run before re-arm {}", j, i);
+                    }
+                }
+            }
+        }
     }
 }

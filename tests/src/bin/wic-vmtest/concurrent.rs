@@ -1,8 +1,9 @@
 //! Batches submitted from several threads run at once (`WIC_MAX_CONCURRENT_BATCHES` of them):
 //! a batch waiting on nvidia-uvm in one space no longer holds back another space's; a further
 //! batch waits for one of them to end; the expiry still gets in between the steps of every
-//! batch; and batches running together never mix their data, while ranges come and go and the
-//! expiry runs beside them.
+//! batch; batches running together never mix their data, while ranges come and go and the
+//! expiry runs beside them; the io_uring chunks of one batch still run in order; and wicd's
+//! shim backend activates two GPUs at once, one lane each.
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,12 +11,13 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use wic_engine::fault::AccessType;
+use wic_engine::ChannelSpec;
 use wic_kabi::{self as kabi, WicCommand, WIC_MARKER_CHANNEL_CLOSED, WIC_MAX_CONCURRENT_BATCHES};
 use wic_kernel_io::device::raw;
 use wic_kernel_io::fakegpu::{self, Fail, FakeGpu};
-use wic_kernel_io::{Device, UringSubmitter};
+use wic_kernel_io::{Device, Submission, UringSubmitter};
 
-use crate::rig::{ensure, fault, marker, submit_on, wait_events, Memory, DEVICE, GPU};
+use crate::rig::{ensure, fault, host_spec, marker, submit_on, wait_events, Daemon, Memory, DEVICE, GPU};
 
 const PAGE: u64 = 4096;
 /// Long enough for a batch that is not held back to end on a loaded VM; far below the fake
@@ -23,11 +25,14 @@ const PAGE: u64 = 4096;
 const RUNS_WITHIN: Duration = Duration::from_secs(3);
 const BOUND_MS: u32 = 200;
 
+/// A check on the scenario's session.
+type Check = fn(&Device) -> Result<(), String>;
+
 pub fn run() -> Result<(), String> {
     let device = Device::open(std::path::Path::new(DEVICE), Duration::from_secs(5))
         .map_err(|e| format!("open {DEVICE}: {e}"))?;
     set_bound(0)?;
-    let checks: [(&str, fn(&Device) -> Result<(), String>); 5] = [
+    let checks: [(&str, Check); 5] = [
         (
             "a batch stalled in one space holds back no other space",
             a_batch_stalled_in_one_space_holds_back_no_other_space,
@@ -39,7 +44,10 @@ pub fn run() -> Result<(), String> {
     ];
     let outcome = checks.iter().try_for_each(|(name, check)| check(&device).map_err(|e| format!("{name}: {e}")));
     set_bound(0)?;
-    outcome
+    outcome?;
+    // One session at a time: the daemon's is next.
+    drop(device);
+    wicd_activates_two_gpus_at_once().map_err(|e| format!("wicd activates two GPUs at once: {e}"))
 }
 
 /// An application's space with `pages` pages of managed memory registered as one PCM range.
@@ -59,6 +67,7 @@ impl Space {
             .register(id, kabi::WIC_RANGE_PCM, memory.base(), pages * PAGE, 0)
             .map_err(|e| format!("register: {e}"))?;
         fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
+        drain_log(&fake)?;
         Ok(Self { fake, memory, id, range })
     }
 
@@ -102,14 +111,26 @@ impl Space {
     }
 
     fn wait_stalled(&self) -> Result<(), String> {
-        wait_events(&self.fake, RUNS_WITHIN, |seen| seen.iter().any(|e| e.kind == fakegpu::EVENT_STALLED))
-            .map(|_| ())
-            .map_err(|_| "a batch's fill never stalled".into())
+        wait_stalls(&self.fake, 1)
     }
 
     fn detach(self, device: &Device) -> Result<(), String> {
         device.detach(self.id).map_err(|e| format!("detach: {e}"))
     }
+}
+
+/// Empties the fake GPU's event log, which is one for all its files, of what earlier checks
+/// left there: each check waits for its own events.
+fn drain_log(fake: &FakeGpu) -> Result<(), String> {
+    while !fake.events(4096, 0).map_err(|e| format!("events: {e}"))?.0.is_empty() {}
+    Ok(())
+}
+
+/// Waits for `count` stalls (the log is one for all spaces: one wait sees them all).
+fn wait_stalls(fake: &FakeGpu, count: usize) -> Result<(), String> {
+    wait_events(fake, RUNS_WITHIN, |seen| seen.iter().filter(|e| e.kind == fakegpu::EVENT_STALLED).count() >= count)
+        .map(|_| ())
+        .map_err(|_| format!("{count} fills never stalled"))
 }
 
 /// Submits `commands` on a thread of `scope`; the batch's count (or error) and its results
@@ -211,17 +232,16 @@ fn the_expiry_gets_in_between_the_steps_of_every_batch(device: &Device) -> Resul
         };
         let a = submit_in(scope, fd, batch(a1, a2));
         let b = submit_in(scope, fd, batch(b1, b2));
-        let outcome =
-            a1.wait_stalled().and_then(|()| b1.wait_stalled()).and_then(|()| set_bound(BOUND_MS)).and_then(|()| {
-                std::thread::sleep(Duration::from_millis(u64::from(BOUND_MS) * 3 / 2));
-                a2.stall()?;
-                b2.stall()?;
-                a1.release()?;
-                b1.release()?;
-                other
-                    .wait_expired(held, RUNS_WITHIN)
-                    .map_err(|_| "the held fault did not expire while both batches stalled in their second step".into())
-            });
+        let outcome = wait_stalls(&a1.fake, 2).and_then(|()| set_bound(BOUND_MS)).and_then(|()| {
+            std::thread::sleep(Duration::from_millis(u64::from(BOUND_MS) * 3 / 2));
+            a2.stall()?;
+            b2.stall()?;
+            a1.release()?;
+            b1.release()?;
+            other
+                .wait_expired(held, RUNS_WITHIN)
+                .map_err(|_| "the held fault did not expire while both batches stalled in their second step".into())
+        });
         for space in [a1, a2, b1, b2] {
             let _ = space.release();
         }
@@ -350,14 +370,20 @@ fn the_chunks_of_one_io_uring_batch_run_in_order(device: &Device) -> Result<(), 
     let outcome = std::thread::scope(|scope| {
         let commands = &mut commands;
         let submitted = scope.spawn(move || submitter.submit(fd, commands));
-        let order = first.wait_stalled().and_then(|()| {
-            match wait_events(&second.fake, Duration::from_millis(500), |seen| {
-                seen.iter().any(|e| e.kind == fakegpu::EVENT_WRITE)
-            }) {
+        // The second space's writes, among all the log holds (it is one for all spaces).
+        let second_pages = second.memory.base()..second.memory.base() + 2 * CHUNK * PAGE;
+        let second_wrote = |seen: &[fakegpu::Event]| {
+            seen.iter().any(|e| e.kind == fakegpu::EVENT_WRITE && second_pages.contains(&e.va))
+        };
+        let order = wait_events(&first.fake, RUNS_WITHIN, |seen| seen.iter().any(|e| e.kind == fakegpu::EVENT_STALLED))
+            .map_err(|_| "the first chunk's fill never stalled".to_string())
+            .and_then(|seen| {
+                ensure(!second_wrote(&seen), || format!("the second chunk ran before the first stalled: {seen:?}"))
+            })
+            .and_then(|()| match wait_events(&second.fake, Duration::from_millis(500), second_wrote) {
                 Ok(seen) => Err(format!("the second chunk ran while the first stalled: {seen:?}")),
                 Err(_) => Ok(()),
-            }
-        });
+            });
         let released = first.release();
         let done = submitted.join().map_err(|_| "the submitting thread panicked".to_string())?;
         order.and(released)?;
@@ -368,6 +394,66 @@ fn the_chunks_of_one_io_uring_batch_run_in_order(device: &Device) -> Result<(), 
     })?;
     first.detach(device)?;
     second.detach(device)
+}
+
+/// wicd's shim backend runs a batch that names two GPUs as two lanes at once: the second GPU's
+/// run is filled and mapped while the first GPU's fill stalls, and both runs end with their
+/// data, mapped, their GPUs replayed. Run in a session of its own (the daemon's).
+fn wicd_activates_two_gpus_at_once() -> Result<(), String> {
+    let mut daemon = Daemon::open(Submission::Uring)?;
+    let mut sides = Vec::new();
+    for gpu in [GPU, GPU + 1] {
+        let fake = FakeGpu::open().map_err(|e| format!("open {}: {e}", fakegpu::DEVICE))?;
+        let mut memory = Memory::new(&fake, 1 << 20)?;
+        let space = daemon.backend.device().attach(fake.fd()).map_err(|e| format!("attach: {e}"))?;
+        let spec = ChannelSpec { consumer_gpu: gpu as u16, ..host_spec(1, 512) };
+        let (layout, placed) = daemon.channel(spec, space, &mut memory)?;
+        let run = placed.placement.process_va(layout.slots[0].runs[0]).ok_or("run not placed")?;
+        fake.reset().map_err(|e| format!("fake-GPU reset: {e}"))?;
+        let (verdicts, _) = fake.inject(gpu, &[fault(run, AccessType::Read)]).map_err(|e| format!("inject: {e}"))?;
+        ensure(verdicts == [fakegpu::VERDICT_HOLD], || format!("GPU {gpu}'s fault was {verdicts:?}"))?;
+        sides.push((fake, memory, space, layout, run, gpu));
+    }
+    ensure(daemon.take_faults() == 2, || "two records expected".into())?;
+    drain_log(&sides[0].0)?;
+    let data: Vec<u8> = (0..512u32).map(|i| (i * 13 + 5) as u8).collect();
+    daemon.host_data[..data.len()].copy_from_slice(&data);
+    for (_, _, _, layout, _, _) in &sides {
+        let now = daemon.now();
+        daemon.engine.publish(now, layout.id, 0, &mut daemon.commands).map_err(|e| e.to_string())?;
+    }
+    let (first, second) = (&sides[0], &sides[1]);
+    first.0.fail(Fail { writes: 1, flags: fakegpu::FAIL_STALL, ..Default::default() }).map_err(|e| e.to_string())?;
+    let (executed, overlapped) = std::thread::scope(|scope| {
+        let watcher = scope.spawn(|| {
+            // One wait for both (the log is one for all spaces): the stall is released only after.
+            let overlapped = wait_events(&first.0, RUNS_WITHIN, |seen| {
+                seen.iter().any(|e| e.kind == fakegpu::EVENT_STALLED)
+                    && seen.iter().any(|e| e.kind == fakegpu::EVENT_MAP && e.gpu_id == second.5 && e.va == second.4)
+            })
+            .map_err(|_| "the second GPU's run was not mapped while the first GPU's fill stalled".to_string());
+            let released = first.0.fail(Fail::default()).map_err(|e| e.to_string());
+            released.and(overlapped)
+        });
+        let executed = daemon.execute();
+        (executed, watcher.join().unwrap_or_else(|_| Err("the watcher panicked".into())))
+    });
+    let earlier = overlapped?;
+    executed?;
+    for (fake, memory, _, _, run, gpu) in &sides {
+        let state = fake.page_state(*gpu, *run).map_err(|e| format!("page state: {e}"))?;
+        ensure(state & fakegpu::PAGE_MAPPED != 0, || format!("GPU {gpu}'s run is not mapped"))?;
+        ensure(memory.read(*run, data.len()) == data, || format!("GPU {gpu}'s run lacks its data"))?;
+    }
+    let replayed =
+        |seen: &[fakegpu::Event], gpu: u32| seen.iter().any(|e| e.kind == fakegpu::EVENT_REPLAY && e.gpu_id == gpu);
+    let replayed_both =
+        |seen: &[fakegpu::Event]| [first.5, second.5].iter().all(|&gpu| replayed(&earlier, gpu) || replayed(seen, gpu));
+    wait_events(&first.0, RUNS_WITHIN, replayed_both).map_err(|_| "both GPUs were not replayed".to_string())?;
+    for (_, _, space, ..) in &sides {
+        daemon.backend.device().detach(*space).map_err(|e| format!("detach: {e}"))?;
+    }
+    Ok(())
 }
 
 /// Sets the module's `max_hold_ms`.
