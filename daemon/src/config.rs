@@ -103,6 +103,9 @@ pub enum SubmissionChoice {
 #[serde(default, deny_unknown_fields)]
 pub struct ShimConfig {
     pub submission: SubmissionChoice,
+    /// Whether a command batch that names several applications' address spaces runs as one
+    /// lane per space, the lanes at once (io_uring only); off, as one chain.
+    pub parallel_activation: bool,
     /// How long to retry while the device is still held by a previous session (a restart:
     /// the module completes the old session's held faults before it lets a new one in).
     pub open_wait_ms: u64,
@@ -119,6 +122,7 @@ impl Default for ShimConfig {
     fn default() -> Self {
         Self {
             submission: SubmissionChoice::IoUring,
+            parallel_activation: true,
             open_wait_ms: 2000,
             gpu_sharing: SharingPolicy::Refuse,
             gpus: Vec::new(),

@@ -133,9 +133,10 @@ fn start_fast_path(config: &Config) -> Result<(DataplaneHandle, JoinHandle<()>, 
         return Ok((handle, thread, traits, gpus));
     }
     let wait = Duration::from_millis(config.shim.open_wait_ms);
-    let session = ShimSession::open(device, wait, config.shim.submission(), engine.config()).map_err(|e| {
+    let mut session = ShimSession::open(device, wait, config.shim.submission(), engine.config()).map_err(|e| {
         format!("{}: {e} (is wic_shim loaded? service.backend = \"emulated\" runs without it)", device.display())
     })?;
+    session.set_parallel(config.shim.parallel_activation);
     tracing::info!("{}: session opened", device.display());
     let backend = ShimGpus::new(session);
     let traits = backend.traits();

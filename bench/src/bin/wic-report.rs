@@ -260,6 +260,7 @@ fn run(args: &Args) -> Result<(), String> {
         vm.as_ref().map_or("not run in this regeneration (`--no-vm` or `--quick`)".into(), |vm| vm.place.clone()),
     );
     fields.set("vm_table", vm.as_ref().map_or(String::new(), vm_table));
+    fields.set("vm_lanes_table", vm.as_ref().map_or(String::new(), vm_lanes_table));
     fields.set("total_seconds", format!("{:.0}", started.elapsed().as_secs_f64()));
     let text = fields.fill(&template)?;
     let out = args.out.join("evaluation.md");
@@ -470,6 +471,33 @@ fn vm_table(vm: &VmBench) -> String {
             };
         }
         text += "\n";
+    }
+    text
+}
+
+/// Per placement of the two applications' channels, a batch's execution as one chain and as a
+/// lane each, and their ratio pair by pair.
+fn vm_lanes_table(vm: &VmBench) -> String {
+    let mut text = String::from(
+        "| two applications on | batches each way | one chain p50 | a lane each p50 | chain over lanes, pair by pair: \
+         p25 / p50 / p75 |\n|---|---|---|---|---|\n",
+    );
+    for row in vm.results["lanes"].as_array().cloned().unwrap_or_default() {
+        let spaces = match row["gpus"].as_u64() {
+            Some(1) => "one GPU".to_string(),
+            Some(n) => format!("{n} GPUs, one each"),
+            None => "-".into(),
+        };
+        let ratio = |key: &str| row[key].as_f64().map_or("-".into(), |r| format!("{r:.2}"));
+        text += &format!(
+            "| {spaces} | {} | {} | {} | {} / {} / {} |\n",
+            row["batches"],
+            micros(&row["chain_p50_us"]),
+            micros(&row["lanes_p50_us"]),
+            ratio("ratio_p25"),
+            ratio("ratio_p50"),
+            ratio("ratio_p75")
+        );
     }
     text
 }

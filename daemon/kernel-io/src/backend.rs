@@ -1,7 +1,7 @@
 //! The shim backend: the engine's port to `/dev/wic`. Held faults come out of the record ring,
 //! are translated to engine addresses and handed to the engine's owner; the engine's commands are
 //! translated back and submitted in one batch, through io_uring or ioctl; through io_uring, the
-//! commands of different GPUs run at once, in one lane per GPU.
+//! commands of different applications (address spaces) run at once, in one lane each.
 
 use std::ops::Range;
 use std::path::Path;
@@ -60,11 +60,11 @@ pub struct KernelOutcome {
     pub untranslatable: usize,
 }
 
-/// A batch that names several GPUs regrouped into lanes, one per GPU, which run at once, phase
-/// after phase ([`BatchPath::plan_lanes`]).
+/// A batch that names several address spaces regrouped into lanes, one per space, which run at
+/// once, phase after phase ([`BatchPath::plan_lanes`]).
 #[derive(Debug, Default)]
 struct Lanes {
-    /// The batch's commands, lane after lane.
+    /// The batch's commands, lane after lane; a replay once in each lane it serves.
     commands: Vec<WicCommand>,
     /// The index in the batch of each of `commands`.
     positions: Vec<u32>,
@@ -72,24 +72,70 @@ struct Lanes {
     lanes: Vec<Range<usize>>,
     /// Each phase's lanes in `lanes`.
     phases: Vec<Range<usize>>,
+    /// Scratch of [`Lanes::add_phase`], kept so that planning allocates nothing once warm: the
+    /// phase's spaces, the GPUs a lane has commands on since their last replay in it, and which
+    /// of the phase's replays a lane took.
+    spaces: Vec<u32>,
+    owed: Vec<u32>,
+    taken: Vec<bool>,
 }
 
 impl Lanes {
-    /// Adds a phase of `commands`, the batch's from `start` on: one lane per GPU, in the order
-    /// the GPUs first come, each with that GPU's commands in the batch's order.
+    fn clear(&mut self) {
+        self.commands.clear();
+        self.positions.clear();
+        self.lanes.clear();
+        self.phases.clear();
+    }
+
+    fn push(&mut self, command: WicCommand, position: usize) {
+        self.commands.push(command);
+        self.positions.push(position as u32);
+    }
+
+    /// Adds a phase of `commands`, the batch's from `start` on: one lane per address space, in
+    /// the order the spaces first come, with that space's commands in the batch's order and,
+    /// after them, each replay of a GPU they have commands on (a replay is the whole GPU's: each
+    /// lane that needs it replays once its own commands ran); the replays no lane needs go in
+    /// a lane of their own.
     fn add_phase(&mut self, commands: &[WicCommand], start: usize) {
+        let replay = |c: &WicCommand| c.opcode == kabi::WIC_CMD_REPLAY;
         let first_lane = self.lanes.len();
-        for (i, command) in commands.iter().enumerate() {
-            let gpu = command.gpu_id;
-            let seen = self.lanes[first_lane..].iter().any(|lane| self.commands[lane.start].gpu_id == gpu);
-            if seen {
-                continue;
+        self.spaces.clear();
+        for command in commands.iter().filter(|c| !replay(c)) {
+            if !self.spaces.contains(&command.space_id) {
+                self.spaces.push(command.space_id);
             }
+        }
+        self.taken.clear();
+        self.taken.resize(commands.len(), false);
+        for k in 0..self.spaces.len() {
+            let space = self.spaces[k];
+            self.owed.clear();
             let lane_start = self.commands.len();
-            for (j, same) in commands.iter().enumerate().skip(i).filter(|(_, c)| c.gpu_id == gpu) {
-                self.commands.push(*same);
-                self.positions.push((start + j) as u32);
+            for (i, command) in commands.iter().enumerate() {
+                if !replay(command) {
+                    if command.space_id == space {
+                        if !self.owed.contains(&command.gpu_id) {
+                            self.owed.push(command.gpu_id);
+                        }
+                        self.push(*command, start + i);
+                    }
+                } else if let Some(at) = self.owed.iter().position(|&gpu| gpu == command.gpu_id) {
+                    self.owed.swap_remove(at);
+                    self.taken[i] = true;
+                    self.push(*command, start + i);
+                }
             }
+            self.lanes.push(lane_start..self.commands.len());
+        }
+        let lane_start = self.commands.len();
+        for (i, command) in commands.iter().enumerate() {
+            if replay(command) && !self.taken[i] {
+                self.push(*command, start + i);
+            }
+        }
+        if self.commands.len() > lane_start {
             self.lanes.push(lane_start..self.commands.len());
         }
         if self.lanes.len() > first_lane {
@@ -262,38 +308,37 @@ impl BatchPath {
         &mut self.batch
     }
 
-    /// Plans the translated batch as lanes, one per GPU, when it names several GPUs; false, and
-    /// nothing planned, when it names one: it runs as it is.
+    /// Plans the translated batch as lanes, one per address space, when it names several
+    /// spaces; false, and nothing planned, when it names one: it runs as it is.
     ///
-    /// A GPU's commands stay in one lane, in their order, its replays with them, so that its
-    /// warps never wait for another GPU's lane. Lanes run at once, as the commands of different
-    /// GPUs need no order between them, but for one: a GPU producer's PAT page re-armed on the
-    /// producer's GPU (`WIC_CMD_REARM_PAT`) must be so before another GPU's replay that comes
-    /// after it, the consumers', or the producer's next publish, which those consumers let it
-    /// make, could find the page still writable and never fault. Such a replay starts a new
-    /// phase, which runs once every lane of the one before has ended.
+    /// Lanes are by address space, not by GPU, because that is what nvidia-uvm runs at once:
+    /// the hook fills a space's pages one call at a time, under the space's staging lock, for
+    /// the whole of a completion (its fill, unmaps, maps and the wait for their TLB
+    /// invalidates), while the calls of different spaces (different applications) share no
+    /// lock but brief ones. A space's commands stay in one lane, in their order; a replay, which
+    /// is the whole GPU's, goes into each lane that has commands on that GPU before it, after
+    /// them. One ordering crosses lanes: a GPU producer's PAT page re-armed
+    /// (`WIC_CMD_REARM_PAT`) must be so before a replay that comes after it, or the consumers
+    /// that replay wakes could let the producer publish again onto a page still writable,
+    /// which never faults. Such a replay starts a new phase, which runs once every lane of the
+    /// one before has ended.
     pub fn plan_lanes(&mut self) -> bool {
         let batch = &self.batch;
-        let Some(first) = batch.first() else { return false };
-        if batch.iter().all(|c| c.gpu_id == first.gpu_id) {
+        let mut spaces = batch.iter().filter(|c| c.opcode != kabi::WIC_CMD_REPLAY).map(|c| c.space_id);
+        let Some(first) = spaces.next() else { return false };
+        if spaces.all(|space| space == first) {
             return false;
         }
         let lanes = &mut self.lanes;
-        lanes.commands.clear();
-        lanes.positions.clear();
-        lanes.lanes.clear();
-        lanes.phases.clear();
-        // The GPUs on which the current phase re-arms a PAT page: at most a few.
-        let mut rearmed: Vec<u32> = Vec::new();
-        let mut start = 0;
+        lanes.clear();
+        let (mut start, mut rearmed) = (0, false);
         for (i, command) in batch.iter().enumerate() {
             match command.opcode {
-                kabi::WIC_CMD_REPLAY if rearmed.iter().any(|&gpu| gpu != command.gpu_id) => {
+                kabi::WIC_CMD_REPLAY if rearmed => {
                     lanes.add_phase(&batch[start..i], start);
-                    start = i;
-                    rearmed.clear();
+                    (start, rearmed) = (i, false);
                 }
-                kabi::WIC_CMD_REARM_PAT if !rearmed.contains(&command.gpu_id) => rearmed.push(command.gpu_id),
+                kabi::WIC_CMD_REARM_PAT => rearmed = true,
                 _ => {}
             }
         }
@@ -302,26 +347,31 @@ impl BatchPath {
     }
 
     /// Runs the planned lanes through `submit` (the lanes of one phase at once), phase after
-    /// phase, and gives each command of the batch its result. Stops at a phase `submit` refused.
+    /// phase, and gives each command of the batch its result: a replay run in several lanes
+    /// keeps a refusal. Stops at a phase `submit` refused. Returns how many of the batch's
+    /// commands succeeded.
     fn submit_lanes(
         &mut self,
         mut submit: impl FnMut(&mut [WicCommand], &[Range<usize>]) -> std::io::Result<usize>,
     ) -> std::io::Result<usize> {
-        let Lanes { commands, positions, lanes, phases } = &mut self.lanes;
-        let mut succeeded = Ok(0);
+        let Lanes { commands, positions, lanes, phases, .. } = &mut self.lanes;
+        let mut refused = None;
         for phase in phases.iter() {
-            match submit(commands, &lanes[phase.clone()]) {
-                Ok(n) => succeeded = succeeded.map(|total| total + n),
-                Err(e) => {
-                    succeeded = Err(e);
-                    break;
-                }
+            if let Err(e) = submit(commands, &lanes[phase.clone()]) {
+                refused = Some(e);
+                break;
             }
         }
         for (command, &position) in commands.iter().zip(positions.iter()) {
-            self.batch[position as usize].result = command.result;
+            let result = &mut self.batch[position as usize].result;
+            if *result == 0 {
+                *result = command.result;
+            }
         }
-        succeeded
+        match refused {
+            Some(e) => Err(e),
+            None => Ok(self.batch.iter().filter(|c| c.result == 0).count()),
+        }
     }
 
     /// After the batch: in the engine's order, every translated command with the module's
@@ -361,7 +411,7 @@ pub struct ShimSession {
     device: Device,
     uring: Option<UringSubmitter>,
     path: BatchPath,
-    /// Whether a batch that names several GPUs runs in lanes, one per GPU, at once.
+    /// Whether a batch that names several address spaces runs in lanes, one per space, at once.
     parallel: bool,
 }
 
@@ -384,7 +434,7 @@ impl ShimSession {
         Ok(Self { device, uring, path: BatchPath::new(config), parallel: true })
     }
 
-    /// Whether a batch that names several GPUs runs in lanes, one per GPU, at once (io_uring
+    /// Whether a batch that names several address spaces runs in lanes, one per space, at once (io_uring
     /// only; on by default), or as one chain.
     pub fn set_parallel(&mut self, parallel: bool) {
         self.parallel = parallel;
@@ -474,7 +524,7 @@ impl ShimSession {
         let io_uring_error = |error| DeviceError::Uring { what: "io_uring submission", error };
         let submitted = match &mut self.uring {
             _ if empty => Ok(0),
-            // One lane per GPU, run at once (the module runs batches of several submitters
+            // One lane per address space, run at once (the module runs batches of several submitters
             // together); with ioctl, one call at a time, the batch runs as it is.
             Some(uring) if self.parallel && self.path.plan_lanes() => {
                 let fd = self.device.fd();
@@ -715,21 +765,31 @@ mod tests {
         );
     }
 
-    /// A kernel command of `opcode` on `gpu_id`, told apart by `va`.
-    fn kernel(opcode: u32, gpu_id: u32, va: u64) -> WicCommand {
-        WicCommand { opcode, gpu_id, va, ..WicCommand::default() }
+    /// A kernel command of `opcode` in `space_id` on `gpu_id`, told apart by `va`.
+    fn kernel(opcode: u32, space_id: u32, gpu_id: u32, va: u64) -> WicCommand {
+        WicCommand { opcode, space_id, gpu_id, va, ..WicCommand::default() }
     }
 
-    /// The planned lanes, phase by phase, as the `va`s of their commands, and whether each
-    /// command keeps its batch position.
+    /// A replay of `gpu_id` (no space), told apart by `va`.
+    fn replay(gpu_id: u32, va: u64) -> WicCommand {
+        kernel(kabi::WIC_CMD_REPLAY, 0, gpu_id, va)
+    }
+
+    /// The planned lanes, phase by phase, as the `va`s of their commands, once checked that each
+    /// is the batch's command at its position and that every command of the batch is planned.
     fn planned(path: &BatchPath) -> Vec<Vec<Vec<u64>>> {
         let lanes = &path.lanes;
         for (command, &position) in lanes.commands.iter().zip(&lanes.positions) {
             assert_eq!(*command, path.batch[position as usize], "a lane's command is the batch's at its position");
         }
-        let mut positions = lanes.positions.clone();
-        positions.sort_unstable();
-        assert_eq!(positions, (0..path.batch.len() as u32).collect::<Vec<_>>(), "each command in one lane");
+        for (i, command) in path.batch.iter().enumerate() {
+            let copies = lanes.positions.iter().filter(|&&p| p as usize == i).count();
+            if command.opcode == kabi::WIC_CMD_REPLAY {
+                assert!(copies >= 1, "replay {i} never runs");
+            } else {
+                assert_eq!(copies, 1, "command {i} runs {copies} times");
+            }
+        }
         lanes
             .phases
             .iter()
@@ -743,76 +803,81 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_of_one_gpu_runs_as_it_is() {
+    fn a_batch_of_one_address_space_runs_as_it_is() {
+        use kabi::WIC_CMD_COMPLETE as COMPLETE;
         let mut path = BatchPath::new(&EngineConfig::default());
         assert!(!path.plan_lanes(), "an empty batch");
-        path.batch = vec![
-            kernel(kabi::WIC_CMD_COMPLETE, 3, 1),
-            kernel(kabi::WIC_CMD_COMPLETE, 3, 2),
-            kernel(kabi::WIC_CMD_REPLAY, 3, 0),
-        ];
+        // Two GPUs, one application: the hook fills its pages one call at a time anyway.
+        path.batch = vec![kernel(COMPLETE, 1, 3, 1), kernel(COMPLETE, 1, 4, 2), replay(3, 0), replay(4, 0)];
         assert!(!path.plan_lanes());
     }
 
     #[test]
-    fn each_gpu_gets_a_lane_with_its_commands_in_order_and_its_replay_at_its_end() {
-        use kabi::{WIC_CMD_COMPLETE as COMPLETE, WIC_CMD_REPLAY as REPLAY};
+    fn each_space_gets_a_lane_in_order_with_the_replays_of_its_gpus_after_its_commands() {
+        use kabi::WIC_CMD_COMPLETE as COMPLETE;
         let mut path = BatchPath::new(&EngineConfig::default());
         path.batch = vec![
-            kernel(COMPLETE, 1, 10),
-            kernel(COMPLETE, 2, 20),
-            kernel(COMPLETE, 1, 11),
-            kernel(REPLAY, 1, 12),
-            kernel(REPLAY, 2, 21),
-            // A second step, of GPU 2 alone.
-            kernel(COMPLETE, 2, 22),
-            kernel(REPLAY, 2, 23),
+            kernel(COMPLETE, 1, 1, 10),
+            kernel(COMPLETE, 2, 2, 20),
+            kernel(COMPLETE, 1, 1, 11),
+            kernel(COMPLETE, 2, 1, 21),
+            replay(1, 90),
+            replay(2, 91),
+            // A second step, of space 2 alone; and a replay nobody's commands need.
+            kernel(COMPLETE, 2, 2, 22),
+            replay(2, 92),
+            replay(5, 93),
         ];
         assert!(path.plan_lanes());
-        assert_eq!(planned(&path), [vec![vec![10, 11, 12], vec![20, 21, 22, 23]]], "one phase: nothing to wait for");
+        assert_eq!(
+            planned(&path),
+            [vec![vec![10, 11, 90], vec![20, 21, 90, 91, 22, 92], vec![93]]],
+            "one phase: GPU 1's replay in both lanes, each after its own commands"
+        );
     }
 
     #[test]
-    fn a_replay_after_another_gpus_pat_page_was_rearmed_waits_for_every_lane() {
-        use kabi::{WIC_CMD_COMPLETE_COPY as COPY, WIC_CMD_REARM_PAT as REARM, WIC_CMD_REPLAY as REPLAY};
+    fn a_replay_after_a_pat_page_was_rearmed_waits_for_every_lane() {
+        use kabi::{WIC_CMD_COMPLETE as COMPLETE, WIC_CMD_COMPLETE_COPY as COPY, WIC_CMD_REARM_PAT as REARM};
         let mut path = BatchPath::new(&EngineConfig::default());
-        // The consumer (GPU 1) copies from the producer (GPU 2), whose next PAT page is re-armed.
+        // Space 1's consumer (GPU 1) copies from its producer (GPU 2), whose next PAT page is
+        // re-armed; space 2 completes a run on GPU 1 too.
         path.batch = vec![
-            kernel(kabi::WIC_CMD_SERVICE_PAT, 2, 30),
-            kernel(COPY, 1, 10),
-            kernel(REARM, 2, 31),
-            kernel(REPLAY, 2, 32),
-            kernel(REPLAY, 1, 11),
+            kernel(kabi::WIC_CMD_SERVICE_PAT, 1, 2, 30),
+            kernel(COPY, 1, 1, 10),
+            kernel(COMPLETE, 2, 1, 20),
+            kernel(REARM, 1, 2, 31),
+            replay(2, 32),
+            replay(1, 11),
         ];
         assert!(path.plan_lanes());
-        // The producer's own replay goes with its lane; the consumer's waits for the re-arm.
-        assert_eq!(planned(&path), [vec![vec![30, 31, 32], vec![10]], vec![vec![11]]]);
+        assert_eq!(planned(&path), [vec![vec![30, 10, 31], vec![20]], vec![vec![32, 11]]]);
     }
 
     #[test]
     fn the_results_of_the_lanes_go_back_to_the_batch() {
-        use kabi::{WIC_CMD_COMPLETE as COMPLETE, WIC_CMD_REPLAY as REPLAY};
+        use kabi::WIC_CMD_COMPLETE as COMPLETE;
         let mut path = BatchPath::new(&EngineConfig::default());
-        path.batch =
-            vec![kernel(COMPLETE, 1, 10), kernel(COMPLETE, 2, 20), kernel(REPLAY, 1, 11), kernel(REPLAY, 2, 21)];
+        path.batch = vec![kernel(COMPLETE, 1, 1, 10), kernel(COMPLETE, 2, 1, 20), replay(1, 11)];
         assert!(path.plan_lanes());
         let mut phases = 0;
         let succeeded = path
             .submit_lanes(|commands, lanes| {
                 phases += 1;
-                assert_eq!(lanes.len(), 2, "both GPUs' lanes at once");
+                assert_eq!(lanes.len(), 2, "both spaces' lanes at once");
+                // The second lane's completion and its copy of the replay are refused.
                 for command in &mut commands[lanes[1].clone()] {
                     command.result = -(command.va as i32);
                 }
                 Ok(lanes[0].len())
             })
             .unwrap();
-        assert_eq!((phases, succeeded), (1, 2));
-        assert_eq!(path.batch.iter().map(|c| c.result).collect::<Vec<_>>(), [0, -20, 0, -21]);
-        // A refused phase ends the batch there: a second phase, for GPU 1's replay after GPU
-        // 2 re-armed a PAT page, never runs.
-        path.batch.push(kernel(kabi::WIC_CMD_REARM_PAT, 2, 22));
-        path.batch.push(kernel(REPLAY, 1, 12));
+        assert_eq!((phases, succeeded), (1, 1));
+        assert_eq!(path.batch.iter().map(|c| c.result).collect::<Vec<_>>(), [0, -20, -11], "a replay keeps a refusal");
+        // A refused phase ends the batch there: a second phase, for a replay after a PAT page
+        // was re-armed, never runs.
+        path.batch.push(kernel(kabi::WIC_CMD_REARM_PAT, 2, 2, 22));
+        path.batch.push(replay(1, 12));
         assert!(path.plan_lanes());
         assert_eq!(path.lanes.phases.len(), 2);
         let mut phases = 0;
@@ -824,37 +889,58 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// Whatever the batch: every command runs once, each GPU's in the batch's order, and a
-        /// replay runs after every PAT page re-armed on another GPU before it in the batch.
+        /// Whatever the batch: each command runs once (a replay at least once); each space's in
+        /// the batch's order; a command on a GPU that a replay follows in the batch has its GPU
+        /// replayed after it runs; and a replay runs after every PAT page re-armed before it.
         #[test]
-        fn lanes_keep_each_gpus_order_and_replay_after_other_gpus_rearms(
-            commands in proptest::collection::vec((0u32..4, 1u32..4), 2..40)
+        fn lanes_keep_each_spaces_order_and_replay_after_what_needs_it(
+            commands in proptest::collection::vec((0u32..4, 1u32..4, 1u32..4), 2..40)
         ) {
             let opcodes =
                 [kabi::WIC_CMD_COMPLETE, kabi::WIC_CMD_SERVICE_PAT, kabi::WIC_CMD_REARM_PAT, kabi::WIC_CMD_REPLAY];
             let mut path = BatchPath::new(&EngineConfig::default());
-            path.batch = commands.iter().enumerate().map(|(i, &(op, gpu))| kernel(opcodes[op as usize], gpu, i as u64)).collect();
+            path.batch = commands
+                .iter()
+                .enumerate()
+                .map(|(i, &(op, space, gpu))| match opcodes[op as usize] {
+                    kabi::WIC_CMD_REPLAY => replay(gpu, i as u64),
+                    opcode => kernel(opcode, space, gpu, i as u64),
+                })
+                .collect();
             if !path.plan_lanes() {
-                proptest::prop_assert!(path.batch.iter().all(|c| c.gpu_id == path.batch[0].gpu_id));
+                let mut spaces = path.batch.iter().filter(|c| c.opcode != kabi::WIC_CMD_REPLAY).map(|c| c.space_id);
+                let first = spaces.next();
+                proptest::prop_assert!(spaces.all(|s| Some(s) == first));
                 return Ok(());
             }
-            // (phase, position in its lane's order) of each batch position.
+            // Where each copy of each batch command runs: (phase, lane, place in the lane).
             let planned = planned(&path);
-            let mut at = vec![(usize::MAX, 0usize); path.batch.len()];
+            let mut runs: Vec<Vec<(usize, usize, usize)>> = vec![Vec::new(); path.batch.len()];
             for (phase, lanes) in planned.iter().enumerate() {
-                for lane in lanes {
-                    for (k, &va) in lane.iter().enumerate() {
-                        at[va as usize] = (phase, k);
+                for (lane, vas) in lanes.iter().enumerate() {
+                    for (k, &va) in vas.iter().enumerate() {
+                        runs[va as usize].push((phase, lane, k));
                     }
                 }
             }
+            let replays = |c: &WicCommand| c.opcode == kabi::WIC_CMD_REPLAY;
+            let after = |a: (usize, usize, usize), r: (usize, usize, usize)| a.0 < r.0 || (a.0 == r.0 && a.1 == r.1 && a.2 < r.2);
+            for (i, a) in path.batch.iter().enumerate().filter(|(_, a)| !replays(a)) {
+                let later: Vec<usize> =
+                    (i + 1..path.batch.len()).filter(|&j| replays(&path.batch[j]) && path.batch[j].gpu_id == a.gpu_id).collect();
+                proptest::prop_assert!(
+                    later.is_empty() || later.iter().any(|&j| runs[j].iter().any(|&r| after(runs[i][0], r))),
+                    "command {} is followed by replays {:?} of its GPU, none of which runs after it", i, later
+                );
+            }
             for (i, a) in path.batch.iter().enumerate() {
                 for (j, b) in path.batch.iter().enumerate().skip(i + 1) {
-                    if a.gpu_id == b.gpu_id {
-                        proptest::prop_assert!(at[i] < at[j], "GPU {}'s commands {} and {} out of order", a.gpu_id, i, j);
+                    let (ra, rb) = (runs[i][0], &runs[j]);
+                    if !replays(a) && !replays(b) && a.space_id == b.space_id {
+                        proptest::prop_assert!(after(ra, rb[0]), "space {}'s commands {} and {} out of order", a.space_id, i, j);
                     }
-                    if a.opcode == kabi::WIC_CMD_REARM_PAT && b.opcode == kabi::WIC_CMD_REPLAY && a.gpu_id != b.gpu_id {
-                        proptest::prop_assert!(at[i].0 < at[j].0, "replay {} may run before re-arm {}", j, i);
+                    if a.opcode == kabi::WIC_CMD_REARM_PAT && replays(b) {
+                        proptest::prop_assert!(rb.iter().all(|r| ra.0 < r.0), "replay {} may run before re-arm {}", j, i);
                     }
                 }
             }

@@ -5,6 +5,10 @@
 //!
 //! Each latency is the fake GPU's timestamp of a page's map minus its timestamp just before
 //! the batch was classified, both CLOCK_MONOTONIC in the VM's kernel.
+//!
+//! Then what parallel activation gains here: the shim backend's execution of a batch that
+//! completes runs of two applications (address spaces), a lane each against one chain,
+//! alternating in one run.
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, BorrowedFd};
@@ -44,8 +48,36 @@ pub fn run() -> Result<(), String> {
             }));
         }
     }
+    let mut lanes = Vec::new();
+    for gpus in [2, 1] {
+        let (chain, parallel) = measure_lanes(gpus)?;
+        // Each batch in lanes against the one-chain batch before it: pairs a few milliseconds
+        // apart see the same state of the emulated machine.
+        let mut ratios: Vec<f64> = chain.iter().zip(&parallel).map(|(c, p)| *c as f64 / *p as f64).collect();
+        ratios.sort_by(f64::total_cmp);
+        let quantile = |v: &[f64], q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+        let p50_us = |v: &[u64]| {
+            let mut v = v.to_vec();
+            v.sort_unstable();
+            v[v.len() / 2] as f64 / 1000.0
+        };
+        let (chain_us, lanes_us) = (p50_us(&chain), p50_us(&parallel));
+        let (low, mid, high) = (quantile(&ratios, 0.25), quantile(&ratios, 0.5), quantile(&ratios, 0.75));
+        println!(
+            "bench lanes, 2 applications on {gpus} GPU(s), {LANE_RUNS} runs of 4 KiB each: one chain p50 {chain_us:.1} \
+             us, a lane each p50 {lanes_us:.1} us; chain over lanes, pair by pair: p25 {low:.2}, p50 {mid:.2}, p75 \
+             {high:.2}"
+        );
+        lanes.push(serde_json::json!({
+            "spaces": 2, "gpus": gpus, "runs_per_space": LANE_RUNS, "batches": chain.len(),
+            "chain_p50_us": chain_us, "lanes_p50_us": lanes_us,
+            "ratio_p25": low, "ratio_p50": mid, "ratio_p75": high,
+        }));
+    }
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let doc = serde_json::json!({ "where": "VM kernel (qemu)", "kernel": kernel.trim(), "results": results });
+    let doc = serde_json::json!({
+        "where": "VM kernel (qemu)", "kernel": kernel.trim(), "results": results, "lanes": lanes,
+    });
     println!("WIC-VM-FILE-BEGIN kernel-bench.json");
     println!("{}", serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?);
     println!("WIC-VM-FILE-END kernel-bench.json");
@@ -97,6 +129,69 @@ fn measure(submission: Submission, batch: usize, rounds: usize) -> Result<Vec<u6
     let served = server.join().map_err(|_| "the daemon thread panicked".to_string())?;
     outcome.and(served)?;
     Ok(latencies)
+}
+
+/// Runs completed per application in each batch of [`measure_lanes`].
+const LANE_RUNS: u32 = 16;
+/// Batches timed each way, after [`WARMUP`] of each.
+const LANE_ROUNDS: usize = 300;
+
+/// The shim backend's execution of batches that each complete [`LANE_RUNS`] runs of 4 KiB for
+/// each of two applications (address spaces; held faults, then every slot published): times in
+/// ns with one chain and with a lane each, the two ways alternating. The applications' channels
+/// are on `gpus` GPUs (2: one each; 1: both on the first).
+fn measure_lanes(gpus: u32) -> Result<(Vec<u64>, Vec<u64>), String> {
+    let spaces = 2;
+    let mut daemon = Daemon::open(Submission::Uring)?;
+    let mut fakes = Vec::new();
+    let mut memories = Vec::new();
+    let mut ids = Vec::new();
+    for _ in 0..spaces {
+        let fake = FakeGpu::open().map_err(|e| format!("open {}: {e}", fakegpu::DEVICE))?;
+        memories.push(Memory::new(&fake, 4 << 20)?);
+        ids.push(daemon.backend.device().attach(fake.fd()).map_err(|e| e.to_string())?);
+        fakes.push(fake);
+    }
+    // Per application: its GPU, its space's index, its channel and each slot's runs in it.
+    let mut channels = Vec::new();
+    for space in 0..spaces {
+        let gpu = GPU + space as u32 % gpus;
+        let spec = wic_engine::ChannelSpec { consumer_gpu: gpu as u16, ..host_spec(LANE_RUNS, 256) };
+        let (layout, placed) = daemon.channel(spec, ids[space], &mut memories[space])?;
+        let runs: Vec<[u64; 2]> =
+            layout.slots.iter().map(|s| s.runs.map(|va| placed.placement.process_va(va).expect("placed"))).collect();
+        channels.push((gpu, space, layout.id, runs));
+    }
+    let (mut chain, mut parallel) = (Vec::new(), Vec::new());
+    for round in 0..2 * (WARMUP + LANE_ROUNDS) {
+        for (gpu, space, _, runs) in &channels {
+            let entries: Vec<_> = runs.iter().map(|r| fault(r[round % 2], AccessType::Read)).collect();
+            let (verdicts, _) = fakes[*space].inject(*gpu, &entries).map_err(|e| e.to_string())?;
+            ensure(verdicts.iter().all(|v| *v == fakegpu::VERDICT_HOLD), || "a fault was not held".into())?;
+        }
+        let held = daemon.take_faults();
+        ensure(held == 2 * LANE_RUNS as usize, || format!("{held} records for {} faults", 2 * LANE_RUNS))?;
+        for (_, _, id, _) in &channels {
+            for slot in 0..LANE_RUNS {
+                let now = daemon.now();
+                daemon.engine.publish(now, *id, slot, &mut daemon.commands).map_err(|e| e.to_string())?;
+            }
+        }
+        let lanes = round % 2 == 1;
+        daemon.backend.set_parallel(lanes);
+        let start = std::time::Instant::now();
+        daemon.execute()?;
+        let took = start.elapsed().as_nanos() as u64;
+        if round >= 2 * WARMUP {
+            if lanes { &mut parallel } else { &mut chain }.push(took);
+        }
+        // The fake GPU's log is not read here: emptied, so that it never fills.
+        while !fakes[0].events(4096, 0).map_err(|e| e.to_string())?.0.is_empty() {}
+    }
+    for id in ids {
+        daemon.backend.device().detach(id).map_err(|e| e.to_string())?;
+    }
+    Ok((chain, parallel))
 }
 
 /// The daemon thread: waits in poll() for records, runs the engine, publishes the next

@@ -3,7 +3,7 @@
 //! batch waits for one of them to end; the expiry still gets in between the steps of every
 //! batch; batches running together never mix their data, while ranges come and go and the
 //! expiry runs beside them; the io_uring chunks of one batch still run in order; and wicd's
-//! shim backend activates two GPUs at once, one lane each.
+//! shim backend activates two applications at once, one lane each.
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -47,7 +47,7 @@ pub fn run() -> Result<(), String> {
     outcome?;
     // One session at a time: the daemon's is next.
     drop(device);
-    wicd_activates_two_gpus_at_once().map_err(|e| format!("wicd activates two GPUs at once: {e}"))
+    wicd_activates_two_applications_at_once().map_err(|e| format!("wicd activates two applications at once: {e}"))
 }
 
 /// An application's space with `pages` pages of managed memory registered as one PCM range.
@@ -396,10 +396,11 @@ fn the_chunks_of_one_io_uring_batch_run_in_order(device: &Device) -> Result<(), 
     second.detach(device)
 }
 
-/// wicd's shim backend runs a batch that names two GPUs as two lanes at once: the second GPU's
-/// run is filled and mapped while the first GPU's fill stalls, and both runs end with their
-/// data, mapped, their GPUs replayed. Run in a session of its own (the daemon's).
-fn wicd_activates_two_gpus_at_once() -> Result<(), String> {
+/// wicd's shim backend runs a batch that names two applications (address spaces, here each on a
+/// GPU of its own) as two lanes at once: the second one's run is filled and mapped while the
+/// first one's fill stalls, and both runs end with their data, mapped, their GPUs replayed. Run
+/// in a session of its own (the daemon's).
+fn wicd_activates_two_applications_at_once() -> Result<(), String> {
     let mut daemon = Daemon::open(Submission::Uring)?;
     let mut sides = Vec::new();
     for gpu in [GPU, GPU + 1] {
