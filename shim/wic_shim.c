@@ -2284,7 +2284,8 @@ static bool wic_expired_late(struct wic_session *s, const struct wic_command *cm
  * @sem: a batch may hold @sem for long (up to WIC_MAX_COMMANDS commands, each up to a megabyte
  * to fill or copy), and a held fault must not wait past max_hold_ms for it, nor its GPU's
  * other contexts past RM's context-switch timeout. With several batches running, the expiry
- * gets @sem once each of them is between two steps, as each one then waits here. A batch goes
+ * gets @sem once each of them is between two steps, as each one then waits here: it waits for
+ * at most one step of each (one after another when they fill one space). A batch goes
  * on once no expiry waits any more; other calls may run meanwhile too, and each later command
  * is checked against the ranges as they are then.
  */

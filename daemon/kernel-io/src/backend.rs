@@ -348,7 +348,8 @@ impl BatchPath {
 
     /// Runs the planned lanes through `submit` (the lanes of one phase at once), phase after
     /// phase, and gives each command of the batch its result: a replay run in several lanes
-    /// keeps a refusal. Stops at a phase `submit` refused. Returns how many of the batch's
+    /// keeps a refusal. `submit` says a refusal in the results of the commands it concerns;
+    /// its error (io_uring's own failure) ends the batch there. Returns how many of the batch's
     /// commands succeeded.
     fn submit_lanes(
         &mut self,
