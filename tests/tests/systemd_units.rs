@@ -300,6 +300,7 @@ fn example_config_has_exactly_the_documented_keys_and_defaults() {
             "shim",
             vec![
                 ("submission", s("io_uring")),
+                ("parallel_activation", toml::Value::Boolean(true)),
                 ("open_wait_ms", I(2000)),
                 ("gpu_sharing", s("refuse")),
                 ("gpus", toml::Value::Array(Vec::new())),
