@@ -413,8 +413,7 @@ static u32 wic_space_id(struct wic_session *s, struct uvm_wic_space *uvm)
 /*
  * Publishes @index (zeroed, allocated by the caller before it changed anything) as the index
  * of the attached spaces, after an attach or a detach, under @s->sem held for writing. The
- * entries are few:
- * rebuilt by insertion, in order.
+ * entries are few: rebuilt by insertion, in order.
  */
 static void wic_index_publish(struct wic_session *s, struct wic_space_index *index)
 {
