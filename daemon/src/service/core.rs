@@ -8,7 +8,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use wic_engine::{ChannelId, ChannelSpec, Command, Engine, EngineError, ErrorMarker, Fill, Nanos, PoolError};
+use wic_engine::{ChannelId, ChannelSpec, Command, Engine, EngineError, ErrorMarker, Fill, GpuId, Nanos, PoolError};
 use wic_proto::message::{ErrorCode, Stats, WireError};
 use wic_proto::shm::{ChannelState, Publish};
 
@@ -91,6 +91,28 @@ fn marker_retries(unfilled: &[Command], out: &mut Vec<Command>) {
     out.extend(gpus.into_iter().map(|gpu| Command::Replay { gpu }));
 }
 
+/// Moves the replays of a batch to its end, one per GPU, in the order the GPUs first needed
+/// one. The engine ends each call with the replays it owes, so a batch of several calls (a
+/// doorbell's publishes of several slots, a deadline's timeouts beside a publish) interleaves
+/// them with completions: each replay is a flush of the GPU's fault buffer and a push, and
+/// each one splits the completions around it into separate calls of nvidia-uvm (one
+/// acquisition of its locks and one wait for the TLB invalidates each) where consecutive
+/// completions of a space share one. Later is safe: a replay only needs to come after the
+/// commands that map what its warps wait for, and after a PAT page re-armed before it.
+fn coalesce_replays(commands: &mut Vec<Command>, gpus: &mut Vec<GpuId>) {
+    gpus.clear();
+    commands.retain(|command| match *command {
+        Command::Replay { gpu } => {
+            if !gpus.contains(&gpu) {
+                gpus.push(gpu);
+            }
+            false
+        }
+        _ => true,
+    });
+    commands.extend(gpus.iter().map(|&gpu| Command::Replay { gpu }));
+}
+
 /// The engine and a backend.
 pub struct Core<B> {
     engine: Engine,
@@ -102,6 +124,8 @@ pub struct Core<B> {
     /// Channels owed another turn at their fault rings ([`Core::take_owed`]), in the order
     /// their turns come: each once, and only while it exists.
     owed: VecDeque<u32>,
+    /// Scratch of [`coalesce_replays`].
+    replay_gpus: Vec<GpuId>,
 }
 
 impl<B: Backend> Core<B> {
@@ -114,6 +138,7 @@ impl<B: Backend> Core<B> {
             commands: Vec::new(),
             failed: Vec::new(),
             owed: VecDeque::new(),
+            replay_gpus: Vec::new(),
         }
     }
 
@@ -323,6 +348,7 @@ impl<B: Backend> Core<B> {
         if self.commands.is_empty() {
             return;
         }
+        coalesce_replays(&mut self.commands, &mut self.replay_gpus);
         let done = self.backend.execute(&self.commands, &mut self.counters);
         self.counters.replays += done.replays;
         self.counters.commands_failed += done.failed;
@@ -507,6 +533,67 @@ mod tests {
         let counters = snapshot.channels[&client.layout.id.0];
         assert_eq!((counters.publishes, counters.deliveries, counters.timeouts), (1, 1, 0));
         assert_eq!((snapshot.held, snapshot.stats.faults_completed, snapshot.stats.replays), (0, 1, 1));
+    }
+
+    #[test]
+    fn the_publishes_of_one_doorbell_wake_their_warps_with_one_replay_after_every_completion() {
+        let mut pair = Pair::new(1);
+        let client = pair.open(Pair::spec(0, 3, 1_000_000));
+        for slot in 0..3 {
+            pair.fault_at(&client, client.run_va(slot, 0));
+        }
+        let replays = client.consumer.replay_seq().load(Ordering::Acquire);
+        // Three slots published before wicd reads the doorbell once.
+        for slot in 0..3 {
+            client.producer.write_slot(slot, &[slot as u8 + 1; 64]);
+            assert!(client.producer.publish(slot));
+        }
+        pair.core.rung(pair.now, client.layout.id.0, Bell::Published);
+        for slot in 0..3 {
+            assert!(client.mapped(slot, 0));
+            assert_eq!(client.run(slot, 0, 64), (None, vec![slot as u8 + 1; 64]));
+        }
+        assert_eq!(
+            client.consumer.replay_seq().load(Ordering::Acquire),
+            replays + 1,
+            "one replay, not one per publish"
+        );
+        assert_eq!(pair.core.snapshot().stats.replays, 1);
+    }
+
+    #[test]
+    fn replays_go_to_the_end_of_a_batch_once_per_gpu_in_the_order_first_needed() {
+        let complete = |gpu, slot| Command::Complete {
+            gpu,
+            channel: ChannelId(1),
+            slot,
+            run_va: 0x1000 * u64::from(slot),
+            companion_va: 0,
+            pages: 1,
+            fill: Fill::Marker(ErrorMarker::Timeout),
+        };
+        let rearm = Command::RearmPat { gpu: 2, va: 0x9000 };
+        let mut commands = vec![
+            complete(1, 0),
+            Command::Replay { gpu: 1 },
+            complete(0, 1),
+            rearm,
+            Command::Replay { gpu: 0 },
+            complete(1, 2),
+            Command::Replay { gpu: 1 },
+        ];
+        coalesce_replays(&mut commands, &mut Vec::new());
+        assert_eq!(
+            commands,
+            [
+                complete(1, 0),
+                complete(0, 1),
+                rearm,
+                complete(1, 2),
+                Command::Replay { gpu: 1 },
+                Command::Replay { gpu: 0 }
+            ]
+        );
     }
 
     #[test]
