@@ -22,7 +22,7 @@ use wic_engine::{Command, Fill};
 use wic_kernel_io::fakegpu::{self, FakeGpu};
 use wic_kernel_io::Submission;
 
-use crate::rig::{ensure, fault, host_spec, wait_events, Daemon, Memory, GPU};
+use crate::rig::{drain_log, ensure, fault, host_spec, wait_events, Daemon, Memory, GPU};
 
 const SLOTS: u32 = 256;
 const WARMUP: usize = 20;
@@ -185,8 +185,7 @@ fn measure_lanes(gpus: u32) -> Result<(Vec<u64>, Vec<u64>), String> {
         if round >= 2 * WARMUP {
             if lanes { &mut parallel } else { &mut chain }.push(took);
         }
-        // The fake GPU's log is not read here: emptied, so that it never fills.
-        while !fakes[0].events(4096, 0).map_err(|e| e.to_string())?.0.is_empty() {}
+        drain_log(&fakes[0])?;
     }
     for id in ids {
         daemon.backend.device().detach(id).map_err(|e| e.to_string())?;

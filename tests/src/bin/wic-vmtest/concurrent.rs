@@ -17,7 +17,9 @@ use wic_kernel_io::device::raw;
 use wic_kernel_io::fakegpu::{self, Fail, FakeGpu};
 use wic_kernel_io::{Device, Submission, UringSubmitter};
 
-use crate::rig::{ensure, fault, host_spec, marker, submit_on, wait_events, Daemon, Memory, DEVICE, GPU};
+use crate::rig::{
+    drain_log, ensure, fault, host_spec, marker, set_max_hold_ms, submit_on, wait_events, Daemon, Memory, DEVICE, GPU,
+};
 
 const PAGE: u64 = 4096;
 /// Long enough for a batch that is not held back to end on a loaded VM; far below the fake
@@ -31,7 +33,7 @@ type Check = fn(&Device) -> Result<(), String>;
 pub fn run() -> Result<(), String> {
     let device = Device::open(std::path::Path::new(DEVICE), Duration::from_secs(5))
         .map_err(|e| format!("open {DEVICE}: {e}"))?;
-    set_bound(0)?;
+    set_max_hold_ms(0)?;
     let checks: [(&str, Check); 5] = [
         (
             "a batch stalled in one space holds back no other space",
@@ -43,7 +45,7 @@ pub fn run() -> Result<(), String> {
         ("the chunks of one io_uring batch run in order", the_chunks_of_one_io_uring_batch_run_in_order),
     ];
     let outcome = checks.iter().try_for_each(|(name, check)| check(&device).map_err(|e| format!("{name}: {e}")));
-    set_bound(0)?;
+    set_max_hold_ms(0)?;
     outcome?;
     // One session at a time: the daemon's is next.
     drop(device);
@@ -117,13 +119,6 @@ impl Space {
     fn detach(self, device: &Device) -> Result<(), String> {
         device.detach(self.id).map_err(|e| format!("detach: {e}"))
     }
-}
-
-/// Empties the fake GPU's event log, which is one for all its files, of what earlier checks
-/// left there: each check waits for its own events.
-fn drain_log(fake: &FakeGpu) -> Result<(), String> {
-    while !fake.events(4096, 0).map_err(|e| format!("events: {e}"))?.0.is_empty() {}
-    Ok(())
 }
 
 /// Waits for `count` stalls (the log is one for all spaces: one wait sees them all).
@@ -232,7 +227,7 @@ fn the_expiry_gets_in_between_the_steps_of_every_batch(device: &Device) -> Resul
         };
         let a = submit_in(scope, fd, batch(a1, a2));
         let b = submit_in(scope, fd, batch(b1, b2));
-        let outcome = wait_stalls(&a1.fake, 2).and_then(|()| set_bound(BOUND_MS)).and_then(|()| {
+        let outcome = wait_stalls(&a1.fake, 2).and_then(|()| set_max_hold_ms(BOUND_MS)).and_then(|()| {
             std::thread::sleep(Duration::from_millis(u64::from(BOUND_MS) * 3 / 2));
             a2.stall()?;
             b2.stall()?;
@@ -247,7 +242,7 @@ fn the_expiry_gets_in_between_the_steps_of_every_batch(device: &Device) -> Resul
         }
         outcome.and(ended(&a, 2, "the first batch")).and(ended(&b, 2, "the second batch"))
     })?;
-    set_bound(0)?;
+    set_max_hold_ms(0)?;
     let word = marker(&other.memory, held);
     ensure(word == kabi::WIC_MARKER_TIMEOUT, || format!("the expired page holds {word:#x}"))?;
     for space in spaces {
@@ -272,7 +267,7 @@ fn batches_at_once_keep_their_data_apart(device: &Device) -> Result<(), String> 
     let churned = Space::open(device, 1)?;
     device.unregister(churned.range).map_err(|e| format!("unregister: {e}"))?;
     let fd = device.fd().as_raw_fd();
-    set_bound(BOUND_MS)?;
+    set_max_hold_ms(BOUND_MS)?;
     let stop = AtomicBool::new(false);
     let outcome = std::thread::scope(|scope| {
         let churn = scope.spawn(|| -> Result<u64, String> {
@@ -344,7 +339,7 @@ fn batches_at_once_keep_their_data_apart(device: &Device) -> Result<(), String> 
         let turns = churn.join().unwrap_or_else(|_| Err("the churn thread panicked".into()));
         outcome.and(turns.and_then(|turns| ensure(turns > 0, || "no range came and went".into())))
     });
-    set_bound(0)?;
+    set_max_hold_ms(0)?;
     outcome?;
     for space in spaces {
         space.detach(device)?;
@@ -455,10 +450,4 @@ fn wicd_activates_two_applications_at_once() -> Result<(), String> {
         daemon.backend.device().detach(*space).map_err(|e| format!("detach: {e}"))?;
     }
     Ok(())
-}
-
-/// Sets the module's `max_hold_ms`.
-fn set_bound(ms: u32) -> Result<(), String> {
-    std::fs::write("/sys/module/wic_shim/parameters/max_hold_ms", ms.to_string())
-        .map_err(|e| format!("max_hold_ms: {e}"))
 }

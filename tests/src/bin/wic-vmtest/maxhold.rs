@@ -15,7 +15,7 @@ use wic_kabi::{self as kabi, WicCommand, WIC_MARKER_TIMEOUT};
 use wic_kernel_io::fakegpu::{self, Event, Fail, FakeGpu};
 use wic_kernel_io::Device;
 
-use crate::rig::{ensure, fault, marker, submit_on, wait_events, Direct, Memory, GPU};
+use crate::rig::{ensure, fault, marker, set_max_hold_ms as set, submit_on, wait_events, Direct, Memory, GPU};
 
 const PARAM: &str = wic_kernel_io::device::MAX_HOLD_MS_PARAM;
 const PAGE: u64 = 4096;
@@ -34,10 +34,6 @@ pub fn run() -> Result<(), String> {
     let restored = set(old.trim().parse().unwrap_or(0));
     result?;
     restored
-}
-
-fn set(ms: u32) -> Result<(), String> {
-    std::fs::write(PARAM, format!("{ms}\n")).map_err(|e| format!("write {ms} to {PARAM}: {e}"))
 }
 
 fn steps() -> Result<(), String> {

@@ -259,6 +259,19 @@ pub fn submit_on(fd: std::os::fd::RawFd, commands: &mut [wic_kabi::WicCommand]) 
     unsafe { wic_kernel_io::device::raw::ioc_submit(fd, &mut arg) }
 }
 
+/// Sets the module's `max_hold_ms` parameter.
+pub fn set_max_hold_ms(ms: u32) -> Result<(), String> {
+    let param = wic_kernel_io::device::MAX_HOLD_MS_PARAM;
+    std::fs::write(param, format!("{ms}\n")).map_err(|e| format!("write {ms} to {param}: {e}"))
+}
+
+/// Empties the fake GPU's event log, which is one for all its files, of what came before: a
+/// check then waits for its own events, and a log nobody reads never fills.
+pub fn drain_log(fake: &FakeGpu) -> Result<(), String> {
+    while !fake.events(4096, 0).map_err(|e| format!("events: {e}"))?.0.is_empty() {}
+    Ok(())
+}
+
 /// Fails with `what` unless `cond`.
 pub fn ensure(cond: bool, what: impl FnOnce() -> String) -> Result<(), String> {
     if cond {
